@@ -1,0 +1,1 @@
+"""faste_mm.cli: the faste-mm command line."""

@@ -1,0 +1,1 @@
+"""faste_mm.datasets: evaluation data loaders (MMEB format)."""

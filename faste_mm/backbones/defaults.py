@@ -1,0 +1,56 @@
+"""Per-backbone defaults, as data: FastE warm-up layer and threshold (paper, "Backbone-Specific
+Settings") and, for text models, the prompt format and readout rule of the official code.
+Keyed by the HF config's `model_type`; users override any field through the public configs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from faste_mm.serialization import TextPrompt
+
+_WEB_SEARCH = "Given a web search query, retrieve relevant passages that answer the query"
+
+
+@dataclass(frozen=True, slots=True)
+class BackboneDefaults:
+    name: str
+    warmup_layer: int  # l_w
+    threshold: float  # theta
+    prompt: TextPrompt | None  # None: chat-template serialization (Qwen3-VL)
+    is_calibrated: bool = True  # False: theta not reported for this family; run `calibrate`
+
+
+BACKBONE_DEFAULTS: dict[str, BackboneDefaults] = {
+    "qwen3_vl": BackboneDefaults("Qwen3-VL-Embedding", warmup_layer=8, threshold=0.70, prompt=None),
+    # Qwen3-Embedding: "Instruct: {task}\nQuery:{query}" (no space after "Query:"), EOS readout.
+    "qwen3": BackboneDefaults(
+        "Qwen3-Embedding",
+        warmup_layer=8,
+        threshold=0.60,
+        prompt=TextPrompt("Instruct: {instruction}\nQuery:{text}", "{text}", _WEB_SEARCH, "eos"),
+    ),
+    # E5-Mistral-7B-Instruct: "Instruct: {task}\nQuery: {query}", "</s>" appended as readout.
+    "mistral": BackboneDefaults(
+        "E5-Mistral",
+        warmup_layer=8,
+        threshold=0.40,
+        prompt=TextPrompt("Instruct: {instruction}\nQuery: {text}", "{text}", _WEB_SEARCH, "eos"),
+    ),
+    "llama": BackboneDefaults(
+        "Llama-family decoder",
+        warmup_layer=8,
+        threshold=0.60,
+        prompt=TextPrompt("Instruct: {instruction}\nQuery: {text}", "{text}", _WEB_SEARCH, "eos"),
+        is_calibrated=False,
+    ),
+    "qwen2": BackboneDefaults(
+        "Qwen2 decoder",
+        warmup_layer=8,
+        threshold=0.60,
+        prompt=TextPrompt("Instruct: {instruction}\nQuery:{text}", "{text}", _WEB_SEARCH, "eos"),
+        is_calibrated=False,
+    ),
+}
+
+SUPPORTED_MODEL_TYPES = tuple(BACKBONE_DEFAULTS)

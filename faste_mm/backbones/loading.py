@@ -1,0 +1,128 @@
+"""Loads a checkpoint (hub id or local directory) into a backbone adapter plus its serializer,
+choosing the adapter from the config's `model_type` via the defaults table.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from faste_mm.backbones.base import Backbone
+from faste_mm.backbones.defaults import BACKBONE_DEFAULTS, SUPPORTED_MODEL_TYPES, BackboneDefaults
+from faste_mm.errors import ConfigError, ModelLoadError
+from faste_mm.serialization import SerializerConfig, TextPrompt, TextSerializer, VLSerializer
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedModel:
+    backbone: Backbone
+    serializer: VLSerializer | TextSerializer
+    defaults: BackboneDefaults
+    model_id: str
+    revision: str | None
+    model_type: str
+    pad_token_id: int
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """"auto" -> CUDA when available, else CPU."""
+    if isinstance(device, torch.device):
+        return device
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except RuntimeError:
+        raise ConfigError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}") from None
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device {device!r} requested but no CUDA GPU is available; use device='cpu'")
+    return resolved
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    """"auto" -> bfloat16 on CUDA, float32 on CPU."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in _DTYPES:
+        raise ConfigError(f"dtype must be 'auto' or one of {', '.join(_DTYPES)}, got {dtype!r}")
+    return _DTYPES[dtype]
+
+
+def load_model(
+    name_or_path: str,
+    *,
+    device: str | torch.device = "auto",
+    dtype: str | torch.dtype = "auto",
+    revision: str | None = None,
+    serializer: SerializerConfig | None = None,
+    prompt: TextPrompt | None = None,
+    attn_implementation: str = "sdpa",
+) -> LoadedModel:
+    """Load model + processor/tokenizer; raises ModelLoadError naming the model and the fix."""
+    from transformers import AutoConfig
+
+    torch_device = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, torch_device)
+    serializer_config = serializer or SerializerConfig()
+    try:
+        config = AutoConfig.from_pretrained(name_or_path, revision=revision)
+    except (OSError, ValueError) as error:
+        raise ModelLoadError(
+            f"{name_or_path}: cannot load the model config ({error}). Check the hub id or local "
+            "directory; without internet, pass a local directory that holds the downloaded model."
+        ) from None
+    model_type = config.model_type
+    if model_type not in BACKBONE_DEFAULTS:
+        raise ModelLoadError(
+            f"{name_or_path}: model_type {model_type!r} is not supported; faste-mm drives decoder-only "
+            f"embedding models of types {', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+    defaults = BACKBONE_DEFAULTS[model_type]
+    kwargs = dict(revision=revision, dtype=torch_dtype, attn_implementation=attn_implementation)
+    try:
+        if model_type == "qwen3_vl":
+            from transformers import AutoProcessor, Qwen3VLModel
+
+            from faste_mm.backbones.qwen3_vl import Qwen3VLBackbone
+
+            processor = AutoProcessor.from_pretrained(name_or_path, revision=revision)
+            model = Qwen3VLModel.from_pretrained(name_or_path, **kwargs)
+            backbone: Backbone = Qwen3VLBackbone(model.to(torch_device).eval())
+            text_serializer = VLSerializer(processor, serializer_config)
+            tokenizer = processor.tokenizer
+        else:
+            from transformers import AutoModel, AutoTokenizer
+
+            from faste_mm.backbones.hf_decoder import HFDecoderBackbone
+
+            tokenizer = AutoTokenizer.from_pretrained(name_or_path, revision=revision)
+            model = AutoModel.from_pretrained(name_or_path, **kwargs)
+            backbone = HFDecoderBackbone(model.to(torch_device).eval())
+            text_serializer = TextSerializer(tokenizer, prompt or defaults.prompt, serializer_config.max_length)
+    except (OSError, ValueError) as error:
+        raise ModelLoadError(f"{name_or_path}: cannot load weights or processor ({error})") from None
+    if not defaults.is_calibrated:
+        log.warning(
+            "%s: no published FastE threshold for %s; using %.2f, run `faste-mm calibrate` to choose one",
+            name_or_path,
+            defaults.name,
+            defaults.threshold,
+        )
+    pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return LoadedModel(
+        backbone=backbone,
+        serializer=text_serializer,
+        defaults=defaults,
+        model_id=str(name_or_path),
+        revision=revision,
+        model_type=model_type,
+        pad_token_id=int(pad_token_id or 0),
+    )

@@ -1,0 +1,69 @@
+"""Qwen3-VL adapter: vision features scattered into the token embeddings, interleaved MRoPE
+positions from the model's own `get_rope_index`, and DeepStack injections after decoder layers
+0..k-1, driven token-by-token through `DecoderState.visual_rank` so they survive compression.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from faste_mm.backbones.base import Backbone
+from faste_mm.batching import Batch
+from faste_mm.decoder_state import DecoderState
+
+
+class Qwen3VLBackbone(Backbone):
+    family = "qwen3_vl"
+
+    def __init__(self, model) -> None:  # model: transformers Qwen3VLModel
+        super().__init__(model, model.language_model, model.config.text_config)
+        self.image_token_id = model.config.image_token_id
+
+    def embed(self, batch: Batch) -> DecoderState:
+        input_ids = batch.input_ids
+        hidden = self.decoder.embed_tokens(input_ids)  # [B, T, H]
+        image_mask = input_ids == self.image_token_id  # [B, T]
+        visual_rank = None
+        deepstack = None
+        if batch.pixel_values is not None:
+            vision = self.model.get_image_features(batch.pixel_values, batch.image_grid_thw, return_dict=True)
+            image_embeds = torch.cat(vision.pooler_output).to(hidden.dtype)  # [n_visual, H]
+            if image_embeds.shape[0] != int(image_mask.sum()):
+                raise RuntimeError(  # an invariant of the serializer, not reachable from user input
+                    f"{image_embeds.shape[0]} visual features for {int(image_mask.sum())} image tokens"
+                )
+            hidden = hidden.masked_scatter(image_mask[..., None], image_embeds)
+            # rank of each visual token in row-major order = its row in the DeepStack features
+            ranks = torch.cumsum(image_mask.flatten(), 0).view_as(image_mask) - 1
+            visual_rank = torch.where(image_mask, ranks, -1)
+            deepstack = tuple(torch.cat(feature).to(hidden.dtype) for feature in vision.deepstack_features)
+            position_ids, _ = self.model.get_rope_index(
+                input_ids,
+                mm_token_type_ids=batch.mm_token_type_ids,
+                image_grid_thw=batch.image_grid_thw,
+                attention_mask=batch.valid.long(),
+            )  # [3, B, T]
+        else:
+            width = input_ids.shape[1]
+            position_ids = torch.arange(width, device=input_ids.device).view(1, 1, -1).expand(3, input_ids.shape[0], -1)
+        cos, sin = self.decoder.rotary_emb(hidden, position_ids)  # [B, T, D_h] each
+        return DecoderState(
+            hidden=hidden,
+            cos=cos,
+            sin=sin,
+            valid=batch.valid,
+            lengths=batch.lengths,
+            source_index=torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids),
+            visual_rank=visual_rank,
+            deepstack=deepstack,
+        )
+
+    def after_layer(self, index: int, state: DecoderState) -> DecoderState:
+        """DeepStack: add vision block features to the visual tokens after layers 0..k-1."""
+        if state.deepstack is None or index >= len(state.deepstack):
+            return state
+        mask = state.visual_mask  # [B, T]
+        features = state.deepstack[index][state.visual_rank[mask]]  # [n_kept_visual, H]
+        hidden = state.hidden.clone()
+        hidden[mask] = hidden[mask] + features
+        return state.with_hidden(hidden)

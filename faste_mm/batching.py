@@ -1,0 +1,110 @@
+"""Stage 3: batching. Groups serialized items into length-sorted batches under a padded-token
+budget and collates each into right-padded tensors.
+
+Receives `Serialized` items; hands on `Batch`es (with the rows they came from) to the runner.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from faste_mm.errors import ConfigError
+from faste_mm.serialization import Serialized
+
+
+@dataclass(frozen=True, slots=True)
+class BatchingConfig:
+    """batch_tokens bounds batch_size * padded_length; max_batch_size bounds the rows of a batch;
+    chunk_items is how many items are serialized (and length-sorted) ahead of the model."""
+
+    batch_tokens: int = 16384
+    max_batch_size: int = 64
+    chunk_items: int = 1024
+
+    def __post_init__(self) -> None:
+        if self.batch_tokens < 1:
+            raise ConfigError(f"BatchingConfig.batch_tokens must be >= 1, got {self.batch_tokens}")
+        if self.max_batch_size < 1:
+            raise ConfigError(f"BatchingConfig.max_batch_size must be >= 1, got {self.max_batch_size}")
+        if self.chunk_items < 1:
+            raise ConfigError(f"BatchingConfig.chunk_items must be >= 1, got {self.chunk_items}")
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Right-padded model inputs for B items. Row b came from caller position `rows[b]`."""
+
+    rows: list[int]
+    input_ids: torch.Tensor  # [B, T]
+    valid: torch.Tensor  # [B, T] bool, False on padding
+    lengths: torch.Tensor  # [B] valid tokens per row (readout = lengths - 1)
+    mm_token_type_ids: torch.Tensor | None = None  # [B, T]
+    pixel_values: torch.Tensor | None = None  # [sum P, C] images in row order
+    image_grid_thw: torch.Tensor | None = None  # [n_images, 3]
+
+    @property
+    def size(self) -> int:
+        return len(self.rows)
+
+    def to(self, device: torch.device) -> "Batch":
+        non_blocking = device.type == "cuda"
+
+        def move(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(device, non_blocking=non_blocking)
+
+        return Batch(
+            rows=self.rows,
+            input_ids=move(self.input_ids),
+            valid=move(self.valid),
+            lengths=move(self.lengths),
+            mm_token_type_ids=move(self.mm_token_type_ids),
+            pixel_values=move(self.pixel_values),
+            image_grid_thw=move(self.image_grid_thw),
+        )
+
+
+def plan_batches(lengths: list[int], config: BatchingConfig) -> list[list[int]]:
+    """Indices grouped into batches, longest first, so padding stays small.
+
+    A batch grows while (rows + 1) * longest <= batch_tokens and rows < max_batch_size; an item
+    longer than the budget still gets a batch of its own.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for index in order:
+        longest = lengths[current[0]] if current else lengths[index]
+        fits = (len(current) + 1) * longest <= config.batch_tokens and len(current) < config.max_batch_size
+        if current and not fits:
+            batches.append(current)
+            current = []
+        current.append(index)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def collate(items: list[Serialized], rows: list[int], pad_token_id: int) -> Batch:
+    """Right-pad token ids; concatenate the images' patches in row order."""
+    lengths = torch.tensor([item.length for item in items], dtype=torch.long)
+    width = int(lengths.max())
+    input_ids = torch.full((len(items), width), pad_token_id, dtype=torch.long)
+    valid = torch.arange(width)[None, :] < lengths[:, None]  # [B, T]
+    has_mm = any(item.mm_token_type_ids is not None for item in items)
+    mm_types = torch.zeros((len(items), width), dtype=torch.long) if has_mm else None
+    for b, item in enumerate(items):
+        input_ids[b, : item.length] = item.input_ids
+        if mm_types is not None and item.mm_token_type_ids is not None:
+            mm_types[b, : item.length] = item.mm_token_type_ids
+    images = [item for item in items if item.pixel_values is not None]
+    return Batch(
+        rows=list(rows),
+        input_ids=input_ids,
+        valid=valid,
+        lengths=lengths,
+        mm_token_type_ids=mm_types,
+        pixel_values=torch.cat([item.pixel_values for item in images]) if images else None,
+        image_grid_thw=torch.cat([item.image_grid_thw for item in images]) if images else None,
+    )

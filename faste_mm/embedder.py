@@ -1,0 +1,270 @@
+"""The public embedding API. `Embedder` composes the stages: expand items -> serialize ->
+length-sorted batches -> runner with a compressor policy -> pooled unit vectors in input order,
+with per-batch stats (trigger layer, tokens kept, realised and full FLOPs, timings).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Iterable, Literal
+
+import numpy as np
+import torch
+
+from faste_mm.backbones.loading import LoadedModel, load_model
+from faste_mm.batching import BatchingConfig, collate, plan_batches
+from faste_mm.compressors import FastE, FastEConfig, Full
+from faste_mm.errors import ConfigError, FasteError, InputError
+from faste_mm.flops import DecoderShape, batch_flops, flops_reduction, full_batch_flops
+from faste_mm.items import Failure, Item, expand_items
+from faste_mm.pooling import truncate_dim
+from faste_mm.runner import BatchTrace, run_decoder
+from faste_mm.serialization import SerializerConfig, Serialized, TextPrompt
+
+log = logging.getLogger(__name__)
+
+OnError = Literal["raise", "skip"]
+
+
+@dataclass(frozen=True, slots=True)
+class EmbedStats:
+    """Totals over one `encode` call. FLOPs follow the paper appendix over the same batches."""
+
+    n_items: int
+    n_failed: int
+    batches: list[BatchTrace]
+    shape: DecoderShape
+    fast_e: dict | None
+    serialize_s: float
+    forward_s: float
+    total_s: float
+    prefix_tokens: int = 0
+    kept_prefix_tokens: int = 0
+    flops_full: int = 0
+    flops_realised: int = 0
+
+    @property
+    def prefix_removal(self) -> float:
+        """Realised share of prefix tokens removed."""
+        return 0.0 if self.prefix_tokens == 0 else 1.0 - self.kept_prefix_tokens / self.prefix_tokens
+
+    @property
+    def flops_reduction(self) -> float:
+        return flops_reduction(self.flops_realised, self.flops_full)
+
+    @property
+    def mean_trigger_layer(self) -> float | None:
+        layers = [trace.trigger_layer for trace in self.batches if trace.trigger_layer is not None]
+        return sum(layers) / len(layers) if layers else None
+
+    def to_dict(self) -> dict:
+        return {
+            "n_items": self.n_items,
+            "n_failed": self.n_failed,
+            "fast_e": self.fast_e,
+            "prefix_tokens": self.prefix_tokens,
+            "kept_prefix_tokens": self.kept_prefix_tokens,
+            "prefix_removal": self.prefix_removal,
+            "flops_full": self.flops_full,
+            "flops_realised": self.flops_realised,
+            "flops_reduction": self.flops_reduction,
+            "mean_trigger_layer": self.mean_trigger_layer,
+            "serialize_s": self.serialize_s,
+            "forward_s": self.forward_s,
+            "total_s": self.total_s,
+            "shape": self.shape.to_dict(),
+            "batches": [trace.to_dict() for trace in self.batches],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class EmbedResult:
+    """Rows follow the expanded inputs (a PDF contributes one row per page), in input order.
+
+    embeddings: float32 [n, d], unit norm; rows of failed items are all zero and `ok` is False.
+    """
+
+    embeddings: np.ndarray
+    items: list[Item]
+    sources: list[int]
+    ok: np.ndarray
+    failures: list[Failure] = field(default_factory=list)
+    stats: EmbedStats | None = None
+
+
+class Embedder:
+    """Qwen3-VL-Embedding (or a supported text embedding model) with optional FastE.
+
+    Example:
+        >>> emb = Embedder.from_pretrained("Qwen/Qwen3-VL-Embedding-2B")
+        >>> res = emb.encode(["a red bicycle", Item(image="photo.jpg")], fast_e=FastEConfig(r_max=0.5))
+        >>> res.embeddings.shape  # (2, 2048)
+    """
+
+    def __init__(self, loaded: LoadedModel, batching: BatchingConfig | None = None) -> None:
+        self.loaded = loaded
+        self.backbone = loaded.backbone
+        self.serializer = loaded.serializer
+        self.defaults = loaded.defaults
+        self.batching = batching or BatchingConfig()
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        name_or_path: str,
+        *,
+        device: str | torch.device = "auto",
+        dtype: str | torch.dtype = "auto",
+        revision: str | None = None,
+        batching: BatchingConfig | None = None,
+        serializer: SerializerConfig | None = None,
+        prompt: TextPrompt | None = None,
+        attn_implementation: str = "sdpa",
+    ) -> "Embedder":
+        """Load a hub id (e.g. "Qwen/Qwen3-VL-Embedding-2B") or a local directory.
+
+        device "auto" picks CUDA + bfloat16 when available, else CPU + float32. `prompt` overrides
+        the text template / readout rule of text models. Raises ModelLoadError.
+        """
+        loaded = load_model(
+            name_or_path,
+            device=device,
+            dtype=dtype,
+            revision=revision,
+            serializer=serializer,
+            prompt=prompt,
+            attn_implementation=attn_implementation,
+        )
+        return cls(loaded, batching)
+
+    @property
+    def model_id(self) -> str:
+        return self.loaded.model_id
+
+    @property
+    def dim(self) -> int:
+        return self.backbone.embedding_dim
+
+    def resolve_fast_e(self, fast_e: FastEConfig | None) -> FastEConfig | None:
+        """Fill backbone defaults (l_w, theta) into a config; None stays None (full forward)."""
+        return None if fast_e is None else fast_e.resolved(self.defaults, self.backbone.shape.num_layers)
+
+    def encode(
+        self,
+        inputs: Iterable[object],
+        *,
+        fast_e: FastEConfig | None = None,
+        instruction: str | None = None,
+        dim: int | None = None,
+        on_error: OnError = "raise",
+    ) -> EmbedResult:
+        """Embed texts, images, image+text pairs and PDF pages.
+
+        Args:
+            inputs: str (text), Path/PIL image, or `Item`; PDF paths expand to one row per page.
+            fast_e: FastE settings, or None for the full forward.
+            instruction: used for items without their own; None means the model's document format.
+            dim: Matryoshka truncation (re-normalised); None keeps all dimensions.
+            on_error: "raise" stops at the first bad item (InputError naming it); "skip" embeds the
+                rest and reports failures in the result.
+        """
+        if on_error not in ("raise", "skip"):
+            raise ConfigError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        started = time.perf_counter()
+        resolved = self.resolve_fast_e(fast_e)
+        policy = Full() if resolved is None else FastE(resolved, self.backbone.shape.num_layers)
+        items, sources, broken = expand_items(inputs)
+        failures = [Failure(index, sources[index], item.describe(), reason) for index, item, reason in broken]
+        if failures and on_error == "raise":
+            raise InputError(f"input {failures[0].source}: {failures[0].reason}")
+        embeddings = np.zeros((len(items), self.dim), dtype=np.float32)
+        ok = np.zeros(len(items), dtype=bool)
+        traces: list[BatchTrace] = []
+        serialize_s = forward_s = 0.0
+        broken_rows = {failure.index for failure in failures}
+        todo = [i for i in range(len(items)) if i not in broken_rows]
+        step = self.batching.chunk_items
+        for start in range(0, len(todo), step):
+            chunk = todo[start : start + step]
+            tick = time.perf_counter()
+            serialized = self._serialize(items, sources, chunk, instruction, on_error, failures)
+            serialize_s += time.perf_counter() - tick
+            rows = list(serialized)
+            for batch_rows in plan_batches([serialized[r].length for r in rows], self.batching):
+                picked = [rows[i] for i in batch_rows]
+                batch = collate([serialized[r] for r in picked], picked, self.loaded.pad_token_id)
+                tick = time.perf_counter()
+                vectors, trace = run_decoder(self.backbone, batch.to(self.backbone.device), policy)
+                vectors = truncate_dim(vectors, dim).cpu().numpy()
+                forward_s += time.perf_counter() - tick
+                embeddings[picked, : vectors.shape[1]] = vectors
+                ok[picked] = True
+                traces.append(trace)
+        if dim is not None:
+            embeddings = embeddings[:, :dim]
+        failures.sort(key=lambda f: f.index)
+        if failures:
+            log.warning("embedded %d items, skipped %d (see EmbedResult.failures)", int(ok.sum()), len(failures))
+        stats = self._stats(traces, len(items), len(failures), resolved, serialize_s, forward_s, started)
+        return EmbedResult(embeddings, items, sources, ok, failures, stats)
+
+    def encode_queries(
+        self,
+        inputs: Iterable[object],
+        *,
+        instruction: str | None = None,
+        fast_e: FastEConfig | None = None,
+        dim: int | None = None,
+        on_error: OnError = "raise",
+    ) -> EmbedResult:
+        """Queries: the task instruction (text models fall back to their default query task)
+        and the full forward unless `fast_e` is given."""
+        prompt = getattr(self.serializer, "prompt", None)
+        if instruction is None and prompt is not None:
+            instruction = prompt.default_query_instruction
+        return self.encode(inputs, fast_e=fast_e, instruction=instruction, dim=dim, on_error=on_error)
+
+    def encode_documents(
+        self,
+        inputs: Iterable[object],
+        *,
+        fast_e: FastEConfig | None = None,
+        dim: int | None = None,
+        on_error: OnError = "raise",
+    ) -> EmbedResult:
+        """Documents / candidates: the default instruction (document format); FastE if given."""
+        return self.encode(inputs, fast_e=fast_e, instruction=None, dim=dim, on_error=on_error)
+
+    def _serialize(self, items, sources, chunk, instruction, on_error, failures) -> dict[int, Serialized]:
+        serialized: dict[int, Serialized] = {}
+        for index in chunk:
+            item = items[index]
+            try:
+                serialized[index] = self.serializer(item, item.instruction or instruction)
+            except Exception as error:  # one bad item must not cost the others their embeddings
+                reason = str(error) if isinstance(error, FasteError) else f"{type(error).__name__}: {error}"
+                if item.describe() not in reason:
+                    reason = f"{item.describe()}: {reason}"
+                if on_error == "raise":
+                    raise InputError(f"input {sources[index]}: {reason}") from error
+                failures.append(Failure(index, sources[index], item.describe(), reason))
+        return serialized
+
+    def _stats(self, traces, n_items, n_failed, resolved, serialize_s, forward_s, started) -> EmbedStats:
+        shape = self.backbone.shape
+        return EmbedStats(
+            n_items=n_items,
+            n_failed=n_failed,
+            batches=traces,
+            shape=shape,
+            fast_e=None if resolved is None else resolved.to_dict(),
+            serialize_s=serialize_s,
+            forward_s=forward_s,
+            total_s=time.perf_counter() - started,
+            prefix_tokens=sum(t.prefix_tokens for t in traces),
+            kept_prefix_tokens=sum(t.kept_prefix_tokens for t in traces),
+            flops_full=sum(full_batch_flops(shape, t.batch_size, t.padded_lengths[0]) for t in traces),
+            flops_realised=sum(batch_flops(shape, t.batch_size, t.padded_lengths) for t in traces),
+        )

@@ -1,0 +1,208 @@
+"""Stage 1: inputs. Turns what users pass (strings, paths, PIL images, `Item`s) into a flat list of
+`Item`s, one per text / image / image+text pair / PDF page, and reads their pixels on demand.
+
+Hands on `Item`s (with their source position) to the serializer; unreadable inputs become
+`Failure`s that name the file and say what to do.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Union
+
+from PIL import Image, UnidentifiedImageError
+
+from faste_mm.errors import InputError
+
+ImageLike = Union[str, Path, Image.Image]
+
+_PDF_SUFFIXES = {".pdf"}
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Item:
+    """One thing to embed: text, an image, or both (image first, as the official format orders them).
+
+    Args:
+        text: the text, or None.
+        image: a file path (image or PDF) or a PIL image, or None.
+        instruction: the task instruction for this item (queries); None uses the call's instruction,
+            then the model's default.
+        page: 1-based PDF page; None on a PDF path means "every page" (expanded by `expand_items`).
+    """
+
+    text: str | None = None
+    image: ImageLike | None = None
+    instruction: str | None = None
+    page: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.text is not None and not isinstance(self.text, str):
+            raise InputError(f"Item.text must be a string or None, got {type(self.text).__name__}")
+        if self.image is not None and not isinstance(self.image, (str, Path, Image.Image)):
+            raise InputError(
+                f"Item.image must be a path or a PIL image, got {type(self.image).__name__}"
+            )
+        if self.page is not None and (not isinstance(self.page, int) or self.page < 1):
+            raise InputError(f"Item.page is 1-based, got {self.page!r}")
+
+    @property
+    def has_image(self) -> bool:
+        return self.image is not None
+
+    @property
+    def is_pdf(self) -> bool:
+        return isinstance(self.image, (str, Path)) and Path(self.image).suffix.lower() in _PDF_SUFFIXES
+
+    def describe(self) -> str:
+        """A short human name for messages: the file (and page), or the start of the text."""
+        if isinstance(self.image, (str, Path)):
+            return f"{self.image}" + (f" (page {self.page})" if self.page is not None else "")
+        if isinstance(self.image, Image.Image):
+            return f"<PIL image {self.image.size[0]}x{self.image.size[1]}>"
+        text = self.text or ""
+        return repr(text if len(text) <= 40 else text[:37] + "...")
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """An input that could not be embedded. `index` is its row in the result; `source` the input position."""
+
+    index: int
+    source: int
+    item: str
+    reason: str
+
+    def to_dict(self) -> dict:
+        return {"index": self.index, "source": self.source, "item": self.item, "reason": self.reason}
+
+
+def as_item(value: object, position: int) -> Item:
+    """A plain `str` is text; a `Path` is a file; a PIL image is an image; an `Item` passes through."""
+    if isinstance(value, Item):
+        return value
+    if isinstance(value, str):
+        return Item(text=value)
+    if isinstance(value, (Path, Image.Image)):
+        return Item(image=value)
+    raise InputError(
+        f"input {position}: cannot embed a {type(value).__name__}; pass a str (text), a Path, "
+        "a PIL image or faste_mm.Item"
+    )
+
+
+def expand_items(inputs: Iterable[object]) -> tuple[list[Item], list[int], list[tuple[int, Item, str]]]:
+    """Flatten inputs into one `Item` per embedding row; a PDF path without a page becomes its pages.
+
+    Returns:
+        items: the rows to embed, in input order (PDF pages in page order).
+        sources: for each row, the position of the input it came from.
+        broken: (source, item, reason) for inputs that could not even be expanded (e.g. an
+            unreadable PDF); they occupy one row each so the caller can report them in place.
+    """
+    items: list[Item] = []
+    sources: list[int] = []
+    broken: list[tuple[int, Item, str]] = []
+    for position, value in enumerate(inputs):
+        item = as_item(value, position)
+        if item.is_pdf and item.page is None:
+            try:
+                n_pages = count_pdf_pages(Path(item.image))
+            except InputError as error:
+                broken.append((len(items), item, str(error)))
+                items.append(item)
+                sources.append(position)
+                continue
+            for page in range(1, n_pages + 1):
+                items.append(Item(text=item.text, image=item.image, instruction=item.instruction, page=page))
+                sources.append(position)
+        else:
+            items.append(item)
+            sources.append(position)
+    return items, sources, broken
+
+
+def count_pdf_pages(path: Path) -> int:
+    """Number of pages; raises InputError for missing, empty, encrypted or broken PDFs."""
+    with _open_pdf(path) as pdf:
+        n_pages = len(pdf)
+    if n_pages == 0:
+        raise InputError(f"{path}: the PDF has no pages")
+    return n_pages
+
+
+def load_image(item: Item, max_pixels: int) -> Image.Image:
+    """Decode the item's image (or render its PDF page) as a PIL image, not yet resized.
+
+    PDF pages are rendered at the scale that brings the page close to `max_pixels`, so no
+    detail is rendered only to be thrown away by the later resize.
+    """
+    image = item.image
+    if isinstance(image, Image.Image):
+        return image
+    path = Path(image)
+    if item.is_pdf:
+        return _render_pdf_page(path, item.page or 1, max_pixels)
+    _check_file(path)
+    try:
+        with Image.open(path) as opened:
+            opened.load()
+            return opened.copy() if opened.mode != "P" else opened.convert("RGBA")
+    except UnidentifiedImageError:
+        raise InputError(
+            f"{path}: not a readable image (unknown or corrupt format); fix or remove the file, "
+            "or pass on_error='skip'"
+        ) from None
+    except Image.DecompressionBombError as error:
+        raise InputError(f"{path}: image too large to decode safely ({error}); downscale it first") from None
+    except OSError as error:
+        raise InputError(f"{path}: image data is truncated or corrupt ({error}); re-export the file") from None
+
+
+def _check_file(path: Path) -> None:
+    if not path.exists():
+        raise InputError(f"{path}: file not found; check the path")
+    if not path.is_file():
+        raise InputError(f"{path}: not a regular file")
+    if path.stat().st_size == 0:
+        raise InputError(f"{path}: file is empty (0 bytes); remove it or re-export it")
+
+
+class _open_pdf:
+    """Context manager around pypdfium2 that turns its errors into InputError naming the file."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.pdf = None
+
+    def __enter__(self):
+        import pypdfium2 as pdfium
+
+        _check_file(self.path)
+        try:
+            self.pdf = pdfium.PdfDocument(str(self.path))
+        except pdfium.PdfiumError as error:
+            reason = str(error)
+            if "password" in reason.lower():
+                raise InputError(
+                    f"{self.path}: the PDF is encrypted; decrypt it (e.g. qpdf --decrypt) or skip it"
+                ) from None
+            raise InputError(f"{self.path}: not a readable PDF ({reason}); repair or re-export it") from None
+        return self.pdf
+
+    def __exit__(self, *exc) -> None:
+        if self.pdf is not None:
+            self.pdf.close()
+
+
+def _render_pdf_page(path: Path, page: int, max_pixels: int) -> Image.Image:
+    with _open_pdf(path) as pdf:
+        if page > len(pdf):
+            raise InputError(f"{path}: page {page} requested but the PDF has {len(pdf)} pages")
+        pdf_page = pdf[page - 1]
+        width_pt, height_pt = pdf_page.get_size()
+        scale = math.sqrt(max_pixels / max(width_pt * height_pt, 1.0))
+        bitmap = pdf_page.render(scale=min(scale, 8.0))
+        return bitmap.to_pil().convert("RGB")

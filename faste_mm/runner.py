@@ -1,0 +1,72 @@
+"""Stage 4: the runner. One explicit loop over decoder layers: before each layer it asks the
+compressor policy for a decision and, if it gets a keep plan, applies it with one gather and
+rebuilds the 4-D mask; then it runs the layer (and DeepStack). It records the realised shapes.
+
+Receives a `Batch`; hands on pooled unit vectors [B, H] and a `BatchTrace`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from faste_mm.batching import Batch
+from faste_mm.pooling import pool_readout
+
+
+@dataclass(frozen=True, slots=True)
+class BatchTrace:
+    """What happened to one batch: shapes for FLOPs, where it compressed, what it kept."""
+
+    batch_size: int
+    padded_lengths: list[int]  # padded tokens per row entering each layer
+    trigger_layer: int | None  # layer before which the batch was compressed
+    prefix_tokens: int  # sum of N_i
+    kept_prefix_tokens: int  # sum of R_i (N_i when not compressed)
+    alignment: list[tuple[int, float]] = field(default_factory=list)  # (layer, batch-mean g) measured
+
+    def to_dict(self) -> dict:
+        return {
+            "batch_size": self.batch_size,
+            "padded_lengths": self.padded_lengths,
+            "trigger_layer": self.trigger_layer,
+            "prefix_tokens": self.prefix_tokens,
+            "kept_prefix_tokens": self.kept_prefix_tokens,
+            "alignment": [[layer, value] for layer, value in self.alignment],
+        }
+
+
+@torch.inference_mode()
+def run_decoder(backbone, batch: Batch, policy) -> tuple[torch.Tensor, BatchTrace]:
+    """Embed one batch; returns ([B, H] float32 unit vectors in batch row order, trace)."""
+    state = backbone.embed(batch)
+    masks = backbone.attention_masks(state)
+    prefix_tokens = state.lengths - 1
+    kept_prefix = prefix_tokens
+    padded_lengths: list[int] = []
+    alignment: list[tuple[int, float]] = []
+    trigger_layer = None
+    for layer in range(len(backbone.layers)):
+        if trigger_layer is None:  # one shot: no decisions after the compression
+            decision = policy.before_layer(layer, state, backbone)
+            if decision.alignment is not None:
+                alignment.append((layer, decision.alignment))
+            if decision.plan is not None:
+                state = state.gather(decision.plan.index, decision.plan.lengths)
+                masks = backbone.attention_masks(state)  # rebuilt only here, from the gathered 2-D mask
+                kept_prefix = decision.plan.lengths - 1
+                trigger_layer = layer
+        padded_lengths.append(int(state.hidden.shape[1]))
+        state = state.with_hidden(backbone.run_layer(layer, state, masks))
+        state = backbone.after_layer(layer, state)
+    embeddings = pool_readout(backbone, state.readout_hidden())
+    trace = BatchTrace(
+        batch_size=batch.size,
+        padded_lengths=padded_lengths,
+        trigger_layer=trigger_layer,
+        prefix_tokens=int(prefix_tokens.sum()),
+        kept_prefix_tokens=int(kept_prefix.sum()),
+        alignment=alignment,
+    )
+    return embeddings, trace

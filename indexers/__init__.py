@@ -1,0 +1,1 @@
+"""faste_mm.indexers: collections on disk and the FAISS indexes derived from them."""
