@@ -1,0 +1,65 @@
+"""Shared fixtures: tiny random-weight models (built once per run) and generated inputs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from faste_mm import BatchingConfig, Embedder
+from faste_mm.testing import build_tiny_model
+
+TEXT_FAMILIES = ("qwen3", "mistral", "llama", "qwen2")
+
+
+@pytest.fixture(scope="session")
+def model_dirs(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("models")
+    return {family: build_tiny_model(root / family, family) for family in ("qwen3_vl", *TEXT_FAMILIES)}
+
+
+@pytest.fixture(scope="session")
+def vl_embedder(model_dirs) -> Embedder:
+    # One batch for everything: FastE's trigger is a batch decision, and references mirror it.
+    return Embedder.from_pretrained(str(model_dirs["qwen3_vl"]), device="cpu", batching=BatchingConfig(batch_tokens=1 << 20))
+
+
+@pytest.fixture(scope="session")
+def text_embedders(model_dirs) -> dict[str, Embedder]:
+    return {
+        family: Embedder.from_pretrained(str(model_dirs[family]), device="cpu", batching=BatchingConfig(batch_tokens=1 << 20))
+        for family in TEXT_FAMILIES
+    }
+
+
+@pytest.fixture(scope="session")
+def image_dir(tmp_path_factory) -> Path:
+    """Images of mixed sizes and modes, plus a two-page PDF."""
+    import pypdfium2 as pdfium
+
+    root = tmp_path_factory.mktemp("images")
+    Image.new("RGB", (100, 70), (200, 30, 30)).save(root / "red.png")
+    Image.new("RGBA", (64, 160), (0, 200, 0, 100)).save(root / "green_rgba.png")
+    Image.new("L", (90, 90), 128).save(root / "gray.jpg")
+    pdf = pdfium.PdfDocument.new()
+    for width, height in ((200, 300), (300, 200)):
+        pdf.new_page(width, height)
+    pdf.save(str(root / "doc.pdf"))
+    pdf.close()
+    return root
+
+
+@pytest.fixture(scope="session")
+def mixed_items(image_dir):
+    """Text, image and image+text items of different lengths."""
+    from faste_mm import Item
+
+    return [
+        "a red bicycle leaning on a wall",
+        Item(image=image_dir / "red.png"),
+        Item(text="a green square with some transparency, seen from far away", image=image_dir / "green_rgba.png"),
+        "short",
+        Item(image=image_dir / "gray.jpg", instruction="Find a day-to-day image that looks similar to the provided image."),
+        "the quick brown fox jumps over the lazy dog " * 3,
+    ]
