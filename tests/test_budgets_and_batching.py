@@ -1,0 +1,149 @@
+"""Properties: budgets, keep plans, batching order, batch invariance, unit norm, Matryoshka, configs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from faste_mm import BatchingConfig, ConfigError, Embedder, FastEConfig
+from faste_mm.batching import plan_batches
+from faste_mm.decoder_state import DecoderState
+from faste_mm.ranking import block_last_scores, plan_keep, prefix_budgets
+
+
+@pytest.mark.parametrize("r_max", [0.0, 0.3, 0.5, 0.7, 0.99])
+def test_budget_is_max_one_python_round_of_kept_share(r_max):
+    n_prefix = torch.arange(1, 400)
+    expected = [max(1, round((1 - r_max) * n)) for n in n_prefix.tolist()]
+    assert prefix_budgets(n_prefix, r_max).tolist() == expected
+
+
+def test_budget_edge_cases():
+    assert prefix_budgets(torch.tensor([1, 5, 7, 10]), 0.5).tolist() == [1, 2, 4, 5]  # half to even
+    assert prefix_budgets(torch.tensor([1, 10, 1000]), 0.99).tolist() == [1, 1, 10]
+    assert prefix_budgets(torch.tensor([0]), 0.5).tolist() == [0]  # no prefix: nothing to keep
+
+
+def _state(lengths, width, hidden=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.tensor(lengths)
+    valid = torch.arange(width)[None] < lengths[:, None]
+    return DecoderState(
+        hidden=torch.randn(len(lengths), width, hidden, generator=g),
+        cos=torch.ones(len(lengths), width, 2),
+        sin=torch.zeros(len(lengths), width, 2),
+        valid=valid,
+        lengths=lengths,
+        source_index=torch.arange(width).expand(len(lengths), width),
+    )
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_keep_plan_keeps_top_budget_in_causal_order_and_readout_last(seed):
+    state = _state([9, 2, 6, 12], width=12, seed=seed)
+    scores = torch.rand(4, 12, generator=torch.Generator().manual_seed(seed)).masked_fill(~state.prefix_mask, float("-inf"))
+    budgets = prefix_budgets(state.lengths - 1, 0.5)
+    plan = plan_keep(scores, budgets, state)
+    assert plan.lengths.tolist() == (budgets + 1).tolist()
+    for b in range(4):
+        r, n = int(budgets[b]), int(state.lengths[b]) - 1
+        kept = plan.index[b, :r].tolist()
+        assert kept == sorted(kept) and len(set(kept)) == r
+        assert set(kept) == set(scores[b, :n].topk(r).indices.tolist())
+        assert int(plan.index[b, r]) == n  # the readout is always kept, last
+    gathered = state.gather(plan.index, plan.lengths)
+    rows = torch.arange(4)
+    assert torch.equal(gathered.readout_hidden(), state.hidden[rows, state.lengths - 1])
+    assert gathered.valid.sum(1).tolist() == plan.lengths.tolist()
+
+
+def test_block_last_keeps_the_last_state_of_each_block():
+    state = _state([11], width=11)  # N = 10 prefix states
+    budgets = torch.tensor([4])  # blocks of sizes 2, 3, 2, 3 -> ends 1, 4, 6, 9
+    plan = plan_keep(block_last_scores(state, budgets), budgets, state)
+    assert plan.index[0].tolist() == [1, 4, 6, 9, 10]
+
+
+def test_plan_batches_respects_the_token_budget_and_sorts_by_length():
+    lengths = [5, 50, 7, 300, 20, 20, 1]
+    batches = plan_batches(lengths, BatchingConfig(batch_tokens=100, max_batch_size=3))
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    assert batches[0] == [3]  # longer than the budget: alone
+    for batch in batches:
+        assert len(batch) <= 3
+        assert len(batch) == 1 or len(batch) * max(lengths[i] for i in batch) <= 100
+    flat = [lengths[i] for b in batches for i in b]
+    assert flat == sorted(flat, reverse=True)
+
+
+@pytest.mark.parametrize("batch_tokens", [64, 300, 1 << 20])
+@pytest.mark.parametrize("fast_e", [None, FastEConfig(r_max=0.5, trigger_layer=2)])
+def test_output_order_and_values_do_not_depend_on_batching(model_dirs, vl_embedder, mixed_items, batch_tokens, fast_e):
+    embedder = Embedder(vl_embedder.loaded, BatchingConfig(batch_tokens=batch_tokens))
+    res = embedder.encode(mixed_items, fast_e=fast_e)
+    alone = np.stack([embedder.encode([item], fast_e=fast_e).embeddings[0] for item in mixed_items])
+    np.testing.assert_allclose(res.embeddings, alone, atol=2e-5)
+    np.testing.assert_allclose(np.linalg.norm(res.embeddings, axis=1), 1.0, atol=1e-5)
+    reversed_res = embedder.encode(mixed_items[::-1], fast_e=fast_e)
+    np.testing.assert_allclose(reversed_res.embeddings[::-1], res.embeddings, atol=2e-5)
+
+
+def test_matryoshka_keeps_first_dims_and_renormalises(vl_embedder, mixed_items):
+    full = vl_embedder.encode(mixed_items).embeddings
+    short = vl_embedder.encode(mixed_items, dim=16).embeddings
+    assert short.shape == (len(mixed_items), 16)
+    expected = full[:, :16] / np.linalg.norm(full[:, :16], axis=1, keepdims=True)
+    np.testing.assert_allclose(short, expected, atol=1e-5)
+    with pytest.raises(ConfigError, match="dim must be in"):
+        vl_embedder.encode(mixed_items, dim=10_000)
+
+
+@pytest.mark.parametrize("ranking", ["readout", "fastv", "random", "block-last"])
+def test_every_ranking_keeps_exactly_the_budget(vl_embedder, mixed_items, ranking):
+    res = vl_embedder.encode(mixed_items, fast_e=FastEConfig(r_max=0.7, trigger_layer=2, ranking=ranking))
+    trace = res.stats.batches[0]
+    serialized = [vl_embedder.serializer(i, getattr(i, "instruction", None)) for i in res.items]
+    assert trace.kept_prefix_tokens == int(prefix_budgets(torch.tensor([s.length - 1 for s in serialized]), 0.7).sum())
+    assert trace.trigger_layer == 2
+    assert np.allclose(np.linalg.norm(res.embeddings, axis=1), 1.0, atol=1e-5)
+
+
+def test_random_ranking_is_reproducible_per_seed(vl_embedder, mixed_items):
+    run = lambda seed: vl_embedder.encode(mixed_items, fast_e=FastEConfig(r_max=0.7, trigger_layer=2, ranking="random", seed=seed))
+    assert np.array_equal(run(1).embeddings, run(1).embeddings)
+    assert not np.array_equal(run(1).embeddings, run(2).embeddings)
+
+
+def test_fastv_preset_ranks_after_layer_two():
+    config = FastEConfig.fastv(0.5)
+    assert (config.trigger_layer, config.ranking) == (2, "fastv")
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        (dict(r_max=1.0), "r_max"),
+        (dict(r_max=-0.1), "r_max"),
+        (dict(warmup_layer=-1), "warmup_layer"),
+        (dict(threshold=1.5), "threshold"),
+        (dict(trigger_layer=-2), "trigger_layer"),
+        (dict(ranking="topk"), "ranking"),
+        (dict(fastv_queries=0), "fastv_queries"),
+    ],
+)
+def test_invalid_fast_e_config_names_the_field(kwargs, field):
+    with pytest.raises(ConfigError, match=f"FastEConfig.{field}"):
+        FastEConfig(**kwargs)
+
+
+def test_trigger_layer_beyond_the_model_depth_is_refused(vl_embedder):
+    with pytest.raises(ConfigError, match="trigger_layer must be < 6"):
+        vl_embedder.encode(["x"], fast_e=FastEConfig(trigger_layer=6))
+
+
+def test_backbone_defaults_fill_warmup_and_threshold(vl_embedder, text_embedders):
+    assert vl_embedder.resolve_fast_e(FastEConfig()).threshold == 0.70
+    assert text_embedders["qwen3"].resolve_fast_e(FastEConfig()).threshold == 0.60
+    assert text_embedders["mistral"].resolve_fast_e(FastEConfig()).threshold == 0.40
+    assert vl_embedder.resolve_fast_e(FastEConfig(threshold=0.5, warmup_layer=3)).warmup_layer == 3
