@@ -5,7 +5,7 @@ those shapes into FLOPs for the realised run and for the same batches without co
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,14 +20,7 @@ class DecoderShape:
     head_dim: int  # d_h
 
     def to_dict(self) -> dict:
-        return {
-            "num_layers": self.num_layers,
-            "hidden": self.hidden,
-            "intermediate": self.intermediate,
-            "heads": self.heads,
-            "kv_heads": self.kv_heads,
-            "head_dim": self.head_dim,
-        }
+        return asdict(self)
 
 
 def layer_flops(shape: DecoderShape, tokens: int, pairs: int) -> int:

@@ -7,7 +7,7 @@ Receives a `Batch`; hands on pooled unit vectors [B, H] and a `BatchTrace`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import torch
 
@@ -27,14 +27,7 @@ class BatchTrace:
     alignment: list[tuple[int, float]] = field(default_factory=list)  # (layer, batch-mean g) measured
 
     def to_dict(self) -> dict:
-        return {
-            "batch_size": self.batch_size,
-            "padded_lengths": self.padded_lengths,
-            "trigger_layer": self.trigger_layer,
-            "prefix_tokens": self.prefix_tokens,
-            "kept_prefix_tokens": self.kept_prefix_tokens,
-            "alignment": [[layer, value] for layer, value in self.alignment],
-        }
+        return asdict(self)
 
 
 @torch.inference_mode()

@@ -10,6 +10,10 @@ from dataclasses import dataclass
 from faste_mm.serialization import TextPrompt
 
 _WEB_SEARCH = "Given a web search query, retrieve relevant passages that answer the query"
+# Qwen3-Embedding: "Instruct: {task}\nQuery:{query}" (no space after "Query:"), EOS readout.
+_QWEN_PROMPT = TextPrompt("Instruct: {instruction}\nQuery:{text}", "{text}", _WEB_SEARCH, "eos")
+# E5-Mistral-7B-Instruct: "Instruct: {task}\nQuery: {query}", "</s>" appended as readout.
+_E5_PROMPT = TextPrompt("Instruct: {instruction}\nQuery: {text}", "{text}", _WEB_SEARCH, "eos")
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,34 +27,11 @@ class BackboneDefaults:
 
 BACKBONE_DEFAULTS: dict[str, BackboneDefaults] = {
     "qwen3_vl": BackboneDefaults("Qwen3-VL-Embedding", warmup_layer=8, threshold=0.70, prompt=None),
-    # Qwen3-Embedding: "Instruct: {task}\nQuery:{query}" (no space after "Query:"), EOS readout.
-    "qwen3": BackboneDefaults(
-        "Qwen3-Embedding",
-        warmup_layer=8,
-        threshold=0.60,
-        prompt=TextPrompt("Instruct: {instruction}\nQuery:{text}", "{text}", _WEB_SEARCH, "eos"),
-    ),
-    # E5-Mistral-7B-Instruct: "Instruct: {task}\nQuery: {query}", "</s>" appended as readout.
-    "mistral": BackboneDefaults(
-        "E5-Mistral",
-        warmup_layer=8,
-        threshold=0.40,
-        prompt=TextPrompt("Instruct: {instruction}\nQuery: {text}", "{text}", _WEB_SEARCH, "eos"),
-    ),
-    "llama": BackboneDefaults(
-        "Llama-family decoder",
-        warmup_layer=8,
-        threshold=0.60,
-        prompt=TextPrompt("Instruct: {instruction}\nQuery: {text}", "{text}", _WEB_SEARCH, "eos"),
-        is_calibrated=False,
-    ),
-    "qwen2": BackboneDefaults(
-        "Qwen2 decoder",
-        warmup_layer=8,
-        threshold=0.60,
-        prompt=TextPrompt("Instruct: {instruction}\nQuery:{text}", "{text}", _WEB_SEARCH, "eos"),
-        is_calibrated=False,
-    ),
+    "qwen3": BackboneDefaults("Qwen3-Embedding", warmup_layer=8, threshold=0.60, prompt=_QWEN_PROMPT),
+    "mistral": BackboneDefaults("E5-Mistral", warmup_layer=8, threshold=0.40, prompt=_E5_PROMPT),
+    # No published theta for these families: 0.60 until `calibrate` picks one for the model.
+    "llama": BackboneDefaults("Llama-family decoder", 8, 0.60, _E5_PROMPT, is_calibrated=False),
+    "qwen2": BackboneDefaults("Qwen2 decoder", 8, 0.60, _QWEN_PROMPT, is_calibrated=False),
 }
 
 SUPPORTED_MODEL_TYPES = tuple(BACKBONE_DEFAULTS)
