@@ -1,27 +1,16 @@
 """The faste-mm command line (typer). Each command is thin: options -> config dataclasses ->
-library call -> render. Results go to stdout (a table, or --json); messages go to stderr.
+library call -> render; each lives in its own module and is registered here.
+Results go to stdout (a table, or --json); messages to stderr.
 Exit codes: 0 ok, 1 a FasteError (message only, traceback with --debug), 2 usage.
 """
 
 from __future__ import annotations
 
-import json
-import logging
-import sys
-from pathlib import Path
-from typing import Optional
-
 import typer
-from rich.console import Console
-from rich.table import Table
 
-from faste_mm.errors import FasteError
+from faste_mm.cli.embed import embed
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Multimodal retrieval with Qwen3-VL-Embedding and FastE.")
-stderr = Console(stderr=True)
-stdout = Console()
-
-DEFAULT_MODEL = "Qwen/Qwen3-VL-Embedding-2B"
 
 
 @app.callback()
@@ -29,105 +18,7 @@ def _root() -> None:
     """Multimodal retrieval with Qwen3-VL-Embedding and FastE."""
 
 
-_FILE_SUFFIXES = {".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff", ".pdf"}
-
-
-def _collect_files(paths: list[Path]) -> list[Path]:
-    """Files as given; directories walked recursively for images and PDFs (hidden ones skipped)."""
-    files: list[Path] = []
-    for path in paths:
-        if path.is_dir():
-            files.extend(
-                sorted(
-                    p
-                    for p in path.rglob("*")
-                    if p.is_file() and p.suffix.lower() in _FILE_SUFFIXES and not any(part.startswith(".") for part in p.relative_to(path).parts)
-                )
-            )
-        else:
-            files.append(path)
-    return files
-
-
-@app.command()
-def embed(
-    paths: list[Path] = typer.Argument(None, help="Image/PDF files or folders (walked recursively)."),
-    text: list[str] = typer.Option([], "--text", "-t", help="A text to embed; repeatable."),
-    model: str = typer.Option(DEFAULT_MODEL, envvar="FASTE_MM_MODEL", help="Hub id or local model directory."),
-    r_max: float = typer.Option(0.0, envvar="FASTE_MM_R_MAX", help="FastE max share of prefix tokens removed, 0 <= r < 1; 0 = full forward."),
-    warmup_layer: Optional[int] = typer.Option(None, envvar="FASTE_MM_WARMUP_LAYER", help="FastE warm-up layer l_w (default: the backbone's, 8)."),
-    threshold: Optional[float] = typer.Option(None, envvar="FASTE_MM_THRESHOLD", help="FastE alignment threshold theta (default: the backbone's)."),
-    trigger_layer: Optional[int] = typer.Option(None, envvar="FASTE_MM_TRIGGER_LAYER", help="Compress before this layer instead of the alignment trigger."),
-    instruction: Optional[str] = typer.Option(None, envvar="FASTE_MM_INSTRUCTION", help="Task instruction (queries); default: the document format."),
-    dim: Optional[int] = typer.Option(None, envvar="FASTE_MM_DIM", help="Matryoshka dimensions kept (default: all)."),
-    batch_tokens: int = typer.Option(16384, envvar="FASTE_MM_BATCH_TOKENS", help="Padded tokens per batch."),
-    device: str = typer.Option("auto", envvar="FASTE_MM_DEVICE", help="auto | cpu | cuda | cuda:N."),
-    dtype: str = typer.Option("auto", envvar="FASTE_MM_DTYPE", help="auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16 | float16."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", envvar="FASTE_MM_OUT", help="Write the embeddings [n, d] float32 to this .npy file."),
-    as_json: bool = typer.Option(False, "--json", help="Print the result summary as JSON on stdout."),
-    debug: bool = typer.Option(False, "--debug", envvar="FASTE_MM_DEBUG", help="Show tracebacks."),
-) -> None:
-    """Embed texts, images and PDF pages; print stats (removal, FLOPs, trigger layer, timings)."""
-    from faste_mm import BatchingConfig, Embedder, FastEConfig, Item
-
-    logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, stream=sys.stderr)
-    try:
-        inputs = [*text, *(Item(image=p) for p in _collect_files(paths or []))]
-        if not inputs:
-            raise typer.BadParameter("give at least one PATH or --text")
-        fast_e = None
-        if r_max > 0 or trigger_layer is not None:
-            fast_e = FastEConfig(r_max=r_max, warmup_layer=warmup_layer, threshold=threshold, trigger_layer=trigger_layer)
-        embedder = Embedder.from_pretrained(model, device=device, dtype=dtype, batching=BatchingConfig(batch_tokens=batch_tokens))
-        result = embedder.encode(inputs, fast_e=fast_e, instruction=instruction, dim=dim, on_error="skip")
-    except FasteError as error:
-        if debug:
-            raise
-        stderr.print(f"[red]error:[/red] {error}")
-        raise typer.Exit(1) from None
-    if out is not None:
-        import numpy as np
-
-        np.save(out, result.embeddings)
-    summary = {
-        "model": embedder.model_id,
-        "items": [
-            {"index": i, "item": item.describe(), "page": item.page, "ok": bool(ok)}
-            for i, (item, ok) in enumerate(zip(result.items, result.ok))
-        ],
-        "failures": [failure.to_dict() for failure in result.failures],
-        "stats": result.stats.to_dict(),
-        "embeddings_file": None if out is None else str(out),
-        "dim": int(result.embeddings.shape[1]),
-    }
-    if as_json:
-        stdout.print_json(json.dumps(summary))
-    else:
-        _render_summary(summary)
-    for failure in result.failures:
-        stderr.print(f"[yellow]skipped[/yellow] {failure.reason}")
-    if not result.ok.any():
-        stderr.print("[red]error:[/red] nothing could be embedded")
-        raise typer.Exit(1)
-
-
-def _render_summary(summary: dict) -> None:
-    stats = summary["stats"]
-    table = Table(title=f"faste-mm embed ({summary['model']})")
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    rows = [
-        ("items embedded", f"{stats['n_items'] - stats['n_failed']} / {stats['n_items']}"),
-        ("dimensions", str(summary["dim"])),
-        ("prefix tokens removed", f"{stats['prefix_removal']:.1%}"),
-        ("decoder FLOPs reduction", f"{stats['flops_reduction']:.1%}"),
-        ("mean trigger layer", "-" if stats["mean_trigger_layer"] is None else f"{stats['mean_trigger_layer']:.1f}"),
-        ("model forward (s)", f"{stats['forward_s']:.2f}"),
-        ("end to end (s)", f"{stats['total_s']:.2f}"),
-    ]
-    for name, value in rows:
-        table.add_row(name, value)
-    stdout.print(table)
+app.command()(embed)
 
 
 def main() -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterable, Literal
 
 import numpy as np
@@ -21,7 +21,7 @@ from faste_mm.flops import DecoderShape, batch_flops, flops_reduction, full_batc
 from faste_mm.items import Failure, Item, expand_items
 from faste_mm.pooling import truncate_dim
 from faste_mm.runner import BatchTrace, run_decoder
-from faste_mm.serialization import SerializerConfig, Serialized, TextPrompt
+from faste_mm.serialization import SerializerConfig, Serialized, TextPrompt, TextSerializer, VLSerializer
 
 log = logging.getLogger(__name__)
 
@@ -146,6 +146,15 @@ class Embedder:
     @property
     def dim(self) -> int:
         return self.backbone.embedding_dim
+
+    def with_serializer(self, config: SerializerConfig) -> "Embedder":
+        """The same weights with other image/length settings (e.g. a lower max_pixels)."""
+        old = self.serializer
+        if isinstance(old, VLSerializer):
+            new = VLSerializer(old.processor, config)
+        else:
+            new = TextSerializer(old.tokenizer, old.prompt, config.max_length)
+        return Embedder(replace(self.loaded, serializer=new), self.batching)
 
     def resolve_fast_e(self, fast_e: FastEConfig | None) -> FastEConfig | None:
         """Fill backbone defaults (l_w, theta) into a config; None stays None (full forward)."""

@@ -120,3 +120,14 @@ def test_queries_of_text_models_default_to_the_web_search_task(text_embedders):
     ).embeddings
     assert (query == explicit).all()
     assert not (query == embedder.encode_documents(["capital of France"]).embeddings).all()
+
+
+def test_with_serializer_shares_weights_and_changes_the_pixel_cap(vl_embedder, tmp_path):
+    from faste_mm import SerializerConfig
+
+    Image.new("RGB", (640, 480), (1, 2, 3)).save(tmp_path / "big.png")
+    small = vl_embedder.with_serializer(SerializerConfig(max_pixels=64 * 64))
+    assert small.backbone is vl_embedder.backbone
+    pads = small.serializer(Item(image=tmp_path / "big.png"), None).input_ids.tolist().count(IMAGE_PAD)
+    # 640x480 under a 4096 px cap: beta = sqrt(307200 / 4096) = 8.66 -> 32x64 -> 1*2 tokens; uncapped: 20*15
+    assert pads == 2 and vl_embedder.serializer(Item(image=tmp_path / "big.png"), None).input_ids.tolist().count(IMAGE_PAD) == 300
