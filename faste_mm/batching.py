@@ -17,11 +17,15 @@ from faste_mm.serialization import Serialized
 @dataclass(frozen=True, slots=True)
 class BatchingConfig:
     """batch_tokens bounds batch_size * padded_length; max_batch_size bounds the rows of a batch;
-    chunk_items is how many items are serialized (and length-sorted) ahead of the model."""
+    chunk_items is how many items are serialized (and length-sorted together) at a time;
+    workers preprocess in background threads (0 = in the caller, no overlap); at most
+    prefetch_batches ready batches wait for the model."""
 
     batch_tokens: int = 16384
     max_batch_size: int = 64
-    chunk_items: int = 1024
+    chunk_items: int = 256
+    workers: int = 2
+    prefetch_batches: int = 4
 
     def __post_init__(self) -> None:
         if self.batch_tokens < 1:
@@ -30,6 +34,10 @@ class BatchingConfig:
             raise ConfigError(f"BatchingConfig.max_batch_size must be >= 1, got {self.max_batch_size}")
         if self.chunk_items < 1:
             raise ConfigError(f"BatchingConfig.chunk_items must be >= 1, got {self.chunk_items}")
+        if self.workers < 0:
+            raise ConfigError(f"BatchingConfig.workers must be >= 0, got {self.workers}")
+        if self.prefetch_batches < 1:
+            raise ConfigError(f"BatchingConfig.prefetch_batches must be >= 1, got {self.prefetch_batches}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,11 +56,17 @@ class Batch:
     def size(self) -> int:
         return len(self.rows)
 
+    def pin_memory(self) -> "Batch":
+        """Page-locked copies so the host-to-device copy can run asynchronously."""
+        return self._map(lambda t: t.pin_memory())
+
     def to(self, device: torch.device) -> "Batch":
         non_blocking = device.type == "cuda"
+        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
 
+    def _map(self, fn) -> "Batch":
         def move(t: torch.Tensor | None) -> torch.Tensor | None:
-            return None if t is None else t.to(device, non_blocking=non_blocking)
+            return None if t is None else fn(t)
 
         return Batch(
             rows=self.rows,

@@ -14,12 +14,13 @@ import numpy as np
 import torch
 
 from faste_mm.backbones.loading import LoadedModel, load_model
-from faste_mm.batching import BatchingConfig, collate, plan_batches
+from faste_mm.batching import BatchingConfig
 from faste_mm.compressors import FastE, FastEConfig, Full
 from faste_mm.errors import ConfigError, FasteError, InputError
 from faste_mm.flops import DecoderShape, batch_flops, flops_reduction, full_batch_flops
 from faste_mm.items import Failure, Item, expand_items
 from faste_mm.pooling import truncate_dim
+from faste_mm.prefetch import ItemError, PrepTimer, prefetch_batches
 from faste_mm.runner import BatchTrace, run_decoder
 from faste_mm.serialization import SerializerConfig, Serialized, TextPrompt, TextSerializer, VLSerializer
 
@@ -37,8 +38,8 @@ class EmbedStats:
     batches: list[BatchTrace]
     shape: DecoderShape
     fast_e: dict | None
-    serialize_s: float
-    forward_s: float
+    serialize_s: float  # worker seconds spent reading, decoding, resizing, tokenizing (overlapped)
+    forward_s: float  # model seconds in the caller's thread
     total_s: float
     prefix_tokens: int = 0
     kept_prefix_tokens: int = 0
@@ -191,32 +192,36 @@ class Embedder:
         embeddings = np.zeros((len(items), self.dim), dtype=np.float32)
         ok = np.zeros(len(items), dtype=bool)
         traces: list[BatchTrace] = []
-        serialize_s = forward_s = 0.0
+        forward_s = 0.0
         broken_rows = {failure.index for failure in failures}
         todo = [i for i in range(len(items)) if i not in broken_rows]
-        step = self.batching.chunk_items
-        for start in range(0, len(todo), step):
-            chunk = todo[start : start + step]
+        timer = PrepTimer()
+        device = self.backbone.device
+
+        def serialize(index: int) -> Serialized:
+            return self.serializer(items[index], items[index].instruction or instruction)
+
+        pad = self.loaded.pad_token_id
+        for element in prefetch_batches(todo, serialize, self.batching, pad, device.type == "cuda", timer):
+            if isinstance(element, ItemError):
+                failure = _failure(items, sources, element)
+                if on_error == "raise":
+                    raise InputError(f"input {failure.source}: {failure.reason}") from element.error
+                failures.append(failure)
+                continue
             tick = time.perf_counter()
-            serialized = self._serialize(items, sources, chunk, instruction, on_error, failures)
-            serialize_s += time.perf_counter() - tick
-            rows = list(serialized)
-            for batch_rows in plan_batches([serialized[r].length for r in rows], self.batching):
-                picked = [rows[i] for i in batch_rows]
-                batch = collate([serialized[r] for r in picked], picked, self.loaded.pad_token_id)
-                tick = time.perf_counter()
-                vectors, trace = run_decoder(self.backbone, batch.to(self.backbone.device), policy)
-                vectors = truncate_dim(vectors, dim).cpu().numpy()
-                forward_s += time.perf_counter() - tick
-                embeddings[picked, : vectors.shape[1]] = vectors
-                ok[picked] = True
-                traces.append(trace)
+            vectors, trace = run_decoder(self.backbone, element.to(device), policy)
+            vectors = truncate_dim(vectors, dim).cpu().numpy()  # .cpu() waits for the GPU: honest timing
+            forward_s += time.perf_counter() - tick
+            embeddings[element.rows, : vectors.shape[1]] = vectors
+            ok[element.rows] = True
+            traces.append(trace)
         if dim is not None:
             embeddings = embeddings[:, :dim]
         failures.sort(key=lambda f: f.index)
         if failures:
             log.warning("embedded %d items, skipped %d (see EmbedResult.failures)", int(ok.sum()), len(failures))
-        stats = self._stats(traces, len(items), len(failures), resolved, serialize_s, forward_s, started)
+        stats = self._stats(traces, len(items), len(failures), resolved, timer.seconds, forward_s, started)
         return EmbedResult(embeddings, items, sources, ok, failures, stats)
 
     def encode_queries(
@@ -246,21 +251,6 @@ class Embedder:
         """Documents / candidates: the default instruction (document format); FastE if given."""
         return self.encode(inputs, fast_e=fast_e, instruction=None, dim=dim, on_error=on_error)
 
-    def _serialize(self, items, sources, chunk, instruction, on_error, failures) -> dict[int, Serialized]:
-        serialized: dict[int, Serialized] = {}
-        for index in chunk:
-            item = items[index]
-            try:
-                serialized[index] = self.serializer(item, item.instruction or instruction)
-            except Exception as error:  # one bad item must not cost the others their embeddings
-                reason = str(error) if isinstance(error, FasteError) else f"{type(error).__name__}: {error}"
-                if item.describe() not in reason:
-                    reason = f"{item.describe()}: {reason}"
-                if on_error == "raise":
-                    raise InputError(f"input {sources[index]}: {reason}") from error
-                failures.append(Failure(index, sources[index], item.describe(), reason))
-        return serialized
-
     def _stats(self, traces, n_items, n_failed, resolved, serialize_s, forward_s, started) -> EmbedStats:
         shape = self.backbone.shape
         return EmbedStats(
@@ -277,3 +267,12 @@ class Embedder:
             flops_full=sum(full_batch_flops(shape, t.batch_size, t.padded_lengths[0]) for t in traces),
             flops_realised=sum(batch_flops(shape, t.batch_size, t.padded_lengths) for t in traces),
         )
+
+
+def _failure(items: list[Item], sources: list[int], error: ItemError) -> Failure:
+    item = items[error.index]
+    cause = error.error
+    reason = str(cause) if isinstance(cause, FasteError) else f"{type(cause).__name__}: {cause}"
+    if item.describe() not in reason:
+        reason = f"{item.describe()}: {reason}"
+    return Failure(error.index, sources[error.index], item.describe(), reason)

@@ -147,3 +147,31 @@ def test_backbone_defaults_fill_warmup_and_threshold(vl_embedder, text_embedders
     assert text_embedders["qwen3"].resolve_fast_e(FastEConfig()).threshold == 0.60
     assert text_embedders["mistral"].resolve_fast_e(FastEConfig()).threshold == 0.40
     assert vl_embedder.resolve_fast_e(FastEConfig(threshold=0.5, warmup_layer=3)).warmup_layer == 3
+
+
+@pytest.mark.parametrize("workers, chunk_items, prefetch", [(0, 256, 4), (2, 2, 1), (3, 1, 2)])
+def test_background_preprocessing_gives_the_same_rows_as_inline(vl_embedder, mixed_items, workers, chunk_items, prefetch):
+    config = BatchingConfig(batch_tokens=200, workers=workers, chunk_items=chunk_items, prefetch_batches=prefetch)
+    res = Embedder(vl_embedder.loaded, config).encode(mixed_items)
+    np.testing.assert_allclose(res.embeddings, vl_embedder.encode(mixed_items).embeddings, atol=2e-5)
+    assert res.stats.serialize_s > 0
+
+
+def test_a_bad_item_stops_the_pipeline_cleanly_and_a_later_call_still_works(vl_embedder, mixed_items, tmp_path):
+    from faste_mm import InputError, Item
+
+    config = BatchingConfig(workers=2, chunk_items=1, prefetch_batches=1)
+    embedder = Embedder(vl_embedder.loaded, config)
+    with pytest.raises(InputError, match="nope.png"):
+        embedder.encode([*mixed_items, Item(image=tmp_path / "nope.png"), *mixed_items])
+    assert embedder.encode(mixed_items).ok.all()
+
+
+def test_preprocessing_crashes_surface_in_the_caller():
+    from faste_mm.prefetch import prefetch_batches
+
+    def explode(index):
+        raise SystemExit("worker died")  # not an Exception: must not be recorded as an item failure
+
+    with pytest.raises(SystemExit, match="worker died"):
+        list(prefetch_batches([0, 1], explode, BatchingConfig(workers=1), pad_token_id=0))

@@ -1,0 +1,580 @@
+"""Collection: one directory of vector parts + meta.sqlite (the truth) + index.faiss (derived).
+
+Receives float32 vectors [n, d] with one `ItemRecord` each (no model code here); hands back
+item ids, search results (scores, ids) and records. Composes `store` (SQLite), `parts` (vector
+files), `faiss_index` (the derived index) and `manifest`; one writer at a time (flock).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import faiss
+import numpy as np
+
+from faste_mm.errors import CollectionError, ConfigError, InputError
+from faste_mm.indexers import faiss_index, parts
+from faste_mm.indexers._atomic import TMP_SUFFIX
+from faste_mm.indexers.manifest import MANIFEST_NAME, Manifest, read_manifest, write_manifest
+from faste_mm.indexers.records import CollectionInfo, FileStat, ItemRecord, ScanPlan
+from faste_mm.indexers.store import DB_NAME, MetaStore
+
+log = logging.getLogger(__name__)
+
+LOCK_NAME = "collection.lock"
+# compact() rewrites parts to at most this many rows (32 MiB at d=2048 float16).
+COMPACT_PART_ROWS = 8192
+_NORM_TOLERANCE = 1e-2
+_OWN_FILES = {DB_NAME, DB_NAME + "-wal", DB_NAME + "-shm", parts.VECTORS_DIR, LOCK_NAME,
+              MANIFEST_NAME, faiss_index.INDEX_NAME}
+
+
+def _acquire_lock(root: Path) -> int:
+    """Non-blocking exclusive flock on `collection.lock`; the fd is held until close()."""
+    path = root / LOCK_NAME
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
+        os.close(fd)
+        raise CollectionError(
+            f"{root}: another faste-mm process (pid {holder}) is writing to this collection "
+            f"(lock {path} is held); wait for it to finish, or open the collection read-only"
+        ) from None
+    # The pid is for the error message above only; the flock is what excludes writers.
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    return fd
+
+
+class Collection:
+    """A searchable store of embedding vectors and their item records.
+
+    Use `Collection.create(path, manifest)` or `Collection.open(path, writable=...)`, as a
+    context manager. Not thread-safe: use one instance per thread.
+
+    Example:
+        with Collection.create("photos.fmm", Manifest(model_id="Qwen/Qwen3-VL-Embedding-2B",
+                                                      dim=2048)) as col:
+            ids = col.add(vectors, [ItemRecord(uri="/p/a.jpg", modality="image")])
+            scores, found = col.search(queries, k=10)
+    """
+
+    def __init__(self, root: Path, manifest: Manifest, store: MetaStore,
+                 lock_fd: int | None) -> None:
+        self.root = root
+        self._manifest = manifest
+        self._store = store
+        self._lock_fd = lock_fd
+        self._index: faiss.IndexIDMap2 | None = None
+        self._index_key: tuple[int, int] = (-1, -1)  # (epoch, max part) the index reflects
+        self._index_factory: str | None = None
+        self._search_index: faiss.Index | None = None  # GPU copy, when one is in use
+        self._closed = False
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    @classmethod
+    def create(cls, path: str | Path, manifest: Manifest, exist_ok: bool = False) -> "Collection":
+        """Create a collection directory and open it for writing.
+
+        exist_ok: open an existing collection instead, after checking that its settings match
+        `manifest` (CollectionError listing every difference otherwise).
+        Raises CollectionError if `path` exists and is not a collection (or exist_ok is False).
+        """
+        root = Path(path)
+        faiss_index.validate_factory(manifest.index_type, manifest.dim)
+        if (root / MANIFEST_NAME).exists():
+            if not exist_ok:
+                raise CollectionError(f"{root}: a collection already exists here; open it, or "
+                                      f"pass exist_ok=True to add to it")
+            return cls.open(root, writable=True, expect=manifest)
+        if root.exists():
+            # A directory left by an interrupted create holds only our files; anything else
+            # means the user pointed us at the wrong folder, which we must not litter.
+            foreign = sorted(p.name for p in root.iterdir() if p.name not in _OWN_FILES)
+            if foreign:
+                raise CollectionError(f"{root}: directory is not empty and not a collection "
+                                      f"(contains {foreign[:3]}); choose a new path")
+        (root / parts.VECTORS_DIR).mkdir(parents=True, exist_ok=True)
+        lock_fd = _acquire_lock(root)
+        try:
+            store = MetaStore(root, writable=True)
+            manifest = manifest.replace(index_factory=None, index_epoch=-1, index_max_part=-1,
+                                        counts=store.counts())
+            write_manifest(root, manifest)  # last: its presence marks a complete collection
+        except BaseException:
+            os.close(lock_fd)
+            raise
+        log.info("created collection %s (%s, dim %d)", root, manifest.model_id, manifest.dim)
+        return cls(root, manifest, store, lock_fd)
+
+    @classmethod
+    def open(cls, path: str | Path, writable: bool = False,
+             expect: Manifest | None = None) -> "Collection":
+        """Open an existing collection.
+
+        writable: take the writer lock (CollectionError at once if another process holds it),
+            migrate an older schema, and remove orphaned part files left by a crash.
+        expect: settings of the caller (model, dim, instruction, ...); any difference that makes
+            vectors incomparable raises CollectionError naming each field.
+        """
+        root = Path(path)
+        manifest = read_manifest(root)
+        if expect is not None:
+            errors = manifest.compatibility_errors(expect)
+            if errors:
+                raise CollectionError(
+                    f"{root}: the collection was built with different settings — "
+                    f"{'; '.join(errors)}. Vectors from different settings are not comparable: "
+                    f"index into a new collection, or re-index this one with `--reindex`")
+        lock_fd = _acquire_lock(root) if writable else None
+        try:
+            store = MetaStore(root, writable=writable)
+            if writable:
+                parts.remove_orphans(root, {p for p, _ in store.parts()})
+                for tmp in root.glob("*" + TMP_SUFFIX):  # torn index/manifest writes
+                    tmp.unlink(missing_ok=True)
+        except BaseException:
+            if lock_fd is not None:
+                os.close(lock_fd)
+            raise
+        return cls(root, manifest, store, lock_fd)
+
+    @property
+    def writable(self) -> bool:
+        return self._lock_fd is not None
+
+    @property
+    def manifest(self) -> Manifest:
+        return self._manifest
+
+    def close(self) -> None:
+        """Bring index.faiss up to date (writers), then release the database and the lock."""
+        if self._closed:
+            return
+        try:
+            if self.writable:
+                self._finalize()
+        finally:
+            self._closed = True
+            self._store.close()
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)  # closing the fd releases the flock
+                self._lock_fd = None
+
+    def __enter__(self) -> "Collection":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _require_writable(self, what: str) -> None:
+        if self._closed:
+            raise CollectionError(f"{self.root}: the collection is closed; reopen it to {what}")
+        if not self.writable:
+            raise CollectionError(f"{self.root}: opened read-only; open it with writable=True "
+                                  f"to {what}")
+
+    # ---- writing ---------------------------------------------------------------------------
+    def add(self, vectors: np.ndarray, records: Sequence[ItemRecord]) -> np.ndarray:
+        """Store `vectors` [n, dim] (float32, unit-norm when the manifest says normalized) with
+        one record each, as one new part and one SQLite commit. Returns the new ids [n] int64.
+
+        A live item with the same (uri, page), and failed rows of the same uri, are replaced.
+        Raises InputError naming the record when shapes, values or (uri, page) pairs are bad.
+        """
+        self._require_writable("add items")
+        vectors = self._check_vectors(vectors, records)
+        n = len(records)
+        if n == 0:
+            return np.empty(0, dtype=np.int64)
+        with self._store.transaction():
+            state = self._store.state()
+            ids = np.arange(state["next_id"], state["next_id"] + n, dtype=np.int64)
+            part = state["next_part"]
+            try:
+                # The part is on disk before the rows that reference it commit: a crash in
+                # between leaves an orphan file (swept on open), never a row without a vector.
+                parts.write_part(self.root, part, vectors, ids, self._manifest.vector_dtype)
+                self._store.insert_items(records, ids, "ok", part)
+                self._store.insert_part(part, n)
+                self._store.set_state(next_id=ids[-1] + 1, next_part=part + 1)
+            except BaseException:
+                parts.remove_part(self.root, part)
+                raise
+        if self._index is not None and self._index_key == (state["epoch"], self._max_part(part)):
+            stored = parts.read_part(self.root, part, n, self._manifest.dim)[0]
+            faiss_index.add_vectors(self._index, stored, ids)
+            self._index_key = (state["epoch"], part)
+            self._search_index = None
+        log.debug("%s: added %d items as part %d", self.root, n, part)
+        return ids
+
+    def _max_part(self, new_part: int) -> int:
+        """Largest committed part number below `new_part` (-1 if none)."""
+        older = [p for p, _ in self._store.parts() if p < new_part]
+        return max(older, default=-1)
+
+    def _check_vectors(self, vectors: np.ndarray, records: Sequence[ItemRecord]) -> np.ndarray:
+        dim = self._manifest.dim
+        if not isinstance(vectors, np.ndarray) or vectors.ndim != 2:
+            raise InputError(f"{self.root}: vectors must be a 2-D numpy array [n, {dim}], got "
+                             f"{getattr(vectors, 'shape', type(vectors).__name__)}")
+        if vectors.shape != (len(records), dim):
+            raise InputError(f"{self.root}: vectors have shape {vectors.shape}, expected "
+                             f"({len(records)}, {dim}) for {len(records)} records")
+        vectors = np.asarray(vectors, dtype=np.float32)
+        bad = ~np.isfinite(vectors).all(axis=1)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise InputError(f"{self.root}: vector for {records[i].uri} (row {i}) has NaN/inf")
+        if self._manifest.normalized and len(vectors):
+            norms = np.linalg.norm(vectors, axis=1)
+            off = np.abs(norms - 1.0) > _NORM_TOLERANCE
+            if off.any():
+                i = int(np.flatnonzero(off)[0])
+                raise InputError(f"{self.root}: vector for {records[i].uri} (row {i}) has norm "
+                                 f"{norms[i]:.4f}, expected 1 (the collection stores "
+                                 f"L2-normalised vectors); normalise before adding")
+        self._check_unique(records)
+        return vectors
+
+    def _check_unique(self, records: Sequence[ItemRecord]) -> None:
+        seen: set[tuple[str, int | None]] = set()
+        for i, r in enumerate(records):
+            if (r.uri, r.page) in seen:
+                raise InputError(f"{self.root}: {r.uri} page {r.page} appears twice in one batch "
+                                 f"(row {i}); each (uri, page) may be added once")
+            seen.add((r.uri, r.page))
+
+    def add_failures(self, records: Sequence[ItemRecord]) -> np.ndarray:
+        """Record items that could not be embedded (each with `error` set); they get ids but
+        no vectors. A later successful `add` of the same uri replaces them. Returns ids."""
+        self._require_writable("record failures")
+        for i, r in enumerate(records):
+            if not r.error:
+                raise InputError(f"{self.root}: failure record {r.uri} (row {i}) has no error "
+                                 f"message; set ItemRecord.error")
+        self._check_unique(records)
+        if not records:
+            return np.empty(0, dtype=np.int64)
+        with self._store.transaction():
+            next_id = self._store.state()["next_id"]
+            ids = np.arange(next_id, next_id + len(records), dtype=np.int64)
+            self._store.insert_items(records, ids, "failed", part=None)
+            self._store.set_state(next_id=next_id + len(records))
+        return ids
+
+    def delete(self, ids: Iterable[int]) -> int:
+        """Tombstone items by id (their vectors stay until `compact`). Returns how many changed;
+        unknown or already deleted ids are ignored so a repeated call is harmless."""
+        self._require_writable("delete items")
+        with self._store.transaction():
+            return self._store.tombstone_ids([int(i) for i in ids])
+
+    def delete_uris(self, uris: Iterable[str]) -> int:
+        """Tombstone every item (all pages) of each uri and drop its failure rows."""
+        self._require_writable("delete items")
+        with self._store.transaction():
+            return self._store.tombstone_uris(list(uris))
+
+    def mark_vanished(self, uris: Iterable[str]) -> int:
+        """Tombstone files that a scan no longer finds (`ScanPlan.vanished`); = delete_uris."""
+        return self.delete_uris(uris)
+
+    # ---- reading ---------------------------------------------------------------------------
+    def get(self, ids: Iterable[int]) -> list[ItemRecord]:
+        """Records for `ids`, in the same order. CollectionError names any unknown id."""
+        ids = [int(i) for i in ids]
+        found = self._store.records(ids)
+        missing = [i for i in ids if i not in found]
+        if missing:
+            raise CollectionError(f"{self.root}: no item with id {missing[:10]}"
+                                  f"{' ...' if len(missing) > 10 else ''}")
+        return [found[i] for i in ids]
+
+    def vectors(self, ids: Iterable[int]) -> np.ndarray:
+        """Stored vectors [n, dim] float32 for item ids (e.g. to copy a duplicate's vector
+        instead of re-embedding it). CollectionError names ids without a stored vector."""
+        ids = [int(i) for i in ids]
+        where = self._store.locations(ids)
+        lost = [i for i in ids if where.get(i, (None, None))[0] is None]
+        if lost:
+            raise CollectionError(f"{self.root}: items {lost[:10]} have no stored vector "
+                                  f"(unknown, failed, or compacted away)")
+        sizes = dict(self._store.parts())
+        out = np.empty((len(ids), self._manifest.dim), dtype=np.float32)
+        by_part: dict[int, list[tuple[int, int]]] = {}
+        for k, i in enumerate(ids):
+            part, row = where[i]
+            by_part.setdefault(part, []).append((k, row))
+        for part, pairs in by_part.items():
+            stored = parts.read_part(self.root, part, sizes[part], self._manifest.dim)[0]
+            ks, rows = map(list, zip(*pairs))
+            out[ks] = stored[rows]
+        return out
+
+    def find_by_hash(self, content_hash: str) -> list[ItemRecord]:
+        """Live items whose source file has this sha256 (see `records.content_hash`)."""
+        return self._store.records_with_hash(content_hash)
+
+    def failures(self) -> list[ItemRecord]:
+        """Items recorded by `add_failures` and not since replaced, oldest first."""
+        return self._store.records_where_status("failed")
+
+    def plan_scan(self, files: Iterable[FileStat], under: str | None = None,
+                  retry_failed: bool = False) -> ScanPlan:
+        """Split scanned files by (uri, size, mtime) against the live items.
+
+        under: only uris equal to this prefix or below it (a path + "/") can be reported
+            vanished, so scanning one folder never tombstones items of another.
+        retry_failed: report unchanged files that failed last time as changed.
+        """
+        known = self._store.live_file_stats()
+        new, changed, unchanged, seen = [], [], [], set()
+        for f in files:
+            seen.add(f.uri)
+            prev = known.get(f.uri)
+            if prev is None:
+                new.append(f)
+            elif (prev[0], prev[1]) != (f.size, f.mtime) or (retry_failed and prev[2] == "failed"):
+                changed.append(f)
+            else:
+                unchanged.append(f)
+        prefix = None if under is None else under.rstrip("/")
+        vanished = sorted(u for u in known if u not in seen and (
+            prefix is None or u == prefix or u.startswith(prefix + "/")))
+        return ScanPlan(tuple(new), tuple(changed), tuple(unchanged), tuple(vanished))
+
+    # ---- search ----------------------------------------------------------------------------
+    def search(self, queries: np.ndarray, k: int, nprobe: int | None = None,
+               ef_search: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Top-k live items by inner product for each query.
+
+        Args: queries [q, dim] float32; k >= 1; nprobe (IVF lists probed) and ef_search (HNSW
+            candidate list) override the defaults in `faiss_index.search_parameters`.
+        Returns: (scores [q, k] float32, ids [q, k] int64), best first; -1 / -inf pad rows with
+            fewer than k live items. Tombstoned items are filtered out by over-fetching.
+        """
+        if self._closed:
+            raise CollectionError(f"{self.root}: the collection is closed; reopen it to search")
+        if not isinstance(k, int) or k < 1:
+            raise ConfigError(f"search k must be an int >= 1, got {k!r}")
+        queries = np.asarray(queries, dtype=np.float32)
+        if queries.ndim != 2 or queries.shape[1] != self._manifest.dim:
+            raise InputError(f"{self.root}: queries have shape {queries.shape}, expected "
+                             f"[q, {self._manifest.dim}]")
+        index = self._current_index()
+        scores = np.full((len(queries), k), -np.inf, dtype=np.float32)
+        ids = np.full((len(queries), k), -1, dtype=np.int64)
+        if index.ntotal == 0 or len(queries) == 0:
+            return scores, ids
+        on_gpu = self._search_index is not index
+        pending = np.arange(len(queries))
+        # Over-fetch only when tombstones exist; then grow 4x for queries still short of k.
+        k_fetch = min(index.ntotal, 2 * k if self._store.n_tombstoned_vectors() else k)
+        while len(pending):
+            params = None if on_gpu else faiss_index.search_parameters(
+                self._index, k_fetch, nprobe, ef_search)
+            D, I = self._search_index.search(np.ascontiguousarray(queries[pending]), k_fetch,
+                                             params=params)
+            live = self._store.live_ids(np.unique(I[I >= 0]).tolist())
+            is_live = np.isin(I, np.fromiter(live, dtype=np.int64, count=len(live)))
+            # Stable sort moves live hits to the front while keeping FAISS's score order.
+            order = np.argsort(~is_live, axis=1, kind="stable")[:, :k]  # [p, min(k, k_fetch)]
+            n_live = is_live.sum(axis=1)
+            take = np.take_along_axis(is_live, order, axis=1)
+            width = order.shape[1]
+            ids[pending, :width] = np.where(take, np.take_along_axis(I, order, axis=1), -1)
+            scores[pending, :width] = np.where(take, np.take_along_axis(D, order, axis=1),
+                                               -np.inf)
+            if k_fetch >= index.ntotal:
+                break
+            pending = pending[n_live < k]
+            k_fetch = min(index.ntotal, 4 * k_fetch)
+        return scores, ids
+
+    # ---- index maintenance -----------------------------------------------------------------
+    def _current_index(self) -> faiss.IndexIDMap2:
+        """The index covering every committed part: kept in memory, loaded from index.faiss, or
+        caught up / rebuilt from the parts when index.faiss is stale or missing."""
+        epoch = self._store.state()["epoch"]
+        committed = self._store.parts()
+        max_part = max((p for p, _ in committed), default=-1)
+        if self._index is not None and self._index_key == (epoch, max_part):
+            return self._refresh_search_copy()
+        if self._index is None or self._index_key[0] != epoch:
+            self._load_saved(epoch, committed)
+        if self._index is not None and self._index_key[0] == epoch:
+            behind = [(p, n) for p, n in committed if p > self._index_key[1]]
+            for part, n in behind:
+                faiss_index.add_vectors(self._index,
+                                        *parts.read_part(self.root, part, n, self._manifest.dim))
+            if behind:
+                log.info("%s: added %d parts written since index.faiss was saved", self.root,
+                         len(behind))
+        else:
+            self._build(committed, self._desired_factory(committed))
+        self._index_key = (epoch, max_part)
+        self._search_index = None
+        return self._refresh_search_copy()
+
+    def _refresh_search_copy(self) -> faiss.IndexIDMap2:
+        """Return the CPU index (the one we add to and save), refreshing the search copy."""
+        if self._search_index is None:
+            self._search_index = faiss_index.to_search_device(self._index)
+        return self._index
+
+    def _load_saved(self, epoch: int, committed: list[tuple[int, int]]) -> None:
+        """Adopt index.faiss if the manifest says it was built in this epoch and its size matches
+        the parts it claims to cover (a torn or foreign file fails that check and is ignored)."""
+        self._index = None
+        on_disk = read_manifest(self.root)
+        if on_disk.index_epoch != epoch or on_disk.index_factory is None:
+            return
+        index = faiss_index.load_index(self.root / faiss_index.INDEX_NAME)
+        expected = sum(n for p, n in committed if p <= on_disk.index_max_part)
+        if index is None or index.ntotal != expected or index.d != self._manifest.dim:
+            log.info("%s: index.faiss is stale or missing; rebuilding it from the vectors",
+                     self.root)
+            return
+        self._index, self._index_factory = index, on_disk.index_factory
+        self._index_key = (epoch, on_disk.index_max_part)
+
+    def _desired_factory(self, committed: list[tuple[int, int]]) -> str:
+        n = sum(n for _, n in committed)
+        return faiss_index.resolve_factory(self._manifest.index_type, n, self._manifest.dim,
+                                           self._manifest.memory_budget_bytes)
+
+    def _build(self, committed: list[tuple[int, int]], factory: str) -> None:
+        dim = self._manifest.dim
+        loaded = [parts.read_part(self.root, p, n, dim) for p, n in committed]
+        log.info("%s: building %s over %d vectors", self.root, factory,
+                 sum(n for _, n in committed))
+        self._index = faiss_index.build_index(factory, dim, loaded,
+                                              self._manifest.memory_budget_bytes)
+        self._index_factory = factory
+        self._search_index = None
+
+    def save_index(self) -> None:
+        """Bring the index up to date and write index.faiss + manifest (after a long add run,
+        so that a crash later costs no rebuild). Called by close()."""
+        self._require_writable("save the index")
+        self._current_index()
+        faiss_index.save_index(self._index, self.root / faiss_index.INDEX_NAME)
+        # Manifest after the index file: a crash in between leaves a manifest describing an
+        # older index, which the size check in _load_saved rejects, so the index is rebuilt.
+        self._manifest = self._manifest.replace(
+            index_factory=self._index_factory, index_epoch=self._index_key[0],
+            index_max_part=self._index_key[1], counts=self._store.counts())
+        write_manifest(self.root, self._manifest)
+
+    def rebuild_index(self, index_type: str | None = None) -> str:
+        """Rebuild index.faiss from the stored vectors (no re-embedding); returns the factory.
+
+        index_type: "auto" or a FAISS factory string to switch to (recorded in the manifest);
+        None keeps the current choice. Raises ConfigError for an invalid factory string.
+        """
+        self._require_writable("rebuild the index")
+        if index_type is not None:
+            faiss_index.validate_factory(index_type, self._manifest.dim)
+            self._manifest = self._manifest.replace(index_type=index_type)
+        committed = self._store.parts()
+        self._build(committed, self._desired_factory(committed))
+        self._index_key = (self._store.state()["epoch"], max((p for p, _ in committed),
+                                                             default=-1))
+        self.save_index()
+        return self._index_factory
+
+    def _finalize(self) -> None:
+        """At close: switch index kind if the collection outgrew it, save if anything changed."""
+        committed = self._store.parts()
+        saved = read_manifest(self.root)
+        key = (self._store.state()["epoch"], max((p for p, _ in committed), default=-1))
+        desired = self._desired_factory(committed)
+        if committed and (self._index_factory or saved.index_factory) != desired:
+            log.info("%s: index type changes to %s for %d vectors", self.root, desired,
+                     sum(n for _, n in committed))
+            self.rebuild_index()
+        elif (saved.index_epoch, saved.index_max_part) != key and committed:
+            self.save_index()
+        elif saved.counts != self._store.counts():
+            self._manifest = self._manifest.replace(counts=self._store.counts())
+            write_manifest(self.root, self._manifest)
+
+    def compact(self) -> int:
+        """Drop tombstoned vectors from the parts, merge small parts, and rebuild the index.
+
+        New parts are written and renamed first, then one transaction repoints the items and
+        deletes the tombstones, then old part files are unlinked: a crash at any point leaves
+        either the old or the new layout (plus orphans swept on open). Returns vectors dropped.
+        """
+        self._require_writable("compact it")
+        committed = self._store.parts()
+        n_dead = self._store.n_tombstoned_vectors()
+        n_live = sum(n for _, n in committed) - n_dead
+        if n_dead == 0 and len(committed) <= max(1, -(-n_live // COMPACT_PART_ROWS)):
+            return 0
+        dim, state = self._manifest.dim, self._store.state()
+        next_part, moves, new_parts = state["next_part"], [], []
+        buf_v: list[np.ndarray] = []
+        buf_ids: list[np.ndarray] = []
+
+        def flush() -> None:
+            nonlocal next_part
+            v, i = np.concatenate(buf_v), np.concatenate(buf_ids)
+            parts.write_part(self.root, next_part, v, i, self._manifest.vector_dtype)
+            moves.extend((next_part, row, int(item)) for row, item in enumerate(i))
+            new_parts.append((next_part, len(i)))
+            next_part += 1
+            buf_v.clear()
+            buf_ids.clear()
+
+        for part, n in committed:
+            vectors, ids = parts.read_part(self.root, part, n, dim)
+            status = {i: s for i, _, s in self._store.part_rows(part)}
+            keep = np.array([status.get(int(i)) == "ok" for i in ids], dtype=bool)
+            for start in range(0, int(keep.sum()), COMPACT_PART_ROWS):
+                sel = np.flatnonzero(keep)[start:start + COMPACT_PART_ROWS]
+                buf_v.append(np.asarray(vectors[sel]))
+                buf_ids.append(ids[sel])
+                if sum(len(b) for b in buf_ids) >= COMPACT_PART_ROWS:
+                    flush()
+        if buf_ids:
+            flush()
+        with self._store.transaction():
+            self._store.db.execute("DELETE FROM items WHERE status = 'deleted'")
+            self._store.move_rows(moves)
+            for part, _ in committed:
+                self._store.delete_part(part)
+            for part, n in new_parts:
+                self._store.insert_part(part, n)
+            self._store.set_state(next_part=next_part, epoch=state["epoch"] + 1)
+        for part, _ in committed:
+            parts.remove_part(self.root, part)
+        log.info("%s: compacted %d parts into %d, dropped %d deleted vectors", self.root,
+                 len(committed), len(new_parts), n_dead)
+        self.rebuild_index()
+        return n_dead
+
+    # ---- summary ---------------------------------------------------------------------------
+    def info(self) -> CollectionInfo:
+        """Counts, index kind and on-disk size (bytes, all files) of the collection."""
+        counts = self._store.counts()
+        committed = self._store.parts()
+        saved = read_manifest(self.root)
+        key = (self._store.state()["epoch"], max((p for p, _ in committed), default=-1))
+        size = sum(p.stat().st_size for p in self.root.rglob("*") if p.is_file())
+        return CollectionInfo(
+            path=str(self.root), model_id=self._manifest.model_id, dim=self._manifest.dim,
+            vector_dtype=self._manifest.vector_dtype, n_ok=counts["ok"],
+            n_failed=counts["failed"], n_deleted=counts["deleted"], n_parts=len(committed),
+            index_type=self._manifest.index_type,
+            index_factory=self._index_factory or saved.index_factory,
+            index_is_current=(saved.index_epoch, saved.index_max_part) == key,
+            size_bytes=size, failures=tuple(self.failures()))

@@ -1,0 +1,229 @@
+"""The derived FAISS index: pick a factory string, build it from vector parts, search it.
+
+Receives float32 vectors + int64 ids (from the collection's parts); hands back an
+`IndexIDMap2`-wrapped index whose ids are the collection's item ids, so ids survive rebuilds.
+`auto` ports the idea of autofaiss's `get_optimal_index_keys_v2` (exact when small, graph when it
+fits in memory, IVF when the graph gets slow to build, OPQ+PQ when raw vectors do not fit).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from pathlib import Path
+from typing import Sequence
+
+import faiss
+import numpy as np
+
+from faste_mm.errors import CollectionError, ConfigError
+from faste_mm.indexers._atomic import atomic_write
+
+log = logging.getLogger(__name__)
+
+INDEX_NAME = "index.faiss"
+
+# Below this size `auto` searches exactly. Measured on 2 CPU cores at d=2048 (docs/benchmarks.md):
+# a Flat scan costs ~0.6 ms per 1k vectors per single query, so 50k vectors stay near 30 ms with
+# no build cost, whereas HNSW32 needs ~0.5 ms of build time per vector (~25 s at 50k) and is
+# approximate. Batched queries use BLAS and are far cheaper per query than that.
+FLAT_MAX_VECTORS = 50_000
+# HNSW build time grows ~linearly (tens of minutes per million 2048-d vectors on a laptop);
+# past this IVF with an HNSW coarse quantizer builds an order of magnitude faster.
+HNSW_MAX_VECTORS = 1_000_000
+HNSW_M = 32
+_HNSW_LINK_BYTES = HNSW_M * 2 * 4 + 64  # level-0 links (2M int32) + upper levels/bookkeeping
+_IDMAP_BYTES = 16  # id + reverse map entry per vector in IndexIDMap2
+# Sample sizes: faiss's k-means wants >= 39 points per centroid; 64 gives stable centroids.
+_TRAIN_POINTS_PER_CENTROID = 64
+_PQ_MIN_TRAIN = 39 * 256
+DEFAULT_EF_SEARCH = 128
+
+
+def _nlist(n: int) -> int:
+    """IVF list count ~ 4 * sqrt(n) (faiss wiki guideline), rounded to a power of two so the
+    factory string of `auto` only changes when the collection grows ~4x."""
+    return int(2 ** round(math.log2(max(4 * math.sqrt(max(n, 1)), 64))))
+
+
+def auto_factory(n: int, dim: int, memory_budget_bytes: int) -> str:
+    """Choose a factory string for `n` vectors of width `dim` within `memory_budget_bytes`."""
+    raw = n * (4 * dim + _IDMAP_BYTES)
+    if n < FLAT_MAX_VECTORS and raw <= memory_budget_bytes:
+        return "Flat"
+    if n < HNSW_MAX_VECTORS and raw + n * _HNSW_LINK_BYTES <= memory_budget_bytes:
+        return f"HNSW{HNSW_M}"
+    nlist = _nlist(n)
+    centroids = nlist * (4 * dim + _HNSW_LINK_BYTES)
+    if raw + n * 8 + centroids <= memory_budget_bytes:
+        return f"IVF{nlist}_HNSW{HNSW_M},Flat"
+    # Product quantization: m bytes per vector; OPQ rotates into d' = 4m dims first so each
+    # sub-quantizer sees 4 dims (the ratio autofaiss and the faiss wiki use). "np" skips
+    # polysemous training, which only serves Hamming-filtered search (unused here) and
+    # dominates training time (18 s vs 0.2 s for PQ16x8 on 2k vectors).
+    for m in (256, 128, 64, 32, 16, 8):
+        d_out = min(dim, 4 * m)
+        if d_out % m or m > dim:
+            continue
+        pq_bytes = n * (m + _IDMAP_BYTES + 8) + nlist * (4 * d_out + _HNSW_LINK_BYTES)
+        if pq_bytes + 4 * dim * d_out <= memory_budget_bytes:
+            return f"OPQ{m}_{d_out},IVF{nlist}_HNSW{HNSW_M},PQ{m}x8np"
+    log.warning("%d vectors of dim %d exceed the memory budget of %d bytes even with 8-byte "
+                "PQ codes; using the smallest index", n, dim, memory_budget_bytes)
+    return f"OPQ8_32,IVF{nlist}_HNSW{HNSW_M},PQ8x8np"
+
+
+def validate_factory(index_type: str, dim: int) -> None:
+    """ConfigError unless `index_type` is "auto" or a FAISS factory string usable here."""
+    if index_type == "auto":
+        return
+    if "IDMap" in index_type:
+        raise ConfigError(f"index_type {index_type!r}: do not include IDMap, the collection wraps "
+                          f"every index in IndexIDMap2 itself; drop the IDMap part")
+    try:
+        faiss.index_factory(dim, index_type, faiss.METRIC_INNER_PRODUCT)
+    except RuntimeError as e:
+        reason = str(e).strip().splitlines()[-1]
+        raise ConfigError(
+            f"index_type {index_type!r} is not a valid FAISS factory string for dim={dim} "
+            f"({reason}); use 'auto' or e.g. 'Flat', 'HNSW32', 'IVF1024_HNSW32,Flat', "
+            f"'OPQ64_256,IVF4096_HNSW32,PQ64x8np'") from None
+
+
+def min_training_vectors(factory: str) -> int:
+    """Fewest vectors `factory` can be trained on (k-means needs >= one point per centroid)."""
+    need = 1
+    for m in re.finditer(r"IVF(\d+)", factory):
+        need = max(need, int(m.group(1)))
+    for m in re.finditer(r"IMI2x(\d+)", factory):
+        need = max(need, 2 ** int(m.group(1)))
+    for m in re.finditer(r"PQ\d+(?:x(\d+))?", factory):
+        need = max(need, 2 ** int(m.group(1) or 8))
+    return need
+
+
+def resolve_factory(index_type: str, n: int, dim: int, memory_budget_bytes: int) -> str:
+    """The factory string to build now for a collection of `n` vectors.
+
+    An explicit factory that needs more training vectors than the collection holds falls back to
+    "Flat" (exact, so search stays correct); it is built as requested once enough vectors exist.
+    """
+    if index_type == "auto":
+        return auto_factory(n, dim, memory_budget_bytes)
+    if _needs_training(index_type, dim) and n < min_training_vectors(index_type):
+        log.warning("index %r needs at least %d vectors to train, the collection has %d; "
+                    "searching with an exact Flat index until it grows", index_type,
+                    min_training_vectors(index_type), n)
+        return "Flat"
+    return index_type
+
+
+def _needs_training(factory: str, dim: int) -> bool:
+    return not faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT).is_trained
+
+
+def _training_sample(parts: Sequence[tuple[np.ndarray, np.ndarray]], factory: str,
+                     memory_budget_bytes: int, seed: int) -> np.ndarray:
+    """A uniform random sample of stored vectors (float32) sized for `factory`."""
+    n = sum(len(ids) for _, ids in parts)
+    dim = parts[0][0].shape[1]
+    want = max(_TRAIN_POINTS_PER_CENTROID * min_training_vectors(factory),
+               _PQ_MIN_TRAIN if "PQ" in factory else 0)
+    # Keep the float32 sample within a quarter of the budget: the index needs the rest.
+    want = min(n, want, max(min_training_vectors(factory), memory_budget_bytes // (16 * dim)))
+    rows = np.sort(np.random.default_rng(seed).choice(n, size=want, replace=False))
+    sample, start = [], 0
+    for vectors, ids in parts:
+        local = rows[(rows >= start) & (rows < start + len(ids))] - start
+        if len(local):
+            sample.append(np.asarray(vectors[local], dtype=np.float32))
+        start += len(ids)
+    return np.concatenate(sample)
+
+
+def build_index(factory: str, dim: int, parts: Sequence[tuple[np.ndarray, np.ndarray]],
+                memory_budget_bytes: int, seed: int = 0) -> faiss.IndexIDMap2:
+    """Train (on a sample) and fill an IndexIDMap2(`factory`) with every (vectors, ids) part.
+
+    Args: parts: [(vectors [n_i, dim] any float dtype, ids [n_i] int64)], ids unique.
+    Raises CollectionError when FAISS fails to train (message names the factory string).
+    """
+    index = faiss.IndexIDMap2(faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT))
+    core = faiss.downcast_index(index.index)
+    if isinstance(core, faiss.IndexHNSW):
+        core.hnsw.efConstruction = 40  # faiss default, stated: build time is linear in it
+    parts = [(v, i) for v, i in parts if len(i)]
+    if not index.is_trained:
+        if not parts:
+            raise CollectionError(f"index {factory!r} needs training but there are no vectors")
+        sample = _training_sample(parts, factory, memory_budget_bytes, seed)
+        log.info("training %s on %d vectors", factory, len(sample))
+        try:
+            index.train(sample)
+        except RuntimeError as e:
+            raise CollectionError(f"training FAISS index {factory!r} on {len(sample)} vectors "
+                                  f"failed ({str(e).strip().splitlines()[-1]}); choose a "
+                                  f"smaller index or 'auto'") from None
+    for vectors, ids in parts:
+        add_vectors(index, vectors, ids)
+    return index
+
+
+def add_vectors(index: faiss.IndexIDMap2, vectors: np.ndarray, ids: np.ndarray,
+                chunk_rows: int = 16_384) -> None:
+    """Add in chunks so a float16 memory-mapped part is never materialised as float32 whole."""
+    for start in range(0, len(ids), chunk_rows):
+        x = np.ascontiguousarray(vectors[start:start + chunk_rows], dtype=np.float32)
+        index.add_with_ids(x, np.ascontiguousarray(ids[start:start + chunk_rows], dtype=np.int64))
+
+
+def search_parameters(index: faiss.Index, k: int, nprobe: int | None,
+                      ef_search: int | None) -> faiss.SearchParameters | None:
+    """Per-call search parameters for the index kind (no global state on the index object).
+
+    HNSW: efSearch = max(ef_search, k) since HNSW cannot return more than efSearch results.
+    IVF: nprobe defaults to nlist/16 clamped to [8, 256] (~0.9+ recall on real embeddings).
+    """
+    ef = max(ef_search or DEFAULT_EF_SEARCH, k)
+    ivf = faiss.try_extract_index_ivf(index)
+    if ivf is not None:
+        probe = nprobe or min(ivf.nlist, max(8, min(256, ivf.nlist // 16)))
+        params = faiss.SearchParametersIVF(nprobe=min(probe, ivf.nlist))
+        if isinstance(faiss.downcast_index(ivf.quantizer), faiss.IndexHNSW):
+            params.quantizer_params = faiss.SearchParametersHNSW(efSearch=max(ef, probe))
+        return params
+    core = index
+    while isinstance(core, (faiss.IndexIDMap2, faiss.IndexIDMap, faiss.IndexPreTransform)):
+        core = faiss.downcast_index(core.index)
+    if isinstance(core, faiss.IndexHNSW):
+        return faiss.SearchParametersHNSW(efSearch=ef)
+    return None
+
+
+def to_search_device(index: faiss.Index) -> faiss.Index:
+    """A GPU copy when GPU FAISS and a GPU are present and the index kind is supported."""
+    if not hasattr(faiss, "index_cpu_to_all_gpus") or faiss.get_num_gpus() == 0:
+        return index
+    try:
+        return faiss.index_cpu_to_all_gpus(index)
+    except RuntimeError as e:  # e.g. HNSW has no GPU implementation
+        log.info("searching on CPU: this index cannot move to the GPU (%s)", e)
+        return index
+
+
+def save_index(index: faiss.Index, path: Path) -> None:
+    """Stream the index into an atomic write (serialize_index would hold two extra copies)."""
+    atomic_write(path, lambda f: faiss.write_index(index, faiss.PyCallbackIOWriter(f.write)))
+
+
+def load_index(path: Path) -> faiss.IndexIDMap2 | None:
+    """The index stored at `path`, or None if it is missing or unreadable (it is derived data)."""
+    try:
+        # read_index returns the concrete type and owns it; never wrap it in downcast_index (the
+        # proxy would not own the index, which would be freed with the temporary).
+        return faiss.read_index(str(path))
+    except (OSError, RuntimeError) as e:
+        if path.exists():
+            log.warning("%s is unreadable (%s); it will be rebuilt from the vectors", path, e)
+        return None

@@ -1,0 +1,199 @@
+"""Collection manifest: the settings that produced the vectors, plus the derived index state.
+
+`manifest.json` is written atomically. The fields in `COMPATIBILITY_FIELDS` decide whether two
+sets of vectors can share one index; everything else is informational or derived.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from dataclasses import dataclass, field
+from importlib import metadata as _pkg_metadata
+from pathlib import Path
+from typing import Any, Mapping
+
+from faste_mm.errors import CollectionError, ConfigError
+from faste_mm.indexers._atomic import atomic_write_bytes
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+VECTOR_DTYPES = ("float16", "float32")
+METRICS = ("ip",)
+FAST_E_KEYS = ("r_max", "warmup_layer", "threshold")
+DEFAULT_INSTRUCTION = "Represent the user's input."
+DEFAULT_MEMORY_BUDGET_BYTES = 4 * 2**30
+
+# Fields that make vectors incomparable when they differ (order = order of the error message).
+COMPATIBILITY_FIELDS = (
+    "model_id", "model_revision", "dim", "document_instruction",
+    "min_pixels", "max_pixels", "normalized", "metric",
+)
+
+
+def _faste_mm_version() -> str:
+    try:
+        return _pkg_metadata.version("faste-mm")
+    except _pkg_metadata.PackageNotFoundError:
+        return "unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    """Settings of a collection (see module docstring); one instance per `manifest.json`.
+
+    model_id / model_revision / dim: the embedding model and its output width.
+    vector_dtype: on-disk storage of vectors ("float16" halves disk; search runs in float32).
+    normalized / metric: vectors are unit-norm and compared by inner product ("ip").
+    document_instruction, min_pixels, max_pixels: how documents were serialized.
+    fast_e: FastE settings used for documents ({r_max, warmup_layer, threshold}); None = full.
+    index_type: "auto" or a FAISS factory string; memory_budget_bytes guides "auto".
+    index_factory / index_epoch / index_max_part: written by the collection, describe index.faiss.
+    counts: written by the collection at close ({"ok", "failed", "deleted"}), informational.
+    """
+
+    model_id: str
+    dim: int
+    model_revision: str | None = None
+    vector_dtype: str = "float16"
+    normalized: bool = True
+    metric: str = "ip"
+    document_instruction: str = DEFAULT_INSTRUCTION
+    min_pixels: int = 4096
+    max_pixels: int = 1_843_200
+    fast_e: Mapping[str, Any] | None = None
+    index_type: str = "auto"
+    memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET_BYTES
+    index_factory: str | None = None
+    index_epoch: int = -1
+    index_max_part: int = -1
+    counts: Mapping[str, int] = field(default_factory=dict)
+    format_version: int = FORMAT_VERSION
+    faste_mm_version: str = field(default_factory=_faste_mm_version)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model_id, str) or not self.model_id:
+            raise ConfigError(f"Manifest.model_id must be a non-empty string, got {self.model_id!r}")
+        if not isinstance(self.dim, int) or self.dim < 1:
+            raise ConfigError(f"Manifest.dim must be an int >= 1, got {self.dim!r}")
+        if self.vector_dtype not in VECTOR_DTYPES:
+            raise ConfigError(f"Manifest.vector_dtype must be one of {VECTOR_DTYPES}, "
+                              f"got {self.vector_dtype!r}")
+        if self.metric not in METRICS:
+            raise ConfigError(f"Manifest.metric must be one of {METRICS}, got {self.metric!r}")
+        if not 1 <= self.min_pixels <= self.max_pixels:
+            raise ConfigError(f"Manifest.min_pixels/max_pixels must satisfy 1 <= min <= max, "
+                              f"got min_pixels={self.min_pixels}, max_pixels={self.max_pixels}")
+        if self.memory_budget_bytes < 2**20:
+            raise ConfigError(f"Manifest.memory_budget_bytes must be >= 1 MiB (1048576), "
+                              f"got {self.memory_budget_bytes}")
+        if not isinstance(self.index_type, str) or not self.index_type.strip():
+            raise ConfigError(f"Manifest.index_type must be 'auto' or a FAISS factory string, "
+                              f"got {self.index_type!r}")
+        if self.fast_e is not None:
+            unknown = sorted(set(self.fast_e) - set(FAST_E_KEYS))
+            if unknown:
+                raise ConfigError(f"Manifest.fast_e has unknown keys {unknown}; "
+                                  f"valid keys are {list(FAST_E_KEYS)}")
+            # Copy so a caller mutating its dict cannot change a frozen manifest.
+            object.__setattr__(self, "fast_e", dict(self.fast_e))
+        object.__setattr__(self, "counts", dict(self.counts))
+
+    def compatibility_errors(self, other: "Manifest") -> list[str]:
+        """Every setting in which `other` (the request) differs from this collection, in words.
+
+        An empty list means vectors produced under `other` can be searched together with ours.
+        """
+        errors = []
+        for name in COMPATIBILITY_FIELDS:
+            ours, theirs = getattr(self, name), getattr(other, name)
+            if ours != theirs:
+                errors.append(f"{name}: collection has {ours!r}, request has {theirs!r}")
+        return errors
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format_version": self.format_version,
+            "faste_mm_version": self.faste_mm_version,
+            "model_id": self.model_id,
+            "model_revision": self.model_revision,
+            "dim": self.dim,
+            "vector_dtype": self.vector_dtype,
+            "normalized": self.normalized,
+            "metric": self.metric,
+            "document_instruction": self.document_instruction,
+            "serializer": {"min_pixels": self.min_pixels, "max_pixels": self.max_pixels},
+            "fast_e": dict(self.fast_e) if self.fast_e is not None else None,
+            "index": {
+                "type": self.index_type,
+                "memory_budget_bytes": self.memory_budget_bytes,
+                "factory": self.index_factory,
+                "epoch": self.index_epoch,
+                "max_part": self.index_max_part,
+            },
+            "counts": dict(self.counts),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Manifest":
+        """Inverse of `to_dict`; raises ConfigError naming a missing or invalid field."""
+        try:
+            serializer = d.get("serializer") or {}
+            index = d.get("index") or {}
+            return cls(
+                model_id=d["model_id"],
+                dim=d["dim"],
+                model_revision=d.get("model_revision"),
+                vector_dtype=d.get("vector_dtype", "float16"),
+                normalized=d.get("normalized", True),
+                metric=d.get("metric", "ip"),
+                document_instruction=d.get("document_instruction", DEFAULT_INSTRUCTION),
+                min_pixels=serializer.get("min_pixels", 4096),
+                max_pixels=serializer.get("max_pixels", 1_843_200),
+                fast_e=d.get("fast_e"),
+                index_type=index.get("type", "auto"),
+                memory_budget_bytes=index.get("memory_budget_bytes", DEFAULT_MEMORY_BUDGET_BYTES),
+                index_factory=index.get("factory"),
+                index_epoch=index.get("epoch", -1),
+                index_max_part=index.get("max_part", -1),
+                counts=d.get("counts") or {},
+                format_version=d.get("format_version", FORMAT_VERSION),
+                faste_mm_version=d.get("faste_mm_version", "unknown"),
+            )
+        except KeyError as e:
+            raise ConfigError(f"manifest is missing the required field {e.args[0]!r}") from None
+
+    def replace(self, **changes: Any) -> "Manifest":
+        return dataclasses.replace(self, **changes)
+
+
+def read_manifest(root: Path) -> Manifest:
+    """Load `root/manifest.json`; CollectionError if absent, unreadable or from a newer format."""
+    path = root / MANIFEST_NAME
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CollectionError(f"{root}: not a faste-mm collection ({MANIFEST_NAME} is missing); "
+                              f"create it with Collection.create or `faste-mm index`") from None
+    except (OSError, json.JSONDecodeError) as e:
+        raise CollectionError(f"{path}: cannot read the manifest ({e}); restore it from a backup "
+                              f"or re-index into a new collection") from None
+    version = raw.get("format_version", FORMAT_VERSION)
+    if version > FORMAT_VERSION:
+        raise CollectionError(
+            f"{root}: collection format_version {version} is newer than this faste-mm "
+            f"({_faste_mm_version()}) understands (up to {FORMAT_VERSION}); "
+            f"upgrade faste-mm (pip install -U faste-mm) to open it")
+    try:
+        return Manifest.from_dict(raw)
+    except ConfigError as e:
+        raise CollectionError(f"{path}: invalid manifest: {e}") from None
+
+
+def write_manifest(root: Path, manifest: Manifest) -> None:
+    """Atomically replace `root/manifest.json`."""
+    text = json.dumps(manifest.to_dict(), indent=2, sort_keys=False) + "\n"
+    atomic_write_bytes(root / MANIFEST_NAME, text.encode("utf-8"))

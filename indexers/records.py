@@ -1,0 +1,133 @@
+"""Plain data handed into and out of a collection: item records, file stats, scan plans, info.
+
+Nothing here touches disk except `content_hash`, which streams a file through sha256 so that
+identical content already in a collection can be found without re-embedding it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from faste_mm.errors import ConfigError, InputError
+
+STATUSES = ("ok", "failed", "deleted")
+_HASH_CHUNK_BYTES = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class ItemRecord:
+    """One stored item: a text, an image, an image+text pair or one page of a document.
+
+    `uri` and `page` identify the item ((uri, page) is unique among live rows); `size`/`mtime`
+    are the source file's stat used by incremental scans; `metadata` is any JSON-serialisable dict.
+    `id`, `status`, `added_at` are filled in by the collection; `error` is set on failed rows.
+    """
+
+    uri: str
+    modality: str
+    page: int | None = None
+    size: int | None = None
+    mtime: float | None = None
+    content_hash: str | None = None
+    metadata: Mapping[str, Any] | None = None
+    error: str | None = None
+    id: int | None = None
+    status: str = "ok"
+    added_at: float | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.uri, str) or not self.uri:
+            raise InputError(f"ItemRecord.uri must be a non-empty string, got {self.uri!r}")
+        if not isinstance(self.modality, str) or not self.modality:
+            raise InputError(f"{self.uri}: ItemRecord.modality must be a non-empty string, "
+                             f"got {self.modality!r}")
+        if self.page is not None and (not isinstance(self.page, int) or self.page < 0):
+            raise InputError(f"{self.uri}: ItemRecord.page must be None or an int >= 0, "
+                             f"got {self.page!r}")
+        if self.status not in STATUSES:
+            raise InputError(f"{self.uri}: ItemRecord.status must be one of {STATUSES}, "
+                             f"got {self.status!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["metadata"] = dict(self.metadata) if self.metadata is not None else None
+        return d
+
+
+@dataclass(frozen=True, slots=True)
+class FileStat:
+    """What an incremental scan compares: a file's uri, size in bytes and mtime in seconds."""
+
+    uri: str
+    size: int
+    mtime: float
+
+    def __post_init__(self) -> None:
+        if not self.uri:
+            raise ConfigError(f"FileStat.uri must be a non-empty string, got {self.uri!r}")
+        if self.size < 0:
+            raise ConfigError(f"FileStat.size for {self.uri} must be >= 0, got {self.size}")
+        if not math.isfinite(self.mtime):
+            raise ConfigError(f"FileStat.mtime for {self.uri} must be finite, got {self.mtime}")
+
+    @classmethod
+    def of(cls, path: str | Path) -> "FileStat":
+        """Stat a file on disk; the uri is its resolved absolute path."""
+        p = Path(path).resolve()
+        st = p.stat()
+        return cls(uri=str(p), size=st.st_size, mtime=st.st_mtime)
+
+
+@dataclass(frozen=True, slots=True)
+class ScanPlan:
+    """Result of `Collection.plan_scan`: which files to embed, skip, or tombstone."""
+
+    new: tuple[FileStat, ...]
+    changed: tuple[FileStat, ...]
+    unchanged: tuple[FileStat, ...]
+    vanished: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "new": [asdict(f) for f in self.new],
+            "changed": [asdict(f) for f in self.changed],
+            "unchanged": [asdict(f) for f in self.unchanged],
+            "vanished": list(self.vanished),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class CollectionInfo:
+    """Summary of a collection for `faste-mm info` (counts, index, bytes on disk, failures)."""
+
+    path: str
+    model_id: str
+    dim: int
+    vector_dtype: str
+    n_ok: int
+    n_failed: int
+    n_deleted: int
+    n_parts: int
+    index_type: str
+    index_factory: str | None
+    index_is_current: bool
+    size_bytes: int
+    failures: tuple[ItemRecord, ...] = field(default=())
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        d["failures"] = [r.to_dict() for r in self.failures]
+        return d
+
+
+def content_hash(path: str | Path) -> str:
+    """sha256 of a file's bytes as hex, read in 1 MiB chunks (constant memory for large PDFs)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_HASH_CHUNK_BYTES):
+            h.update(chunk)
+    return h.hexdigest()

@@ -1,0 +1,280 @@
+"""meta.sqlite: the item table that, together with the vector parts, is a collection's truth.
+
+Receives item records and part numbers from `Collection`; hands back rows, counts and the state
+counters (next id, next part, epoch). Every statement uses bound parameters. Schema changes are
+stepwise migrations; a file newer than this code is refused with upgrade advice.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Sequence
+
+from faste_mm.errors import CollectionError
+from faste_mm.indexers.records import ItemRecord
+
+log = logging.getLogger(__name__)
+
+DB_NAME = "meta.sqlite"
+SCHEMA_VERSION = 1
+
+_ITEM_COLUMNS = ("id, uri, page, modality, size, mtime, content_hash, status, error, added_at, "
+                 "metadata, part, row")
+
+
+def _migrate_0_to_1(db: sqlite3.Connection) -> None:
+    _execute_script(db, """
+        CREATE TABLE parts (
+            part INTEGER PRIMARY KEY,
+            n_rows INTEGER NOT NULL,
+            created_at REAL NOT NULL
+        );
+        CREATE TABLE items (
+            id INTEGER PRIMARY KEY,
+            uri TEXT NOT NULL,
+            page INTEGER,
+            modality TEXT NOT NULL,
+            size INTEGER,
+            mtime REAL,
+            content_hash TEXT,
+            status TEXT NOT NULL CHECK (status IN ('ok', 'failed', 'deleted')),
+            error TEXT,
+            added_at REAL NOT NULL,
+            metadata TEXT,
+            part INTEGER REFERENCES parts(part),
+            row INTEGER
+        );
+        -- (uri, page) is unique among live rows; NULL pages compare equal through ifnull.
+        CREATE UNIQUE INDEX items_live_uri_page ON items (uri, ifnull(page, -1))
+            WHERE status != 'deleted';
+        -- Plain (non-partial) uri index: the partial one above cannot serve `status = ?`
+        -- lookups, and without this every replace/scan query would scan the whole table.
+        CREATE INDEX items_uri ON items (uri);
+        -- Every search counts tombstoned vectors: that must not scan all rows. Partial, so the
+        -- planner never prefers it over items_uri for per-uri lookups (a plain status index
+        -- would be, and each replace would then scan the whole table).
+        CREATE INDEX items_tombstoned ON items (part) WHERE status = 'deleted';
+        CREATE INDEX items_content_hash ON items (content_hash) WHERE content_hash IS NOT NULL;
+        CREATE INDEX items_part ON items (part) WHERE part IS NOT NULL;
+        CREATE TABLE state (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+        -- next_id/next_part only grow, so ids and part numbers are never reused;
+        -- epoch changes when parts are rewritten (compact), which invalidates index.faiss.
+        INSERT INTO state (key, value) VALUES ('next_id', 0), ('next_part', 0), ('epoch', 0);
+    """)
+
+
+def _execute_script(db: sqlite3.Connection, script: str) -> None:
+    """Run `;`-separated DDL inside the caller's transaction (executescript would COMMIT first,
+    breaking the all-or-nothing migration step)."""
+    lines = [ln for ln in script.splitlines() if not ln.strip().startswith("--")]
+    for statement in "\n".join(lines).split(";"):
+        if statement.strip():
+            db.execute(statement)
+
+
+# _MIGRATIONS[v] upgrades schema version v to v + 1.
+_MIGRATIONS = {0: _migrate_0_to_1}
+assert len(_MIGRATIONS) == SCHEMA_VERSION
+
+
+def _row_to_record(row: Sequence[Any]) -> ItemRecord:
+    (id_, uri, page, modality, size, mtime, chash, status, error, added_at, meta, _part,
+     _row) = row
+    return ItemRecord(uri=uri, modality=modality, page=page, size=size, mtime=mtime,
+                      content_hash=chash, metadata=json.loads(meta) if meta else None,
+                      error=error, id=id_, status=status, added_at=added_at)
+
+
+class MetaStore:
+    """One connection to `meta.sqlite`. Writers migrate; readers open read-only."""
+
+    def __init__(self, root: Path, writable: bool) -> None:
+        self.root = root
+        self.path = root / DB_NAME
+        self.writable = writable
+        try:
+            if writable:
+                self.db = sqlite3.connect(self.path, isolation_level=None)
+                # WAL lets readers search while a writer commits; FULL sync makes a commit
+                # durable before the writer moves on (commits are batched, so it is cheap).
+                self.db.execute("PRAGMA journal_mode=WAL")
+                self.db.execute("PRAGMA synchronous=FULL")
+            else:
+                if not self.path.exists():
+                    raise CollectionError(f"{root}: {DB_NAME} is missing; the collection is "
+                                          f"incomplete, re-create it")
+                self.db = sqlite3.connect(self.path.as_uri() + "?mode=ro", uri=True,
+                                          isolation_level=None)
+            self.db.execute("PRAGMA busy_timeout=10000")
+        except sqlite3.Error as e:
+            raise CollectionError(f"{self.path}: cannot open ({e})") from None
+        self._check_schema()
+
+    def close(self) -> None:
+        self.db.close()
+
+    # ---- schema -----------------------------------------------------------------------------
+    def _schema_version(self) -> int:
+        has_table = self.db.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
+            ("schema_version",)).fetchone()
+        if not has_table:
+            return 0
+        row = self.db.execute("SELECT version FROM schema_version").fetchone()
+        return row[0] if row else 0
+
+    def _check_schema(self) -> None:
+        version = self._schema_version()
+        if version > SCHEMA_VERSION:
+            raise CollectionError(
+                f"{self.path}: schema version {version} is newer than this faste-mm supports "
+                f"({SCHEMA_VERSION}); the collection was written by a newer faste-mm — upgrade "
+                f"faste-mm (pip install -U faste-mm) to open it")
+        if version == SCHEMA_VERSION:
+            return
+        if not self.writable:
+            raise CollectionError(
+                f"{self.path}: schema version {version} is older than this faste-mm's "
+                f"({SCHEMA_VERSION}); open the collection once for writing to upgrade it")
+        for v in range(version, SCHEMA_VERSION):
+            with self.transaction():
+                _MIGRATIONS[v](self.db)
+                self.db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER)")
+                self.db.execute("DELETE FROM schema_version")
+                self.db.execute("INSERT INTO schema_version (version) VALUES (?)", (v + 1,))
+            log.info("%s: migrated schema %d -> %d", self.path, v, v + 1)
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """BEGIN IMMEDIATE ... COMMIT, rolled back on any exception (including KeyboardInterrupt)."""
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self.db
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.db.execute("COMMIT")
+
+    # ---- state counters ---------------------------------------------------------------------
+    def state(self) -> dict[str, int]:
+        return dict(self.db.execute("SELECT key, value FROM state").fetchall())
+
+    def set_state(self, **values: int) -> None:
+        """Update counters; call inside `transaction()` together with the change they describe."""
+        for key, value in values.items():
+            self.db.execute("UPDATE state SET value = ? WHERE key = ?", (int(value), key))
+
+    # ---- parts ------------------------------------------------------------------------------
+    def parts(self) -> list[tuple[int, int]]:
+        """(part, n_rows) of every committed part, ascending."""
+        return self.db.execute("SELECT part, n_rows FROM parts ORDER BY part").fetchall()
+
+    def insert_part(self, part: int, n_rows: int) -> None:
+        self.db.execute("INSERT INTO parts (part, n_rows, created_at) VALUES (?, ?, ?)",
+                        (part, n_rows, time.time()))
+
+    def delete_part(self, part: int) -> None:
+        self.db.execute("DELETE FROM parts WHERE part = ?", (part,))
+
+    def part_rows(self, part: int) -> list[tuple[int, int, str]]:
+        """(id, row, status) of the items stored in `part`, in row order."""
+        return self.db.execute("SELECT id, row, status FROM items WHERE part = ? ORDER BY row",
+                               (part,)).fetchall()
+
+    def move_rows(self, moves: Iterable[tuple[int | None, int | None, int]]) -> None:
+        """Set (part, row) for item ids: [(new_part, new_row, id)]; None detaches the vector."""
+        self.db.executemany("UPDATE items SET part = ?, row = ? WHERE id = ?", moves)
+
+    # ---- items ------------------------------------------------------------------------------
+    def insert_items(self, records: Sequence[ItemRecord], ids: Sequence[int], status: str,
+                     part: int | None) -> None:
+        """Insert records; a live row with the same (uri, page) and failed rows of the uri are
+        replaced (the newest add wins, so re-running an interrupted scan never duplicates)."""
+        now = time.time()
+        uris = sorted({r.uri for r in records})
+        self.db.executemany("DELETE FROM items WHERE uri = ? AND status = 'failed'",
+                            [(u,) for u in uris])
+        self.db.executemany(
+            "UPDATE items SET status = 'deleted' WHERE uri = ? AND ifnull(page, -1) = ? "
+            "AND status = 'ok'", [(r.uri, -1 if r.page is None else r.page) for r in records])
+        self.db.executemany(
+            f"INSERT INTO items ({_ITEM_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [(int(i), r.uri, r.page, r.modality, r.size, r.mtime, r.content_hash, status,
+              r.error, now, json.dumps(dict(r.metadata)) if r.metadata is not None else None,
+              part, row if part is not None else None)
+             for row, (i, r) in enumerate(zip(ids, records))])
+
+    def tombstone_ids(self, ids: Sequence[int]) -> int:
+        cur = self.db.executemany(
+            "UPDATE items SET status = 'deleted' WHERE id = ? AND status = 'ok'",
+            [(int(i),) for i in ids])
+        return cur.rowcount
+
+    def tombstone_uris(self, uris: Sequence[str]) -> int:
+        """Tombstone ok rows of `uris` and drop their failed rows (which have no vectors)."""
+        params = [(u,) for u in uris]
+        self.db.executemany("DELETE FROM items WHERE uri = ? AND status = 'failed'", params)
+        cur = self.db.executemany(
+            "UPDATE items SET status = 'deleted' WHERE uri = ? AND status = 'ok'", params)
+        return cur.rowcount
+
+    def records(self, ids: Sequence[int]) -> dict[int, ItemRecord]:
+        # json_each takes the whole id list as ONE bound parameter (no variable-count limit).
+        rows = self.db.execute(
+            f"SELECT {_ITEM_COLUMNS} FROM items WHERE id IN (SELECT value FROM json_each(?))",
+            (json.dumps([int(i) for i in ids]),)).fetchall()
+        return {row[0]: _row_to_record(row) for row in rows}
+
+    def locations(self, ids: Sequence[int]) -> dict[int, tuple[int | None, int | None]]:
+        rows = self.db.execute(
+            "SELECT id, part, row FROM items WHERE id IN (SELECT value FROM json_each(?))",
+            (json.dumps([int(i) for i in ids]),)).fetchall()
+        return {i: (p, r) for i, p, r in rows}
+
+    def live_ids(self, ids: Iterable[int]) -> set[int]:
+        """The subset of `ids` whose status is 'ok' (used to filter tombstones from search)."""
+        rows = self.db.execute(
+            "SELECT id FROM items WHERE status = 'ok' AND id IN (SELECT value FROM json_each(?))",
+            (json.dumps([int(i) for i in ids]),)).fetchall()
+        return {r[0] for r in rows}
+
+    def records_where_status(self, status: str) -> list[ItemRecord]:
+        rows = self.db.execute(f"SELECT {_ITEM_COLUMNS} FROM items WHERE status = ? ORDER BY id",
+                               (status,)).fetchall()
+        return [_row_to_record(r) for r in rows]
+
+    def records_with_hash(self, content_hash: str) -> list[ItemRecord]:
+        rows = self.db.execute(
+            f"SELECT {_ITEM_COLUMNS} FROM items WHERE content_hash = ? AND status = 'ok' "
+            f"ORDER BY id", (content_hash,)).fetchall()
+        return [_row_to_record(r) for r in rows]
+
+    def live_file_stats(self) -> dict[str, tuple[int | None, float | None, str]]:
+        """uri -> (size, mtime, status) over live rows; pages of one file share its stat."""
+        rows = self.db.execute(
+            "SELECT uri, size, mtime, status FROM items WHERE status != 'deleted'").fetchall()
+        stats: dict[str, tuple[int | None, float | None, str]] = {}
+        for uri, size, mtime, status in rows:
+            prev = stats.get(uri)
+            # Any failed page marks the whole file failed, so `retry_failed` can re-embed it.
+            if prev is None or status == "failed":
+                stats[uri] = (size, mtime, status)
+        return stats
+
+    def counts(self) -> dict[str, int]:
+        counts = {"ok": 0, "failed": 0, "deleted": 0}
+        counts.update(self.db.execute(
+            "SELECT status, count(*) FROM items GROUP BY status").fetchall())
+        return counts
+
+    def n_tombstoned_vectors(self) -> int:
+        """Deleted rows whose vectors are still in parts (and so possibly in the index)."""
+        # INDEXED BY: without statistics the planner picks items_part and counts every row.
+        return self.db.execute(
+            "SELECT count(*) FROM items INDEXED BY items_tombstoned "
+            "WHERE status = 'deleted' AND part IS NOT NULL").fetchone()[0]

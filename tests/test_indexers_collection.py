@@ -1,0 +1,284 @@
+"""Collection store: search vs brute force, tombstones, compaction, rebuilds, scans, failures."""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+
+import numpy as np
+import pytest
+
+from faste_mm.errors import CollectionError, ConfigError, InputError
+from faste_mm.indexers import Collection, FileStat, ItemRecord, Manifest, content_hash
+
+D = 32
+
+
+def unit(rng: np.random.Generator, n: int, d: int = D) -> np.ndarray:
+    x = rng.standard_normal((n, d)).astype(np.float32)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def records(n: int, prefix: str = "item", start: int = 0, **fields) -> list[ItemRecord]:
+    return [ItemRecord(uri=f"{prefix}-{start + i}", modality="text", **fields) for i in range(n)]
+
+
+def make(tmp_path, n: int = 500, seed: int = 0, index_type: str = "auto", name: str = "c"):
+    rng = np.random.default_rng(seed)
+    col = Collection.create(tmp_path / name, Manifest(model_id="test/model", dim=D,
+                                                      index_type=index_type))
+    ids = col.add(unit(rng, n), records(n))
+    return col, ids, rng
+
+
+def assert_matches_brute_force(col: Collection, queries: np.ndarray, k: int,
+                               scores: np.ndarray, ids: np.ndarray) -> None:
+    """Exact top-k over the live stored vectors; ties may be returned in any order."""
+    live = _live_ids(col)
+    stored = col.vectors(live)
+    exact = queries @ stored.T  # [q, n_live]
+    kk = min(k, len(live))
+    for q in range(len(queries)):
+        want = np.sort(exact[q])[::-1][:kk]
+        np.testing.assert_allclose(scores[q, :kk], want, atol=1e-5)
+        assert np.all(ids[q, kk:] == -1)
+        pos = {int(i): j for j, i in enumerate(live)}
+        got_true = exact[q, [pos[int(i)] for i in ids[q, :kk]]]  # every id is live
+        np.testing.assert_allclose(got_true, scores[q, :kk], atol=1e-5)
+        assert len(set(ids[q, :kk].tolist())) == kk
+
+
+def _live_ids(col: Collection) -> np.ndarray:
+    db = sqlite3.connect(col.root / "meta.sqlite")
+    try:
+        return np.array([r[0] for r in db.execute(
+            "SELECT id FROM items WHERE status = 'ok' ORDER BY id")], dtype=np.int64)
+    finally:
+        db.close()
+
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_flat_search_matches_brute_force(tmp_path, seed):
+    col, _, rng = make(tmp_path, n=400, seed=seed)
+    with col:
+        queries = unit(rng, 20)
+        scores, ids = col.search(queries, k=7)
+        assert col.info().index_factory == "Flat"
+        assert_matches_brute_force(col, queries, 7, scores, ids)
+
+
+def test_search_pads_with_minus_one_when_fewer_items_than_k(tmp_path):
+    col, _, rng = make(tmp_path, n=3)
+    with col:
+        queries = unit(rng, 2)
+        scores, ids = col.search(queries, k=5)
+        assert (ids[:, 3:] == -1).all() and np.isneginf(scores[:, 3:]).all()
+        assert_matches_brute_force(col, queries, 5, scores, ids)
+
+
+def test_tombstoned_items_are_filtered_even_when_they_fill_the_top_k(tmp_path):
+    col, ids, rng = make(tmp_path, n=300)
+    with col:
+        query = unit(rng, 1)
+        _, first = col.search(query, k=40)
+        assert col.delete(first[0, :30]) == 30  # more than k and more than 2k tombstoned
+        assert col.delete(first[0, :30]) == 0  # idempotent
+        scores, found = col.search(query, k=5)
+        assert not set(found[0].tolist()) & set(first[0, :30].tolist())
+        assert_matches_brute_force(col, query, 5, scores, found)
+
+
+def test_get_returns_records_in_order_and_unknown_id_names_it(tmp_path):
+    col, ids, _ = make(tmp_path, n=5)
+    with col:
+        got = col.get([ids[3], ids[1]])
+        assert [r.uri for r in got] == ["item-3", "item-1"]
+        assert all(r.status == "ok" and r.added_at is not None for r in got)
+        with pytest.raises(CollectionError, match=r"12345") as e:
+            col.get([ids[0], 12345])
+        assert str(tmp_path / "c") in str(e.value)
+
+
+def test_rebuild_gives_identical_flat_results_and_stable_ids(tmp_path):
+    col, ids, rng = make(tmp_path, n=300)
+    with col:
+        queries = unit(rng, 10)
+        before = col.search(queries, k=10)
+        assert col.rebuild_index() == "Flat"
+        after = col.search(queries, k=10)
+        np.testing.assert_array_equal(before[1], after[1])
+        np.testing.assert_array_equal(before[0], after[0])
+    with Collection.open(tmp_path / "c") as reader:  # loaded from index.faiss
+        np.testing.assert_array_equal(reader.search(queries, k=10)[1], before[1])
+
+
+def test_ids_are_stable_across_rebuild_to_hnsw(tmp_path):
+    col, ids, rng = make(tmp_path, n=600)
+    with col:
+        queries = col.vectors(ids[:20])
+        assert col.rebuild_index("HNSW32") == "HNSW32"
+        _, found = col.search(queries, k=1)
+        # Each stored vector's nearest neighbour is itself: the id maps back to the same uri.
+        np.testing.assert_array_equal(found[:, 0], ids[:20])
+        assert [r.uri for r in col.get(found[:, 0])] == [f"item-{i}" for i in range(20)]
+    assert Collection.open(tmp_path / "c").manifest.index_factory == "HNSW32"
+
+
+def test_compact_drops_deleted_vectors_and_keeps_results(tmp_path):
+    col, ids, rng = make(tmp_path, n=200)
+    with col:
+        col.add(unit(rng, 50), records(50, prefix="more"))
+        col.delete(ids[::3])
+        queries = unit(rng, 8)
+        before = col.search(queries, k=6)
+        assert col.compact() == len(ids[::3])
+        info = col.info()
+        assert (info.n_ok, info.n_deleted, info.n_parts) == (250 - len(ids[::3]), 0, 1)
+        after = col.search(queries, k=6)
+        np.testing.assert_array_equal(before[1], after[1])
+        assert_matches_brute_force(col, queries, 6, *after)
+        with pytest.raises(CollectionError, match="no stored vector"):
+            col.vectors([ids[0]])  # compacted away
+        assert col.compact() == 0  # nothing left to do
+    files = sorted(p.name for p in (tmp_path / "c" / "vectors").iterdir())
+    assert len(files) == 2  # one part: vectors + ids
+
+
+def test_adding_same_uri_again_replaces_the_live_item(tmp_path):
+    col, ids, rng = make(tmp_path, n=4)
+    with col:
+        new_id = col.add(unit(rng, 1), [ItemRecord(uri="item-2", modality="text")])
+        assert col.get(ids[2:3])[0].status == "deleted"
+        assert col.get(new_id)[0].status == "ok"
+        assert col.info().n_ok == 4
+
+
+def test_reader_sees_writes_made_after_it_opened(tmp_path):
+    col, ids, rng = make(tmp_path, n=100)
+    col.close()
+    with Collection.open(tmp_path / "c") as reader, \
+            Collection.open(tmp_path / "c", writable=True) as writer:
+        q = unit(rng, 3)
+        reader.search(q, k=3)
+        new = unit(rng, 5)
+        new_ids = writer.add(new, records(5, prefix="late"))
+        writer.delete(ids[:50])
+        scores, found = reader.search(new, k=1)
+        np.testing.assert_array_equal(found[:, 0], new_ids)
+        assert_matches_brute_force(reader, q, 3, *reader.search(q, k=3))
+
+
+@pytest.mark.parametrize("damage", ["delete", "truncate"])
+def test_missing_or_torn_index_file_is_rebuilt_on_search(tmp_path, damage):
+    col, _, rng = make(tmp_path, n=150)
+    queries = unit(rng, 5)
+    expected = col.search(queries, k=4)
+    col.close()
+    index_file = tmp_path / "c" / "index.faiss"
+    if damage == "delete":
+        index_file.unlink()
+    else:
+        index_file.write_bytes(index_file.read_bytes()[:100])
+    with Collection.open(tmp_path / "c") as reader:
+        np.testing.assert_array_equal(reader.search(queries, k=4)[1], expected[1])
+
+
+def test_failures_are_recorded_and_replaced_by_a_later_success(tmp_path):
+    col, _, rng = make(tmp_path, n=3)
+    with col:
+        col.add_failures([ItemRecord(uri="/docs/bad.pdf", modality="page",
+                                     error="PDF is encrypted")])
+        failed = col.failures()
+        assert [(r.uri, r.error, r.status) for r in failed] == [
+            ("/docs/bad.pdf", "PDF is encrypted", "failed")]
+        assert col.info().n_failed == 1 and col.info().failures[0].uri == "/docs/bad.pdf"
+        col.add(unit(rng, 2), [ItemRecord(uri="/docs/bad.pdf", modality="page", page=p)
+                               for p in range(2)])
+        assert col.failures() == []
+        assert col.info().n_ok == 5
+
+
+def test_failure_without_message_is_an_input_error_naming_the_item(tmp_path):
+    col, _, _ = make(tmp_path, n=1)
+    with col, pytest.raises(InputError, match="x.png"):
+        col.add_failures([ItemRecord(uri="x.png", modality="image")])
+
+
+def test_plan_scan_splits_new_changed_unchanged_vanished(tmp_path):
+    rng = np.random.default_rng(0)
+    with Collection.create(tmp_path / "c", Manifest(model_id="m", dim=D)) as col:
+        stats = {"/p/a.jpg": (10, 1.5), "/p/b.jpg": (20, 2.5), "/p/gone.jpg": (5, 3.0),
+                 "/other/x.jpg": (1, 1.0)}
+        col.add(unit(rng, 4), [ItemRecord(uri=u, modality="image", size=s, mtime=m)
+                               for u, (s, m) in stats.items()])
+        col.add_failures([ItemRecord(uri="/p/broken.jpg", modality="image", size=7, mtime=7.0,
+                                     error="truncated JPEG")])
+        files = [FileStat("/p/a.jpg", 10, 1.5), FileStat("/p/b.jpg", 20, 9.0),
+                 FileStat("/p/new.jpg", 3, 1.0), FileStat("/p/broken.jpg", 7, 7.0)]
+        plan = col.plan_scan(files, under="/p")
+        assert [f.uri for f in plan.new] == ["/p/new.jpg"]
+        assert [f.uri for f in plan.changed] == ["/p/b.jpg"]
+        assert [f.uri for f in plan.unchanged] == ["/p/a.jpg", "/p/broken.jpg"]
+        assert plan.vanished == ("/p/gone.jpg",)  # /other/x.jpg is outside `under`
+        retry = col.plan_scan(files, under="/p", retry_failed=True)
+        assert [f.uri for f in retry.changed] == ["/p/b.jpg", "/p/broken.jpg"]
+        assert col.mark_vanished(plan.vanished) == 1
+        assert col.plan_scan(files, under="/p").vanished == ()
+        assert plan.to_dict()["vanished"] == ["/p/gone.jpg"]
+
+
+def test_file_stat_of_reads_size_and_mtime(tmp_path):
+    f = tmp_path / "a.txt"
+    f.write_bytes(b"hello")
+    st = FileStat.of(f)
+    assert (st.uri, st.size, st.mtime) == (str(f.resolve()), 5, f.stat().st_mtime)
+
+
+def test_content_hash_finds_identical_content_and_its_vector(tmp_path):
+    data = bytes(range(256)) * 5000  # > 1 MiB: exercises chunked reading
+    (tmp_path / "a.bin").write_bytes(data)
+    (tmp_path / "copy.bin").write_bytes(data)
+    h = content_hash(tmp_path / "a.bin")
+    assert h == hashlib.sha256(data).hexdigest() == content_hash(tmp_path / "copy.bin")
+    rng = np.random.default_rng(0)
+    with Collection.create(tmp_path / "c", Manifest(model_id="m", dim=D)) as col:
+        v = unit(rng, 1)
+        (i,) = col.add(v, [ItemRecord(uri="a.bin", modality="image", content_hash=h)])
+        (dup,) = col.find_by_hash(h)
+        assert dup.id == i
+        np.testing.assert_allclose(col.vectors([i]), v, atol=1e-3)  # float16 storage
+        assert col.find_by_hash("0" * 64) == []
+
+
+def test_bad_vectors_are_input_errors_naming_the_item(tmp_path):
+    col, _, rng = make(tmp_path, n=1)
+    with col:
+        with pytest.raises(InputError, match=r"\(2, 32\)"):
+            col.add(unit(rng, 2, d=16), records(2))
+        with pytest.raises(InputError, match="item-1.*norm"):
+            col.add(np.vstack([unit(rng, 1), 3 * unit(rng, 1)]), records(2))
+        with pytest.raises(InputError, match="item-0.*twice"):
+            col.add(unit(rng, 2), [ItemRecord(uri="item-0", modality="text")] * 2)
+        with pytest.raises(InputError, match="queries"):
+            col.search(unit(rng, 1, d=8), k=1)
+        with pytest.raises(ConfigError, match="k"):
+            col.search(unit(rng, 1), k=0)
+        assert col.info().n_ok == 1  # nothing partial was stored
+
+
+def test_read_only_collection_refuses_writes_naming_it(tmp_path):
+    make(tmp_path, n=2)[0].close()
+    with Collection.open(tmp_path / "c") as reader:
+        with pytest.raises(CollectionError, match="read-only") as e:
+            reader.add(unit(np.random.default_rng(0), 1), records(1))
+        assert str(tmp_path / "c") in str(e.value)
+
+
+def test_info_to_dict_reports_counts_and_size(tmp_path):
+    col, ids, _ = make(tmp_path, n=10)
+    with col:
+        col.delete(ids[:2])
+        d = col.info().to_dict()
+    assert (d["n_ok"], d["n_deleted"], d["n_failed"], d["dim"]) == (8, 2, 0, D)
+    assert d["size_bytes"] > 10 * D * 2 and d["index_type"] == "auto"
