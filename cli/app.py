@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import typer
 
+from faste_mm.cli.bench import bench_command
 from faste_mm.cli.embed import embed
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Multimodal retrieval with Qwen3-VL-Embedding and FastE.")
@@ -19,6 +20,7 @@ def _root() -> None:
 
 
 app.command()(embed)
+app.command("bench")(bench_command)
 
 
 def main() -> None:

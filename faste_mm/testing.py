@@ -73,22 +73,26 @@ def build_tiny_model(path: str | Path, family: str = "qwen3_vl", num_layers: int
     return path
 
 
-def _build_qwen3_vl(path: Path, num_layers: int) -> None:
-    from transformers import AutoTokenizer, Qwen3VLConfig, Qwen3VLModel, Qwen3VLProcessor
+def build_qwen3_vl_processor(tokenizer):
+    """A Qwen3VLProcessor with the official image settings (patch 16, merge 2, mean/std 0.5)."""
+    from transformers import Qwen3VLProcessor
     from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
     from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
 
-    tokenizer = AutoTokenizer.from_pretrained(str(qwen_tokenizer_dir()))
-    image_processor = Qwen2VLImageProcessor(
-        patch_size=16, temporal_patch_size=2, merge_size=2, image_mean=[0.5] * 3, image_std=[0.5] * 3
-    )
-    video_processor = Qwen3VLVideoProcessor(patch_size=16, temporal_patch_size=2, merge_size=2)
-    processor = Qwen3VLProcessor(
-        image_processor=image_processor,
+    return Qwen3VLProcessor(
+        image_processor=Qwen2VLImageProcessor(
+            patch_size=16, temporal_patch_size=2, merge_size=2, image_mean=[0.5] * 3, image_std=[0.5] * 3
+        ),
         tokenizer=tokenizer,
-        video_processor=video_processor,
+        video_processor=Qwen3VLVideoProcessor(patch_size=16, temporal_patch_size=2, merge_size=2),
         chat_template=QWEN3_VL_CHAT_TEMPLATE,
     )
+
+
+def _build_qwen3_vl(path: Path, num_layers: int) -> None:
+    from transformers import AutoTokenizer, Qwen3VLConfig, Qwen3VLModel
+
+    processor = build_qwen3_vl_processor(AutoTokenizer.from_pretrained(str(qwen_tokenizer_dir())))
     config = Qwen3VLConfig(
         text_config=dict(
             vocab_size=_QWEN_VOCAB,

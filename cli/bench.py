@@ -1,0 +1,105 @@
+"""`faste-mm bench`: FastE against the full forward (and optionally HF / sentence-transformers)
+on the same inputs; prints a table and writes JSON."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from faste_mm.cli.common import fail, stderr, stdout
+from faste_mm.errors import ConfigError, FasteError
+
+
+def _floats(text: str, option: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise ConfigError(f"{option} takes comma-separated numbers, got {text!r}") from None
+
+
+def bench_command(
+    model: Optional[str] = typer.Option(None, envvar="FASTE_MM_MODEL", help="Hub id or local model directory (exclusive with --shape)."),
+    shape: Optional[str] = typer.Option(None, envvar="FASTE_MM_SHAPE", help="Random-weight real architecture: qwen3-vl-embedding-2b | qwen3-vl-embedding-8b | qwen3-embedding-0.6b | qwen3-embedding-4b."),
+    scale_hidden: float = typer.Option(1.0, envvar="FASTE_MM_SCALE_HIDDEN", help="Shrink widths of --shape by this factor (layers and heads kept), e.g. 0.25 on a CPU."),
+    inputs: str = typer.Option("text:1000", envvar="FASTE_MM_INPUTS", help="text:TOKENS | image:WxH | page:WxH | a folder."),
+    n: int = typer.Option(32, envvar="FASTE_MM_N", help="Number of inputs."),
+    r_max: str = typer.Option("0,0.3,0.5,0.7", envvar="FASTE_MM_R_MAX", help="Comma-separated removal ratios; 0 (full forward) is always measured."),
+    trigger_layer: Optional[int] = typer.Option(None, envvar="FASTE_MM_TRIGGER_LAYER", help="Fixed trigger layer (default: alignment trigger)."),
+    threshold: Optional[float] = typer.Option(None, envvar="FASTE_MM_THRESHOLD", help="Alignment threshold theta (default: the backbone's)."),
+    batch_tokens: int = typer.Option(16384, envvar="FASTE_MM_BATCH_TOKENS", help="Padded tokens per batch."),
+    repeats: int = typer.Option(3, envvar="FASTE_MM_REPEATS", help="Timed repeats after one warm-up; median and min-max reported."),
+    compare: str = typer.Option("", envvar="FASTE_MM_COMPARE", help="Comma-separated: hf, sentence-transformers."),
+    device: str = typer.Option("auto", envvar="FASTE_MM_DEVICE", help="auto | cpu | cuda | cuda:N."),
+    dtype: str = typer.Option("auto", envvar="FASTE_MM_DTYPE", help="auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16 | float16."),
+    json_out: Optional[Path] = typer.Option(None, "--json", envvar="FASTE_MM_JSON", help="Write the report as JSON to this file ('-' for stdout)."),
+    debug: bool = typer.Option(False, "--debug", envvar="FASTE_MM_DEBUG", help="Show tracebacks."),
+) -> None:
+    """Measure speed, memory and FLOPs of FastE settings against the full forward."""
+    from faste_mm import BatchingConfig, Embedder
+    from faste_mm.bench import BenchConfig, run_bench
+    from faste_mm.bench_inputs import make_inputs
+    from faste_mm.bench_models import build_shape_model
+
+    logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, stream=sys.stderr)
+    if (model is None) == (shape is None):
+        raise typer.BadParameter("give exactly one of --model and --shape")
+    try:
+        config = BenchConfig(
+            r_max=_floats(r_max, "--r-max"),
+            trigger_layer=trigger_layer,
+            threshold=threshold,
+            repeats=repeats,
+            compare=tuple(c.strip() for c in compare.split(",") if c.strip()),
+        )
+        with tempfile.TemporaryDirectory(prefix="faste-mm-bench-") as workdir:
+            if shape is not None:
+                stderr.print(f"building random-weight {shape} (scale {scale_hidden:g})")
+                model = str(build_shape_model(shape, Path(workdir) / "model", scale_hidden))
+            embedder = Embedder.from_pretrained(model, device=device, dtype=dtype, batching=BatchingConfig(batch_tokens=batch_tokens))
+            tokenizer = getattr(embedder.serializer, "tokenizer", None) or embedder.serializer.processor.tokenizer
+            items = make_inputs(inputs, n, Path(workdir) / "inputs", tokenizer)
+            label = f"{inputs} x{n}" + (f" ({shape}, scale {scale_hidden:g})" if shape else "")
+            report = run_bench(embedder, items, config, label)
+    except FasteError as error:
+        fail(error, debug)
+    payload = report.to_dict()
+    if json_out is not None and str(json_out) == "-":
+        stdout.print_json(json.dumps(payload))
+        return
+    if json_out is not None:
+        json_out.write_text(json.dumps(payload, indent=2))
+    _render(report)
+
+
+def _render(report) -> None:
+    """One column per setting, one row per metric: fits a terminal with many settings."""
+    table = Table(title=f"faste-mm bench: {report.inputs}\non {report.device}")
+    table.add_column("metric")
+    for s in report.settings:
+        table.add_column(s.name, justify="right")
+    rows = {
+        "items/s": lambda s: f"{s.items_per_s:.2f}",
+        "tokens/s": lambda s: f"{s.tokens_per_s:.0f}",
+        "forward s (min-max)": lambda s: f"{s.forward_s.median:.3f} ({s.forward_s.min:.3f}-{s.forward_s.max:.3f})",
+        "e2e s (min-max)": lambda s: f"{s.e2e_s.median:.3f} ({s.e2e_s.min:.3f}-{s.e2e_s.max:.3f})",
+        f"peak memory ({report.memory_kind})": lambda s: f"{s.peak_memory_bytes / 2**20:.0f} MiB",
+        "prefix removal": lambda s: f"{s.prefix_removal:.1%}",
+        "FLOPs reduction": lambda s: f"{s.flops_reduction:.1%}",
+        "mean trigger layer": lambda s: "-" if s.mean_trigger_layer is None else f"{s.mean_trigger_layer:.1f}",
+        "FLOPs-implied speedup": lambda s: f"{s.flops_implied_speedup:.3f}x",
+        "forward speedup": lambda s: f"{s.forward_speedup:.3f}x",
+        "e2e speedup": lambda s: f"{s.e2e_speedup:.3f}x",
+        "realisation (fwd/implied)": lambda s: f"{s.realisation:.3f}",
+        "e2e / forward speedup": lambda s: f"{s.e2e_over_forward:.3f}",
+        "max |v - v_full|": lambda s: f"{s.max_abs_diff_vs_full:.1e}",
+    }
+    for name, cell in rows.items():
+        table.add_row(name, *(cell(s) for s in report.settings))
+    stdout.print(table)

@@ -1,0 +1,296 @@
+"""`faste-mm bench`: measure FastE end to end against the full forward on the same inputs, in
+the same process and order: items/s, tokens/s, forward and end-to-end time (median, min-max over
+repeats after a warm-up), peak memory, realised removal, FLOPs reduction, FLOPs-implied speedup,
+measured speedups and the realisation ratio; optionally against a plain HF forward and
+sentence-transformers.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from faste_mm.compressors import FastEConfig
+from faste_mm.embedder import Embedder
+from faste_mm.errors import ConfigError, InputError
+from faste_mm.items import Item
+
+COMPARISONS = ("hf", "sentence-transformers")
+
+
+@dataclass(frozen=True, slots=True)
+class BenchConfig:
+    """r_max 0 is the full forward, always measured first as the baseline."""
+
+    r_max: tuple[float, ...] = (0.0, 0.3, 0.5, 0.7)
+    trigger_layer: int | None = None
+    threshold: float | None = None
+    warmup_layer: int | None = None
+    repeats: int = 3
+    compare: tuple[str, ...] = ()
+    compare_batch_size: int = 8
+
+    def __post_init__(self) -> None:
+        if self.repeats < 1:
+            raise ConfigError(f"BenchConfig.repeats must be >= 1, got {self.repeats}")
+        unknown = set(self.compare) - set(COMPARISONS)
+        if unknown:
+            raise ConfigError(f"BenchConfig.compare: unknown {sorted(unknown)}; valid: {', '.join(COMPARISONS)}")
+        for r in self.r_max:
+            FastEConfig(r_max=r)  # validates the range with the field's own message
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    median: float
+    min: float
+    max: float
+
+    @classmethod
+    def of(cls, values: list[float]) -> "Timing":
+        return cls(statistics.median(values), min(values), max(values))
+
+
+@dataclass(frozen=True, slots=True)
+class SettingResult:
+    name: str
+    r_max: float | None
+    items: int
+    tokens: int
+    forward_s: Timing
+    e2e_s: Timing
+    peak_memory_bytes: int
+    prefix_removal: float = 0.0
+    flops_reduction: float = 0.0
+    mean_trigger_layer: float | None = None
+    flops_implied_speedup: float = 1.0
+    forward_speedup: float = 1.0
+    e2e_speedup: float = 1.0
+    realisation: float = 1.0  # measured forward speedup / FLOPs-implied speedup
+    e2e_over_forward: float = 1.0  # e2e speedup / forward speedup
+    max_abs_diff_vs_full: float = 0.0
+
+    @property
+    def items_per_s(self) -> float:
+        return self.items / self.e2e_s.median
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.e2e_s.median
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "items_per_s": self.items_per_s, "tokens_per_s": self.tokens_per_s}
+
+
+@dataclass(frozen=True, slots=True)
+class BenchReport:
+    device: str
+    model: str
+    inputs: str
+    memory_kind: str  # "cuda_allocated" or "rss"
+    settings: list[SettingResult] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {
+            "device": self.device,
+            "model": self.model,
+            "inputs": self.inputs,
+            "memory_kind": self.memory_kind,
+            "settings": [s.to_dict() for s in self.settings],
+        }
+
+
+def flops_implied_speedup(reduction: float) -> float:
+    """1 / (1 - reduction): the speedup if time were proportional to decoder FLOPs."""
+    return 1.0 / (1.0 - reduction)
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"CPU {platform.processor() or platform.machine()} x{os.cpu_count()} (torch threads {torch.get_num_threads()})"
+
+
+def run_bench(embedder: Embedder, inputs: list, config: BenchConfig, inputs_label: str) -> BenchReport:
+    """Measure every r_max (0 first) and the requested comparisons on the same inputs."""
+    device = embedder.backbone.device
+    settings: list[SettingResult] = []
+    full: SettingResult | None = None
+    full_vectors = None
+    for r_max in sorted(set(config.r_max) | {0.0}):
+        fast_e = None
+        if r_max > 0:
+            fast_e = FastEConfig(
+                r_max=r_max, trigger_layer=config.trigger_layer, threshold=config.threshold, warmup_layer=config.warmup_layer
+            )
+        name = "full" if fast_e is None else f"faste r={r_max:g}"
+        result, vectors = _measure(name, r_max, lambda: embedder.encode_documents(inputs, fast_e=fast_e), config.repeats, device)
+        if full is None:
+            full, full_vectors = result, vectors
+        else:
+            result = _relative_to(result, full, np.abs(vectors - full_vectors).max())
+        settings.append(result)
+    for comparison in config.compare:
+        run = _hf_forward if comparison == "hf" else _sentence_transformers_forward
+        encode = run(embedder, inputs, config.compare_batch_size)
+        result, vectors = _measure(comparison, None, encode, config.repeats, device)
+        settings.append(_relative_to(result, full, np.abs(vectors - full_vectors).max()))
+    memory_kind = "cuda_allocated" if device.type == "cuda" else "rss"
+    return BenchReport(device_name(device), embedder.model_id, inputs_label, memory_kind, settings)
+
+
+def _measure(name, r_max, encode, repeats, device) -> tuple[SettingResult, np.ndarray]:
+    encode()  # warm-up: kernels, allocator, tokenizer caches
+    forward, e2e = [], []
+    with _PeakMemory(device) as memory:
+        for _ in range(repeats):
+            started = time.perf_counter()
+            result = encode()
+            e2e.append(time.perf_counter() - started)
+            forward.append(result.stats.forward_s)
+    stats = result.stats
+    tokens = stats.prefix_tokens + sum(t.batch_size for t in stats.batches)  # prefix + readout tokens
+    setting = SettingResult(
+        name=name,
+        r_max=r_max,
+        items=stats.n_items - stats.n_failed,
+        tokens=tokens,
+        forward_s=Timing.of(forward),
+        e2e_s=Timing.of(e2e),
+        peak_memory_bytes=memory.peak,
+        prefix_removal=stats.prefix_removal,
+        flops_reduction=stats.flops_reduction,
+        mean_trigger_layer=stats.mean_trigger_layer,
+        flops_implied_speedup=flops_implied_speedup(stats.flops_reduction),
+    )
+    return setting, result.embeddings
+
+
+def _relative_to(result: SettingResult, full: SettingResult, max_abs_diff: float) -> SettingResult:
+    forward_speedup = full.forward_s.median / result.forward_s.median
+    e2e_speedup = full.e2e_s.median / result.e2e_s.median
+    return SettingResult(
+        **{
+            **{f: getattr(result, f) for f in SettingResult.__dataclass_fields__},
+            "forward_speedup": forward_speedup,
+            "e2e_speedup": e2e_speedup,
+            "realisation": forward_speedup / result.flops_implied_speedup,
+            "e2e_over_forward": e2e_speedup / forward_speedup,
+            "max_abs_diff_vs_full": float(max_abs_diff),
+        }
+    )
+
+
+class _PeakMemory:
+    """Peak CUDA allocated memory, or peak process RSS sampled every 5 ms on CPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> "_PeakMemory":
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+        else:
+            self._thread = threading.Thread(target=self._sample, daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            self.peak = torch.cuda.max_memory_allocated(self.device)
+        else:
+            self._stop.set()
+            self._thread.join()
+
+    def _sample(self) -> None:
+        page = os.sysconf("SC_PAGE_SIZE")
+        while not self._stop.is_set():
+            with open("/proc/self/statm") as f:
+                self.peak = max(self.peak, int(f.read().split()[1]) * page)
+            self._stop.wait(0.005)
+
+
+class _Vectors:
+    """Minimal stand-in for EmbedResult in the comparison encoders (embeddings + stats)."""
+
+    def __init__(self, embeddings: np.ndarray, n_items: int, forward_s: float, tokens: int) -> None:
+        from faste_mm.embedder import EmbedStats
+        from faste_mm.flops import DecoderShape
+
+        self.embeddings = embeddings
+        self.stats = EmbedStats(
+            n_items=n_items, n_failed=0, batches=[], shape=DecoderShape(0, 0, 0, 0, 0, 0), fast_e=None,
+            serialize_s=0.0, forward_s=forward_s, total_s=0.0, prefix_tokens=tokens - n_items,
+            kept_prefix_tokens=tokens - n_items,
+        )
+
+
+def _hf_forward(embedder: Embedder, inputs: list, batch_size: int):
+    """A plain HF forward as the official embedders run it: input order, fixed batch size,
+    padding, the model's own forward, last valid token of last_hidden_state."""
+    serializer, model = embedder.serializer, embedder.backbone.model
+    items = [value if isinstance(value, Item) else Item(text=value) if isinstance(value, str) else Item(image=value) for value in inputs]
+    if any(item.is_pdf for item in items):
+        raise InputError("--compare hf takes texts and images; PDF pages are expanded only by faste-mm")
+
+    def encode() -> _Vectors:
+        vectors, forward_s, tokens = [], 0.0, 0
+        for start in range(0, len(items), batch_size):
+            chunk = items[start : start + batch_size]
+            prompts = [serializer.render_prompt(item, item.instruction) for item in chunk]
+            if hasattr(serializer, "processor"):
+                images = [serializer.prepare_image(item) for item in chunk if item.has_image] or None
+                batch = serializer.processor(text=prompts, images=images, do_resize=False, padding=True, return_tensors="pt")
+            else:
+                eos = serializer.tokenizer.eos_token if serializer.prompt.readout == "eos" else ""
+                batch = serializer.tokenizer([p + eos for p in prompts], padding=True, return_tensors="pt")
+            batch = batch.to(embedder.backbone.device)
+            tick = time.perf_counter()
+            with torch.inference_mode():
+                hidden = model(**batch).last_hidden_state
+                last = batch["attention_mask"].sum(dim=1) - 1  # right padding
+                pooled = torch.nn.functional.normalize(hidden[torch.arange(len(chunk)), last].float(), dim=-1).cpu()
+            forward_s += time.perf_counter() - tick
+            tokens += int(batch["attention_mask"].sum())
+            vectors.append(pooled.numpy())
+        return _Vectors(np.concatenate(vectors), len(items), forward_s, tokens)
+
+    return encode
+
+
+def _sentence_transformers_forward(embedder: Embedder, inputs: list, batch_size: int):
+    """The same texts through SentenceTransformer loaded from the same local directory."""
+    try:
+        from sentence_transformers import SentenceTransformer
+    except ImportError:
+        raise ConfigError("--compare sentence-transformers needs: pip install 'faste-mm[st]'") from None
+    if hasattr(embedder.serializer, "processor") or not all(isinstance(v, str) for v in inputs):
+        raise ConfigError("--compare sentence-transformers is implemented for text models and text inputs")
+    if not (Path(embedder.model_id) / "modules.json").exists():
+        raise ConfigError(f"{embedder.model_id}: no sentence-transformers layout (modules.json) to load")
+    model = SentenceTransformer(embedder.model_id, device=str(embedder.backbone.device))
+    serializer = embedder.serializer
+    eos = serializer.tokenizer.eos_token if serializer.prompt.readout == "eos" else ""
+    texts = [serializer.render_prompt(Item(text=text), None) + eos for text in inputs]
+
+    def encode() -> _Vectors:
+        tick = time.perf_counter()
+        vectors = model.encode(texts, batch_size=batch_size, normalize_embeddings=True, convert_to_numpy=True)
+        elapsed = time.perf_counter() - tick
+        tokens = sum(len(serializer.tokenizer(t)["input_ids"]) for t in texts)
+        return _Vectors(vectors.astype(np.float32), len(texts), elapsed, tokens)
+
+    return encode

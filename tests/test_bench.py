@@ -1,0 +1,82 @@
+"""`faste-mm bench`: arithmetic, shape presets against published sizes, and a tiny end-to-end run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from faste_mm.bench import BenchConfig, SettingResult, Timing, _relative_to, flops_implied_speedup
+from faste_mm.bench_models import SHAPES, build_config, count_params
+from faste_mm.cli.app import app
+from faste_mm.errors import ConfigError
+
+
+def test_flops_implied_speedup_and_timing_summary():
+    assert flops_implied_speedup(0.0) == 1.0
+    assert flops_implied_speedup(0.5) == 2.0
+    assert flops_implied_speedup(0.75) == 4.0
+    assert Timing.of([3.0, 1.0, 2.0, 10.0]) == Timing(median=2.5, min=1.0, max=10.0)
+
+
+def test_speedups_and_realisation_are_relative_to_the_full_forward():
+    full = SettingResult("full", 0.0, 10, 1000, Timing(2.0, 2.0, 2.0), Timing(4.0, 4.0, 4.0), 100)
+    fast = SettingResult("faste", 0.5, 10, 1000, Timing(1.25, 1.0, 1.5), Timing(2.5, 2.0, 3.0), 90, flops_implied_speedup=2.0)
+    result = _relative_to(fast, full, 0.01)
+    assert result.forward_speedup == 1.6 and result.e2e_speedup == 1.6
+    assert result.realisation == 0.8  # 1.6 measured of 2.0 implied
+    assert result.e2e_over_forward == 1.0
+    assert result.items_per_s == 4.0 and result.tokens_per_s == 400.0
+
+
+@pytest.mark.parametrize("name", sorted(SHAPES))
+def test_shape_presets_match_published_parameter_counts_within_2_percent(name):
+    preset = SHAPES[name]
+    assert abs(count_params(preset) - preset.published_params) / preset.published_params < 0.02
+
+
+def test_scale_hidden_keeps_layers_and_head_structure():
+    config = build_config(SHAPES["qwen3-vl-embedding-2b"], 0.25).text_config
+    assert (config.num_hidden_layers, config.num_attention_heads, config.num_key_value_heads) == (28, 16, 8)
+    assert config.head_dim == 32 and config.hidden_size == 512
+    assert sum(config.rope_parameters["mrope_section"]) == config.head_dim // 2
+
+
+def test_bench_config_validation_names_the_field():
+    with pytest.raises(ConfigError, match="compare"):
+        BenchConfig(compare=("onnx",))
+    with pytest.raises(ConfigError, match="r_max"):
+        BenchConfig(r_max=(0.5, 1.2))
+
+
+def test_tiny_bench_run_writes_valid_json(tmp_path):
+    pytest.importorskip("sentence_transformers")
+    out = tmp_path / "bench.json"
+    args = ["bench", "--shape", "qwen3-embedding-0.6b", "--scale-hidden", "0.0625", "--inputs", "text:48", "--n", "4"]
+    args += ["--r-max", "0.5", "--trigger-layer", "6", "--repeats", "1", "--device", "cpu", "--compare", "hf,sentence-transformers"]
+    result = CliRunner().invoke(app, [*args, "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    names = [s["name"] for s in report["settings"]]
+    assert names == ["full", "faste r=0.5", "hf", "sentence-transformers"]
+    full, fast, hf, st = report["settings"]
+    assert fast["mean_trigger_layer"] == 6 and abs(fast["prefix_removal"] - 0.5) < 0.05
+    assert fast["flops_implied_speedup"] == pytest.approx(1 / (1 - fast["flops_reduction"]))
+    assert fast["realisation"] == pytest.approx(fast["forward_speedup"] / fast["flops_implied_speedup"])
+    assert hf["max_abs_diff_vs_full"] < 1e-5 and st["max_abs_diff_vs_full"] < 1e-5  # same vectors
+    assert all(s["items"] == 4 and s["peak_memory_bytes"] > 0 for s in report["settings"])
+    assert report["memory_kind"] == "rss" and report["device"].startswith("CPU")
+
+
+def test_bench_on_images_of_a_local_model(model_dirs, tmp_path):
+    args = ["bench", "--model", str(model_dirs["qwen3_vl"]), "--inputs", "image:96x64", "--n", "3", "--r-max", "0.3"]
+    result = CliRunner().invoke(app, [*args, "--trigger-layer", "2", "--repeats", "1", "--device", "cpu", "--compare", "hf", "--json", "-"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["settings"][2]["max_abs_diff_vs_full"] < 1e-5
+    assert report["settings"][1]["prefix_removal"] > 0.2
+
+
+def test_bench_needs_exactly_one_model_source():
+    assert CliRunner().invoke(app, ["bench"]).exit_code == 2
