@@ -10,6 +10,7 @@ import typer
 
 from faste_mm.cli.bench import bench_command
 from faste_mm.cli.embed import embed
+from faste_mm.cli.eval import eval_command
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Multimodal retrieval with Qwen3-VL-Embedding and FastE.")
 
@@ -20,6 +21,7 @@ def _root() -> None:
 
 
 app.command()(embed)
+app.command("eval")(eval_command)
 app.command("bench")(bench_command)
 
 

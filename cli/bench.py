@@ -30,7 +30,7 @@ def bench_command(
     scale_hidden: float = typer.Option(1.0, envvar="FASTE_MM_SCALE_HIDDEN", help="Shrink widths of --shape by this factor (layers and heads kept), e.g. 0.25 on a CPU."),
     inputs: str = typer.Option("text:1000", envvar="FASTE_MM_INPUTS", help="text:TOKENS | image:WxH | page:WxH | a folder."),
     n: int = typer.Option(32, envvar="FASTE_MM_N", help="Number of inputs."),
-    r_max: str = typer.Option("0,0.3,0.5,0.7", envvar="FASTE_MM_R_MAX", help="Comma-separated removal ratios; 0 (full forward) is always measured."),
+    r_max: str = typer.Option("0,0.3,0.5,0.7", envvar="FASTE_MM_BENCH_R_MAX", help="Comma-separated removal ratios; 0 (full forward) is always measured."),
     trigger_layer: Optional[int] = typer.Option(None, envvar="FASTE_MM_TRIGGER_LAYER", help="Fixed trigger layer (default: alignment trigger)."),
     threshold: Optional[float] = typer.Option(None, envvar="FASTE_MM_THRESHOLD", help="Alignment threshold theta (default: the backbone's)."),
     batch_tokens: int = typer.Option(16384, envvar="FASTE_MM_BATCH_TOKENS", help="Padded tokens per batch."),
@@ -38,7 +38,7 @@ def bench_command(
     compare: str = typer.Option("", envvar="FASTE_MM_COMPARE", help="Comma-separated: hf, sentence-transformers."),
     device: str = typer.Option("auto", envvar="FASTE_MM_DEVICE", help="auto | cpu | cuda | cuda:N."),
     dtype: str = typer.Option("auto", envvar="FASTE_MM_DTYPE", help="auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16 | float16."),
-    json_out: Optional[Path] = typer.Option(None, "--json", envvar="FASTE_MM_JSON", help="Write the report as JSON to this file ('-' for stdout)."),
+    json_out: Optional[Path] = typer.Option(None, "--json", envvar="FASTE_MM_BENCH_JSON", help="Write the report as JSON to this file ('-' for stdout)."),
     debug: bool = typer.Option(False, "--debug", envvar="FASTE_MM_DEBUG", help="Show tracebacks."),
 ) -> None:
     """Measure speed, memory and FLOPs of FastE settings against the full forward."""

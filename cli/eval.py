@@ -1,0 +1,102 @@
+"""`faste-mm eval`: MMEB cross-modal retrieval (MSCOCO_t2i, DocVQA, NIGHTS) for Full, FastE and
+the baselines at matched budgets; writes results.json, results.md and a retention/speedup plot
+into --out and prints the tables (or --json). Progress bars go to stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from faste_mm.cli.common import DEFAULT_MODEL, fail, stderr, stdout
+from faste_mm.errors import ConfigError, FasteError
+
+_ALL_METHODS = "faste,fixed,fastv,random,block-last,downscale"
+
+
+class _RichProgress:
+    """One bar per phase (task x side x setting) on stderr."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
+        self.current = None
+
+    def start(self, phase: str, total: int) -> None:
+        self.current = self.progress.add_task(phase, total=total)
+
+    def advance(self, n: int) -> None:
+        self.progress.advance(self.current, n)
+
+
+def _ratios(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise ConfigError(f"--r-max takes comma-separated ratios in [0, 1), e.g. 0,0.3,0.5,0.7; got {text!r}") from None
+
+
+def eval_command(
+    task: str = typer.Argument(..., envvar="FASTE_MM_TASK", help="mscoco | docvqa | nights | all."),
+    data: Optional[Path] = typer.Option(
+        None, envvar="FASTE_MM_DATA", help="Local MMEB_Test_Instruct folder (<task>.parquet/.jsonl or <task>/*.parquet, images/); default: download from the hub."
+    ),
+    image_root: Optional[Path] = typer.Option(None, envvar="FASTE_MM_IMAGE_ROOT", help="Folder the relative image paths start from (default: found under --data)."),
+    data_cache: Optional[Path] = typer.Option(None, envvar="FASTE_MM_DATA_CACHE", help="Where hub downloads are kept (default: the user cache, e.g. ~/.cache/faste-mm/mmeb)."),
+    model: str = typer.Option(DEFAULT_MODEL, envvar="FASTE_MM_MODEL", help="Hub id or local model directory."),
+    r_max: str = typer.Option("0,0.3,0.5,0.7", envvar="FASTE_MM_EVAL_R_MAX", help="Comma-separated target removal ratios in [0, 1); 0 = Full. Default 0,0.3,0.5,0.7."),
+    methods: str = typer.Option(_ALL_METHODS, envvar="FASTE_MM_METHODS", help=f"Comma-separated methods from {_ALL_METHODS} (default: all)."),
+    limit: Optional[int] = typer.Option(None, envvar="FASTE_MM_LIMIT", help="First N queries per task (default: all, 1000)."),
+    out: Path = typer.Option(Path("faste-mm-eval"), "--out", "-o", envvar="FASTE_MM_EVAL_OUT", help="Output folder (results.json, results.md, plot, cache/). Default ./faste-mm-eval."),
+    fixed_layer: Optional[int] = typer.Option(None, envvar="FASTE_MM_FIXED_LAYER", help="Trigger layer of the 'fixed' baseline (default: half the depth, 14 of 28)."),
+    warmup_layer: Optional[int] = typer.Option(None, envvar="FASTE_MM_WARMUP_LAYER", help="FastE warm-up layer l_w (default: the backbone's, 8)."),
+    threshold: Optional[float] = typer.Option(None, envvar="FASTE_MM_THRESHOLD", help="FastE alignment threshold theta (default: the backbone's, 0.70 for Qwen3-VL-Embedding)."),
+    seed: int = typer.Option(0, envvar="FASTE_MM_SEED", help="Seed of the 'random' ranking baseline. Default 0."),
+    batch_tokens: int = typer.Option(16384, envvar="FASTE_MM_BATCH_TOKENS", help="Padded tokens per batch. Default 16384."),
+    chunk_items: int = typer.Option(256, envvar="FASTE_MM_CHUNK_ITEMS", help="Items serialized and length-sorted together (one progress step). Default 256."),
+    device: str = typer.Option("auto", envvar="FASTE_MM_DEVICE", help="auto | cpu | cuda | cuda:N."),
+    dtype: str = typer.Option("auto", envvar="FASTE_MM_DTYPE", help="auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16 | float16."),
+    cache: bool = typer.Option(True, "--cache/--no-cache", envvar="FASTE_MM_EVAL_CACHE", help="Keep embeddings in --out/cache and resume from them. Default on."),
+    as_json: bool = typer.Option(False, "--json", help="Print results.json on stdout instead of the tables."),
+    debug: bool = typer.Option(False, "--debug", envvar="FASTE_MM_DEBUG", help="Show tracebacks and debug logs."),
+) -> None:
+    """Evaluate Full, FastE and baselines on MMEB MSCOCO_t2i / DocVQA / NIGHTS (Recall@1/5/10, nDCG@10)."""
+    from faste_mm import BatchingConfig, Embedder
+    from faste_mm.datasets import EvalConfig, download_tasks, evaluate, load_task, paper_table, resolve_tasks, summary_table, write_report
+
+    logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, stream=sys.stderr)
+    try:
+        config = EvalConfig(
+            r_max=_ratios(r_max),
+            methods=tuple(m.strip() for m in methods.split(",") if m.strip()),
+            fixed_layer=fixed_layer,
+            warmup_layer=warmup_layer,
+            threshold=threshold,
+            seed=seed,
+        )
+        specs = resolve_tasks(task)
+        if data is None:
+            stderr.print(f"downloading {', '.join(s.subset for s in specs)} from the Hugging Face hub (cached)")
+            data = download_tasks(specs, data_cache)
+        tasks = [load_task(spec, data, image_root=image_root, limit=limit) for spec in specs]
+        embedder = Embedder.from_pretrained(
+            model, device=device, dtype=dtype, batching=BatchingConfig(batch_tokens=batch_tokens, chunk_items=chunk_items)
+        )
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        with Progress(*columns, console=stderr, transient=False) as bars:
+            results = evaluate(embedder, tasks, config, cache_dir=out / "cache" if cache else None, progress=_RichProgress(bars))
+        paths = write_report(results, out)
+    except FasteError as error:
+        fail(error, debug)
+    if as_json:
+        stdout.print_json(json.dumps({**results.to_dict(), "files": {k: str(v) for k, v in paths.items()}}))
+        return
+    stdout.print(paper_table(results), markup=False, highlight=False, soft_wrap=True)
+    stdout.print()
+    stdout.print(summary_table(results), markup=False, highlight=False, soft_wrap=True)
+    stderr.print(f"wrote {paths['json']}, {paths['markdown']}, {paths['plot']}")
