@@ -9,6 +9,14 @@ from __future__ import annotations
 import typer
 
 from faste_mm.cli.bench import bench_command
+from faste_mm.cli.collection_commands import (
+    compact_command,
+    index_command,
+    info_command,
+    rebuild_index_command,
+    remove_command,
+    search_command,
+)
 from faste_mm.cli.embed import embed
 from faste_mm.cli.eval import eval_command
 
@@ -20,6 +28,12 @@ def _root() -> None:
     """Multimodal retrieval with Qwen3-VL-Embedding and FastE."""
 
 
+app.command("index")(index_command)
+app.command("search")(search_command)
+app.command("info")(info_command)
+app.command("remove")(remove_command)
+app.command("compact")(compact_command)
+app.command("rebuild-index")(rebuild_index_command)
 app.command()(embed)
 app.command("eval")(eval_command)
 app.command("bench")(bench_command)

@@ -6,6 +6,7 @@ from typing import NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from faste_mm.errors import FasteError
 
@@ -18,5 +19,5 @@ def fail(error: FasteError, debug: bool) -> NoReturn:
     """Exit 1 with the error's message (the traceback only with --debug)."""
     if debug:
         raise error
-    stderr.print(f"[red]error:[/red] {error}")
+    stderr.print(f"[red]error:[/red] {escape(str(error))}")  # paths may contain [brackets]
     raise typer.Exit(1)

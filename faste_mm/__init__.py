@@ -6,6 +6,7 @@ from faste_mm.embedder import EmbedResult, Embedder, EmbedStats
 from faste_mm.errors import CollectionError, ConfigError, FasteError, InputError, ModelLoadError
 from faste_mm.items import Failure, Item
 from faste_mm.serialization import SerializerConfig, TextPrompt
+from faste_mm.retriever import Hit, Retriever
 
 __version__ = "0.1.0"
 
@@ -19,9 +20,11 @@ __all__ = [
     "FastEConfig",
     "Failure",
     "FasteError",
+    "Hit",
     "InputError",
     "Item",
     "ModelLoadError",
+    "Retriever",
     "SerializerConfig",
     "TextPrompt",
 ]

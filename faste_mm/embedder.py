@@ -140,6 +140,13 @@ class Embedder:
         )
         return cls(loaded, batching)
 
+    @classmethod
+    def from_sentence_transformer(cls, model, batching: BatchingConfig | None = None) -> "Embedder":
+        """Wrap a loaded sentence-transformers model: same weights, nothing loaded twice. Needs faste-mm[st]."""
+        from faste_mm.integrations.sentence_transformers import embedder_from_sentence_transformer
+
+        return embedder_from_sentence_transformer(model, batching)
+
     @property
     def model_id(self) -> str:
         return self.loaded.model_id
@@ -217,10 +224,10 @@ class Embedder:
             ok[element.rows] = True
             traces.append(trace)
         if dim is not None:
-            embeddings = embeddings[:, :dim]
+            embeddings = np.ascontiguousarray(embeddings[:, :dim])
         failures.sort(key=lambda f: f.index)
         if failures:
-            log.warning("embedded %d items, skipped %d (see EmbedResult.failures)", int(ok.sum()), len(failures))
+            log.info("embedded %d items, skipped %d", int(ok.sum()), len(failures))
         stats = self._stats(traces, len(items), len(failures), resolved, timer.seconds, forward_s, started)
         return EmbedResult(embeddings, items, sources, ok, failures, stats)
 

@@ -184,12 +184,16 @@ class TextSerializer:
     def __call__(self, item: Item, instruction: str | None) -> Serialized:
         if item.has_image:
             raise InputError(f"{item.describe()}: this is a text-only model; it cannot embed images")
-        reserve = 1 if self.prompt.readout == "eos" else 0
+        eos = self.tokenizer.eos_token_id
         ids = self.tokenizer(self.render_prompt(item, instruction), add_special_tokens=True)["input_ids"]
+        # Some tokenizers (the published Qwen3-Embedding one) already append EOS: never add a second.
+        if self.prompt.readout == "eos" and ids and ids[-1] == eos:
+            ids = ids[:-1]
+        reserve = 1 if self.prompt.readout == "eos" else 0
         truncated = len(ids) > self.max_length - reserve
         ids = ids[: self.max_length - reserve]
         if reserve:
-            ids = ids + [self.tokenizer.eos_token_id]
+            ids = ids + [eos]
         if not ids:
             raise InputError(f"{item.describe()}: the prompt tokenizes to nothing; give some text")
         return Serialized(input_ids=torch.tensor(ids, dtype=torch.long), truncated=truncated)

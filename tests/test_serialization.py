@@ -131,3 +131,18 @@ def test_with_serializer_shares_weights_and_changes_the_pixel_cap(vl_embedder, t
     pads = small.serializer(Item(image=tmp_path / "big.png"), None).input_ids.tolist().count(IMAGE_PAD)
     # 640x480 under a 4096 px cap: beta = sqrt(307200 / 4096) = 8.66 -> 32x64 -> 1*2 tokens; uncapped: 20*15
     assert pads == 2 and vl_embedder.serializer(Item(image=tmp_path / "big.png"), None).input_ids.tolist().count(IMAGE_PAD) == 300
+
+
+def test_eos_readout_is_appended_once_even_if_the_tokenizer_adds_it():
+    from faste_mm.serialization import TextPrompt, TextSerializer
+
+    class AppendsEos:  # like the published Qwen3-Embedding tokenizer's post-processor
+        eos_token_id = 2
+
+        def __call__(self, text, add_special_tokens=True):
+            return {"input_ids": [1] + [10 + len(w) for w in text.split()] + [2]}
+
+    serializer = TextSerializer(AppendsEos(), TextPrompt(readout="eos"), max_length=4)
+    assert serializer(Item(text="a bb"), None).input_ids.tolist() == [1, 11, 12, 2]
+    truncated = serializer(Item(text="a bb ccc dddd"), None)
+    assert truncated.input_ids.tolist() == [1, 11, 12, 2] and truncated.truncated

@@ -1,0 +1,301 @@
+"""`faste-mm index | search | info | remove | compact | rebuild-index`: thin commands over
+`faste_mm.retriever.Retriever`. Results (tables, --format json, paths) go to stdout; progress,
+warnings and errors go to stderr. Every option also reads a FASTE_MM_* environment variable.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import NoReturn, Optional
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from faste_mm.cli.common import DEFAULT_MODEL, fail, stderr, stdout
+from faste_mm.errors import FasteError
+
+_COLLECTION_HELP = ("Collection: a NAME under the user data directory "
+                    "(user_data_dir('faste-mm')/collections/NAME), or a DIR (contains '/' or starts "
+                    "with '.'). Default: the 'default' collection.")
+
+
+class OutputFormat(str, Enum):
+    table = "table"
+    json = "json"
+    paths = "paths"
+
+
+class InfoFormat(str, Enum):
+    table = "table"
+    json = "json"
+
+
+def _collection_option():
+    return typer.Option(None, "--collection", "-c", envvar="FASTE_MM_COLLECTION", help=_COLLECTION_HELP)
+
+
+def _debug_option():
+    return typer.Option(False, "--debug", envvar="FASTE_MM_DEBUG", help="Show tracebacks and debug logs.")
+
+
+def _device_option():
+    return typer.Option("auto", envvar="FASTE_MM_DEVICE", help="auto (CUDA when available) | cpu | cuda | cuda:N.")
+
+
+def _setup_logging(debug: bool) -> None:
+    logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, stream=sys.stderr,
+                        format="%(levelname)s: %(message)s", force=True)
+
+
+def _usage(message: str) -> NoReturn:
+    stderr.print(f"[red]usage error:[/red] {message}")
+    raise typer.Exit(2)
+
+
+def index_command(
+    paths: list[Path] = typer.Argument(..., help="Files and folders to index (folders are walked recursively)."),
+    collection: Optional[str] = _collection_option(),
+    model: Optional[str] = typer.Option(None, "--model", envvar="FASTE_MM_MODEL",
+                                        help=f"Hub id or local model directory. Default: the collection's "
+                                             f"model, or {DEFAULT_MODEL} for a new collection."),
+    r_max: Optional[float] = typer.Option(None, "--r-max", envvar="FASTE_MM_R_MAX",
+                                          help="FastE: largest share of document prefix tokens removed, 0 <= r < 1 "
+                                               "(0 = full forward). Default: the collection's, 0.5 for a new one."),
+    batch_tokens: int = typer.Option(16384, "--batch-tokens", envvar="FASTE_MM_BATCH_TOKENS",
+                                     help="Padded tokens per model batch (default 16384)."),
+    chunk_files: int = typer.Option(64, "--chunk-files", envvar="FASTE_MM_CHUNK_FILES",
+                                    help="Files embedded and committed together; an interrupted run "
+                                         "loses at most one chunk (default 64)."),
+    device: str = _device_option(),
+    exclude: list[str] = typer.Option([], "--exclude", envvar="FASTE_MM_EXCLUDE",
+                                      help="Glob (fnmatch) on the path relative to a walked folder or on any "
+                                           "name in it, e.g. '*.gif', 'drafts/*'; repeatable."),
+    include_hidden: bool = typer.Option(False, "--include-hidden", envvar="FASTE_MM_INCLUDE_HIDDEN",
+                                        help="Also index files and folders whose name starts with '.'."),
+    index_type: Optional[str] = typer.Option(None, "--index-type", envvar="FASTE_MM_INDEX_TYPE",
+                                             help="auto, or a FAISS factory string such as 'HNSW32' or "
+                                                  "'IVF1024,Flat'. Default: the collection's (auto when new)."),
+    reindex: bool = typer.Option(False, "--reindex",
+                                 help="Erase the collection and rebuild it with the given settings "
+                                      "(no environment variable: it deletes vectors)."),
+    retry_failed: bool = typer.Option(False, "--retry-failed", envvar="FASTE_MM_RETRY_FAILED",
+                                      help="Embed unchanged files that failed last time again."),
+    output: InfoFormat = typer.Option(InfoFormat.table, "--format", envvar="FASTE_MM_FORMAT",
+                                      help="Summary as a table or as JSON (default table)."),
+    debug: bool = _debug_option(),
+) -> None:
+    """Index images, PDFs (page by page) and .txt/.md files; only new or changed files are embedded."""
+    from faste_mm.batching import BatchingConfig
+    from faste_mm.indexers import Collection
+    from faste_mm.retriever import IndexOptions, ModelSpec, Retriever, collection_path
+
+    _setup_logging(debug)
+    try:
+        root = collection_path(collection)
+        options = IndexOptions(exclude=tuple(exclude), include_hidden=include_hidden, reindex=reindex,
+                               index_type=index_type, retry_failed=retry_failed, chunk_files=chunk_files)
+        existing = None
+        if (root / "manifest.json").exists() and not (reindex and model is not None):
+            with Collection.open(root) as col:
+                existing = col.manifest
+        # Unspecified settings keep the collection's, so `faste-mm index more/` just works.
+        model_id = model or (existing.model_id if existing else DEFAULT_MODEL)
+        revision = existing.model_revision if existing and model is None else None
+        if r_max is None:
+            r_max = float((existing.fast_e or {}).get("r_max", 0.0)) if existing else 0.5
+        spec = ModelSpec(model_id, revision, device, batching=BatchingConfig(batch_tokens=batch_tokens))
+        with Retriever(spec, collection=root, r_max=r_max) as retriever, _IndexProgressBar() as bar:
+            report = retriever.index(paths, options=options, progress=bar.update)
+    except FasteError as error:
+        fail(error, debug)
+    if output is InfoFormat.json:
+        stdout.print_json(json.dumps(report.to_dict()))
+    else:
+        _render_index_report(report)
+    for failure in report.failures:
+        stderr.print(f"[yellow]skipped[/yellow] {escape(failure.error)}", highlight=False)
+
+
+class _IndexProgressBar:
+    """rich progress on stderr: files, items/s, tokens/s and the share of prefix tokens removed."""
+
+    def __init__(self) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self._progress = Progress(TextColumn("indexing"), BarColumn(), MofNCompleteColumn(),
+                                  TextColumn("{task.fields[rates]}"), TimeElapsedColumn(),
+                                  console=stderr, transient=True)
+        self._task = None
+
+    def __enter__(self) -> "_IndexProgressBar":
+        self._progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._progress.stop()
+
+    def update(self, p) -> None:
+        elapsed = max(p.elapsed_s, 1e-9)
+        rates = (f"{(p.embedded + p.reused) / elapsed:.1f} items/s  {p.prefix_tokens / elapsed:.0f} tok/s  "
+                 f"removed {p.prefix_removal:.0%}")
+        if self._task is None:
+            self._task = self._progress.add_task("index", total=p.files_total, rates=rates)
+        self._progress.update(self._task, completed=p.files_done, total=p.files_total, rates=rates)
+
+
+def _render_index_report(report) -> None:
+    table = Table(title="faste-mm index")
+    table.add_column("metric")
+    table.add_column("value", justify="right", overflow="fold")
+    for name, value in (("collection", report.collection), ("files scanned", report.files_scanned), ("items embedded", report.embedded),
+                        ("items reused (same content)", report.reused), ("files unchanged", report.unchanged),
+                        ("files removed (vanished)", report.removed), ("items failed", report.failed),
+                        ("prefix tokens removed", f"{report.prefix_removal:.1%}"),
+                        ("index", report.index_factory or "-"), ("seconds", f"{report.seconds:.1f}")):
+        table.add_row(name, str(value))
+    stdout.print(table)
+
+
+def search_command(
+    query: Optional[str] = typer.Argument(None, help="Query text (optional with --image)."),
+    image: Optional[Path] = typer.Option(None, "--image", envvar="FASTE_MM_IMAGE",
+                                         help="Query image; alone it finds visually similar items."),
+    collection: Optional[str] = _collection_option(),
+    k: int = typer.Option(10, "-k", envvar="FASTE_MM_K", min=1, help="Number of results (default 10)."),
+    output: OutputFormat = typer.Option(OutputFormat.table, "--format", envvar="FASTE_MM_FORMAT",
+                                        help="table | json (documented schema) | paths (one per line)."),
+    instruction: Optional[str] = typer.Option(None, "--instruction", envvar="FASTE_MM_QUERY_INSTRUCTION",
+                                              help="Query instruction. Default: 'Retrieve images or text "
+                                                   "relevant to the user's query.' for text queries."),
+    device: str = _device_option(),
+    debug: bool = _debug_option(),
+) -> None:
+    """Search a collection by text and/or image; the model is the one the collection was built with."""
+    from faste_mm.retriever import Retriever
+
+    _setup_logging(debug)
+    if query is None and image is None:
+        _usage("give a QUERY text, --image PATH, or both")
+    try:
+        with Retriever.open(collection, device=device) as retriever:
+            hits = retriever.search(query, image=image, k=k, instruction=instruction)
+            root = retriever.collection
+    except FasteError as error:
+        fail(error, debug)
+    if output is OutputFormat.json:
+        payload = {"query": {"text": query, "image": None if image is None else str(image)},
+                   "collection": str(root), "k": k,
+                   "hits": [{"rank": rank, **hit.to_dict()} for rank, hit in enumerate(hits, 1)]}
+        stdout.print_json(json.dumps(payload))
+    elif output is OutputFormat.paths:
+        for hit in hits:
+            # Plain write: rich would wrap long paths or interpret brackets in file names.
+            sys.stdout.write(hit.uri + "\n")
+    else:
+        table = Table(title=f"{len(hits)} results")
+        for column, justify in (("rank", "right"), ("score", "right"), ("file", "left"), ("page", "right")):
+            table.add_column(column, justify=justify, overflow="fold")
+        for rank, hit in enumerate(hits, 1):
+            table.add_row(str(rank), f"{hit.score:.4f}", hit.uri, "" if hit.page is None else str(hit.page))
+        stdout.print(table)
+
+
+def info_command(
+    collection: Optional[str] = _collection_option(),
+    output: InfoFormat = typer.Option(InfoFormat.table, "--format", envvar="FASTE_MM_FORMAT",
+                                      help="table | json (default table)."),
+    debug: bool = _debug_option(),
+) -> None:
+    """Model, settings, counts, failures, index type and size on disk of a collection."""
+    from faste_mm.indexers import Collection
+    from faste_mm.retriever import collection_path
+
+    _setup_logging(debug)
+    try:
+        with Collection.open(collection_path(collection)) as col:
+            info, manifest = col.info(), col.manifest
+    except FasteError as error:
+        fail(error, debug)
+    payload = {**info.to_dict(), "settings": manifest.to_dict()}
+    if output is InfoFormat.json:
+        stdout.print_json(json.dumps(payload))
+        return
+    table = Table(title=f"collection {info.path}")
+    table.add_column("field")
+    table.add_column("value", overflow="fold")
+    r_max = (manifest.fast_e or {}).get("r_max", 0.0)
+    for name, value in (("model", manifest.model_id), ("revision", manifest.model_revision or "-"),
+                        ("dim", info.dim), ("FastE r_max (documents)", r_max),
+                        ("pixels", f"{manifest.min_pixels}..{manifest.max_pixels}"),
+                        ("items", info.n_ok), ("failed", info.n_failed), ("deleted (until compact)", info.n_deleted),
+                        ("index type", info.index_type), ("index", info.index_factory or "-"),
+                        ("size on disk", f"{info.size_bytes / 2**20:.2f} MiB")):
+        table.add_row(name, str(value))
+    stdout.print(table)
+    if info.failures:
+        failures = Table(title=f"{len(info.failures)} failures")
+        failures.add_column("file", overflow="fold")
+        failures.add_column("page", justify="right")
+        failures.add_column("error", overflow="fold")
+        for record in info.failures:
+            failures.add_row(record.uri, "" if record.page is None else str(record.page), record.error or "")
+        stdout.print(failures)
+
+
+def remove_command(
+    targets: list[str] = typer.Argument(..., help="Item ids, files, or folders (everything below them)."),
+    collection: Optional[str] = _collection_option(),
+    debug: bool = _debug_option(),
+) -> None:
+    """Remove items by id or by file/folder (tombstoned until `compact`)."""
+    from faste_mm.retriever import Retriever
+
+    _setup_logging(debug)
+    ids = [int(t) for t in targets if t.isdigit() and not Path(t).exists()]
+    paths = [t for t in targets if not (t.isdigit() and not Path(t).exists())]
+    try:
+        retriever = Retriever.open(collection)
+        n_ids = retriever.delete(ids) if ids else 0
+        uris = retriever.remove(paths) if paths else []
+    except FasteError as error:
+        fail(error, debug)
+    for uri in uris:
+        stdout.print(uri, highlight=False, markup=False)
+    stderr.print(f"removed {n_ids} items by id and {len(uris)} files")
+
+
+def compact_command(
+    collection: Optional[str] = _collection_option(),
+    debug: bool = _debug_option(),
+) -> None:
+    """Drop removed items' vectors from disk and rebuild the index."""
+    from faste_mm.retriever import Retriever
+
+    _setup_logging(debug)
+    try:
+        dropped = Retriever.open(collection).compact()
+    except FasteError as error:
+        fail(error, debug)
+    stdout.print(f"dropped {dropped} vectors")
+
+
+def rebuild_index_command(
+    index_type: Optional[str] = typer.Option(None, "--index-type", envvar="FASTE_MM_INDEX_TYPE",
+                                             help="auto or a FAISS factory string; default: keep the current type."),
+    collection: Optional[str] = _collection_option(),
+    debug: bool = _debug_option(),
+) -> None:
+    """Rebuild the FAISS index from the stored vectors (no re-embedding)."""
+    from faste_mm.retriever import Retriever
+
+    _setup_logging(debug)
+    try:
+        factory = Retriever.open(collection).rebuild_index(index_type)
+    except FasteError as error:
+        fail(error, debug)
+    stdout.print(factory, highlight=False)

@@ -1,0 +1,365 @@
+"""Ingest: from the paths a user gives `faste-mm index` to committed collection rows. Scans
+files (kind, stat; hidden/excluded skipped), plans the incremental update against the collection
+(new, changed, unchanged, vanished), and embeds + commits one chunk of files at a time, reusing
+the vectors of identical content and recording bad files as failures.
+
+Receives paths, a Collection and an Embedder; hands back counts to the retriever.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from faste_mm.compressors import FastEConfig
+from faste_mm.embedder import Embedder, EmbedResult, EmbedStats
+from faste_mm.errors import ConfigError, InputError
+from faste_mm.indexers import Collection, FileStat, ItemRecord, content_hash
+from faste_mm.indexers.faiss_index import INDEX_NAME
+from faste_mm.indexers.manifest import MANIFEST_NAME
+from faste_mm.indexers.parts import VECTORS_DIR
+from faste_mm.indexers.store import DB_NAME
+from faste_mm.items import Item
+
+log = logging.getLogger(__name__)
+
+IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff"})
+PDF_SUFFIXES = frozenset({".pdf"})
+TEXT_SUFFIXES = frozenset({".txt", ".md"})
+# The modality recorded per kind: a PDF contributes one "page" item per page.
+MODALITIES = {"image": "image", "pdf": "page", "text": "text", "unsupported": "unsupported"}
+_SUPPORTED = ", ".join(sorted(IMAGE_SUFFIXES | PDF_SUFFIXES | TEXT_SUFFIXES))
+
+
+def file_kind(path: Path) -> str:
+    """"image" | "pdf" | "text" | "unsupported", decided by the file name's suffix."""
+    suffix = path.suffix.lower()
+    if suffix in IMAGE_SUFFIXES:
+        return "image"
+    if suffix in PDF_SUFFIXES:
+        return "pdf"
+    if suffix in TEXT_SUFFIXES:
+        return "text"
+    return "unsupported"
+
+
+@dataclass(frozen=True, slots=True)
+class ScanFilter:
+    """Which files a folder walk selects.
+
+    exclude: glob patterns (fnmatch: `*` also matches `/`) tested against the path relative to
+        the walked folder and against every name in it, so "*.gif", "drafts/*" and "node_modules"
+        all work.
+    include_hidden: also walk names starting with "." (skipped by default).
+    """
+
+    exclude: tuple[str, ...] = ()
+    include_hidden: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.exclude, str):
+            raise ConfigError(f"ScanFilter.exclude must be a sequence of glob strings, got the "
+                              f"single string {self.exclude!r}; wrap it in a list")
+        patterns = tuple(self.exclude)
+        for pattern in patterns:
+            if not isinstance(pattern, str) or not pattern.strip():
+                raise ConfigError(f"ScanFilter.exclude entries must be non-empty glob strings, "
+                                  f"got {pattern!r}")
+        object.__setattr__(self, "exclude", patterns)
+
+    def is_excluded(self, relative: str) -> bool:
+        """True when `relative` (a posix path below the walked folder) matches a pattern."""
+        names = relative.split("/")
+        return any(fnmatch.fnmatchcase(relative, p) or any(fnmatch.fnmatchcase(n, p) for n in names)
+                   for p in self.exclude)
+
+    def is_hidden(self, relative: str) -> bool:
+        return not self.include_hidden and any(n.startswith(".") for n in relative.split("/"))
+
+
+@dataclass(frozen=True, slots=True)
+class ScannedFile:
+    """One file found by a scan: its path, kind and stat (stat.uri is the resolved path)."""
+
+    path: Path
+    kind: str
+    stat: FileStat
+
+    @property
+    def uri(self) -> str:
+        return self.stat.uri
+
+    @property
+    def modality(self) -> str:
+        return MODALITIES[self.kind]
+
+
+@dataclass(frozen=True, slots=True)
+class Scan:
+    """What `scan_paths` found.
+
+    roots: each walked folder (resolved) with the files found below it; the collection removes
+        items under a root whose file is no longer found there.
+    named: files the user named explicitly (an unsupported one is kept, to be recorded as a
+        failure; folder walks silently ignore unsupported files).
+    missing: named paths that do not exist, with the message to record.
+    """
+
+    roots: tuple[tuple[str, tuple[ScannedFile, ...]], ...]
+    named: tuple[ScannedFile, ...]
+    missing: tuple[tuple[str, str], ...]
+
+    def files(self) -> list[ScannedFile]:
+        """Every file once (by uri), in scan order."""
+        seen: dict[str, ScannedFile] = {}
+        for _, found in self.roots:
+            for f in found:
+                seen.setdefault(f.uri, f)
+        for f in self.named:
+            seen.setdefault(f.uri, f)
+        return list(seen.values())
+
+
+def scan_paths(paths: Iterable[str | Path], scan_filter: ScanFilter | None = None) -> Scan:
+    """Walk folders recursively (sorted, symlinked folders not followed) and stat every file.
+
+    Raises InputError when `paths` is empty. A path that does not exist is reported in
+    `Scan.missing`, not raised, so one typo does not stop the other paths.
+    """
+    scan_filter = scan_filter or ScanFilter()
+    paths = [Path(p).expanduser() for p in paths]
+    if not paths:
+        raise InputError("no paths to index; give at least one file or folder")
+    roots, named, missing = [], [], []
+    for path in paths:
+        if path.is_dir():
+            root = path.resolve()
+            roots.append((str(root), tuple(_walk(root, scan_filter))))
+        elif path.is_file():
+            try:
+                named.append(ScannedFile(path, file_kind(path), FileStat.of(path)))
+            except OSError as error:
+                missing.append((str(path.resolve()), f"{path}: cannot stat the file ({error})"))
+        else:
+            missing.append((str(path.resolve()), f"{path}: file not found; check the path"))
+    return Scan(tuple(roots), tuple(named), tuple(missing))
+
+
+def _walk(root: Path, scan_filter: ScanFilter) -> Iterable[ScannedFile]:
+    for folder, dirs, names in os.walk(root, onerror=_log_walk_error):
+        rel_folder = Path(folder).relative_to(root).as_posix()
+        prefix = "" if rel_folder == "." else rel_folder + "/"
+        # Pruning in place keeps os.walk out of hidden and excluded folders (and sorts the walk).
+        dirs[:] = sorted(d for d in dirs if not scan_filter.is_hidden(prefix + d)
+                         and not scan_filter.is_excluded(prefix + d))
+        for name in sorted(names):
+            relative = prefix + name
+            path = Path(folder) / name
+            if (scan_filter.is_hidden(relative) or scan_filter.is_excluded(relative)
+                    or file_kind(path) == "unsupported"):
+                continue
+            try:
+                if not path.is_file():  # sockets, fifos, broken links
+                    continue
+                yield ScannedFile(path, file_kind(path), FileStat.of(path))
+            except OSError as error:
+                log.warning("%s: cannot stat, skipped (%s)", path, error)
+
+
+def _log_walk_error(error: OSError) -> None:
+    log.warning("%s: cannot list the folder, skipped (%s)", error.filename, error)
+
+
+def read_text_file(path: Path) -> str:
+    """The text of a .txt/.md document; InputError for empty or non-UTF-8 files."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise InputError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start}); "
+                         f"convert it to UTF-8") from None
+    except OSError as error:
+        raise InputError(f"{path}: cannot read the file ({error})") from None
+    if not text.strip():
+        raise InputError(f"{path}: file is empty (no text); remove it or add text")
+    return text
+
+
+# ---- planning and committing -----------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class IndexFailure:
+    """A file (or PDF page) that could not be indexed, and why."""
+
+    uri: str
+    page: int | None
+    error: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class IngestTally:
+    """Running totals of one index call (mutable on purpose: updated chunk by chunk)."""
+
+    embedded: int = 0
+    reused: int = 0
+    prefix_tokens: int = 0
+    kept_prefix_tokens: int = 0
+    failures: list[IndexFailure] = field(default_factory=list)
+
+    def add_stats(self, stats: EmbedStats | None) -> None:
+        if stats is not None:
+            self.prefix_tokens += stats.prefix_tokens
+            self.kept_prefix_tokens += stats.kept_prefix_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class UpdatePlan:
+    """todo: files to embed, in scan order; changed: uris among them that have old rows;
+    n_unchanged: files skipped; vanished: uris under a walked folder that are gone."""
+
+    todo: tuple[ScannedFile, ...]
+    changed: frozenset[str]
+    n_unchanged: int
+    vanished: tuple[str, ...]
+
+
+def plan_update(col: Collection, scan: Scan, retry_failed: bool = False) -> UpdatePlan:
+    """Compare a scan with the collection by (uri, size, mtime)."""
+    files = scan.files()
+    todo: set[str] = set()
+    changed: set[str] = set()
+    vanished: set[str] = set()
+    # One plan per walked folder (only it may report vanished files below it) and one for the
+    # named files, whose `vanished` would list everything else and is ignored.
+    for under, found in [*scan.roots, (None, scan.named)]:
+        if under is None and not found:
+            continue
+        plan = col.plan_scan([f.stat for f in found], under=under, retry_failed=retry_failed)
+        todo.update(s.uri for s in (*plan.new, *plan.changed))
+        changed.update(s.uri for s in plan.changed)
+        if under is not None:
+            vanished.update(plan.vanished)
+    vanished -= {f.uri for f in files}  # e.g. excluded from a walk but also named explicitly
+    ordered = tuple(f for f in files if f.uri in todo)
+    return UpdatePlan(ordered, frozenset(changed), len(files) - len(ordered), tuple(sorted(vanished)))
+
+
+def record_missing(col: Collection, missing: Sequence[tuple[str, str]], tally: IngestTally) -> None:
+    """A named path that does not exist: remove it if it was indexed, else record the failure."""
+    known = {uri for uri, _ in missing if col.plan_scan([], under=uri).vanished}
+    col.delete_uris(sorted(known))
+    records = [ItemRecord(uri=uri, modality="missing", error=error) for uri, error in missing if uri not in known]
+    col.add_failures(records)
+    tally.failures.extend(IndexFailure(r.uri, None, r.error) for r in records)
+
+
+def ingest_chunk(col: Collection, files: Sequence[ScannedFile], changed: frozenset[str], embedder: Embedder,
+                 fast_e: FastEConfig | None, tally: IngestTally) -> None:
+    """Embed one chunk of files and commit it: vectors in one `add`, then failures.
+
+    All rows of one file are in one chunk, so a crash never leaves half a PDF that a re-run
+    would consider unchanged.
+    """
+    records: list[ItemRecord] = []
+    vectors: list[np.ndarray] = []
+    failures: list[ItemRecord] = []
+    to_embed: list[tuple[dict, object]] = []  # (record fields, embedder input)
+    copies: list[tuple[dict, int]] = []  # (record fields, position in to_embed)
+    first_of_hash: dict[str, int] = {}
+    for f in files:
+        base = dict(uri=f.uri, modality=f.modality, size=f.stat.size, mtime=f.stat.mtime)
+        if f.kind == "unsupported":
+            failures.append(ItemRecord(**base, error=f"{f.path}: unsupported file type "
+                                       f"{f.path.suffix or '(none)'!r}; supported: {_SUPPORTED}"))
+            continue
+        try:
+            base["content_hash"] = digest = content_hash(f.path)
+            value = Item(text=read_text_file(f.path)) if f.kind == "text" else f.path
+        except (OSError, InputError) as error:
+            failures.append(ItemRecord(**base, error=str(error)))
+            continue
+        donor = _donor(col, digest, f.modality)
+        if donor is not None:
+            for record, vector in zip(*donor):
+                records.append(ItemRecord(**base, page=record.page))
+                vectors.append(vector[None])
+            tally.reused += len(donor[0])
+        elif digest in first_of_hash:  # an identical file earlier in this chunk
+            copies.append((base, first_of_hash[digest]))
+        else:
+            first_of_hash[digest] = len(to_embed)
+            to_embed.append((base, value))
+    if to_embed:
+        result = embedder.encode_documents([value for _, value in to_embed], fast_e=fast_e, on_error="skip")
+        tally.add_stats(result.stats)
+        rows_of: dict[int, list[int]] = {}
+        for row, source in enumerate(result.sources):
+            rows_of.setdefault(source, []).append(row)
+        reasons = {failure.index: failure.reason for failure in result.failures}
+        for source, (base, _) in enumerate(to_embed):
+            tally.embedded += _emit(base, rows_of[source], result, reasons, records, vectors, failures)
+        for base, source in copies:
+            tally.reused += _emit(base, rows_of[source], result, reasons, records, vectors, failures)
+    stale = [f.uri for f in files if f.uri in changed]
+    if stale:  # drops pages a shrunken PDF no longer has; a crash here makes the files "new"
+        col.delete_uris(stale)
+    if records:
+        col.add(np.concatenate(vectors), records)
+    if failures:
+        col.add_failures(failures)
+        tally.failures.extend(IndexFailure(r.uri, r.page, r.error) for r in failures)
+
+
+def _donor(col: Collection, digest: str, modality: str) -> tuple[list[ItemRecord], np.ndarray] | None:
+    """Live records (all pages, in order) and vectors of an item with identical content."""
+    by_uri: dict[str, list[ItemRecord]] = {}
+    for record in col.find_by_hash(digest):
+        if record.modality == modality:
+            by_uri.setdefault(record.uri, []).append(record)
+    for records in by_uri.values():
+        records.sort(key=lambda r: r.page or 0)
+        pages = [r.page for r in records]
+        complete = pages == list(range(1, len(pages) + 1)) if modality == "page" else pages == [None]
+        if complete:
+            return records, col.vectors([r.id for r in records])
+    return None
+
+
+def _emit(base: dict, rows: list[int], result: EmbedResult, reasons: dict[int, str],
+          records: list[ItemRecord], vectors: list[np.ndarray], failures: list[ItemRecord]) -> int:
+    """Turn the result rows of one file into records (+ vectors) or failures; returns # ok."""
+    n_ok = 0
+    for row in rows:
+        page = result.items[row].page
+        if result.ok[row]:
+            records.append(ItemRecord(**base, page=page))
+            vectors.append(result.embeddings[row][None])
+            n_ok += 1
+        else:
+            failures.append(ItemRecord(**base, page=page, error=reasons.get(row, "could not be embedded")))
+    return n_ok
+
+
+def erase_collection(root: Path) -> None:
+    """Delete a collection's files (for --reindex), failing fast if another process writes to
+    it. The database goes first: a crash part-way leaves an empty collection under the old
+    manifest, never old rows under a new one."""
+    if not (root / MANIFEST_NAME).exists():
+        return
+    Collection.open(root, writable=True).close()  # raises CollectionError if locked
+    for name in (DB_NAME, DB_NAME + "-wal", DB_NAME + "-shm", INDEX_NAME):
+        (root / name).unlink(missing_ok=True)
+    vectors = root / VECTORS_DIR
+    if vectors.is_dir():
+        for part in vectors.iterdir():
+            part.unlink()
+        vectors.rmdir()
+    (root / MANIFEST_NAME).unlink(missing_ok=True)
+    log.info("%s: erased for re-indexing", root)

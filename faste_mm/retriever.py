@@ -1,0 +1,467 @@
+"""Retriever: the collection-level API. Composes the Embedder (documents with the collection's
+FastE r_max, queries with the full forward and a query instruction) with a Collection on disk:
+incremental, crash-safe indexing of files and folders, search by text or image, add and delete.
+
+Receives paths, texts, images and queries; hands back `IndexReport`s and ranked `Hit`s.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+from PIL import Image
+
+from faste_mm.batching import BatchingConfig
+from faste_mm.compressors import FastEConfig
+from faste_mm.embedder import Embedder
+from faste_mm.errors import ConfigError, InputError
+from faste_mm.indexers import Collection, CollectionInfo, ItemRecord, Manifest
+from faste_mm.indexers.manifest import FAST_E_KEYS
+from faste_mm.ingest import (IndexFailure, IngestTally, ScanFilter, erase_collection, ingest_chunk, plan_update,
+                             record_missing, scan_paths)
+from faste_mm.items import Item
+from faste_mm.serialization import DEFAULT_INSTRUCTION, SerializerConfig, VLSerializer
+
+log = logging.getLogger(__name__)
+
+# The Qwen3-VL-Embedding model card's example retrieval instruction.
+DEFAULT_QUERY_INSTRUCTION = "Retrieve images or text relevant to the user's query."
+DEFAULT_COLLECTION = "default"
+
+
+def collections_dir() -> Path:
+    """`user_data_dir("faste-mm")/collections` (platformdirs; honours XDG_DATA_HOME on Linux)."""
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("faste-mm")) / "collections"
+
+
+def collection_path(collection: str | Path | None) -> Path:
+    """Where a collection lives: None -> the default collection; a Path, or a string holding a
+    path separator or starting with "." or "~" -> that directory; any other string -> a named
+    collection under `collections_dir()`."""
+    if collection is None:
+        return collections_dir() / DEFAULT_COLLECTION
+    if isinstance(collection, Path):
+        return collection.expanduser()
+    if not isinstance(collection, str) or not collection.strip():
+        raise ConfigError(f"collection must be a name or a directory, got {collection!r}")
+    if "/" in collection or os.sep in collection or collection.startswith((".", "~")):
+        return Path(collection).expanduser()
+    return collections_dir() / collection
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """How to load the embedding model when it is first needed (see `Retriever.open`)."""
+
+    model_id: str
+    revision: str | None = None
+    device: str = "auto"
+    dtype: str = "auto"
+    batching: BatchingConfig | None = None
+    serializer: SerializerConfig | None = None
+
+    def load(self) -> Embedder:
+        # A local directory is recorded by its absolute path so `Retriever.open` finds it again
+        # from any working directory.
+        local = Path(self.model_id).expanduser()
+        name = str(local.resolve()) if local.is_dir() else self.model_id
+        return Embedder.from_pretrained(name, device=self.device, dtype=self.dtype, revision=self.revision,
+                                        batching=self.batching, serializer=self.serializer)
+
+
+@dataclass(frozen=True, slots=True)
+class IndexOptions:
+    """Options of `Retriever.index`.
+
+    exclude / include_hidden: folder-walk filters (see `faste_mm.scanning.ScanFilter`).
+    reindex: erase the collection first and rebuild it with the retriever's settings.
+    index_type: FAISS factory string or "auto" for the derived index; None keeps the collection's.
+    retry_failed: embed unchanged files that failed last time again.
+    chunk_files: files embedded and committed together; a crash loses at most one chunk of work.
+    """
+
+    exclude: tuple[str, ...] = ()
+    include_hidden: bool = False
+    reindex: bool = False
+    index_type: str | None = None
+    retry_failed: bool = False
+    chunk_files: int = 64
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "exclude", ScanFilter(self.exclude).exclude)  # validates
+        if not isinstance(self.chunk_files, int) or self.chunk_files < 1:
+            raise ConfigError(f"IndexOptions.chunk_files must be an int >= 1, got {self.chunk_files!r}")
+        if self.index_type is not None and (not isinstance(self.index_type, str) or not self.index_type.strip()):
+            raise ConfigError(f"IndexOptions.index_type must be None, 'auto' or a FAISS factory string, "
+                              f"got {self.index_type!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class IndexProgress:
+    """Handed to the `progress` callback after the scan and after each committed chunk.
+    files_done / files_total count the new and changed files this run embeds (or reuses)."""
+
+    files_done: int
+    files_total: int
+    embedded: int
+    reused: int
+    failed: int
+    prefix_tokens: int
+    kept_prefix_tokens: int
+    elapsed_s: float
+
+    @property
+    def prefix_removal(self) -> float:
+        return 0.0 if self.prefix_tokens == 0 else 1.0 - self.kept_prefix_tokens / self.prefix_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class IndexReport:
+    """What one `Retriever.index` call did. Items are rows (a PDF page is one item); files are
+    source files. embedded: items run through the model; reused: items whose vectors were copied
+    from a live item with the same content hash; unchanged: files skipped by (size, mtime);
+    removed: files tombstoned because they vanished; failed: items recorded as failures."""
+
+    collection: str
+    files_scanned: int
+    embedded: int
+    reused: int
+    unchanged: int
+    removed: int
+    failed: int
+    failures: tuple[IndexFailure, ...]
+    prefix_tokens: int
+    kept_prefix_tokens: int
+    seconds: float
+    index_factory: str | None = None
+
+    @property
+    def prefix_removal(self) -> float:
+        return 0.0 if self.prefix_tokens == 0 else 1.0 - self.kept_prefix_tokens / self.prefix_tokens
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        d["failures"] = [f.to_dict() for f in self.failures]
+        d["prefix_removal"] = self.prefix_removal
+        return d
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    """One search result: item id, inner-product score (cosine, vectors are unit-norm), source
+    uri, 1-based PDF page (None otherwise) and the item's metadata."""
+
+    id: int
+    score: float
+    uri: str
+    page: int | None = None
+    metadata: Mapping[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "score": self.score, "uri": self.uri, "page": self.page,
+                "metadata": dict(self.metadata) if self.metadata is not None else None}
+
+
+class Retriever:
+    """Index files into a collection and search it.
+
+    Example:
+        >>> r = Retriever.from_pretrained("Qwen/Qwen3-VL-Embedding-2B", r_max=0.5)
+        >>> r.index(["./images", "report.pdf"], collection="./my-collection")
+        >>> r.search("a red bicycle", k=10)  # [Hit(id=.., score=.., uri=.., page=.., metadata=..)]
+
+    model: a loaded `Embedder`, or a `ModelSpec` loaded on first use (so info/remove/compact
+        never load weights). r_max: FastE ratio for documents of NEW collections (an existing
+        collection keeps its own). query_instruction: None = DEFAULT_QUERY_INSTRUCTION for
+        vision-language models, the model's own default query task for text models.
+    """
+
+    def __init__(self, model: Embedder | ModelSpec, *, collection: str | Path | None = None,
+                 r_max: float = 0.5, query_instruction: str | None = None) -> None:
+        FastEConfig(r_max=r_max)  # validates 0 <= r_max < 1 with a ConfigError
+        self._embedder = model if isinstance(model, Embedder) else None
+        self._spec = model if isinstance(model, ModelSpec) else None
+        if self._embedder is None and self._spec is None:
+            raise ConfigError(f"Retriever model must be an Embedder or a ModelSpec, got {type(model).__name__}")
+        self.collection = collection_path(collection)
+        self.r_max = float(r_max)
+        self.query_instruction = query_instruction
+        self._reader: Collection | None = None
+
+    @classmethod
+    def from_pretrained(cls, model: str, r_max: float = 0.5, *, collection: str | Path | None = None,
+                        device: str = "auto", dtype: str = "auto", revision: str | None = None,
+                        batching: BatchingConfig | None = None,
+                        query_instruction: str | None = None) -> "Retriever":
+        """Load `model` (hub id or local directory) now. Raises ModelLoadError."""
+        spec = ModelSpec(model, revision, device, dtype, batching)
+        return cls(spec.load(), collection=collection, r_max=r_max, query_instruction=query_instruction)
+
+    @classmethod
+    def open(cls, collection: str | Path | None = None, *, device: str = "auto", dtype: str = "auto",
+             batching: BatchingConfig | None = None, query_instruction: str | None = None) -> "Retriever":
+        """A retriever for an existing collection, using the model, revision, pixel settings and
+        r_max named in its manifest (loaded when first needed). Raises CollectionError."""
+        root = collection_path(collection)
+        with Collection.open(root) as col:
+            m = col.manifest
+        serializer = SerializerConfig(min_pixels=m.min_pixels, max_pixels=m.max_pixels)
+        spec = ModelSpec(m.model_id, m.model_revision, device, dtype, batching, serializer)
+        r_max = float((m.fast_e or {}).get("r_max", 0.0))
+        return cls(spec, collection=root, r_max=r_max, query_instruction=query_instruction)
+
+    @property
+    def embedder(self) -> Embedder:
+        if self._embedder is None:
+            self._embedder = self._spec.load()
+        return self._embedder
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+
+    def __enter__(self) -> "Retriever":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- settings --------------------------------------------------------------------------
+    def document_manifest(self, index_type: str = "auto") -> Manifest:
+        """The collection settings this retriever's documents are embedded with."""
+        emb = self.embedder
+        config = emb.serializer.config if isinstance(emb.serializer, VLSerializer) else SerializerConfig()
+        fast_e = emb.resolve_fast_e(FastEConfig(r_max=self.r_max)) if self.r_max > 0 else None
+        return Manifest(
+            model_id=emb.model_id, dim=emb.dim, model_revision=emb.loaded.revision,
+            document_instruction=DEFAULT_INSTRUCTION, min_pixels=config.min_pixels, max_pixels=config.max_pixels,
+            fast_e=None if fast_e is None else {key: getattr(fast_e, key) for key in FAST_E_KEYS},
+            index_type=index_type)
+
+    def _collection_fast_e(self, col: Collection) -> FastEConfig | None:
+        """Documents always use the collection's FastE settings, so all its vectors match."""
+        fast_e = col.manifest.fast_e
+        theirs = float((fast_e or {}).get("r_max", 0.0))
+        if self.r_max != theirs:
+            log.warning("%s: the collection embeds documents with r_max=%g; ignoring r_max=%g "
+                        "(re-index with --reindex to change it)", col.root, theirs, self.r_max)
+        return FastEConfig(**fast_e) if fast_e else None
+
+    def _target(self, collection: str | Path | None) -> Path:
+        if collection is not None:
+            self.close()
+            self.collection = collection_path(collection)
+        return self.collection
+
+    def _writer(self) -> Collection:
+        """The collection opened for writing (CollectionError at once if another writer holds it)."""
+        self.close()
+        return Collection.open(self.collection, writable=True)
+
+    # ---- indexing --------------------------------------------------------------------------
+    def index(self, paths: Iterable[str | Path], collection: str | Path | None = None,
+              options: IndexOptions | None = None,
+              progress: Callable[[IndexProgress], None] | None = None) -> IndexReport:
+        """Bring a collection up to date with files and folders (images, PDFs page by page,
+        .txt/.md as text). Only new or changed files are embedded; files whose content matches a
+        live item reuse its vectors; files gone from an indexed folder are removed. Work is
+        committed every `options.chunk_files` files, so an interrupted run resumes where it
+        stopped. Bad files are recorded as failures, never raised.
+
+        collection: where to index (and search from then on); None = the retriever's.
+
+        Raises CollectionError (settings differ from the collection, another writer holds it),
+        ConfigError (bad options or index type), InputError (no paths given).
+        """
+        options = options or IndexOptions()
+        started = time.perf_counter()
+        root = self._target(collection)
+        scan = scan_paths(paths, ScanFilter(options.exclude, options.include_hidden))
+        self.close()
+        if options.reindex:
+            erase_collection(root)
+        tally = IngestTally()
+        with Collection.create(root, self.document_manifest(options.index_type or "auto"), exist_ok=True) as col:
+            fast_e = self._collection_fast_e(col)
+            plan = plan_update(col, scan, options.retry_failed)
+            col.mark_vanished(plan.vanished)
+            if scan.missing:
+                record_missing(col, scan.missing, tally)
+
+            def report_progress(done: int) -> None:
+                if progress is not None:
+                    progress(IndexProgress(done, len(plan.todo), tally.embedded, tally.reused, len(tally.failures),
+                                           tally.prefix_tokens, tally.kept_prefix_tokens,
+                                           time.perf_counter() - started))
+
+            report_progress(0)
+            for start in range(0, len(plan.todo), options.chunk_files):
+                chunk = plan.todo[start:start + options.chunk_files]
+                ingest_chunk(col, chunk, plan.changed, self.embedder, fast_e, tally)
+                report_progress(start + len(chunk))
+            if options.index_type is not None and options.index_type != col.manifest.index_type:
+                col.rebuild_index(options.index_type)
+        with Collection.open(root) as col:  # after close(), which brought index.faiss up to date
+            factory = col.info().index_factory
+        seconds = time.perf_counter() - started
+        log.info("%s: embedded %d items, reused %d, %d files unchanged, %d removed, %d failed in %.1f s",
+                 root, tally.embedded, tally.reused, plan.n_unchanged, len(plan.vanished), len(tally.failures), seconds)
+        return IndexReport(str(root), len(scan.files()), tally.embedded, tally.reused, plan.n_unchanged,
+                           len(plan.vanished),
+                           len(tally.failures), tuple(tally.failures), tally.prefix_tokens,
+                           tally.kept_prefix_tokens, seconds, factory)
+
+    # ---- adding and removing ---------------------------------------------------------------
+    def add(self, items: Sequence[object], metadata: Sequence[Mapping[str, Any] | None] | None = None,
+            uris: Sequence[str] | None = None) -> np.ndarray:
+        """Embed items (str text, Path/PIL image, PDF path = all pages, `Item`) as documents and
+        add them, with optional per-item metadata and uris. A PDF's pages share its metadata.
+        Default uri: a file's resolved path, else "item:<sha256 of the content>[:16]"; re-adding
+        a (uri, page) replaces the old item. Returns the new ids [n_rows] int64.
+        Raises InputError naming the first item that cannot be embedded."""
+        items = list(items)
+        for name, values in (("metadata", metadata), ("uris", uris)):
+            if values is not None and len(values) != len(items):
+                raise InputError(f"add: {len(values)} {name} for {len(items)} items; give one per item")
+        with Collection.create(self.collection, self.document_manifest(), exist_ok=True) as col:
+            fast_e = self._collection_fast_e(col)
+            result = self.embedder.encode_documents(items, fast_e=fast_e, on_error="raise")
+            records = []
+            for row, source in enumerate(result.sources):
+                item = result.items[row]
+                stat = _file_stat(item)
+                records.append(ItemRecord(
+                    uri=uris[source] if uris is not None else _default_uri(item),
+                    modality=_modality(item), page=item.page, size=stat[0], mtime=stat[1],
+                    metadata=None if metadata is None else metadata[source]))
+            ids = col.add(result.embeddings, records)
+        self.close()
+        return ids
+
+    def delete(self, ids: Iterable[int]) -> int:
+        """Tombstone items by id; returns how many were live."""
+        with self._writer() as col:
+            return col.delete(ids)
+
+    def remove(self, paths: Iterable[str | Path]) -> list[str]:
+        """Remove every item of each file, or of every file under each folder (given as a path
+        or as the uri stored in the collection). Returns the uris removed."""
+        with self._writer() as col:
+            uris: set[str] = set()
+            for path in paths:
+                for candidate in {str(path), str(Path(path).expanduser().resolve())}:
+                    uris.update(col.plan_scan([], under=candidate).vanished)
+            col.delete_uris(sorted(uris))
+        return sorted(uris)
+
+    def compact(self) -> int:
+        """Drop deleted vectors from disk and rebuild the index; returns vectors dropped."""
+        with self._writer() as col:
+            return col.compact()
+
+    def rebuild_index(self, index_type: str | None = None) -> str:
+        """Rebuild the FAISS index from stored vectors (optionally as another type); returns
+        the factory string built."""
+        with self._writer() as col:
+            return col.rebuild_index(index_type)
+
+    def info(self) -> CollectionInfo:
+        with Collection.open(self.collection) as col:
+            return col.info()
+
+    # ---- search ----------------------------------------------------------------------------
+    def search(self, query: str | None = None, *, image: str | Path | Image.Image | None = None,
+               k: int = 10, instruction: str | None = None) -> list[Hit]:
+        """Top-k items for a text, an image, or both. An image alone is a query by example: it
+        is embedded exactly like a document (so an indexed image finds itself with score ~1)
+        unless `instruction` is given. Raises InputError if neither query nor image is given."""
+        if query is None and image is None:
+            raise InputError("search: give a query text, an image, or both")
+        return self.search_batch([Item(text=query, image=image)], k=k, instruction=instruction)[0]
+
+    def search_batch(self, queries: Sequence[object], k: int = 10,
+                     instruction: str | None = None) -> list[list[Hit]]:
+        """`search` for many queries (str text, Path/PIL image, or `Item`), one list of hits each."""
+        items = [_as_query(q, i) for i, q in enumerate(queries)]
+        if self._reader is None:
+            self._reader = Collection.open(self.collection, expect=self.document_manifest())
+        col = self._reader
+        vectors = self._embed_queries(items, instruction, col)
+        scores, ids = col.search(vectors, k)
+        found = sorted({int(i) for i in ids[ids >= 0]})
+        records = dict(zip(found, col.get(found)))
+        return [[Hit(int(i), float(s), records[int(i)].uri, records[int(i)].page, records[int(i)].metadata)
+                 for s, i in zip(row_scores, row_ids) if i >= 0]
+                for row_scores, row_ids in zip(scores, ids)]
+
+    def _embed_queries(self, items: list[Item], instruction: str | None, col: Collection) -> np.ndarray:
+        by_example = [i for i, it in enumerate(items)
+                      if instruction is None and it.instruction is None and not it.text and it.image is not None]
+        with_task = [i for i in range(len(items)) if i not in set(by_example)]
+        out = np.zeros((len(items), col.manifest.dim), dtype=np.float32)
+        if by_example:
+            docs = self.embedder.encode_documents([items[i] for i in by_example],
+                                                  fast_e=self._collection_fast_e(col), on_error="raise")
+            out[by_example] = docs.embeddings
+        if with_task:
+            task = instruction or self.query_instruction
+            if task is None and isinstance(self.embedder.serializer, VLSerializer):
+                task = DEFAULT_QUERY_INSTRUCTION
+            out[with_task] = self.embedder.encode_queries([items[i] for i in with_task], instruction=task,
+                                                          on_error="raise").embeddings
+        return out
+
+
+# ---- helpers ---------------------------------------------------------------------------------
+def _as_query(value: object, position: int) -> Item:
+    if isinstance(value, Item):
+        item = value
+    elif isinstance(value, str):
+        item = Item(text=value)
+    elif isinstance(value, (Path, Image.Image)):
+        item = Item(image=value)
+    else:
+        raise InputError(f"query {position}: cannot search with a {type(value).__name__}; pass a str, "
+                         f"a Path or PIL image, or faste_mm.Item")
+    if item.is_pdf and item.page is None:
+        raise InputError(f"query {position}: {item.image} is a PDF; query with one page, "
+                         f"Item(image=path, page=N)")
+    return item
+
+
+def _modality(item: Item) -> str:
+    if item.is_pdf:
+        return "page"
+    if item.image is not None:
+        return "image+text" if item.text else "image"
+    return "text"
+
+
+def _default_uri(item: Item) -> str:
+    if isinstance(item.image, (str, Path)) and not item.text:
+        return str(Path(item.image).expanduser().resolve())
+    h = hashlib.sha256((item.text or "").encode("utf-8"))
+    if isinstance(item.image, Image.Image):
+        h.update(item.image.tobytes())
+    elif item.image is not None:
+        h.update(str(Path(item.image).resolve()).encode("utf-8"))
+    return "item:" + h.hexdigest()[:16]
+
+
+def _file_stat(item: Item) -> tuple[int | None, float | None]:
+    if isinstance(item.image, (str, Path)) and not item.text:
+        st = Path(item.image).stat()
+        return st.st_size, st.st_mtime
+    return None, None
+
+
