@@ -50,11 +50,11 @@ def collection_path(collection: str | Path | None) -> Path:
     if collection is None:
         return collections_dir() / DEFAULT_COLLECTION
     if isinstance(collection, Path):
-        return collection.expanduser()
+        return collection.expanduser().absolute()
     if not isinstance(collection, str) or not collection.strip():
         raise ConfigError(f"collection must be a name or a directory, got {collection!r}")
     if "/" in collection or os.sep in collection or collection.startswith((".", "~")):
-        return Path(collection).expanduser()
+        return Path(collection).expanduser().absolute()  # the manifest and lock must not depend on the cwd
     return collections_dir() / collection
 
 

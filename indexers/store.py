@@ -108,7 +108,7 @@ class MetaStore:
                 if not self.path.exists():
                     raise CollectionError(f"{root}: {DB_NAME} is missing; the collection is "
                                           f"incomplete, re-create it")
-                self.db = sqlite3.connect(self.path.as_uri() + "?mode=ro", uri=True,
+                self.db = sqlite3.connect(self.path.absolute().as_uri() + "?mode=ro", uri=True,
                                           isolation_level=None)
             self.db.execute("PRAGMA busy_timeout=10000")
         except sqlite3.Error as e:

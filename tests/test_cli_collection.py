@@ -182,3 +182,16 @@ def _committed_items(col: Path) -> int:
         return 0
     finally:
         db.close()
+
+
+def test_relative_collection_and_model_paths_work_from_another_folder(model, tmp_path, monkeypatch):
+    root = tmp_path / "imgs"
+    root.mkdir()
+    noise_image(root / "a.png", (64, 48), seed=1)
+    shutil.copytree(model, tmp_path / "model")
+    monkeypatch.chdir(tmp_path)
+    invoke("index", "imgs", "-c", "./col", "--model", "model", "--device", "cpu")
+    monkeypatch.chdir(root)  # elsewhere: the manifest must not depend on the first cwd
+    hits = json.loads(invoke("search", "anything", "-c", "../col", "--format", "json").stdout)
+    assert [Path(h["uri"]).name for h in hits["hits"]] == ["a.png"]
+    assert json.loads(invoke("info", "-c", "../col", "--format", "json").stdout)["model_id"] == str(tmp_path / "model")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -121,7 +122,8 @@ def load_model(
         backbone=backbone,
         serializer=text_serializer,
         defaults=defaults,
-        model_id=str(name_or_path),
+        # A local directory is recorded absolute so collections find it again from any folder.
+        model_id=str(Path(name_or_path).absolute()) if Path(name_or_path).is_dir() else str(name_or_path),
         revision=revision,
         model_type=model_type,
         pad_token_id=int(pad_token_id or 0),
