@@ -7,6 +7,7 @@ sentence-transformers.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import platform
 import statistics
@@ -95,7 +96,7 @@ class BenchReport:
     device: str
     model: str
     inputs: str
-    memory_kind: str  # "cuda_allocated" or "rss"
+    memory_kind: str  # "cuda_allocated", "heap_allocated" (CPU, glibc) or "rss"
     settings: list[SettingResult] = field(default_factory=list)
 
     def to_dict(self) -> dict:
@@ -143,7 +144,7 @@ def run_bench(embedder: Embedder, inputs: list, config: BenchConfig, inputs_labe
         encode = run(embedder, inputs, config.compare_batch_size)
         result, vectors = _measure(comparison, None, encode, config.repeats, device)
         settings.append(_relative_to(result, full, np.abs(vectors - full_vectors).max()))
-    memory_kind = "cuda_allocated" if device.type == "cuda" else "rss"
+    memory_kind = "cuda_allocated" if device.type == "cuda" else cpu_memory_kind()
     return BenchReport(device_name(device), embedder.model_id, inputs_label, memory_kind, settings)
 
 
@@ -190,7 +191,9 @@ def _relative_to(result: SettingResult, full: SettingResult, max_abs_diff: float
 
 
 class _PeakMemory:
-    """Peak CUDA allocated memory, or peak process RSS sampled every 5 ms on CPU."""
+    """Peak CUDA allocated memory; on CPU, peak live heap bytes (glibc mallinfo2) sampled every
+    5 ms. RSS is not used: freed memory stays in the process, so later settings would inherit
+    earlier settings' peaks. Falls back to RSS where mallinfo2 is missing (non-glibc)."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -216,11 +219,42 @@ class _PeakMemory:
             self._thread.join()
 
     def _sample(self) -> None:
-        page = os.sysconf("SC_PAGE_SIZE")
+        read = _heap_allocated if cpu_memory_kind() == "heap_allocated" else _rss
         while not self._stop.is_set():
-            with open("/proc/self/statm") as f:
-                self.peak = max(self.peak, int(f.read().split()[1]) * page)
+            self.peak = max(self.peak, read())
             self._stop.wait(0.005)
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost"
+    )]
+
+
+def _libc():
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallinfo2.restype = _MallInfo2
+        return libc
+    except (OSError, AttributeError):
+        return None
+
+
+_LIBC = _libc()
+
+
+def cpu_memory_kind() -> str:
+    return "heap_allocated" if _LIBC is not None else "rss"
+
+
+def _heap_allocated() -> int:
+    info = _LIBC.mallinfo2()
+    return info.uordblks + info.hblkhd  # bytes in use from the heap + in mmap'd large blocks
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 class _Vectors:
