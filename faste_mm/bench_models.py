@@ -61,6 +61,7 @@ def build_config(preset: ShapePreset, scale_hidden: float = 1.0):
     head_dim = max(8, int(round(preset.head_dim * scale_hidden / 8)) * 8)  # even halves for RoPE
     text = dict(
         vocab_size=_VOCAB,
+        # scaled: hidden = heads x scaled head_dim (the Qwen3 attention width), so heads stay whole
         hidden_size=preset.heads * head_dim if scale_hidden < 1 else preset.hidden,
         intermediate_size=max(16, int(preset.intermediate * scale_hidden)),
         num_hidden_layers=preset.layers,

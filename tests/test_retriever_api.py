@@ -165,4 +165,4 @@ def test_collection_names_resolve_under_the_user_data_dir(monkeypatch, tmp_path)
     base = tmp_path / "data" / "faste-mm" / "collections"
     assert collection_path(None) == base / "default"
     assert collection_path("photos") == base / "photos"
-    assert collection_path("./photos") == Path("./photos") and collection_path("a/b") == Path("a/b")
+    assert collection_path("./photos") == Path("photos").absolute() and collection_path("a/b") == Path("a/b").absolute()
