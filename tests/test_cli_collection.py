@@ -10,44 +10,17 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
 import pytest
-import typer
 from typer.testing import CliRunner
 
-from faste_mm.cli.collection_commands import (
-    compact_command,
-    index_command,
-    info_command,
-    rebuild_index_command,
-    remove_command,
-    search_command,
-)
+from faste_mm.cli.app import app
 from faste_mm.indexers import Collection
 
 from tests.test_retriever_scanning import CORPUS_EMBEDDED, CORPUS_FAILED, CORPUS_REUSED, make_corpus, noise_image, tiny_vl_dir
 
-# The lead registers these in faste_mm/cli/app.py under the same names.
-REGISTER = textwrap.dedent("""
-    import typer
-    from faste_mm.cli.collection_commands import (compact_command, index_command, info_command,
-                                                  rebuild_index_command, remove_command, search_command)
-    app = typer.Typer()
-    app.command("index")(index_command)
-    app.command("search")(search_command)
-    app.command("info")(info_command)
-    app.command("remove")(remove_command)
-    app.command("compact")(compact_command)
-    app.command("rebuild-index")(rebuild_index_command)
-""")
-app = typer.Typer()
-for name, command in (("index", index_command), ("search", search_command), ("info", info_command),
-                      ("remove", remove_command), ("compact", compact_command),
-                      ("rebuild-index", rebuild_index_command)):
-    app.command(name)(command)
 runner = CliRunner()
 
 
@@ -149,9 +122,8 @@ def test_a_writer_killed_with_sigkill_resumes_without_embedding_anything_twice(m
     for i in range(n_files):
         noise_image(root / f"{i:03d}.png", (64, 64), 1000 + i)
     col = tmp_path / "col"
-    script = REGISTER + "app()\n"
     args = ["index", str(root), "-c", str(col), "--model", model, "--device", "cpu", "--chunk-files", "2"]
-    proc = subprocess.Popen([sys.executable, "-c", script, *args], stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen([sys.executable, "-m", "faste_mm.cli.app", *args], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE)
     try:
         while _committed_items(col) < 2 and proc.poll() is None:  # the first chunk is committed

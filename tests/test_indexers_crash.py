@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from faste_mm.indexers import Collection, ItemRecord, Manifest
+from faste_mm.indexers import Collection
 
 D = 24
 N_ITEMS = 3000
