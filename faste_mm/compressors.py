@@ -100,6 +100,14 @@ class Full:
         return Decision()
 
 
+class AlignmentProbe:
+    """The full forward that also measures the batch-mean alignment before every layer
+    (for calibration: one pass gives the whole alignment curve)."""
+
+    def before_layer(self, layer: int, state: DecoderState, backbone) -> Decision:
+        return Decision(alignment=float(batch_alignment(state)))
+
+
 def batch_alignment(state: DecoderState) -> torch.Tensor:
     """Mean over the batch of g_i = cos(h_readout, mean of valid prefix states) (paper Eq. 2)."""
     hidden = state.hidden.float()

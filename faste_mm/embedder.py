@@ -15,7 +15,7 @@ import torch
 
 from faste_mm.backbones.loading import LoadedModel, load_model
 from faste_mm.batching import BatchingConfig
-from faste_mm.compressors import FastE, FastEConfig, Full
+from faste_mm.compressors import AlignmentProbe, FastE, FastEConfig, Full
 from faste_mm.errors import ConfigError, FasteError, InputError
 from faste_mm.flops import DecoderShape, batch_flops, flops_reduction, full_batch_flops
 from faste_mm.items import Failure, Item, expand_items
@@ -176,6 +176,7 @@ class Embedder:
         instruction: str | None = None,
         dim: int | None = None,
         on_error: OnError = "raise",
+        record_alignment: bool = False,
     ) -> EmbedResult:
         """Embed texts, images, image+text pairs and PDF pages.
 
@@ -186,12 +187,17 @@ class Embedder:
             dim: Matryoshka truncation (re-normalised); None keeps all dimensions.
             on_error: "raise" stops at the first bad item (InputError naming it); "skip" embeds the
                 rest and reports failures in the result.
+            record_alignment: with the full forward, measure the batch-mean readout/prefix
+                alignment before every layer (stats.batches[i].alignment), for calibration.
         """
         if on_error not in ("raise", "skip"):
             raise ConfigError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
         started = time.perf_counter()
         resolved = self.resolve_fast_e(fast_e)
-        policy = Full() if resolved is None else FastE(resolved, self.backbone.shape.num_layers)
+        if resolved is not None:
+            policy = FastE(resolved, self.backbone.shape.num_layers)
+        else:
+            policy = AlignmentProbe() if record_alignment else Full()
         items, sources, broken = expand_items(inputs)
         failures = [Failure(index, sources[index], item.describe(), reason) for index, item, reason in broken]
         if failures and on_error == "raise":
@@ -254,9 +260,22 @@ class Embedder:
         fast_e: FastEConfig | None = None,
         dim: int | None = None,
         on_error: OnError = "raise",
+        record_alignment: bool = False,
     ) -> EmbedResult:
         """Documents / candidates: the default instruction (document format); FastE if given."""
-        return self.encode(inputs, fast_e=fast_e, instruction=None, dim=dim, on_error=on_error)
+        return self.encode(
+            inputs, fast_e=fast_e, instruction=None, dim=dim, on_error=on_error, record_alignment=record_alignment
+        )
+
+    def calibrate(self, items: Iterable[object], r_max: float = 0.5, target: float = 0.99, **options):
+        """Choose FastE's threshold on your own documents, without labels (faste_mm.calibration).
+
+        options: p5_floor, warmup_layer, thetas (CalibrationConfig fields). Returns a Calibration
+        whose .threshold is the smallest theta whose mean cosine to the full forward meets target.
+        """
+        from faste_mm.calibration import CalibrationConfig, calibrate
+
+        return calibrate(self, list(items), CalibrationConfig(r_max=r_max, target=target, **options))
 
     def _stats(self, traces, n_items, n_failed, resolved, serialize_s, forward_s, started) -> EmbedStats:
         shape = self.backbone.shape

@@ -20,6 +20,7 @@ class BatchTrace:
     """What happened to one batch: shapes for FLOPs, where it compressed, what it kept."""
 
     batch_size: int
+    rows: list[int]  # the caller's item index of each batch row
     padded_lengths: list[int]  # padded tokens per row entering each layer
     trigger_layer: int | None  # layer before which the batch was compressed
     prefix_tokens: int  # sum of N_i
@@ -56,6 +57,7 @@ def run_decoder(backbone, batch: Batch, policy) -> tuple[torch.Tensor, BatchTrac
     embeddings = pool_readout(backbone, state.readout_hidden())
     trace = BatchTrace(
         batch_size=batch.size,
+        rows=list(batch.rows),
         padded_lengths=padded_lengths,
         trigger_layer=trigger_layer,
         prefix_tokens=int(prefix_tokens.sum()),
