@@ -9,6 +9,7 @@ from __future__ import annotations
 import typer
 
 from faste_mm.cli.bench import bench_command
+from faste_mm.cli.calibrate import calibrate_command
 from faste_mm.cli.collection_commands import (
     compact_command,
     index_command,
@@ -37,6 +38,7 @@ app.command("rebuild-index")(rebuild_index_command)
 app.command()(embed)
 app.command("eval")(eval_command)
 app.command("bench")(bench_command)
+app.command("calibrate")(calibrate_command)
 
 
 def main() -> None:

@@ -66,6 +66,9 @@ def index_command(
     r_max: Optional[float] = typer.Option(None, "--r-max", envvar="FASTE_MM_R_MAX",
                                           help="FastE: largest share of document prefix tokens removed, 0 <= r < 1 "
                                                "(0 = full forward). Default: the collection's, 0.5 for a new one."),
+    threshold: Optional[float] = typer.Option(None, "--threshold", envvar="FASTE_MM_THRESHOLD",
+                                              help="FastE theta for a NEW collection. Default: the model's saved "
+                                                   "calibration (faste-mm calibrate --save), else the backbone's."),
     batch_tokens: int = typer.Option(16384, "--batch-tokens", envvar="FASTE_MM_BATCH_TOKENS",
                                      help="Padded tokens per model batch (default 16384)."),
     chunk_files: int = typer.Option(64, "--chunk-files", envvar="FASTE_MM_CHUNK_FILES",
@@ -109,7 +112,7 @@ def index_command(
         if r_max is None:
             r_max = float((existing.fast_e or {}).get("r_max", 0.0)) if existing else 0.5
         spec = ModelSpec(model_id, revision, device, batching=BatchingConfig(batch_tokens=batch_tokens))
-        with Retriever(spec, collection=root, r_max=r_max) as retriever, _IndexProgressBar() as bar:
+        with Retriever(spec, collection=root, r_max=r_max, threshold=threshold) as retriever, _IndexProgressBar() as bar:
             report = retriever.index(paths, options=options, progress=bar.update)
     except FasteError as error:
         fail(error, debug)
@@ -228,9 +231,11 @@ def info_command(
     table = Table(title=f"collection {info.path}")
     table.add_column("field")
     table.add_column("value", overflow="fold")
-    r_max = (manifest.fast_e or {}).get("r_max", 0.0)
+    fast_e = manifest.fast_e or {}
+    theta = "-" if not fast_e else f"{fast_e.get('threshold')} ({fast_e.get('threshold_source', 'backbone default')})"
     for name, value in (("model", manifest.model_id), ("revision", manifest.model_revision or "-"),
-                        ("dim", info.dim), ("FastE r_max (documents)", r_max),
+                        ("dim", info.dim), ("FastE r_max (documents)", fast_e.get("r_max", 0.0)),
+                        ("FastE theta (documents)", theta),
                         ("pixels", f"{manifest.min_pixels}..{manifest.max_pixels}"),
                         ("items", info.n_ok), ("failed", info.n_failed), ("deleted (until compact)", info.n_deleted),
                         ("index type", info.index_type), ("index", info.index_factory or "-"),

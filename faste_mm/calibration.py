@@ -62,6 +62,7 @@ class ThetaReport:
     p5_cos: float
     flops_reduction: float
     meets_target: bool
+    recall_retention: dict | None = None  # with labelled data: {"recall@1": .., "recall@10": ..}
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,8 +169,12 @@ def recommend(reports: list[ThetaReport]) -> float | None:
     return best
 
 
-def calibrate(embedder, items: list, config: CalibrationConfig) -> Calibration:
-    """Run the passes on `items` (documents) and recommend a theta. See the module docstring."""
+def calibrate(embedder, items: list, config: CalibrationConfig, labels: tuple | None = None) -> Calibration:
+    """Run the passes on `items` (documents) and recommend a theta. See the module docstring.
+
+    labels: optional (query_vectors [q, d], candidate lists indexing `items`, gold first) to also
+    report Recall@1/10 retention per theta (MMEB data); the recommendation stays label-free.
+    """
     if len(items) < 2:
         raise InputError("calibration needs at least 2 documents; pass more files or a larger --sample")
     resolved = embedder.resolve_fast_e(FastEConfig(r_max=config.r_max, warmup_layer=config.warmup_layer))
@@ -180,6 +185,8 @@ def calibrate(embedder, items: list, config: CalibrationConfig) -> Calibration:
     }
     thetas = list(config.thetas) if config.thetas else _default_thetas(runs.curves, resolved.warmup_layer)
     reports = evaluate_thetas(runs.curves, cosines, runs.flops_by_layer, runs.flops_full, thetas, resolved.warmup_layer, config)
+    if labels is not None:
+        reports = [_with_recall(report, runs, labels, resolved.warmup_layer) for report in reports]
     distortion = {layer: float(1.0 - np.concatenate(values).mean()) for layer, values in cosines.items()}
     threshold = recommend(reports)
     if threshold is None:
@@ -198,6 +205,24 @@ def calibrate(embedder, items: list, config: CalibrationConfig) -> Calibration:
         distortion=distortion,
         thetas=reports,
     )
+
+
+def _with_recall(report: ThetaReport, runs: _Runs, labels: tuple, warmup: int) -> ThetaReport:
+    from dataclasses import replace
+
+    from faste_mm.datasets.metrics import gold_ranks, score_ranks
+
+    query_vectors, lists = labels
+    candidates = np.empty_like(runs.full)
+    for rows, curve in zip(runs.rows, runs.curves):
+        candidates[rows] = runs.by_layer[trigger_layer_for(curve, report.theta, warmup)][rows]
+    full = score_ranks(gold_ranks(query_vectors, runs.full, lists))
+    got = score_ranks(gold_ranks(query_vectors, candidates, lists))
+    retention = {
+        "recall@1": got.recall_at_1 / full.recall_at_1 if full.recall_at_1 else None,
+        "recall@10": got.recall_at_10 / full.recall_at_10 if full.recall_at_10 else None,
+    }
+    return replace(report, recall_retention=retention)
 
 
 def _run_passes(embedder, items: list, r_max: float, warmup: int) -> _Runs:

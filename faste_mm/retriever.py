@@ -19,11 +19,11 @@ import numpy as np
 from PIL import Image
 
 from faste_mm.batching import BatchingConfig
+from faste_mm.calibration import Calibration, load_calibration
 from faste_mm.compressors import FastEConfig
 from faste_mm.embedder import Embedder
-from faste_mm.errors import ConfigError, InputError
+from faste_mm.errors import CollectionError, ConfigError, InputError
 from faste_mm.indexers import Collection, CollectionInfo, ItemRecord, Manifest
-from faste_mm.indexers.manifest import FAST_E_KEYS
 from faste_mm.ingest import (IndexFailure, IngestTally, ScanFilter, erase_collection, ingest_chunk, plan_update,
                              record_missing, scan_paths)
 from faste_mm.items import Item
@@ -186,8 +186,9 @@ class Retriever:
     """
 
     def __init__(self, model: Embedder | ModelSpec, *, collection: str | Path | None = None,
-                 r_max: float = 0.5, query_instruction: str | None = None) -> None:
-        FastEConfig(r_max=r_max)  # validates 0 <= r_max < 1 with a ConfigError
+                 r_max: float = 0.5, query_instruction: str | None = None, threshold: float | None = None) -> None:
+        FastEConfig(r_max=r_max, threshold=threshold)  # validates both with a ConfigError
+        self.threshold = threshold  # theta for NEW collections; None: saved calibration, else default
         self._embedder = model if isinstance(model, Embedder) else None
         self._spec = model if isinstance(model, ModelSpec) else None
         if self._embedder is None and self._spec is None:
@@ -201,10 +202,11 @@ class Retriever:
     def from_pretrained(cls, model: str, r_max: float = 0.5, *, collection: str | Path | None = None,
                         device: str = "auto", dtype: str = "auto", revision: str | None = None,
                         batching: BatchingConfig | None = None,
-                        query_instruction: str | None = None) -> "Retriever":
+                        query_instruction: str | None = None, threshold: float | None = None) -> "Retriever":
         """Load `model` (hub id or local directory) now. Raises ModelLoadError."""
         spec = ModelSpec(model, revision, device, dtype, batching)
-        return cls(spec.load(), collection=collection, r_max=r_max, query_instruction=query_instruction)
+        return cls(spec.load(), collection=collection, r_max=r_max, query_instruction=query_instruction,
+                   threshold=threshold)
 
     @classmethod
     def open(cls, collection: str | Path | None = None, *, device: str = "auto", dtype: str = "auto",
@@ -241,12 +243,29 @@ class Retriever:
         """The collection settings this retriever's documents are embedded with."""
         emb = self.embedder
         config = emb.serializer.config if isinstance(emb.serializer, VLSerializer) else SerializerConfig()
-        fast_e = emb.resolve_fast_e(FastEConfig(r_max=self.r_max)) if self.r_max > 0 else None
+        fast_e = None
+        if self.r_max > 0:
+            threshold, source = self._threshold(emb)
+            resolved = emb.resolve_fast_e(FastEConfig(r_max=self.r_max, threshold=threshold))
+            fast_e = {key: getattr(resolved, key) for key in ("r_max", "warmup_layer", "threshold")}
+            fast_e["threshold_source"] = source
         return Manifest(
             model_id=emb.model_id, dim=emb.dim, model_revision=emb.loaded.revision,
             document_instruction=DEFAULT_INSTRUCTION, min_pixels=config.min_pixels, max_pixels=config.max_pixels,
-            fast_e=None if fast_e is None else {key: getattr(fast_e, key) for key in FAST_E_KEYS},
-            index_type=index_type)
+            fast_e=fast_e, index_type=index_type)
+
+    def _threshold(self, emb: Embedder) -> tuple[float | None, str]:
+        """theta for a new collection: --threshold, else this model's saved calibration, else the
+        backbone default; with where it came from (shown by `info`)."""
+        if self.threshold is not None:
+            return self.threshold, "given (--threshold)"
+        calibration = load_calibration(emb.model_id, emb.loaded.revision)
+        if calibration is None or calibration.threshold is None:
+            return None, f"backbone default ({emb.defaults.name})"
+        if calibration.r_max != self.r_max:
+            log.info("using theta %g calibrated at r_max %g for r_max %g", calibration.threshold,
+                     calibration.r_max, self.r_max)
+        return calibration.threshold, calibration.describe()
 
     def _collection_fast_e(self, col: Collection) -> FastEConfig | None:
         """Documents always use the collection's FastE settings, so all its vectors match."""
@@ -255,7 +274,9 @@ class Retriever:
         if self.r_max != theirs:
             log.warning("%s: the collection embeds documents with r_max=%g; ignoring r_max=%g "
                         "(re-index with --reindex to change it)", col.root, theirs, self.r_max)
-        return FastEConfig(**fast_e) if fast_e else None
+        if not fast_e:
+            return None
+        return FastEConfig(**{key: value for key, value in fast_e.items() if key != "threshold_source"})
 
     def _target(self, collection: str | Path | None) -> Path:
         if collection is not None:
@@ -465,3 +486,21 @@ def _file_stat(item: Item) -> tuple[int | None, float | None]:
     return None, None
 
 
+def apply_calibration(calibration: Calibration, collection: str | Path | None) -> Path:
+    """Record a calibrated theta in a collection: its new documents use it from now on (vectors
+    already stored keep theirs; they stay comparable). Raises CollectionError on a model mismatch."""
+    root = collection_path(collection)
+    with Collection.open(root, writable=True) as col:
+        manifest = col.manifest
+        if (manifest.model_id, manifest.model_revision) != (calibration.model_id, calibration.revision):
+            raise CollectionError(
+                f"{root}: the collection embeds with {manifest.model_id}, the calibration is for "
+                f"{calibration.model_id}; calibrate with --model {manifest.model_id}"
+            )
+        if not manifest.fast_e:
+            raise ConfigError(f"{root}: the collection uses the full forward (r_max 0); there is no theta to set")
+        fast_e = dict(manifest.fast_e)
+        fast_e.update(threshold=calibration.threshold, warmup_layer=calibration.warmup_layer,
+                      threshold_source=calibration.describe())
+        col.update_settings(fast_e=fast_e)
+    return root

@@ -461,6 +461,16 @@ class Collection:
         self._index_factory = factory
         self._search_index = None
 
+    def update_settings(self, **changes) -> None:
+        """Record settings that leave stored vectors comparable (FastE's threshold for new
+        documents); model, dim, instruction and pixel bounds are fixed for a collection."""
+        self._require_writable("change its settings")
+        fixed = sorted(set(changes) - {"fast_e"})
+        if fixed:
+            raise CollectionError(f"{self.root}: {', '.join(fixed)} cannot change in place; re-index with --reindex")
+        self._manifest = self._manifest.replace(**changes)
+        write_manifest(self.root, self._manifest)
+
     def save_index(self) -> None:
         """Bring the index up to date and write index.faiss + manifest (after a long add run,
         so that a crash later costs no rebuild). Called by close()."""

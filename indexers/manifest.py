@@ -23,7 +23,7 @@ FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 VECTOR_DTYPES = ("float16", "float32")
 METRICS = ("ip",)
-FAST_E_KEYS = ("r_max", "warmup_layer", "threshold")
+FAST_E_KEYS = ("r_max", "warmup_layer", "threshold", "threshold_source")
 DEFAULT_INSTRUCTION = "Represent the user's input."
 DEFAULT_MEMORY_BUDGET_BYTES = 4 * 2**30
 

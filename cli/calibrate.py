@@ -1,0 +1,122 @@
+"""`faste-mm calibrate`: choose FastE's threshold theta on your own documents, without labels;
+optionally save it for the model (and a collection) so `index` uses it."""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from faste_mm.cli.common import DEFAULT_MODEL, fail, stderr, stdout
+from faste_mm.errors import ConfigError, FasteError
+
+
+def calibrate_command(
+    paths: list[Path] = typer.Argument(None, help="Your documents: files or folders (images, PDFs, .txt/.md)."),
+    model: str = typer.Option(DEFAULT_MODEL, envvar="FASTE_MM_MODEL", help="Hub id or local model directory."),
+    data: Optional[Path] = typer.Option(None, envvar="FASTE_MM_DATA", help="MMEB data folder (with --task) instead of PATHs; adds Recall@1/10 retention."),
+    task: Optional[str] = typer.Option(None, envvar="FASTE_MM_TASK", help="mscoco | docvqa | nights (with --data)."),
+    r_max: float = typer.Option(0.5, envvar="FASTE_MM_R_MAX", help="Removal ratio to calibrate for, 0 < r < 1."),
+    target: float = typer.Option(0.99, envvar="FASTE_MM_TARGET", help="Mean cosine to the full forward a theta must reach."),
+    sample: int = typer.Option(64, envvar="FASTE_MM_SAMPLE", help="Documents sampled (seeded) from PATHs."),
+    warmup_layer: Optional[int] = typer.Option(None, envvar="FASTE_MM_WARMUP_LAYER", help="l_w (default: the backbone's, 8)."),
+    save: bool = typer.Option(False, "--save", help="Save for this model (per-user file) and, with -c, in the collection."),
+    collection: Optional[str] = typer.Option(None, "--collection", "-c", envvar="FASTE_MM_COLLECTION", help="Collection (NAME or DIR) that --save updates."),
+    out: Path = typer.Option(Path("faste-mm-calibration"), "--out", envvar="FASTE_MM_CALIBRATION_OUT", help="Folder for calibration.json and calibration.png."),
+    device: str = typer.Option("auto", envvar="FASTE_MM_DEVICE", help="auto | cpu | cuda | cuda:N."),
+    batch_tokens: int = typer.Option(16384, envvar="FASTE_MM_BATCH_TOKENS", help="Padded tokens per batch (the trigger is a batch decision: use your indexing value)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the calibration as JSON on stdout."),
+    debug: bool = typer.Option(False, "--debug", envvar="FASTE_MM_DEBUG", help="Show tracebacks."),
+) -> None:
+    """Recommend the smallest theta whose embeddings stay within --target of the full forward."""
+    from faste_mm import BatchingConfig, Embedder
+    from faste_mm.calibration import CalibrationConfig, calibrate, plot_calibration, save_calibration
+
+    logging.basicConfig(level=logging.DEBUG if debug else logging.INFO, stream=sys.stderr, format="%(message)s")
+    try:
+        config = CalibrationConfig(r_max=r_max, target=target, warmup_layer=warmup_layer)
+        if sample < 2:
+            raise ConfigError(f"--sample must be >= 2, got {sample}")
+        embedder = Embedder.from_pretrained(model, device=device, batching=BatchingConfig(batch_tokens=batch_tokens))
+        items, labels = _inputs(embedder, paths or [], data, task, sample)
+        stderr.print(f"calibrating on {len(items)} documents ({embedder.backbone.shape.num_layers} layers)...")
+        calibration = calibrate(embedder, items, config, labels)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "calibration.json").write_text(json.dumps(calibration.to_dict(), indent=2))
+        plot_calibration(calibration, out / "calibration.png")
+        if save:
+            _save(calibration, collection, save_calibration)
+    except FasteError as error:
+        fail(error, debug)
+    if as_json:
+        stdout.print_json(json.dumps(calibration.to_dict()))
+    else:
+        _render(calibration)
+    stderr.print(f"report: {out / 'calibration.json'}, plot: {out / 'calibration.png'}")
+
+
+def _inputs(embedder, paths: list[Path], data: Optional[Path], task: Optional[str], sample: int):
+    if data is not None or task is not None:
+        if data is None or task is None or paths:
+            raise ConfigError("give PATHs, or --data DIR with --task (not both)")
+        from faste_mm.datasets import load_task
+
+        loaded = load_task(task, data, limit=sample)
+        queries = embedder.encode_queries(loaded.query_items())
+        lists = [query.candidates for query in loaded.queries]
+        return loaded.candidate_items(), (queries.embeddings, lists)
+    if not paths:
+        raise ConfigError("give the documents to calibrate on (PATHs), or --data with --task")
+    from faste_mm import Item
+    from faste_mm.ingest import read_text_file, scan_paths
+
+    files = scan_paths(paths).files()
+    supported = [f for f in files if f.kind != "unsupported"]
+    if len(supported) > sample:
+        supported = random.Random(0).sample(supported, sample)
+    items = []
+    for found in supported:
+        if found.kind != "text":
+            items.append(Item(image=found.path))
+            continue
+        try:
+            items.append(Item(text=read_text_file(found.path)))
+        except FasteError as error:  # one unreadable file must not stop the calibration
+            stderr.print(f"[yellow]skipped[/yellow] {error}")
+    return items, None
+
+
+def _save(calibration, collection: Optional[str], save_calibration) -> None:
+    if calibration.threshold is None:
+        raise ConfigError("nothing to save: no theta reached the target; lower --target or --r-max")
+    stderr.print(f"saved for {calibration.model_id} in {save_calibration(calibration)}")
+    if collection is None:
+        return
+    from faste_mm.retriever import apply_calibration
+
+    root = apply_calibration(calibration, collection)
+    stderr.print(f"collection {root} now embeds new documents with theta {calibration.threshold:g}")
+
+
+def _render(calibration) -> None:
+    table = Table(title=f"calibration of {calibration.model_id} at r_max {calibration.r_max:g} (target cos {calibration.target:g})")
+    for column in ("theta", "trigger layers (batches)", "mean layer", "mean cos", "p5 cos", "FLOPs red.", "R@1 / R@10 ret.", "ok"):
+        table.add_column(column, justify="right")
+    for r in calibration.thetas:
+        recall = "-" if r.recall_retention is None else " / ".join(
+            "-" if v is None else f"{v:.1%}" for v in (r.recall_retention["recall@1"], r.recall_retention["recall@10"])
+        )
+        layers = ", ".join(f"L{layer}:{n}" for layer, n in r.trigger_layers.items())
+        mark = "*" if r.theta == calibration.threshold else ("yes" if r.meets_target else "")
+        table.add_row(f"{r.theta:g}", layers, f"{r.mean_trigger_layer:.1f}", f"{r.mean_cos:.4f}", f"{r.p5_cos:.4f}", f"{r.flops_reduction:.1%}", recall, mark)
+    stdout.print(table)
+    if calibration.threshold is None:
+        stdout.print("no theta reaches the target: lower --target or --r-max")
+    else:
+        stdout.print(f"recommended theta: {calibration.threshold:g} (* above; {calibration.describe()})")
