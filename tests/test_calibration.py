@@ -139,3 +139,17 @@ def test_calibrating_a_collection_of_another_model_is_refused(model_dirs, tmp_pa
     assert runner.invoke(app, ["index", str(docs), "-c", str(tmp_path / "col"), "--model", str(model_dirs["qwen3_vl"]), "--device", "cpu"]).exit_code == 0
     result = runner.invoke(app, ["calibrate", str(docs), *qwen3, "--warmup-layer", "1", "--target", "0.5", "--save", "-c", str(tmp_path / "col"), "--out", str(tmp_path / "r")])
     assert result.exit_code == 1 and "calibrate with --model" in " ".join(result.output.split())
+
+
+def test_labelled_mmeb_data_adds_recall_retention_per_theta(model_dirs, tmp_path, monkeypatch):
+    from tests.eval_fixtures import write_mmeb
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    data = write_mmeb(tmp_path / "mmeb")
+    args = ["calibrate", "--data", str(data), "--task", "nights", "--model", str(model_dirs["qwen3_vl"]), "--device", "cpu"]
+    result = CliRunner().invoke(app, [*args, "--warmup-layer", "2", "--r-max", "0.7", "--out", str(tmp_path / "r"), "--json"])
+    assert result.exit_code == 0, result.output
+    reports = json.loads(result.stdout)["thetas"]
+    assert reports and all(set(r["recall_retention"]) == {"recall@1", "recall@10"} for r in reports)
+    # The highest theta falls back to the last layer, the closest to the full forward.
+    assert reports[-1]["trigger_layers"] == {"5": 1}
