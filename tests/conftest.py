@@ -13,6 +13,12 @@ from faste_mm.testing import build_tiny_model
 TEXT_FAMILIES = ("qwen3", "mistral", "llama", "qwen2")
 
 
+@pytest.fixture(autouse=True)
+def _isolated_user_config(tmp_path_factory, monkeypatch):
+    """Saved calibrations live in the user config dir: tests never read or write the real one."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.getbasetemp() / "user-config"))
+
+
 @pytest.fixture(scope="session")
 def model_dirs(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("models")
