@@ -80,40 +80,65 @@ def load_model(
             f"{name_or_path}: cannot load the model config ({error}). Check the hub id or local "
             "directory; without internet, pass a local directory that holds the downloaded model."
         ) from None
-    model_type = config.model_type
-    if model_type not in BACKBONE_DEFAULTS:
-        raise ModelLoadError(
-            f"{name_or_path}: model_type {model_type!r} is not supported; faste-mm drives decoder-only "
-            f"embedding models of types {', '.join(SUPPORTED_MODEL_TYPES)}"
-        )
-    defaults = BACKBONE_DEFAULTS[model_type]
+    defaults_for(config.model_type, name_or_path)  # refuse unsupported models before downloading weights
     kwargs = dict(revision=revision, dtype=torch_dtype, attn_implementation=attn_implementation)
     try:
-        if model_type == "qwen3_vl":
+        if config.model_type == "qwen3_vl":
             from transformers import AutoProcessor, Qwen3VLModel
 
-            from faste_mm.backbones.qwen3_vl import Qwen3VLBackbone
-
-            processor = AutoProcessor.from_pretrained(name_or_path, revision=revision)
+            preprocessor = AutoProcessor.from_pretrained(name_or_path, revision=revision)
             model = Qwen3VLModel.from_pretrained(name_or_path, **kwargs)
-            backbone: Backbone = Qwen3VLBackbone(model.to(torch_device).eval())
-            text_serializer = VLSerializer(processor, serializer_config)
-            tokenizer = processor.tokenizer
         else:
             from transformers import AutoModel, AutoTokenizer
 
-            from faste_mm.backbones.hf_decoder import HFDecoderBackbone
-
-            tokenizer = AutoTokenizer.from_pretrained(name_or_path, revision=revision)
+            preprocessor = AutoTokenizer.from_pretrained(name_or_path, revision=revision)
             model = AutoModel.from_pretrained(name_or_path, **kwargs)
-            backbone = HFDecoderBackbone(model.to(torch_device).eval())
-            text_serializer = TextSerializer(tokenizer, prompt or defaults.prompt, serializer_config.max_length)
     except (OSError, ValueError) as error:
         raise ModelLoadError(f"{name_or_path}: cannot load weights or processor ({error})") from None
+    # A local directory is recorded absolute so collections find it again from any folder.
+    model_id = str(Path(name_or_path).absolute()) if Path(name_or_path).is_dir() else str(name_or_path)
+    return assemble(model.to(torch_device).eval(), preprocessor, model_id, revision, serializer_config, prompt)
+
+
+def defaults_for(model_type: str, name: str) -> BackboneDefaults:
+    """The defaults row of a model type; ModelLoadError naming the model when unsupported."""
+    if model_type not in BACKBONE_DEFAULTS:
+        raise ModelLoadError(
+            f"{name}: model_type {model_type!r} is not supported; faste-mm drives decoder-only "
+            f"embedding models of types {', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+    return BACKBONE_DEFAULTS[model_type]
+
+
+def assemble(
+    model: torch.nn.Module,
+    preprocessor,
+    model_id: str,
+    revision: str | None = None,
+    serializer: SerializerConfig | None = None,
+    prompt: TextPrompt | None = None,
+) -> LoadedModel:
+    """Adapter + serializer over an already-loaded base model (Qwen3VLModel or a decoder such as
+    Qwen3Model) and its processor (VL) or tokenizer (text); nothing is loaded or copied."""
+    model_type = model.config.model_type
+    defaults = defaults_for(model_type, model_id)
+    serializer_config = serializer or SerializerConfig()
+    if model_type == "qwen3_vl":
+        from faste_mm.backbones.qwen3_vl import Qwen3VLBackbone
+
+        backbone: Backbone = Qwen3VLBackbone(model)
+        text_serializer = VLSerializer(preprocessor, serializer_config)
+        tokenizer = preprocessor.tokenizer
+    else:
+        from faste_mm.backbones.hf_decoder import HFDecoderBackbone
+
+        backbone = HFDecoderBackbone(model)
+        tokenizer = preprocessor
+        text_serializer = TextSerializer(tokenizer, prompt or defaults.prompt, serializer_config.max_length)
     if not defaults.is_calibrated:
         log.warning(
             "%s: no published FastE threshold for %s; using %.2f, run `faste-mm calibrate` to choose one",
-            name_or_path,
+            model_id,
             defaults.name,
             defaults.threshold,
         )
@@ -122,8 +147,7 @@ def load_model(
         backbone=backbone,
         serializer=text_serializer,
         defaults=defaults,
-        # A local directory is recorded absolute so collections find it again from any folder.
-        model_id=str(Path(name_or_path).absolute()) if Path(name_or_path).is_dir() else str(name_or_path),
+        model_id=model_id,
         revision=revision,
         model_type=model_type,
         pad_token_id=int(pad_token_id or 0),

@@ -16,14 +16,12 @@ from sentence_transformers import SentenceTransformer
 from sentence_transformers.base.modules import InputModule, Normalize, Transformer
 from sentence_transformers.sentence_transformer.modules import Pooling
 
-from faste_mm.backbones.defaults import BACKBONE_DEFAULTS, SUPPORTED_MODEL_TYPES
-from faste_mm.backbones.loading import LoadedModel
+from faste_mm.backbones.loading import assemble, defaults_for
 from faste_mm.batching import Batch, BatchingConfig
 from faste_mm.compressors import FastE, FastEConfig
 from faste_mm.embedder import Embedder
 from faste_mm.errors import ConfigError, FasteError, InputError, ModelLoadError
 from faste_mm.runner import run_decoder
-from faste_mm.serialization import SerializerConfig, TextSerializer, VLSerializer
 
 log = logging.getLogger(__name__)
 
@@ -87,42 +85,10 @@ def embedder_from_sentence_transformer(model: SentenceTransformer, batching: Bat
     transformer = _transformer_module(model)
     hf_model = transformer.model
     model_id = str(getattr(hf_model.config, "_name_or_path", "") or "sentence-transformers model")
-    model_type = hf_model.config.model_type
-    if model_type not in BACKBONE_DEFAULTS:
-        raise ModelLoadError(
-            f"{model_id}: model_type {model_type!r} is not supported; faste-mm drives decoder-only "
-            f"embedding models of types {', '.join(SUPPORTED_MODEL_TYPES)}"
-        )
-    defaults = BACKBONE_DEFAULTS[model_type]
-    base = _base_model(hf_model, model_type, model_id)
-    serializer_config = SerializerConfig()
-    if model_type == "qwen3_vl":
-        from faste_mm.backbones.qwen3_vl import Qwen3VLBackbone
-
-        backbone = Qwen3VLBackbone(base)
-        serializer = VLSerializer(transformer.processor, serializer_config)
-    else:
-        from faste_mm.backbones.hf_decoder import HFDecoderBackbone
-
-        backbone = HFDecoderBackbone(base)
-        serializer = TextSerializer(transformer.tokenizer, defaults.prompt, serializer_config.max_length)
-    if not defaults.is_calibrated:
-        log.warning(
-            "%s: no published FastE threshold for %s; using %.2f, run `faste-mm calibrate` to choose one",
-            model_id,
-            defaults.name,
-            defaults.threshold,
-        )
-    loaded = LoadedModel(
-        backbone=backbone,
-        serializer=serializer,
-        defaults=defaults,
-        model_id=model_id,
-        revision=None,
-        model_type=model_type,
-        pad_token_id=_pad_token_id(transformer.tokenizer),
-    )
-    return Embedder(loaded, batching)
+    defaults_for(hf_model.config.model_type, model_id)  # "not supported" before looking inside
+    base = _base_model(hf_model, hf_model.config.model_type, model_id)
+    preprocessor = transformer.processor if base.config.model_type == "qwen3_vl" else transformer.tokenizer
+    return Embedder(assemble(base, preprocessor, model_id), batching)
 
 
 class FastETransformer(InputModule):
@@ -340,8 +306,3 @@ def _base_model(hf_model: torch.nn.Module, model_type: str, model_id: str) -> to
             f"{type(hf_model).__name__}; load the model with transformer_task='feature-extraction'"
         )
     return found[0]
-
-
-def _pad_token_id(tokenizer) -> int:
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    return int(pad or 0)
