@@ -73,22 +73,13 @@ def _inputs(embedder, paths: list[Path], data: Optional[Path], task: Optional[st
         return loaded.candidate_items(), (queries.embeddings, lists)
     if not paths:
         raise ConfigError("give the documents to calibrate on (PATHs), or --data with --task")
-    from faste_mm import Item
-    from faste_mm.ingest import read_text_file, scan_paths
+    from faste_mm.ingest import document_items
 
-    files = scan_paths(paths).files()
-    supported = [f for f in files if f.kind != "unsupported"]
-    if len(supported) > sample:
-        supported = random.Random(0).sample(supported, sample)
-    items = []
-    for found in supported:
-        if found.kind != "text":
-            items.append(Item(image=found.path))
-            continue
-        try:
-            items.append(Item(text=read_text_file(found.path)))
-        except FasteError as error:  # one unreadable file must not stop the calibration
-            stderr.print(f"[yellow]skipped[/yellow] {error}")
+    items, unreadable = document_items(paths)
+    for reason in unreadable:  # one unreadable file must not stop the calibration
+        stderr.print(f"[yellow]skipped[/yellow] {reason}")
+    if len(items) > sample:
+        items = random.Random(0).sample(items, sample)
     return items, None
 
 

@@ -14,28 +14,8 @@ from rich.table import Table
 from faste_mm.cli.common import DEFAULT_MODEL, fail, stderr, stdout
 from faste_mm.errors import FasteError
 
-_FILE_SUFFIXES = {".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff", ".pdf"}
-
-
-def _collect_files(paths: list[Path]) -> list[Path]:
-    """Files as given; directories walked recursively for images and PDFs (hidden ones skipped)."""
-    files: list[Path] = []
-    for path in paths:
-        if path.is_dir():
-            files.extend(
-                sorted(
-                    p
-                    for p in path.rglob("*")
-                    if p.is_file() and p.suffix.lower() in _FILE_SUFFIXES and not any(part.startswith(".") for part in p.relative_to(path).parts)
-                )
-            )
-        else:
-            files.append(path)
-    return files
-
-
 def embed(
-    paths: list[Path] = typer.Argument(None, help="Image/PDF files or folders (walked recursively)."),
+    paths: list[Path] = typer.Argument(None, help="Image, PDF and .txt/.md files or folders (walked recursively)."),
     text: list[str] = typer.Option([], "--text", "-t", help="A text to embed; repeatable."),
     model: str = typer.Option(DEFAULT_MODEL, envvar="FASTE_MM_MODEL", help="Hub id or local model directory."),
     r_max: float = typer.Option(0.0, envvar="FASTE_MM_R_MAX", help="FastE max share of prefix tokens removed, 0 <= r < 1; 0 = full forward."),
@@ -52,11 +32,15 @@ def embed(
     debug: bool = typer.Option(False, "--debug", envvar="FASTE_MM_DEBUG", help="Show tracebacks."),
 ) -> None:
     """Embed texts, images and PDF pages; print stats (removal, FLOPs, trigger layer, timings)."""
-    from faste_mm import BatchingConfig, Embedder, FastEConfig, Item
+    from faste_mm import BatchingConfig, Embedder, FastEConfig
+    from faste_mm.ingest import document_items
 
     logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, stream=sys.stderr)
     try:
-        inputs = [*text, *(Item(image=p) for p in _collect_files(paths or []))]
+        files, unreadable = document_items(paths) if paths else ([], [])
+        for reason in unreadable:
+            stderr.print(f"[yellow]skipped[/yellow] {reason}")
+        inputs = [*text, *files]
         if not inputs:
             raise typer.BadParameter("give at least one PATH or --text")
         fast_e = None

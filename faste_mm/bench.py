@@ -22,7 +22,7 @@ import torch
 from faste_mm.compressors import FastEConfig
 from faste_mm.embedder import Embedder
 from faste_mm.errors import ConfigError, InputError
-from faste_mm.items import Item
+from faste_mm.items import Item, as_item
 
 COMPARISONS = ("hf", "sentence-transformers")
 
@@ -276,7 +276,7 @@ def _hf_forward(embedder: Embedder, inputs: list, batch_size: int):
     """A plain HF forward as the official embedders run it: input order, fixed batch size,
     padding, the model's own forward, last valid token of last_hidden_state."""
     serializer, model = embedder.serializer, embedder.backbone.model
-    items = [value if isinstance(value, Item) else Item(text=value) if isinstance(value, str) else Item(image=value) for value in inputs]
+    items = [as_item(value, position) for position, value in enumerate(inputs)]
     if any(item.is_pdf for item in items):
         raise InputError("--compare hf takes texts and images; PDF pages are expanded only by faste-mm")
 

@@ -16,7 +16,6 @@ _WORDS = (
     "retrieval embedding compression readout prefix layer document page image caption query model "
     "vector index search bicycle wall river mountain city table figure chart invoice report summary"
 ).split()
-_FOLDER_SUFFIXES = {".png", ".jpg", ".jpeg", ".webp", ".bmp", ".pdf"}
 
 
 def make_inputs(spec: str, n: int, workdir: Path, tokenizer) -> list:
@@ -31,10 +30,12 @@ def make_inputs(spec: str, n: int, workdir: Path, tokenizer) -> list:
         return [_write_image(workdir, i, width, height, rng) if kind == "image" else _write_page(workdir, i, width, height, rng) for i in range(n)]
     folder = Path(spec)
     if folder.is_dir():
-        files = sorted(p for p in folder.rglob("*") if p.suffix.lower() in _FOLDER_SUFFIXES)
-        if not files:
-            raise ConfigError(f"--inputs {spec}: no images or PDFs in this folder")
-        return files[:n]
+        from faste_mm.ingest import document_items
+
+        items, _ = document_items([folder])
+        if not items:
+            raise ConfigError(f"--inputs {spec}: no images, PDFs or text files in this folder")
+        return items[:n]
     raise ConfigError(f"--inputs must be text:TOKENS, image:WxH, page:WxH or a folder; got {spec!r}")
 
 

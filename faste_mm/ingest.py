@@ -25,12 +25,11 @@ from faste_mm.indexers.faiss_index import INDEX_NAME
 from faste_mm.indexers.manifest import MANIFEST_NAME
 from faste_mm.indexers.parts import VECTORS_DIR
 from faste_mm.indexers.store import DB_NAME
-from faste_mm.items import Item
+from faste_mm.items import PDF_SUFFIXES, Item
 
 log = logging.getLogger(__name__)
 
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff"})
-PDF_SUFFIXES = frozenset({".pdf"})
 TEXT_SUFFIXES = frozenset({".txt", ".md"})
 # The modality recorded per kind: a PDF contributes one "page" item per page.
 MODALITIES = {"image": "image", "pdf": "page", "text": "text", "unsupported": "unsupported"}
@@ -188,6 +187,28 @@ def read_text_file(path: Path) -> str:
     if not text.strip():
         raise InputError(f"{path}: file is empty (no text); remove it or add text")
     return text
+
+
+def document_items(paths: Iterable[str | Path]) -> tuple[list[Item], list[str]]:
+    """Items for files and folders embedded outside a collection (embed, calibrate, bench).
+
+    Text files become text items; images, PDFs and any file the user named (missing or of an
+    unsupported type too) become image items, so the embedder reports each bad one by name.
+    Returns the items and the reasons for text files that could not be read.
+    """
+    scan = scan_paths(paths)
+    items: list[Item] = []
+    unreadable: list[str] = []
+    for found in scan.files():
+        if found.kind != "text":
+            items.append(Item(image=found.path))
+            continue
+        try:
+            items.append(Item(text=read_text_file(found.path)))
+        except InputError as error:
+            unreadable.append(str(error))
+    items.extend(Item(image=Path(uri)) for uri, _ in scan.missing)
+    return items, unreadable
 
 
 # ---- planning and committing -----------------------------------------------------------------

@@ -18,7 +18,7 @@ from faste_mm.errors import InputError
 
 ImageLike = Union[str, Path, Image.Image]
 
-_PDF_SUFFIXES = {".pdf"}
+PDF_SUFFIXES = frozenset({".pdf"})
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -54,7 +54,7 @@ class Item:
 
     @property
     def is_pdf(self) -> bool:
-        return isinstance(self.image, (str, Path)) and Path(self.image).suffix.lower() in _PDF_SUFFIXES
+        return isinstance(self.image, (str, Path)) and Path(self.image).suffix.lower() in PDF_SUFFIXES
 
     def describe(self) -> str:
         """A short human name for messages: the file (and page), or the start of the text."""

@@ -26,7 +26,7 @@ from faste_mm.errors import CollectionError, ConfigError, InputError
 from faste_mm.indexers import Collection, CollectionInfo, ItemRecord, Manifest
 from faste_mm.ingest import (IndexFailure, IngestTally, ScanFilter, erase_collection, ingest_chunk, plan_update,
                              record_missing, scan_paths)
-from faste_mm.items import Item
+from faste_mm.items import Item, as_item
 from faste_mm.serialization import DEFAULT_INSTRUCTION, SerializerConfig, VLSerializer
 
 log = logging.getLogger(__name__)
@@ -445,15 +445,7 @@ class Retriever:
 
 # ---- helpers ---------------------------------------------------------------------------------
 def _as_query(value: object, position: int) -> Item:
-    if isinstance(value, Item):
-        item = value
-    elif isinstance(value, str):
-        item = Item(text=value)
-    elif isinstance(value, (Path, Image.Image)):
-        item = Item(image=value)
-    else:
-        raise InputError(f"query {position}: cannot search with a {type(value).__name__}; pass a str, "
-                         f"a Path or PIL image, or faste_mm.Item")
+    item = as_item(value, position)
     if item.is_pdf and item.page is None:
         raise InputError(f"query {position}: {item.image} is a PDF; query with one page, "
                          f"Item(image=path, page=N)")
