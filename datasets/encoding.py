@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import re
 import time
 from dataclasses import asdict, dataclass, fields, replace
@@ -20,6 +19,7 @@ import numpy as np
 
 from faste_mm.embedder import Embedder, EmbedStats
 from faste_mm.errors import ConfigError, FasteError
+from faste_mm.indexers._atomic import atomic_write
 from faste_mm.items import Item
 from faste_mm.serialization import SerializerConfig
 
@@ -207,16 +207,6 @@ class EmbeddingCache:
     def save(self, subset: str, key: str, fingerprint: str, vectors: np.ndarray, stats: EncodeStats) -> None:
         vectors_path, meta_path = self._paths(subset, key)
         vectors_path.parent.mkdir(parents=True, exist_ok=True)
-        _atomic_write(vectors_path, lambda f: np.save(f, vectors))
+        atomic_write(vectors_path, lambda f: np.save(f, vectors))
         meta = {"fingerprint": fingerprint, "stats": stats.to_dict()}
-        _atomic_write(meta_path, lambda f: f.write(json.dumps(meta, indent=1).encode()))
-
-
-def _atomic_write(path: Path, write) -> None:
-    # Temp file + fsync + rename: an interrupted run leaves the old file or none, never a torn one.
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+        atomic_write(meta_path, lambda f: f.write(json.dumps(meta, indent=1).encode()))

@@ -6,9 +6,9 @@ retention against end-to-end speedup. Writes results.json, results.md and retent
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
+from faste_mm.indexers._atomic import atomic_write_bytes
 from faste_mm.datasets.results import EvalResults
 
 RESULTS_JSON = "results.json"
@@ -143,13 +143,7 @@ def write_report(results: EvalResults, out_dir: str | Path) -> dict[str, Path]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / RESULTS_JSON, "markdown": out / RESULTS_MD, "plot": out / PLOT_PNG}
-    _write_text(paths["json"], json.dumps(results.to_dict(), indent=2, ensure_ascii=False) + "\n")
-    _write_text(paths["markdown"], render_markdown(results))
+    atomic_write_bytes(paths["json"], (json.dumps(results.to_dict(), indent=2, ensure_ascii=False) + "\n").encode())
+    atomic_write_bytes(paths["markdown"], render_markdown(results).encode())
     plot_retention_speedup(results, paths["plot"])
     return paths
-
-
-def _write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
