@@ -28,12 +28,13 @@ def bench_command(
     model: Optional[str] = typer.Option(None, envvar="FASTE_MM_MODEL", help="Hub id or local model directory (exclusive with --shape)."),
     shape: Optional[str] = typer.Option(None, envvar="FASTE_MM_SHAPE", help="Random-weight real architecture: qwen3-vl-embedding-2b | qwen3-vl-embedding-8b | qwen3-embedding-0.6b | qwen3-embedding-4b."),
     scale_hidden: float = typer.Option(1.0, envvar="FASTE_MM_SCALE_HIDDEN", help="Shrink widths of --shape by this factor (layers and heads kept), e.g. 0.25 on a CPU."),
-    inputs: str = typer.Option("text:1000", envvar="FASTE_MM_INPUTS", help="text:TOKENS | image:WxH | page:WxH | a folder."),
+    inputs: str = typer.Option("text:1000", envvar="FASTE_MM_INPUTS", help="text:TOKENS | text:MIN-MAX | image:WxH | page:WxH | a folder."),
     n: int = typer.Option(32, envvar="FASTE_MM_N", help="Number of inputs."),
     r_max: str = typer.Option("0,0.3,0.5,0.7", envvar="FASTE_MM_BENCH_R_MAX", help="Comma-separated removal ratios; 0 (full forward) is always measured."),
     trigger_layer: Optional[int] = typer.Option(None, envvar="FASTE_MM_TRIGGER_LAYER", help="Fixed trigger layer (default: alignment trigger)."),
     threshold: Optional[float] = typer.Option(None, envvar="FASTE_MM_THRESHOLD", help="Alignment threshold theta (default: the backbone's)."),
     batch_tokens: int = typer.Option(16384, envvar="FASTE_MM_BATCH_TOKENS", help="Padded tokens per batch."),
+    unpadded: str = typer.Option("auto", envvar="FASTE_MM_UNPADDED", help="Layers after compression: auto | off | flash-attn | torch-nested | segments; comma-separated to compare layouts."),
     repeats: int = typer.Option(3, envvar="FASTE_MM_REPEATS", help="Timed repeats after one warm-up; median and min-max reported."),
     compare: str = typer.Option("", envvar="FASTE_MM_COMPARE", help="Comma-separated: hf, sentence-transformers."),
     device: str = typer.Option("auto", envvar="FASTE_MM_DEVICE", help="auto | cpu | cuda | cuda:N."),
@@ -57,6 +58,7 @@ def bench_command(
             threshold=threshold,
             repeats=repeats,
             compare=tuple(c.strip() for c in compare.split(",") if c.strip()),
+            unpadded=tuple(u.strip() for u in unpadded.split(",") if u.strip()),
         )
         with tempfile.TemporaryDirectory(prefix="faste-mm-bench-") as workdir:
             if shape is not None:
@@ -99,7 +101,13 @@ def _render(report) -> None:
         "realisation (fwd/implied)": lambda s: f"{s.realisation:.3f}",
         "e2e / forward speedup": lambda s: f"{s.e2e_over_forward:.3f}",
         "max |v - v_full|": lambda s: f"{s.max_abs_diff_vs_full:.1e}",
+        "attention after compression": lambda s: ", ".join(f"{k} x{v}" for k, v in s.attention.items()) or "-",
     }
     for name, cell in rows.items():
         table.add_row(name, *(cell(s) for s in report.settings))
     stdout.print(table)
+    for setting in report.settings:
+        if setting.attention_trial:  # the "auto" trial settles once per layout; show where it ran
+            trial = ", ".join(f"{k} {v:.4f} s" if isinstance(v, float) else f"{k} {v}" for k, v in setting.attention_trial.items())
+            stdout.print(f"unpadded auto trial ({setting.name}): {trial}")
+            break

@@ -16,7 +16,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from faste_mm.cli.common import DEFAULT_MODEL, fail, stderr, stdout
+from faste_mm.cli.common import DEFAULT_MODEL, fail, stderr, stdout, unpadded_option
 from faste_mm.errors import FasteError
 
 _COLLECTION_HELP = ("Collection: a NAME under the user data directory "
@@ -71,6 +71,7 @@ def index_command(
                                                    "calibration (faste-mm calibrate --save), else the backbone's."),
     batch_tokens: int = typer.Option(16384, "--batch-tokens", envvar="FASTE_MM_BATCH_TOKENS",
                                      help="Padded tokens per model batch (default 16384)."),
+    unpadded: str = unpadded_option(),
     chunk_files: int = typer.Option(64, "--chunk-files", envvar="FASTE_MM_CHUNK_FILES",
                                     help="Files embedded and committed together; an interrupted run "
                                          "loses at most one chunk (default 64)."),
@@ -111,7 +112,7 @@ def index_command(
         revision = existing.model_revision if existing and model is None else None
         if r_max is None:
             r_max = float((existing.fast_e or {}).get("r_max", 0.0)) if existing else 0.5
-        spec = ModelSpec(model_id, revision, device, batching=BatchingConfig(batch_tokens=batch_tokens))
+        spec = ModelSpec(model_id, revision, device, batching=BatchingConfig(batch_tokens=batch_tokens, unpadded=unpadded))
         with Retriever(spec, collection=root, r_max=r_max, threshold=threshold) as retriever, _IndexProgressBar() as bar:
             report = retriever.index(paths, options=options, progress=bar.update)
     except FasteError as error:

@@ -15,6 +15,15 @@ stderr = Console(stderr=True)
 stdout = Console()
 
 
+def unpadded_option():
+    """--unpadded, shared by the commands that embed (BatchingConfig.unpadded)."""
+    return typer.Option(
+        "auto", "--unpadded", envvar="FASTE_MM_UNPADDED",
+        help="Layers after FastE compression: auto (CUDA: fastest of padded / flash-attn / torch-nested "
+             "on a trial batch; CPU: padded) | off | flash-attn | torch-nested | segments. Default auto.",
+    )
+
+
 def fail(error: FasteError, debug: bool) -> NoReturn:
     """Exit 1 with the error's message (the traceback only with --debug)."""
     if debug:

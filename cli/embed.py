@@ -11,7 +11,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from faste_mm.cli.common import DEFAULT_MODEL, fail, stderr, stdout
+from faste_mm.cli.common import DEFAULT_MODEL, fail, stderr, stdout, unpadded_option
 from faste_mm.errors import FasteError
 
 def embed(
@@ -25,6 +25,7 @@ def embed(
     instruction: Optional[str] = typer.Option(None, envvar="FASTE_MM_INSTRUCTION", help="Task instruction (queries); default: the document format."),
     dim: Optional[int] = typer.Option(None, envvar="FASTE_MM_DIM", help="Matryoshka dimensions kept (default: all)."),
     batch_tokens: int = typer.Option(16384, envvar="FASTE_MM_BATCH_TOKENS", help="Padded tokens per batch."),
+    unpadded: str = unpadded_option(),
     device: str = typer.Option("auto", envvar="FASTE_MM_DEVICE", help="auto | cpu | cuda | cuda:N."),
     dtype: str = typer.Option("auto", envvar="FASTE_MM_DTYPE", help="auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16 | float16."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", envvar="FASTE_MM_OUT", help="Write the embeddings [n, d] float32 to this .npy file."),
@@ -46,7 +47,7 @@ def embed(
         fast_e = None
         if r_max > 0 or trigger_layer is not None:
             fast_e = FastEConfig(r_max=r_max, warmup_layer=warmup_layer, threshold=threshold, trigger_layer=trigger_layer)
-        embedder = Embedder.from_pretrained(model, device=device, dtype=dtype, batching=BatchingConfig(batch_tokens=batch_tokens))
+        embedder = Embedder.from_pretrained(model, device=device, dtype=dtype, batching=BatchingConfig(batch_tokens=batch_tokens, unpadded=unpadded))
         result = embedder.encode(inputs, fast_e=fast_e, instruction=instruction, dim=dim, on_error="skip")
     except FasteError as error:
         fail(error, debug)

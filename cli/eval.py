@@ -14,7 +14,7 @@ from typing import Optional
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from faste_mm.cli.common import DEFAULT_MODEL, fail, stderr, stdout
+from faste_mm.cli.common import DEFAULT_MODEL, fail, stderr, stdout, unpadded_option
 from faste_mm.errors import ConfigError, FasteError
 
 _ALL_METHODS = "faste,fixed,fastv,random,block-last,downscale"
@@ -58,6 +58,7 @@ def eval_command(
     threshold: Optional[float] = typer.Option(None, envvar="FASTE_MM_THRESHOLD", help="FastE alignment threshold theta (default: the backbone's, 0.70 for Qwen3-VL-Embedding)."),
     seed: int = typer.Option(0, envvar="FASTE_MM_SEED", help="Seed of the 'random' ranking baseline. Default 0."),
     batch_tokens: int = typer.Option(16384, envvar="FASTE_MM_BATCH_TOKENS", help="Padded tokens per batch. Default 16384."),
+    unpadded: str = unpadded_option(),
     chunk_items: int = typer.Option(256, envvar="FASTE_MM_CHUNK_ITEMS", help="Items serialized and length-sorted together (one progress step). Default 256."),
     device: str = typer.Option("auto", envvar="FASTE_MM_DEVICE", help="auto | cpu | cuda | cuda:N."),
     dtype: str = typer.Option("auto", envvar="FASTE_MM_DTYPE", help="auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16 | float16."),
@@ -85,7 +86,7 @@ def eval_command(
             data = download_tasks(specs, data_cache)
         tasks = [load_task(spec, data, image_root=image_root, limit=limit) for spec in specs]
         embedder = Embedder.from_pretrained(
-            model, device=device, dtype=dtype, batching=BatchingConfig(batch_tokens=batch_tokens, chunk_items=chunk_items)
+            model, device=device, dtype=dtype, batching=BatchingConfig(batch_tokens=batch_tokens, chunk_items=chunk_items, unpadded=unpadded)
         )
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         with Progress(*columns, console=stderr, transient=False) as bars:

@@ -14,18 +14,26 @@ from faste_mm.errors import ConfigError
 from faste_mm.serialization import Serialized
 
 
+# how the layers after compression treat padding (faste_mm.unpadded has the kernels)
+UNPADDED_MODES = ("auto", "off", "flash-attn", "torch-nested", "segments")
+
+
 @dataclass(frozen=True, slots=True)
 class BatchingConfig:
     """batch_tokens bounds batch_size * padded_length; max_batch_size bounds the rows of a batch;
     chunk_items is how many items are serialized (and length-sorted together) at a time;
     workers preprocess in background threads (0 = in the caller, no overlap); at most
-    prefetch_batches ready batches wait for the model."""
+    prefetch_batches ready batches wait for the model; unpadded: after compression, run the
+    remaining layers on packed rows with a variable-length attention kernel ("auto": on CUDA,
+    the fastest of padded / flash-attn / torch-nested on a trial batch; padded on a CPU),
+    "off" (padded), or a kernel by name."""
 
     batch_tokens: int = 16384
     max_batch_size: int = 64
     chunk_items: int = 256
     workers: int = 2
     prefetch_batches: int = 4
+    unpadded: str = "auto"
 
     def __post_init__(self) -> None:
         if self.batch_tokens < 1:
@@ -38,6 +46,8 @@ class BatchingConfig:
             raise ConfigError(f"BatchingConfig.workers must be >= 0, got {self.workers}")
         if self.prefetch_batches < 1:
             raise ConfigError(f"BatchingConfig.prefetch_batches must be >= 1, got {self.prefetch_batches}")
+        if self.unpadded not in UNPADDED_MODES:
+            raise ConfigError(f"BatchingConfig.unpadded must be one of {', '.join(UNPADDED_MODES)}; got {self.unpadded!r}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,12 +13,13 @@ import platform
 import statistics
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from faste_mm.batching import UNPADDED_MODES
 from faste_mm.compressors import FastEConfig
 from faste_mm.embedder import Embedder
 from faste_mm.errors import ConfigError, InputError
@@ -29,9 +30,12 @@ COMPARISONS = ("hf", "sentence-transformers")
 
 @dataclass(frozen=True, slots=True)
 class BenchConfig:
-    """r_max 0 is the full forward, always measured first as the baseline."""
+    """r_max 0 is the full forward, always measured first as the baseline. `unpadded` lists the
+    layouts for the layers after compression; with more than one, every FastE setting runs once
+    per layout (named "faste r=0.5 [off]", ...), all against the same full forward."""
 
     r_max: tuple[float, ...] = (0.0, 0.3, 0.5, 0.7)
+    unpadded: tuple[str, ...] = ("auto",)
     trigger_layer: int | None = None
     threshold: float | None = None
     warmup_layer: int | None = None
@@ -47,6 +51,9 @@ class BenchConfig:
             raise ConfigError(f"BenchConfig.compare: unknown {sorted(unknown)}; valid: {', '.join(COMPARISONS)}")
         for r in self.r_max:
             FastEConfig(r_max=r)  # validates the range with the field's own message
+        unknown = set(self.unpadded) - set(UNPADDED_MODES)
+        if unknown or not self.unpadded:
+            raise ConfigError(f"BenchConfig.unpadded: got {list(self.unpadded)}; valid: {', '.join(UNPADDED_MODES)}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +85,9 @@ class SettingResult:
     realisation: float = 1.0  # measured forward speedup / FLOPs-implied speedup
     e2e_over_forward: float = 1.0  # e2e speedup / forward speedup
     max_abs_diff_vs_full: float = 0.0
+    unpadded: str | None = None  # the requested layout after compression (FastE settings)
+    attention: dict = field(default_factory=dict)  # batches per layout actually used
+    attention_trial: dict = field(default_factory=dict)  # the "auto" trial's seconds per option
 
     @property
     def items_per_s(self) -> float:
@@ -121,24 +131,23 @@ def device_name(device: torch.device) -> str:
 
 
 def run_bench(embedder: Embedder, inputs: list, config: BenchConfig, inputs_label: str) -> BenchReport:
-    """Measure every r_max (0 first) and the requested comparisons on the same inputs."""
+    """Measure every r_max (0 first, once) under every unpadded layout, then the comparisons,
+    on the same inputs."""
     device = embedder.backbone.device
     settings: list[SettingResult] = []
-    full: SettingResult | None = None
-    full_vectors = None
-    for r_max in sorted(set(config.r_max) | {0.0}):
-        fast_e = None
-        if r_max > 0:
+    full, full_vectors = _measure("full", 0.0, lambda: embedder.encode_documents(inputs), config.repeats, device)
+    settings.append(full)
+    for mode in config.unpadded:
+        layout = embedder.with_batching(replace(embedder.batching, unpadded=mode))
+        for r_max in sorted(set(config.r_max) - {0.0}):
             fast_e = FastEConfig(
                 r_max=r_max, trigger_layer=config.trigger_layer, threshold=config.threshold, warmup_layer=config.warmup_layer
             )
-        name = "full" if fast_e is None else f"faste r={r_max:g}"
-        result, vectors = _measure(name, r_max, lambda: embedder.encode_documents(inputs, fast_e=fast_e), config.repeats, device)
-        if full is None:
-            full, full_vectors = result, vectors
-        else:
-            result = _relative_to(result, full, np.abs(vectors - full_vectors).max())
-        settings.append(result)
+            name = f"faste r={r_max:g}" + (f" [{mode}]" if len(config.unpadded) > 1 else "")
+            result, vectors = _measure(
+                name, r_max, lambda: layout.encode_documents(inputs, fast_e=fast_e), config.repeats, device, mode
+            )
+            settings.append(_relative_to(result, full, np.abs(vectors - full_vectors).max()))
     for comparison in config.compare:
         run = _hf_forward if comparison == "hf" else _sentence_transformers_forward
         encode = run(embedder, inputs, config.compare_batch_size)
@@ -148,7 +157,7 @@ def run_bench(embedder: Embedder, inputs: list, config: BenchConfig, inputs_labe
     return BenchReport(device_name(device), embedder.model_id, inputs_label, memory_kind, settings)
 
 
-def _measure(name, r_max, encode, repeats, device) -> tuple[SettingResult, np.ndarray]:
+def _measure(name, r_max, encode, repeats, device, unpadded=None) -> tuple[SettingResult, np.ndarray]:
     encode()  # warm-up: kernels, allocator, tokenizer caches
     forward, e2e = [], []
     with _PeakMemory(device) as memory:
@@ -171,6 +180,9 @@ def _measure(name, r_max, encode, repeats, device) -> tuple[SettingResult, np.nd
         flops_reduction=stats.flops_reduction,
         mean_trigger_layer=stats.mean_trigger_layer,
         flops_implied_speedup=flops_implied_speedup(stats.flops_reduction),
+        unpadded=unpadded,
+        attention=stats.attention,
+        attention_trial=stats.attention_trial,
     )
     return setting, result.embeddings
 

@@ -1,5 +1,5 @@
 """Benchmark inputs from a compact spec: `text:TOKENS` (documents of exactly TOKENS prompt-free
-tokens), `image:WxH` (noise PNGs, so decoding costs what real photos cost), `page:WxH`
+tokens), `text:MIN-MAX` (lengths drawn uniformly from MIN..MAX, seeded), `image:WxH` (noise PNGs, so decoding costs what real photos cost), `page:WxH`
 (one-page PDFs rendered by pypdfium2 like real documents), or an existing folder.
 """
 
@@ -22,8 +22,12 @@ def make_inputs(spec: str, n: int, workdir: Path, tokenizer) -> list:
     """Build `n` inputs described by `spec` (files under `workdir`); a folder spec takes its first n files."""
     kind, _, value = spec.partition(":")
     rng = random.Random(0)
-    if kind == "text" and value.isdigit():
-        return [_text_of_tokens(int(value), tokenizer, rng) for _ in range(n)]
+    low, _, high = value.partition("-")
+    if kind == "text" and low.isdigit() and (high.isdigit() or not high):
+        low, high = int(low), int(high or low)
+        if not 1 <= low <= high:
+            raise ConfigError(f"--inputs {spec}: token lengths must satisfy 1 <= MIN <= MAX")
+        return [_text_of_tokens(rng.randint(low, high), tokenizer, rng) for _ in range(n)]
     if kind in ("image", "page") and "x" in value:
         width, height = (int(v) for v in value.lower().split("x"))
         workdir.mkdir(parents=True, exist_ok=True)
@@ -36,7 +40,7 @@ def make_inputs(spec: str, n: int, workdir: Path, tokenizer) -> list:
         if not items:
             raise ConfigError(f"--inputs {spec}: no images, PDFs or text files in this folder")
         return items[:n]
-    raise ConfigError(f"--inputs must be text:TOKENS, image:WxH, page:WxH or a folder; got {spec!r}")
+    raise ConfigError(f"--inputs must be text:TOKENS, text:MIN-MAX, image:WxH, page:WxH or a folder; got {spec!r}")
 
 
 def _text_of_tokens(tokens: int, tokenizer, rng: random.Random) -> str:

@@ -1,5 +1,6 @@
 """The per-batch state that flows through the decoder layer loop, and the one gather that
 compresses it. Built by a backbone adapter, advanced by the runner, read by compressor policies.
+After compression the runner may pack it (`PackedState`) to run the remaining layers unpadded.
 """
 
 from __future__ import annotations
@@ -75,3 +76,52 @@ class DecoderState:
             visual_rank=visual_rank,
             deepstack=self.deepstack,
         )
+
+    def pack(self) -> "PackedState":
+        """The valid tokens only, rows back to back (right padding keeps each row contiguous)."""
+        valid = self.valid
+        lengths = self.lengths
+        return PackedState(
+            hidden=self.hidden[valid],
+            cos=self.cos[valid],
+            sin=self.sin[valid],
+            cu_seqlens=torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).to(torch.int32),
+            lengths=tuple(lengths.tolist()),  # the one host copy, at the compression step
+            visual_rank=None if self.visual_rank is None else self.visual_rank[valid],
+            deepstack=self.deepstack,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PackedState:
+    """B rows without padding: one stream of N tokens, row b at cu_seqlens[b]:cu_seqlens[b+1].
+
+    Offers what the layers after compression read from a `DecoderState` (hidden, RoPE, the
+    visual map for DeepStack, the readout rows), for variable-length attention kernels.
+    """
+
+    hidden: torch.Tensor  # [N, H]
+    cos: torch.Tensor  # [N, D_h]
+    sin: torch.Tensor  # [N, D_h]
+    cu_seqlens: torch.Tensor  # [B + 1] int32 row offsets
+    lengths: tuple[int, ...]  # host copy of the row lengths, for kernels that walk the rows
+    visual_rank: torch.Tensor | None = None  # [N]
+    deepstack: tuple[torch.Tensor, ...] | None = None
+
+    @property
+    def max_length(self) -> int:
+        return max(self.lengths)
+
+    @property
+    def readout_index(self) -> torch.Tensor:
+        return self.cu_seqlens[1:].long() - 1  # [B] each row's last token
+
+    @property
+    def visual_mask(self) -> torch.Tensor | None:
+        return None if self.visual_rank is None else self.visual_rank >= 0
+
+    def readout_hidden(self) -> torch.Tensor:
+        return self.hidden[self.readout_index]  # [B, H]
+
+    def with_hidden(self, hidden: torch.Tensor) -> "PackedState":
+        return replace(self, hidden=hidden)

@@ -23,6 +23,7 @@ from faste_mm.pooling import truncate_dim
 from faste_mm.prefetch import ItemError, PrepTimer, prefetch_batches
 from faste_mm.runner import BatchTrace, run_decoder
 from faste_mm.serialization import SerializerConfig, Serialized, TextPrompt, TextSerializer, VLSerializer
+from faste_mm.unpadded import Unpadded
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,7 @@ class EmbedStats:
     kept_prefix_tokens: int = 0
     flops_full: int = 0
     flops_realised: int = 0
+    attention_trial: dict = field(default_factory=dict)  # Unpadded.trial: seconds (or why not) per option
 
     @property
     def prefix_removal(self) -> float:
@@ -54,6 +56,15 @@ class EmbedStats:
     @property
     def flops_reduction(self) -> float:
         return flops_reduction(self.flops_realised, self.flops_full)
+
+    @property
+    def attention(self) -> dict[str, int]:
+        """Batches per attention layout after compression ("padded" or the unpadded kernel)."""
+        counts: dict[str, int] = {}
+        for trace in self.batches:
+            if trace.trigger_layer is not None:
+                counts[trace.attention] = counts.get(trace.attention, 0) + 1
+        return counts
 
     @property
     def mean_trigger_layer(self) -> float | None:
@@ -72,6 +83,8 @@ class EmbedStats:
             "flops_realised": self.flops_realised,
             "flops_reduction": self.flops_reduction,
             "mean_trigger_layer": self.mean_trigger_layer,
+            "attention": self.attention,
+            "attention_trial": self.attention_trial,
             "serialize_s": self.serialize_s,
             "forward_s": self.forward_s,
             "total_s": self.total_s,
@@ -110,6 +123,8 @@ class Embedder:
         self.serializer = loaded.serializer
         self.defaults = loaded.defaults
         self.batching = batching or BatchingConfig()
+        # settled once per Embedder (the "auto" trial runs on the first compressed batch)
+        self.unpadded = Unpadded(self.batching.unpadded, self.backbone.device, self.backbone.dtype)
 
     @classmethod
     def from_pretrained(
@@ -163,6 +178,10 @@ class Embedder:
         else:
             new = TextSerializer(old.tokenizer, old.prompt, config.max_length)
         return Embedder(replace(self.loaded, serializer=new), self.batching)
+
+    def with_batching(self, config: BatchingConfig) -> "Embedder":
+        """The same weights with other batching (token budget, workers, unpadded attention)."""
+        return Embedder(self.loaded, config)
 
     def resolve_fast_e(self, fast_e: FastEConfig | None) -> FastEConfig | None:
         """Fill backbone defaults (l_w, theta) into a config; None stays None (full forward)."""
@@ -223,7 +242,7 @@ class Embedder:
                 failures.append(failure)
                 continue
             tick = time.perf_counter()
-            vectors, trace = run_decoder(self.backbone, element.to(device), policy)
+            vectors, trace = run_decoder(self.backbone, element.to(device), policy, self.unpadded)
             vectors = truncate_dim(vectors, dim).cpu().numpy()  # .cpu() waits for the GPU: honest timing
             forward_s += time.perf_counter() - tick
             embeddings[element.rows, : vectors.shape[1]] = vectors
@@ -292,6 +311,7 @@ class Embedder:
             kept_prefix_tokens=sum(t.kept_prefix_tokens for t in traces),
             flops_full=sum(full_batch_flops(shape, t.batch_size, t.padded_lengths[0]) for t in traces),
             flops_realised=sum(batch_flops(shape, t.batch_size, t.padded_lengths) for t in traces),
+            attention_trial=dict(self.unpadded.trial),
         )
 
 

@@ -1,6 +1,7 @@
 """Stage 4: the runner. One explicit loop over decoder layers: before each layer it asks the
 compressor policy for a decision and, if it gets a keep plan, applies it with one gather and
-rebuilds the 4-D mask; then it runs the layer (and DeepStack). It records the realised shapes.
+rebuilds the 4-D mask (or packs the rows to run the rest unpadded, see `unpadded`); then it runs
+the layer (and DeepStack). It records the realised shapes.
 
 Receives a `Batch`; hands on pooled unit vectors [B, H] and a `BatchTrace`.
 """
@@ -12,7 +13,9 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from faste_mm.batching import Batch
+from faste_mm.decoder_state import DecoderState
 from faste_mm.pooling import pool_readout
+from faste_mm.unpadded import PADDED, Unpadded
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,14 +29,19 @@ class BatchTrace:
     prefix_tokens: int  # sum of N_i
     kept_prefix_tokens: int  # sum of R_i (N_i when not compressed)
     alignment: list[tuple[int, float]] = field(default_factory=list)  # (layer, batch-mean g) measured
+    attention: str = PADDED  # the layers after compression: "padded" or the unpadded kernel's name
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
 @torch.inference_mode()
-def run_decoder(backbone, batch: Batch, policy) -> tuple[torch.Tensor, BatchTrace]:
-    """Embed one batch; returns ([B, H] float32 unit vectors in batch row order, trace)."""
+def run_decoder(backbone, batch: Batch, policy, unpadded: Unpadded | None = None) -> tuple[torch.Tensor, BatchTrace]:
+    """Embed one batch; returns ([B, H] float32 unit vectors in batch row order, trace).
+
+    `unpadded` decides whether the layers after compression run on packed rows (and which
+    variable-length kernel); None keeps them padded.
+    """
     state = backbone.embed(batch)
     masks = backbone.attention_masks(state)
     prefix_tokens = state.lengths - 1
@@ -41,6 +49,8 @@ def run_decoder(backbone, batch: Batch, policy) -> tuple[torch.Tensor, BatchTrac
     padded_lengths: list[int] = []
     alignment: list[tuple[int, float]] = []
     trigger_layer = None
+    attention = PADDED
+    kernel = None
     for layer in range(len(backbone.layers)):
         if trigger_layer is None:  # one shot: no decisions after the compression
             decision = policy.before_layer(layer, state, backbone)
@@ -51,9 +61,14 @@ def run_decoder(backbone, batch: Batch, policy) -> tuple[torch.Tensor, BatchTrac
                 masks = backbone.attention_masks(state)  # rebuilt only here, from the gathered 2-D mask
                 kept_prefix = decision.plan.lengths - 1
                 trigger_layer = layer
-        padded_lengths.append(int(state.hidden.shape[1]))
-        state = state.with_hidden(backbone.run_layer(layer, state, masks))
-        state = backbone.after_layer(layer, state)
+                if unpadded is not None and backbone.can_pack(state.hidden.shape[1]):
+                    gathered, start = state, layer
+                    attention = unpadded.settle(lambda k: _finish(backbone, gathered, masks, start, k))
+                    kernel = unpadded.kernel(attention)
+                    if kernel is not None:
+                        state = state.pack()
+        padded_lengths.append(int(state.hidden.shape[1]) if kernel is None else max(state.lengths))
+        state = _run_layer(backbone, layer, state, masks, kernel)
     embeddings = pool_readout(backbone, state.readout_hidden())
     trace = BatchTrace(
         batch_size=batch.size,
@@ -63,5 +78,25 @@ def run_decoder(backbone, batch: Batch, policy) -> tuple[torch.Tensor, BatchTrac
         prefix_tokens=int(prefix_tokens.sum()),
         kept_prefix_tokens=int(kept_prefix.sum()),
         alignment=alignment,
+        attention=attention,
     )
     return embeddings, trace
+
+
+def _run_layer(backbone, layer: int, state, masks, kernel):
+    """One decoder layer (padded with the 4-D mask, or packed with `kernel`), then DeepStack."""
+    if kernel is None:
+        hidden = backbone.run_layer(layer, state, masks)
+    else:
+        hidden = backbone.run_layer_packed(layer, state, kernel)
+    return backbone.after_layer(layer, state.with_hidden(hidden))
+
+
+def _finish(backbone, state: DecoderState, masks, start: int, kernel) -> torch.Tensor:
+    """The layers from `start` on for a just-compressed state: [B, H] readout states (for the
+    unpadded trial, which runs them once per candidate)."""
+    if kernel is not None:
+        state = state.pack()
+    for layer in range(start, len(backbone.layers)):
+        state = _run_layer(backbone, layer, state, masks, kernel)
+    return state.readout_hidden()

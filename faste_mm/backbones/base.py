@@ -9,7 +9,7 @@ import torch
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
 from faste_mm.batching import Batch
-from faste_mm.decoder_state import DecoderState
+from faste_mm.decoder_state import DecoderState, PackedState
 from faste_mm.flops import DecoderShape
 
 
@@ -41,6 +41,8 @@ class Backbone:
             or text_config.hidden_size // text_config.num_attention_heads,
         )
         self._mask_kinds = _layer_mask_kinds(text_config, len(self.layers))
+        has_sliding = "sliding_attention" in self._mask_kinds
+        self._sliding_window = getattr(text_config, "sliding_window", None) if has_sliding else None
 
     @property
     def device(self) -> torch.device:
@@ -91,26 +93,46 @@ class Backbone:
 
     def project_queries(self, index: int, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """[B, S, H] hidden rows -> [B, A, S, D_h] rotated queries of layer `index`."""
-        return self._project(index, hidden, cos, sin, "q_proj", "q_norm")
+        layer = self.layers[index]
+        return self._heads(layer.self_attn, layer.input_layernorm(hidden), cos, sin, "q_proj", "q_norm").transpose(1, 2)
 
     def project_keys(self, index: int, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """[B, T, H] hidden -> [B, A_kv, T, D_h] rotated keys of layer `index`."""
-        return self._project(index, hidden, cos, sin, "k_proj", "k_norm")
+        layer = self.layers[index]
+        return self._heads(layer.self_attn, layer.input_layernorm(hidden), cos, sin, "k_proj", "k_norm").transpose(1, 2)
 
     def attention_scale(self, index: int) -> float:
         return float(self.layers[index].self_attn.scaling)
 
-    def _project(self, index, hidden, cos, sin, proj_name: str, norm_name: str) -> torch.Tensor:
-        layer = self.layers[index]
-        attention = layer.self_attn
-        batch, rows, _ = hidden.shape
-        x = getattr(attention, proj_name)(layer.input_layernorm(hidden))
-        x = x.view(batch, rows, -1, self.shape.head_dim)
+    def _heads(self, attention, x, cos, sin, proj_name: str, norm_name: str) -> torch.Tensor:
+        """[..., S, H] normed hidden -> [..., S, heads, D_h]: projection, QK-norm, RoPE."""
+        x = getattr(attention, proj_name)(x)
+        x = x.view(*x.shape[:-1], -1, self.shape.head_dim)
         norm = getattr(attention, norm_name, None)  # QK-norm exists on Qwen3 families only
         if norm is not None:
             x = norm(x)
-        x = x.transpose(1, 2)  # [B, heads, S, D_h]
-        return x * cos[:, None] + rotate_half(x) * sin[:, None]
+        cos, sin = cos[..., None, :], sin[..., None, :]  # broadcast over heads
+        return x * cos + rotate_half(x) * sin
+
+    # -- the layers after compression without padding (faste_mm.unpadded) --
+
+    def can_pack(self, width: int) -> bool:
+        """Whether a batch of rows at most `width` long may run unpadded: sliding-window layers
+        equal plain causal attention only while no row is longer than the window."""
+        return self._sliding_window is None or width <= self._sliding_window
+
+    def run_layer_packed(self, index: int, state: PackedState, attend) -> torch.Tensor:
+        """Layer `index` on packed tokens: the HF decoder layer's computation, spelled out, with
+        variable-length attention `attend(q, k, v, state, scale)` in place of the masked one."""
+        layer = self.layers[index]
+        attention = layer.self_attn
+        x = layer.input_layernorm(state.hidden)  # [N, H]
+        q = self._heads(attention, x, state.cos, state.sin, "q_proj", "q_norm")  # [N, A, D_h]
+        k = self._heads(attention, x, state.cos, state.sin, "k_proj", "k_norm")  # [N, A_kv, D_h]
+        v = attention.v_proj(x).view(x.shape[0], -1, self.shape.head_dim)  # [N, A_kv, D_h]
+        attended = attend(q, k, v, state, attention.scaling)  # [N, A, D_h]
+        hidden = state.hidden + attention.o_proj(attended.reshape(x.shape[0], -1))
+        return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
 
 
 def _layer_mask_kinds(config, num_layers: int) -> list[str]:

@@ -127,7 +127,7 @@ class FastETransformer(InputModule):
         if self.training and torch.is_grad_enabled():
             raise FasteError("FastE is inference-only; call disable_faste(model) before training")
         batch, readout = batch_from_features(features, self.embedder.loaded.pad_token_id)
-        vectors, trace = run_decoder(self.embedder.backbone, batch, self.policy)  # [B, H] unit vectors
+        vectors, trace = run_decoder(self.embedder.backbone, batch, self.policy, self.embedder.unpadded)  # [B, H] unit vectors
         log.debug(
             "FastE batch of %d: trigger layer %s, kept %d of %d prefix tokens",
             trace.batch_size,

@@ -1,0 +1,169 @@
+"""Unpadded (variable-length) attention for the decoder layers after compression.
+
+FastE's gather leaves rows of different kept lengths; the padded layout keeps spending attention
+and MLP work on the padding. Packing the rows into one token stream (`PackedState`) runs every
+remaining layer on real tokens only, with one of these variable-length attention kernels:
+
+  flash-attn    `flash_attn_varlen_func` (CUDA, float16/bfloat16, when flash-attn is installed)
+  torch-nested  PyTorch jagged nested tensors through scaled_dot_product_attention (CUDA)
+  segments      one causal SDPA call per row (any device; slow on GPUs, the portable reference)
+
+`Unpadded` holds the choice ("auto", "off" or a kernel name). "auto" on CUDA runs a trial on the
+first compressed batch: the remaining layers once padded and once per available CUDA kernel
+(each after a warm-up run), keeps the fastest whose vectors agree with the padded ones, and
+records the timings; every later batch uses that choice. "auto" on a CPU stays padded.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import time
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from faste_mm.batching import UNPADDED_MODES
+from faste_mm.decoder_state import PackedState
+from faste_mm.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+# q [N, A, D_h], k/v [N, A_kv, D_h], the packed rows, softmax scale -> [N, A, D_h]
+Kernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, PackedState, float], torch.Tensor]
+
+PADDED = "padded"
+AGREEMENT_MIN_COSINE = 0.999  # a trial kernel whose readout vectors differ more is rejected
+
+
+def attend_segments(q, k, v, packed: PackedState, scale: float) -> torch.Tensor:
+    out = torch.empty_like(q)
+    start = 0
+    for length in packed.lengths:
+        rows = slice(start, start + length)
+        # [L, A, D_h] -> [1, A, L, D_h]: SDPA's layout; GQA by enable_gqa, no repeated K/V
+        q_row, k_row, v_row = (x[rows].transpose(0, 1)[None] for x in (q, k, v))
+        attended = F.scaled_dot_product_attention(q_row, k_row, v_row, is_causal=True, scale=scale, enable_gqa=True)
+        out[rows] = attended[0].transpose(0, 1)
+        start += length
+    return out
+
+
+def attend_flash_attn(q, k, v, packed: PackedState, scale: float) -> torch.Tensor:
+    from flash_attn import flash_attn_varlen_func  # GQA natively: k/v keep A_kv heads
+
+    cu_seqlens, longest = packed.cu_seqlens, packed.max_length
+    return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, longest, longest, softmax_scale=scale, causal=True)
+
+
+def attend_torch_nested(q, k, v, packed: PackedState, scale: float) -> torch.Tensor:
+    offsets = packed.cu_seqlens.long()
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1:  # jagged SDPA has no GQA path: repeat K/V heads (A_kv -> A)
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+
+    def nest(x: torch.Tensor) -> torch.Tensor:
+        # known max_seqlen: without it the kernel would ask the GPU for it (a host sync) every layer
+        jagged = torch.nested.nested_tensor_from_jagged(x, offsets, max_seqlen=packed.max_length)
+        return jagged.transpose(1, 2)  # [B, A, j, D_h]
+
+    out = F.scaled_dot_product_attention(nest(q), nest(k), nest(v), is_causal=True, scale=scale)
+    return out.transpose(1, 2).values()  # [N, A, D_h]
+
+
+KERNELS: dict[str, Kernel] = {
+    "flash-attn": attend_flash_attn,
+    "torch-nested": attend_torch_nested,
+    "segments": attend_segments,
+}
+_AUTO_CANDIDATES = ("flash-attn", "torch-nested")  # "segments" loops in Python: never a GPU winner
+
+
+def kernel_unavailable(name: str, device: torch.device, dtype: torch.dtype) -> str | None:
+    """Why kernel `name` cannot run here, or None when it can."""
+    if name == "segments":
+        return None
+    if device.type != "cuda":
+        return "needs a CUDA device"
+    if name == "flash-attn":
+        if dtype not in (torch.float16, torch.bfloat16):
+            return f"needs float16 or bfloat16, the model is {str(dtype).removeprefix('torch.')}"
+        if importlib.util.find_spec("flash_attn") is None:
+            return "flash-attn is not installed (pip install flash-attn --no-build-isolation)"
+    return None
+
+
+class Unpadded:
+    """Which attention the layers after compression use; settles "auto" by a one-time trial.
+
+    `choice` is PADDED or a kernel name once settled (None while "auto" has not seen a batch);
+    `trial` maps each tried option to its seconds for the remaining layers of the trial batch,
+    or to why it was rejected.
+    """
+
+    def __init__(self, mode: str, device: torch.device, dtype: torch.dtype, candidates: dict[str, Kernel] | None = None) -> None:
+        if mode not in UNPADDED_MODES:
+            raise ConfigError(f"unpadded must be one of {', '.join(UNPADDED_MODES)}; got {mode!r}")
+        self.mode = mode
+        self.device = device
+        self.trial: dict[str, float | str] = {}
+        self.choice: str | None = None
+        if mode == "off":
+            self.choice = PADDED
+        elif mode in KERNELS:
+            reason = kernel_unavailable(mode, device, dtype)
+            if reason is not None:
+                raise ConfigError(f"unpadded={mode!r} {reason}; use 'auto' or 'off'")
+            self.choice = mode
+        if candidates is None:
+            candidates = {n: KERNELS[n] for n in _AUTO_CANDIDATES if kernel_unavailable(n, device, dtype) is None}
+        self.candidates = candidates
+        if mode == "auto" and not candidates:
+            self.choice = PADDED  # e.g. on a CPU: nothing to try
+
+    def kernel(self, name: str) -> Kernel | None:
+        return None if name == PADDED else (self.candidates.get(name) or KERNELS[name])
+
+    def settle(self, finish: Callable[[Kernel | None], torch.Tensor]) -> str:
+        """The choice, running the trial first if "auto" has none yet.
+
+        `finish(kernel)` runs the remaining layers of the current batch (kernel None = padded)
+        and returns the [B, H] readout states.
+        """
+        if self.choice is not None:
+            return self.choice
+        reference = None
+        timings: dict[str, float] = {}
+        for name in (PADDED, *self.candidates):
+            try:
+                finish(self.kernel(name))  # warm-up: kernel selection, allocator, lazy imports
+                elapsed, readout = self._timed(lambda: finish(self.kernel(name)))
+            except Exception as error:  # a kernel this GPU or build cannot run is skipped, never fatal
+                self.trial[name] = f"failed: {type(error).__name__}: {error}"
+                log.warning("unpadded attention %s failed its trial: %s", name, error)
+                continue
+            if reference is None:
+                reference = readout
+            else:
+                agreement = float(F.cosine_similarity(readout.float(), reference.float(), dim=-1).min())
+                if agreement < AGREEMENT_MIN_COSINE:
+                    self.trial[name] = f"rejected: readout cosine to padded {agreement:.5f} < {AGREEMENT_MIN_COSINE}"
+                    log.warning("unpadded attention %s disagrees with the padded layers (cosine %.5f)", name, agreement)
+                    continue
+            self.trial[name] = elapsed
+            timings[name] = elapsed
+        self.choice = min(timings, key=timings.get) if timings else PADDED
+        log.info("attention after compression: %s (trial seconds: %s)", self.choice, self.trial)
+        return self.choice
+
+    def _timed(self, run: Callable[[], torch.Tensor]) -> tuple[float, torch.Tensor]:
+        self._synchronize()
+        started = time.perf_counter()
+        out = run()
+        self._synchronize()
+        return time.perf_counter() - started, out
+
+    def _synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
