@@ -34,6 +34,7 @@ def bench_command(
     trigger_layer: Optional[int] = typer.Option(None, envvar="FASTE_MM_TRIGGER_LAYER", help="Fixed trigger layer (default: alignment trigger)."),
     threshold: Optional[float] = typer.Option(None, envvar="FASTE_MM_THRESHOLD", help="Alignment threshold theta (default: the backbone's)."),
     batch_tokens: int = typer.Option(16384, envvar="FASTE_MM_BATCH_TOKENS", help="Padded tokens per batch."),
+    workers: Optional[int] = typer.Option(None, envvar="FASTE_MM_WORKERS", help="Preprocessing threads (default: one per CPU core, at most 8; 0 = in the model's thread, no overlap)."),
     unpadded: str = typer.Option("auto", envvar="FASTE_MM_UNPADDED", help="Layers after compression: auto | off | flash-attn | torch-nested | segments; comma-separated to compare layouts."),
     repeats: int = typer.Option(3, envvar="FASTE_MM_REPEATS", help="Timed repeats after one warm-up; median and min-max reported."),
     compare: str = typer.Option("", envvar="FASTE_MM_COMPARE", help="Comma-separated: hf, sentence-transformers."),
@@ -46,6 +47,7 @@ def bench_command(
     from faste_mm import BatchingConfig, Embedder
     from faste_mm.bench import BenchConfig, run_bench
     from faste_mm.bench_inputs import make_inputs
+    from faste_mm.backbones.loading import resolve_device, resolve_dtype
     from faste_mm.bench_models import build_shape_model
 
     logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, stream=sys.stderr)
@@ -63,8 +65,10 @@ def bench_command(
         with tempfile.TemporaryDirectory(prefix="faste-mm-bench-") as workdir:
             if shape is not None:
                 stderr.print(f"building random-weight {shape} (scale {scale_hidden:g})")
-                model = str(build_shape_model(shape, Path(workdir) / "model", scale_hidden))
-            embedder = Embedder.from_pretrained(model, device=device, dtype=dtype, batching=BatchingConfig(batch_tokens=batch_tokens))
+                # saved in the dtype it will run in: an 8B model in float32 is 32 GB to write and read
+                weights_dtype = resolve_dtype(dtype, resolve_device(device))
+                model = str(build_shape_model(shape, Path(workdir) / "model", scale_hidden, weights_dtype))
+            embedder = Embedder.from_pretrained(model, device=device, dtype=dtype, batching=BatchingConfig(batch_tokens=batch_tokens, workers=workers))
             tokenizer = getattr(embedder.serializer, "tokenizer", None) or embedder.serializer.processor.tokenizer
             items = make_inputs(inputs, n, Path(workdir) / "inputs", tokenizer)
             label = f"{inputs} x{n}" + (f" ({shape}, scale {scale_hidden:g})" if shape else "")

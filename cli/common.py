@@ -20,7 +20,7 @@ def unpadded_option():
     return typer.Option(
         "auto", "--unpadded", envvar="FASTE_MM_UNPADDED",
         help="Layers after FastE compression: auto (CUDA: fastest of padded / flash-attn / torch-nested "
-             "on a trial batch; CPU: padded) | off | flash-attn | torch-nested | segments. Default auto.",
+             "on a trial batch; CPU: segments) | off | flash-attn | torch-nested | segments. Default auto.",
     )
 
 

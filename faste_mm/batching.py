@@ -6,6 +6,7 @@ Receives `Serialized` items; hands on `Batch`es (with the rows they came from) t
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -21,19 +22,26 @@ UNPADDED_MODES = ("auto", "off", "flash-attn", "torch-nested", "segments")
 @dataclass(frozen=True, slots=True)
 class BatchingConfig:
     """batch_tokens bounds batch_size * padded_length; max_batch_size bounds the rows of a batch;
-    chunk_items is how many items are serialized (and length-sorted together) at a time;
-    workers preprocess in background threads (0 = in the caller, no overlap); at most
+    chunk_items is how many items are serialized (and length-sorted together) at a time (the
+    first chunks are smaller, so the model starts early); workers preprocess in background
+    threads (None = one per CPU core, at most 8; 0 = in the caller, no overlap); at most
     prefetch_batches ready batches wait for the model; unpadded: after compression, run the
     remaining layers on packed rows with a variable-length attention kernel ("auto": on CUDA,
-    the fastest of padded / flash-attn / torch-nested on a trial batch; padded on a CPU),
+    the fastest of padded / flash-attn / torch-nested on a trial batch; "segments" on a CPU),
     "off" (padded), or a kernel by name."""
 
     batch_tokens: int = 16384
     max_batch_size: int = 64
     chunk_items: int = 256
-    workers: int = 2
+    workers: int | None = None
     prefetch_batches: int = 4
     unpadded: str = "auto"
+
+    @property
+    def worker_threads(self) -> int:
+        """Preprocessing threads: `workers`, or one per core (tokenizers, PIL and the image
+        processor release the GIL), capped where returns fade."""
+        return self.workers if self.workers is not None else min(8, os.cpu_count() or 1)
 
     def __post_init__(self) -> None:
         if self.batch_tokens < 1:
@@ -42,7 +50,7 @@ class BatchingConfig:
             raise ConfigError(f"BatchingConfig.max_batch_size must be >= 1, got {self.max_batch_size}")
         if self.chunk_items < 1:
             raise ConfigError(f"BatchingConfig.chunk_items must be >= 1, got {self.chunk_items}")
-        if self.workers < 0:
+        if self.workers is not None and self.workers < 0:
             raise ConfigError(f"BatchingConfig.workers must be >= 0, got {self.workers}")
         if self.prefetch_batches < 1:
             raise ConfigError(f"BatchingConfig.prefetch_batches must be >= 1, got {self.prefetch_batches}")

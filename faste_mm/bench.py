@@ -108,6 +108,7 @@ class BenchReport:
     inputs: str
     memory_kind: str  # "cuda_allocated", "heap_allocated" (CPU, glibc) or "rss"
     settings: list[SettingResult] = field(default_factory=list)
+    batching: dict = field(default_factory=dict)  # BatchingConfig fields + the worker threads used
 
     def to_dict(self) -> dict:
         return {
@@ -115,6 +116,7 @@ class BenchReport:
             "model": self.model,
             "inputs": self.inputs,
             "memory_kind": self.memory_kind,
+            "batching": self.batching,
             "settings": [s.to_dict() for s in self.settings],
         }
 
@@ -154,7 +156,8 @@ def run_bench(embedder: Embedder, inputs: list, config: BenchConfig, inputs_labe
         result, vectors = _measure(comparison, None, encode, config.repeats, device)
         settings.append(_relative_to(result, full, np.abs(vectors - full_vectors).max()))
     memory_kind = "cuda_allocated" if device.type == "cuda" else cpu_memory_kind()
-    return BenchReport(device_name(device), embedder.model_id, inputs_label, memory_kind, settings)
+    batching = {**asdict(embedder.batching), "worker_threads": embedder.batching.worker_threads}
+    return BenchReport(device_name(device), embedder.model_id, inputs_label, memory_kind, settings, batching)
 
 
 def _measure(name, r_max, encode, repeats, device, unpadded=None) -> tuple[SettingResult, np.ndarray]:

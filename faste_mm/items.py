@@ -8,6 +8,8 @@ Hands on `Item`s (with their source position) to the serializer; unreadable inpu
 from __future__ import annotations
 
 import math
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Union
@@ -170,31 +172,30 @@ def _check_file(path: Path) -> None:
         raise InputError(f"{path}: file is empty (0 bytes); remove it or re-export it")
 
 
-class _open_pdf:
-    """Context manager around pypdfium2 that turns its errors into InputError naming the file."""
+# PDFium is not thread-safe, not even across documents: concurrent calls crash or corrupt the
+# process. The preprocessing workers are threads, so every use of it holds this one lock.
+_PDFIUM_LOCK = threading.Lock()
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.pdf = None
 
-    def __enter__(self):
-        import pypdfium2 as pdfium
+@contextmanager
+def _open_pdf(path: Path):
+    """An open pypdfium2 document, with its errors turned into InputError naming the file; holds
+    `_PDFIUM_LOCK` from opening to closing."""
+    import pypdfium2 as pdfium
 
-        _check_file(self.path)
+    _check_file(path)
+    with _PDFIUM_LOCK:
         try:
-            self.pdf = pdfium.PdfDocument(str(self.path))
+            pdf = pdfium.PdfDocument(str(path))
         except pdfium.PdfiumError as error:
             reason = str(error)
             if "password" in reason.lower():
-                raise InputError(
-                    f"{self.path}: the PDF is encrypted; decrypt it (e.g. qpdf --decrypt) or skip it"
-                ) from None
-            raise InputError(f"{self.path}: not a readable PDF ({reason}); repair or re-export it") from None
-        return self.pdf
-
-    def __exit__(self, *exc) -> None:
-        if self.pdf is not None:
-            self.pdf.close()
+                raise InputError(f"{path}: the PDF is encrypted; decrypt it (e.g. qpdf --decrypt) or skip it") from None
+            raise InputError(f"{path}: not a readable PDF ({reason}); repair or re-export it") from None
+        try:
+            yield pdf
+        finally:
+            pdf.close()
 
 
 def _render_pdf_page(path: Path, page: int, max_pixels: int) -> Image.Image:
@@ -205,4 +206,4 @@ def _render_pdf_page(path: Path, page: int, max_pixels: int) -> Image.Image:
         width_pt, height_pt = pdf_page.get_size()
         scale = math.sqrt(max_pixels / max(width_pt * height_pt, 1.0))
         bitmap = pdf_page.render(scale=min(scale, 8.0))
-        return bitmap.to_pil().convert("RGB")
+        return bitmap.to_pil().convert("RGB")  # a copy: the bitmap's memory goes with the PDF

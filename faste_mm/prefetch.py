@@ -27,6 +27,7 @@ class ItemError:
 
 
 _DONE = object()
+FIRST_CHUNK_ITEMS = 16
 
 
 class PrepTimer:
@@ -55,7 +56,7 @@ def prefetch_batches(
     At most config.prefetch_batches batches wait in the queue, which bounds host memory.
     """
     timer = timer or PrepTimer()
-    chunks = [indices[i : i + config.chunk_items] for i in range(0, len(indices), config.chunk_items)]
+    chunks = list(_ramped_chunks(indices, config.chunk_items))
     if config.workers == 0:
         for chunk in chunks:
             yield from _chunk_batches(chunk, serialize, None, config, pad_token_id, pin_memory, timer)
@@ -75,7 +76,7 @@ def prefetch_batches(
 
     def produce() -> None:
         try:
-            with ThreadPoolExecutor(config.workers, thread_name_prefix="faste-mm-prep") as pool:
+            with ThreadPoolExecutor(config.worker_threads, thread_name_prefix="faste-mm-prep") as pool:
                 for chunk in chunks:
                     for element in _chunk_batches(chunk, serialize, pool, config, pad_token_id, pin_memory, timer):
                         if not put(element):
@@ -98,6 +99,21 @@ def prefetch_batches(
     finally:
         stop.set()  # a consumer that stops early (an error) releases the producer
         producer.join()
+
+
+def _ramped_chunks(indices: list[int], chunk_items: int) -> Iterator[list[int]]:
+    """Consecutive slices of `indices`: FIRST_CHUNK_ITEMS, then doubling up to chunk_items.
+
+    A chunk must be fully serialized before it can be length-sorted into batches, so the model
+    waits for the whole first chunk; a small first chunk starts it early and the larger later
+    ones (serialized while the model runs) restore the sorting.
+    """
+    size = min(FIRST_CHUNK_ITEMS, chunk_items)
+    start = 0
+    while start < len(indices):
+        yield indices[start : start + size]
+        start += size
+        size = min(2 * size, chunk_items)
 
 
 def _chunk_batches(chunk, serialize, pool, config, pad_token_id, pin_memory, timer) -> Iterator[Batch | ItemError]:

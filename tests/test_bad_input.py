@@ -111,3 +111,29 @@ def test_missing_model_directory_is_a_model_load_error(tmp_path):
 def test_every_error_is_a_faste_error():
     for error in (ConfigError, InputError, ModelLoadError):
         assert issubclass(error, FasteError)
+
+
+def test_pdfium_is_only_called_under_its_lock_from_concurrent_workers(image_dir, monkeypatch):
+    """PDFium crashes when two threads call it at once; worker threads render pages, so every
+    document must be opened (and used, and closed) under the one lock."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import pypdfium2
+
+    from faste_mm import items as items_module
+
+    opened_unlocked = []
+    original = pypdfium2.PdfDocument
+
+    def checked(*args, **kwargs):
+        opened_unlocked.append(not items_module._PDFIUM_LOCK.locked())
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(pypdfium2, "PdfDocument", checked)
+    pages = [Item(image=image_dir / "doc.pdf", page=1 + i % 2) for i in range(12)]
+    sequential = [np.asarray(items_module.load_image(page, 50_000)) for page in pages]
+    with ThreadPoolExecutor(4) as pool:
+        concurrent = [np.asarray(image) for image in pool.map(lambda page: items_module.load_image(page, 50_000), pages)]
+    assert len(opened_unlocked) == 24 and not any(opened_unlocked)
+    assert all(np.array_equal(a, b) for a, b in zip(sequential, concurrent))
+    assert not items_module._PDFIUM_LOCK.locked()

@@ -80,3 +80,31 @@ def test_bench_on_images_of_a_local_model(model_dirs, tmp_path):
 
 def test_bench_needs_exactly_one_model_source():
     assert CliRunner().invoke(app, ["bench"]).exit_code == 2
+
+
+def test_bench_compares_unpadded_layouts_on_variable_length_texts(model_dirs):
+    args = ["bench", "--model", str(model_dirs["qwen3"]), "--inputs", "text:20-60", "--n", "5", "--r-max", "0.5"]
+    args += ["--trigger-layer", "2", "--unpadded", "off,segments", "--workers", "1", "--repeats", "1", "--device", "cpu", "--json", "-"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    full, padded, packed = report["settings"]
+    assert [s["name"] for s in report["settings"]] == ["full", "faste r=0.5 [off]", "faste r=0.5 [segments]"]
+    assert padded["attention"] == {"padded": 1} and packed["attention"] == {"segments": 1}
+    assert (padded["unpadded"], packed["unpadded"]) == ("off", "segments")
+    assert abs(padded["max_abs_diff_vs_full"] - packed["max_abs_diff_vs_full"]) < 1e-5  # same vectors
+    assert report["batching"]["unpadded"] == "auto" and report["batching"]["worker_threads"] == 1
+
+
+def test_text_length_ranges_are_drawn_within_the_bounds(tmp_path):
+    from transformers import AutoTokenizer
+
+    from faste_mm.bench_inputs import make_inputs
+    from faste_mm.testing import qwen_tokenizer_dir
+
+    tokenizer = AutoTokenizer.from_pretrained(str(qwen_tokenizer_dir()))
+    texts = make_inputs("text:20-40", 12, tmp_path, tokenizer)
+    lengths = [len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
+    assert all(18 <= n <= 42 for n in lengths) and len(set(lengths)) > 3  # decode/re-encode may shift by a token
+    with pytest.raises(ConfigError, match="MIN <= MAX"):
+        make_inputs("text:40-20", 2, tmp_path, tokenizer)

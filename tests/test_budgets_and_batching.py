@@ -175,3 +175,22 @@ def test_preprocessing_crashes_surface_in_the_caller():
 
     with pytest.raises(SystemExit, match="worker died"):
         list(prefetch_batches([0, 1], explode, BatchingConfig(workers=1), pad_token_id=0))
+
+
+def test_the_model_starts_after_a_small_first_chunk_not_a_whole_one():
+    """Length sorting needs a whole chunk serialized, so the first chunks are small (16, then
+    doubling up to chunk_items): the first batch is ready after 16 items, not 256."""
+    from faste_mm.prefetch import FIRST_CHUNK_ITEMS, _ramped_chunks, prefetch_batches
+    from faste_mm.serialization import Serialized
+
+    assert [len(c) for c in _ramped_chunks(list(range(150)), 40)] == [16, 32, 40, 40, 22]
+    assert [len(c) for c in _ramped_chunks(list(range(5)), 256)] == [5]
+    assert sum(_ramped_chunks(list(range(300)), 64), []) == list(range(300))  # every item once, in order
+    serialized = []
+
+    def serialize(index: int) -> Serialized:
+        serialized.append(index)
+        return Serialized(input_ids=torch.ones(4 + index % 3, dtype=torch.long))
+
+    first = next(prefetch_batches(list(range(300)), serialize, BatchingConfig(workers=0, chunk_items=256), pad_token_id=0))
+    assert len(serialized) == FIRST_CHUNK_ITEMS and set(first.rows) <= set(range(FIRST_CHUNK_ITEMS))

@@ -111,9 +111,9 @@ def test_auto_trial_times_checks_and_records_candidates_once(vl_embedder, mixed_
     np.testing.assert_allclose(first.embeddings, baseline.embeddings, atol=1e-5)
 
 
-def test_auto_on_a_cpu_stays_padded_without_a_trial(text_embedders):
+def test_auto_on_a_cpu_packs_with_segments_without_a_trial(text_embedders):
     result = _layout(text_embedders["qwen3"], "auto").encode(TEXTS, fast_e=FastEConfig(r_max=0.5, trigger_layer=2))
-    assert result.stats.attention == {PADDED: 1} and result.stats.attention_trial == {}
+    assert result.stats.attention == {"segments": 1} and result.stats.attention_trial == {}
 
 
 def test_unpadded_settings_are_validated_with_the_valid_choices():
