@@ -69,6 +69,7 @@ class Batch:
     mm_token_type_ids: torch.Tensor | None = None  # [B, T]
     pixel_values: torch.Tensor | None = None  # [sum P, C] images in row order
     image_grid_thw: torch.Tensor | None = None  # [n_images, 3]
+    position_ids: torch.Tensor | None = None  # [3, B, T] MRoPE positions (rows with images)
 
     @property
     def size(self) -> int:
@@ -94,6 +95,7 @@ class Batch:
             mm_token_type_ids=move(self.mm_token_type_ids),
             pixel_values=move(self.pixel_values),
             image_grid_thw=move(self.image_grid_thw),
+            position_ids=move(self.position_ids),
         )
 
 
@@ -130,6 +132,13 @@ def collate(items: list[Serialized], rows: list[int], pad_token_id: int) -> Batc
         input_ids[b, : item.length] = item.input_ids
         if mm_types is not None and item.mm_token_type_ids is not None:
             mm_types[b, : item.length] = item.mm_token_type_ids
+    position_ids = None
+    if any(item.position_ids is not None for item in items):
+        # rows without their own (text-only) count 0..T-1 on all three axes; padding is never attended
+        position_ids = torch.arange(width).expand(3, len(items), width).clone()
+        for b, item in enumerate(items):
+            if item.position_ids is not None:
+                position_ids[:, b, : item.length] = item.position_ids
     images = [item for item in items if item.pixel_values is not None]
     return Batch(
         rows=list(rows),
@@ -139,4 +148,5 @@ def collate(items: list[Serialized], rows: list[int], pad_token_id: int) -> Batc
         mm_token_type_ids=mm_types,
         pixel_values=torch.cat([item.pixel_values for item in images]) if images else None,
         image_grid_thw=torch.cat([item.image_grid_thw for item in images]) if images else None,
+        position_ids=position_ids,
     )

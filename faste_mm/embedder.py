@@ -231,7 +231,8 @@ class Embedder:
         device = self.backbone.device
 
         def serialize(index: int) -> Serialized:
-            return self.serializer(items[index], items[index].instruction or instruction)
+            serialized = self.serializer(items[index], items[index].instruction or instruction)
+            return self.backbone.with_positions(serialized)
 
         pad = self.loaded.pad_token_id
         for element in prefetch_batches(todo, serialize, self.batching, pad, device.type == "cuda", timer):

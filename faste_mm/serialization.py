@@ -50,6 +50,7 @@ class Serialized:
     pixel_values: torch.Tensor | None = None  # [P, C] flattened patches of the one image
     image_grid_thw: torch.Tensor | None = None  # [1, 3]
     truncated: bool = False
+    position_ids: torch.Tensor | None = None  # [3, T] MRoPE positions, filled by the backbone in the workers
 
     @property
     def length(self) -> int:

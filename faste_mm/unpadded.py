@@ -12,8 +12,9 @@ remaining layer on real tokens only, with one of these variable-length attention
 first compressed batch: the remaining layers once padded and once per available CUDA kernel
 (each after a warm-up run), keeps the fastest whose vectors agree with the padded ones, and
 records the timings; every later batch uses that choice. "auto" on a CPU is "segments" without a
-trial: measured there it was never slower than the padded layers and up to 19% faster on mixed
-lengths (docs/benchmarks.md), since it skips the padding and CPU SDPA runs faster causal than masked.
+trial: measured there it matched the padded layers within noise on equal lengths and was up to
+18% faster on mixed lengths (docs/benchmarks.md): it skips the padding, and CPU SDPA runs faster
+causal than masked.
 """
 
 from __future__ import annotations
@@ -105,26 +106,26 @@ class Unpadded:
     """
 
     def __init__(self, mode: str, device: torch.device, dtype: torch.dtype, candidates: dict[str, Kernel] | None = None) -> None:
+        """`candidates` replaces the kernels "auto" tries (default: the available CUDA kernels)."""
         if mode not in UNPADDED_MODES:
             raise ConfigError(f"unpadded must be one of {', '.join(UNPADDED_MODES)}; got {mode!r}")
+        if mode in KERNELS and (reason := kernel_unavailable(mode, device, dtype)) is not None:
+            raise ConfigError(f"unpadded={mode!r} {reason}; use 'auto' or 'off'")
         self.mode = mode
         self.device = device
         self.trial: dict[str, float | str] = {}
-        self.choice: str | None = None
-        if mode == "off":
-            self.choice = PADDED
-        elif mode in KERNELS:
-            reason = kernel_unavailable(mode, device, dtype)
-            if reason is not None:
-                raise ConfigError(f"unpadded={mode!r} {reason}; use 'auto' or 'off'")
-            self.choice = mode
         if candidates is None and device.type == "cuda":
             candidates = {n: KERNELS[n] for n in _AUTO_CANDIDATES if kernel_unavailable(n, device, dtype) is None}
         self.candidates = candidates or {}
-        if mode == "auto" and candidates is None:
-            self.choice = "segments"  # a CPU (see the module docstring)
-        elif mode == "auto" and not candidates:
-            self.choice = PADDED  # CUDA without a usable kernel: nothing to try
+        self.choice: str | None = None  # settled on the first compressed batch
+        if mode == "off":
+            self.choice = PADDED
+        elif mode in KERNELS:
+            self.choice = mode
+        elif candidates is None:
+            self.choice = "segments"  # "auto" on a CPU (see the module docstring)
+        elif not candidates:
+            self.choice = PADDED  # "auto" on CUDA without a usable kernel: nothing to try
 
     def kernel(self, name: str) -> Kernel | None:
         return None if name == PADDED else (self.candidates.get(name) or KERNELS[name])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from PIL import Image
 
 from faste_mm import Item
@@ -146,3 +147,21 @@ def test_eos_readout_is_appended_once_even_if_the_tokenizer_adds_it():
     assert serializer(Item(text="a bb"), None).input_ids.tolist() == [1, 11, 12, 2]
     truncated = serializer(Item(text="a bb ccc dddd"), None)
     assert truncated.input_ids.tolist() == [1, 11, 12, 2] and truncated.truncated
+
+
+def test_mrope_positions_from_the_workers_equal_get_rope_index_on_the_batch(vl_embedder, mixed_items):
+    """Positions are computed per item in the preprocessing workers; collated, they must equal
+    the model's own get_rope_index over the padded batch (text-only rows included)."""
+    from faste_mm.batching import collate
+    from faste_mm.items import as_item
+
+    backbone = vl_embedder.backbone
+    serialized = [backbone.with_positions(vl_embedder.serializer(as_item(x, i), None)) for i, x in enumerate(mixed_items)]
+    assert any(s.position_ids is None for s in serialized) and any(s.position_ids is not None for s in serialized)
+    batch = collate(serialized, list(range(len(serialized))), vl_embedder.loaded.pad_token_id)
+    expected, _ = backbone.model.get_rope_index(
+        batch.input_ids, mm_token_type_ids=batch.mm_token_type_ids, image_grid_thw=batch.image_grid_thw,
+        attention_mask=batch.valid.long(),
+    )
+    assert batch.position_ids.shape == expected.shape
+    assert torch.equal(batch.position_ids[:, batch.valid], expected[:, batch.valid])

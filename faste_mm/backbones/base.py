@@ -11,6 +11,7 @@ from transformers.masking_utils import create_causal_mask, create_sliding_window
 from faste_mm.batching import Batch
 from faste_mm.decoder_state import DecoderState, PackedState
 from faste_mm.flops import DecoderShape
+from faste_mm.serialization import Serialized
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -58,6 +59,11 @@ class Backbone:
 
     def embed(self, batch: Batch) -> DecoderState:
         raise NotImplementedError
+
+    def with_positions(self, item: Serialized) -> Serialized:
+        """Per-item position ids computed in the preprocessing workers (CPU, overlapped with the
+        model); plain decoders count 0..T-1 in `embed` and need none."""
+        return item
 
     def attention_masks(self, state: DecoderState) -> dict[str, torch.Tensor | None]:
         """The 4-D masks HF's own forward would build for this padding, one per attention kind."""

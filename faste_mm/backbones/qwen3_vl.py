@@ -1,15 +1,18 @@
 """Qwen3-VL adapter: vision features scattered into the token embeddings, interleaved MRoPE
-positions from the model's own `get_rope_index`, and DeepStack injections after decoder layers
+positions from the model's own `get_rope_index` (per item, in the preprocessing workers), and DeepStack injections after decoder layers
 0..k-1, driven token-by-token through `DecoderState.visual_rank` so they survive compression.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import torch
 
 from faste_mm.backbones.base import Backbone
 from faste_mm.batching import Batch
 from faste_mm.decoder_state import DecoderState
+from faste_mm.serialization import Serialized
 
 
 class Qwen3VLBackbone(Backbone):
@@ -37,12 +40,14 @@ class Qwen3VLBackbone(Backbone):
             ranks = torch.cumsum(image_mask.flatten(), 0).view_as(image_mask) - 1
             visual_rank = torch.where(image_mask, ranks, -1)
             deepstack = tuple(torch.cat(feature).to(hidden.dtype) for feature in vision.deepstack_features)
-            position_ids, _ = self.model.get_rope_index(
-                input_ids,
-                mm_token_type_ids=batch.mm_token_type_ids,
-                image_grid_thw=batch.image_grid_thw,
-                attention_mask=batch.valid.long(),
-            )  # [3, B, T]
+            position_ids = batch.position_ids  # [3, B, T], from the workers (with_positions)
+            if position_ids is None:  # batches built elsewhere (the sentence-transformers wrapper)
+                position_ids, _ = self.model.get_rope_index(
+                    input_ids,
+                    mm_token_type_ids=batch.mm_token_type_ids,
+                    image_grid_thw=batch.image_grid_thw,
+                    attention_mask=batch.valid.long(),
+                )
         else:
             width = input_ids.shape[1]
             position_ids = torch.arange(width, device=input_ids.device).view(1, 1, -1).expand(3, input_ids.shape[0], -1)
@@ -57,6 +62,16 @@ class Qwen3VLBackbone(Backbone):
             visual_rank=visual_rank,
             deepstack=deepstack,
         )
+
+    def with_positions(self, item: Serialized) -> Serialized:
+        """MRoPE positions of one item with an image, by the model's own `get_rope_index` (a
+        Python loop with host reads per row: on CPU in a worker it costs the GPU nothing)."""
+        if item.image_grid_thw is None:
+            return item
+        position_ids, _ = self.model.get_rope_index(
+            item.input_ids[None], mm_token_type_ids=item.mm_token_type_ids[None], image_grid_thw=item.image_grid_thw
+        )  # [3, 1, T]
+        return replace(item, position_ids=position_ids[:, 0])
 
     def after_layer(self, index: int, state: DecoderState) -> DecoderState:
         """DeepStack: add vision block features to the visual tokens after layers 0..k-1."""
