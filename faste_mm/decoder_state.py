@@ -78,7 +78,8 @@ class DecoderState:
         )
 
     def pack(self) -> "PackedState":
-        """The valid tokens only, rows back to back (right padding keeps each row contiguous)."""
+        """The valid tokens only, rows back to back (right padding keeps each row contiguous).
+        Its host reads (the lengths, the boolean selection) happen once, at the compression step."""
         valid = self.valid
         lengths = self.lengths
         return PackedState(
@@ -86,7 +87,7 @@ class DecoderState:
             cos=self.cos[valid],
             sin=self.sin[valid],
             cu_seqlens=torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).to(torch.int32),
-            lengths=tuple(lengths.tolist()),  # the one host copy, at the compression step
+            lengths=tuple(lengths.tolist()),
             visual_rank=None if self.visual_rank is None else self.visual_rank[valid],
             deepstack=self.deepstack,
         )
