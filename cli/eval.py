@@ -59,7 +59,7 @@ def eval_command(
     seed: int = typer.Option(0, envvar="FASTE_MM_SEED", help="Seed of the 'random' ranking baseline. Default 0."),
     batch_tokens: int = typer.Option(16384, envvar="FASTE_MM_BATCH_TOKENS", help="Padded tokens per batch. Default 16384."),
     unpadded: str = unpadded_option(),
-    chunk_items: int = typer.Option(256, envvar="FASTE_MM_CHUNK_ITEMS", help="Items serialized and length-sorted together (one progress step). Default 256."),
+    chunk_items: int = typer.Option(256, envvar="FASTE_MM_CHUNK_ITEMS", help="Items serialized and length-sorted together (the first chunks are smaller). Default 256."),
     device: str = typer.Option("auto", envvar="FASTE_MM_DEVICE", help="auto | cpu | cuda | cuda:N."),
     dtype: str = typer.Option("auto", envvar="FASTE_MM_DTYPE", help="auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16 | float16."),
     cache: bool = typer.Option(True, "--cache/--no-cache", envvar="FASTE_MM_EVAL_CACHE", help="Keep embeddings in --out/cache and resume from them. Default on."),

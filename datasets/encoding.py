@@ -1,6 +1,5 @@
-"""Embedding one side of a task for one setting: items -> `Embedder` in slices of
-`batching.chunk_items` (the embedder's own serialization chunk, so slicing changes no batch and
-gives progress steps) -> vectors + `EncodeStats`; stored per (model, task, setting) in an
+"""Embedding one side of a task for one setting: items -> one `Embedder.encode` call (progress
+reported per batch) -> vectors + `EncodeStats`; stored per (model, task, setting) in an
 `EmbeddingCache` so an interrupted evaluation resumes where it stopped.
 """
 
@@ -108,19 +107,11 @@ def encode_items(
     Returns float32 [n, d] unit rows in item order (zero rows for items that failed, which are
     logged and counted in `n_failed`) and the summed stats.
     """
-    vectors = np.zeros((len(items), embedder.dim), dtype=np.float32)
-    total = EncodeStats()
-    step = embedder.batching.chunk_items
-    for start in range(0, len(items), step):
-        chunk = items[start : start + step]
-        encode = embedder.encode_queries if is_query else embedder.encode_documents
-        result = encode(chunk, fast_e=fast_e, on_error="skip")
-        for failure in result.failures:
-            log.warning("item %d skipped: %s", start + failure.source, failure.reason)
-        vectors[start : start + len(chunk)] = result.embeddings
-        total = total + EncodeStats.from_embed(result.stats)
-        progress.advance(len(chunk))
-    return vectors, total
+    encode = embedder.encode_queries if is_query else embedder.encode_documents
+    result = encode(items, fast_e=fast_e, on_error="skip", progress=progress.advance)
+    for failure in result.failures:
+        log.warning("item %d skipped: %s", failure.source, failure.reason)
+    return result.embeddings, EncodeStats.from_embed(result.stats)
 
 
 def downscale_pixels(embedder: Embedder, items: list[Item], r_max: float) -> list[int | None]:

@@ -110,13 +110,14 @@ class AlignmentProbe:
 
 def batch_alignment(state: DecoderState) -> torch.Tensor:
     """Mean over the batch of g_i = cos(h_readout, mean of valid prefix states) (paper Eq. 2)."""
-    hidden = state.hidden.float()
+    hidden = state.hidden  # [B, T, H], the model's dtype
     prefix = state.prefix_mask  # [B, T]
     n_prefix = prefix.sum(dim=1, keepdim=True).clamp(min=1)  # [B, 1]
-    prefix_mean = (hidden * prefix[..., None]).sum(dim=1) / n_prefix  # [B, H]
-    rows = torch.arange(hidden.shape[0], device=hidden.device)
-    readout = hidden[rows, state.readout_index]  # [B, H]
-    return torch.nn.functional.cosine_similarity(readout, prefix_mean, dim=-1).mean()
+    # one [B, 1, T] x [B, T, H] product (fp32 accumulation) instead of a float copy and a masked
+    # copy of the whole hidden state at every monitored layer
+    prefix_sum = torch.bmm(prefix[:, None, :].to(hidden.dtype), hidden)[:, 0].float()  # [B, H]
+    readout = state.readout_hidden().float()  # [B, H]
+    return torch.nn.functional.cosine_similarity(readout, prefix_sum / n_prefix, dim=-1).mean()
 
 
 class FastE:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field, replace
-from typing import Iterable, Literal
+from typing import Callable, Iterable, Literal
 
 import numpy as np
 import torch
@@ -196,6 +196,7 @@ class Embedder:
         dim: int | None = None,
         on_error: OnError = "raise",
         record_alignment: bool = False,
+        progress: Callable[[int], None] | None = None,
     ) -> EmbedResult:
         """Embed texts, images, image+text pairs and PDF pages.
 
@@ -208,6 +209,7 @@ class Embedder:
                 rest and reports failures in the result.
             record_alignment: with the full forward, measure the batch-mean readout/prefix
                 alignment before every layer (stats.batches[i].alignment), for calibration.
+            progress: called with the number of rows done after each batch (and each failure).
         """
         if on_error not in ("raise", "skip"):
             raise ConfigError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
@@ -221,6 +223,8 @@ class Embedder:
         failures = [Failure(index, sources[index], item.describe(), reason) for index, item, reason in broken]
         if failures and on_error == "raise":
             raise InputError(f"input {failures[0].source}: {failures[0].reason}")
+        if failures and progress is not None:
+            progress(len(failures))
         embeddings = np.zeros((len(items), self.dim), dtype=np.float32)
         ok = np.zeros(len(items), dtype=bool)
         traces: list[BatchTrace] = []
@@ -241,6 +245,8 @@ class Embedder:
                 if on_error == "raise":
                     raise InputError(f"input {failure.source}: {failure.reason}") from element.error
                 failures.append(failure)
+                if progress is not None:
+                    progress(1)
                 continue
             tick = time.perf_counter()
             vectors, trace = run_decoder(self.backbone, element.to(device), policy, self.unpadded)
@@ -249,6 +255,8 @@ class Embedder:
             embeddings[element.rows, : vectors.shape[1]] = vectors
             ok[element.rows] = True
             traces.append(trace)
+            if progress is not None:
+                progress(len(element.rows))
         if dim is not None:
             embeddings = np.ascontiguousarray(embeddings[:, :dim])
         failures.sort(key=lambda f: f.index)
@@ -265,13 +273,14 @@ class Embedder:
         fast_e: FastEConfig | None = None,
         dim: int | None = None,
         on_error: OnError = "raise",
+        progress: Callable[[int], None] | None = None,
     ) -> EmbedResult:
         """Queries: the task instruction (text models fall back to their default query task)
         and the full forward unless `fast_e` is given."""
         prompt = getattr(self.serializer, "prompt", None)
         if instruction is None and prompt is not None:
             instruction = prompt.default_query_instruction
-        return self.encode(inputs, fast_e=fast_e, instruction=instruction, dim=dim, on_error=on_error)
+        return self.encode(inputs, fast_e=fast_e, instruction=instruction, dim=dim, on_error=on_error, progress=progress)
 
     def encode_documents(
         self,
@@ -281,10 +290,12 @@ class Embedder:
         dim: int | None = None,
         on_error: OnError = "raise",
         record_alignment: bool = False,
+        progress: Callable[[int], None] | None = None,
     ) -> EmbedResult:
         """Documents / candidates: the default instruction (document format); FastE if given."""
         return self.encode(
-            inputs, fast_e=fast_e, instruction=None, dim=dim, on_error=on_error, record_alignment=record_alignment
+            inputs, fast_e=fast_e, instruction=None, dim=dim, on_error=on_error,
+            record_alignment=record_alignment, progress=progress,
         )
 
     def calibrate(self, items: Iterable[object], r_max: float = 0.5, target: float = 0.99, **options):

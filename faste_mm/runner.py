@@ -44,6 +44,7 @@ def run_decoder(backbone, batch: Batch, policy, unpadded: Unpadded | None = None
     """
     state = backbone.embed(batch)
     masks = backbone.attention_masks(state)
+    width = int(state.hidden.shape[1])  # padded tokens per row (packed rows: the longest)
     prefix_tokens = state.lengths - 1
     kept_prefix = prefix_tokens
     padded_lengths: list[int] = []
@@ -58,16 +59,18 @@ def run_decoder(backbone, batch: Batch, policy, unpadded: Unpadded | None = None
                 alignment.append((layer, decision.alignment))
             if decision.plan is not None:
                 state = state.gather(decision.plan.index, decision.plan.lengths)
-                masks = backbone.attention_masks(state)  # rebuilt only here, from the gathered 2-D mask
                 kept_prefix = decision.plan.lengths - 1
                 trigger_layer = layer
-                if unpadded is not None and backbone.can_pack(state.hidden.shape[1]):
+                width = int(state.hidden.shape[1])
+                if unpadded is not None and backbone.can_pack(width):
                     gathered, start = state, layer
-                    attention = unpadded.settle(lambda k: _finish(backbone, gathered, masks, start, k))
+                    attention = unpadded.settle(lambda k: _finish(backbone, gathered, start, k))
                     kernel = unpadded.kernel(attention)
-                    if kernel is not None:
-                        state = state.pack()
-        padded_lengths.append(int(state.hidden.shape[1]) if kernel is None else max(state.lengths))
+                if kernel is None:
+                    masks = backbone.attention_masks(state)  # rebuilt only here, from the gathered 2-D mask
+                else:
+                    state = state.pack()
+        padded_lengths.append(width)
         state = _run_layer(backbone, layer, state, masks, kernel)
     embeddings = pool_readout(backbone, state.readout_hidden())
     trace = BatchTrace(
@@ -92,9 +95,10 @@ def _run_layer(backbone, layer: int, state, masks, kernel):
     return backbone.after_layer(layer, state.with_hidden(hidden))
 
 
-def _finish(backbone, state: DecoderState, masks, start: int, kernel) -> torch.Tensor:
+def _finish(backbone, state: DecoderState, start: int, kernel) -> torch.Tensor:
     """The layers from `start` on for a just-compressed state: [B, H] readout states (for the
     unpadded trial, which runs them once per candidate)."""
+    masks = backbone.attention_masks(state) if kernel is None else None
     if kernel is not None:
         state = state.pack()
     for layer in range(start, len(backbone.layers)):

@@ -48,7 +48,9 @@ def test_bad_file_raises_input_error_naming_the_file(vl_embedder, bad_files, kin
 def test_skip_embeds_the_good_items_and_reports_every_failure(vl_embedder, bad_files, image_dir):
     good = ["fine text", Item(image=image_dir / "red.png")]
     inputs = [good[0], *[Item(image=p) for p, _ in bad_files.values()], good[1]]
-    res = vl_embedder.encode(inputs, on_error="skip")
+    done = []
+    res = vl_embedder.encode(inputs, on_error="skip", progress=done.append)
+    assert sum(done) == len(inputs)  # every row reported once, failures included
     assert res.ok.tolist() == [True] + [False] * len(bad_files) + [True]
     assert [f.source for f in res.failures] == list(range(1, 1 + len(bad_files)))
     for failure, (path, why) in zip(res.failures, bad_files.values()):

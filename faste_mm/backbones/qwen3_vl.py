@@ -77,8 +77,8 @@ class Qwen3VLBackbone(Backbone):
         """DeepStack: add vision block features to the visual tokens after layers 0..k-1."""
         if state.deepstack is None or index >= len(state.deepstack):
             return state
-        mask = state.visual_mask  # [B, T]
-        features = state.deepstack[index][state.visual_rank[mask]]  # [n_kept_visual, H]
-        hidden = state.hidden.clone()
-        hidden[mask] = hidden[mask] + features
+        # gathered for every slot and selected by the mask: boolean indexing would sync with the
+        # host (nonzero) inside the layer loop; works on padded [B, T] and packed [N] states alike
+        features = state.deepstack[index][state.visual_rank.clamp(min=0)]  # [..., H]
+        hidden = torch.where(state.visual_mask[..., None], state.hidden + features, state.hidden)
         return state.with_hidden(hidden)
