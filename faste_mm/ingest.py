@@ -273,10 +273,11 @@ def plan_update(col: Collection, scan: Scan, retry_failed: bool = False) -> Upda
 
 
 def record_missing(col: Collection, missing: Sequence[tuple[str, str]], tally: IngestTally) -> None:
-    """A named path that does not exist: remove it if it was indexed, else record the failure."""
+    """A named path that does not exist: remove what was indexed under it and record the
+    failure (every run, so the report does not depend on what an earlier run stored)."""
     known = {uri for uri, _ in missing if col.plan_scan([], under=uri).vanished}
     col.delete_uris(sorted(known))
-    records = [ItemRecord(uri=uri, modality="missing", error=error) for uri, error in missing if uri not in known]
+    records = [ItemRecord(uri=uri, modality="missing", error=error) for uri, error in missing]
     col.add_failures(records)
     tally.failures.extend(IndexFailure(r.uri, None, r.error) for r in records)
 

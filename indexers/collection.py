@@ -93,6 +93,8 @@ class Collection:
                 raise CollectionError(f"{root}: a collection already exists here; open it, or "
                                       f"pass exist_ok=True to add to it")
             return cls.open(root, writable=True, expect=manifest)
+        if root.exists() and not root.is_dir():
+            raise CollectionError(f"{root}: is a file, not a collection directory; choose a new path")
         if root.exists():
             # A directory left by an interrupted create holds only our files; anything else
             # means the user pointed us at the wrong folder, which we must not litter.
@@ -454,8 +456,13 @@ class Collection:
     def _build(self, committed: list[tuple[int, int]], factory: str) -> None:
         dim = self._manifest.dim
         loaded = [parts.read_part(self.root, p, n, dim) for p, n in committed]
-        log.info("%s: building %s over %d vectors", self.root, factory,
-                 sum(n for _, n in committed))
+        n = sum(n for _, n in committed)
+        requested = self._manifest.index_type
+        if requested not in ("auto", factory):  # here, not in resolve_factory: once per build
+            log.warning("%s: index %r needs at least %d vectors to train, the collection has %d; "
+                        "searching with an exact %s index until it grows", self.root, requested,
+                        faiss_index.min_training_vectors(requested), n, factory)
+        log.info("%s: building %s over %d vectors", self.root, factory, n)
         self._index = faiss_index.build_index(factory, dim, loaded,
                                               self._manifest.memory_budget_bytes)
         self._index_factory = factory
@@ -491,11 +498,16 @@ class Collection:
         None keeps the current choice. Raises ConfigError for an invalid factory string.
         """
         self._require_writable("rebuild the index")
+        previous = self._manifest
         if index_type is not None:
             faiss_index.validate_factory(index_type, self._manifest.dim)
             self._manifest = self._manifest.replace(index_type=index_type)
         committed = self._store.parts()
-        self._build(committed, self._desired_factory(committed))
+        try:
+            self._build(committed, self._desired_factory(committed))
+        except BaseException:
+            self._manifest = previous  # a failed switch is not recorded (close would retry it)
+            raise
         self._index_key = (self._store.state()["epoch"], max((p for p, _ in committed),
                                                              default=-1))
         self.save_index()

@@ -112,10 +112,7 @@ def resolve_factory(index_type: str, n: int, dim: int, memory_budget_bytes: int)
     if index_type == "auto":
         return auto_factory(n, dim, memory_budget_bytes)
     if _needs_training(index_type, dim) and n < min_training_vectors(index_type):
-        log.warning("index %r needs at least %d vectors to train, the collection has %d; "
-                    "searching with an exact Flat index until it grows", index_type,
-                    min_training_vectors(index_type), n)
-        return "Flat"
+        return "Flat"  # the collection warns when it builds this fallback
     return index_type
 
 

@@ -181,7 +181,10 @@ def read_manifest(root: Path) -> Manifest:
     except (OSError, json.JSONDecodeError) as e:
         raise CollectionError(f"{path}: cannot read the manifest ({e}); restore it from a backup "
                               f"or re-index into a new collection") from None
-    version = raw.get("format_version", FORMAT_VERSION)
+    version = raw.get("format_version", FORMAT_VERSION) if isinstance(raw, dict) else None
+    if not isinstance(version, int):
+        raise CollectionError(f"{path}: invalid manifest (not an object with an integer format_version); "
+                              f"restore it from a backup or re-index into a new collection")
     if version > FORMAT_VERSION:
         raise CollectionError(
             f"{root}: collection format_version {version} is newer than this faste-mm "
@@ -189,8 +192,9 @@ def read_manifest(root: Path) -> Manifest:
             f"upgrade faste-mm (pip install -U faste-mm) to open it")
     try:
         return Manifest.from_dict(raw)
-    except ConfigError as e:
-        raise CollectionError(f"{path}: invalid manifest: {e}") from None
+    except (ConfigError, TypeError, AttributeError, ValueError) as e:
+        raise CollectionError(f"{path}: invalid manifest: {e}; restore it from a backup or "
+                              f"re-index into a new collection") from None
 
 
 def write_manifest(root: Path, manifest: Manifest) -> None:

@@ -102,6 +102,22 @@ def test_newer_manifest_format_is_refused(tmp_path):
         Collection.open(tmp_path / "c")
 
 
+@pytest.mark.parametrize("raw", [[1, 2], {"format_version": "2"}, {"model_id": "m", "dim": 16, "serializer": "x"}])
+def test_a_manifest_of_the_wrong_shape_is_a_collection_error_naming_the_file(tmp_path, raw):
+    _create(tmp_path / "c")
+    (tmp_path / "c" / "manifest.json").write_text(json.dumps(raw))
+    with pytest.raises(CollectionError, match="invalid manifest") as e:
+        Collection.open(tmp_path / "c")
+    assert "manifest.json" in str(e.value) and "re-index" in str(e.value)
+
+
+def test_creating_a_collection_over_a_file_names_it(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(CollectionError, match="is a file"):
+        Collection.create(tmp_path / "notes.txt", Manifest(model_id="m", dim=D))
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
 def test_second_writer_fails_fast_naming_the_collection(tmp_path):
     _create(tmp_path / "c")
     with Collection.open(tmp_path / "c", writable=True):

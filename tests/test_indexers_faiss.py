@@ -93,12 +93,14 @@ def test_pq_factory_trains_and_finds_exact_duplicates(tmp_path):
         assert np.mean([i in row for i, row in enumerate(found)]) >= 0.9
 
 
-def test_factory_needing_more_training_vectors_searches_exactly_until_it_can_train(tmp_path):
+def test_factory_needing_more_training_vectors_searches_exactly_until_it_can_train(tmp_path, caplog):
     rng = np.random.default_rng(3)
     with build(tmp_path, clustered(rng, 10, 16), "IVF64,Flat") as col:
         _, found = col.search(col.vectors(range(10)), k=1)
         np.testing.assert_array_equal(found[:, 0], np.arange(10))
         assert col.info().index_factory == "Flat"
+        warnings = [r for r in caplog.records if "needs at least 64 vectors" in r.getMessage()]
+        assert len(warnings) == 1  # once per fallback build, not once per factory lookup
         col.add(clustered(rng, 3000, 16), [ItemRecord(uri=f"v{i}", modality="text")
                                            for i in range(3000)])
     # At close the collection has enough vectors and switches to the requested index.

@@ -166,3 +166,11 @@ def test_collection_names_resolve_under_the_user_data_dir(monkeypatch, tmp_path)
     assert collection_path(None) == base / "default"
     assert collection_path("photos") == base / "photos"
     assert collection_path("./photos") == Path("photos").absolute() and collection_path("a/b") == Path("a/b").absolute()
+
+
+def test_a_missing_named_path_is_reported_on_every_run(embedder, tmp_path):
+    retriever = Retriever(embedder, collection=tmp_path / "col", r_max=0.0)
+    for _ in range(3):
+        report = retriever.index([tmp_path / "gone.png"])
+        assert [Path(f.uri).name for f in report.failures] == ["gone.png"]
+        assert "not found" in report.failures[0].error
