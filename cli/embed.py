@@ -12,7 +12,7 @@ import typer
 from rich.table import Table
 
 from faste_mm.cli.common import DEFAULT_MODEL, fail, stderr, stdout, unpadded_option
-from faste_mm.errors import FasteError
+from faste_mm.errors import ConfigError, FasteError
 
 def embed(
     paths: list[Path] = typer.Argument(None, help="Image, PDF and .txt/.md files or folders (walked recursively)."),
@@ -44,17 +44,24 @@ def embed(
         inputs = [*text, *files]
         if not inputs:
             raise typer.BadParameter("give at least one PATH or --text")
+        if out is not None:
+            out = out.with_suffix(".npy")  # what np.save writes anyway; the summary names the real file
+            if not out.parent.is_dir():  # checked before the model runs, so no run is lost to a typo
+                raise ConfigError(f"--out {out}: folder {out.parent} does not exist; create it or choose another path")
         fast_e = None
         if r_max > 0 or trigger_layer is not None:
             fast_e = FastEConfig(r_max=r_max, warmup_layer=warmup_layer, threshold=threshold, trigger_layer=trigger_layer)
         embedder = Embedder.from_pretrained(model, device=device, dtype=dtype, batching=BatchingConfig(batch_tokens=batch_tokens, unpadded=unpadded))
         result = embedder.encode(inputs, fast_e=fast_e, instruction=instruction, dim=dim, on_error="skip")
+        if out is not None and result.ok.any():
+            import numpy as np
+
+            try:
+                np.save(out, result.embeddings)
+            except OSError as error:
+                raise ConfigError(f"--out {out}: cannot write the embeddings ({error}); choose another path") from None
     except FasteError as error:
         fail(error, debug)
-    if out is not None:
-        import numpy as np
-
-        np.save(out, result.embeddings)
     summary = {
         "model": embedder.model_id,
         "items": [
@@ -63,7 +70,7 @@ def embed(
         ],
         "failures": [failure.to_dict() for failure in result.failures],
         "stats": result.stats.to_dict(),
-        "embeddings_file": None if out is None else str(out),
+        "embeddings_file": None if out is None or not result.ok.any() else str(out),
         "dim": int(result.embeddings.shape[1]),
     }
     if as_json:

@@ -34,7 +34,18 @@ def test_embed_reads_options_from_environment(model_dirs):
     env = {"FASTE_MM_MODEL": str(model_dirs["qwen3_vl"]), "FASTE_MM_DEVICE": "cpu", "FASTE_MM_R_MAX": "0.7", "FASTE_MM_TRIGGER_LAYER": "1"}
     result = runner.invoke(app, ["embed", "--text", "hello world", "--json"], env=env)
     assert result.exit_code == 0, result.output
-    assert json.loads(result.stdout)["stats"]["fast_e"]["r_max"] == 0.7
+    stats = json.loads(result.stdout)["stats"]
+    assert stats["fast_e"]["r_max"] == 0.7 and stats["fast_e"]["trigger_layer"] == 1 and stats["mean_trigger_layer"] == 1
+
+
+def test_embed_out_is_checked_before_the_model_runs_and_names_the_real_file(model_dirs, tmp_path):
+    args = ["embed", "--model", str(model_dirs["qwen3_vl"]), "--device", "cpu", "--text", "hello", "--json"]
+    result = runner.invoke(app, [*args, "--out", str(tmp_path / "no" / "such" / "v.npy")])
+    assert result.exit_code == 1 and "does not exist" in result.output and "Traceback" not in result.output
+    result = runner.invoke(app, [*args, "--out", str(tmp_path / "vectors")])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["embeddings_file"] == str(tmp_path / "vectors.npy")
+    assert np.load(tmp_path / "vectors.npy").shape[0] == 1
 
 
 def test_embed_errors_exit_1_with_a_message_and_usage_errors_exit_2(tmp_path):
