@@ -13,15 +13,8 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from faste_mm.cli.common import fail, stderr, stdout
+from faste_mm.cli.common import fail, parse_ratios, stderr, stdout
 from faste_mm.errors import ConfigError, FasteError
-
-
-def _floats(text: str, option: str) -> tuple[float, ...]:
-    try:
-        return tuple(float(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise ConfigError(f"{option} takes comma-separated numbers, got {text!r}") from None
 
 
 def bench_command(
@@ -54,8 +47,10 @@ def bench_command(
     if (model is None) == (shape is None):
         raise typer.BadParameter("give exactly one of --model and --shape")
     try:
+        if json_out is not None and str(json_out) != "-" and not json_out.parent.is_dir():
+            raise ConfigError(f"--json {json_out}: folder {json_out.parent} does not exist; create it first")
         config = BenchConfig(
-            r_max=_floats(r_max, "--r-max"),
+            r_max=parse_ratios(r_max),
             trigger_layer=trigger_layer,
             threshold=threshold,
             repeats=repeats,

@@ -8,7 +8,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from faste_mm.errors import FasteError
+from faste_mm.errors import ConfigError, FasteError
 
 DEFAULT_MODEL = "Qwen/Qwen3-VL-Embedding-2B"
 stderr = Console(stderr=True)
@@ -22,6 +22,14 @@ def unpadded_option():
         help="Layers after FastE compression: auto (CUDA: fastest of padded / flash-attn / torch-nested "
              "on a trial batch; CPU: segments) | off | flash-attn | torch-nested | segments. Default auto.",
     )
+
+
+def parse_ratios(text: str, option: str = "--r-max") -> tuple[float, ...]:
+    """Comma-separated removal ratios, e.g. "0,0.3,0.5,0.7" (ranges are checked by FastEConfig)."""
+    try:
+        return tuple(float(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise ConfigError(f"{option} takes comma-separated ratios in [0, 1), e.g. 0,0.3,0.5,0.7; got {text!r}") from None
 
 
 def fail(error: FasteError, debug: bool) -> NoReturn:

@@ -14,8 +14,8 @@ from typing import Optional
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from faste_mm.cli.common import DEFAULT_MODEL, fail, stderr, stdout, unpadded_option
-from faste_mm.errors import ConfigError, FasteError
+from faste_mm.cli.common import DEFAULT_MODEL, fail, parse_ratios, stderr, stdout, unpadded_option
+from faste_mm.errors import FasteError
 
 _ALL_METHODS = "faste,fixed,fastv,random,block-last,downscale"
 
@@ -32,13 +32,6 @@ class _RichProgress:
 
     def advance(self, n: int) -> None:
         self.progress.advance(self.current, n)
-
-
-def _ratios(text: str) -> tuple[float, ...]:
-    try:
-        return tuple(float(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        raise ConfigError(f"--r-max takes comma-separated ratios in [0, 1), e.g. 0,0.3,0.5,0.7; got {text!r}") from None
 
 
 def eval_command(
@@ -73,7 +66,7 @@ def eval_command(
     logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, stream=sys.stderr)
     try:
         config = EvalConfig(
-            r_max=_ratios(r_max),
+            r_max=parse_ratios(r_max),
             methods=tuple(m.strip() for m in methods.split(",") if m.strip()),
             fixed_layer=fixed_layer,
             warmup_layer=warmup_layer,

@@ -6,6 +6,7 @@ tokens), `text:MIN-MAX` (lengths drawn uniformly from MIN..MAX, seeded), `image:
 from __future__ import annotations
 
 import random
+import re
 from pathlib import Path
 
 from PIL import Image, ImageDraw
@@ -28,8 +29,11 @@ def make_inputs(spec: str, n: int, workdir: Path, tokenizer) -> list:
         if not 1 <= low <= high:
             raise ConfigError(f"--inputs {spec}: token lengths must satisfy 1 <= MIN <= MAX")
         return [_text_of_tokens(rng.randint(low, high), tokenizer, rng) for _ in range(n)]
-    if kind in ("image", "page") and "x" in value:
-        width, height = (int(v) for v in value.lower().split("x"))
+    if kind in ("image", "page"):
+        size = re.fullmatch(r"([1-9]\d*)x([1-9]\d*)", value.lower())
+        if size is None:
+            raise ConfigError(f"--inputs {spec}: expected {kind}:WIDTHxHEIGHT in pixels, e.g. {kind}:1240x1754")
+        width, height = int(size[1]), int(size[2])
         workdir.mkdir(parents=True, exist_ok=True)
         return [_write_image(workdir, i, width, height, rng) if kind == "image" else _write_page(workdir, i, width, height, rng) for i in range(n)]
     folder = Path(spec)

@@ -108,3 +108,22 @@ def test_text_length_ranges_are_drawn_within_the_bounds(tmp_path):
     assert all(18 <= n <= 42 for n in lengths) and len(set(lengths)) > 3  # decode/re-encode may shift by a token
     with pytest.raises(ConfigError, match="MIN <= MAX"):
         make_inputs("text:40-20", 2, tmp_path, tokenizer)
+
+
+def test_bench_refuses_bad_comparisons_specs_and_paths_before_any_timed_run(model_dirs, tmp_path, monkeypatch):
+    from faste_mm import bench
+
+    measured = []
+    monkeypatch.setattr(bench, "_measure", lambda *a, **k: measured.append(a[0]) or (_ for _ in ()).throw(AssertionError))
+    base = ["bench", "--model", str(model_dirs["qwen3_vl"]), "--n", "2", "--repeats", "1", "--device", "cpu"]
+    cases = [
+        (["--inputs", "image:64x64", "--compare", "sentence-transformers"], "text models and text inputs"),
+        (["--inputs", "image:64x64x3"], "expected image:WIDTHxHEIGHT"),
+        (["--inputs", "text:20", "--json", str(tmp_path / "missing" / "out.json")], "does not exist"),
+        (["--inputs", "text:20", "--unpadded", "off,xformers"], "unpadded must be one of"),
+    ]
+    for extra, message in cases:
+        result = CliRunner().invoke(app, [*base, *extra])
+        output = " ".join(result.output.split())  # the console wraps long messages
+        assert result.exit_code == 1 and message in output and "Traceback" not in output, result.output
+    assert measured == []
