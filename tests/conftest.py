@@ -7,10 +7,25 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
+import faste_mm
 from faste_mm import BatchingConfig, Embedder
 from faste_mm.testing import build_tiny_model
 
 TEXT_FAMILIES = ("qwen3", "mistral", "llama", "qwen2")
+
+
+def pytest_sessionstart(session) -> None:
+    """The components installed as faste_mm.* must come from this checkout: an editable install
+    of another clone would test that clone's indexers/cli/datasets instead."""
+    import faste_mm.cli
+    import faste_mm.datasets
+    import faste_mm.indexers
+
+    root = Path(__file__).resolve().parents[1]
+    for module in (faste_mm, faste_mm.indexers, faste_mm.cli, faste_mm.datasets):
+        origin = Path(module.__file__).resolve()
+        if root not in origin.parents:
+            raise pytest.UsageError(f"{module.__name__} is imported from {origin}, not from {root}; run pip install -e {root}")
 
 
 @pytest.fixture(autouse=True)

@@ -194,3 +194,31 @@ def test_the_model_starts_after_a_small_first_chunk_not_a_whole_one():
 
     first = next(prefetch_batches(list(range(300)), serialize, BatchingConfig(workers=0, chunk_items=256), pad_token_id=0))
     assert len(serialized) == FIRST_CHUNK_ITEMS and set(first.rows) <= set(range(FIRST_CHUNK_ITEMS))
+
+
+def test_fastv_scores_equal_a_naive_full_attention_matrix_per_row(vl_embedder, mixed_items):
+    """FastV-style scores: the attention each prefix key receives, averaged over heads and the
+    sampled query rows, from a full per-row [T, T] causal softmax computed the plain way."""
+    from faste_mm.batching import collate
+    from faste_mm.items import as_item
+    from faste_mm.ranking import fastv_attention
+
+    backbone = vl_embedder.backbone
+    serialized = [backbone.with_positions(vl_embedder.serializer(as_item(x, i), None)) for i, x in enumerate(mixed_items)]
+    state = backbone.embed(collate(serialized, list(range(len(serialized))), vl_embedder.loaded.pad_token_id))
+    n_queries = 5
+    with torch.no_grad():
+        got = fastv_attention(backbone, 1, state, n_queries)
+        for b, length in enumerate(state.lengths.tolist()):
+            rows = slice(0, length)
+            q = backbone.project_queries(1, state.hidden[b : b + 1, rows], state.cos[b : b + 1, rows], state.sin[b : b + 1, rows])[0]
+            k = backbone.project_keys(1, state.hidden[b : b + 1, rows], state.cos[b : b + 1, rows], state.sin[b : b + 1, rows])[0]
+            k = k.repeat_interleave(q.shape[0] // k.shape[0], dim=0)  # query head h reads kv head h // G
+            logits = (q.float() @ k.float().transpose(1, 2)) * backbone.attention_scale(1)  # [A, T, T]
+            causal = torch.ones(length, length, dtype=torch.bool).tril()
+            attention = logits.masked_fill(~causal, float("-inf")).softmax(dim=-1).mean(dim=0)  # [T, T]
+            samples = min(n_queries, state.hidden.shape[1])
+            picked = [j * length // samples for j in range(samples)] if length >= samples else list(range(length))
+            expected = attention[picked].mean(dim=0)[: length - 1]  # prefix keys only
+            torch.testing.assert_close(got[b, : length - 1], expected, atol=1e-5, rtol=1e-4)
+            assert torch.isinf(got[b, length - 1 :]).all()  # readout and padding never ranked

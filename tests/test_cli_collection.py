@@ -126,7 +126,9 @@ def test_a_writer_killed_with_sigkill_resumes_without_embedding_anything_twice(m
     proc = subprocess.Popen([sys.executable, "-m", "faste_mm.cli.app", *args], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE)
     try:
+        deadline = time.monotonic() + 300  # a stalled child fails the test instead of hanging it
         while _committed_items(col) < 2 and proc.poll() is None:  # the first chunk is committed
+            assert time.monotonic() < deadline, "the indexer committed nothing in 300 s"
             time.sleep(0.005)
         proc.send_signal(signal.SIGKILL)
         _, err = proc.communicate(timeout=60)

@@ -25,8 +25,13 @@ def test_wheel_installs_only_the_faste_mm_package(tmp_path):
     assert "faste-mm = faste_mm.cli.app:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
 
 
-def test_importing_faste_mm_does_not_shadow_hugging_face_datasets():
-    import faste_mm.datasets
-
-    assert faste_mm.datasets.__name__ == "faste_mm.datasets"
-    assert "faste_mm" not in sys.modules.get("datasets", sys).__name__
+def test_importing_faste_mm_does_not_shadow_hugging_face_datasets(tmp_path):
+    """From outside the checkout (as a user runs it), importing faste-mm's evaluators must not
+    make a top-level `datasets` module resolve to ours."""
+    probe = (
+        "import importlib.util, faste_mm.datasets as ours\n"
+        "spec = importlib.util.find_spec('datasets')\n"
+        "assert ours.__name__ == 'faste_mm.datasets'\n"
+        "assert spec is None or spec.origin != ours.__file__, spec.origin\n"
+    )
+    subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, check=True)
