@@ -95,7 +95,7 @@ def index_command(
 ) -> None:
     """Index images, PDFs (page by page) and .txt/.md files; only new or changed files are embedded."""
     from faste_mm.batching import BatchingConfig
-    from faste_mm.indexers import Collection
+    from faste_mm.indexers.manifest import MANIFEST_NAME, read_manifest
     from faste_mm.retriever import IndexOptions, ModelSpec, Retriever, collection_path
 
     _setup_logging(debug)
@@ -104,14 +104,13 @@ def index_command(
         options = IndexOptions(exclude=tuple(exclude), include_hidden=include_hidden, reindex=reindex,
                                index_type=index_type, retry_failed=retry_failed, chunk_files=chunk_files)
         existing = None
-        if (root / "manifest.json").exists() and not (reindex and model is not None):
-            with Collection.open(root) as col:
-                existing = col.manifest
+        if (root / MANIFEST_NAME).exists() and not (reindex and model is not None):
+            existing = read_manifest(root)  # the settings only; the retriever opens the database
         # Unspecified settings keep the collection's, so `faste-mm index more/` just works.
         model_id = model or (existing.model_id if existing else DEFAULT_MODEL)
         revision = existing.model_revision if existing and model is None else None
         if r_max is None:
-            r_max = float((existing.fast_e or {}).get("r_max", 0.0)) if existing else 0.5
+            r_max = existing.r_max if existing else 0.5
         spec = ModelSpec(model_id, revision, device, batching=BatchingConfig(batch_tokens=batch_tokens, unpadded=unpadded))
         with Retriever(spec, collection=root, r_max=r_max, threshold=threshold) as retriever, _IndexProgressBar() as bar:
             report = retriever.index(paths, options=options, progress=bar.update)
@@ -235,7 +234,7 @@ def info_command(
     fast_e = manifest.fast_e or {}
     theta = "-" if not fast_e else f"{fast_e.get('threshold')} ({fast_e.get('threshold_source', 'backbone default')})"
     for name, value in (("model", manifest.model_id), ("revision", manifest.model_revision or "-"),
-                        ("dim", info.dim), ("FastE r_max (documents)", fast_e.get("r_max", 0.0)),
+                        ("dim", info.dim), ("FastE r_max (documents)", manifest.r_max),
                         ("FastE theta (documents)", theta),
                         ("pixels", f"{manifest.min_pixels}..{manifest.max_pixels}"),
                         ("items", info.n_ok), ("failed", info.n_failed), ("deleted (until compact)", info.n_deleted),
@@ -258,21 +257,24 @@ def remove_command(
     collection: Optional[str] = _collection_option(),
     debug: bool = _debug_option(),
 ) -> None:
-    """Remove items by id or by file/folder (tombstoned until `compact`)."""
+    """Remove items by id or by file/folder (tombstoned until `compact`). Prints the removed files;
+    targets that match nothing are named in a warning (exit code 0, like skipped files)."""
     from faste_mm.retriever import Retriever
 
     _setup_logging(debug)
     ids = [int(t) for t in targets if t.isdigit() and not Path(t).exists()]
     paths = [t for t in targets if not (t.isdigit() and not Path(t).exists())]
     try:
-        retriever = Retriever.open(collection)
-        n_ids = retriever.delete(ids) if ids else 0
-        uris = retriever.remove(paths) if paths else []
+        report = Retriever.open(collection).remove(paths, ids=ids)
     except FasteError as error:
         fail(error, debug)
-    for uri in uris:
+    for uri in report.uris:
         stdout.print(uri, highlight=False, markup=False)
-    stderr.print(f"removed {n_ids} items by id and {len(uris)} files")
+    stderr.print(f"removed {len(report.ids)} items by id and {len(report.uris)} files")
+    if report.unmatched:
+        stderr.print(f"[yellow]warning:[/yellow] nothing in the collection matched "
+                     f"{escape(', '.join(report.unmatched))}; check the ids and paths (`faste-mm info`, "
+                     f"`faste-mm search`)", highlight=False, soft_wrap=True)
 
 
 def compact_command(

@@ -6,11 +6,12 @@ from faste_mm.embedder import EmbedResult, Embedder, EmbedStats
 from faste_mm.errors import CollectionError, ConfigError, FasteError, InputError, ModelLoadError
 from faste_mm.items import Failure, Item
 from faste_mm.serialization import SerializerConfig, TextPrompt
-from faste_mm.retriever import Hit, Retriever
+from faste_mm.retriever import AddReport, Hit, IndexReport, RemoveReport, Retriever
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AddReport",
     "BatchingConfig",
     "CollectionError",
     "ConfigError",
@@ -21,9 +22,11 @@ __all__ = [
     "Failure",
     "FasteError",
     "Hit",
+    "IndexReport",
     "InputError",
     "Item",
     "ModelLoadError",
+    "RemoveReport",
     "Retriever",
     "SerializerConfig",
     "TextPrompt",

@@ -3,7 +3,7 @@ files (kind, stat; hidden/excluded skipped), plans the incremental update agains
 (new, changed, unchanged, vanished), and embeds + commits one chunk of files at a time, reusing
 the vectors of identical content and recording bad files as failures.
 
-Receives paths, a Collection and an Embedder; hands back counts to the retriever.
+Receives paths, a Collection and a document encoder; hands back counts to the retriever.
 """
 
 from __future__ import annotations
@@ -13,18 +13,13 @@ import logging
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from faste_mm.compressors import FastEConfig
-from faste_mm.embedder import Embedder, EmbedResult, EmbedStats
+from faste_mm.embedder import EmbedResult, EmbedStats
 from faste_mm.errors import ConfigError, InputError
 from faste_mm.indexers import Collection, FileStat, ItemRecord, content_hash
-from faste_mm.indexers.faiss_index import INDEX_NAME
-from faste_mm.indexers.manifest import MANIFEST_NAME
-from faste_mm.indexers.parts import VECTORS_DIR
-from faste_mm.indexers.store import DB_NAME
 from faste_mm.items import PDF_SUFFIXES, Item
 
 log = logging.getLogger(__name__)
@@ -273,41 +268,37 @@ def plan_update(col: Collection, scan: Scan, retry_failed: bool = False) -> Upda
 
 
 def record_missing(col: Collection, missing: Sequence[tuple[str, str]], tally: IngestTally) -> None:
-    """A named path that does not exist: remove what was indexed under it and record the
+    """A named path that does not exist: remove what was indexed at that path and record the
     failure (every run, so the report does not depend on what an earlier run stored)."""
-    known = {uri for uri, _ in missing if col.plan_scan([], under=uri).vanished}
-    col.delete_uris(sorted(known))
+    col.delete_uris(sorted(uri for uri, _ in missing))  # a uri with no rows is a no-op
     records = [ItemRecord(uri=uri, modality="missing", error=error) for uri, error in missing]
     col.add_failures(records)
     tally.failures.extend(IndexFailure(r.uri, None, r.error) for r in records)
 
 
-def ingest_chunk(col: Collection, files: Sequence[ScannedFile], changed: frozenset[str], embedder: Embedder,
-                 fast_e: FastEConfig | None, tally: IngestTally) -> None:
+# Embeds documents (paths, `Item`s) with the collection's settings; bad ones are failures in
+# the result (on_error="skip"). The retriever passes one that loads the model on first use.
+DocumentEncoder = Callable[[Sequence[object]], EmbedResult]
+
+
+def ingest_chunk(col: Collection, files: Sequence[ScannedFile], changed: frozenset[str],
+                 encode: DocumentEncoder, tally: IngestTally) -> None:
     """Embed one chunk of files and commit it: vectors in one `add`, then failures.
 
-    All rows of one file are in one chunk, so a crash never leaves half a PDF that a re-run
-    would consider unchanged.
+    `encode` is called only for content the collection does not hold yet, so a chunk of touched
+    or copied files never loads the model. All rows of one file are in one chunk, so a crash
+    never leaves half a PDF that a re-run would consider unchanged.
     """
     records: list[ItemRecord] = []
     vectors: list[np.ndarray] = []
-    failures: list[ItemRecord] = []
-    to_embed: list[tuple[dict, object]] = []  # (record fields, embedder input)
+    readable, failures = _read_files(files)
+    donors = _donors(col, [(base["content_hash"], f.modality) for f, base, _ in readable])
+    to_embed: list[tuple[dict, object]] = []
     copies: list[tuple[dict, int]] = []  # (record fields, position in to_embed)
     first_of_hash: dict[str, int] = {}
-    for f in files:
-        base = dict(uri=f.uri, modality=f.modality, size=f.stat.size, mtime=f.stat.mtime)
-        if f.kind == "unsupported":
-            failures.append(ItemRecord(**base, error=f"{f.path}: unsupported file type "
-                                       f"{f.path.suffix or '(none)'!r}; supported: {_SUPPORTED}"))
-            continue
-        try:
-            base["content_hash"] = digest = content_hash(f.path)
-            value = Item(text=read_text_file(f.path)) if f.kind == "text" else f.path
-        except (OSError, InputError) as error:
-            failures.append(ItemRecord(**base, error=str(error)))
-            continue
-        donor = _donor(col, digest, f.modality)
+    for f, base, value in readable:
+        digest = base["content_hash"]
+        donor = donors.get((digest, f.modality))
         if donor is not None:
             for record, vector in zip(*donor):
                 records.append(ItemRecord(**base, page=record.page))
@@ -319,12 +310,12 @@ def ingest_chunk(col: Collection, files: Sequence[ScannedFile], changed: frozens
             first_of_hash[digest] = len(to_embed)
             to_embed.append((base, value))
     if to_embed:
-        result = embedder.encode_documents([value for _, value in to_embed], fast_e=fast_e, on_error="skip")
+        result = encode([value for _, value in to_embed])
         tally.add_stats(result.stats)
         rows_of: dict[int, list[int]] = {}
         for row, source in enumerate(result.sources):
             rows_of.setdefault(source, []).append(row)
-        reasons = {failure.index: failure.reason for failure in result.failures}
+        reasons = failure_reasons(result, [base["uri"] for base, _ in to_embed])
         for source, (base, _) in enumerate(to_embed):
             tally.embedded += _emit(base, rows_of[source], result, reasons, records, vectors, failures)
         for base, source in copies:
@@ -339,19 +330,85 @@ def ingest_chunk(col: Collection, files: Sequence[ScannedFile], changed: frozens
         tally.failures.extend(IndexFailure(r.uri, r.page, r.error) for r in failures)
 
 
-def _donor(col: Collection, digest: str, modality: str) -> tuple[list[ItemRecord], np.ndarray] | None:
-    """Live records (all pages, in order) and vectors of an item with identical content."""
+def _read_files(files: Sequence[ScannedFile]) -> tuple[list[tuple[ScannedFile, dict, object]], list[ItemRecord]]:
+    """Hash and read each file: (file, record fields, embedder input) for the readable ones,
+    failure records for the unsupported and unreadable ones."""
+    readable: list[tuple[ScannedFile, dict, object]] = []
+    failures: list[ItemRecord] = []
+    for f in files:
+        base = dict(uri=f.uri, modality=f.modality, size=f.stat.size, mtime=f.stat.mtime)
+        if f.kind == "unsupported":
+            failures.append(ItemRecord(**base, error=f"{f.path}: unsupported file type "
+                                       f"{f.path.suffix or '(none)'!r}; supported: {_SUPPORTED}"))
+            continue
+        try:
+            base["content_hash"] = content_hash(f.path)
+            value = Item(text=read_text_file(f.path)) if f.kind == "text" else f.path
+        except (OSError, InputError) as error:
+            failures.append(ItemRecord(**base, error=str(error)))
+            continue
+        readable.append((f, base, value))
+    return readable, failures
+
+
+Donor = tuple[list[ItemRecord], np.ndarray]  # live records of one item (pages in order), vectors [n, d]
+
+
+def _donors(col: Collection, wanted: Sequence[tuple[str, str]]) -> dict[tuple[str, str], Donor]:
+    """(content hash, modality) -> live records (all pages, in order) and vectors of an item
+    with identical content, for each key that has one; one lookup for the whole chunk."""
+    by_hash = col.find_by_hashes({digest for digest, _ in wanted})
+    chosen: dict[tuple[str, str], list[ItemRecord]] = {}
+    for digest, modality in wanted:
+        records = _complete_item(by_hash.get(digest, []), modality)
+        if records is not None:
+            chosen[(digest, modality)] = records
+    ids = [r.id for records in chosen.values() for r in records]
+    stored = col.vectors(ids) if ids else np.empty((0, col.manifest.dim), dtype=np.float32)
+    donors, start = {}, 0
+    for key, records in chosen.items():
+        donors[key] = (records, stored[start:start + len(records)])
+        start += len(records)
+    return donors
+
+
+def _complete_item(candidates: Sequence[ItemRecord], modality: str) -> list[ItemRecord] | None:
+    """The first uri (in id order) whose live rows of `modality` form a whole item: one row, or
+    PDF pages 1..n with none missing."""
     by_uri: dict[str, list[ItemRecord]] = {}
-    for record in col.find_by_hash(digest):
+    for record in candidates:
         if record.modality == modality:
             by_uri.setdefault(record.uri, []).append(record)
     for records in by_uri.values():
         records.sort(key=lambda r: r.page or 0)
         pages = [r.page for r in records]
-        complete = pages == list(range(1, len(pages) + 1)) if modality == "page" else pages == [None]
-        if complete:
-            return records, col.vectors([r.id for r in records])
+        if pages == (list(range(1, len(pages) + 1)) if modality == "page" else [None]):
+            return records
     return None
+
+
+def failure_reasons(result: EmbedResult, names: Sequence[str] | None = None) -> dict[int, str]:
+    """Why each unusable row of `result` failed: the embedder's reason, or a non-finite vector
+    (a model can overflow to NaN/inf, e.g. in float16), which must never reach the collection.
+
+    names: what to call each input (by source position) in messages; default `Item.describe()`.
+    """
+    reasons = {failure.index: failure.reason for failure in result.failures}
+    finite = np.isfinite(result.embeddings).all(axis=1)
+    for row in np.flatnonzero(result.ok & ~finite):
+        reasons[int(row)] = (f"{_row_name(result, int(row), names)}: the model returned a non-finite "
+                             f"vector (NaN/inf), so it was not stored; embed it again with dtype "
+                             f"float32 or on another device")
+    for row in np.flatnonzero(~result.ok):
+        reasons.setdefault(int(row), f"{_row_name(result, int(row), names)}: could not be embedded")
+    return reasons
+
+
+def _row_name(result: EmbedResult, row: int, names: Sequence[str] | None) -> str:
+    item = result.items[row]
+    if names is None:
+        return item.describe()
+    return names[result.sources[row]] + (f" (page {item.page})" if item.page is not None else "")
 
 
 def _emit(base: dict, rows: list[int], result: EmbedResult, reasons: dict[int, str],
@@ -360,28 +417,10 @@ def _emit(base: dict, rows: list[int], result: EmbedResult, reasons: dict[int, s
     n_ok = 0
     for row in rows:
         page = result.items[row].page
-        if result.ok[row]:
+        if row in reasons:
+            failures.append(ItemRecord(**base, page=page, error=reasons[row]))
+        else:
             records.append(ItemRecord(**base, page=page))
             vectors.append(result.embeddings[row][None])
             n_ok += 1
-        else:
-            failures.append(ItemRecord(**base, page=page, error=reasons.get(row, "could not be embedded")))
     return n_ok
-
-
-def erase_collection(root: Path) -> None:
-    """Delete a collection's files (for --reindex), failing fast if another process writes to
-    it. The database goes first: a crash part-way leaves an empty collection under the old
-    manifest, never old rows under a new one."""
-    if not (root / MANIFEST_NAME).exists():
-        return
-    Collection.open(root, writable=True).close()  # raises CollectionError if locked
-    for name in (DB_NAME, DB_NAME + "-wal", DB_NAME + "-shm", INDEX_NAME):
-        (root / name).unlink(missing_ok=True)
-    vectors = root / VECTORS_DIR
-    if vectors.is_dir():
-        for part in vectors.iterdir():
-            part.unlink()
-        vectors.rmdir()
-    (root / MANIFEST_NAME).unlink(missing_ok=True)
-    log.info("%s: erased for re-indexing", root)

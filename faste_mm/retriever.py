@@ -2,7 +2,8 @@
 FastE r_max, queries with the full forward and a query instruction) with a Collection on disk:
 incremental, crash-safe indexing of files and folders, search by text or image, add and delete.
 
-Receives paths, texts, images and queries; hands back `IndexReport`s and ranked `Hit`s.
+Receives paths, texts, images and queries; hands back the records of `faste_mm.retrieval_types`
+(`IndexReport`, `AddReport`, `RemoveReport`, ranked `Hit`s).
 """
 
 from __future__ import annotations
@@ -21,12 +22,14 @@ from PIL import Image
 from faste_mm.batching import BatchingConfig
 from faste_mm.calibration import Calibration, load_calibration
 from faste_mm.compressors import FastEConfig
-from faste_mm.embedder import Embedder
+from faste_mm.embedder import Embedder, EmbedResult, OnError
 from faste_mm.errors import CollectionError, ConfigError, InputError
 from faste_mm.indexers import Collection, CollectionInfo, ItemRecord, Manifest
-from faste_mm.ingest import (IndexFailure, IngestTally, ScanFilter, erase_collection, ingest_chunk, plan_update,
+from faste_mm.indexers.manifest import MANIFEST_NAME, read_manifest, settings_mismatch
+from faste_mm.ingest import (IndexFailure, IngestTally, ScanFilter, failure_reasons, ingest_chunk, plan_update,
                              record_missing, scan_paths)
 from faste_mm.items import Item, as_item
+from faste_mm.retrieval_types import AddReport, Hit, IndexOptions, IndexProgress, IndexReport, RemoveReport
 from faste_mm.serialization import DEFAULT_INSTRUCTION, SerializerConfig, VLSerializer
 
 log = logging.getLogger(__name__)
@@ -69,106 +72,21 @@ class ModelSpec:
     batching: BatchingConfig | None = None
     serializer: SerializerConfig | None = None
 
-    def load(self) -> Embedder:
-        # A local directory is recorded by its absolute path so `Retriever.open` finds it again
-        # from any working directory.
+    @property
+    def name(self) -> str:
+        """The model id the loaded Embedder reports: a local directory by its absolute path, so
+        `Retriever.open` finds it again from any working directory; a hub id as given."""
         local = Path(self.model_id).expanduser()
-        name = str(local.resolve()) if local.is_dir() else self.model_id
-        return Embedder.from_pretrained(name, device=self.device, dtype=self.dtype, revision=self.revision,
+        return str(local.resolve()) if local.is_dir() else self.model_id
+
+    def load(self) -> Embedder:
+        return Embedder.from_pretrained(self.name, device=self.device, dtype=self.dtype, revision=self.revision,
                                         batching=self.batching, serializer=self.serializer)
 
-
-@dataclass(frozen=True, slots=True)
-class IndexOptions:
-    """Options of `Retriever.index`.
-
-    exclude / include_hidden: folder-walk filters (see `faste_mm.scanning.ScanFilter`).
-    reindex: erase the collection first and rebuild it with the retriever's settings.
-    index_type: FAISS factory string or "auto" for the derived index; None keeps the collection's.
-    retry_failed: embed unchanged files that failed last time again.
-    chunk_files: files embedded and committed together; a crash loses at most one chunk of work.
-    """
-
-    exclude: tuple[str, ...] = ()
-    include_hidden: bool = False
-    reindex: bool = False
-    index_type: str | None = None
-    retry_failed: bool = False
-    chunk_files: int = 64
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "exclude", ScanFilter(self.exclude).exclude)  # validates
-        if not isinstance(self.chunk_files, int) or self.chunk_files < 1:
-            raise ConfigError(f"IndexOptions.chunk_files must be an int >= 1, got {self.chunk_files!r}")
-        if self.index_type is not None and (not isinstance(self.index_type, str) or not self.index_type.strip()):
-            raise ConfigError(f"IndexOptions.index_type must be None, 'auto' or a FAISS factory string, "
-                              f"got {self.index_type!r}")
-
-
-@dataclass(frozen=True, slots=True)
-class IndexProgress:
-    """Handed to the `progress` callback after the scan and after each committed chunk.
-    files_done / files_total count the new and changed files this run embeds (or reuses)."""
-
-    files_done: int
-    files_total: int
-    embedded: int
-    reused: int
-    failed: int
-    prefix_tokens: int
-    kept_prefix_tokens: int
-    elapsed_s: float
-
-    @property
-    def prefix_removal(self) -> float:
-        return 0.0 if self.prefix_tokens == 0 else 1.0 - self.kept_prefix_tokens / self.prefix_tokens
-
-
-@dataclass(frozen=True, slots=True)
-class IndexReport:
-    """What one `Retriever.index` call did. Items are rows (a PDF page is one item); files are
-    source files. embedded: items run through the model; reused: items whose vectors were copied
-    from a live item with the same content hash; unchanged: files skipped by (size, mtime);
-    removed: files tombstoned because they vanished; failed: items recorded as failures."""
-
-    collection: str
-    files_scanned: int
-    embedded: int
-    reused: int
-    unchanged: int
-    removed: int
-    failed: int
-    failures: tuple[IndexFailure, ...]
-    prefix_tokens: int
-    kept_prefix_tokens: int
-    seconds: float
-    index_factory: str | None = None
-
-    @property
-    def prefix_removal(self) -> float:
-        return 0.0 if self.prefix_tokens == 0 else 1.0 - self.kept_prefix_tokens / self.prefix_tokens
-
-    def to_dict(self) -> dict[str, Any]:
-        d = {name: getattr(self, name) for name in self.__dataclass_fields__}
-        d["failures"] = [f.to_dict() for f in self.failures]
-        d["prefix_removal"] = self.prefix_removal
-        return d
-
-
-@dataclass(frozen=True, slots=True)
-class Hit:
-    """One search result: item id, inner-product score (cosine, vectors are unit-norm), source
-    uri, 1-based PDF page (None otherwise) and the item's metadata."""
-
-    id: int
-    score: float
-    uri: str
-    page: int | None = None
-    metadata: Mapping[str, Any] | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "score": self.score, "uri": self.uri, "page": self.page,
-                "metadata": dict(self.metadata) if self.metadata is not None else None}
+    def conflicts(self, manifest: Manifest) -> list[str]:
+        """The collection settings this model is known to differ in before it loads (id and
+        revision; dim, instruction and pixel bounds are checked once it has loaded)."""
+        return manifest.differences({"model_id": self.name, "model_revision": self.revision})
 
 
 class Retriever:
@@ -214,12 +132,10 @@ class Retriever:
         """A retriever for an existing collection, using the model, revision, pixel settings and
         r_max named in its manifest (loaded when first needed). Raises CollectionError."""
         root = collection_path(collection)
-        with Collection.open(root) as col:
-            m = col.manifest
+        m = read_manifest(root)  # the settings only: no database connection needed
         serializer = SerializerConfig(min_pixels=m.min_pixels, max_pixels=m.max_pixels)
         spec = ModelSpec(m.model_id, m.model_revision, device, dtype, batching, serializer)
-        r_max = float((m.fast_e or {}).get("r_max", 0.0))
-        return cls(spec, collection=root, r_max=r_max, query_instruction=query_instruction)
+        return cls(spec, collection=root, r_max=m.r_max, query_instruction=query_instruction)
 
     @property
     def embedder(self) -> Embedder:
@@ -270,7 +186,7 @@ class Retriever:
     def _collection_fast_e(self, col: Collection) -> FastEConfig | None:
         """Documents always use the collection's FastE settings, so all its vectors match."""
         fast_e = col.manifest.fast_e
-        theirs = float((fast_e or {}).get("r_max", 0.0))
+        theirs = col.manifest.r_max
         if self.r_max != theirs:
             log.warning("%s: the collection embeds documents with r_max=%g; ignoring r_max=%g "
                         "(re-index with --reindex to change it)", col.root, theirs, self.r_max)
@@ -288,6 +204,18 @@ class Retriever:
         """The collection opened for writing (CollectionError at once if another writer holds it)."""
         self.close()
         return Collection.open(self.collection, writable=True)
+
+    def _index_writer(self, root: Path, index_type: str) -> Collection:
+        """The collection to index into, opened for writing. A new one is created, which needs the
+        model (its dim and revision go into the manifest); an existing one is opened without
+        loading it, refusing at once a model whose id or revision differs (the rest is checked
+        when the model loads, see `_CollectionDocuments`)."""
+        if self._embedder is None and (root / MANIFEST_NAME).exists():
+            errors = self._spec.conflicts(read_manifest(root))
+            if errors:
+                raise settings_mismatch(root, errors)
+            return Collection.open(root, writable=True)
+        return Collection.create(root, self.document_manifest(index_type), exist_ok=True)
 
     # ---- indexing --------------------------------------------------------------------------
     def index(self, paths: Iterable[str | Path], collection: str | Path | None = None,
@@ -310,10 +238,10 @@ class Retriever:
         scan = scan_paths(paths, ScanFilter(options.exclude, options.include_hidden))
         self.close()
         if options.reindex:
-            erase_collection(root)
+            Collection.erase(root)
         tally = IngestTally()
-        with Collection.create(root, self.document_manifest(options.index_type or "auto"), exist_ok=True) as col:
-            fast_e = self._collection_fast_e(col)
+        with self._index_writer(root, options.index_type or "auto") as col:
+            encode = _CollectionDocuments(self, col)
             plan = plan_update(col, scan, options.retry_failed)
             col.mark_vanished(plan.vanished)
             if scan.missing:
@@ -328,12 +256,11 @@ class Retriever:
             report_progress(0)
             for start in range(0, len(plan.todo), options.chunk_files):
                 chunk = plan.todo[start:start + options.chunk_files]
-                ingest_chunk(col, chunk, plan.changed, self.embedder, fast_e, tally)
+                ingest_chunk(col, chunk, plan.changed, encode, tally)
                 report_progress(start + len(chunk))
             if options.index_type is not None and options.index_type != col.manifest.index_type:
                 col.rebuild_index(options.index_type)
-        with Collection.open(root) as col:  # after close(), which brought index.faiss up to date
-            factory = col.info().index_factory
+        factory = col.manifest.index_factory  # as saved by close(), which brought index.faiss up to date
         seconds = time.perf_counter() - started
         log.info("%s: embedded %d items, reused %d, %d files unchanged, %d removed, %d failed in %.1f s",
                  root, tally.embedded, tally.reused, plan.n_unchanged, len(plan.vanished), len(tally.failures), seconds)
@@ -344,46 +271,74 @@ class Retriever:
 
     # ---- adding and removing ---------------------------------------------------------------
     def add(self, items: Sequence[object], metadata: Sequence[Mapping[str, Any] | None] | None = None,
-            uris: Sequence[str] | None = None) -> np.ndarray:
+            uris: Sequence[str] | None = None, on_error: OnError = "raise") -> AddReport:
         """Embed items (str text, Path/PIL image, PDF path = all pages, `Item`) as documents and
         add them, with optional per-item metadata and uris. A PDF's pages share its metadata.
         Default uri: a file's resolved path, else "item:<sha256 of the content>[:16]"; re-adding
-        a (uri, page) replaces the old item. Returns the new ids [n_rows] int64.
-        Raises InputError naming the first item that cannot be embedded."""
+        a (uri, page) replaces the old item.
+
+        on_error: "raise" stops at the first item that cannot be embedded (InputError naming it)
+            and stores nothing; "skip" stores the others and records each bad row as a failure,
+            as `index` does with bad files (listed by `info()` until its uri is added again).
+        Returns an `AddReport`: ids [n_rows] int64 (-1 for failed rows) and the failures.
+        Raises InputError (see on_error; metadata/uris of the wrong length), ConfigError.
+        """
+        if on_error not in ("raise", "skip"):
+            raise ConfigError(f"add: on_error must be 'raise' or 'skip', got {on_error!r}")
         items = list(items)
         for name, values in (("metadata", metadata), ("uris", uris)):
             if values is not None and len(values) != len(items):
                 raise InputError(f"add: {len(values)} {name} for {len(items)} items; give one per item")
         with Collection.create(self.collection, self.document_manifest(), exist_ok=True) as col:
-            fast_e = self._collection_fast_e(col)
-            result = self.embedder.encode_documents(items, fast_e=fast_e, on_error="raise")
-            records = []
+            result = _CollectionDocuments(self, col)(items, on_error)
+            reasons = failure_reasons(result)
+            if reasons and on_error == "raise":  # only non-finite vectors get here: encode raised the rest
+                row = min(reasons)
+                raise InputError(f"add: input {result.sources[row]}: {reasons[row]}; "
+                                 f"or pass on_error='skip' to store the other items")
+            stored, failed = [], []
             for row, source in enumerate(result.sources):
-                item = result.items[row]
-                stat = _file_stat(item)
-                records.append(ItemRecord(
-                    uri=uris[source] if uris is not None else _default_uri(item),
-                    modality=_modality(item), page=item.page, size=stat[0], mtime=stat[1],
-                    metadata=None if metadata is None else metadata[source]))
-            ids = col.add(result.embeddings, records)
+                record = _add_record(result.items[row], None if uris is None else uris[source],
+                                     None if metadata is None else metadata[source], reasons.get(row))
+                (failed if row in reasons else stored).append(record)
+            ok = np.array([row not in reasons for row in range(len(result.items))], dtype=bool)
+            ids = np.full(len(result.items), -1, dtype=np.int64)
+            ids[ok] = col.add(result.embeddings[ok], stored)
+            col.add_failures(failed)  # after add: adding a uri clears its failure rows
         self.close()
-        return ids
+        if failed:
+            log.info("%s: added %d items, %d failed", self.collection, int(ok.sum()), len(failed))
+        return AddReport(ids, tuple(IndexFailure(r.uri, r.page, r.error) for r in failed))
 
     def delete(self, ids: Iterable[int]) -> int:
         """Tombstone items by id; returns how many were live."""
         with self._writer() as col:
             return col.delete(ids)
 
-    def remove(self, paths: Iterable[str | Path]) -> list[str]:
+    def remove(self, paths: Iterable[str | Path] = (), ids: Iterable[int] = ()) -> RemoveReport:
         """Remove every item of each file, or of every file under each folder (given as a path
-        or as the uri stored in the collection). Returns the uris removed."""
+        or as the uri stored in the collection), and the items with the given ids.
+
+        A target that matches nothing (a typo, a file never indexed, an id already removed) is
+        not an error: it is listed in `RemoveReport.unmatched`, and nothing else changes for it.
+        """
+        paths, ids = list(paths), [int(i) for i in ids]
         with self._writer() as col:
             uris: set[str] = set()
+            unmatched: list[str] = []
             for path in paths:
-                for candidate in {str(path), str(Path(path).expanduser().resolve())}:
-                    uris.update(col.plan_scan([], under=candidate).vanished)
+                found = {uri for candidate in {str(path), str(Path(path).expanduser().resolve())}
+                         for uri in col.live_uris(under=candidate)}
+                if not found:
+                    unmatched.append(str(path))
+                uris |= found
+            live = col.live_ids(ids)
+            unmatched.extend(str(i) for i in ids if i not in live)
             col.delete_uris(sorted(uris))
-        return sorted(uris)
+            col.delete(sorted(live))
+        if unmatched:
+            log.info("%s: nothing to remove for %s", self.collection, ", ".join(unmatched))
+        return RemoveReport(tuple(sorted(uris)), tuple(sorted(live)), tuple(unmatched))
 
     def compact(self) -> int:
         """Drop deleted vectors from disk and rebuild the index; returns vectors dropped."""
@@ -443,7 +398,38 @@ class Retriever:
         return out
 
 
+class _CollectionDocuments:
+    """Embeds documents for one open collection, with its FastE settings.
+
+    The model is loaded on the first call, so an `index` run with nothing new to embed never
+    loads it. That call also checks that the loaded model makes vectors comparable with the
+    stored ones (the collection may have been opened before the model was known) and warns
+    once if the retriever's r_max differs from the collection's.
+    """
+
+    def __init__(self, retriever: Retriever, col: Collection) -> None:
+        self._retriever = retriever
+        self._col = col
+        self._fast_e: FastEConfig | None = None
+        self._is_checked = False
+
+    def __call__(self, values: Sequence[object], on_error: OnError = "skip") -> EmbedResult:
+        embedder = self._retriever.embedder
+        if not self._is_checked:
+            self._col.require_compatible(self._retriever.document_manifest())
+            self._fast_e = self._retriever._collection_fast_e(self._col)
+            self._is_checked = True
+        return embedder.encode_documents(values, fast_e=self._fast_e, on_error=on_error)
+
+
 # ---- helpers ---------------------------------------------------------------------------------
+def _add_record(item: Item, uri: str | None, metadata: Mapping[str, Any] | None, error: str | None) -> ItemRecord:
+    """The record `add` stores for one row: an item, or (with `error`) a failure."""
+    size, mtime = _file_stat(item)
+    return ItemRecord(uri=uri if uri is not None else _default_uri(item), modality=_modality(item), page=item.page,
+                      size=size, mtime=mtime, metadata=metadata, error=error)
+
+
 def _as_query(value: object, position: int) -> Item:
     item = as_item(value, position)
     if item.is_pdf and item.page is None:
@@ -473,7 +459,10 @@ def _default_uri(item: Item) -> str:
 
 def _file_stat(item: Item) -> tuple[int | None, float | None]:
     if isinstance(item.image, (str, Path)) and not item.text:
-        st = Path(item.image).stat()
+        try:
+            st = Path(item.image).stat()
+        except OSError:  # a missing file is a failed row (on_error="skip"); it has no stat
+            return None, None
         return st.st_size, st.st_mtime
     return None, None
 

@@ -18,8 +18,9 @@ import numpy as np
 
 from faste_mm.errors import CollectionError, ConfigError, InputError
 from faste_mm.indexers import faiss_index, parts
-from faste_mm.indexers._atomic import TMP_SUFFIX
-from faste_mm.indexers.manifest import MANIFEST_NAME, Manifest, read_manifest, write_manifest
+from faste_mm.indexers.atomic_files import TMP_SUFFIX
+from faste_mm.indexers.manifest import (MANIFEST_NAME, Manifest, read_manifest, settings_mismatch,
+                                        write_manifest)
 from faste_mm.indexers.records import CollectionInfo, FileStat, ItemRecord, ScanPlan
 from faste_mm.indexers.store import DB_NAME, MetaStore
 
@@ -50,6 +51,15 @@ def _acquire_lock(root: Path) -> int:
     os.ftruncate(fd, 0)
     os.pwrite(fd, str(os.getpid()).encode(), 0)
     return fd
+
+
+def _remove_empty_dir(path: Path) -> None:
+    try:
+        path.rmdir()
+    except FileNotFoundError:
+        pass
+    except OSError:  # not empty: files that are not the collection's stay where they are
+        log.info("%s: kept, it holds files that are not the collection's", path)
 
 
 class Collection:
@@ -130,10 +140,7 @@ class Collection:
         if expect is not None:
             errors = manifest.compatibility_errors(expect)
             if errors:
-                raise CollectionError(
-                    f"{root}: the collection was built with different settings — "
-                    f"{'; '.join(errors)}. Vectors from different settings are not comparable: "
-                    f"index into a new collection, or re-index this one with `--reindex`")
+                raise settings_mismatch(root, errors)
         lock_fd = _acquire_lock(root) if writable else None
         try:
             store = MetaStore(root, writable=writable)
@@ -146,6 +153,37 @@ class Collection:
                 os.close(lock_fd)
             raise
         return cls(root, manifest, store, lock_fd)
+
+    @classmethod
+    def erase(cls, path: str | Path) -> bool:
+        """Delete a collection (database, vectors, index, manifest, lock) under the writer lock,
+        then its directory if nothing else is left in it. Returns False, touching nothing, when
+        `path` holds no collection.
+
+        Raises CollectionError at once if another process writes to it, or if its manifest is
+        not a faste-mm manifest (a folder that merely has a manifest.json is never emptied).
+        """
+        root = Path(path)
+        if not (root / MANIFEST_NAME).is_file():
+            return False
+        read_manifest(root)  # CollectionError unless it is really ours
+        lock_fd = _acquire_lock(root)
+        try:
+            # Database, then manifest: a crash part-way leaves an empty collection under the old
+            # manifest, or leftovers that `create` accepts, never old rows under a new manifest.
+            for name in (DB_NAME, DB_NAME + "-wal", DB_NAME + "-shm", MANIFEST_NAME, faiss_index.INDEX_NAME):
+                (root / name).unlink(missing_ok=True)
+            for leftover in [*root.glob("*" + TMP_SUFFIX), *(root / parts.VECTORS_DIR).glob("*")]:
+                if leftover.is_file():
+                    leftover.unlink()
+            _remove_empty_dir(root / parts.VECTORS_DIR)
+            # Unlinked while still held, so no second writer can lock it in the meantime.
+            (root / LOCK_NAME).unlink(missing_ok=True)
+        finally:
+            os.close(lock_fd)
+        _remove_empty_dir(root)
+        log.info("%s: erased", root)
+        return True
 
     @property
     def writable(self) -> bool:
@@ -174,6 +212,18 @@ class Collection:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def require_compatible(self, request: Manifest) -> None:
+        """CollectionError naming every setting in which `request` (e.g. a model loaded after the
+        collection was opened) would produce vectors not comparable with the stored ones."""
+        errors = self._manifest.compatibility_errors(request)
+        if errors:
+            raise settings_mismatch(self.root, errors)
+
+    def _saved_manifest(self) -> Manifest:
+        """manifest.json as on disk. A writer holds it already (every change goes through it and
+        no one else may write); a reader re-reads it, since a writer may have saved since."""
+        return self._manifest if self.writable else read_manifest(self.root)
 
     def _require_writable(self, what: str) -> None:
         if self._closed:
@@ -323,7 +373,21 @@ class Collection:
 
     def find_by_hash(self, content_hash: str) -> list[ItemRecord]:
         """Live items whose source file has this sha256 (see `records.content_hash`)."""
-        return self._store.records_with_hash(content_hash)
+        return self.find_by_hashes([content_hash]).get(content_hash, [])
+
+    def find_by_hashes(self, content_hashes: Iterable[str]) -> dict[str, list[ItemRecord]]:
+        """`find_by_hash` for many hashes in a few queries: hash -> live items in id order
+        (hashes with no live item are absent)."""
+        return self._store.records_with_hashes(content_hashes)
+
+    def live_uris(self, under: str | None = None) -> list[str]:
+        """Sorted uris that have live items or recorded failures: all of them, or `under` itself
+        and the uris below it (`under` + "/..."), as `plan_scan` reports vanished files."""
+        return self._store.live_uris(under)
+
+    def live_ids(self, ids: Iterable[int]) -> set[int]:
+        """The subset of `ids` that are live (searchable) items."""
+        return self._store.live_ids([int(i) for i in ids])
 
     def failures(self) -> list[ItemRecord]:
         """Items recorded by `add_failures` and not since replaced, oldest first."""
@@ -436,7 +500,7 @@ class Collection:
         """Adopt index.faiss if the manifest says it was built in this epoch and its size matches
         the parts it claims to cover (a torn or foreign file fails that check and is ignored)."""
         self._index = None
-        on_disk = read_manifest(self.root)
+        on_disk = self._saved_manifest()
         if on_disk.index_epoch != epoch or on_disk.index_factory is None:
             return
         index = faiss_index.load_index(self.root / faiss_index.INDEX_NAME)
@@ -516,7 +580,7 @@ class Collection:
     def _finalize(self) -> None:
         """At close: switch index kind if the collection outgrew it, save if anything changed."""
         committed = self._store.parts()
-        saved = read_manifest(self.root)
+        saved = self._saved_manifest()
         key = (self._store.state()["epoch"], max((p for p, _ in committed), default=-1))
         desired = self._desired_factory(committed)
         if committed and (self._index_factory or saved.index_factory) != desired:
@@ -589,7 +653,7 @@ class Collection:
         """Counts, index kind and on-disk size (bytes, all files) of the collection."""
         counts = self._store.counts()
         committed = self._store.parts()
-        saved = read_manifest(self.root)
+        saved = self._saved_manifest()
         key = (self._store.state()["epoch"], max((p for p, _ in committed), default=-1))
         size = sum(p.stat().st_size for p in self.root.rglob("*") if p.is_file())
         return CollectionInfo(

@@ -18,7 +18,7 @@ import faiss
 import numpy as np
 
 from faste_mm.errors import CollectionError, ConfigError
-from faste_mm.indexers._atomic import atomic_write
+from faste_mm.indexers.atomic_files import atomic_write
 
 log = logging.getLogger(__name__)
 

@@ -12,10 +12,10 @@ import logging
 from dataclasses import dataclass, field
 from importlib import metadata as _pkg_metadata
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from faste_mm.errors import CollectionError, ConfigError
-from faste_mm.indexers._atomic import atomic_write_bytes
+from faste_mm.indexers.atomic_files import atomic_write_bytes
 
 log = logging.getLogger(__name__)
 
@@ -102,17 +102,23 @@ class Manifest:
             object.__setattr__(self, "fast_e", dict(self.fast_e))
         object.__setattr__(self, "counts", dict(self.counts))
 
+    @property
+    def r_max(self) -> float:
+        """FastE's r_max for this collection's documents; 0.0 when they use the full forward."""
+        return float((self.fast_e or {}).get("r_max", 0.0))
+
     def compatibility_errors(self, other: "Manifest") -> list[str]:
         """Every setting in which `other` (the request) differs from this collection, in words.
 
         An empty list means vectors produced under `other` can be searched together with ours.
         """
-        errors = []
-        for name in COMPATIBILITY_FIELDS:
-            ours, theirs = getattr(self, name), getattr(other, name)
-            if ours != theirs:
-                errors.append(f"{name}: collection has {ours!r}, request has {theirs!r}")
-        return errors
+        return self.differences({name: getattr(other, name) for name in COMPATIBILITY_FIELDS})
+
+    def differences(self, request: Mapping[str, Any]) -> list[str]:
+        """`compatibility_errors` for a request that knows only some fields (a model not loaded
+        yet knows its id and revision, not its dim); fields absent from `request` are skipped."""
+        return [f"{name}: collection has {getattr(self, name)!r}, request has {request[name]!r}"
+                for name in COMPATIBILITY_FIELDS if name in request and getattr(self, name) != request[name]]
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -195,6 +201,14 @@ def read_manifest(root: Path) -> Manifest:
     except (ConfigError, TypeError, AttributeError, ValueError) as e:
         raise CollectionError(f"{path}: invalid manifest: {e}; restore it from a backup or "
                               f"re-index into a new collection") from None
+
+
+def settings_mismatch(root: Path, errors: Sequence[str]) -> CollectionError:
+    """The error for a request whose settings differ from the collection's (`compatibility_errors`)."""
+    return CollectionError(
+        f"{root}: the collection was built with different settings — {'; '.join(errors)}. Vectors "
+        f"from different settings are not comparable: index into a new collection, or re-index "
+        f"this one with `--reindex`")
 
 
 def write_manifest(root: Path, manifest: Manifest) -> None:

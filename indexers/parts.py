@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from faste_mm.errors import CollectionError
-from faste_mm.indexers._atomic import TMP_SUFFIX, atomic_write
+from faste_mm.indexers.atomic_files import TMP_SUFFIX, atomic_write
 
 log = logging.getLogger(__name__)
 

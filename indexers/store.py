@@ -23,6 +23,8 @@ log = logging.getLogger(__name__)
 DB_NAME = "meta.sqlite"
 SCHEMA_VERSION = 1
 
+# Bound parameters per statement: SQLite builds before 3.32 allow at most 999.
+MAX_BOUND_PARAMS = 500
 _ITEM_COLUMNS = ("id, uri, page, modality, size, mtime, content_hash, status, error, added_at, "
                  "metadata, part, row")
 
@@ -248,11 +250,35 @@ class MetaStore:
                                (status,)).fetchall()
         return [_row_to_record(r) for r in rows]
 
-    def records_with_hash(self, content_hash: str) -> list[ItemRecord]:
-        rows = self.db.execute(
-            f"SELECT {_ITEM_COLUMNS} FROM items WHERE content_hash = ? AND status = 'ok' "
-            f"ORDER BY id", (content_hash,)).fetchall()
-        return [_row_to_record(r) for r in rows]
+    def records_with_hashes(self, content_hashes: Iterable[str]) -> dict[str, list[ItemRecord]]:
+        """Live records per content hash, each list in id order; hashes without one are absent.
+        One query per `MAX_BOUND_PARAMS` hashes, not one per file."""
+        unique = sorted(set(content_hashes))
+        found: dict[str, list[ItemRecord]] = {}
+        for start in range(0, len(unique), MAX_BOUND_PARAMS):
+            chunk = unique[start:start + MAX_BOUND_PARAMS]
+            rows = self.db.execute(
+                f"SELECT {_ITEM_COLUMNS} FROM items WHERE status = 'ok' "
+                f"AND content_hash IN ({', '.join('?' * len(chunk))}) ORDER BY id", chunk).fetchall()
+            for row in rows:
+                record = _row_to_record(row)
+                found.setdefault(record.content_hash, []).append(record)
+        return found
+
+    def live_uris(self, under: str | None = None) -> list[str]:
+        """Sorted uris with live (ok or failed) rows: all, or `under` itself and the uris below it
+        (`under` + "/..."). The range ["p/", "p0") holds exactly the strings starting with "p/"
+        ("0" follows "/" in byte order), so the uri index answers it without a table scan."""
+        if under is None:
+            rows = self.db.execute(
+                "SELECT DISTINCT uri FROM items WHERE status != 'deleted' ORDER BY uri").fetchall()
+        else:
+            prefix = under.rstrip("/")
+            rows = self.db.execute(
+                "SELECT DISTINCT uri FROM items WHERE status != 'deleted' "
+                "AND (uri = ? OR (uri >= ? AND uri < ?)) ORDER BY uri",
+                (prefix, prefix + "/", prefix + "0")).fetchall()
+        return [r[0] for r in rows]
 
     def live_file_stats(self) -> dict[str, tuple[int | None, float | None, str]]:
         """uri -> (size, mtime, status) over live rows; pages of one file share its stat."""

@@ -115,6 +115,22 @@ def test_remove_compact_and_rebuild_index_keep_search_results(model, tmp_path):
     assert json.loads(invoke(*query).stdout)["hits"] == before
 
 
+def test_remove_warns_naming_the_targets_that_matched_nothing_and_exits_0(model, tmp_path):
+    root = tmp_path / "imgs"
+    root.mkdir()
+    for i, name in enumerate(("a.png", "b.png")):
+        noise_image(root / name, (48, 48), 400 + i)
+    col = tmp_path / "col"
+    invoke("index", root, "-c", col, "--model", model, "--device", "cpu")
+    result = invoke("remove", root / "a.png", root / "typo.png", "424242", "-c", col)
+    assert [Path(u).name for u in result.stdout.splitlines()] == ["a.png"]
+    warning = result.stderr[result.stderr.index("warning"):]
+    assert str(root / "typo.png") in warning and "424242" in warning and "a.png" not in warning
+    nothing = invoke("remove", root / "typo.png", "-c", col)  # a warning, not an error (README exit codes)
+    assert nothing.stdout == "" and "typo.png" in nothing.stderr
+    assert Collection.open(col).info().n_ok == 1
+
+
 def test_a_writer_killed_with_sigkill_resumes_without_embedding_anything_twice(model, tmp_path):
     root = tmp_path / "imgs"
     root.mkdir()

@@ -1,4 +1,5 @@
-"""Collection store: search vs brute force, tombstones, compaction, rebuilds, scans, failures."""
+"""Collection store: search vs brute force, tombstones, compaction, rebuilds, scans, failures,
+batched duplicate lookups, live uris under a folder, and erasing a collection."""
 
 from __future__ import annotations
 
@@ -282,3 +283,55 @@ def test_info_to_dict_reports_counts_and_size(tmp_path):
         d = col.info().to_dict()
     assert (d["n_ok"], d["n_deleted"], d["n_failed"], d["dim"]) == (8, 2, 0, D)
     assert d["size_bytes"] > 10 * D * 2 and d["index_type"] == "auto"
+
+
+def test_find_by_hashes_batches_and_matches_one_lookup_per_hash(tmp_path):
+    n = 1203  # more than two chunks of bound parameters
+    rng = np.random.default_rng(0)
+    hashes = [hashlib.sha256(str(i).encode()).hexdigest() for i in range(n)]
+    with Collection.create(tmp_path / "c", Manifest(model_id="m", dim=D)) as col:
+        col.add(unit(rng, n), [ItemRecord(uri=f"/p/{i}.png", modality="image", content_hash=h)
+                               for i, h in enumerate(hashes)])
+        col.add(unit(rng, 2), [ItemRecord(uri="/p/doc.pdf", modality="page", page=p, content_hash=hashes[7])
+                               for p in (1, 2)])  # pages of a PDF sharing one file's hash
+        col.delete_uris(["/p/3.png"])
+        wanted = [*hashes, "0" * 64]
+        found = col.find_by_hashes(wanted)
+        assert found == {h: col.find_by_hash(h) for h in wanted if col.find_by_hash(h)}
+        assert hashes[3] not in found and [r.uri for r in found[hashes[7]]] == ["/p/7.png", "/p/doc.pdf", "/p/doc.pdf"]
+
+
+def test_live_uris_lists_a_path_and_what_is_below_it_only(tmp_path):
+    rng = np.random.default_rng(0)
+    uris = ["/p", "/p/a.png", "/p/sub/b.png", "/p2/c.png", "/p.png", "/q/d.png"]
+    with Collection.create(tmp_path / "c", Manifest(model_id="m", dim=D)) as col:
+        col.add(unit(rng, len(uris)), [ItemRecord(uri=u, modality="image") for u in uris])
+        col.add_failures([ItemRecord(uri="/p/broken.png", modality="image", error="truncated")])
+        col.delete_uris(["/q/d.png"])
+        assert col.live_uris(under="/p/") == ["/p", "/p/a.png", "/p/broken.png", "/p/sub/b.png"]
+        assert col.live_uris(under="/p/sub/b.png") == ["/p/sub/b.png"] and col.live_uris(under="/nope") == []
+        assert col.live_uris() == sorted(set(uris) - {"/q/d.png"} | {"/p/broken.png"})
+        for under in ("/p", "/p2", "/"):  # the same uris plan_scan would report vanished
+            assert col.live_uris(under=under) == list(col.plan_scan([], under=under).vanished)
+
+
+def test_erase_deletes_only_the_collection_and_refuses_while_another_writer_holds_it(tmp_path):
+    col, _, _ = make(tmp_path, n=20)
+    col.close()
+    root = tmp_path / "c"
+    (root / "notes.txt").write_text("mine")  # not the collection's: erase must keep it
+    with Collection.open(root, writable=True):
+        with pytest.raises(CollectionError, match="another faste-mm process"):
+            Collection.erase(root)
+    assert Collection.open(root).info().n_ok == 20  # the refused erase touched nothing
+    assert Collection.erase(root) is True
+    assert sorted(p.name for p in root.iterdir()) == ["notes.txt"]
+    assert Collection.erase(root) is False and Collection.erase(tmp_path / "nowhere") is False
+    make(tmp_path, n=3, name="d")[0].close()
+    assert Collection.erase(tmp_path / "d") and not (tmp_path / "d").exists()
+    foreign = tmp_path / "webapp"
+    foreign.mkdir()
+    (foreign / "manifest.json").write_text('{"name": "my web app"}')
+    with pytest.raises(CollectionError, match="invalid manifest"):
+        Collection.erase(foreign)
+    assert (foreign / "manifest.json").exists()

@@ -32,6 +32,15 @@ def test_compatibility_errors_list_every_differing_field_in_words():
     assert ours.compatibility_errors(ours.replace(index_type="HNSW32")) == []
 
 
+def test_manifest_r_max_and_partial_differences():
+    assert Manifest(model_id="A", dim=8).r_max == 0.0
+    assert Manifest(model_id="A", dim=8, fast_e={"r_max": 0.25, "warmup_layer": 8}).r_max == 0.25
+    ours = Manifest(model_id="A", dim=8, model_revision="abc")
+    assert ours.differences({"model_id": "B", "model_revision": "abc"}) == [
+        "model_id: collection has 'A', request has 'B'"]
+    assert ours.differences({"model_id": "A"}) == []  # fields the request does not know are not compared
+
+
 def test_manifest_round_trips_through_dict():
     m = Manifest(model_id="A", dim=8, model_revision="abc", fast_e={"r_max": 0.5,
                  "warmup_layer": 8, "threshold": 0.7}, index_type="HNSW32")

@@ -1,5 +1,6 @@
 """Retriever end to end on a tiny model: index a generated folder, search by text and image,
-incremental re-runs, deletes, compaction, settings mismatches and index types."""
+incremental re-runs (which never load the model when nothing is new), add with on_error,
+non-finite vectors, deletes, removes, compaction, settings mismatches and index types."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ import numpy as np
 import pytest
 
 from faste_mm import BatchingConfig, Embedder, FastEConfig, Item
-from faste_mm.errors import CollectionError
+from faste_mm.embedder import EmbedResult
+from faste_mm.errors import CollectionError, ConfigError, InputError, ModelLoadError
 from faste_mm.indexers import Collection
-from faste_mm.retriever import DEFAULT_QUERY_INSTRUCTION, IndexOptions, Retriever, collection_path
+from faste_mm.retriever import DEFAULT_QUERY_INSTRUCTION, IndexOptions, ModelSpec, Retriever, collection_path
 
 from tests.test_retriever_scanning import (
     CORPUS_EMBEDDED,
@@ -116,13 +118,13 @@ def test_delete_add_and_compact(embedder, tmp_path):
     info = retriever.info()
     assert info.n_failed == 1 and "unsupported" in info.failures[0].error  # named explicitly
     ids = retriever.add(["a note about bicycles", Item(image=root / "green_rgba.png")],
-                        metadata=[{"source": "manual"}, None])
+                        metadata=[{"source": "manual"}, None]).ids
     hit = retriever.search("a note about bicycles", k=10)
     assert {h.id for h in hit} >= set(ids.tolist())
     assert next(h for h in hit if h.id == ids[0]).metadata == {"source": "manual"}
     assert retriever.delete(ids[:1]) == 1
     assert ids[0] not in {h.id for h in retriever.search("a note about bicycles", k=10)}
-    assert retriever.remove([root]) and retriever.info().n_ok == 0
+    assert retriever.remove([root]).uris and retriever.info().n_ok == 0
     assert retriever.compact() == 4
     assert retriever.info().n_deleted == 0 and retriever.search("x", k=5) == []
 
@@ -174,3 +176,106 @@ def test_a_missing_named_path_is_reported_on_every_run(embedder, tmp_path):
         report = retriever.index([tmp_path / "gone.png"])
         assert [Path(f.uri).name for f in report.failures] == ["gone.png"]
         assert "not found" in report.failures[0].error
+
+
+class PoisonedEmbedder(Embedder):
+    """The tiny model, except that rows whose item names `poisoned` come back NaN, as a float16
+    overflow would (a stand-in for a model that misbehaves on one input)."""
+
+    def __init__(self, base: Embedder, poisoned: str) -> None:
+        super().__init__(base.loaded, base.batching)
+        self.poisoned = poisoned
+
+    def encode(self, inputs, **options) -> EmbedResult:
+        result = super().encode(inputs, **options)
+        for row, item in enumerate(result.items):
+            if self.poisoned in item.describe():
+                result.embeddings[row] = np.nan
+        return result
+
+
+def three_images(root: Path) -> Path:
+    root.mkdir(parents=True)
+    for i, name in enumerate(("a.png", "b.png", "c.png")):
+        noise_image(root / name, (48, 48), 300 + i)
+    return root
+
+
+def test_a_rerun_with_nothing_new_to_embed_never_loads_the_model(embedder, tmp_path):
+    model = shutil.copytree(embedder.model_id, tmp_path / "model")
+    root = three_images(tmp_path / "imgs")
+    Retriever(ModelSpec(str(model), device="cpu"), collection=tmp_path / "col", r_max=0.0).index([root])
+    shutil.rmtree(model)  # from here on, loading the model raises ModelLoadError
+    retriever = Retriever.open(tmp_path / "col", device="cpu")
+    again = retriever.index([root])
+    assert (again.unchanged, again.embedded, again.failed, again.index_factory) == (3, 0, 0, "Flat")
+    stat = (root / "a.png").stat()
+    os.utime(root / "a.png", (stat.st_atime, stat.st_mtime + 10))  # touched: same bytes
+    shutil.copy(root / "b.png", root / "b_copy.png")  # same bytes as an indexed file
+    (root / "c.png").unlink()
+    reused = retriever.index([root])
+    assert (reused.reused, reused.embedded, reused.removed) == (2, 0, 1)
+    assert retriever.info().n_ok == 3
+    noise_image(root / "new.png", (48, 48), 999)  # the first file that needs the model
+    with pytest.raises(ModelLoadError, match="model"):
+        retriever.index([root])
+
+
+def test_a_model_with_another_id_is_refused_before_it_loads(embedder, tmp_path):
+    root = three_images(tmp_path / "imgs")
+    Retriever(embedder, collection=tmp_path / "col", r_max=0.0).index([root])
+    elsewhere = ModelSpec(str(tmp_path / "no-such-model"), device="cpu")  # loading it would fail
+    with pytest.raises(CollectionError, match="model_id.*no-such-model.*--reindex"):
+        Retriever(elsewhere, collection=tmp_path / "col").index([root])
+
+
+def test_add_with_skip_stores_the_good_items_and_records_the_bad_one(embedder, tmp_path):
+    root = three_images(tmp_path / "imgs")
+    retriever = Retriever(embedder, collection=tmp_path / "col", r_max=0.0)
+    items = ["a note about bicycles", root / "missing.png", Item(image=root / "a.png")]
+    with pytest.raises(InputError, match="missing.png"):
+        retriever.add(items)  # on_error="raise" (the default) stores nothing
+    report = retriever.add(items, metadata=[{"n": 0}, {"n": 1}, {"n": 2}], on_error="skip")
+    assert report.ids[1] == -1 and (report.ids[[0, 2]] >= 0).all()
+    assert [Path(f.uri).name for f in report.failures] == ["missing.png"] and "missing.png" in report.failures[0].error
+    assert report.to_dict()["ids"][1] == -1
+    info = retriever.info()
+    assert (info.n_ok, info.n_failed) == (2, 1) and Path(info.failures[0].uri).name == "missing.png"
+    hits = retriever.search("a note about bicycles", k=5)
+    assert {h.id for h in hits} == set(report.ids[[0, 2]].tolist())
+    assert {h.metadata["n"] for h in hits} == {0, 2}
+    with pytest.raises(ConfigError, match="on_error"):
+        retriever.add(items, on_error="ignore")
+
+
+def test_a_non_finite_vector_fails_only_its_item(embedder, tmp_path):
+    root = three_images(tmp_path / "imgs")
+    poisoned = PoisonedEmbedder(embedder, "b.png")
+    report = Retriever(poisoned, collection=tmp_path / "col", r_max=0.0).index([root])
+    assert (report.embedded, report.failed) == (2, 1)
+    (failure,) = report.failures
+    assert Path(failure.uri).name == "b.png" and "b.png" in failure.error and "non-finite" in failure.error
+    healthy = Retriever(embedder, collection=tmp_path / "col", r_max=0.0)
+    assert {Path(h.uri).name for h in healthy.search("anything", k=5)} == {"a.png", "c.png"}
+    retried = healthy.index([root], options=IndexOptions(retry_failed=True))
+    assert (retried.embedded, retried.failed, healthy.info().n_ok) == (1, 0, 3)
+    adder = Retriever(poisoned, collection=tmp_path / "col", r_max=0.0)
+    with pytest.raises(InputError, match="input 1: .*b.png.*non-finite"):
+        adder.add(["a caption", root / "b.png"])
+    skipped = adder.add(["a caption", root / "b.png"], on_error="skip")
+    assert skipped.ids[1] == -1 and "non-finite" in skipped.failures[0].error
+    info = healthy.info()  # + the caption; the failed re-add replaced b.png, as a changed file that fails would
+    assert (info.n_ok, info.n_failed, Path(info.failures[0].uri).name) == (3, 1, "b.png")
+
+
+def test_remove_reports_the_targets_that_matched_nothing(embedder, tmp_path):
+    root = three_images(tmp_path / "imgs")
+    retriever = Retriever(embedder, collection=tmp_path / "col", r_max=0.0)
+    retriever.index([root])
+    (kept,) = [h.id for h in retriever.search(image=root / "c.png", k=1)]
+    report = retriever.remove([root / "a.png", root / "nope.png", tmp_path / "im"], ids=[kept, 12345])
+    assert [Path(u).name for u in report.uris] == ["a.png"] and report.ids == (kept,)
+    assert report.unmatched == (str(root / "nope.png"), str(tmp_path / "im"), "12345")  # "im" is no folder prefix
+    assert retriever.info().n_ok == 1
+    assert retriever.remove([root]).to_dict() == {"uris": [str((root / "b.png").resolve())], "ids": [],
+                                                  "unmatched": []}

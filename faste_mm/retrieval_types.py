@@ -1,0 +1,137 @@
+"""What the Retriever takes and hands back: index options, progress, the reports of `index`,
+`add` and `remove`, and search hits. Plain typed records; the work is in `faste_mm.retriever`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+from faste_mm.errors import ConfigError
+from faste_mm.ingest import IndexFailure, ScanFilter
+
+
+def prefix_removal(prefix_tokens: int, kept_prefix_tokens: int) -> float:
+    """Share of prefix tokens FastE removed (0 when nothing was embedded)."""
+    return 0.0 if prefix_tokens == 0 else 1.0 - kept_prefix_tokens / prefix_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class IndexOptions:
+    """Options of `Retriever.index`.
+
+    exclude / include_hidden: folder-walk filters (see `faste_mm.scanning.ScanFilter`).
+    reindex: erase the collection first and rebuild it with the retriever's settings.
+    index_type: FAISS factory string or "auto" for the derived index; None keeps the collection's.
+    retry_failed: embed unchanged files that failed last time again.
+    chunk_files: files embedded and committed together; a crash loses at most one chunk of work.
+    """
+
+    exclude: tuple[str, ...] = ()
+    include_hidden: bool = False
+    reindex: bool = False
+    index_type: str | None = None
+    retry_failed: bool = False
+    chunk_files: int = 64
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "exclude", ScanFilter(self.exclude).exclude)  # validates
+        if not isinstance(self.chunk_files, int) or self.chunk_files < 1:
+            raise ConfigError(f"IndexOptions.chunk_files must be an int >= 1, got {self.chunk_files!r}")
+        if self.index_type is not None and (not isinstance(self.index_type, str) or not self.index_type.strip()):
+            raise ConfigError(f"IndexOptions.index_type must be None, 'auto' or a FAISS factory string, "
+                              f"got {self.index_type!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class IndexProgress:
+    """Handed to the `progress` callback after the scan and after each committed chunk.
+    files_done / files_total count the new and changed files this run embeds (or reuses)."""
+
+    files_done: int
+    files_total: int
+    embedded: int
+    reused: int
+    failed: int
+    prefix_tokens: int
+    kept_prefix_tokens: int
+    elapsed_s: float
+
+    @property
+    def prefix_removal(self) -> float:
+        return prefix_removal(self.prefix_tokens, self.kept_prefix_tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class IndexReport:
+    """What one `Retriever.index` call did. Items are rows (a PDF page is one item); files are
+    source files. embedded: items run through the model; reused: items whose vectors were copied
+    from a live item with the same content hash; unchanged: files skipped by (size, mtime);
+    removed: files tombstoned because they vanished; failed: items recorded as failures."""
+
+    collection: str
+    files_scanned: int
+    embedded: int
+    reused: int
+    unchanged: int
+    removed: int
+    failed: int
+    failures: tuple[IndexFailure, ...]
+    prefix_tokens: int
+    kept_prefix_tokens: int
+    seconds: float
+    index_factory: str | None = None
+
+    @property
+    def prefix_removal(self) -> float:
+        return prefix_removal(self.prefix_tokens, self.kept_prefix_tokens)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        d["failures"] = [f.to_dict() for f in self.failures]
+        d["prefix_removal"] = self.prefix_removal
+        return d
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class AddReport:
+    """What one `Retriever.add` call stored. ids: int64 [n_rows], one per row in input order (a
+    PDF adds one row per page), -1 where the row failed; failures: the rows that failed (only
+    with on_error="skip"), also recorded in the collection and listed by `info()`."""
+
+    ids: np.ndarray
+    failures: tuple[IndexFailure, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ids": self.ids.tolist(), "failures": [f.to_dict() for f in self.failures]}
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveReport:
+    """What one `Retriever.remove` call did: uris of the files removed (all their items), ids of
+    the items removed by id, and the targets, as given, that matched nothing in the collection."""
+
+    uris: tuple[str, ...]
+    ids: tuple[int, ...] = ()
+    unmatched: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"uris": list(self.uris), "ids": list(self.ids), "unmatched": list(self.unmatched)}
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    """One search result: item id, inner-product score (cosine, vectors are unit-norm), source
+    uri, 1-based PDF page (None otherwise) and the item's metadata."""
+
+    id: int
+    score: float
+    uri: str
+    page: int | None = None
+    metadata: Mapping[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "score": self.score, "uri": self.uri, "page": self.page,
+                "metadata": dict(self.metadata) if self.metadata is not None else None}
