@@ -18,14 +18,16 @@ import numpy as np
 
 from faste_mm.embedder import Embedder, EmbedStats
 from faste_mm.errors import ConfigError, FasteError
-from faste_mm.indexers._atomic import atomic_write
+from faste_mm.indexers.atomic_files import atomic_write
 from faste_mm.items import Item
-from faste_mm.serialization import SerializerConfig
+from faste_mm.serialization import VLSerializer
 
 log = logging.getLogger(__name__)
 
 CACHE_VERSION = 1
-TOKEN_PIXELS = 32 * 32  # one visual token of Qwen3-VL: a 16 px patch merged 2x2
+# Pixels per visual token when neither the processor nor the model config says: Qwen3-VL's
+# 16 px patches merged 2x2 -> one token per 32x32 px.
+DEFAULT_TOKEN_PIXELS = 32 * 32
 
 
 class ProgressSink(Protocol):
@@ -114,57 +116,77 @@ def encode_items(
     return result.embeddings, EncodeStats.from_embed(result.stats)
 
 
-def downscale_pixels(embedder: Embedder, items: list[Item], r_max: float) -> list[int | None]:
-    """Per item, the max_pixels that leaves about (1 - r_max) of its visual tokens (None: no image).
+def token_pixels(embedder: Embedder) -> int:
+    """Image pixels per visual token: (patch_size * merge_size)^2 from the image processor, else
+    (patch_size * spatial_merge_size)^2 from the model's vision config, else DEFAULT_TOKEN_PIXELS
+    (1024, Qwen3-VL). The processor comes first: it is what turns pixels into tokens."""
+    processor = getattr(getattr(embedder.serializer, "processor", None), "image_processor", None)
+    side = _token_side(processor, "merge_size")
+    if side is None:
+        vision = getattr(getattr(embedder.backbone.model, "config", None), "vision_config", None)
+        side = _token_side(vision, "spatial_merge_size")
+    return DEFAULT_TOKEN_PIXELS if side is None else side * side
 
-    The original count comes from the official resize (a token is 32x32 px); the cap is rounded
-    down to whole tokens and never below min_pixels, so smart_resize keeps at most the budget.
+
+def _token_side(source: object, merge_name: str) -> int | None:
+    patch, merge = getattr(source, "patch_size", None), getattr(source, merge_name, None)
+    if isinstance(patch, int) and isinstance(merge, int) and patch > 0 and merge > 0:
+        return patch * merge
+    return None
+
+
+def downscale_pixels(embedder: Embedder, items: list[Item], r_max: float) -> list[int | None]:
+    """Per item, the max_pixels that leaves about (1 - r_max) of its visual tokens.
+
+    The original count comes from the official resize of the image's header size (no pixel data
+    is decoded; see `VLSerializer.resized_size`); the cap is rounded down to whole tokens and
+    never below min_pixels, so smart_resize keeps at most the budget. None: the item has no
+    image, or its size cannot be read (it is embedded unchanged and the encode reports it).
     """
-    prepare = getattr(embedder.serializer, "prepare_image", None)
-    if prepare is None:
+    serializer = embedder.serializer
+    if not isinstance(serializer, VLSerializer):
         raise ConfigError(f"downscaling needs a vision-language model; {embedder.model_id} has no image processor")
-    config: SerializerConfig = embedder.serializer.config
+    pixels_per_token = token_pixels(embedder)
     caps: list[int | None] = []
     for item in items:
         if not item.has_image:
             caps.append(None)  # text-only candidates (DocVQA answers) are unaffected by downscaling
             continue
         try:
-            width, height = prepare(item).size
+            width, height = serializer.resized_size(item)
         except FasteError as error:
             log.warning("downscale plan: %s; embedding it at the default size", error)
-            caps.append(config.max_pixels)
+            caps.append(None)
             continue
-        tokens = width * height // TOKEN_PIXELS
-        caps.append(max(config.min_pixels, int(tokens * (1.0 - r_max)) * TOKEN_PIXELS))
+        tokens = width * height // pixels_per_token
+        caps.append(max(serializer.config.min_pixels, int(tokens * (1.0 - r_max)) * pixels_per_token))
     return caps
 
 
 def encode_downscaled(
     embedder: Embedder, items: list[Item], r_max: float, *, progress: ProgressSink = NO_PROGRESS
 ) -> tuple[np.ndarray, EncodeStats]:
-    """The downscaling baseline: each image re-serialized with its own lower max_pixels; items
-    sharing a cap are embedded together (full forward). Planning time counts as end-to-end time."""
+    """The downscaling baseline: each image carries its own lower max_pixels (`Item.max_pixels`)
+    and the whole side is embedded in one full-forward call, batched like every other setting.
+    Planning time counts as end-to-end time."""
     started = time.perf_counter()
     caps = downscale_pixels(embedder, items, r_max)
+    capped = [item if cap is None else replace(item, max_pixels=cap) for item, cap in zip(items, caps)]
     plan_s = time.perf_counter() - started
-    vectors = np.zeros((len(items), embedder.dim), dtype=np.float32)
-    total = EncodeStats(total_s=plan_s)
-    base = embedder.serializer.config if hasattr(embedder.serializer, "config") else None
-    for cap in sorted(set(caps), key=lambda c: -1 if c is None else c):
-        rows = [i for i, c in enumerate(caps) if c == cap]
-        runner = embedder if cap is None or base is None else embedder.with_serializer(replace(base, max_pixels=cap))
-        part, stats = encode_items(runner, [items[i] for i in rows], is_query=False, progress=progress)
-        vectors[rows] = part
-        total = total + stats
-    return vectors, total
+    vectors, stats = encode_items(embedder, capped, is_query=False, progress=progress)
+    return vectors, EncodeStats(total_s=plan_s) + stats
 
 
 def fingerprint(model_id: str, setting: dict, items: list[Item]) -> str:
-    """Identifies what a cached file holds: model, setting and every item (text, image, instruction)."""
+    """Identifies what a cached file holds: model, setting and every item (text, image, instruction,
+    and its own max_pixels when set)."""
     digest = hashlib.sha256(json.dumps({"model": model_id, "setting": setting, "version": CACHE_VERSION}, sort_keys=True).encode())
     for item in items:
-        digest.update(json.dumps([item.text, None if item.image is None else str(item.image), item.instruction]).encode())
+        parts = [item.text, None if item.image is None else str(item.image), item.instruction]
+        # An item's own pixel cap changes its vector; appended only when set, so fingerprints
+        # of items without one (every cache written so far) stay valid.
+        parts += [] if item.max_pixels is None else [item.max_pixels]
+        digest.update(json.dumps(parts).encode())
     return digest.hexdigest()
 
 

@@ -21,8 +21,15 @@ from faste_mm.items import Item
 
 log = logging.getLogger(__name__)
 
-COLUMNS = ("qry_inst", "qry_text", "qry_img_path", "tgt_inst", "tgt_text", "tgt_img_path")
+STRING_COLUMNS = ("qry_inst", "qry_text", "qry_img_path", "tgt_inst")
+LIST_COLUMNS = ("tgt_text", "tgt_img_path")  # one entry per candidate
+COLUMNS = STRING_COLUMNS + LIST_COLUMNS
 IMAGE_MARKER = "<|image_1|>"
+# What to do, appended to every row error.
+_FIX = (
+    f"fix or remove the row (MMEB_Test_Instruct rows have string fields {', '.join(STRING_COLUMNS)} "
+    f"and list-of-string fields {', '.join(LIST_COLUMNS)}, one entry per candidate)"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,37 +134,89 @@ def find_task_file(data_dir: Path, subset: str) -> list[Path]:
     )
 
 
-def read_rows(path: Path) -> list[dict]:
-    """Rows of a parquet or jsonl file, checked for the MMEB_Test_Instruct columns."""
-    if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One validated MMEB row and where it is, e.g. "DocVQA.jsonl (line 3)", for messages."""
 
-        try:
-            table = pq.read_table(path)
-        except Exception as error:  # pyarrow raises several types for broken files
-            raise InputError(f"{path}: not a readable parquet file ({error}); re-download it") from None
-        present = set(table.column_names)
-        rows = table.to_pylist()
-    else:
-        rows = []
-        with open(path, encoding="utf-8") as f:
-            for number, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as error:
-                    raise InputError(f"{path} (line {number}): not valid JSON ({error})") from None
-        present = set(rows[0]) if rows else set(COLUMNS)
-    missing = [column for column in COLUMNS if column not in present]
+    values: dict
+    where: str
+
+
+def read_rows(path: Path) -> list[Row]:
+    """Rows of a parquet or jsonl file; every row is checked for the MMEB_Test_Instruct fields."""
+    rows = _read_parquet(path) if path.suffix == ".parquet" else _read_jsonl(path)
+    if not rows:
+        raise InputError(f"{path}: the file has no rows")
+    for row in rows:
+        validate_row(row.values, row.where)
+    return rows
+
+
+def _read_parquet(path: Path) -> list[Row]:
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path)
+    except Exception as error:  # pyarrow raises several types for broken files
+        raise InputError(f"{path}: not a readable parquet file ({error}); re-download it") from None
+    # One schema for the whole file: a missing column is reported once, not per row.
+    missing = [column for column in COLUMNS if column not in table.column_names]
     if missing:
         raise InputError(
             f"{path}: missing column(s) {', '.join(missing)}; the MMEB_Test_Instruct format has "
-            f"{', '.join(COLUMNS)} (found {', '.join(sorted(present))})"
+            f"{', '.join(COLUMNS)} (found {', '.join(sorted(table.column_names))})"
         )
-    if not rows:
-        raise InputError(f"{path}: the file has no rows")
+    # 0-based row numbers, as pyarrow and pandas index them.
+    return [Row(values, f"{path} (row {index})") for index, values in enumerate(table.to_pylist())]
+
+
+def _read_jsonl(path: Path) -> list[Row]:
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):  # 1-based lines, as editors number them
+            if not line.strip():
+                continue
+            try:
+                values = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise InputError(f"{path} (line {number}): not valid JSON ({error}); fix or remove the line") from None
+            rows.append(Row(values, f"{path} (line {number})"))
     return rows
+
+
+def validate_row(values: object, where: str) -> None:
+    """Raise InputError naming `where` and the field when a row lacks a field or has the wrong type.
+
+    Strings may be null (read as empty); each list entry is a string or null.
+    """
+    if not isinstance(values, dict):
+        raise InputError(f"{where}: expected one row (a JSON object), got {type(values).__name__}; {_FIX}")
+    missing = [column for column in COLUMNS if column not in values]
+    if missing:
+        raise InputError(f"{where}: missing field(s) {', '.join(missing)}; {_FIX}")
+    for column in STRING_COLUMNS:
+        _check_string(values[column], column, where)
+    for column in LIST_COLUMNS:
+        entries = values[column]
+        if not isinstance(entries, (list, tuple)):
+            raise InputError(
+                f"{where}: field {column} must be a list of candidates, got {type(entries).__name__} "
+                f"{_excerpt(entries)}; {_FIX}"
+            )
+        for j, entry in enumerate(entries):
+            _check_string(entry, f"{column}[{j}]", where)
+
+
+def _check_string(value: object, field: str, where: str) -> None:
+    if value is not None and not isinstance(value, str):
+        raise InputError(
+            f"{where}: field {field} must be a string, got {type(value).__name__} {_excerpt(value)}; {_FIX}"
+        )
+
+
+def _excerpt(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def load_task(
@@ -184,26 +243,29 @@ def load_task(
     rows = [row for path in files for row in read_rows(path)]
     rows = rows[:limit] if limit is not None else rows
     root = find_image_root(Path(data_dir), rows, spec, image_root)
-    queries, candidates = _parse_rows(rows, spec, root, files[0])
+    queries, candidates = _parse_rows(rows, spec, root)
     _check_images(queries, candidates, files[0], root)
     log.info("%s: %d queries, %d unique candidates from %s", spec.subset, len(queries), len(candidates), files[0])
     return TaskData(spec, queries, candidates, files[0])
 
 
-def _parse_rows(rows: list[dict], spec: TaskSpec, root: Path | None, path: Path) -> tuple[list[Query], list[Candidate]]:
+def _parse_rows(rows: list[Row], spec: TaskSpec, root: Path | None) -> tuple[list[Query], list[Candidate]]:
     # Unique candidates are embedded once: the key is what the candidate is made of (answer
     # string for DocVQA, image path for image tasks), as the official eval keys (text, img_path).
     index: dict[Candidate, int] = {}
     candidates: list[Candidate] = []
     queries: list[Query] = []
-    for position, row in enumerate(rows):
-        where = f"{path} (row {position})"
-        texts, images = _as_list(row["tgt_text"], "tgt_text", where), _as_list(row["tgt_img_path"], "tgt_img_path", where)
+    for source in rows:
+        row, where = source.values, source.where
+        texts, images = row["tgt_text"], row["tgt_img_path"]
         n = len(images) if spec.candidate_image else len(texts)
         if spec.candidate_text and spec.candidate_image and len(texts) != len(images):
-            raise InputError(f"{where}: tgt_text has {len(texts)} entries but tgt_img_path has {len(images)}")
+            raise InputError(
+                f"{where}: tgt_text has {len(texts)} entries but tgt_img_path has {len(images)}; "
+                "give one entry per candidate in both lists"
+            )
         if n == 0:
-            raise InputError(f"{where}: the row has no candidates")
+            raise InputError(f"{where}: the row has no candidates; add them or remove the row")
         ids = []
         for j in range(n):
             candidate = Candidate(
@@ -226,13 +288,13 @@ def _parse_rows(rows: list[dict], spec: TaskSpec, root: Path | None, path: Path)
     return queries, candidates
 
 
-def find_image_root(data_dir: Path, rows: list[dict], spec: TaskSpec, image_root: str | Path | None) -> Path | None:
+def find_image_root(data_dir: Path, rows: list[Row], spec: TaskSpec, image_root: str | Path | None) -> Path | None:
     """The directory the relative image paths start from (None when the task has no images)."""
     if not (spec.query_image or spec.candidate_image):
         return None
     if image_root is not None:
         return Path(image_root)
-    sample = rows[0]["qry_img_path"] if spec.query_image else _as_list(rows[0]["tgt_img_path"], "tgt_img_path", "row 0")[0]
+    sample = _first_image_path(rows, spec)
     if not sample or Path(sample).is_absolute():
         return data_dir
     images = data_dir / "images"
@@ -245,6 +307,16 @@ def find_image_root(data_dir: Path, rows: list[dict], spec: TaskSpec, image_root
     return images if images.is_dir() else data_dir
 
 
+def _first_image_path(rows: list[Row], spec: TaskSpec) -> str | None:
+    """The first non-empty image path the task uses, to probe where the image root is."""
+    for row in rows:
+        paths = [row.values["qry_img_path"]] if spec.query_image else list(row.values["tgt_img_path"])
+        for path in paths:
+            if path and path.strip():
+                return path.strip()
+    return None
+
+
 def _check_images(queries: list[Query], candidates: list[Candidate], path: Path, root: Path | None) -> None:
     files = {q.image for q in queries if q.image is not None} | {c.image for c in candidates if c.image is not None}
     missing = sorted(str(f) for f in files if not f.is_file())
@@ -255,21 +327,14 @@ def _check_images(queries: list[Query], candidates: list[Candidate], path: Path,
         )
 
 
-def _as_list(value: object, column: str, where: str) -> list:
-    # In MMEB_Test_Instruct each row lists its candidates: tgt_text / tgt_img_path are lists.
-    if not isinstance(value, (list, tuple)):
-        raise InputError(f"{where}: {column} must be a list of candidates, got {type(value).__name__}")
-    return list(value)
-
-
 def _required(text: str | None, where: str) -> str:
     if not text:
-        raise InputError(f"{where}: empty, but this task needs a text here")
+        raise InputError(f"{where}: empty, but this task needs a text here; fill it in or remove the row")
     return text
 
 
 def _image_path(value: object, root: Path | None, where: str) -> Path:
     if not isinstance(value, str) or not value.strip():
-        raise InputError(f"{where}: empty, but this task needs an image path here")
+        raise InputError(f"{where}: empty, but this task needs an image path here; fill it in or remove the row")
     path = Path(value.strip())
     return path if path.is_absolute() or root is None else root / path

@@ -160,7 +160,13 @@ def evaluate(
 def evaluate_task(
     embedder: Embedder, task: TaskData, settings: list[Setting], cache: EmbeddingCache | None, progress: ProgressSink = NO_PROGRESS
 ) -> TaskResult:
-    """Queries once (full forward, shared by all settings), then the candidates per setting."""
+    """Queries once (full forward, shared by all settings), then the candidates per setting.
+
+    `settings` starts with Full (as `EvalConfig.settings` orders them): it is the reference every
+    other setting is measured against. Raises ConfigError otherwise.
+    """
+    if not settings or settings[0].method != "full":
+        raise ConfigError(f"evaluate_task needs the Full setting first (the reference), got {[s.key for s in settings]}")
     subset = task.spec.subset
     query_items = task.query_items()
     queries, query_stats = _cached(embedder, cache, subset, "queries", None, query_items, True, progress)
@@ -170,14 +176,19 @@ def evaluate_task(
         # Untimed warm-up on a few candidates: the reference (Full, timed first) must not pay
         # for lazy kernel/allocator set-up that later settings get for free.
         encode_items(embedder, candidate_items[:WARMUP_ITEMS], is_query=False)
-    rows: list[SettingResult] = []
-    full_stats: EncodeStats | None = None
-    full_scores = None
-    for setting in settings:
-        vectors, stats = _cached(embedder, cache, subset, setting.key, setting, candidate_items, False, progress)
+    full_vectors, full_stats = _cached(embedder, cache, subset, settings[0].key, settings[0], candidate_items, False, progress)
+    full_scores = score_ranks(gold_ranks(queries, full_vectors, lists))
+    rows = [SettingResult.relative("full", 0.0, full_scores, full_stats, full_scores, full_stats)]
+    log.info("%s full: recall@10 %.4f", subset, full_scores.recall_at_10)
+    has_images = any(item.has_image for item in candidate_items)
+    for setting in settings[1:]:
+        if setting.method == "downscale" and not has_images:
+            # Downscaling changes only images: on text-only candidates (DocVQA answers) it is
+            # the Full forward over the same items, so Full's vectors and costs are reused.
+            vectors, stats = full_vectors, full_stats
+        else:
+            vectors, stats = _cached(embedder, cache, subset, setting.key, setting, candidate_items, False, progress)
         scores = score_ranks(gold_ranks(queries, vectors, lists))
-        if setting.method == "full":
-            full_stats, full_scores = stats, scores
         rows.append(SettingResult.relative(setting.method, setting.r_max, scores, stats, full_scores, full_stats))
         log.info("%s %s: recall@10 %.4f", subset, setting.key, scores.recall_at_10)
     return TaskResult(

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from faste_mm.indexers._atomic import atomic_write_bytes
+from faste_mm.indexers.atomic_files import atomic_write_bytes
 from faste_mm.datasets.results import EvalResults
 
 RESULTS_JSON = "results.json"
@@ -100,7 +100,8 @@ def render_markdown(results: EvalResults) -> str:
         "## All methods (macro over tasks; retention, removal and speedups relative to Full)\n\n" + summary_table(results),
         "## Per task",
         *(task_table(results, i) for i in range(len(results.tasks))),
-        "Downscaling lowers max_pixels per image; text-only candidates (DocVQA answers) are unaffected. "
+        "Downscaling lowers max_pixels per image; text-only candidates (DocVQA answers) are unaffected, "
+        "so there its row repeats Full's vectors and measurements. "
         "Removal counts prefix tokens removed (downscaling: visual tokens not created); FLOPs are the "
         "decoder's (appendix formula). Times: candidate encoding (model forward) and end to end.",
     ]

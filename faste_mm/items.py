@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import threading
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterable, Union
 
@@ -33,12 +33,15 @@ class Item:
         instruction: the task instruction for this item (queries); None uses the call's instruction,
             then the model's default.
         page: 1-based PDF page; None on a PDF path means "every page" (expanded by `expand_items`).
+        max_pixels: pixel cap of this item's resized image; None uses the serializer's
+            (`SerializerConfig.max_pixels`). Lets one `encode` call mix image sizes.
     """
 
     text: str | None = None
     image: ImageLike | None = None
     instruction: str | None = None
     page: int | None = None
+    max_pixels: int | None = None
 
     def __post_init__(self) -> None:
         if self.text is not None and not isinstance(self.text, str):
@@ -49,6 +52,8 @@ class Item:
             )
         if self.page is not None and (not isinstance(self.page, int) or self.page < 1):
             raise InputError(f"Item.page is 1-based, got {self.page!r}")
+        if self.max_pixels is not None and (not isinstance(self.max_pixels, int) or self.max_pixels < 1):
+            raise InputError(f"Item.max_pixels must be a positive number of pixels or None, got {self.max_pixels!r}")
 
     @property
     def has_image(self) -> bool:
@@ -118,7 +123,7 @@ def expand_items(inputs: Iterable[object]) -> tuple[list[Item], list[int], list[
                 sources.append(position)
                 continue
             for page in range(1, n_pages + 1):
-                items.append(Item(text=item.text, image=item.image, instruction=item.instruction, page=page))
+                items.append(replace(item, page=page))
                 sources.append(position)
         else:
             items.append(item)
@@ -161,6 +166,30 @@ def load_image(item: Item, max_pixels: int) -> Image.Image:
         raise InputError(f"{path}: image too large to decode safely ({error}); downscale it first") from None
     except OSError as error:
         raise InputError(f"{path}: image data is truncated or corrupt ({error}); re-export the file") from None
+
+
+def read_image_size(item: Item) -> tuple[int, int]:
+    """(width, height) of the item's image as `load_image` would decode it, read from the file
+    header only: PIL opens lazily, so no pixel data is decoded. Not for PDF pages, whose pixel
+    size is chosen by the renderer.
+    """
+    image = item.image
+    if isinstance(image, Image.Image):
+        return image.size
+    path = Path(image)
+    _check_file(path)
+    try:
+        with Image.open(path) as opened:
+            return opened.size
+    except UnidentifiedImageError:
+        raise InputError(
+            f"{path}: not a readable image (unknown or corrupt format); fix or remove the file, "
+            "or pass on_error='skip'"
+        ) from None
+    except Image.DecompressionBombError as error:
+        raise InputError(f"{path}: image too large to decode safely ({error}); downscale it first") from None
+    except OSError as error:
+        raise InputError(f"{path}: image header is unreadable ({error}); re-export the file") from None
 
 
 def _check_file(path: Path) -> None:

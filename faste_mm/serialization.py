@@ -14,7 +14,7 @@ import torch
 from PIL import Image
 
 from faste_mm.errors import ConfigError, InputError
-from faste_mm.items import Item, load_image
+from faste_mm.items import Item, load_image, read_image_size
 
 DEFAULT_INSTRUCTION = "Represent the user's input."
 
@@ -98,18 +98,50 @@ class VLSerializer:
         conversation = build_conversation(item, instruction)
         return self.processor.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
 
+    def pixel_bounds(self, item: Item) -> tuple[int, int]:
+        """(min_pixels, max_pixels) of this item's resize: the item's own max_pixels, if set,
+        replaces the config's. Raises InputError when it is below min_pixels."""
+        if item.max_pixels is None:
+            return self.config.min_pixels, self.config.max_pixels
+        if item.max_pixels < self.config.min_pixels:
+            raise InputError(
+                f"{item.describe()}: Item.max_pixels {item.max_pixels} is below min_pixels "
+                f"{self.config.min_pixels}; raise it or lower SerializerConfig.min_pixels"
+            )
+        return self.config.min_pixels, item.max_pixels
+
     def prepare_image(self, item: Item) -> Image.Image:
         """Decode, paste RGBA on white and smart-resize exactly as qwen-vl-utils does."""
         from qwen_vl_utils import fetch_image
 
-        image = load_image(item, self.config.max_pixels)
+        min_pixels, max_pixels = self.pixel_bounds(item)
+        image = load_image(item, max_pixels)
         try:
             return fetch_image(
-                {"image": image, "min_pixels": self.config.min_pixels, "max_pixels": self.config.max_pixels},
+                {"image": image, "min_pixels": min_pixels, "max_pixels": max_pixels},
                 image_patch_size=self.config.image_patch_size,
             )
         except ValueError as error:  # qwen-vl-utils rejects aspect ratios beyond 200:1
             raise InputError(f"{item.describe()}: cannot resize image ({error})") from None
+
+    def resized_size(self, item: Item) -> tuple[int, int]:
+        """(width, height) that `prepare_image` returns, without decoding image files: the
+        original size comes from the header and goes through the same qwen-vl-utils
+        `smart_resize`. PDF pages are rendered, since the renderer picks their pixel size."""
+        from qwen_vl_utils import smart_resize
+        from qwen_vl_utils.vision_process import SPATIAL_MERGE_SIZE
+
+        if item.is_pdf:
+            return self.prepare_image(item).size
+        min_pixels, max_pixels = self.pixel_bounds(item)
+        width, height = read_image_size(item)
+        # fetch_image's own factor: image_patch_size * SPATIAL_MERGE_SIZE (16 * 2 = 32 px).
+        factor = self.config.image_patch_size * SPATIAL_MERGE_SIZE
+        try:
+            height, width = smart_resize(height, width, factor=factor, min_pixels=min_pixels, max_pixels=max_pixels)
+        except ValueError as error:
+            raise InputError(f"{item.describe()}: cannot resize image ({error})") from None
+        return width, height
 
     def __call__(self, item: Item, instruction: str | None) -> Serialized:
         image = self.prepare_image(item) if item.has_image else None

@@ -4,6 +4,7 @@ error messages for missing files / columns / images, and the hub path without a 
 from __future__ import annotations
 
 import io
+import json
 import tarfile
 from pathlib import Path
 
@@ -90,12 +91,71 @@ def test_missing_task_file_names_the_directory_and_expected_files(tmp_path):
         load_task("nights", tmp_path / "absent")
 
 
-def test_missing_column_is_named_with_the_file(tmp_path):
+@pytest.mark.parametrize("suffix, message", [(".parquet", r"missing column\(s\) tgt_img_path"), (".jsonl", r"\(line 1\): missing field\(s\) tgt_img_path")])
+def test_missing_column_is_named_with_the_file(tmp_path, suffix, message):
     rows = [{k: v for k, v in row.items() if k != "tgt_img_path"} for row in mmeb_rows(tmp_path / "images")["NIGHTS"]]
-    path = write_table(tmp_path / "NIGHTS.jsonl", rows)
-    with pytest.raises(InputError, match="missing column\\(s\\) tgt_img_path") as error:
+    path = write_table(tmp_path / f"NIGHTS{suffix}", rows)
+    with pytest.raises(InputError, match=message) as error:
         load_task("nights", tmp_path)
     assert str(path) in str(error.value)
+
+
+def _drop_qry_text(row):
+    del row["qry_text"]
+    return row
+
+
+# Each breaks the third row (of four) of NIGHTS.jsonl in one way: (break, field named, what is wrong).
+BAD_ROWS = {
+    "missing field": (_drop_qry_text, "qry_text", "missing field(s) qry_text"),
+    "number for a string": (lambda row: {**row, "qry_inst": 7}, "qry_inst", "must be a string, got int"),
+    "string for a list": (lambda row: {**row, "tgt_img_path": "NIGHTS/n_1.png"}, "tgt_img_path", "must be a list of candidates, got str"),
+    "number in a list": (lambda row: {**row, "tgt_img_path": [*row["tgt_img_path"][:3], 5, row["tgt_img_path"][4]]}, "tgt_img_path[3]", "must be a string, got int"),
+    "not an object": (lambda row: ["qry_inst", "qry_text"], None, "expected one row (a JSON object), got list"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_ROWS))
+def test_a_bad_jsonl_row_in_the_middle_is_named_by_file_line_and_field(tmp_path, case):
+    breaks, field, problem = BAD_ROWS[case]
+    rows = mmeb_rows(tmp_path / "images")["NIGHTS"]
+    rows[2] = breaks(rows[2])
+    lines = [json.dumps(row) for row in rows]
+    path = tmp_path / "NIGHTS.jsonl"
+    path.write_text(lines[0] + "\n\n" + "\n".join(lines[1:]) + "\n")  # a blank line: rows[2] is on line 4
+    with pytest.raises(InputError) as error:
+        load_task("nights", tmp_path)
+    message = str(error.value)
+    assert message.startswith(f"{path} (line 4): ")
+    assert problem in message and (field is None or f"field {field} " in message or f"field(s) {field}" in message)
+    assert "fix or remove the row" in message
+
+
+def test_rows_past_the_limit_are_validated_too(tmp_path):
+    rows = mmeb_rows(tmp_path / "images")["NIGHTS"]
+    rows[3]["tgt_text"] = None
+    write_table(tmp_path / "NIGHTS.jsonl", rows)
+    with pytest.raises(InputError, match=r"NIGHTS\.jsonl \(line 4\): field tgt_text must be a list"):
+        load_task("nights", tmp_path, limit=1)
+
+
+def test_a_null_list_in_a_parquet_row_is_named_by_row(tmp_path):
+    rows = mmeb_rows(tmp_path / "images")["NIGHTS"]
+    rows[2]["tgt_img_path"] = None
+    path = write_table(tmp_path / "NIGHTS.parquet", rows)
+    with pytest.raises(InputError, match=r"\(row 2\): field tgt_img_path must be a list of candidates, got NoneType") as error:
+        load_task("nights", tmp_path)
+    assert str(path) in str(error.value)
+
+
+def test_a_bad_row_in_a_later_shard_names_that_shard(tmp_path):
+    rows = mmeb_rows(tmp_path / "images")["MSCOCO_t2i"]
+    rows[3]["qry_text"] = ""
+    write_table(tmp_path / "MSCOCO_t2i" / "test-00000-of-00002.parquet", rows[:2])
+    second = write_table(tmp_path / "MSCOCO_t2i" / "test-00001-of-00002.parquet", rows[2:])
+    with pytest.raises(InputError, match=r"\(row 1\): qry_text: empty, but this task needs a text") as error:
+        load_task("mscoco", tmp_path)
+    assert str(error.value).startswith(str(second))
 
 
 def test_missing_image_is_reported_with_the_image_root(tmp_path):
@@ -109,7 +169,7 @@ def test_candidates_must_be_lists(tmp_path):
     rows = mmeb_rows(tmp_path / "images")["DocVQA"]
     rows[1]["tgt_text"] = "42"
     write_table(tmp_path / "DocVQA.jsonl", rows)
-    with pytest.raises(InputError, match=r"row 1\): tgt_text must be a list"):
+    with pytest.raises(InputError, match=r"DocVQA\.jsonl \(line 2\): field tgt_text must be a list of candidates, got str '42'"):
         load_task("docvqa", tmp_path)
 
 

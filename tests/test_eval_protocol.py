@@ -9,7 +9,7 @@ import pytest
 
 from faste_mm import BatchingConfig, Embedder, FastEConfig
 from faste_mm.datasets import EvalConfig, evaluate, load_task
-from faste_mm.datasets.encoding import TOKEN_PIXELS, downscale_pixels
+from faste_mm.datasets.encoding import downscale_pixels, token_pixels
 from faste_mm.errors import ConfigError
 
 from tests.eval_fixtures import eval_data_dir, eval_model_dir  # noqa: F401  (fixtures)
@@ -87,7 +87,8 @@ def test_downscaling_leaves_text_candidates_alone_and_shrinks_images(results):
 def test_downscale_caps_follow_visual_tokens_times_one_minus_r(embedder, tasks):
     mscoco, docvqa, _ = tasks
     # 128x96 px images: 4x3 = 12 tokens of 32x32 px; half of them = 6 tokens.
-    assert downscale_pixels(embedder, mscoco.candidate_items()[:2], 0.5) == [6 * TOKEN_PIXELS] * 2
+    assert token_pixels(embedder) == 32 * 32
+    assert downscale_pixels(embedder, mscoco.candidate_items()[:2], 0.5) == [6 * 32 * 32] * 2
     # Never below min_pixels (4096 px = 4 tokens).
     assert downscale_pixels(embedder, mscoco.candidate_items()[:1], 0.9) == [4096]
     assert downscale_pixels(embedder, docvqa.candidate_items(), 0.5) == [None] * len(docvqa.candidates)
