@@ -13,18 +13,19 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from faste_mm.cli.common import DEFAULT_MODEL, fail, stderr, stdout
-from faste_mm.errors import ConfigError, FasteError
+from faste_mm.cli.common import DEFAULT_MODEL, fail, image_root_option, stderr, stdout
+from faste_mm.errors import ConfigError, FasteError, InputError
 
 
 def calibrate_command(
     paths: list[Path] = typer.Argument(None, help="Your documents: files or folders (images, PDFs, .txt/.md)."),
     model: str = typer.Option(DEFAULT_MODEL, envvar="FASTE_MM_MODEL", help="Hub id or local model directory."),
     data: Optional[Path] = typer.Option(None, envvar="FASTE_MM_DATA", help="MMEB data folder (with --task) instead of PATHs; adds Recall@1/10 retention."),
+    image_root: Optional[Path] = image_root_option(),
     task: Optional[str] = typer.Option(None, envvar="FASTE_MM_TASK", help="mscoco | docvqa | nights (with --data)."),
     r_max: float = typer.Option(0.5, envvar="FASTE_MM_R_MAX", help="Removal ratio to calibrate for, 0 < r < 1."),
     target: float = typer.Option(0.99, envvar="FASTE_MM_TARGET", help="Mean cosine to the full forward a theta must reach."),
-    sample: int = typer.Option(64, envvar="FASTE_MM_SAMPLE", help="Documents sampled (seeded) from PATHs."),
+    sample: int = typer.Option(64, envvar="FASTE_MM_SAMPLE", help="Documents sampled (seeded) from PATHs; with --data, the first N queries."),
     warmup_layer: Optional[int] = typer.Option(None, envvar="FASTE_MM_WARMUP_LAYER", help="l_w (default: the backbone's, 8)."),
     save: bool = typer.Option(False, "--save", help="Save for this model (per-user file) and, with -c, in the collection."),
     collection: Optional[str] = typer.Option(None, "--collection", "-c", envvar="FASTE_MM_COLLECTION", help="Collection (NAME or DIR) that --save updates."),
@@ -36,56 +37,104 @@ def calibrate_command(
 ) -> None:
     """Recommend the smallest theta whose embeddings stay within --target of the full forward."""
     from faste_mm import BatchingConfig, Embedder
-    from faste_mm.calibration import CalibrationConfig, calibrate, plot_calibration, save_calibration
+    from faste_mm.calibration import CalibrationConfig, calibrate, task_labels
 
     logging.basicConfig(level=logging.DEBUG if debug else logging.INFO, stream=sys.stderr, format="%(message)s")
     try:
         config = CalibrationConfig(r_max=r_max, target=target, warmup_layer=warmup_layer)
+        batching = BatchingConfig(batch_tokens=batch_tokens)
         if sample < 2:
             raise ConfigError(f"--sample must be >= 2, got {sample}")
-        embedder = Embedder.from_pretrained(model, device=device, batching=BatchingConfig(batch_tokens=batch_tokens))
-        items, labels = _inputs(embedder, paths or [], data, task, sample)
+        # Everything the user typed is checked before the model loads: a typo must not cost a
+        # model download or load.
+        labelled = _mmeb_task(paths or [], data, task, image_root, sample)
+        items = labelled.candidate_items() if labelled is not None else _documents(paths or [], sample)
+        _make_out(out)
+        embedder = Embedder.from_pretrained(model, device=device, batching=batching)
+        labels = None if labelled is None else task_labels(embedder, labelled)
         stderr.print(f"calibrating on {len(items)} documents ({embedder.backbone.shape.num_layers} layers)...")
         calibration = calibrate(embedder, items, config, labels)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "calibration.json").write_text(json.dumps(calibration.to_dict(), indent=2))
-        plot_calibration(calibration, out / "calibration.png")
-        if save:
-            _save(calibration, collection, save_calibration)
+        _write_report(calibration, out)
     except FasteError as error:
         fail(error, debug)
+    # The table (or JSON) comes first, whatever --save then says: it is what tells the user
+    # how close each theta came when none passed.
     if as_json:
         stdout.print_json(json.dumps(calibration.to_dict()))
     else:
         _render(calibration)
     stderr.print(f"report: {out / 'calibration.json'}, plot: {out / 'calibration.png'}")
+    if save:
+        try:
+            _save(calibration, collection, out)
+        except FasteError as error:
+            fail(error, debug)
 
 
-def _inputs(embedder, paths: list[Path], data: Optional[Path], task: Optional[str], sample: int):
-    if data is not None or task is not None:
-        if data is None or task is None or paths:
-            raise ConfigError("give PATHs, or --data DIR with --task (not both)")
-        from faste_mm.datasets import load_task
+def _mmeb_task(paths: list[Path], data: Optional[Path], task: Optional[str], image_root: Optional[Path], sample: int):
+    """The labelled MMEB task for --data/--task (files, columns and images checked), or None."""
+    if data is None and task is None:
+        if image_root is not None:  # may come from FASTE_MM_IMAGE_ROOT set for `eval`: not fatal
+            stderr.print(f"[yellow]ignored[/yellow] --image-root {image_root}: it applies to --data only")
+        return None
+    if data is None or task is None or paths:
+        raise ConfigError("give PATHs, or --data DIR with --task (not both)")
+    if image_root is not None and not image_root.is_dir():
+        raise ConfigError(f"--image-root {image_root}: folder not found; give the folder the relative image paths in --data start from")
+    from faste_mm.datasets import load_task
 
-        loaded = load_task(task, data, limit=sample)
-        queries = embedder.encode_queries(loaded.query_items())
-        lists = [query.candidates for query in loaded.queries]
-        return loaded.candidate_items(), (queries.embeddings, lists)
+    return load_task(task, data, image_root=image_root, limit=sample)
+
+
+def _documents(paths: list[Path], sample: int) -> list:
+    """The sampled documents under PATHs; a PATH that does not exist is an error (a typo), an
+    unreadable text file is skipped with a message."""
     if not paths:
         raise ConfigError("give the documents to calibrate on (PATHs), or --data with --task")
+    missing = [path for path in paths if not path.exists()]
+    if missing:
+        raise InputError(f"{missing[0]}: file or folder not found ({len(missing)} of {len(paths)} PATHs missing); check the path")
     from faste_mm.ingest import document_items
 
     items, unreadable = document_items(paths)
     for reason in unreadable:  # one unreadable file must not stop the calibration
         stderr.print(f"[yellow]skipped[/yellow] {reason}")
+    if len(items) < 2:
+        names = ", ".join(str(path) for path in paths)
+        raise InputError(f"{names}: {len(items)} document(s) found; calibration needs at least 2 (images, PDFs, .txt/.md files)")
     if len(items) > sample:
         items = random.Random(0).sample(items, sample)
-    return items, None
+    return items
 
 
-def _save(calibration, collection: Optional[str], save_calibration) -> None:
+def _make_out(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out}: a file is in the way; --out names a folder (for calibration.json and calibration.png)")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ConfigError(f"--out {out}: cannot create the folder ({error}); choose another path") from None
+
+
+def _write_report(calibration, out: Path) -> None:
+    from faste_mm.calibration import plot_calibration
+
+    try:
+        (out / "calibration.json").write_text(json.dumps(calibration.to_dict(), indent=2))
+        plot_calibration(calibration, out / "calibration.png")
+    except OSError as error:
+        raise ConfigError(f"--out {out}: cannot write the report ({error}); choose another folder") from None
+
+
+def _save(calibration, collection: Optional[str], out: Path) -> None:
+    from faste_mm.calibration import save_calibration
+
     if calibration.threshold is None:
-        raise ConfigError("nothing to save: no theta reached the target; lower --target or --r-max")
+        raise ConfigError(
+            f"nothing saved: no candidate theta reached mean cos >= {calibration.target:g} with p5 cos >= "
+            f"{calibration.p5_floor:g} at r_max {calibration.r_max:g}; each theta's mean and p5 cos are in "
+            f"the table and in {out / 'calibration.json'}. Lower --target or --r-max and run again with --save"
+        )
     stderr.print(f"saved for {calibration.model_id} in {save_calibration(calibration)}")
     if collection is None:
         return

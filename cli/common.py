@@ -24,6 +24,14 @@ def unpadded_option():
     )
 
 
+def image_root_option():
+    """--image-root, shared by the commands that read MMEB data with --data (eval, calibrate)."""
+    return typer.Option(
+        None, "--image-root", envvar="FASTE_MM_IMAGE_ROOT",
+        help="Folder the relative image paths start from (default: found under --data).",
+    )
+
+
 def parse_ratios(text: str, option: str = "--r-max") -> tuple[float, ...]:
     """Comma-separated removal ratios, e.g. "0,0.3,0.5,0.7" (ranges are checked by FastEConfig)."""
     try:

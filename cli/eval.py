@@ -14,7 +14,7 @@ from typing import Optional
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from faste_mm.cli.common import DEFAULT_MODEL, fail, parse_ratios, stderr, stdout, unpadded_option
+from faste_mm.cli.common import DEFAULT_MODEL, fail, image_root_option, parse_ratios, stderr, stdout, unpadded_option
 from faste_mm.errors import FasteError
 
 _ALL_METHODS = "faste,fixed,fastv,random,block-last,downscale"
@@ -39,7 +39,7 @@ def eval_command(
     data: Optional[Path] = typer.Option(
         None, envvar="FASTE_MM_DATA", help="Local MMEB_Test_Instruct folder (<task>.parquet/.jsonl or <task>/*.parquet, images/); default: download from the hub."
     ),
-    image_root: Optional[Path] = typer.Option(None, envvar="FASTE_MM_IMAGE_ROOT", help="Folder the relative image paths start from (default: found under --data)."),
+    image_root: Optional[Path] = image_root_option(),
     data_cache: Optional[Path] = typer.Option(None, envvar="FASTE_MM_DATA_CACHE", help="Where hub downloads are kept (default: the user cache, e.g. ~/.cache/faste-mm/mmeb)."),
     model: str = typer.Option(DEFAULT_MODEL, envvar="FASTE_MM_MODEL", help="Hub id or local model directory."),
     r_max: str = typer.Option("0,0.3,0.5,0.7", envvar="FASTE_MM_EVAL_R_MAX", help="Comma-separated target removal ratios in [0, 1); 0 = Full. Default 0,0.3,0.5,0.7."),

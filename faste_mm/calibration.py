@@ -1,12 +1,13 @@
 """Label-free calibration of FastE's threshold theta on the user's own documents.
 
-One full pass records the batch-mean readout/prefix alignment before every layer; one pass per
-candidate trigger layer l (compression forced before l at the requested r_max) records each
-item's distortion 1 - cos(z_full, z_l) (the paper's alignment-distortion diagnostic). Batches
-are identical in every pass, so any theta can then be evaluated without running the model
-again: a batch's trigger is the first layer l >= l_w whose alignment reaches theta (else the
-last layer), and its items take the embeddings of that pass. The recommended theta is the
-smallest one whose fidelity meets the target, i.e. the most savings at the requested fidelity.
+The documents are serialized and batched once. Each batch, while it is on the device, runs the
+full forward (recording the batch-mean readout/prefix alignment before every layer) and one
+forward per candidate trigger layer l (compression forced before l at the requested r_max),
+giving each item's distortion 1 - cos(z_full, z_l) (the paper's alignment-distortion
+diagnostic). Every pass sees the same batches, so any theta can then be evaluated without running
+the model again: a batch triggers where FastE's own rule (`ThresholdTrigger`) fires on its curve,
+and its items take the embeddings of that pass. The recommended theta is the smallest one whose
+fidelity meets the target, i.e. the most savings at the requested fidelity.
 """
 
 from __future__ import annotations
@@ -14,14 +15,19 @@ from __future__ import annotations
 import datetime
 import json
 import logging
-from dataclasses import asdict, dataclass, field
+from collections import Counter
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
-from faste_mm.compressors import FastEConfig
+from faste_mm.compressors import AlignmentProbe, FastE, FastEConfig, ThresholdTrigger, first_checked_layer
+from faste_mm.embedder import item_failure
 from faste_mm.errors import ConfigError, InputError
 from faste_mm.flops import batch_flops, full_batch_flops
+from faste_mm.items import Failure, Item, expand_items
+from faste_mm.prefetch import ItemError
+from faste_mm.runner import run_decoder
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +58,38 @@ class CalibrationConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class Labels:
+    """Labelled retrieval data (MMEB) for Recall@1/10 retention; the calibration inputs are the
+    candidates. query_vectors: float32 [Q, d], full forward, unit norm. lists: for each query,
+    indices into the calibration inputs (input positions), the gold first."""
+
+    query_vectors: np.ndarray
+    lists: list[tuple[int, ...]]
+
+    def __post_init__(self) -> None:
+        if self.query_vectors.ndim != 2 or self.query_vectors.shape[0] != len(self.lists):
+            raise InputError(
+                f"Labels: {self.query_vectors.shape[0]} query vectors but {len(self.lists)} candidate lists; "
+                "give one candidate list per query vector"
+            )
+        if not self.lists:
+            raise InputError("Labels: no queries; recall retention needs at least one query with its candidate list")
+        for query, ids in enumerate(self.lists):
+            if not ids:
+                raise InputError(f"Labels: query {query} has an empty candidate list; list its candidates, the gold first")
+
+    def check(self, n_inputs: int) -> None:
+        """Every candidate index must name one of the `n_inputs` calibration inputs."""
+        for query, ids in enumerate(self.lists):
+            bad = [i for i in ids if not 0 <= i < n_inputs]
+            if bad:
+                raise InputError(
+                    f"Labels: query {query} lists candidate {bad[0]}, but there are {n_inputs} calibration inputs "
+                    f"(0..{n_inputs - 1}); the lists index the inputs passed to calibrate"
+                )
+
+
+@dataclass(frozen=True, slots=True)
 class ThetaReport:
     """What one candidate theta would do on the sample."""
 
@@ -73,12 +111,13 @@ class Calibration:
     warmup_layer: int
     target: float
     p5_floor: float
-    sample_size: int
+    sample_size: int  # documents (rows) embedded in every pass; skipped ones excluded
     created: str  # ISO date
     threshold: float | None  # the recommendation; None when no candidate meets the target
     alignment: list[list[float]]  # per batch: batch-mean alignment before each layer
     distortion: dict[int, float]  # trigger layer -> mean 1 - cos(z_full, z_l)
     thetas: list[ThetaReport] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # why each unreadable document was left out
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -105,23 +144,22 @@ class Calibration:
 
 @dataclass(frozen=True, slots=True)
 class _Runs:
-    """Per batch: rows, alignment curve; per trigger layer: embeddings and realised FLOPs."""
+    """Every pass over the same batches. Vectors are indexed by item row (the expanded inputs);
+    rows of skipped items stay zero in every pass."""
 
-    rows: list[list[int]]
+    rows: list[list[int]]  # per batch: its item rows
     curves: np.ndarray  # [n_batches, L]
-    full: np.ndarray  # [n_items, d]
-    by_layer: dict[int, np.ndarray]  # l -> [n_items, d]
+    full: np.ndarray  # [n_rows, d]
+    by_layer: dict[int, np.ndarray]  # l -> [n_rows, d]
     flops_by_layer: dict[int, list[int]]  # l -> per batch FLOPs
     flops_full: list[int]  # per batch
+    failures: list[Failure]
 
 
-def trigger_layer_for(curve: np.ndarray, theta: float, warmup: int) -> int:
-    """Eq. threshold-trigger for one batch: the first l >= l_w with alignment >= theta, else L-1."""
-    last = len(curve) - 1
-    for layer in range(min(warmup, last), last):
-        if curve[layer] >= theta:
-            return layer
-    return last
+def trigger_layers(curves: np.ndarray, theta: float, warmup: int) -> list[int]:
+    """Per batch, the layer FastE would compress before at `theta` (its own rule, replayed)."""
+    trigger = ThresholdTrigger(theta, warmup, curves.shape[1])
+    return [trigger.first_layer(curve) for curve in curves]
 
 
 def evaluate_thetas(
@@ -136,7 +174,7 @@ def evaluate_thetas(
     """Score each theta from recorded runs. cosines[l][b]: per-item cos(z_full, z_l) of batch b."""
     reports = []
     for theta in thetas:
-        layers = [trigger_layer_for(curve, theta, warmup) for curve in curves]
+        layers = trigger_layers(curves, theta, warmup)
         values = np.concatenate([cosines[layer][b] for b, layer in enumerate(layers)])
         realised = sum(flops[layer][b] for b, layer in enumerate(layers))
         mean_cos, p5_cos = float(values.mean()), float(np.percentile(values, 5))
@@ -169,16 +207,30 @@ def recommend(reports: list[ThetaReport]) -> float | None:
     return best
 
 
-def calibrate(embedder, items: list, config: CalibrationConfig, labels: tuple | None = None) -> Calibration:
-    """Run the passes on `items` (documents) and recommend a theta. See the module docstring.
+def calibrate(embedder, inputs: list, config: CalibrationConfig, labels: Labels | None = None) -> Calibration:
+    """Run the passes on `inputs` (documents: str, Path, PIL image or `Item`) and recommend a theta.
+    See the module docstring.
 
-    labels: optional (query_vectors [q, d], candidate lists indexing `items`, gold first) to also
-    report Recall@1/10 retention per theta (MMEB data); the recommendation stays label-free.
+    labels: optional `Labels` (MMEB queries whose candidate lists index `inputs`) to also report
+    Recall@1/10 retention per theta; the recommendation stays label-free. Documents that cannot be
+    read are skipped (Calibration.skipped) and score zero against every query in both the full
+    and the compressed embeddings, as in `faste-mm eval`.
+
+    Raises InputError for bad inputs or labels (before any model run) and when fewer than 2
+    documents can be embedded.
     """
-    if len(items) < 2:
-        raise InputError("calibration needs at least 2 documents; pass more files or a larger --sample")
+    inputs = list(inputs)
+    items, sources, broken = expand_items(inputs)
+    _check_inputs(items, sources, len(inputs), labels)
     resolved = embedder.resolve_fast_e(FastEConfig(r_max=config.r_max, warmup_layer=config.warmup_layer))
-    runs = _run_passes(embedder, items, config.r_max, resolved.warmup_layer)
+    failures = [Failure(index, sources[index], item.describe(), reason) for index, item, reason in broken]
+    runs = _run_passes(embedder, items, sources, failures, config.r_max, resolved.warmup_layer)
+    n_ok = sum(len(rows) for rows in runs.rows)
+    if n_ok < 2:
+        reasons = "; ".join(failure.reason for failure in runs.failures[:3])
+        raise InputError(f"calibration needs at least 2 readable documents, got {n_ok} of {len(items)} ({reasons})")
+    for failure in runs.failures:
+        log.warning("skipped %s", failure.reason)
     cosines = {
         layer: [np.sum(runs.full[rows] * vectors[rows], axis=1) for rows in runs.rows]
         for layer, vectors in runs.by_layer.items()
@@ -198,26 +250,56 @@ def calibrate(embedder, items: list, config: CalibrationConfig, labels: tuple | 
         warmup_layer=resolved.warmup_layer,
         target=config.target,
         p5_floor=config.floor,
-        sample_size=len(runs.full),
+        sample_size=n_ok,
         created=datetime.date.today().isoformat(),
         threshold=threshold,
         alignment=runs.curves.tolist(),
         distortion=distortion,
         thetas=reports,
+        skipped=[failure.reason for failure in runs.failures],
     )
 
 
-def _with_recall(report: ThetaReport, runs: _Runs, labels: tuple, warmup: int) -> ThetaReport:
-    from dataclasses import replace
+def task_labels(embedder, task) -> Labels:
+    """`Labels` of a loaded MMEB task (`faste_mm.datasets.TaskData`), whose candidates
+    (`task.candidate_items()`) are then the calibration inputs. Queries get the full forward;
+    a query that cannot be embedded is left out (logged)."""
+    result = embedder.encode_queries(task.query_items(), on_error="skip")
+    if len(result.items) != len(task.queries):
+        raise InputError(f"{task.source}: a query image is a multi-page PDF; MMEB queries take one image each")
+    for failure in result.failures:
+        log.warning("query %d left out of the recall retention: %s", failure.source, failure.reason)
+    kept = np.flatnonzero(result.ok)
+    if kept.size == 0:
+        raise InputError(f"{task.source}: none of the {len(task.queries)} queries could be embedded; check the query images")
+    return Labels(result.embeddings[kept], [task.queries[i].candidates for i in kept])
 
+
+def _check_inputs(items: list[Item], sources: list[int], n_inputs: int, labels: Labels | None) -> None:
+    """What can be checked before the model runs: enough documents, labels that fit them."""
+    if len(items) < 2:
+        raise InputError("calibration needs at least 2 documents; pass more files or a larger --sample")
+    if labels is None:
+        return
+    labels.check(n_inputs)
+    if len(items) != n_inputs:  # a PDF without a page expanded into several rows
+        source, pages = next((s, n) for s, n in Counter(sources).items() if n > 1)
+        raise InputError(
+            f"labelled candidate {source} ({items[sources.index(source)].describe()}) is a PDF of "
+            f"{pages} pages; a candidate needs one embedding: give Item(image=..., page=N)"
+        )
+
+
+def _with_recall(report: ThetaReport, runs: _Runs, labels: Labels, warmup: int) -> ThetaReport:
     from faste_mm.datasets.metrics import gold_ranks, score_ranks
 
-    query_vectors, lists = labels
-    candidates = np.empty_like(runs.full)
-    for rows, curve in zip(runs.rows, runs.curves):
-        candidates[rows] = runs.by_layer[trigger_layer_for(curve, report.theta, warmup)][rows]
-    full = score_ranks(gold_ranks(query_vectors, runs.full, lists))
-    got = score_ranks(gold_ranks(query_vectors, candidates, lists))
+    # Rows are input positions here (_check_inputs: one row per labelled input), so the lists
+    # index the vectors directly; a skipped candidate is a zero row in both runs.
+    candidates = np.zeros_like(runs.full)
+    for rows, layer in zip(runs.rows, trigger_layers(runs.curves, report.theta, warmup)):
+        candidates[rows] = runs.by_layer[layer][rows]
+    full = score_ranks(gold_ranks(labels.query_vectors, runs.full, labels.lists))
+    got = score_ranks(gold_ranks(labels.query_vectors, candidates, labels.lists))
     retention = {
         "recall@1": got.recall_at_1 / full.recall_at_1 if full.recall_at_1 else None,
         "recall@10": got.recall_at_10 / full.recall_at_10 if full.recall_at_10 else None,
@@ -225,38 +307,47 @@ def _with_recall(report: ThetaReport, runs: _Runs, labels: tuple, warmup: int) -
     return replace(report, recall_retention=retention)
 
 
-def _run_passes(embedder, items: list, r_max: float, warmup: int) -> _Runs:
-    shape = embedder.backbone.shape
-    full = embedder.encode_documents(items, on_error="skip", record_alignment=True)
-    ok = full.ok
-    if ok.sum() < 2:
-        raise InputError(f"calibration needs at least 2 readable documents, got {int(ok.sum())} ({len(full.failures)} failed)")
-    kept = [full.items[i] for i in np.flatnonzero(ok)]
-    if not ok.all():  # re-run on the readable items only so every pass sees the same batches
-        full = embedder.encode_documents(kept, record_alignment=True)
-    traces = full.stats.batches
-    curves = np.array([[value for _, value in trace.alignment] for trace in traces])  # [n_batches, L]
-    by_layer, flops_by_layer = {}, {}
-    last = shape.num_layers - 1
-    for layer in range(min(warmup, last), shape.num_layers):
-        result = embedder.encode_documents(kept, fast_e=FastEConfig(r_max=r_max, trigger_layer=layer))
-        if [t.rows for t in result.stats.batches] != [t.rows for t in traces]:
-            raise RuntimeError("batches differ between calibration passes")  # invariant of the batcher
-        by_layer[layer] = result.embeddings
-        flops_by_layer[layer] = [batch_flops(shape, t.batch_size, t.padded_lengths) for t in result.stats.batches]
-    return _Runs(
-        rows=[t.rows for t in traces],
-        curves=curves,
-        full=full.embeddings,
-        by_layer=by_layer,
-        flops_by_layer=flops_by_layer,
-        flops_full=[full_batch_flops(shape, t.batch_size, t.padded_lengths[0]) for t in traces],
-    )
+def _run_passes(embedder, items: list[Item], sources: list[int], broken: list[Failure], r_max: float, warmup: int) -> _Runs:
+    """Serialize the items once; run every pass on each batch while it is on the device. Memory:
+    the prefetch queue and one device batch, plus [n_rows, d] float32 vectors per pass."""
+    backbone, shape = embedder.backbone, embedder.backbone.shape
+    policies = _trigger_policies(embedder, r_max, warmup)
+    full = np.zeros((len(items), embedder.dim), dtype=np.float32)
+    by_layer = {layer: np.zeros_like(full) for layer in policies}
+    flops_by_layer: dict[int, list[int]] = {layer: [] for layer in policies}
+    rows, curves, flops_full, failures = [], [], [], list(broken)
+    skipped = {failure.index for failure in failures}
+    todo = [i for i in range(len(items)) if i not in skipped]
+    for element in embedder.prepare_batches(items, todo):
+        if isinstance(element, ItemError):
+            failures.append(item_failure(items, sources, element))  # the reasons `encode` gives
+            continue
+        batch = element.to(backbone.device)  # copied once, run by every pass
+        vectors, trace = run_decoder(backbone, batch, AlignmentProbe(), embedder.unpadded)
+        full[batch.rows] = vectors.cpu().numpy()
+        rows.append(list(batch.rows))
+        curves.append([value for _, value in trace.alignment])
+        flops_full.append(full_batch_flops(shape, trace.batch_size, trace.padded_lengths[0]))
+        for layer, policy in policies.items():
+            vectors, trace = run_decoder(backbone, batch, policy, embedder.unpadded)
+            by_layer[layer][batch.rows] = vectors.cpu().numpy()
+            flops_by_layer[layer].append(batch_flops(shape, trace.batch_size, trace.padded_lengths))
+    failures.sort(key=lambda failure: failure.index)
+    return _Runs(rows, np.array(curves), full, by_layer, flops_by_layer, flops_full, failures)
+
+
+def _trigger_policies(embedder, r_max: float, warmup: int) -> dict[int, FastE]:
+    """One FastE policy per candidate trigger layer l_w..L-1, compressing before that layer."""
+    num_layers = embedder.backbone.shape.num_layers
+    return {
+        layer: FastE(embedder.resolve_fast_e(FastEConfig(r_max=r_max, trigger_layer=layer)), num_layers)
+        for layer in range(first_checked_layer(warmup, num_layers), num_layers)
+    }
 
 
 def _default_thetas(curves: np.ndarray, warmup: int) -> list[float]:
     """0.05 steps covering the alignments seen from the warm-up layer on, plus one above them."""
-    observed = curves[:, min(warmup, curves.shape[1] - 1) :]
+    observed = curves[:, first_checked_layer(warmup, curves.shape[1]) :]
     low = np.floor(observed.min() * 20) / 20
     high = np.ceil(observed.max() * 20) / 20 + 0.05
     return [round(t, 4) for t in np.arange(low, high + 1e-9, 0.05)]
@@ -277,7 +368,7 @@ def _key(model_id: str, revision: str | None) -> str:
 
 def save_calibration(calibration: Calibration, path: Path | None = None) -> Path:
     """Store (replacing an older one for the same model and revision); returns the file."""
-    from faste_mm.indexers._atomic import atomic_write_bytes
+    from faste_mm.indexers.atomic_files import atomic_write_bytes
 
     path = path or calibrations_file()
     saved = json.loads(path.read_text()) if path.exists() else {}

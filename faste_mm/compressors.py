@@ -8,6 +8,7 @@ ranking ablations (FastV-style, random, block-last) are variants of the same pol
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
+from typing import Sequence
 
 import torch
 
@@ -120,6 +121,43 @@ def batch_alignment(state: DecoderState) -> torch.Tensor:
     return torch.nn.functional.cosine_similarity(readout, prefix_sum / n_prefix, dim=-1).mean()
 
 
+def first_checked_layer(warmup_layer: int, num_layers: int) -> int:
+    """The first layer whose alignment FastE checks: l_w, or the last layer when l_w is past the
+    depth (the fallback still compresses there)."""
+    return min(warmup_layer, num_layers - 1)
+
+
+@dataclass(frozen=True, slots=True)
+class ThresholdTrigger:
+    """When FastE compresses (paper Eq. threshold-trigger, Algorithm 1): before each layer l from
+    the warm-up layer l_w on, it fires if the batch-mean alignment g reaches theta; the last layer
+    L-1 always fires (fallback). The one statement of the rule: `FastE` applies it online, layer
+    by layer, and calibration replays it over recorded alignment curves (`first_layer`).
+    """
+
+    threshold: float  # theta
+    warmup_layer: int  # l_w; past the depth, only the last layer is checked
+    num_layers: int  # L
+
+    def is_monitored(self, layer: int) -> bool:
+        """Whether the alignment is checked before `layer`."""
+        return layer >= first_checked_layer(self.warmup_layer, self.num_layers)
+
+    def fires(self, layer: int, alignment: float) -> bool:
+        """For a monitored layer: compress now?"""
+        return alignment >= self.threshold or layer == self.num_layers - 1
+
+    def first_layer(self, alignments: Sequence[float]) -> int:
+        """The layer FastE compresses before, given alignments[l] measured before each layer l
+        of the full forward (identical to FastE's up to its trigger: nothing is compressed earlier)."""
+        if len(alignments) != self.num_layers:
+            raise ConfigError(f"ThresholdTrigger: {len(alignments)} alignments for a {self.num_layers}-layer model")
+        for layer in range(self.num_layers):
+            if self.is_monitored(layer) and self.fires(layer, float(alignments[layer])):
+                return layer
+        raise AssertionError("unreachable: the last layer always fires")
+
+
 class FastE:
     """Algorithm 1 (and its ablations) for one model; construct with a resolved config."""
 
@@ -128,6 +166,7 @@ class FastE:
             raise ConfigError("FastE needs a resolved FastEConfig (use FastEConfig.resolved)")
         self.config = config
         self.num_layers = num_layers
+        self.trigger = ThresholdTrigger(config.threshold, config.warmup_layer, num_layers)
 
     def before_layer(self, layer: int, state: DecoderState, backbone) -> Decision:
         config = self.config
@@ -135,11 +174,10 @@ class FastE:
         if config.trigger_layer is not None:
             fire = layer == config.trigger_layer
         else:
-            last = self.num_layers - 1
-            if layer < min(config.warmup_layer, last):
+            if not self.trigger.is_monitored(layer):
                 return Decision()
             alignment = float(batch_alignment(state))  # the one host sync per monitored layer
-            fire = alignment >= config.threshold or layer == last  # Eq. threshold-trigger fallback
+            fire = self.trigger.fires(layer, alignment)
         if not fire:
             return Decision(alignment=alignment)
         budgets = prefix_budgets(state.lengths - 1, config.r_max)  # [B] R_i

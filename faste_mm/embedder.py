@@ -8,16 +8,16 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field, replace
-from typing import Callable, Iterable, Literal
+from typing import Callable, Iterable, Iterator, Literal
 
 import numpy as np
 import torch
 
 from faste_mm.backbones.loading import LoadedModel, load_model
-from faste_mm.batching import BatchingConfig
+from faste_mm.batching import Batch, BatchingConfig
 from faste_mm.compressors import AlignmentProbe, FastE, FastEConfig, Full
 from faste_mm.errors import ConfigError, FasteError, InputError
-from faste_mm.flops import DecoderShape, batch_flops, flops_reduction, full_batch_flops
+from faste_mm.flops import DecoderShape, batch_flops, flops_reduction, full_batch_flops, vision_flops
 from faste_mm.items import Failure, Item, expand_items
 from faste_mm.pooling import truncate_dim
 from faste_mm.prefetch import ItemError, PrepTimer, prefetch_batches
@@ -46,6 +46,7 @@ class EmbedStats:
     kept_prefix_tokens: int = 0
     flops_full: int = 0
     flops_realised: int = 0
+    flops_vision: int = 0  # the vision tower's, the same with and without FastE
     attention_trial: dict = field(default_factory=dict)  # Unpadded.trial: seconds (or why not) per option
 
     @property
@@ -56,6 +57,11 @@ class EmbedStats:
     @property
     def flops_reduction(self) -> float:
         return flops_reduction(self.flops_realised, self.flops_full)
+
+    @property
+    def flops_reduction_with_vision(self) -> float:
+        """The whole forward's: what FastE can save where the vision tower runs too."""
+        return flops_reduction(self.flops_realised + self.flops_vision, self.flops_full + self.flops_vision)
 
     @property
     def attention(self) -> dict[str, int]:
@@ -82,6 +88,8 @@ class EmbedStats:
             "flops_full": self.flops_full,
             "flops_realised": self.flops_realised,
             "flops_reduction": self.flops_reduction,
+            "flops_vision": self.flops_vision,
+            "flops_reduction_with_vision": self.flops_reduction_with_vision,
             "mean_trigger_layer": self.mean_trigger_layer,
             "attention": self.attention,
             "attention_trial": self.attention_trial,
@@ -233,15 +241,9 @@ class Embedder:
         todo = [i for i in range(len(items)) if i not in broken_rows]
         timer = PrepTimer()
         device = self.backbone.device
-
-        def serialize(index: int) -> Serialized:
-            serialized = self.serializer(items[index], items[index].instruction or instruction)
-            return self.backbone.with_positions(serialized)
-
-        pad = self.loaded.pad_token_id
-        for element in prefetch_batches(todo, serialize, self.batching, pad, device.type == "cuda", timer):
+        for element in self.prepare_batches(items, todo, instruction, timer):
             if isinstance(element, ItemError):
-                failure = _failure(items, sources, element)
+                failure = item_failure(items, sources, element)
                 if on_error == "raise":
                     raise InputError(f"input {failure.source}: {failure.reason}") from element.error
                 failures.append(failure)
@@ -264,6 +266,21 @@ class Embedder:
             log.info("embedded %d items, skipped %d", int(ok.sum()), len(failures))
         stats = self._stats(traces, len(items), len(failures), resolved, timer.seconds, forward_s, started)
         return EmbedResult(embeddings, items, sources, ok, failures, stats)
+
+    def prepare_batches(
+        self, items: list[Item], rows: list[int], instruction: str | None = None, timer: PrepTimer | None = None
+    ) -> Iterator[Batch | ItemError]:
+        """Serialize items[rows] and group them into host `Batch`es exactly as `encode` does (same
+        batches, same order; worker threads run ahead of the caller), with an `ItemError` for each
+        item that cannot be serialized. For callers that run several policies on each batch
+        (calibration) without serializing the items again."""
+
+        def serialize(index: int) -> Serialized:
+            serialized = self.serializer(items[index], items[index].instruction or instruction)
+            return self.backbone.with_positions(serialized)
+
+        pin = self.backbone.device.type == "cuda"
+        return prefetch_batches(rows, serialize, self.batching, self.loaded.pad_token_id, pin, timer)
 
     def encode_queries(
         self,
@@ -323,11 +340,18 @@ class Embedder:
             kept_prefix_tokens=sum(t.kept_prefix_tokens for t in traces),
             flops_full=sum(full_batch_flops(shape, t.batch_size, t.padded_lengths[0]) for t in traces),
             flops_realised=sum(batch_flops(shape, t.batch_size, t.padded_lengths) for t in traces),
+            flops_vision=self._vision_flops(traces),
             attention_trial=dict(self.unpadded.trial),
         )
 
 
-def _failure(items: list[Item], sources: list[int], error: ItemError) -> Failure:
+    def _vision_flops(self, traces) -> int:
+        vision = self.backbone.vision_shape
+        return 0 if vision is None else sum(vision_flops(vision, t.image_grids) for t in traces)
+
+
+def item_failure(items: list[Item], sources: list[int], error: ItemError) -> Failure:
+    """The `Failure` of an item whose serialization raised; the reason names the item."""
     item = items[error.index]
     cause = error.error
     reason = str(cause) if isinstance(cause, FasteError) else f"{type(cause).__name__}: {cause}"
