@@ -102,6 +102,10 @@ def _render(report) -> None:
         "max |v - v_full|": lambda s: f"{s.max_abs_diff_vs_full:.1e}",
         "attention after compression": lambda s: ", ".join(f"{k} x{v}" for k, v in s.attention.items()) or "-",
     }
+    if any(s.vision_flops_share for s in report.settings):  # images/pages: the whole forward too
+        rows["vision tower share of full FLOPs"] = lambda s: f"{s.vision_flops_share:.1%}" if s.r_max is not None else "-"
+        rows["FLOPs-implied, with vision"] = lambda s: f"{s.flops_implied_speedup_with_vision:.3f}x"
+        rows["realisation, with vision"] = lambda s: f"{s.realisation_with_vision:.3f}"
     for name, cell in rows.items():
         table.add_row(name, *(cell(s) for s in report.settings))
     stdout.print(table)

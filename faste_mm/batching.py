@@ -70,6 +70,7 @@ class Batch:
     pixel_values: torch.Tensor | None = None  # [sum P, C] images in row order
     image_grid_thw: torch.Tensor | None = None  # [n_images, 3]
     position_ids: torch.Tensor | None = None  # [3, B, T] MRoPE positions (rows with images)
+    image_grids: tuple[tuple[int, int, int], ...] = ()  # image_grid_thw as host ints: FLOPs without a device read
 
     @property
     def size(self) -> int:
@@ -96,6 +97,7 @@ class Batch:
             pixel_values=move(self.pixel_values),
             image_grid_thw=move(self.image_grid_thw),
             position_ids=move(self.position_ids),
+            image_grids=self.image_grids,
         )
 
 
@@ -140,6 +142,7 @@ def collate(items: list[Serialized], rows: list[int], pad_token_id: int) -> Batc
             if item.position_ids is not None:
                 position_ids[:, b, : item.length] = item.position_ids
     images = [item for item in items if item.pixel_values is not None]
+    grids = torch.cat([item.image_grid_thw for item in images]) if images else None
     return Batch(
         rows=list(rows),
         input_ids=input_ids,
@@ -147,6 +150,7 @@ def collate(items: list[Serialized], rows: list[int], pad_token_id: int) -> Batc
         lengths=lengths,
         mm_token_type_ids=mm_types,
         pixel_values=torch.cat([item.pixel_values for item in images]) if images else None,
-        image_grid_thw=torch.cat([item.image_grid_thw for item in images]) if images else None,
+        image_grid_thw=grids,
         position_ids=position_ids,
+        image_grids=() if grids is None else tuple(tuple(g) for g in grids.tolist()),
     )

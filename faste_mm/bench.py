@@ -15,13 +15,14 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
 
 from faste_mm.batching import UNPADDED_MODES, BatchingConfig
 from faste_mm.compressors import FastEConfig
-from faste_mm.embedder import Embedder
+from faste_mm.embedder import EmbedResult, Embedder, EmbedStats
 from faste_mm.errors import ConfigError, InputError
 from faste_mm.items import Item, as_item
 
@@ -84,6 +85,11 @@ class SettingResult:
     forward_speedup: float = 1.0
     e2e_speedup: float = 1.0
     realisation: float = 1.0  # measured forward speedup / FLOPs-implied speedup
+    # images and pages: the vision tower's share of the full forward's FLOPs, and the implied
+    # speedup and realisation of the whole forward (decoder + the tower FastE leaves alone)
+    vision_flops_share: float = 0.0
+    flops_implied_speedup_with_vision: float = 1.0
+    realisation_with_vision: float = 1.0
     e2e_over_forward: float = 1.0  # e2e speedup / forward speedup
     max_abs_diff_vs_full: float = 0.0
     unpadded: str | None = None  # the requested layout after compression (FastE settings)
@@ -143,7 +149,7 @@ def run_bench(embedder: Embedder, inputs: list, config: BenchConfig, inputs_labe
         for name in config.compare
     }
     settings: list[SettingResult] = []
-    full, full_vectors = _measure("full", 0.0, lambda: embedder.encode_documents(inputs), config.repeats, device)
+    full, full_vectors = _measure("full", 0.0, lambda: _Run.of(embedder.encode_documents(inputs)), config.repeats, device)
     settings.append(full)
     for mode in config.unpadded:
         layout = embedder.with_batching(replace(embedder.batching, unpadded=mode))
@@ -153,7 +159,7 @@ def run_bench(embedder: Embedder, inputs: list, config: BenchConfig, inputs_labe
             )
             name = f"faste r={r_max:g}" + (f" [{mode}]" if len(config.unpadded) > 1 else "")
             result, vectors = _measure(
-                name, r_max, lambda: layout.encode_documents(inputs, fast_e=fast_e), config.repeats, device, mode
+                name, r_max, lambda: _Run.of(layout.encode_documents(inputs, fast_e=fast_e)), config.repeats, device, mode
             )
             settings.append(_relative_to(result, full, np.abs(vectors - full_vectors).max()))
     for comparison, encode in comparisons.items():
@@ -164,34 +170,56 @@ def run_bench(embedder: Embedder, inputs: list, config: BenchConfig, inputs_labe
     return BenchReport(device_name(device), embedder.model_id, inputs_label, memory_kind, settings, batching)
 
 
-def _measure(name, r_max, encode, repeats, device, unpadded=None) -> tuple[SettingResult, np.ndarray]:
+@dataclass(frozen=True, slots=True)
+class _Run:
+    """One timed encode as `_measure` reads it: faste-mm's (with its stats) or a comparison's."""
+
+    embeddings: np.ndarray
+    forward_s: float
+    items: int
+    tokens: int  # prefix + readout tokens
+    stats: EmbedStats | None = None
+
+    @classmethod
+    def of(cls, result: EmbedResult) -> "_Run":
+        stats = result.stats
+        tokens = stats.prefix_tokens + sum(t.batch_size for t in stats.batches)
+        return cls(result.embeddings, stats.forward_s, stats.n_items - stats.n_failed, tokens, stats)
+
+
+def _measure(name, r_max, encode: Callable[[], _Run], repeats, device, unpadded=None) -> tuple[SettingResult, np.ndarray]:
     encode()  # warm-up: kernels, allocator, tokenizer caches
     forward, e2e = [], []
     with _PeakMemory(device) as memory:
         for _ in range(repeats):
             started = time.perf_counter()
-            result = encode()
+            run = encode()
             e2e.append(time.perf_counter() - started)
-            forward.append(result.stats.forward_s)
-    stats = result.stats
-    tokens = stats.prefix_tokens + sum(t.batch_size for t in stats.batches)  # prefix + readout tokens
+            forward.append(run.forward_s)
+    compression = {}
+    if (stats := run.stats) is not None:
+        compression = dict(
+            prefix_removal=stats.prefix_removal,
+            flops_reduction=stats.flops_reduction,
+            mean_trigger_layer=stats.mean_trigger_layer,
+            flops_implied_speedup=flops_implied_speedup(stats.flops_reduction),
+            vision_flops_share=stats.flops_vision / (stats.flops_full + stats.flops_vision) if stats.flops_vision else 0.0,
+            flops_implied_speedup_with_vision=flops_implied_speedup(stats.flops_reduction_with_vision),
+            attention=stats.attention,
+            attention_trial=stats.attention_trial,
+        )
     setting = SettingResult(
         name=name,
         r_max=r_max,
-        items=stats.n_items - stats.n_failed,
-        tokens=tokens,
+        items=run.items,
+        tokens=run.tokens,
         forward_s=Timing.of(forward),
         e2e_s=Timing.of(e2e),
         peak_memory_bytes=memory.peak,
-        prefix_removal=stats.prefix_removal,
-        flops_reduction=stats.flops_reduction,
-        mean_trigger_layer=stats.mean_trigger_layer,
-        flops_implied_speedup=flops_implied_speedup(stats.flops_reduction),
         unpadded=unpadded,
-        attention=stats.attention,
-        attention_trial=stats.attention_trial,
+        **compression,
     )
-    return setting, result.embeddings
+    return setting, run.embeddings
 
 
 def _relative_to(result: SettingResult, full: SettingResult, max_abs_diff: float) -> SettingResult:
@@ -202,6 +230,7 @@ def _relative_to(result: SettingResult, full: SettingResult, max_abs_diff: float
         forward_speedup=forward_speedup,
         e2e_speedup=e2e_speedup,
         realisation=forward_speedup / result.flops_implied_speedup,
+        realisation_with_vision=forward_speedup / result.flops_implied_speedup_with_vision,
         e2e_over_forward=e2e_speedup / forward_speedup,
         max_abs_diff_vs_full=float(max_abs_diff),
     )
@@ -274,21 +303,6 @@ def _rss() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-class _Vectors:
-    """Minimal stand-in for EmbedResult in the comparison encoders (embeddings + stats)."""
-
-    def __init__(self, embeddings: np.ndarray, n_items: int, forward_s: float, tokens: int) -> None:
-        from faste_mm.embedder import EmbedStats
-        from faste_mm.flops import DecoderShape
-
-        self.embeddings = embeddings
-        self.stats = EmbedStats(
-            n_items=n_items, n_failed=0, batches=[], shape=DecoderShape(0, 0, 0, 0, 0, 0), fast_e=None,
-            serialize_s=0.0, forward_s=forward_s, total_s=0.0, prefix_tokens=tokens - n_items,
-            kept_prefix_tokens=tokens - n_items,
-        )
-
-
 def _hf_forward(embedder: Embedder, inputs: list, batch_size: int):
     """A plain HF forward as the official embedders run it: input order, fixed batch size,
     padding, the model's own forward, last valid token of last_hidden_state."""
@@ -297,7 +311,7 @@ def _hf_forward(embedder: Embedder, inputs: list, batch_size: int):
     if any(item.is_pdf for item in items):
         raise InputError("--compare hf takes texts and images; PDF pages are expanded only by faste-mm")
 
-    def encode() -> _Vectors:
+    def encode() -> _Run:
         vectors, forward_s, tokens = [], 0.0, 0
         for start in range(0, len(items), batch_size):
             chunk = items[start : start + batch_size]
@@ -317,7 +331,7 @@ def _hf_forward(embedder: Embedder, inputs: list, batch_size: int):
             forward_s += time.perf_counter() - tick
             tokens += int(batch["attention_mask"].sum())
             vectors.append(pooled.numpy())
-        return _Vectors(np.concatenate(vectors), len(items), forward_s, tokens)
+        return _Run(np.concatenate(vectors), forward_s, len(items), tokens)
 
     return encode
 
@@ -338,10 +352,10 @@ def _sentence_transformers_forward(embedder: Embedder, inputs: list, batch_size:
     texts = [serializer.render_prompt(Item(text=text), None) + eos for text in inputs]
     tokens = sum(len(serializer.tokenizer(t)["input_ids"]) for t in texts)  # once, outside the timed runs
 
-    def encode() -> _Vectors:
+    def encode() -> _Run:
         tick = time.perf_counter()
         vectors = model.encode(texts, batch_size=batch_size, normalize_embeddings=True, convert_to_numpy=True)
         elapsed = time.perf_counter() - tick
-        return _Vectors(vectors.astype(np.float32), len(texts), elapsed, tokens)
+        return _Run(vectors.astype(np.float32), elapsed, len(texts), tokens)
 
     return encode

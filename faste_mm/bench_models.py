@@ -48,19 +48,18 @@ SHAPES: dict[str, ShapePreset] = {
     ),
 }
 
-_VOCAB = 151936
+QWEN_VOCAB = 151936
 
 
 def build_config(preset: ShapePreset, scale_hidden: float = 1.0):
     """The transformers config of a preset; `scale_hidden` shrinks widths (head_dim, hidden,
     intermediate, vision widths) but keeps the layer count and the head structure."""
-    from transformers import Qwen3Config, Qwen3VLConfig
+    from transformers import Qwen3Config
 
     if not 0 < scale_hidden <= 1:
         raise ConfigError(f"scale_hidden must be in (0, 1], got {scale_hidden}")
     head_dim = max(8, int(round(preset.head_dim * scale_hidden / 8)) * 8)  # even halves for RoPE
     text = dict(
-        vocab_size=_VOCAB,
         # scaled: hidden = heads x scaled head_dim (the Qwen3 attention width), so heads stay whole
         hidden_size=preset.heads * head_dim if scale_hidden < 1 else preset.hidden,
         intermediate_size=max(16, int(preset.intermediate * scale_hidden)),
@@ -68,29 +67,35 @@ def build_config(preset: ShapePreset, scale_hidden: float = 1.0):
         num_attention_heads=preset.heads,
         num_key_value_heads=preset.kv_heads,
         head_dim=head_dim,
-        max_position_embeddings=32768,
-        tie_word_embeddings=True,
     )
     if preset.family == "qwen3":
-        return Qwen3Config(**text)
+        return Qwen3Config(vocab_size=QWEN_VOCAB, max_position_embeddings=32768, tie_word_embeddings=True, **text)
     vision = preset.vision
     vision_hidden = max(vision["num_heads"] * 8, int(vision["hidden_size"] * scale_hidden) // vision["num_heads"] * vision["num_heads"])
-    sections = _mrope_sections(head_dim)
-    text["rope_parameters"] = {"rope_type": "default", "rope_theta": 5e6, "mrope_section": sections, "mrope_interleaved": True}
-    return Qwen3VLConfig(
-        text_config=text,
-        vision_config=dict(
+    return qwen3_vl_config(
+        text,
+        dict(
             depth=vision["depth"],
             hidden_size=vision_hidden,
             intermediate_size=max(16, int(vision["intermediate_size"] * scale_hidden)),
             num_heads=vision["num_heads"],
-            patch_size=16,
-            temporal_patch_size=2,
-            spatial_merge_size=2,
-            out_hidden_size=text["hidden_size"],
             deepstack_visual_indexes=vision["deepstack"],
             num_position_embeddings=2304,
         ),
+        _mrope_sections(head_dim),
+    )
+
+
+def qwen3_vl_config(text: dict, vision: dict, mrope_section: list[int]):
+    """A Qwen3VLConfig from the sizes that vary (`text`, `vision`, the MRoPE split of head_dim/2),
+    with everything the released checkpoints share filled in: the Qwen vocabulary and special-token
+    ids, 16-pixel patches over 2 frames merged 2x2, interleaved MRoPE with theta 5e6."""
+    from transformers import Qwen3VLConfig
+
+    rope = {"rope_type": "default", "rope_theta": 5e6, "mrope_section": mrope_section, "mrope_interleaved": True}
+    return Qwen3VLConfig(
+        text_config=dict(vocab_size=QWEN_VOCAB, max_position_embeddings=32768, tie_word_embeddings=True, rope_parameters=rope, **text),
+        vision_config=dict(patch_size=16, temporal_patch_size=2, spatial_merge_size=2, out_hidden_size=text["hidden_size"], **vision),
         image_token_id=151655,
         video_token_id=151656,
         vision_start_token_id=151652,

@@ -30,6 +30,7 @@ class BatchTrace:
     kept_prefix_tokens: int  # sum of R_i (N_i when not compressed)
     alignment: list[tuple[int, float]] = field(default_factory=list)  # (layer, batch-mean g) measured
     attention: str = PADDED  # the layers after compression: "padded" or the unpadded kernel's name
+    image_grids: list[tuple[int, int, int]] = field(default_factory=list)  # (t, h, w) patches per image
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -82,6 +83,7 @@ def run_decoder(backbone, batch: Batch, policy, unpadded: Unpadded | None = None
         kept_prefix_tokens=int(kept_prefix.sum()),
         alignment=alignment,
         attention=attention,
+        image_grids=list(batch.image_grids),
     )
     return embeddings, trace
 

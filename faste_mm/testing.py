@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from faste_mm.bench_models import QWEN_VOCAB, qwen3_vl_config
 from faste_mm.errors import ConfigError, ModelLoadError
 
 FAMILIES = ("qwen3_vl", "qwen3", "qwen2", "mistral", "llama")
@@ -34,7 +35,6 @@ QWEN3_VL_CHAT_TEMPLATE = (
     "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
 )
 
-_QWEN_VOCAB = 151936
 _TEXT = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
 _CORPUS = [
     "a red bicycle leaning on a wall",
@@ -90,35 +90,11 @@ def build_qwen3_vl_processor(tokenizer):
 
 
 def _build_qwen3_vl(path: Path, num_layers: int) -> None:
-    from transformers import AutoTokenizer, Qwen3VLConfig, Qwen3VLModel
+    from transformers import AutoTokenizer, Qwen3VLModel
 
     processor = build_qwen3_vl_processor(AutoTokenizer.from_pretrained(str(qwen_tokenizer_dir())))
-    config = Qwen3VLConfig(
-        text_config=dict(
-            vocab_size=_QWEN_VOCAB,
-            num_hidden_layers=num_layers,
-            rope_parameters={"rope_type": "default", "rope_theta": 5e6, "mrope_section": [2, 3, 3], "mrope_interleaved": True},
-            tie_word_embeddings=True,
-            max_position_embeddings=32768,
-            **_TEXT,
-        ),
-        vision_config=dict(
-            depth=4,
-            hidden_size=32,
-            intermediate_size=64,
-            num_heads=2,
-            patch_size=16,
-            temporal_patch_size=2,
-            spatial_merge_size=2,
-            out_hidden_size=_TEXT["hidden_size"],
-            deepstack_visual_indexes=[1, 2, 3],
-            num_position_embeddings=64,
-        ),
-        image_token_id=151655,
-        video_token_id=151656,
-        vision_start_token_id=151652,
-        vision_end_token_id=151653,
-    )
+    vision = dict(depth=4, hidden_size=32, intermediate_size=64, num_heads=2, deepstack_visual_indexes=[1, 2, 3], num_position_embeddings=64)
+    config = qwen3_vl_config(dict(num_hidden_layers=num_layers, **_TEXT), vision, mrope_section=[2, 3, 3])
     _randomize(Qwen3VLModel(config)).save_pretrained(path)
     processor.save_pretrained(path)
 
@@ -127,7 +103,7 @@ def _build_qwen_text(path: Path, family: str, num_layers: int) -> None:
     from transformers import AutoTokenizer, Qwen2Config, Qwen2Model, Qwen3Config, Qwen3Model
 
     config_cls, model_cls = (Qwen3Config, Qwen3Model) if family == "qwen3" else (Qwen2Config, Qwen2Model)
-    config = config_cls(vocab_size=_QWEN_VOCAB, num_hidden_layers=num_layers, max_position_embeddings=32768, **_TEXT)
+    config = config_cls(vocab_size=QWEN_VOCAB, num_hidden_layers=num_layers, max_position_embeddings=32768, **_TEXT)
     _randomize(model_cls(config)).save_pretrained(path)
     AutoTokenizer.from_pretrained(str(qwen_tokenizer_dir())).save_pretrained(path)
 

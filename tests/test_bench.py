@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from typer.testing import CliRunner
@@ -28,6 +29,8 @@ def test_speedups_and_realisation_are_relative_to_the_full_forward():
     assert result.realisation == 0.8  # 1.6 measured of 2.0 implied
     assert result.e2e_over_forward == 1.0
     assert result.items_per_s == 4.0 and result.tokens_per_s == 400.0
+    with_vision = _relative_to(replace(fast, flops_implied_speedup_with_vision=1.25), full, 0.01)
+    assert with_vision.realisation_with_vision == 1.28  # 1.6 measured of 1.25 implied for the whole forward
 
 
 @pytest.mark.parametrize("name", sorted(SHAPES))
@@ -75,7 +78,14 @@ def test_bench_on_images_of_a_local_model(model_dirs, tmp_path):
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert report["settings"][2]["max_abs_diff_vs_full"] < 1e-5
-    assert report["settings"][1]["prefix_removal"] == pytest.approx(0.3, abs=0.05)
+    full, fast = report["settings"][:2]
+    assert fast["prefix_removal"] == pytest.approx(0.3, abs=0.05)
+    # images: the whole forward's implied speedup counts the vision tower FastE leaves alone
+    assert 0 < full["vision_flops_share"] == fast["vision_flops_share"] < 1
+    assert 1 < fast["flops_implied_speedup_with_vision"] < fast["flops_implied_speedup"]
+    assert fast["realisation_with_vision"] == pytest.approx(fast["forward_speedup"] / fast["flops_implied_speedup_with_vision"])
+    table = CliRunner().invoke(app, args + ["--trigger-layer", "2", "--repeats", "1", "--device", "cpu"])
+    assert table.exit_code == 0 and "realisation, with vision" in table.stdout
 
 
 def test_bench_needs_exactly_one_model_source():

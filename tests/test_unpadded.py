@@ -14,6 +14,7 @@ import torch
 
 from faste_mm import BatchingConfig, Embedder, FastEConfig
 from faste_mm.batching import UNPADDED_MODES
+from faste_mm import unpadded as unpadded_module
 from faste_mm.errors import ConfigError
 from faste_mm.unpadded import KERNELS, PADDED, Unpadded, attend_segments
 
@@ -72,23 +73,37 @@ def test_sliding_window_shorter_than_the_rows_keeps_the_padded_layers(model_dirs
     assert [t.attention for t in short.stats.batches] == ["segments"]  # fits the window: packed
 
 
+class _TrialClock:
+    """The trial's clock: real time plus what slowed kernels add, so "slow" is slow however
+    loaded the machine is (a real sleep loses to a padded run on a busy CI core)."""
+
+    def __init__(self) -> None:
+        self.added = 0.0
+
+    def perf_counter(self) -> float:
+        return time.perf_counter() + self.added
+
+
 class _CountingKernel:
     """A candidate kernel for the trial: the segments kernel, optionally slowed or corrupted."""
 
-    def __init__(self, delay_s: float = 0.0, corrupt: bool = False, fail: bool = False) -> None:
-        self.delay_s, self.corrupt, self.fail, self.calls = delay_s, corrupt, fail, 0
+    def __init__(self, clock: _TrialClock | None = None, delay_s: float = 0.0, corrupt: bool = False, fail: bool = False) -> None:
+        self.clock, self.delay_s, self.corrupt, self.fail, self.calls = clock, delay_s, corrupt, fail, 0
 
     def __call__(self, q, k, v, packed, scale):
         self.calls += 1
         if self.fail:
             raise RuntimeError("no kernel image is available for execution on the device")
-        time.sleep(self.delay_s)
+        if self.clock is not None:
+            self.clock.added += self.delay_s
         out = attend_segments(q, k, v, packed, scale)
         return -out if self.corrupt else out
 
 
-def test_auto_trial_times_checks_and_records_candidates_once(vl_embedder, mixed_items):
-    slow, wrong, broken = _CountingKernel(delay_s=0.05), _CountingKernel(corrupt=True), _CountingKernel(fail=True)
+def test_auto_trial_times_checks_and_records_candidates_once(vl_embedder, mixed_items, monkeypatch):
+    clock = _TrialClock()
+    monkeypatch.setattr(unpadded_module, "time", clock)
+    slow, wrong, broken = _CountingKernel(clock, delay_s=60.0), _CountingKernel(corrupt=True), _CountingKernel(fail=True)
     embedder = _layout(vl_embedder, "auto")
     embedder.unpadded = Unpadded("auto", torch.device("cpu"), torch.float32, candidates={
         "segments": KERNELS["segments"], "slow": slow, "wrong": wrong, "broken": broken,
@@ -101,7 +116,7 @@ def test_auto_trial_times_checks_and_records_candidates_once(vl_embedder, mixed_
     timed = {name: seconds for name, seconds in trial.items() if isinstance(seconds, float)}
     assert set(timed) == {PADDED, "segments", "slow"}
     remaining = vl_embedder.backbone.shape.num_layers - 3
-    assert timed["slow"] >= remaining * 0.05  # the timed run alone: every remaining layer sleeps
+    assert timed["slow"] >= remaining * 60.0  # the timed run alone: every remaining layer is slowed
     choice = min(timed, key=timed.get)
     assert choice != "slow" and [t.attention for t in first.stats.batches] == [choice]
     calls = slow.calls

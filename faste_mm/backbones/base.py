@@ -10,7 +10,7 @@ from transformers.masking_utils import create_causal_mask, create_sliding_window
 
 from faste_mm.batching import Batch
 from faste_mm.decoder_state import DecoderState, PackedState
-from faste_mm.flops import DecoderShape
+from faste_mm.flops import DecoderShape, VisionShape
 from faste_mm.serialization import Serialized
 
 
@@ -26,6 +26,7 @@ class Backbone:
     """
 
     family: str = ""
+    vision_shape: VisionShape | None = None  # set by backbones with a vision tower (FLOPs accounting)
 
     def __init__(self, model: torch.nn.Module, decoder: torch.nn.Module, text_config) -> None:
         self.model = model

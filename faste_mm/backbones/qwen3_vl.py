@@ -12,6 +12,7 @@ import torch
 from faste_mm.backbones.base import Backbone
 from faste_mm.batching import Batch
 from faste_mm.decoder_state import DecoderState
+from faste_mm.flops import VisionShape
 from faste_mm.serialization import Serialized
 
 
@@ -21,6 +22,16 @@ class Qwen3VLBackbone(Backbone):
     def __init__(self, model) -> None:  # model: transformers Qwen3VLModel
         super().__init__(model, model.language_model, model.config.text_config)
         self.image_token_id = model.config.image_token_id
+        vision = model.config.vision_config
+        self.vision_shape = VisionShape(
+            depth=vision.depth,
+            hidden=vision.hidden_size,
+            intermediate=vision.intermediate_size,
+            patch_dim=vision.in_channels * vision.temporal_patch_size * vision.patch_size**2,
+            merge=vision.spatial_merge_size**2,
+            out_hidden=vision.out_hidden_size,
+            mergers=1 + len(vision.deepstack_visual_indexes),
+        )
 
     def embed(self, batch: Batch) -> DecoderState:
         input_ids = batch.input_ids
