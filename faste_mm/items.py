@@ -152,20 +152,9 @@ def load_image(item: Item, max_pixels: int) -> Image.Image:
     path = Path(image)
     if item.is_pdf:
         return _render_pdf_page(path, item.page or 1, max_pixels)
-    _check_file(path)
-    try:
-        with Image.open(path) as opened:
-            opened.load()
-            return opened.copy() if opened.mode != "P" else opened.convert("RGBA")
-    except UnidentifiedImageError:
-        raise InputError(
-            f"{path}: not a readable image (unknown or corrupt format); fix or remove the file, "
-            "or pass on_error='skip'"
-        ) from None
-    except Image.DecompressionBombError as error:
-        raise InputError(f"{path}: image too large to decode safely ({error}); downscale it first") from None
-    except OSError as error:
-        raise InputError(f"{path}: image data is truncated or corrupt ({error}); re-export the file") from None
+    with _open_image(path, "image data is truncated or corrupt") as opened:
+        opened.load()
+        return opened.copy() if opened.mode != "P" else opened.convert("RGBA")
 
 
 def read_image_size(item: Item) -> tuple[int, int]:
@@ -177,10 +166,18 @@ def read_image_size(item: Item) -> tuple[int, int]:
     if isinstance(image, Image.Image):
         return image.size
     path = Path(image)
+    with _open_image(path, "image header is unreadable") as opened:
+        return opened.size
+
+
+@contextmanager
+def _open_image(path: Path, unreadable: str):
+    """PIL's lazy open, its errors (also those of reading inside the block) turned into
+    InputErrors naming the file; `unreadable` says what an OSError means here."""
     _check_file(path)
     try:
         with Image.open(path) as opened:
-            return opened.size
+            yield opened
     except UnidentifiedImageError:
         raise InputError(
             f"{path}: not a readable image (unknown or corrupt format); fix or remove the file, "
@@ -189,7 +186,7 @@ def read_image_size(item: Item) -> tuple[int, int]:
     except Image.DecompressionBombError as error:
         raise InputError(f"{path}: image too large to decode safely ({error}); downscale it first") from None
     except OSError as error:
-        raise InputError(f"{path}: image header is unreadable ({error}); re-export the file") from None
+        raise InputError(f"{path}: {unreadable} ({error}); re-export the file") from None
 
 
 def _check_file(path: Path) -> None:
