@@ -7,6 +7,7 @@ import json
 import logging
 import random
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -48,12 +49,15 @@ def calibrate_command(
         # Everything the user typed is checked before the model loads: a typo must not cost a
         # model download or load.
         labelled = _mmeb_task(paths or [], data, task, image_root, sample)
-        items = labelled.candidate_items() if labelled is not None else _documents(paths or [], sample)
+        items, unreadable = (labelled.candidate_items(), []) if labelled is not None else _documents(paths or [], sample)
         _make_out(out)
+        if save and collection is not None:
+            _check_collection(collection, model)
         embedder = Embedder.from_pretrained(model, device=device, batching=batching)
         labels = None if labelled is None else task_labels(embedder, labelled)
         stderr.print(f"calibrating on {len(items)} documents ({embedder.backbone.shape.num_layers} layers)...")
         calibration = calibrate(embedder, items, config, labels)
+        calibration = replace(calibration, skipped=[*unreadable, *calibration.skipped])  # the report lists both
         _write_report(calibration, out)
     except FasteError as error:
         fail(error, debug)
@@ -86,9 +90,9 @@ def _mmeb_task(paths: list[Path], data: Optional[Path], task: Optional[str], ima
     return load_task(task, data, image_root=image_root, limit=sample)
 
 
-def _documents(paths: list[Path], sample: int) -> list:
-    """The sampled documents under PATHs; a PATH that does not exist is an error (a typo), an
-    unreadable text file is skipped with a message."""
+def _documents(paths: list[Path], sample: int) -> tuple[list, list[str]]:
+    """The sampled documents under PATHs, and why each unreadable text file was skipped (also
+    printed); a PATH that does not exist is an error (a typo)."""
     if not paths:
         raise ConfigError("give the documents to calibrate on (PATHs), or --data with --task")
     missing = [path for path in paths if not path.exists()]
@@ -104,7 +108,17 @@ def _documents(paths: list[Path], sample: int) -> list:
         raise InputError(f"{names}: {len(items)} document(s) found; calibration needs at least 2 (images, PDFs, .txt/.md files)")
     if len(items) > sample:
         items = random.Random(0).sample(items, sample)
-    return items
+    return items, list(unreadable)
+
+
+def _check_collection(collection: str, model: str) -> None:
+    """--save -c: the collection must exist, run FastE and use this model, known before the run."""
+    from faste_mm.calibration import check_collection_target
+    from faste_mm.indexers.manifest import read_manifest
+    from faste_mm.retriever import ModelSpec, collection_path
+
+    root = collection_path(collection)
+    check_collection_target(root, read_manifest(root), ModelSpec(model).name)
 
 
 def _make_out(out: Path) -> None:

@@ -366,6 +366,22 @@ def _key(model_id: str, revision: str | None) -> str:
     return f"{model_id}@{revision or 'main'}"
 
 
+def check_collection_target(root: Path, manifest, model_id: str, revision: str | None = None) -> None:
+    """Raise unless a theta calibrated on `model_id` (and `revision`, when known) can be recorded in
+    the collection at `root` (its `Manifest`): the same model, and FastE on (r_max > 0).
+    `faste-mm calibrate --save -c` checks this before the model loads, so a long run is never
+    thrown away at the end; recording it checks again."""
+    from faste_mm.errors import CollectionError
+
+    if manifest.model_id != model_id or (revision is not None and manifest.model_revision != revision):
+        raise CollectionError(
+            f"{root}: the collection embeds with {manifest.model_id}, the calibration is for "
+            f"{model_id}; calibrate with --model {manifest.model_id}"
+        )
+    if not manifest.fast_e:
+        raise ConfigError(f"{root}: the collection uses the full forward (r_max 0); there is no theta to set")
+
+
 def save_calibration(calibration: Calibration, path: Path | None = None) -> Path:
     """Store (replacing an older one for the same model and revision); returns the file."""
     from faste_mm.indexers.atomic_files import atomic_write_bytes

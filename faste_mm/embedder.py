@@ -344,7 +344,6 @@ class Embedder:
             attention_trial=dict(self.unpadded.trial),
         )
 
-
     def _vision_flops(self, traces) -> int:
         vision = self.backbone.vision_shape
         return 0 if vision is None else sum(vision_flops(vision, t.image_grids) for t in traces)

@@ -207,6 +207,7 @@ def test_cli_calibrate_saves_and_index_uses_it_unless_threshold_is_given(model_d
     for i in range(4):
         Image.fromarray(rng.integers(0, 255, (48 + 16 * i, 80, 3), dtype=np.uint8)).save(docs / f"{i}.png")
     (docs / "note.txt").write_text("a note about a red bicycle leaning on a wall")
+    (docs / "latin1.txt").write_bytes("café crème".encode("latin-1"))  # not UTF-8: skipped, and reported
     model = str(model_dirs["qwen3_vl"])
     runner = CliRunner()
     common = ["--model", model, "--device", "cpu"]
@@ -217,6 +218,7 @@ def test_cli_calibrate_saves_and_index_uses_it_unless_threshold_is_given(model_d
     calibration = json.loads(result.stdout)
     theta = calibration["threshold"]
     assert theta is not None and calibration["sample_size"] == 5
+    assert len(calibration["skipped"]) == 1 and "latin1.txt" in calibration["skipped"][0]
     assert (tmp_path / "report" / "calibration.json").exists() and (tmp_path / "report" / "calibration.png").stat().st_size > 0
 
     def settings(name):
@@ -241,6 +243,11 @@ def test_calibrating_a_collection_of_another_model_is_refused(model_dirs, tmp_pa
     assert runner.invoke(app, ["index", str(docs), "-c", str(tmp_path / "col"), "--model", str(model_dirs["qwen3_vl"]), "--device", "cpu"]).exit_code == 0
     result = runner.invoke(app, ["calibrate", str(docs), *qwen3, "--warmup-layer", "1", "--target", "0.5", "--save", "-c", str(tmp_path / "col"), "--out", str(tmp_path / "r")])
     assert result.exit_code == 1 and "calibrate with --model" in " ".join(result.output.split())
+    # refused before the run: no report, nothing saved per user either
+    assert not (tmp_path / "r" / "calibration.json").exists() and not (tmp_path / "config").exists()
+    missing = runner.invoke(app, ["calibrate", str(docs), *qwen3, "--save", "-c", str(tmp_path / "nope"), "--out", str(tmp_path / "r")])
+    assert missing.exit_code == 1 and "not a faste-mm collection" in " ".join(missing.output.split())
+    assert not (tmp_path / "r" / "calibration.json").exists()
 
 
 def test_save_without_a_passing_theta_shows_the_table_then_fails(model_dirs, tmp_path, monkeypatch):
@@ -286,7 +293,8 @@ def test_inputs_are_checked_before_the_model_loads(case, tmp_path):
 
 def test_a_model_that_cannot_load_is_reported_once_the_inputs_are_valid(tmp_path):
     docs = _text_docs(tmp_path / "docs")
-    result = CliRunner().invoke(app, ["calibrate", str(docs), "--model", str(tmp_path / "no-such-model"), "--device", "cpu"])
+    args = ["calibrate", str(docs), "--model", str(tmp_path / "no-such-model"), "--device", "cpu", "--out", str(tmp_path / "r")]
+    result = CliRunner().invoke(app, args)
     assert result.exit_code == 1 and "no-such-model: cannot load the model config" in " ".join(result.stderr.split())
 
 
