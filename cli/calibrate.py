@@ -118,7 +118,7 @@ def _check_collection(collection: str, model: str) -> None:
     from faste_mm.retriever import ModelSpec, collection_path
 
     root = collection_path(collection)
-    check_collection_target(root, read_manifest(root), ModelSpec(model).name)
+    check_collection_target(root, read_manifest(root), ModelSpec(model).name, None, revision_known=False)
 
 
 def _make_out(out: Path) -> None:

@@ -22,8 +22,10 @@ def prefix_removal(prefix_tokens: int, kept_prefix_tokens: int) -> float:
 class IndexOptions:
     """Options of `Retriever.index`.
 
-    exclude / include_hidden: folder-walk filters (see `faste_mm.scanning.ScanFilter`).
-    reindex: erase the collection first and rebuild it with the retriever's settings.
+    exclude / include_hidden: folder-walk filters (see `faste_mm.ingest.ScanFilter`).
+    reindex: erase the collection first and rebuild it with the retriever's settings. The model
+        loads and the index type and folder are checked before anything is erased, so a bad
+        setting raises with the collection intact.
     index_type: FAISS factory string or "auto" for the derived index; None keeps the collection's.
     retry_failed: embed unchanged files that failed last time again.
     chunk_files: files embedded and committed together; a crash loses at most one chunk of work.

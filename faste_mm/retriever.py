@@ -20,12 +20,14 @@ import numpy as np
 from PIL import Image
 
 from faste_mm.batching import BatchingConfig
-from faste_mm.calibration import Calibration, load_calibration
+from faste_mm.calibration import Calibration, check_collection_target, load_calibration
 from faste_mm.compressors import FastEConfig
 from faste_mm.embedder import Embedder, EmbedResult, OnError
-from faste_mm.errors import CollectionError, ConfigError, InputError
+from faste_mm.errors import ConfigError, InputError
 from faste_mm.indexers import Collection, CollectionInfo, ItemRecord, Manifest
+from faste_mm.indexers.faiss_index import validate_factory
 from faste_mm.indexers.manifest import MANIFEST_NAME, read_manifest, settings_mismatch
+from faste_mm.indexers.records import repeated_key
 from faste_mm.ingest import (IndexFailure, IngestTally, ScanFilter, failure_reasons, ingest_chunk, plan_update,
                              record_missing, scan_paths)
 from faste_mm.items import Item, as_item
@@ -209,13 +211,25 @@ class Retriever:
         """The collection to index into, opened for writing. A new one is created, which needs the
         model (its dim and revision go into the manifest); an existing one is opened without
         loading it, refusing at once a model whose id or revision differs (the rest is checked
-        when the model loads, see `_CollectionDocuments`)."""
+        when the model loads, see `_CollectionDocuments`) and an index type FAISS cannot build
+        (else found only after every file is embedded)."""
         if self._embedder is None and (root / MANIFEST_NAME).exists():
-            errors = self._spec.conflicts(read_manifest(root))
+            manifest = read_manifest(root)
+            errors = self._spec.conflicts(manifest)
             if errors:
                 raise settings_mismatch(root, errors)
+            validate_factory(index_type, manifest.dim)
             return Collection.open(root, writable=True)
         return Collection.create(root, self.document_manifest(index_type), exist_ok=True)
+
+    def _erase_for_reindex(self, root: Path, index_type: str) -> None:
+        """Erase the collection for `index --reindex`, once nothing that follows can refuse: the
+        model loads (re-indexing embeds everything anyway), the index type must suit its dim,
+        and the folder must hold nothing that would stop `Collection.create`. Raises
+        ModelLoadError, ConfigError or CollectionError with the collection untouched."""
+        manifest = self.document_manifest(index_type)
+        validate_factory(index_type, manifest.dim)
+        Collection.erase(root, for_create=True)
 
     # ---- indexing --------------------------------------------------------------------------
     def index(self, paths: Iterable[str | Path], collection: str | Path | None = None,
@@ -238,7 +252,7 @@ class Retriever:
         scan = scan_paths(paths, ScanFilter(options.exclude, options.include_hidden))
         self.close()
         if options.reindex:
-            Collection.erase(root)
+            self._erase_for_reindex(root, options.index_type or "auto")
         tally = IngestTally()
         with self._index_writer(root, options.index_type or "auto") as col:
             encode = _CollectionDocuments(self, col)
@@ -281,7 +295,9 @@ class Retriever:
             and stores nothing; "skip" stores the others and records each bad row as a failure,
             as `index` does with bad files (listed by `info()` until its uri is added again).
         Returns an `AddReport`: ids [n_rows] int64 (-1 for failed rows) and the failures.
-        Raises InputError (see on_error; metadata/uris of the wrong length), ConfigError.
+        Raises InputError, storing nothing, whatever on_error: metadata/uris of the wrong length;
+        two rows with one (uri, page), failed rows included; an `Item.max_pixels` other than the
+        collection's (its vectors would not be comparable). ConfigError for a bad on_error.
         """
         if on_error not in ("raise", "skip"):
             raise ConfigError(f"add: on_error must be 'raise' or 'skip', got {on_error!r}")
@@ -296,14 +312,14 @@ class Retriever:
                 row = min(reasons)
                 raise InputError(f"add: input {result.sources[row]}: {reasons[row]}; "
                                  f"or pass on_error='skip' to store the other items")
-            stored, failed = [], []
-            for row, source in enumerate(result.sources):
-                record = _add_record(result.items[row], None if uris is None else uris[source],
-                                     None if metadata is None else metadata[source], reasons.get(row))
-                (failed if row in reasons else stored).append(record)
-            ok = np.array([row not in reasons for row in range(len(result.items))], dtype=bool)
-            ids = np.full(len(result.items), -1, dtype=np.int64)
-            ids[ok] = col.add(result.embeddings[ok], stored)
+            records = [_add_record(result.items[row], None if uris is None else uris[source],
+                                   None if metadata is None else metadata[source], reasons.get(row))
+                       for row, source in enumerate(result.sources)]
+            _refuse_repeated_rows(records, result.sources)  # before any write: all rows or none
+            ok = np.array([row not in reasons for row in range(len(records))], dtype=bool)
+            failed = [records[row] for row in sorted(reasons)]
+            ids = np.full(len(records), -1, dtype=np.int64)
+            ids[ok] = col.add(result.embeddings[ok], [r for r, is_ok in zip(records, ok) if is_ok])
             col.add_failures(failed)  # after add: adding a uri clears its failure rows
         self.close()
         if failed:
@@ -321,8 +337,14 @@ class Retriever:
 
         A target that matches nothing (a typo, a file never indexed, an id already removed) is
         not an error: it is listed in `RemoveReport.unmatched`, and nothing else changes for it.
+        Raises InputError, removing nothing, for an empty or blank path: as a uri prefix it would
+        match every file in the collection.
         """
         paths, ids = list(paths), [int(i) for i in ids]
+        for position, path in enumerate(paths):
+            if not str(path).strip():
+                raise InputError(f"remove: target {position} is {str(path)!r}, which would match every "
+                                 f"file in the collection; nothing was removed. Give a file, a folder or an id")
         with self._writer() as col:
             uris: set[str] = set()
             unmatched: list[str] = []
@@ -414,6 +436,7 @@ class _CollectionDocuments:
         self._is_checked = False
 
     def __call__(self, values: Sequence[object], on_error: OnError = "skip") -> EmbedResult:
+        _refuse_other_pixel_caps(values, self._col)  # before anything is embedded
         embedder = self._retriever.embedder
         if not self._is_checked:
             self._col.require_compatible(self._retriever.document_manifest())
@@ -428,6 +451,31 @@ def _add_record(item: Item, uri: str | None, metadata: Mapping[str, Any] | None,
     size, mtime = _file_stat(item)
     return ItemRecord(uri=uri if uri is not None else _default_uri(item), modality=_modality(item), page=item.page,
                       size=size, mtime=mtime, metadata=metadata, error=error)
+
+
+def _refuse_repeated_rows(records: Sequence[ItemRecord], sources: Sequence[int]) -> None:
+    """InputError when two rows of one `add` call (stored or failed) share a (uri, page): the
+    second would replace the first, or its failure record would tombstone the first's item."""
+    repeated = repeated_key(records)
+    if repeated is not None:
+        first, second = (sources[row] for row in repeated)
+        record = records[repeated[1]]
+        page = "" if record.page is None else f" page {record.page}"
+        raise InputError(f"add: inputs {first} and {second} are both {record.uri}{page}, and a collection "
+                         f"holds one item per (uri, page); nothing was stored. Add it once, or give each "
+                         f"its own uri (uris=...)")
+
+
+def _refuse_other_pixel_caps(values: Sequence[object], col: Collection) -> None:
+    """InputError for an image item whose own `Item.max_pixels` differs from the collection's:
+    it would be resized to another cap, so its vector would not be comparable with the others."""
+    cap = col.manifest.max_pixels
+    for position, value in enumerate(values):
+        item = as_item(value, position)
+        if item.has_image and item.max_pixels not in (None, cap):
+            raise InputError(f"input {position} ({item.describe()}): Item.max_pixels={item.max_pixels}, but "
+                             f"the collection {col.root} embeds images at max_pixels={cap}; drop max_pixels "
+                             f"from the item, or add it to another collection; nothing was stored")
 
 
 def _as_query(value: object, position: int) -> Item:
@@ -473,13 +521,7 @@ def apply_calibration(calibration: Calibration, collection: str | Path | None) -
     root = collection_path(collection)
     with Collection.open(root, writable=True) as col:
         manifest = col.manifest
-        if (manifest.model_id, manifest.model_revision) != (calibration.model_id, calibration.revision):
-            raise CollectionError(
-                f"{root}: the collection embeds with {manifest.model_id}, the calibration is for "
-                f"{calibration.model_id}; calibrate with --model {manifest.model_id}"
-            )
-        if not manifest.fast_e:
-            raise ConfigError(f"{root}: the collection uses the full forward (r_max 0); there is no theta to set")
+        check_collection_target(root, manifest, calibration.model_id, calibration.revision)
         fast_e = dict(manifest.fast_e)
         fast_e.update(threshold=calibration.threshold, warmup_layer=calibration.warmup_layer,
                       threshold_source=calibration.describe())

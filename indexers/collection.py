@@ -2,12 +2,12 @@
 
 Receives float32 vectors [n, d] with one `ItemRecord` each (no model code here); hands back
 item ids, search results (scores, ids) and records. Composes `store` (SQLite), `parts` (vector
-files), `faiss_index` (the derived index) and `manifest`; one writer at a time (flock).
+files), `faiss_index` (the derived index), `manifest` and `directory` (which files are ours, the
+one-writer flock, erase).
 """
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 from pathlib import Path
@@ -17,49 +17,18 @@ import faiss
 import numpy as np
 
 from faste_mm.errors import CollectionError, ConfigError, InputError
-from faste_mm.indexers import faiss_index, parts
+from faste_mm.indexers import directory, faiss_index, parts
 from faste_mm.indexers.atomic_files import TMP_SUFFIX
+from faste_mm.indexers.directory import acquire_lock
 from faste_mm.indexers.manifest import (MANIFEST_NAME, Manifest, read_manifest, settings_mismatch,
                                         write_manifest)
-from faste_mm.indexers.records import CollectionInfo, FileStat, ItemRecord, ScanPlan
-from faste_mm.indexers.store import DB_NAME, MetaStore
+from faste_mm.indexers.records import CollectionInfo, FileStat, ItemRecord, ScanPlan, check_rows, check_unique
+from faste_mm.indexers.store import MetaStore
 
 log = logging.getLogger(__name__)
 
-LOCK_NAME = "collection.lock"
 # compact() rewrites parts to at most this many rows (32 MiB at d=2048 float16).
 COMPACT_PART_ROWS = 8192
-_NORM_TOLERANCE = 1e-2
-_OWN_FILES = {DB_NAME, DB_NAME + "-wal", DB_NAME + "-shm", parts.VECTORS_DIR, LOCK_NAME,
-              MANIFEST_NAME, faiss_index.INDEX_NAME}
-
-
-def _acquire_lock(root: Path) -> int:
-    """Non-blocking exclusive flock on `collection.lock`; the fd is held until close()."""
-    path = root / LOCK_NAME
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
-        os.close(fd)
-        raise CollectionError(
-            f"{root}: another faste-mm process (pid {holder}) is writing to this collection "
-            f"(lock {path} is held); wait for it to finish, or open the collection read-only"
-        ) from None
-    # The pid is for the error message above only; the flock is what excludes writers.
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, str(os.getpid()).encode(), 0)
-    return fd
-
-
-def _remove_empty_dir(path: Path) -> None:
-    try:
-        path.rmdir()
-    except FileNotFoundError:
-        pass
-    except OSError:  # not empty: files that are not the collection's stay where they are
-        log.info("%s: kept, it holds files that are not the collection's", path)
 
 
 class Collection:
@@ -108,12 +77,12 @@ class Collection:
         if root.exists():
             # A directory left by an interrupted create holds only our files; anything else
             # means the user pointed us at the wrong folder, which we must not litter.
-            foreign = sorted(p.name for p in root.iterdir() if p.name not in _OWN_FILES)
+            foreign = directory.foreign_files(root)
             if foreign:
                 raise CollectionError(f"{root}: directory is not empty and not a collection "
                                       f"(contains {foreign[:3]}); choose a new path")
         (root / parts.VECTORS_DIR).mkdir(parents=True, exist_ok=True)
-        lock_fd = _acquire_lock(root)
+        lock_fd = acquire_lock(root)
         try:
             store = MetaStore(root, writable=True)
             manifest = manifest.replace(index_factory=None, index_epoch=-1, index_max_part=-1,
@@ -141,7 +110,7 @@ class Collection:
             errors = manifest.compatibility_errors(expect)
             if errors:
                 raise settings_mismatch(root, errors)
-        lock_fd = _acquire_lock(root) if writable else None
+        lock_fd = acquire_lock(root) if writable else None
         try:
             store = MetaStore(root, writable=writable)
             if writable:
@@ -155,35 +124,19 @@ class Collection:
         return cls(root, manifest, store, lock_fd)
 
     @classmethod
-    def erase(cls, path: str | Path) -> bool:
+    def erase(cls, path: str | Path, *, for_create: bool = False) -> bool:
         """Delete a collection (database, vectors, index, manifest, lock) under the writer lock,
         then its directory if nothing else is left in it. Returns False, touching nothing, when
         `path` holds no collection.
 
-        Raises CollectionError at once if another process writes to it, or if its manifest is
-        not a faste-mm manifest (a folder that merely has a manifest.json is never emptied).
+        for_create: the caller creates a collection here next (`index --reindex`); refuse,
+            touching nothing, when files that are not the collection's would make `create`
+            refuse the directory afterwards.
+        Raises CollectionError at once if another process writes to it, if its manifest is not
+        a faste-mm manifest (a folder that merely has a manifest.json is never emptied), or (see
+        for_create) if it holds foreign files.
         """
-        root = Path(path)
-        if not (root / MANIFEST_NAME).is_file():
-            return False
-        read_manifest(root)  # CollectionError unless it is really ours
-        lock_fd = _acquire_lock(root)
-        try:
-            # Database, then manifest: a crash part-way leaves an empty collection under the old
-            # manifest, or leftovers that `create` accepts, never old rows under a new manifest.
-            for name in (DB_NAME, DB_NAME + "-wal", DB_NAME + "-shm", MANIFEST_NAME, faiss_index.INDEX_NAME):
-                (root / name).unlink(missing_ok=True)
-            for leftover in [*root.glob("*" + TMP_SUFFIX), *(root / parts.VECTORS_DIR).glob("*")]:
-                if leftover.is_file():
-                    leftover.unlink()
-            _remove_empty_dir(root / parts.VECTORS_DIR)
-            # Unlinked while still held, so no second writer can lock it in the meantime.
-            (root / LOCK_NAME).unlink(missing_ok=True)
-        finally:
-            os.close(lock_fd)
-        _remove_empty_dir(root)
-        log.info("%s: erased", root)
-        return True
+        return directory.erase(Path(path), for_create=for_create)
 
     @property
     def writable(self) -> bool:
@@ -241,7 +194,7 @@ class Collection:
         Raises InputError naming the record when shapes, values or (uri, page) pairs are bad.
         """
         self._require_writable("add items")
-        vectors = self._check_vectors(vectors, records)
+        vectors = check_rows(vectors, records, self._manifest.dim, self._manifest.normalized, self.root)
         n = len(records)
         if n == 0:
             return np.empty(0, dtype=np.int64)
@@ -272,38 +225,6 @@ class Collection:
         older = [p for p, _ in self._store.parts() if p < new_part]
         return max(older, default=-1)
 
-    def _check_vectors(self, vectors: np.ndarray, records: Sequence[ItemRecord]) -> np.ndarray:
-        dim = self._manifest.dim
-        if not isinstance(vectors, np.ndarray) or vectors.ndim != 2:
-            raise InputError(f"{self.root}: vectors must be a 2-D numpy array [n, {dim}], got "
-                             f"{getattr(vectors, 'shape', type(vectors).__name__)}")
-        if vectors.shape != (len(records), dim):
-            raise InputError(f"{self.root}: vectors have shape {vectors.shape}, expected "
-                             f"({len(records)}, {dim}) for {len(records)} records")
-        vectors = np.asarray(vectors, dtype=np.float32)
-        bad = ~np.isfinite(vectors).all(axis=1)
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            raise InputError(f"{self.root}: vector for {records[i].uri} (row {i}) has NaN/inf")
-        if self._manifest.normalized and len(vectors):
-            norms = np.linalg.norm(vectors, axis=1)
-            off = np.abs(norms - 1.0) > _NORM_TOLERANCE
-            if off.any():
-                i = int(np.flatnonzero(off)[0])
-                raise InputError(f"{self.root}: vector for {records[i].uri} (row {i}) has norm "
-                                 f"{norms[i]:.4f}, expected 1 (the collection stores "
-                                 f"L2-normalised vectors); normalise before adding")
-        self._check_unique(records)
-        return vectors
-
-    def _check_unique(self, records: Sequence[ItemRecord]) -> None:
-        seen: set[tuple[str, int | None]] = set()
-        for i, r in enumerate(records):
-            if (r.uri, r.page) in seen:
-                raise InputError(f"{self.root}: {r.uri} page {r.page} appears twice in one batch "
-                                 f"(row {i}); each (uri, page) may be added once")
-            seen.add((r.uri, r.page))
-
     def add_failures(self, records: Sequence[ItemRecord]) -> np.ndarray:
         """Record items that could not be embedded (each with `error` set); they get ids but
         no vectors. A later successful `add` of the same uri replaces them. Returns ids."""
@@ -312,7 +233,7 @@ class Collection:
             if not r.error:
                 raise InputError(f"{self.root}: failure record {r.uri} (row {i}) has no error "
                                  f"message; set ItemRecord.error")
-        self._check_unique(records)
+        check_unique(records, self.root)
         if not records:
             return np.empty(0, dtype=np.int64)
         with self._store.transaction():

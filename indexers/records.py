@@ -1,4 +1,5 @@
-"""Plain data handed into and out of a collection: item records, file stats, scan plans, info.
+"""Plain data handed into and out of a collection: item records, file stats, scan plans, info,
+and the checks a batch of rows (vectors + records) passes before it is stored.
 
 Nothing here touches disk except `content_hash`, which streams a file through sha256 so that
 identical content already in a collection can be found without re-embedding it.
@@ -10,12 +11,15 @@ import hashlib
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
+
+import numpy as np
 
 from faste_mm.errors import ConfigError, InputError
 
 STATUSES = ("ok", "failed", "deleted")
 _HASH_CHUNK_BYTES = 1 << 20
+_NORM_TOLERANCE = 1e-2
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,3 +135,50 @@ def content_hash(path: str | Path) -> str:
         while chunk := f.read(_HASH_CHUNK_BYTES):
             h.update(chunk)
     return h.hexdigest()
+
+
+def repeated_key(records: Sequence[ItemRecord]) -> tuple[int, int] | None:
+    """The rows (first, second) of the first (uri, page) that `records` holds twice, else None."""
+    first: dict[tuple[str, int | None], int] = {}
+    for i, r in enumerate(records):
+        j = first.setdefault((r.uri, r.page), i)
+        if j != i:
+            return j, i
+    return None
+
+
+def check_unique(records: Sequence[ItemRecord], where: object) -> None:
+    """InputError naming the first (uri, page) that one batch of `records` holds twice."""
+    repeated = repeated_key(records)
+    if repeated is not None:
+        r = records[repeated[1]]
+        raise InputError(f"{where}: {r.uri} page {r.page} appears twice in one batch (rows "
+                         f"{repeated[0]} and {repeated[1]}); each (uri, page) may be added once")
+
+
+def check_rows(vectors: np.ndarray, records: Sequence[ItemRecord], dim: int, normalized: bool,
+               where: object) -> np.ndarray:
+    """`vectors` [n, dim] as float32, after checking them with their `records` for a collection
+    (`where`, named in messages) of width `dim`: one finite row per record, unit-norm when
+    `normalized`, each (uri, page) once. Raises InputError naming the record."""
+    if not isinstance(vectors, np.ndarray) or vectors.ndim != 2:
+        raise InputError(f"{where}: vectors must be a 2-D numpy array [n, {dim}], got "
+                         f"{getattr(vectors, 'shape', type(vectors).__name__)}")
+    if vectors.shape != (len(records), dim):
+        raise InputError(f"{where}: vectors have shape {vectors.shape}, expected "
+                         f"({len(records)}, {dim}) for {len(records)} records")
+    vectors = np.asarray(vectors, dtype=np.float32)
+    bad = ~np.isfinite(vectors).all(axis=1)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise InputError(f"{where}: vector for {records[i].uri} (row {i}) has NaN/inf")
+    if normalized and len(vectors):
+        norms = np.linalg.norm(vectors, axis=1)
+        off = np.abs(norms - 1.0) > _NORM_TOLERANCE
+        if off.any():
+            i = int(np.flatnonzero(off)[0])
+            raise InputError(f"{where}: vector for {records[i].uri} (row {i}) has norm "
+                             f"{norms[i]:.4f}, expected 1 (the collection stores "
+                             f"L2-normalised vectors); normalise before adding")
+    check_unique(records, where)
+    return vectors

@@ -185,3 +185,14 @@ def test_relative_collection_and_model_paths_work_from_another_folder(model, tmp
     hits = json.loads(invoke("search", "anything", "-c", "../col", "--format", "json").stdout)
     assert [Path(h["uri"]).name for h in hits["hits"]] == ["a.png"]
     assert json.loads(invoke("info", "-c", "../col", "--format", "json").stdout)["model_id"] == str(tmp_path / "model")
+
+
+def test_remove_with_an_empty_target_exits_1_and_removes_nothing(model, tmp_path):
+    root = tmp_path / "imgs"
+    root.mkdir()
+    noise_image(root / "a.png", (48, 48), 500)
+    col = tmp_path / "col"
+    invoke("index", root, "-c", col, "--model", model, "--device", "cpu")
+    result = invoke("remove", "", "-c", col, code=1)
+    assert "would match every file" in result.stderr and "Traceback" not in result.stderr and result.stdout == ""
+    assert Collection.open(col).info().n_ok == 1

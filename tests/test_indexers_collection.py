@@ -4,6 +4,7 @@ batched duplicate lookups, live uris under a folder, and erasing a collection.""
 from __future__ import annotations
 
 import hashlib
+import os
 import sqlite3
 
 import numpy as np
@@ -11,6 +12,7 @@ import pytest
 
 from faste_mm.errors import CollectionError, ConfigError, InputError
 from faste_mm.indexers import Collection, FileStat, ItemRecord, Manifest, content_hash
+from faste_mm.indexers import directory
 
 D = 32
 
@@ -335,3 +337,33 @@ def test_erase_deletes_only_the_collection_and_refuses_while_another_writer_hold
     with pytest.raises(CollectionError, match="invalid manifest"):
         Collection.erase(foreign)
     assert (foreign / "manifest.json").exists()
+
+
+def test_erase_for_create_refuses_a_folder_with_foreign_files_and_touches_nothing(tmp_path):
+    make(tmp_path, n=5)[0].close()
+    root = tmp_path / "c"
+    (root / "notes.txt").write_text("mine")
+    with pytest.raises(CollectionError, match=r"notes.txt.*nothing was erased"):
+        Collection.erase(root, for_create=True)
+    assert Collection.open(root).info().n_ok == 5
+    (root / "notes.txt").unlink()
+    (root / "manifest.json.tmp").write_text("torn")  # erase removes temp files, so create accepts them
+    assert Collection.erase(root, for_create=True) and not root.exists()
+
+
+def test_a_lock_file_unlinked_by_erase_never_counts_as_the_writer_lock(tmp_path, monkeypatch):
+    make(tmp_path, n=5)[0].close()
+    root = tmp_path / "c"
+    (root / "notes.txt").write_text("mine")  # keeps the folder through the erase
+    real_open = os.open
+    stale = real_open(root / directory.LOCK_NAME, os.O_RDWR)  # a writer that opened the lock file ...
+    assert Collection.erase(root)  # ... before erase unlinked it, and locks it only afterwards
+    (root / "notes.txt").unlink()
+    with Collection.create(root, Manifest(model_id="test/model", dim=D)):  # the new writer, on a new file
+        handed = iter([stale])
+        monkeypatch.setattr(os, "open", lambda *args, **kwargs: next(handed, None) or real_open(*args, **kwargs))
+        with pytest.raises(CollectionError, match="another faste-mm process"):
+            Collection.open(root, writable=True)
+        monkeypatch.undo()
+    with pytest.raises(OSError):
+        os.fstat(stale)  # acquire_lock closed the stale descriptor

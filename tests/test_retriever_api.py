@@ -279,3 +279,67 @@ def test_remove_reports_the_targets_that_matched_nothing(embedder, tmp_path):
     assert retriever.info().n_ok == 1
     assert retriever.remove([root]).to_dict() == {"uris": [str((root / "b.png").resolve())], "ids": [],
                                                   "unmatched": []}
+
+
+def test_reindex_checks_the_index_type_the_model_and_the_folder_before_erasing(embedder, tmp_path):
+    root = three_images(tmp_path / "imgs")
+    col = tmp_path / "col"
+    Retriever(embedder, collection=col, r_max=0.0).index([root])
+    with pytest.raises(ConfigError, match="'Bogus'"):
+        Retriever(embedder, collection=col).index([root], options=IndexOptions(reindex=True, index_type="Bogus"))
+    unloadable = ModelSpec(str(tmp_path / "no-such-model"), device="cpu")
+    with pytest.raises(ModelLoadError):
+        Retriever(unloadable, collection=col).index([root], options=IndexOptions(reindex=True))
+    (col / "notes.txt").write_text("mine")  # `create` would refuse the folder after the erase
+    with pytest.raises(CollectionError, match="notes.txt.*nothing was erased"):
+        Retriever(embedder, collection=col).index([root], options=IndexOptions(reindex=True))
+    assert Retriever.open(col).info().n_ok == 3 and (col / "notes.txt").read_text() == "mine"
+
+
+def test_a_bad_index_type_for_an_existing_collection_is_refused_before_anything_is_embedded(embedder, tmp_path):
+    model = shutil.copytree(embedder.model_id, tmp_path / "model")
+    root = three_images(tmp_path / "imgs")
+    Retriever(ModelSpec(str(model), device="cpu"), collection=tmp_path / "col", r_max=0.0).index([root])
+    shutil.rmtree(model)  # embedding the new file would now raise ModelLoadError
+    noise_image(root / "new.png", (48, 48), 999)
+    retriever = Retriever.open(tmp_path / "col", device="cpu")
+    with pytest.raises(ConfigError, match="'Bogus' is not a valid FAISS factory string for dim="):
+        retriever.index([root], options=IndexOptions(index_type="Bogus"))
+    info = retriever.info()
+    assert (info.n_ok, info.n_failed, info.index_type) == (3, 0, "auto")
+
+
+def test_add_refuses_two_rows_with_one_uri_and_page_and_stores_nothing(embedder, tmp_path):
+    root = three_images(tmp_path / "imgs")
+    retriever = Retriever(embedder, collection=tmp_path / "col", r_max=0.0)
+    missing = root / "missing.png"
+    with pytest.raises(InputError, match=f"inputs 1 and 2 are both {missing}.*nothing was stored"):
+        retriever.add(["hello", missing, missing], on_error="skip")  # two failure rows
+    with pytest.raises(InputError, match="inputs 0 and 1 are both doc.*uris="):
+        retriever.add([root / "a.png", root / "missing2.png"], uris=["doc", "doc"], on_error="skip")
+    with pytest.raises(InputError, match="inputs 0 and 2 are both item:"):
+        retriever.add(["same text", "other", "same text"])
+    info = retriever.info()
+    assert (info.n_ok, info.n_failed) == (0, 0)
+
+
+def test_add_refuses_an_item_resized_to_another_max_pixels_than_the_collection(embedder, tmp_path):
+    root = three_images(tmp_path / "imgs")
+    retriever = Retriever(embedder, collection=tmp_path / "col", r_max=0.0)
+    retriever.add(["a caption"])
+    cap = Collection.open(tmp_path / "col").manifest.max_pixels
+    for on_error in ("raise", "skip"):
+        with pytest.raises(InputError, match=rf"input 1 \(.*b.png\): Item.max_pixels=8192.*max_pixels={cap}"):
+            retriever.add([root / "a.png", Item(image=root / "b.png", max_pixels=8192)], on_error=on_error)
+    assert retriever.info().n_ok == 1
+    assert (retriever.add([Item(image=root / "c.png", max_pixels=cap), Item(text="t", max_pixels=8192)]).ids >= 0).all()
+
+
+@pytest.mark.parametrize("target", ["", "  "])
+def test_remove_refuses_an_empty_target_which_would_match_every_file(embedder, tmp_path, target):
+    root = three_images(tmp_path / "imgs")
+    retriever = Retriever(embedder, collection=tmp_path / "col", r_max=0.0)
+    retriever.index([root])
+    with pytest.raises(InputError, match=f"target 1 is '{target}', which would match every file"):
+        retriever.remove([root / "a.png", target])
+    assert retriever.info().n_ok == 3
