@@ -23,7 +23,7 @@ import numpy as np
 
 from faste_mm.compressors import AlignmentProbe, FastE, FastEConfig, ThresholdTrigger, first_checked_layer
 from faste_mm.embedder import item_failure
-from faste_mm.errors import ConfigError, InputError
+from faste_mm.errors import CollectionError, ConfigError, InputError
 from faste_mm.flops import batch_flops, full_batch_flops
 from faste_mm.items import Failure, Item, expand_items
 from faste_mm.prefetch import ItemError
@@ -371,8 +371,6 @@ def check_collection_target(root: Path, manifest, model_id: str, revision: str |
     at `root` (its `Manifest`): the same model, and FastE on (r_max > 0). `faste-mm calibrate --save
     -c` checks this before the model loads (revision_known=False: only the loaded model knows its
     revision), so a long run is never thrown away at the end; recording it checks again, fully."""
-    from faste_mm.errors import CollectionError
-
     if manifest.model_id != model_id or (revision_known and manifest.model_revision != revision):
         raise CollectionError(
             f"{root}: the collection embeds with {manifest.model_id}, the calibration is for "

@@ -82,11 +82,13 @@ class DecoderState:
         Its host reads (the lengths, the boolean selection) happen once, at the compression step."""
         valid = self.valid
         lengths = self.lengths
+        offsets = torch.nn.functional.pad(lengths.cumsum(0), (1, 0))  # int64
         return PackedState(
             hidden=self.hidden[valid],
             cos=self.cos[valid],
             sin=self.sin[valid],
-            cu_seqlens=torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).to(torch.int32),
+            cu_seqlens=offsets.to(torch.int32),
+            offsets=offsets,
             lengths=tuple(lengths.tolist()),
             visual_rank=None if self.visual_rank is None else self.visual_rank[valid],
             deepstack=self.deepstack,
@@ -104,7 +106,8 @@ class PackedState:
     hidden: torch.Tensor  # [N, H]
     cos: torch.Tensor  # [N, D_h]
     sin: torch.Tensor  # [N, D_h]
-    cu_seqlens: torch.Tensor  # [B + 1] int32 row offsets
+    cu_seqlens: torch.Tensor  # [B + 1] int32 row offsets (flash-attn)
+    offsets: torch.Tensor  # the same as int64, made once (jagged nested tensors, the readout)
     lengths: tuple[int, ...]  # host copy of the row lengths, for kernels that walk the rows
     visual_rank: torch.Tensor | None = None  # [N]
     deepstack: tuple[torch.Tensor, ...] | None = None
@@ -115,7 +118,7 @@ class PackedState:
 
     @property
     def readout_index(self) -> torch.Tensor:
-        return self.cu_seqlens[1:].long() - 1  # [B] each row's last token
+        return self.offsets[1:] - 1  # [B] each row's last token
 
     @property
     def visual_mask(self) -> torch.Tensor | None:

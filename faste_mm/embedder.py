@@ -17,7 +17,7 @@ from faste_mm.backbones.loading import LoadedModel, load_model
 from faste_mm.batching import Batch, BatchingConfig
 from faste_mm.compressors import AlignmentProbe, FastE, FastEConfig, Full
 from faste_mm.errors import ConfigError, FasteError, InputError
-from faste_mm.flops import DecoderShape, batch_flops, flops_reduction, full_batch_flops, vision_flops
+from faste_mm.flops import DecoderShape, batch_flops, flops_reduction, full_batch_flops, removed_share, vision_flops
 from faste_mm.items import Failure, Item, expand_items
 from faste_mm.pooling import truncate_dim
 from faste_mm.prefetch import ItemError, PrepTimer, prefetch_batches
@@ -52,7 +52,7 @@ class EmbedStats:
     @property
     def prefix_removal(self) -> float:
         """Realised share of prefix tokens removed."""
-        return 0.0 if self.prefix_tokens == 0 else 1.0 - self.kept_prefix_tokens / self.prefix_tokens
+        return removed_share(self.kept_prefix_tokens, self.prefix_tokens)
 
     @property
     def flops_reduction(self) -> float:

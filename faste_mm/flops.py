@@ -83,6 +83,11 @@ def vision_flops(shape: VisionShape, grids: list[tuple[int, int, int]]) -> int:
     return total
 
 
+def removed_share(kept: int, total: int) -> float:
+    """1 - kept/total (0 when there was nothing): FLOPs reduction, prefix removal."""
+    return 0.0 if total == 0 else 1.0 - kept / total
+
+
 def flops_reduction(realised: int, full: int) -> float:
     """1 - FastE/Full over the same batches (0 when nothing ran)."""
-    return 0.0 if full == 0 else 1.0 - realised / full
+    return removed_share(realised, full)

@@ -10,12 +10,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from faste_mm.errors import ConfigError
+from faste_mm.flops import removed_share
 from faste_mm.ingest import IndexFailure, ScanFilter
-
-
-def prefix_removal(prefix_tokens: int, kept_prefix_tokens: int) -> float:
-    """Share of prefix tokens FastE removed (0 when nothing was embedded)."""
-    return 0.0 if prefix_tokens == 0 else 1.0 - kept_prefix_tokens / prefix_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +59,7 @@ class IndexProgress:
 
     @property
     def prefix_removal(self) -> float:
-        return prefix_removal(self.prefix_tokens, self.kept_prefix_tokens)
+        return removed_share(self.kept_prefix_tokens, self.prefix_tokens)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +84,7 @@ class IndexReport:
 
     @property
     def prefix_removal(self) -> float:
-        return prefix_removal(self.prefix_tokens, self.kept_prefix_tokens)
+        return removed_share(self.kept_prefix_tokens, self.prefix_tokens)
 
     def to_dict(self) -> dict[str, Any]:
         d = {name: getattr(self, name) for name in self.__dataclass_fields__}

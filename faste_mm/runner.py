@@ -67,10 +67,7 @@ def run_decoder(backbone, batch: Batch, policy, unpadded: Unpadded | None = None
                     gathered, start = state, layer
                     attention = unpadded.settle(lambda k: _finish(backbone, gathered, start, k))
                     kernel = unpadded.kernel(attention)
-                if kernel is None:
-                    masks = backbone.attention_masks(state)  # rebuilt only here, from the gathered 2-D mask
-                else:
-                    state = state.pack()
+                state, masks = _layout(backbone, state, kernel)
         padded_lengths.append(width)
         state = _run_layer(backbone, layer, state, masks, kernel)
     embeddings = pool_readout(backbone, state.readout_hidden())
@@ -97,12 +94,18 @@ def _run_layer(backbone, layer: int, state, masks, kernel):
     return backbone.after_layer(layer, state.with_hidden(hidden))
 
 
+def _layout(backbone, state: DecoderState, kernel):
+    """A just-compressed state as the remaining layers take it: padded, with its 4-D masks
+    rebuilt (only here, from the gathered 2-D mask), or packed for `kernel` (no masks)."""
+    if kernel is None:
+        return state, backbone.attention_masks(state)
+    return state.pack(), None
+
+
 def _finish(backbone, state: DecoderState, start: int, kernel) -> torch.Tensor:
     """The layers from `start` on for a just-compressed state: [B, H] readout states (for the
     unpadded trial, which runs them once per candidate)."""
-    masks = backbone.attention_masks(state) if kernel is None else None
-    if kernel is not None:
-        state = state.pack()
+    state, masks = _layout(backbone, state, kernel)
     for layer in range(start, len(backbone.layers)):
         state = _run_layer(backbone, layer, state, masks, kernel)
     return state.readout_hidden()

@@ -61,7 +61,9 @@ def attend_flash_attn(q, k, v, packed: PackedState, scale: float) -> torch.Tenso
 
 
 def attend_torch_nested(q, k, v, packed: PackedState, scale: float) -> torch.Tensor:
-    offsets = packed.cu_seqlens.long()
+    # one offsets tensor for every layer: no per-layer conversion, and torch keys the jagged
+    # dimension by this tensor, so all layers share one instead of registering a new one each
+    offsets = packed.offsets
     groups = q.shape[1] // k.shape[1]
     if groups > 1:  # jagged SDPA has no GQA path: repeat K/V heads (A_kv -> A)
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)

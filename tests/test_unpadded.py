@@ -155,7 +155,7 @@ def test_cuda_kernels_match_the_segments_reference(name):
     q, k, v = (torch.randn(n, heads, 128, device=device, dtype=dtype) for heads in (16, 8, 8))
     cu = torch.tensor([0, *np.cumsum(lengths)], device=device, dtype=torch.int32)
     empty = torch.empty(n, 128, device=device, dtype=dtype)
-    packed = PackedState(hidden=empty, cos=empty, sin=empty, cu_seqlens=cu, lengths=lengths)
+    packed = PackedState(hidden=empty, cos=empty, sin=empty, cu_seqlens=cu, offsets=cu.long(), lengths=lengths)
     expected = attend_segments(q, k, v, packed, 128**-0.5).float()
     got = KERNELS[name](q, k, v, packed, 128**-0.5).float()
     torch.testing.assert_close(got, expected, atol=2e-2, rtol=2e-2)
