@@ -24,8 +24,19 @@ from faste_mm.cli.eval import eval_command
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Multimodal retrieval with Qwen3-VL-Embedding and FastE.")
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from faste_mm import __version__
+
+        typer.echo(f"faste-mm {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                 help="Print the version and exit."),
+) -> None:
     """Multimodal retrieval with Qwen3-VL-Embedding and FastE."""
 
 

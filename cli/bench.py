@@ -4,8 +4,6 @@ on the same inputs; prints a table and writes JSON."""
 from __future__ import annotations
 
 import json
-import logging
-import sys
 import tempfile
 from pathlib import Path
 from typing import Optional
@@ -13,7 +11,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from faste_mm.cli.common import fail, parse_ratios, stderr, stdout
+from faste_mm.cli.common import debug_option, device_option, fail, parse_ratios, setup_logging, stderr, stdout
 from faste_mm.errors import ConfigError, FasteError
 
 
@@ -31,19 +29,19 @@ def bench_command(
     unpadded: str = typer.Option("auto", envvar="FASTE_MM_UNPADDED", help="Layers after compression: auto | off | flash-attn | torch-nested | segments; comma-separated to compare layouts."),
     repeats: int = typer.Option(3, envvar="FASTE_MM_REPEATS", help="Timed repeats after one warm-up; median and min-max reported."),
     compare: str = typer.Option("", envvar="FASTE_MM_COMPARE", help="Comma-separated: hf, sentence-transformers."),
-    device: str = typer.Option("auto", envvar="FASTE_MM_DEVICE", help="auto | cpu | cuda | cuda:N."),
+    device: str = device_option(),
     dtype: str = typer.Option("auto", envvar="FASTE_MM_DTYPE", help="auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16 | float16."),
     json_out: Optional[Path] = typer.Option(None, "--json", envvar="FASTE_MM_BENCH_JSON", help="Write the report as JSON to this file ('-' for stdout)."),
-    debug: bool = typer.Option(False, "--debug", envvar="FASTE_MM_DEBUG", help="Show tracebacks."),
+    debug: bool = debug_option(),
 ) -> None:
     """Measure speed, memory and FLOPs of FastE settings against the full forward."""
     from faste_mm import BatchingConfig, Embedder
-    from faste_mm.bench import BenchConfig, run_bench
-    from faste_mm.bench_inputs import make_inputs
-    from faste_mm.backbones.loading import resolve_device, resolve_dtype
-    from faste_mm.bench_models import build_shape_model
+    from faste_mm.tools.bench import BenchConfig, run_bench
+    from faste_mm.tools.bench_inputs import make_inputs
+    from faste_mm.model.backbones.loading import resolve_device, resolve_dtype
+    from faste_mm.tools.shapes import build_shape_model
 
-    logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, stream=sys.stderr)
+    setup_logging(debug)
     if (model is None) == (shape is None):
         raise typer.BadParameter("give exactly one of --model and --shape")
     try:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import logging
 import random
-import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Optional
@@ -14,7 +13,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from faste_mm.cli.common import DEFAULT_MODEL, fail, image_root_option, stderr, stdout
+from faste_mm.cli.common import DEFAULT_MODEL, debug_option, device_option, fail, image_root_option, setup_logging, stderr, stdout
 from faste_mm.errors import ConfigError, FasteError, InputError
 
 
@@ -31,16 +30,16 @@ def calibrate_command(
     save: bool = typer.Option(False, "--save", help="Save for this model (per-user file) and, with -c, in the collection."),
     collection: Optional[str] = typer.Option(None, "--collection", "-c", envvar="FASTE_MM_COLLECTION", help="Collection (NAME or DIR) that --save updates."),
     out: Path = typer.Option(Path("faste-mm-calibration"), "--out", envvar="FASTE_MM_CALIBRATION_OUT", help="Folder for calibration.json and calibration.png."),
-    device: str = typer.Option("auto", envvar="FASTE_MM_DEVICE", help="auto | cpu | cuda | cuda:N."),
+    device: str = device_option(),
     batch_tokens: int = typer.Option(16384, envvar="FASTE_MM_BATCH_TOKENS", help="Padded tokens per batch (the trigger is a batch decision: use your indexing value)."),
     as_json: bool = typer.Option(False, "--json", help="Print the calibration as JSON on stdout."),
-    debug: bool = typer.Option(False, "--debug", envvar="FASTE_MM_DEBUG", help="Show tracebacks."),
+    debug: bool = debug_option(),
 ) -> None:
     """Recommend the smallest theta whose embeddings stay within --target of the full forward."""
     from faste_mm import BatchingConfig, Embedder
-    from faste_mm.calibration import CalibrationConfig, calibrate, task_labels
+    from faste_mm.tools.calibration import CalibrationConfig, calibrate, task_labels
 
-    logging.basicConfig(level=logging.DEBUG if debug else logging.INFO, stream=sys.stderr, format="%(message)s")
+    setup_logging(debug, logging.INFO)
     try:
         config = CalibrationConfig(r_max=r_max, target=target, warmup_layer=warmup_layer)
         batching = BatchingConfig(batch_tokens=batch_tokens)
@@ -98,7 +97,7 @@ def _documents(paths: list[Path], sample: int) -> tuple[list, list[str]]:
     missing = [path for path in paths if not path.exists()]
     if missing:
         raise InputError(f"{missing[0]}: file or folder not found ({len(missing)} of {len(paths)} PATHs missing); check the path")
-    from faste_mm.ingest import document_items
+    from faste_mm.retrieval.ingest import document_items
 
     items, unreadable = document_items(paths)
     for reason in unreadable:  # one unreadable file must not stop the calibration
@@ -113,9 +112,9 @@ def _documents(paths: list[Path], sample: int) -> tuple[list, list[str]]:
 
 def _check_collection(collection: str, model: str) -> None:
     """--save -c: the collection must exist, run FastE and use this model, known before the run."""
-    from faste_mm.calibration import check_collection_target
+    from faste_mm.retrieval.calibrations import check_collection_target
     from faste_mm.indexers.manifest import read_manifest
-    from faste_mm.retriever import ModelSpec, collection_path
+    from faste_mm.retrieval.retriever import ModelSpec, collection_path
 
     root = collection_path(collection)
     check_collection_target(root, read_manifest(root), ModelSpec(model).name, None, revision_known=False)
@@ -131,7 +130,7 @@ def _make_out(out: Path) -> None:
 
 
 def _write_report(calibration, out: Path) -> None:
-    from faste_mm.calibration import plot_calibration
+    from faste_mm.tools.calibration import plot_calibration
 
     try:
         (out / "calibration.json").write_text(json.dumps(calibration.to_dict(), indent=2))
@@ -141,7 +140,7 @@ def _write_report(calibration, out: Path) -> None:
 
 
 def _save(calibration, collection: Optional[str], out: Path) -> None:
-    from faste_mm.calibration import save_calibration
+    from faste_mm.retrieval.calibrations import save_calibration
 
     if calibration.threshold is None:
         raise ConfigError(
@@ -152,7 +151,7 @@ def _save(calibration, collection: Optional[str], out: Path) -> None:
     stderr.print(f"saved for {calibration.model_id} in {save_calibration(calibration)}")
     if collection is None:
         return
-    from faste_mm.retriever import apply_calibration
+    from faste_mm.retrieval.retriever import apply_calibration
 
     root = apply_calibration(calibration, collection)
     stderr.print(f"collection {root} now embeds new documents with theta {calibration.threshold:g}")

@@ -1,12 +1,11 @@
 """`faste-mm index | search | info | remove | compact | rebuild-index`: thin commands over
-`faste_mm.retriever.Retriever`. Results (tables, --format json, paths) go to stdout; progress,
+`faste_mm.retrieval.retriever.Retriever`. Results (tables, --format json, paths) go to stdout; progress,
 warnings and errors go to stderr. Every option also reads a FASTE_MM_* environment variable.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import sys
 from enum import Enum
 from pathlib import Path
@@ -16,7 +15,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from faste_mm.cli.common import DEFAULT_MODEL, fail, stderr, stdout, unpadded_option
+from faste_mm.cli.common import DEFAULT_MODEL, debug_option, device_option, fail, setup_logging, stderr, stdout, unpadded_option
 from faste_mm.errors import FasteError
 
 _COLLECTION_HELP = ("Collection: a NAME under the user data directory "
@@ -37,19 +36,6 @@ class InfoFormat(str, Enum):
 
 def _collection_option():
     return typer.Option(None, "--collection", "-c", envvar="FASTE_MM_COLLECTION", help=_COLLECTION_HELP)
-
-
-def _debug_option():
-    return typer.Option(False, "--debug", envvar="FASTE_MM_DEBUG", help="Show tracebacks and debug logs.")
-
-
-def _device_option():
-    return typer.Option("auto", envvar="FASTE_MM_DEVICE", help="auto (CUDA when available) | cpu | cuda | cuda:N.")
-
-
-def _setup_logging(debug: bool) -> None:
-    logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, stream=sys.stderr,
-                        format="%(levelname)s: %(message)s", force=True)
 
 
 def _usage(message: str) -> NoReturn:
@@ -75,7 +61,7 @@ def index_command(
     chunk_files: int = typer.Option(64, "--chunk-files", envvar="FASTE_MM_CHUNK_FILES",
                                     help="Files embedded and committed together; an interrupted run "
                                          "loses at most one chunk (default 64)."),
-    device: str = _device_option(),
+    device: str = device_option(),
     exclude: list[str] = typer.Option([], "--exclude", envvar="FASTE_MM_EXCLUDE",
                                       help="Glob (fnmatch) on the path relative to a walked folder or on any "
                                            "name in it, e.g. '*.gif', 'drafts/*'; repeatable."),
@@ -91,14 +77,14 @@ def index_command(
                                       help="Embed unchanged files that failed last time again."),
     output: InfoFormat = typer.Option(InfoFormat.table, "--format", envvar="FASTE_MM_FORMAT",
                                       help="Summary as a table or as JSON (default table)."),
-    debug: bool = _debug_option(),
+    debug: bool = debug_option(),
 ) -> None:
     """Index images, PDFs (page by page) and .txt/.md files; only new or changed files are embedded."""
-    from faste_mm.batching import BatchingConfig
+    from faste_mm.model.batching import BatchingConfig
     from faste_mm.indexers.manifest import MANIFEST_NAME, read_manifest
-    from faste_mm.retriever import IndexOptions, ModelSpec, Retriever, collection_path
+    from faste_mm.retrieval.retriever import IndexOptions, ModelSpec, Retriever, collection_path
 
-    _setup_logging(debug)
+    setup_logging(debug)
     try:
         root = collection_path(collection)
         options = IndexOptions(exclude=tuple(exclude), include_hidden=include_hidden, reindex=reindex,
@@ -175,13 +161,13 @@ def search_command(
     instruction: Optional[str] = typer.Option(None, "--instruction", envvar="FASTE_MM_QUERY_INSTRUCTION",
                                               help="Query instruction. Default: 'Retrieve images or text "
                                                    "relevant to the user's query.' for text queries."),
-    device: str = _device_option(),
-    debug: bool = _debug_option(),
+    device: str = device_option(),
+    debug: bool = debug_option(),
 ) -> None:
     """Search a collection by text and/or image; the model is the one the collection was built with."""
-    from faste_mm.retriever import Retriever
+    from faste_mm.retrieval.retriever import Retriever
 
-    _setup_logging(debug)
+    setup_logging(debug)
     if query is None and image is None:
         _usage("give a QUERY text, --image PATH, or both")
     try:
@@ -212,13 +198,13 @@ def info_command(
     collection: Optional[str] = _collection_option(),
     output: InfoFormat = typer.Option(InfoFormat.table, "--format", envvar="FASTE_MM_FORMAT",
                                       help="table | json (default table)."),
-    debug: bool = _debug_option(),
+    debug: bool = debug_option(),
 ) -> None:
     """Model, settings, counts, failures, index type and size on disk of a collection."""
     from faste_mm.indexers import Collection
-    from faste_mm.retriever import collection_path
+    from faste_mm.retrieval.maintenance import collection_path
 
-    _setup_logging(debug)
+    setup_logging(debug)
     try:
         with Collection.open(collection_path(collection)) as col:
             info, manifest = col.info(), col.manifest
@@ -231,8 +217,8 @@ def info_command(
     table = Table(title=f"collection {info.path}")
     table.add_column("field")
     table.add_column("value", overflow="fold")
-    fast_e = manifest.fast_e or {}
-    theta = "-" if not fast_e else f"{fast_e.get('threshold')} ({fast_e.get('threshold_source', 'backbone default')})"
+    fast_e = manifest.fast_e
+    theta = "-" if fast_e is None else f"{fast_e.threshold} ({fast_e.threshold_source or 'backbone default'})"
     for name, value in (("model", manifest.model_id), ("revision", manifest.model_revision or "-"),
                         ("dim", info.dim), ("FastE r_max (documents)", manifest.r_max),
                         ("FastE theta (documents)", theta),
@@ -255,17 +241,17 @@ def info_command(
 def remove_command(
     targets: list[str] = typer.Argument(..., help="Item ids, files, or folders (everything below them)."),
     collection: Optional[str] = _collection_option(),
-    debug: bool = _debug_option(),
+    debug: bool = debug_option(),
 ) -> None:
     """Remove items by id or by file/folder (tombstoned until `compact`). Prints the removed files;
     targets that match nothing are named in a warning (exit code 0, like skipped files)."""
-    from faste_mm.retriever import Retriever
+    from faste_mm.retrieval.maintenance import collection_path, remove_items
 
-    _setup_logging(debug)
+    setup_logging(debug)
     ids = [int(t) for t in targets if t.isdigit() and not Path(t).exists()]
     paths = [t for t in targets if not (t.isdigit() and not Path(t).exists())]
     try:
-        report = Retriever.open(collection).remove(paths, ids=ids)
+        report = remove_items(collection_path(collection), paths, ids=ids)
     except FasteError as error:
         fail(error, debug)
     for uri in report.uris:
@@ -279,14 +265,14 @@ def remove_command(
 
 def compact_command(
     collection: Optional[str] = _collection_option(),
-    debug: bool = _debug_option(),
+    debug: bool = debug_option(),
 ) -> None:
     """Drop removed items' vectors from disk and rebuild the index."""
-    from faste_mm.retriever import Retriever
+    from faste_mm.retrieval.maintenance import collection_path, compact
 
-    _setup_logging(debug)
+    setup_logging(debug)
     try:
-        dropped = Retriever.open(collection).compact()
+        dropped = compact(collection_path(collection))
     except FasteError as error:
         fail(error, debug)
     stdout.print(f"dropped {dropped} vectors")
@@ -296,14 +282,14 @@ def rebuild_index_command(
     index_type: Optional[str] = typer.Option(None, "--index-type", envvar="FASTE_MM_INDEX_TYPE",
                                              help="auto or a FAISS factory string; default: keep the current type."),
     collection: Optional[str] = _collection_option(),
-    debug: bool = _debug_option(),
+    debug: bool = debug_option(),
 ) -> None:
     """Rebuild the FAISS index from the stored vectors (no re-embedding)."""
-    from faste_mm.retriever import Retriever
+    from faste_mm.retrieval.maintenance import collection_path, rebuild_index
 
-    _setup_logging(debug)
+    setup_logging(debug)
     try:
-        factory = Retriever.open(collection).rebuild_index(index_type)
+        factory = rebuild_index(collection_path(collection), index_type)
     except FasteError as error:
         fail(error, debug)
     stdout.print(factory, highlight=False)

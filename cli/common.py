@@ -1,7 +1,10 @@
-"""Shared pieces of the CLI: consoles (results on stdout, messages on stderr) and error exit."""
+"""Shared pieces of the CLI: consoles (results on stdout, messages on stderr), the options every
+command that loads a model or may fail declares (--device, --debug), logging set-up, error exit."""
 
 from __future__ import annotations
 
+import logging
+import sys
 from typing import NoReturn
 
 import typer
@@ -11,8 +14,26 @@ from rich.markup import escape
 from faste_mm.errors import ConfigError, FasteError
 
 DEFAULT_MODEL = "Qwen/Qwen3-VL-Embedding-2B"
-stderr = Console(stderr=True)
-stdout = Console()
+# soft_wrap: a message is never hard-wrapped at the console width (a piped stderr has no width,
+# and rich would assume 80 columns and split paths and sentences across lines).
+stderr = Console(stderr=True, soft_wrap=True)
+stdout = Console(soft_wrap=True)
+
+
+def device_option():
+    """--device, for every command that loads a model."""
+    return typer.Option("auto", "--device", envvar="FASTE_MM_DEVICE", help="auto (CUDA when available) | cpu | cuda | cuda:N.")
+
+
+def debug_option():
+    """--debug, for every command that can fail."""
+    return typer.Option(False, "--debug", envvar="FASTE_MM_DEBUG", help="Show tracebacks and debug logs.")
+
+
+def setup_logging(debug: bool, level: int = logging.WARNING) -> None:
+    """Library logs to stderr: `level` and above (DEBUG with --debug)."""
+    logging.basicConfig(level=logging.DEBUG if debug else level, stream=sys.stderr,
+                        format="%(levelname)s: %(message)s", force=True)
 
 
 def unpadded_option():

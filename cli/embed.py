@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import logging
-import sys
 from pathlib import Path
 from typing import Optional
 
 import typer
 from rich.table import Table
 
-from faste_mm.cli.common import DEFAULT_MODEL, fail, stderr, stdout, unpadded_option
+from faste_mm.cli.common import DEFAULT_MODEL, debug_option, device_option, fail, setup_logging, stderr, stdout, unpadded_option
 from faste_mm.errors import ConfigError, FasteError
 
 def embed(
@@ -26,17 +24,17 @@ def embed(
     dim: Optional[int] = typer.Option(None, envvar="FASTE_MM_DIM", help="Matryoshka dimensions kept (default: all)."),
     batch_tokens: int = typer.Option(16384, envvar="FASTE_MM_BATCH_TOKENS", help="Padded tokens per batch."),
     unpadded: str = unpadded_option(),
-    device: str = typer.Option("auto", envvar="FASTE_MM_DEVICE", help="auto | cpu | cuda | cuda:N."),
+    device: str = device_option(),
     dtype: str = typer.Option("auto", envvar="FASTE_MM_DTYPE", help="auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16 | float16."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", envvar="FASTE_MM_OUT", help="Write the embeddings [n, d] float32 to this .npy file."),
     as_json: bool = typer.Option(False, "--json", help="Print the result summary as JSON on stdout."),
-    debug: bool = typer.Option(False, "--debug", envvar="FASTE_MM_DEBUG", help="Show tracebacks."),
+    debug: bool = debug_option(),
 ) -> None:
     """Embed texts, images and PDF pages; print stats (removal, FLOPs, trigger layer, timings)."""
     from faste_mm import BatchingConfig, Embedder, FastEConfig
-    from faste_mm.ingest import document_items
+    from faste_mm.retrieval.ingest import document_items
 
-    logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, stream=sys.stderr)
+    setup_logging(debug)
     try:
         files, unreadable = document_items(paths) if paths else ([], [])
         for reason in unreadable:

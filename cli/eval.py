@@ -6,15 +6,13 @@ into --out and prints the tables (or --json). Progress bars go to stderr.
 from __future__ import annotations
 
 import json
-import logging
-import sys
 from pathlib import Path
 from typing import Optional
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from faste_mm.cli.common import DEFAULT_MODEL, fail, image_root_option, parse_ratios, stderr, stdout, unpadded_option
+from faste_mm.cli.common import DEFAULT_MODEL, debug_option, device_option, fail, image_root_option, parse_ratios, setup_logging, stderr, stdout, unpadded_option
 from faste_mm.errors import FasteError
 
 _ALL_METHODS = "faste,fixed,fastv,random,block-last,downscale"
@@ -53,17 +51,17 @@ def eval_command(
     batch_tokens: int = typer.Option(16384, envvar="FASTE_MM_BATCH_TOKENS", help="Padded tokens per batch. Default 16384."),
     unpadded: str = unpadded_option(),
     chunk_items: int = typer.Option(256, envvar="FASTE_MM_CHUNK_ITEMS", help="Items serialized and length-sorted together (the first chunks are smaller). Default 256."),
-    device: str = typer.Option("auto", envvar="FASTE_MM_DEVICE", help="auto | cpu | cuda | cuda:N."),
+    device: str = device_option(),
     dtype: str = typer.Option("auto", envvar="FASTE_MM_DTYPE", help="auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16 | float16."),
     cache: bool = typer.Option(True, "--cache/--no-cache", envvar="FASTE_MM_EVAL_CACHE", help="Keep embeddings in --out/cache and resume from them. Default on."),
     as_json: bool = typer.Option(False, "--json", help="Print results.json on stdout instead of the tables."),
-    debug: bool = typer.Option(False, "--debug", envvar="FASTE_MM_DEBUG", help="Show tracebacks and debug logs."),
+    debug: bool = debug_option(),
 ) -> None:
     """Evaluate Full, FastE and baselines on MMEB MSCOCO_t2i / DocVQA / NIGHTS (Recall@1/5/10, nDCG@10)."""
     from faste_mm import BatchingConfig, Embedder
     from faste_mm.datasets import EvalConfig, download_tasks, evaluate, load_task, paper_table, resolve_tasks, summary_table, write_report
 
-    logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, stream=sys.stderr)
+    setup_logging(debug)
     try:
         config = EvalConfig(
             r_max=parse_ratios(r_max),

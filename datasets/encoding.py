@@ -16,11 +16,10 @@ from typing import Protocol
 
 import numpy as np
 
-from faste_mm.embedder import Embedder, EmbedStats
+from faste_mm.model.embedder import Embedder, EmbedStats
 from faste_mm.errors import ConfigError, FasteError
 from faste_mm.indexers.atomic_files import atomic_write
-from faste_mm.items import Item
-from faste_mm.serialization import VLSerializer
+from faste_mm.model.items import Item
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +143,7 @@ def downscale_pixels(embedder: Embedder, items: list[Item], r_max: float) -> lis
     image, or its size cannot be read (it is embedded unchanged and the encode reports it).
     """
     serializer = embedder.serializer
-    if not isinstance(serializer, VLSerializer):
+    if not embedder.family.is_multimodal:
         raise ConfigError(f"downscaling needs a vision-language model; {embedder.model_id} has no image processor")
     pixels_per_token = token_pixels(embedder)
     caps: list[int | None] = []

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from faste_mm.errors import ConfigError, InputError
-from faste_mm.items import Item
+from faste_mm.model.items import Item
 
 log = logging.getLogger(__name__)
 

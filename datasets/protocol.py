@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from faste_mm.compressors import FastEConfig
-from faste_mm.embedder import Embedder
+from faste_mm.model.faste import FastEConfig
+from faste_mm.model.embedder import Embedder
 from faste_mm.errors import ConfigError
 
 from faste_mm.datasets.encoding import (

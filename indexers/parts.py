@@ -80,7 +80,3 @@ def remove_orphans(root: Path, committed: set[int]) -> list[Path]:
         log.warning("%s: removed %d orphaned vector files left by an interrupted write",
                     root, len(removed))
     return removed
-
-
-def parts_size_bytes(root: Path) -> int:
-    return sum(p.stat().st_size for p in (root / VECTORS_DIR).iterdir() if p.is_file())

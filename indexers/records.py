@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import asdict, dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -17,7 +18,22 @@ import numpy as np
 
 from faste_mm.errors import ConfigError, InputError
 
-STATUSES = ("ok", "failed", "deleted")
+
+
+class Status(str, Enum):
+    """An item row's state: OK has a vector and is searchable, FAILED records why a file could not
+    be embedded (no vector), DELETED is a tombstone whose vector stays until `compact`. The values
+    are what meta.sqlite stores (its CHECK constraint names the same three)."""
+
+    OK = "ok"
+    FAILED = "failed"
+    DELETED = "deleted"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+STATUSES = tuple(status.value for status in Status)
 _HASH_CHUNK_BYTES = 1 << 20
 _NORM_TOLERANCE = 1e-2
 
@@ -40,7 +56,7 @@ class ItemRecord:
     metadata: Mapping[str, Any] | None = None
     error: str | None = None
     id: int | None = None
-    status: str = "ok"
+    status: Status = Status.OK
     added_at: float | None = None
 
     def __post_init__(self) -> None:
@@ -55,6 +71,7 @@ class ItemRecord:
         if self.status not in STATUSES:
             raise InputError(f"{self.uri}: ItemRecord.status must be one of {STATUSES}, "
                              f"got {self.status!r}")
+        object.__setattr__(self, "status", Status(self.status))  # as read from SQLite: a str
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

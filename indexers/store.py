@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
 from faste_mm.errors import CollectionError
-from faste_mm.indexers.records import ItemRecord
+from faste_mm.indexers.records import ItemRecord, Status
 
 log = logging.getLogger(__name__)
 
@@ -211,6 +211,10 @@ class MetaStore:
               part, row if part is not None else None)
              for row, (i, r) in enumerate(zip(ids, records))])
 
+    def purge_tombstones(self) -> None:
+        """Delete the tombstoned rows (`compact`, once their vectors are gone from the new parts)."""
+        self.db.execute("DELETE FROM items WHERE status = 'deleted'")
+
     def tombstone_ids(self, ids: Sequence[int]) -> int:
         cur = self.db.executemany(
             "UPDATE items SET status = 'deleted' WHERE id = ? AND status = 'ok'",
@@ -288,12 +292,12 @@ class MetaStore:
         for uri, size, mtime, status in rows:
             prev = stats.get(uri)
             # Any failed page marks the whole file failed, so `retry_failed` can re-embed it.
-            if prev is None or status == "failed":
+            if prev is None or status == Status.FAILED:
                 stats[uri] = (size, mtime, status)
         return stats
 
     def counts(self) -> dict[str, int]:
-        counts = {"ok": 0, "failed": 0, "deleted": 0}
+        counts = {status.value: 0 for status in Status}
         counts.update(self.db.execute(
             "SELECT status, count(*) FROM items GROUP BY status").fetchall())
         return counts

@@ -8,8 +8,8 @@ from dataclasses import replace
 import pytest
 from typer.testing import CliRunner
 
-from faste_mm.bench import BenchConfig, SettingResult, Timing, _relative_to, flops_implied_speedup
-from faste_mm.bench_models import SHAPES, build_config, count_params
+from faste_mm.tools.bench import BenchConfig, SettingResult, Timing, _relative_to, flops_implied_speedup
+from faste_mm.tools.shapes import SHAPES, build_config, count_params
 from faste_mm.cli.app import app
 from faste_mm.errors import ConfigError
 
@@ -109,7 +109,7 @@ def test_bench_compares_unpadded_layouts_on_variable_length_texts(model_dirs):
 def test_text_length_ranges_are_drawn_within_the_bounds(tmp_path):
     from transformers import AutoTokenizer
 
-    from faste_mm.bench_inputs import make_inputs
+    from faste_mm.tools.bench_inputs import make_inputs
     from faste_mm.testing import qwen_tokenizer_dir
 
     tokenizer = AutoTokenizer.from_pretrained(str(qwen_tokenizer_dir()))

@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from faste_mm import BatchingConfig, ConfigError, Embedder, FastEConfig
-from faste_mm.batching import plan_batches
-from faste_mm.decoder_state import DecoderState
-from faste_mm.ranking import block_last_scores, plan_keep, prefix_budgets
+from faste_mm.model.batching import plan_batches
+from faste_mm.model.decoder_state import DecoderState
+from faste_mm.model.ablations import block_last_scores
+from faste_mm.model.faste import plan_keep, prefix_budgets
 
 
 @pytest.mark.parametrize("r_max", [0.0, 0.3, 0.5, 0.7, 0.99])
@@ -168,7 +169,7 @@ def test_a_bad_item_stops_the_pipeline_cleanly_and_a_later_call_still_works(vl_e
 
 
 def test_preprocessing_crashes_surface_in_the_caller():
-    from faste_mm.prefetch import prefetch_batches
+    from faste_mm.model.prefetch import prefetch_batches
 
     def explode(index):
         raise SystemExit("worker died")  # not an Exception: must not be recorded as an item failure
@@ -180,8 +181,8 @@ def test_preprocessing_crashes_surface_in_the_caller():
 def test_the_model_starts_after_a_small_first_chunk_not_a_whole_one():
     """Length sorting needs a whole chunk serialized, so the first chunks are small (16, then
     doubling up to chunk_items): the first batch is ready after 16 items, not 256."""
-    from faste_mm.prefetch import FIRST_CHUNK_ITEMS, _ramped_chunks, prefetch_batches
-    from faste_mm.serialization import Serialized
+    from faste_mm.model.prefetch import FIRST_CHUNK_ITEMS, _ramped_chunks, prefetch_batches
+    from faste_mm.model.serialization import Serialized
 
     assert [len(c) for c in _ramped_chunks(list(range(150)), 40)] == [16, 32, 40, 40, 22]
     assert [len(c) for c in _ramped_chunks(list(range(5)), 256)] == [5]
@@ -199,9 +200,9 @@ def test_the_model_starts_after_a_small_first_chunk_not_a_whole_one():
 def test_fastv_scores_equal_a_naive_full_attention_matrix_per_row(vl_embedder, mixed_items):
     """FastV-style scores: the attention each prefix key receives, averaged over heads and the
     sampled query rows, from a full per-row [T, T] causal softmax computed the plain way."""
-    from faste_mm.batching import collate
-    from faste_mm.items import as_item
-    from faste_mm.ranking import fastv_attention
+    from faste_mm.model.batching import collate
+    from faste_mm.model.items import as_item
+    from faste_mm.model.ablations import fastv_attention
 
     backbone = vl_embedder.backbone
     serialized = [backbone.with_positions(vl_embedder.serializer(as_item(x, i), None)) for i, x in enumerate(mixed_items)]

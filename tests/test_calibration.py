@@ -16,18 +16,17 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from faste_mm import Embedder, FastEConfig, Item
-from faste_mm.calibration import (
+from faste_mm.tools.calibration import (
     CalibrationConfig,
     Labels,
     calibrate,
     evaluate_thetas,
-    load_calibration,
     recommend,
-    save_calibration,
     trigger_layers,
 )
+from faste_mm.retrieval.calibrations import load_calibration, save_calibration
 from faste_mm.cli.app import app
-from faste_mm.compressors import ThresholdTrigger
+from faste_mm.model.faste import ThresholdTrigger
 from faste_mm.datasets.metrics import gold_ranks, score_ranks
 from faste_mm.errors import InputError
 
@@ -132,7 +131,7 @@ def test_recommendation_needs_every_larger_theta_to_pass():
 
 
 def test_reports_match_real_faste_runs_at_each_theta(vl_embedder, mixed_items):
-    calibration = vl_embedder.calibrate(mixed_items, r_max=0.5, target=0.999, warmup_layer=2)
+    calibration = calibrate(vl_embedder, mixed_items, CalibrationConfig(r_max=0.5, target=0.999, warmup_layer=2))
     assert sorted(calibration.distortion) == [2, 3, 4, 5]
     full = vl_embedder.encode_documents(mixed_items).embeddings
     for report in calibration.thetas[:: max(1, len(calibration.thetas) // 3)]:
@@ -146,7 +145,7 @@ def test_reports_match_real_faste_runs_at_each_theta(vl_embedder, mixed_items):
 
 def test_each_document_is_serialized_once_for_all_passes(vl_embedder, mixed_items):
     embedder, calls = _counting(vl_embedder)
-    calibration = embedder.calibrate(mixed_items, r_max=0.5, target=0.999, warmup_layer=2)
+    calibration = calibrate(embedder, mixed_items, CalibrationConfig(r_max=0.5, target=0.999, warmup_layer=2))
     assert sorted(calibration.distortion) == [2, 3, 4, 5]  # the full pass and 4 trigger layers ran
     assert len(calls) == len(mixed_items) and len(set(calls)) == len(mixed_items)
 
@@ -191,7 +190,7 @@ def test_labels_that_do_not_fit_the_inputs_are_refused_before_any_model_run(vl_e
 
 
 def test_saved_calibration_is_keyed_by_model_and_a_mismatch_is_ignored_with_a_message(vl_embedder, mixed_items, tmp_path, caplog):
-    calibration = vl_embedder.calibrate(mixed_items[:3], r_max=0.5, target=0.9, warmup_layer=2)
+    calibration = calibrate(vl_embedder, mixed_items[:3], CalibrationConfig(r_max=0.5, target=0.9, warmup_layer=2))
     path = save_calibration(calibration, tmp_path / "calibrations.json")
     assert load_calibration(calibration.model_id, None, path).threshold == calibration.threshold
     with caplog.at_level(logging.INFO):

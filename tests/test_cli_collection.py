@@ -69,7 +69,7 @@ def test_options_come_from_environment_and_the_default_collection_lives_in_user_
     invoke("index", root, env=env)
     default = tmp_path / "data" / "faste-mm" / "collections" / "default"
     with Collection.open(default) as col:
-        assert col.manifest.fast_e["r_max"] == 0.25 and col.info().n_ok == 1  # b.gif excluded
+        assert col.manifest.fast_e.r_max == 0.25 and col.info().n_ok == 1  # b.gif excluded
     assert invoke("search", "--image", root / "a.png", "--format", "paths", env=env).stdout.strip() == str(
         (root / "a.png").resolve())
     env["FASTE_MM_COLLECTION"] = "photos"

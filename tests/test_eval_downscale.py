@@ -17,8 +17,8 @@ from faste_mm.datasets import EvalConfig, Setting, evaluate, evaluate_task, load
 from faste_mm.datasets import protocol
 from faste_mm.datasets.encoding import DEFAULT_TOKEN_PIXELS, downscale_pixels, encode_downscaled, fingerprint, token_pixels
 from faste_mm.errors import ConfigError, InputError
-from faste_mm.items import expand_items
-from faste_mm.serialization import VLSerializer
+from faste_mm.model.items import expand_items
+from faste_mm.model.serialization import VLSerializer
 
 from tests.eval_fixtures import eval_data_dir, eval_model_dir  # noqa: F401  (fixtures)
 

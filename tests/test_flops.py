@@ -6,8 +6,8 @@ from PIL import Image
 from torch.utils.flop_counter import FlopCounterMode
 
 from faste_mm import FastEConfig, Item
-from faste_mm.batching import collate
-from faste_mm.flops import DecoderShape, batch_flops, flops_reduction, full_batch_flops, layer_flops, vision_flops
+from faste_mm.model.batching import collate
+from faste_mm.model.flops import DecoderShape, batch_flops, flops_reduction, full_batch_flops, layer_flops, vision_flops
 
 QWEN3_VL_2B = DecoderShape(num_layers=28, hidden=2048, intermediate=6144, heads=16, kv_heads=8, head_dim=128)
 

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from transformers import AutoModel, Qwen3VLModel
 
 from faste_mm import FastEConfig
-from faste_mm.items import as_item
+from faste_mm.model.items import as_item
 
 from .reference import init_text_sample, init_vl_sample, naive_embed
 

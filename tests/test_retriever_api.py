@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from faste_mm import BatchingConfig, Embedder, FastEConfig, Item
-from faste_mm.embedder import EmbedResult
+from faste_mm.model.embedder import EmbedResult
 from faste_mm.errors import CollectionError, ConfigError, InputError, ModelLoadError
 from faste_mm.indexers import Collection
-from faste_mm.retriever import DEFAULT_QUERY_INSTRUCTION, IndexOptions, ModelSpec, Retriever, collection_path
+from faste_mm.retrieval.retriever import DEFAULT_QUERY_INSTRUCTION, IndexOptions, ModelSpec, Retriever, collection_path
 
 from tests.test_retriever_scanning import (
     CORPUS_EMBEDDED,

@@ -7,7 +7,7 @@ import torch
 from PIL import Image
 
 from faste_mm import Item
-from faste_mm.serialization import normalize_instruction
+from faste_mm.model.serialization import normalize_instruction
 
 VISION_START, IMAGE_PAD, VISION_END, IM_START, IM_END = 151652, 151655, 151653, 151644, 151645
 NEWLINE, ASSISTANT = 198, 77091
@@ -135,7 +135,7 @@ def test_with_serializer_shares_weights_and_changes_the_pixel_cap(vl_embedder, t
 
 
 def test_eos_readout_is_appended_once_even_if_the_tokenizer_adds_it():
-    from faste_mm.serialization import TextPrompt, TextSerializer
+    from faste_mm.model.serialization import TextPrompt, TextSerializer
 
     class AppendsEos:  # like the published Qwen3-Embedding tokenizer's post-processor
         eos_token_id = 2
@@ -152,8 +152,8 @@ def test_eos_readout_is_appended_once_even_if_the_tokenizer_adds_it():
 def test_mrope_positions_from_the_workers_equal_get_rope_index_on_the_batch(vl_embedder, mixed_items):
     """Positions are computed per item in the preprocessing workers; collated, they must equal
     the model's own get_rope_index over the padded batch (text-only rows included)."""
-    from faste_mm.batching import collate
-    from faste_mm.items import as_item
+    from faste_mm.model.batching import collate
+    from faste_mm.model.items import as_item
 
     backbone = vl_embedder.backbone
     serialized = [backbone.with_positions(vl_embedder.serializer(as_item(x, i), None)) for i, x in enumerate(mixed_items)]

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from faste_mm import BatchingConfig, Embedder, FastEConfig
-from faste_mm.batching import UNPADDED_MODES
-from faste_mm import unpadded as unpadded_module
+from faste_mm.model.batching import UNPADDED_MODES
+from faste_mm.model import unpadded as unpadded_module
 from faste_mm.errors import ConfigError
-from faste_mm.unpadded import KERNELS, PADDED, Unpadded, attend_segments
+from faste_mm.model.unpadded import KERNELS, PADDED, Unpadded, attend_segments
 
 from .test_forward_equivalence import TEXTS
 
@@ -144,8 +144,8 @@ def test_unpadded_settings_are_validated_with_the_valid_choices():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA kernels; run on a GPU machine")
 @pytest.mark.parametrize("name", ["torch-nested", "flash-attn"])
 def test_cuda_kernels_match_the_segments_reference(name):
-    from faste_mm.decoder_state import PackedState
-    from faste_mm.unpadded import kernel_unavailable
+    from faste_mm.model.decoder_state import PackedState
+    from faste_mm.model.unpadded import kernel_unavailable
 
     device, dtype = torch.device("cuda"), torch.bfloat16
     if kernel_unavailable(name, device, dtype):

@@ -16,12 +16,14 @@ from sentence_transformers import SentenceTransformer
 from sentence_transformers.base.modules import InputModule, Normalize, Transformer
 from sentence_transformers.sentence_transformer.modules import Pooling
 
-from faste_mm.backbones.loading import assemble, defaults_for
-from faste_mm.batching import Batch, BatchingConfig
-from faste_mm.compressors import FastE, FastEConfig
-from faste_mm.embedder import Embedder
+from faste_mm.model.backbones.loading import assemble
+from faste_mm.model.backbones.registry import Family, family_for
+from faste_mm.model.batching import Batch, BatchingConfig
+from faste_mm.model.ablations import policy_for
+from faste_mm.model.faste import FastE, FastEConfig
+from faste_mm.model.embedder import Embedder
 from faste_mm.errors import ConfigError, FasteError, InputError, ModelLoadError
-from faste_mm.runner import run_decoder
+from faste_mm.model.runner import run_decoder, settle_kernel
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +60,7 @@ def enable_faste(
     _check_pipeline(model, transformer)
     embedder = embedder_from_sentence_transformer(model)
     resolved = embedder.resolve_fast_e(fast_e)
-    policy = FastE(resolved, embedder.backbone.shape.num_layers)
+    policy = policy_for(resolved, embedder.backbone.shape.num_layers)
     model[0] = FastETransformer(transformer, embedder, policy, apply_to)
     log.info("FastE enabled for %s (%s): %s", embedder.model_id, apply_to, resolved.to_dict())
     return model
@@ -85,9 +87,9 @@ def embedder_from_sentence_transformer(model: SentenceTransformer, batching: Bat
     transformer = _transformer_module(model)
     hf_model = transformer.model
     model_id = str(getattr(hf_model.config, "_name_or_path", "") or "sentence-transformers model")
-    defaults_for(hf_model.config.model_type, model_id)  # "not supported" before looking inside
-    base = _base_model(hf_model, hf_model.config.model_type, model_id)
-    preprocessor = transformer.processor if base.config.model_type == "qwen3_vl" else transformer.tokenizer
+    family = family_for(hf_model.config.model_type, model_id)  # "not supported" before looking inside
+    base = _base_model(hf_model, family, model_id)
+    preprocessor = transformer.processor if family.is_multimodal else transformer.tokenizer
     return Embedder(assemble(base, preprocessor, model_id), batching)
 
 
@@ -127,7 +129,9 @@ class FastETransformer(InputModule):
         if self.training and torch.is_grad_enabled():
             raise FasteError("FastE is inference-only; call disable_faste(model) before training")
         batch, readout = batch_from_features(features, self.embedder.loaded.pad_token_id)
-        vectors, trace = run_decoder(self.embedder.backbone, batch, self.policy, self.embedder.unpadded)  # [B, H] unit vectors
+        backbone = self.embedder.backbone
+        kernel = settle_kernel(backbone, batch, self.policy, self.embedder.unpadded)
+        vectors, trace = run_decoder(backbone, batch, self.policy, kernel)  # [B, H] unit vectors
         log.debug(
             "FastE batch of %d: trigger layer %s, kept %d of %d prefix tokens",
             trace.batch_size,
@@ -290,13 +294,14 @@ def _check_pipeline(model: SentenceTransformer, transformer: Transformer) -> Non
         )
 
 
-def _base_model(hf_model: torch.nn.Module, model_type: str, model_id: str) -> torch.nn.Module:
+def _base_model(hf_model: torch.nn.Module, family: Family, model_id: str) -> torch.nn.Module:
     """The base model under a task head (`.model` of *ForConditionalGeneration / *ForCausalLM)."""
     candidates = [hf_model, getattr(hf_model, "model", None)]
-    if model_type == "qwen3_vl":
-        from transformers import Qwen3VLModel
+    if family.is_multimodal:
+        import transformers
 
-        found = [c for c in candidates if isinstance(c, Qwen3VLModel)]
+        base_class = getattr(transformers, family.hf_classes[0])
+        found = [c for c in candidates if isinstance(c, base_class)]
     else:
         parts = ("embed_tokens", "layers", "norm", "rotary_emb")
         found = [c for c in candidates if c is not None and all(hasattr(c, part) for part in parts)]

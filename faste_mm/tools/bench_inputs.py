@@ -38,7 +38,7 @@ def make_inputs(spec: str, n: int, workdir: Path, tokenizer) -> list:
         return [_write_image(workdir, i, width, height, rng) if kind == "image" else _write_page(workdir, i, width, height, rng) for i in range(n)]
     folder = Path(spec)
     if folder.is_dir():
-        from faste_mm.ingest import document_items
+        from faste_mm.retrieval.ingest import document_items
 
         items, _ = document_items([folder])
         if not items:

@@ -13,21 +13,22 @@ fidelity meets the target, i.e. the most savings at the requested fidelity.
 from __future__ import annotations
 
 import datetime
-import json
 import logging
 from collections import Counter
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
-from faste_mm.compressors import AlignmentProbe, FastE, FastEConfig, ThresholdTrigger, first_checked_layer
-from faste_mm.embedder import item_failure
-from faste_mm.errors import CollectionError, ConfigError, InputError
-from faste_mm.flops import batch_flops, full_batch_flops
-from faste_mm.items import Failure, Item, expand_items
-from faste_mm.prefetch import ItemError
-from faste_mm.runner import run_decoder
+from faste_mm.model.ablations import AlignmentProbe
+from faste_mm.model.faste import FastE, FastEConfig, ThresholdTrigger, first_checked_layer
+from faste_mm.model.embedder import item_failure
+from faste_mm.errors import ConfigError, InputError
+from faste_mm.model.flops import batch_flops, full_batch_flops
+from faste_mm.model.items import Failure, Item, expand_items
+from faste_mm.model.prefetch import ItemError
+from faste_mm.model.runner import run_decoder, settle_kernel
+from faste_mm.retrieval.calibrations import Calibration, ThetaReport
 
 log = logging.getLogger(__name__)
 
@@ -87,59 +88,6 @@ class Labels:
                     f"Labels: query {query} lists candidate {bad[0]}, but there are {n_inputs} calibration inputs "
                     f"(0..{n_inputs - 1}); the lists index the inputs passed to calibrate"
                 )
-
-
-@dataclass(frozen=True, slots=True)
-class ThetaReport:
-    """What one candidate theta would do on the sample."""
-
-    theta: float
-    trigger_layers: dict[int, int]  # layer -> number of batches triggering there
-    mean_trigger_layer: float
-    mean_cos: float
-    p5_cos: float
-    flops_reduction: float
-    meets_target: bool
-    recall_retention: dict | None = None  # with labelled data: {"recall@1": .., "recall@10": ..}
-
-
-@dataclass(frozen=True, slots=True)
-class Calibration:
-    model_id: str
-    revision: str | None
-    r_max: float
-    warmup_layer: int
-    target: float
-    p5_floor: float
-    sample_size: int  # documents (rows) embedded in every pass; skipped ones excluded
-    created: str  # ISO date
-    threshold: float | None  # the recommendation; None when no candidate meets the target
-    alignment: list[list[float]]  # per batch: batch-mean alignment before each layer
-    distortion: dict[int, float]  # trigger layer -> mean 1 - cos(z_full, z_l)
-    thetas: list[ThetaReport] = field(default_factory=list)
-    skipped: list[str] = field(default_factory=list)  # why each unreadable document was left out
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "Calibration":
-        data = dict(data)
-        data["distortion"] = {int(k): v for k, v in data["distortion"].items()}
-        reports = []
-        for report in data.get("thetas", []):
-            report = dict(report)
-            report["trigger_layers"] = {int(k): v for k, v in report["trigger_layers"].items()}
-            reports.append(ThetaReport(**report))
-        data["thetas"] = reports
-        return cls(**data)
-
-    def describe(self) -> str:
-        """Where a theta came from, for manifests and `info`."""
-        return (
-            f"calibrated {self.created}: target cos {self.target:g} at r_max {self.r_max:g}, "
-            f"{self.sample_size} items"
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -323,13 +271,14 @@ def _run_passes(embedder, items: list[Item], sources: list[int], broken: list[Fa
             failures.append(item_failure(items, sources, element))  # the reasons `encode` gives
             continue
         batch = element.to(backbone.device)  # copied once, run by every pass
-        vectors, trace = run_decoder(backbone, batch, AlignmentProbe(), embedder.unpadded)
+        vectors, trace = run_decoder(backbone, batch, AlignmentProbe())
         full[batch.rows] = vectors.cpu().numpy()
         rows.append(list(batch.rows))
         curves.append([value for _, value in trace.alignment])
         flops_full.append(full_batch_flops(shape, trace.batch_size, trace.padded_lengths[0]))
         for layer, policy in policies.items():
-            vectors, trace = run_decoder(backbone, batch, policy, embedder.unpadded)
+            kernel = settle_kernel(backbone, batch, policy, embedder.unpadded)
+            vectors, trace = run_decoder(backbone, batch, policy, kernel)
             by_layer[layer][batch.rows] = vectors.cpu().numpy()
             flops_by_layer[layer].append(batch_flops(shape, trace.batch_size, trace.padded_lengths))
     failures.sort(key=lambda failure: failure.index)
@@ -351,67 +300,6 @@ def _default_thetas(curves: np.ndarray, warmup: int) -> list[float]:
     low = np.floor(observed.min() * 20) / 20
     high = np.ceil(observed.max() * 20) / 20 + 0.05
     return [round(t, 4) for t in np.arange(low, high + 1e-9, 0.05)]
-
-
-# -- saved calibrations: one small JSON file per user, keyed by model id and revision --
-
-
-def calibrations_file() -> Path:
-    import platformdirs
-
-    return Path(platformdirs.user_config_dir("faste-mm")) / "calibrations.json"
-
-
-def _key(model_id: str, revision: str | None) -> str:
-    return f"{model_id}@{revision or 'main'}"
-
-
-def check_collection_target(root: Path, manifest, model_id: str, revision: str | None, *, revision_known: bool = True) -> None:
-    """Raise unless a theta calibrated on `model_id` at `revision` can be recorded in the collection
-    at `root` (its `Manifest`): the same model, and FastE on (r_max > 0). `faste-mm calibrate --save
-    -c` checks this before the model loads (revision_known=False: only the loaded model knows its
-    revision), so a long run is never thrown away at the end; recording it checks again, fully."""
-    if manifest.model_id != model_id or (revision_known and manifest.model_revision != revision):
-        raise CollectionError(
-            f"{root}: the collection embeds with {manifest.model_id}, the calibration is for "
-            f"{model_id}; calibrate with --model {manifest.model_id}"
-        )
-    if not manifest.fast_e:
-        raise ConfigError(f"{root}: the collection uses the full forward (r_max 0); there is no theta to set")
-
-
-def save_calibration(calibration: Calibration, path: Path | None = None) -> Path:
-    """Store (replacing an older one for the same model and revision); returns the file."""
-    from faste_mm.indexers.atomic_files import atomic_write_bytes
-
-    path = path or calibrations_file()
-    saved = json.loads(path.read_text()) if path.exists() else {}
-    saved[_key(calibration.model_id, calibration.revision)] = calibration.to_dict()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(path, json.dumps(saved, indent=2).encode())
-    return path
-
-
-def load_calibration(model_id: str, revision: str | None, path: Path | None = None) -> Calibration | None:
-    """The saved calibration of this model and revision, or None (saying why in the log)."""
-    path = path or calibrations_file()
-    if not path.exists():
-        return None
-    try:
-        saved = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as error:
-        log.warning("%s: unreadable calibration file (%s); using the backbone default theta", path, error)
-        return None
-    entry = saved.get(_key(model_id, revision))
-    if entry is None:
-        if saved:
-            log.info(
-                "saved calibrations are for other models (%s), not %s; using the backbone default theta",
-                ", ".join(sorted(saved)),
-                _key(model_id, revision),
-            )
-        return None
-    return Calibration.from_dict(entry)
 
 
 def plot_calibration(calibration: Calibration, path: Path) -> Path:

@@ -20,11 +20,11 @@ from typing import Callable
 import numpy as np
 import torch
 
-from faste_mm.batching import UNPADDED_MODES, BatchingConfig
-from faste_mm.compressors import FastEConfig
-from faste_mm.embedder import EmbedResult, Embedder, EmbedStats
+from faste_mm.model.batching import UNPADDED_MODES, BatchingConfig
+from faste_mm.model.faste import FastEConfig
+from faste_mm.model.embedder import EmbedResult, Embedder, EmbedStats
 from faste_mm.errors import ConfigError, InputError
-from faste_mm.items import Item, as_item
+from faste_mm.model.items import Item, as_item
 
 COMPARISONS = ("hf", "sentence-transformers")
 

@@ -9,9 +9,9 @@ remaining layer on real tokens only, with one of these variable-length attention
   segments      one causal SDPA call per row (any device; slow on GPUs, the portable reference)
 
 `Unpadded` holds the choice ("auto", "off" or a kernel name). "auto" on CUDA runs a trial on the
-first compressed batch: the remaining layers once padded and once per available CUDA kernel
-(each after a warm-up run), keeps the fastest whose vectors agree with the padded ones, and
-records the timings; every later batch uses that choice. "auto" on a CPU is "segments" without a
+first compressed batch (`runner.settle_kernel`, before the batch's real forward): the batch once
+padded and once per available CUDA kernel (each after a warm-up run), keeps the fastest whose
+vectors agree with the padded ones, and records the timings; every later batch uses that choice. "auto" on a CPU is "segments" without a
 trial: measured there it matched the padded layers within noise on equal lengths and was up to
 18% faster on mixed lengths (docs/benchmarks.md): it skips the padding, and CPU SDPA runs faster
 causal than masked.
@@ -22,13 +22,14 @@ from __future__ import annotations
 import importlib.util
 import logging
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
-from faste_mm.batching import UNPADDED_MODES
-from faste_mm.decoder_state import PackedState
+from faste_mm.model.batching import UNPADDED_MODES
+from faste_mm.model.decoder_state import PackedState
 from faste_mm.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -99,12 +100,19 @@ def kernel_unavailable(name: str, device: torch.device, dtype: torch.dtype) -> s
     return None
 
 
+@dataclass(frozen=True, slots=True)
+class PackedKernel:
+    """A variable-length attention kernel the runner hands packed rows to, with its name for traces."""
+
+    name: str
+    attend: Kernel
+
+
 class Unpadded:
     """Which attention the layers after compression use; settles "auto" by a one-time trial.
 
     `choice` is PADDED or a kernel name once settled (None while "auto" has not seen a batch);
-    `trial` maps each tried option to its seconds for the remaining layers of the trial batch,
-    or to why it was rejected.
+    `trial` maps each tried option to its seconds for the trial batch, or to why it was rejected.
     """
 
     def __init__(self, mode: str, device: torch.device, dtype: torch.dtype, candidates: dict[str, Kernel] | None = None) -> None:
@@ -129,31 +137,36 @@ class Unpadded:
         elif not candidates:
             self.choice = PADDED  # "auto" on CUDA without a usable kernel: nothing to try
 
-    def kernel(self, name: str) -> Kernel | None:
-        return None if name == PADDED else (self.candidates.get(name) or KERNELS[name])
+    def kernel(self, name: str) -> PackedKernel | None:
+        """The named option as the runner takes it: None for the padded layers."""
+        if name == PADDED:
+            return None
+        return PackedKernel(name, self.candidates.get(name) or KERNELS[name])
 
-    def settle(self, finish: Callable[[Kernel | None], torch.Tensor]) -> str:
-        """The choice, running the trial first if "auto" has none yet.
+    def settle(self, run: Callable[[PackedKernel | None], torch.Tensor]) -> PackedKernel | None:
+        """The chosen kernel, running the trial first if "auto" has none yet.
 
-        `finish(kernel)` runs the remaining layers of the current batch (kernel None = padded)
-        and returns the [B, H] readout states.
+        `run(kernel)` embeds the trial batch with that kernel after compression (None = padded)
+        and returns its [B, H] vectors. Each option runs once to warm up (kernel selection,
+        allocator, lazy imports) and once timed; the fastest whose vectors agree with the padded
+        ones wins, and the timings stay in `trial`.
         """
         if self.choice is not None:
-            return self.choice
+            return self.kernel(self.choice)
         reference = None
         timings: dict[str, float] = {}
         for name in (PADDED, *self.candidates):
             try:
-                finish(self.kernel(name))  # warm-up: kernel selection, allocator, lazy imports
-                elapsed, readout = self._timed(lambda: finish(self.kernel(name)))
+                run(self.kernel(name))
+                elapsed, vectors = self._timed(lambda: run(self.kernel(name)))
             except Exception as error:  # a kernel this GPU or build cannot run is skipped, never fatal
                 self.trial[name] = f"failed: {type(error).__name__}: {error}"
                 log.warning("unpadded attention %s failed its trial: %s", name, error)
                 continue
             if reference is None:
-                reference = readout
+                reference = vectors
             else:
-                agreement = float(F.cosine_similarity(readout.float(), reference.float(), dim=-1).min())
+                agreement = float(F.cosine_similarity(vectors.float(), reference.float(), dim=-1).min())
                 if agreement < AGREEMENT_MIN_COSINE:
                     self.trial[name] = f"rejected: readout cosine to padded {agreement:.5f} < {AGREEMENT_MIN_COSINE}"
                     log.warning("unpadded attention %s disagrees with the padded layers (cosine %.5f)", name, agreement)
@@ -162,7 +175,7 @@ class Unpadded:
             timings[name] = elapsed
         self.choice = min(timings, key=timings.get) if timings else PADDED
         log.info("attention after compression: %s (trial seconds: %s)", self.choice, self.trial)
-        return self.choice
+        return self.kernel(self.choice)
 
     def _timed(self, run: Callable[[], torch.Tensor]) -> tuple[float, torch.Tensor]:
         self._synchronize()

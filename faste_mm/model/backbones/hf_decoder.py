@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import torch
 
-from faste_mm.backbones.base import Backbone
-from faste_mm.batching import Batch
-from faste_mm.decoder_state import DecoderState
+from faste_mm.model.backbones.base import Backbone
+from faste_mm.model.batching import Batch
+from faste_mm.model.decoder_state import DecoderState
 
 
 class HFDecoderBackbone(Backbone):

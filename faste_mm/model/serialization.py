@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import unicodedata
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal
 
 import torch
 from PIL import Image
 
 from faste_mm.errors import ConfigError, InputError
-from faste_mm.items import Item, load_image, read_image_size
+from faste_mm.model.items import Item, load_image, read_image_size
 
 DEFAULT_INSTRUCTION = "Represent the user's input."
 
@@ -55,10 +55,6 @@ class Serialized:
     @property
     def length(self) -> int:
         return int(self.input_ids.shape[0])
-
-
-class Serializer(Protocol):
-    def __call__(self, item: Item, instruction: str | None) -> Serialized: ...
 
 
 def normalize_instruction(instruction: str | None) -> str:

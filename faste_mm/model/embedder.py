@@ -13,17 +13,18 @@ from typing import Callable, Iterable, Iterator, Literal
 import numpy as np
 import torch
 
-from faste_mm.backbones.loading import LoadedModel, load_model
-from faste_mm.batching import Batch, BatchingConfig
-from faste_mm.compressors import AlignmentProbe, FastE, FastEConfig, Full
+from faste_mm.model.backbones.loading import LoadedModel, load_model
+from faste_mm.model.batching import Batch, BatchingConfig
+from faste_mm.model.ablations import policy_for
+from faste_mm.model.faste import FastEConfig
 from faste_mm.errors import ConfigError, FasteError, InputError
-from faste_mm.flops import DecoderShape, batch_flops, flops_reduction, full_batch_flops, removed_share, vision_flops
-from faste_mm.items import Failure, Item, expand_items
-from faste_mm.pooling import truncate_dim
-from faste_mm.prefetch import ItemError, PrepTimer, prefetch_batches
-from faste_mm.runner import BatchTrace, run_decoder
-from faste_mm.serialization import SerializerConfig, Serialized, TextPrompt, TextSerializer, VLSerializer
-from faste_mm.unpadded import Unpadded
+from faste_mm.model.flops import DecoderShape, batch_flops, flops_reduction, full_batch_flops, removed_share, vision_flops
+from faste_mm.model.items import Failure, Item, expand_items
+from faste_mm.model.pooling import truncate_dim
+from faste_mm.model.prefetch import ItemError, PrepTimer, prefetch_batches
+from faste_mm.model.runner import BatchTrace, run_decoder, settle_kernel
+from faste_mm.model.serialization import SerializerConfig, Serialized, TextPrompt
+from faste_mm.model.unpadded import Unpadded
 
 log = logging.getLogger(__name__)
 
@@ -129,9 +130,9 @@ class Embedder:
         self.loaded = loaded
         self.backbone = loaded.backbone
         self.serializer = loaded.serializer
-        self.defaults = loaded.defaults
+        self.family = loaded.family
         self.batching = batching or BatchingConfig()
-        # settled once per Embedder (the "auto" trial runs on the first compressed batch)
+        # settled once per Embedder (the "auto" trial runs on the first compressed batch: settle_kernel)
         self.unpadded = Unpadded(self.batching.unpadded, self.backbone.device, self.backbone.dtype)
 
     @classmethod
@@ -163,13 +164,6 @@ class Embedder:
         )
         return cls(loaded, batching)
 
-    @classmethod
-    def from_sentence_transformer(cls, model, batching: BatchingConfig | None = None) -> "Embedder":
-        """Wrap a loaded sentence-transformers model: same weights, nothing loaded twice. Needs faste-mm[st]."""
-        from faste_mm.integrations.sentence_transformers import embedder_from_sentence_transformer
-
-        return embedder_from_sentence_transformer(model, batching)
-
     @property
     def model_id(self) -> str:
         return self.loaded.model_id
@@ -180,11 +174,8 @@ class Embedder:
 
     def with_serializer(self, config: SerializerConfig) -> "Embedder":
         """The same weights with other image/length settings (e.g. a lower max_pixels)."""
-        old = self.serializer
-        if isinstance(old, VLSerializer):
-            new = VLSerializer(old.processor, config)
-        else:
-            new = TextSerializer(old.tokenizer, old.prompt, config.max_length)
+        prompt = getattr(self.serializer, "prompt", None)
+        new = self.family.serializer(self.loaded.preprocessor, config, prompt)
         return Embedder(replace(self.loaded, serializer=new), self.batching)
 
     def with_batching(self, config: BatchingConfig) -> "Embedder":
@@ -193,7 +184,7 @@ class Embedder:
 
     def resolve_fast_e(self, fast_e: FastEConfig | None) -> FastEConfig | None:
         """Fill backbone defaults (l_w, theta) into a config; None stays None (full forward)."""
-        return None if fast_e is None else fast_e.resolved(self.defaults, self.backbone.shape.num_layers)
+        return None if fast_e is None else fast_e.resolved(self.family, self.backbone.shape.num_layers)
 
     def encode(
         self,
@@ -223,10 +214,7 @@ class Embedder:
             raise ConfigError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
         started = time.perf_counter()
         resolved = self.resolve_fast_e(fast_e)
-        if resolved is not None:
-            policy = FastE(resolved, self.backbone.shape.num_layers)
-        else:
-            policy = AlignmentProbe() if record_alignment else Full()
+        policy = policy_for(resolved, self.backbone.shape.num_layers, record_alignment)
         items, sources, broken = expand_items(inputs)
         failures = [Failure(index, sources[index], item.describe(), reason) for index, item, reason in broken]
         if failures and on_error == "raise":
@@ -250,8 +238,10 @@ class Embedder:
                 if progress is not None:
                     progress(1)
                 continue
+            batch = element.to(device)
+            kernel = settle_kernel(self.backbone, batch, policy, self.unpadded)
             tick = time.perf_counter()
-            vectors, trace = run_decoder(self.backbone, element.to(device), policy, self.unpadded)
+            vectors, trace = run_decoder(self.backbone, batch, policy, kernel)
             vectors = truncate_dim(vectors, dim).cpu().numpy()  # .cpu() waits for the GPU: honest timing
             forward_s += time.perf_counter() - tick
             embeddings[element.rows, : vectors.shape[1]] = vectors
@@ -314,16 +304,6 @@ class Embedder:
             inputs, fast_e=fast_e, instruction=None, dim=dim, on_error=on_error,
             record_alignment=record_alignment, progress=progress,
         )
-
-    def calibrate(self, items: Iterable[object], r_max: float = 0.5, target: float = 0.99, **options):
-        """Choose FastE's threshold on your own documents, without labels (faste_mm.calibration).
-
-        options: p5_floor, warmup_layer, thetas (CalibrationConfig fields). Returns a Calibration
-        whose .threshold is the smallest theta whose mean cosine to the full forward meets target.
-        """
-        from faste_mm.calibration import CalibrationConfig, calibrate
-
-        return calibrate(self, list(items), CalibrationConfig(r_max=r_max, target=target, **options))
 
     def _stats(self, traces, n_items, n_failed, resolved, serialize_s, forward_s, started) -> EmbedStats:
         shape = self.backbone.shape

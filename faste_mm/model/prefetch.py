@@ -14,8 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from faste_mm.batching import Batch, BatchingConfig, collate, plan_batches
-from faste_mm.serialization import Serialized
+from faste_mm.model.batching import Batch, BatchingConfig, collate, plan_batches
+from faste_mm.model.serialization import Serialized
 
 
 @dataclass(frozen=True, slots=True)

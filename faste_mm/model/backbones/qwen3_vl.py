@@ -9,11 +9,11 @@ from dataclasses import replace
 
 import torch
 
-from faste_mm.backbones.base import Backbone
-from faste_mm.batching import Batch
-from faste_mm.decoder_state import DecoderState
-from faste_mm.flops import VisionShape
-from faste_mm.serialization import Serialized
+from faste_mm.model.backbones.base import Backbone
+from faste_mm.model.batching import Batch
+from faste_mm.model.decoder_state import DecoderState
+from faste_mm.model.flops import VisionShape
+from faste_mm.model.serialization import Serialized
 
 
 class Qwen3VLBackbone(Backbone):

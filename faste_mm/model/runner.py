@@ -1,7 +1,8 @@
 """Stage 4: the runner. One explicit loop over decoder layers: before each layer it asks the
-compressor policy for a decision and, if it gets a keep plan, applies it with one gather and
-rebuilds the 4-D mask (or packs the rows to run the rest unpadded, see `unpadded`); then it runs
-the layer (and DeepStack). It records the realised shapes.
+policy (`faste.FastE`, or `ablations.Full`) for a decision and, if it gets a keep plan, applies it
+with one gather and rebuilds the 4-D mask (or packs the rows for the given unpadded kernel); then
+it runs the layer (and DeepStack). It records the realised shapes. Which kernel, if any, is
+settled before the loop by `settle_kernel`.
 
 Receives a `Batch`; hands on pooled unit vectors [B, H] and a `BatchTrace`.
 """
@@ -12,10 +13,10 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from faste_mm.batching import Batch
-from faste_mm.decoder_state import DecoderState
-from faste_mm.pooling import pool_readout
-from faste_mm.unpadded import PADDED, Unpadded
+from faste_mm.model.batching import Batch
+from faste_mm.model.decoder_state import DecoderState
+from faste_mm.model.pooling import pool_readout
+from faste_mm.model.unpadded import PADDED, PackedKernel, Unpadded
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,11 +38,11 @@ class BatchTrace:
 
 
 @torch.inference_mode()
-def run_decoder(backbone, batch: Batch, policy, unpadded: Unpadded | None = None) -> tuple[torch.Tensor, BatchTrace]:
+def run_decoder(backbone, batch: Batch, policy, kernel: PackedKernel | None = None) -> tuple[torch.Tensor, BatchTrace]:
     """Embed one batch; returns ([B, H] float32 unit vectors in batch row order, trace).
 
-    `unpadded` decides whether the layers after compression run on packed rows (and which
-    variable-length kernel); None keeps them padded.
+    `kernel`: run the layers after compression on packed rows with it (when the backbone can
+    pack rows that wide); None keeps them padded.
     """
     state = backbone.embed(batch)
     masks = backbone.attention_masks(state)
@@ -51,8 +52,7 @@ def run_decoder(backbone, batch: Batch, policy, unpadded: Unpadded | None = None
     padded_lengths: list[int] = []
     alignment: list[tuple[int, float]] = []
     trigger_layer = None
-    attention = PADDED
-    kernel = None
+    packed = None  # the kernel the layers after compression run with (None: padded)
     for layer in range(len(backbone.layers)):
         if trigger_layer is None:  # one shot: no decisions after the compression
             decision = policy.before_layer(layer, state, backbone)
@@ -63,13 +63,10 @@ def run_decoder(backbone, batch: Batch, policy, unpadded: Unpadded | None = None
                 kept_prefix = decision.plan.lengths - 1
                 trigger_layer = layer
                 width = int(state.hidden.shape[1])
-                if unpadded is not None and backbone.can_pack(width):
-                    gathered, start = state, layer
-                    attention = unpadded.settle(lambda k: _finish(backbone, gathered, start, k))
-                    kernel = unpadded.kernel(attention)
-                state, masks = _layout(backbone, state, kernel)
+                packed = kernel if kernel is not None and backbone.can_pack(width) else None
+                state, masks = _layout(backbone, state, packed)
         padded_lengths.append(width)
-        state = _run_layer(backbone, layer, state, masks, kernel)
+        state = _run_layer(backbone, layer, state, masks, packed)
     embeddings = pool_readout(backbone, state.readout_hidden())
     trace = BatchTrace(
         batch_size=batch.size,
@@ -79,33 +76,32 @@ def run_decoder(backbone, batch: Batch, policy, unpadded: Unpadded | None = None
         prefix_tokens=int(prefix_tokens.sum()),
         kept_prefix_tokens=int(kept_prefix.sum()),
         alignment=alignment,
-        attention=attention,
+        attention=PADDED if packed is None else packed.name,
         image_grids=list(batch.image_grids),
     )
     return embeddings, trace
 
 
-def _run_layer(backbone, layer: int, state, masks, kernel):
+def settle_kernel(backbone, batch: Batch, policy, unpadded: Unpadded | None) -> PackedKernel | None:
+    """The unpadded kernel for `batch`'s layers after compression, settled once per `Unpadded`:
+    "auto" on CUDA times the candidates on the first batch a compressing policy sees."""
+    if unpadded is None or not policy.compresses:
+        return None
+    return unpadded.settle(lambda kernel: run_decoder(backbone, batch, policy, kernel)[0])
+
+
+def _run_layer(backbone, layer: int, state, masks, kernel: PackedKernel | None):
     """One decoder layer (padded with the 4-D mask, or packed with `kernel`), then DeepStack."""
     if kernel is None:
         hidden = backbone.run_layer(layer, state, masks)
     else:
-        hidden = backbone.run_layer_packed(layer, state, kernel)
+        hidden = backbone.run_layer_packed(layer, state, kernel.attend)
     return backbone.after_layer(layer, state.with_hidden(hidden))
 
 
-def _layout(backbone, state: DecoderState, kernel):
+def _layout(backbone, state: DecoderState, kernel: PackedKernel | None):
     """A just-compressed state as the remaining layers take it: padded, with its 4-D masks
     rebuilt (only here, from the gathered 2-D mask), or packed for `kernel` (no masks)."""
     if kernel is None:
         return state, backbone.attention_masks(state)
     return state.pack(), None
-
-
-def _finish(backbone, state: DecoderState, start: int, kernel) -> torch.Tensor:
-    """The layers from `start` on for a just-compressed state: [B, H] readout states (for the
-    unpadded trial, which runs them once per candidate)."""
-    state, masks = _layout(backbone, state, kernel)
-    for layer in range(start, len(backbone.layers)):
-        state = _run_layer(backbone, layer, state, masks, kernel)
-    return state.readout_hidden()

@@ -8,10 +8,10 @@ from __future__ import annotations
 import torch
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
-from faste_mm.batching import Batch
-from faste_mm.decoder_state import DecoderState, PackedState
-from faste_mm.flops import DecoderShape, VisionShape
-from faste_mm.serialization import Serialized
+from faste_mm.model.batching import Batch
+from faste_mm.model.decoder_state import DecoderState, PackedState
+from faste_mm.model.flops import DecoderShape, VisionShape
+from faste_mm.model.serialization import Serialized
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -121,7 +121,7 @@ class Backbone:
         cos, sin = cos[..., None, :], sin[..., None, :]  # broadcast over heads
         return x * cos + rotate_half(x) * sin
 
-    # -- the layers after compression without padding (faste_mm.unpadded) --
+    # -- the layers after compression without padding (faste_mm.model.unpadded) --
 
     def can_pack(self, width: int) -> bool:
         """Whether a batch of rows at most `width` long may run unpadded: sliding-window layers

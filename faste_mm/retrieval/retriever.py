@@ -2,15 +2,15 @@
 FastE r_max, queries with the full forward and a query instruction) with a Collection on disk:
 incremental, crash-safe indexing of files and folders, search by text or image, add and delete.
 
-Receives paths, texts, images and queries; hands back the records of `faste_mm.retrieval_types`
+Receives paths, texts, images and queries; hands back the records of `faste_mm.retrieval.results`
 (`IndexReport`, `AddReport`, `RemoveReport`, ranked `Hit`s).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,48 +19,27 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 from PIL import Image
 
-from faste_mm.batching import BatchingConfig
-from faste_mm.calibration import Calibration, check_collection_target, load_calibration
-from faste_mm.compressors import FastEConfig
-from faste_mm.embedder import Embedder, EmbedResult, OnError
+from faste_mm.model.batching import BatchingConfig
+from faste_mm.retrieval.calibrations import Calibration, check_collection_target, load_calibration
+from faste_mm.model.faste import FastEConfig
+from faste_mm.model.embedder import Embedder, EmbedResult, OnError
 from faste_mm.errors import ConfigError, InputError
 from faste_mm.indexers import Collection, CollectionInfo, ItemRecord, Manifest
 from faste_mm.indexers.faiss_index import validate_factory
-from faste_mm.indexers.manifest import MANIFEST_NAME, read_manifest, settings_mismatch
+from faste_mm.indexers.manifest import MANIFEST_NAME, CollectionFastE, read_manifest, settings_mismatch
 from faste_mm.indexers.records import repeated_key
-from faste_mm.ingest import (IndexFailure, IngestTally, ScanFilter, failure_reasons, ingest_chunk, plan_update,
+from faste_mm.retrieval.ingest import (IndexFailure, IngestTally, ScanFilter, failure_reasons, ingest_chunk, plan_update,
                              record_missing, scan_paths)
-from faste_mm.items import Item, as_item
-from faste_mm.retrieval_types import AddReport, Hit, IndexOptions, IndexProgress, IndexReport, RemoveReport
-from faste_mm.serialization import DEFAULT_INSTRUCTION, SerializerConfig, VLSerializer
+from faste_mm.model.items import Item, as_item
+from faste_mm.retrieval import maintenance
+from faste_mm.retrieval.maintenance import collection_path
+from faste_mm.retrieval.results import AddReport, Hit, IndexOptions, IndexProgress, IndexReport, RemoveReport
+from faste_mm.model.serialization import DEFAULT_INSTRUCTION, SerializerConfig
 
 log = logging.getLogger(__name__)
 
 # The Qwen3-VL-Embedding model card's example retrieval instruction.
 DEFAULT_QUERY_INSTRUCTION = "Retrieve images or text relevant to the user's query."
-DEFAULT_COLLECTION = "default"
-
-
-def collections_dir() -> Path:
-    """`user_data_dir("faste-mm")/collections` (platformdirs; honours XDG_DATA_HOME on Linux)."""
-    import platformdirs
-
-    return Path(platformdirs.user_data_dir("faste-mm")) / "collections"
-
-
-def collection_path(collection: str | Path | None) -> Path:
-    """Where a collection lives: None -> the default collection; a Path, or a string holding a
-    path separator or starting with "." or "~" -> that directory; any other string -> a named
-    collection under `collections_dir()`."""
-    if collection is None:
-        return collections_dir() / DEFAULT_COLLECTION
-    if isinstance(collection, Path):
-        return collection.expanduser().absolute()
-    if not isinstance(collection, str) or not collection.strip():
-        raise ConfigError(f"collection must be a name or a directory, got {collection!r}")
-    if "/" in collection or os.sep in collection or collection.startswith((".", "~")):
-        return Path(collection).expanduser().absolute()  # the manifest and lock must not depend on the cwd
-    return collections_dir() / collection
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,13 +139,12 @@ class Retriever:
     def document_manifest(self, index_type: str = "auto") -> Manifest:
         """The collection settings this retriever's documents are embedded with."""
         emb = self.embedder
-        config = emb.serializer.config if isinstance(emb.serializer, VLSerializer) else SerializerConfig()
+        config = emb.serializer.config if emb.family.is_multimodal else SerializerConfig()
         fast_e = None
         if self.r_max > 0:
             threshold, source = self._threshold(emb)
             resolved = emb.resolve_fast_e(FastEConfig(r_max=self.r_max, threshold=threshold))
-            fast_e = {key: getattr(resolved, key) for key in ("r_max", "warmup_layer", "threshold")}
-            fast_e["threshold_source"] = source
+            fast_e = CollectionFastE(resolved.r_max, resolved.warmup_layer, resolved.threshold, source)
         return Manifest(
             model_id=emb.model_id, dim=emb.dim, model_revision=emb.loaded.revision,
             document_instruction=DEFAULT_INSTRUCTION, min_pixels=config.min_pixels, max_pixels=config.max_pixels,
@@ -179,7 +157,7 @@ class Retriever:
             return self.threshold, "given (--threshold)"
         calibration = load_calibration(emb.model_id, emb.loaded.revision)
         if calibration is None or calibration.threshold is None:
-            return None, f"backbone default ({emb.defaults.name})"
+            return None, f"backbone default ({emb.family.name})"
         if calibration.r_max != self.r_max:
             log.info("using theta %g calibrated at r_max %g for r_max %g", calibration.threshold,
                      calibration.r_max, self.r_max)
@@ -192,9 +170,9 @@ class Retriever:
         if self.r_max != theirs:
             log.warning("%s: the collection embeds documents with r_max=%g; ignoring r_max=%g "
                         "(re-index with --reindex to change it)", col.root, theirs, self.r_max)
-        if not fast_e:
+        if fast_e is None:
             return None
-        return FastEConfig(**{key: value for key, value in fast_e.items() if key != "threshold_source"})
+        return FastEConfig(r_max=fast_e.r_max, warmup_layer=fast_e.warmup_layer, threshold=fast_e.threshold)
 
     def _target(self, collection: str | Path | None) -> Path:
         if collection is not None:
@@ -332,46 +310,21 @@ class Retriever:
             return col.delete(ids)
 
     def remove(self, paths: Iterable[str | Path] = (), ids: Iterable[int] = ()) -> RemoveReport:
-        """Remove every item of each file, or of every file under each folder (given as a path
-        or as the uri stored in the collection), and the items with the given ids.
-
-        A target that matches nothing (a typo, a file never indexed, an id already removed) is
-        not an error: it is listed in `RemoveReport.unmatched`, and nothing else changes for it.
-        Raises InputError, removing nothing, for an empty or blank path: as a uri prefix it would
-        match every file in the collection.
-        """
-        paths, ids = list(paths), [int(i) for i in ids]
-        for position, path in enumerate(paths):
-            if not str(path).strip():
-                raise InputError(f"remove: target {position} is {str(path)!r}, which would match every "
-                                 f"file in the collection; nothing was removed. Give a file, a folder or an id")
-        with self._writer() as col:
-            uris: set[str] = set()
-            unmatched: list[str] = []
-            for path in paths:
-                found = {uri for candidate in {str(path), str(Path(path).expanduser().resolve())}
-                         for uri in col.live_uris(under=candidate)}
-                if not found:
-                    unmatched.append(str(path))
-                uris |= found
-            live = col.live_ids(ids)
-            unmatched.extend(str(i) for i in ids if i not in live)
-            col.delete_uris(sorted(uris))
-            col.delete(sorted(live))
-        if unmatched:
-            log.info("%s: nothing to remove for %s", self.collection, ", ".join(unmatched))
-        return RemoveReport(tuple(sorted(uris)), tuple(sorted(live)), tuple(unmatched))
+        """Remove every item of each file or folder, and the items with these ids (see
+        `maintenance.remove_items`)."""
+        self.close()
+        return maintenance.remove_items(self.collection, paths, ids)
 
     def compact(self) -> int:
         """Drop deleted vectors from disk and rebuild the index; returns vectors dropped."""
-        with self._writer() as col:
-            return col.compact()
+        self.close()
+        return maintenance.compact(self.collection)
 
     def rebuild_index(self, index_type: str | None = None) -> str:
         """Rebuild the FAISS index from stored vectors (optionally as another type); returns
         the factory string built."""
-        with self._writer() as col:
-            return col.rebuild_index(index_type)
+        self.close()
+        return maintenance.rebuild_index(self.collection, index_type)
 
     def info(self) -> CollectionInfo:
         with Collection.open(self.collection) as col:
@@ -413,7 +366,7 @@ class Retriever:
             out[by_example] = docs.embeddings
         if with_task:
             task = instruction or self.query_instruction
-            if task is None and isinstance(self.embedder.serializer, VLSerializer):
+            if task is None and self.embedder.family.is_multimodal:
                 task = DEFAULT_QUERY_INSTRUCTION
             out[with_task] = self.embedder.encode_queries([items[i] for i in with_task], instruction=task,
                                                           on_error="raise").embeddings
@@ -522,8 +475,7 @@ def apply_calibration(calibration: Calibration, collection: str | Path | None) -
     with Collection.open(root, writable=True) as col:
         manifest = col.manifest
         check_collection_target(root, manifest, calibration.model_id, calibration.revision)
-        fast_e = dict(manifest.fast_e)
-        fast_e.update(threshold=calibration.threshold, warmup_layer=calibration.warmup_layer,
-                      threshold_source=calibration.describe())
+        fast_e = dataclasses.replace(manifest.fast_e, threshold=calibration.threshold,
+                                     warmup_layer=calibration.warmup_layer, threshold_source=calibration.describe())
         col.update_settings(fast_e=fast_e)
     return root

@@ -13,14 +13,16 @@ import logging
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from faste_mm.embedder import EmbedResult, EmbedStats
 from faste_mm.errors import ConfigError, InputError
 from faste_mm.indexers import Collection, FileStat, ItemRecord, content_hash
-from faste_mm.items import PDF_SUFFIXES, Item
+from faste_mm.model.items import PDF_SUFFIXES, Item
+
+if TYPE_CHECKING:  # annotations only: scanning and planning load no model code
+    from faste_mm.model.embedder import EmbedResult, EmbedStats
 
 log = logging.getLogger(__name__)
 
@@ -278,7 +280,7 @@ def record_missing(col: Collection, missing: Sequence[tuple[str, str]], tally: I
 
 # Embeds documents (paths, `Item`s) with the collection's settings; bad ones are failures in
 # the result (on_error="skip"). The retriever passes one that loads the model on first use.
-DocumentEncoder = Callable[[Sequence[object]], EmbedResult]
+DocumentEncoder = Callable[[Sequence[object]], "EmbedResult"]
 
 
 def ingest_chunk(col: Collection, files: Sequence[ScannedFile], changed: frozenset[str],

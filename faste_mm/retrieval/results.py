@@ -1,5 +1,5 @@
 """What the Retriever takes and hands back: index options, progress, the reports of `index`,
-`add` and `remove`, and search hits. Plain typed records; the work is in `faste_mm.retriever`.
+`add` and `remove`, and search hits. Plain typed records; the work is in `faste_mm.retrieval.retriever`.
 """
 
 from __future__ import annotations
@@ -10,15 +10,15 @@ from typing import Any, Mapping
 import numpy as np
 
 from faste_mm.errors import ConfigError
-from faste_mm.flops import removed_share
-from faste_mm.ingest import IndexFailure, ScanFilter
+from faste_mm.model.flops import removed_share
+from faste_mm.retrieval.ingest import IndexFailure, ScanFilter
 
 
 @dataclass(frozen=True, slots=True)
 class IndexOptions:
     """Options of `Retriever.index`.
 
-    exclude / include_hidden: folder-walk filters (see `faste_mm.ingest.ScanFilter`).
+    exclude / include_hidden: folder-walk filters (see `faste_mm.retrieval.ingest.ScanFilter`).
     reindex: erase the collection first and rebuild it with the retriever's settings. The model
         loads and the index type and folder are checked before anything is erased, so a bad
         setting raises with the collection intact.

@@ -1,5 +1,5 @@
 """Loads a checkpoint (hub id or local directory) into a backbone adapter plus its serializer,
-choosing the adapter from the config's `model_type` via the defaults table.
+choosing both from the config's `model_type` via the family registry.
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from pathlib import Path
 
 import torch
 
-from faste_mm.backbones.base import Backbone
-from faste_mm.backbones.defaults import BACKBONE_DEFAULTS, SUPPORTED_MODEL_TYPES, BackboneDefaults
+from faste_mm.model.backbones.base import Backbone
+from faste_mm.model.backbones.registry import Family, family_for
 from faste_mm.errors import ConfigError, ModelLoadError
-from faste_mm.serialization import SerializerConfig, TextPrompt, TextSerializer, VLSerializer
+from faste_mm.model.serialization import SerializerConfig, TextPrompt, TextSerializer, VLSerializer
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +24,8 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 class LoadedModel:
     backbone: Backbone
     serializer: VLSerializer | TextSerializer
-    defaults: BackboneDefaults
+    family: Family
+    preprocessor: object  # the processor (multimodal) or tokenizer the serializer is built on
     model_id: str
     revision: str | None
     model_type: str
@@ -80,34 +81,19 @@ def load_model(
             f"{name_or_path}: cannot load the model config ({error}). Check the hub id or local "
             "directory; without internet, pass a local directory that holds the downloaded model."
         ) from None
-    defaults_for(config.model_type, name_or_path)  # refuse unsupported models before downloading weights
+    family = family_for(config.model_type, name_or_path)  # refuse unsupported models before downloading weights
     kwargs = dict(revision=revision, dtype=torch_dtype, attn_implementation=attn_implementation)
     try:
-        if config.model_type == "qwen3_vl":
-            from transformers import AutoProcessor, Qwen3VLModel
+        import transformers
 
-            preprocessor = AutoProcessor.from_pretrained(name_or_path, revision=revision)
-            model = Qwen3VLModel.from_pretrained(name_or_path, **kwargs)
-        else:
-            from transformers import AutoModel, AutoTokenizer
-
-            preprocessor = AutoTokenizer.from_pretrained(name_or_path, revision=revision)
-            model = AutoModel.from_pretrained(name_or_path, **kwargs)
+        model_class, preprocessor_class = (getattr(transformers, name) for name in family.hf_classes)
+        preprocessor = preprocessor_class.from_pretrained(name_or_path, revision=revision)
+        model = model_class.from_pretrained(name_or_path, **kwargs)
     except (OSError, ValueError) as error:
         raise ModelLoadError(f"{name_or_path}: cannot load weights or processor ({error})") from None
     # A local directory is recorded absolute so collections find it again from any folder.
     model_id = str(Path(name_or_path).absolute()) if Path(name_or_path).is_dir() else str(name_or_path)
     return assemble(model.to(torch_device).eval(), preprocessor, model_id, revision, serializer_config, prompt)
-
-
-def defaults_for(model_type: str, name: str) -> BackboneDefaults:
-    """The defaults row of a model type; ModelLoadError naming the model when unsupported."""
-    if model_type not in BACKBONE_DEFAULTS:
-        raise ModelLoadError(
-            f"{name}: model_type {model_type!r} is not supported; faste-mm drives decoder-only "
-            f"embedding models of types {', '.join(SUPPORTED_MODEL_TYPES)}"
-        )
-    return BACKBONE_DEFAULTS[model_type]
 
 
 def assemble(
@@ -121,32 +107,23 @@ def assemble(
     """Adapter + serializer over an already-loaded base model (Qwen3VLModel or a decoder such as
     Qwen3Model) and its processor (VL) or tokenizer (text); nothing is loaded or copied."""
     model_type = model.config.model_type
-    defaults = defaults_for(model_type, model_id)
-    serializer_config = serializer or SerializerConfig()
-    if model_type == "qwen3_vl":
-        from faste_mm.backbones.qwen3_vl import Qwen3VLBackbone
-
-        backbone: Backbone = Qwen3VLBackbone(model)
-        text_serializer = VLSerializer(preprocessor, serializer_config)
-        tokenizer = preprocessor.tokenizer
-    else:
-        from faste_mm.backbones.hf_decoder import HFDecoderBackbone
-
-        backbone = HFDecoderBackbone(model)
-        tokenizer = preprocessor
-        text_serializer = TextSerializer(tokenizer, prompt or defaults.prompt, serializer_config.max_length)
-    if not defaults.is_calibrated:
+    family = family_for(model_type, model_id)
+    backbone = family.adapter(model)
+    built_serializer = family.serializer(preprocessor, serializer or SerializerConfig(), prompt)
+    tokenizer = preprocessor.tokenizer if family.is_multimodal else preprocessor
+    if not family.is_calibrated:
         log.warning(
             "%s: no published FastE threshold for %s; using %.2f, run `faste-mm calibrate` to choose one",
             model_id,
-            defaults.name,
-            defaults.threshold,
+            family.name,
+            family.threshold,
         )
     pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     return LoadedModel(
         backbone=backbone,
-        serializer=text_serializer,
-        defaults=defaults,
+        serializer=built_serializer,
+        family=family,
+        preprocessor=preprocessor,
         model_id=model_id,
         revision=revision,
         model_type=model_type,

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 import torch
 
 from faste_mm.errors import ConfigError
-from faste_mm.serialization import Serialized
+from faste_mm.model.serialization import Serialized
 
 
-# how the layers after compression treat padding (faste_mm.unpadded has the kernels)
+# how the layers after compression treat padding (faste_mm.model.unpadded has the kernels)
 UNPADDED_MODES = ("auto", "off", "flash-attn", "torch-nested", "segments")
 
 

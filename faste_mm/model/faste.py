@@ -1,0 +1,259 @@
+"""FastE, the paper's Algorithm 1, top to bottom in the paper's order and symbols.
+
+The runner (`runner.run_decoder`) owns the layer loop and asks the policy before each layer l;
+everything the policy decides is here. Algorithm 1, line by line:
+
+  Require l_w, theta, r_max                    `FastEConfig` (defaults per backbone: backbones/registry)
+  1-3   R_i = max(1, round((1 - r_max) N_i))   `prefix_budgets`
+  4     compressed = false                     the runner: no question is asked after a keep plan
+  5-6   for l ...: if l >= l_w and not compressed   `ThresholdTrigger.is_monitored`
+  7     g_i^l = cos(h_readout, mean prefix)    `batch_alignment` (sample readiness, Eq. 2) ...
+  8     bar g_B^l = mean over the batch        ... averaged over the batch there
+  9     if bar g >= theta or l = L-1           `ThresholdTrigger.fires` (the fallback is l = L-1)
+  11    w_i^l: attention from the readout      `readout_attention` (GQA, QK-norm, RoPE at the
+                                               original positions, softmax over the prefix only)
+  12    S_i = sort(TopK(w_i^l, R_i))           `plan_keep` -> `KeepPlan`
+  13-14 H_i^l = [h_j for j in S_i] + readout,  the runner applies the plan with one gather that
+        original rotary positions kept         also carries (cos, sin) and the masks
+  15    compressed = true                      the runner (one shot)
+  17    H^{l+1} = F_l(H^l)                     the runner's layer call
+  19    z_i = Norm(h_readout^L)                `pooling.pool_readout`
+
+`FastE` is the policy that strings these together. Its ranking is pluggable only so the paper's
+controls (FastV-style, random, block-last: `ablations.py`) run through the same trigger and budgets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from typing import Callable, Sequence
+
+import torch
+
+from faste_mm.errors import ConfigError
+from faste_mm.model.backbones.registry import Family
+from faste_mm.model.decoder_state import DecoderState
+
+# FastE's own ranking and the ablations' names (their scorers live in ablations.SCORERS).
+RANKINGS = ("readout", "fastv", "random", "block-last")
+
+# (backbone, layer, state, budgets [B], config) -> [B, T] float32 scores, -inf outside the prefix
+Scorer = Callable[..., torch.Tensor]
+
+
+@dataclass(frozen=True, slots=True)
+class FastEConfig:
+    """FastE settings (paper symbols in brackets).
+
+    r_max: largest share of prefix states removed [r_max], 0 <= r_max < 1.
+    warmup_layer: no alignment check before this layer [l_w]; None = backbone default (8).
+    threshold: batch-mean readout/prefix cosine that triggers compression [theta];
+        None = backbone default (0.70 Qwen3-VL-Embedding, 0.60 Qwen3-Embedding, 0.40 E5-Mistral).
+    trigger_layer: compress right before this layer instead of using the alignment trigger
+        (fixed-layer ablation; FastV uses 2).
+    ranking: which states survive: "readout" (FastE) or an ablation of `ablations.SCORERS`
+        ("fastv", "random", "block-last").
+    seed: for ranking="random".
+    fastv_queries: query positions averaged by ranking="fastv".
+    """
+
+    r_max: float = 0.5
+    warmup_layer: int | None = None
+    threshold: float | None = None
+    trigger_layer: int | None = None
+    ranking: str = "readout"
+    seed: int = 0
+    fastv_queries: int = 64
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.r_max < 1.0:
+            raise ConfigError(f"FastEConfig.r_max must be in [0, 1), got {self.r_max}")
+        if self.warmup_layer is not None and self.warmup_layer < 0:
+            raise ConfigError(f"FastEConfig.warmup_layer must be >= 0, got {self.warmup_layer}")
+        if self.threshold is not None and not -1.0 <= self.threshold <= 1.0:
+            raise ConfigError(f"FastEConfig.threshold is a cosine in [-1, 1], got {self.threshold}")
+        if self.trigger_layer is not None and self.trigger_layer < 0:
+            raise ConfigError(f"FastEConfig.trigger_layer must be >= 0, got {self.trigger_layer}")
+        if self.ranking not in RANKINGS:
+            raise ConfigError(f"FastEConfig.ranking must be one of {', '.join(RANKINGS)}; got {self.ranking!r}")
+        if self.fastv_queries < 1:
+            raise ConfigError(f"FastEConfig.fastv_queries must be >= 1, got {self.fastv_queries}")
+
+    @classmethod
+    def fastv(cls, r_max: float) -> "FastEConfig":
+        """FastV baseline: rank by attention averaged over query positions, after layer 2."""
+        return cls(r_max=r_max, trigger_layer=2, ranking="fastv")
+
+    def resolved(self, defaults: Family, num_layers: int) -> "FastEConfig":
+        """Fill backbone defaults and check layer indices against the model depth."""
+        if self.trigger_layer is not None and self.trigger_layer >= num_layers:
+            raise ConfigError(
+                f"FastEConfig.trigger_layer must be < {num_layers} (layers of this model), got {self.trigger_layer}"
+            )
+        return replace(
+            self,
+            warmup_layer=defaults.warmup_layer if self.warmup_layer is None else self.warmup_layer,
+            threshold=defaults.threshold if self.threshold is None else self.threshold,
+        )
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# Algorithm 1, lines 1-3: per-sample budgets.
+def prefix_budgets(n_prefix: torch.Tensor, r_max: float) -> torch.Tensor:
+    """R_i = max(1, round((1 - r_max) * N_i)), never more than N_i.
+
+    torch.round rounds half to even like Python's round; float64 keeps (1 - r_max) * N_i
+    bit-identical to the Python expression.
+    """
+    keep = torch.round((1.0 - r_max) * n_prefix.double()).long()
+    return torch.minimum(keep.clamp(min=1), n_prefix)
+
+
+# Lines 5-9: when to compress.
+def batch_alignment(state: DecoderState) -> torch.Tensor:
+    """Mean over the batch of g_i = cos(h_readout, mean of valid prefix states) (paper Eq. 2)."""
+    hidden = state.hidden  # [B, T, H], the model's dtype
+    prefix = state.prefix_mask  # [B, T]
+    n_prefix = prefix.sum(dim=1, keepdim=True).clamp(min=1)  # [B, 1]
+    # one [B, 1, T] x [B, T, H] product (fp32 accumulation) instead of a float copy and a masked
+    # copy of the whole hidden state at every monitored layer
+    prefix_sum = torch.bmm(prefix[:, None, :].to(hidden.dtype), hidden)[:, 0].float()  # [B, H]
+    readout = state.readout_hidden().float()  # [B, H]
+    return torch.nn.functional.cosine_similarity(readout, prefix_sum / n_prefix, dim=-1).mean()
+
+
+def first_checked_layer(warmup_layer: int, num_layers: int) -> int:
+    """The first layer whose alignment FastE checks: l_w, or the last layer when l_w is past the
+    depth (the fallback still compresses there)."""
+    return min(warmup_layer, num_layers - 1)
+
+
+@dataclass(frozen=True, slots=True)
+class ThresholdTrigger:
+    """When FastE compresses (paper Eq. threshold-trigger, Algorithm 1): before each layer l from
+    the warm-up layer l_w on, it fires if the batch-mean alignment g reaches theta; the last layer
+    L-1 always fires (fallback). The one statement of the rule: `FastE` applies it online, layer
+    by layer, and calibration replays it over recorded alignment curves (`first_layer`).
+    """
+
+    threshold: float  # theta
+    warmup_layer: int  # l_w; past the depth, only the last layer is checked
+    num_layers: int  # L
+
+    def is_monitored(self, layer: int) -> bool:
+        """Whether the alignment is checked before `layer`."""
+        return layer >= first_checked_layer(self.warmup_layer, self.num_layers)
+
+    def fires(self, layer: int, alignment: float) -> bool:
+        """For a monitored layer: compress now?"""
+        return alignment >= self.threshold or layer == self.num_layers - 1
+
+    def first_layer(self, alignments: Sequence[float]) -> int:
+        """The layer FastE compresses before, given alignments[l] measured before each layer l
+        of the full forward (identical to FastE's up to its trigger: nothing is compressed earlier)."""
+        if len(alignments) != self.num_layers:
+            raise ConfigError(f"ThresholdTrigger: {len(alignments)} alignments for a {self.num_layers}-layer model")
+        for layer in range(self.num_layers):
+            if self.is_monitored(layer) and self.fires(layer, float(alignments[layer])):
+                return layer
+        raise AssertionError("unreachable: the last layer always fires")
+
+
+# Line 11: which prefix states matter to the readout.
+def masked_scores(scores: torch.Tensor, state: DecoderState) -> torch.Tensor:
+    return scores.float().masked_fill(~state.prefix_mask, float("-inf"))
+
+
+def readout_attention(backbone, layer: int, state: DecoderState) -> torch.Tensor:
+    """FastE ranking (paper Eq. readout-importance): attention each prefix state receives from the
+    readout, softmax over the active prefix keys per query head, averaged over heads."""
+    rows = torch.arange(state.hidden.shape[0], device=state.hidden.device)
+    readout = state.readout_index
+    q = backbone.project_queries(
+        layer, state.hidden[rows, readout][:, None], state.cos[rows, readout][:, None], state.sin[rows, readout][:, None]
+    )  # [B, A, 1, D_h]
+    k = backbone.project_keys(layer, state.hidden, state.cos, state.sin)  # [B, A_kv, T, D_h]
+    batch, heads, _, head_dim = q.shape
+    kv_heads = k.shape[1]
+    q = q.view(batch, kv_heads, heads // kv_heads, head_dim)
+    logits = torch.einsum("bkgd,bktd->bkgt", q.float(), k.float()) * backbone.attention_scale(layer)
+    logits = logits.reshape(batch, heads, -1)  # [B, A, T]
+    # The readout is excluded from the competition, so the softmax runs over prefix keys only.
+    probs = logits.masked_fill(~state.prefix_mask[:, None, :], float("-inf")).softmax(dim=-1)
+    return masked_scores(probs.mean(dim=1), state)
+
+
+# Line 12: the keep plan the runner applies (lines 13-14).
+@dataclass(frozen=True, slots=True)
+class KeepPlan:
+    """Slots to keep per row: R_i prefix positions in original order, then the readout."""
+
+    index: torch.Tensor  # [B, R_max + 1]; columns >= lengths[b] are padding
+    lengths: torch.Tensor  # [B] = R_i + 1
+
+
+def plan_keep(scores: torch.Tensor, budgets: torch.Tensor, state: DecoderState) -> KeepPlan:
+    """Top-R_i prefix slots by score, re-sorted into causal order, readout appended last."""
+    batch, width = scores.shape
+    r_max = int(budgets.max())
+    top = scores.topk(r_max, dim=1).indices  # [B, R_max], best first
+    column = torch.arange(r_max + 1, device=scores.device)[None, :]  # [1, R_max + 1]
+    sentinel = width  # sorts after every real slot
+    top = torch.where(column[:, :r_max] < budgets[:, None], top, sentinel)
+    kept = torch.cat([top, torch.full((batch, 1), sentinel, device=top.device, dtype=top.dtype)], dim=1)
+    kept = kept.sort(dim=1).values  # [B, R_max + 1]: R_i slots ascending, then sentinels
+    readout = state.readout_index[:, None].expand(-1, r_max + 1)
+    kept = torch.where(column == budgets[:, None], readout, kept)
+    kept = torch.where(kept == sentinel, 0, kept)  # padding columns point anywhere; masked later
+    return KeepPlan(index=kept, lengths=budgets + 1)
+
+
+# The policy the runner asks before each layer.
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """A policy's answer before one layer: a plan to apply now (or None), and the batch-mean
+    alignment it measured there (None when it did not measure)."""
+
+    plan: KeepPlan | None = None
+    alignment: float | None = None
+
+
+def readout_scores(backbone, layer: int, state: DecoderState, budgets: torch.Tensor, config: FastEConfig) -> torch.Tensor:
+    """FastE's scorer (the `Scorer` signature over `readout_attention`)."""
+    return readout_attention(backbone, layer, state)
+
+
+class FastE:
+    """Algorithm 1 for one model; construct with a resolved config.
+
+    `scorer` ranks the prefix at the trigger (default: the readout's attention, FastE itself);
+    the ablations pass theirs from `ablations.SCORERS`.
+    """
+
+    compresses = True  # the runner's unpadded-kernel trial only matters for policies that compress
+
+    def __init__(self, config: FastEConfig, num_layers: int, scorer: Scorer = readout_scores) -> None:
+        if config.warmup_layer is None or config.threshold is None:
+            raise ConfigError("FastE needs a resolved FastEConfig (use FastEConfig.resolved)")
+        self.config = config
+        self.num_layers = num_layers
+        self.trigger = ThresholdTrigger(config.threshold, config.warmup_layer, num_layers)
+        self.scorer = scorer
+
+    def before_layer(self, layer: int, state: DecoderState, backbone) -> Decision:
+        config = self.config
+        alignment = None
+        if config.trigger_layer is not None:  # fixed-layer ablation: no alignment check
+            fire = layer == config.trigger_layer
+        else:
+            if not self.trigger.is_monitored(layer):
+                return Decision()
+            alignment = float(batch_alignment(state))  # the one host sync per monitored layer
+            fire = self.trigger.fires(layer, alignment)
+        if not fire:
+            return Decision(alignment=alignment)
+        budgets = prefix_budgets(state.lengths - 1, config.r_max)  # [B] R_i
+        scores = self.scorer(backbone, layer, state, budgets, config)  # [B, T]
+        return Decision(plan=plan_keep(scores, budgets, state), alignment=alignment)

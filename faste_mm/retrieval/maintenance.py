@@ -1,0 +1,86 @@
+"""Collection upkeep that needs no model: where collections live, removing files or ids,
+compacting, rebuilding the index. Loads no torch, so `faste-mm remove/compact/info` start at once;
+the `Retriever` delegates here.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Iterable
+
+from faste_mm.errors import ConfigError, InputError
+from faste_mm.indexers import Collection
+from faste_mm.retrieval.results import RemoveReport
+
+log = logging.getLogger(__name__)
+
+DEFAULT_COLLECTION = "default"
+
+
+def collections_dir() -> Path:
+    """`user_data_dir("faste-mm")/collections` (platformdirs; honours XDG_DATA_HOME on Linux)."""
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("faste-mm")) / "collections"
+
+
+def collection_path(collection: str | Path | None) -> Path:
+    """Where a collection lives: None -> the default collection; a Path, or a string holding a
+    path separator or starting with "." or "~" -> that directory; any other string -> a named
+    collection under `collections_dir()`."""
+    if collection is None:
+        return collections_dir() / DEFAULT_COLLECTION
+    if isinstance(collection, Path):
+        return collection.expanduser().absolute()
+    if not isinstance(collection, str) or not collection.strip():
+        raise ConfigError(f"collection must be a name or a directory, got {collection!r}")
+    if "/" in collection or os.sep in collection or collection.startswith((".", "~")):
+        return Path(collection).expanduser().absolute()  # the manifest and lock must not depend on the cwd
+    return collections_dir() / collection
+
+
+def remove_items(root: Path, paths: Iterable[str | Path] = (), ids: Iterable[int] = ()) -> RemoveReport:
+    """Remove every item of each file, or of every file under each folder (given as a path
+    or as the uri stored in the collection), and the items with the given ids.
+
+    A target that matches nothing (a typo, a file never indexed, an id already removed) is
+    not an error: it is listed in `RemoveReport.unmatched`, and nothing else changes for it.
+    Raises InputError, removing nothing, for an empty or blank path: as a uri prefix it would
+    match every file in the collection.
+    """
+    paths, ids = list(paths), [int(i) for i in ids]
+    for position, path in enumerate(paths):
+        if not str(path).strip():
+            raise InputError(f"remove: target {position} is {str(path)!r}, which would match every "
+                             f"file in the collection; nothing was removed. Give a file, a folder or an id")
+    with Collection.open(root, writable=True) as col:
+        uris: set[str] = set()
+        unmatched: list[str] = []
+        for path in paths:
+            found = {uri for candidate in {str(path), str(Path(path).expanduser().resolve())}
+                     for uri in col.live_uris(under=candidate)}
+            if not found:
+                unmatched.append(str(path))
+            uris |= found
+        live = col.live_ids(ids)
+        unmatched.extend(str(i) for i in ids if i not in live)
+        col.delete_uris(sorted(uris))
+        col.delete(sorted(live))
+    if unmatched:
+        log.info("%s: nothing to remove for %s", root, ", ".join(unmatched))
+    return RemoveReport(tuple(sorted(uris)), tuple(sorted(live)), tuple(unmatched))
+
+
+def compact(root: Path) -> int:
+    """Drop deleted vectors from disk and rebuild the index; returns vectors dropped."""
+    with Collection.open(root, writable=True) as col:
+        return col.compact()
+
+
+def rebuild_index(root: Path, index_type: str | None = None) -> str:
+    """Rebuild the FAISS index from stored vectors (optionally as another type); returns the
+    factory string built."""
+    with Collection.open(root, writable=True) as col:
+        return col.rebuild_index(index_type)

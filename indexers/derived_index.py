@@ -1,0 +1,119 @@
+"""The FAISS index a collection derives from its vector parts: a cache, never the truth.
+
+`DerivedIndex` owns index.faiss and its in-memory copy, keyed by (epoch, max part): the epoch
+changes when `compact` rewrites the parts, and parts only grow between compactions, so an index
+of the same epoch is caught up by adding the newer parts, and one of another epoch is rebuilt.
+It receives the committed parts list [(part, rows)] and the manifest; it hands back the CPU index
+(the one saved and added to) and a search copy (on a GPU when one is in use).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Callable
+
+import faiss
+import numpy as np
+
+from faste_mm.indexers import faiss_index, parts
+from faste_mm.indexers.manifest import Manifest
+
+log = logging.getLogger(__name__)
+
+Parts = list[tuple[int, int]]  # committed (part number, rows), ascending
+
+
+def max_part(committed: Parts) -> int:
+    return max((p for p, _ in committed), default=-1)
+
+
+def desired_factory(manifest: Manifest, committed: Parts) -> str:
+    """The factory string the collection's index type resolves to at its current size."""
+    n = sum(n for _, n in committed)
+    return faiss_index.resolve_factory(manifest.index_type, n, manifest.dim, manifest.memory_budget_bytes)
+
+
+class DerivedIndex:
+    """index.faiss of the collection at `root`, in memory once used (see the module docstring)."""
+
+    def __init__(self, root: Path, dim: int) -> None:
+        self.root = root
+        self.dim = dim
+        self.index: faiss.IndexIDMap2 | None = None
+        self.key: tuple[int, int] = (-1, -1)  # (epoch, max part) the index reflects
+        self.factory: str | None = None
+        self._search_copy: faiss.Index | None = None
+
+    @property
+    def path(self) -> Path:
+        return self.root / faiss_index.INDEX_NAME
+
+    def current(self, epoch: int, committed: Parts, saved: Manifest, manifest: Manifest) -> faiss.IndexIDMap2:
+        """The index covering every committed part: kept in memory, loaded from index.faiss
+        (`saved`: the manifest on disk, which says what the file covers), caught up with the parts
+        written since, or rebuilt when index.faiss is stale or missing."""
+        if self.index is not None and self.key == (epoch, max_part(committed)):
+            return self.index
+        if self.index is None or self.key[0] != epoch:
+            self._load_saved(epoch, committed, saved)
+        if self.index is not None and self.key[0] == epoch:
+            behind = [(p, n) for p, n in committed if p > self.key[1]]
+            for part, n in behind:
+                faiss_index.add_vectors(self.index, *parts.read_part(self.root, part, n, self.dim))
+            if behind:
+                log.info("%s: added %d parts written since index.faiss was saved", self.root, len(behind))
+        else:
+            self.build(committed, desired_factory(manifest, committed), manifest)
+        self.key = (epoch, max_part(committed))
+        self._search_copy = None
+        return self.index
+
+    def append(self, epoch: int, part: int, older_max_part: int, load: Callable[[], np.ndarray], ids: np.ndarray) -> None:
+        """A part just committed: add its vectors (`load()`, [n, d]) when the index in memory covers
+        everything before it (otherwise the next `current` catches up from the parts)."""
+        if self.index is not None and self.key == (epoch, older_max_part):
+            faiss_index.add_vectors(self.index, load(), ids)
+            self.key = (epoch, part)
+            self._search_copy = None
+
+    def build(self, committed: Parts, factory: str, manifest: Manifest) -> None:
+        """Build `factory` over every committed part (the manifest's index type only words the
+        warning when a trained index must wait for more vectors)."""
+        loaded = [parts.read_part(self.root, p, n, self.dim) for p, n in committed]
+        n = sum(n for _, n in committed)
+        requested = manifest.index_type
+        if requested not in ("auto", factory):  # here, not in resolve_factory: once per build
+            log.warning("%s: index %r needs at least %d vectors to train, the collection has %d; "
+                        "searching with an exact %s index until it grows", self.root, requested,
+                        faiss_index.min_training_vectors(requested), n, factory)
+        log.info("%s: building %s over %d vectors", self.root, factory, n)
+        self.index = faiss_index.build_index(factory, self.dim, loaded, manifest.memory_budget_bytes)
+        self.factory = factory
+        self._search_copy = None
+
+    def search(self, queries: np.ndarray, k: int, nprobe: int | None, ef_search: int | None) -> tuple[np.ndarray, np.ndarray]:
+        """FAISS search of the current index (call `current` first): (scores, ids) [q, k]."""
+        if self._search_copy is None:
+            self._search_copy = faiss_index.to_search_device(self.index)
+        on_gpu = self._search_copy is not self.index
+        params = None if on_gpu else faiss_index.search_parameters(self.index, k, nprobe, ef_search)
+        return self._search_copy.search(np.ascontiguousarray(queries), k, params=params)
+
+    def save(self) -> None:
+        """Write index.faiss (atomically); the caller records `factory` and `key` in the manifest."""
+        faiss_index.save_index(self.index, self.path)
+
+    def _load_saved(self, epoch: int, committed: Parts, saved: Manifest) -> None:
+        """Adopt index.faiss if the manifest says it was built in this epoch and its size matches
+        the parts it claims to cover (a torn or foreign file fails that check and is ignored)."""
+        self.index = None
+        if saved.index_epoch != epoch or saved.index_factory is None:
+            return
+        index = faiss_index.load_index(self.path)
+        expected = sum(n for p, n in committed if p <= saved.index_max_part)
+        if index is None or index.ntotal != expected or index.d != self.dim:
+            log.info("%s: index.faiss is stale or missing; rebuilding it from the vectors", self.root)
+            return
+        self.index, self.factory = index, saved.index_factory
+        self.key = (epoch, saved.index_max_part)

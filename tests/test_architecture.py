@@ -1,0 +1,206 @@
+"""The layering of docs/architecture.md, checked on the installed package: which layer may import
+which (function-level imports count), no import cycles anywhere, and a start-up that loads no
+torch, transformers or FAISS for `import faste_mm` and the CLI's cheap commands."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import faste_mm
+
+HEAVY = ("torch", "transformers", "faiss")
+
+
+def _modules() -> dict[str, Path]:
+    """Every module of the installed faste_mm package (wherever package-dir maps it) -> its file."""
+    found: dict[str, Path] = {}
+    # pyproject maps the component folders in by package-dir, so they are not below faste_mm/
+    pending = ["faste_mm", "faste_mm.indexers", "faste_mm.cli", "faste_mm.datasets"]
+    while pending:
+        name = pending.pop()
+        spec = importlib.util.find_spec(name)
+        assert spec is not None and spec.origin is not None, name
+        found[name] = Path(spec.origin)
+        for location in spec.submodule_search_locations or ():
+            for path in sorted(Path(location).iterdir()):
+                if path.is_dir() and (path / "__init__.py").exists():
+                    pending.append(f"{name}.{path.name}")
+                elif path.suffix == ".py" and path.name != "__init__.py":
+                    found[f"{name}.{path.stem}"] = path
+    return found
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports(path: Path, module: str, known: set[str]) -> set[str]:
+    """faste_mm modules imported anywhere in the file (top level or inside functions), resolved to
+    the deepest known module; `if TYPE_CHECKING:` blocks are skipped (never executed)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    targets: set[str] = set()
+
+    def resolve(name: str) -> str | None:
+        while name and name not in known:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                targets.add(resolve(alias.name))
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            for alias in node.names:
+                full = f"{base}.{alias.name}"
+                targets.add(full if full in known else resolve(base))
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return {t for t in targets if t is not None and t.startswith("faste_mm") and t != module}
+
+
+@pytest.fixture(scope="module")
+def graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: _imports(path, name, set(modules)) for name, path in modules.items()}
+
+
+def _layer(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def test_the_package_walk_sees_every_layer(graph):
+    layers = {_layer(m) for m in graph}
+    assert {"model", "retrieval", "tools", "integrations", "indexers", "datasets", "cli", "errors", "testing"} <= layers
+    assert "faste_mm.model.faste" in graph and "faste_mm.indexers.derived_index" in graph
+
+
+@pytest.mark.parametrize(
+    "layer, forbidden",
+    [
+        ("model", {"retrieval", "tools", "integrations", "indexers", "datasets", "cli", "testing"}),
+        ("indexers", {"model", "retrieval", "tools", "integrations", "datasets", "cli", "testing"}),
+        ("retrieval", {"tools", "integrations", "datasets", "cli", "testing"}),
+        ("tools", {"integrations", "cli", "testing"}),
+        ("datasets", {"tools", "integrations", "cli", "testing"}),
+        ("errors", {"model", "retrieval", "tools", "integrations", "indexers", "datasets", "cli", "testing"}),
+    ],
+)
+def test_imports_point_one_way(graph, layer, forbidden):
+    wrong = sorted(
+        f"{module} -> {target}"
+        for module, targets in graph.items()
+        if _layer(module) == layer
+        for target in targets
+        if _layer(target) in forbidden
+    )
+    assert wrong == []
+
+
+def test_no_import_cycles(graph):
+    """Tarjan's strongly connected components over every import edge: each must be one module."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
+
+    def connect(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in graph.get(node, ()):
+            if target not in index:
+                connect(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            connect(node)
+    assert cycles == []
+
+
+def _fresh_python(code: str) -> list[str]:
+    """Heavy modules loaded after running `code` in a new interpreter (nothing cached)."""
+    probe = f"{code}\nimport json, sys\nprint(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, env={**os.environ, "COLUMNS": "80"})
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_import_faste_mm_and_the_cli_app_load_nothing_heavy():
+    assert _fresh_python("import faste_mm, faste_mm.cli.app") == []
+
+
+def test_public_names_resolve_lazily_to_their_modules():
+    assert faste_mm.Embedder.__module__ == "faste_mm.model.embedder"
+    assert faste_mm.FastEConfig.__module__ == "faste_mm.model.faste"
+    assert faste_mm.Retriever.__module__ == "faste_mm.retrieval.retriever"
+    assert set(faste_mm.__all__) <= set(dir(faste_mm))
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        faste_mm.Nope  # noqa: B018
+
+
+@pytest.mark.parametrize(
+    "argv, allowed",
+    [
+        (["--help"], ()),
+        (["--version"], ()),
+        (["search", "--help"], ()),
+        (["info", "-c", "{tmp}/none"], ("faiss",)),
+        (["remove", "x", "-c", "{tmp}/none"], ("faiss",)),
+        (["compact", "-c", "{tmp}/none"], ("faiss",)),
+    ],
+)
+def test_cheap_commands_never_import_torch_or_transformers(tmp_path, argv, allowed):
+    argv = [arg.replace("{tmp}", str(tmp_path)) for arg in argv]
+    code = (
+        "import sys\nfrom faste_mm.cli.app import app\n"
+        f"try:\n    app({argv!r})\nexcept SystemExit:\n    pass"
+    )
+    assert [m for m in _fresh_python(code) if m not in allowed] == []
+
+
+def test_the_walk_counts_function_level_and_relative_imports_but_not_type_checking(tmp_path):
+    source = tmp_path / "probe.py"
+    source.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from faste_mm.tools import bench\n"
+        "def later():\n    from faste_mm.model.faste import FastEConfig\n"
+        "from . import results\n"
+    )
+    known = {"faste_mm.model.faste", "faste_mm.tools.bench", "faste_mm.retrieval.results", "faste_mm.retrieval.probe"}
+    assert _imports(source, "faste_mm.retrieval.probe", known) == {"faste_mm.model.faste", "faste_mm.retrieval.results"}
