@@ -122,7 +122,7 @@ def test_pdfium_is_only_called_under_its_lock_from_concurrent_workers(image_dir,
 
     import pypdfium2
 
-    from faste_mm import items as items_module
+    from faste_mm.model import items as items_module
 
     opened_unlocked = []
     original = pypdfium2.PdfDocument

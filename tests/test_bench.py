@@ -121,7 +121,7 @@ def test_text_length_ranges_are_drawn_within_the_bounds(tmp_path):
 
 
 def test_bench_refuses_bad_comparisons_specs_and_paths_before_any_timed_run(model_dirs, tmp_path, monkeypatch):
-    from faste_mm import bench
+    from faste_mm.tools import bench
 
     measured = []
     monkeypatch.setattr(bench, "_measure", lambda *a, **k: measured.append(a[0]) or (_ for _ in ()).throw(AssertionError))
