@@ -15,9 +15,9 @@ everything the policy decides is here. Algorithm 1, line by line:
   12    S_i = sort(TopK(w_i^l, R_i))           `plan_keep` -> `KeepPlan`
   13-14 H_i^l = [h_j for j in S_i] + readout,  the runner applies the plan with one gather that
         original rotary positions kept         also carries (cos, sin) and the masks
-  15    compressed = true                      the runner (one shot)
-  17    H^{l+1} = F_l(H^l)                     the runner's layer call
-  19    z_i = Norm(h_readout^L)                `pooling.pool_readout`
+  16    compressed = true                      the runner (one shot)
+  19    H^{l+1} = F_l(H^l)                     the runner's layer call
+  21    z_i = Norm(h_readout^L)                `pooling.pool_readout`
 
 `FastE` is the policy that strings these together. Its ranking is pluggable only so the paper's
 controls (FastV-style, random, block-last: `ablations.py`) run through the same trigger and budgets.
