@@ -1,0 +1,24 @@
+"""Messages are never hard-wrapped: a piped stderr has no width, and a narrow or absent COLUMNS
+must not split a path or a sentence across lines (logs are grepped line by line)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+@pytest.mark.parametrize("columns", [None, "20", "80", "200"])
+def test_an_error_naming_a_long_path_stays_on_one_line_whatever_the_width(tmp_path, columns):
+    target = tmp_path / ("a-folder-with-a-rather-long-name-" * 3) / "collection"
+    env = {key: value for key, value in os.environ.items() if key not in ("COLUMNS", "LINES")}
+    if columns is not None:
+        env["COLUMNS"] = columns
+    done = subprocess.run([sys.executable, "-m", "faste_mm.cli.app", "info", "-c", str(target)],
+                          capture_output=True, text=True, env=env)
+    assert done.returncode == 1
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, done.stderr
+    assert str(target) in lines[0] and "not a faste-mm collection" in lines[0]
