@@ -1,0 +1,281 @@
+"""The HTTP API (FastAPI): OpenAI-compatible /v1/embeddings with vLLM's chat extension, /search,
+/thumbnails/{id}, /health, /info, /metrics, and the search page at / with its local assets.
+
+Receives HTTP requests; hands their items to the `ServeEngine` and renders its answers as
+JSON. Errors are JSON in OpenAI's shape, {"error": {"message", "type", "code"}}: 400 bad input,
+401 missing or wrong API key, 404 unknown id or route, 413 over a limit, 503 queue full.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import time
+from pathlib import Path
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
+from fastapi.staticfiles import StaticFiles
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+
+from faste_mm.errors import ConfigError, FasteError, InputError
+from faste_mm.serving.batcher import QueueFullError
+from faste_mm.serving.engine import NoCollectionError, RequestTooLargeError, ServeEngine, UnknownItemError
+from faste_mm.serving.inputs import (EmbeddingRequest, SearchRequest, decode_image_bytes, decode_image_url,
+                                     embedding_items, encode_vector)
+from faste_mm.serving.metrics import LATENCY_BUCKETS_S
+from faste_mm.serving.thumbnails import NoThumbnailError, default_cache_dir, has_thumbnail, thumbnail
+
+log = logging.getLogger(__name__)
+
+STATIC_DIR = Path(__file__).parent / "static"
+PUBLIC_PATHS = ("/", "/health", "/favicon.ico")  # and /static/*: the page holds no data
+
+
+def create_app(engine: ServeEngine) -> FastAPI:
+    """The FastAPI app over an engine (already holding a loaded model). The app starts the
+    engine's model thread on startup and stops it on shutdown.
+
+    Example:
+        >>> engine = ServeEngine(Embedder.from_pretrained(path), retriever, ServeConfig())
+        >>> uvicorn.run(create_app(engine), host="127.0.0.1", port=8000)
+    """
+    from contextlib import asynccontextmanager
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        engine.start()
+        try:
+            yield
+        finally:
+            engine.close()
+
+    app = FastAPI(title="faste-mm", version="0.1.0", lifespan=lifespan, docs_url="/docs", redoc_url=None)
+    app.state.engine = engine
+    app.add_middleware(_MetricsMiddleware, engine=engine)
+    app.add_middleware(_BodyLimitMiddleware, limit=engine.config.max_body_bytes)
+    _add_error_handlers(app)
+    auth = Depends(_require_key(engine.config.api_key))
+
+    @app.get("/", include_in_schema=False)
+    def page() -> FileResponse:
+        return FileResponse(STATIC_DIR / "index.html", headers={"Cache-Control": "no-cache"})
+
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+
+    @app.get("/health")
+    def health() -> dict:
+        return {"status": "ok"}
+
+    @app.get("/info", dependencies=[auth])
+    def info() -> dict:
+        return engine.info()
+
+    @app.get("/metrics", dependencies=[auth])
+    def metrics() -> PlainTextResponse:
+        return PlainTextResponse(engine.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/models", dependencies=[auth])
+    def models() -> dict:
+        return {"object": "list", "data": [{"id": engine.embedder.model_id, "object": "model", "owned_by": "faste-mm"}]}
+
+    @app.post("/v1/embeddings", dependencies=[auth])
+    def embeddings(body: EmbeddingRequest) -> dict:
+        _check_model(body.model, engine)
+        items, instruction = embedding_items(body, engine.config.allow_remote_images)
+        result = engine.embed(items, body.input_type, instruction, body.dimensions)
+        data = [{"object": "embedding", "index": i, "embedding": encode_vector(vector, body.encoding_format)}
+                for i, vector in enumerate(result.vectors)]
+        usage = {"prompt_tokens": result.prompt_tokens, "total_tokens": result.prompt_tokens}
+        return {"object": "list", "data": data, "model": engine.embedder.model_id, "usage": usage}
+
+    @app.post("/search", dependencies=[auth])
+    async def search(request: Request) -> dict:
+        query, image, item_id, k = await _search_fields(request, engine)
+        started = time.perf_counter()
+        hits = await run_in_threadpool(engine.search, query, image, item_id, k)
+        return {
+            "query": {"text": query, "image": image is not None, "id": item_id},
+            "k": k,
+            "took_ms": round(1000 * (time.perf_counter() - started), 1),
+            "hits": [_hit_json(rank, hit) for rank, hit in enumerate(hits, 1)],
+        }
+
+    @app.get("/thumbnails/{item_id}", dependencies=[auth])
+    def thumbnails(item_id: str) -> FileResponse:
+        if not item_id.isdigit():  # ids only: nothing from the request ever becomes a path
+            raise UnknownItemError(f"{item_id[:40]!r} is not an item id; thumbnails are served by numeric id")
+        record = engine.record(int(item_id))
+        cache = engine.config.thumbnail_dir or default_cache_dir(engine.collection)
+        return FileResponse(thumbnail(record, cache), media_type="image/jpeg",
+                            headers={"Cache-Control": "private, max-age=3600"})
+
+    return app
+
+
+# ---- request pieces --------------------------------------------------------------------------
+def _check_model(model: str | None, engine: ServeEngine) -> None:
+    served = engine.embedder.model_id
+    if model is None or model in (served, Path(served).name, "faste-mm"):
+        return
+    raise InputError(f"`model` is {model!r}, but this server serves {served!r}; pass that id "
+                     f"(or {Path(served).name!r}), or leave `model` out")
+
+
+async def _search_fields(request: Request, engine: ServeEngine):
+    """(query, PIL image or None, item id or None, k) from a JSON body or a multipart form
+    (fields q, k, id and an `image` file, as the search page sends them)."""
+    content_type = request.headers.get("content-type", "")
+    if content_type.startswith("multipart/form-data") or content_type.startswith("application/x-www-form-urlencoded"):
+        form = await request.form()
+        unknown = set(form.keys()) - {"q", "k", "id", "image"}
+        if unknown:
+            raise InputError(f"unknown form fields {sorted(unknown)}; the search form takes q, k, id and image")
+        image = None
+        upload = form.get("image")
+        if upload is not None and not isinstance(upload, str):
+            raw = await upload.read()
+            if raw:
+                image = decode_image_bytes(raw, f"image ({upload.filename or 'upload'})")
+        query = (form.get("q") or "").strip() or None
+        return query, image, _int_field(form.get("id"), "id"), _int_field(form.get("k"), "k") or 10
+    try:
+        body = SearchRequest.model_validate(await request.json())
+    except ValueError as error:
+        raise InputError(f"the search body must be JSON ({{\"query\": ..., \"k\": ...}}) or a multipart form: "
+                         f"{_validation_message(error)}") from None
+    image = None
+    if body.image is not None:
+        image = decode_image_url(body.image, "image", engine.config.allow_remote_images)
+    return (body.query or "").strip() or None, image, body.id, body.k
+
+
+def _int_field(value, name: str) -> int | None:
+    if value is None or value == "":
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise InputError(f"form field {name!r} must be an integer, got {str(value)[:40]!r}") from None
+
+
+def _hit_json(rank: int, hit) -> dict:
+    return {"rank": rank, **hit.to_dict(), "name": Path(hit.uri).name,
+            "thumbnail": f"/thumbnails/{hit.id}" if has_thumbnail(hit.uri, hit.page) else None}
+
+
+# ---- auth, limits, metrics, errors -----------------------------------------------------------
+def _require_key(api_key: str | None):
+    expected = None if api_key is None else f"Bearer {api_key}".encode()
+
+    def check(request: Request) -> None:
+        if expected is None:
+            return
+        given = request.headers.get("authorization", "").encode()
+        if not hmac.compare_digest(given, expected):  # constant time: no key guessing by timing
+            raise HTTPException(401, "missing or wrong API key; send the header 'Authorization: Bearer KEY'"
+                                if given else "this server needs an API key; send 'Authorization: Bearer KEY'")
+
+    return check
+
+
+class _BodyLimitMiddleware:
+    """413 for bodies over `limit` bytes: at once from Content-Length, else while streaming."""
+
+    def __init__(self, app, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        message = (f"the request body is larger than the server's limit of {self.limit} bytes "
+                   f"(--max-body-bytes); send fewer or smaller inputs")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            response = _error_response(413, message)
+            return await response(scope, receive, send)
+        seen = 0
+
+        async def limited_receive():
+            nonlocal seen
+            event = await receive()
+            if event["type"] == "http.request":
+                seen += len(event.get("body", b""))
+                if seen > self.limit:
+                    raise HTTPException(413, message)  # FastAPI re-raises HTTPExceptions from body reads
+            return event
+
+        return await self.app(scope, limited_receive, send)
+
+
+class _MetricsMiddleware:
+    """Requests and latency per route template (never the raw path: ids would explode the labels)."""
+
+    def __init__(self, app, engine: ServeEngine) -> None:
+        self.app = app
+        self.metrics = engine.metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = time.perf_counter()
+        status = {"code": 500}
+
+        async def send_status(event):
+            if event["type"] == "http.response.start":
+                status["code"] = event["status"]
+            await send(event)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            route = getattr(scope.get("route"), "path", None) or ("/static" if scope["path"].startswith("/static/")
+                                                                    else "other")
+            self.metrics.inc("faste_mm_requests_total", route=route, method=scope["method"], code=str(status["code"]))
+            self.metrics.observe("faste_mm_request_seconds", time.perf_counter() - started, LATENCY_BUCKETS_S,
+                                 route=route)
+
+
+_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+                413: "request_too_large", 503: "server_busy", 500: "server_error"}
+
+
+def _error_response(status: int, message: str) -> JSONResponse:
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else ({"Retry-After": "1"} if status == 503 else None)
+    return JSONResponse({"error": {"message": message, "type": _ERROR_TYPES.get(status, "error"), "code": status}},
+                        status_code=status, headers=headers)
+
+
+def _validation_message(error) -> str:
+    errors = error.errors() if hasattr(error, "errors") else []
+    parts = []
+    for e in errors[:5]:
+        where = ".".join(str(p) for p in e.get("loc", ()) if p != "body") or "body"
+        parts.append(f"{where}: {e.get('msg', 'invalid')}")
+    return "; ".join(parts) or str(error)
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    status_of = ((UnknownItemError, 404), (NoThumbnailError, 404), (NoCollectionError, 404),
+                 (RequestTooLargeError, 413), (QueueFullError, 503), (InputError, 400), (ConfigError, 400))
+
+    @app.exception_handler(FasteError)
+    async def faste_error(request: Request, error: FasteError) -> JSONResponse:
+        status = next((code for cls, code in status_of if isinstance(error, cls)), 500)
+        if status == 500:
+            log.error("%s %s: %s", request.method, request.url.path, error)
+        return _error_response(status, str(error))
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
+        return _error_response(400, f"bad request body: {_validation_message(error)}")
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, error: HTTPException) -> JSONResponse:
+        message = error.detail if isinstance(error.detail, str) else str(error.detail)
+        if error.status_code == 404 and message == "Not Found":
+            message = f"no route {request.method} {request.url.path}; see GET /docs for the API"
+        return _error_response(error.status_code, message)

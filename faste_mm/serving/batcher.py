@@ -1,0 +1,190 @@
+"""Dynamic batching for the server: concurrent requests wait in one bounded queue per kind
+("query", "document", "search") and ONE model thread merges them into token-budget batches,
+TEI's convention: a batch closes when it holds `batch_tokens` prompt tokens or when its oldest
+request has waited `max_wait_ms`.
+
+Receives jobs (a payload and its prompt-token count) from the HTTP handlers; hands each job's
+result (or exception) back through a `concurrent.futures.Future`.
+
+Why one thread: a torch model is not safe to run from several threads at once, and merging
+requests is what makes many clients faster than one. Why one queue per kind: queries run the
+full forward and documents run FastE, whose trigger is a batch mean (Algorithm 1), so a batch
+never mixes them. Merging still decides which documents share a batch, so with FastE on
+(r_max > 0) a document's vector can differ slightly from the same document embedded alone or
+in another batch; with r_max = 0 and for queries the vectors do not depend on the batching.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from faste_mm.errors import ConfigError, FasteError
+from faste_mm.serving.metrics import BATCH_SIZE_BUCKETS, Metrics
+
+log = logging.getLogger(__name__)
+
+KINDS = ("query", "document", "search")
+
+# A runner embeds (or searches) one merged batch: payloads in, one result per payload out, in
+# order. A result that is an Exception fails only its own job; raising fails the whole batch.
+Runner = Callable[[list[object]], Sequence[object]]
+
+
+class QueueFullError(FasteError):
+    """The server's queue for this kind of request is full (HTTP 503: retry later)."""
+
+
+@dataclass(frozen=True, slots=True)
+class BatcherConfig:
+    """batch_tokens: prompt tokens merged into one model call (a larger request still runs, alone);
+    max_wait_ms: how long the oldest waiting request may wait for others to join its batch;
+    max_queue: requests that may wait per kind before new ones are refused (503)."""
+
+    batch_tokens: int = 16384
+    max_wait_ms: float = 5.0
+    max_queue: int = 256
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.batch_tokens, int) or self.batch_tokens < 1:
+            raise ConfigError(f"BatcherConfig.batch_tokens must be an int >= 1, got {self.batch_tokens!r}")
+        if not 0 <= self.max_wait_ms <= 10_000:
+            raise ConfigError(f"BatcherConfig.max_wait_ms must be in [0, 10000] ms, got {self.max_wait_ms!r}")
+        if not isinstance(self.max_queue, int) or self.max_queue < 1:
+            raise ConfigError(f"BatcherConfig.max_queue must be an int >= 1, got {self.max_queue!r}")
+
+
+@dataclass(eq=False, slots=True)
+class _Job:
+    payload: object
+    tokens: int
+    enqueued_s: float
+    future: Future = field(default_factory=Future)
+
+
+class Batcher:
+    """One model thread serving per-kind queues of jobs, merged under a token budget.
+
+    Example:
+        >>> batcher = Batcher({"query": run_queries}, BatcherConfig(batch_tokens=4096))
+        >>> batcher.start()
+        >>> vectors = batcher.submit("query", payload, tokens=12).result()
+        >>> batcher.close()
+    """
+
+    def __init__(self, runners: dict[str, Runner], config: BatcherConfig | None = None,
+                 metrics: Metrics | None = None) -> None:
+        unknown = set(runners) - set(KINDS)
+        if unknown:
+            raise ConfigError(f"Batcher: unknown kinds {sorted(unknown)}; valid kinds are {', '.join(KINDS)}")
+        self.config = config or BatcherConfig()
+        self.metrics = metrics or Metrics()
+        self._runners = dict(runners)
+        self._queues: dict[str, deque[_Job]] = {kind: deque() for kind in runners}
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    def start(self) -> "Batcher":
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="faste-mm-model", daemon=True)
+            self._thread.start()
+        return self
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Finish the batch in progress, fail the jobs still waiting, stop the thread."""
+        with self._cond:
+            self._stopping = True
+            waiting = [job for queue in self._queues.values() for job in queue]
+            for queue in self._queues.values():
+                queue.clear()
+            self._cond.notify_all()
+        for job in waiting:
+            job.future.set_exception(QueueFullError("the server is shutting down; retry on another instance"))
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            self._thread = None
+
+    # ---- submitting ------------------------------------------------------------------------
+    def submit(self, kind: str, payload: object, tokens: int) -> Future:
+        """Queue one job; returns its Future. Raises QueueFullError when `kind`'s queue is full
+        or the batcher is stopping, ConfigError for a kind without a runner."""
+        if kind not in self._runners:
+            raise ConfigError(f"this server runs no {kind!r} jobs; it runs {', '.join(self._runners)}")
+        job = _Job(payload, max(1, int(tokens)), time.perf_counter())
+        with self._cond:
+            queue = self._queues[kind]
+            if self._stopping:
+                raise QueueFullError("the server is shutting down; retry later")
+            if len(queue) >= self.config.max_queue:
+                self.metrics.inc("faste_mm_rejected_total", kind=kind)
+                raise QueueFullError(f"the {kind} queue is full ({len(queue)} requests waiting, "
+                                     f"--max-queue {self.config.max_queue}); retry later")
+            queue.append(job)
+            self.metrics.set("faste_mm_queue_depth", len(queue), kind=kind)
+            self._cond.notify_all()
+        return job.future
+
+    # ---- the model thread ------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            picked = self._next_batch()
+            if picked is None:
+                return
+            kind, jobs = picked
+            self._run(kind, jobs)
+
+    def _next_batch(self) -> tuple[str, list[_Job]] | None:
+        """Block until a batch is ready: the kind whose oldest job waited longest, then as many
+        of its jobs as fit the token budget, waiting until that oldest job's deadline for more."""
+        budget = self.config.batch_tokens
+        with self._cond:
+            while not self._stopping and not any(self._queues.values()):
+                self._cond.wait()
+            if self._stopping:
+                return None
+            kind = min((queue[0].enqueued_s, kind) for kind, queue in self._queues.items() if queue)[1]
+            queue = self._queues[kind]
+            deadline = queue[0].enqueued_s + self.config.max_wait_ms / 1000.0
+            jobs: list[_Job] = []
+            tokens = 0
+            while True:
+                while queue and (not jobs or tokens + queue[0].tokens <= budget):
+                    job = queue.popleft()
+                    jobs.append(job)
+                    tokens += job.tokens
+                is_full = bool(queue) or tokens >= budget  # the next job would not fit
+                remaining = deadline - time.perf_counter()
+                if is_full or remaining <= 0 or self._stopping:
+                    break
+                self._cond.wait(remaining)
+            self.metrics.set("faste_mm_queue_depth", len(queue), kind=kind)
+        return kind, jobs
+
+    def _run(self, kind: str, jobs: list[_Job]) -> None:
+        live = [job for job in jobs if job.future.set_running_or_notify_cancel()]
+        if not live:
+            return
+        self.metrics.observe("faste_mm_batch_size", len(live), BATCH_SIZE_BUCKETS, kind=kind)
+        try:
+            results = self._runners[kind]([job.payload for job in live])
+            if len(results) != len(live):  # a runner bug, not an input problem
+                raise RuntimeError(f"{kind} runner returned {len(results)} results for {len(live)} jobs")
+        except BaseException as error:  # every waiting client gets an answer, never a hang
+            log.exception("%s batch of %d requests failed", kind, len(live))
+            for job in live:
+                job.future.set_exception(error)
+            if not isinstance(error, Exception):
+                raise
+            return
+        for job, result in zip(live, results):
+            if isinstance(result, BaseException):
+                job.future.set_exception(result)
+            else:
+                job.future.set_result(result)

@@ -1,0 +1,303 @@
+"""The server's engine: one loaded `Embedder` (and, with a collection, a `Retriever`) behind the
+dynamic batcher. HTTP handler threads call `embed` and `search`; they count prompt tokens and
+check inputs in their own thread (so a bad input is refused before it can fail a merged batch),
+then wait on the model thread, which runs `Embedder.encode` / `Retriever.search_batch` on
+merged requests.
+
+Receives `Item`s from `serving.inputs`; hands back vectors (+ token usage) and `Hit`s.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from faste_mm import Embedder, FastEConfig, Hit, InputError, Item, Retriever
+from faste_mm.errors import ConfigError, FasteError
+from faste_mm.serving.batcher import Batcher, BatcherConfig
+from faste_mm.serving.inputs import truncate_dimensions
+from faste_mm.serving.metrics import BATCH_SIZE_BUCKETS, Metrics, describe_server_metrics
+
+log = logging.getLogger(__name__)
+
+# The Qwen3-VL-Embedding model card's retrieval instruction (the Retriever's default too).
+VL_QUERY_INSTRUCTION = "Retrieve images or text relevant to the user's query."
+
+
+class RequestTooLargeError(FasteError):
+    """A request over the token or body limit (HTTP 413)."""
+
+
+class UnknownItemError(InputError):
+    """An item id that is not a live item of the served collection (HTTP 404)."""
+
+
+class NoCollectionError(FasteError):
+    """Search or thumbnails asked of a server started without a collection (HTTP 404)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServeConfig:
+    """Settings of one server process.
+
+    api_key: Bearer token every data route requires (None: no authentication).
+    batching: the dynamic batcher (token budget, max wait, queue bound).
+    max_body_bytes: request bodies above this are refused (413).
+    max_request_tokens: prompt tokens one request may carry (413 above).
+    max_inputs: strings in one `input` list (OpenAI allows 2048).
+    allow_remote_images: fetch http(s) image URLs (off: an open fetcher is an SSRF hole).
+    r_max: FastE for documents of an embeddings-only server (a collection's own settings win);
+        0 = full forward, so vectors do not depend on how requests are merged.
+    thumbnail_dir: where thumbnails are cached; None = beside the collection.
+    """
+
+    api_key: str | None = None
+    batching: BatcherConfig = BatcherConfig()
+    max_body_bytes: int = 32 << 20
+    max_request_tokens: int = 65536
+    max_inputs: int = 2048
+    allow_remote_images: bool = False
+    r_max: float = 0.0
+    thumbnail_dir: Path | None = None
+
+    def __post_init__(self) -> None:
+        if self.api_key is not None and not self.api_key.strip():
+            raise ConfigError("ServeConfig.api_key is empty; give a real key or leave it unset")
+        for name in ("max_body_bytes", "max_request_tokens", "max_inputs"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"ServeConfig.{name} must be an int >= 1, got {value!r}")
+        FastEConfig(r_max=self.r_max)  # validates the range
+
+
+@dataclass(frozen=True, slots=True)
+class _EmbedPayload:
+    items: list[Item]
+    dimensions: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class _SearchPayload:
+    item: Item | None
+    item_id: int | None
+    k: int
+
+
+@dataclass(frozen=True, slots=True)
+class Embedded:
+    """Vectors of one request: float32 [n, d] in input order, and its prompt tokens."""
+
+    vectors: np.ndarray
+    prompt_tokens: int
+
+
+class ServeEngine:
+    """Owns the model thread. Use as a context manager, or call `start()` / `close()`."""
+
+    def __init__(self, embedder: Embedder, retriever: Retriever | None = None,
+                 config: ServeConfig | None = None, metrics: Metrics | None = None) -> None:
+        self.embedder = embedder
+        self.retriever = retriever
+        self.config = config or ServeConfig()
+        self.metrics = describe_server_metrics(metrics or Metrics())
+        self.collection: Path | None = None if retriever is None else Path(retriever.collection)
+        self.manifest = None
+        self.document_fast_e = FastEConfig(r_max=self.config.r_max) if self.config.r_max > 0 else None
+        if self.collection is not None:
+            from faste_mm.indexers.manifest import read_manifest
+
+            self.manifest = read_manifest(self.collection)
+            # The collection's documents were embedded with its FastE: new ones must match.
+            fast_e = {k: v for k, v in (self.manifest.fast_e or {}).items() if k != "threshold_source"}
+            self.document_fast_e = FastEConfig(**fast_e) if fast_e else None
+        self.query_instruction = self._default_query_instruction()
+        runners = {"query": self._embed_runner("query"), "document": self._embed_runner("document")}
+        if retriever is not None:
+            runners["search"] = self._run_search
+        self.batcher = Batcher(runners, self.config.batching, self.metrics)
+        self._reader = None  # the model thread's own read-only collection (more-like-this)
+        self._local = threading.local()
+
+    def _default_query_instruction(self) -> str | None:
+        if self.retriever is not None and self.retriever.query_instruction is not None:
+            return self.retriever.query_instruction
+        prompt = getattr(self.embedder.serializer, "prompt", None)
+        return prompt.default_query_instruction if prompt is not None else VL_QUERY_INSTRUCTION
+
+    def start(self) -> "ServeEngine":
+        self.batcher.start()
+        return self
+
+    def close(self) -> None:
+        self.batcher.close()
+
+    def __enter__(self) -> "ServeEngine":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- embeddings (handler threads) --------------------------------------------------------
+    def embed(self, items: list[Item], input_type: str | None = None, instruction: str | None = None,
+              dimensions: int | None = None) -> Embedded:
+        """Embed one request's items. input_type "query": the query instruction (or the given
+        one) and the full forward; "document" (the default): the document format (or the given
+        instruction) and the server's FastE. Equals `Embedder.encode(items, fast_e=..,
+        instruction=..)`, except that merged FastE batches may move a document's vector (see
+        `serving.batcher`). Raises InputError (400), RequestTooLargeError (413), QueueFullError (503)."""
+        kind = input_type or "document"
+        if kind not in ("query", "document"):
+            raise InputError(f"input_type must be 'query' or 'document', got {input_type!r}")
+        if len(items) > self.config.max_inputs:
+            raise RequestTooLargeError(f"`input` has {len(items)} items; the limit is {self.config.max_inputs} "
+                                       f"per request; split it")
+        if dimensions is not None and not 1 <= dimensions <= self.embedder.dim:
+            raise InputError(f"`dimensions` is {dimensions}, but this model's vectors have {self.embedder.dim}; "
+                             f"give 1..{self.embedder.dim}")
+        task = instruction if instruction is not None else (self.query_instruction if kind == "query" else None)
+        items = [replace(item, instruction=task) for item in items]
+        tokens = self.count_tokens(items, "input")
+        payload = _EmbedPayload(items, dimensions)
+        vectors = self.batcher.submit(kind, payload, tokens).result()
+        return Embedded(vectors, tokens)
+
+    def count_tokens(self, items: list[Item], field: str) -> int:
+        """Prompt tokens of the items, serialized exactly as the model will see them (this also
+        decodes and resizes images, so a bad one fails here, named). RequestTooLargeError over
+        the per-request limit."""
+        total = 0
+        for index, item in enumerate(items):
+            try:
+                total += self.embedder.serializer(item, item.instruction).length
+            except FasteError as error:
+                raise InputError(f"{field}[{index}]: {error}") from None
+            except Exception as error:  # the processor's own errors: still this input's fault
+                raise InputError(f"{field}[{index}]: cannot be serialized ({type(error).__name__}: {error})") from None
+        if total > self.config.max_request_tokens:
+            raise RequestTooLargeError(f"the request has {total} prompt tokens; the limit is "
+                                       f"{self.config.max_request_tokens} (--max-request-tokens); split it")
+        return total
+
+    def _embed_runner(self, kind: str):
+        fast_e = self.document_fast_e if kind == "document" else None
+
+        def run(payloads: list[_EmbedPayload]) -> list[object]:
+            items = [item for payload in payloads for item in payload.items]
+            result = self.embedder.encode(items, fast_e=fast_e, on_error="skip")
+            stats = result.stats
+            self.metrics.observe("faste_mm_batch_items", len(items), BATCH_SIZE_BUCKETS, kind=kind)
+            self.metrics.inc("faste_mm_tokens_in_total", stats.prefix_tokens + len(items), kind=kind)
+            self.metrics.inc("faste_mm_prefix_tokens_total", stats.prefix_tokens, kind=kind)
+            self.metrics.inc("faste_mm_prefix_tokens_kept_total", stats.kept_prefix_tokens, kind=kind)
+            reasons = {failure.index: failure.reason for failure in result.failures}
+            out: list[object] = []
+            start = 0
+            for payload in payloads:
+                rows = range(start, start + len(payload.items))
+                start += len(payload.items)
+                bad = [row for row in rows if row in reasons]
+                if bad:
+                    out.append(InputError(f"input[{bad[0] - rows.start}]: {reasons[bad[0]]}"))
+                    continue
+                out.append(truncate_dimensions(result.embeddings[rows.start:rows.stop], payload.dimensions))
+            return out
+
+        return run
+
+    # ---- search (handler threads) -------------------------------------------------------------
+    def search(self, query: str | None = None, image=None, item_id: int | None = None, k: int = 10) -> list[Hit]:
+        """Top-k hits for a text and/or a PIL image (as `Retriever.search`), or for the stored
+        vector of item `item_id` ("more like this"; the item itself is left out)."""
+        if self.retriever is None:
+            raise NoCollectionError("this server has no collection; start it with `faste-mm serve -c NAME|DIR` "
+                                    "to search")
+        if not 1 <= k <= 1000:
+            raise InputError(f"k must be in 1..1000, got {k}")
+        if item_id is not None:
+            if query is not None or image is not None:
+                raise InputError("give either `id` (more like this) or a query text/image, not both")
+            return self.batcher.submit("search", _SearchPayload(None, int(item_id), k), 1).result()
+        if not query and image is None:
+            raise InputError("give a query text (`query`, form field `q`), an image, or an item `id`")
+        item = Item(text=query or None, image=image)
+        tokens = self.count_tokens([item], "query")
+        return self.batcher.submit("search", _SearchPayload(item, None, k), tokens).result()
+
+    def _run_search(self, payloads: list[_SearchPayload]) -> list[object]:
+        out: list[object] = [None] * len(payloads)
+        by_query = [i for i, p in enumerate(payloads) if p.item is not None]
+        if by_query:
+            k = max(payloads[i].k for i in by_query)  # one FAISS call; top-k is a prefix of top-K
+            found = self.retriever.search_batch([payloads[i].item for i in by_query], k=k)
+            for i, hits in zip(by_query, found):
+                out[i] = hits[: payloads[i].k]
+        for i, payload in enumerate(payloads):
+            if payload.item_id is not None:
+                try:
+                    out[i] = self._more_like(payload.item_id, payload.k)
+                except FasteError as error:
+                    out[i] = error
+        return out
+
+    def _more_like(self, item_id: int, k: int) -> list[Hit]:
+        col = self._model_thread_reader()
+        if item_id not in col.live_ids([item_id]):
+            raise UnknownItemError(f"id {item_id}: no such item in the collection {self.collection}")
+        scores, ids = col.search(col.vectors([item_id]), k + 1)
+        pairs = [(float(s), int(i)) for s, i in zip(scores[0], ids[0]) if i >= 0 and int(i) != item_id][:k]
+        records = dict(zip([i for _, i in pairs], col.get([i for _, i in pairs])))
+        return [Hit(i, s, records[i].uri, records[i].page, records[i].metadata) for s, i in pairs]
+
+    def _model_thread_reader(self):
+        from faste_mm.indexers import Collection
+
+        if self._reader is None:
+            self._reader = Collection.open(self.collection)
+        return self._reader
+
+    def record(self, item_id: int):
+        """The live record of `item_id` (for thumbnails), read in the calling thread with that
+        thread's own read-only connection. UnknownItemError if it is not a live item."""
+        from faste_mm.indexers import Collection
+
+        if self.collection is None:
+            raise NoCollectionError("this server has no collection; thumbnails need `faste-mm serve -c`")
+        col = getattr(self._local, "col", None)
+        if col is None:
+            col = self._local.col = Collection.open(self.collection)
+        if item_id not in col.live_ids([item_id]):
+            raise UnknownItemError(f"id {item_id}: no such item in the collection")
+        return col.get([item_id])[0]
+
+    # ---- info ------------------------------------------------------------------------------
+    def info(self) -> dict:
+        """GET /info: model, dim, FastE, batching, and the collection's counts."""
+        from faste_mm.indexers import Collection
+
+        collection = None
+        if self.collection is not None:
+            with Collection.open(self.collection) as col:
+                info = col.info()
+            collection = {"path": str(self.collection), "name": self.collection.name, "items": info.n_ok,
+                          "failed": info.n_failed, "deleted": info.n_deleted, "index": info.index_factory,
+                          "max_pixels": self.manifest.max_pixels}
+        fast_e = self.embedder.resolve_fast_e(self.document_fast_e)
+        return {
+            "model": self.embedder.model_id,
+            "dim": self.embedder.dim,
+            "device": str(self.embedder.backbone.device),
+            "fast_e_documents": None if fast_e is None else fast_e.to_dict(),
+            "query_instruction": self.query_instruction,
+            "batching": {"batch_tokens": self.config.batching.batch_tokens,
+                         "max_wait_ms": self.config.batching.max_wait_ms,
+                         "max_queue": self.config.batching.max_queue},
+            "limits": {"max_body_bytes": self.config.max_body_bytes,
+                       "max_request_tokens": self.config.max_request_tokens,
+                       "max_inputs": self.config.max_inputs},
+            "auth": self.config.api_key is not None,
+            "collection": collection,
+        }

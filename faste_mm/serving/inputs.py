@@ -1,0 +1,215 @@
+"""Request bodies of the HTTP API and their translation into `Item`s: OpenAI's /v1/embeddings
+(`input` as a string or list of strings), vLLM's chat-embedding extension (`messages` with a
+system turn as the instruction and a user turn of `text` and `image_url` parts), data: URLs and
+uploaded image bytes; and the response encodings (float lists or base64 little-endian float32).
+
+Receives parsed JSON; hands `Item`s to the engine and encoded vectors back to the client.
+Every error is an `InputError` naming the field that was wrong (HTTP 400).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import ipaddress
+import socket
+import urllib.parse
+import urllib.request
+from typing import Literal, Union
+
+import numpy as np
+from PIL import Image
+from pydantic import BaseModel, ConfigDict, Field
+
+from faste_mm.errors import InputError
+from faste_mm.items import Item
+
+InputType = Literal["query", "document"]
+MAX_IMAGE_PIXELS = 64_000_000  # decompression-bomb guard for images sent over HTTP
+
+
+# ---- request bodies ------------------------------------------------------------------------
+class ImageURL(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    url: str
+    detail: str | None = None  # accepted for OpenAI compatibility; the resize is the model's
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text", "image_url"]
+    text: str | None = None
+    image_url: Union[ImageURL, str, None] = None
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    role: Literal["system", "user"]
+    content: Union[str, list[ContentPart]]
+
+
+class EmbeddingRequest(BaseModel):
+    """POST /v1/embeddings: OpenAI's fields plus vLLM's `messages` and an `input_type`."""
+
+    model_config = ConfigDict(extra="forbid")
+    input: Union[str, list[str], None] = None
+    messages: list[Message] | None = None
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(default=None, ge=1)
+    input_type: InputType | None = None
+    user: str | None = None  # OpenAI's end-user tag; accepted and ignored
+
+
+class SearchRequest(BaseModel):
+    """POST /search as JSON: a text `query`, an `image` (data: URL), or the `id` of an indexed
+    item ("more like this"); `k` results."""
+
+    model_config = ConfigDict(extra="forbid")
+    query: str | None = None
+    image: str | None = None
+    id: int | None = None
+    k: int = Field(default=10, ge=1, le=1000)
+
+
+# ---- translation into items ------------------------------------------------------------------
+def embedding_items(request: EmbeddingRequest, allow_remote_images: bool) -> tuple[list[Item], str | None]:
+    """The items of an embeddings request and the instruction its system turn gives (or None).
+
+    `input`: one text item per string. `messages`: ONE item (one conversation, one vector, as
+    vLLM does): the user turn's image and text; the system turn's text is the instruction.
+    """
+    if (request.input is None) == (request.messages is None):
+        raise InputError("give exactly one of `input` (a string or a list of strings) or `messages` "
+                         "(a chat with a user turn of text and image_url parts)")
+    if request.input is not None:
+        texts = [request.input] if isinstance(request.input, str) else list(request.input)
+        if not texts:
+            raise InputError("`input` is an empty list; give at least one string")
+        return [Item(text=text) for text in texts], None
+    return [_conversation_item(request.messages, allow_remote_images)], _system_text(request.messages)
+
+
+def _system_text(messages: list[Message]) -> str | None:
+    systems = [m for m in messages if m.role == "system"]
+    if len(systems) > 1:
+        raise InputError(f"`messages` has {len(systems)} system turns; give at most one (the instruction)")
+    if not systems:
+        return None
+    return _text_of(systems[0].content, "messages[system].content", allow_images=False)
+
+
+def _conversation_item(messages: list[Message], allow_remote_images: bool) -> Item:
+    users = [(i, m) for i, m in enumerate(messages) if m.role == "user"]
+    if len(users) != 1:
+        raise InputError(f"`messages` has {len(users)} user turns; give exactly one (the content to embed)")
+    position, user = users[0]
+    if isinstance(user.content, str):
+        return Item(text=user.content)
+    texts: list[str] = []
+    images: list[Image.Image] = []
+    for index, part in enumerate(user.content):
+        where = f"messages[{position}].content[{index}]"
+        if part.type == "text":
+            if part.text is None:
+                raise InputError(f"{where}: a text part needs `text`")
+            texts.append(part.text)
+        else:
+            if part.image_url is None:
+                raise InputError(f"{where}: an image_url part needs `image_url` with a `url`")
+            url = part.image_url if isinstance(part.image_url, str) else part.image_url.url
+            images.append(decode_image_url(url, f"{where}.image_url", allow_remote_images))
+    if len(images) > 1:
+        raise InputError(f"messages[{position}].content has {len(images)} images; an item holds at most "
+                         "one (send one request per image)")
+    return Item(text="\n".join(texts) if texts else None, image=images[0] if images else None)
+
+
+def _text_of(content, where: str, allow_images: bool) -> str:
+    if isinstance(content, str):
+        return content
+    texts = []
+    for index, part in enumerate(content):
+        if part.type != "text" and not allow_images:
+            raise InputError(f"{where}[{index}]: only text parts are allowed here, got {part.type}")
+        texts.append(part.text or "")
+    return "\n".join(texts)
+
+
+# ---- images ---------------------------------------------------------------------------------
+def decode_image_url(url: str, where: str, allow_remote: bool, max_bytes: int = 32 << 20) -> Image.Image:
+    """A data: URL decoded in memory; an http(s) URL fetched only when `allow_remote` (fetching
+    arbitrary URLs would let clients probe the server's network, SSRF); nothing else (never a
+    server path: file:// is refused)."""
+    scheme = url.split(":", 1)[0].lower() if ":" in url else ""
+    if scheme == "data":
+        header, _, data = url.partition(",")
+        if ";base64" not in header.lower():
+            raise InputError(f"{where}: only base64 data: URLs are supported (data:image/png;base64,...)")
+        try:
+            raw = base64.b64decode(data, validate=True)
+        except (binascii.Error, ValueError):
+            raise InputError(f"{where}: the data: URL is not valid base64") from None
+        return decode_image_bytes(raw, where)
+    if scheme in ("http", "https"):
+        if not allow_remote:
+            raise InputError(f"{where}: remote image URLs are not fetched by this server; send the image "
+                             f"as a data: URL (or start the server with --allow-remote-images)")
+        return decode_image_bytes(_fetch(url, where, max_bytes), where)
+    raise InputError(f"{where}: unsupported image URL scheme {scheme or url[:20]!r}; send a data: URL")
+
+
+def decode_image_bytes(raw: bytes, where: str) -> Image.Image:
+    """Decode image bytes fully (so a truncated file fails here, with its field named)."""
+    if not raw:
+        raise InputError(f"{where}: the image is empty (0 bytes)")
+    try:
+        with Image.open(io.BytesIO(raw)) as opened:
+            if opened.width * opened.height > MAX_IMAGE_PIXELS:
+                raise InputError(f"{where}: image of {opened.width}x{opened.height} pixels is too large "
+                                 f"(limit {MAX_IMAGE_PIXELS}); downscale it first")
+            opened.load()
+            return opened.copy() if opened.mode != "P" else opened.convert("RGBA")
+    except InputError:
+        raise
+    except (OSError, ValueError, Image.DecompressionBombError) as error:
+        raise InputError(f"{where}: not a readable image ({type(error).__name__}: {error})") from None
+
+
+def _fetch(url: str, where: str, max_bytes: int) -> bytes:
+    host = urllib.parse.urlsplit(url).hostname or ""
+    try:
+        addresses = {info[4][0] for info in socket.getaddrinfo(host, None)}
+    except OSError as error:
+        raise InputError(f"{where}: cannot resolve {host!r} ({error})") from None
+    if any(not ipaddress.ip_address(address.split("%")[0]).is_global for address in addresses):
+        raise InputError(f"{where}: {host} resolves to a private or loopback address; refused")
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:  # noqa: S310 (scheme checked above)
+            raw = response.read(max_bytes + 1)
+    except OSError as error:
+        raise InputError(f"{where}: cannot fetch {url} ({error})") from None
+    if len(raw) > max_bytes:
+        raise InputError(f"{where}: {url} is larger than {max_bytes} bytes")
+    return raw
+
+
+# ---- responses ------------------------------------------------------------------------------
+def truncate_dimensions(vectors: np.ndarray, dimensions: int | None) -> np.ndarray:
+    """Matryoshka: the first `dimensions` dims, re-normalised (DESIGN.md); None keeps all."""
+    if dimensions is None or dimensions == vectors.shape[1]:
+        return vectors
+    if dimensions > vectors.shape[1]:
+        raise InputError(f"`dimensions` is {dimensions}, but this model's vectors have {vectors.shape[1]}; "
+                         f"give at most {vectors.shape[1]}")
+    kept = vectors[:, :dimensions]
+    norms = np.linalg.norm(kept, axis=1, keepdims=True)
+    return (kept / np.maximum(norms, 1e-12)).astype(np.float32)
+
+
+def encode_vector(vector: np.ndarray, encoding_format: str) -> list[float] | str:
+    """"float": a JSON list; "base64": base64 of the little-endian float32 bytes (OpenAI's)."""
+    if encoding_format == "base64":
+        return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
+    return [float(x) for x in vector]
