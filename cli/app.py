@@ -20,6 +20,7 @@ from faste_mm.cli.collection_commands import (
 )
 from faste_mm.cli.embed import embed
 from faste_mm.cli.eval import eval_command
+from faste_mm.cli.serve import serve_command
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Multimodal retrieval with Qwen3-VL-Embedding and FastE.")
 
@@ -50,6 +51,7 @@ app.command()(embed)
 app.command("eval")(eval_command)
 app.command("bench")(bench_command)
 app.command("calibrate")(calibrate_command)
+app.command("serve")(serve_command)
 
 
 def main() -> None:
