@@ -130,7 +130,8 @@ function render(result, label) {
     const img = card.querySelector("img");
     if (hit.thumbnail) {
       loadThumbnail(img, hit.thumbnail);
-      img.alt = hit.name;
+      img.alt = hit.page ? `${hit.name}, page ${hit.page}` : hit.name;
+      if (hit.page) card.querySelector(".thumb").classList.add("paged");
     } else {
       card.querySelector(".thumb").classList.add("textual");
       img.remove();

@@ -1,0 +1,137 @@
+"""The search page in a real browser (Debian's chromium driven by Playwright) against a live
+`faste-mm serve` subprocess on a loopback port: load, type a query, see k thumbnails, upload an
+image, "more like this", reload from the URL; a screenshot is saved under the test's tmp dir.
+
+Skipped only when chromium or Playwright is missing (CI installs chromium in .ci/run).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from faste_mm import BatchingConfig, Embedder, Retriever
+from tests.serve_fixtures import make_gallery, scene_image
+from tests.test_retriever_scanning import tiny_vl_dir
+
+CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if os.path.exists("/usr/bin/chromium") else None)
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
+K = 6
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """A collection of 10 images + a 2-page PDF, served by `faste-mm serve -c DIR --port 0`."""
+    base = tmp_path_factory.mktemp("serve-browser")
+    model = tiny_vl_dir(tmp_path_factory.getbasetemp())
+    embedder = Embedder.from_pretrained(str(model), device="cpu", batching=BatchingConfig(batch_tokens=1 << 16))
+    gallery = make_gallery(base / "gallery")
+    Retriever(embedder, collection=base / "col", r_max=0.5).index([gallery])
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "faste_mm.cli.app", "serve", "-c", str(base / "col"), "--port", "0", "--device", "cpu"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in process.stdout], daemon=True).start()
+    try:
+        line = lines.get(timeout=120)
+    except queue.Empty:
+        process.kill()
+        pytest.fail(f"faste-mm serve printed no URL in 120 s; stderr: {process.stderr.read()[-2000:]}")
+    assert line.startswith("serving on http://127.0.0.1:"), line
+    yield line.split()[-1].rstrip("/"), base
+    process.terminate()
+    try:
+        process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    playwright_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+    with playwright_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield browser
+        browser.close()
+
+
+def _thumbnails_loaded(page) -> int:
+    return page.evaluate("[...document.querySelectorAll('.card img')].filter(i => i.complete && i.naturalWidth > 0).length")
+
+
+def test_search_page_queries_uploads_more_like_this_and_reloads_from_the_url(server, browser, tmp_path):
+    url, base = server
+    page = browser.new_page(viewport={"width": 1280, "height": 860})
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.goto(url + "/")
+    page.wait_for_selector("#collection strong")
+    assert "12 items" in page.inner_text("#collection")  # 10 images + 2 PDF pages
+
+    # type a query, Enter submits: k cards, each image with its thumbnail, the query in the URL
+    page.select_option("#k", "12")
+    page.fill("#q", "a sunset over the sea")
+    page.press("#q", "Enter")
+    page.wait_for_selector(".card")
+    assert page.locator(".card").count() == 12
+    page.wait_for_function("[...document.querySelectorAll('.card img')].every(i => i.complete && i.naturalWidth > 0)")
+    assert _thumbnails_loaded(page) == 12  # every hit here is an image or a PDF page
+    assert "q=a+sunset+over+the+sea" in page.url
+    assert page.locator(".card .page").all_inner_texts().count("page 1") == 1
+    page.screenshot(path=str(tmp_path / "search.png"))
+    if os.environ.get("FASTE_MM_SCREENSHOT"):  # refresh the README's picture: FASTE_MM_SCREENSHOT=docs/serve-page.png
+        page.screenshot(path=os.environ["FASTE_MM_SCREENSHOT"], full_page=True)
+
+    # upload an image: the search runs with it and the image chip shows
+    scene_image(tmp_path / "query.png", 3)
+    page.set_input_files("#image", str(tmp_path / "query.png"))
+    page.wait_for_selector("#image-chip:not([hidden])")
+    page.wait_for_function("document.querySelector('#status-text').textContent.includes('query.png')")
+    first_after_upload = page.locator(".card .name").first.inner_text()
+    assert first_after_upload  # the grid re-rendered with results for the image
+
+    # more like this: searches with that item, leaves it out, puts its id in the URL
+    card = page.locator(".card").nth(1)
+    chosen = card.get_attribute("data-id")
+    card.locator(".more").click()
+    page.wait_for_function(f"document.querySelector('#status-text').textContent.includes('#{chosen}')")
+    assert f"id={chosen}" in page.url
+    assert chosen not in page.locator(".card").evaluate_all("cards => cards.map(c => c.dataset.id)")
+    assert page.locator(".card").count() == 11  # the other items of the collection
+
+    # reload from a shared URL: the query is restored and searched again
+    page.goto(url + "/?q=forest&k=24")
+    page.wait_for_selector(".card")
+    assert page.input_value("#q") == "forest" and page.input_value("#k") == "24"
+    assert page.locator(".card").count() == 12  # the collection holds 12 items
+    assert not errors, errors
+
+
+def test_search_page_shows_the_server_message_when_a_request_fails(server, browser):
+    url, _ = server
+    page = browser.new_page()
+    page.goto(url + "/?id=987654")
+    page.wait_for_selector("#banner:not([hidden])")
+    text = page.inner_text("#banner-text")
+    assert "404" in text and "987654" in text
+
+
+def test_search_page_says_when_the_collection_is_empty(browser, tmp_path, server):
+    """The page reads the item count from /info (its value for an empty collection is tested in
+    test_serve_api); here /info is answered with zero items, saving a second model load."""
+    url, _ = server
+    page = browser.new_page()
+    page.route("**/info", lambda route: route.fulfill(
+        json={"model": "m", "dim": 64, "collection": {"name": "empty", "items": 0}}))
+    page.goto(url + "/")
+    page.wait_for_selector("#banner:not([hidden])")
+    assert "empty" in page.inner_text("#banner-text") and "faste-mm index" in page.inner_text("#banner-text")
