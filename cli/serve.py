@@ -55,12 +55,12 @@ def serve_command(
     debug: bool = typer.Option(False, "--debug", envvar="FASTE_MM_DEBUG", help="Show tracebacks and debug logs."),
 ) -> None:
     """Serve embeddings (OpenAI-compatible /v1/embeddings) and, with -c, search and a search page at /."""
-    logging.basicConfig(level=logging.DEBUG if debug else logging.INFO, stream=sys.stderr,
-                        format="%(levelname)s: %(message)s", force=True)
     try:
         from faste_mm.serving import BatcherConfig, ServeConfig, check_bind
 
-        check_bind(host, api_key, insecure)
+        check_bind(host, api_key, insecure)  # before anything else: a refused bind changes nothing
+        logging.basicConfig(level=logging.DEBUG if debug else logging.INFO, stream=sys.stderr,
+                            format="%(levelname)s: %(message)s", force=True)
         config = ServeConfig(api_key=api_key, batching=BatcherConfig(batch_tokens, max_wait_ms, max_queue),
                              max_body_bytes=max_body_bytes, max_request_tokens=max_request_tokens,
                              allow_remote_images=allow_remote_images, r_max=r_max)
