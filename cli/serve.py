@@ -51,6 +51,10 @@ def serve_command(
                                                   "URLs and uploads always work."),
     device: str = typer.Option("auto", "--device", envvar="FASTE_MM_DEVICE",
                                help="auto (CUDA when available) | cpu | cuda | cuda:N."),
+    threads: Optional[int] = typer.Option(None, "--threads", envvar="FASTE_MM_THREADS", min=1,
+                                          help="CPU threads of the model (torch.set_num_threads); default: "
+                                               "torch's (one per core). On a busy shared CPU, 1 avoids threads "
+                                               "waiting on each other."),
     unpadded: str = unpadded_option(),
     debug: bool = typer.Option(False, "--debug", envvar="FASTE_MM_DEBUG", help="Show tracebacks and debug logs."),
 ) -> None:
@@ -64,6 +68,10 @@ def serve_command(
         config = ServeConfig(api_key=api_key, batching=BatcherConfig(batch_tokens, max_wait_ms, max_queue),
                              max_body_bytes=max_body_bytes, max_request_tokens=max_request_tokens,
                              allow_remote_images=allow_remote_images, r_max=r_max)
+        if threads is not None:
+            import torch
+
+            torch.set_num_threads(threads)
         engine = _load_engine(collection, model, device, batch_tokens, unpadded, config)
     except FasteError as error:
         fail(error, debug)
@@ -112,6 +120,7 @@ def _run(engine, host: str, port: int) -> None:
     except OSError as error:
         stderr.print(f"[red]error:[/red] cannot bind {host}:{port} ({error}); choose another --port")
         raise typer.Exit(1)
+    sock.listen(2048)  # connections made as soon as the URL is printed wait in the backlog
     bound = sock.getsockname()[1]
     shown = f"[{host}]" if ":" in host else host
     # stdout: scripts and tests read the URL from here; everything else is on stderr.

@@ -1,0 +1,168 @@
+"""Benchmark `faste-mm serve`: C concurrent clients x R requests each against a local server on a
+random-weight bench-shape model saved to disk, for each C; reports requests/s, items/s and
+p50/p95/p99 latency per C, and the batch sizes the server formed (from /metrics).
+
+    python scripts/bench_serve.py --shape qwen3-vl-embedding-2b --scale-hidden 0.25 \
+        --concurrency 1,4,16 --requests 8 --words 60 --out docs/bench/serve-cpu.json
+
+The server runs as its own process (`faste-mm serve --model DIR --port 0`), as users run it;
+the clients are threads with one keep-alive HTTP connection each. Every request carries
+`--items` texts of `--words` words (distinct per request, so nothing is cached anywhere).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import queue
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+WORDS = ("retrieval embedding compression readout prefix layer token image page query document vector "
+         "search index model batch attention cosine threshold budget").split()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shape", default="qwen3-vl-embedding-2b")
+    parser.add_argument("--scale-hidden", type=float, default=0.25)
+    parser.add_argument("--model", help="an existing model directory instead of building --shape")
+    parser.add_argument("--concurrency", default="1,4,16", help="comma-separated client counts")
+    parser.add_argument("--requests", type=int, default=8, help="requests per client")
+    parser.add_argument("--items", type=int, default=1, help="texts per request")
+    parser.add_argument("--words", type=int, default=60, help="words per text")
+    parser.add_argument("--input-type", default="query", choices=("query", "document"))
+    parser.add_argument("--batch-tokens", type=int, default=16384)
+    parser.add_argument("--max-wait-ms", type=float, default=5.0)
+    parser.add_argument("--threads", type=int, help="the server's --threads (torch CPU threads)")
+    parser.add_argument("--warmup", type=int, default=2, help="requests before timing (first-call costs)")
+    parser.add_argument("--out", type=Path, help="write the report as JSON here")
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory() as workdir:
+        model = args.model
+        if model is None:
+            from faste_mm.bench_models import build_shape_model
+
+            print(f"building random-weight {args.shape} (scale {args.scale_hidden:g})", file=sys.stderr)
+            model = str(build_shape_model(args.shape, Path(workdir) / "model", args.scale_hidden))
+        server, url = _start_server(model, args)
+        try:
+            _warm_up(url, args)
+            rows = [_run(url, c, args) for c in _ints(args.concurrency)]
+        finally:
+            server.terminate()
+            server.wait(30)
+    report = {
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "model": args.model or f"{args.shape} scale {args.scale_hidden:g} (random weights)",
+        "workload": {"requests_per_client": args.requests, "items_per_request": args.items,
+                     "words_per_item": args.words, "input_type": args.input_type},
+        "server": {"batch_tokens": args.batch_tokens, "max_wait_ms": args.max_wait_ms, "threads": args.threads},
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+                    "load_average_1m_at_end": os.getloadavg()[0]},
+        "results": rows,
+    }
+    _print_table(report)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
+
+
+def _ints(text: str) -> list[int]:
+    return [int(part) for part in text.split(",") if part.strip()]
+
+
+def _start_server(model: str, args) -> tuple[subprocess.Popen, str]:
+    command = [sys.executable, "-m", "faste_mm.cli.app", "serve", "--model", model, "--port", "0",
+               "--device", "cpu", "--batch-tokens", str(args.batch_tokens), "--max-wait-ms", str(args.max_wait_ms),
+               "--max-queue", "1024"] + ([] if args.threads is None else ["--threads", str(args.threads)])
+    server = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in server.stdout], daemon=True).start()
+    line = lines.get(timeout=600)
+    url = re.search(r"http://\S+", line).group(0).rstrip("/")
+    return server, url
+
+
+def _texts(client: int, request: int, args) -> list[str]:
+    rng = np.random.default_rng(1000 * client + request)
+    return [" ".join(rng.choice(WORDS, args.words)) + f" ({client}.{request}.{i})" for i in range(args.items)]
+
+
+def _run(url: str, concurrency: int, args) -> dict:
+    import httpx
+
+    def client(c: int) -> list[float]:
+        latencies = []
+        with httpx.Client(base_url=url, timeout=600) as http:
+            for r in range(args.requests):
+                started = time.perf_counter()
+                response = http.post("/v1/embeddings", json={"input": _texts(c, r, args), "input_type": args.input_type})
+                response.raise_for_status()
+                latencies.append(time.perf_counter() - started)
+        return latencies
+
+    before = _batch_sizes(url)
+    started = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        latencies = np.array([x for chunk in pool.map(client, range(concurrency)) for x in chunk])
+    elapsed = time.perf_counter() - started
+    after = _batch_sizes(url)
+    n = concurrency * args.requests
+    batches = after[1] - before[1]
+    row = {
+        "concurrency": concurrency,
+        "requests": n,
+        "seconds": elapsed,
+        "requests_per_s": n / elapsed,
+        "items_per_s": n * args.items / elapsed,
+        "p50_ms": 1000 * float(np.percentile(latencies, 50)),
+        "p95_ms": 1000 * float(np.percentile(latencies, 95)),
+        "p99_ms": 1000 * float(np.percentile(latencies, 99)),
+        "mean_batch_size": (after[0] - before[0]) / batches if batches else None,
+    }
+    print(f"C={concurrency}: {row['requests_per_s']:.2f} req/s, p50 {row['p50_ms']:.0f} ms", file=sys.stderr)
+    return row
+
+
+def _warm_up(url: str, args) -> None:
+    """First calls pay one-off costs (allocator growth, lazy imports); keep them out of the timings."""
+    import httpx
+
+    for r in range(args.warmup):
+        httpx.post(url + "/v1/embeddings", json={"input": _texts(999, r, args), "input_type": args.input_type},
+                   timeout=600).raise_for_status()
+
+
+def _batch_sizes(url: str) -> tuple[float, float]:
+    """(sum, count) of the server's faste_mm_batch_size histogram over every kind."""
+    import httpx
+
+    text = httpx.get(url + "/metrics").text
+    total = sum(float(m) for m in re.findall(r"^faste_mm_batch_size_sum\{[^}]*\} (\S+)", text, re.M))
+    count = sum(float(m) for m in re.findall(r"^faste_mm_batch_size_count\{[^}]*\} (\S+)", text, re.M))
+    return total, count
+
+
+def _print_table(report: dict) -> None:
+    print(f"model: {report['model']}; workload: {report['workload']}")
+    print(f"{'C':>3} {'req/s':>8} {'items/s':>8} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} {'batch':>6}")
+    for row in report["results"]:
+        batch = "-" if row["mean_batch_size"] is None else f"{row['mean_batch_size']:.1f}"
+        print(f"{row['concurrency']:>3} {row['requests_per_s']:>8.2f} {row['items_per_s']:>8.2f} {row['p50_ms']:>8.0f} "
+              f"{row['p95_ms']:>8.0f} {row['p99_ms']:>8.0f} {batch:>6}")
+
+
+if __name__ == "__main__":
+    main()
