@@ -34,10 +34,10 @@ def server(tmp_path_factory):
     model = tiny_vl_dir(tmp_path_factory.getbasetemp())
     embedder = Embedder.from_pretrained(str(model), device="cpu", batching=BatchingConfig(batch_tokens=1 << 16))
     gallery = make_gallery(base / "gallery")
-    Retriever(embedder, collection=base / "col", r_max=0.5).index([gallery])
+    Retriever(embedder, collection=base / "photos", r_max=0.5).index([gallery])
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     process = subprocess.Popen(
-        [sys.executable, "-m", "faste_mm.cli.app", "serve", "-c", str(base / "col"), "--port", "0", "--device", "cpu"],
+        [sys.executable, "-m", "faste_mm.cli.app", "serve", "-c", str(base / "photos"), "--port", "0", "--device", "cpu"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in process.stdout], daemon=True).start()
@@ -88,6 +88,10 @@ def test_search_page_queries_uploads_more_like_this_and_reloads_from_the_url(ser
     assert "q=a+sunset+over+the+sea" in page.url
     assert page.locator(".card .page").all_inner_texts().count("page 1") == 1
     page.screenshot(path=str(tmp_path / "search.png"))
+    page.emulate_media(color_scheme="dark")
+    page.wait_for_timeout(400)  # let the colour transitions finish (a picture, not an assertion)
+    page.screenshot(path=str(tmp_path / "search-dark.png"))
+    page.emulate_media(color_scheme="light")
     if os.environ.get("FASTE_MM_SCREENSHOT"):  # refresh the README's picture: FASTE_MM_SCREENSHOT=docs/serve-page.png
         page.screenshot(path=os.environ["FASTE_MM_SCREENSHOT"], full_page=True)
 
