@@ -49,9 +49,10 @@ def collection(embedder, tmp_path_factory) -> Path:
     return base / "col"
 
 
-def _client(embedder, collection=None, **config) -> TestClient:
+def _client(embedder, collection=None, raise_server_exceptions=True, **config) -> TestClient:
     retriever = None if collection is None else Retriever(embedder, collection=collection, r_max=0.5)
-    return TestClient(create_app(ServeEngine(embedder, retriever, ServeConfig(**config))))
+    return TestClient(create_app(ServeEngine(embedder, retriever, ServeConfig(**config))),
+                      raise_server_exceptions=raise_server_exceptions)
 
 
 @pytest.fixture(scope="module")
@@ -468,3 +469,25 @@ def test_concurrent_clients_on_loopback_all_succeed_and_get_merged(embedder):
     expected = embedder.encode_queries([t for t, _ in answers], instruction=VL_QUERY_INSTRUCTION).embeddings
     np.testing.assert_allclose(np.stack([v for _, v in answers]), expected, atol=1e-5)
     assert engine.metrics.largest("faste_mm_batch_size", kind="query") > 1
+
+
+def test_the_page_and_its_assets_are_local_and_load_nothing_from_other_hosts(client):
+    page = client.get("/")
+    assert page.status_code == 200 and "text/html" in page.headers["content-type"]
+    import re
+
+    for asset in ["/", *re.findall(r'(?:src|href)="(/static/[^"]+)"', page.text)]:
+        response = client.get(asset)
+        assert response.status_code == 200, asset
+        text = response.text.replace('xmlns="http://www.w3.org/2000/svg"', "")  # a namespace name, never fetched
+        assert not re.search(r"https?://", text), f"{asset} refers to another host"
+    assert client.get("/docs").status_code == 404  # FastAPI's Swagger UI would load a CDN
+
+
+def test_an_unexpected_failure_is_a_json_500_and_the_server_keeps_serving(embedder, monkeypatch):
+    original = embedder.encode
+    monkeypatch.setattr(embedder, "encode", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
+    with _client(embedder, raise_server_exceptions=False) as c:  # as a real client sees it
+        _error(c.post("/v1/embeddings", json={"input": "x"}), 500, "RuntimeError", "boom")
+        monkeypatch.setattr(embedder, "encode", original)
+        assert c.post("/v1/embeddings", json={"input": "x"}).status_code == 200

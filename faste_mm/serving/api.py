@@ -52,10 +52,11 @@ def create_app(engine: ServeEngine) -> FastAPI:
         finally:
             engine.close()
 
-    app = FastAPI(title="faste-mm", version="0.1.0", lifespan=lifespan, docs_url="/docs", redoc_url=None)
+    # No /docs: FastAPI's Swagger UI loads its scripts from a CDN. The schema is at /openapi.json.
+    app = FastAPI(title="faste-mm", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.engine = engine
-    app.add_middleware(_MetricsMiddleware, engine=engine)
     app.add_middleware(_BodyLimitMiddleware, limit=engine.config.max_body_bytes)
+    app.add_middleware(_MetricsMiddleware, engine=engine)  # added last = outermost: counts 413s too
     _add_error_handlers(app)
     auth = Depends(_require_key(engine.config.api_key))
 
@@ -137,8 +138,8 @@ async def _search_fields(request: Request, engine: ServeEngine):
         upload = form.get("image")
         if upload is not None and not isinstance(upload, str):
             raw = await upload.read()
-            if raw:
-                image = decode_image_bytes(raw, f"image ({upload.filename or 'upload'})")
+            if raw:  # decoding is CPU work: off the event loop
+                image = await run_in_threadpool(decode_image_bytes, raw, f"image ({upload.filename or 'upload'})")
         query = (form.get("q") or "").strip() or None
         return query, image, _int_field(form.get("id"), "id"), _int_field(form.get("k"), "k") or 10
     try:
@@ -148,7 +149,7 @@ async def _search_fields(request: Request, engine: ServeEngine):
                          f"{_validation_message(error)}") from None
     image = None
     if body.image is not None:
-        image = decode_image_url(body.image, "image", engine.config.allow_remote_images)
+        image = await run_in_threadpool(decode_image_url, body.image, "image", engine.config.allow_remote_images)
     return (body.query or "").strip() or None, image, body.id, body.k
 
 
@@ -269,6 +270,11 @@ def _add_error_handlers(app: FastAPI) -> None:
             log.error("%s %s: %s", request.method, request.url.path, error)
         return _error_response(status, str(error))
 
+    @app.exception_handler(Exception)
+    async def unexpected_error(request: Request, error: Exception) -> JSONResponse:
+        log.exception("%s %s failed", request.method, request.url.path)
+        return _error_response(500, f"internal error ({type(error).__name__}: {error}); see the server log")
+
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
         return _error_response(400, f"bad request body: {_validation_message(error)}")
@@ -277,5 +283,5 @@ def _add_error_handlers(app: FastAPI) -> None:
     async def http_error(request: Request, error: HTTPException) -> JSONResponse:
         message = error.detail if isinstance(error.detail, str) else str(error.detail)
         if error.status_code == 404 and message == "Not Found":
-            message = f"no route {request.method} {request.url.path}; see GET /docs for the API"
+            message = f"no route {request.method} {request.url.path}; the API is described at GET /openapi.json"
         return _error_response(error.status_code, message)
