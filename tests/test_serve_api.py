@@ -430,6 +430,32 @@ def test_the_batcher_merges_under_the_token_budget_and_never_mixes_kinds():
     full.close()
 
 
+def test_after_a_batch_the_next_one_waits_for_the_clients_that_just_got_answers():
+    """Without a grace period after the model frees up, C clients settle into two alternating
+    batches: the request that waited through a batch would run alone, before the clients just
+    answered can send their next requests."""
+    gate, seen = threading.Event(), []
+
+    def run(payloads):
+        if payloads == ["a"]:
+            gate.wait(10)
+        seen.append(list(payloads))
+        return payloads
+
+    batcher = Batcher({"query": run}, BatcherConfig(batch_tokens=10, max_wait_ms=1000)).start()
+    try:
+        first = batcher.submit("query", "a", 10)  # fills the budget: runs at once, holds the model
+        waiting = batcher.submit("query", "b", 5)  # waits through "a", past its own max wait
+        time.sleep(1.5)
+        gate.set()
+        first.result(10)
+        again = batcher.submit("query", "c", 5)  # a's client comes back
+        assert waiting.result(10) == "b" and again.result(10) == "c"
+    finally:
+        batcher.close()
+    assert seen == [["a"], ["b", "c"]]
+
+
 def test_concurrent_clients_on_loopback_all_succeed_and_get_merged(embedder):
     """8 threads x 5 requests against a live uvicorn on 127.0.0.1: every answer equals its own
     encode_queries, and the batcher merged requests (largest batch > 1)."""

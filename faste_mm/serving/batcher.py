@@ -43,7 +43,8 @@ class QueueFullError(FasteError):
 @dataclass(frozen=True, slots=True)
 class BatcherConfig:
     """batch_tokens: prompt tokens merged into one model call (a larger request still runs, alone);
-    max_wait_ms: how long the oldest waiting request may wait for others to join its batch;
+    max_wait_ms: how long a batch may wait for more requests, counted from the later of its
+        oldest request's arrival and the model becoming free;
     max_queue: requests that may wait per kind before new ones are refused (503)."""
 
     batch_tokens: int = 16384
@@ -89,6 +90,7 @@ class Batcher:
         self._cond = threading.Condition()
         self._stopping = False
         self._thread: threading.Thread | None = None
+        self._free_since = 0.0  # when the model thread last finished a batch
 
     # ---- lifecycle -------------------------------------------------------------------------
     def start(self) -> "Batcher":
@@ -134,6 +136,7 @@ class Batcher:
     # ---- the model thread ------------------------------------------------------------------
     def _loop(self) -> None:
         while True:
+            self._free_since = time.perf_counter()
             picked = self._next_batch()
             if picked is None:
                 return
@@ -151,7 +154,11 @@ class Batcher:
                 return None
             kind = min((queue[0].enqueued_s, kind) for kind, queue in self._queues.items() if queue)[1]
             queue = self._queues[kind]
-            deadline = queue[0].enqueued_s + self.config.max_wait_ms / 1000.0
+            # Wait from the later of the oldest job's arrival and the model becoming free: the
+            # clients of the batch that just finished re-submit within milliseconds, and
+            # without this grace they would form a second group that never merges with the
+            # first (C clients settle into two alternating batches of C/2).
+            deadline = max(queue[0].enqueued_s, self._free_since) + self.config.max_wait_ms / 1000.0
             jobs: list[_Job] = []
             tokens = 0
             while True:

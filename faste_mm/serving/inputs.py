@@ -22,8 +22,8 @@ import numpy as np
 from PIL import Image
 from pydantic import BaseModel, ConfigDict, Field
 
+from faste_mm import Item
 from faste_mm.errors import InputError
-from faste_mm.items import Item
 
 InputType = Literal["query", "document"]
 MAX_IMAGE_PIXELS = 64_000_000  # decompression-bomb guard for images sent over HTTP
