@@ -11,7 +11,7 @@ from typing import Optional
 
 import typer
 
-from faste_mm.cli.common import DEFAULT_MODEL, fail, stderr, unpadded_option
+from faste_mm.cli.common import DEFAULT_MODEL, debug_option, device_option, fail, setup_logging, stderr, unpadded_option
 from faste_mm.errors import ConfigError, FasteError
 
 
@@ -49,22 +49,20 @@ def serve_command(
     allow_remote_images: bool = typer.Option(False, "--allow-remote-images", envvar="FASTE_MM_ALLOW_REMOTE_IMAGES",
                                              help="Fetch http(s) image URLs (off by default: SSRF risk); data: "
                                                   "URLs and uploads always work."),
-    device: str = typer.Option("auto", "--device", envvar="FASTE_MM_DEVICE",
-                               help="auto (CUDA when available) | cpu | cuda | cuda:N."),
+    device: str = device_option(),
     threads: Optional[int] = typer.Option(None, "--threads", envvar="FASTE_MM_THREADS", min=1,
                                           help="CPU threads of the model (torch.set_num_threads); default: "
                                                "torch's (one per core). On a busy shared CPU, 1 avoids threads "
                                                "waiting on each other."),
     unpadded: str = unpadded_option(),
-    debug: bool = typer.Option(False, "--debug", envvar="FASTE_MM_DEBUG", help="Show tracebacks and debug logs."),
+    debug: bool = debug_option(),
 ) -> None:
     """Serve embeddings (OpenAI-compatible /v1/embeddings) and, with -c, search and a search page at /."""
     try:
         from faste_mm.serving import BatcherConfig, ServeConfig, check_bind
 
         check_bind(host, api_key, insecure)  # before anything else: a refused bind changes nothing
-        logging.basicConfig(level=logging.DEBUG if debug else logging.INFO, stream=sys.stderr,
-                            format="%(levelname)s: %(message)s", force=True)
+        setup_logging(debug, logging.INFO)
         config = ServeConfig(api_key=api_key, batching=BatcherConfig(batch_tokens, max_wait_ms, max_queue),
                              max_body_bytes=max_body_bytes, max_request_tokens=max_request_tokens,
                              allow_remote_images=allow_remote_images, r_max=r_max)
@@ -83,7 +81,8 @@ def serve_command(
 
 def _load_engine(collection, model, device, batch_tokens, unpadded, config):
     from faste_mm import BatchingConfig, Embedder
-    from faste_mm.retriever import Retriever, collection_path
+    from faste_mm.retrieval.maintenance import collection_path
+    from faste_mm.retrieval.retriever import Retriever
     from faste_mm.serving import ServeEngine
 
     batching = BatchingConfig(batch_tokens=batch_tokens, unpadded=unpadded)

@@ -52,7 +52,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as workdir:
         model = args.model
         if model is None:
-            from faste_mm.bench_models import build_shape_model
+            from faste_mm.tools.shapes import build_shape_model
 
             print(f"building random-weight {args.shape} (scale {args.scale_hidden:g})", file=sys.stderr)
             model = str(build_shape_model(args.shape, Path(workdir) / "model", args.scale_hidden))

@@ -104,6 +104,7 @@ def test_the_package_walk_sees_every_layer(graph):
         ("retrieval", {"tools", "integrations", "datasets", "cli", "testing"}),
         ("tools", {"integrations", "cli", "testing"}),
         ("datasets", {"tools", "integrations", "cli", "testing"}),
+        ("serving", {"tools", "integrations", "datasets", "cli", "testing"}),
         ("errors", {"model", "retrieval", "tools", "integrations", "indexers", "datasets", "cli", "testing"}),
     ],
 )

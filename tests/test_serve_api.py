@@ -22,7 +22,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 
 from faste_mm import BatchingConfig, Embedder, FastEConfig, Item, Retriever  # noqa: E402
 from faste_mm.errors import ConfigError  # noqa: E402
-from faste_mm.indexers import Collection, Manifest  # noqa: E402
+from faste_mm.indexers import Collection  # noqa: E402
 from faste_mm.serving import (Batcher, BatcherConfig, QueueFullError, ServeConfig, ServeEngine,  # noqa: E402
                               check_bind, create_app)
 from faste_mm.serving.engine import VL_QUERY_INSTRUCTION  # noqa: E402

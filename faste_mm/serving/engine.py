@@ -112,8 +112,9 @@ class ServeEngine:
 
             self.manifest = read_manifest(self.collection)
             # The collection's documents were embedded with its FastE: new ones must match.
-            fast_e = {k: v for k, v in (self.manifest.fast_e or {}).items() if k != "threshold_source"}
-            self.document_fast_e = FastEConfig(**fast_e) if fast_e else None
+            fast_e = self.manifest.fast_e
+            self.document_fast_e = None if fast_e is None else FastEConfig(
+                r_max=fast_e.r_max, warmup_layer=fast_e.warmup_layer, threshold=fast_e.threshold)
         self.query_instruction = self._default_query_instruction()
         runners = {"query": self._embed_runner("query"), "document": self._embed_runner("document")}
         if retriever is not None:

@@ -65,7 +65,8 @@ def thumbnail(record, cache_dir: Path) -> Path:
 
 
 def _render(record) -> Image.Image:
-    from faste_mm.items import Item, load_image
+    from faste_mm import Item
+    from faste_mm.model.items import load_image
 
     source = Path(record.uri)
     if not source.is_file():
