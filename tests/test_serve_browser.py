@@ -68,7 +68,7 @@ def _thumbnails_loaded(page) -> int:
     return page.evaluate("[...document.querySelectorAll('.card img')].filter(i => i.complete && i.naturalWidth > 0).length")
 
 
-def test_search_page_queries_uploads_more_like_this_and_reloads_from_the_url(server, browser, tmp_path):
+def test_search_page_queries_uploads_more_like_this_and_reloads_from_the_url(browser, server, tmp_path):
     url, base = server
     page = browser.new_page(viewport={"width": 1280, "height": 860})
     errors: list[str] = []
@@ -120,7 +120,7 @@ def test_search_page_queries_uploads_more_like_this_and_reloads_from_the_url(ser
     assert not errors, errors
 
 
-def test_search_page_shows_the_server_message_when_a_request_fails(server, browser):
+def test_search_page_shows_the_server_message_when_a_request_fails(browser, server):
     url, _ = server
     page = browser.new_page()
     page.goto(url + "/?id=987654")
