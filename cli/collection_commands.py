@@ -161,6 +161,15 @@ def search_command(
     instruction: Optional[str] = typer.Option(None, "--instruction", envvar="FASTE_MM_QUERY_INSTRUCTION",
                                               help="Query instruction. Default: 'Retrieve images or text "
                                                    "relevant to the user's query.' for text queries."),
+    where: list[str] = typer.Option([], "--where", envvar="FASTE_MM_WHERE",
+                                    help="Only items whose metadata has KEY equal to VALUE, as KEY=VALUE; "
+                                         "repeatable (all must hold). VALUE is a number, true/false, or text "
+                                         "(quote a number to match it as text: year='\"2024\"')."),
+    kind: list[str] = typer.Option([], "--type", envvar="FASTE_MM_TYPE",
+                                   help="Only items of this kind: image | pdf | text; repeatable (any of them)."),
+    path: Optional[str] = typer.Option(None, "--path", envvar="FASTE_MM_PATH",
+                                       help="Only files whose path matches this glob ('*' also matches '/'), "
+                                            "e.g. '*/invoices/*', '*.pdf', './photos/*'."),
     device: str = device_option(),
     debug: bool = debug_option(),
 ) -> None:
@@ -170,15 +179,18 @@ def search_command(
     setup_logging(debug)
     if query is None and image is None:
         _usage("give a QUERY text, --image PATH, or both")
+    conditions = _parse_where(where)
     try:
         with Retriever.open(collection, device=device) as retriever:
-            hits = retriever.search(query, image=image, k=k, instruction=instruction)
+            hits = retriever.search(query, image=image, k=k, instruction=instruction, where=conditions,
+                                    type=kind or None, path=path)
             root = retriever.collection
     except FasteError as error:
         fail(error, debug)
     if output is OutputFormat.json:
         payload = {"query": {"text": query, "image": None if image is None else str(image)},
                    "collection": str(root), "k": k,
+                   "filter": {"where": conditions, "types": list(kind), "path": path},
                    "hits": [{"rank": rank, **hit.to_dict()} for rank, hit in enumerate(hits, 1)]}
         stdout.print_json(json.dumps(payload))
     elif output is OutputFormat.paths:
@@ -192,6 +204,22 @@ def search_command(
         for rank, hit in enumerate(hits, 1):
             table.add_row(str(rank), f"{hit.score:.4f}", hit.uri, "" if hit.page is None else str(hit.page))
         stdout.print(table)
+
+
+def _parse_where(conditions: list[str]) -> dict:
+    """--where KEY=VALUE options -> {key: value}: VALUE read as JSON when it is a number, true or
+    false, or a quoted string; any other text as itself (so tag=invoice needs no quotes)."""
+    parsed = {}
+    for condition in conditions:
+        key, sep, text = condition.partition("=")
+        if not sep or not key.strip():
+            _usage(f"--where takes KEY=VALUE, e.g. --where tag=invoice; got {condition!r}")
+        try:
+            value = json.loads(text)
+        except ValueError:
+            value = text
+        parsed[key.strip()] = value if isinstance(value, (str, int, float, bool)) else text
+    return parsed
 
 
 def info_command(

@@ -15,7 +15,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
+import numpy as np
+
 from faste_mm.errors import CollectionError
+from faste_mm.indexers.filters import SearchFilter, json_path
 from faste_mm.indexers.records import ItemRecord, Status
 
 log = logging.getLogger(__name__)
@@ -248,6 +251,32 @@ class MetaStore:
             "SELECT id FROM items WHERE status = 'ok' AND id IN (SELECT value FROM json_each(?))",
             (json.dumps([int(i) for i in ids]),)).fetchall()
         return {r[0] for r in rows}
+
+    def filtered_ids(self, where: SearchFilter) -> np.ndarray:
+        """Sorted ids [n] int64 of the live items that meet every condition of `where`.
+
+        A metadata value matches only a JSON value of its own kind (json_type), so "2024" never
+        matches 2024 and True never matches 1; int and float compare by value."""
+        clauses, params = ["status = 'ok'"], []
+        for key, value in where.where.items():
+            path = json_path(key)
+            if isinstance(value, bool):
+                clauses.append("json_type(metadata, ?) = ?")
+                params += [path, "true" if value else "false"]
+            else:
+                kinds = ["text"] if isinstance(value, str) else ["integer", "real"]
+                clauses.append("json_extract(metadata, ?) = ? AND json_type(metadata, ?) "
+                               "IN (SELECT value FROM json_each(?))")
+                params += [path, value, path, json.dumps(kinds)]
+        if where.types:
+            clauses.append("modality IN (SELECT value FROM json_each(?))")
+            params.append(json.dumps(list(where.modalities)))
+        if where.path is not None:
+            clauses.append("uri GLOB ?")
+            params.append(where.path)
+        rows = self.db.execute(f"SELECT id FROM items WHERE {' AND '.join(clauses)} ORDER BY id",
+                               params).fetchall()
+        return np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
 
     def records_where_status(self, status: str) -> list[ItemRecord]:
         rows = self.db.execute(f"SELECT {_ITEM_COLUMNS} FROM items WHERE status = ? ORDER BY id",

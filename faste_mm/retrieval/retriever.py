@@ -24,7 +24,7 @@ from faste_mm.retrieval.calibrations import Calibration, check_collection_target
 from faste_mm.model.faste import FastEConfig
 from faste_mm.model.embedder import Embedder, EmbedResult, OnError
 from faste_mm.errors import ConfigError, InputError
-from faste_mm.indexers import Collection, CollectionInfo, ItemRecord, Manifest
+from faste_mm.indexers import Collection, CollectionInfo, ItemRecord, Manifest, SearchFilter
 from faste_mm.indexers.faiss_index import validate_factory
 from faste_mm.indexers.manifest import MANIFEST_NAME, CollectionFastE, read_manifest, settings_mismatch
 from faste_mm.indexers.records import repeated_key
@@ -332,23 +332,34 @@ class Retriever:
 
     # ---- search ----------------------------------------------------------------------------
     def search(self, query: str | None = None, *, image: str | Path | Image.Image | None = None,
-               k: int = 10, instruction: str | None = None) -> list[Hit]:
+               k: int = 10, instruction: str | None = None, where: Mapping[str, Any] | None = None,
+               type: str | Sequence[str] | None = None, path: str | None = None) -> list[Hit]:
         """Top-k items for a text, an image, or both. An image alone is a query by example: it
         is embedded exactly like a document (so an indexed image finds itself with score ~1)
-        unless `instruction` is given. Raises InputError if neither query nor image is given."""
+        unless `instruction` is given.
+
+        Filters (all must hold; k hits come back whenever k items match, whatever the index):
+        where: metadata key -> value, e.g. {"tag": "invoice"} (values of `add(metadata=...)`);
+        type: "image" | "pdf" | "text", or several; path: a glob on the stored path, e.g.
+        "*/invoices/*" or "./photos/*" (see `faste_mm.indexers.SearchFilter`).
+        Raises InputError if neither query nor image is given, ConfigError for a bad filter."""
         if query is None and image is None:
             raise InputError("search: give a query text, an image, or both")
-        return self.search_batch([Item(text=query, image=image)], k=k, instruction=instruction)[0]
+        return self.search_batch([Item(text=query, image=image)], k=k, instruction=instruction,
+                                 where=where, type=type, path=path)[0]
 
-    def search_batch(self, queries: Sequence[object], k: int = 10,
-                     instruction: str | None = None) -> list[list[Hit]]:
-        """`search` for many queries (str text, Path/PIL image, or `Item`), one list of hits each."""
+    def search_batch(self, queries: Sequence[object], k: int = 10, instruction: str | None = None,
+                     where: Mapping[str, Any] | None = None, type: str | Sequence[str] | None = None,
+                     path: str | None = None) -> list[list[Hit]]:
+        """`search` for many queries (str text, Path/PIL image, or `Item`), one list of hits each;
+        the filters apply to every query."""
+        search_filter = SearchFilter(where=where or {}, types=() if type is None else type, path=path)
         items = [_as_query(q, i) for i, q in enumerate(queries)]
         if self._reader is None:
             self._reader = Collection.open(self.collection, expect=self.document_manifest())
         col = self._reader
         vectors = self._embed_queries(items, instruction, col)
-        scores, ids = col.search(vectors, k)
+        scores, ids = col.search(vectors, k, where=search_filter)
         found = sorted({int(i) for i in ids[ids >= 0]})
         records = dict(zip(found, col.get(found)))
         return [[Hit(int(i), float(s), records[int(i)].uri, records[int(i)].page, records[int(i)].metadata)
