@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import logging
 import time
 from dataclasses import dataclass
@@ -266,8 +267,10 @@ class Retriever:
             uris: Sequence[str] | None = None, on_error: OnError = "raise") -> AddReport:
         """Embed items (str text, Path/PIL image, PDF path = all pages, `Item`) as documents and
         add them, with optional per-item metadata and uris. A PDF's pages share its metadata.
-        Default uri: a file's resolved path, else "item:<sha256 of the content>[:16]"; re-adding
-        a (uri, page) replaces the old item.
+        Default uri: a file's resolved path, else "item:<sha256 of the content and the
+        metadata>[:16]": the same text with different metadata is two items, the same text with
+        the same metadata one. Re-adding a (uri, page) replaces the old item (so re-adding a file
+        updates its metadata); pass `uris` to choose the identity yourself.
 
         on_error: "raise" stops at the first item that cannot be embedded (InputError naming it)
             and stores nothing; "skip" stores the others and records each bad row as a failure,
@@ -413,7 +416,7 @@ class _CollectionDocuments:
 def _add_record(item: Item, uri: str | None, metadata: Mapping[str, Any] | None, error: str | None) -> ItemRecord:
     """The record `add` stores for one row: an item, or (with `error`) a failure."""
     size, mtime = _file_stat(item)
-    return ItemRecord(uri=uri if uri is not None else _default_uri(item), modality=_modality(item), page=item.page,
+    return ItemRecord(uri=uri if uri is not None else _default_uri(item, metadata), modality=_modality(item), page=item.page,
                       size=size, mtime=mtime, metadata=metadata, error=error)
 
 
@@ -458,7 +461,10 @@ def _modality(item: Item) -> str:
     return "text"
 
 
-def _default_uri(item: Item) -> str:
+def _default_uri(item: Item, metadata: Mapping[str, Any] | None = None) -> str:
+    """A file's resolved path; else "item:" + a hash of the content AND the metadata, so the same
+    text added twice with different metadata is two items, while re-adding an identical
+    (content, metadata) pair replaces the stored one instead of duplicating it."""
     if isinstance(item.image, (str, Path)) and not item.text:
         return str(Path(item.image).expanduser().resolve())
     h = hashlib.sha256((item.text or "").encode("utf-8"))
@@ -466,6 +472,8 @@ def _default_uri(item: Item) -> str:
         h.update(item.image.tobytes())
     elif item.image is not None:
         h.update(str(Path(item.image).resolve()).encode("utf-8"))
+    if metadata is not None:  # None leaves the hash as it was, so earlier uris stay valid
+        h.update(b"\0metadata\0" + json.dumps(dict(metadata), sort_keys=True, default=str).encode("utf-8"))
     return "item:" + h.hexdigest()[:16]
 
 
