@@ -55,6 +55,11 @@ def index_command(
     threshold: Optional[float] = typer.Option(None, "--threshold", envvar="FASTE_MM_THRESHOLD",
                                               help="FastE theta for a NEW collection. Default: the model's saved "
                                                    "calibration (faste-mm calibrate --save), else the backbone's."),
+    dim: Optional[int] = typer.Option(None, "--dim", envvar="FASTE_MM_DIM", min=1,
+                                      help="Matryoshka: store only the first DIM dimensions of each vector, "
+                                           "re-normalised (e.g. 512: 4x smaller index, faster search, some "
+                                           "quality lost); queries are truncated the same way. Default: the "
+                                           "collection's, the model's full width for a new one."),
     batch_tokens: int = typer.Option(16384, "--batch-tokens", envvar="FASTE_MM_BATCH_TOKENS",
                                      help="Padded tokens per model batch (default 16384)."),
     unpadded: str = unpadded_option(),
@@ -97,8 +102,10 @@ def index_command(
         revision = existing.model_revision if existing and model is None else None
         if r_max is None:
             r_max = existing.r_max if existing else 0.5
+        if dim is None and existing is not None:
+            dim = existing.dim
         spec = ModelSpec(model_id, revision, device, batching=BatchingConfig(batch_tokens=batch_tokens, unpadded=unpadded))
-        with Retriever(spec, collection=root, r_max=r_max, threshold=threshold) as retriever, _IndexProgressBar() as bar:
+        with Retriever(spec, collection=root, r_max=r_max, threshold=threshold, dim=dim) as retriever, _IndexProgressBar() as bar:
             report = retriever.index(paths, options=options, progress=bar.update)
     except FasteError as error:
         fail(error, debug)
@@ -248,7 +255,8 @@ def info_command(
     fast_e = manifest.fast_e
     theta = "-" if fast_e is None else f"{fast_e.threshold} ({fast_e.threshold_source or 'backbone default'})"
     for name, value in (("model", manifest.model_id), ("revision", manifest.model_revision or "-"),
-                        ("dim", info.dim), ("FastE r_max (documents)", manifest.r_max),
+                        ("dim", f"{info.dim} (Matryoshka: first {info.dim} of {manifest.model_dim})"
+                                if manifest.is_matryoshka else info.dim), ("FastE r_max (documents)", manifest.r_max),
                         ("FastE theta (documents)", theta),
                         ("pixels", f"{manifest.min_pixels}..{manifest.max_pixels}"),
                         ("items", info.n_ok), ("failed", info.n_failed), ("deleted (until compact)", info.n_deleted),

@@ -83,11 +83,18 @@ class Retriever:
         never load weights). r_max: FastE ratio for documents of NEW collections (an existing
         collection keeps its own). query_instruction: None = DEFAULT_QUERY_INSTRUCTION for
         vision-language models, the model's own default query task for text models.
+        dim: Matryoshka width of NEW collections: documents and queries keep their first `dim`
+        dimensions, re-normalised (smaller index, faster search, some quality lost); None = the
+        model's full width. A collection's dim is fixed: another one is refused like a model change.
     """
 
     def __init__(self, model: Embedder | ModelSpec, *, collection: str | Path | None = None,
-                 r_max: float = 0.5, query_instruction: str | None = None, threshold: float | None = None) -> None:
+                 r_max: float = 0.5, query_instruction: str | None = None, threshold: float | None = None,
+                 dim: int | None = None) -> None:
         FastEConfig(r_max=r_max, threshold=threshold)  # validates both with a ConfigError
+        if dim is not None and (isinstance(dim, bool) or not isinstance(dim, int) or dim < 1):
+            raise ConfigError(f"Retriever dim must be None (the model's width) or an int >= 1, got {dim!r}")
+        self.dim = dim
         self.threshold = threshold  # theta for NEW collections; None: saved calibration, else default
         self._embedder = model if isinstance(model, Embedder) else None
         self._spec = model if isinstance(model, ModelSpec) else None
@@ -102,22 +109,23 @@ class Retriever:
     def from_pretrained(cls, model: str, r_max: float = 0.5, *, collection: str | Path | None = None,
                         device: str = "auto", dtype: str = "auto", revision: str | None = None,
                         batching: BatchingConfig | None = None,
-                        query_instruction: str | None = None, threshold: float | None = None) -> "Retriever":
+                        query_instruction: str | None = None, threshold: float | None = None,
+                        dim: int | None = None) -> "Retriever":
         """Load `model` (hub id or local directory) now. Raises ModelLoadError."""
         spec = ModelSpec(model, revision, device, dtype, batching)
         return cls(spec.load(), collection=collection, r_max=r_max, query_instruction=query_instruction,
-                   threshold=threshold)
+                   threshold=threshold, dim=dim)
 
     @classmethod
     def open(cls, collection: str | Path | None = None, *, device: str = "auto", dtype: str = "auto",
              batching: BatchingConfig | None = None, query_instruction: str | None = None) -> "Retriever":
         """A retriever for an existing collection, using the model, revision, pixel settings and
-        r_max named in its manifest (loaded when first needed). Raises CollectionError."""
+        r_max and dim named in its manifest (loaded when first needed). Raises CollectionError."""
         root = collection_path(collection)
         m = read_manifest(root)  # the settings only: no database connection needed
         serializer = SerializerConfig(min_pixels=m.min_pixels, max_pixels=m.max_pixels)
         spec = ModelSpec(m.model_id, m.model_revision, device, dtype, batching, serializer)
-        return cls(spec, collection=root, r_max=m.r_max, query_instruction=query_instruction)
+        return cls(spec, collection=root, r_max=m.r_max, query_instruction=query_instruction, dim=m.dim)
 
     @property
     def embedder(self) -> Embedder:
@@ -146,8 +154,12 @@ class Retriever:
             threshold, source = self._threshold(emb)
             resolved = emb.resolve_fast_e(FastEConfig(r_max=self.r_max, threshold=threshold))
             fast_e = CollectionFastE(resolved.r_max, resolved.warmup_layer, resolved.threshold, source)
+        dim = emb.dim if self.dim is None else self.dim
+        if dim > emb.dim:
+            raise ConfigError(f"dim {dim} is wider than {emb.model_id}'s embeddings ({emb.dim}); "
+                              f"choose a dim between 1 and {emb.dim}")
         return Manifest(
-            model_id=emb.model_id, dim=emb.dim, model_revision=emb.loaded.revision,
+            model_id=emb.model_id, dim=dim, model_dim=emb.dim, model_revision=emb.loaded.revision,
             document_instruction=DEFAULT_INSTRUCTION, min_pixels=config.min_pixels, max_pixels=config.max_pixels,
             fast_e=fast_e, index_type=index_type)
 
@@ -195,6 +207,8 @@ class Retriever:
         if self._embedder is None and (root / MANIFEST_NAME).exists():
             manifest = read_manifest(root)
             errors = self._spec.conflicts(manifest)
+            if self.dim is not None:
+                errors += manifest.differences({"dim": self.dim})
             if errors:
                 raise settings_mismatch(root, errors)
             validate_factory(index_type, manifest.dim)
@@ -376,14 +390,15 @@ class Retriever:
         out = np.zeros((len(items), col.manifest.dim), dtype=np.float32)
         if by_example:
             docs = self.embedder.encode_documents([items[i] for i in by_example],
-                                                  fast_e=self._collection_fast_e(col), on_error="raise")
+                                                  fast_e=self._collection_fast_e(col), dim=col.manifest.dim,
+                                                  on_error="raise")
             out[by_example] = docs.embeddings
         if with_task:
             task = instruction or self.query_instruction
             if task is None and self.embedder.family.is_multimodal:
                 task = DEFAULT_QUERY_INSTRUCTION
             out[with_task] = self.embedder.encode_queries([items[i] for i in with_task], instruction=task,
-                                                          on_error="raise").embeddings
+                                                          dim=col.manifest.dim, on_error="raise").embeddings
         return out
 
 
@@ -409,7 +424,8 @@ class _CollectionDocuments:
             self._col.require_compatible(self._retriever.document_manifest())
             self._fast_e = self._retriever._collection_fast_e(self._col)
             self._is_checked = True
-        return embedder.encode_documents(values, fast_e=self._fast_e, on_error=on_error)
+        # Matryoshka collections store the first `dim` dimensions, re-normalised (checked above).
+        return embedder.encode_documents(values, fast_e=self._fast_e, dim=self._col.manifest.dim, on_error=on_error)
 
 
 # ---- helpers ---------------------------------------------------------------------------------
