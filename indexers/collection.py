@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -283,6 +283,21 @@ class Collection:
             ks, rows = map(list, zip(*pairs))
             out[ks] = stored[rows]
         return out
+
+    def iter_live(self, chunk_rows: int = 4096) -> Iterator[tuple[list[ItemRecord], np.ndarray]]:
+        """Every live item with its vector, in storage order, `chunk_rows` at a time: (records,
+        vectors [n, dim] float32). Memory stays bounded by one chunk whatever the collection's
+        size (parts are memory-mapped), for exporting a collection to other stores."""
+        if not isinstance(chunk_rows, int) or chunk_rows < 1:
+            raise ConfigError(f"iter_live chunk_rows must be an int >= 1, got {chunk_rows!r}")
+        for part, n in self._store.parts():
+            vectors, _ = parts.read_part(self.root, part, n, self._manifest.dim)
+            live = [(i, row) for i, row, status in self._store.part_rows(part) if status == Status.OK]
+            for start in range(0, len(live), chunk_rows):
+                chunk = live[start:start + chunk_rows]
+                records = self._store.records([i for i, _ in chunk])
+                rows = [row for _, row in chunk]
+                yield [records[i] for i, _ in chunk], np.asarray(vectors[rows], dtype=np.float32)
 
     def find_by_hash(self, content_hash: str) -> list[ItemRecord]:
         """Live items whose source file has this sha256 (see `records.content_hash`)."""

@@ -46,6 +46,12 @@ def test_stored_vectors_and_queries_are_truncated_and_renormalised(embedder, tmp
     hits = r.search("bicycle", k=len(TEXTS))
     assert [h.id for h in hits] == [int(ids[i]) for i in np.argsort(-expected)]
     np.testing.assert_allclose([h.score for h in hits], np.sort(expected)[::-1], atol=1e-3)
+    # Retriever.export writes the truncated vectors as stored.
+    import pyarrow.parquet as pq
+
+    exported = pq.read_table(r.export(tmp_path / "c.parquet").path).to_pydict()
+    assert exported["id"] == ids.tolist()
+    np.testing.assert_array_equal(np.array(exported["vector"], dtype=np.float32), stored)
     # Retriever.open reads the dim back from the manifest.
     reopened = Retriever.open(tmp_path / "c")
     reopened._embedder = embedder

@@ -33,6 +33,7 @@ from faste_mm.retrieval.ingest import (IndexFailure, IngestTally, ScanFilter, fa
                              record_missing, scan_paths)
 from faste_mm.model.items import Item, as_item
 from faste_mm.retrieval import maintenance
+from faste_mm.retrieval.export import ExportReport, export_parquet
 from faste_mm.retrieval.maintenance import collection_path
 from faste_mm.retrieval.results import AddReport, Hit, IndexOptions, IndexProgress, IndexReport, RemoveReport
 from faste_mm.model.serialization import DEFAULT_INSTRUCTION, SerializerConfig
@@ -346,6 +347,11 @@ class Retriever:
     def info(self) -> CollectionInfo:
         with Collection.open(self.collection) as col:
             return col.info()
+
+    def export(self, path: str | Path) -> ExportReport:
+        """Write the collection's live items and vectors to one Parquet file (see
+        `faste_mm.retrieval.export`), e.g. to load them into LanceDB, Qdrant or pgvector."""
+        return export_parquet(self.collection, path)
 
     # ---- search ----------------------------------------------------------------------------
     def search(self, query: str | None = None, *, image: str | Path | Image.Image | None = None,
