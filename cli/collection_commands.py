@@ -150,7 +150,8 @@ def _render_index_report(report) -> None:
     table.add_column("value", justify="right", overflow="fold")
     for name, value in (("collection", report.collection), ("files scanned", report.files_scanned), ("items embedded", report.embedded),
                         ("items reused (same content)", report.reused), ("files unchanged", report.unchanged),
-                        ("files removed (vanished)", report.removed), ("items failed", report.failed),
+                        ("files removed (vanished)", report.removed),
+                        ("files skipped (removed earlier)", report.excluded), ("items failed", report.failed),
                         ("prefix tokens removed", f"{report.prefix_removal:.1%}"),
                         ("index", report.index_factory or "-"), ("seconds", f"{report.seconds:.1f}")):
         table.add_row(name, str(value))
@@ -272,6 +273,13 @@ def info_command(
         for record in info.failures:
             failures.add_row(record.uri, "" if record.page is None else str(record.page), record.error or "")
         stdout.print(failures)
+    if info.exclusions:
+        exclusions = Table(title=f"{len(info.exclusions)} removed paths skipped by index "
+                                 f"(name one on `faste-mm index` to include it again)")
+        exclusions.add_column("path", overflow="fold")
+        for uri in info.exclusions:
+            exclusions.add_row(uri)
+        stdout.print(exclusions)
 
 
 def remove_command(
@@ -293,6 +301,9 @@ def remove_command(
     for uri in report.uris:
         stdout.print(uri, highlight=False, markup=False)
     stderr.print(f"removed {len(report.ids)} items by id and {len(report.uris)} files")
+    if report.excluded:
+        stderr.print(f"later `faste-mm index` runs of their folders skip {escape(', '.join(report.excluded))}; "
+                     f"name a path on `faste-mm index` to include it again", highlight=False)
     if report.unmatched:
         stderr.print(f"[yellow]warning:[/yellow] nothing in the collection matched "
                      f"{escape(', '.join(report.unmatched))}; check the ids and paths (`faste-mm info`, "

@@ -248,6 +248,28 @@ class Collection:
         with self._store.transaction():
             return self._store.tombstone_uris(list(uris))
 
+    def exclude(self, uris: Iterable[str]) -> None:
+        """Record removed paths (files or folders, as stored uris) that scans of a folder above
+        them must skip from now on (`exclusions`); recording one twice is harmless."""
+        self._require_writable("record exclusions")
+        with self._store.transaction():
+            self._store.add_exclusions(sorted(set(uris)))
+
+    def include_again(self, uris: Iterable[str]) -> list[str]:
+        """Drop the exclusions of exactly these uris (the user named them on `index` again);
+        returns the ones that were excluded."""
+        self._require_writable("clear exclusions")
+        wanted = set(uris)
+        cleared = [u for u in self.exclusions() if u in wanted]
+        if cleared:
+            with self._store.transaction():
+                self._store.remove_exclusions(cleared)
+        return cleared
+
+    def exclusions(self) -> list[str]:
+        """Removed paths that scans of their parent folders skip, sorted."""
+        return [uri for uri, _ in self._store.exclusions()]
+
     def mark_vanished(self, uris: Iterable[str]) -> int:
         """Tombstone files that a scan no longer finds (`ScanPlan.vanished`); = delete_uris."""
         return self.delete_uris(uris)
@@ -579,4 +601,4 @@ class Collection:
             index_type=self._manifest.index_type,
             index_factory=self._index.factory or saved.index_factory,
             index_is_current=(saved.index_epoch, saved.index_max_part) == key,
-            size_bytes=size, failures=tuple(self.failures()))
+            size_bytes=size, failures=tuple(self.failures()), exclusions=tuple(self.exclusions()))

@@ -29,8 +29,8 @@ from faste_mm.indexers import Collection, CollectionInfo, ItemRecord, Manifest, 
 from faste_mm.indexers.faiss_index import validate_factory
 from faste_mm.indexers.manifest import MANIFEST_NAME, CollectionFastE, read_manifest, settings_mismatch
 from faste_mm.indexers.records import repeated_key
-from faste_mm.retrieval.ingest import (IndexFailure, IngestTally, ScanFilter, failure_reasons, ingest_chunk, plan_update,
-                             record_missing, scan_paths)
+from faste_mm.retrieval.ingest import (IndexFailure, IngestTally, ScanFilter, failure_reasons, honour_exclusions,
+                             ingest_chunk, plan_update, record_missing, scan_paths)
 from faste_mm.model.items import Item, as_item
 from faste_mm.retrieval import maintenance
 from faste_mm.retrieval.export import ExportReport, export_parquet
@@ -249,6 +249,7 @@ class Retriever:
             self._erase_for_reindex(root, options.index_type or "auto")
         tally = IngestTally()
         with self._index_writer(root, options.index_type or "auto") as col:
+            scan = honour_exclusions(col, scan)  # paths removed earlier stay out of folder scans
             encode = _CollectionDocuments(self, col)
             plan = plan_update(col, scan, options.retry_failed)
             col.mark_vanished(plan.vanished)
@@ -275,7 +276,7 @@ class Retriever:
         return IndexReport(str(root), len(scan.files()), tally.embedded, tally.reused, plan.n_unchanged,
                            len(plan.vanished),
                            len(tally.failures), tuple(tally.failures), tally.prefix_tokens,
-                           tally.kept_prefix_tokens, seconds, factory)
+                           tally.kept_prefix_tokens, seconds, factory, scan.n_excluded)
 
     # ---- adding and removing ---------------------------------------------------------------
     def add(self, items: Sequence[object], metadata: Sequence[Mapping[str, Any] | None] | None = None,
