@@ -167,8 +167,8 @@ def apply_exclusions(scan: Scan, exclusions: Sequence[str]) -> Scan:
     """`scan` without the walked files under an exclusion strictly below their walked folder."""
     roots, applied, n_excluded = [], set(), 0
     for root, found in scan.roots:
-        inside = [e for e in exclusions if _is_under(e, root) and e != root]
-        kept = tuple(f for f in found if not any(_is_under(f.uri, e) for e in inside))
+        inside = {e for e in exclusions if _is_under(e, root) and e != root}
+        kept = tuple(f for f in found if not _is_under_any(f.uri, inside))
         applied.update(inside)
         n_excluded += len(found) - len(kept)
         roots.append((root, kept))
@@ -182,6 +182,18 @@ def _is_under(uri: str, path: str) -> bool:
     """`uri` is `path` itself or below it."""
     prefix = path.rstrip("/")
     return uri == prefix or uri.startswith(prefix + "/")
+
+
+def _is_under_any(uri: str, paths: set[str]) -> bool:
+    """`uri` or one of its ancestors is in `paths`: one set lookup per folder level, so a scan
+    stays linear in its files however many paths were removed."""
+    if "/" in paths and uri.startswith("/"):  # the file system root was removed
+        return True
+    while uri:
+        if uri in paths:
+            return True
+        uri = uri[:uri.rfind("/")] if "/" in uri else ""
+    return False
 
 
 def _walk(root: Path, scan_filter: ScanFilter) -> Iterable[ScannedFile]:
@@ -303,7 +315,8 @@ def plan_update(col: Collection, scan: Scan, retry_failed: bool = False) -> Upda
             vanished.update(plan.vanished)
     vanished -= {f.uri for f in files}  # e.g. excluded from a walk but also named explicitly
     # A file named inside a removed folder stays indexed when its parent folder is scanned.
-    vanished = {u for u in vanished if not any(_is_under(u, e) for e in scan.excluded)}
+    excluded = set(scan.excluded)
+    vanished = {u for u in vanished if not _is_under_any(u, excluded)}
     ordered = tuple(f for f in files if f.uri in todo)
     return UpdatePlan(ordered, frozenset(changed), len(files) - len(ordered), tuple(sorted(vanished)))
 
