@@ -274,8 +274,8 @@ def info_command(
             failures.add_row(record.uri, "" if record.page is None else str(record.page), record.error or "")
         stdout.print(failures)
     if info.exclusions:
-        exclusions = Table(title=f"{len(info.exclusions)} removed paths skipped by index "
-                                 f"(name one on `faste-mm index` to include it again)")
+        exclusions = Table(title=f"{len(info.exclusions)} removed paths skipped by index",
+                           caption="name one on `faste-mm index` to include it again")
         exclusions.add_column("path", overflow="fold")
         for uri in info.exclusions:
             exclusions.add_row(uri)

@@ -88,7 +88,7 @@ def test_cli_remove_then_index_skips_it_and_info_lists_the_exclusion(embedder, t
     assert (report["embedded"], report["excluded"]) == (0, 3)
     info = json.loads(run("info", "-c", col, "--format", "json").stdout)
     assert info["exclusions"] == [str(root / "day2")] and info["n_ok"] == 3
-    assert str(root / "day2") in run("info", "-c", col).stdout
+    assert "1 removed paths skipped by index" in run("info", "-c", col).stdout  # the table (paths may fold)
 
 
 def test_schema_1_collections_stay_readable_and_migrate_on_the_next_write(tmp_path):
