@@ -19,6 +19,7 @@ from faste_mm.cli.collection_commands import (
     search_command,
 )
 from faste_mm.cli.embed import embed
+from faste_mm.cli.export import export_command
 from faste_mm.cli.eval import eval_command
 from faste_mm.cli.serve import serve_command
 
@@ -47,6 +48,7 @@ app.command("info")(info_command)
 app.command("remove")(remove_command)
 app.command("compact")(compact_command)
 app.command("rebuild-index")(rebuild_index_command)
+app.command("export")(export_command)
 app.command()(embed)
 app.command("eval")(eval_command)
 app.command("bench")(bench_command)

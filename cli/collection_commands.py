@@ -55,6 +55,11 @@ def index_command(
     threshold: Optional[float] = typer.Option(None, "--threshold", envvar="FASTE_MM_THRESHOLD",
                                               help="FastE theta for a NEW collection. Default: the model's saved "
                                                    "calibration (faste-mm calibrate --save), else the backbone's."),
+    dim: Optional[int] = typer.Option(None, "--dim", envvar="FASTE_MM_DIM", min=1,
+                                      help="Matryoshka: store only the first DIM dimensions of each vector, "
+                                           "re-normalised (e.g. 512: 4x smaller index, faster search, some "
+                                           "quality lost); queries are truncated the same way. Default: the "
+                                           "collection's, the model's full width for a new one."),
     batch_tokens: int = typer.Option(16384, "--batch-tokens", envvar="FASTE_MM_BATCH_TOKENS",
                                      help="Padded tokens per model batch (default 16384)."),
     unpadded: str = unpadded_option(),
@@ -97,8 +102,10 @@ def index_command(
         revision = existing.model_revision if existing and model is None else None
         if r_max is None:
             r_max = existing.r_max if existing else 0.5
+        if dim is None and existing is not None:
+            dim = existing.dim
         spec = ModelSpec(model_id, revision, device, batching=BatchingConfig(batch_tokens=batch_tokens, unpadded=unpadded))
-        with Retriever(spec, collection=root, r_max=r_max, threshold=threshold) as retriever, _IndexProgressBar() as bar:
+        with Retriever(spec, collection=root, r_max=r_max, threshold=threshold, dim=dim) as retriever, _IndexProgressBar() as bar:
             report = retriever.index(paths, options=options, progress=bar.update)
     except FasteError as error:
         fail(error, debug)
@@ -143,7 +150,8 @@ def _render_index_report(report) -> None:
     table.add_column("value", justify="right", overflow="fold")
     for name, value in (("collection", report.collection), ("files scanned", report.files_scanned), ("items embedded", report.embedded),
                         ("items reused (same content)", report.reused), ("files unchanged", report.unchanged),
-                        ("files removed (vanished)", report.removed), ("items failed", report.failed),
+                        ("files removed (vanished)", report.removed),
+                        ("files skipped (removed earlier)", report.excluded), ("items failed", report.failed),
                         ("prefix tokens removed", f"{report.prefix_removal:.1%}"),
                         ("index", report.index_factory or "-"), ("seconds", f"{report.seconds:.1f}")):
         table.add_row(name, str(value))
@@ -161,6 +169,15 @@ def search_command(
     instruction: Optional[str] = typer.Option(None, "--instruction", envvar="FASTE_MM_QUERY_INSTRUCTION",
                                               help="Query instruction. Default: 'Retrieve images or text "
                                                    "relevant to the user's query.' for text queries."),
+    where: list[str] = typer.Option([], "--where", envvar="FASTE_MM_WHERE",
+                                    help="Only items whose metadata has KEY equal to VALUE, as KEY=VALUE; "
+                                         "repeatable (all must hold). VALUE is a number, true/false, or text "
+                                         "(quote a number to match it as text: year='\"2024\"')."),
+    kind: list[str] = typer.Option([], "--type", envvar="FASTE_MM_TYPE",
+                                   help="Only items of this kind: image | pdf | text; repeatable (any of them)."),
+    path: Optional[str] = typer.Option(None, "--path", envvar="FASTE_MM_PATH",
+                                       help="Only files whose path matches this glob ('*' also matches '/'), "
+                                            "e.g. '*/invoices/*', '*.pdf', './photos/*'."),
     device: str = device_option(),
     debug: bool = debug_option(),
 ) -> None:
@@ -170,15 +187,18 @@ def search_command(
     setup_logging(debug)
     if query is None and image is None:
         _usage("give a QUERY text, --image PATH, or both")
+    conditions = _parse_where(where)
     try:
         with Retriever.open(collection, device=device) as retriever:
-            hits = retriever.search(query, image=image, k=k, instruction=instruction)
+            hits = retriever.search(query, image=image, k=k, instruction=instruction, where=conditions,
+                                    type=kind or None, path=path)
             root = retriever.collection
     except FasteError as error:
         fail(error, debug)
     if output is OutputFormat.json:
         payload = {"query": {"text": query, "image": None if image is None else str(image)},
                    "collection": str(root), "k": k,
+                   "filter": {"where": conditions, "types": list(kind), "path": path},
                    "hits": [{"rank": rank, **hit.to_dict()} for rank, hit in enumerate(hits, 1)]}
         stdout.print_json(json.dumps(payload))
     elif output is OutputFormat.paths:
@@ -192,6 +212,22 @@ def search_command(
         for rank, hit in enumerate(hits, 1):
             table.add_row(str(rank), f"{hit.score:.4f}", hit.uri, "" if hit.page is None else str(hit.page))
         stdout.print(table)
+
+
+def _parse_where(conditions: list[str]) -> dict:
+    """--where KEY=VALUE options -> {key: value}: VALUE read as JSON when it is a number, true or
+    false, or a quoted string; any other text as itself (so tag=invoice needs no quotes)."""
+    parsed = {}
+    for condition in conditions:
+        key, sep, text = condition.partition("=")
+        if not sep or not key.strip():
+            _usage(f"--where takes KEY=VALUE, e.g. --where tag=invoice; got {condition!r}")
+        try:
+            value = json.loads(text)
+        except ValueError:
+            value = text
+        parsed[key.strip()] = value if isinstance(value, (str, int, float, bool)) else text
+    return parsed
 
 
 def info_command(
@@ -220,7 +256,8 @@ def info_command(
     fast_e = manifest.fast_e
     theta = "-" if fast_e is None else f"{fast_e.threshold} ({fast_e.threshold_source or 'backbone default'})"
     for name, value in (("model", manifest.model_id), ("revision", manifest.model_revision or "-"),
-                        ("dim", info.dim), ("FastE r_max (documents)", manifest.r_max),
+                        ("dim", f"{info.dim} (Matryoshka: first {info.dim} of {manifest.model_dim})"
+                                if manifest.is_matryoshka else info.dim), ("FastE r_max (documents)", manifest.r_max),
                         ("FastE theta (documents)", theta),
                         ("pixels", f"{manifest.min_pixels}..{manifest.max_pixels}"),
                         ("items", info.n_ok), ("failed", info.n_failed), ("deleted (until compact)", info.n_deleted),
@@ -236,6 +273,13 @@ def info_command(
         for record in info.failures:
             failures.add_row(record.uri, "" if record.page is None else str(record.page), record.error or "")
         stdout.print(failures)
+    if info.exclusions:
+        exclusions = Table(title=f"{len(info.exclusions)} removed paths skipped by index",
+                           caption="name one on `faste-mm index` to include it again")
+        exclusions.add_column("path", overflow="fold")
+        for uri in info.exclusions:
+            exclusions.add_row(uri)
+        stdout.print(exclusions)
 
 
 def remove_command(
@@ -257,6 +301,9 @@ def remove_command(
     for uri in report.uris:
         stdout.print(uri, highlight=False, markup=False)
     stderr.print(f"removed {len(report.ids)} items by id and {len(report.uris)} files")
+    if report.excluded:
+        stderr.print(f"later `faste-mm index` runs of their folders skip {escape(', '.join(report.excluded))}; "
+                     f"name a path on `faste-mm index` to include it again", highlight=False)
     if report.unmatched:
         stderr.print(f"[yellow]warning:[/yellow] nothing in the collection matched "
                      f"{escape(', '.join(report.unmatched))}; check the ids and paths (`faste-mm info`, "

@@ -2,6 +2,7 @@
 
 from faste_mm.indexers.collection import Collection
 from faste_mm.indexers.faiss_index import auto_factory
+from faste_mm.indexers.filters import SearchFilter
 from faste_mm.indexers.manifest import Manifest
 from faste_mm.indexers.records import (
     CollectionInfo,
@@ -18,6 +19,7 @@ __all__ = [
     "ItemRecord",
     "Manifest",
     "ScanPlan",
+    "SearchFilter",
     "auto_factory",
     "content_hash",
 ]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -20,6 +20,7 @@ from faste_mm.indexers import directory, faiss_index, parts
 from faste_mm.indexers.derived_index import DerivedIndex, desired_factory, max_part
 from faste_mm.indexers.atomic_files import TMP_SUFFIX
 from faste_mm.indexers.directory import acquire_lock
+from faste_mm.indexers.filters import SearchFilter
 from faste_mm.indexers.manifest import (MANIFEST_NAME, Manifest, read_manifest, settings_mismatch,
                                         write_manifest)
 from faste_mm.indexers.records import (CollectionInfo, FileStat, ItemRecord, ScanPlan, Status, check_rows,
@@ -247,6 +248,28 @@ class Collection:
         with self._store.transaction():
             return self._store.tombstone_uris(list(uris))
 
+    def exclude(self, uris: Iterable[str]) -> None:
+        """Record removed paths (files or folders, as stored uris) that scans of a folder above
+        them must skip from now on (`exclusions`); recording one twice is harmless."""
+        self._require_writable("record exclusions")
+        with self._store.transaction():
+            self._store.add_exclusions(sorted(set(uris)))
+
+    def include_again(self, uris: Iterable[str]) -> list[str]:
+        """Drop the exclusions of exactly these uris (the user named them on `index` again);
+        returns the ones that were excluded."""
+        self._require_writable("clear exclusions")
+        wanted = set(uris)
+        cleared = [u for u in self.exclusions() if u in wanted]
+        if cleared:
+            with self._store.transaction():
+                self._store.remove_exclusions(cleared)
+        return cleared
+
+    def exclusions(self) -> list[str]:
+        """Removed paths that scans of their parent folders skip, sorted."""
+        return [uri for uri, _ in self._store.exclusions()]
+
     def mark_vanished(self, uris: Iterable[str]) -> int:
         """Tombstone files that a scan no longer finds (`ScanPlan.vanished`); = delete_uris."""
         return self.delete_uris(uris)
@@ -282,6 +305,21 @@ class Collection:
             ks, rows = map(list, zip(*pairs))
             out[ks] = stored[rows]
         return out
+
+    def iter_live(self, chunk_rows: int = 4096) -> Iterator[tuple[list[ItemRecord], np.ndarray]]:
+        """Every live item with its vector, in storage order, `chunk_rows` at a time: (records,
+        vectors [n, dim] float32). Memory stays bounded by one chunk whatever the collection's
+        size (parts are memory-mapped), for exporting a collection to other stores."""
+        if not isinstance(chunk_rows, int) or chunk_rows < 1:
+            raise ConfigError(f"iter_live chunk_rows must be an int >= 1, got {chunk_rows!r}")
+        for part, n in self._store.parts():
+            vectors, _ = parts.read_part(self.root, part, n, self._manifest.dim)
+            live = [(i, row) for i, row, status in self._store.part_rows(part) if status == Status.OK]
+            for start in range(0, len(live), chunk_rows):
+                chunk = live[start:start + chunk_rows]
+                records = self._store.records([i for i, _ in chunk])
+                rows = [row for _, row in chunk]
+                yield [records[i] for i, _ in chunk], np.asarray(vectors[rows], dtype=np.float32)
 
     def find_by_hash(self, content_hash: str) -> list[ItemRecord]:
         """Live items whose source file has this sha256 (see `records.content_hash`)."""
@@ -331,13 +369,17 @@ class Collection:
 
     # ---- search ----------------------------------------------------------------------------
     def search(self, queries: np.ndarray, k: int, nprobe: int | None = None,
-               ef_search: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+               ef_search: int | None = None, where: SearchFilter | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Top-k live items by inner product for each query.
 
         Args: queries [q, dim] float32; k >= 1; nprobe (IVF lists probed) and ef_search (HNSW
-            candidate list) override the defaults in `faiss_index.search_parameters`.
+            candidate list) override the defaults in `faiss_index.search_parameters`;
+            where: only items meeting this `SearchFilter` (metadata, kind, path glob).
         Returns: (scores [q, k] float32, ids [q, k] int64), best first; -1 / -inf pad rows with
-            fewer than k live items. Tombstoned items are filtered out by over-fetching.
+            fewer than k live (matching) items. Tombstoned items are filtered out by over-fetching.
+            A filtered search returns min(k, matching items) hits per query with every index
+            kind: FAISS searches only the matching ids, and a row an approximate index leaves
+            short is searched exactly over the matching vectors.
         """
         if self._closed:
             raise CollectionError(f"{self.root}: the collection is closed; reopen it to search")
@@ -352,26 +394,75 @@ class Collection:
         ids = np.full((len(queries), k), -1, dtype=np.int64)
         if index.ntotal == 0 or len(queries) == 0:
             return scores, ids
-        pending = np.arange(len(queries))
+        if where is not None and not where.is_empty:
+            return self._search_filtered(queries, k, nprobe, ef_search, self._store.filtered_ids(where), scores, ids)
         # Over-fetch only when tombstones exist; then grow 4x for queries still short of k.
         k_fetch = min(index.ntotal, 2 * k if self._store.n_tombstoned_vectors() else k)
+
+        def is_live(found: np.ndarray) -> np.ndarray:
+            live = self._store.live_ids(np.unique(found[found >= 0]).tolist())
+            return np.isin(found, np.fromiter(live, dtype=np.int64, count=len(live)))
+
+        self._search_overfetch(queries, k, k_fetch, nprobe, ef_search, is_live, scores, ids)
+        return scores, ids
+
+    def _search_overfetch(self, queries: np.ndarray, k: int, k_fetch: int, nprobe: int | None,
+                          ef_search: int | None, keep: Callable[[np.ndarray], np.ndarray],
+                          scores: np.ndarray, ids: np.ndarray) -> None:
+        """Fill `scores`/`ids` [q, k] with the best FAISS hits that `keep` ([p, f] ids -> bool
+        mask) accepts, fetching `k_fetch` per query, then 4x more for queries still short of k."""
+        ntotal = self._index.index.ntotal
+        pending = np.arange(len(queries))
         while len(pending):
             D, I = self._index.search(queries[pending], k_fetch, nprobe, ef_search)
-            live = self._store.live_ids(np.unique(I[I >= 0]).tolist())
-            is_live = np.isin(I, np.fromiter(live, dtype=np.int64, count=len(live)))
-            # Stable sort moves live hits to the front while keeping FAISS's score order.
-            order = np.argsort(~is_live, axis=1, kind="stable")[:, :k]  # [p, min(k, k_fetch)]
-            n_live = is_live.sum(axis=1)
-            take = np.take_along_axis(is_live, order, axis=1)
+            kept = keep(I) & (I >= 0)
+            # Stable sort moves kept hits to the front while keeping FAISS's score order.
+            order = np.argsort(~kept, axis=1, kind="stable")[:, :k]  # [p, min(k, k_fetch)]
+            n_kept = kept.sum(axis=1)
+            take = np.take_along_axis(kept, order, axis=1)
             width = order.shape[1]
             ids[pending, :width] = np.where(take, np.take_along_axis(I, order, axis=1), -1)
-            scores[pending, :width] = np.where(take, np.take_along_axis(D, order, axis=1),
-                                               -np.inf)
-            if k_fetch >= index.ntotal:
+            scores[pending, :width] = np.where(take, np.take_along_axis(D, order, axis=1), -np.inf)
+            if k_fetch >= ntotal:
                 break
-            pending = pending[n_live < k]
-            k_fetch = min(index.ntotal, 4 * k_fetch)
+            pending = pending[n_kept < k]
+            k_fetch = min(ntotal, 4 * k_fetch)
+
+    def _search_filtered(self, queries: np.ndarray, k: int, nprobe: int | None, ef_search: int | None,
+                         allowed: np.ndarray, scores: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """`search` restricted to the live ids `allowed` [n] (sorted): an id selector on CPU, over-
+        fetching on a GPU copy (selectors unsupported there), then an exact search over the
+        allowed vectors for any row still short of min(k, n): an approximate index (HNSW's
+        graph, IVF's probed lists) can miss matches of a selective filter."""
+        if len(allowed) == 0:
+            return scores, ids
+        want = min(k, len(allowed))
+        if self._index.can_select:
+            D, I = self._index.search(queries, want, nprobe, ef_search, allowed=allowed)
+            scores[:, :want], ids[:, :want] = np.where(I >= 0, D, -np.inf), I
+        else:
+            self._search_overfetch(queries, k, min(self._index.index.ntotal, 2 * k), nprobe, ef_search,
+                                   lambda found: np.isin(found, allowed), scores, ids)
+        short = np.flatnonzero((ids >= 0).sum(axis=1) < want)
+        if len(short):
+            log.debug("%s: %d filtered queries searched exactly over %d items", self.root, len(short), len(allowed))
+            scores[short], ids[short] = self._exact_search(queries[short], allowed, k)
         return scores, ids
+
+    def _exact_search(self, queries: np.ndarray, candidates: np.ndarray, k: int,
+                      chunk_rows: int = 16_384) -> tuple[np.ndarray, np.ndarray]:
+        """Brute-force top-k of `queries` [q, d] over the stored vectors of `candidates` [n],
+        read a chunk at a time (memory bounded by `chunk_rows`): (scores, ids) [q, k]."""
+        best_s = np.full((len(queries), k), -np.inf, dtype=np.float32)
+        best_i = np.full((len(queries), k), -1, dtype=np.int64)
+        for start in range(0, len(candidates), chunk_rows):
+            chunk = candidates[start:start + chunk_rows]
+            s = np.concatenate([best_s, queries @ self.vectors(chunk).T], axis=1)  # [q, k + c]
+            i = np.concatenate([best_i, np.broadcast_to(chunk, (len(queries), len(chunk)))], axis=1)
+            top = np.argsort(-s, axis=1, kind="stable")[:, :k]
+            best_s, best_i = np.take_along_axis(s, top, axis=1), np.take_along_axis(i, top, axis=1)
+        best_i[~np.isfinite(best_s)] = -1
+        return best_s, best_i
 
     # ---- index maintenance -----------------------------------------------------------------
     def _current_index(self):
@@ -510,4 +601,4 @@ class Collection:
             index_type=self._manifest.index_type,
             index_factory=self._index.factory or saved.index_factory,
             index_is_current=(saved.index_epoch, saved.index_max_part) == key,
-            size_bytes=size, failures=tuple(self.failures()))
+            size_bytes=size, failures=tuple(self.failures()), exclusions=tuple(self.exclusions()))

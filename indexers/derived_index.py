@@ -92,13 +92,29 @@ class DerivedIndex:
         self.factory = factory
         self._search_copy = None
 
-    def search(self, queries: np.ndarray, k: int, nprobe: int | None, ef_search: int | None) -> tuple[np.ndarray, np.ndarray]:
-        """FAISS search of the current index (call `current` first): (scores, ids) [q, k]."""
+    def search(self, queries: np.ndarray, k: int, nprobe: int | None, ef_search: int | None,
+               allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """FAISS search of the current index (call `current` first): (scores, ids) [q, k].
+
+        allowed: item ids [n] int64 the hits must come from (needs `can_select`): FAISS skips
+        every other id while it searches, so an approximate index still fills k slots from them
+        when it reaches them (see `Collection.search` for the rows it does not fill)."""
+        on_gpu = not self.can_select
+        params = None if on_gpu else faiss_index.search_parameters(self.index, k, nprobe, ef_search)
+        if allowed is not None:
+            assert not on_gpu, "GPU indexes take no id selector; the caller over-fetches instead"
+            params = params or faiss.SearchParameters()
+            selector = faiss.IDSelectorBatch(np.ascontiguousarray(allowed, dtype=np.int64))
+            params.sel = selector  # `selector` stays referenced until the search returns
+        return self._search_copy.search(np.ascontiguousarray(queries), k, params=params)
+
+    @property
+    def can_select(self) -> bool:
+        """Whether searches can take an id selector: FAISS's GPU indexes ignore selectors, so a
+        GPU copy cannot (the collection filters by over-fetching there)."""
         if self._search_copy is None:
             self._search_copy = faiss_index.to_search_device(self.index)
-        on_gpu = self._search_copy is not self.index
-        params = None if on_gpu else faiss_index.search_parameters(self.index, k, nprobe, ef_search)
-        return self._search_copy.search(np.ascontiguousarray(queries), k, params=params)
+        return self._search_copy is self.index
 
     def save(self) -> None:
         """Write index.faiss (atomically); the caller records `factory` and `key` in the manifest."""

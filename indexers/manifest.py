@@ -69,7 +69,9 @@ class CollectionFastE:
 class Manifest:
     """Settings of a collection (see module docstring); one instance per `manifest.json`.
 
-    model_id / model_revision / dim: the embedding model and its output width.
+    model_id / model_revision / dim: the embedding model and the stored width. model_dim: the
+        model's own width when known; dim < model_dim means Matryoshka vectors (the first `dim`
+        dimensions, re-normalised), and queries are truncated the same way.
     vector_dtype: on-disk storage of vectors ("float16" halves disk; search runs in float32).
     normalized / metric: vectors are unit-norm and compared by inner product ("ip").
     document_instruction, min_pixels, max_pixels: how documents were serialized.
@@ -82,6 +84,7 @@ class Manifest:
     model_id: str
     dim: int
     model_revision: str | None = None
+    model_dim: int | None = None
     vector_dtype: str = "float16"
     normalized: bool = True
     metric: str = "ip"
@@ -103,6 +106,8 @@ class Manifest:
             raise ConfigError(f"Manifest.model_id must be a non-empty string, got {self.model_id!r}")
         if not isinstance(self.dim, int) or self.dim < 1:
             raise ConfigError(f"Manifest.dim must be an int >= 1, got {self.dim!r}")
+        if self.model_dim is not None and (not isinstance(self.model_dim, int) or self.model_dim < self.dim):
+            raise ConfigError(f"Manifest.model_dim must be None or an int >= dim ({self.dim}), got {self.model_dim!r}")
         if self.vector_dtype not in VECTOR_DTYPES:
             raise ConfigError(f"Manifest.vector_dtype must be one of {VECTOR_DTYPES}, "
                               f"got {self.vector_dtype!r}")
@@ -120,6 +125,11 @@ class Manifest:
         if isinstance(self.fast_e, Mapping):  # as read from JSON
             object.__setattr__(self, "fast_e", CollectionFastE.from_dict(self.fast_e))
         object.__setattr__(self, "counts", dict(self.counts))
+
+    @property
+    def is_matryoshka(self) -> bool:
+        """Whether the vectors are the model's first `dim` dimensions, re-normalised."""
+        return self.model_dim is not None and self.dim < self.model_dim
 
     @property
     def r_max(self) -> float:
@@ -146,6 +156,7 @@ class Manifest:
             "model_id": self.model_id,
             "model_revision": self.model_revision,
             "dim": self.dim,
+            "model_dim": self.model_dim,
             "vector_dtype": self.vector_dtype,
             "normalized": self.normalized,
             "metric": self.metric,
@@ -172,6 +183,7 @@ class Manifest:
                 model_id=d["model_id"],
                 dim=d["dim"],
                 model_revision=d.get("model_revision"),
+                model_dim=d.get("model_dim"),
                 vector_dtype=d.get("vector_dtype", "float16"),
                 normalized=d.get("normalized", True),
                 metric=d.get("metric", "ip"),

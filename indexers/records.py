@@ -123,7 +123,8 @@ class ScanPlan:
 
 @dataclass(frozen=True, slots=True)
 class CollectionInfo:
-    """Summary of a collection for `faste-mm info` (counts, index, bytes on disk, failures)."""
+    """Summary of a collection for `faste-mm info` (counts, index, bytes on disk, failures, and
+    the removed paths later scans skip)."""
 
     path: str
     model_id: str
@@ -138,10 +139,12 @@ class CollectionInfo:
     index_is_current: bool
     size_bytes: int
     failures: tuple[ItemRecord, ...] = field(default=())
+    exclusions: tuple[str, ...] = field(default=())
 
     def to_dict(self) -> dict[str, Any]:
         d = {name: getattr(self, name) for name in self.__dataclass_fields__}
         d["failures"] = [r.to_dict() for r in self.failures]
+        d["exclusions"] = list(self.exclusions)
         return d
 
 

@@ -15,13 +15,18 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
+import numpy as np
+
 from faste_mm.errors import CollectionError
+from faste_mm.indexers.filters import SearchFilter, json_path
 from faste_mm.indexers.records import ItemRecord, Status
 
 log = logging.getLogger(__name__)
 
 DB_NAME = "meta.sqlite"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# Readers accept files this old: migrations after it only add tables a reader can do without.
+READABLE_FROM_VERSION = 1
 
 # Bound parameters per statement: SQLite builds before 3.32 allow at most 999.
 MAX_BOUND_PARAMS = 500
@@ -70,6 +75,14 @@ def _migrate_0_to_1(db: sqlite3.Connection) -> None:
     """)
 
 
+def _migrate_1_to_2(db: sqlite3.Connection) -> None:
+    _execute_script(db, """
+        -- Paths (files or folders) the user removed: scans of a folder above them skip them
+        -- until the user names them on `index` again (see retrieval.ingest.honour_exclusions).
+        CREATE TABLE exclusions (uri TEXT PRIMARY KEY, added_at REAL NOT NULL);
+    """)
+
+
 def _execute_script(db: sqlite3.Connection, script: str) -> None:
     """Run `;`-separated DDL inside the caller's transaction (executescript would COMMIT first,
     breaking the all-or-nothing migration step)."""
@@ -80,7 +93,7 @@ def _execute_script(db: sqlite3.Connection, script: str) -> None:
 
 
 # _MIGRATIONS[v] upgrades schema version v to v + 1.
-_MIGRATIONS = {0: _migrate_0_to_1}
+_MIGRATIONS = {0: _migrate_0_to_1, 1: _migrate_1_to_2}
 assert len(_MIGRATIONS) == SCHEMA_VERSION
 
 
@@ -139,6 +152,8 @@ class MetaStore:
                 f"faste-mm (pip install -U faste-mm) to open it")
         if version == SCHEMA_VERSION:
             return
+        if not self.writable and version >= READABLE_FROM_VERSION:
+            return  # readable as it is; the next writer migrates it
         if not self.writable:
             raise CollectionError(
                 f"{self.path}: schema version {version} is older than this faste-mm's "
@@ -249,6 +264,32 @@ class MetaStore:
             (json.dumps([int(i) for i in ids]),)).fetchall()
         return {r[0] for r in rows}
 
+    def filtered_ids(self, where: SearchFilter) -> np.ndarray:
+        """Sorted ids [n] int64 of the live items that meet every condition of `where`.
+
+        A metadata value matches only a JSON value of its own kind (json_type), so "2024" never
+        matches 2024 and True never matches 1; int and float compare by value."""
+        clauses, params = ["status = 'ok'"], []
+        for key, value in where.where.items():
+            path = json_path(key)
+            if isinstance(value, bool):
+                clauses.append("json_type(metadata, ?) = ?")
+                params += [path, "true" if value else "false"]
+            else:
+                kinds = ["text"] if isinstance(value, str) else ["integer", "real"]
+                clauses.append("json_extract(metadata, ?) = ? AND json_type(metadata, ?) "
+                               "IN (SELECT value FROM json_each(?))")
+                params += [path, value, path, json.dumps(kinds)]
+        if where.types:
+            clauses.append("modality IN (SELECT value FROM json_each(?))")
+            params.append(json.dumps(list(where.modalities)))
+        if where.path is not None:
+            clauses.append("uri GLOB ?")
+            params.append(where.path)
+        rows = self.db.execute(f"SELECT id FROM items WHERE {' AND '.join(clauses)} ORDER BY id",
+                               params).fetchall()
+        return np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+
     def records_where_status(self, status: str) -> list[ItemRecord]:
         rows = self.db.execute(f"SELECT {_ITEM_COLUMNS} FROM items WHERE status = ? ORDER BY id",
                                (status,)).fetchall()
@@ -295,6 +336,24 @@ class MetaStore:
             if prev is None or status == Status.FAILED:
                 stats[uri] = (size, mtime, status)
         return stats
+
+    # ---- exclusions ---------------------------------------------------------------------------
+    def exclusions(self) -> list[tuple[str, float]]:
+        """(uri, added_at) of the removed paths later scans skip, sorted by uri; none in a
+        schema-1 file a reader has open (it predates the table)."""
+        has_table = self.db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
+                                    ("exclusions",)).fetchone()
+        if not has_table:
+            return []
+        return self.db.execute("SELECT uri, added_at FROM exclusions ORDER BY uri").fetchall()
+
+    def add_exclusions(self, uris: Iterable[str]) -> None:
+        now = time.time()
+        self.db.executemany("INSERT OR REPLACE INTO exclusions (uri, added_at) VALUES (?, ?)",
+                            [(u, now) for u in uris])
+
+    def remove_exclusions(self, uris: Iterable[str]) -> int:
+        return self.db.executemany("DELETE FROM exclusions WHERE uri = ?", [(u,) for u in uris]).rowcount
 
     def counts(self) -> dict[str, int]:
         counts = {status.value: 0 for status in Status}

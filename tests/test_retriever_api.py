@@ -278,7 +278,7 @@ def test_remove_reports_the_targets_that_matched_nothing(embedder, tmp_path):
     assert report.unmatched == (str(root / "nope.png"), str(tmp_path / "im"), "12345")  # "im" is no folder prefix
     assert retriever.info().n_ok == 1
     assert retriever.remove([root]).to_dict() == {"uris": [str((root / "b.png").resolve())], "ids": [],
-                                                  "unmatched": []}
+                                                  "unmatched": [], "excluded": [str(root.resolve())]}
 
 
 def test_reindex_checks_the_index_type_the_model_and_the_folder_before_erasing(embedder, tmp_path):

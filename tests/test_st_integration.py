@@ -275,3 +275,53 @@ def test_text_backbone_with_left_padding(tmp_path):
     assert np.abs(documents - full).max() > 1e-3
     disable_faste(model)
     np.testing.assert_array_equal(model.encode_query(texts), full_queries)
+
+
+def llama_st_model(tmp_path: Path, max_seq_length: int = 12) -> SentenceTransformer:
+    """A Llama-family ST model as such models are published: its own prompts (literal prefixes, not
+    faste-mm's "Instruct: ...\\nQuery:" format), the tokenizer's own special tokens (BOS, no EOS
+    appended), a max_seq_length, last-token pooling and Normalize."""
+    path = build_tiny_model(tmp_path / "llama", "llama")
+    text_only = {"text": {"method": "forward", "method_output_name": "last_hidden_state"}}
+    transformer = Transformer(str(path), modality_config=text_only, module_output_name="token_embeddings")
+    transformer.max_seq_length = max_seq_length
+    prompts = {"query": "query: ", "document": "passage: "}
+    model = SentenceTransformer(modules=[transformer, Pooling(64, "lasttoken"), Normalize()], prompts=prompts,
+                                default_prompt_name="document", device="cpu")
+    model.tokenizer.pad_token = model.tokenizer.eos_token  # Llama tokenizers ship without one
+    model.tokenizer.padding_side = "left"
+    return model
+
+
+LLAMA_TEXTS = ["a red bicycle leaning on a wall", "short", "the quick brown fox jumps over the lazy dog " * 3]
+
+
+def test_embedder_from_a_llama_st_model_gives_the_st_models_own_vectors(tmp_path):
+    model = llama_st_model(tmp_path)
+    embedder = embedder_from_sentence_transformer(model, ONE_BATCH)
+    assert model.preprocess(LLAMA_TEXTS)["input_ids"].shape[1] == 12  # the long text is truncated
+    np.testing.assert_allclose(embedder.encode(LLAMA_TEXTS).embeddings, model.encode(LLAMA_TEXTS), atol=1e-5)
+    np.testing.assert_allclose(embedder.encode_documents(LLAMA_TEXTS).embeddings, model.encode_document(LLAMA_TEXTS), atol=1e-5)
+    np.testing.assert_allclose(embedder.encode_queries(LLAMA_TEXTS).embeddings, model.encode_query(LLAMA_TEXTS), atol=1e-5)
+    # An instruction is a literal ST prompt, as in `encode_query(prompt=...)`.
+    np.testing.assert_allclose(embedder.encode_queries(LLAMA_TEXTS, instruction="Represent this: ").embeddings,
+                               model.encode_query(LLAMA_TEXTS, prompt="Represent this: "), atol=1e-5)
+
+
+def test_fast_e_inside_a_llama_st_model_equals_the_embedder_from_it(tmp_path):
+    model = llama_st_model(tmp_path, max_seq_length=64)
+    embedder = embedder_from_sentence_transformer(model, ONE_BATCH)
+    full = model.encode_document(LLAMA_TEXTS)
+    enable_faste(model, TRIGGER_2, apply_to="all")
+    documents = model.encode_document(LLAMA_TEXTS)
+    np.testing.assert_allclose(documents, embedder.encode_documents(LLAMA_TEXTS, fast_e=TRIGGER_2).embeddings, atol=1e-5)
+    np.testing.assert_allclose(model.encode_query(LLAMA_TEXTS), embedder.encode_queries(LLAMA_TEXTS, fast_e=TRIGGER_2).embeddings,
+                               atol=1e-5)
+    assert np.abs(documents - full).max() > 1e-3  # FastE really changed the forward
+
+
+def test_embedder_from_a_pipeline_it_cannot_reproduce_is_refused(tmp_path):
+    model = llama_st_model(tmp_path)
+    mean_pooled = SentenceTransformer(modules=[model[0], Pooling(64, "mean"), Normalize()], device="cpu")
+    with pytest.raises(ConfigError, match="lasttoken"):
+        embedder_from_sentence_transformer(mean_pooled)

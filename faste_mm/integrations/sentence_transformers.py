@@ -8,7 +8,9 @@ Needs the extra: `pip install faste-mm[st]` (sentence-transformers >= 5.4).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -22,6 +24,8 @@ from faste_mm.model.batching import Batch, BatchingConfig
 from faste_mm.model.ablations import policy_for
 from faste_mm.model.faste import FastE, FastEConfig
 from faste_mm.model.embedder import Embedder
+from faste_mm.model.items import Item
+from faste_mm.model.serialization import Serialized
 from faste_mm.errors import ConfigError, FasteError, InputError, ModelLoadError
 from faste_mm.model.runner import run_decoder, settle_kernel
 
@@ -78,19 +82,74 @@ def is_faste_enabled(model: SentenceTransformer) -> bool:
 
 
 def embedder_from_sentence_transformer(model: SentenceTransformer, batching: BatchingConfig | None = None) -> Embedder:
-    """An `Embedder` over the weights and processor/tokenizer an ST model already holds.
+    """An `Embedder` over the weights and processor/tokenizer an ST model already holds, giving
+    the ST model's own vectors (full forward == `model.encode`, FastE == `enable_faste`).
 
-    Nothing is loaded or copied: the backbone adapter wraps the ST module's own HF model. The
-    serializer is faste-mm's (official prompt format), built on ST's processor/tokenizer.
-    Raises ModelLoadError naming the model type when faste-mm cannot drive the model.
+    Nothing is loaded or copied: the backbone adapter wraps the ST module's own HF model.
+    Vision-language models use faste-mm's serializer (the official Qwen3-VL-Embedding format,
+    which their ST configuration reproduces); text models tokenize through the ST module itself
+    (`SentenceTransformerText`: its prompts, tokenizer call and max_seq_length), so the readout
+    is the token ST's last-token pooling reads. Documents (and plain `encode`) get ST's document
+    prompt, queries its query prompt; an `instruction` is a literal ST prompt.
+    Raises ModelLoadError naming the model type when faste-mm cannot drive the model, ConfigError
+    for a pipeline whose output it cannot reproduce (not Transformer -> last-token Pooling ->
+    Normalize).
     """
     transformer = _transformer_module(model)
+    _check_pipeline(model, transformer)
     hf_model = transformer.model
     model_id = str(getattr(hf_model.config, "_name_or_path", "") or "sentence-transformers model")
     family = family_for(hf_model.config.model_type, model_id)  # "not supported" before looking inside
     base = _base_model(hf_model, family, model_id)
     preprocessor = transformer.processor if family.is_multimodal else transformer.tokenizer
-    return Embedder(assemble(base, preprocessor, model_id), batching)
+    loaded = assemble(base, preprocessor, model_id)
+    if not family.is_multimodal:
+        loaded = dataclasses.replace(loaded, serializer=SentenceTransformerText(model))
+    return Embedder(loaded, batching)
+
+
+@dataclass(frozen=True, slots=True)
+class _STQueryPrompt:
+    """What `Embedder.encode_queries` reads from a serializer's `prompt`: the instruction queries
+    get when none is given (here ST's own query prompt; "" when it has none)."""
+
+    default_query_instruction: str
+
+
+class SentenceTransformerText:
+    """Serializer of a text ST model: each text tokenized by the ST pipeline's own `preprocess`
+    (the prompt prepended as ST does, its tokenizer call with its special tokens, truncation at
+    max_seq_length), so faste-mm reads out the token ST's last-token pooling reads.
+
+    instruction None -> a document: the prompt `encode_document` uses ("document", "passage" or
+    "corpus", else the default prompt), task "document"; any other instruction is used as the
+    literal prompt of a query (task "query"), as `encode_query(prompt=...)` does.
+    """
+
+    def __init__(self, model: SentenceTransformer) -> None:
+        self._model = model
+        names = [name for name in ("document", "passage", "corpus") if name in model.prompts]
+        self.document_prompt = model._resolve_prompt(None, names[0] if names else None)
+        query = model.prompts.get("query") if "query" in model.prompts else model._resolve_prompt(None, None)
+        self.prompt = _STQueryPrompt(query or "")
+
+    def render_prompt(self, item: Item, instruction: str | None) -> str:
+        prompt = self.document_prompt if instruction is None else instruction
+        return (prompt or "") + (item.text or "")
+
+    def __call__(self, item: Item, instruction: str | None) -> Serialized:
+        if item.has_image:
+            raise InputError(f"{item.describe()}: this is a text-only model; it cannot embed images")
+        prompt, task = (self.document_prompt, "document") if instruction is None else (instruction, "query")
+        features = self._model.preprocess([item.text or ""], prompt=prompt or None, task=task)
+        if "attention_mask" not in features:
+            raise ConfigError("the ST module returned no attention_mask (flattened inputs); set "
+                              "model[0].unpad_inputs = False")
+        input_ids = features["input_ids"][0][features["attention_mask"][0].bool()].to(torch.long).cpu()  # [T]
+        if input_ids.numel() == 0:
+            raise InputError(f"{item.describe()}: the prompt tokenizes to nothing; give some text")
+        limit = self._model.max_seq_length
+        return Serialized(input_ids=input_ids, truncated=limit is not None and input_ids.numel() >= limit)
 
 
 class FastETransformer(InputModule):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import fnmatch
 import logging
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
@@ -105,11 +105,15 @@ class Scan:
     named: files the user named explicitly (an unsupported one is kept, to be recorded as a
         failure; folder walks silently ignore unsupported files).
     missing: named paths that do not exist, with the message to record.
+    excluded: removed paths (see `honour_exclusions`) whose files the folder walks left out;
+        items under them are never reported vanished. n_excluded: how many files that was.
     """
 
     roots: tuple[tuple[str, tuple[ScannedFile, ...]], ...]
     named: tuple[ScannedFile, ...]
     missing: tuple[tuple[str, str], ...]
+    excluded: tuple[str, ...] = ()
+    n_excluded: int = 0
 
     def files(self) -> list[ScannedFile]:
         """Every file once (by uri), in scan order."""
@@ -145,6 +149,51 @@ def scan_paths(paths: Iterable[str | Path], scan_filter: ScanFilter | None = Non
         else:
             missing.append((str(path.resolve()), f"{path}: file not found; check the path"))
     return Scan(tuple(roots), tuple(named), tuple(missing))
+
+
+def honour_exclusions(col: Collection, scan: Scan) -> Scan:
+    """Apply the collection's exclusions (paths removed with `remove`) to a scan: a folder walk
+    skips the files under an exclusion strictly below the walked folder. Naming an excluded path
+    itself (a folder or file given to `index`) clears its exclusion; a file or folder named
+    inside an excluded folder is indexed without clearing it."""
+    named = [root for root, _ in scan.roots] + [f.uri for f in scan.named]
+    cleared = col.include_again(named)
+    if cleared:
+        log.info("indexing again the removed paths %s", ", ".join(cleared))
+    return apply_exclusions(scan, col.exclusions())
+
+
+def apply_exclusions(scan: Scan, exclusions: Sequence[str]) -> Scan:
+    """`scan` without the walked files under an exclusion strictly below their walked folder."""
+    roots, applied, n_excluded = [], set(), 0
+    for root, found in scan.roots:
+        inside = {e for e in exclusions if _is_under(e, root) and e != root}
+        kept = tuple(f for f in found if not _is_under_any(f.uri, inside))
+        applied.update(inside)
+        n_excluded += len(found) - len(kept)
+        roots.append((root, kept))
+    if n_excluded:
+        log.info("skipped %d files under removed paths (%s); name a path on index to include it again",
+                 n_excluded, ", ".join(sorted(applied)))
+    return replace(scan, roots=tuple(roots), excluded=tuple(sorted(applied)), n_excluded=n_excluded)
+
+
+def _is_under(uri: str, path: str) -> bool:
+    """`uri` is `path` itself or below it."""
+    prefix = path.rstrip("/")
+    return uri == prefix or uri.startswith(prefix + "/")
+
+
+def _is_under_any(uri: str, paths: set[str]) -> bool:
+    """`uri` or one of its ancestors is in `paths`: one set lookup per folder level, so a scan
+    stays linear in its files however many paths were removed."""
+    if "/" in paths and uri.startswith("/"):  # the file system root was removed
+        return True
+    while uri:
+        if uri in paths:
+            return True
+        uri = uri[:uri.rfind("/")] if "/" in uri else ""
+    return False
 
 
 def _walk(root: Path, scan_filter: ScanFilter) -> Iterable[ScannedFile]:
@@ -265,6 +314,9 @@ def plan_update(col: Collection, scan: Scan, retry_failed: bool = False) -> Upda
         if under is not None:
             vanished.update(plan.vanished)
     vanished -= {f.uri for f in files}  # e.g. excluded from a walk but also named explicitly
+    # A file named inside a removed folder stays indexed when its parent folder is scanned.
+    excluded = set(scan.excluded)
+    vanished = {u for u in vanished if not _is_under_any(u, excluded)}
     ordered = tuple(f for f in files if f.uri in todo)
     return UpdatePlan(ordered, frozenset(changed), len(files) - len(ordered), tuple(sorted(vanished)))
 

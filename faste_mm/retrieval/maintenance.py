@@ -45,6 +45,8 @@ def remove_items(root: Path, paths: Iterable[str | Path] = (), ids: Iterable[int
     """Remove every item of each file, or of every file under each folder (given as a path
     or as the uri stored in the collection), and the items with the given ids.
 
+    A removed file or folder path is also excluded from later scans: `index` of a folder above
+    it skips it until the path itself is named on `index` again (`RemoveReport.excluded`).
     A target that matches nothing (a typo, a file never indexed, an id already removed) is
     not an error: it is listed in `RemoveReport.unmatched`, and nothing else changes for it.
     Raises InputError, removing nothing, for an empty or blank path: as a uri prefix it would
@@ -58,19 +60,25 @@ def remove_items(root: Path, paths: Iterable[str | Path] = (), ids: Iterable[int
     with Collection.open(root, writable=True) as col:
         uris: set[str] = set()
         unmatched: list[str] = []
+        excluded: set[str] = set()
         for path in paths:
-            found = {uri for candidate in {str(path), str(Path(path).expanduser().resolve())}
-                     for uri in col.live_uris(under=candidate)}
-            if not found:
+            matched = False
+            for candidate in {str(path), str(Path(path).expanduser().resolve())}:
+                found = col.live_uris(under=candidate)
+                uris.update(found)
+                matched = matched or bool(found)
+                if found and os.path.isabs(candidate):  # a file path (not an "item:" uri) scans could find
+                    excluded.add(candidate.rstrip("/") or "/")
+            if not matched:
                 unmatched.append(str(path))
-            uris |= found
         live = col.live_ids(ids)
         unmatched.extend(str(i) for i in ids if i not in live)
+        col.exclude(excluded)  # before the delete: a crash in between leaves the items in place
         col.delete_uris(sorted(uris))
         col.delete(sorted(live))
     if unmatched:
         log.info("%s: nothing to remove for %s", root, ", ".join(unmatched))
-    return RemoveReport(tuple(sorted(uris)), tuple(sorted(live)), tuple(unmatched))
+    return RemoveReport(tuple(sorted(uris)), tuple(sorted(live)), tuple(unmatched), tuple(sorted(excluded)))
 
 
 def compact(root: Path) -> int:

@@ -67,7 +67,8 @@ class IndexReport:
     """What one `Retriever.index` call did. Items are rows (a PDF page is one item); files are
     source files. embedded: items run through the model; reused: items whose vectors were copied
     from a live item with the same content hash; unchanged: files skipped by (size, mtime);
-    removed: files tombstoned because they vanished; failed: items recorded as failures."""
+    removed: files tombstoned because they vanished; failed: items recorded as failures;
+    excluded: files skipped in walked folders because their path was removed (`remove`) earlier."""
 
     collection: str
     files_scanned: int
@@ -81,6 +82,7 @@ class IndexReport:
     kept_prefix_tokens: int
     seconds: float
     index_factory: str | None = None
+    excluded: int = 0
 
     @property
     def prefix_removal(self) -> float:
@@ -109,14 +111,17 @@ class AddReport:
 @dataclass(frozen=True, slots=True)
 class RemoveReport:
     """What one `Retriever.remove` call did: uris of the files removed (all their items), ids of
-    the items removed by id, and the targets, as given, that matched nothing in the collection."""
+    the items removed by id, the targets, as given, that matched nothing in the collection, and
+    the paths now excluded from later scans of their folders (until named on `index` again)."""
 
     uris: tuple[str, ...]
     ids: tuple[int, ...] = ()
     unmatched: tuple[str, ...] = ()
+    excluded: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {"uris": list(self.uris), "ids": list(self.ids), "unmatched": list(self.unmatched)}
+        return {"uris": list(self.uris), "ids": list(self.ids), "unmatched": list(self.unmatched),
+                "excluded": list(self.excluded)}
 
 
 @dataclass(frozen=True, slots=True)

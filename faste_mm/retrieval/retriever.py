@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import logging
 import time
 from dataclasses import dataclass
@@ -24,14 +25,15 @@ from faste_mm.retrieval.calibrations import Calibration, check_collection_target
 from faste_mm.model.faste import FastEConfig
 from faste_mm.model.embedder import Embedder, EmbedResult, OnError
 from faste_mm.errors import ConfigError, InputError
-from faste_mm.indexers import Collection, CollectionInfo, ItemRecord, Manifest
+from faste_mm.indexers import Collection, CollectionInfo, ItemRecord, Manifest, SearchFilter
 from faste_mm.indexers.faiss_index import validate_factory
 from faste_mm.indexers.manifest import MANIFEST_NAME, CollectionFastE, read_manifest, settings_mismatch
 from faste_mm.indexers.records import repeated_key
-from faste_mm.retrieval.ingest import (IndexFailure, IngestTally, ScanFilter, failure_reasons, ingest_chunk, plan_update,
-                             record_missing, scan_paths)
+from faste_mm.retrieval.ingest import (IndexFailure, IngestTally, ScanFilter, failure_reasons, honour_exclusions,
+                             ingest_chunk, plan_update, record_missing, scan_paths)
 from faste_mm.model.items import Item, as_item
 from faste_mm.retrieval import maintenance
+from faste_mm.retrieval.export import ExportReport, export_parquet
 from faste_mm.retrieval.maintenance import collection_path
 from faste_mm.retrieval.results import AddReport, Hit, IndexOptions, IndexProgress, IndexReport, RemoveReport
 from faste_mm.model.serialization import DEFAULT_INSTRUCTION, SerializerConfig
@@ -82,11 +84,18 @@ class Retriever:
         never load weights). r_max: FastE ratio for documents of NEW collections (an existing
         collection keeps its own). query_instruction: None = DEFAULT_QUERY_INSTRUCTION for
         vision-language models, the model's own default query task for text models.
+        dim: Matryoshka width of NEW collections: documents and queries keep their first `dim`
+        dimensions, re-normalised (smaller index, faster search, some quality lost); None = the
+        model's full width. A collection's dim is fixed: another one is refused like a model change.
     """
 
     def __init__(self, model: Embedder | ModelSpec, *, collection: str | Path | None = None,
-                 r_max: float = 0.5, query_instruction: str | None = None, threshold: float | None = None) -> None:
+                 r_max: float = 0.5, query_instruction: str | None = None, threshold: float | None = None,
+                 dim: int | None = None) -> None:
         FastEConfig(r_max=r_max, threshold=threshold)  # validates both with a ConfigError
+        if dim is not None and (isinstance(dim, bool) or not isinstance(dim, int) or dim < 1):
+            raise ConfigError(f"Retriever dim must be None (the model's width) or an int >= 1, got {dim!r}")
+        self.dim = dim
         self.threshold = threshold  # theta for NEW collections; None: saved calibration, else default
         self._embedder = model if isinstance(model, Embedder) else None
         self._spec = model if isinstance(model, ModelSpec) else None
@@ -101,22 +110,23 @@ class Retriever:
     def from_pretrained(cls, model: str, r_max: float = 0.5, *, collection: str | Path | None = None,
                         device: str = "auto", dtype: str = "auto", revision: str | None = None,
                         batching: BatchingConfig | None = None,
-                        query_instruction: str | None = None, threshold: float | None = None) -> "Retriever":
+                        query_instruction: str | None = None, threshold: float | None = None,
+                        dim: int | None = None) -> "Retriever":
         """Load `model` (hub id or local directory) now. Raises ModelLoadError."""
         spec = ModelSpec(model, revision, device, dtype, batching)
         return cls(spec.load(), collection=collection, r_max=r_max, query_instruction=query_instruction,
-                   threshold=threshold)
+                   threshold=threshold, dim=dim)
 
     @classmethod
     def open(cls, collection: str | Path | None = None, *, device: str = "auto", dtype: str = "auto",
              batching: BatchingConfig | None = None, query_instruction: str | None = None) -> "Retriever":
         """A retriever for an existing collection, using the model, revision, pixel settings and
-        r_max named in its manifest (loaded when first needed). Raises CollectionError."""
+        r_max and dim named in its manifest (loaded when first needed). Raises CollectionError."""
         root = collection_path(collection)
         m = read_manifest(root)  # the settings only: no database connection needed
         serializer = SerializerConfig(min_pixels=m.min_pixels, max_pixels=m.max_pixels)
         spec = ModelSpec(m.model_id, m.model_revision, device, dtype, batching, serializer)
-        return cls(spec, collection=root, r_max=m.r_max, query_instruction=query_instruction)
+        return cls(spec, collection=root, r_max=m.r_max, query_instruction=query_instruction, dim=m.dim)
 
     @property
     def embedder(self) -> Embedder:
@@ -145,8 +155,12 @@ class Retriever:
             threshold, source = self._threshold(emb)
             resolved = emb.resolve_fast_e(FastEConfig(r_max=self.r_max, threshold=threshold))
             fast_e = CollectionFastE(resolved.r_max, resolved.warmup_layer, resolved.threshold, source)
+        dim = emb.dim if self.dim is None else self.dim
+        if dim > emb.dim:
+            raise ConfigError(f"dim {dim} is wider than {emb.model_id}'s embeddings ({emb.dim}); "
+                              f"choose a dim between 1 and {emb.dim}")
         return Manifest(
-            model_id=emb.model_id, dim=emb.dim, model_revision=emb.loaded.revision,
+            model_id=emb.model_id, dim=dim, model_dim=emb.dim, model_revision=emb.loaded.revision,
             document_instruction=DEFAULT_INSTRUCTION, min_pixels=config.min_pixels, max_pixels=config.max_pixels,
             fast_e=fast_e, index_type=index_type)
 
@@ -194,6 +208,8 @@ class Retriever:
         if self._embedder is None and (root / MANIFEST_NAME).exists():
             manifest = read_manifest(root)
             errors = self._spec.conflicts(manifest)
+            if self.dim is not None:
+                errors += manifest.differences({"dim": self.dim})
             if errors:
                 raise settings_mismatch(root, errors)
             validate_factory(index_type, manifest.dim)
@@ -233,6 +249,7 @@ class Retriever:
             self._erase_for_reindex(root, options.index_type or "auto")
         tally = IngestTally()
         with self._index_writer(root, options.index_type or "auto") as col:
+            scan = honour_exclusions(col, scan)  # paths removed earlier stay out of folder scans
             encode = _CollectionDocuments(self, col)
             plan = plan_update(col, scan, options.retry_failed)
             col.mark_vanished(plan.vanished)
@@ -259,15 +276,17 @@ class Retriever:
         return IndexReport(str(root), len(scan.files()), tally.embedded, tally.reused, plan.n_unchanged,
                            len(plan.vanished),
                            len(tally.failures), tuple(tally.failures), tally.prefix_tokens,
-                           tally.kept_prefix_tokens, seconds, factory)
+                           tally.kept_prefix_tokens, seconds, factory, scan.n_excluded)
 
     # ---- adding and removing ---------------------------------------------------------------
     def add(self, items: Sequence[object], metadata: Sequence[Mapping[str, Any] | None] | None = None,
             uris: Sequence[str] | None = None, on_error: OnError = "raise") -> AddReport:
         """Embed items (str text, Path/PIL image, PDF path = all pages, `Item`) as documents and
         add them, with optional per-item metadata and uris. A PDF's pages share its metadata.
-        Default uri: a file's resolved path, else "item:<sha256 of the content>[:16]"; re-adding
-        a (uri, page) replaces the old item.
+        Default uri: a file's resolved path, else "item:<sha256 of the content and the
+        metadata>[:16]": the same text with different metadata is two items, the same text with
+        the same metadata one. Re-adding a (uri, page) replaces the old item (so re-adding a file
+        updates its metadata); pass `uris` to choose the identity yourself.
 
         on_error: "raise" stops at the first item that cannot be embedded (InputError naming it)
             and stores nothing; "skip" stores the others and records each bad row as a failure,
@@ -330,25 +349,41 @@ class Retriever:
         with Collection.open(self.collection) as col:
             return col.info()
 
+    def export(self, path: str | Path) -> ExportReport:
+        """Write the collection's live items and vectors to one Parquet file (see
+        `faste_mm.retrieval.export`), e.g. to load them into LanceDB, Qdrant or pgvector."""
+        return export_parquet(self.collection, path)
+
     # ---- search ----------------------------------------------------------------------------
     def search(self, query: str | None = None, *, image: str | Path | Image.Image | None = None,
-               k: int = 10, instruction: str | None = None) -> list[Hit]:
+               k: int = 10, instruction: str | None = None, where: Mapping[str, Any] | None = None,
+               type: str | Sequence[str] | None = None, path: str | None = None) -> list[Hit]:
         """Top-k items for a text, an image, or both. An image alone is a query by example: it
         is embedded exactly like a document (so an indexed image finds itself with score ~1)
-        unless `instruction` is given. Raises InputError if neither query nor image is given."""
+        unless `instruction` is given.
+
+        Filters (all must hold; k hits come back whenever k items match, whatever the index):
+        where: metadata key -> value, e.g. {"tag": "invoice"} (values of `add(metadata=...)`);
+        type: "image" | "pdf" | "text", or several; path: a glob on the stored path, e.g.
+        "*/invoices/*" or "./photos/*" (see `faste_mm.indexers.SearchFilter`).
+        Raises InputError if neither query nor image is given, ConfigError for a bad filter."""
         if query is None and image is None:
             raise InputError("search: give a query text, an image, or both")
-        return self.search_batch([Item(text=query, image=image)], k=k, instruction=instruction)[0]
+        return self.search_batch([Item(text=query, image=image)], k=k, instruction=instruction,
+                                 where=where, type=type, path=path)[0]
 
-    def search_batch(self, queries: Sequence[object], k: int = 10,
-                     instruction: str | None = None) -> list[list[Hit]]:
-        """`search` for many queries (str text, Path/PIL image, or `Item`), one list of hits each."""
+    def search_batch(self, queries: Sequence[object], k: int = 10, instruction: str | None = None,
+                     where: Mapping[str, Any] | None = None, type: str | Sequence[str] | None = None,
+                     path: str | None = None) -> list[list[Hit]]:
+        """`search` for many queries (str text, Path/PIL image, or `Item`), one list of hits each;
+        the filters apply to every query."""
+        search_filter = SearchFilter(where=where or {}, types=() if type is None else type, path=path)
         items = [_as_query(q, i) for i, q in enumerate(queries)]
         if self._reader is None:
             self._reader = Collection.open(self.collection, expect=self.document_manifest())
         col = self._reader
         vectors = self._embed_queries(items, instruction, col)
-        scores, ids = col.search(vectors, k)
+        scores, ids = col.search(vectors, k, where=search_filter)
         found = sorted({int(i) for i in ids[ids >= 0]})
         records = dict(zip(found, col.get(found)))
         return [[Hit(int(i), float(s), records[int(i)].uri, records[int(i)].page, records[int(i)].metadata)
@@ -362,14 +397,15 @@ class Retriever:
         out = np.zeros((len(items), col.manifest.dim), dtype=np.float32)
         if by_example:
             docs = self.embedder.encode_documents([items[i] for i in by_example],
-                                                  fast_e=self._collection_fast_e(col), on_error="raise")
+                                                  fast_e=self._collection_fast_e(col), dim=col.manifest.dim,
+                                                  on_error="raise")
             out[by_example] = docs.embeddings
         if with_task:
             task = instruction or self.query_instruction
             if task is None and self.embedder.family.is_multimodal:
                 task = DEFAULT_QUERY_INSTRUCTION
             out[with_task] = self.embedder.encode_queries([items[i] for i in with_task], instruction=task,
-                                                          on_error="raise").embeddings
+                                                          dim=col.manifest.dim, on_error="raise").embeddings
         return out
 
 
@@ -395,14 +431,15 @@ class _CollectionDocuments:
             self._col.require_compatible(self._retriever.document_manifest())
             self._fast_e = self._retriever._collection_fast_e(self._col)
             self._is_checked = True
-        return embedder.encode_documents(values, fast_e=self._fast_e, on_error=on_error)
+        # Matryoshka collections store the first `dim` dimensions, re-normalised (checked above).
+        return embedder.encode_documents(values, fast_e=self._fast_e, dim=self._col.manifest.dim, on_error=on_error)
 
 
 # ---- helpers ---------------------------------------------------------------------------------
 def _add_record(item: Item, uri: str | None, metadata: Mapping[str, Any] | None, error: str | None) -> ItemRecord:
     """The record `add` stores for one row: an item, or (with `error`) a failure."""
     size, mtime = _file_stat(item)
-    return ItemRecord(uri=uri if uri is not None else _default_uri(item), modality=_modality(item), page=item.page,
+    return ItemRecord(uri=uri if uri is not None else _default_uri(item, metadata), modality=_modality(item), page=item.page,
                       size=size, mtime=mtime, metadata=metadata, error=error)
 
 
@@ -447,7 +484,10 @@ def _modality(item: Item) -> str:
     return "text"
 
 
-def _default_uri(item: Item) -> str:
+def _default_uri(item: Item, metadata: Mapping[str, Any] | None = None) -> str:
+    """A file's resolved path; else "item:" + a hash of the content AND the metadata, so the same
+    text added twice with different metadata is two items, while re-adding an identical
+    (content, metadata) pair replaces the stored one instead of duplicating it."""
     if isinstance(item.image, (str, Path)) and not item.text:
         return str(Path(item.image).expanduser().resolve())
     h = hashlib.sha256((item.text or "").encode("utf-8"))
@@ -455,6 +495,8 @@ def _default_uri(item: Item) -> str:
         h.update(item.image.tobytes())
     elif item.image is not None:
         h.update(str(Path(item.image).resolve()).encode("utf-8"))
+    if metadata is not None:  # None leaves the hash as it was, so earlier uris stay valid
+        h.update(b"\0metadata\0" + json.dumps(dict(metadata), sort_keys=True, default=str).encode("utf-8"))
     return "item:" + h.hexdigest()[:16]
 
 
