@@ -8,6 +8,7 @@ fits in memory, IVF when the graph gets slow to build, OPQ+PQ when raw vectors d
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import re
@@ -209,9 +210,31 @@ def to_search_device(index: faiss.Index) -> faiss.Index:
         return index
 
 
-def save_index(index: faiss.Index, path: Path) -> None:
-    """Stream the index into an atomic write (serialize_index would hold two extra copies)."""
-    atomic_write(path, lambda f: faiss.write_index(index, faiss.PyCallbackIOWriter(f.write)))
+def save_index(index: faiss.Index, path: Path) -> str:
+    """Stream the index into an atomic write (serialize_index would hold two extra copies);
+    returns the sha256 of the bytes written, which the manifest records."""
+    digest = hashlib.sha256()
+
+    def write(f) -> None:
+        def chunk(data: bytes) -> int:
+            digest.update(data)
+            return f.write(data)
+        faiss.write_index(index, faiss.PyCallbackIOWriter(chunk))
+
+    atomic_write(path, write)
+    return digest.hexdigest()
+
+
+def file_sha256(path: Path) -> str | None:
+    """sha256 of a file's bytes, streamed; None when it cannot be read."""
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    except OSError:
+        return None
+    return digest.hexdigest()
 
 
 def load_index(path: Path) -> faiss.IndexIDMap2 | None:

@@ -7,6 +7,7 @@ stepwise migrations; a file newer than this code is refused with upgrade advice.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import sqlite3
@@ -92,13 +93,67 @@ def _row_to_record(row: Sequence[Any]) -> ItemRecord:
                       error=error, id=id_, status=status, added_at=added_at)
 
 
+def damaged_database(path: Path, error: sqlite3.Error) -> CollectionError:
+    """The CollectionError for an SQLite error: a busy database says wait, anything else is damage."""
+    if isinstance(error, sqlite3.OperationalError) and "locked" in str(error):
+        return CollectionError(f"{path}: the database is busy ({error}); wait for the other faste-mm "
+                               f"process to finish and try again")
+    return CollectionError(f"{path}: the database cannot be read ({error}); the collection is damaged. "
+                           f"Restore {DB_NAME} from a backup, or re-index with `--reindex`")
+
+
+def _translate_errors(cls):
+    """Wrap every public method of `cls` so that an sqlite3.Error (a truncated or garbage file
+    surfaces at the first query that touches a bad page, not at connect) becomes a
+    CollectionError naming the file."""
+    def wrap(method):
+        @functools.wraps(method)
+        def wrapper(self, *args, **kwargs):
+            try:
+                return method(self, *args, **kwargs)
+            except sqlite3.Error as error:
+                raise damaged_database(self.path, error) from None
+        return wrapper
+
+    for name, value in list(vars(cls).items()):
+        if callable(value) and not name.startswith("_") and name != "transaction":
+            setattr(cls, name, wrap(value))
+    return cls
+
+
+def count_items(path: Path) -> int:
+    """Rows in the items table of the database at `path` without migrating or writing it: 0 when
+    the file or the table does not exist (a create killed before its schema committed).
+    Raises CollectionError for a file SQLite cannot read."""
+    if not path.exists():
+        return 0
+    try:
+        db = sqlite3.connect(path.absolute().as_uri() + "?mode=ro", uri=True)
+        try:
+            has_table = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
+                                   ("items",)).fetchone()
+            return db.execute("SELECT count(*) FROM items").fetchone()[0] if has_table else 0
+        finally:
+            db.close()
+    except sqlite3.Error as e:
+        raise CollectionError(f"{path}: not a readable faste-mm database ({e}); restore it from a backup, "
+                              f"or delete the folder yourself to index into it from scratch") from None
+
+
+@_translate_errors
 class MetaStore:
     """One connection to `meta.sqlite`. Writers migrate; readers open read-only."""
 
-    def __init__(self, root: Path, writable: bool) -> None:
+    def __init__(self, root: Path, writable: bool, create: bool = False) -> None:
         self.root = root
         self.path = root / DB_NAME
         self.writable = writable
+        if not create and not self.path.exists():
+            # The truth is gone: a new empty database would make every vector an orphan to sweep.
+            raise CollectionError(
+                f"{root}: {DB_NAME} is missing, so the stored vectors cannot be matched to their files; "
+                f"nothing was changed. Restore {DB_NAME} from a backup, or re-index with `--reindex` "
+                f"(which erases the vectors)")
         try:
             if writable:
                 self.db = sqlite3.connect(self.path, isolation_level=None)
@@ -107,15 +162,16 @@ class MetaStore:
                 self.db.execute("PRAGMA journal_mode=WAL")
                 self.db.execute("PRAGMA synchronous=FULL")
             else:
-                if not self.path.exists():
-                    raise CollectionError(f"{root}: {DB_NAME} is missing; the collection is "
-                                          f"incomplete, re-create it")
                 self.db = sqlite3.connect(self.path.absolute().as_uri() + "?mode=ro", uri=True,
                                           isolation_level=None)
             self.db.execute("PRAGMA busy_timeout=10000")
         except sqlite3.Error as e:
-            raise CollectionError(f"{self.path}: cannot open ({e})") from None
-        self._check_schema()
+            raise damaged_database(self.path, e) from None
+        try:
+            self._check_schema()
+        except sqlite3.Error as e:
+            self.db.close()
+            raise damaged_database(self.path, e) from None
 
     def close(self) -> None:
         self.db.close()
@@ -161,6 +217,20 @@ class MetaStore:
             self.db.execute("ROLLBACK")
             raise
         self.db.execute("COMMIT")
+
+    @contextmanager
+    def read_snapshot(self) -> Iterator[None]:
+        """One read transaction (WAL: every statement inside sees the same commit), or nothing
+        inside a transaction already open on this connection."""
+        if self.db.in_transaction:
+            yield
+            return
+        self.db.execute("BEGIN")
+        try:
+            yield
+        finally:
+            if self.db.in_transaction:
+                self.db.execute("COMMIT")
 
     # ---- state counters ---------------------------------------------------------------------
     def state(self) -> dict[str, int]:

@@ -348,9 +348,7 @@ class Retriever:
             self._reader = Collection.open(self.collection, expect=self.document_manifest())
         col = self._reader
         vectors = self._embed_queries(items, instruction, col)
-        scores, ids = col.search(vectors, k)
-        found = sorted({int(i) for i in ids[ids >= 0]})
-        records = dict(zip(found, col.get(found)))
+        scores, ids, records = col.search_records(vectors, k)  # hits and records of one snapshot
         return [[Hit(int(i), float(s), records[int(i)].uri, records[int(i)].page, records[int(i)].metadata)
                  for s, i in zip(row_scores, row_ids) if i >= 0]
                 for row_scores, row_ids in zip(scores, ids)]
