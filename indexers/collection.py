@@ -204,49 +204,57 @@ class Collection:
         Raises InputError naming the record when shapes, values or (uri, page) pairs are bad.
         """
         self._require_writable("add items")
-        vectors = check_rows(vectors, records, self._manifest.dim, self._manifest.normalized, self.root)
-        n = len(records)
-        if n == 0:
-            return np.empty(0, dtype=np.int64)
-        with self._store.transaction():
-            state = self._store.state()
-            ids = np.arange(state["next_id"], state["next_id"] + n, dtype=np.int64)
-            part = state["next_part"]
-            try:
-                # The part is on disk before the rows that reference it commit: a crash in
-                # between leaves an orphan file (swept on open), never a row without a vector.
-                parts.write_part(self.root, part, vectors, ids, self._manifest.vector_dtype)
-                crash_point("add-after-part-written")
-                self._store.insert_items(records, ids, Status.OK, part)
-                self._store.insert_part(part, n)
-                self._store.set_state(next_id=ids[-1] + 1, next_part=part + 1)
-            except BaseException:
-                parts.remove_part(self.root, part)
-                raise
-        crash_point("add-after-commit")
-        if self._index.index is not None:  # keep an index in memory current (read back: the stored dtype)
-            older = max_part([(p, size) for p, size in self._store.parts() if p < part])
-            self._index.append(state["epoch"], part, older, lambda: parts.read_part(self.root, part, n, self._manifest.dim)[0], ids)
-        log.debug("%s: added %d items as part %d", self.root, n, part)
-        return ids
+        return self.commit(vectors, records)[0]
 
     def add_failures(self, records: Sequence[ItemRecord]) -> np.ndarray:
         """Record items that could not be embedded (each with `error` set); they get ids but
         no vectors. A later successful `add` of the same uri replaces them. Returns ids."""
         self._require_writable("record failures")
-        for i, r in enumerate(records):
+        return self.commit(np.empty((0, self._manifest.dim), dtype=np.float32), [], records)[1]
+
+    def commit(self, vectors: np.ndarray, records: Sequence[ItemRecord],
+               failures: Sequence[ItemRecord] = (), replace_uris: Sequence[str] = ()) -> tuple[np.ndarray, np.ndarray]:
+        """`delete_uris(replace_uris)`, `add(vectors, records)` and `add_failures(failures)` as
+        ONE transaction, so a crash keeps all of a chunk of files or none of it (a file whose
+        good pages were stored always has its failed pages recorded too). Returns the ids of
+        `records` and of `failures`. Raises InputError, storing nothing, as `add` and
+        `add_failures` do."""
+        self._require_writable("add items")
+        vectors = check_rows(vectors, records, self._manifest.dim, self._manifest.normalized, self.root)
+        for i, r in enumerate(failures):
             if not r.error:
                 raise InputError(f"{self.root}: failure record {r.uri} (row {i}) has no error "
                                  f"message; set ItemRecord.error")
-        check_unique(records, self.root)
-        if not records:
-            return np.empty(0, dtype=np.int64)
+        check_unique(failures, self.root)
+        n, n_failed = len(records), len(failures)
+        if n + n_failed + len(replace_uris) == 0:
+            return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
         with self._store.transaction():
-            next_id = self._store.state()["next_id"]
-            ids = np.arange(next_id, next_id + len(records), dtype=np.int64)
-            self._store.insert_items(records, ids, Status.FAILED, part=None)
-            self._store.set_state(next_id=next_id + len(records))
-        return ids
+            state = self._store.state()
+            ids = np.arange(state["next_id"], state["next_id"] + n + n_failed, dtype=np.int64)
+            part = state["next_part"]
+            self._store.tombstone_uris(list(replace_uris))
+            try:
+                if n:
+                    # The part is on disk before the rows that reference it commit: a crash in
+                    # between leaves an orphan file (swept on open), never a row without a vector.
+                    parts.write_part(self.root, part, vectors, ids[:n], self._manifest.vector_dtype)
+                    crash_point("add-after-part-written")
+                    self._store.insert_items(records, ids[:n], Status.OK, part)
+                    self._store.insert_part(part, n)
+                # After the rows: adding a uri clears its older failure rows, not these.
+                self._store.insert_items(failures, ids[n:], Status.FAILED, part=None)
+                self._store.set_state(next_id=state["next_id"] + n + n_failed, next_part=part + (n > 0))
+            except BaseException:
+                if n:
+                    parts.remove_part(self.root, part)
+                raise
+        crash_point("add-after-commit")
+        if n and self._index.index is not None:  # keep an index in memory current (read back: the stored dtype)
+            older = max_part([(p, size) for p, size in self._store.parts() if p < part])
+            self._index.append(state["epoch"], part, older, lambda: parts.read_part(self.root, part, n, self._manifest.dim)[0], ids[:n])
+        log.debug("%s: added %d items as part %d and %d failures", self.root, n, part, n_failed)
+        return ids[:n], ids[n:]
 
     def delete(self, ids: Iterable[int]) -> int:
         """Tombstone items by id (their vectors stay until `compact`). Returns how many changed;

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import re
 import sqlite3
 import time
 from contextlib import contextmanager
@@ -22,7 +23,7 @@ from faste_mm.indexers.records import ItemRecord, Status
 log = logging.getLogger(__name__)
 
 DB_NAME = "meta.sqlite"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 # Bound parameters per statement: SQLite builds before 3.32 allow at most 999.
 MAX_BOUND_PARAMS = 500
@@ -71,6 +72,37 @@ def _migrate_0_to_1(db: sqlite3.Connection) -> None:
     """)
 
 
+# File names need not be valid UTF-8; Python decodes such bytes to lone surrogates
+# (os.fsdecode), which SQLite text cannot hold. Stored text escapes each one as _ESC + two hex
+# digits, and _ESC itself as _ESC _ESC (a private-use character no real name is expected to hold;
+# doubling keeps even that one lossless). The escape maps character by character, so a prefix
+# stays a prefix and `live_uris`' range query still finds the uris below a folder.
+_ESC = "\U000F0000"
+_SURROGATE = re.compile("[\udc80-\udcff]")
+_ESCAPED = re.compile(_ESC + "(" + _ESC + "|[0-9a-f]{2})")
+
+
+def _to_db(text: str | None) -> str | None:
+    """Text as stored (see _ESC): lossless for names with undecodable bytes."""
+    if text is None or (_ESC not in text and not _SURROGATE.search(text)):
+        return text
+    return _SURROGATE.sub(lambda m: f"{_ESC}{ord(m.group()) - 0xDC00:02x}", text.replace(_ESC, _ESC * 2))
+
+
+def _from_db(text: str | None) -> str | None:
+    """Inverse of `_to_db`."""
+    if text is None or _ESC not in text:
+        return text
+    return _ESCAPED.sub(lambda m: _ESC if m.group(1) == _ESC else chr(0xDC00 + int(m.group(1), 16)), text)
+
+
+def _migrate_1_to_2(db: sqlite3.Connection) -> None:
+    # Uris and errors are stored escaped from now on (see _ESC); existing text holds no
+    # surrogates (SQLite refused them), so only a literal _ESC needs doubling.
+    db.execute("UPDATE items SET uri = replace(uri, ?, ?), error = replace(error, ?, ?) "
+               "WHERE instr(uri, ?) OR instr(error, ?)", (_ESC, _ESC * 2, _ESC, _ESC * 2, _ESC, _ESC))
+
+
 def _execute_script(db: sqlite3.Connection, script: str) -> None:
     """Run `;`-separated DDL inside the caller's transaction (executescript would COMMIT first,
     breaking the all-or-nothing migration step)."""
@@ -81,16 +113,16 @@ def _execute_script(db: sqlite3.Connection, script: str) -> None:
 
 
 # _MIGRATIONS[v] upgrades schema version v to v + 1.
-_MIGRATIONS = {0: _migrate_0_to_1}
+_MIGRATIONS = {0: _migrate_0_to_1, 1: _migrate_1_to_2}
 assert len(_MIGRATIONS) == SCHEMA_VERSION
 
 
 def _row_to_record(row: Sequence[Any]) -> ItemRecord:
     (id_, uri, page, modality, size, mtime, chash, status, error, added_at, meta, _part,
      _row) = row
-    return ItemRecord(uri=uri, modality=modality, page=page, size=size, mtime=mtime,
+    return ItemRecord(uri=_from_db(uri), modality=modality, page=page, size=size, mtime=mtime,
                       content_hash=chash, metadata=json.loads(meta) if meta else None,
-                      error=error, id=id_, status=status, added_at=added_at)
+                      error=_from_db(error), id=id_, status=status, added_at=added_at)
 
 
 def damaged_database(path: Path, error: sqlite3.Error) -> CollectionError:
@@ -268,16 +300,16 @@ class MetaStore:
         """Insert records; a live row with the same (uri, page) and failed rows of the uri are
         replaced (the newest add wins, so re-running an interrupted scan never duplicates)."""
         now = time.time()
-        uris = sorted({r.uri for r in records})
+        uris = sorted({_to_db(r.uri) for r in records})
         self.db.executemany("DELETE FROM items WHERE uri = ? AND status = 'failed'",
                             [(u,) for u in uris])
         self.db.executemany(
             "UPDATE items SET status = 'deleted' WHERE uri = ? AND ifnull(page, -1) = ? "
-            "AND status = 'ok'", [(r.uri, -1 if r.page is None else r.page) for r in records])
+            "AND status = 'ok'", [(_to_db(r.uri), -1 if r.page is None else r.page) for r in records])
         self.db.executemany(
             f"INSERT INTO items ({_ITEM_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            [(int(i), r.uri, r.page, r.modality, r.size, r.mtime, r.content_hash, status,
-              r.error, now, json.dumps(dict(r.metadata)) if r.metadata is not None else None,
+            [(int(i), _to_db(r.uri), r.page, r.modality, r.size, r.mtime, r.content_hash, status,
+              _to_db(r.error), now, json.dumps(dict(r.metadata)) if r.metadata is not None else None,
               part, row if part is not None else None)
              for row, (i, r) in enumerate(zip(ids, records))])
 
@@ -293,7 +325,7 @@ class MetaStore:
 
     def tombstone_uris(self, uris: Sequence[str]) -> int:
         """Tombstone ok rows of `uris` and drop their failed rows (which have no vectors)."""
-        params = [(u,) for u in uris]
+        params = [(_to_db(u),) for u in uris]
         self.db.executemany("DELETE FROM items WHERE uri = ? AND status = 'failed'", params)
         cur = self.db.executemany(
             "UPDATE items SET status = 'deleted' WHERE uri = ? AND status = 'ok'", params)
@@ -347,12 +379,12 @@ class MetaStore:
             rows = self.db.execute(
                 "SELECT DISTINCT uri FROM items WHERE status != 'deleted' ORDER BY uri").fetchall()
         else:
-            prefix = under.rstrip("/")
+            prefix = _to_db(under.rstrip("/"))
             rows = self.db.execute(
                 "SELECT DISTINCT uri FROM items WHERE status != 'deleted' "
                 "AND (uri = ? OR (uri >= ? AND uri < ?)) ORDER BY uri",
                 (prefix, prefix + "/", prefix + "0")).fetchall()
-        return [r[0] for r in rows]
+        return [_from_db(r[0]) for r in rows]
 
     def live_file_stats(self) -> dict[str, tuple[int | None, float | None, str]]:
         """uri -> (size, mtime, status) over live rows; pages of one file share its stat."""
@@ -360,6 +392,7 @@ class MetaStore:
             "SELECT uri, size, mtime, status FROM items WHERE status != 'deleted'").fetchall()
         stats: dict[str, tuple[int | None, float | None, str]] = {}
         for uri, size, mtime, status in rows:
+            uri = _from_db(uri)
             prev = stats.get(uri)
             # Any failed page marks the whole file failed, so `retry_failed` can re-embed it.
             if prev is None or status == Status.FAILED:
