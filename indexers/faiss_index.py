@@ -85,11 +85,33 @@ def validate_factory(index_type: str, dim: int) -> None:
     try:
         faiss.index_factory(dim, index_type, faiss.METRIC_INNER_PRODUCT)
     except RuntimeError as e:
-        reason = str(e).strip().splitlines()[-1]
+        reason = _faiss_reason(e)
         raise ConfigError(
             f"index_type {index_type!r} is not a valid FAISS factory string for dim={dim} "
             f"({reason}); use 'auto' or e.g. 'Flat', 'HNSW32', 'IVF1024_HNSW32,Flat', "
             f"'OPQ64_256,IVF4096_HNSW32,PQ64x8np'") from None
+
+
+def _faiss_reason(error: RuntimeError) -> str:
+    """FAISS's message without its C++ function and source location."""
+    text = str(error).strip().splitlines()[-1]
+    return re.sub(r"^Error in .*? at \S+:\d+: (Error: '.*?' failed: )?", "", text)
+
+
+def check_factory_syntax(index_type: str) -> None:
+    """ConfigError when `index_type` is not "auto" and FAISS cannot parse it at all: checkable
+    before the model (and so the vector width) is known. Whether a parsable string suits the
+    width is `validate_factory`'s check."""
+    if index_type == "auto" or "IDMap" in index_type:
+        validate_factory(index_type, 1)  # auto passes; IDMap gets its own message
+        return
+    try:
+        faiss.index_factory(64, index_type, faiss.METRIC_INNER_PRODUCT)
+    except RuntimeError as e:
+        if "could not parse" in str(e):
+            raise ConfigError(
+                f"index_type {index_type!r} is not a FAISS factory string ({_faiss_reason(e)}); use "
+                f"'auto' or e.g. 'Flat', 'HNSW32', 'IVF1024_HNSW32,Flat', 'OPQ64_256,IVF4096_HNSW32,PQ64x8np'") from None
 
 
 def min_training_vectors(factory: str) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import math
 import os
+import re
 import stat
 import threading
 import warnings
@@ -193,7 +194,9 @@ def _decodable(opened: Image.Image, path: Path) -> None:
     if width * height <= MAX_DECODE_PIXELS:
         return
     if opened.format == "JPEG":
-        scale = math.sqrt(width * height / MAX_DECODE_PIXELS)
+        # draft() picks the strongest reduction (1/2, 1/4, 1/8) that stays at or above the size
+        # asked for, so ask for the size at the power-of-two scale that fits the limit.
+        scale = 2 ** math.ceil(math.log2(math.sqrt(width * height / MAX_DECODE_PIXELS)))
         opened.draft(opened.mode, (math.ceil(width / scale), math.ceil(height / scale)))
         if opened.size[0] * opened.size[1] <= MAX_DECODE_PIXELS:
             return
@@ -271,7 +274,7 @@ def _open_pdf(path: Path):
             reason = str(error)
             if "password" in reason.lower():
                 raise InputError(f"{path}: the PDF is encrypted; decrypt it (e.g. qpdf --decrypt) or skip it") from None
-            if "Success" in reason:  # PDFium loaded nothing but reports no error: no page tree
+            if _has_empty_page_tree(path):  # PDFium refuses these with a stale or misleading error
                 raise InputError(f"{path}: the PDF has no pages (or no readable page tree); re-export "
                                  f"it from its source or remove it") from None
             raise InputError(f"{path}: not a readable PDF ({reason}); repair or re-export it") from None
@@ -279,6 +282,15 @@ def _open_pdf(path: Path):
             yield pdf
         finally:
             pdf.close()
+
+
+def _has_empty_page_tree(path: Path, limit: int = 1 << 20) -> bool:
+    """True when the file's first `limit` bytes hold a page tree whose every /Count is 0 (a
+    valid PDF without pages, which PDFium fails to load with no useful reason)."""
+    with open(path, "rb") as f:
+        data = f.read(limit)
+    counts = re.findall(rb"/Count\s*(\d+)", data)
+    return data.startswith(b"%PDF") and b"/Pages" in data and bool(counts) and all(int(c) == 0 for c in counts)
 
 
 def _render_pdf_page(path: Path, page: int, max_pixels: int) -> Image.Image:

@@ -154,8 +154,10 @@ def scan_paths(paths: Iterable[str | Path], scan_filter: ScanFilter | None = Non
 
 
 def _uri(path: Path) -> str:
-    """The resolved absolute path, or for a link that cannot be resolved (a loop) the link's own
-    absolute path."""
+    """The resolved absolute path; for a link that does not lead to a file (dangling, a loop),
+    the link's own absolute path, which is the name the user knows."""
+    if os.path.islink(path) and not_a_file_reason(path) is not None:
+        return os.path.abspath(path)
     try:
         return str(path.resolve())
     except (OSError, RuntimeError):  # RuntimeError: pathlib's "Symlink loop" before Python 3.13

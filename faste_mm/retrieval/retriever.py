@@ -25,7 +25,7 @@ from faste_mm.model.faste import FastEConfig
 from faste_mm.model.embedder import Embedder, EmbedResult, OnError
 from faste_mm.errors import ConfigError, InputError
 from faste_mm.indexers import Collection, CollectionInfo, ItemRecord, Manifest
-from faste_mm.indexers.faiss_index import validate_factory
+from faste_mm.indexers.faiss_index import check_factory_syntax, validate_factory
 from faste_mm.indexers.manifest import MANIFEST_NAME, CollectionFastE, read_manifest, settings_mismatch
 from faste_mm.indexers.records import repeated_key
 from faste_mm.retrieval.ingest import (IndexFailure, IngestTally, ScanFilter, failure_reasons, ingest_chunk, plan_update,
@@ -225,6 +225,8 @@ class Retriever:
         ConfigError (bad options or index type), InputError (no paths given).
         """
         options = options or IndexOptions()
+        if options.index_type is not None:
+            check_factory_syntax(options.index_type)  # before any model loads or anything is erased
         started = time.perf_counter()
         root = self._target(collection)
         scan = scan_paths(paths, ScanFilter(options.exclude, options.include_hidden))
