@@ -110,7 +110,7 @@ def check_factory_syntax(index_type: str) -> None:
     except RuntimeError as e:
         if "could not parse" in str(e):
             raise ConfigError(
-                f"index_type {index_type!r} is not a FAISS factory string ({_faiss_reason(e)}); use "
+                f"index_type {index_type!r} is not a valid FAISS factory string ({_faiss_reason(e)}); use "
                 f"'auto' or e.g. 'Flat', 'HNSW32', 'IVF1024_HNSW32,Flat', 'OPQ64_256,IVF4096_HNSW32,PQ64x8np'") from None
 
 

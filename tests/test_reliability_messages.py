@@ -39,7 +39,7 @@ def test_an_unparsable_index_type_is_refused_before_the_model_loads(tmp_path):
     result = runner.invoke(app, ["index", str(tmp_path / "a.png"), "-c", str(tmp_path / "col"),
                                  "--model", str(tmp_path / "no-such-model"), "--index-type", "Bogus123"])
     assert result.exit_code == 1
-    assert "--index-type 'Bogus123' is not a FAISS factory string" in result.stderr
+    assert "--index-type 'Bogus123' is not a valid FAISS factory string" in result.stderr
     assert ".cpp" not in result.stderr and "no-such-model" not in result.stderr  # the model was never loaded
     assert not (tmp_path / "col").exists()
 

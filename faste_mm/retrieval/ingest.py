@@ -105,7 +105,8 @@ class Scan:
         items under a root whose file is no longer found there.
     named: files the user named explicitly (an unsupported one is kept, to be recorded as a
         failure; folder walks silently ignore unsupported files).
-    missing: named paths that do not exist, with the message to record.
+    missing: paths that cannot be indexed as files (named ones that do not exist; dangling or
+        looping symlinks, FIFOs and devices, named or found by a walk), with the message to record.
     """
 
     roots: tuple[tuple[str, tuple[ScannedFile, ...]], ...]
