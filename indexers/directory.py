@@ -27,6 +27,8 @@ OWN_FILES = frozenset({*_DB_FILES, parts.VECTORS_DIR, LOCK_NAME, MANIFEST_NAME, 
 # `erase` first renames manifest.json to this name: from then on the directory is no longer a
 # collection, and a later `create` that finds the marker finishes the interrupted erase.
 ERASE_MARKER = MANIFEST_NAME + ".erasing" + TMP_SUFFIX
+# The temp files of the collection's atomic writes in `root` (a stranger's *.tmp is not ours).
+OWN_TEMP_FILES = frozenset({MANIFEST_NAME + TMP_SUFFIX, faiss_index.INDEX_NAME + TMP_SUFFIX})
 
 
 def acquire_lock(root: Path) -> int:
@@ -85,7 +87,7 @@ def foreign_files(root: Path, *, after_erase: bool = False) -> list[str]:
     """Sorted names in `root` that are not the collection's, which `Collection.create` refuses
     to litter. after_erase: also count temp files as the collection's (`erase` removes them)."""
     return sorted(p.name for p in root.iterdir() if p.name not in OWN_FILES
-                  and not (after_erase and p.name.endswith(TMP_SUFFIX) and _is_regular(p)))
+                  and not (after_erase and p.name in OWN_TEMP_FILES | {ERASE_MARKER} and _is_regular(p)))
 
 
 def refuse_links(root: Path) -> None:
@@ -114,7 +116,7 @@ def _remove_written_files(root: Path) -> None:
         if _is_regular(root / name):
             (root / name).unlink()
     vectors = root / parts.VECTORS_DIR
-    own = [p for p in root.iterdir() if p.name.endswith(TMP_SUFFIX) and p.name != ERASE_MARKER]
+    own = [root / name for name in OWN_TEMP_FILES]
     if vectors.is_dir() and not vectors.is_symlink():
         own += [p for p in vectors.iterdir() if parts.is_part_file(p.name)]
     for path in own:
@@ -147,10 +149,11 @@ def complete_interrupted_create(root: Path) -> None:
 
 
 def remove_temp_files(root: Path) -> None:
-    """Unlink the regular `*.tmp` files in `root` (torn atomic writes); links are left alone."""
-    for tmp in root.glob("*" + TMP_SUFFIX):
-        if _is_regular(tmp) and tmp.name != ERASE_MARKER:
-            tmp.unlink(missing_ok=True)
+    """Unlink the collection's temp files in `root` (torn atomic writes) if they are regular
+    files; links and other *.tmp files are left alone."""
+    for name in OWN_TEMP_FILES:
+        if _is_regular(root / name):
+            (root / name).unlink(missing_ok=True)
 
 
 def erase(root: Path, *, for_create: bool = False) -> bool:

@@ -181,3 +181,18 @@ def test_atomic_rewrites_keep_the_users_file_mode(tmp_path):
         col.add(_vectors(1, seed=5), [ItemRecord(uri="new", modality="text")])  # close rewrites both
     for name in ("manifest.json", "index.faiss"):
         assert stat.S_IMODE(os.stat(root / name).st_mode) == 0o600
+
+
+def test_a_strangers_tmp_file_is_neither_deleted_nor_taken_for_ours(tmp_path):
+    root = tmp_path / "c"
+    _filled(root)
+    (root / "notes.tmp").write_text("mine")
+    (root / "index.faiss.tmp").write_bytes(b"torn")  # ours: a torn index write
+    with Collection.open(root, writable=True):
+        pass
+    assert (root / "notes.tmp").read_text() == "mine" and not (root / "index.faiss.tmp").exists()
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    (fresh / "notes.tmp").write_text("mine")
+    with pytest.raises(CollectionError, match="not empty and not a collection"):
+        Collection.create(fresh, MANIFEST)
