@@ -5,7 +5,6 @@ warnings and errors go to stderr. Every option also reads a FASTE_MM_* environme
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from enum import Enum
@@ -15,7 +14,7 @@ from typing import NoReturn, Optional
 import typer
 from rich.table import Table
 
-from faste_mm.cli.common import (DEFAULT_MODEL, debug_option, device_option, fail, markup_safe, setup_logging, shown, stderr,
+from faste_mm.cli.common import (DEFAULT_MODEL, debug_option, device_option, fail, markup_safe, print_json, setup_logging, shown, stderr,
                                  stdout, unpadded_option)
 from faste_mm.errors import FasteError
 
@@ -104,7 +103,7 @@ def index_command(
     except FasteError as error:
         fail(error, debug)
     if output is InfoFormat.json:
-        stdout.print_json(json.dumps(report.to_dict()))
+        print_json(report.to_dict())
     else:
         _render_index_report(report)
     for failure in report.failures:
@@ -181,7 +180,7 @@ def search_command(
         payload = {"query": {"text": query, "image": None if image is None else str(image)},
                    "collection": str(root), "k": k,
                    "hits": [{"rank": rank, **hit.to_dict()} for rank, hit in enumerate(hits, 1)]}
-        stdout.print_json(json.dumps(payload))
+        print_json(payload)
     elif output is OutputFormat.paths:
         sys.stdout.flush()
         for hit in hits:
@@ -216,7 +215,7 @@ def info_command(
         fail(error, debug)
     payload = {**info.to_dict(), "settings": manifest.to_dict()}
     if output is InfoFormat.json:
-        stdout.print_json(json.dumps(payload))
+        print_json(payload)
         return
     table = Table(title=f"collection {markup_safe(info.path)}")
     table.add_column("field")

@@ -3,6 +3,7 @@ command that loads a model or may fail declares (--device, --debug), logging set
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import sys
@@ -91,6 +92,18 @@ def shown(text: object) -> str:
 def markup_safe(text: object) -> str:
     """`shown(text)` with rich markup escaped: for table cells and messages printed by rich."""
     return escape(shown(text))
+
+
+def print_json(payload: object) -> None:
+    """JSON on stdout. When a name holds bytes that are not UTF-8 (lone surrogates), the whole
+    document is written ASCII-escaped: json.loads turns \\udcXX back into the same str, and
+    os.fsencode gives the original bytes; otherwise text is written as is."""
+    try:
+        json.dumps(payload, ensure_ascii=False).encode("utf-8")
+        is_utf8 = True
+    except UnicodeEncodeError:
+        is_utf8 = False
+    stdout.print_json(json.dumps(payload), ensure_ascii=not is_utf8)
 
 
 def in_cli_words(message: str) -> str:

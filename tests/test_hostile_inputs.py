@@ -225,6 +225,8 @@ def test_names_are_shown_literally_by_info_and_search(indexed):
     assert "\x1b[31m" not in search.stdout
     paths = runner.invoke(app, ["search", "x", "-c", str(col), "-k", "100", "--format", "paths"])
     assert b"/latin1-\xff\xfe.png\n" in paths.stdout_bytes  # the very bytes of the name
+    hits = json.loads(runner.invoke(app, ["search", "x", "-c", str(col), "-k", "100", "--format", "json"]).stdout)["hits"]
+    assert any(os.fsencode(h["uri"]).endswith(b"/latin1-\xff\xfe.png") for h in hits)  # JSON is lossless too
 
 
 def test_text_is_read_only_up_to_what_the_model_can_use(indexed):
