@@ -238,7 +238,8 @@ class Collection:
                 if n:
                     # The part is on disk before the rows that reference it commit: a crash in
                     # between leaves an orphan file (swept on open), never a row without a vector.
-                    parts.write_part(self.root, part, vectors, ids[:n], self._manifest.vector_dtype)
+                    parts.write_part(self.root, part, vectors, ids[:n], self._manifest.vector_dtype,
+                                     mode_of=self.root / MANIFEST_NAME)
                     crash_point("add-after-part-written")
                     self._store.insert_items(records, ids[:n], Status.OK, part)
                     self._store.insert_part(part, n)
@@ -517,7 +518,7 @@ class Collection:
         def flush() -> None:
             nonlocal next_part
             v, i = np.concatenate(buf_v), np.concatenate(buf_ids)
-            parts.write_part(self.root, next_part, v, i, self._manifest.vector_dtype)
+            parts.write_part(self.root, next_part, v, i, self._manifest.vector_dtype, mode_of=self.root / MANIFEST_NAME)
             moves.extend((next_part, row, int(item)) for row, item in enumerate(i))
             new_parts.append((next_part, len(i)))
             next_part += 1

@@ -32,12 +32,14 @@ def ids_path(root: Path, part: int) -> Path:
     return root / VECTORS_DIR / f"part-{part:06d}.ids.npy"
 
 
-def write_part(root: Path, part: int, vectors: np.ndarray, ids: np.ndarray, dtype: str) -> None:
-    """Durably write part `part`: ids first, then vectors, each temp + fsync + rename."""
+def write_part(root: Path, part: int, vectors: np.ndarray, ids: np.ndarray, dtype: str,
+               mode_of: Path | None = None) -> None:
+    """Durably write part `part`: ids first, then vectors, each temp + fsync + rename.
+    mode_of: a file whose permission bits the part files get (see `atomic_write`)."""
     assert vectors.ndim == 2 and len(vectors) == len(ids)
-    atomic_write(ids_path(root, part), lambda f: np.save(f, ids.astype(np.int64, copy=False)))
+    atomic_write(ids_path(root, part), lambda f: np.save(f, ids.astype(np.int64, copy=False)), mode_of=mode_of)
     atomic_write(vectors_path(root, part),
-                 lambda f: np.save(f, vectors.astype(dtype, copy=False)))
+                 lambda f: np.save(f, vectors.astype(dtype, copy=False)), mode_of=mode_of)
 
 
 class PartMissing(CollectionError):

@@ -181,6 +181,11 @@ def test_atomic_rewrites_keep_the_users_file_mode(tmp_path):
         col.add(_vectors(1, seed=5), [ItemRecord(uri="new", modality="text")])  # close rewrites both
     for name in ("manifest.json", "index.faiss"):
         assert stat.S_IMODE(os.stat(root / name).st_mode) == 0o600
+    with Collection.open(root, writable=True) as col:
+        col.delete([0])
+        col.compact()  # new parts follow the manifest's mode
+    for path in (root / "vectors").iterdir():
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600, path.name
 
 
 def test_a_strangers_tmp_file_is_neither_deleted_nor_taken_for_ours(tmp_path):
