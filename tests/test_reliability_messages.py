@@ -119,3 +119,18 @@ def test_an_unexpected_exception_on_one_file_is_that_files_failure(model, tmp_pa
         assert c.info().n_ok == 2
     assert [f.uri for f in failures] == [str(tmp_path / "b.png")]
     assert "unexpected KeyError" in failures[0].error and "--debug" in failures[0].error
+
+
+def test_named_paths_that_are_not_files_get_their_own_reason(tmp_path):
+    from faste_mm.retrieval.ingest import scan_paths
+
+    os.symlink("b.png", tmp_path / "a.png")
+    os.symlink("a.png", tmp_path / "b.png")
+    os.symlink("gone.png", tmp_path / "dangling.png")
+    os.mkfifo(tmp_path / "pipe.png")
+    scan = scan_paths([tmp_path / "a.png", tmp_path / "dangling.png", tmp_path / "pipe.png", tmp_path / "typo.png"])
+    reasons = dict(scan.missing)
+    assert "symbolic link loop" in reasons[str(tmp_path / "a.png")]
+    assert "broken symbolic link" in reasons[str(tmp_path / "dangling.png")]
+    assert "FIFO" in reasons[str(tmp_path / "pipe.png")]
+    assert "file not found" in reasons[str(tmp_path / "typo.png")]
