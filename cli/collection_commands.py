@@ -5,17 +5,17 @@ warnings and errors go to stderr. Every option also reads a FASTE_MM_* environme
 
 from __future__ import annotations
 
-import json
+import os
 import sys
 from enum import Enum
 from pathlib import Path
 from typing import NoReturn, Optional
 
 import typer
-from rich.markup import escape
 from rich.table import Table
 
-from faste_mm.cli.common import DEFAULT_MODEL, debug_option, device_option, fail, setup_logging, stderr, stdout, unpadded_option
+from faste_mm.cli.common import (DEFAULT_MODEL, debug_option, device_option, fail, markup_safe, print_json, setup_logging, shown, stderr,
+                                 stdout, unpadded_option)
 from faste_mm.errors import FasteError
 
 _COLLECTION_HELP = ("Collection: a NAME under the user data directory "
@@ -110,11 +110,11 @@ def index_command(
     except FasteError as error:
         fail(error, debug)
     if output is InfoFormat.json:
-        stdout.print_json(json.dumps(report.to_dict()))
+        print_json(report.to_dict())
     else:
         _render_index_report(report)
     for failure in report.failures:
-        stderr.print(f"[yellow]skipped[/yellow] {escape(failure.error)}", highlight=False)
+        stderr.print(f"[yellow]skipped[/yellow] {markup_safe(failure.error)}", highlight=False)
 
 
 class _IndexProgressBar:
@@ -154,7 +154,7 @@ def _render_index_report(report) -> None:
                         ("files skipped (removed earlier)", report.excluded), ("items failed", report.failed),
                         ("prefix tokens removed", f"{report.prefix_removal:.1%}"),
                         ("index", report.index_factory or "-"), ("seconds", f"{report.seconds:.1f}")):
-        table.add_row(name, str(value))
+        table.add_row(name, markup_safe(value))
     stdout.print(table)
 
 
@@ -200,17 +200,20 @@ def search_command(
                    "collection": str(root), "k": k,
                    "filter": {"where": conditions, "types": list(kind), "path": path},
                    "hits": [{"rank": rank, **hit.to_dict()} for rank, hit in enumerate(hits, 1)]}
-        stdout.print_json(json.dumps(payload))
+        print_json(payload)
     elif output is OutputFormat.paths:
+        sys.stdout.flush()
         for hit in hits:
-            # Plain write: rich would wrap long paths or interpret brackets in file names.
-            sys.stdout.write(hit.uri + "\n")
+            # Plain bytes: rich would wrap long paths or interpret brackets in file names, and
+            # a name that is not UTF-8 goes out as the very bytes a script can open.
+            sys.stdout.buffer.write(os.fsencode(hit.uri) + b"\n")
+        sys.stdout.buffer.flush()
     else:
         table = Table(title=f"{len(hits)} results")
         for column, justify in (("rank", "right"), ("score", "right"), ("file", "left"), ("page", "right")):
             table.add_column(column, justify=justify, overflow="fold")
         for rank, hit in enumerate(hits, 1):
-            table.add_row(str(rank), f"{hit.score:.4f}", hit.uri, "" if hit.page is None else str(hit.page))
+            table.add_row(str(rank), f"{hit.score:.4f}", markup_safe(hit.uri), "" if hit.page is None else str(hit.page))
         stdout.print(table)
 
 
@@ -248,9 +251,9 @@ def info_command(
         fail(error, debug)
     payload = {**info.to_dict(), "settings": manifest.to_dict()}
     if output is InfoFormat.json:
-        stdout.print_json(json.dumps(payload))
+        print_json(payload)
         return
-    table = Table(title=f"collection {info.path}")
+    table = Table(title=f"collection {markup_safe(info.path)}")
     table.add_column("field")
     table.add_column("value", overflow="fold")
     fast_e = manifest.fast_e
@@ -263,7 +266,7 @@ def info_command(
                         ("items", info.n_ok), ("failed", info.n_failed), ("deleted (until compact)", info.n_deleted),
                         ("index type", info.index_type), ("index", info.index_factory or "-"),
                         ("size on disk", f"{info.size_bytes / 2**20:.2f} MiB")):
-        table.add_row(name, str(value))
+        table.add_row(name, markup_safe(value))
     stdout.print(table)
     if info.failures:
         failures = Table(title=f"{len(info.failures)} failures")
@@ -271,7 +274,8 @@ def info_command(
         failures.add_column("page", justify="right")
         failures.add_column("error", overflow="fold")
         for record in info.failures:
-            failures.add_row(record.uri, "" if record.page is None else str(record.page), record.error or "")
+            failures.add_row(markup_safe(record.uri), "" if record.page is None else str(record.page),
+                             markup_safe(record.error or ""))
         stdout.print(failures)
     if info.exclusions:
         exclusions = Table(title=f"{len(info.exclusions)} removed paths skipped by index",
@@ -299,14 +303,14 @@ def remove_command(
     except FasteError as error:
         fail(error, debug)
     for uri in report.uris:
-        stdout.print(uri, highlight=False, markup=False)
+        stdout.print(shown(uri), highlight=False, markup=False)
     stderr.print(f"removed {len(report.ids)} items by id and {len(report.uris)} files")
     if report.excluded:
         stderr.print(f"later `faste-mm index` runs of their folders skip {escape(', '.join(report.excluded))}; "
                      f"name a path on `faste-mm index` to include it again", highlight=False)
     if report.unmatched:
         stderr.print(f"[yellow]warning:[/yellow] nothing in the collection matched "
-                     f"{escape(', '.join(report.unmatched))}; check the ids and paths (`faste-mm info`, "
+                     f"{markup_safe(', '.join(report.unmatched))}; check the ids and paths (`faste-mm info`, "
                      f"`faste-mm search`)", highlight=False, soft_wrap=True)
 
 

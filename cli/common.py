@@ -3,7 +3,9 @@ command that loads a model or may fail declares (--device, --debug), logging set
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 import sys
 from typing import NoReturn
 
@@ -61,9 +63,58 @@ def parse_ratios(text: str, option: str = "--r-max") -> tuple[float, ...]:
         raise ConfigError(f"{option} takes comma-separated ratios in [0, 1), e.g. 0,0.3,0.5,0.7; got {text!r}") from None
 
 
+# Config fields as the CLI spells them: a ConfigError raised by a library dataclass names the
+# field (`FastEConfig.r_max`); the user typed the flag.
+_FLAGS = {
+    "FastEConfig.r_max": "--r-max", "FastEConfig.threshold": "--threshold",
+    "FastEConfig.warmup_layer": "--warmup-layer", "FastEConfig.trigger_layer": "--trigger-layer",
+    "BatchingConfig.batch_tokens": "--batch-tokens", "BatchingConfig.unpadded": "--unpadded",
+    "IndexOptions.chunk_files": "--chunk-files", "ScanFilter.exclude": "--exclude",
+    "index_type": "--index-type",
+}
+_FLAG_RE = re.compile("|".join(rf"\b{re.escape(name)}\b" for name in _FLAGS))
+# Control characters (newlines, ANSI escapes) in a file name would break or recolour the output.
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def shown(text: object) -> str:
+    """A user string (a file name, an error naming one) made safe to print: bytes that are not
+    UTF-8 (kept by Python as lone surrogates) as \\xNN, control characters as escapes. Escape
+    rich markup separately (`rich.markup.escape`) where the string goes into markup."""
+    text = str(text)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    return _CONTROL_RE.sub(lambda m: repr(m.group())[1:-1], text)
+
+
+def markup_safe(text: object) -> str:
+    """`shown(text)` with rich markup escaped: for table cells and messages printed by rich."""
+    return escape(shown(text))
+
+
+def print_json(payload: object) -> None:
+    """JSON on stdout. When a name holds bytes that are not UTF-8 (lone surrogates), the whole
+    document is written ASCII-escaped: json.loads turns \\udcXX back into the same str, and
+    os.fsencode gives the original bytes; otherwise text is written as is."""
+    try:
+        json.dumps(payload, ensure_ascii=False).encode("utf-8")
+        is_utf8 = True
+    except UnicodeEncodeError:
+        is_utf8 = False
+    stdout.print_json(json.dumps(payload), ensure_ascii=not is_utf8)
+
+
+def in_cli_words(message: str) -> str:
+    """A library message with config field names replaced by the CLI flags that set them."""
+    return _FLAG_RE.sub(lambda m: _FLAGS[m.group()], message)
+
+
 def fail(error: FasteError, debug: bool) -> NoReturn:
     """Exit 1 with the error's message (the traceback only with --debug)."""
     if debug:
         raise error
-    stderr.print(f"[red]error:[/red] {escape(str(error))}")  # paths may contain [brackets]
+    message = in_cli_words(str(error)) if isinstance(error, ConfigError) else str(error)
+    stderr.print(f"[red]error:[/red] {markup_safe(message)}", highlight=False)  # paths may contain [brackets]
     raise typer.Exit(1)

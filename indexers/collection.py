@@ -18,7 +18,7 @@ import numpy as np
 from faste_mm.errors import CollectionError, ConfigError, InputError
 from faste_mm.indexers import directory, faiss_index, parts
 from faste_mm.indexers.derived_index import DerivedIndex, desired_factory, max_part
-from faste_mm.indexers.atomic_files import TMP_SUFFIX
+from faste_mm.indexers.crash_points import crash_point
 from faste_mm.indexers.directory import acquire_lock
 from faste_mm.indexers.filters import SearchFilter
 from faste_mm.indexers.manifest import (MANIFEST_NAME, Manifest, read_manifest, settings_mismatch,
@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 
 # compact() rewrites parts to at most this many rows (32 MiB at d=2048 float16).
 COMPACT_PART_ROWS = 8192
+# A reader retries this often when compacts keep replacing the parts under its snapshot.
+_SNAPSHOT_ATTEMPTS = 5
 
 
 class Collection:
@@ -74,21 +76,30 @@ class Collection:
         if root.exists() and not root.is_dir():
             raise CollectionError(f"{root}: is a file, not a collection directory; choose a new path")
         if root.exists():
-            # A directory left by an interrupted create holds only our files; anything else
-            # means the user pointed us at the wrong folder, which we must not litter.
-            foreign = directory.foreign_files(root)
+            # A directory left by an interrupted create or erase holds only our files (temp files
+            # included); anything else means the user pointed us at the wrong folder, which we
+            # must not litter.
+            foreign = directory.foreign_files(root, after_erase=True)
             if foreign:
                 raise CollectionError(f"{root}: directory is not empty and not a collection "
                                       f"(contains {foreign[:3]}); choose a new path")
-        (root / parts.VECTORS_DIR).mkdir(parents=True, exist_ok=True)
+        root.mkdir(parents=True, exist_ok=True)
         lock_fd = acquire_lock(root)
         try:
-            store = MetaStore(root, writable=True)
+            if (root / MANIFEST_NAME).exists():  # another process completed a create meanwhile
+                os.close(lock_fd)
+                lock_fd = None
+                return cls.create(root, manifest, exist_ok=exist_ok)
+            directory.complete_interrupted_create(root)
+            (root / parts.VECTORS_DIR).mkdir(exist_ok=True)
+            store = MetaStore(root, writable=True, create=True)
             manifest = manifest.replace(index_factory=None, index_epoch=-1, index_max_part=-1,
                                         counts=store.counts())
-            write_manifest(root, manifest)  # last: its presence marks a complete collection
+            # Last: its presence marks a complete collection.
+            write_manifest(root, manifest, crash_at="create-before-manifest")
         except BaseException:
-            os.close(lock_fd)
+            if lock_fd is not None:
+                os.close(lock_fd)
             raise
         log.info("created collection %s (%s, dim %d)", root, manifest.model_id, manifest.dim)
         return cls(root, manifest, store, lock_fd)
@@ -111,11 +122,12 @@ class Collection:
                 raise settings_mismatch(root, errors)
         lock_fd = acquire_lock(root) if writable else None
         try:
+            if writable:
+                directory.refuse_links(root)
             store = MetaStore(root, writable=writable)
             if writable:
                 parts.remove_orphans(root, {p for p, _ in store.parts()})
-                for tmp in root.glob("*" + TMP_SUFFIX):  # torn index/manifest writes
-                    tmp.unlink(missing_ok=True)
+                directory.remove_temp_files(root)  # torn index/manifest writes
         except BaseException:
             if lock_fd is not None:
                 os.close(lock_fd)
@@ -193,60 +205,75 @@ class Collection:
         Raises InputError naming the record when shapes, values or (uri, page) pairs are bad.
         """
         self._require_writable("add items")
-        vectors = check_rows(vectors, records, self._manifest.dim, self._manifest.normalized, self.root)
-        n = len(records)
-        if n == 0:
-            return np.empty(0, dtype=np.int64)
-        with self._store.transaction():
-            state = self._store.state()
-            ids = np.arange(state["next_id"], state["next_id"] + n, dtype=np.int64)
-            part = state["next_part"]
-            try:
-                # The part is on disk before the rows that reference it commit: a crash in
-                # between leaves an orphan file (swept on open), never a row without a vector.
-                parts.write_part(self.root, part, vectors, ids, self._manifest.vector_dtype)
-                self._store.insert_items(records, ids, Status.OK, part)
-                self._store.insert_part(part, n)
-                self._store.set_state(next_id=ids[-1] + 1, next_part=part + 1)
-            except BaseException:
-                parts.remove_part(self.root, part)
-                raise
-        if self._index.index is not None:  # keep an index in memory current (read back: the stored dtype)
-            older = max_part([(p, size) for p, size in self._store.parts() if p < part])
-            self._index.append(state["epoch"], part, older, lambda: parts.read_part(self.root, part, n, self._manifest.dim)[0], ids)
-        log.debug("%s: added %d items as part %d", self.root, n, part)
-        return ids
+        return self.commit(vectors, records)[0]
 
     def add_failures(self, records: Sequence[ItemRecord]) -> np.ndarray:
         """Record items that could not be embedded (each with `error` set); they get ids but
         no vectors. A later successful `add` of the same uri replaces them. Returns ids."""
         self._require_writable("record failures")
-        for i, r in enumerate(records):
+        return self.commit(np.empty((0, self._manifest.dim), dtype=np.float32), [], records)[1]
+
+    def commit(self, vectors: np.ndarray, records: Sequence[ItemRecord],
+               failures: Sequence[ItemRecord] = (), replace_uris: Sequence[str] = ()) -> tuple[np.ndarray, np.ndarray]:
+        """`delete_uris(replace_uris)`, `add(vectors, records)` and `add_failures(failures)` as
+        ONE transaction, so a crash keeps all of a chunk of files or none of it (a file whose
+        good pages were stored always has its failed pages recorded too). Returns the ids of
+        `records` and of `failures`. Raises InputError, storing nothing, as `add` and
+        `add_failures` do."""
+        self._require_writable("add items")
+        vectors = check_rows(vectors, records, self._manifest.dim, self._manifest.normalized, self.root)
+        for i, r in enumerate(failures):
             if not r.error:
                 raise InputError(f"{self.root}: failure record {r.uri} (row {i}) has no error "
                                  f"message; set ItemRecord.error")
-        check_unique(records, self.root)
-        if not records:
-            return np.empty(0, dtype=np.int64)
+        check_unique(failures, self.root)
+        n, n_failed = len(records), len(failures)
+        if n + n_failed + len(replace_uris) == 0:
+            return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
         with self._store.transaction():
-            next_id = self._store.state()["next_id"]
-            ids = np.arange(next_id, next_id + len(records), dtype=np.int64)
-            self._store.insert_items(records, ids, Status.FAILED, part=None)
-            self._store.set_state(next_id=next_id + len(records))
-        return ids
+            state = self._store.state()
+            ids = np.arange(state["next_id"], state["next_id"] + n + n_failed, dtype=np.int64)
+            part = state["next_part"]
+            self._store.tombstone_uris(list(replace_uris))
+            try:
+                if n:
+                    # The part is on disk before the rows that reference it commit: a crash in
+                    # between leaves an orphan file (swept on open), never a row without a vector.
+                    parts.write_part(self.root, part, vectors, ids[:n], self._manifest.vector_dtype,
+                                     mode_of=self.root / MANIFEST_NAME)
+                    crash_point("add-after-part-written")
+                    self._store.insert_items(records, ids[:n], Status.OK, part)
+                    self._store.insert_part(part, n)
+                # After the rows: adding a uri clears its older failure rows, not these.
+                self._store.insert_items(failures, ids[n:], Status.FAILED, part=None)
+                self._store.set_state(next_id=state["next_id"] + n + n_failed, next_part=part + (n > 0))
+            except BaseException:
+                if n:
+                    parts.remove_part(self.root, part)
+                raise
+        crash_point("add-after-commit")
+        if n and self._index.index is not None:  # keep an index in memory current (read back: the stored dtype)
+            older = max_part([(p, size) for p, size in self._store.parts() if p < part])
+            self._index.append(state["epoch"], part, older, lambda: parts.read_part(self.root, part, n, self._manifest.dim)[0], ids[:n])
+        log.debug("%s: added %d items as part %d and %d failures", self.root, n, part, n_failed)
+        return ids[:n], ids[n:]
 
     def delete(self, ids: Iterable[int]) -> int:
         """Tombstone items by id (their vectors stay until `compact`). Returns how many changed;
         unknown or already deleted ids are ignored so a repeated call is harmless."""
         self._require_writable("delete items")
         with self._store.transaction():
-            return self._store.tombstone_ids([int(i) for i in ids])
+            changed = self._store.tombstone_ids([int(i) for i in ids])
+        crash_point("delete-after-commit")
+        return changed
 
     def delete_uris(self, uris: Iterable[str]) -> int:
         """Tombstone every item (all pages) of each uri and drop its failure rows."""
         self._require_writable("delete items")
         with self._store.transaction():
-            return self._store.tombstone_uris(list(uris))
+            changed = self._store.tombstone_uris(list(uris))
+        crash_point("delete-after-commit")
+        return changed
 
     def exclude(self, uris: Iterable[str]) -> None:
         """Record removed paths (files or folders, as stored uris) that scans of a folder above
@@ -381,6 +408,17 @@ class Collection:
             kind: FAISS searches only the matching ids, and a row an approximate index leaves
             short is searched exactly over the matching vectors.
         """
+        return self.search_records(queries, k, nprobe, ef_search, where)[:2]
+
+    def search_records(self, queries: np.ndarray, k: int, nprobe: int | None = None, ef_search: int | None = None,
+                       where: SearchFilter | None = None) -> tuple[np.ndarray, np.ndarray, dict[int, ItemRecord]]:
+        """`search`, plus the records of the ids found ({id: record}), all read from one
+        snapshot of the collection: a search running while a writer adds, deletes or compacts
+        sees the rows and parts of one moment, and never returns an item tombstoned before it.
+
+        A compact that replaces the parts after the snapshot began unlinks files the snapshot
+        lists; the search then starts over on the newer parts (a few times at most).
+        """
         if self._closed:
             raise CollectionError(f"{self.root}: the collection is closed; reopen it to search")
         if not isinstance(k, int) or k < 1:
@@ -389,6 +427,24 @@ class Collection:
         if queries.ndim != 2 or queries.shape[1] != self._manifest.dim:
             raise InputError(f"{self.root}: queries have shape {queries.shape}, expected "
                              f"[q, {self._manifest.dim}]")
+        for attempt in range(_SNAPSHOT_ATTEMPTS):
+            with self._store.read_snapshot():
+                epoch = self._store.state()["epoch"]
+                try:
+                    scores, ids = self._search_snapshot(queries, k, nprobe, ef_search, where)
+                    found = sorted({int(i) for i in ids[ids >= 0]})
+                    return scores, ids, self._store.records(found)
+                except parts.PartMissing:
+                    if self.writable or attempt == _SNAPSHOT_ATTEMPTS - 1:
+                        raise
+            if self._store.state()["epoch"] == epoch:  # no compact since: the file is really gone
+                raise CollectionError(f"{self.root}: a vector part is missing; the collection is damaged — "
+                                      f"re-index it with `--reindex`")
+            log.debug("%s: parts of epoch %d replaced during a search; searching again", self.root, epoch)
+        raise AssertionError("unreachable")
+
+    def _search_snapshot(self, queries: np.ndarray, k: int, nprobe: int | None, ef_search: int | None,
+                         where: SearchFilter | None) -> tuple[np.ndarray, np.ndarray]:
         index = self._current_index()
         scores = np.full((len(queries), k), -np.inf, dtype=np.float32)
         ids = np.full((len(queries), k), -1, dtype=np.int64)
@@ -485,13 +541,14 @@ class Collection:
         so that a crash later costs no rebuild). Called by close()."""
         self._require_writable("save the index")
         self._current_index()
-        self._index.save()
+        digest = self._index.save()
+        crash_point("index-after-replace")
         # Manifest after the index file: a crash in between leaves a manifest describing an
-        # older index, which the size check on loading rejects, so the index is rebuilt.
+        # older index, whose checksum the new file fails on loading, so the index is rebuilt.
         epoch, covered = self._index.key
         self._manifest = self._manifest.replace(
             index_factory=self._index.factory, index_epoch=epoch, index_max_part=covered,
-            counts=self._store.counts())
+            index_sha256=digest, counts=self._store.counts())
         write_manifest(self.root, self._manifest)
 
     def rebuild_index(self, index_type: str | None = None) -> str:
@@ -552,7 +609,7 @@ class Collection:
         def flush() -> None:
             nonlocal next_part
             v, i = np.concatenate(buf_v), np.concatenate(buf_ids)
-            parts.write_part(self.root, next_part, v, i, self._manifest.vector_dtype)
+            parts.write_part(self.root, next_part, v, i, self._manifest.vector_dtype, mode_of=self.root / MANIFEST_NAME)
             moves.extend((next_part, row, int(item)) for row, item in enumerate(i))
             new_parts.append((next_part, len(i)))
             next_part += 1
@@ -571,6 +628,7 @@ class Collection:
                     flush()
         if buf_ids:
             flush()
+        crash_point("compact-after-new-parts")
         with self._store.transaction():
             self._store.purge_tombstones()
             self._store.move_rows(moves)
@@ -579,6 +637,9 @@ class Collection:
             for part, n in new_parts:
                 self._store.insert_part(part, n)
             self._store.set_state(next_part=next_part, epoch=state["epoch"] + 1)
+        crash_point("compact-after-commit")
+        # A reader whose snapshot began before the commit may still read the old files; it
+        # retries on the new epoch when they are gone (see `search`).
         for part, _ in committed:
             parts.remove_part(self.root, part)
         log.info("%s: compacted %d parts into %d, dropped %d deleted vectors", self.root,

@@ -116,20 +116,32 @@ class DerivedIndex:
             self._search_copy = faiss_index.to_search_device(self.index)
         return self._search_copy is self.index
 
-    def save(self) -> None:
-        """Write index.faiss (atomically); the caller records `factory` and `key` in the manifest."""
-        faiss_index.save_index(self.index, self.path)
+    def save(self) -> str:
+        """Write index.faiss (atomically); returns its sha256. The caller records it, `factory`
+        and `key` in the manifest."""
+        return faiss_index.save_index(self.index, self.path)
 
     def _load_saved(self, epoch: int, committed: Parts, saved: Manifest) -> None:
-        """Adopt index.faiss if the manifest says it was built in this epoch and its size matches
-        the parts it claims to cover (a torn or foreign file fails that check and is ignored)."""
+        """Adopt index.faiss if the manifest says it was built in this epoch, the file's sha256 is
+        the one recorded with it, and its ids are exactly those of the parts it claims to cover,
+        in order (a torn, edited or foreign file, or one saved for another epoch, fails these
+        checks and is rebuilt)."""
         self.index = None
         if saved.index_epoch != epoch or saved.index_factory is None:
             return
+        if saved.index_sha256 is not None and faiss_index.file_sha256(self.path) != saved.index_sha256:
+            log.info("%s: index.faiss does not match the checksum in the manifest; rebuilding it", self.root)
+            return
         index = faiss_index.load_index(self.path)
-        expected = sum(n for p, n in committed if p <= saved.index_max_part)
-        if index is None or index.ntotal != expected or index.d != self.dim:
+        covered = [(p, n) for p, n in committed if p <= saved.index_max_part]
+        if index is None or index.d != self.dim or not isinstance(index, faiss.IndexIDMap2) \
+                or not np.array_equal(faiss.vector_to_array(index.id_map), self._ids(covered)):
             log.info("%s: index.faiss is stale or missing; rebuilding it from the vectors", self.root)
             return
         self.index, self.factory = index, saved.index_factory
         self.key = (epoch, saved.index_max_part)
+
+    def _ids(self, committed: Parts) -> np.ndarray:
+        """The ids an index over `committed` holds, in the order it was filled."""
+        ids = [parts.read_ids(self.root, p, n) for p, n in committed]
+        return np.concatenate(ids) if ids else np.empty(0, dtype=np.int64)

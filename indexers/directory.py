@@ -5,22 +5,30 @@
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
 import os
+import stat
 from pathlib import Path
 
 from faste_mm.errors import CollectionError
 from faste_mm.indexers import faiss_index, parts
-from faste_mm.indexers.atomic_files import TMP_SUFFIX
+from faste_mm.indexers.atomic_files import TMP_SUFFIX, fsync_dir
+from faste_mm.indexers.crash_points import crash_point
 from faste_mm.indexers.manifest import MANIFEST_NAME, read_manifest
-from faste_mm.indexers.store import DB_NAME
+from faste_mm.indexers.store import DB_NAME, count_items
 
 log = logging.getLogger(__name__)
 
 LOCK_NAME = "collection.lock"
 _DB_FILES = (DB_NAME, DB_NAME + "-wal", DB_NAME + "-shm")
 OWN_FILES = frozenset({*_DB_FILES, parts.VECTORS_DIR, LOCK_NAME, MANIFEST_NAME, faiss_index.INDEX_NAME})
+# `erase` first renames manifest.json to this name: from then on the directory is no longer a
+# collection, and a later `create` that finds the marker finishes the interrupted erase.
+ERASE_MARKER = MANIFEST_NAME + ".erasing" + TMP_SUFFIX
+# The temp files of the collection's atomic writes in `root` (a stranger's *.tmp is not ours).
+OWN_TEMP_FILES = frozenset({MANIFEST_NAME + TMP_SUFFIX, faiss_index.INDEX_NAME + TMP_SUFFIX})
 
 
 def acquire_lock(root: Path) -> int:
@@ -35,10 +43,18 @@ def acquire_lock(root: Path) -> int:
     path = root / LOCK_NAME
     while True:
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            # O_NOFOLLOW: a lock planted as a symlink must not make us truncate its target.
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         except FileNotFoundError:  # the directory itself is gone, e.g. erased meanwhile
             raise CollectionError(f"{root}: the collection directory no longer exists (erased by "
                                   f"another process?); create the collection again") from None
+        except OSError as error:
+            if error.errno not in (errno.ELOOP, errno.EISDIR):
+                raise CollectionError(f"{path}: cannot open the writer lock ({error.strerror}); "
+                                      f"check the folder's permissions") from None
+            what = "a symbolic link" if error.errno == errno.ELOOP else "a directory"
+            raise CollectionError(f"{path}: is {what}, not faste-mm's lock file; faste-mm never writes "
+                                  f"through it. Remove it (it is recreated as a plain file)") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -71,7 +87,73 @@ def foreign_files(root: Path, *, after_erase: bool = False) -> list[str]:
     """Sorted names in `root` that are not the collection's, which `Collection.create` refuses
     to litter. after_erase: also count temp files as the collection's (`erase` removes them)."""
     return sorted(p.name for p in root.iterdir() if p.name not in OWN_FILES
-                  and not (after_erase and p.name.endswith(TMP_SUFFIX) and p.is_file()))
+                  and not (after_erase and p.name in OWN_TEMP_FILES | {ERASE_MARKER} and _is_regular(p)))
+
+
+def refuse_links(root: Path) -> None:
+    """CollectionError when one of the collection's own names in `root` is a symbolic link: a
+    writer would write or delete through it, outside the collection (a crafted or shared folder)."""
+    for name in sorted(OWN_FILES):
+        if (root / name).is_symlink():
+            raise CollectionError(
+                f"{root / name}: is a symbolic link to {os.readlink(root / name)}; a collection's files "
+                f"must be its own (faste-mm never writes or deletes through a link). Replace the link "
+                f"by the real {'folder' if name == parts.VECTORS_DIR else 'file'}, or index into a new collection")
+
+
+def _is_regular(path: Path) -> bool:
+    """True for a regular file, False for links (even to files), folders and anything else."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return False
+
+
+def _remove_written_files(root: Path) -> None:
+    """Unlink what a collection writes, and nothing else: its database, index, temp files and
+    part files (regular files only; a link is never followed, a stranger's file never matched)."""
+    for name in (*_DB_FILES, faiss_index.INDEX_NAME):
+        if _is_regular(root / name):
+            (root / name).unlink()
+    vectors = root / parts.VECTORS_DIR
+    own = [root / name for name in OWN_TEMP_FILES]
+    if vectors.is_dir() and not vectors.is_symlink():
+        own += [p for p in vectors.iterdir() if parts.is_part_file(p.name)]
+    for path in own:
+        if _is_regular(path):
+            path.unlink()
+    remove_empty_dir(vectors)
+
+
+def complete_interrupted_create(root: Path) -> None:
+    """Make a directory without manifest.json ready for `Collection.create` (caller holds the
+    lock): finish an interrupted erase, or drop the temp files of an interrupted create. Raises
+    CollectionError for a directory that holds a collection's data but lost its manifest: that is
+    damage, and erasing it would destroy vectors the user may still restore."""
+    refuse_links(root)
+    if (root / ERASE_MARKER).exists():
+        log.warning("%s: finishing an erase that was interrupted", root)
+        _remove_written_files(root)
+        (root / ERASE_MARKER).unlink()
+        (root / parts.VECTORS_DIR).mkdir(exist_ok=True)
+        return
+    vectors = root / parts.VECTORS_DIR
+    n_parts = sum(1 for p in vectors.iterdir() if parts.is_part_file(p.name)) if vectors.is_dir() else 0
+    n_items = count_items(root / DB_NAME)
+    if n_parts or n_items:
+        raise CollectionError(
+            f"{root}: {MANIFEST_NAME} is missing, but the folder holds a collection's data ({n_items} item "
+            f"rows, {n_parts} vector files); nothing was changed. Restore {MANIFEST_NAME} from a backup, "
+            f"or delete the folder yourself to index into it from scratch")
+    remove_temp_files(root)  # e.g. manifest.json.tmp of a create killed before its rename
+
+
+def remove_temp_files(root: Path) -> None:
+    """Unlink the collection's temp files in `root` (torn atomic writes) if they are regular
+    files; links and other *.tmp files are left alone."""
+    for name in OWN_TEMP_FILES:
+        if _is_regular(root / name):
+            (root / name).unlink(missing_ok=True)
 
 
 def erase(root: Path, *, for_create: bool = False) -> bool:
@@ -81,20 +163,20 @@ def erase(root: Path, *, for_create: bool = False) -> bool:
     read_manifest(root)  # CollectionError unless it is really ours
     lock_fd = acquire_lock(root)
     try:
+        refuse_links(root)
         foreign = foreign_files(root, after_erase=True) if for_create else []
         if foreign:
             raise CollectionError(
                 f"{root}: holds files that are not the collection's ({', '.join(foreign[:3])}"
                 f"{' ...' if len(foreign) > 3 else ''}), so it could not be re-created after erasing; "
                 f"nothing was erased. Move those files out, or index into a new collection")
-        # Database, then manifest: a crash part-way leaves an empty collection under the old
-        # manifest, or leftovers that `create` accepts, never old rows under a new manifest.
-        for name in (*_DB_FILES, MANIFEST_NAME, faiss_index.INDEX_NAME):
-            (root / name).unlink(missing_ok=True)
-        for leftover in [*root.glob("*" + TMP_SUFFIX), *(root / parts.VECTORS_DIR).glob("*")]:
-            if leftover.is_file():
-                leftover.unlink()
-        remove_empty_dir(root / parts.VECTORS_DIR)
+        # The manifest becomes the erase marker first: a crash part-way leaves a folder that no
+        # reader takes for a collection and that `create` recognises and finishes erasing.
+        os.replace(root / MANIFEST_NAME, root / ERASE_MARKER)
+        fsync_dir(root)
+        crash_point("erase-after-marker")
+        _remove_written_files(root)
+        (root / ERASE_MARKER).unlink()
         # Last, while still held. Another process may create a new lock file and lock it from
         # now on; that is safe because nothing below touches the collection's files (closing
         # the fd, then removing `root` only if it is empty), and `acquire_lock` rejects this

@@ -8,6 +8,7 @@ fits in memory, IVF when the graph gets slow to build, OPQ+PQ when raw vectors d
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import re
@@ -84,11 +85,33 @@ def validate_factory(index_type: str, dim: int) -> None:
     try:
         faiss.index_factory(dim, index_type, faiss.METRIC_INNER_PRODUCT)
     except RuntimeError as e:
-        reason = str(e).strip().splitlines()[-1]
+        reason = _faiss_reason(e)
         raise ConfigError(
             f"index_type {index_type!r} is not a valid FAISS factory string for dim={dim} "
             f"({reason}); use 'auto' or e.g. 'Flat', 'HNSW32', 'IVF1024_HNSW32,Flat', "
             f"'OPQ64_256,IVF4096_HNSW32,PQ64x8np'") from None
+
+
+def _faiss_reason(error: RuntimeError) -> str:
+    """FAISS's message without its C++ function and source location."""
+    text = str(error).strip().splitlines()[-1]
+    return re.sub(r"^Error in .*? at \S+:\d+: (Error: '.*?' failed: )?", "", text)
+
+
+def check_factory_syntax(index_type: str) -> None:
+    """ConfigError when `index_type` is not "auto" and FAISS cannot parse it at all: checkable
+    before the model (and so the vector width) is known. Whether a parsable string suits the
+    width is `validate_factory`'s check."""
+    if index_type == "auto" or "IDMap" in index_type:
+        validate_factory(index_type, 1)  # auto passes; IDMap gets its own message
+        return
+    try:
+        faiss.index_factory(64, index_type, faiss.METRIC_INNER_PRODUCT)
+    except RuntimeError as e:
+        if "could not parse" in str(e):
+            raise ConfigError(
+                f"index_type {index_type!r} is not a valid FAISS factory string ({_faiss_reason(e)}); use "
+                f"'auto' or e.g. 'Flat', 'HNSW32', 'IVF1024_HNSW32,Flat', 'OPQ64_256,IVF4096_HNSW32,PQ64x8np'") from None
 
 
 def min_training_vectors(factory: str) -> int:
@@ -209,9 +232,31 @@ def to_search_device(index: faiss.Index) -> faiss.Index:
         return index
 
 
-def save_index(index: faiss.Index, path: Path) -> None:
-    """Stream the index into an atomic write (serialize_index would hold two extra copies)."""
-    atomic_write(path, lambda f: faiss.write_index(index, faiss.PyCallbackIOWriter(f.write)))
+def save_index(index: faiss.Index, path: Path) -> str:
+    """Stream the index into an atomic write (serialize_index would hold two extra copies);
+    returns the sha256 of the bytes written, which the manifest records."""
+    digest = hashlib.sha256()
+
+    def write(f) -> None:
+        def chunk(data: bytes) -> int:
+            digest.update(data)
+            return f.write(data)
+        faiss.write_index(index, faiss.PyCallbackIOWriter(chunk))
+
+    atomic_write(path, write)
+    return digest.hexdigest()
+
+
+def file_sha256(path: Path) -> str | None:
+    """sha256 of a file's bytes, streamed; None when it cannot be read."""
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    except OSError:
+        return None
+    return digest.hexdigest()
 
 
 def load_index(path: Path) -> faiss.IndexIDMap2 | None:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from faste_mm.errors import CollectionError, ConfigError
-from faste_mm.indexers.atomic_files import atomic_write_bytes
+from faste_mm.indexers.atomic_files import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,8 @@ class Manifest:
     document_instruction, min_pixels, max_pixels: how documents were serialized.
     fast_e: FastE settings used for documents (`CollectionFastE`; a dict is converted); None = full.
     index_type: "auto" or a FAISS factory string; memory_budget_bytes guides "auto".
-    index_factory / index_epoch / index_max_part: written by the collection, describe index.faiss.
+    index_factory / index_epoch / index_max_part / index_sha256: written by the collection, describe
+        index.faiss (the checksum rejects a torn, edited or foreign file, which is then rebuilt).
     counts: written by the collection at close ({"ok", "failed", "deleted"}), informational.
     """
 
@@ -97,6 +98,7 @@ class Manifest:
     index_factory: str | None = None
     index_epoch: int = -1
     index_max_part: int = -1
+    index_sha256: str | None = None
     counts: Mapping[str, int] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
     faste_mm_version: str = field(default_factory=_faste_mm_version)
@@ -169,6 +171,7 @@ class Manifest:
                 "factory": self.index_factory,
                 "epoch": self.index_epoch,
                 "max_part": self.index_max_part,
+                "sha256": self.index_sha256,
             },
             "counts": dict(self.counts),
         }
@@ -196,6 +199,7 @@ class Manifest:
                 index_factory=index.get("factory"),
                 index_epoch=index.get("epoch", -1),
                 index_max_part=index.get("max_part", -1),
+                index_sha256=index.get("sha256"),
                 counts=d.get("counts") or {},
                 format_version=d.get("format_version", FORMAT_VERSION),
                 faste_mm_version=d.get("faste_mm_version", "unknown"),
@@ -242,7 +246,7 @@ def settings_mismatch(root: Path, errors: Sequence[str]) -> CollectionError:
         f"this one with `--reindex`")
 
 
-def write_manifest(root: Path, manifest: Manifest) -> None:
-    """Atomically replace `root/manifest.json`."""
+def write_manifest(root: Path, manifest: Manifest, crash_at: str | None = None) -> None:
+    """Atomically replace `root/manifest.json` (crash_at: see `atomic_write`)."""
     text = json.dumps(manifest.to_dict(), indent=2, sort_keys=False) + "\n"
-    atomic_write_bytes(root / MANIFEST_NAME, text.encode("utf-8"))
+    atomic_write(root / MANIFEST_NAME, lambda f: f.write(text.encode("utf-8")), crash_at=crash_at)

@@ -8,7 +8,9 @@ commits, so a part on disk that SQLite does not list is an orphan of a crash and
 from __future__ import annotations
 
 import logging
+import os
 import re
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -30,12 +32,36 @@ def ids_path(root: Path, part: int) -> Path:
     return root / VECTORS_DIR / f"part-{part:06d}.ids.npy"
 
 
-def write_part(root: Path, part: int, vectors: np.ndarray, ids: np.ndarray, dtype: str) -> None:
-    """Durably write part `part`: ids first, then vectors, each temp + fsync + rename."""
+def write_part(root: Path, part: int, vectors: np.ndarray, ids: np.ndarray, dtype: str,
+               mode_of: Path | None = None) -> None:
+    """Durably write part `part`: ids first, then vectors, each temp + fsync + rename.
+    mode_of: a file whose permission bits the part files get (see `atomic_write`)."""
     assert vectors.ndim == 2 and len(vectors) == len(ids)
-    atomic_write(ids_path(root, part), lambda f: np.save(f, ids.astype(np.int64, copy=False)))
+    atomic_write(ids_path(root, part), lambda f: np.save(f, ids.astype(np.int64, copy=False)), mode_of=mode_of)
     atomic_write(vectors_path(root, part),
-                 lambda f: np.save(f, vectors.astype(dtype, copy=False)))
+                 lambda f: np.save(f, vectors.astype(dtype, copy=False)), mode_of=mode_of)
+
+
+class PartMissing(CollectionError):
+    """A part file SQLite lists is not on disk: damage, unless a compact replaced the part after
+    the reader's snapshot began (the reader then retries on the newer parts)."""
+
+
+def read_ids(root: Path, part: int, n_rows: int) -> np.ndarray:
+    """The item ids [n] int64 of one part (small: no vectors are read)."""
+    path = ids_path(root, part)
+    try:
+        ids = np.load(path)
+    except FileNotFoundError as e:
+        raise PartMissing(f"{path}: cannot read vector part {part} ({e.strerror}); the collection is "
+                          f"damaged — re-index it with `--reindex`") from None
+    except (OSError, ValueError) as e:
+        raise CollectionError(f"{path}: cannot read vector part {part} ({e}); the collection is "
+                              f"damaged — re-index it with `--reindex`") from None
+    if ids.shape != (n_rows,):
+        raise CollectionError(f"{path}: part {part} has ids {ids.shape}, expected ({n_rows},); the "
+                              f"collection is damaged — re-index it with `--reindex`")
+    return ids
 
 
 def read_part(root: Path, part: int, n_rows: int, dim: int) -> tuple[np.ndarray, np.ndarray]:
@@ -48,6 +74,9 @@ def read_part(root: Path, part: int, n_rows: int, dim: int) -> tuple[np.ndarray,
     try:
         vectors = np.load(vpath, mmap_mode="r")
         ids = np.load(ipath)
+    except FileNotFoundError as e:
+        raise PartMissing(f"{e.filename}: cannot read vector part {part} ({e.strerror}); the collection "
+                          f"is damaged — re-index it with `--reindex`") from None
     except (OSError, ValueError) as e:
         raise CollectionError(f"{vpath}: cannot read vector part {part} ({e}); the collection is "
                               f"damaged — re-index it with `--reindex`") from None
@@ -64,15 +93,32 @@ def remove_part(root: Path, part: int) -> None:
     ids_path(root, part).unlink(missing_ok=True)
 
 
+def is_part_file(name: str) -> bool:
+    """True for the names a collection writes under vectors/ (parts and their temp files)."""
+    return bool(_PART_RE.match(name.removesuffix(TMP_SUFFIX)))
+
+
 def remove_orphans(root: Path, committed: set[int]) -> list[Path]:
     """Delete temp files and part files SQLite does not reference; return what was removed.
 
-    Only a writer holding the collection lock may call this: another writer's freshly renamed,
-    not-yet-committed part would look like an orphan.
+    Only regular files with the names parts are written under are candidates: a symlink (even
+    to a part) or a stranger's file is never deleted. Only a writer holding the collection lock
+    may call this: another writer's freshly renamed, not-yet-committed part would look like an
+    orphan. Raises CollectionError when vectors/ is gone while SQLite lists parts.
     """
+    folder = root / VECTORS_DIR
+    if not folder.is_dir():
+        if committed:
+            raise CollectionError(
+                f"{folder}: the vectors folder is missing, but meta.sqlite lists {len(committed)} vector "
+                f"parts; the stored vectors are lost. Restore the folder from a backup, or re-index with "
+                f"`--reindex`")
+        folder.mkdir()
     removed = []
-    for path in sorted((root / VECTORS_DIR).iterdir()):
+    for path in sorted(folder.iterdir()):
         m = _PART_RE.match(path.name)
+        if not is_part_file(path.name) or not stat.S_ISREG(os.lstat(path).st_mode):
+            continue
         if path.name.endswith(TMP_SUFFIX) or (m and int(m.group(1)) not in committed):
             path.unlink(missing_ok=True)
             removed.append(path)

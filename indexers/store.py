@@ -7,8 +7,10 @@ stepwise migrations; a file newer than this code is refused with upgrade advice.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
+import re
 import sqlite3
 import time
 from contextlib import contextmanager
@@ -24,8 +26,9 @@ from faste_mm.indexers.records import ItemRecord, Status
 log = logging.getLogger(__name__)
 
 DB_NAME = "meta.sqlite"
-SCHEMA_VERSION = 2
-# Readers accept files this old: migrations after it only add tables a reader can do without.
+SCHEMA_VERSION = 3
+# Readers accept files this old: the migrations after it only add tables a reader can do without
+# (exclusions) or escape a character no real name holds (see _ESC).
 READABLE_FROM_VERSION = 1
 
 # Bound parameters per statement: SQLite builds before 3.32 allow at most 999.
@@ -75,7 +78,38 @@ def _migrate_0_to_1(db: sqlite3.Connection) -> None:
     """)
 
 
+# File names need not be valid UTF-8; Python decodes such bytes to lone surrogates
+# (os.fsdecode), which SQLite text cannot hold. Stored text escapes each one as _ESC + two hex
+# digits, and _ESC itself as _ESC _ESC (a private-use character no real name is expected to hold;
+# doubling keeps even that one lossless). The escape maps character by character, so a prefix
+# stays a prefix and `live_uris`' range query still finds the uris below a folder.
+_ESC = "\U000F0000"
+_SURROGATE = re.compile("[\udc80-\udcff]")
+_ESCAPED = re.compile(_ESC + "(" + _ESC + "|[0-9a-f]{2})")
+
+
+def _to_db(text: str | None) -> str | None:
+    """Text as stored (see _ESC): lossless for names with undecodable bytes."""
+    if text is None or (_ESC not in text and not _SURROGATE.search(text)):
+        return text
+    return _SURROGATE.sub(lambda m: f"{_ESC}{ord(m.group()) - 0xDC00:02x}", text.replace(_ESC, _ESC * 2))
+
+
+def _from_db(text: str | None) -> str | None:
+    """Inverse of `_to_db`."""
+    if text is None or _ESC not in text:
+        return text
+    return _ESCAPED.sub(lambda m: _ESC if m.group(1) == _ESC else chr(0xDC00 + int(m.group(1), 16)), text)
+
+
 def _migrate_1_to_2(db: sqlite3.Connection) -> None:
+    # Uris and errors are stored escaped from now on (see _ESC); existing text holds no
+    # surrogates (SQLite refused them), so only a literal _ESC needs doubling.
+    db.execute("UPDATE items SET uri = replace(uri, ?, ?), error = replace(error, ?, ?) "
+               "WHERE instr(uri, ?) OR instr(error, ?)", (_ESC, _ESC * 2, _ESC, _ESC * 2, _ESC, _ESC))
+
+
+def _migrate_2_to_3(db: sqlite3.Connection) -> None:
     _execute_script(db, """
         -- Paths (files or folders) the user removed: scans of a folder above them skip them
         -- until the user names them on `index` again (see retrieval.ingest.honour_exclusions).
@@ -93,25 +127,79 @@ def _execute_script(db: sqlite3.Connection, script: str) -> None:
 
 
 # _MIGRATIONS[v] upgrades schema version v to v + 1.
-_MIGRATIONS = {0: _migrate_0_to_1, 1: _migrate_1_to_2}
+_MIGRATIONS = {0: _migrate_0_to_1, 1: _migrate_1_to_2, 2: _migrate_2_to_3}
 assert len(_MIGRATIONS) == SCHEMA_VERSION
 
 
 def _row_to_record(row: Sequence[Any]) -> ItemRecord:
     (id_, uri, page, modality, size, mtime, chash, status, error, added_at, meta, _part,
      _row) = row
-    return ItemRecord(uri=uri, modality=modality, page=page, size=size, mtime=mtime,
+    return ItemRecord(uri=_from_db(uri), modality=modality, page=page, size=size, mtime=mtime,
                       content_hash=chash, metadata=json.loads(meta) if meta else None,
-                      error=error, id=id_, status=status, added_at=added_at)
+                      error=_from_db(error), id=id_, status=status, added_at=added_at)
 
 
+def damaged_database(path: Path, error: sqlite3.Error) -> CollectionError:
+    """The CollectionError for an SQLite error: a busy database says wait, anything else is damage."""
+    if isinstance(error, sqlite3.OperationalError) and "locked" in str(error):
+        return CollectionError(f"{path}: the database is busy ({error}); wait for the other faste-mm "
+                               f"process to finish and try again")
+    return CollectionError(f"{path}: the database cannot be read ({error}); the collection is damaged. "
+                           f"Restore {DB_NAME} from a backup, or re-index with `--reindex`")
+
+
+def _translate_errors(cls):
+    """Wrap every public method of `cls` so that an sqlite3.Error (a truncated or garbage file
+    surfaces at the first query that touches a bad page, not at connect) becomes a
+    CollectionError naming the file."""
+    def wrap(method):
+        @functools.wraps(method)
+        def wrapper(self, *args, **kwargs):
+            try:
+                return method(self, *args, **kwargs)
+            except sqlite3.Error as error:
+                raise damaged_database(self.path, error) from None
+        return wrapper
+
+    for name, value in list(vars(cls).items()):
+        if callable(value) and not name.startswith("_") and name != "transaction":
+            setattr(cls, name, wrap(value))
+    return cls
+
+
+def count_items(path: Path) -> int:
+    """Rows in the items table of the database at `path` without migrating or writing it: 0 when
+    the file or the table does not exist (a create killed before its schema committed).
+    Raises CollectionError for a file SQLite cannot read."""
+    if not path.exists():
+        return 0
+    try:
+        db = sqlite3.connect(path.absolute().as_uri() + "?mode=ro", uri=True)
+        try:
+            has_table = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
+                                   ("items",)).fetchone()
+            return db.execute("SELECT count(*) FROM items").fetchone()[0] if has_table else 0
+        finally:
+            db.close()
+    except sqlite3.Error as e:
+        raise CollectionError(f"{path}: not a readable faste-mm database ({e}); restore it from a backup, "
+                              f"or delete the folder yourself to index into it from scratch") from None
+
+
+@_translate_errors
 class MetaStore:
     """One connection to `meta.sqlite`. Writers migrate; readers open read-only."""
 
-    def __init__(self, root: Path, writable: bool) -> None:
+    def __init__(self, root: Path, writable: bool, create: bool = False) -> None:
         self.root = root
         self.path = root / DB_NAME
         self.writable = writable
+        if not create and not self.path.exists():
+            # The truth is gone: a new empty database would make every vector an orphan to sweep.
+            raise CollectionError(
+                f"{root}: {DB_NAME} is missing, so the stored vectors cannot be matched to their files; "
+                f"nothing was changed. Restore {DB_NAME} from a backup, or re-index with `--reindex` "
+                f"(which erases the vectors)")
         try:
             if writable:
                 self.db = sqlite3.connect(self.path, isolation_level=None)
@@ -120,15 +208,16 @@ class MetaStore:
                 self.db.execute("PRAGMA journal_mode=WAL")
                 self.db.execute("PRAGMA synchronous=FULL")
             else:
-                if not self.path.exists():
-                    raise CollectionError(f"{root}: {DB_NAME} is missing; the collection is "
-                                          f"incomplete, re-create it")
                 self.db = sqlite3.connect(self.path.absolute().as_uri() + "?mode=ro", uri=True,
                                           isolation_level=None)
             self.db.execute("PRAGMA busy_timeout=10000")
         except sqlite3.Error as e:
-            raise CollectionError(f"{self.path}: cannot open ({e})") from None
-        self._check_schema()
+            raise damaged_database(self.path, e) from None
+        try:
+            self._check_schema()
+        except sqlite3.Error as e:
+            self.db.close()
+            raise damaged_database(self.path, e) from None
 
     def close(self) -> None:
         self.db.close()
@@ -177,6 +266,20 @@ class MetaStore:
             raise
         self.db.execute("COMMIT")
 
+    @contextmanager
+    def read_snapshot(self) -> Iterator[None]:
+        """One read transaction (WAL: every statement inside sees the same commit), or nothing
+        inside a transaction already open on this connection."""
+        if self.db.in_transaction:
+            yield
+            return
+        self.db.execute("BEGIN")
+        try:
+            yield
+        finally:
+            if self.db.in_transaction:
+                self.db.execute("COMMIT")
+
     # ---- state counters ---------------------------------------------------------------------
     def state(self) -> dict[str, int]:
         return dict(self.db.execute("SELECT key, value FROM state").fetchall())
@@ -213,16 +316,16 @@ class MetaStore:
         """Insert records; a live row with the same (uri, page) and failed rows of the uri are
         replaced (the newest add wins, so re-running an interrupted scan never duplicates)."""
         now = time.time()
-        uris = sorted({r.uri for r in records})
+        uris = sorted({_to_db(r.uri) for r in records})
         self.db.executemany("DELETE FROM items WHERE uri = ? AND status = 'failed'",
                             [(u,) for u in uris])
         self.db.executemany(
             "UPDATE items SET status = 'deleted' WHERE uri = ? AND ifnull(page, -1) = ? "
-            "AND status = 'ok'", [(r.uri, -1 if r.page is None else r.page) for r in records])
+            "AND status = 'ok'", [(_to_db(r.uri), -1 if r.page is None else r.page) for r in records])
         self.db.executemany(
             f"INSERT INTO items ({_ITEM_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            [(int(i), r.uri, r.page, r.modality, r.size, r.mtime, r.content_hash, status,
-              r.error, now, json.dumps(dict(r.metadata)) if r.metadata is not None else None,
+            [(int(i), _to_db(r.uri), r.page, r.modality, r.size, r.mtime, r.content_hash, status,
+              _to_db(r.error), now, json.dumps(dict(r.metadata)) if r.metadata is not None else None,
               part, row if part is not None else None)
              for row, (i, r) in enumerate(zip(ids, records))])
 
@@ -238,7 +341,7 @@ class MetaStore:
 
     def tombstone_uris(self, uris: Sequence[str]) -> int:
         """Tombstone ok rows of `uris` and drop their failed rows (which have no vectors)."""
-        params = [(u,) for u in uris]
+        params = [(_to_db(u),) for u in uris]
         self.db.executemany("DELETE FROM items WHERE uri = ? AND status = 'failed'", params)
         cur = self.db.executemany(
             "UPDATE items SET status = 'deleted' WHERE uri = ? AND status = 'ok'", params)
@@ -318,12 +421,12 @@ class MetaStore:
             rows = self.db.execute(
                 "SELECT DISTINCT uri FROM items WHERE status != 'deleted' ORDER BY uri").fetchall()
         else:
-            prefix = under.rstrip("/")
+            prefix = _to_db(under.rstrip("/"))
             rows = self.db.execute(
                 "SELECT DISTINCT uri FROM items WHERE status != 'deleted' "
                 "AND (uri = ? OR (uri >= ? AND uri < ?)) ORDER BY uri",
                 (prefix, prefix + "/", prefix + "0")).fetchall()
-        return [r[0] for r in rows]
+        return [_from_db(r[0]) for r in rows]
 
     def live_file_stats(self) -> dict[str, tuple[int | None, float | None, str]]:
         """uri -> (size, mtime, status) over live rows; pages of one file share its stat."""
@@ -331,6 +434,7 @@ class MetaStore:
             "SELECT uri, size, mtime, status FROM items WHERE status != 'deleted'").fetchall()
         stats: dict[str, tuple[int | None, float | None, str]] = {}
         for uri, size, mtime, status in rows:
+            uri = _from_db(uri)
             prev = stats.get(uri)
             # Any failed page marks the whole file failed, so `retry_failed` can re-embed it.
             if prev is None or status == Status.FAILED:
@@ -340,20 +444,21 @@ class MetaStore:
     # ---- exclusions ---------------------------------------------------------------------------
     def exclusions(self) -> list[tuple[str, float]]:
         """(uri, added_at) of the removed paths later scans skip, sorted by uri; none in a
-        schema-1 file a reader has open (it predates the table)."""
+        schema-1 or -2 file a reader has open (it predates the table)."""
         has_table = self.db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
                                     ("exclusions",)).fetchone()
         if not has_table:
             return []
-        return self.db.execute("SELECT uri, added_at FROM exclusions ORDER BY uri").fetchall()
+        rows = self.db.execute("SELECT uri, added_at FROM exclusions ORDER BY uri").fetchall()
+        return [(_from_db(uri), added_at) for uri, added_at in rows]
 
     def add_exclusions(self, uris: Iterable[str]) -> None:
         now = time.time()
         self.db.executemany("INSERT OR REPLACE INTO exclusions (uri, added_at) VALUES (?, ?)",
-                            [(u, now) for u in uris])
+                            [(_to_db(u), now) for u in uris])
 
     def remove_exclusions(self, uris: Iterable[str]) -> int:
-        return self.db.executemany("DELETE FROM exclusions WHERE uri = ?", [(u,) for u in uris]).rowcount
+        return self.db.executemany("DELETE FROM exclusions WHERE uri = ?", [(_to_db(u),) for u in uris]).rowcount
 
     def counts(self) -> dict[str, int]:
         counts = {status.value: 0 for status in Status}

@@ -7,8 +7,13 @@ Hands on `Item`s (with their source position) to the serializer; unreadable inpu
 
 from __future__ import annotations
 
+import errno
 import math
+import os
+import re
+import stat
 import threading
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -21,6 +26,14 @@ from faste_mm.errors import InputError
 ImageLike = Union[str, Path, Image.Image]
 
 PDF_SUFFIXES = frozenset({".pdf"})
+
+# Images above this many pixels (8192 x 8192, 256 MiB as RGBA) are never decoded whole: a JPEG
+# is decoded at 1/2, 1/4 or 1/8 scale by its DCT (`draft`), anything else is refused by its
+# header, so a decompression bomb costs no memory. The model sees at most max_pixels anyway.
+MAX_DECODE_PIXELS = 8192 * 8192
+# Pillow warns (DecompressionBombWarning) on opening images past its own limit, before we can
+# look at the header; `_decodable` handles those images, so the warning would only repeat us.
+warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -153,6 +166,7 @@ def load_image(item: Item, max_pixels: int) -> Image.Image:
     if item.is_pdf:
         return _render_pdf_page(path, item.page or 1, max_pixels)
     with _open_image(path, "image data is truncated or corrupt") as opened:
+        _decodable(opened, path)
         opened.load()
         return opened.copy() if opened.mode != "P" else opened.convert("RGBA")
 
@@ -167,7 +181,28 @@ def read_image_size(item: Item) -> tuple[int, int]:
         return image.size
     path = Path(image)
     with _open_image(path, "image header is unreadable") as opened:
+        _decodable(opened, path)
         return opened.size
+
+
+def _decodable(opened: Image.Image, path: Path) -> None:
+    """Bring an opened (not yet decoded) image within MAX_DECODE_PIXELS: a JPEG's decoder is set
+    to a reduced scale (`opened.size` becomes the size it will decode to), anything else above
+    the limit raises InputError. `load_image` and `read_image_size` both call this, so the
+    planned and the decoded size agree."""
+    width, height = opened.size
+    if width * height <= MAX_DECODE_PIXELS:
+        return
+    if opened.format == "JPEG":
+        # draft() picks the strongest reduction (1/2, 1/4, 1/8) that stays at or above the size
+        # asked for, so ask for the size at the power-of-two scale that fits the limit.
+        scale = 2 ** math.ceil(math.log2(math.sqrt(width * height / MAX_DECODE_PIXELS)))
+        opened.draft(opened.mode, (math.ceil(width / scale), math.ceil(height / scale)))
+        if opened.size[0] * opened.size[1] <= MAX_DECODE_PIXELS:
+            return
+    raise InputError(f"{path}: image is {width}x{height} = {width * height / 1e6:.0f} megapixels, more than "
+                     f"faste-mm decodes ({MAX_DECODE_PIXELS / 1e6:.0f} megapixels); downscale it first "
+                     f"(the model sees at most max_pixels anyway)")
 
 
 @contextmanager
@@ -184,16 +219,38 @@ def _open_image(path: Path, unreadable: str):
             "or pass on_error='skip'"
         ) from None
     except Image.DecompressionBombError as error:
-        raise InputError(f"{path}: image too large to decode safely ({error}); downscale it first") from None
+        raise InputError(f"{path}: image too large to decode safely ({error}); downscale it first "
+                         f"(the model sees at most max_pixels anyway)") from None
     except OSError as error:
         raise InputError(f"{path}: {unreadable} ({error}); re-export the file") from None
 
 
+def not_a_file_reason(path: Path) -> str | None:
+    """Why `path` cannot be read as a file (missing, a dangling or looping symlink, a folder, a
+    FIFO, a socket or device), in words with what to do; None for a regular file."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as error:
+        if not os.path.lexists(path):
+            return f"{path}: file not found; check the path"
+        if error.errno == errno.ELOOP:
+            return f"{path}: symbolic link loop (the link points back to itself); fix or remove the link"
+        if error.errno == errno.ENOENT:
+            return (f"{path}: broken symbolic link (its target {os.readlink(path)} does not exist); "
+                    f"fix or remove the link")
+        return f"{path}: cannot read the file ({error.strerror}); check its permissions"
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISDIR(mode):
+        return f"{path}: is a folder, not a file; index the folder to index the files in it"
+    kind = "a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
+    return f"{path}: is {kind}, not a regular file; only regular files are read, remove or exclude it"
+
+
 def _check_file(path: Path) -> None:
-    if not path.exists():
-        raise InputError(f"{path}: file not found; check the path")
-    if not path.is_file():
-        raise InputError(f"{path}: not a regular file")
+    reason = not_a_file_reason(path)
+    if reason is not None:
+        raise InputError(reason)
     if path.stat().st_size == 0:
         raise InputError(f"{path}: file is empty (0 bytes); remove it or re-export it")
 
@@ -217,11 +274,23 @@ def _open_pdf(path: Path):
             reason = str(error)
             if "password" in reason.lower():
                 raise InputError(f"{path}: the PDF is encrypted; decrypt it (e.g. qpdf --decrypt) or skip it") from None
+            if _has_empty_page_tree(path):  # PDFium refuses these with a stale or misleading error
+                raise InputError(f"{path}: the PDF has no pages (or no readable page tree); re-export "
+                                 f"it from its source or remove it") from None
             raise InputError(f"{path}: not a readable PDF ({reason}); repair or re-export it") from None
         try:
             yield pdf
         finally:
             pdf.close()
+
+
+def _has_empty_page_tree(path: Path, limit: int = 1 << 20) -> bool:
+    """True when the file's first `limit` bytes hold a page tree whose every /Count is 0 (a
+    valid PDF without pages, which PDFium fails to load with no useful reason)."""
+    with open(path, "rb") as f:
+        data = f.read(limit)
+    counts = re.findall(rb"/Count\s*(\d+)", data)
+    return data.startswith(b"%PDF") and b"/Pages" in data and bool(counts) and all(int(c) == 0 for c in counts)
 
 
 def _render_pdf_page(path: Path, page: int, max_pixels: int) -> Image.Image:

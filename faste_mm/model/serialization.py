@@ -82,11 +82,21 @@ def build_conversation(item: Item, instruction: str | None, image: Image.Image |
     ]
 
 
+def _handled_truncation(tokenizer) -> None:
+    """Mark transformers' "Token indices sequence length is longer than the specified maximum"
+    warning as already given: the serializers truncate at max_length themselves (and say so in
+    `Serialized.truncated`), so the warning would only alarm the user."""
+    flags = getattr(tokenizer, "deprecation_warnings", None)
+    if isinstance(flags, dict):
+        flags["sequence-length-is-longer-than-the-specified-maximum"] = True
+
+
 class VLSerializer:
     """Qwen3-VL-Embedding serialization: chat template + qwen-vl-utils resize + processor."""
 
     def __init__(self, processor, config: SerializerConfig) -> None:
         self.processor = processor
+        _handled_truncation(getattr(processor, "tokenizer", None))
         self.config = config
         self.image_token_id = processor.image_token_id
 
@@ -202,6 +212,7 @@ class TextSerializer:
 
     def __init__(self, tokenizer, prompt: TextPrompt, max_length: int) -> None:
         self.tokenizer = tokenizer
+        _handled_truncation(tokenizer)
         self.prompt = prompt
         self.max_length = max_length
         if prompt.readout == "eos" and tokenizer.eos_token_id is None:

@@ -8,6 +8,7 @@ Receives paths, a Collection and a document encoder; hands back counts to the re
 
 from __future__ import annotations
 
+import codecs
 import fnmatch
 import logging
 import os
@@ -17,9 +18,9 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from faste_mm.errors import ConfigError, InputError
+from faste_mm.errors import CollectionError, ConfigError, InputError, ModelLoadError
 from faste_mm.indexers import Collection, FileStat, ItemRecord, content_hash
-from faste_mm.model.items import PDF_SUFFIXES, Item
+from faste_mm.model.items import PDF_SUFFIXES, Item, not_a_file_reason
 
 if TYPE_CHECKING:  # annotations only: scanning and planning load no model code
     from faste_mm.model.embedder import EmbedResult, EmbedStats
@@ -104,7 +105,8 @@ class Scan:
         items under a root whose file is no longer found there.
     named: files the user named explicitly (an unsupported one is kept, to be recorded as a
         failure; folder walks silently ignore unsupported files).
-    missing: named paths that do not exist, with the message to record.
+    missing: paths that cannot be indexed as files (named ones that do not exist; dangling or
+        looping symlinks, FIFOs and devices, named or found by a walk), with the message to record.
     excluded: removed paths (see `honour_exclusions`) whose files the folder walks left out;
         items under them are never reported vanished. n_excluded: how many files that was.
     """
@@ -129,8 +131,10 @@ class Scan:
 def scan_paths(paths: Iterable[str | Path], scan_filter: ScanFilter | None = None) -> Scan:
     """Walk folders recursively (sorted, symlinked folders not followed) and stat every file.
 
-    Raises InputError when `paths` is empty. A path that does not exist is reported in
-    `Scan.missing`, not raised, so one typo does not stop the other paths.
+    Symlinked files are followed: the file is indexed under its target's resolved path.
+    Raises InputError when `paths` is empty. A path that cannot be indexed as a file (missing,
+    a dangling or looping symlink, a FIFO or device) is reported in `Scan.missing` with its
+    reason, not raised, so one bad path does not stop the others.
     """
     scan_filter = scan_filter or ScanFilter()
     paths = [Path(p).expanduser() for p in paths]
@@ -140,14 +144,17 @@ def scan_paths(paths: Iterable[str | Path], scan_filter: ScanFilter | None = Non
     for path in paths:
         if path.is_dir():
             root = path.resolve()
-            roots.append((str(root), tuple(_walk(root, scan_filter))))
+            found = []
+            for entry in _walk(root, scan_filter):
+                (found if isinstance(entry, ScannedFile) else missing).append(entry)
+            roots.append((str(root), tuple(found)))
         elif path.is_file():
             try:
                 named.append(ScannedFile(path, file_kind(path), FileStat.of(path)))
-            except OSError as error:
-                missing.append((str(path.resolve()), f"{path}: cannot stat the file ({error})"))
+            except (OSError, RuntimeError) as error:
+                missing.append((_uri(path), f"{path}: cannot stat the file ({error})"))
         else:
-            missing.append((str(path.resolve()), f"{path}: file not found; check the path"))
+            missing.append((_uri(path), not_a_file_reason(path) or f"{path}: file not found; check the path"))
     return Scan(tuple(roots), tuple(named), tuple(missing))
 
 
@@ -196,7 +203,20 @@ def _is_under_any(uri: str, paths: set[str]) -> bool:
     return False
 
 
-def _walk(root: Path, scan_filter: ScanFilter) -> Iterable[ScannedFile]:
+def _uri(path: Path) -> str:
+    """The resolved absolute path; for a link that does not lead to a file (dangling, a loop),
+    the link's own absolute path, which is the name the user knows."""
+    if os.path.islink(path) and not_a_file_reason(path) is not None:
+        return os.path.abspath(path)
+    try:
+        return str(path.resolve())
+    except (OSError, RuntimeError):  # RuntimeError: pathlib's "Symlink loop" before Python 3.13
+        return os.path.abspath(path)
+
+
+def _walk(root: Path, scan_filter: ScanFilter) -> Iterable[ScannedFile | tuple[str, str]]:
+    """The supported files below `root`, and (uri, reason) for entries with a supported name that
+    are not regular files (dangling or looping links, FIFOs, ...)."""
     for folder, dirs, names in os.walk(root, onerror=_log_walk_error):
         rel_folder = Path(folder).relative_to(root).as_posix()
         prefix = "" if rel_folder == "." else rel_folder + "/"
@@ -209,27 +229,40 @@ def _walk(root: Path, scan_filter: ScanFilter) -> Iterable[ScannedFile]:
             if (scan_filter.is_hidden(relative) or scan_filter.is_excluded(relative)
                     or file_kind(path) == "unsupported"):
                 continue
+            reason = not_a_file_reason(path)
+            if reason is not None:
+                yield _uri(path), reason
+                continue
             try:
-                if not path.is_file():  # sockets, fifos, broken links
-                    continue
                 yield ScannedFile(path, file_kind(path), FileStat.of(path))
-            except OSError as error:
-                log.warning("%s: cannot stat, skipped (%s)", path, error)
+            except (OSError, RuntimeError) as error:
+                yield _uri(path), f"{path}: cannot stat the file ({error}); check its permissions"
 
 
 def _log_walk_error(error: OSError) -> None:
     log.warning("%s: cannot list the folder, skipped (%s)", error.filename, error)
 
 
+# Text past this many bytes is never read: the model sees at most max_length tokens (8192 by
+# default), and no tokenizer spends 128 bytes on one token, so memory stays bounded however
+# large the file is.
+TEXT_READ_BYTES = 1 << 20
+
+
 def read_text_file(path: Path) -> str:
-    """The text of a .txt/.md document; InputError for empty or non-UTF-8 files."""
+    """The text of a .txt/.md document (its first TEXT_READ_BYTES; a UTF-8 BOM is dropped);
+    InputError for empty or non-UTF-8 files."""
     try:
-        text = path.read_text(encoding="utf-8")
+        with open(path, "rb") as f:
+            data = f.read(TEXT_READ_BYTES)
+        # final=False: a character cut at the read limit is dropped, not an error.
+        text = codecs.getincrementaldecoder("utf-8-sig")().decode(data, final=len(data) < TEXT_READ_BYTES)
     except UnicodeDecodeError as error:
         raise InputError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start}); "
-                         f"convert it to UTF-8") from None
+                         f"convert it to UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
     except OSError as error:
-        raise InputError(f"{path}: cannot read the file ({error})") from None
+        raise InputError(f"{path}: cannot read the file ({error.strerror or error}); check that it "
+                         f"exists and that you may read it") from None
     if not text.strip():
         raise InputError(f"{path}: file is empty (no text); remove it or add text")
     return text
@@ -279,6 +312,14 @@ class IngestTally:
     prefix_tokens: int = 0
     kept_prefix_tokens: int = 0
     failures: list[IndexFailure] = field(default_factory=list)
+
+    def merge(self, other: "IngestTally") -> None:
+        """Add the totals of a committed chunk."""
+        self.embedded += other.embedded
+        self.reused += other.reused
+        self.prefix_tokens += other.prefix_tokens
+        self.kept_prefix_tokens += other.kept_prefix_tokens
+        self.failures.extend(other.failures)
 
     def add_stats(self, stats: EmbedStats | None) -> None:
         if stats is not None:
@@ -337,12 +378,39 @@ DocumentEncoder = Callable[[Sequence[object]], "EmbedResult"]
 
 def ingest_chunk(col: Collection, files: Sequence[ScannedFile], changed: frozenset[str],
                  encode: DocumentEncoder, tally: IngestTally) -> None:
-    """Embed one chunk of files and commit it: vectors in one `add`, then failures.
+    """Embed one chunk of files and commit it (rows and failures in one transaction).
 
     `encode` is called only for content the collection does not hold yet, so a chunk of touched
     or copied files never loads the model. All rows of one file are in one chunk, so a crash
-    never leaves half a PDF that a re-run would consider unchanged.
+    never leaves half a PDF that a re-run would consider unchanged. An unexpected exception
+    (a bug, or a library failing on one odd file) costs no more than that file: the chunk is
+    retried file by file, and the file that raises again is recorded as a failure, its
+    traceback in the debug log (`--debug`). Errors about the collection or the model stop the run.
     """
+    chunk_tally = IngestTally()
+    try:
+        _ingest_files(col, files, changed, encode, chunk_tally)
+    except (CollectionError, ConfigError, ModelLoadError):
+        raise
+    except Exception as error:  # noqa: BLE001 - anything else is about the files (see docstring)
+        if len(files) > 1:
+            log.warning("%d files: %s: %s; indexing them one by one", len(files), type(error).__name__, error)
+            for f in files:
+                ingest_chunk(col, [f], changed, encode, tally)
+            return
+        f = files[0]
+        log.debug("%s: unexpected error", f.path, exc_info=True)
+        failure = ItemRecord(uri=f.uri, modality=f.modality, size=f.stat.size, mtime=f.stat.mtime,
+                             error=f"{f.path}: unexpected {type(error).__name__} ({error}); skipped. Run with "
+                                   f"--debug for the traceback and report it")
+        col.commit(np.empty((0, col.manifest.dim), dtype=np.float32), [], [failure],
+                   replace_uris=[f.uri] if f.uri in changed else [])
+        chunk_tally = IngestTally(failures=[IndexFailure(failure.uri, None, failure.error)])
+    tally.merge(chunk_tally)
+
+
+def _ingest_files(col: Collection, files: Sequence[ScannedFile], changed: frozenset[str],
+                  encode: DocumentEncoder, tally: IngestTally) -> None:
     records: list[ItemRecord] = []
     vectors: list[np.ndarray] = []
     readable, failures = _read_files(files)
@@ -374,14 +442,12 @@ def ingest_chunk(col: Collection, files: Sequence[ScannedFile], changed: frozens
             tally.embedded += _emit(base, rows_of[source], result, reasons, records, vectors, failures)
         for base, source in copies:
             tally.reused += _emit(base, rows_of[source], result, reasons, records, vectors, failures)
+    # One transaction: old rows of changed files (drops pages a shrunken PDF no longer has),
+    # the new rows and the failures; a crash keeps the chunk whole or not at all.
     stale = [f.uri for f in files if f.uri in changed]
-    if stale:  # drops pages a shrunken PDF no longer has; a crash here makes the files "new"
-        col.delete_uris(stale)
-    if records:
-        col.add(np.concatenate(vectors), records)
-    if failures:
-        col.add_failures(failures)
-        tally.failures.extend(IndexFailure(r.uri, r.page, r.error) for r in failures)
+    stacked = np.concatenate(vectors) if vectors else np.empty((0, col.manifest.dim), dtype=np.float32)
+    col.commit(stacked, records, failures, replace_uris=stale)
+    tally.failures.extend(IndexFailure(r.uri, r.page, r.error) for r in failures)
 
 
 def _read_files(files: Sequence[ScannedFile]) -> tuple[list[tuple[ScannedFile, dict, object]], list[ItemRecord]]:
@@ -398,8 +464,12 @@ def _read_files(files: Sequence[ScannedFile]) -> tuple[list[tuple[ScannedFile, d
         try:
             base["content_hash"] = content_hash(f.path)
             value = Item(text=read_text_file(f.path)) if f.kind == "text" else f.path
-        except (OSError, InputError) as error:
+        except InputError as error:
             failures.append(ItemRecord(**base, error=str(error)))
+            continue
+        except OSError as error:
+            failures.append(ItemRecord(**base, error=f"{f.path}: cannot read the file ({error.strerror or error}); "
+                                                     f"check that it exists and that you may read it"))
             continue
         readable.append((f, base, value))
     return readable, failures

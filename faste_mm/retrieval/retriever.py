@@ -26,7 +26,7 @@ from faste_mm.model.faste import FastEConfig
 from faste_mm.model.embedder import Embedder, EmbedResult, OnError
 from faste_mm.errors import ConfigError, InputError
 from faste_mm.indexers import Collection, CollectionInfo, ItemRecord, Manifest, SearchFilter
-from faste_mm.indexers.faiss_index import validate_factory
+from faste_mm.indexers.faiss_index import check_factory_syntax, validate_factory
 from faste_mm.indexers.manifest import MANIFEST_NAME, CollectionFastE, read_manifest, settings_mismatch
 from faste_mm.indexers.records import repeated_key
 from faste_mm.retrieval.ingest import (IndexFailure, IngestTally, ScanFilter, failure_reasons, honour_exclusions,
@@ -241,6 +241,8 @@ class Retriever:
         ConfigError (bad options or index type), InputError (no paths given).
         """
         options = options or IndexOptions()
+        if options.index_type is not None:
+            check_factory_syntax(options.index_type)  # before any model loads or anything is erased
         started = time.perf_counter()
         root = self._target(collection)
         scan = scan_paths(paths, ScanFilter(options.exclude, options.include_hidden))
@@ -383,9 +385,7 @@ class Retriever:
             self._reader = Collection.open(self.collection, expect=self.document_manifest())
         col = self._reader
         vectors = self._embed_queries(items, instruction, col)
-        scores, ids = col.search(vectors, k, where=search_filter)
-        found = sorted({int(i) for i in ids[ids >= 0]})
-        records = dict(zip(found, col.get(found)))
+        scores, ids, records = col.search_records(vectors, k, where=search_filter)  # hits and records of one snapshot
         return [[Hit(int(i), float(s), records[int(i)].uri, records[int(i)].page, records[int(i)].metadata)
                  for s, i in zip(row_scores, row_ids) if i >= 0]
                 for row_scores, row_ids in zip(scores, ids)]

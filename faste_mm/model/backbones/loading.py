@@ -89,8 +89,11 @@ def load_model(
         model_class, preprocessor_class = (getattr(transformers, name) for name in family.hf_classes)
         preprocessor = preprocessor_class.from_pretrained(name_or_path, revision=revision)
         model = model_class.from_pretrained(name_or_path, **kwargs)
-    except (OSError, ValueError) as error:
-        raise ModelLoadError(f"{name_or_path}: cannot load weights or processor ({error})") from None
+    except Exception as error:  # noqa: BLE001 - a damaged file raises whatever its reader raises
+        # (UnpicklingError, SafetensorError, ...): one line of it, never a 160-line traceback.
+        reason = (str(error).strip().splitlines() or [""])[0][:300]
+        raise ModelLoadError(f"{name_or_path}: cannot load weights or processor ({type(error).__name__}: {reason}); "
+                             f"the files may be damaged or incomplete — download the model again") from None
     # A local directory is recorded absolute so collections find it again from any folder.
     model_id = str(Path(name_or_path).absolute()) if Path(name_or_path).is_dir() else str(name_or_path)
     return assemble(model.to(torch_device).eval(), preprocessor, model_id, revision, serializer_config, prompt)

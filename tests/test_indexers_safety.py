@@ -1,0 +1,203 @@
+"""A collection never writes or deletes outside itself, recognises its own leftovers, and turns
+damage into CollectionErrors that say what to do (never an erase, never a raw traceback)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from faste_mm.errors import CollectionError
+from faste_mm.indexers import Collection, ItemRecord, Manifest
+from faste_mm.indexers.crash_points import CRASH_ENV
+
+D = 8
+MANIFEST = Manifest(model_id="m", dim=D)
+
+
+def _vectors(n: int, seed: int = 0) -> np.ndarray:
+    v = np.random.default_rng(seed).standard_normal((n, D)).astype(np.float32)
+    return v / np.linalg.norm(v, axis=1, keepdims=True)
+
+
+def _filled(root, n: int = 6) -> np.ndarray:
+    v = _vectors(n)
+    with Collection.create(root, MANIFEST) as col:
+        col.add(v, [ItemRecord(uri=f"u{i}", modality="text") for i in range(n)])
+    return v
+
+
+def _crash(step: str, script: str, *args) -> None:
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(script), *map(str, args)],
+                          env={**os.environ, CRASH_ENV: step}, capture_output=True, text=True)
+    assert proc.returncode == -9, proc.stderr  # SIGKILLed at the named step
+
+
+def test_create_killed_before_the_manifest_rename_is_completed_by_the_next_create(tmp_path):
+    root = tmp_path / "c"
+    _crash("create-before-manifest", """
+        import sys
+        from faste_mm.indexers import Collection, Manifest
+        Collection.create(sys.argv[1], Manifest(model_id="m", dim=8))
+    """, root)
+    assert (root / "manifest.json.tmp").exists() and not (root / "manifest.json").exists()
+    with Collection.create(root, MANIFEST) as col:
+        col.add(_vectors(2), [ItemRecord(uri="a", modality="text"), ItemRecord(uri="b", modality="text")])
+    assert not list(root.glob("*.tmp"))
+    with Collection.open(root) as col:
+        assert col.info().n_ok == 2
+
+
+def test_erase_killed_midway_is_finished_by_the_next_create(tmp_path):
+    root = tmp_path / "c"
+    _filled(root)
+    _crash("erase-after-marker", """
+        import sys
+        from faste_mm.indexers import Collection
+        Collection.erase(sys.argv[1], for_create=True)
+    """, root)
+    assert not (root / "manifest.json").exists() and list((root / "vectors").iterdir())
+    with pytest.raises(CollectionError, match="not a faste-mm collection"):
+        Collection.open(root)  # no reader takes a half-erased folder for a collection
+    with Collection.create(root, MANIFEST) as col:
+        assert col.info().n_ok == 0
+    assert [p.name for p in (root / "vectors").iterdir()] == []
+
+
+def test_a_collection_that_lost_its_database_is_refused_and_kept(tmp_path):
+    root = tmp_path / "c"
+    _filled(root)
+    (root / "meta.sqlite").unlink()
+    before = sorted(p.name for p in (root / "vectors").iterdir())
+    for writable in (False, True):
+        with pytest.raises(CollectionError, match="meta.sqlite is missing.*nothing was changed"):
+            Collection.open(root, writable=writable)
+    assert sorted(p.name for p in (root / "vectors").iterdir()) == before  # no vector swept
+    (root / "manifest.json").unlink()  # and without its manifest it is still not erased by create
+    with pytest.raises(CollectionError, match="manifest.json is missing.*vector files"):
+        Collection.create(root, MANIFEST)
+    assert sorted(p.name for p in (root / "vectors").iterdir()) == before
+
+
+def test_a_deleted_vectors_folder_is_a_collection_error(tmp_path):
+    root = tmp_path / "c"
+    _filled(root)
+    shutil.rmtree(root / "vectors")
+    with pytest.raises(CollectionError, match="vectors folder is missing"):
+        Collection.open(root, writable=True)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage"])
+def test_a_damaged_database_is_a_collection_error_for_readers_and_writers(tmp_path, damage):
+    root = tmp_path / "c"
+    _filled(root, n=400)
+    db = root / "meta.sqlite"
+    data = db.read_bytes()
+    db.write_bytes(data[: len(data) // 3] if damage == "truncated" else os.urandom(len(data)))
+    for writable in (False, True):
+        with pytest.raises(CollectionError, match="meta.sqlite"):
+            with Collection.open(root, writable=writable) as col:
+                col.info()
+                col.search(_vectors(1), k=3)
+
+
+def test_a_symlinked_lock_is_never_written_through(tmp_path):
+    root, victim = tmp_path / "c", tmp_path / "victim.txt"
+    _filled(root)
+    victim.write_text("precious")
+    (root / "collection.lock").unlink()
+    (root / "collection.lock").symlink_to(victim)
+    with pytest.raises(CollectionError, match="symbolic link"):
+        Collection.open(root, writable=True)
+    assert victim.read_text() == "precious"
+
+
+def test_a_lock_that_is_a_directory_is_a_collection_error(tmp_path):
+    root = tmp_path / "c"
+    _filled(root)
+    (root / "collection.lock").unlink()
+    (root / "collection.lock").mkdir()
+    with pytest.raises(CollectionError, match="is a directory"):
+        Collection.open(root, writable=True)
+
+
+def test_a_symlinked_vectors_folder_is_refused_and_its_target_untouched(tmp_path):
+    root, elsewhere = tmp_path / "c", tmp_path / "elsewhere"
+    _filled(root)
+    shutil.move(root / "vectors", elsewhere)
+    (elsewhere / "part-000099.npy").write_bytes(b"someone else's")  # an 'orphan' by name
+    (elsewhere / "notes.tmp").write_bytes(b"someone else's")
+    (root / "vectors").symlink_to(elsewhere)
+    before = sorted(p.name for p in elsewhere.iterdir())
+    with pytest.raises(CollectionError, match="symbolic link"):
+        Collection.open(root, writable=True)
+    with pytest.raises(CollectionError, match="symbolic link"):
+        Collection.erase(root, for_create=True)
+    assert sorted(p.name for p in elsewhere.iterdir()) == before
+
+
+def test_the_orphan_sweep_deletes_only_regular_part_files_it_wrote(tmp_path):
+    root, outside = tmp_path / "c", tmp_path / "outside.npy"
+    _filled(root)
+    outside.write_bytes(b"x")
+    (root / "vectors" / "part-000077.npy").symlink_to(outside)  # an orphan name, but a link
+    (root / "vectors" / "readme.txt").write_text("mine")
+    (root / "vectors" / "part-000078.ids.npy").write_bytes(b"orphan")  # a real orphan
+    with Collection.open(root, writable=True):
+        pass
+    names = sorted(p.name for p in (root / "vectors").iterdir())
+    assert "part-000077.npy" in names and "readme.txt" in names and "part-000078.ids.npy" not in names
+    assert outside.exists()
+
+
+def test_a_foreign_index_file_with_the_right_size_is_rebuilt(tmp_path):
+    root = tmp_path / "c"
+    v = _filled(root)
+    with Collection.open(root) as col:
+        _, want = col.search(v, k=1)
+    assert want[:, 0].tolist() == list(range(len(v)))
+    import faiss  # the same vectors under ids shifted by one: same size, wrong answers
+
+    shifted = faiss.IndexIDMap2(faiss.IndexFlatIP(D))
+    shifted.add_with_ids(v, np.arange(1, len(v) + 1, dtype=np.int64))
+    faiss.write_index(shifted, str(root / "index.faiss"))
+    with Collection.open(root) as col:
+        scores, found = col.search(v, k=1)
+    assert found[:, 0].tolist() == list(range(len(v)))
+
+
+def test_atomic_rewrites_keep_the_users_file_mode(tmp_path):
+    root = tmp_path / "c"
+    _filled(root)
+    for name in ("manifest.json", "index.faiss"):
+        os.chmod(root / name, 0o600)
+    with Collection.open(root, writable=True) as col:
+        col.add(_vectors(1, seed=5), [ItemRecord(uri="new", modality="text")])  # close rewrites both
+    for name in ("manifest.json", "index.faiss"):
+        assert stat.S_IMODE(os.stat(root / name).st_mode) == 0o600
+    with Collection.open(root, writable=True) as col:
+        col.delete([0])
+        col.compact()  # new parts follow the manifest's mode
+    for path in (root / "vectors").iterdir():
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600, path.name
+
+
+def test_a_strangers_tmp_file_is_neither_deleted_nor_taken_for_ours(tmp_path):
+    root = tmp_path / "c"
+    _filled(root)
+    (root / "notes.tmp").write_text("mine")
+    (root / "index.faiss.tmp").write_bytes(b"torn")  # ours: a torn index write
+    with Collection.open(root, writable=True):
+        pass
+    assert (root / "notes.tmp").read_text() == "mine" and not (root / "index.faiss.tmp").exists()
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    (fresh / "notes.tmp").write_text("mine")
+    with pytest.raises(CollectionError, match="not empty and not a collection"):
+        Collection.create(fresh, MANIFEST)
