@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import logging
 import time
+from os import PathLike
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Iterator, Literal
 
 import numpy as np
 import torch
+from PIL import Image
 
 from faste_mm.model.backbones.loading import LoadedModel, load_model
 from faste_mm.model.batching import Batch, BatchingConfig
@@ -305,6 +307,20 @@ class Embedder:
             record_alignment=record_alignment, progress=progress,
         )
 
+    def encode_query(self, inputs: object, *, instruction: str | None = None, fast_e: FastEConfig | None = None,
+                     dim: int | None = None, on_error: OnError = "raise") -> EmbedResult:
+        """`encode_queries` under the sentence-transformers name. One input (a str, path, PIL
+        image or `Item`) counts as a list of one, so `encode_query("a red bicycle")` embeds the
+        sentence, not its characters; the result is the same `EmbedResult`."""
+        return self.encode_queries(one_or_many(inputs), instruction=instruction, fast_e=fast_e, dim=dim,
+                                   on_error=on_error)
+
+    def encode_document(self, inputs: object, *, fast_e: FastEConfig | None = None, dim: int | None = None,
+                        on_error: OnError = "raise") -> EmbedResult:
+        """`encode_documents` under the sentence-transformers name (one input or many, as
+        `encode_query`)."""
+        return self.encode_documents(one_or_many(inputs), fast_e=fast_e, dim=dim, on_error=on_error)
+
     def _stats(self, traces, n_items, n_failed, resolved, serialize_s, forward_s, started) -> EmbedStats:
         shape = self.backbone.shape
         return EmbedStats(
@@ -337,3 +353,9 @@ def item_failure(items: list[Item], sources: list[int], error: ItemError) -> Fai
     if item.describe() not in reason:
         reason = f"{item.describe()}: {reason}"
     return Failure(error.index, sources[error.index], item.describe(), reason)
+
+
+def one_or_many(inputs: object) -> Iterable[object]:
+    """A lone input (str, path, PIL image, `Item`) as a list of one; a sequence as it is. A
+    str is iterable, so without this `encode_query("query")` would embed each character."""
+    return [inputs] if isinstance(inputs, (str, PathLike, Item, Image.Image)) else inputs

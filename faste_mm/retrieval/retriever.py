@@ -22,7 +22,7 @@ from PIL import Image
 from faste_mm.model.batching import BatchingConfig
 from faste_mm.retrieval.calibrations import Calibration, check_collection_target, load_calibration
 from faste_mm.model.faste import FastEConfig
-from faste_mm.model.embedder import Embedder, EmbedResult, OnError
+from faste_mm.model.embedder import Embedder, EmbedResult, OnError, one_or_many
 from faste_mm.errors import ConfigError, InputError
 from faste_mm.indexers import Collection, CollectionInfo, ItemRecord, Manifest
 from faste_mm.indexers.faiss_index import validate_factory
@@ -361,16 +361,39 @@ class Retriever:
         with_task = [i for i in range(len(items)) if i not in set(by_example)]
         out = np.zeros((len(items), col.manifest.dim), dtype=np.float32)
         if by_example:
-            docs = self.embedder.encode_documents([items[i] for i in by_example],
-                                                  fast_e=self._collection_fast_e(col), on_error="raise")
-            out[by_example] = docs.embeddings
+            out[by_example] = self.encode_documents([items[i] for i in by_example]).embeddings
         if with_task:
-            task = instruction or self.query_instruction
-            if task is None and self.embedder.family.is_multimodal:
-                task = DEFAULT_QUERY_INSTRUCTION
-            out[with_task] = self.embedder.encode_queries([items[i] for i in with_task], instruction=task,
-                                                          on_error="raise").embeddings
+            out[with_task] = self.encode_queries([items[i] for i in with_task], instruction=instruction).embeddings
         return out
+
+    # ---- encoding with the collection's settings -------------------------------------------
+    def encode_queries(self, queries: Iterable[object], *, instruction: str | None = None,
+                       on_error: OnError = "raise") -> EmbedResult:
+        """Queries as `search` embeds them: the full forward with a task instruction
+        (`instruction`, else the retriever's query_instruction, else DEFAULT_QUERY_INSTRUCTION
+        for vision-language models and the model's default query task for text models)."""
+        task = instruction or self.query_instruction
+        if task is None and self.embedder.family.is_multimodal:
+            task = DEFAULT_QUERY_INSTRUCTION
+        return self.embedder.encode_queries(queries, instruction=task, on_error=on_error)
+
+    def encode_documents(self, documents: Iterable[object], *, on_error: OnError = "raise") -> EmbedResult:
+        """Documents as `index` and `add` embed them into this collection: its model, pixel
+        bounds and FastE settings, so the vectors compare with the stored ones. Raises
+        CollectionError when the collection does not exist or the model differs from it."""
+        if self._reader is None:
+            self._reader = Collection.open(self.collection, expect=self.document_manifest())
+        return self.embedder.encode_documents(documents, fast_e=self._collection_fast_e(self._reader),
+                                              on_error=on_error)
+
+    def encode_query(self, queries: object, *, instruction: str | None = None,
+                     on_error: OnError = "raise") -> EmbedResult:
+        """`encode_queries` under the sentence-transformers name; one input counts as a list of one."""
+        return self.encode_queries(one_or_many(queries), instruction=instruction, on_error=on_error)
+
+    def encode_document(self, documents: object, *, on_error: OnError = "raise") -> EmbedResult:
+        """`encode_documents` under the sentence-transformers name; one input counts as a list of one."""
+        return self.encode_documents(one_or_many(documents), on_error=on_error)
 
 
 class _CollectionDocuments:
