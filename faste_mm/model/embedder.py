@@ -198,6 +198,7 @@ class Embedder:
         on_error: OnError = "raise",
         record_alignment: bool = False,
         progress: Callable[[int], None] | None = None,
+        on_batch: Callable[[BatchTrace], None] | None = None,
     ) -> EmbedResult:
         """Embed texts, images, image+text pairs and PDF pages.
 
@@ -211,6 +212,8 @@ class Embedder:
             record_alignment: with the full forward, measure the batch-mean readout/prefix
                 alignment before every layer (stats.batches[i].alignment), for calibration.
             progress: called with the number of rows done after each batch (and each failure).
+            on_batch: called with each batch's `BatchTrace` (rows, prefix tokens before and
+                after FastE) as soon as it is embedded, before `progress`: live rates.
         """
         if on_error not in ("raise", "skip"):
             raise ConfigError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
@@ -249,6 +252,8 @@ class Embedder:
             embeddings[element.rows, : vectors.shape[1]] = vectors
             ok[element.rows] = True
             traces.append(trace)
+            if on_batch is not None:
+                on_batch(trace)
             if progress is not None:
                 progress(len(element.rows))
         if dim is not None:
@@ -300,11 +305,12 @@ class Embedder:
         on_error: OnError = "raise",
         record_alignment: bool = False,
         progress: Callable[[int], None] | None = None,
+        on_batch: Callable[[BatchTrace], None] | None = None,
     ) -> EmbedResult:
         """Documents / candidates: the default instruction (document format); FastE if given."""
         return self.encode(
             inputs, fast_e=fast_e, instruction=None, dim=dim, on_error=on_error,
-            record_alignment=record_alignment, progress=progress,
+            record_alignment=record_alignment, progress=progress, on_batch=on_batch,
         )
 
     def encode_query(self, inputs: object, *, instruction: str | None = None, fast_e: FastEConfig | None = None,

@@ -31,6 +31,7 @@ from faste_mm.indexers.records import repeated_key
 from faste_mm.retrieval.ingest import (IndexFailure, IngestTally, ScanFilter, failure_reasons, ingest_chunk, plan_update,
                              record_missing, scan_paths)
 from faste_mm.model.items import Item, as_item
+from faste_mm.model.runner import BatchTrace
 from faste_mm.retrieval import maintenance
 from faste_mm.retrieval.maintenance import collection_path
 from faste_mm.retrieval.results import AddReport, Hit, IndexOptions, IndexProgress, IndexReport, RemoveReport
@@ -239,17 +240,27 @@ class Retriever:
             if scan.missing:
                 record_missing(col, scan.missing, tally)
 
-            def report_progress(done: int) -> None:
-                if progress is not None:
-                    progress(IndexProgress(done, len(plan.todo), tally.embedded, tally.reused, len(tally.failures),
-                                           tally.prefix_tokens, tally.kept_prefix_tokens,
-                                           time.perf_counter() - started))
+            done, chunk_size = 0, 0
 
-            report_progress(0)
+            def report_progress(trace: BatchTrace | None = None) -> None:
+                if progress is None:
+                    return
+                flight = encode.in_flight  # batches of the chunk being embedded, not yet in the tally
+                share = (done + chunk_size * min(1.0, flight.rows / flight.inputs) if flight.inputs else done)
+                progress(IndexProgress(done, len(plan.todo), tally.embedded + flight.rows, tally.reused,
+                                       len(tally.failures), tally.prefix_tokens + flight.prefix_tokens,
+                                       tally.kept_prefix_tokens + flight.kept_prefix_tokens,
+                                       time.perf_counter() - started,
+                                       share / len(plan.todo) if plan.todo else 1.0))
+
+            encode.on_batch = report_progress
+            report_progress()
             for start in range(0, len(plan.todo), options.chunk_files):
                 chunk = plan.todo[start:start + options.chunk_files]
+                chunk_size = len(chunk)
                 ingest_chunk(col, chunk, plan.changed, encode, tally)
-                report_progress(start + len(chunk))
+                done, chunk_size = start + len(chunk), 0
+                report_progress()
             if options.index_type is not None and options.index_type != col.manifest.index_type:
                 col.rebuild_index(options.index_type)
         factory = col.manifest.index_factory  # as saved by close(), which brought index.faiss up to date
@@ -260,6 +271,18 @@ class Retriever:
                            len(plan.vanished),
                            len(tally.failures), tuple(tally.failures), tally.prefix_tokens,
                            tally.kept_prefix_tokens, seconds, factory)
+
+    def pending(self, paths: Iterable[str | Path], options: IndexOptions | None = None) -> int:
+        """How many files `index(paths, options=options)` would embed (or reuse) now: the new
+        and changed ones (and, with retry_failed, those that failed); every file when the
+        collection does not exist yet. Reads only (no model, no writer lock), so it can tell
+        what an interrupted `index` still has to do."""
+        options = options or IndexOptions()
+        scan = scan_paths(paths, ScanFilter(options.exclude, options.include_hidden))
+        if not (self.collection / MANIFEST_NAME).exists():
+            return len(scan.files())
+        with Collection.open(self.collection) as col:
+            return len(plan_update(col, scan, options.retry_failed).todo)
 
     # ---- adding and removing ---------------------------------------------------------------
     def add(self, items: Sequence[object], metadata: Sequence[Mapping[str, Any] | None] | None = None,
@@ -410,6 +433,8 @@ class _CollectionDocuments:
         self._col = col
         self._fast_e: FastEConfig | None = None
         self._is_checked = False
+        self.in_flight = _InFlight()  # the call in progress, batch by batch (zero between calls)
+        self.on_batch: Callable[[BatchTrace], None] | None = None  # called after each batch
 
     def __call__(self, values: Sequence[object], on_error: OnError = "skip") -> EmbedResult:
         _refuse_other_pixel_caps(values, self._col)  # before anything is embedded
@@ -418,7 +443,30 @@ class _CollectionDocuments:
             self._col.require_compatible(self._retriever.document_manifest())
             self._fast_e = self._retriever._collection_fast_e(self._col)
             self._is_checked = True
-        return embedder.encode_documents(values, fast_e=self._fast_e, on_error=on_error)
+        self.in_flight = _InFlight(inputs=len(values))
+        try:
+            return embedder.encode_documents(values, fast_e=self._fast_e, on_error=on_error,
+                                             on_batch=self._batch_done)
+        finally:
+            self.in_flight = _InFlight()  # the caller's tally counts the result from now on
+
+    def _batch_done(self, trace: BatchTrace) -> None:
+        flight = self.in_flight
+        flight.rows += trace.batch_size
+        flight.prefix_tokens += trace.prefix_tokens
+        flight.kept_prefix_tokens += trace.kept_prefix_tokens
+        if self.on_batch is not None:
+            self.on_batch(trace)
+
+
+@dataclass
+class _InFlight:
+    """Running totals of one document-encoding call (mutable: updated batch by batch)."""
+
+    inputs: int = 0
+    rows: int = 0
+    prefix_tokens: int = 0
+    kept_prefix_tokens: int = 0
 
 
 # ---- helpers ---------------------------------------------------------------------------------
