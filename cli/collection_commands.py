@@ -15,8 +15,9 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from faste_mm.cli.common import DEFAULT_MODEL, debug_option, device_option, fail, setup_logging, stderr, stdout, unpadded_option
-from faste_mm.cli.progress import Progress, announced_spec
+from faste_mm.cli.common import (DEFAULT_MODEL, DOCUMENT_R_MAX, Format, debug_option, device_option, fail, setup_logging,
+                                 stderr, stdout, unpadded_option)
+from faste_mm.cli.progress import Progress, announced_spec, quiet_transformers
 from faste_mm.errors import FasteError
 
 _COLLECTION_HELP = ("Collection: a NAME under the user data directory "
@@ -30,9 +31,7 @@ class OutputFormat(str, Enum):
     paths = "paths"
 
 
-class InfoFormat(str, Enum):
-    table = "table"
-    json = "json"
+InfoFormat = Format  # table | json, as on every command
 
 
 def _collection_option():
@@ -98,7 +97,7 @@ def index_command(
         model_id = model or (existing.model_id if existing else DEFAULT_MODEL)
         revision = existing.model_revision if existing and model is None else None
         if r_max is None:
-            r_max = existing.r_max if existing else 0.5
+            r_max = existing.r_max if existing else DOCUMENT_R_MAX
         spec = announced_spec(ModelSpec, watch)(model_id, revision, device,
                                                 batching=BatchingConfig(batch_tokens=batch_tokens, unpadded=unpadded))
         pending = lambda: Retriever(spec, collection=root).pending(paths, options)  # noqa: E731
@@ -187,6 +186,7 @@ def search_command(
     setup_logging(debug)
     if query is None and image is None:
         _usage("give a QUERY text, --image PATH, or both")
+    quiet_transformers()  # stderr stays clean for a search: no per-weight loading bar
     try:
         with Retriever.open(collection, device=device) as retriever:
             hits = retriever.search(query, image=image, k=k, instruction=instruction)

@@ -80,8 +80,9 @@ class Progress:
             self._bar.stop()
 
     # ---- phases ---------------------------------------------------------------------------
-    def start(self, label: str, total: float | None, unit: str = "items") -> None:
-        """Begin a phase: `total` units of work (None: unknown)."""
+    def start(self, label: str, total: float | None, unit: str = "") -> None:
+        """Begin a phase: `total` units of work (None: unknown). The signature of
+        `faste_mm.datasets.ProgressSink.start`, so eval, calibrate and bench report here."""
         self._label, self._unit, self._total, self._done = label, unit, total, 0.0
         self._started = time.monotonic()
         self._printed = float("-inf")
@@ -111,9 +112,12 @@ class Progress:
     def line(self, detail: str = "", share: float | None = None) -> str:
         """The text after the label: count, detail, elapsed and ETA."""
         elapsed = time.monotonic() - self._started
-        count = f"{self._done:.0f}" + ("" if self._total is None else f"/{self._total:.0f}") + f" {self._unit}"
+        count = f"{self._done:.0f}" + ("" if self._total is None else f"/{self._total:.0f}")
+        count += f" {self._unit}" if self._unit else ""
         if share is None and self._total:
             share = self._done / self._total
+        if not detail and self._done and elapsed > 0:
+            detail = f"{self._done / elapsed:.2f}/s"
         parts = [count, detail] if detail else [count]
         parts.append(f"elapsed {format_duration(elapsed)}")
         if share is not None and 0 < share < 1:

@@ -83,7 +83,7 @@ def test_plain_lines_are_printed_at_most_once_per_interval_and_always_at_the_end
     out = StringIO()
     progress = Progress(Console(file=out, soft_wrap=True), live=False, interval=3600)
     with progress:
-        progress.start("work", 10)
+        progress.start("work", 10, unit="items")
         for _ in range(10):
             progress.advance(1, detail="fast")
     lines = out.getvalue().splitlines()
