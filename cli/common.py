@@ -95,8 +95,10 @@ def parse_ratios(text: str, option: str = "--r-max") -> tuple[float, ...]:
 
 
 def fail(error: FasteError, debug: bool) -> NoReturn:
-    """Exit 1 with the error's message (the traceback only with --debug)."""
+    """Exit 1 with the error's message in CLI words (`FasteError.cli_message`; the traceback
+    only with --debug)."""
     if debug:
         raise error
-    stderr.print(f"[red]error:[/red] {escape(str(error))}")  # paths may contain [brackets]
+    # CLI words, not the Python API's; paths may contain [brackets]
+    stderr.print(f"[red]error:[/red] {escape(error.cli_message())}", highlight=False)
     raise typer.Exit(1)

@@ -31,6 +31,8 @@ from faste_mm.model.unpadded import Unpadded
 log = logging.getLogger(__name__)
 
 OnError = Literal["raise", "skip"]
+# Python advice on an item that stopped a call; the CLI skips bad items and names each itself.
+SKIP_HINT = "or pass on_error='skip' to embed the other inputs"
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +138,7 @@ class Embedder:
         self.batching = batching or BatchingConfig()
         # settled once per Embedder (the "auto" trial runs on the first compressed batch: settle_kernel)
         self.unpadded = Unpadded(self.batching.unpadded, self.backbone.device, self.backbone.dtype)
+        self._warned_warmup: set[int] = set()  # warm-up layers past the depth already warned about
 
     @classmethod
     def from_pretrained(
@@ -185,8 +188,19 @@ class Embedder:
         return Embedder(self.loaded, config)
 
     def resolve_fast_e(self, fast_e: FastEConfig | None) -> FastEConfig | None:
-        """Fill backbone defaults (l_w, theta) into a config; None stays None (full forward)."""
-        return None if fast_e is None else fast_e.resolved(self.family, self.backbone.shape.num_layers)
+        """Fill backbone defaults (l_w, theta) into a config; None stays None (full forward).
+        Logs a warning (once per value) for a warm-up layer at or past the model's depth."""
+        if fast_e is None:
+            return None
+        num_layers = self.backbone.shape.num_layers
+        if fast_e.warmup_layer is not None and fast_e.warmup_layer >= num_layers and fast_e.trigger_layer is None:
+            if fast_e.warmup_layer not in self._warned_warmup:
+                self._warned_warmup.add(fast_e.warmup_layer)
+                log.warning("FastE warm-up layer %d (l_w, --warmup-layer) is past the last layer of %s (%d layers, "
+                            "0..%d): only the last layer is checked, so FastE compresses before layer %d; give a "
+                            "warm-up layer below %d", fast_e.warmup_layer, self.model_id, num_layers, num_layers - 1,
+                            num_layers - 1, num_layers)
+        return fast_e.resolved(self.family, num_layers)
 
     def encode(
         self,
@@ -223,7 +237,7 @@ class Embedder:
         items, sources, broken = expand_items(inputs)
         failures = [Failure(index, sources[index], item.describe(), reason) for index, item, reason in broken]
         if failures and on_error == "raise":
-            raise InputError(f"input {failures[0].source}: {failures[0].reason}")
+            raise InputError(f"input {failures[0].source}: {failures[0].reason}", hint=SKIP_HINT)
         if failures and progress is not None:
             progress(len(failures))
         embeddings = np.zeros((len(items), self.dim), dtype=np.float32)
@@ -238,7 +252,7 @@ class Embedder:
             if isinstance(element, ItemError):
                 failure = item_failure(items, sources, element)
                 if on_error == "raise":
-                    raise InputError(f"input {failure.source}: {failure.reason}") from element.error
+                    raise InputError(f"input {failure.source}: {failure.reason}", hint=SKIP_HINT) from element.error
                 failures.append(failure)
                 if progress is not None:
                     progress(1)

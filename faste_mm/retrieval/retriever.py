@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 from PIL import Image
 
+from faste_mm.model.backbones.loading import check_local_path
 from faste_mm.model.batching import BatchingConfig
 from faste_mm.retrieval.calibrations import Calibration, check_collection_target, load_calibration
 from faste_mm.model.faste import FastEConfig
@@ -194,6 +195,7 @@ class Retriever:
         (else found only after every file is embedded)."""
         if self._embedder is None and (root / MANIFEST_NAME).exists():
             manifest = read_manifest(root)
+            check_local_path(self._spec.model_id)  # a mistyped path is "not found", not another model
             errors = self._spec.conflicts(manifest)
             if errors:
                 raise settings_mismatch(root, errors)
@@ -311,8 +313,8 @@ class Retriever:
             reasons = failure_reasons(result)
             if reasons and on_error == "raise":  # only non-finite vectors get here: encode raised the rest
                 row = min(reasons)
-                raise InputError(f"add: input {result.sources[row]}: {reasons[row]}; "
-                                 f"or pass on_error='skip' to store the other items")
+                raise InputError(f"add: input {result.sources[row]}: {reasons[row]}",
+                                 hint="or pass on_error='skip' to store the other items")
             records = [_add_record(result.items[row], None if uris is None else uris[source],
                                    None if metadata is None else metadata[source], reasons.get(row))
                        for row, source in enumerate(result.sources)]
