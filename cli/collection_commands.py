@@ -186,9 +186,9 @@ def search_command(
     setup_logging(debug)
     if query is None and image is None:
         _usage("give a QUERY text, --image PATH, or both")
-    quiet_transformers()  # stderr stays clean for a search: no per-weight loading bar
     try:
         with Retriever.open(collection, device=device) as retriever:
+            quiet_transformers()  # the model loads in search(): no per-weight bar on stderr
             hits = retriever.search(query, image=image, k=k, instruction=instruction)
             root = retriever.collection
     except FasteError as error:
