@@ -99,14 +99,18 @@ def test_an_extreme_aspect_ratio_says_what_to_do(model, collection):
     assert "aspect ratio" in result.stderr and "crop it" in result.stderr
 
 
-def test_a_warmup_layer_past_the_depth_is_warned_about_once(vl_embedder, model, caplog):
-    from faste_mm import FastEConfig
-
+def test_a_warmup_layer_past_the_depth_is_warned_about_once_on_the_cli(vl_embedder, model):
     depth = vl_embedder.backbone.shape.num_layers
     result = runner.invoke(app, ["embed", "--text", "a", "--text", "b", "--model", model, "--device", "cpu",
                                  "--r-max", "0.5", "--warmup-layer", str(depth + 5)])
     assert result.exit_code == 0, result.output
     assert result.stderr.count(f"warm-up layer {depth + 5}") == 1 and f"below {depth}" in result.stderr
+
+
+def test_the_library_logs_the_warmup_warning_once_per_embedder(vl_embedder, caplog):
+    from faste_mm import FastEConfig
+
+    depth = vl_embedder.backbone.shape.num_layers
     fresh = vl_embedder.with_batching(vl_embedder.batching)
     with caplog.at_level(logging.WARNING):
         fresh.encode(["a"], fast_e=FastEConfig(r_max=0.5, warmup_layer=depth - 1))
