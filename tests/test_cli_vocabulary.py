@@ -82,3 +82,11 @@ def test_help_shows_plain_type_labels_and_each_default_once(command):
         text, _, notes = line.partition("[default:")
         if notes:
             assert "default" not in text.lower(), line
+
+
+def test_bare_faste_mm_shows_help_and_version_prints_the_version():
+    from faste_mm import __version__
+
+    bare = runner.invoke(app, [])
+    assert "Usage" in bare.output and "index" in bare.output and "calibrate" in bare.output
+    assert runner.invoke(app, ["--version"]).stdout.strip() == f"faste-mm {__version__}"

@@ -195,9 +195,9 @@ class Retriever:
         (else found only after every file is embedded)."""
         if self._embedder is None and (root / MANIFEST_NAME).exists():
             manifest = read_manifest(root)
-            check_local_path(self._spec.model_id)  # a mistyped path is "not found", not another model
             errors = self._spec.conflicts(manifest)
             if errors:
+                check_local_path(self._spec.model_id)  # a mistyped path is "not found", not another model
                 raise settings_mismatch(root, errors)
             validate_factory(index_type, manifest.dim)
             return Collection.open(root, writable=True)
