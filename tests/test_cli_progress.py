@@ -23,6 +23,7 @@ from faste_mm.cli.progress import Progress
 from faste_mm.indexers import Collection
 from faste_mm.retrieval.retriever import IndexOptions, Retriever
 
+from tests.eval_fixtures import eval_data_dir, eval_model_dir  # noqa: F401  (fixtures)
 from tests.test_cli_collection import _committed_items
 from tests.test_retriever_scanning import noise_image, tiny_vl_dir
 
@@ -116,3 +117,36 @@ def test_ctrl_c_during_index_says_what_was_kept_and_exits_130(model, tmp_path):
     report = json.loads(runner.invoke(app, ["index", str(folder), "-c", str(col), "--format", "json"]).stdout)
     assert report["embedded"] == n_files - committed
     assert Collection.open(col).info().n_ok == n_files
+
+
+def _plain(args: list[str], env: dict | None = None):
+    result = runner.invoke(app, args, env={"FASTE_MM_PROGRESS_INTERVAL": "0", **(env or {})})
+    assert result.exit_code == 0, result.output
+    assert "loading model" in result.stderr and "Loading weights" not in result.stderr
+    return [line for line in result.stderr.splitlines() if "elapsed" in line]
+
+
+def test_bench_prints_a_plain_line_per_run_of_each_setting(model_dirs):
+    lines = _plain(["bench", "--model", str(model_dirs["qwen3"]), "--inputs", "text:8", "--n", "2", "--r-max", "0,0.5",
+                    "--trigger-layer", "2", "--repeats", "2", "--device", "cpu"])
+    for name in ("full", "faste r=0.5"):
+        runs = [line for line in lines if line.startswith(f"bench {name} (warm-up + 2 runs):")]
+        assert [line.split(": ")[1].split()[0] for line in runs] == ["1/3", "2/3", "3/3"], lines
+
+
+def test_calibrate_prints_plain_lines_up_to_every_document(model_dirs, tmp_path):
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for i in range(3):
+        (docs / f"{i}.txt").write_text(f"document number {i} about pages " * (i + 1))
+    lines = _plain(["calibrate", str(docs), "--model", str(model_dirs["qwen3"]), "--device", "cpu", "--warmup-layer", "1",
+                    "--batch-tokens", "1", "--out", str(tmp_path / "r")])
+    counts = [line.split(": ")[1].split()[0] for line in lines if line.startswith("calibrating:")]
+    assert counts == ["1/3", "2/3", "3/3"], lines  # one batch per document (a token budget below one)
+
+
+def test_eval_prints_plain_lines_for_each_phase(eval_model_dir, eval_data_dir, tmp_path):
+    lines = _plain(["eval", "nights", "--data", str(eval_data_dir), "--model", str(eval_model_dir), "--device", "cpu",
+                    "--r-max", "0", "--limit", "2", "--out", str(tmp_path / "run")])
+    phases = {line.split(": ")[0] for line in lines}
+    assert any("queries" in phase for phase in phases) and any("candidates" in phase for phase in phases), lines
