@@ -294,7 +294,7 @@ def test_a_model_that_cannot_load_is_reported_once_the_inputs_are_valid(tmp_path
     docs = _text_docs(tmp_path / "docs")
     args = ["calibrate", str(docs), "--model", str(tmp_path / "no-such-model"), "--device", "cpu", "--out", str(tmp_path / "r")]
     result = CliRunner().invoke(app, args)
-    assert result.exit_code == 1 and "no-such-model: cannot load the model config" in " ".join(result.stderr.split())
+    assert result.exit_code == 1 and "no-such-model: model not found" in " ".join(result.stderr.split())
 
 
 def test_labelled_mmeb_data_adds_recall_retention_per_theta(model_dirs, tmp_path, monkeypatch):
