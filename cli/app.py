@@ -7,6 +7,7 @@ Exit codes: 0 ok, 1 a FasteError (message only, traceback with --debug), 2 usage
 from __future__ import annotations
 
 import typer
+from typer.core import TyperCommand, TyperGroup
 
 from faste_mm.cli.bench import bench_command
 from faste_mm.cli.calibrate import calibrate_command
@@ -23,7 +24,46 @@ from faste_mm.cli.export import export_command
 from faste_mm.cli.eval import eval_command
 from faste_mm.cli.serve import serve_command
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Multimodal retrieval with Qwen3-VL-Embedding and FastE.")
+# typer's labels for a parameter's type, as `--help` shows them in its type column.
+_TYPE_LABELS = {"str": "TEXT", "int": "INTEGER", "float": "NUMBER", "path": "PATH", "Path": "PATH"}
+
+
+def _tidy_help(params: list, ctx) -> None:
+    """`--help` that reads cleanly: flags show no `<bool>`, other types plain labels (`INTEGER`,
+    `PATH...` for a repeatable path, `table|json` for choices), and an option whose help text
+    already states its default gets no second `[default: ...]`."""
+    for param in params:
+        if getattr(param, "is_flag", False):
+            param.metavar = ""
+        elif param.metavar is None and hasattr(param, "display_type"):
+            label = param.display_type(ctx).strip("<>")
+            repeated = label.startswith("list[")
+            label = _TYPE_LABELS.get(label.removeprefix("list[").removesuffix("]"), label)
+            if param.param_type_name == "argument":
+                param.metavar = param.name.upper()  # its name column and usage: "{PATHS}..."
+                # typer shows an argument's type in a column of its own whatever the metavar: this
+                # command object is built for this one help page, so blank it here.
+                param.display_type_rich = lambda ctx: None
+            else:
+                param.metavar = label + ("..." if repeated else "")
+        if "default" in (getattr(param, "help", None) or "").lower():
+            param.show_default = False
+
+
+class _Command(TyperCommand):
+    def format_help(self, ctx, formatter) -> None:
+        _tidy_help(self.get_params(ctx), ctx)
+        super().format_help(ctx, formatter)
+
+
+class _Group(TyperGroup):
+    def format_help(self, ctx, formatter) -> None:
+        _tidy_help(self.get_params(ctx), ctx)
+        super().format_help(ctx, formatter)
+
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, cls=_Group,
+                  help="Multimodal retrieval with Qwen3-VL-Embedding and FastE.")
 
 
 def _print_version(value: bool) -> None:
@@ -42,18 +82,12 @@ def _root(
     """Multimodal retrieval with Qwen3-VL-Embedding and FastE."""
 
 
-app.command("index")(index_command)
-app.command("search")(search_command)
-app.command("info")(info_command)
-app.command("remove")(remove_command)
-app.command("compact")(compact_command)
-app.command("rebuild-index")(rebuild_index_command)
-app.command("export")(export_command)
-app.command()(embed)
-app.command("eval")(eval_command)
-app.command("bench")(bench_command)
-app.command("calibrate")(calibrate_command)
-app.command("serve")(serve_command)
+for _name, _command in (("index", index_command), ("search", search_command), ("info", info_command),
+                        ("remove", remove_command), ("compact", compact_command),
+                        ("rebuild-index", rebuild_index_command), ("export", export_command), ("embed", embed),
+                        ("eval", eval_command), ("bench", bench_command), ("calibrate", calibrate_command),
+                        ("serve", serve_command)):
+    app.command(_name, cls=_Command)(_command)
 
 
 def main() -> None:

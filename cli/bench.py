@@ -1,5 +1,5 @@
 """`faste-mm bench`: FastE against the full forward (and optionally HF / sentence-transformers)
-on the same inputs; prints a table and writes JSON."""
+on the same inputs; prints a table (or --format json) and writes JSON with --out."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from faste_mm.cli.common import debug_option, device_option, fail, parse_ratios, setup_logging, stderr, stdout
+from faste_mm.cli.common import (Format, debug_option, deprecated, device_option, fail, format_option, parse_ratios,
+                                 setup_logging, stderr, stdout)
+from faste_mm.cli.progress import Progress
 from faste_mm.errors import ConfigError, FasteError
 
 
@@ -31,7 +33,9 @@ def bench_command(
     compare: str = typer.Option("", envvar="FASTE_MM_COMPARE", help="Comma-separated: hf, sentence-transformers."),
     device: str = device_option(),
     dtype: str = typer.Option("auto", envvar="FASTE_MM_DTYPE", help="auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16 | float16."),
-    json_out: Optional[Path] = typer.Option(None, "--json", envvar="FASTE_MM_BENCH_JSON", help="Write the report as JSON to this file ('-' for stdout)."),
+    output: Format = format_option("The report on stdout as a table or as JSON (default table)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", envvar="FASTE_MM_BENCH_OUT", help="Also write the report as JSON to this file."),
+    legacy_json: Optional[str] = typer.Option(None, "--json", envvar="FASTE_MM_BENCH_JSON", hidden=True),
     debug: bool = debug_option(),
 ) -> None:
     """Measure speed, memory and FLOPs of FastE settings against the full forward."""
@@ -44,9 +48,15 @@ def bench_command(
     setup_logging(debug)
     if (model is None) == (shape is None):
         raise typer.BadParameter("give exactly one of --model and --shape")
+    if legacy_json is not None:  # the old `--json PATH|-`
+        deprecated("--json PATH", "--out PATH (a file) or --format json (stdout)")
+        if legacy_json == "-":
+            output = Format.json
+        else:
+            out = Path(legacy_json)
     try:
-        if json_out is not None and str(json_out) != "-" and not json_out.parent.is_dir():
-            raise ConfigError(f"--json {json_out}: folder {json_out.parent} does not exist; create it first")
+        if out is not None and not out.parent.is_dir():
+            raise ConfigError(f"--out {out}: folder {out.parent} does not exist; create it first")
         config = BenchConfig(
             r_max=parse_ratios(r_max),
             trigger_layer=trigger_layer,
@@ -61,20 +71,27 @@ def bench_command(
                 # saved in the dtype it will run in: an 8B model in float32 is 32 GB to write and read
                 weights_dtype = resolve_dtype(dtype, resolve_device(device))
                 model = str(build_shape_model(shape, Path(workdir) / "model", scale_hidden, weights_dtype))
-            embedder = Embedder.from_pretrained(model, device=device, dtype=dtype, batching=BatchingConfig(batch_tokens=batch_tokens, workers=workers))
-            tokenizer = getattr(embedder.serializer, "tokenizer", None) or embedder.serializer.processor.tokenizer
-            items = make_inputs(inputs, n, Path(workdir) / "inputs", tokenizer)
-            label = f"{inputs} x{n}" + (f" ({shape}, scale {scale_hidden:g})" if shape else "")
-            report = run_bench(embedder, items, config, label)
+            with Progress() as progress:
+                with progress.loading(model):
+                    embedder = Embedder.from_pretrained(model, device=device, dtype=dtype,
+                                                        batching=BatchingConfig(batch_tokens=batch_tokens, workers=workers))
+                tokenizer = getattr(embedder.serializer, "tokenizer", None) or embedder.serializer.processor.tokenizer
+                items = make_inputs(inputs, n, Path(workdir) / "inputs", tokenizer)
+                label = f"{inputs} x{n}" + (f" ({shape}, scale {scale_hidden:g})" if shape else "")
+                report = run_bench(embedder, items, config, label, progress=progress)
     except FasteError as error:
         fail(error, debug)
     payload = report.to_dict()
-    if json_out is not None and str(json_out) == "-":
+    if out is not None:
+        try:
+            out.write_text(json.dumps(payload, indent=2))
+        except OSError as error:
+            fail(ConfigError(f"--out {out}: cannot write the report ({error}); choose another path"), debug)
+        stderr.print(f"wrote {out}", highlight=False)
+    if output is Format.json:
         stdout.print_json(json.dumps(payload))
-        return
-    if json_out is not None:
-        json_out.write_text(json.dumps(payload, indent=2))
-    _render(report)
+    else:
+        _render(report)
 
 
 def _render(report) -> None:

@@ -13,7 +13,9 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from faste_mm.cli.common import DEFAULT_MODEL, debug_option, device_option, fail, image_root_option, setup_logging, stderr, stdout
+from faste_mm.cli.common import (DEFAULT_MODEL, Format, chosen_format, debug_option, device_option, fail, format_option,
+                                 image_root_option, legacy_json_option, setup_logging, stderr, stdout)
+from faste_mm.cli.progress import Progress
 from faste_mm.errors import ConfigError, FasteError, InputError
 
 
@@ -32,7 +34,8 @@ def calibrate_command(
     out: Path = typer.Option(Path("faste-mm-calibration"), "--out", envvar="FASTE_MM_CALIBRATION_OUT", help="Folder for calibration.json and calibration.png."),
     device: str = device_option(),
     batch_tokens: int = typer.Option(16384, envvar="FASTE_MM_BATCH_TOKENS", help="Padded tokens per batch (the trigger is a batch decision: use your indexing value)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the calibration as JSON on stdout."),
+    output: Format = format_option("The calibration on stdout as a table or as JSON (default table)."),
+    legacy_json: bool = legacy_json_option(),
     debug: bool = debug_option(),
 ) -> None:
     """Recommend the smallest theta whose embeddings stay within --target of the full forward."""
@@ -40,6 +43,7 @@ def calibrate_command(
     from faste_mm.tools.calibration import CalibrationConfig, calibrate, task_labels
 
     setup_logging(debug, logging.INFO)
+    output = chosen_format(output, legacy_json)
     try:
         config = CalibrationConfig(r_max=r_max, target=target, warmup_layer=warmup_layer)
         batching = BatchingConfig(batch_tokens=batch_tokens)
@@ -52,17 +56,19 @@ def calibrate_command(
         _make_out(out)
         if save and collection is not None:
             _check_collection(collection, model)
-        embedder = Embedder.from_pretrained(model, device=device, batching=batching)
-        labels = None if labelled is None else task_labels(embedder, labelled)
-        stderr.print(f"calibrating on {len(items)} documents ({embedder.backbone.shape.num_layers} layers)...")
-        calibration = calibrate(embedder, items, config, labels)
+        with Progress() as progress:
+            with progress.loading(model):
+                embedder = Embedder.from_pretrained(model, device=device, batching=batching)
+            labels = None if labelled is None else task_labels(embedder, labelled)
+            progress.status(f"calibrating on {len(items)} documents ({embedder.backbone.shape.num_layers} layers)...")
+            calibration = calibrate(embedder, items, config, labels, progress=progress)
         calibration = replace(calibration, skipped=[*unreadable, *calibration.skipped])  # the report lists both
         _write_report(calibration, out)
     except FasteError as error:
         fail(error, debug)
     # The table (or JSON) comes first, whatever --save then says: it is what tells the user
     # how close each theta came when none passed.
-    if as_json:
+    if output is Format.json:
         stdout.print_json(json.dumps(calibration.to_dict()))
     else:
         _render(calibration)

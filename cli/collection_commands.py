@@ -5,6 +5,7 @@ warnings and errors go to stderr. Every option also reads a FASTE_MM_* environme
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from enum import Enum
@@ -14,8 +15,9 @@ from typing import NoReturn, Optional
 import typer
 from rich.table import Table
 
-from faste_mm.cli.common import (DEFAULT_MODEL, debug_option, device_option, fail, markup_safe, print_json, setup_logging, shown, stderr,
-                                 stdout, unpadded_option)
+from faste_mm.cli.common import (DEFAULT_MODEL, DOCUMENT_R_MAX, Format, debug_option, device_option, fail, markup_safe,
+                                 print_json, setup_logging, shown, stderr, stdout, unpadded_option)
+from faste_mm.cli.progress import Progress, announced_spec, quiet_transformers
 from faste_mm.errors import FasteError
 
 _COLLECTION_HELP = ("Collection: a NAME under the user data directory "
@@ -29,9 +31,7 @@ class OutputFormat(str, Enum):
     paths = "paths"
 
 
-class InfoFormat(str, Enum):
-    table = "table"
-    json = "json"
+InfoFormat = Format  # table | json, as on every command
 
 
 def _collection_option():
@@ -90,6 +90,7 @@ def index_command(
     from faste_mm.retrieval.retriever import IndexOptions, ModelSpec, Retriever, collection_path
 
     setup_logging(debug)
+    watch, pending = _IndexWatch(), None
     try:
         root = collection_path(collection)
         options = IndexOptions(exclude=tuple(exclude), include_hidden=include_hidden, reindex=reindex,
@@ -101,14 +102,18 @@ def index_command(
         model_id = model or (existing.model_id if existing else DEFAULT_MODEL)
         revision = existing.model_revision if existing and model is None else None
         if r_max is None:
-            r_max = existing.r_max if existing else 0.5
+            r_max = existing.r_max if existing else DOCUMENT_R_MAX
         if dim is None and existing is not None:
             dim = existing.dim
-        spec = ModelSpec(model_id, revision, device, batching=BatchingConfig(batch_tokens=batch_tokens, unpadded=unpadded))
-        with Retriever(spec, collection=root, r_max=r_max, threshold=threshold, dim=dim) as retriever, _IndexProgressBar() as bar:
-            report = retriever.index(paths, options=options, progress=bar.update)
+        spec = announced_spec(ModelSpec, watch)(model_id, revision, device,
+                                                batching=BatchingConfig(batch_tokens=batch_tokens, unpadded=unpadded))
+        pending = lambda: Retriever(spec, collection=root).pending(paths, options)  # noqa: E731
+        with Retriever(spec, collection=root, r_max=r_max, threshold=threshold, dim=dim) as retriever, watch:
+            report = retriever.index(paths, options=options, progress=watch.report)
     except FasteError as error:
         fail(error, debug)
+    except KeyboardInterrupt:
+        _interrupted(watch, pending, reindex)
     if output is InfoFormat.json:
         print_json(report.to_dict())
     else:
@@ -117,31 +122,42 @@ def index_command(
         stderr.print(f"[yellow]skipped[/yellow] {markup_safe(failure.error)}", highlight=False)
 
 
-class _IndexProgressBar:
-    """rich progress on stderr: files, items/s, tokens/s and the share of prefix tokens removed."""
+def _interrupted(watch: "_IndexWatch", pending, reindex: bool) -> NoReturn:
+    """Ctrl-C during index: chunks are committed as they finish, so say how many of this run's
+    files were kept (counted in the collection: the last progress report may lag a commit) and
+    how to go on; exit 130 like any program stopped by SIGINT."""
+    total = None if watch.last is None else watch.last.files_total
+    try:
+        left = None if pending is None else pending()
+    except FasteError:
+        left = None
+    if total is None or left is None:
+        kept = "the files committed so far are kept" if total is None else (
+            f"{watch.last.files_done} of {total} files committed")
+    else:
+        kept = f"{max(total - left, 0)} of {total} files committed"
+    again = "run the same command without --reindex to continue" if reindex else "run the same command again to continue"
+    stderr.print(f"interrupted: {kept}; {again}", highlight=False)
+    raise typer.Exit(130)
+
+
+class _IndexWatch(Progress):
+    """index progress on stderr, advanced per embedded batch: files committed, items/s,
+    tokens/s, the share of prefix tokens removed and an ETA (see `cli.progress.Progress`)."""
 
     def __init__(self) -> None:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        super().__init__()
+        self.last = None  # the latest IndexProgress: what an interrupted run had committed
 
-        self._progress = Progress(TextColumn("indexing"), BarColumn(), MofNCompleteColumn(),
-                                  TextColumn("{task.fields[rates]}"), TimeElapsedColumn(),
-                                  console=stderr, transient=True)
-        self._task = None
-
-    def __enter__(self) -> "_IndexProgressBar":
-        self._progress.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._progress.stop()
-
-    def update(self, p) -> None:
-        elapsed = max(p.elapsed_s, 1e-9)
-        rates = (f"{(p.embedded + p.reused) / elapsed:.1f} items/s  {p.prefix_tokens / elapsed:.0f} tok/s  "
+    def report(self, p) -> None:
+        if self.last is None:
+            self.start("indexing", p.files_total, unit="files committed")
+        self.last = p
+        elapsed = max(p.elapsed_s - self.load_s, 1e-9)  # rates of the work, not of loading the model
+        items = p.embedded + p.reused
+        rates = (f"{items} items  {items / elapsed:.1f} items/s  {p.prefix_tokens / elapsed:.0f} tok/s  "
                  f"removed {p.prefix_removal:.0%}")
-        if self._task is None:
-            self._task = self._progress.add_task("index", total=p.files_total, rates=rates)
-        self._progress.update(self._task, completed=p.files_done, total=p.files_total, rates=rates)
+        self.update(p.files_done, p.files_total, detail=rates, share=p.fraction)
 
 
 def _render_index_report(report) -> None:
@@ -190,6 +206,7 @@ def search_command(
     conditions = _parse_where(where)
     try:
         with Retriever.open(collection, device=device) as retriever:
+            quiet_transformers()  # the model loads in search(): no per-weight bar on stderr
             hits = retriever.search(query, image=image, k=k, instruction=instruction, where=conditions,
                                     type=kind or None, path=path)
             root = retriever.collection
@@ -306,7 +323,7 @@ def remove_command(
         stdout.print(shown(uri), highlight=False, markup=False)
     stderr.print(f"removed {len(report.ids)} items by id and {len(report.uris)} files")
     if report.excluded:
-        stderr.print(f"later `faste-mm index` runs of their folders skip {escape(', '.join(report.excluded))}; "
+        stderr.print(f"later `faste-mm index` runs of their folders skip {markup_safe(', '.join(report.excluded))}; "
                      f"name a path on `faste-mm index` to include it again", highlight=False)
     if report.unmatched:
         stderr.print(f"[yellow]warning:[/yellow] nothing in the collection matched "

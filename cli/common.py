@@ -7,6 +7,7 @@ import json
 import logging
 import re
 import sys
+from enum import Enum
 from typing import NoReturn
 
 import typer
@@ -16,10 +17,42 @@ from rich.markup import escape
 from faste_mm.errors import ConfigError, FasteError
 
 DEFAULT_MODEL = "Qwen/Qwen3-VL-Embedding-2B"
+# FastE's r_max for documents when the user gives none (index for a new collection, embed);
+# queries always run the full forward.
+DOCUMENT_R_MAX = 0.5
 # soft_wrap: a message is never hard-wrapped at the console width (a piped stderr has no width,
 # and rich would assume 80 columns and split paths and sentences across lines).
 stderr = Console(stderr=True, soft_wrap=True)
 stdout = Console(soft_wrap=True)
+
+
+class Format(str, Enum):
+    """What a command prints on stdout (files are written with --out)."""
+
+    table = "table"
+    json = "json"
+
+
+def format_option(help: str = "Results on stdout as a table or as JSON (default table)."):
+    """--format table|json, the one spelling of stdout's format on every command."""
+    return typer.Option(Format.table, "--format", envvar="FASTE_MM_FORMAT", help=help)
+
+
+def legacy_json_option():
+    """--json, the old flag for --format json: hidden, still accepted, with a warning."""
+    return typer.Option(False, "--json", hidden=True)
+
+
+def chosen_format(output: Format, legacy_json: bool) -> Format:
+    """--format, or json when the deprecated --json flag was given (said on stderr)."""
+    if not legacy_json:
+        return output
+    deprecated("--json", "--format json")
+    return Format.json
+
+
+def deprecated(old: str, new: str) -> None:
+    stderr.print(f"[yellow]warning:[/yellow] {old} is deprecated; use {new}", highlight=False)
 
 
 def device_option():
@@ -112,9 +145,13 @@ def in_cli_words(message: str) -> str:
 
 
 def fail(error: FasteError, debug: bool) -> NoReturn:
-    """Exit 1 with the error's message (the traceback only with --debug)."""
+    """Exit 1 with the error's message in CLI words (`FasteError.cli_message`; the traceback
+    only with --debug)."""
     if debug:
         raise error
-    message = in_cli_words(str(error)) if isinstance(error, ConfigError) else str(error)
-    stderr.print(f"[red]error:[/red] {markup_safe(message)}", highlight=False)  # paths may contain [brackets]
+    # CLI words, not the Python API's (advice and field names); paths may contain [brackets]
+    message = error.cli_message()
+    if isinstance(error, ConfigError):
+        message = in_cli_words(message)
+    stderr.print(f"[red]error:[/red] {markup_safe(message)}", highlight=False)
     raise typer.Exit(1)

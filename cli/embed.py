@@ -9,14 +9,19 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from faste_mm.cli.common import DEFAULT_MODEL, debug_option, device_option, fail, setup_logging, stderr, stdout, unpadded_option
+from faste_mm.cli.common import (DEFAULT_MODEL, DOCUMENT_R_MAX, Format, chosen_format, debug_option, device_option, fail,
+                                 format_option, legacy_json_option, setup_logging, stderr, stdout, unpadded_option)
+from faste_mm.cli.progress import Progress
 from faste_mm.errors import ConfigError, FasteError
 
 def embed(
     paths: list[Path] = typer.Argument(None, help="Image, PDF and .txt/.md files or folders (walked recursively)."),
     text: list[str] = typer.Option([], "--text", "-t", help="A text to embed; repeatable."),
     model: str = typer.Option(DEFAULT_MODEL, envvar="FASTE_MM_MODEL", help="Hub id or local model directory."),
-    r_max: float = typer.Option(0.0, envvar="FASTE_MM_R_MAX", help="FastE max share of prefix tokens removed, 0 <= r < 1; 0 = full forward."),
+    r_max: Optional[float] = typer.Option(None, envvar="FASTE_MM_R_MAX",
+                                          help=f"FastE: largest share of prefix tokens removed, 0 <= r < 1 (0 = full "
+                                               f"forward). Default: {DOCUMENT_R_MAX:g} for documents, as index; 0 with "
+                                               f"--instruction (queries run the full forward)."),
     warmup_layer: Optional[int] = typer.Option(None, envvar="FASTE_MM_WARMUP_LAYER", help="FastE warm-up layer l_w (default: the backbone's, 8)."),
     threshold: Optional[float] = typer.Option(None, envvar="FASTE_MM_THRESHOLD", help="FastE alignment threshold theta (default: the backbone's)."),
     trigger_layer: Optional[int] = typer.Option(None, envvar="FASTE_MM_TRIGGER_LAYER", help="Compress before this layer instead of the alignment trigger."),
@@ -26,8 +31,9 @@ def embed(
     unpadded: str = unpadded_option(),
     device: str = device_option(),
     dtype: str = typer.Option("auto", envvar="FASTE_MM_DTYPE", help="auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16 | float16."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", envvar="FASTE_MM_OUT", help="Write the embeddings [n, d] float32 to this .npy file."),
-    as_json: bool = typer.Option(False, "--json", help="Print the result summary as JSON on stdout."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", envvar="FASTE_MM_OUT", help="Write the embeddings (float32, one row per item) to this .npy file."),
+    output: Format = format_option("The summary on stdout as a table or as JSON (default table)."),
+    legacy_json: bool = legacy_json_option(),
     debug: bool = debug_option(),
 ) -> None:
     """Embed texts, images and PDF pages; print stats (removal, FLOPs, trigger layer, timings)."""
@@ -35,6 +41,9 @@ def embed(
     from faste_mm.retrieval.ingest import document_items
 
     setup_logging(debug)
+    output = chosen_format(output, legacy_json)
+    if r_max is None:  # documents get the documented default; queries (an instruction) the full forward
+        r_max = 0.0 if instruction is not None else DOCUMENT_R_MAX
     try:
         files, unreadable = document_items(paths) if paths else ([], [])
         for reason in unreadable:
@@ -49,7 +58,9 @@ def embed(
         fast_e = None
         if r_max > 0 or trigger_layer is not None:
             fast_e = FastEConfig(r_max=r_max, warmup_layer=warmup_layer, threshold=threshold, trigger_layer=trigger_layer)
-        embedder = Embedder.from_pretrained(model, device=device, dtype=dtype, batching=BatchingConfig(batch_tokens=batch_tokens, unpadded=unpadded))
+        with Progress().loading(model):
+            embedder = Embedder.from_pretrained(model, device=device, dtype=dtype,
+                                                batching=BatchingConfig(batch_tokens=batch_tokens, unpadded=unpadded))
         result = embedder.encode(inputs, fast_e=fast_e, instruction=instruction, dim=dim, on_error="skip")
         if out is not None and result.ok.any():
             import numpy as np
@@ -71,7 +82,7 @@ def embed(
         "embeddings_file": None if out is None or not result.ok.any() else str(out),
         "dim": int(result.embeddings.shape[1]),
     }
-    if as_json:
+    if output is Format.json:
         stdout.print_json(json.dumps(summary))
     else:
         _render_summary(summary)

@@ -1,6 +1,6 @@
 """`faste-mm eval`: MMEB cross-modal retrieval (MSCOCO_t2i, DocVQA, NIGHTS) for Full, FastE and
 the baselines at matched budgets; writes results.json, results.md and a retention/speedup plot
-into --out and prints the tables (or --json). Progress bars go to stderr.
+into --out and prints the tables (or --format json). Progress goes to stderr (cli/progress.py).
 """
 
 from __future__ import annotations
@@ -10,26 +10,14 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from faste_mm.cli.common import DEFAULT_MODEL, debug_option, device_option, fail, image_root_option, parse_ratios, setup_logging, stderr, stdout, unpadded_option
+from faste_mm.cli.common import (DEFAULT_MODEL, Format, chosen_format, debug_option, device_option, fail, format_option,
+                                 image_root_option, legacy_json_option, parse_ratios, setup_logging, stderr, stdout,
+                                 unpadded_option)
+from faste_mm.cli.progress import Progress
 from faste_mm.errors import FasteError
 
 _ALL_METHODS = "faste,fixed,fastv,random,block-last,downscale"
-
-
-class _RichProgress:
-    """One bar per phase (task x side x setting) on stderr."""
-
-    def __init__(self, progress: Progress) -> None:
-        self.progress = progress
-        self.current = None
-
-    def start(self, phase: str, total: int) -> None:
-        self.current = self.progress.add_task(phase, total=total)
-
-    def advance(self, n: int) -> None:
-        self.progress.advance(self.current, n)
 
 
 def eval_command(
@@ -54,7 +42,8 @@ def eval_command(
     device: str = device_option(),
     dtype: str = typer.Option("auto", envvar="FASTE_MM_DTYPE", help="auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16 | float16."),
     cache: bool = typer.Option(True, "--cache/--no-cache", envvar="FASTE_MM_EVAL_CACHE", help="Keep embeddings in --out/cache and resume from them. Default on."),
-    as_json: bool = typer.Option(False, "--json", help="Print results.json on stdout instead of the tables."),
+    output: Format = format_option("Results on stdout: the tables, or results.json as JSON (default table)."),
+    legacy_json: bool = legacy_json_option(),
     debug: bool = debug_option(),
 ) -> None:
     """Evaluate Full, FastE and baselines on MMEB MSCOCO_t2i / DocVQA / NIGHTS (Recall@1/5/10, nDCG@10)."""
@@ -62,6 +51,7 @@ def eval_command(
     from faste_mm.datasets import EvalConfig, download_tasks, evaluate, load_task, paper_table, resolve_tasks, summary_table, write_report
 
     setup_logging(debug)
+    output = chosen_format(output, legacy_json)
     try:
         config = EvalConfig(
             r_max=parse_ratios(r_max),
@@ -76,16 +66,16 @@ def eval_command(
             stderr.print(f"downloading {', '.join(s.subset for s in specs)} from the Hugging Face hub (cached)")
             data = download_tasks(specs, data_cache)
         tasks = [load_task(spec, data, image_root=image_root, limit=limit) for spec in specs]
-        embedder = Embedder.from_pretrained(
-            model, device=device, dtype=dtype, batching=BatchingConfig(batch_tokens=batch_tokens, chunk_items=chunk_items, unpadded=unpadded)
-        )
-        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-        with Progress(*columns, console=stderr, transient=False) as bars:
-            results = evaluate(embedder, tasks, config, cache_dir=out / "cache" if cache else None, progress=_RichProgress(bars))
+        with Progress() as progress:
+            with progress.loading(model):
+                embedder = Embedder.from_pretrained(
+                    model, device=device, dtype=dtype,
+                    batching=BatchingConfig(batch_tokens=batch_tokens, chunk_items=chunk_items, unpadded=unpadded))
+            results = evaluate(embedder, tasks, config, cache_dir=out / "cache" if cache else None, progress=progress)
         paths = write_report(results, out)
     except FasteError as error:
         fail(error, debug)
-    if as_json:
+    if output is Format.json:
         stdout.print_json(json.dumps({**results.to_dict(), "files": {k: str(v) for k, v in paths.items()}}))
         return
     stdout.print(paper_table(results), markup=False, highlight=False, soft_wrap=True)

@@ -217,8 +217,9 @@ def read_manifest(root: Path) -> Manifest:
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise CollectionError(f"{root}: not a faste-mm collection ({MANIFEST_NAME} is missing); "
-                              f"create it with Collection.create or `faste-mm index`") from None
+        raise CollectionError(f"{root}: not a faste-mm collection ({MANIFEST_NAME} is missing)",
+                              hint="create it with Collection.create, or index files into it with Retriever.index",
+                              cli_hint=f"index files into it first: faste-mm index PATH -c {root}") from None
     except (OSError, json.JSONDecodeError) as e:
         raise CollectionError(f"{path}: cannot read the manifest ({e}); restore it from a backup "
                               f"or re-index into a new collection") from None
@@ -242,8 +243,9 @@ def settings_mismatch(root: Path, errors: Sequence[str]) -> CollectionError:
     """The error for a request whose settings differ from the collection's (`compatibility_errors`)."""
     return CollectionError(
         f"{root}: the collection was built with different settings — {'; '.join(errors)}. Vectors "
-        f"from different settings are not comparable: index into a new collection, or re-index "
-        f"this one with `--reindex`")
+        f"from different settings are not comparable: index into a new collection, or re-index this one",
+        hint="Retriever.index(paths, options=IndexOptions(reindex=True)) (on the command line: `faste-mm index --reindex`)",
+        cli_hint="faste-mm index PATH... --reindex")
 
 
 def write_manifest(root: Path, manifest: Manifest, crash_at: str | None = None) -> None:

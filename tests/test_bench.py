@@ -58,7 +58,7 @@ def test_tiny_bench_run_writes_valid_json(tmp_path):
     out = tmp_path / "bench.json"
     args = ["bench", "--shape", "qwen3-embedding-0.6b", "--scale-hidden", "0.0625", "--inputs", "text:48", "--n", "4"]
     args += ["--r-max", "0.5", "--trigger-layer", "6", "--repeats", "1", "--device", "cpu", "--compare", "hf,sentence-transformers"]
-    result = CliRunner().invoke(app, [*args, "--json", str(out)])
+    result = CliRunner().invoke(app, [*args, "--out", str(out)])
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
     names = [s["name"] for s in report["settings"]]
@@ -74,7 +74,7 @@ def test_tiny_bench_run_writes_valid_json(tmp_path):
 
 def test_bench_on_images_of_a_local_model(model_dirs, tmp_path):
     args = ["bench", "--model", str(model_dirs["qwen3_vl"]), "--inputs", "image:96x64", "--n", "3", "--r-max", "0.3"]
-    result = CliRunner().invoke(app, [*args, "--trigger-layer", "2", "--repeats", "1", "--device", "cpu", "--compare", "hf", "--json", "-"])
+    result = CliRunner().invoke(app, [*args, "--trigger-layer", "2", "--repeats", "1", "--device", "cpu", "--compare", "hf", "--format", "json"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert report["settings"][2]["max_abs_diff_vs_full"] < 1e-5
@@ -94,7 +94,7 @@ def test_bench_needs_exactly_one_model_source():
 
 def test_bench_compares_unpadded_layouts_on_variable_length_texts(model_dirs):
     args = ["bench", "--model", str(model_dirs["qwen3"]), "--inputs", "text:20-60", "--n", "5", "--r-max", "0.5"]
-    args += ["--trigger-layer", "2", "--unpadded", "off,segments", "--workers", "1", "--repeats", "1", "--device", "cpu", "--json", "-"]
+    args += ["--trigger-layer", "2", "--unpadded", "off,segments", "--workers", "1", "--repeats", "1", "--device", "cpu", "--format", "json"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
@@ -129,7 +129,7 @@ def test_bench_refuses_bad_comparisons_specs_and_paths_before_any_timed_run(mode
     cases = [
         (["--inputs", "image:64x64", "--compare", "sentence-transformers"], "text models and text inputs"),
         (["--inputs", "image:64x64x3"], "expected image:WIDTHxHEIGHT"),
-        (["--inputs", "text:20", "--json", str(tmp_path / "missing" / "out.json")], "does not exist"),
+        (["--inputs", "text:20", "--out", str(tmp_path / "missing" / "out.json")], "does not exist"),
         (["--inputs", "text:20", "--unpadded", "off,xformers"], "unpadded must be one of"),
     ]
     for extra, message in cases:

@@ -16,7 +16,7 @@ def test_embed_json_reports_items_stats_and_writes_the_vectors(model_dirs, image
     out = tmp_path / "vectors.npy"
     args = ["embed", "--model", str(model_dirs["qwen3_vl"]), "--device", "cpu", "--text", "a red bicycle"]
     args += [str(image_dir / "red.png"), str(image_dir / "missing.png"), "--trigger-layer", "2", "--r-max", "0.5"]
-    result = runner.invoke(app, [*args, "--out", str(out), "--json"])
+    result = runner.invoke(app, [*args, "--out", str(out), "--format", "json"])
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)
     assert [item["ok"] for item in summary["items"]] == [True, True, False]
@@ -32,14 +32,14 @@ def test_embed_json_reports_items_stats_and_writes_the_vectors(model_dirs, image
 
 def test_embed_reads_options_from_environment(model_dirs):
     env = {"FASTE_MM_MODEL": str(model_dirs["qwen3_vl"]), "FASTE_MM_DEVICE": "cpu", "FASTE_MM_R_MAX": "0.7", "FASTE_MM_TRIGGER_LAYER": "1"}
-    result = runner.invoke(app, ["embed", "--text", "hello world", "--json"], env=env)
+    result = runner.invoke(app, ["embed", "--text", "hello world", "--format", "json"], env=env)
     assert result.exit_code == 0, result.output
     stats = json.loads(result.stdout)["stats"]
     assert stats["fast_e"]["r_max"] == 0.7 and stats["fast_e"]["trigger_layer"] == 1 and stats["mean_trigger_layer"] == 1
 
 
 def test_embed_out_is_checked_before_the_model_runs_and_names_the_real_file(model_dirs, tmp_path):
-    args = ["embed", "--model", str(model_dirs["qwen3_vl"]), "--device", "cpu", "--text", "hello", "--json"]
+    args = ["embed", "--model", str(model_dirs["qwen3_vl"]), "--device", "cpu", "--text", "hello", "--format", "json"]
     result = runner.invoke(app, [*args, "--out", str(tmp_path / "no" / "such" / "v.npy")])
     assert result.exit_code == 1 and "does not exist" in result.output and "Traceback" not in result.output
     result = runner.invoke(app, [*args, "--out", str(tmp_path / "vectors")])

@@ -24,7 +24,7 @@ def _args(model, data, out, *extra):
 
 def test_eval_all_writes_json_markdown_and_plot_and_prints_json(eval_model_dir, eval_data_dir, tmp_path):
     out = tmp_path / "run"
-    result = runner.invoke(app, _args(eval_model_dir, eval_data_dir, out, "--r-max", "0,0.5", "--json"))
+    result = runner.invoke(app, _args(eval_model_dir, eval_data_dir, out, "--r-max", "0,0.5", "--format", "json"))
     assert result.exit_code == 0, result.output
     payload = json.loads(result.stdout)
     assert payload == {**json.loads((out / "results.json").read_text()), "files": payload["files"]}

@@ -224,9 +224,12 @@ def test_a_rerun_with_nothing_new_to_embed_never_loads_the_model(embedder, tmp_p
 def test_a_model_with_another_id_is_refused_before_it_loads(embedder, tmp_path):
     root = three_images(tmp_path / "imgs")
     Retriever(embedder, collection=tmp_path / "col", r_max=0.0).index([root])
-    elsewhere = ModelSpec(str(tmp_path / "no-such-model"), device="cpu")  # loading it would fail
-    with pytest.raises(CollectionError, match="model_id.*no-such-model.*--reindex"):
+    elsewhere = ModelSpec("someone/no-such-model", device="cpu")  # a hub id: loading it would fail
+    with pytest.raises(CollectionError, match="model_id.*no-such-model.*reindex=True"):
         Retriever(elsewhere, collection=tmp_path / "col").index([root])
+    # A path that names no folder is a typo, not another model: "not found", before any comparison.
+    with pytest.raises(ModelLoadError, match="model not found"):
+        Retriever(ModelSpec(str(tmp_path / "no-such-model"), device="cpu"), collection=tmp_path / "col").index([root])
 
 
 def test_add_with_skip_stores_the_good_items_and_records_the_bad_one(embedder, tmp_path):

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import logging
 import time
+from os import PathLike
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Iterator, Literal
 
 import numpy as np
 import torch
+from PIL import Image
 
 from faste_mm.model.backbones.loading import LoadedModel, load_model
 from faste_mm.model.batching import Batch, BatchingConfig
@@ -29,6 +31,8 @@ from faste_mm.model.unpadded import Unpadded
 log = logging.getLogger(__name__)
 
 OnError = Literal["raise", "skip"]
+# Python advice on an item that stopped a call; the CLI skips bad items and names each itself.
+SKIP_HINT = "or pass on_error='skip' to embed the other inputs"
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +138,7 @@ class Embedder:
         self.batching = batching or BatchingConfig()
         # settled once per Embedder (the "auto" trial runs on the first compressed batch: settle_kernel)
         self.unpadded = Unpadded(self.batching.unpadded, self.backbone.device, self.backbone.dtype)
+        self._warned_warmup: set[int] = set()  # warm-up layers past the depth already warned about
 
     @classmethod
     def from_pretrained(
@@ -183,8 +188,19 @@ class Embedder:
         return Embedder(self.loaded, config)
 
     def resolve_fast_e(self, fast_e: FastEConfig | None) -> FastEConfig | None:
-        """Fill backbone defaults (l_w, theta) into a config; None stays None (full forward)."""
-        return None if fast_e is None else fast_e.resolved(self.family, self.backbone.shape.num_layers)
+        """Fill backbone defaults (l_w, theta) into a config; None stays None (full forward).
+        Logs a warning (once per value) for a warm-up layer at or past the model's depth."""
+        if fast_e is None:
+            return None
+        num_layers = self.backbone.shape.num_layers
+        if fast_e.warmup_layer is not None and fast_e.warmup_layer >= num_layers and fast_e.trigger_layer is None:
+            if fast_e.warmup_layer not in self._warned_warmup:
+                self._warned_warmup.add(fast_e.warmup_layer)
+                log.warning("FastE warm-up layer %d (l_w, --warmup-layer) is past the last layer of %s (%d layers, "
+                            "0..%d): only the last layer is checked, so FastE compresses before layer %d; give a "
+                            "warm-up layer below %d", fast_e.warmup_layer, self.model_id, num_layers, num_layers - 1,
+                            num_layers - 1, num_layers)
+        return fast_e.resolved(self.family, num_layers)
 
     def encode(
         self,
@@ -196,6 +212,7 @@ class Embedder:
         on_error: OnError = "raise",
         record_alignment: bool = False,
         progress: Callable[[int], None] | None = None,
+        on_batch: Callable[[BatchTrace], None] | None = None,
     ) -> EmbedResult:
         """Embed texts, images, image+text pairs and PDF pages.
 
@@ -209,6 +226,8 @@ class Embedder:
             record_alignment: with the full forward, measure the batch-mean readout/prefix
                 alignment before every layer (stats.batches[i].alignment), for calibration.
             progress: called with the number of rows done after each batch (and each failure).
+            on_batch: called with each batch's `BatchTrace` (rows, prefix tokens before and
+                after FastE) as soon as it is embedded, before `progress`: live rates.
         """
         if on_error not in ("raise", "skip"):
             raise ConfigError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
@@ -218,7 +237,7 @@ class Embedder:
         items, sources, broken = expand_items(inputs)
         failures = [Failure(index, sources[index], item.describe(), reason) for index, item, reason in broken]
         if failures and on_error == "raise":
-            raise InputError(f"input {failures[0].source}: {failures[0].reason}")
+            raise InputError(f"input {failures[0].source}: {failures[0].reason}", hint=SKIP_HINT)
         if failures and progress is not None:
             progress(len(failures))
         embeddings = np.zeros((len(items), self.dim), dtype=np.float32)
@@ -233,7 +252,7 @@ class Embedder:
             if isinstance(element, ItemError):
                 failure = item_failure(items, sources, element)
                 if on_error == "raise":
-                    raise InputError(f"input {failure.source}: {failure.reason}") from element.error
+                    raise InputError(f"input {failure.source}: {failure.reason}", hint=SKIP_HINT) from element.error
                 failures.append(failure)
                 if progress is not None:
                     progress(1)
@@ -247,6 +266,8 @@ class Embedder:
             embeddings[element.rows, : vectors.shape[1]] = vectors
             ok[element.rows] = True
             traces.append(trace)
+            if on_batch is not None:
+                on_batch(trace)
             if progress is not None:
                 progress(len(element.rows))
         if dim is not None:
@@ -298,12 +319,27 @@ class Embedder:
         on_error: OnError = "raise",
         record_alignment: bool = False,
         progress: Callable[[int], None] | None = None,
+        on_batch: Callable[[BatchTrace], None] | None = None,
     ) -> EmbedResult:
         """Documents / candidates: the default instruction (document format); FastE if given."""
         return self.encode(
             inputs, fast_e=fast_e, instruction=None, dim=dim, on_error=on_error,
-            record_alignment=record_alignment, progress=progress,
+            record_alignment=record_alignment, progress=progress, on_batch=on_batch,
         )
+
+    def encode_query(self, inputs: object, *, instruction: str | None = None, fast_e: FastEConfig | None = None,
+                     dim: int | None = None, on_error: OnError = "raise") -> EmbedResult:
+        """`encode_queries` under the sentence-transformers name. One input (a str, path, PIL
+        image or `Item`) counts as a list of one, so `encode_query("a red bicycle")` embeds the
+        sentence, not its characters; the result is the same `EmbedResult`."""
+        return self.encode_queries(one_or_many(inputs), instruction=instruction, fast_e=fast_e, dim=dim,
+                                   on_error=on_error)
+
+    def encode_document(self, inputs: object, *, fast_e: FastEConfig | None = None, dim: int | None = None,
+                        on_error: OnError = "raise") -> EmbedResult:
+        """`encode_documents` under the sentence-transformers name (one input or many, as
+        `encode_query`)."""
+        return self.encode_documents(one_or_many(inputs), fast_e=fast_e, dim=dim, on_error=on_error)
 
     def _stats(self, traces, n_items, n_failed, resolved, serialize_s, forward_s, started) -> EmbedStats:
         shape = self.backbone.shape
@@ -337,3 +373,9 @@ def item_failure(items: list[Item], sources: list[int], error: ItemError) -> Fai
     if item.describe() not in reason:
         reason = f"{item.describe()}: {reason}"
     return Failure(error.index, sources[error.index], item.describe(), reason)
+
+
+def one_or_many(inputs: object) -> Iterable[object]:
+    """A lone input (str, path, PIL image, `Item`) as a list of one; a sequence as it is. A
+    str is iterable, so without this `encode_query("query")` would embed each character."""
+    return [inputs] if isinstance(inputs, (str, PathLike, Item, Image.Image)) else inputs

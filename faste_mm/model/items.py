@@ -214,10 +214,7 @@ def _open_image(path: Path, unreadable: str):
         with Image.open(path) as opened:
             yield opened
     except UnidentifiedImageError:
-        raise InputError(
-            f"{path}: not a readable image (unknown or corrupt format); fix or remove the file, "
-            "or pass on_error='skip'"
-        ) from None
+        raise InputError(f"{path}: not a readable image (unknown or corrupt format); fix or remove the file") from None
     except Image.DecompressionBombError as error:
         raise InputError(f"{path}: image too large to decode safely ({error}); downscale it first "
                          f"(the model sees at most max_pixels anyway)") from None

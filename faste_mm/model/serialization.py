@@ -128,7 +128,7 @@ class VLSerializer:
                 image_patch_size=self.config.image_patch_size,
             )
         except ValueError as error:  # qwen-vl-utils rejects aspect ratios beyond 200:1
-            raise InputError(f"{item.describe()}: cannot resize image ({error})") from None
+            raise _resize_error(item, error) from None
 
     def resized_size(self, item: Item) -> tuple[int, int]:
         """(width, height) that `prepare_image` returns, without decoding image files: the
@@ -146,7 +146,7 @@ class VLSerializer:
         try:
             height, width = smart_resize(height, width, factor=factor, min_pixels=min_pixels, max_pixels=max_pixels)
         except ValueError as error:
-            raise InputError(f"{item.describe()}: cannot resize image ({error})") from None
+            raise _resize_error(item, error) from None
         return width, height
 
     def __call__(self, item: Item, instruction: str | None) -> Serialized:
@@ -237,3 +237,9 @@ class TextSerializer:
         if not ids:
             raise InputError(f"{item.describe()}: the prompt tokenizes to nothing; give some text")
         return Serialized(input_ids=torch.tensor(ids, dtype=torch.long), truncated=truncated)
+
+
+def _resize_error(item: Item, error: ValueError) -> InputError:
+    """qwen-vl-utils' smart resize refuses an image (an aspect ratio of 200:1 or more): say what to do."""
+    return InputError(f"{item.describe()}: cannot resize the image ({error}); crop it or cut it into pieces "
+                      f"so that its long side is less than 200 times its short side")

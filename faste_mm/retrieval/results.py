@@ -45,8 +45,11 @@ class IndexOptions:
 
 @dataclass(frozen=True, slots=True)
 class IndexProgress:
-    """Handed to the `progress` callback after the scan and after each committed chunk.
-    files_done / files_total count the new and changed files this run embeds (or reuses)."""
+    """Handed to the `progress` callback after the scan, after each embedded batch and after
+    each committed chunk. files_done / files_total count the new and changed files this run
+    embeds (or reuses) and has committed; embedded and the token counts include the batches of
+    the chunk in flight. share_done: the part of this run's files done, the chunk in flight
+    counted by the share of its inputs embedded so far (what `eta_s` extrapolates)."""
 
     files_done: int
     files_total: int
@@ -56,10 +59,24 @@ class IndexProgress:
     prefix_tokens: int
     kept_prefix_tokens: int
     elapsed_s: float
+    share_done: float | None = None  # None: files_done / files_total
 
     @property
     def prefix_removal(self) -> float:
         return removed_share(self.kept_prefix_tokens, self.prefix_tokens)
+
+    @property
+    def fraction(self) -> float:
+        """Share of this run's work done, in [0, 1] (1 when there is nothing to do)."""
+        if self.share_done is not None:
+            return min(1.0, max(0.0, self.share_done))
+        return self.files_done / self.files_total if self.files_total else 1.0
+
+    @property
+    def eta_s(self) -> float | None:
+        """Seconds left at the pace so far; None before anything is done."""
+        done = self.fraction
+        return None if done <= 0 else self.elapsed_s * (1 - done) / done
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,10 +20,11 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 from PIL import Image
 
+from faste_mm.model.backbones.loading import check_local_path
 from faste_mm.model.batching import BatchingConfig
 from faste_mm.retrieval.calibrations import Calibration, check_collection_target, load_calibration
 from faste_mm.model.faste import FastEConfig
-from faste_mm.model.embedder import Embedder, EmbedResult, OnError
+from faste_mm.model.embedder import Embedder, EmbedResult, OnError, one_or_many
 from faste_mm.errors import ConfigError, InputError
 from faste_mm.indexers import Collection, CollectionInfo, ItemRecord, Manifest, SearchFilter
 from faste_mm.indexers.faiss_index import check_factory_syntax, validate_factory
@@ -32,6 +33,7 @@ from faste_mm.indexers.records import repeated_key
 from faste_mm.retrieval.ingest import (IndexFailure, IngestTally, ScanFilter, failure_reasons, honour_exclusions,
                              ingest_chunk, plan_update, record_missing, scan_paths)
 from faste_mm.model.items import Item, as_item
+from faste_mm.model.runner import BatchTrace
 from faste_mm.retrieval import maintenance
 from faste_mm.retrieval.export import ExportReport, export_parquet
 from faste_mm.retrieval.maintenance import collection_path
@@ -211,6 +213,7 @@ class Retriever:
             if self.dim is not None:
                 errors += manifest.differences({"dim": self.dim})
             if errors:
+                check_local_path(self._spec.model_id)  # a mistyped path is "not found", not another model
                 raise settings_mismatch(root, errors)
             validate_factory(index_type, manifest.dim)
             return Collection.open(root, writable=True)
@@ -258,17 +261,27 @@ class Retriever:
             if scan.missing:
                 record_missing(col, scan.missing, tally)
 
-            def report_progress(done: int) -> None:
-                if progress is not None:
-                    progress(IndexProgress(done, len(plan.todo), tally.embedded, tally.reused, len(tally.failures),
-                                           tally.prefix_tokens, tally.kept_prefix_tokens,
-                                           time.perf_counter() - started))
+            done, chunk_size = 0, 0
 
-            report_progress(0)
+            def report_progress(trace: BatchTrace | None = None) -> None:
+                if progress is None:
+                    return
+                flight = encode.in_flight  # batches of the chunk being embedded, not yet in the tally
+                share = (done + chunk_size * min(1.0, flight.rows / flight.inputs) if flight.inputs else done)
+                progress(IndexProgress(done, len(plan.todo), tally.embedded + flight.rows, tally.reused,
+                                       len(tally.failures), tally.prefix_tokens + flight.prefix_tokens,
+                                       tally.kept_prefix_tokens + flight.kept_prefix_tokens,
+                                       time.perf_counter() - started,
+                                       share / len(plan.todo) if plan.todo else 1.0))
+
+            encode.on_batch = report_progress
+            report_progress()
             for start in range(0, len(plan.todo), options.chunk_files):
                 chunk = plan.todo[start:start + options.chunk_files]
+                chunk_size = len(chunk)
                 ingest_chunk(col, chunk, plan.changed, encode, tally)
-                report_progress(start + len(chunk))
+                done, chunk_size = start + len(chunk), 0
+                report_progress()
             if options.index_type is not None and options.index_type != col.manifest.index_type:
                 col.rebuild_index(options.index_type)
         factory = col.manifest.index_factory  # as saved by close(), which brought index.faiss up to date
@@ -279,6 +292,18 @@ class Retriever:
                            len(plan.vanished),
                            len(tally.failures), tuple(tally.failures), tally.prefix_tokens,
                            tally.kept_prefix_tokens, seconds, factory, scan.n_excluded)
+
+    def pending(self, paths: Iterable[str | Path], options: IndexOptions | None = None) -> int:
+        """How many files `index(paths, options=options)` would embed (or reuse) now: the new
+        and changed ones (and, with retry_failed, those that failed); every file when the
+        collection does not exist yet. Reads only (no model, no writer lock), so it can tell
+        what an interrupted `index` still has to do."""
+        options = options or IndexOptions()
+        scan = scan_paths(paths, ScanFilter(options.exclude, options.include_hidden))
+        if not (self.collection / MANIFEST_NAME).exists():
+            return len(scan.files())
+        with Collection.open(self.collection) as col:
+            return len(plan_update(col, scan, options.retry_failed).todo)
 
     # ---- adding and removing ---------------------------------------------------------------
     def add(self, items: Sequence[object], metadata: Sequence[Mapping[str, Any] | None] | None = None,
@@ -309,8 +334,8 @@ class Retriever:
             reasons = failure_reasons(result)
             if reasons and on_error == "raise":  # only non-finite vectors get here: encode raised the rest
                 row = min(reasons)
-                raise InputError(f"add: input {result.sources[row]}: {reasons[row]}; "
-                                 f"or pass on_error='skip' to store the other items")
+                raise InputError(f"add: input {result.sources[row]}: {reasons[row]}",
+                                 hint="or pass on_error='skip' to store the other items")
             records = [_add_record(result.items[row], None if uris is None else uris[source],
                                    None if metadata is None else metadata[source], reasons.get(row))
                        for row, source in enumerate(result.sources)]
@@ -396,17 +421,41 @@ class Retriever:
         with_task = [i for i in range(len(items)) if i not in set(by_example)]
         out = np.zeros((len(items), col.manifest.dim), dtype=np.float32)
         if by_example:
-            docs = self.embedder.encode_documents([items[i] for i in by_example],
-                                                  fast_e=self._collection_fast_e(col), dim=col.manifest.dim,
-                                                  on_error="raise")
-            out[by_example] = docs.embeddings
+            out[by_example] = self.encode_documents([items[i] for i in by_example]).embeddings
         if with_task:
-            task = instruction or self.query_instruction
-            if task is None and self.embedder.family.is_multimodal:
-                task = DEFAULT_QUERY_INSTRUCTION
-            out[with_task] = self.embedder.encode_queries([items[i] for i in with_task], instruction=task,
-                                                          dim=col.manifest.dim, on_error="raise").embeddings
+            out[with_task] = self.encode_queries([items[i] for i in with_task], instruction=instruction).embeddings
         return out
+
+    # ---- encoding with the collection's settings -------------------------------------------
+    def encode_queries(self, queries: Iterable[object], *, instruction: str | None = None,
+                       on_error: OnError = "raise") -> EmbedResult:
+        """Queries as `search` embeds them: the full forward with a task instruction
+        (`instruction`, else the retriever's query_instruction, else DEFAULT_QUERY_INSTRUCTION
+        for vision-language models and the model's default query task for text models)."""
+        task = instruction or self.query_instruction
+        if task is None and self.embedder.family.is_multimodal:
+            task = DEFAULT_QUERY_INSTRUCTION
+        # a Matryoshka collection's queries are truncated like its documents
+        dim = self._reader.manifest.dim if self._reader is not None else None
+        return self.embedder.encode_queries(queries, instruction=task, dim=dim, on_error=on_error)
+
+    def encode_documents(self, documents: Iterable[object], *, on_error: OnError = "raise") -> EmbedResult:
+        """Documents as `index` and `add` embed them into this collection: its model, pixel
+        bounds and FastE settings, so the vectors compare with the stored ones. Raises
+        CollectionError when the collection does not exist or the model differs from it."""
+        if self._reader is None:
+            self._reader = Collection.open(self.collection, expect=self.document_manifest())
+        return self.embedder.encode_documents(documents, fast_e=self._collection_fast_e(self._reader),
+                                              dim=self._reader.manifest.dim, on_error=on_error)
+
+    def encode_query(self, queries: object, *, instruction: str | None = None,
+                     on_error: OnError = "raise") -> EmbedResult:
+        """`encode_queries` under the sentence-transformers name; one input counts as a list of one."""
+        return self.encode_queries(one_or_many(queries), instruction=instruction, on_error=on_error)
+
+    def encode_document(self, documents: object, *, on_error: OnError = "raise") -> EmbedResult:
+        """`encode_documents` under the sentence-transformers name; one input counts as a list of one."""
+        return self.encode_documents(one_or_many(documents), on_error=on_error)
 
 
 class _CollectionDocuments:
@@ -423,6 +472,8 @@ class _CollectionDocuments:
         self._col = col
         self._fast_e: FastEConfig | None = None
         self._is_checked = False
+        self.in_flight = _InFlight()  # the call in progress, batch by batch (zero between calls)
+        self.on_batch: Callable[[BatchTrace], None] | None = None  # called after each batch
 
     def __call__(self, values: Sequence[object], on_error: OnError = "skip") -> EmbedResult:
         _refuse_other_pixel_caps(values, self._col)  # before anything is embedded
@@ -431,8 +482,31 @@ class _CollectionDocuments:
             self._col.require_compatible(self._retriever.document_manifest())
             self._fast_e = self._retriever._collection_fast_e(self._col)
             self._is_checked = True
-        # Matryoshka collections store the first `dim` dimensions, re-normalised (checked above).
-        return embedder.encode_documents(values, fast_e=self._fast_e, dim=self._col.manifest.dim, on_error=on_error)
+        self.in_flight = _InFlight(inputs=len(values))
+        try:
+            # Matryoshka collections store the first `dim` dimensions, re-normalised (checked above).
+            return embedder.encode_documents(values, fast_e=self._fast_e, dim=self._col.manifest.dim,
+                                             on_error=on_error, on_batch=self._batch_done)
+        finally:
+            self.in_flight = _InFlight()  # the caller's tally counts the result from now on
+
+    def _batch_done(self, trace: BatchTrace) -> None:
+        flight = self.in_flight
+        flight.rows += trace.batch_size
+        flight.prefix_tokens += trace.prefix_tokens
+        flight.kept_prefix_tokens += trace.kept_prefix_tokens
+        if self.on_batch is not None:
+            self.on_batch(trace)
+
+
+@dataclass
+class _InFlight:
+    """Running totals of one document-encoding call (mutable: updated batch by batch)."""
+
+    inputs: int = 0
+    rows: int = 0
+    prefix_tokens: int = 0
+    kept_prefix_tokens: int = 0
 
 
 # ---- helpers ---------------------------------------------------------------------------------

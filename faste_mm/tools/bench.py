@@ -15,7 +15,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import torch
@@ -25,6 +25,9 @@ from faste_mm.model.faste import FastEConfig
 from faste_mm.model.embedder import EmbedResult, Embedder, EmbedStats
 from faste_mm.errors import ConfigError, InputError
 from faste_mm.model.items import Item, as_item
+
+if TYPE_CHECKING:  # annotations only: importing faste_mm.datasets loads the hub and parquet readers
+    from faste_mm.datasets.encoding import ProgressSink
 
 COMPARISONS = ("hf", "sentence-transformers")
 
@@ -139,9 +142,11 @@ def device_name(device: torch.device) -> str:
     return f"CPU {platform.processor() or platform.machine()} x{os.cpu_count()} (torch threads {torch.get_num_threads()})"
 
 
-def run_bench(embedder: Embedder, inputs: list, config: BenchConfig, inputs_label: str) -> BenchReport:
+def run_bench(embedder: Embedder, inputs: list, config: BenchConfig, inputs_label: str,
+              progress: ProgressSink | None = None) -> BenchReport:
     """Measure every r_max (0 first, once) under every unpadded layout, then the comparisons,
-    on the same inputs."""
+    on the same inputs. progress: one phase per setting, advanced after each run (the warm-up
+    and the timed repeats)."""
     device = embedder.backbone.device
     # comparison encoders first: an input or install they refuse must not cost the timed runs
     comparisons = {
@@ -149,7 +154,8 @@ def run_bench(embedder: Embedder, inputs: list, config: BenchConfig, inputs_labe
         for name in config.compare
     }
     settings: list[SettingResult] = []
-    full, full_vectors = _measure("full", 0.0, lambda: _Run.of(embedder.encode_documents(inputs)), config.repeats, device)
+    full, full_vectors = _measure("full", 0.0, lambda: _Run.of(embedder.encode_documents(inputs)), config.repeats, device,
+                                  progress=progress)
     settings.append(full)
     for mode in config.unpadded:
         layout = embedder.with_batching(replace(embedder.batching, unpadded=mode))
@@ -159,11 +165,12 @@ def run_bench(embedder: Embedder, inputs: list, config: BenchConfig, inputs_labe
             )
             name = f"faste r={r_max:g}" + (f" [{mode}]" if len(config.unpadded) > 1 else "")
             result, vectors = _measure(
-                name, r_max, lambda: _Run.of(layout.encode_documents(inputs, fast_e=fast_e)), config.repeats, device, mode
+                name, r_max, lambda: _Run.of(layout.encode_documents(inputs, fast_e=fast_e)), config.repeats, device, mode,
+                progress
             )
             settings.append(_relative_to(result, full, np.abs(vectors - full_vectors).max()))
     for comparison, encode in comparisons.items():
-        result, vectors = _measure(comparison, None, encode, config.repeats, device)
+        result, vectors = _measure(comparison, None, encode, config.repeats, device, progress=progress)
         settings.append(_relative_to(result, full, np.abs(vectors - full_vectors).max()))
     memory_kind = "cuda_allocated" if device.type == "cuda" else cpu_memory_kind()
     batching = {**asdict(embedder.batching), "worker_threads": embedder.batching.worker_threads}
@@ -187,8 +194,13 @@ class _Run:
         return cls(result.embeddings, stats.forward_s, stats.n_items - stats.n_failed, tokens, stats)
 
 
-def _measure(name, r_max, encode: Callable[[], _Run], repeats, device, unpadded=None) -> tuple[SettingResult, np.ndarray]:
+def _measure(name, r_max, encode: Callable[[], _Run], repeats, device, unpadded=None,
+             progress: ProgressSink | None = None) -> tuple[SettingResult, np.ndarray]:
+    if progress is not None:
+        progress.start(f"bench {name} (warm-up + {repeats} runs)", 1 + repeats)
     encode()  # warm-up: kernels, allocator, tokenizer caches
+    if progress is not None:
+        progress.advance(1)
     forward, e2e = [], []
     with _PeakMemory(device) as memory:
         for _ in range(repeats):
@@ -196,6 +208,8 @@ def _measure(name, r_max, encode: Callable[[], _Run], repeats, device, unpadded=
             run = encode()
             e2e.append(time.perf_counter() - started)
             forward.append(run.forward_s)
+            if progress is not None:
+                progress.advance(1)
     compression = {}
     if (stats := run.stats) is not None:
         compression = dict(

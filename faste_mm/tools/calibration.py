@@ -17,6 +17,7 @@ import logging
 from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -29,6 +30,9 @@ from faste_mm.model.items import Failure, Item, expand_items
 from faste_mm.model.prefetch import ItemError
 from faste_mm.model.runner import run_decoder, settle_kernel
 from faste_mm.retrieval.calibrations import Calibration, ThetaReport
+
+if TYPE_CHECKING:  # annotations only: importing faste_mm.datasets loads the hub and parquet readers
+    from faste_mm.datasets.encoding import ProgressSink
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +159,8 @@ def recommend(reports: list[ThetaReport]) -> float | None:
     return best
 
 
-def calibrate(embedder, inputs: list, config: CalibrationConfig, labels: Labels | None = None) -> Calibration:
+def calibrate(embedder, inputs: list, config: CalibrationConfig, labels: Labels | None = None,
+              progress: ProgressSink | None = None) -> Calibration:
     """Run the passes on `inputs` (documents: str, Path, PIL image or `Item`) and recommend a theta.
     See the module docstring.
 
@@ -163,6 +168,8 @@ def calibrate(embedder, inputs: list, config: CalibrationConfig, labels: Labels 
     Recall@1/10 retention per theta; the recommendation stays label-free. Documents that cannot be
     read are skipped (Calibration.skipped) and score zero against every query in both the full
     and the compressed embeddings, as in `faste-mm eval`.
+
+    progress: told the rows to run (one phase) and advanced after each batch, every pass included.
 
     Raises InputError for bad inputs or labels (before any model run) and when fewer than 2
     documents can be embedded.
@@ -172,7 +179,7 @@ def calibrate(embedder, inputs: list, config: CalibrationConfig, labels: Labels 
     _check_inputs(items, sources, len(inputs), labels)
     resolved = embedder.resolve_fast_e(FastEConfig(r_max=config.r_max, warmup_layer=config.warmup_layer))
     failures = [Failure(index, sources[index], item.describe(), reason) for index, item, reason in broken]
-    runs = _run_passes(embedder, items, sources, failures, config.r_max, resolved.warmup_layer)
+    runs = _run_passes(embedder, items, sources, failures, config.r_max, resolved.warmup_layer, progress)
     n_ok = sum(len(rows) for rows in runs.rows)
     if n_ok < 2:
         reasons = "; ".join(failure.reason for failure in runs.failures[:3])
@@ -255,7 +262,8 @@ def _with_recall(report: ThetaReport, runs: _Runs, labels: Labels, warmup: int) 
     return replace(report, recall_retention=retention)
 
 
-def _run_passes(embedder, items: list[Item], sources: list[int], broken: list[Failure], r_max: float, warmup: int) -> _Runs:
+def _run_passes(embedder, items: list[Item], sources: list[int], broken: list[Failure], r_max: float, warmup: int,
+                progress: ProgressSink | None = None) -> _Runs:
     """Serialize the items once; run every pass on each batch while it is on the device. Memory:
     the prefetch queue and one device batch, plus [n_rows, d] float32 vectors per pass."""
     backbone, shape = embedder.backbone, embedder.backbone.shape
@@ -266,9 +274,13 @@ def _run_passes(embedder, items: list[Item], sources: list[int], broken: list[Fa
     rows, curves, flops_full, failures = [], [], [], list(broken)
     skipped = {failure.index for failure in failures}
     todo = [i for i in range(len(items)) if i not in skipped]
+    if progress is not None:
+        progress.start("calibrating", len(todo))
     for element in embedder.prepare_batches(items, todo):
         if isinstance(element, ItemError):
             failures.append(item_failure(items, sources, element))  # the reasons `encode` gives
+            if progress is not None:
+                progress.advance(1)
             continue
         batch = element.to(backbone.device)  # copied once, run by every pass
         vectors, trace = run_decoder(backbone, batch, AlignmentProbe())
@@ -281,6 +293,8 @@ def _run_passes(embedder, items: list[Item], sources: list[int], broken: list[Fa
             vectors, trace = run_decoder(backbone, batch, policy, kernel)
             by_layer[layer][batch.rows] = vectors.cpu().numpy()
             flops_by_layer[layer].append(batch_flops(shape, trace.batch_size, trace.padded_lengths))
+        if progress is not None:
+            progress.advance(len(batch.rows))
     failures.sort(key=lambda failure: failure.index)
     return _Runs(rows, np.array(curves), full, by_layer, flops_by_layer, flops_full, failures)
 

@@ -58,6 +58,17 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
     return _DTYPES[dtype]
 
 
+def check_local_path(name_or_path: str) -> None:
+    """ModelLoadError when `name_or_path` can only mean a local folder (it starts with '.', '/'
+    or '~', or has more '/' than a hub id's "org/name") and no such folder exists: a typo in a
+    path, told apart from a hub id before anything compares it with a collection's model."""
+    is_path = name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1 or "\\" in name_or_path
+    if is_path and not Path(name_or_path).expanduser().is_dir():
+        what = "is a file, not a model folder" if Path(name_or_path).expanduser().exists() else "does not exist"
+        raise ModelLoadError(f"{name_or_path}: model not found (the folder {what}); check the path, or give a "
+                             f"hub id such as Qwen/Qwen3-VL-Embedding-2B")
+
+
 def load_model(
     name_or_path: str,
     *,
@@ -74,6 +85,7 @@ def load_model(
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
     serializer_config = serializer or SerializerConfig()
+    check_local_path(name_or_path)
     try:
         config = AutoConfig.from_pretrained(name_or_path, revision=revision)
     except (OSError, ValueError) as error:
