@@ -3,7 +3,7 @@
 Builds a random-weight model of a bench shape (faste_mm.tools.shapes) on disk, writes a folder
 of random images, then indexes it into fresh collections:
 
-  plain           Retriever.index, one process (torch's default threads)
+  plain           Retriever.index, one process (torch's default threads, or --threads)
   ray-1           --ray with 1 embedding actor (--overhead-cpus CPUs, the plain run's threads)
   ray-scale-1/2   --ray with 1 and 2 actors of 1 CPU each (the scaling pair)
 
@@ -11,7 +11,8 @@ items/s is measured in the steady state, from the first commit to the last (mode
 actor start-up excluded, they are reported apart as "first commit s"); wall s is the whole call.
 Efficiency = (items/s with 2 actors / items/s with 1) / 2.
 
-    python scripts/bench_ray.py --n 48 --repeats 3 --json docs/bench/ray-cpu.json
+    python scripts/bench_ray.py --n 32 --repeats 1 --threads 1 --overhead-cpus 1 \
+        --runs plain,ray-1,ray-scale-2 --json docs/bench/ray-cpu.json
 """
 
 from __future__ import annotations
@@ -74,6 +75,8 @@ def main() -> None:
     parser.add_argument("--files-per-call", type=int, default=8)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--gpus-per-worker", type=float, default=0.0)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads of the plain run (this process); default torch's own")
     parser.add_argument("--overhead-cpus", type=float, default=2.0, help="CPUs of the 1-actor overhead run")
     parser.add_argument("--ray-cpus", type=int, default=4, help="logical CPUs of the local Ray")
     parser.add_argument("--repeats", type=int, default=3)
@@ -83,6 +86,10 @@ def main() -> None:
     args = parser.parse_args()
 
     import ray
+    import torch
+
+    if args.threads is not None:  # the plain run embeds in this process
+        torch.set_num_threads(args.threads)
 
     from faste_mm.tools.shapes import build_shape_model
     from faste_mm.scale import RayOptions
@@ -111,8 +118,10 @@ def main() -> None:
     summary = {name: {key: statistics.median(r[key] for r in rs) for key in rs[0]} for name, rs in results.items()}
     if "plain" in summary and "ray-1" in summary:
         summary["overhead_ray1_vs_plain"] = 1 - summary["ray-1"]["steady_items_per_s"] / summary["plain"]["steady_items_per_s"]
-    if "ray-scale-1" in summary and "ray-scale-2" in summary:
-        speedup = summary["ray-scale-2"]["steady_items_per_s"] / summary["ray-scale-1"]["steady_items_per_s"]
+    # With --overhead-cpus 1 the overhead run is the scaling pair's 1-actor run.
+    one = "ray-scale-1" if "ray-scale-1" in summary else "ray-1" if args.overhead_cpus == 1 else None
+    if one in summary and "ray-scale-2" in summary:
+        speedup = summary["ray-scale-2"]["steady_items_per_s"] / summary[one]["steady_items_per_s"]
         summary["speedup_2_vs_1"] = speedup
         summary["efficiency_2"] = speedup / 2
     print(json.dumps(summary, indent=2))

@@ -35,9 +35,9 @@ import numpy as np
 
 from faste_mm.errors import ConfigError, FasteError
 from faste_mm.retrieval.ingest import IngestTally, PreparedChunk, ScannedFile, UpdatePlan, commit_chunk, prepare_chunk
-from faste_mm.scale.options import RayOptions
 
 if TYPE_CHECKING:
+    from faste_mm.scale.options import RayOptions
     from faste_mm import BatchingConfig, EmbedResult, FastEConfig, Retriever, SerializerConfig
     from faste_mm.indexers import Collection
 
