@@ -29,7 +29,7 @@ import socket
 import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
@@ -38,7 +38,7 @@ from faste_mm.retrieval.ingest import IngestTally, PreparedChunk, ScannedFile, U
 
 if TYPE_CHECKING:
     from faste_mm.scale.options import RayOptions
-    from faste_mm import BatchingConfig, EmbedResult, FastEConfig, Retriever, SerializerConfig
+    from faste_mm import BatchingConfig, FastEConfig, Retriever, SerializerConfig
     from faste_mm.indexers import Collection
 
 log = logging.getLogger(__name__)
