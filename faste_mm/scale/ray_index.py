@@ -72,7 +72,8 @@ class WorkerModel:
     batching: "BatchingConfig | None"
     serializer: "SerializerConfig"
     fast_e: "FastEConfig | None"
-    dim: int
+    dim: int  # stored width (Matryoshka collections keep the first `dim` dimensions)
+    model_dim: int | None = None  # the model's own width, when the collection recorded it
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,9 +222,10 @@ def _worker_model(retriever: "Retriever", col: "Collection") -> WorkerModel:
     if loaded is not None:
         dtype = str(loaded.backbone.dtype).removeprefix("torch.")
         return WorkerModel(loaded.model_id, loaded.loaded.revision, dtype, loaded.batching, serializer, fast_e,
-                           manifest.dim)
+                           manifest.dim, manifest.model_dim)
     spec = retriever._spec
-    return WorkerModel(spec.name, spec.revision, spec.dtype, spec.batching, serializer, fast_e, manifest.dim)
+    return WorkerModel(spec.name, spec.revision, spec.dtype, spec.batching, serializer, fast_e, manifest.dim,
+                       manifest.model_dim)
 
 
 def _pipeline(ray, rows: list[dict], model: WorkerModel, options: RayOptions):
@@ -384,9 +386,11 @@ class _EmbedActor:
         self.embedder = Embedder.from_pretrained(model.name, device="cuda" if gpus > 0 else "cpu", dtype=model.dtype,
                                                  revision=model.revision, batching=batching,
                                                  serializer=model.serializer)
-        if self.embedder.dim != model.dim:
+        # A Matryoshka collection stores the first `dim` dimensions (re-normalised), as plain index does.
+        if self.embedder.dim != (model.model_dim or model.dim) or model.dim > self.embedder.dim:
             raise ConfigError(f"{model.name} makes {self.embedder.dim}-d vectors on this worker, the collection "
-                              f"holds {model.dim}-d ones; index with the collection's model")
+                              f"was made with {model.model_dim or model.dim}-d ones; index with the collection's model")
+        self.dim = model.dim
         self.fast_e = model.fast_e
         if registry:
             import ray
@@ -404,10 +408,11 @@ class _EmbedActor:
                 if row.reason is None:
                     items.append(row.value if isinstance(row.value, Item) else Item(image=row.value, page=row.page))
                     owners.append((f, r))
-        result = self.embedder.encode_documents(items, fast_e=self.fast_e, on_error="skip") if items else None
+        result = (self.embedder.encode_documents(items, fast_e=self.fast_e, dim=self.dim, on_error="skip")
+                  if items else None)
         reasons = {} if result is None else {failure.index: failure.reason for failure in result.failures}
         outputs = [{"pages": [row.page for row in rows], "reasons": [row.reason for row in rows],
-                    "vectors": np.zeros((len(rows), self.embedder.dim), dtype=np.float32),
+                    "vectors": np.zeros((len(rows), self.dim), dtype=np.float32),
                     "prefix_tokens": 0, "kept_prefix_tokens": 0} for rows in files]
         for index, (f, r) in enumerate(owners):
             if index in reasons:  # named after the decoded image; the plain run names the file
