@@ -82,6 +82,20 @@ def index_command(
                                       help="Embed unchanged files that failed last time again."),
     output: InfoFormat = typer.Option(InfoFormat.table, "--format", envvar="FASTE_MM_FORMAT",
                                       help="Summary as a table or as JSON (default table)."),
+    ray: Optional[str] = typer.Option(None, "--ray", envvar="FASTE_MM_RAY",
+                                      help="Embed on Ray Data: 'auto' (a local Ray with every GPU and core) "
+                                           "or a cluster address (host:6379). Needs faste-mm[ray]."),
+    workers: Optional[int] = typer.Option(None, "--workers", envvar="FASTE_MM_RAY_WORKERS", min=1,
+                                          help="With --ray: embedding actors, one model each "
+                                               "(default: one per GPU, else 1)."),
+    gpus_per_worker: Optional[float] = typer.Option(None, "--gpus-per-worker", envvar="FASTE_MM_RAY_GPUS_PER_WORKER",
+                                                    min=0, help="With --ray: GPUs per actor (default 1 when the "
+                                                                "cluster has GPUs, else 0 = CPU actors)."),
+    cpus_per_worker: float = typer.Option(1.0, "--cpus-per-worker", envvar="FASTE_MM_RAY_CPUS_PER_WORKER",
+                                          help="With --ray: CPUs each actor reserves (default 1)."),
+    ship_bytes: bool = typer.Option(False, "--ship-bytes", envvar="FASTE_MM_RAY_SHIP_BYTES",
+                                    help="With --ray: read files on this machine and ship their bytes through "
+                                         "Ray's object store (nodes without shared storage)."),
     debug: bool = debug_option(),
 ) -> None:
     """Index images, PDFs (page by page) and .txt/.md files; only new or changed files are embedded."""
@@ -107,9 +121,16 @@ def index_command(
             dim = existing.dim
         spec = announced_spec(ModelSpec, watch)(model_id, revision, device,
                                                 batching=BatchingConfig(batch_tokens=batch_tokens, unpadded=unpadded))
+        ray_options = None
+        if ray is not None:
+            from faste_mm.scale import RayOptions
+
+            ray_options = RayOptions(ray, workers, gpus_per_worker, cpus_per_worker, ship_bytes=ship_bytes)
+        elif workers is not None or gpus_per_worker is not None or ship_bytes:
+            _usage("--workers, --gpus-per-worker and --ship-bytes need --ray auto (or --ray ADDRESS)")
         pending = lambda: Retriever(spec, collection=root).pending(paths, options)  # noqa: E731
         with Retriever(spec, collection=root, r_max=r_max, threshold=threshold, dim=dim) as retriever, watch:
-            report = retriever.index(paths, options=options, progress=watch.report)
+            report = retriever.index(paths, options=options, progress=watch.report, ray=ray_options)
     except FasteError as error:
         fail(error, debug)
     except KeyboardInterrupt:

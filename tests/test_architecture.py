@@ -99,9 +99,10 @@ def test_the_package_walk_sees_every_layer(graph):
 @pytest.mark.parametrize(
     "layer, forbidden",
     [
-        ("model", {"retrieval", "tools", "integrations", "indexers", "datasets", "cli", "testing"}),
-        ("indexers", {"model", "retrieval", "tools", "integrations", "datasets", "cli", "testing"}),
-        ("retrieval", {"tools", "integrations", "datasets", "cli", "testing"}),
+        ("model", {"retrieval", "tools", "integrations", "indexers", "datasets", "cli", "testing", "scale"}),
+        ("indexers", {"model", "retrieval", "tools", "integrations", "datasets", "cli", "testing", "scale"}),
+        ("retrieval", {"tools", "integrations", "datasets", "cli", "testing", "scale"}),
+        ("scale", {"tools", "integrations", "datasets", "cli", "testing"}),
         ("tools", {"integrations", "cli", "testing"}),
         ("datasets", {"tools", "integrations", "cli", "testing"}),
         ("serving", {"tools", "integrations", "datasets", "cli", "testing"}),

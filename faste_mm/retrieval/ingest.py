@@ -411,40 +411,94 @@ def ingest_chunk(col: Collection, files: Sequence[ScannedFile], changed: frozens
 
 def _ingest_files(col: Collection, files: Sequence[ScannedFile], changed: frozenset[str],
                   encode: DocumentEncoder, tally: IngestTally) -> None:
-    records: list[ItemRecord] = []
-    vectors: list[np.ndarray] = []
-    readable, failures = _read_files(files)
+    prepared = prepare_chunk(col, files)
+    result = encode(prepared.values()) if prepared.to_embed else None
+    if result is not None:
+        tally.add_stats(result.stats)
+    commit_chunk(col, prepared, changed, result, tally)
+
+
+@dataclass
+class PreparedChunk:
+    """One chunk of files read and matched against the collection, not yet embedded.
+
+    records/vectors: rows reused from donors (live items with the same content);
+    to_embed: (record fields, embedder input) of content to embed, one per distinct content;
+    copies: (record fields, position in to_embed) of files identical to one in to_embed;
+    failures: unsupported and unreadable files; reused: rows in `records`;
+    deferred: files identical to content an earlier chunk of this run is still embedding (only
+        with `in_flight`, see `prepare_chunk`); they are not part of this chunk.
+    """
+
+    files: list[ScannedFile]
+    records: list[ItemRecord] = field(default_factory=list)
+    vectors: list[np.ndarray] = field(default_factory=list)
+    to_embed: list[tuple[dict, object]] = field(default_factory=list)
+    copies: list[tuple[dict, int]] = field(default_factory=list)
+    failures: list[ItemRecord] = field(default_factory=list)
+    reused: int = 0
+    deferred: list[ScannedFile] = field(default_factory=list)
+
+    def values(self) -> list[object]:
+        """The embedder inputs, in `to_embed` order."""
+        return [value for _, value in self.to_embed]
+
+
+def prepare_chunk(col: Collection, files: Sequence[ScannedFile],
+                  in_flight: set[tuple[str, str]] | None = None) -> PreparedChunk:
+    """Hash and read a chunk's files and find what the collection already holds.
+
+    in_flight: for pipelines that embed several chunks at once (faste_mm.scale): the (content
+        hash, modality) keys earlier chunks of this run are embedding. A file whose key is in it
+        is moved to `deferred` (to be committed once its donor is, so it is reused, as a
+        one-chunk-at-a-time run would); the keys this chunk embeds are added to it.
+    """
+    prepared = PreparedChunk(list(files))
+    readable, prepared.failures = _read_files(files)
     donors = _donors(col, [(base["content_hash"], f.modality) for f, base, _ in readable])
-    to_embed: list[tuple[dict, object]] = []
-    copies: list[tuple[dict, int]] = []  # (record fields, position in to_embed)
     first_of_hash: dict[str, int] = {}
     for f, base, value in readable:
         digest = base["content_hash"]
         donor = donors.get((digest, f.modality))
         if donor is not None:
             for record, vector in zip(*donor):
-                records.append(ItemRecord(**base, page=record.page))
-                vectors.append(vector[None])
-            tally.reused += len(donor[0])
+                prepared.records.append(ItemRecord(**base, page=record.page))
+                prepared.vectors.append(vector[None])
+            prepared.reused += len(donor[0])
         elif digest in first_of_hash:  # an identical file earlier in this chunk
-            copies.append((base, first_of_hash[digest]))
+            prepared.copies.append((base, first_of_hash[digest]))
+        elif in_flight is not None and (digest, f.modality) in in_flight:
+            prepared.deferred.append(f)
         else:
-            first_of_hash[digest] = len(to_embed)
-            to_embed.append((base, value))
-    if to_embed:
-        result = encode([value for _, value in to_embed])
-        tally.add_stats(result.stats)
+            first_of_hash[digest] = len(prepared.to_embed)
+            prepared.to_embed.append((base, value))
+    if in_flight is not None:
+        in_flight.update((base["content_hash"], base["modality"]) for base, _ in prepared.to_embed)
+    if prepared.deferred:
+        deferred = {f.uri for f in prepared.deferred}
+        prepared.files = [f for f in prepared.files if f.uri not in deferred]
+    return prepared
+
+
+def commit_chunk(col: Collection, prepared: PreparedChunk, changed: frozenset[str],
+                 result: EmbedResult | None, tally: IngestTally) -> None:
+    """Commit a prepared chunk with the embedder's `result` for its `to_embed` inputs (None when
+    there is nothing to embed): stale rows of changed files, new rows and failures in one
+    transaction."""
+    records, vectors, failures = prepared.records, prepared.vectors, prepared.failures
+    tally.reused += prepared.reused
+    if prepared.to_embed:
         rows_of: dict[int, list[int]] = {}
         for row, source in enumerate(result.sources):
             rows_of.setdefault(source, []).append(row)
-        reasons = failure_reasons(result, [base["uri"] for base, _ in to_embed])
-        for source, (base, _) in enumerate(to_embed):
+        reasons = failure_reasons(result, [base["uri"] for base, _ in prepared.to_embed])
+        for source, (base, _) in enumerate(prepared.to_embed):
             tally.embedded += _emit(base, rows_of[source], result, reasons, records, vectors, failures)
-        for base, source in copies:
+        for base, source in prepared.copies:
             tally.reused += _emit(base, rows_of[source], result, reasons, records, vectors, failures)
     # One transaction: old rows of changed files (drops pages a shrunken PDF no longer has),
     # the new rows and the failures; a crash keeps the chunk whole or not at all.
-    stale = [f.uri for f in files if f.uri in changed]
+    stale = [f.uri for f in prepared.files if f.uri in changed]
     stacked = np.concatenate(vectors) if vectors else np.empty((0, col.manifest.dim), dtype=np.float32)
     col.commit(stacked, records, failures, replace_uris=stale)
     tally.failures.extend(IndexFailure(r.uri, r.page, r.error) for r in failures)

@@ -15,7 +15,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 from PIL import Image
@@ -39,6 +39,9 @@ from faste_mm.retrieval.export import ExportReport, export_parquet
 from faste_mm.retrieval.maintenance import collection_path
 from faste_mm.retrieval.results import AddReport, Hit, IndexOptions, IndexProgress, IndexReport, RemoveReport
 from faste_mm.model.serialization import DEFAULT_INSTRUCTION, SerializerConfig
+
+if TYPE_CHECKING:
+    from faste_mm.scale import RayOptions
 
 log = logging.getLogger(__name__)
 
@@ -231,7 +234,8 @@ class Retriever:
     # ---- indexing --------------------------------------------------------------------------
     def index(self, paths: Iterable[str | Path], collection: str | Path | None = None,
               options: IndexOptions | None = None,
-              progress: Callable[[IndexProgress], None] | None = None) -> IndexReport:
+              progress: Callable[[IndexProgress], None] | None = None,
+              ray: "RayOptions | None" = None) -> IndexReport:
         """Bring a collection up to date with files and folders (images, PDFs page by page,
         .txt/.md as text). Only new or changed files are embedded; files whose content matches a
         live item reuse its vectors; files gone from an indexed folder are removed. Work is
@@ -239,6 +243,8 @@ class Retriever:
         stopped. Bad files are recorded as failures, never raised.
 
         collection: where to index (and search from then on); None = the retriever's.
+        ray: run the embedding on Ray Data, e.g. `faste_mm.scale.RayOptions("auto")` (needs
+            faste-mm[ray]): the same plan and commits, decoding and embedding spread over a cluster.
 
         Raises CollectionError (settings differ from the collection, another writer holds it),
         ConfigError (bad options or index type), InputError (no paths given).
@@ -246,6 +252,8 @@ class Retriever:
         options = options or IndexOptions()
         if options.index_type is not None:
             check_factory_syntax(options.index_type)  # before any model loads or anything is erased
+        if ray is not None and not hasattr(ray, "ingest_plan"):
+            raise ConfigError(f"index: ray must be a faste_mm.scale.RayOptions, got {ray!r}")
         started = time.perf_counter()
         root = self._target(collection)
         scan = scan_paths(paths, ScanFilter(options.exclude, options.include_hidden))
@@ -274,14 +282,22 @@ class Retriever:
                                        time.perf_counter() - started,
                                        share / len(plan.todo) if plan.todo else 1.0))
 
+            def files_committed(n: int) -> None:  # the Ray pipeline's commits
+                nonlocal done
+                done = n
+                report_progress()
+
             encode.on_batch = report_progress
             report_progress()
-            for start in range(0, len(plan.todo), options.chunk_files):
-                chunk = plan.todo[start:start + options.chunk_files]
-                chunk_size = len(chunk)
-                ingest_chunk(col, chunk, plan.changed, encode, tally)
-                done, chunk_size = start + len(chunk), 0
-                report_progress()
+            if ray is not None:  # the same plan and commits; decoding and embedding on a Ray Data pipeline
+                ray.ingest_plan(self, col, plan, options.chunk_files, tally, files_committed)
+            else:
+                for start in range(0, len(plan.todo), options.chunk_files):
+                    chunk = plan.todo[start:start + options.chunk_files]
+                    chunk_size = len(chunk)
+                    ingest_chunk(col, chunk, plan.changed, encode, tally)
+                    done, chunk_size = start + len(chunk), 0
+                    report_progress()
             if options.index_type is not None and options.index_type != col.manifest.index_type:
                 col.rebuild_index(options.index_type)
         factory = col.manifest.index_factory  # as saved by close(), which brought index.faiss up to date

@@ -1,0 +1,135 @@
+"""Benchmark `index --ray` against plain `index` on this machine (CPU, or one GPU).
+
+Builds a random-weight model of a bench shape (faste_mm.tools.shapes) on disk, writes a folder
+of random images, then indexes it into fresh collections:
+
+  plain           Retriever.index, one process (torch's default threads, or --threads)
+  ray-1           --ray with 1 embedding actor (--overhead-cpus CPUs, the plain run's threads)
+  ray-scale-1/2   --ray with 1 and 2 actors of 1 CPU each (the scaling pair)
+
+items/s is measured in the steady state, from the first commit to the last (model loading and
+actor start-up excluded, they are reported apart as "first commit s"); wall s is the whole call.
+Efficiency = (items/s with 2 actors / items/s with 1) / 2.
+
+    python scripts/bench_ray.py --n 32 --repeats 1 --threads 1 --overhead-cpus 1 \
+        --runs plain,ray-1,ray-scale-2 --json docs/bench/ray-cpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+
+def make_images(root: Path, n: int, size: int) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    for i in range(n):
+        pixels = rng.integers(0, 256, (size, size, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(root / f"img{i:04d}.png")
+    return root
+
+
+def timed_index(model_dir: Path, images: Path, collection: Path, args, ray_options=None) -> dict:
+    from faste_mm import BatchingConfig, Retriever, SerializerConfig
+    from faste_mm.retrieval.results import IndexOptions
+    from faste_mm.retrieval.retriever import ModelSpec
+
+    shutil.rmtree(collection, ignore_errors=True)
+    spec = ModelSpec(str(model_dir), device=args.device, batching=BatchingConfig(),
+                     serializer=SerializerConfig(max_pixels=args.max_pixels))
+    marks: list[tuple[float, int]] = []
+    started = time.perf_counter()
+
+    def progress(p) -> None:
+        marks.append((time.perf_counter() - started, p.embedded + p.reused))
+
+    with Retriever(spec, collection=collection, r_max=args.r_max) as retriever:
+        report = retriever.index([images], options=IndexOptions(chunk_files=args.chunk_files), progress=progress,
+                                 ray=ray_options)
+    wall = time.perf_counter() - started
+    committed = [(t, n) for t, n in marks if n > 0]
+    (t0, n0), (t1, n1) = committed[0], committed[-1]
+    return {"wall_s": wall, "first_commit_s": t0, "items": report.embedded,
+            "steady_items_per_s": (n1 - n0) / (t1 - t0) if t1 > t0 else float("nan"),
+            "prefix_removal": report.prefix_removal}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", default="qwen3-vl-embedding-2b")
+    parser.add_argument("--scale-hidden", type=float, default=0.25)
+    parser.add_argument("--n", type=int, default=48, help="images")
+    parser.add_argument("--size", type=int, default=256, help="image side, pixels")
+    parser.add_argument("--max-pixels", type=int, default=256 * 256)
+    parser.add_argument("--r-max", type=float, default=0.5)
+    parser.add_argument("--chunk-files", type=int, default=8)
+    parser.add_argument("--files-per-call", type=int, default=8)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--gpus-per-worker", type=float, default=0.0)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads of the plain run (this process); default torch's own")
+    parser.add_argument("--overhead-cpus", type=float, default=2.0, help="CPUs of the 1-actor overhead run")
+    parser.add_argument("--ray-cpus", type=int, default=4, help="logical CPUs of the local Ray")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--runs", default="plain,ray-1,ray-scale-1,ray-scale-2")
+    parser.add_argument("--work", type=Path, default=None, help="folder for the model and images (kept)")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+
+    import ray
+    import torch
+
+    if args.threads is not None:  # the plain run embeds in this process
+        torch.set_num_threads(args.threads)
+
+    from faste_mm.tools.shapes import build_shape_model
+    from faste_mm.scale import RayOptions
+
+    work = args.work or Path(tempfile.mkdtemp(prefix="bench-ray-"))
+    model_dir = work / f"{args.shape}-{args.scale_hidden}"
+    if not (model_dir / "config.json").exists():
+        build_shape_model(args.shape, model_dir, args.scale_hidden)
+    images = make_images(work / f"images-{args.n}-{args.size}", args.n, args.size)
+    ray.init(num_cpus=args.ray_cpus, include_dashboard=False, log_to_driver=False)
+    gpus = args.gpus_per_worker
+
+    def options(workers: int, cpus: float) -> RayOptions:
+        return RayOptions(workers=workers, gpus_per_worker=gpus, cpus_per_worker=cpus,
+                          files_per_call=args.files_per_call)
+
+    runs = {"plain": None, "ray-1": options(1, args.overhead_cpus),
+            "ray-scale-1": options(1, 1.0), "ray-scale-2": options(2, 1.0)}
+    chosen = args.runs.split(",")
+    results: dict[str, list[dict]] = {name: [] for name in chosen}
+    for repeat in range(args.repeats):  # interleaved, so drifting load hits every setting alike
+        for name in chosen:
+            result = timed_index(model_dir, images, work / f"col-{name}", args, runs[name])
+            results[name].append(result)
+            print(f"repeat {repeat} {name}: {json.dumps(result)}", flush=True)
+    summary = {name: {key: statistics.median(r[key] for r in rs) for key in rs[0]} for name, rs in results.items()}
+    if "plain" in summary and "ray-1" in summary:
+        summary["overhead_ray1_vs_plain"] = 1 - summary["ray-1"]["steady_items_per_s"] / summary["plain"]["steady_items_per_s"]
+    # With --overhead-cpus 1 the overhead run is the scaling pair's 1-actor run.
+    one = "ray-scale-1" if "ray-scale-1" in summary else "ray-1" if args.overhead_cpus == 1 else None
+    if one in summary and "ray-scale-2" in summary:
+        speedup = summary["ray-scale-2"]["steady_items_per_s"] / summary[one]["steady_items_per_s"]
+        summary["speedup_2_vs_1"] = speedup
+        summary["efficiency_2"] = speedup / 2
+    print(json.dumps(summary, indent=2))
+    if args.json:
+        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "runs": results,
+                                         "median": summary}, indent=2))
+    ray.shutdown()
+
+
+if __name__ == "__main__":
+    main()

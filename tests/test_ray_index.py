@@ -1,0 +1,228 @@
+"""`index --ray`: a local Ray (2 CPUs, no dashboard), 2 CPU embedding actors, a tiny model on disk.
+
+The reference is always the single-process `index` of the same folder: same (uri, page) rows,
+same failure rows, vectors equal within float tolerance. FastE's trigger is a batch-mean
+decision, so vectors depend on which items share a batch: at r_max > 0 both runs use
+max_batch_size=1 (each item alone), and r_max = 0 (no trigger) is compared with the default
+batching.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ray = pytest.importorskip("ray", reason="needs faste-mm[ray]")
+pytest.importorskip("ray.data", reason="needs faste-mm[ray]")
+
+from faste_mm import BatchingConfig, Retriever  # noqa: E402
+from faste_mm.indexers import Collection  # noqa: E402
+from faste_mm.retrieval.results import IndexOptions  # noqa: E402
+from faste_mm.retrieval.retriever import ModelSpec  # noqa: E402
+from faste_mm.scale import RayOptions  # noqa: E402
+from faste_mm.scale.ray_index import ACTOR_REGISTRY_ENV, _decode_file, _FileTask  # noqa: E402
+from tests.test_retriever_scanning import (CORPUS_EMBEDDED, CORPUS_FAILED, CORPUS_REUSED, make_corpus,  # noqa: E402
+                                           noise_image, tiny_vl_dir)
+
+# Two actors on two logical CPUs leave room for the decoding tasks.
+ACTORS = dict(workers=2, cpus_per_worker=0.5, decode_cpus=0.5, files_per_call=2, files_per_task=2)
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    return tiny_vl_dir(tmp_path_factory.getbasetemp())
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    return make_corpus(tmp_path_factory.mktemp("ray-corpus") / "files")
+
+
+@pytest.fixture(scope="module")
+def big_corpus(tmp_path_factory) -> Path:
+    """The mixed corpus plus 30 more images (enough work left after the first commit to kill
+    something mid-run) and two copies of files committed in earlier chunks."""
+    root = make_corpus(tmp_path_factory.mktemp("ray-big") / "files")
+    for i in range(30):
+        noise_image(root / f"extra{i:02d}.png", (48 + i, 40), 100 + i)
+    # Copies far from their originals (other chunks): one of a good image, reused from the stored
+    # vector, and one of a bad file, embedded (and failed) again, as a plain run does.
+    (root / "zz_gray_again.jpg").write_bytes((root / "gray.jpg").read_bytes())
+    (root / "zz_empty_again.jpg").write_bytes(b"")
+    return root
+
+
+def _spec(model_dir: Path, max_batch_size: int = 64) -> ModelSpec:
+    return ModelSpec(str(model_dir), device="cpu", batching=BatchingConfig(max_batch_size=max_batch_size))
+
+
+def _index(model_dir, root, collection, r_max, ray_options=None, max_batch_size=64, progress=None):
+    with Retriever(_spec(model_dir, max_batch_size), collection=collection, r_max=r_max) as retriever:
+        return retriever.index([root], options=IndexOptions(chunk_files=3), progress=progress, ray=ray_options)
+
+
+def _rows(collection: Path) -> tuple[dict[tuple[str, int | None], np.ndarray], list[tuple]]:
+    """Live (uri, page) -> vector (asserting each once), and the failure rows (uri, page, error)."""
+    with Collection.open(collection) as col:
+        ids = sorted(col.live_ids(range(10_000)))
+        records = col.get(ids)
+        vectors = col.vectors(ids)
+        failures = sorted((r.uri, r.page, r.error) for r in col.failures())
+    keys = [(r.uri, r.page) for r in records]
+    assert len(keys) == len(set(keys)), "an item was stored twice"
+    return dict(zip(keys, vectors)), failures
+
+
+def _assert_same_collection(reference: Path, other: Path) -> None:
+    ref_rows, ref_failures = _rows(reference)
+    rows, failures = _rows(other)
+    assert sorted(rows) == sorted(ref_rows)
+    assert failures == ref_failures
+    for key, vector in ref_rows.items():
+        np.testing.assert_allclose(rows[key], vector, atol=1e-5, err_msg=str(key))
+
+
+def test_ray_index_with_faste_matches_plain_index(ray_cluster, model_dir, corpus, tmp_path):
+    r_max, max_batch_size = 0.5, 1  # one item per batch: FastE triggers per item in both runs
+    plain = _index(model_dir, corpus, tmp_path / "plain", r_max, max_batch_size=max_batch_size)
+    seen = []
+    report = _index(model_dir, corpus, tmp_path / "ray", r_max, RayOptions(**ACTORS), max_batch_size,
+                    progress=seen.append)
+    assert (report.embedded, report.reused, report.failed) == (CORPUS_EMBEDDED, CORPUS_REUSED, CORPUS_FAILED)
+    assert (report.embedded, report.reused, report.failed) == (plain.embedded, plain.reused, plain.failed)
+    assert sorted(f.to_dict().items() for f in report.failures) == sorted(f.to_dict().items() for f in plain.failures)
+    assert (report.prefix_tokens, report.kept_prefix_tokens) == (plain.prefix_tokens, plain.kept_prefix_tokens)
+    _assert_same_collection(tmp_path / "plain", tmp_path / "ray")
+    assert seen[-1].files_done == seen[-1].files_total == plain.files_scanned
+    assert [p.files_done for p in seen] == sorted(p.files_done for p in seen)
+    # A second run finds nothing to do, as a plain one would.
+    again = _index(model_dir, corpus, tmp_path / "ray", r_max, RayOptions(**ACTORS), max_batch_size)
+    assert (again.embedded, again.reused, again.unchanged) == (0, 0, plain.files_scanned)
+
+
+@ray.remote(num_cpus=0)
+class _Registry:
+    """Collects the handles of the embedding actors (ACTOR_REGISTRY_ENV test hook)."""
+
+    def __init__(self) -> None:
+        self.handles = []
+
+    def add(self, handle) -> None:
+        self.handles.append(handle)
+
+    def get(self) -> list:
+        return list(self.handles)
+
+
+def test_killed_actor_is_restarted_and_nothing_is_lost_or_duplicated(ray_cluster, model_dir, big_corpus, tmp_path,
+                                                                     monkeypatch):
+    """Also the full forward (r_max=0, default batching) with bytes shipped through the object
+    store, against a plain run: the same collection, bad files included."""
+    registry = _Registry.options(name="faste-mm-test-registry").remote()
+    monkeypatch.setenv(ACTOR_REGISTRY_ENV, "faste-mm-test-registry")
+    killed = []
+
+    def kill_one_after_first_commit(progress) -> None:
+        if progress.files_done > 0 and not killed:
+            deadline = time.monotonic() + 60
+            while not (handles := ray.get(registry.get.remote())) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            ray.kill(handles[0], no_restart=False)
+            killed.append(progress.files_done)
+
+    report = _index(model_dir, big_corpus, tmp_path / "ray", 0.0, RayOptions(**ACTORS, ship_bytes=True),
+                    progress=kill_one_after_first_commit)
+    assert killed and killed[0] < report.files_scanned, "the actor was not killed mid-run"
+    assert len(ray.get(registry.get.remote())) > ACTORS["workers"], "the killed actor did not restart"
+    plain = _index(model_dir, big_corpus, tmp_path / "plain", 0.0)
+    assert (report.embedded, report.reused, report.failed) == (plain.embedded, plain.reused, plain.failed)
+    assert sorted(f.to_dict().items() for f in report.failures) == sorted(f.to_dict().items() for f in plain.failures)
+    _assert_same_collection(tmp_path / "plain", tmp_path / "ray")
+    ray.kill(registry)
+
+
+_DRIVER = """
+import sys
+from faste_mm.cli.app import main
+sys.argv = ["faste-mm", "index", sys.argv[1], "-c", sys.argv[2], "--model", sys.argv[3], "--device", "cpu",
+            "--r-max", "0", "--chunk-files", "2", "--ray", sys.argv[4], "--workers", "2",
+            "--cpus-per-worker", "0.5"]
+main()
+"""
+
+
+def test_sigkilled_driver_resumes_without_embedding_twice(ray_cluster, model_dir, big_corpus, tmp_path):
+    collection = tmp_path / "ray"
+    env = {key: value for key, value in os.environ.items() if key != "COLUMNS"}
+    proc = subprocess.Popen([sys.executable, "-c", _DRIVER, str(big_corpus), str(collection), str(model_dir),
+                             ray_cluster], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 90
+    stored = 0
+    while time.monotonic() < deadline and proc.poll() is None and stored == 0:
+        if (collection / "manifest.json").exists():
+            try:
+                with Collection.open(collection) as col:
+                    stored = col.info().n_ok
+            except Exception:  # created but not yet readable: poll again
+                pass
+        time.sleep(0.02)
+    assert proc.poll() is None, f"the driver ended before it could be killed: {proc.stderr.read()}"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    proc.stderr.close()
+    before, _ = _rows(collection)
+    assert 0 < len(before)
+
+    again = _index(model_dir, big_corpus, collection, 0.0, RayOptions(**ACTORS))
+    plain = _index(model_dir, big_corpus, tmp_path / "plain", 0.0)
+    total_items = plain.embedded + plain.reused
+    assert len(before) + again.embedded + again.reused == total_items  # nothing embedded twice
+    assert again.embedded < plain.embedded
+    _assert_same_collection(tmp_path / "plain", collection)
+
+
+def test_a_path_a_worker_cannot_see_is_a_failure_that_says_what_to_do(ray_cluster, tmp_path):
+    task = _FileTask(str(tmp_path / "only-on-the-driver.png"), "image", None)
+    (row,) = _decode_file(task, 1 << 20, None, driver_node="another-node")
+    assert row.value is None
+    assert str(tmp_path / "only-on-the-driver.png") in row.reason
+    assert "not visible on Ray node" in row.reason and "--ship-bytes" in row.reason
+    # On the driver's own node a vanished file is reported as a plain run reports it.
+    (row,) = _decode_file(task, 1 << 20, None, driver_node=ray.get_runtime_context().get_node_id())
+    assert "file not found" in row.reason
+
+
+def test_missing_ray_says_how_to_install_it(monkeypatch):
+    from faste_mm.errors import ConfigError
+    from faste_mm.scale import ray_index
+
+    monkeypatch.setitem(sys.modules, "ray", None)
+    with pytest.raises(ConfigError, match=r"pip install 'faste-mm\[ray\]'"):
+        ray_index.import_ray()
+
+
+def test_cli_ray_flags_need_ray_and_options_are_checked(tmp_path):
+    from typer.testing import CliRunner
+
+    from faste_mm.cli.app import app
+    from faste_mm.errors import ConfigError
+
+    result = CliRunner().invoke(app, ["index", str(tmp_path), "-c", str(tmp_path / "col"), "--workers", "2"])
+    assert result.exit_code == 2 and "--ray" in result.output
+    for bad in (dict(workers=0), dict(cpus_per_worker=0), dict(files_per_call=0), dict(address=" ")):
+        with pytest.raises(ConfigError):
+            RayOptions(**bad)
