@@ -71,6 +71,9 @@ class Batch:
     image_grid_thw: torch.Tensor | None = None  # [n_images, 3]
     position_ids: torch.Tensor | None = None  # [3, B, T] MRoPE positions (rows with images)
     image_grids: tuple[tuple[int, int, int], ...] = ()  # image_grid_thw as host ints: FLOPs without a device read
+    pixel_values_videos: torch.Tensor | None = None  # [sum P_v, C] videos in row order
+    video_grid_thw: torch.Tensor | None = None  # [n_videos, 3]
+    video_grids: tuple[tuple[int, int, int], ...] = ()  # video_grid_thw as host ints
 
     @property
     def size(self) -> int:
@@ -98,6 +101,9 @@ class Batch:
             image_grid_thw=move(self.image_grid_thw),
             position_ids=move(self.position_ids),
             image_grids=self.image_grids,
+            pixel_values_videos=move(self.pixel_values_videos),
+            video_grid_thw=move(self.video_grid_thw),
+            video_grids=self.video_grids,
         )
 
 
@@ -123,7 +129,7 @@ def plan_batches(lengths: list[int], config: BatchingConfig) -> list[list[int]]:
 
 
 def collate(items: list[Serialized], rows: list[int], pad_token_id: int) -> Batch:
-    """Right-pad token ids; concatenate the images' patches in row order."""
+    """Right-pad token ids; concatenate the images' and the videos' patches in row order."""
     lengths = torch.tensor([item.length for item in items], dtype=torch.long)
     width = int(lengths.max())
     input_ids = torch.full((len(items), width), pad_token_id, dtype=torch.long)
@@ -143,6 +149,8 @@ def collate(items: list[Serialized], rows: list[int], pad_token_id: int) -> Batc
                 position_ids[:, b, : item.length] = item.position_ids
     images = [item for item in items if item.pixel_values is not None]
     grids = torch.cat([item.image_grid_thw for item in images]) if images else None
+    videos = [item for item in items if item.pixel_values_videos is not None]
+    video_grids = torch.cat([item.video_grid_thw for item in videos]) if videos else None
     return Batch(
         rows=list(rows),
         input_ids=input_ids,
@@ -153,4 +161,7 @@ def collate(items: list[Serialized], rows: list[int], pad_token_id: int) -> Batc
         image_grid_thw=grids,
         position_ids=position_ids,
         image_grids=() if grids is None else tuple(tuple(g) for g in grids.tolist()),
+        pixel_values_videos=torch.cat([item.pixel_values_videos for item in videos]) if videos else None,
+        video_grid_thw=video_grids,
+        video_grids=() if video_grids is None else tuple(tuple(g) for g in video_grids.tolist()),
     )

@@ -362,7 +362,7 @@ class Embedder:
 
     def _vision_flops(self, traces) -> int:
         vision = self.backbone.vision_shape
-        return 0 if vision is None else sum(vision_flops(vision, t.image_grids) for t in traces)
+        return 0 if vision is None else sum(vision_flops(vision, t.image_grids + t.video_grids) for t in traces)
 
 
 def item_failure(items: list[Item], sources: list[int], error: ItemError) -> Failure:

@@ -22,6 +22,7 @@ from typing import Iterable, Union
 from PIL import Image, UnidentifiedImageError
 
 from faste_mm.errors import InputError
+from faste_mm.video import VIDEO_SUFFIXES
 
 ImageLike = Union[str, Path, Image.Image]
 
@@ -38,11 +39,12 @@ warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Item:
-    """One thing to embed: text, an image, or both (image first, as the official format orders them).
+    """One thing to embed: text, an image, a video, or several (the official order: video, image, text).
 
     Args:
         text: the text, or None.
         image: a file path (image or PDF) or a PIL image, or None.
+        video: a video file path (sampled and resized by `SerializerConfig.video`), or None.
         instruction: the task instruction for this item (queries); None uses the call's instruction,
             then the model's default.
         page: 1-based PDF page; None on a PDF path means "every page" (expanded by `expand_items`).
@@ -55,6 +57,7 @@ class Item:
     instruction: str | None = None
     page: int | None = None
     max_pixels: int | None = None
+    video: str | Path | None = None
 
     def __post_init__(self) -> None:
         if self.text is not None and not isinstance(self.text, str):
@@ -63,6 +66,8 @@ class Item:
             raise InputError(
                 f"Item.image must be a path or a PIL image, got {type(self.image).__name__}"
             )
+        if self.video is not None and not isinstance(self.video, (str, Path)):
+            raise InputError(f"Item.video must be a path to a video file, got {type(self.video).__name__}")
         if self.page is not None and (not isinstance(self.page, int) or self.page < 1):
             raise InputError(f"Item.page is 1-based, got {self.page!r}")
         if self.max_pixels is not None and (not isinstance(self.max_pixels, int) or self.max_pixels < 1):
@@ -73,11 +78,17 @@ class Item:
         return self.image is not None
 
     @property
+    def has_video(self) -> bool:
+        return self.video is not None
+
+    @property
     def is_pdf(self) -> bool:
         return isinstance(self.image, (str, Path)) and Path(self.image).suffix.lower() in PDF_SUFFIXES
 
     def describe(self) -> str:
         """A short human name for messages: the file (and page), or the start of the text."""
+        if self.video is not None:
+            return f"{self.video}"
         if isinstance(self.image, (str, Path)):
             return f"{self.image}" + (f" (page {self.page})" if self.page is not None else "")
         if isinstance(self.image, Image.Image):
@@ -100,11 +111,14 @@ class Failure:
 
 
 def as_item(value: object, position: int) -> Item:
-    """A plain `str` is text; a `Path` is a file; a PIL image is an image; an `Item` passes through."""
+    """A plain `str` is text; a `Path` is a file (a video by its suffix); a PIL image is an image;
+    an `Item` passes through."""
     if isinstance(value, Item):
         return value
     if isinstance(value, str):
         return Item(text=value)
+    if isinstance(value, Path) and value.suffix.lower() in VIDEO_SUFFIXES:
+        return Item(video=value)
     if isinstance(value, (Path, Image.Image)):
         return Item(image=value)
     raise InputError(

@@ -32,6 +32,7 @@ class BatchTrace:
     alignment: list[tuple[int, float]] = field(default_factory=list)  # (layer, batch-mean g) measured
     attention: str = PADDED  # the layers after compression: "padded" or the unpadded kernel's name
     image_grids: list[tuple[int, int, int]] = field(default_factory=list)  # (t, h, w) patches per image
+    video_grids: list[tuple[int, int, int]] = field(default_factory=list)  # (frame pairs, h, w) per video
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -78,6 +79,7 @@ def run_decoder(backbone, batch: Batch, policy, kernel: PackedKernel | None = No
         alignment=alignment,
         attention=PADDED if packed is None else packed.name,
         image_grids=list(batch.image_grids),
+        video_grids=list(batch.video_grids),
     )
     return embeddings, trace
 

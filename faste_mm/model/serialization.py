@@ -7,7 +7,7 @@ Receives `Item`s; hands on `Serialized` (1-D tensors for one item) to the batche
 from __future__ import annotations
 
 import unicodedata
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
@@ -15,6 +15,7 @@ from PIL import Image
 
 from faste_mm.errors import ConfigError, InputError
 from faste_mm.model.items import Item, load_image, read_image_size
+from faste_mm.video import VideoConfig, read_video
 
 DEFAULT_INSTRUCTION = "Represent the user's input."
 
@@ -25,12 +26,14 @@ class SerializerConfig:
 
     min_pixels/max_pixels bound the resized image (max 1,843,200 px = 1800 visual tokens of 32x32);
     max_length truncates the token sequence on the right, as the official code does.
+    video: frame sampling and per-frame pixel budget of video items (faste_mm.video).
     """
 
     min_pixels: int = 4096
     max_pixels: int = 1_843_200
     max_length: int = 8192
     image_patch_size: int = 16  # qwen-vl-utils resizes to multiples of patch * merge = 32
+    video: VideoConfig = field(default_factory=VideoConfig)
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_pixels <= self.max_pixels:
@@ -39,6 +42,8 @@ class SerializerConfig:
             )
         if self.max_length < 8:
             raise ConfigError(f"SerializerConfig.max_length must be >= 8, got {self.max_length}")
+        if not isinstance(self.video, VideoConfig):
+            raise ConfigError(f"SerializerConfig.video must be a VideoConfig, got {type(self.video).__name__}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,11 +51,13 @@ class Serialized:
     """One item ready for batching (all tensors on CPU)."""
 
     input_ids: torch.Tensor  # [T] int64
-    mm_token_type_ids: torch.Tensor | None = None  # [T] 0 text, 1 image
+    mm_token_type_ids: torch.Tensor | None = None  # [T] 0 text, 1 image, 2 video
     pixel_values: torch.Tensor | None = None  # [P, C] flattened patches of the one image
     image_grid_thw: torch.Tensor | None = None  # [1, 3]
     truncated: bool = False
     position_ids: torch.Tensor | None = None  # [3, T] MRoPE positions, filled by the backbone in the workers
+    pixel_values_videos: torch.Tensor | None = None  # [P_v, C] flattened patches of the one video
+    video_grid_thw: torch.Tensor | None = None  # [1, 3] (frame pairs, h, w) patches
 
     @property
     def length(self) -> int:
@@ -68,8 +75,10 @@ def normalize_instruction(instruction: str | None) -> str:
 
 
 def build_conversation(item: Item, instruction: str | None, image: Image.Image | None = None) -> list[dict]:
-    """The official two-turn conversation: system = instruction, user = [image?, text?] or NULL."""
+    """The official two-turn conversation: system = instruction, user = [video?, image?, text?] or NULL."""
     content: list[dict] = []
+    if item.video is not None:
+        content.append({"type": "video", "video": str(item.video)})
     if item.image is not None:
         content.append({"type": "image", "image": image if image is not None else item.image})
     if item.text:
@@ -99,10 +108,18 @@ class VLSerializer:
         _handled_truncation(getattr(processor, "tokenizer", None))
         self.config = config
         self.image_token_id = processor.image_token_id
+        self.video_token_id = processor.video_token_id
 
     def render_prompt(self, item: Item, instruction: str | None) -> str:
         conversation = build_conversation(item, instruction)
-        return self.processor.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
+        prompt = self.processor.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
+        # transformers 4.57 (the official pin) replaces the whole <|vision_start|><|video_pad|>
+        # <|vision_end|> by "<t seconds><|vision_start|>pads<|vision_end|>" per frame pair; 5.x
+        # replaces the pad token only, nesting that inside a second start/end pair. Passing the
+        # bare pad token gives the official text under both.
+        video = self.processor.video_token
+        compound = f"{self.processor.vision_start_token}{video}{self.processor.vision_end_token}"
+        return prompt.replace(compound, video)
 
     def pixel_bounds(self, item: Item) -> tuple[int, int]:
         """(min_pixels, max_pixels) of this item's resize: the item's own max_pixels, if set,
@@ -150,27 +167,43 @@ class VLSerializer:
         return width, height
 
     def __call__(self, item: Item, instruction: str | None) -> Serialized:
+        # qwen-vl-utils' fetch_video: sampled frames, resized; the processor then neither
+        # resamples nor resizes them (do_sample_frames=False, do_resize=False), as officially
+        video = read_video(item.video, self.config.video, max_tokens=self.config.max_length) if item.has_video else None
         image = self.prepare_image(item) if item.has_image else None
         prompt = self.render_prompt(item, instruction)
+        video_kwargs = {}
+        if video is not None:
+            video_kwargs = dict(
+                videos=[video.frames], video_metadata=[video.metadata()], do_sample_frames=False,
+                cap_pixels_per_frame=False,  # a resize option only: silences transformers' notice
+            )
         encoded = self.processor(
             text=[prompt],
             images=[image] if image is not None else None,
             do_resize=False,
             return_tensors="pt",
+            **video_kwargs,
         )
         input_ids = encoded["input_ids"][0]
         mm_types = encoded["mm_token_type_ids"][0]
         truncated = input_ids.shape[0] > self.config.max_length
         if truncated:
-            # The official code truncates on the right at max_length; cutting into the image
-            # placeholder would desynchronise pixels and tokens, so that case is refused.
-            kept_visual = int((input_ids[: self.config.max_length] == self.image_token_id).sum())
-            if image is not None and kept_visual != int((input_ids == self.image_token_id).sum()):
+            # The official code truncates on the right at max_length; cutting into the image or
+            # video placeholder would desynchronise pixels and tokens, so that case is refused.
+            kept = input_ids[: self.config.max_length]
+            if bool((mm_types[self.config.max_length :] != 0).any()):
+                what = "video" if video is not None else "image"
+                advice = (
+                    "sample fewer frames or fewer pixels per frame (video max_frames / max_pixels; "
+                    "--video-max-frames / --video-max-pixels)" if video is not None
+                    else "lower max_pixels or raise max_length"
+                )
                 raise InputError(
                     f"{item.describe()}: {input_ids.shape[0]} tokens exceed max_length "
-                    f"{self.config.max_length} inside the image; lower max_pixels or raise max_length"
+                    f"{self.config.max_length} inside the {what}; {advice}"
                 )
-            input_ids = input_ids[: self.config.max_length]
+            input_ids = kept
             mm_types = mm_types[: self.config.max_length]
         return Serialized(
             input_ids=input_ids,
@@ -178,6 +211,8 @@ class VLSerializer:
             pixel_values=encoded.get("pixel_values"),
             image_grid_thw=encoded.get("image_grid_thw"),
             truncated=truncated,
+            pixel_values_videos=encoded.get("pixel_values_videos"),
+            video_grid_thw=encoded.get("video_grid_thw"),
         )
 
 
@@ -222,8 +257,9 @@ class TextSerializer:
         return self.prompt.render(item.text or "", instruction)
 
     def __call__(self, item: Item, instruction: str | None) -> Serialized:
-        if item.has_image:
-            raise InputError(f"{item.describe()}: this is a text-only model; it cannot embed images")
+        if item.has_image or item.has_video:
+            kind = "videos" if item.has_video else "images"
+            raise InputError(f"{item.describe()}: this is a text-only model; it cannot embed {kind}")
         eos = self.tokenizer.eos_token_id
         ids = self.tokenizer(self.render_prompt(item, instruction), add_special_tokens=True)["input_ids"]
         # Some tokenizers (the published Qwen3-Embedding one) already append EOS: never add a second.

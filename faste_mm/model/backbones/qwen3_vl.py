@@ -1,4 +1,4 @@
-"""Qwen3-VL adapter: vision features scattered into the token embeddings, interleaved MRoPE
+"""Qwen3-VL adapter: image and video features scattered into the token embeddings, interleaved MRoPE
 positions from the model's own `get_rope_index` (per item, in the preprocessing workers), and DeepStack injections after decoder layers
 0..k-1, driven token-by-token through `DecoderState.visual_rank` so they survive compression.
 """
@@ -22,6 +22,7 @@ class Qwen3VLBackbone(Backbone):
     def __init__(self, model) -> None:  # model: transformers Qwen3VLModel
         super().__init__(model, model.language_model, model.config.text_config)
         self.image_token_id = model.config.image_token_id
+        self.video_token_id = model.config.video_token_id
         vision = model.config.vision_config
         self.vision_shape = VisionShape(
             depth=vision.depth,
@@ -36,27 +37,41 @@ class Qwen3VLBackbone(Backbone):
     def embed(self, batch: Batch) -> DecoderState:
         input_ids = batch.input_ids
         hidden = self.decoder.embed_tokens(input_ids)  # [B, T, H]
-        image_mask = input_ids == self.image_token_id  # [B, T]
         visual_rank = None
         deepstack = None
+        visuals = []  # (token mask, features) per modality, images first, as Qwen3VLModel scatters them
         if batch.pixel_values is not None:
             vision = self.model.get_image_features(batch.pixel_values, batch.image_grid_thw, return_dict=True)
-            image_embeds = torch.cat(vision.pooler_output).to(hidden.dtype)  # [n_visual, H]
-            if image_embeds.shape[0] != int(image_mask.sum()):
-                raise RuntimeError(  # an invariant of the serializer, not reachable from user input
-                    f"{image_embeds.shape[0]} visual features for {int(image_mask.sum())} image tokens"
-                )
-            hidden = hidden.masked_scatter(image_mask[..., None], image_embeds)
-            # rank of each visual token in row-major order = its row in the DeepStack features
-            ranks = torch.cumsum(image_mask.flatten(), 0).view_as(image_mask) - 1
-            visual_rank = torch.where(image_mask, ranks, -1)
-            deepstack = tuple(torch.cat(feature).to(hidden.dtype) for feature in vision.deepstack_features)
+            visuals.append((input_ids == self.image_token_id, vision))
+        if batch.pixel_values_videos is not None:
+            vision = self.model.get_video_features(batch.pixel_values_videos, batch.video_grid_thw, return_dict=True)
+            visuals.append((input_ids == self.video_token_id, vision))
+        if visuals:
+            visual_rank = torch.full_like(input_ids, -1)  # [B, T]
+            offset = 0
+            for mask, vision in visuals:
+                embeds = torch.cat(vision.pooler_output).to(hidden.dtype)  # [n_visual, H]
+                if embeds.shape[0] != int(mask.sum()):
+                    raise RuntimeError(  # an invariant of the serializer, not reachable from user input
+                        f"{embeds.shape[0]} visual features for {int(mask.sum())} placeholder tokens"
+                    )
+                hidden = hidden.masked_scatter(mask[..., None], embeds)
+                # rank of each token of this modality in row-major order = its row in the DeepStack
+                # features; the second modality's rows follow the first's in the concatenation
+                ranks = torch.cumsum(mask.flatten(), 0).view_as(mask) - 1 + offset
+                visual_rank = torch.where(mask, ranks, visual_rank)
+                offset += embeds.shape[0]
+            deepstack = tuple(
+                torch.cat([feature for _, vision in visuals for feature in vision.deepstack_features[level]]).to(hidden.dtype)
+                for level in range(len(visuals[0][1].deepstack_features))
+            )
             position_ids = batch.position_ids  # [3, B, T], from the workers (with_positions)
             if position_ids is None:  # batches built elsewhere (the sentence-transformers wrapper)
                 position_ids, _ = self.model.get_rope_index(
                     input_ids,
                     mm_token_type_ids=batch.mm_token_type_ids,
                     image_grid_thw=batch.image_grid_thw,
+                    video_grid_thw=batch.video_grid_thw,
                     attention_mask=batch.valid.long(),
                 )
         else:
@@ -75,12 +90,17 @@ class Qwen3VLBackbone(Backbone):
         )
 
     def with_positions(self, item: Serialized) -> Serialized:
-        """MRoPE positions of one item with an image, by the model's own `get_rope_index` (a
-        Python loop with host reads per row: on CPU in a worker it costs the GPU nothing)."""
-        if item.image_grid_thw is None:
+        """MRoPE positions of one item with an image or a video, by the model's own
+        `get_rope_index` (a Python loop with host reads per row: on CPU in a worker it costs the
+        GPU nothing). A video's frame pairs each start a new temporal group after their
+        `<t seconds>` text, which get_rope_index handles from video_grid_thw."""
+        if item.image_grid_thw is None and item.video_grid_thw is None:
             return item
         position_ids, _ = self.model.get_rope_index(
-            item.input_ids[None], mm_token_type_ids=item.mm_token_type_ids[None], image_grid_thw=item.image_grid_thw
+            item.input_ids[None],
+            mm_token_type_ids=item.mm_token_type_ids[None],
+            image_grid_thw=item.image_grid_thw,
+            video_grid_thw=item.video_grid_thw,
         )  # [3, 1, T]
         return replace(item, position_ids=position_ids[:, 0])
 
