@@ -229,6 +229,9 @@ class _open:
             raise InputError(f"{path}: file is empty (0 bytes); remove it or re-export it")
         try:
             self.container = av.open(str(path), mode="r")
+        except av.EOFError:
+            raise InputError(f"{path}: the file ends before any video frame (empty or truncated); "
+                             "re-export the video or remove it") from None
         except av.FFmpegError as error:
             raise InputError(f"{path}: not a readable video (corrupt or unknown container: {error}); "
                              "re-encode it (e.g. ffmpeg -i IN -c:v libx264 OUT.mp4) or remove it") from None
@@ -249,7 +252,7 @@ def _video_stream(path: Path, container):
                          "only files with a video track can be embedded")
     stream = container.streams.video[0]
     if stream.codec_context is None or stream.codec_context.codec is None:
-        raise InputError(f"{path}: unsupported video codec ({stream.codec_context and stream.codec_context.name}); "
+        raise InputError(f"{path}: unsupported or unknown video codec (FFmpeg has no decoder for it); "
                          "re-encode it (e.g. ffmpeg -i IN -c:v libx264 OUT.mp4)")
     stream.thread_type = "AUTO"
     return stream
@@ -261,11 +264,13 @@ def _info(path: Path, container, stream) -> VideoInfo:
     if not rate or not context.width or not context.height:
         raise InputError(f"{path}: the video stream has no frame rate or size; re-encode it")
     total = stream.frames  # nb_frames from the header, as decord and torchcodec read it
-    if total <= 0:  # webm/mkv often leave it out: count packets, which decodes nothing
-        total = sum(1 for packet in container.demux(stream) if packet.size > 0)
-        container.seek(0)
+    if total <= 0:  # webm/mkv often leave it out: count packets (decodes nothing) on a second handle
+        import av
+
+        with av.open(str(path), mode="r") as counting:
+            total = sum(1 for packet in counting.demux(video=0) if packet.size > 0)
     if total <= 0:
-        raise InputError(f"{path}: the video stream has no frames")
+        raise InputError(f"{path}: the video stream has no frames; re-export the video or remove it")
     return VideoInfo(total_frames=int(total), fps=float(rate), width=context.width, height=context.height)
 
 

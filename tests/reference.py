@@ -32,18 +32,36 @@ class _Sample:
 
 
 def init_vl_sample(model, serialized) -> _Sample:
-    """Qwen3VLModel pieces for one unpadded sample: embeddings, vision scatter, MRoPE, DeepStack."""
+    """Qwen3VLModel pieces for one unpadded sample: embeddings, vision scatter (image, then video),
+    MRoPE, DeepStack features listed in token order."""
     text = model.language_model
     ids = serialized.input_ids[None]
     hidden = text.embed_tokens(ids)
-    visual = (ids[0] == model.config.image_token_id).tolist()
-    deepstack = []
+    kinds = []  # (token id, pixels, grid, feature function)
     if serialized.pixel_values is not None:
-        out = model.get_image_features(serialized.pixel_values, serialized.image_grid_thw, return_dict=True)
-        hidden = hidden.masked_scatter(torch.tensor(visual)[None, :, None], torch.cat(out.pooler_output))
-        deepstack = [torch.cat(f) for f in out.deepstack_features]
+        kinds.append((model.config.image_token_id, serialized.pixel_values, serialized.image_grid_thw, model.get_image_features))
+    if getattr(serialized, "pixel_values_videos", None) is not None:
+        kinds.append((model.config.video_token_id, serialized.pixel_values_videos, serialized.video_grid_thw, model.get_video_features))
+    visual = [False] * ids.shape[1]
+    by_position = {}  # token position -> its DeepStack rows, one per level
+    for token_id, pixels, grid, features in kinds:
+        out = features(pixels, grid, return_dict=True)
+        mask = ids[0] == token_id
+        hidden = hidden.masked_scatter(mask[None, :, None], torch.cat(out.pooler_output))
+        levels = [torch.cat(f) for f in out.deepstack_features]
+        for rank, position in enumerate(mask.nonzero()[:, 0].tolist()):
+            visual[position] = True
+            by_position[position] = [level[rank] for level in levels]
+    deepstack = []
+    if by_position:
+        order = sorted(by_position)
+        deepstack = [torch.stack([by_position[p][k] for p in order]) for k in range(len(by_position[order[0]]))]
+    if kinds:
         position_ids, _ = model.get_rope_index(
-            ids, mm_token_type_ids=serialized.mm_token_type_ids[None], image_grid_thw=serialized.image_grid_thw
+            ids,
+            mm_token_type_ids=serialized.mm_token_type_ids[None],
+            image_grid_thw=serialized.image_grid_thw,
+            video_grid_thw=getattr(serialized, "video_grid_thw", None),
         )
     else:
         position_ids = torch.arange(ids.shape[1]).view(1, 1, -1).expand(3, 1, -1)
