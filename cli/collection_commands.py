@@ -96,12 +96,27 @@ def index_command(
     ship_bytes: bool = typer.Option(False, "--ship-bytes", envvar="FASTE_MM_RAY_SHIP_BYTES",
                                     help="With --ray: read files on this machine and ship their bytes through "
                                          "Ray's object store (nodes without shared storage)."),
+    video_fps: Optional[float] = typer.Option(None, "--video-fps", envvar="FASTE_MM_VIDEO_FPS",
+                                              help="Video frames sampled per second. Default: the collection's, "
+                                                   "1 (the official embedder's) for a new one."),
+    video_max_frames: Optional[int] = typer.Option(None, "--video-max-frames", envvar="FASTE_MM_VIDEO_MAX_FRAMES",
+                                                   help="At most this many frames per video. Default: the "
+                                                        "collection's, 64 for a new one."),
+    video_max_pixels: Optional[int] = typer.Option(None, "--video-max-pixels", envvar="FASTE_MM_VIDEO_MAX_PIXELS",
+                                                   help="Pixels per video frame at most (32x32 px = one visual "
+                                                        "token per frame pair). Default: the collection's, "
+                                                        "786432 for a new one."),
     debug: bool = debug_option(),
 ) -> None:
-    """Index images, PDFs (page by page) and .txt/.md files; only new or changed files are embedded."""
+    """Index images, videos (mp4, mov, webm, mkv, avi), PDFs (page by page) and .txt/.md files; only new or
+    changed files are embedded."""
+    from dataclasses import replace
+
     from faste_mm.model.batching import BatchingConfig
     from faste_mm.indexers.manifest import MANIFEST_NAME, read_manifest
     from faste_mm.retrieval.retriever import IndexOptions, ModelSpec, Retriever, collection_path
+    from faste_mm.model.serialization import SerializerConfig
+    from faste_mm.video import VideoConfig
 
     setup_logging(debug)
     watch, pending = _IndexWatch(), None
@@ -119,8 +134,13 @@ def index_command(
             r_max = existing.r_max if existing else DOCUMENT_R_MAX
         if dim is None and existing is not None:
             dim = existing.dim
+        # unspecified video settings keep the collection's; a given one that differs is refused
+        video = VideoConfig(**existing.video) if existing else VideoConfig()
+        given = {"fps": video_fps, "max_frames": video_max_frames, "max_pixels": video_max_pixels}
+        video = replace(video, **{name: value for name, value in given.items() if value is not None})
         spec = announced_spec(ModelSpec, watch)(model_id, revision, device,
-                                                batching=BatchingConfig(batch_tokens=batch_tokens, unpadded=unpadded))
+                                                batching=BatchingConfig(batch_tokens=batch_tokens, unpadded=unpadded),
+                                                serializer=SerializerConfig(video=video))
         ray_options = None
         if ray is not None:
             from faste_mm.scale import RayOptions
@@ -196,9 +216,12 @@ def _render_index_report(report) -> None:
 
 
 def search_command(
-    query: Optional[str] = typer.Argument(None, help="Query text (optional with --image)."),
+    query: Optional[str] = typer.Argument(None, help="Query text (optional with --image or --video)."),
     image: Optional[Path] = typer.Option(None, "--image", envvar="FASTE_MM_IMAGE",
                                          help="Query image; alone it finds visually similar items."),
+    video: Optional[Path] = typer.Option(None, "--video", envvar="FASTE_MM_VIDEO",
+                                         help="Query video, sampled like the collection's videos; alone it "
+                                              "finds similar items."),
     collection: Optional[str] = _collection_option(),
     k: int = typer.Option(10, "-k", envvar="FASTE_MM_K", min=1, help="Number of results (default 10)."),
     output: OutputFormat = typer.Option(OutputFormat.table, "--format", envvar="FASTE_MM_FORMAT",
@@ -211,30 +234,31 @@ def search_command(
                                          "repeatable (all must hold). VALUE is a number, true/false, or text "
                                          "(quote a number to match it as text: year='\"2024\"')."),
     kind: list[str] = typer.Option([], "--type", envvar="FASTE_MM_TYPE",
-                                   help="Only items of this kind: image | pdf | text; repeatable (any of them)."),
+                                   help="Only items of this kind: image | pdf | text | video; repeatable (any of them)."),
     path: Optional[str] = typer.Option(None, "--path", envvar="FASTE_MM_PATH",
                                        help="Only files whose path matches this glob ('*' also matches '/'), "
                                             "e.g. '*/invoices/*', '*.pdf', './photos/*'."),
     device: str = device_option(),
     debug: bool = debug_option(),
 ) -> None:
-    """Search a collection by text and/or image; the model is the one the collection was built with."""
+    """Search a collection by text, image and/or video; the model is the one the collection was built with."""
     from faste_mm.retrieval.retriever import Retriever
 
     setup_logging(debug)
-    if query is None and image is None:
-        _usage("give a QUERY text, --image PATH, or both")
+    if query is None and image is None and video is None:
+        _usage("give a QUERY text, --image PATH, --video PATH, or a combination")
     conditions = _parse_where(where)
     try:
         with Retriever.open(collection, device=device) as retriever:
             quiet_transformers()  # the model loads in search(): no per-weight bar on stderr
-            hits = retriever.search(query, image=image, k=k, instruction=instruction, where=conditions,
+            hits = retriever.search(query, image=image, video=video, k=k, instruction=instruction, where=conditions,
                                     type=kind or None, path=path)
             root = retriever.collection
     except FasteError as error:
         fail(error, debug)
     if output is OutputFormat.json:
-        payload = {"query": {"text": query, "image": None if image is None else str(image)},
+        payload = {"query": {"text": query, "image": None if image is None else str(image),
+                             "video": None if video is None else str(video)},
                    "collection": str(root), "k": k,
                    "filter": {"where": conditions, "types": list(kind), "path": path},
                    "hits": [{"rank": rank, **hit.to_dict()} for rank, hit in enumerate(hits, 1)]}
@@ -301,6 +325,8 @@ def info_command(
                                 if manifest.is_matryoshka else info.dim), ("FastE r_max (documents)", manifest.r_max),
                         ("FastE theta (documents)", theta),
                         ("pixels", f"{manifest.min_pixels}..{manifest.max_pixels}"),
+                        ("video", "{fps:g} fps, at most {max_frames} frames of {max_pixels} px, "
+                                  "{total_pixels} px in all".format(**manifest.video)),
                         ("items", info.n_ok), ("failed", info.n_failed), ("deleted (until compact)", info.n_deleted),
                         ("index type", info.index_type), ("index", info.index_factory or "-"),
                         ("size on disk", f"{info.size_bytes / 2**20:.2f} MiB")):

@@ -16,7 +16,8 @@ from faste_mm.errors import ConfigError
 
 # What a user filters by -> the modalities stored for it (`ItemRecord.modality`): an image added
 # with a caption ("image+text") is still an image; a PDF contributes one "page" item per page.
-TYPES: dict[str, tuple[str, ...]] = {"image": ("image", "image+text"), "pdf": ("page",), "text": ("text",)}
+TYPES: dict[str, tuple[str, ...]] = {"image": ("image", "image+text"), "pdf": ("page",), "text": ("text",),
+                                     "video": ("video", "video+text")}
 _SCALARS = (str, int, float, bool)
 
 
@@ -26,7 +27,7 @@ class SearchFilter:
 
     where: metadata key -> value; an item matches when its metadata holds that key with an equal
         value (str, int, float or bool; 2024 and "2024" differ). Keys are top-level names.
-    types: item kinds, any of `TYPES` ("image", "pdf", "text"); empty = every kind.
+    types: item kinds, any of `TYPES` ("image", "pdf", "text", "video"); empty = every kind.
     path: a glob on the stored uri (SQLite GLOB: case-sensitive, `*` also matches `/`), e.g.
         "*/invoices/*" or "*.pdf"; one starting with "~" or "." is made absolute first, as the
         stored uris of files are.

@@ -271,14 +271,12 @@ def batch_from_features(features: dict[str, Any], pad_token_id: int) -> tuple[Ba
     """ST features (left- or right-padded) -> (right-padded `Batch`, [B] readout position in ST's layout).
 
     The runner needs right padding with the readout at lengths - 1; one index gather moves each
-    row's contiguous valid tokens to the front. Images keep ST's order (the processor's, by row).
+    row's contiguous valid tokens to the front. Images and videos keep ST's order (the processor's, by row).
     """
     if "cu_seq_lens_q" in features:
         raise ConfigError(
             "FastE got unpadded (flash-attention flattened) inputs; set model[0].original.unpad_inputs = False"
         )
-    if "pixel_values_videos" in features or "video_grid_thw" in features:
-        raise InputError("FastE does not support video inputs; embed them with disable_faste(model) or as frames")
     if "input_ids" not in features or "attention_mask" not in features:
         raise InputError(f"FastE needs input_ids and attention_mask features, got {sorted(features)}")
     mask = features["attention_mask"].bool()  # [B, T]
@@ -303,6 +301,8 @@ def batch_from_features(features: dict[str, Any], pad_token_id: int) -> tuple[Ba
         mm_token_type_ids=mm_token_type_ids,
         pixel_values=features.get("pixel_values"),
         image_grid_thw=features.get("image_grid_thw"),
+        pixel_values_videos=features.get("pixel_values_videos"),
+        video_grid_thw=features.get("video_grid_thw"),
     )
     return batch, first + lengths - 1
 

@@ -21,6 +21,7 @@ import numpy as np
 from faste_mm.errors import CollectionError, ConfigError, InputError, ModelLoadError
 from faste_mm.indexers import Collection, FileStat, ItemRecord, content_hash
 from faste_mm.model.items import PDF_SUFFIXES, Item, not_a_file_reason
+from faste_mm.video import VIDEO_SUFFIXES
 
 if TYPE_CHECKING:  # annotations only: scanning and planning load no model code
     from faste_mm.model.embedder import EmbedResult, EmbedStats
@@ -30,15 +31,17 @@ log = logging.getLogger(__name__)
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff"})
 TEXT_SUFFIXES = frozenset({".txt", ".md"})
 # The modality recorded per kind: a PDF contributes one "page" item per page.
-MODALITIES = {"image": "image", "pdf": "page", "text": "text", "unsupported": "unsupported"}
-_SUPPORTED = ", ".join(sorted(IMAGE_SUFFIXES | PDF_SUFFIXES | TEXT_SUFFIXES))
+MODALITIES = {"image": "image", "pdf": "page", "text": "text", "video": "video", "unsupported": "unsupported"}
+_SUPPORTED = ", ".join(sorted(IMAGE_SUFFIXES | PDF_SUFFIXES | TEXT_SUFFIXES | VIDEO_SUFFIXES))
 
 
 def file_kind(path: Path) -> str:
-    """"image" | "pdf" | "text" | "unsupported", decided by the file name's suffix."""
+    """"image" | "pdf" | "text" | "video" | "unsupported", decided by the file name's suffix."""
     suffix = path.suffix.lower()
     if suffix in IMAGE_SUFFIXES:
         return "image"
+    if suffix in VIDEO_SUFFIXES:
+        return "video"
     if suffix in PDF_SUFFIXES:
         return "pdf"
     if suffix in TEXT_SUFFIXES:
@@ -271,7 +274,7 @@ def read_text_file(path: Path) -> str:
 def document_items(paths: Iterable[str | Path]) -> tuple[list[Item], list[str]]:
     """Items for files and folders embedded outside a collection (embed, calibrate, bench).
 
-    Text files become text items; images, PDFs and any file the user named (missing or of an
+    Text files become text items, videos video items; images, PDFs and any file the user named (missing or of an
     unsupported type too) become image items, so the embedder reports each bad one by name.
     Returns the items and the reasons for text files that could not be read.
     """
@@ -279,6 +282,9 @@ def document_items(paths: Iterable[str | Path]) -> tuple[list[Item], list[str]]:
     items: list[Item] = []
     unreadable: list[str] = []
     for found in scan.files():
+        if found.kind == "video":
+            items.append(Item(video=found.path))
+            continue
         if found.kind != "text":
             items.append(Item(image=found.path))
             continue

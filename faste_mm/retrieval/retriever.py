@@ -39,6 +39,7 @@ from faste_mm.retrieval.export import ExportReport, export_parquet
 from faste_mm.retrieval.maintenance import collection_path
 from faste_mm.retrieval.results import AddReport, Hit, IndexOptions, IndexProgress, IndexReport, RemoveReport
 from faste_mm.model.serialization import DEFAULT_INSTRUCTION, SerializerConfig
+from faste_mm.video import VideoConfig
 
 if TYPE_CHECKING:
     from faste_mm.scale import RayOptions
@@ -72,9 +73,12 @@ class ModelSpec:
                                         batching=self.batching, serializer=self.serializer)
 
     def conflicts(self, manifest: Manifest) -> list[str]:
-        """The collection settings this model is known to differ in before it loads (id and
-        revision; dim, instruction and pixel bounds are checked once it has loaded)."""
-        return manifest.differences({"model_id": self.name, "model_revision": self.revision})
+        """The collection settings this model is known to differ in before it loads (id, revision
+        and the video settings given; dim, instruction and pixel bounds are checked once it has loaded)."""
+        request = {"model_id": self.name, "model_revision": self.revision}
+        if self.serializer is not None:
+            request["video"] = self.serializer.video.to_dict()
+        return manifest.differences(request)
 
 
 class Retriever:
@@ -129,7 +133,7 @@ class Retriever:
         r_max and dim named in its manifest (loaded when first needed). Raises CollectionError."""
         root = collection_path(collection)
         m = read_manifest(root)  # the settings only: no database connection needed
-        serializer = SerializerConfig(min_pixels=m.min_pixels, max_pixels=m.max_pixels)
+        serializer = SerializerConfig(min_pixels=m.min_pixels, max_pixels=m.max_pixels, video=VideoConfig(**m.video))
         spec = ModelSpec(m.model_id, m.model_revision, device, dtype, batching, serializer)
         return cls(spec, collection=root, r_max=m.r_max, query_instruction=query_instruction, dim=m.dim)
 
@@ -167,7 +171,7 @@ class Retriever:
         return Manifest(
             model_id=emb.model_id, dim=dim, model_dim=emb.dim, model_revision=emb.loaded.revision,
             document_instruction=DEFAULT_INSTRUCTION, min_pixels=config.min_pixels, max_pixels=config.max_pixels,
-            fast_e=fast_e, index_type=index_type)
+            video=config.video.to_dict(), fast_e=fast_e, index_type=index_type)
 
     def _threshold(self, emb: Embedder) -> tuple[float | None, str]:
         """theta for a new collection: --threshold, else this model's saved calibration, else the
@@ -400,19 +404,20 @@ class Retriever:
     # ---- search ----------------------------------------------------------------------------
     def search(self, query: str | None = None, *, image: str | Path | Image.Image | None = None,
                k: int = 10, instruction: str | None = None, where: Mapping[str, Any] | None = None,
-               type: str | Sequence[str] | None = None, path: str | None = None) -> list[Hit]:
-        """Top-k items for a text, an image, or both. An image alone is a query by example: it
-        is embedded exactly like a document (so an indexed image finds itself with score ~1)
-        unless `instruction` is given.
+               type: str | Sequence[str] | None = None, path: str | None = None,
+               video: str | Path | None = None) -> list[Hit]:
+        """Top-k items for a text, an image, a video, or a combination. An image or a video alone
+        is a query by example: it is embedded exactly like a document (so an indexed file finds
+        itself with score ~1) unless `instruction` is given.
 
         Filters (all must hold; k hits come back whenever k items match, whatever the index):
         where: metadata key -> value, e.g. {"tag": "invoice"} (values of `add(metadata=...)`);
-        type: "image" | "pdf" | "text", or several; path: a glob on the stored path, e.g.
+        type: "image" | "pdf" | "text" | "video", or several; path: a glob on the stored path, e.g.
         "*/invoices/*" or "./photos/*" (see `faste_mm.indexers.SearchFilter`).
-        Raises InputError if neither query nor image is given, ConfigError for a bad filter."""
-        if query is None and image is None:
-            raise InputError("search: give a query text, an image, or both")
-        return self.search_batch([Item(text=query, image=image)], k=k, instruction=instruction,
+        Raises InputError if nothing is given, ConfigError for a bad filter."""
+        if query is None and image is None and video is None:
+            raise InputError("search: give a query text, an image, a video, or a combination")
+        return self.search_batch([Item(text=query, image=image, video=video)], k=k, instruction=instruction,
                                  where=where, type=type, path=path)[0]
 
     def search_batch(self, queries: Sequence[object], k: int = 10, instruction: str | None = None,
@@ -433,7 +438,8 @@ class Retriever:
 
     def _embed_queries(self, items: list[Item], instruction: str | None, col: Collection) -> np.ndarray:
         by_example = [i for i, it in enumerate(items)
-                      if instruction is None and it.instruction is None and not it.text and it.image is not None]
+                      if instruction is None and it.instruction is None and not it.text
+                      and (it.image is not None or it.video is not None)]
         with_task = [i for i in range(len(items)) if i not in set(by_example)]
         out = np.zeros((len(items), col.manifest.dim), dtype=np.float32)
         if by_example:
@@ -567,6 +573,8 @@ def _as_query(value: object, position: int) -> Item:
 
 
 def _modality(item: Item) -> str:
+    if item.video is not None:
+        return "video+text" if item.text or item.image is not None else "video"
     if item.is_pdf:
         return "page"
     if item.image is not None:
@@ -578,22 +586,27 @@ def _default_uri(item: Item, metadata: Mapping[str, Any] | None = None) -> str:
     """A file's resolved path; else "item:" + a hash of the content AND the metadata, so the same
     text added twice with different metadata is two items, while re-adding an identical
     (content, metadata) pair replaces the stored one instead of duplicating it."""
-    if isinstance(item.image, (str, Path)) and not item.text:
+    if item.video is not None and item.image is None and not item.text:
+        return str(Path(item.video).expanduser().resolve())
+    if isinstance(item.image, (str, Path)) and not item.text and item.video is None:
         return str(Path(item.image).expanduser().resolve())
     h = hashlib.sha256((item.text or "").encode("utf-8"))
     if isinstance(item.image, Image.Image):
         h.update(item.image.tobytes())
     elif item.image is not None:
         h.update(str(Path(item.image).resolve()).encode("utf-8"))
+    if item.video is not None:
+        h.update(b"video:" + str(Path(item.video).resolve()).encode("utf-8"))
     if metadata is not None:  # None leaves the hash as it was, so earlier uris stay valid
         h.update(b"\0metadata\0" + json.dumps(dict(metadata), sort_keys=True, default=str).encode("utf-8"))
     return "item:" + h.hexdigest()[:16]
 
 
 def _file_stat(item: Item) -> tuple[int | None, float | None]:
-    if isinstance(item.image, (str, Path)) and not item.text:
+    only_file = (item.video if item.image is None else item.image if item.video is None else None)
+    if isinstance(only_file, (str, Path)) and not item.text:
         try:
-            st = Path(item.image).stat()
+            st = Path(only_file).stat()
         except OSError:  # a missing file is a failed row (on_error="skip"); it has no stat
             return None, None
         return st.st_size, st.st_mtime
