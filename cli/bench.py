@@ -21,7 +21,7 @@ def bench_command(
     model: Optional[str] = typer.Option(None, envvar="FASTE_MM_MODEL", help="Hub id or local model directory (exclusive with --shape)."),
     shape: Optional[str] = typer.Option(None, envvar="FASTE_MM_SHAPE", help="Random-weight real architecture: qwen3-vl-embedding-2b | qwen3-vl-embedding-8b | qwen3-embedding-0.6b | qwen3-embedding-4b."),
     scale_hidden: float = typer.Option(1.0, envvar="FASTE_MM_SCALE_HIDDEN", help="Shrink widths of --shape by this factor (layers and heads kept), e.g. 0.25 on a CPU."),
-    inputs: str = typer.Option("text:1000", envvar="FASTE_MM_INPUTS", help="text:TOKENS | text:MIN-MAX | image:WxH | page:WxH | a folder."),
+    inputs: str = typer.Option("text:1000", envvar="FASTE_MM_INPUTS", help="text:TOKENS | text:MIN-MAX | image:WxH | page:WxH | video:SECONDS[@WxH] | a folder."),
     n: int = typer.Option(32, envvar="FASTE_MM_N", help="Number of inputs."),
     r_max: str = typer.Option("0,0.3,0.5,0.7", envvar="FASTE_MM_BENCH_R_MAX", help="Comma-separated removal ratios; 0 (full forward) is always measured."),
     trigger_layer: Optional[int] = typer.Option(None, envvar="FASTE_MM_TRIGGER_LAYER", help="Fixed trigger layer (default: alignment trigger)."),

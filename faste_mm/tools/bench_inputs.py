@@ -1,6 +1,7 @@
 """Benchmark inputs from a compact spec: `text:TOKENS` (documents of exactly TOKENS prompt-free
 tokens), `text:MIN-MAX` (lengths drawn uniformly from MIN..MAX, seeded), `image:WxH` (noise PNGs, so decoding costs what real photos cost), `page:WxH`
-(one-page PDFs rendered by pypdfium2 like real documents), or an existing folder.
+(one-page PDFs rendered by pypdfium2 like real documents), `video:SECONDS` or `video:SECONDS@WxH`
+(an H.264 clip at 25 fps, 640x360 by default, moving shapes over noise), or an existing folder.
 """
 
 from __future__ import annotations
@@ -36,6 +37,14 @@ def make_inputs(spec: str, n: int, workdir: Path, tokenizer) -> list:
         width, height = int(size[1]), int(size[2])
         workdir.mkdir(parents=True, exist_ok=True)
         return [_write_image(workdir, i, width, height, rng) if kind == "image" else _write_page(workdir, i, width, height, rng) for i in range(n)]
+    if kind == "video":
+        clip = re.fullmatch(r"(\d+(?:\.\d+)?)(?:@([1-9]\d*)x([1-9]\d*))?", value.lower())
+        if clip is None or float(clip[1]) <= 0:
+            raise ConfigError(f"--inputs {spec}: expected video:SECONDS or video:SECONDS@WIDTHxHEIGHT, e.g. video:30@1280x720")
+        workdir.mkdir(parents=True, exist_ok=True)
+        width, height = (int(clip[2]), int(clip[3])) if clip[2] else (640, 360)
+        path = _write_video(workdir / f"clip_{value.replace('@', '_')}.mp4", float(clip[1]), width, height)
+        return [path] * n  # one file: every item decodes it again, as distinct files would be
     folder = Path(spec)
     if folder.is_dir():
         from faste_mm.retrieval.ingest import document_items
@@ -44,7 +53,7 @@ def make_inputs(spec: str, n: int, workdir: Path, tokenizer) -> list:
         if not items:
             raise ConfigError(f"--inputs {spec}: no images, PDFs or text files in this folder")
         return items[:n]
-    raise ConfigError(f"--inputs must be text:TOKENS, text:MIN-MAX, image:WxH, page:WxH or a folder; got {spec!r}")
+    raise ConfigError(f"--inputs must be text:TOKENS, text:MIN-MAX, image:WxH, page:WxH, video:SECONDS or a folder; got {spec!r}")
 
 
 def _text_of_tokens(tokens: int, tokenizer, rng: random.Random) -> str:
@@ -67,4 +76,28 @@ def _write_page(workdir: Path, index: int, width: int, height: int, rng: random.
         draw.text((20, y), " ".join(rng.choice(_WORDS) for _ in range(max(1, width // 60))), fill="black")
     path = workdir / f"page_{index:05d}.pdf"
     page.save(path, "PDF", resolution=72.0)
+    return path
+
+
+def _write_video(path: Path, seconds: float, width: int, height: int, fps: int = 25) -> Path:
+    """H.264 (x264's default keyframe interval, 250 frames) of a bright square crossing a noisy
+    gradient: frames differ, so decoding costs what a real clip's would."""
+    import av
+    import numpy as np
+
+    width, height = width - width % 2, height - height % 2  # yuv420p needs even sizes
+    rng = np.random.default_rng(0)
+    base = (np.linspace(0, 160, width, dtype=np.float32)[None, :, None] + rng.integers(0, 40, (height, width, 3))).astype(np.uint8)
+    side = max(8, min(width, height) // 5)
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("libx264", rate=fps, options={"preset": "veryfast"})
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        for i in range(int(seconds * fps)):
+            frame = base.copy()
+            x, y = (i * 7) % max(1, width - side), (i * 3) % max(1, height - side)
+            frame[y : y + side, x : x + side] = (255, 200 - (i % 100), (i * 5) % 256)
+            for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
     return path
