@@ -292,3 +292,16 @@ def test_a_video_over_the_token_limit_names_the_limit_and_how_to_lower_it(vl_emb
 def test_text_only_models_refuse_videos(text_embedders, video_dir):
     res = text_embedders["qwen3"].encode([Item(video=video_dir / "short.mp4"), "text"], on_error="skip")
     assert res.ok.tolist() == [False, True] and "cannot embed videos" in res.failures[0].reason
+
+
+def test_bench_video_input_is_a_decodable_clip_of_the_asked_length(tmp_path):
+    from faste_mm.bench_inputs import make_inputs
+    from faste_mm.errors import ConfigError
+    from faste_mm.video import probe_video
+
+    clips = make_inputs("video:2@64x48", 3, tmp_path, None)
+    assert len(clips) == 3 and len(set(clips)) == 1
+    info = probe_video(clips[0])
+    assert (info.total_frames, info.fps, info.width, info.height) == (50, 25.0, 64, 48)
+    with pytest.raises(ConfigError, match="video:SECONDS"):
+        make_inputs("video:long", 1, tmp_path, None)
