@@ -116,7 +116,7 @@ def index_command(
     from faste_mm.indexers.manifest import MANIFEST_NAME, read_manifest
     from faste_mm.retrieval.retriever import IndexOptions, ModelSpec, Retriever, collection_path
     from faste_mm.model.serialization import SerializerConfig
-    from faste_mm.video import VideoConfig
+    from faste_mm.model.video import VideoConfig
 
     setup_logging(debug)
     watch, pending = _IndexWatch(), None

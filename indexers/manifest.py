@@ -26,7 +26,7 @@ METRICS = ("ip",)
 DEFAULT_INSTRUCTION = "Represent the user's input."
 DEFAULT_MEMORY_BUDGET_BYTES = 4 * 2**30
 
-# Video sampling and per-frame budget (faste_mm.video.VideoConfig's fields and defaults, kept as
+# Video sampling and per-frame budget (faste_mm.model.video.VideoConfig's fields and defaults, kept as
 # plain data here: indexers import nothing from the model layer; a test checks they agree).
 # Collections written before videos were supported read as these defaults.
 DEFAULT_VIDEO = {"fps": 1.0, "max_frames": 64, "min_frames": 4, "min_pixels": 131_072,

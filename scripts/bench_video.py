@@ -26,13 +26,14 @@ def _min_time(fn, rounds: list[float]) -> None:
 
 def main() -> None:
     from faste_mm import BatchingConfig, Embedder, FastEConfig, Item
-    from faste_mm.bench_inputs import make_inputs
-    from faste_mm.bench_models import build_shape_model
-    from faste_mm.compressors import FastE, Full
-    from faste_mm.flops import batch_flops, full_batch_flops, vision_flops
-    from faste_mm.runner import run_decoder
-    from faste_mm.video import VideoConfig, read_video
-    import faste_mm.video as video
+    from faste_mm.model.ablations import Full
+    from faste_mm.model.faste import FastE
+    from faste_mm.model.flops import batch_flops, full_batch_flops, vision_flops
+    from faste_mm.model.runner import run_decoder, settle_kernel
+    from faste_mm.model.video import VideoConfig, read_video
+    from faste_mm.tools.bench_inputs import make_inputs
+    from faste_mm.tools.shapes import build_shape_model
+    import faste_mm.model.video as video
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, nargs="+", default=[30, 120])
@@ -60,7 +61,8 @@ def main() -> None:
             frames = read_video(clip, VideoConfig())
             for _ in range(args.rounds):
                 for name, policy in policies.items():
-                    _min_time(lambda: traces.__setitem__(name, run_decoder(backbone, batch, policy, emb.unpadded)[1]), times[name])
+                    kernel = settle_kernel(backbone, batch, policy, emb.unpadded)
+                    _min_time(lambda: traces.__setitem__(name, run_decoder(backbone, batch, policy, kernel)[1]), times[name])
                 _min_time(lambda: read_video(clip, VideoConfig()), prep["decode_s"])
                 _min_time(lambda: [video._resize(f.permute(1, 2, 0).to(torch.uint8).numpy(), *f.shape[-2:]) for f in frames.frames], prep["resize_s"])
                 _min_time(lambda: backbone.with_positions(emb.serializer(item, None)), prep["serialize_s"])

@@ -15,8 +15,8 @@ import torch
 from transformers import Qwen3VLModel
 
 from faste_mm import FastEConfig, InputError, Item, SerializerConfig
-from faste_mm.items import as_item
-from faste_mm.video import VideoConfig, frame_indices, frame_pixel_budget, read_video, smart_nframes, smart_resize
+from faste_mm.model.items import as_item
+from faste_mm.model.video import VideoConfig, frame_indices, frame_pixel_budget, read_video, smart_nframes, smart_resize
 
 from .reference import init_vl_sample, naive_embed
 
@@ -226,7 +226,7 @@ def test_faste_on_videos_matches_naive_reference(vl_embedder, model_dirs, video_
 
 
 def test_vision_flops_count_the_video_grids(vl_embedder, video_items):
-    from faste_mm.flops import vision_flops
+    from faste_mm.model.flops import vision_flops
 
     serialized = _serialize(vl_embedder, video_items)
     grids = [tuple(g) for s in serialized for g in (s.image_grid_thw, s.video_grid_thw) if g is not None for g in g.tolist()]
@@ -295,9 +295,9 @@ def test_text_only_models_refuse_videos(text_embedders, video_dir):
 
 
 def test_bench_video_input_is_a_decodable_clip_of_the_asked_length(tmp_path):
-    from faste_mm.bench_inputs import make_inputs
+    from faste_mm.tools.bench_inputs import make_inputs
     from faste_mm.errors import ConfigError
-    from faste_mm.video import probe_video
+    from faste_mm.model.video import probe_video
 
     clips = make_inputs("video:2@64x48", 3, tmp_path, None)
     assert len(clips) == 3 and len(set(clips)) == 1

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from faste_mm.cli.app import app
 from faste_mm.indexers.manifest import DEFAULT_VIDEO, Manifest
-from faste_mm.video import VideoConfig
+from faste_mm.model.video import VideoConfig
 
 from tests.test_video import write_audio, write_video
 

@@ -22,7 +22,7 @@ from typing import Iterable, Union
 from PIL import Image, UnidentifiedImageError
 
 from faste_mm.errors import InputError
-from faste_mm.video import VIDEO_SUFFIXES
+from faste_mm.model.video import VIDEO_SUFFIXES
 
 ImageLike = Union[str, Path, Image.Image]
 

@@ -15,7 +15,7 @@ from PIL import Image
 
 from faste_mm.errors import ConfigError, InputError
 from faste_mm.model.items import Item, load_image, read_image_size
-from faste_mm.video import VideoConfig, read_video
+from faste_mm.model.video import VideoConfig, read_video
 
 DEFAULT_INSTRUCTION = "Represent the user's input."
 
@@ -26,7 +26,7 @@ class SerializerConfig:
 
     min_pixels/max_pixels bound the resized image (max 1,843,200 px = 1800 visual tokens of 32x32);
     max_length truncates the token sequence on the right, as the official code does.
-    video: frame sampling and per-frame pixel budget of video items (faste_mm.video).
+    video: frame sampling and per-frame pixel budget of video items (faste_mm.model.video).
     """
 
     min_pixels: int = 4096

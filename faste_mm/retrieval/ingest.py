@@ -21,7 +21,7 @@ import numpy as np
 from faste_mm.errors import CollectionError, ConfigError, InputError, ModelLoadError
 from faste_mm.indexers import Collection, FileStat, ItemRecord, content_hash
 from faste_mm.model.items import PDF_SUFFIXES, Item, not_a_file_reason
-from faste_mm.video import VIDEO_SUFFIXES
+from faste_mm.model.video import VIDEO_SUFFIXES
 
 if TYPE_CHECKING:  # annotations only: scanning and planning load no model code
     from faste_mm.model.embedder import EmbedResult, EmbedStats

@@ -39,7 +39,7 @@ from faste_mm.retrieval.export import ExportReport, export_parquet
 from faste_mm.retrieval.maintenance import collection_path
 from faste_mm.retrieval.results import AddReport, Hit, IndexOptions, IndexProgress, IndexReport, RemoveReport
 from faste_mm.model.serialization import DEFAULT_INSTRUCTION, SerializerConfig
-from faste_mm.video import VideoConfig
+from faste_mm.model.video import VideoConfig
 
 if TYPE_CHECKING:
     from faste_mm.scale import RayOptions
