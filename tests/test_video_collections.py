@@ -55,6 +55,9 @@ def test_index_a_folder_with_videos_and_query_by_text_and_by_video(model_dirs, f
     (top,) = json.loads(by_video.stdout)["hits"]
     assert Path(top["uri"]).name == "beach.webm" and top["score"] == pytest.approx(1.0, abs=1e-3)
 
+    only_videos = json.loads(invoke("search", "a beach", "-c", col, "--type", "video", "--format", "json").stdout)["hits"]
+    assert sorted(Path(h["uri"]).name for h in only_videos) == ["beach.webm", "street.mp4", "wide.mov"]
+
     settings = json.loads(invoke("info", "-c", col, "--format", "json").stdout)["settings"]
     assert settings["serializer"]["video"] == VideoConfig().to_dict()
     assert "1 fps, at most 64 frames" in invoke("info", "-c", col).stdout
