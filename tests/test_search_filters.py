@@ -143,7 +143,7 @@ def test_fewer_matches_than_k_pad_and_no_match_gives_no_hits(tmp_path):
 @pytest.mark.parametrize("bad, match", [
     (dict(where={"tag": ["a", "b"]}), "values must be"),
     (dict(where={"": "x"}), "non-empty"),
-    (dict(types=("video",)), "'video' is not one of image, pdf, text"),
+    (dict(types=("audio",)), "'audio' is not one of image, pdf, text, video"),
     (dict(path=" "), "non-empty glob"),
 ])
 def test_bad_filters_are_config_errors_naming_the_field(bad, match):
@@ -213,5 +213,5 @@ def test_cli_search_where_type_and_path(filtered_collection):
     assert all("/sub/" in h["uri"] for h in search("--path", "*/sub/*")) and search("--path", "*/sub/*")
     bad = runner.invoke(app, ["search", "x", "-c", str(col), "--where", "tag"])
     assert bad.exit_code == 2 and "KEY=VALUE" in bad.stderr
-    wrong = runner.invoke(app, ["search", "x", "-c", str(col), "--type", "video"])
-    assert wrong.exit_code == 1 and "'video' is not one of image, pdf, text" in wrong.stderr
+    wrong = runner.invoke(app, ["search", "x", "-c", str(col), "--type", "audio"])
+    assert wrong.exit_code == 1 and "'audio' is not one of image, pdf, text, video" in wrong.stderr
