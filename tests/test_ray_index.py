@@ -93,7 +93,9 @@ def _assert_same_collection(reference: Path, other: Path) -> None:
     assert sorted(rows) == sorted(ref_rows)
     assert failures == ref_failures
     for key, vector in ref_rows.items():
-        np.testing.assert_allclose(rows[key], vector, atol=1e-5, err_msg=str(key))
+        # Stored as float16: batches of other sizes (the pipeline's) move float32 results by ~1e-7,
+        # which can flip the last float16 bit (2**-14 = 6.1e-5 for values in [0.0625, 0.125)).
+        np.testing.assert_allclose(rows[key], vector, atol=2e-4, err_msg=str(key))
 
 
 def test_ray_index_with_faste_matches_plain_index(ray_cluster, model_dir, corpus, tmp_path):

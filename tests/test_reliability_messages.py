@@ -91,6 +91,7 @@ def test_the_schema_migration_keeps_existing_names(tmp_path):
     db = sqlite3.connect(root / "meta.sqlite")  # as schema 1 stored it: raw
     db.execute("INSERT INTO items (id, uri, modality, status, error, added_at) VALUES (9, ?, 'image', 'failed', 'x', 0)",
                (literal,))
+    db.execute("DROP TABLE exclusions")  # schema 1 had none (schema 3 adds it)
     db.execute("UPDATE schema_version SET version = 1")
     db.commit()
     db.close()
