@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
-# Issue 5's GPU targets in one command per model size, for a machine with one NVIDIA GPU:
-# real Qwen3-VL-Embedding-2B / 8B shapes in bfloat16 (random weights: the timings are true),
-# 1k-4k-token text documents and one-page PDFs at the 1,800-visual-token cap, r_max 0.3/0.5/0.7,
-# padded vs unpadded ("auto") layers after compression, plus the plain HF forward on the texts.
+# The GPU issue's runs, one command per step, for a machine with one NVIDIA GPU: real shapes in
+# bfloat16 with random weights (the timings are true), FastE at r_max 0.3/0.5/0.7 with the
+# trigger forced (layer 10) and by alignment, padded vs unpadded layers after compression, the
+# peers (plain HF, sentence-transformers), images/s and pages/s, GPU FAISS, the CUDA-only tests.
 #
-#   bash scripts/gpu_bench.sh 2b      # or 8b; JSON reports, the log and the CUDA kernel tests in $OUT
+#   bash scripts/gpu_bench.sh text      # Qwen3-Embedding-0.6B / 4B shapes: 1k-4k tokens, batch >= 32 and the paper's 4, + peers
+#   bash scripts/gpu_bench.sh 2b        # Qwen3-VL-Embedding-2B: 1k-4k texts (+ HF), pages at the 1,800-token cap, images
+#   bash scripts/gpu_bench.sh 8b        # the same for 8B
+#   bash scripts/gpu_bench.sh faiss     # search latency on 1M x 2048 random vectors, Flat and IVF, CPU vs GPU
 #
-# Packages the machine lacks travel as wheels in .whl/ (see docs/benchmarks.md, "GPU runs").
+# Each writes its JSON reports and log to $OUT (the device tool's output folder) or ./gpu-bench-STEP.
+# Packages the machine lacks travel as wheels in .whl/ (docs/benchmarks.md, "GPU runs").
 set -uo pipefail
 cd "$(dirname "$0")/.."
-size=${1:?usage: gpu_bench.sh 2b|8b}
-out=${OUT:-gpu-bench-$size}
+step=${1:?usage: gpu_bench.sh text|2b|8b|faiss}
+out=${OUT:-gpu-bench-$step}
 mkdir -p "$out"
-exec > >(tee "$out/log-$size.txt") 2>&1
+exec > >(tee "$out/log-$step.txt") 2>&1
 export PYTHONUNBUFFERED=1
 
 if compgen -G ".whl/*.whl" >/dev/null; then
@@ -22,14 +26,38 @@ fi
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . || exit 1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
-python3 -m pytest -q -p no:cacheprovider tests/test_unpadded.py -k cuda
 
-case $size in
-    2b) n_text=256; n_pages=64 ;;
-    8b) n_text=128; n_pages=32 ;;
-    *) echo "size must be 2b or 8b" >&2; exit 2 ;;
+bench() { faste-mm bench --dtype bfloat16 --device cuda --repeats 3 "$@"; }
+ratios=(--r-max 0.3,0.5,0.7)
+layouts=(--unpadded off,auto,flash-attn,torch-nested)
+
+case $step in
+    text)
+        python3 -m pytest -q -p no:cacheprovider tests/test_unpadded.py -k cuda
+        for shape in qwen3-embedding-0.6b qwen3-embedding-4b; do
+            bench --shape $shape --inputs text:1000-4000 --n 256 "${ratios[@]}" --trigger-layer 10 "${layouts[@]}" \
+                --compare hf,sentence-transformers --out "$out/$shape-text-1k-4k-fixed10.json"
+            bench --shape $shape --inputs text:1000-4000 --n 256 "${ratios[@]}" --unpadded auto \
+                --out "$out/$shape-text-1k-4k-alignment.json"
+            bench --shape $shape --inputs text:1000-4000 --n 64 "${ratios[@]}" --trigger-layer 10 --unpadded auto \
+                --batch-tokens 16000 --out "$out/$shape-text-1k-4k-batch4.json"   # ~4 rows per batch, as the paper
+        done ;;
+    2b|8b)
+        [ "$step" = 2b ] && n_text=256 n_pages=64 n_images=256 || n_text=128 n_pages=32 n_images=128
+        shape=qwen3-vl-embedding-$step
+        bench --shape $shape --inputs text:1000-4000 --n $n_text "${ratios[@]}" --trigger-layer 10 "${layouts[@]}" \
+            --compare hf --out "$out/vl$step-text-1k-4k.json"
+        bench --shape $shape --inputs page:1240x1754 --n $n_pages "${ratios[@]}" --trigger-layer 10 --unpadded off,auto \
+            --out "$out/vl$step-pages-1800.json"
+        bench --shape $shape --inputs image:1280x960 --n $n_images --r-max 0.5 --unpadded auto \
+            --out "$out/vl$step-images-1280x960.json"   # images/s at the default pixel cap, full and FastE
+        bench --shape $shape --inputs video:30 --n 4 --r-max 0.5,0.7 --trigger-layer 10 --unpadded auto \
+            --out "$out/vl$step-video-30s.json" ;;
+    faiss)
+        python3 -c "import faiss; print('faiss', faiss.__version__, 'GPUs', faiss.get_num_gpus())"
+        for index in Flat IVF4096,Flat; do
+            python3 -m faste_mm.indexers.bench --n 1000000 --d 2048 --index-type "$index" --queries 100 \
+                | tee "$out/faiss-$index.txt"
+        done ;;
+    *) echo "step must be text, 2b, 8b or faiss" >&2; exit 2 ;;
 esac
-common=(--shape "qwen3-vl-embedding-$size" --dtype bfloat16 --device cuda --r-max 0.3,0.5,0.7
-        --trigger-layer 10 --repeats 3 --unpadded off,auto)
-faste-mm bench "${common[@]}" --inputs text:1000-4000 --n "$n_text" --compare hf --json "$out/vl$size-text-1k-4k.json"
-faste-mm bench "${common[@]}" --inputs page:1240x1754 --n "$n_pages" --json "$out/vl$size-pages-1800.json"
