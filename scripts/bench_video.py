@@ -53,7 +53,7 @@ def main() -> None:
             (batch,) = list(emb.prepare_batches([item], [0]))
             policies = {"full": Full()}
             for r in (0.5, 0.7):
-                config = FastEConfig(r_max=r, trigger_layer=args.trigger_layer).resolved(emb.defaults, layers)
+                config = emb.resolve_fast_e(FastEConfig(r_max=r, trigger_layer=args.trigger_layer))
                 policies[f"faste r={r:g}"] = FastE(config, layers)
             times = {name: [] for name in policies}
             prep = {"decode_s": [], "resize_s": [], "serialize_s": []}
