@@ -167,6 +167,21 @@ def test_text_search_equals_retriever_search(client, embedder, collection):
         assert [h["rank"] for h in hits] == list(range(1, len(expected) + 1))
 
 
+def test_filtered_search_equals_retriever_search_with_the_same_filters(client, embedder, collection):
+    reference = Retriever(embedder, collection=collection, r_max=0.5)
+    for filters in ({"type": "pdf"}, {"type": ["text", "pdf"]}, {"path": "*/ocean-*"}, {"where": {"tag": "none"}}):
+        body = client.post("/search", json={"query": "a report", "k": 6, **filters}).json()
+        expected = reference.search("a report", k=6, **filters)
+        assert [h["id"] for h in body["hits"]] == [h.id for h in expected], filters
+        assert body["filter"]["path"] == filters.get("path")
+    pages = client.post("/search", json={"query": "a report", "k": 6, "type": "pdf"}).json()["hits"]
+    assert pages and all(h["uri"].endswith(".pdf") for h in pages)
+    similar = client.post("/search", json={"id": pages[0]["id"], "k": 5, "type": "image"}).json()["hits"]
+    assert similar and all(h["uri"].endswith(".png") for h in similar)
+    bad = client.post("/search", json={"query": "x", "type": "audio"})
+    assert bad.status_code == 400 and "audio" in bad.json()["error"]["message"]
+
+
 def test_image_search_by_upload_and_by_data_url_equals_retriever_search(client, embedder, collection):
     reference = Retriever(embedder, collection=collection, r_max=0.5)
     raw = (collection.parent / "gallery" / "ocean-2.png").read_bytes()

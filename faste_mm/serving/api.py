@@ -21,6 +21,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
 from faste_mm.errors import ConfigError, FasteError, InputError
+from faste_mm.indexers import SearchFilter
 from faste_mm.serving.batcher import QueueFullError
 from faste_mm.serving.engine import NoCollectionError, RequestTooLargeError, ServeEngine, UnknownItemError
 from faste_mm.serving.inputs import (EmbeddingRequest, SearchRequest, decode_image_bytes, decode_image_url,
@@ -94,12 +95,13 @@ def create_app(engine: ServeEngine) -> FastAPI:
 
     @app.post("/search", dependencies=[auth])
     async def search(request: Request) -> dict:
-        query, image, item_id, k = await _search_fields(request, engine)
+        query, image, item_id, k, where = await _search_fields(request, engine)
         started = time.perf_counter()
-        hits = await run_in_threadpool(engine.search, query, image, item_id, k)
+        hits = await run_in_threadpool(engine.search, query, image, item_id, k, where)
         return {
             "query": {"text": query, "image": image is not None, "id": item_id},
             "k": k,
+            "filter": {"where": where.where, "types": list(where.types), "path": where.path},
             "took_ms": round(1000 * (time.perf_counter() - started), 1),
             "hits": [_hit_json(rank, hit) for rank, hit in enumerate(hits, 1)],
         }
@@ -126,8 +128,8 @@ def _check_model(model: str | None, engine: ServeEngine) -> None:
 
 
 async def _search_fields(request: Request, engine: ServeEngine):
-    """(query, PIL image or None, item id or None, k) from a JSON body or a multipart form
-    (fields q, k, id and an `image` file, as the search page sends them)."""
+    """(query, PIL image or None, item id or None, k, SearchFilter) from a JSON body or a multipart
+    form (fields q, k, id and an `image` file, as the search page sends them; no filters)."""
     content_type = request.headers.get("content-type", "")
     if content_type.startswith("multipart/form-data") or content_type.startswith("application/x-www-form-urlencoded"):
         form = await request.form()
@@ -141,7 +143,7 @@ async def _search_fields(request: Request, engine: ServeEngine):
             if raw:  # decoding is CPU work: off the event loop
                 image = await run_in_threadpool(decode_image_bytes, raw, f"image ({upload.filename or 'upload'})")
         query = (form.get("q") or "").strip() or None
-        return query, image, _int_field(form.get("id"), "id"), _int_field(form.get("k"), "k") or 10
+        return query, image, _int_field(form.get("id"), "id"), _int_field(form.get("k"), "k") or 10, SearchFilter()
     try:
         body = SearchRequest.model_validate(await request.json())
     except ValueError as error:
@@ -150,7 +152,11 @@ async def _search_fields(request: Request, engine: ServeEngine):
     image = None
     if body.image is not None:
         image = await run_in_threadpool(decode_image_url, body.image, "image", engine.config.allow_remote_images)
-    return (body.query or "").strip() or None, image, body.id, body.k
+    try:
+        where = SearchFilter(where=body.where or {}, types=body.type or (), path=body.path)
+    except ConfigError as error:  # a filter the collection cannot apply: the client's mistake
+        raise InputError(str(error)) from None
+    return (body.query or "").strip() or None, image, body.id, body.k, where
 
 
 def _int_field(value, name: str) -> int | None:

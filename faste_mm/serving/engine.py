@@ -18,6 +18,7 @@ import numpy as np
 
 from faste_mm import Embedder, FastEConfig, Hit, InputError, Item, Retriever
 from faste_mm.errors import ConfigError, FasteError
+from faste_mm.indexers import SearchFilter
 from faste_mm.serving.batcher import Batcher, BatcherConfig
 from faste_mm.serving.inputs import truncate_dimensions
 from faste_mm.serving.metrics import BATCH_SIZE_BUCKETS, Metrics, describe_server_metrics
@@ -85,6 +86,7 @@ class _SearchPayload:
     item: Item | None
     item_id: int | None
     k: int
+    where: SearchFilter
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,9 +212,12 @@ class ServeEngine:
         return run
 
     # ---- search (handler threads) -------------------------------------------------------------
-    def search(self, query: str | None = None, image=None, item_id: int | None = None, k: int = 10) -> list[Hit]:
+    def search(self, query: str | None = None, image=None, item_id: int | None = None, k: int = 10,
+               where: SearchFilter | None = None) -> list[Hit]:
         """Top-k hits for a text and/or a PIL image (as `Retriever.search`), or for the stored
-        vector of item `item_id` ("more like this"; the item itself is left out)."""
+        vector of item `item_id` ("more like this"; the item itself is left out), among the items
+        `where` admits (all of them when None)."""
+        where = where or SearchFilter()
         if self.retriever is None:
             raise NoCollectionError("this server has no collection; start it with `faste-mm serve -c NAME|DIR` "
                                     "to search")
@@ -221,34 +226,40 @@ class ServeEngine:
         if item_id is not None:
             if query is not None or image is not None:
                 raise InputError("give either `id` (more like this) or a query text/image, not both")
-            return self.batcher.submit("search", _SearchPayload(None, int(item_id), k), 1).result()
+            return self.batcher.submit("search", _SearchPayload(None, int(item_id), k, where), 1).result()
         if not query and image is None:
             raise InputError("give a query text (`query`, form field `q`), an image, or an item `id`")
         item = Item(text=query or None, image=image)
         tokens = self.count_tokens([item], "query")
-        return self.batcher.submit("search", _SearchPayload(item, None, k), tokens).result()
+        return self.batcher.submit("search", _SearchPayload(item, None, k, where), tokens).result()
 
     def _run_search(self, payloads: list[_SearchPayload]) -> list[object]:
         out: list[object] = [None] * len(payloads)
-        by_query = [i for i, p in enumerate(payloads) if p.item is not None]
-        if by_query:
+        groups: dict[tuple, list[int]] = {}  # requests with the same filter share one search
+        for i, payload in enumerate(payloads):
+            if payload.item is not None:
+                where = payload.where
+                groups.setdefault((tuple(sorted(where.where.items())), where.types, where.path), []).append(i)
+        for by_query in groups.values():
+            where = payloads[by_query[0]].where
             k = max(payloads[i].k for i in by_query)  # one FAISS call; top-k is a prefix of top-K
-            found = self.retriever.search_batch([payloads[i].item for i in by_query], k=k)
+            found = self.retriever.search_batch([payloads[i].item for i in by_query], k=k,
+                                                where=where.where, type=where.types or None, path=where.path)
             for i, hits in zip(by_query, found):
                 out[i] = hits[: payloads[i].k]
         for i, payload in enumerate(payloads):
             if payload.item_id is not None:
                 try:
-                    out[i] = self._more_like(payload.item_id, payload.k)
+                    out[i] = self._more_like(payload.item_id, payload.k, payload.where)
                 except FasteError as error:
                     out[i] = error
         return out
 
-    def _more_like(self, item_id: int, k: int) -> list[Hit]:
+    def _more_like(self, item_id: int, k: int, where: SearchFilter) -> list[Hit]:
         col = self._model_thread_reader()
         if item_id not in col.live_ids([item_id]):
             raise UnknownItemError(f"id {item_id}: no such item in the collection {self.collection}")
-        scores, ids = col.search(col.vectors([item_id]), k + 1)
+        scores, ids = col.search(col.vectors([item_id]), k + 1, where=where)
         pairs = [(float(s), int(i)) for s, i in zip(scores[0], ids[0]) if i >= 0 and int(i) != item_id][:k]
         records = dict(zip([i for _, i in pairs], col.get([i for _, i in pairs])))
         return [Hit(i, s, records[i].uri, records[i].page, records[i].metadata) for s, i in pairs]

@@ -64,13 +64,17 @@ class EmbeddingRequest(BaseModel):
 
 class SearchRequest(BaseModel):
     """POST /search as JSON: a text `query`, an `image` (data: URL), or the `id` of an indexed
-    item ("more like this"); `k` results."""
+    item ("more like this"); `k` results; the filters of `Retriever.search`: `where` (metadata
+    key -> value), `type` (image|pdf|text|video, or a list) and `path` (a glob)."""
 
     model_config = ConfigDict(extra="forbid")
     query: str | None = None
     image: str | None = None
     id: int | None = None
     k: int = Field(default=10, ge=1, le=1000)
+    where: dict[str, str | int | float | bool] | None = None
+    type: str | list[str] | None = None
+    path: str | None = None
 
 
 # ---- translation into items ------------------------------------------------------------------
