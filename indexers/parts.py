@@ -47,17 +47,23 @@ class PartMissing(CollectionError):
     the reader's snapshot began (the reader then retries on the newer parts)."""
 
 
-def read_ids(root: Path, part: int, n_rows: int) -> np.ndarray:
-    """The item ids [n] int64 of one part (small: no vectors are read)."""
-    path = ids_path(root, part)
+def _load(path: Path, part: int, **options) -> np.ndarray:
+    """np.load of one file of a part; PartMissing when it is gone (a compact may have replaced
+    the part under a reader), CollectionError when it cannot be read."""
     try:
-        ids = np.load(path)
+        return np.load(path, **options)
     except FileNotFoundError as e:
         raise PartMissing(f"{path}: cannot read vector part {part} ({e.strerror}); the collection is "
                           f"damaged — re-index it with `--reindex`") from None
     except (OSError, ValueError) as e:
         raise CollectionError(f"{path}: cannot read vector part {part} ({e}); the collection is "
                               f"damaged — re-index it with `--reindex`") from None
+
+
+def read_ids(root: Path, part: int, n_rows: int) -> np.ndarray:
+    """The item ids [n] int64 of one part (small: no vectors are read)."""
+    path = ids_path(root, part)
+    ids = _load(path, part)
     if ids.shape != (n_rows,):
         raise CollectionError(f"{path}: part {part} has ids {ids.shape}, expected ({n_rows},); the "
                               f"collection is damaged — re-index it with `--reindex`")
@@ -70,22 +76,12 @@ def read_part(root: Path, part: int, n_rows: int, dim: int) -> tuple[np.ndarray,
     Raises CollectionError when a part SQLite references is missing or has the wrong shape:
     the collection is damaged and only re-indexing can restore the lost vectors.
     """
-    vpath, ipath = vectors_path(root, part), ids_path(root, part)
-    try:
-        vectors = np.load(vpath, mmap_mode="r")
-        ids = np.load(ipath)
-    except FileNotFoundError as e:
-        raise PartMissing(f"{e.filename}: cannot read vector part {part} ({e.strerror}); the collection "
-                          f"is damaged — re-index it with `--reindex`") from None
-    except (OSError, ValueError) as e:
-        raise CollectionError(f"{vpath}: cannot read vector part {part} ({e}); the collection is "
-                              f"damaged — re-index it with `--reindex`") from None
-    if vectors.shape != (n_rows, dim) or ids.shape != (n_rows,):
-        raise CollectionError(
-            f"{vpath}: part {part} has vectors {vectors.shape} and ids {ids.shape}, expected "
-            f"({n_rows}, {dim}) and ({n_rows},); the collection is damaged — re-index it with "
-            f"`--reindex`")
-    return vectors, ids
+    path = vectors_path(root, part)
+    vectors = _load(path, part, mmap_mode="r")
+    if vectors.shape != (n_rows, dim):
+        raise CollectionError(f"{path}: part {part} has vectors {vectors.shape}, expected ({n_rows}, {dim}); "
+                              f"the collection is damaged — re-index it with `--reindex`")
+    return vectors, read_ids(root, part, n_rows)
 
 
 def remove_part(root: Path, part: int) -> None:
