@@ -7,7 +7,7 @@ Receives `Serialized` items; hands on `Batch`es (with the rows they came from) t
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 import torch
 
@@ -88,23 +88,9 @@ class Batch:
         return self._map(lambda t: t.to(device, non_blocking=non_blocking))
 
     def _map(self, fn) -> "Batch":
-        def move(t: torch.Tensor | None) -> torch.Tensor | None:
-            return None if t is None else fn(t)
-
-        return Batch(
-            rows=self.rows,
-            input_ids=move(self.input_ids),
-            valid=move(self.valid),
-            lengths=move(self.lengths),
-            mm_token_type_ids=move(self.mm_token_type_ids),
-            pixel_values=move(self.pixel_values),
-            image_grid_thw=move(self.image_grid_thw),
-            position_ids=move(self.position_ids),
-            image_grids=self.image_grids,
-            pixel_values_videos=move(self.pixel_values_videos),
-            video_grid_thw=move(self.video_grid_thw),
-            video_grids=self.video_grids,
-        )
+        """The batch with `fn` applied to every tensor field (host ints and rows stay as they are)."""
+        tensors = {f.name: getattr(self, f.name) for f in fields(self)}
+        return replace(self, **{name: fn(value) for name, value in tensors.items() if isinstance(value, torch.Tensor)})
 
 
 def plan_batches(lengths: list[int], config: BatchingConfig) -> list[list[int]]:
