@@ -17,7 +17,7 @@ from rich.table import Table
 
 from faste_mm.cli.common import (DEFAULT_MODEL, DOCUMENT_R_MAX, Format, debug_option, device_option, fail, markup_safe,
                                  print_json, setup_logging, shown, stderr, stdout, unpadded_option)
-from faste_mm.cli.progress import Progress, announced_spec, quiet_transformers
+from faste_mm.cli.progress import Progress, quiet_transformers
 from faste_mm.errors import FasteError
 
 _COLLECTION_HELP = ("Collection: a NAME under the user data directory "
@@ -110,13 +110,8 @@ def index_command(
 ) -> None:
     """Index images, videos (mp4, mov, webm, mkv, avi), PDFs (page by page) and .txt/.md files; only new or
     changed files are embedded."""
-    from dataclasses import replace
-
     from faste_mm.model.batching import BatchingConfig
-    from faste_mm.indexers.manifest import MANIFEST_NAME, read_manifest
-    from faste_mm.retrieval.retriever import IndexOptions, ModelSpec, Retriever, collection_path
-    from faste_mm.model.serialization import SerializerConfig
-    from faste_mm.model.video import VideoConfig
+    from faste_mm.retrieval.retriever import IndexOptions, Retriever, collection_path
 
     setup_logging(debug)
     watch, pending = _IndexWatch(), None
@@ -124,33 +119,23 @@ def index_command(
         root = collection_path(collection)
         options = IndexOptions(exclude=tuple(exclude), include_hidden=include_hidden, reindex=reindex,
                                index_type=index_type, retry_failed=retry_failed, chunk_files=chunk_files)
-        existing = None
-        if (root / MANIFEST_NAME).exists() and not (reindex and model is not None):
-            existing = read_manifest(root)  # the settings only; the retriever opens the database
-        # Unspecified settings keep the collection's, so `faste-mm index more/` just works.
-        model_id = model or (existing.model_id if existing else DEFAULT_MODEL)
-        revision = existing.model_revision if existing and model is None else None
-        if r_max is None:
-            r_max = existing.r_max if existing else DOCUMENT_R_MAX
-        if dim is None and existing is not None:
-            dim = existing.dim
-        # unspecified video settings keep the collection's; a given one that differs is refused
-        video = VideoConfig(**existing.video) if existing else VideoConfig()
-        given = {"fps": video_fps, "max_frames": video_max_frames, "max_pixels": video_max_pixels}
-        video = replace(video, **{name: value for name, value in given.items() if value is not None})
-        spec = announced_spec(ModelSpec, watch)(model_id, revision, device,
-                                                batching=BatchingConfig(batch_tokens=batch_tokens, unpadded=unpadded),
-                                                serializer=SerializerConfig(video=video))
-        ray_options = None
+        executor = None
         if ray is not None:
-            from faste_mm.scale import RayOptions
+            from faste_mm.scale import RayExecutor, RayOptions
 
-            ray_options = RayOptions(ray, workers, gpus_per_worker, cpus_per_worker, ship_bytes=ship_bytes)
+            executor = RayExecutor(RayOptions(ray, workers, gpus_per_worker, cpus_per_worker, ship_bytes=ship_bytes))
         elif workers is not None or gpus_per_worker is not None or ship_bytes:
             _usage("--workers, --gpus-per-worker and --ship-bytes need --ray auto (or --ray ADDRESS)")
-        pending = lambda: Retriever(spec, collection=root).pending(paths, options)  # noqa: E731
-        with Retriever(spec, collection=root, r_max=r_max, threshold=threshold, dim=dim) as retriever, watch:
-            report = retriever.index(paths, options=options, progress=watch.report, ray=ray_options)
+        # Settings not given are the collection's (so `faste-mm index more/` just works), else the
+        # defaults; a given one that differs from the collection's is refused (see CollectionProfile).
+        video = {"fps": video_fps, "max_frames": video_max_frames, "max_pixels": video_max_pixels}
+        retriever = Retriever.for_collection(
+            root, model, device=device, batching=BatchingConfig(batch_tokens=batch_tokens, unpadded=unpadded),
+            reindex=reindex, loading=watch.loading, r_max=r_max, threshold=threshold, dim=dim,
+            video={name: value for name, value in video.items() if value is not None} or None)
+        pending = lambda: retriever.pending(paths, options)  # noqa: E731
+        with retriever, watch:
+            report = retriever.index(paths, options=options, progress=watch.report, executor=executor)
     except FasteError as error:
         fail(error, debug)
     except KeyboardInterrupt:

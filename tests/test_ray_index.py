@@ -26,7 +26,7 @@ from faste_mm import BatchingConfig, Retriever  # noqa: E402
 from faste_mm.indexers import Collection  # noqa: E402
 from faste_mm.retrieval.results import IndexOptions  # noqa: E402
 from faste_mm.retrieval.retriever import ModelSpec  # noqa: E402
-from faste_mm.scale import RayOptions  # noqa: E402
+from faste_mm.scale import RayExecutor, RayOptions  # noqa: E402
 from faste_mm.scale.ray_index import ACTOR_REGISTRY_ENV, _decode_file, _FileTask  # noqa: E402
 from tests.test_retriever_scanning import (CORPUS_EMBEDDED, CORPUS_FAILED, CORPUS_REUSED, make_corpus,  # noqa: E402
                                            noise_image, tiny_vl_dir)
@@ -72,7 +72,8 @@ def _spec(model_dir: Path, max_batch_size: int = 64) -> ModelSpec:
 
 def _index(model_dir, root, collection, r_max, ray_options=None, max_batch_size=64, progress=None):
     with Retriever(_spec(model_dir, max_batch_size), collection=collection, r_max=r_max) as retriever:
-        return retriever.index([root], options=IndexOptions(chunk_files=3), progress=progress, ray=ray_options)
+        return retriever.index([root], options=IndexOptions(chunk_files=3), progress=progress,
+                               executor=None if ray_options is None else RayExecutor(ray_options))
 
 
 def _rows(collection: Path) -> tuple[dict[tuple[str, int | None], np.ndarray], list[tuple]]:

@@ -29,16 +29,17 @@ import socket
 import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from faste_mm.errors import ConfigError, FasteError
-from faste_mm.retrieval.ingest import IngestTally, PreparedChunk, ScannedFile, UpdatePlan, commit_chunk, prepare_chunk
+from faste_mm.retrieval.executors import IngestJob
+from faste_mm.retrieval.ingest import IngestTally, PreparedChunk, ScannedFile, commit_chunk, prepare_chunk
 
 if TYPE_CHECKING:
     from faste_mm.scale.options import RayOptions
-    from faste_mm import BatchingConfig, FastEConfig, Retriever, SerializerConfig
+    from faste_mm import BatchingConfig, FastEConfig, SerializerConfig
     from faste_mm.indexers import Collection
 
 log = logging.getLogger(__name__)
@@ -103,9 +104,7 @@ class _Pending:
 
 
 # ---- the driver ------------------------------------------------------------------------------
-def ingest_plan_with_ray(retriever: "Retriever", col: "Collection", plan: UpdatePlan, chunk_files: int,
-                         tally: IngestTally, options: RayOptions,
-                         report_progress: Callable[[int], None]) -> None:
+def ingest_plan_with_ray(job: IngestJob, options: RayOptions) -> None:
     """Embed and commit `plan.todo` on Ray Data; the counterpart of `Retriever.index`'s chunk loop.
 
     Chunks are planned up front (hash, reuse) and committed as their results arrive. A file whose
@@ -116,8 +115,8 @@ def ingest_plan_with_ray(retriever: "Retriever", col: "Collection", plan: Update
     ray = import_ray()
     started_here = _connect(ray, options)
     try:
-        run = _Run(ray, retriever, col, plan.changed, chunk_files, tally, options, report_progress)
-        deferred = run.embed(plan.todo, in_flight=set())
+        run = _Run(ray, job, options)
+        deferred = run.embed(job.plan.todo, in_flight=set())
         run.embed(deferred, in_flight=None)
     finally:
         if started_here:
@@ -128,10 +127,10 @@ class _Run:
     """The driver's side of one `index --ray` call: prepares chunks, streams the files to embed
     through the pipeline, commits each chunk when all its results are back."""
 
-    def __init__(self, ray, retriever: "Retriever", col: "Collection", changed: frozenset[str], chunk_files: int,
-                 tally: IngestTally, options: RayOptions, report_progress: Callable[[int], None]) -> None:
-        self.ray, self.retriever, self.col, self.changed = ray, retriever, col, changed
-        self.chunk_files, self.tally, self.options, self.report_progress = chunk_files, tally, options, report_progress
+    def __init__(self, ray, job: IngestJob, options: RayOptions) -> None:
+        self.ray, self.job, self.col, self.changed = ray, job, job.col, job.plan.changed
+        self.chunk_files, self.tally, self.options, self.report_progress = (job.chunk_files, job.tally, options,
+                                                                            job.on_committed)
         self.done = 0  # files committed, for progress
 
     def embed(self, files: Sequence[ScannedFile], in_flight: set[tuple[str, str]] | None) -> list[ScannedFile]:
@@ -159,7 +158,7 @@ class _Run:
                 del pending[start]
                 self._committed(prepared)
         if rows:
-            model = _worker_model(self.retriever, self.col)
+            model = _worker_model(self.job)
             dataset = _pipeline(self.ray, rows, model, self.options)
             for batch in dataset.iter_batches(batch_size=None, batch_format="numpy"):
                 for unit, payload in zip(batch["unit"], batch["embedded"]):
@@ -184,11 +183,11 @@ class _Run:
         store (mostly broken or empty files): no actor pool is started only to fail them again."""
         if task.modality == "text":
             return None
-        rows = _decode_path(Path(task.path), task.modality, self.col.manifest.max_pixels)
+        rows = _decode_path(Path(task.path), task.modality, self.job.profile.max_pixels)
         if any(row.reason is None for row in rows):
             return None
         return {"pages": [row.page for row in rows], "reasons": [row.reason for row in rows],
-                "vectors": np.zeros((len(rows), self.col.manifest.dim), dtype=np.float32),
+                "vectors": np.zeros((len(rows), self.job.profile.dim), dtype=np.float32),
                 "prefix_tokens": 0, "kept_prefix_tokens": 0}
 
     def _committed(self, prepared: PreparedChunk) -> None:
@@ -210,22 +209,13 @@ def _connect(ray, options: RayOptions) -> bool:
     return True
 
 
-def _worker_model(retriever: "Retriever", col: "Collection") -> WorkerModel:
-    """The driver's model as the actors load it. The model is not loaded here: an existing
-    collection was matched by model id and revision already, and each actor checks the dim."""
-    from faste_mm import SerializerConfig
-
-    manifest = col.manifest
-    serializer = SerializerConfig(min_pixels=manifest.min_pixels, max_pixels=manifest.max_pixels)
-    fast_e = retriever._collection_fast_e(col)
-    loaded = retriever._embedder
-    if loaded is not None:
-        dtype = str(loaded.backbone.dtype).removeprefix("torch.")
-        return WorkerModel(loaded.model_id, loaded.loaded.revision, dtype, loaded.batching, serializer, fast_e,
-                           manifest.dim, manifest.model_dim)
-    spec = retriever._spec
-    return WorkerModel(spec.name, spec.revision, spec.dtype, spec.batching, serializer, fast_e, manifest.dim,
-                       manifest.model_dim)
+def _worker_model(job: IngestJob) -> WorkerModel:
+    """The driver's model as the actors load it, with the collection's profile (pixels, video,
+    FastE, dim). The model is not loaded here: an existing collection was matched by model id and
+    revision already, and each actor checks the width."""
+    model, profile = job.model, job.profile
+    return WorkerModel(model.name, model.revision, model.dtype, model.batching, profile.serializer(),
+                       profile.fast_e(), profile.dim, profile.model_dim)
 
 
 def _pipeline(ray, rows: list[dict], model: WorkerModel, options: RayOptions):
