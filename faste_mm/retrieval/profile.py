@@ -8,7 +8,8 @@ embedder, the Ray workers and the server use, and the manifest a new collection 
 
 Why here: the profile needs the model layer's `VideoConfig` (its defaults are the documented
 defaults) and the indexers' `Manifest` (the stored form), and `retrieval` is the lowest layer that
-may import both. Nothing here imports torch: `info` and `serve`'s checks read profiles cheaply.
+may import both. Nothing here imports torch (nor, until a manifest is read, FAISS): the CLI reads
+the documented defaults at start-up, and `info` and `serve`'s checks read profiles cheaply.
 
 Adding a setting is ONE change: a field below whose metadata (`_setting(...)`) names its
 manifest key (dotted JSON path), the flag that sets it, the value of collections that predate it,
@@ -25,10 +26,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from faste_mm.errors import CollectionError, ConfigError
-from faste_mm.indexers.manifest import Manifest, read_manifest
 from faste_mm.model.video import VideoConfig
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the indexers package loads FAISS: imported where a manifest is read or made
+    from faste_mm.indexers.manifest import Manifest
     from faste_mm.model.embedder import Embedder
     from faste_mm.model.faste import FastEConfig
 
@@ -148,6 +149,8 @@ class CollectionProfile:
     def to_manifest(self, index_type: str = "auto", base: Manifest | None = None) -> Manifest:
         """The manifest a new collection is created with (or `base` with this profile's settings;
         its index state and counts are kept). Needs `dim` (a completed profile, see `completed`)."""
+        from faste_mm.indexers.manifest import Manifest
+
         if self.dim is None:
             raise ConfigError("CollectionProfile.to_manifest needs dim: complete the profile with the loaded "
                               "model first (CollectionProfile.completed)")
@@ -231,18 +234,16 @@ class CollectionProfile:
         return replace(base, min_pixels=self.min_pixels, max_pixels=self.max_pixels, video=self.video)
 
     def as_loaded(self, embedder: "Embedder") -> "CollectionProfile":
-        """This profile as `embedder` would realise it: its model id, revision, width and
-        serializer settings (compare with `conflicts` to check a model against a collection)."""
-        config = embedder.serializer.config if embedder.family.is_multimodal else None
+        """This profile as `embedder` would realise it: its model id, revision and width (compare
+        with `conflicts` to check a model against a collection). Pixel and video settings are the
+        profile's: a retriever serializes with them whatever the embedder was loaded with."""
         width = embedder.dim
-        pixels = {} if config is None else dict(min_pixels=config.min_pixels, max_pixels=config.max_pixels,
-                                                video=config.video)
         return replace(self, model_id=embedder.model_id, model_revision=embedder.loaded.revision,
-                       model_dim=width, dim=width if self.dim is None else self.dim, **pixels)
+                       model_dim=width, dim=width if self.dim is None else self.dim)
 
     def completed(self, embedder: "Embedder") -> "CollectionProfile":
-        """The profile of a NEW collection made with `embedder`: its id, revision, width and
-        pixel settings, theta from the user, else the model's saved calibration, else the
+        """The profile of a NEW collection made with `embedder`: its id, revision and width,
+        theta from the user, else the model's saved calibration, else the
         backbone default, and the backbone's warm-up layer. ConfigError for a dim wider than it."""
         from faste_mm.retrieval.calibrations import load_calibration
 
@@ -274,6 +275,8 @@ class CollectionProfile:
 def read_profile(root: str | os.PathLike) -> CollectionProfile:
     """The profile of the collection at `root` (its manifest only: no database, no lock).
     Raises CollectionError when there is no collection or its manifest cannot be read."""
+    from faste_mm.indexers.manifest import read_manifest
+
     return CollectionProfile.from_manifest(read_manifest(Path(root)))
 
 

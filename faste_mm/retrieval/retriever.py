@@ -116,6 +116,7 @@ class Retriever:
         self.query_instruction = query_instruction
         self._reader: Collection | None = None
         self._reader_profile: CollectionProfile | None = None
+        self._adapted: Embedder | None = None  # the embedder with a collection's pixel settings
 
     @classmethod
     def from_pretrained(cls, model: str | os.PathLike, r_max: float | None = None, *,
@@ -174,9 +175,33 @@ class Retriever:
 
     @property
     def embedder(self) -> Embedder:
+        """The model, loaded now if it was not (with the collection's pixel and video settings,
+        or the ones given to this retriever)."""
         if self._embedder is None:
-            self._embedder = self._spec.load()
+            spec = self._spec
+            if spec.serializer is None:
+                settings = self._existing() or CollectionProfile.resolve(None, **self._given)
+                spec = dataclasses.replace(spec, serializer=settings.serializer())
+            self._embedder = spec.load()
         return self._embedder
+
+    def _embedder_for(self, profile: CollectionProfile) -> Embedder:
+        """The embedder serializing with `profile`'s pixel and video settings: the loaded one,
+        or the same weights with the profile's serializer (`Embedder.with_serializer`)."""
+        embedder = self.embedder
+        if not embedder.family.is_multimodal:
+            return embedder
+        wanted = profile.serializer(embedder.serializer.config)
+        if wanted == embedder.serializer.config:
+            return embedder
+        if self._adapted is None or self._adapted.serializer.config != wanted:
+            self._adapted = embedder.with_serializer(wanted)
+        return self._adapted
+
+    def _existing(self) -> CollectionProfile | None:
+        """The collection's profile, None when it does not exist yet."""
+        root = self.collection
+        return read_profile(root) if (root / MANIFEST_NAME).exists() else None
 
     def close(self) -> None:
         if self._reader is not None:
@@ -205,10 +230,8 @@ class Retriever:
         """The settings this retriever embeds its collection's documents with: the existing
         collection's (CollectionError when a setting given to this retriever differs), else the
         given ones over the documented defaults, completed with the model (which this loads)."""
-        root = self.collection
-        if (root / MANIFEST_NAME).exists():
-            return self._checked(read_profile(root), root)
-        return self._new_profile()
+        existing = self._existing()
+        return self._new_profile() if existing is None else self._checked(existing, self.collection)
 
     def _request(self) -> dict[str, Any]:
         """The settings given to this retriever, with its model's id (and revision, if known)."""
@@ -223,15 +246,26 @@ class Retriever:
         (its width and pixel settings too). Raises CollectionError naming what differs."""
         profile = _resolve(root, existing, self._request(), None if self._spec is None else self._spec.model_id)
         if self._embedder is not None:
-            errors = profile.conflicts(profile.as_loaded(self._embedder))
+            errors = profile.conflicts(profile.as_loaded(self._embedder))  # pixels: see _embedder_for
             if errors:
                 raise settings_mismatch(root, errors)
         return profile
 
-    def _new_profile(self) -> CollectionProfile:
-        """The profile of a new collection: the given settings over the defaults, completed
-        with the model (loaded now)."""
-        return CollectionProfile.resolve(None, **self._request()).completed(self.embedder)
+    def _new_profile(self, carried: Mapping[str, Any] | None = None) -> CollectionProfile:
+        """The profile of a new collection: the given settings over `carried` (a re-indexed
+        collection's, see `CollectionProfile.carried_over`), over the loaded model's pixel and
+        video settings, over the defaults; completed with the model (loaded now)."""
+        embedder = self.embedder
+        given = {name: value for name, value in self._request().items() if value is not None}
+        loaded = {}
+        if embedder.family.is_multimodal:
+            config = embedder.serializer.config
+            loaded = dict(min_pixels=config.min_pixels, max_pixels=config.max_pixels, video=config.video)
+        settings = {**loaded, **(carried or {}), **given}
+        if isinstance(given.get("video"), Mapping):  # some video fields given: over the others' video
+            settings["video"] = dataclasses.replace({**loaded, **(carried or {})}.get("video", VideoConfig()),
+                                                    **given["video"])
+        return CollectionProfile.resolve(None, **settings).completed(embedder)
 
     def _model_source(self) -> ModelSource:
         """The model this retriever embeds with, as another process (a Ray worker) loads it."""
@@ -274,11 +308,8 @@ class Retriever:
         the index type must suit its dim, and the folder must hold nothing that would stop
         `Collection.create`. Raises ModelLoadError, ConfigError or CollectionError with the
         collection untouched."""
-        request = self._request()
-        if (root / MANIFEST_NAME).exists():
-            request = {**read_profile(root).carried_over(request["model_id"]),
-                       **{k: v for k, v in request.items() if v is not None}}
-        profile = CollectionProfile.resolve(None, **request).completed(self.embedder)
+        existing = self._existing()
+        profile = self._new_profile(None if existing is None else existing.carried_over(self._request()["model_id"]))
         validate_factory(index_type, profile.dim)
         Collection.erase(root, for_create=True)
         col = Collection.create(root, profile.to_manifest(index_type))
@@ -504,9 +535,11 @@ class Retriever:
         task = instruction or self.query_instruction
         if task is None and self.embedder.family.is_multimodal:
             task = DEFAULT_QUERY_INSTRUCTION
-        # a Matryoshka collection's queries are truncated like its documents
-        dim = self._reader_profile.dim if self._reader_profile is not None else None
-        return self.embedder.encode_queries(queries, instruction=task, dim=dim, on_error=on_error)
+        # a Matryoshka collection's queries are truncated like its documents, sampled like them
+        profile = self._reader_profile
+        embedder = self.embedder if profile is None else self._embedder_for(profile)
+        return embedder.encode_queries(queries, instruction=task, dim=None if profile is None else profile.dim,
+                                       on_error=on_error)
 
     def encode_documents(self, documents: Iterable[object], *, on_error: OnError = "raise") -> EmbedResult:
         """Documents as `index` and `add` embed them into this collection: its model, pixel
@@ -514,8 +547,8 @@ class Retriever:
         CollectionError when the collection does not exist or the model differs from it."""
         self._open_reader()
         profile = self._reader_profile
-        return self.embedder.encode_documents(documents, fast_e=profile.fast_e(), dim=profile.dim,
-                                              on_error=on_error)
+        return self._embedder_for(profile).encode_documents(documents, fast_e=profile.fast_e(), dim=profile.dim,
+                                                            on_error=on_error)
 
     def _open_reader(self) -> Collection:
         """The collection opened for reading, once its profile is checked against this
@@ -560,7 +593,7 @@ class _CollectionDocuments:
 
     def __call__(self, values: Sequence[object], on_error: OnError = "skip") -> EmbedResult:
         _refuse_other_pixel_caps(values, self._col.root, self._profile.max_pixels)  # before anything is embedded
-        embedder = self._retriever.embedder
+        embedder = self._retriever._embedder_for(self._profile)
         if not self._is_checked:
             errors = self._profile.conflicts(self._profile.as_loaded(embedder))
             if errors:
