@@ -289,29 +289,31 @@ def info_command(
     """Model, settings, counts, failures, index type and size on disk of a collection."""
     from faste_mm.indexers import Collection
     from faste_mm.retrieval.maintenance import collection_path
+    from faste_mm.retrieval.profile import CollectionProfile
 
     setup_logging(debug)
     try:
         with Collection.open(collection_path(collection)) as col:
-            info, manifest = col.info(), col.manifest
+            info, profile = col.info(), CollectionProfile.from_manifest(col.manifest)
+            # the stored settings as the profile reads them (defaults filled in for older collections)
+            settings = profile.to_manifest(base=col.manifest).to_dict()
     except FasteError as error:
         fail(error, debug)
-    payload = {**info.to_dict(), "settings": manifest.to_dict()}
+    payload = {**info.to_dict(), "settings": settings}
     if output is InfoFormat.json:
         print_json(payload)
         return
     table = Table(title=f"collection {markup_safe(info.path)}")
     table.add_column("field")
     table.add_column("value", overflow="fold")
-    fast_e = manifest.fast_e
-    theta = "-" if fast_e is None else f"{fast_e.threshold} ({fast_e.threshold_source or 'backbone default'})"
-    for name, value in (("model", manifest.model_id), ("revision", manifest.model_revision or "-"),
-                        ("dim", f"{info.dim} (Matryoshka: first {info.dim} of {manifest.model_dim})"
-                                if manifest.is_matryoshka else info.dim), ("FastE r_max (documents)", manifest.r_max),
+    theta = "-" if profile.r_max == 0 else f"{profile.threshold} ({profile.threshold_source or 'backbone default'})"
+    for name, value in (("model", profile.model_id), ("revision", profile.model_revision or "-"),
+                        ("dim", f"{info.dim} (Matryoshka: first {info.dim} of {profile.model_dim})"
+                                if profile.is_matryoshka else info.dim), ("FastE r_max (documents)", profile.r_max),
                         ("FastE theta (documents)", theta),
-                        ("pixels", f"{manifest.min_pixels}..{manifest.max_pixels}"),
+                        ("pixels", f"{profile.min_pixels}..{profile.max_pixels}"),
                         ("video", "{fps:g} fps, at most {max_frames} frames of {max_pixels} px, "
-                                  "{total_pixels} px in all".format(**manifest.video)),
+                                  "{total_pixels} px in all".format(**profile.video.to_dict())),
                         ("items", info.n_ok), ("failed", info.n_failed), ("deleted (until compact)", info.n_deleted),
                         ("index type", info.index_type), ("index", info.index_factory or "-"),
                         ("size on disk", f"{info.size_bytes / 2**20:.2f} MiB")):

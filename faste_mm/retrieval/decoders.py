@@ -1,9 +1,10 @@
 """Decoders: one per input kind (`faste_mm.kinds`, its `decoder` column), turning a file into what
 the embedder takes, with the collection's profile (pixel bounds, video settings).
 
-Two uses of the same table: `document_input` hands the plain path's embedder a value it decodes
+Three uses of the same table: `document_input` hands the plain path's embedder a value it decodes
 in its own prefetch threads (a path, or the text of a text file); `decode_file` decodes eagerly
-into rows (PIL images, rendered pages, `Item`s), as the Ray executor's CPU tasks do. A failure row
+into rows (PIL images, rendered pages, `Item`s), as the Ray executor's CPU tasks do; `query_item`
+makes a query of a file. A failure row
 carries the reason a plain run's embedder records for the same file.
 """
 
@@ -117,6 +118,20 @@ DOCUMENT_INPUTS: dict[str, Callable[[Path], object]] = {
     "video": lambda path: Item(video=path),
     "text": lambda path: Item(text=read_text_file(path)),
 }
+
+
+# decoder name -> the query `Retriever.search` makes of a file of that kind (a PDF: one page)
+QUERY_INPUTS: dict[str, Callable[[Path, int | None], Item]] = {
+    "image": lambda path, page: Item(image=path),
+    "pdf-pages": lambda path, page: Item(image=path, page=page),
+    "video": lambda path, page: Item(video=path),
+    "text": lambda path, page: Item(text=read_text_file(path)),
+}
+
+
+def query_item(path: Path, kind: str, page: int | None = None) -> Item:
+    """The query made of one file of kind `kind` (a query by example; a PDF needs its `page`)."""
+    return QUERY_INPUTS[KINDS[kind].decoder](path, page)
 
 
 def decode_file(path: Path, kind: str, profile: "CollectionProfile") -> list[Decoded]:

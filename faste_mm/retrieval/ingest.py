@@ -247,7 +247,7 @@ def document_items(paths: Iterable[str | Path]) -> tuple[list[Item], list[str]]:
             items.append(Item(image=found.path))
             continue
         try:
-            items.append(as_item(document_input(found.path, found.kind)))
+            items.append(as_item(document_input(found.path, found.kind), len(items)))
         except InputError as error:
             unreadable.append(str(error))
     items.extend(Item(image=Path(uri)) for uri, _ in scan.missing)

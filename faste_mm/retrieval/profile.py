@@ -280,6 +280,14 @@ def read_profile(root: str | os.PathLike) -> CollectionProfile:
     return CollectionProfile.from_manifest(read_manifest(Path(root)))
 
 
+def existing_profile(root: str | os.PathLike) -> CollectionProfile | None:
+    """The profile of the collection at `root`, or None when there is no collection there yet
+    (CollectionError for one that cannot be read)."""
+    from faste_mm.indexers.manifest import MANIFEST_NAME
+
+    return read_profile(root) if (Path(root) / MANIFEST_NAME).exists() else None
+
+
 def model_name(model: str | os.PathLike) -> str:
     """A model as a collection records it: a local directory by its absolute path (so a
     collection finds it again from any working directory), a hub id as given."""

@@ -25,7 +25,7 @@ from PIL import Image
 from faste_mm.errors import CollectionError, ConfigError, InputError
 from faste_mm.indexers import Collection, CollectionInfo, ItemRecord, SearchFilter
 from faste_mm.indexers.faiss_index import check_factory_syntax, validate_factory
-from faste_mm.indexers.manifest import MANIFEST_NAME, settings_mismatch
+from faste_mm.indexers.manifest import settings_mismatch
 from faste_mm.indexers.records import repeated_key
 from faste_mm.model.backbones.loading import check_local_path
 from faste_mm.model.batching import BatchingConfig
@@ -35,13 +35,15 @@ from faste_mm.model.runner import BatchTrace
 from faste_mm.model.serialization import SerializerConfig
 from faste_mm.model.video import VideoConfig
 from faste_mm.retrieval import maintenance
+from faste_mm.kinds import KINDS, kind_name
 from faste_mm.retrieval.calibrations import Calibration, check_collection_target
+from faste_mm.retrieval.decoders import query_item
 from faste_mm.retrieval.executors import IngestExecutor, IngestJob, LocalExecutor, ModelSource
 from faste_mm.retrieval.export import ExportReport, export_parquet
 from faste_mm.retrieval.ingest import (IndexFailure, IngestTally, ScanFilter, failure_reasons, honour_exclusions,
                                        plan_update, record_missing, scan_paths)
 from faste_mm.retrieval.maintenance import collection_path
-from faste_mm.retrieval.profile import QUERY_INSTRUCTION, CollectionProfile, model_name, read_profile
+from faste_mm.retrieval.profile import QUERY_INSTRUCTION, CollectionProfile, existing_profile, model_name, read_profile
 from faste_mm.retrieval.results import AddReport, Hit, IndexOptions, IndexProgress, IndexReport, RemoveReport
 
 log = logging.getLogger(__name__)
@@ -148,7 +150,7 @@ class Retriever:
             settings replace its own, the others are carried over (`CollectionProfile.carried_over`).
         """
         root = collection_path(collection)
-        existing = read_profile(root) if (root / MANIFEST_NAME).exists() else None
+        existing = existing_profile(root)
         given = dict(settings)
         if model is not None:
             given.update(model_id=model, model_revision=revision)
@@ -200,8 +202,7 @@ class Retriever:
 
     def _existing(self) -> CollectionProfile | None:
         """The collection's profile, None when it does not exist yet."""
-        root = self.collection
-        return read_profile(root) if (root / MANIFEST_NAME).exists() else None
+        return existing_profile(self.collection)
 
     def close(self) -> None:
         if self._reader is not None:
@@ -292,8 +293,9 @@ class Retriever:
         loading it, refusing at once given settings or a model id or revision that differ (the
         rest is checked when the model loads, see `_CollectionDocuments`) and an index type FAISS
         cannot build (else found only after every file is embedded)."""
-        if (root / MANIFEST_NAME).exists():
-            profile = self._checked(read_profile(root), root)
+        existing = existing_profile(root)
+        if existing is not None:
+            profile = self._checked(existing, root)
             validate_factory(index_type, profile.dim)
             col = Collection.open(root, writable=True)
             return col, CollectionProfile.from_manifest(col.manifest)
@@ -399,7 +401,7 @@ class Retriever:
         what an interrupted `index` still has to do."""
         options = options or IndexOptions()
         scan = scan_paths(paths, ScanFilter(options.exclude, options.include_hidden))
-        if not (self.collection / MANIFEST_NAME).exists():
+        if self._existing() is None:
             return len(scan.files())
         with Collection.open(self.collection) as col:
             return len(plan_update(col, scan, options.retry_failed).todo)
@@ -659,6 +661,10 @@ def _refuse_other_pixel_caps(values: Sequence[object], root: Path, cap: int) -> 
 
 
 def _as_query(value: object, position: int) -> Item:
+    """A query: an `Item`, text, a PIL image, or a file made into a query by its kind's decoder
+    (`decoders.query_item`: a text file by its text, a video, an image)."""
+    if isinstance(value, Path) and kind_name(value) in KINDS and kind_name(value) != "pdf":
+        return query_item(value, kind_name(value))
     item = as_item(value, position)
     if item.is_pdf and item.page is None:
         raise InputError(f"query {position}: {item.image} is a PDF; query with one page, "
