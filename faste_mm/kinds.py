@@ -40,10 +40,10 @@ class Kind:
 KINDS: dict[str, Kind] = {kind.name: kind for kind in (
     Kind("image", frozenset({".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff"}),
          "image", "image", ("image", "image+text"), "image", "image"),
-    Kind("video", frozenset({".mp4", ".mov", ".webm", ".mkv", ".avi"}),
-         "video", "video", ("video", "video+text"), None, "video"),
     Kind("pdf", frozenset({".pdf"}), "page", "pdf", ("page",), "page", "pdf-pages"),
     Kind("text", frozenset({".txt", ".md"}), "text", "text", ("text",), None, "text"),
+    Kind("video", frozenset({".mp4", ".mov", ".webm", ".mkv", ".avi"}),
+         "video", "video", ("video", "video+text"), None, "video"),
 )}
 UNSUPPORTED = "unsupported"  # the kind of any other file (recorded as a failure when named)
 
