@@ -121,14 +121,19 @@ class Collection:
             if errors:
                 raise settings_mismatch(root, errors)
         lock_fd = acquire_lock(root) if writable else None
+        store = None
         try:
             if writable:
                 directory.refuse_links(root)
             store = MetaStore(root, writable=writable)
+            state = store.state()
+            directory.refuse_database_behind(root, manifest, state)
             if writable:
-                parts.remove_orphans(root, {p for p, _ in store.parts()})
+                parts.remove_orphans(root, store.named_parts(), state["next_part"], state.get("retired_below", 0))
                 directory.remove_temp_files(root)  # torn index/manifest writes
         except BaseException:
+            if store is not None:
+                store.close()
             if lock_fd is not None:
                 os.close(lock_fd)
             raise
@@ -636,7 +641,8 @@ class Collection:
                 self._store.delete_part(part)
             for part, n in new_parts:
                 self._store.insert_part(part, n)
-            self._store.set_state(next_part=next_part, epoch=state["epoch"] + 1)
+            # Every part below the old next_part is now retired (the sweep's `retired_below`).
+            self._store.set_state(next_part=next_part, epoch=state["epoch"] + 1, retired_below=state["next_part"])
         crash_point("compact-after-commit")
         # A reader whose snapshot began before the commit may still read the old files; it
         # retries on the new epoch when they are gone (see `search`).

@@ -16,7 +16,7 @@ from faste_mm.errors import CollectionError
 from faste_mm.indexers import faiss_index, parts
 from faste_mm.indexers.atomic_files import TMP_SUFFIX, fsync_dir
 from faste_mm.indexers.crash_points import crash_point
-from faste_mm.indexers.manifest import MANIFEST_NAME, read_manifest
+from faste_mm.indexers.manifest import MANIFEST_NAME, Manifest, read_manifest
 from faste_mm.indexers.store import DB_NAME, count_items
 
 log = logging.getLogger(__name__)
@@ -123,6 +123,24 @@ def _remove_written_files(root: Path) -> None:
         if _is_regular(path):
             path.unlink()
     remove_empty_dir(vectors)
+
+
+def refuse_database_behind(root: Path, manifest: Manifest, state: dict[str, int]) -> None:
+    """CollectionError when manifest.json describes parts that meta.sqlite has never committed.
+
+    The manifest is saved after the commits it describes, so its index key (epoch, highest part)
+    can never be ahead of the database's counters; when it is, the database was replaced by an
+    older copy or lost its -wal file, and the orphan sweep would delete vectors it still needs."""
+    epoch, next_part = state.get("epoch", 0), state.get("next_part", 0)
+    behind = manifest.index_epoch > epoch or (
+        manifest.index_epoch == epoch and manifest.index_max_part >= next_part)
+    if behind:
+        raise CollectionError(
+            f"{root / DB_NAME}: is older than {MANIFEST_NAME}: the manifest's index covers part "
+            f"{manifest.index_max_part} of compaction epoch {manifest.index_epoch}, but the database has "
+            f"committed parts only below {next_part} (epoch {epoch}); it was replaced by an older copy or "
+            f"lost its {DB_NAME}-wal file. Nothing was changed. Put back the newest {DB_NAME} (and its "
+            f"-wal file); to start over instead, move the folder aside and index into a new collection")
 
 
 def complete_interrupted_create(root: Path) -> None:

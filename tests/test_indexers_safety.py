@@ -201,3 +201,87 @@ def test_a_strangers_tmp_file_is_neither_deleted_nor_taken_for_ours(tmp_path):
     (fresh / "notes.tmp").write_text("mine")
     with pytest.raises(CollectionError, match="not empty and not a collection"):
         Collection.create(fresh, MANIFEST)
+
+
+def _emptied_database(root, how: str) -> None:
+    """Replace meta.sqlite by a database without our schema (the collection keeps its parts)."""
+    import sqlite3
+
+    for suffix in ("", "-wal", "-shm"):
+        (root / f"meta.sqlite{suffix}").unlink(missing_ok=True)
+    if how == "zero-bytes":
+        (root / "meta.sqlite").write_bytes(b"")
+    else:  # a valid SQLite file, but not ours (a stranger's table, no schema_version)
+        db = sqlite3.connect(root / "meta.sqlite")
+        db.execute("CREATE TABLE notes (x TEXT)")
+        db.commit()
+        db.close()
+
+
+def _files(root) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and p.name != "collection.lock"}
+
+
+@pytest.mark.parametrize("how", ["zero-bytes", "schema-less"])
+def test_a_database_without_our_schema_beside_parts_is_damage_and_nothing_is_swept(tmp_path, how):
+    from typer.testing import CliRunner
+
+    from faste_mm.cli.app import app
+
+    root = tmp_path / "c"
+    _filled(root)
+    _emptied_database(root, how)
+    before = _files(root)
+    for writable in (False, True):
+        with pytest.raises(CollectionError, match="meta.sqlite") as caught:
+            Collection.open(root, writable=writable)
+        message = str(caught.value)
+        assert "holds no faste-mm tables" in message and "nothing was changed" in message
+        assert "--reindex" not in message and "upgrade" not in message
+    for command in (["info", "-c", str(root)], ["compact", "-c", str(root)]):
+        result = CliRunner().invoke(app, command)
+        assert result.exit_code == 1 and "holds no faste-mm tables" in result.stderr, result.stderr
+        assert "--reindex" not in result.stderr and "Traceback" not in result.stderr
+    assert _files(root) == before  # no migration, no sweep: the vectors can still be rescued
+
+
+def test_a_database_behind_its_manifest_is_damage_and_its_parts_are_kept(tmp_path):
+    root = tmp_path / "c"
+    _filled(root)
+    saved = (root / "meta.sqlite").read_bytes()
+    with Collection.open(root, writable=True) as col:  # a later add the old database never saw
+        col.add(_vectors(2, seed=3), [ItemRecord(uri="late0", modality="text"), ItemRecord(uri="late1", modality="text")])
+    for suffix in ("-wal", "-shm"):
+        (root / f"meta.sqlite{suffix}").unlink(missing_ok=True)
+    (root / "meta.sqlite").write_bytes(saved)  # an older copy put back: it lists only part 0
+    before = _files(root)
+    with pytest.raises(CollectionError, match="meta.sqlite.*older than manifest.json.*part 1"):
+        Collection.open(root, writable=True)
+    assert _files(root) == before
+
+
+def test_retriever_add_items_survive_an_emptied_database(tmp_path, vl_embedder, model_dirs):
+    from typer.testing import CliRunner
+
+    from faste_mm import Retriever
+    from faste_mm.cli.app import app
+
+    root, docs = tmp_path / "c", tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.txt").write_text("a red bicycle")
+    retriever = Retriever(vl_embedder, collection=root, r_max=0.0)
+    retriever.add(["a cat on a mat", "a dog in the snow"])
+    good = (root / "meta.sqlite").read_bytes()
+    _emptied_database(root, "zero-bytes")
+    before = _files(root)
+    with pytest.raises(CollectionError, match="holds no faste-mm tables"):
+        retriever.add(["a third text"])
+    result = CliRunner().invoke(app, ["index", str(docs), "-c", str(root), "--model", str(model_dirs["qwen3_vl"]),
+                                      "--device", "cpu", "--r-max", "0"])
+    assert result.exit_code == 1 and "holds no faste-mm tables" in result.stderr, (result.stderr, result.exception)
+    assert _files(root) == before
+    (root / "meta.sqlite").write_bytes(good)  # the backup the message asks for brings everything back
+    with Collection.open(root) as col:
+        assert col.info().n_ok == 2
+        assert len(col.vectors([0, 1])) == 2
