@@ -445,6 +445,46 @@ def test_the_batcher_merges_under_the_token_budget_and_never_mixes_kinds():
     full.close()
 
 
+def test_a_runner_that_raises_on_a_merged_batch_fails_only_the_job_that_broke_it():
+    gate, seen = threading.Event(), []
+
+    def run(payloads):
+        gate.wait(10)
+        seen.append(list(payloads))
+        if "bad" in payloads:
+            raise OverflowError("Python int too large to convert to SQLite INTEGER")
+        return [p * 10 for p in payloads]
+
+    batcher = Batcher({"search": run}, BatcherConfig(batch_tokens=100, max_wait_ms=0)).start()
+    try:
+        blocker = batcher.submit("search", 0, 1)  # holds the model thread: the next jobs merge
+        time.sleep(0.2)
+        futures = [batcher.submit("search", p, 1) for p in (1, "bad", 2, 3)]
+        gate.set()
+        assert blocker.result(10) == 0
+        assert [futures[i].result(10) for i in (0, 2, 3)] == [10, 20, 30]
+        with pytest.raises(OverflowError):
+            futures[1].result(10)
+    finally:
+        batcher.close()
+    assert [1, "bad", 2, 3] in seen  # they were merged, and the good ones still got answers
+
+
+def test_a_where_integer_beyond_int64_is_a_400_and_the_searches_beside_it_succeed(client, embedder, collection):
+    reference = Retriever(embedder, collection=collection, r_max=0.5)
+    good = [{"query": q, "k": 4} for q in ("a sunset over the sea", "forest", "a report", "picnic")]
+    bad = [{"query": "x", "k": 4, "where": {"year": 2**70}}, {"query": "y", "k": 4, "where": {"n": -2**63 - 1}}]
+    with ThreadPoolExecutor(len(good) + len(bad)) as pool:
+        answers = list(pool.map(lambda body: client.post("/search", json=body), good + bad))
+    for body, response in zip(good, answers):
+        assert response.status_code == 200, response.text
+        assert [h["id"] for h in response.json()["hits"]] == [h.id for h in reference.search(body["query"], k=4)]
+    _error(answers[len(good)], 400, "year", str(-2**63), str(2**63 - 1))
+    _error(answers[len(good) + 1], 400, "'n'", "64 bits")
+    with pytest.raises(ConfigError, match="year"):
+        reference.search("x", where={"year": 2**64})
+
+
 def test_after_a_batch_the_next_one_waits_for_the_clients_that_just_got_answers():
     """Without a grace period after the model frees up, C clients settle into two alternating
     batches: the request that waited through a batch would run alone, before the clients just
