@@ -32,6 +32,11 @@ def serve_command(
                                           help="Require 'Authorization: Bearer KEY' on every data route "
                                                "(the page and /health stay public)."),
     insecure: bool = typer.Option(False, "--insecure", help="Allow a non-loopback --host without --api-key."),
+    allowed_host: Optional[list[str]] = typer.Option(
+        None, "--allowed-host", envvar="FASTE_MM_ALLOWED_HOSTS",
+        help="Another name clients reach the server by (repeatable; the variable takes names separated by "
+             "spaces). Requests naming any other Host get 403 (DNS rebinding). Always answered: localhost, "
+             "127.0.0.1, [::1] and --host. '*' answers any name (behind a proxy that checks it)."),
     batch_tokens: int = typer.Option(16384, "--batch-tokens", envvar="FASTE_MM_BATCH_TOKENS", min=1,
                                      help="Prompt tokens merged into one model call (default 16384)."),
     max_wait_ms: float = typer.Option(5.0, "--max-wait-ms", envvar="FASTE_MM_MAX_WAIT_MS", min=0,
@@ -60,12 +65,14 @@ def serve_command(
     """Serve embeddings (OpenAI-compatible /v1/embeddings) and, with -c, search and a search page at /."""
     try:
         from faste_mm.serving import BatcherConfig, ServeConfig, check_bind
+        from faste_mm.serving.security import host_names
 
         check_bind(host, api_key, insecure)  # before anything else: a refused bind changes nothing
         setup_logging(debug, logging.INFO)
         config = ServeConfig(api_key=api_key, batching=BatcherConfig(batch_tokens, max_wait_ms, max_queue),
                              max_body_bytes=max_body_bytes, max_request_tokens=max_request_tokens,
-                             allow_remote_images=allow_remote_images, r_max=r_max)
+                             allow_remote_images=allow_remote_images, r_max=r_max,
+                             allowed_hosts=host_names(host, allowed_host or ()))
         if threads is not None:
             import torch
 

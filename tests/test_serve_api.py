@@ -26,6 +26,7 @@ from faste_mm.indexers import Collection  # noqa: E402
 from faste_mm.serving import (Batcher, BatcherConfig, QueueFullError, ServeConfig, ServeEngine,  # noqa: E402
                               check_bind, create_app)
 from faste_mm.serving.engine import VL_QUERY_INSTRUCTION  # noqa: E402
+from faste_mm.serving.security import host_names  # noqa: E402
 from tests.serve_fixtures import make_gallery  # noqa: E402
 from tests.test_retriever_scanning import tiny_vl_dir  # noqa: E402
 
@@ -52,7 +53,7 @@ def collection(embedder, tmp_path_factory) -> Path:
 def _client(embedder, collection=None, raise_server_exceptions=True, **config) -> TestClient:
     retriever = None if collection is None else Retriever(embedder, collection=collection, r_max=0.5)
     return TestClient(create_app(ServeEngine(embedder, retriever, ServeConfig(**config))),
-                      raise_server_exceptions=raise_server_exceptions)
+                      raise_server_exceptions=raise_server_exceptions, base_url="http://127.0.0.1:8000")
 
 
 @pytest.fixture(scope="module")
@@ -150,7 +151,7 @@ def test_base64_is_little_endian_float32_of_the_same_vectors(plain):
 
 def test_the_openai_client_talks_to_the_server(plain, embedder):
     openai = pytest.importorskip("openai", reason="the OpenAI client is optional")
-    client = openai.OpenAI(api_key="unused", base_url="http://testserver/v1", http_client=plain)
+    client = openai.OpenAI(api_key="unused", base_url="http://127.0.0.1:8000/v1", http_client=plain)
     result = client.embeddings.create(model=embedder.model_id, input=TEXTS[:2])
     np.testing.assert_allclose(np.array([d.embedding for d in result.data]), embedder.encode(TEXTS[:2]).embeddings,
                                atol=1e-6)
@@ -244,7 +245,7 @@ def test_a_thumbnail_of_a_path_traversal_never_reaches_the_file_system(client):
 
     async def call():
         scope = {"type": "http", "method": "GET", "path": "/thumbnails/../../etc/passwd", "raw_path":
-                 b"/thumbnails/../../etc/passwd", "query_string": b"", "headers": [], "http_version": "1.1",
+                 b"/thumbnails/../../etc/passwd", "query_string": b"", "headers": [(b"host", b"127.0.0.1")], "http_version": "1.1",
                  "scheme": "http", "server": ("testserver", 80), "client": ("127.0.0.1", 1), "root_path": ""}
 
         async def receive():
@@ -380,6 +381,48 @@ def test_the_serve_command_refuses_a_public_host_without_a_key_before_loading_a_
 
 
 # ---- info, metrics, empty collection -------------------------------------------------------
+def test_only_the_servers_own_host_names_are_answered(client, embedder, collection):
+    """DNS rebinding: a page at evil.example re-points its name to 127.0.0.1 and reads our answers."""
+    for host in ("evil.example", "evil.example:8000", "127.0.0.1.evil.example", ""):
+        _error(client.get("/health", headers={"host": host}), 403, "--allowed-host")
+        _error(client.post("/search", json={"query": "x"}, headers={"host": host}), 403, "does not answer")
+    for host in ("localhost:8000", "127.0.0.1", "[::1]:8000", "LOCALHOST."):
+        assert client.get("/health", headers={"host": host}).status_code == 200, host
+    with _client(embedder, collection, allowed_hosts=host_names("0.0.0.0", ["photos.lan"])) as lan:
+        assert lan.post("/search", json={"query": "x", "k": 2}, headers={"host": "photos.lan:8000"}).status_code == 200
+        assert lan.get("/health", headers={"host": "0.0.0.0:8000"}).status_code == 200
+        _error(lan.get("/health", headers={"host": "other.lan"}), 403, "photos.lan")
+    with pytest.raises(ConfigError, match="allowed host .* 'http://x/' is not a host name"):
+        ServeConfig(allowed_hosts=("http://x/",))
+
+
+def test_cross_site_posts_are_refused_without_a_key(client, embedder, collection):
+    form = {"q": "sunset", "k": "3"}
+    _error(client.post("/search", data=form, headers={"origin": "http://evil.example"}), 403, "another site")
+    _error(client.post("/search", data=form, headers={"sec-fetch-site": "cross-site"}), 403, "another site")
+    _error(client.post("/search", data=form, headers={"origin": "null"}), 403, "another site")
+    own = {"origin": "http://127.0.0.1:8000", "sec-fetch-site": "same-origin"}
+    assert client.post("/search", data=form, headers=own).status_code == 200
+    assert client.post("/search", data=form, headers={"origin": "http://localhost:8000"}).status_code == 200
+    assert client.post("/search", data=form).status_code == 200  # curl and SDKs send no Origin
+    assert client.get("/", headers={"sec-fetch-site": "cross-site"}).status_code == 200  # links to the page work
+    with _client(embedder, collection, api_key="k3y") as keyed:  # a form cannot carry the key header
+        answer = keyed.post("/search", data=form, headers={"origin": "http://evil.example", "authorization": "Bearer k3y"})
+        assert answer.status_code == 200
+        _error(keyed.post("/search", data=form, headers={"origin": "http://evil.example"}), 401)
+
+
+def test_answers_carry_nosniff_no_framing_and_the_page_a_strict_csp(client):
+    page, data = client.get("/"), client.post("/search", json={"query": "x", "k": 1})
+    for response in (page, data, client.get("/nope")):
+        assert response.headers["x-content-type-options"] == "nosniff"
+        assert response.headers["x-frame-options"] == "DENY"
+    policy = dict(p.strip().split(" ", 1) for p in page.headers["content-security-policy"].split(";"))
+    assert policy["script-src"] == "'self'" and policy["default-src"] == "'none'"
+    assert policy["frame-ancestors"] == "'none'" and "unsafe-inline" not in page.headers["content-security-policy"]
+    assert "default-src 'none'" in data.headers["content-security-policy"]
+
+
 def test_info_reports_model_fast_e_and_collection_counts(client, embedder):
     info = client.get("/info").json()
     assert info["model"] == embedder.model_id and info["dim"] == embedder.dim

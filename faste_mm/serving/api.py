@@ -27,12 +27,19 @@ from faste_mm.serving.engine import NoCollectionError, RequestTooLargeError, Ser
 from faste_mm.serving.inputs import (EmbeddingRequest, SearchRequest, decode_image_bytes, decode_image_url,
                                      embedding_items, encode_vector)
 from faste_mm.serving.metrics import LATENCY_BUCKETS_S
+from faste_mm.serving.security import is_allowed_host, is_cross_site
 from faste_mm.serving.thumbnails import NoThumbnailError, default_cache_dir, has_thumbnail, thumbnail
 
 log = logging.getLogger(__name__)
 
 STATIC_DIR = Path(__file__).parent / "static"
 PUBLIC_PATHS = ("/", "/health", "/favicon.ico")  # and /static/*: the page holds no data
+# The page loads only its own script, style and images (thumbnails; blob: for uploads and keyed
+# fetches), talks only to this server, and may not be framed; every other answer is data.
+PAGE_CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' blob: data:; "
+            "connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'")
+DATA_CSP = "default-src 'none'; frame-ancestors 'none'; sandbox"
+_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
 def create_app(engine: ServeEngine) -> FastAPI:
@@ -57,7 +64,8 @@ def create_app(engine: ServeEngine) -> FastAPI:
     app = FastAPI(title="faste-mm", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.engine = engine
     app.add_middleware(_BodyLimitMiddleware, limit=engine.config.max_body_bytes)
-    app.add_middleware(_MetricsMiddleware, engine=engine)  # added last = outermost: counts 413s too
+    app.add_middleware(_GuardMiddleware, allowed=engine.config.allowed_hosts, has_key=engine.config.api_key is not None)
+    app.add_middleware(_MetricsMiddleware, engine=engine)  # added last = outermost: counts 403s and 413s too
     _add_error_handlers(app)
     auth = Depends(_require_key(engine.config.api_key))
 
@@ -188,6 +196,47 @@ def _require_key(api_key: str | None):
     return check
 
 
+class _GuardMiddleware:
+    """Refuse (403) a Host this server does not answer to (DNS rebinding), and a cross-site POST
+    when no API key guards the server (a page on another site submitting a form to us); add
+    nosniff, no framing and a content security policy to every answer."""
+
+    def __init__(self, app, allowed: tuple[str, ...], has_key: bool) -> None:
+        self.app = app
+        self.allowed = allowed
+        self.has_key = has_key
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers") or []}
+        host = headers.get("host")
+        if not is_allowed_host(host, self.allowed):
+            shown = (host or "")[:80]
+            log.warning("refused a request for host %r (not one of %s)", shown, ", ".join(self.allowed))
+            return await _error_response(403, f"this server does not answer to the host {shown!r}; it answers to "
+                                              f"{', '.join(self.allowed)}. Start it with --allowed-host NAME to "
+                                              f"reach it by that name")(scope, receive, self._secured(send, scope))
+        if scope["method"] not in _SAFE_METHODS and not self.has_key and is_cross_site(headers, self.allowed):
+            return await _error_response(403, "a page on another site may not send requests to this server; "
+                                              "open its own page, or start the server with --api-key")(
+                scope, receive, self._secured(send, scope))
+        return await self.app(scope, receive, self._secured(send, scope))
+
+    @staticmethod
+    def _secured(send, scope):
+        policy = (PAGE_CSP if scope["path"] == "/" else DATA_CSP).encode()
+
+        async def send_secured(event):
+            if event["type"] == "http.response.start":
+                event = {**event, "headers": [*event.get("headers", []), (b"x-content-type-options", b"nosniff"),
+                                              (b"x-frame-options", b"DENY"), (b"content-security-policy", policy),
+                                              (b"referrer-policy", b"same-origin")]}
+            await send(event)
+
+        return send_secured
+
+
 class _BodyLimitMiddleware:
     """413 for bodies over `limit` bytes: at once from Content-Length, else while streaming."""
 
@@ -246,7 +295,7 @@ class _MetricsMiddleware:
                                  route=route)
 
 
-_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
                 413: "request_too_large", 503: "server_busy", 500: "server_error"}
 
 

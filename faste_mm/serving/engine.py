@@ -22,6 +22,7 @@ from faste_mm.indexers import SearchFilter
 from faste_mm.serving.batcher import Batcher, BatcherConfig
 from faste_mm.serving.inputs import truncate_dimensions
 from faste_mm.serving.metrics import BATCH_SIZE_BUCKETS, Metrics, describe_server_metrics
+from faste_mm.serving.security import LOOPBACK_HOSTS, check_allowed_hosts
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,8 @@ class ServeConfig:
     r_max: FastE for documents of an embeddings-only server (a collection's own settings win);
         0 = full forward, so vectors do not depend on how requests are merged.
     thumbnail_dir: where thumbnails are cached; None = beside the collection.
+    allowed_hosts: the Host header names answered (others get 403: DNS rebinding); "*" = any.
+        `security.host_names(bind_host, extra)` gives loopback + the bound address + extra.
     """
 
     api_key: str | None = None
@@ -64,6 +67,7 @@ class ServeConfig:
     allow_remote_images: bool = False
     r_max: float = 0.0
     thumbnail_dir: Path | None = None
+    allowed_hosts: tuple[str, ...] = LOOPBACK_HOSTS
 
     def __post_init__(self) -> None:
         if self.api_key is not None and not self.api_key.strip():
@@ -73,6 +77,7 @@ class ServeConfig:
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"ServeConfig.{name} must be an int >= 1, got {value!r}")
         FastEConfig(r_max=self.r_max)  # validates the range
+        object.__setattr__(self, "allowed_hosts", check_allowed_hosts(self.allowed_hosts))
 
 
 @dataclass(frozen=True, slots=True)
