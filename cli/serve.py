@@ -46,8 +46,8 @@ def serve_command(
                                        "ones get 503 (default 256)."),
     max_request_tokens: int = typer.Option(65536, "--max-request-tokens", envvar="FASTE_MM_MAX_REQUEST_TOKENS",
                                            min=1, help="Prompt tokens one request may carry; 413 above (default 65536)."),
-    max_body_bytes: int = typer.Option(32 << 20, "--max-body-bytes", envvar="FASTE_MM_MAX_BODY_BYTES", min=1,
-                                       help="Largest request body in bytes; 413 above (default 32 MiB)."),
+    max_body_bytes: int = typer.Option(16 << 20, "--max-body-bytes", envvar="FASTE_MM_MAX_BODY_BYTES", min=1,
+                                       help="Largest request body in bytes; 413 above (default 16 MiB)."),
     r_max: float = typer.Option(0.0, "--r-max", envvar="FASTE_MM_R_MAX",
                                 help="FastE for documents of an embeddings-only server, 0 <= r < 1 (default 0: "
                                      "full forward). With -c the collection's own FastE is used."),

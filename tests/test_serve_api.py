@@ -25,7 +25,7 @@ from faste_mm.errors import ConfigError  # noqa: E402
 from faste_mm.indexers import Collection  # noqa: E402
 from faste_mm.serving import (Batcher, BatcherConfig, QueueFullError, ServeConfig, ServeEngine,  # noqa: E402
                               check_bind, create_app)
-from faste_mm.serving.engine import VL_QUERY_INSTRUCTION  # noqa: E402
+from faste_mm.serving.engine import TEXT_CHARS_PER_TOKEN, VL_QUERY_INSTRUCTION  # noqa: E402
 from faste_mm.serving.security import host_names  # noqa: E402
 from tests.serve_fixtures import make_gallery  # noqa: E402
 from tests.test_retriever_scanning import tiny_vl_dir  # noqa: E402
@@ -313,6 +313,53 @@ def test_requests_over_the_body_or_token_limit_get_413(embedder):
         assert c.post("/v1/embeddings", json={"input": "fits"}).status_code == 200
     with _client(embedder, max_inputs=2) as c:
         _error(c.post("/v1/embeddings", json={"input": ["a", "b", "c"]}), 413, "limit is 2")
+
+
+class _LongestText:
+    """A serializer wrapper that records the longest text it was asked to tokenize."""
+
+    def __init__(self, serializer) -> None:
+        self.serializer, self.longest = serializer, 0
+
+    def __call__(self, item, instruction):
+        self.longest = max(self.longest, len(item.text or ""))
+        return self.serializer(item, instruction)
+
+    def __getattr__(self, name):
+        return getattr(self.serializer, name)
+
+
+@pytest.fixture(scope="module")
+def short_model(embedder) -> Embedder:
+    """The same weights cut at 64 tokens per item: long inputs stay cheap to embed in a test."""
+    from faste_mm.model.serialization import SerializerConfig
+
+    return embedder.with_serializer(SerializerConfig(max_length=64))
+
+
+def test_a_long_query_is_cut_before_tokenizing_and_finds_what_the_whole_text_finds(short_model, collection):
+    query = "a sunset over the sea " * 400  # 8,800 characters: far past 64 tokens
+    expected = Retriever(short_model, collection=collection, r_max=0.5).search(query, k=5)
+    spy = _LongestText(short_model.serializer)
+    cut = Embedder(short_model.loaded, short_model.batching)
+    cut.serializer = spy  # the same model, its tokenizer calls recorded
+    with _client(cut, collection) as c:
+        body = c.post("/search", json={"query": query, "k": 5}).json()
+    assert 0 < spy.longest <= TEXT_CHARS_PER_TOKEN * 64 < len(query)
+    assert [h["id"] for h in body["hits"]] == [h.id for h in expected]
+    np.testing.assert_allclose([h["score"] for h in body["hits"]], [h.score for h in expected], atol=1e-5)
+
+
+def test_embeddings_say_which_inputs_were_truncated_and_refuse_them_when_asked(short_model):
+    long = "word " * 200  # past the model's 64 tokens
+    with _client(short_model) as c:
+        body = c.post("/v1/embeddings", json={"input": ["short", long]}).json()
+        assert [d["truncated"] for d in body["data"]] == [False, True]
+        np.testing.assert_allclose(np.array([d["embedding"] for d in body["data"]], dtype=np.float32),
+                                   short_model.encode(["short", long]).embeddings, atol=1e-5)
+        _error(c.post("/v1/embeddings", json={"input": ["short", long], "truncate": False}), 413,
+               "input[1]", "64 tokens", "truncate")
+        assert c.post("/v1/embeddings", json={"input": ["short"], "truncate": False}).status_code == 200
 
 
 def test_a_full_queue_answers_503_and_the_queued_requests_still_finish(embedder, monkeypatch):

@@ -95,9 +95,9 @@ def create_app(engine: ServeEngine) -> FastAPI:
     def embeddings(body: EmbeddingRequest) -> dict:
         _check_model(body.model, engine)
         items, instruction = embedding_items(body, engine.config.allow_remote_images)
-        result = engine.embed(items, body.input_type, instruction, body.dimensions)
-        data = [{"object": "embedding", "index": i, "embedding": encode_vector(vector, body.encoding_format)}
-                for i, vector in enumerate(result.vectors)]
+        result = engine.embed(items, body.input_type, instruction, body.dimensions, body.truncate)
+        data = [{"object": "embedding", "index": i, "embedding": encode_vector(vector, body.encoding_format),
+                 "truncated": truncated} for i, (vector, truncated) in enumerate(zip(result.vectors, result.truncated))]
         usage = {"prompt_tokens": result.prompt_tokens, "total_tokens": result.prompt_tokens}
         return {"object": "list", "data": data, "model": engine.embedder.model_id, "usage": usage}
 

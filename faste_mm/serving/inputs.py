@@ -60,6 +60,10 @@ class EmbeddingRequest(BaseModel):
     dimensions: int | None = Field(default=None, ge=1)
     input_type: InputType | None = None
     user: str | None = None  # OpenAI's end-user tag; accepted and ignored
+    # TEI's `truncate`: true (the default here, as the official Qwen3-VL-Embedding code cuts at
+    # max_length) embeds an over-long input's first max_length tokens and marks it `truncated`
+    # in the answer; false refuses it with 413.
+    truncate: bool = True
 
 
 class SearchRequest(BaseModel):
