@@ -285,3 +285,24 @@ def test_retriever_add_items_survive_an_emptied_database(tmp_path, vl_embedder, 
     with Collection.open(root) as col:
         assert col.info().n_ok == 2
         assert len(col.vectors([0, 1])) == 2
+
+
+def test_an_open_reader_follows_a_reindex_instead_of_returning_erased_items(tmp_path):
+    root = tmp_path / "c"
+    old = _filled(root, n=4)
+    with Collection.open(root) as reader, Collection.open(root) as other:
+        assert reader.get([0])[0].uri == "u0"
+        Collection.erase(root, for_create=True)  # what `index --reindex` does, then indexes anew
+        new = _vectors(3, seed=9)
+        with Collection.create(root, MANIFEST) as col:
+            col.add(new, [ItemRecord(uri=f"new{i}", modality="text") for i in range(3)])
+        scores, ids, records = reader.search_records(old, k=2)
+        assert {r.uri for r in records.values()} <= {"new0", "new1", "new2"}  # no erased item comes back
+        with Collection.open(root) as fresh:
+            want = fresh.search(old, k=2)
+        np.testing.assert_array_equal(ids, want[1])
+        assert reader.get([0])[0].uri == "new0"  # id 0 names the new file, as a new reader says
+        assert other.info().n_ok == 3
+        Collection.erase(root)
+        with pytest.raises(CollectionError):
+            reader.search(old, k=1)  # erased for good: said, not answered from the old files
