@@ -247,3 +247,58 @@ def test_pillows_bomb_warning_never_reaches_the_user(indexed):
                          capture_output=True, text=True, timeout=120)
     assert "InputError" in out.stdout and "downscale it first" in out.stdout
     assert "DecompressionBombWarning" not in out.stderr, out.stderr
+
+
+def _in_thread(call):
+    """Run `call` in a thread; (finished, result or exception). A hang shows as unfinished."""
+    import threading
+
+    out: list = []
+    thread = threading.Thread(target=lambda: out.append(_outcome(call)), daemon=True)
+    thread.start()
+    thread.join(60)  # a guard against hanging the suite, not a speed check
+    return bool(out), (out[0] if out else None)
+
+
+def _outcome(call):
+    try:
+        return call()
+    except Exception as error:  # noqa: BLE001 - the test inspects it
+        return error
+
+
+def test_a_file_swapped_for_a_fifo_after_the_scan_is_refused_not_waited_on(tmp_path):
+    from faste_mm.errors import InputError
+    from faste_mm.indexers import content_hash
+
+    fifo = tmp_path / "notes.txt"
+    os.mkfifo(fifo)  # no writer ever opens it: a blocking open() would wait forever
+    for call in (lambda: content_hash(fifo), lambda: read_text_file(fifo)):
+        finished, error = _in_thread(call)
+        assert finished, "blocked on the FIFO"
+        assert isinstance(error, InputError) and str(fifo) in str(error) and "FIFO" in str(error), error
+
+
+def test_huge_files_are_hashed_by_size_mtime_and_their_edges_and_small_ones_whole(tmp_path):
+    import hashlib
+
+    from faste_mm.indexers import content_hash
+
+    small = tmp_path / "small.bin"
+    small.write_bytes(os.urandom(5000))
+    assert content_hash(small) == hashlib.sha256(small.read_bytes()).hexdigest()  # stored hashes stay valid
+    a, b = tmp_path / "a.bin", tmp_path / "b.bin"
+    for path, middle in ((a, b"one"), (b, b"two")):
+        with open(path, "wb") as f:  # sparse: 100 MiB on paper, a few bytes on disk
+            f.truncate(100 << 20)
+            f.seek(50 << 20)
+            f.write(middle)
+        os.utime(path, ns=(1_700_000_000_000_000_000, 1_700_000_000_000_000_000))
+    assert content_hash(a) == content_hash(b) and content_hash(a).startswith("edges:")  # the middle is not read
+    os.utime(b, ns=(1_700_000_000_000_000_000, 1_700_000_000_000_000_001))
+    assert content_hash(a) != content_hash(b)
+    huge = tmp_path / "huge.txt"
+    with open(huge, "wb") as f:
+        f.truncate(64 << 30)  # 64 GiB of holes: hashing it whole would read them all
+    finished, digest = _in_thread(lambda: content_hash(huge))
+    assert finished and isinstance(digest, str) and digest.startswith("edges:")

@@ -20,6 +20,7 @@ import numpy as np
 
 from faste_mm.errors import CollectionError, ConfigError, InputError, ModelLoadError
 from faste_mm.indexers import Collection, FileStat, ItemRecord, content_hash
+from faste_mm.indexers.records import open_regular
 from faste_mm.model.items import PDF_SUFFIXES, Item, not_a_file_reason
 from faste_mm.model.video import VIDEO_SUFFIXES
 
@@ -256,7 +257,7 @@ def read_text_file(path: Path) -> str:
     """The text of a .txt/.md document (its first TEXT_READ_BYTES; a UTF-8 BOM is dropped);
     InputError for empty or non-UTF-8 files."""
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:  # never blocks on a file swapped for a FIFO
             data = f.read(TEXT_READ_BYTES)
         # final=False: a character cut at the read limit is dropped, not an error.
         text = codecs.getincrementaldecoder("utf-8-sig")().decode(data, final=len(data) < TEXT_READ_BYTES)
