@@ -302,3 +302,65 @@ def test_huge_files_are_hashed_by_size_mtime_and_their_edges_and_small_ones_whol
         f.truncate(64 << 30)  # 64 GiB of holes: hashing it whole would read them all
     finished, digest = _in_thread(lambda: content_hash(huge))
     assert finished and isinstance(digest, str) and digest.startswith("edges:")
+
+
+def _store_scan(col_root: Path, folder: Path):
+    """Plan a scan of `folder` against a model-free collection and store what it would add
+    (random unit vectors stand in for embeddings): the bookkeeping `index` does."""
+    from faste_mm.indexers import ItemRecord, Manifest
+    from faste_mm.retrieval.ingest import plan_update, record_missing, scan_paths
+    from faste_mm.retrieval.retriever import IngestTally
+
+    with Collection.create(col_root, Manifest(model_id="m", dim=4), exist_ok=True) as col:
+        scan = scan_paths([folder])
+        plan = plan_update(col, scan)
+        col.mark_vanished(plan.vanished)
+        record_missing(col, scan.missing, IngestTally())
+        if plan.todo:
+            v = np.random.default_rng(0).standard_normal((len(plan.todo), 4)).astype(np.float32)
+            col.add(v / np.linalg.norm(v, axis=1, keepdims=True),
+                    [ItemRecord(uri=f.uri, modality=f.modality, size=f.stat.size, mtime=f.stat.mtime) for f in plan.todo])
+        return scan, plan, sorted(col.live_uris())
+
+
+def test_items_of_a_link_to_a_file_outside_the_folder_vanish_with_the_link(tmp_path):
+    folder, outside = tmp_path / "photos", tmp_path / "elsewhere"
+    folder.mkdir(), outside.mkdir()
+    noise_image(outside / "secret.png", (16, 16), 1)
+    noise_image(folder / "own.png", (16, 16), 2)
+    (folder / "link.png").symlink_to(outside / "secret.png")
+    (folder / "inner.png").symlink_to(folder / "own.png")  # a link inside the folder: its target's item
+    _, _, live = _store_scan(tmp_path / "col", folder)
+    assert live == sorted([str(folder / "own.png"), str(folder / "link.png")])
+    (folder / "link.png").unlink()
+    _, plan, live = _store_scan(tmp_path / "col", folder)
+    assert plan.vanished == (str(folder / "link.png"),) and live == [str(folder / "own.png")]
+    assert (outside / "secret.png").exists()
+
+
+def test_links_into_proc_sys_or_dev_are_never_read(tmp_path):
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    (folder / "env.txt").symlink_to("/proc/self/environ")  # the process's own API keys and tokens
+    (folder / "cpu.txt").symlink_to("/sys/devices/system/cpu/online")
+    (folder / "fine.txt").write_text("hello")
+    scan, _, live = _store_scan(tmp_path / "col", folder)
+    assert [f.uri for f in scan.files()] == [str(folder / "fine.txt")]
+    reasons = dict(scan.missing)
+    assert "never reads /proc, /sys or /dev" in reasons[str(folder / "env.txt")]
+    assert str(folder / "cpu.txt") in reasons
+    from faste_mm.retrieval.ingest import scan_paths
+
+    named = scan_paths([folder / "env.txt"])  # named on the command line: refused the same way
+    assert not named.files() and "system file" in named.missing[0][1]
+
+
+def test_fifos_and_loops_are_recorded_once_not_counted_removed_on_every_run(tmp_path):
+    folder = tmp_path / "f"
+    folder.mkdir()
+    os.mkfifo(folder / "pipe.txt")
+    (folder / "loop.png").symlink_to(folder / "loop.png")
+    (folder / "ok.txt").write_text("hi")
+    first = _store_scan(tmp_path / "col", folder)
+    again = _store_scan(tmp_path / "col", folder)
+    assert len(first[0].missing) == 2 and again[1].vanished == ()
