@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import base64
 import io
+import os
 import socket
+import stat
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -230,10 +232,44 @@ def test_thumbnails_are_jpegs_of_indexed_images_and_pdf_pages_cached_beside_the_
 
 
 @pytest.mark.parametrize("path", ["/thumbnails/999999", "/thumbnails/..%2F..%2Fetc%2Fpasswd",
-                                  "/thumbnails/%2e%2e", "/thumbnails/-1", "/thumbnails/1.jpg"])
+                                  "/thumbnails/%2e%2e", "/thumbnails/-1", "/thumbnails/1.jpg",
+                                  "/thumbnails/%C2%B2", "/thumbnails/" + "9" * 1000, "/thumbnails/9223372036854775808"])
 def test_thumbnails_refuse_anything_but_the_id_of_an_indexed_item(client, path):
     response = client.get(path)
     assert response.status_code == 404 and response.headers["content-type"] == "application/json"
+
+
+def test_a_link_planted_in_the_thumbnail_cache_is_replaced_never_served(embedder, collection, tmp_path):
+    secret = tmp_path / "secret.jpg"
+    secret.write_bytes(b"SECRET private photo bytes")
+    cache = tmp_path / "thumbs"
+    with _client(embedder, collection, thumbnail_dir=cache) as c:
+        hit = next(h for h in c.post("/search", json={"query": "x", "k": 20}).json()["hits"] if h["thumbnail"])
+        first = c.get(hit["thumbnail"]).content
+        assert stat.S_IMODE(os.stat(cache).st_mode) == 0o700  # made with our own mode
+        (cached,) = cache.glob(f"{hit['id']}-*.jpg")
+        cached.unlink()
+        cached.symlink_to(secret)  # planted: the server must not send the file it points to
+        again = c.get(hit["thumbnail"])
+        assert again.status_code == 200 and b"SECRET" not in again.content and again.content == first
+        assert not cached.is_symlink() and secret.read_bytes().startswith(b"SECRET")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    linked = tmp_path / "linked-thumbs"
+    linked.symlink_to(elsewhere)  # a cache folder that is a link: refused, nothing written through it
+    with _client(embedder, collection, thumbnail_dir=linked, raise_server_exceptions=False) as c:
+        _error(c.get(hit["thumbnail"]), 500, "not a folder of this user")
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_odd_ids_nested_json_and_k_0_are_client_errors_not_crashes(client):
+    _error(client.post("/search", json={"id": 10**30}), 400, "id")
+    _error(client.post("/search", data={"id": "9" * 40}), 400, "'id'")
+    _error(client.post("/search", data={"q": "x", "k": "0"}), 400, "k must be in 1..1000")
+    deep = "[" * 100_000 + "]" * 100_000
+    for route in ("/search", "/v1/embeddings"):
+        answer = client.post(route, content=deep, headers={"content-type": "application/json"})
+        assert answer.status_code == 400, (route, answer.text)
 
 
 def test_a_thumbnail_of_a_path_traversal_never_reaches_the_file_system(client):

@@ -15,13 +15,14 @@ from pathlib import Path
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
+from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
 from faste_mm.errors import ConfigError, FasteError, InputError
 from faste_mm.indexers import SearchFilter
+from faste_mm.indexers.filters import INT64_MAX
 from faste_mm.serving.batcher import QueueFullError
 from faste_mm.serving.engine import NoCollectionError, RequestTooLargeError, ServeEngine, UnknownItemError
 from faste_mm.serving.inputs import (EmbeddingRequest, SearchRequest, decode_image_bytes, decode_image_url,
@@ -115,13 +116,14 @@ def create_app(engine: ServeEngine) -> FastAPI:
         }
 
     @app.get("/thumbnails/{item_id}", dependencies=[auth])
-    def thumbnails(item_id: str) -> FileResponse:
-        if not item_id.isdigit():  # ids only: nothing from the request ever becomes a path
+    def thumbnails(item_id: str) -> Response:
+        # ids only (ASCII digits of a 64-bit id): nothing from the request ever becomes a path
+        if not (item_id.isascii() and item_id.isdigit() and len(item_id) <= 19 and int(item_id) <= INT64_MAX):
             raise UnknownItemError(f"{item_id[:40]!r} is not an item id; thumbnails are served by numeric id")
         record = engine.record(int(item_id))
         cache = engine.config.thumbnail_dir or default_cache_dir(engine.collection)
-        return FileResponse(thumbnail(record, cache), media_type="image/jpeg",
-                            headers={"Cache-Control": "private, max-age=3600"})
+        return Response(thumbnail(record, cache), media_type="image/jpeg",
+                        headers={"Cache-Control": "private, max-age=3600"})
 
     return app
 
@@ -151,9 +153,13 @@ async def _search_fields(request: Request, engine: ServeEngine):
             if raw:  # decoding is CPU work: off the event loop
                 image = await run_in_threadpool(decode_image_bytes, raw, f"image ({upload.filename or 'upload'})")
         query = (form.get("q") or "").strip() or None
-        return query, image, _int_field(form.get("id"), "id"), _int_field(form.get("k"), "k") or 10, SearchFilter()
+        k = _int_field(form.get("k"), "k")  # k=0 is refused by the search (400), never silently 10
+        return query, image, _int_field(form.get("id"), "id"), 10 if k is None else k, SearchFilter()
     try:
         body = SearchRequest.model_validate(await request.json())
+    except RecursionError:
+        raise InputError("the search body is JSON nested too deeply; send a flat object "
+                         "({\"query\": ..., \"k\": ...})") from None
     except ValueError as error:
         raise InputError(f"the search body must be JSON ({{\"query\": ..., \"k\": ...}}) or a multipart form: "
                          f"{_validation_message(error)}") from None
@@ -170,10 +176,10 @@ async def _search_fields(request: Request, engine: ServeEngine):
 def _int_field(value, name: str) -> int | None:
     if value is None or value == "":
         return None
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        raise InputError(f"form field {name!r} must be an integer, got {str(value)[:40]!r}") from None
+    text = str(value).strip()
+    if not (text.isascii() and text.lstrip("-").isdigit() and len(text) <= 20 and abs(int(text)) <= INT64_MAX):
+        raise InputError(f"form field {name!r} must be an integer, got {text[:40]!r}")
+    return int(text)
 
 
 def _hit_json(rank: int, hit) -> dict:

@@ -74,7 +74,7 @@ class SearchRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     query: str | None = None
     image: str | None = None
-    id: int | None = None
+    id: int | None = Field(default=None, ge=0, le=2**63 - 1)  # item ids are SQLite's 64-bit integers
     k: int = Field(default=10, ge=1, le=1000)
     where: dict[str, str | int | float | bool] | None = None
     type: str | list[str] | None = None
