@@ -261,12 +261,20 @@ def test_a_database_behind_its_manifest_is_damage_and_its_parts_are_kept(tmp_pat
     assert _files(root) == before
 
 
-def test_retriever_add_items_survive_an_emptied_database(tmp_path, vl_embedder, model_dirs):
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    from tests.test_retriever_scanning import tiny_vl_dir
+
+    return tiny_vl_dir(tmp_path_factory.getbasetemp())
+
+
+def test_retriever_add_items_survive_an_emptied_database(tmp_path, tiny_model):
     from typer.testing import CliRunner
 
-    from faste_mm import Retriever
+    from faste_mm import Embedder, Retriever
     from faste_mm.cli.app import app
 
+    vl_embedder = Embedder.from_pretrained(str(tiny_model), device="cpu")
     root, docs = tmp_path / "c", tmp_path / "docs"
     docs.mkdir()
     (docs / "a.txt").write_text("a red bicycle")
@@ -277,7 +285,7 @@ def test_retriever_add_items_survive_an_emptied_database(tmp_path, vl_embedder, 
     before = _files(root)
     with pytest.raises(CollectionError, match="holds no faste-mm tables"):
         retriever.add(["a third text"])
-    result = CliRunner().invoke(app, ["index", str(docs), "-c", str(root), "--model", str(model_dirs["qwen3_vl"]),
+    result = CliRunner().invoke(app, ["index", str(docs), "-c", str(root), "--model", str(tiny_model),
                                       "--device", "cpu", "--r-max", "0"])
     assert result.exit_code == 1 and "holds no faste-mm tables" in result.stderr, (result.stderr, result.exception)
     assert _files(root) == before
@@ -306,3 +314,18 @@ def test_an_open_reader_follows_a_reindex_instead_of_returning_erased_items(tmp_
         Collection.erase(root)
         with pytest.raises(CollectionError):
             reader.search(old, k=1)  # erased for good: said, not answered from the old files
+
+
+def test_retriever_add_skip_commits_rows_and_failures_in_one_transaction(tmp_path, tiny_model):
+    root = tmp_path / "c"
+    _crash("add-after-commit", """
+        import sys
+        from pathlib import Path
+        from faste_mm import Embedder, Retriever
+        embedder = Embedder.from_pretrained(sys.argv[1], device="cpu")
+        Retriever(embedder, collection=sys.argv[2], r_max=0.0).add(["a text", Path(sys.argv[3])], on_error="skip")
+    """, tiny_model, root, tmp_path / "gone.png")
+    with Collection.open(root) as col:  # killed after the first commit: it held both
+        info = col.info()
+    assert (info.n_ok, info.n_failed) == (1, 1), info
+    assert "gone.png" in info.failures[0].uri
