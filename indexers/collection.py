@@ -119,6 +119,11 @@ class Collection:
         """
         root = Path(path)
         manifest = read_manifest(root)
+        try:
+            faiss_index.validate_factory(manifest.index_type, manifest.dim)
+        except ConfigError as error:  # a hand-edited or damaged manifest: its index could never be built
+            raise CollectionError(f"{root / MANIFEST_NAME}: {error}. Fix \"index\": {{\"type\": ...}} there, or "
+                                  f"restore the file from a backup") from None
         if expect is not None:
             errors = manifest.compatibility_errors(expect)
             if errors:

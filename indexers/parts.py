@@ -55,9 +55,14 @@ def _load(path: Path, part: int, **options) -> np.ndarray:
     except FileNotFoundError as e:
         raise PartMissing(f"{path}: cannot read vector part {part} ({e.strerror}); the collection is "
                           f"damaged — re-index it with `--reindex`") from None
-    except (OSError, ValueError) as e:
-        raise CollectionError(f"{path}: cannot read vector part {part} ({e}); the collection is "
-                              f"damaged — re-index it with `--reindex`") from None
+    except OSError as e:
+        raise CollectionError(f"{path}: cannot read vector part {part} ({e.strerror or e}); check that "
+                              f"you may read the collection's files, and the disk") from None
+    except ValueError as e:
+        # numpy's words for bytes that are no .npy array advise allow_pickle, never to be used here.
+        why = "it holds no numeric .npy array: garbage or foreign bytes" if "pickle" in str(e) else str(e)
+        raise CollectionError(f"{path}: cannot read vector part {part} ({why}); the collection is damaged — "
+                              f"restore the file from a backup, or re-index with `--reindex`") from None
 
 
 def read_ids(root: Path, part: int, n_rows: int) -> np.ndarray:

@@ -7,6 +7,7 @@ stepwise migrations; a file newer than this code is refused with upgrade advice.
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import logging
@@ -20,6 +21,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
 
 from faste_mm.errors import CollectionError
+from faste_mm.indexers.atomic_files import storage_error
 from faste_mm.indexers.filters import SearchFilter, json_path
 from faste_mm.indexers.records import ItemRecord, Status
 
@@ -139,11 +141,20 @@ def _row_to_record(row: Sequence[Any]) -> ItemRecord:
                       error=_from_db(error), id=id_, status=status, added_at=added_at)
 
 
+# SQLite's messages for conditions that are not damage -> the errno whose words `storage_error` uses.
+_SQLITE_NOT_DAMAGE = (("readonly", errno.EROFS), ("disk is full", errno.ENOSPC),
+                      ("unable to open database file", errno.EACCES))
+
+
 def damaged_database(path: Path, error: sqlite3.Error) -> CollectionError:
-    """The CollectionError for an SQLite error: a busy database says wait, anything else is damage."""
+    """The CollectionError for an SQLite error: a busy database says wait; a read-only file, a
+    full disk or a file it may not open say so (the data is intact); anything else is damage."""
     if isinstance(error, sqlite3.OperationalError) and "locked" in str(error):
         return CollectionError(f"{path}: the database is busy ({error}); wait for the other faste-mm "
                                f"process to finish and try again")
+    for words, code in _SQLITE_NOT_DAMAGE:
+        if isinstance(error, sqlite3.OperationalError) and words in str(error):
+            return storage_error(path, OSError(code, str(error)))
     return CollectionError(f"{path}: the database cannot be read ({error}); the collection is damaged. "
                            f"Restore {DB_NAME} from a backup, or re-index with `--reindex`")
 

@@ -329,3 +329,83 @@ def test_retriever_add_skip_commits_rows_and_failures_in_one_transaction(tmp_pat
         info = col.info()
     assert (info.n_ok, info.n_failed) == (1, 1), info
     assert "gone.png" in info.failures[0].uri
+
+
+def _cli(*args: str):
+    from typer.testing import CliRunner
+
+    from faste_mm.cli.app import app
+
+    return CliRunner().invoke(app, list(args))
+
+
+def test_random_manifests_and_bogus_index_types_are_named_errors_not_tracebacks(tmp_path):
+    import json
+
+    root = tmp_path / "c"
+    _filled(root)
+    good = (root / "manifest.json").read_text()
+    (root / "manifest.json").write_bytes(os.urandom(400))
+    for command in ("info", "compact"):
+        result = _cli(command, "-c", str(root))
+        assert result.exit_code == 1 and "manifest.json: cannot read the manifest" in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr and "damaged" in result.stderr
+    bogus = json.loads(good)
+    bogus["index"]["type"] = "Bogus99,Flat"
+    (root / "manifest.json").write_text(json.dumps(bogus))
+    for command in ("info", "compact", "rebuild-index"):
+        result = _cli(command, "-c", str(root))
+        assert result.exit_code == 1 and "'Bogus99,Flat' is not a valid FAISS factory string" in result.stderr, (
+            command, result.stderr, result.exception)
+
+
+def test_a_garbage_part_is_damage_in_our_words_not_numpys_pickle_advice(tmp_path):
+    root = tmp_path / "c"
+    v = _filled(root)
+    (root / "vectors" / "part-000000.npy").write_bytes(os.urandom(512))
+    (root / "index.faiss").unlink()  # the search must read the part to rebuild it
+    with pytest.raises(CollectionError, match="part-000000.npy: cannot read vector part 0") as caught:
+        with Collection.open(root) as col:
+            col.search(v, k=1)
+    assert "pickle" not in str(caught.value) and "garbage" in str(caught.value)
+
+
+def test_disk_full_and_read_only_are_said_as_such_not_called_damage():
+    import errno
+    import sqlite3
+    from pathlib import Path
+
+    from faste_mm.indexers.atomic_files import atomic_write
+    from faste_mm.indexers.store import damaged_database
+
+    def full(f):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        with pytest.raises(CollectionError, match="disk is full.*collection is intact. Free some space") as caught:
+            atomic_write(Path(folder) / "index.faiss", full)
+        assert os.listdir(folder) == []  # no temp file left behind
+    for error, words in ((sqlite3.OperationalError("attempt to write a readonly database"), "read-only"),
+                         (sqlite3.OperationalError("database or disk is full"), "disk is full"),
+                         (sqlite3.OperationalError("unable to open database file"), "permission denied")):
+        message = str(damaged_database(Path("c/meta.sqlite"), error))
+        assert words in message and "damaged" not in message and "--reindex" not in message, message
+    assert "--reindex" not in str(caught.value)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads and writes whatever the permissions")
+def test_a_read_only_collection_opens_for_search_and_a_writer_is_told_why(tmp_path):
+    root = tmp_path / "c"
+    v = _filled(root)
+    for path in [root, *root.rglob("*")]:
+        path.chmod(path.stat().st_mode & ~0o222)
+    try:
+        with Collection.open(root) as col:
+            assert col.search(v, k=1)[1][:, 0].tolist() == list(range(len(v)))
+        result = _cli("compact", "-c", str(root))
+        assert result.exit_code == 1 and "ermission denied" in result.stderr and "Traceback" not in result.stderr
+    finally:
+        for path in [root, *root.rglob("*")]:
+            path.chmod(path.stat().st_mode | 0o200)
