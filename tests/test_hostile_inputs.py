@@ -364,3 +364,14 @@ def test_fifos_and_loops_are_recorded_once_not_counted_removed_on_every_run(tmp_
     first = _store_scan(tmp_path / "col", folder)
     again = _store_scan(tmp_path / "col", folder)
     assert len(first[0].missing) == 2 and again[1].vanished == ()
+
+
+def test_a_right_to_left_override_in_a_name_is_printed_escaped(tmp_path):
+    from faste_mm.indexers import ItemRecord, Manifest
+
+    disguised = str(tmp_path / "invoice\u202egpj.exe")  # shows as "invoiceexe.jpg" if printed raw
+    with Collection.create(tmp_path / "col", Manifest(model_id="m", dim=4)) as col:
+        col.add_failures([ItemRecord(uri=disguised, modality="image", error=f"{disguised}: unsupported file type")])
+    result = runner.invoke(app, ["info", "-c", str(tmp_path / "col")], env={"COLUMNS": "2000"})
+    assert result.exit_code == 0, result.stderr
+    assert "invoice\\u202egpj.exe" in result.stdout and "\u202e" not in result.stdout

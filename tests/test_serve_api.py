@@ -506,6 +506,16 @@ def test_answers_carry_nosniff_no_framing_and_the_page_a_strict_csp(client):
     assert "default-src 'none'" in data.headers["content-security-policy"]
 
 
+def test_a_blank_api_key_is_refused_in_cli_words():
+    from typer.testing import CliRunner
+
+    from faste_mm.cli.app import app
+
+    result = CliRunner().invoke(app, ["serve", "--api-key", "   ", "--model", "/nonexistent-model"])
+    assert result.exit_code == 1 and "--api-key is empty" in result.stderr, result.stderr
+    assert "ServeConfig" not in result.stderr
+
+
 def test_info_reports_model_fast_e_and_collection_counts(client, embedder):
     info = client.get("/info").json()
     assert info["model"] == embedder.model_id and info["dim"] == embedder.dim
