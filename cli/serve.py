@@ -31,6 +31,11 @@ def serve_command(
                                           help="Require 'Authorization: Bearer KEY' on every data route "
                                                "(the page and /health stay public)."),
     insecure: bool = typer.Option(False, "--insecure", help="Allow a non-loopback --host without --api-key."),
+    allowed_host: Optional[list[str]] = typer.Option(
+        None, "--allowed-host", envvar="FASTE_MM_ALLOWED_HOSTS",
+        help="Another name clients reach the server by (repeatable; the variable takes names separated by "
+             "spaces). Requests naming any other Host get 403 (DNS rebinding). Always answered: localhost, "
+             "127.0.0.1, [::1] and --host. '*' answers any name (behind a proxy that checks it)."),
     batch_tokens: int = typer.Option(16384, "--batch-tokens", envvar="FASTE_MM_BATCH_TOKENS", min=1,
                                      help="Prompt tokens merged into one model call (default 16384)."),
     max_wait_ms: float = typer.Option(5.0, "--max-wait-ms", envvar="FASTE_MM_MAX_WAIT_MS", min=0,
@@ -40,8 +45,8 @@ def serve_command(
                                        "ones get 503 (default 256)."),
     max_request_tokens: int = typer.Option(65536, "--max-request-tokens", envvar="FASTE_MM_MAX_REQUEST_TOKENS",
                                            min=1, help="Prompt tokens one request may carry; 413 above (default 65536)."),
-    max_body_bytes: int = typer.Option(32 << 20, "--max-body-bytes", envvar="FASTE_MM_MAX_BODY_BYTES", min=1,
-                                       help="Largest request body in bytes; 413 above (default 32 MiB)."),
+    max_body_bytes: int = typer.Option(16 << 20, "--max-body-bytes", envvar="FASTE_MM_MAX_BODY_BYTES", min=1,
+                                       help="Largest request body in bytes; 413 above (default 16 MiB)."),
     r_max: float = typer.Option(0.0, "--r-max", envvar="FASTE_MM_R_MAX",
                                 help="FastE for documents of an embeddings-only server, 0 <= r < 1 (default 0: "
                                      "full forward). With -c the collection's own FastE is used."),
@@ -59,12 +64,14 @@ def serve_command(
     """Serve embeddings (OpenAI-compatible /v1/embeddings) and, with -c, search and a search page at /."""
     try:
         from faste_mm.serving import BatcherConfig, ServeConfig, check_bind
+        from faste_mm.serving.security import host_names
 
         check_bind(host, api_key, insecure)  # before anything else: a refused bind changes nothing
         setup_logging(debug, logging.INFO)
         config = ServeConfig(api_key=api_key, batching=BatcherConfig(batch_tokens, max_wait_ms, max_queue),
                              max_body_bytes=max_body_bytes, max_request_tokens=max_request_tokens,
-                             allow_remote_images=allow_remote_images, r_max=r_max)
+                             allow_remote_images=allow_remote_images, r_max=r_max,
+                             allowed_hosts=host_names(host, allowed_host or ()))
         if threads is not None:
             import torch
 
