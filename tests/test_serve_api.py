@@ -517,6 +517,18 @@ def test_a_blank_api_key_is_refused_in_cli_words():
     assert "ServeConfig" not in result.stderr
 
 
+def test_a_running_server_follows_a_reindex_of_its_collection(embedder, tmp_path):
+    root = tmp_path / "c"
+    Retriever(embedder, collection=root, r_max=0.5).add(["a cat", "a dog"], uris=["old:cat", "old:dog"])
+    with _client(embedder, root) as c:
+        assert {h["uri"] for h in c.post("/search", json={"query": "x", "k": 5}).json()["hits"]} == {"old:cat", "old:dog"}
+        Collection.erase(root, for_create=True)  # what `index --reindex` does before indexing anew
+        Retriever(embedder, collection=root, r_max=0.5).add(["a bird"], uris=["new:bird"])
+        hits = c.post("/search", json={"query": "x", "k": 5}).json()["hits"]
+        assert [h["uri"] for h in hits] == ["new:bird"]
+        _error(c.post("/search", json={"id": hits[0]["id"] + 1, "k": 2}), 404)  # old ids are gone too
+
+
 def test_info_reports_model_fast_e_and_collection_counts(client, embedder):
     info = client.get("/info").json()
     assert info["model"] == embedder.model_id and info["dim"] == embedder.dim
