@@ -716,7 +716,8 @@ def test_the_page_and_its_assets_are_local_and_load_nothing_from_other_hosts(cli
 def test_an_unexpected_failure_is_a_json_500_and_the_server_keeps_serving(embedder, monkeypatch):
     original = embedder.encode
     monkeypatch.setattr(embedder, "encode", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
-    with _client(embedder, raise_server_exceptions=False) as c:  # as a real client sees it
+    # raise_server_exceptions: the error must not escape the app (uvicorn would close the connection)
+    with _client(embedder) as c:
         _error(c.post("/v1/embeddings", json={"input": "x"}), 500, "RuntimeError", "boom")
         monkeypatch.setattr(embedder, "encode", original)
         assert c.post("/v1/embeddings", json={"input": "x"}).status_code == 200
