@@ -51,14 +51,12 @@ SHARED_OPTIONS = {"--model": "FASTE_MM_MODEL", "--r-max": "FASTE_MM_R_MAX", "--w
 
 @pytest.mark.parametrize("command", EMBEDDING_COMMANDS)
 def test_every_command_that_embeds_takes_the_same_model_fast_e_and_batching_options(command):
-    import click
-
     group = typer.main.get_command(app)
-    params = {opt: p for p in group.commands[command].params if isinstance(p, click.Option) for opt in p.opts}
+    params = {opt: p for p in group.commands[command].params if p.param_type_name == "option" for opt in p.opts}
     for flag, env in SHARED_OPTIONS.items():
         assert flag in params, f"{command} lacks {flag}"
         assert params[flag].envvar == env, f"{command} {flag} reads {params[flag].envvar}"
-        reference = {p.opts[0]: p for p in group.commands["embed"].params if isinstance(p, click.Option)}[flag]
+        reference = {p.opts[0]: p for p in group.commands["embed"].params if p.param_type_name == "option"}[flag]
         assert params[flag].help == reference.help, f"{command} {flag}: declared twice"
     assert "--fixed-layer" not in params
 
