@@ -35,14 +35,15 @@ _FLAGS = {
     "FastEConfig.warmup_layer": "--warmup-layer", "FastEConfig.trigger_layer": "--trigger-layer",
     "BatchingConfig.batch_tokens": "--batch-tokens", "BatchingConfig.unpadded": "--unpadded",
     "IndexOptions.chunk_files": "--chunk-files", "ScanFilter.exclude": "--exclude",
-    "index_type": "--index-type",
+    "index_type": "--index-type", "ServeConfig.api_key": "--api-key",
     "CollectionProfile.r_max": "--r-max", "CollectionProfile.threshold": "--threshold",
     "CollectionProfile.warmup_layer": "--warmup-layer", "CollectionProfile.trigger_layer": "--trigger-layer",
     "CollectionProfile.dim": "--dim", "VideoConfig.fps": "--video-fps", "VideoConfig.max_frames": "--video-max-frames",
 }
 _FLAG_RE = re.compile("|".join(rf"\b{re.escape(name)}\b" for name in _FLAGS))
-# Control characters (newlines, ANSI escapes) in a file name would break or recolour the output.
-_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# Control characters (newlines, ANSI escapes) in a file name would break or recolour the output;
+# bidirectional overrides (U+202E: "invoice\u202egpj.exe" shows as "invoiceexe.jpg") would disguise it.
+_CONTROL_RE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 
 def shown(text: object) -> str:

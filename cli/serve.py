@@ -28,6 +28,11 @@ def serve_command(
                                           help="Require 'Authorization: Bearer KEY' on every data route "
                                                "(the page and /health stay public)."),
     insecure: bool = typer.Option(False, "--insecure", help="Allow a non-loopback --host without --api-key."),
+    allowed_host: Optional[list[str]] = typer.Option(
+        None, "--allowed-host", envvar="FASTE_MM_ALLOWED_HOSTS",
+        help="Another name clients reach the server by (repeatable; the variable takes names separated by "
+             "spaces). Requests naming any other Host get 403 (DNS rebinding). Always answered: localhost, "
+             "127.0.0.1, [::1] and --host. '*' answers any name (behind a proxy that checks it)."),
     batch_tokens: BatchTokens = DEFAULT_BATCH_TOKENS,
     max_wait_ms: float = typer.Option(5.0, "--max-wait-ms", envvar="FASTE_MM_MAX_WAIT_MS", min=0,
                                       help="Longest a request waits for others to join its batch, in ms (default 5)."),
@@ -36,8 +41,8 @@ def serve_command(
                                        "ones get 503 (default 256)."),
     max_request_tokens: int = typer.Option(65536, "--max-request-tokens", envvar="FASTE_MM_MAX_REQUEST_TOKENS",
                                            min=1, help="Prompt tokens one request may carry; 413 above (default 65536)."),
-    max_body_bytes: int = typer.Option(32 << 20, "--max-body-bytes", envvar="FASTE_MM_MAX_BODY_BYTES", min=1,
-                                       help="Largest request body in bytes; 413 above (default 32 MiB)."),
+    max_body_bytes: int = typer.Option(16 << 20, "--max-body-bytes", envvar="FASTE_MM_MAX_BODY_BYTES", min=1,
+                                       help="Largest request body in bytes; 413 above (default 16 MiB)."),
     r_max: RMax = None,
     warmup_layer: WarmupLayer = None,
     threshold: Threshold = None,
@@ -57,6 +62,7 @@ def serve_command(
     """Serve embeddings (OpenAI-compatible /v1/embeddings) and, with -c, search and a search page at /."""
     try:
         from faste_mm.serving import BatcherConfig, ServeConfig, check_bind
+        from faste_mm.serving.security import host_names
 
         check_bind(host, api_key, insecure)  # before anything else: a refused bind changes nothing
         setup_logging(debug, logging.INFO)
@@ -68,7 +74,8 @@ def serve_command(
         config = ServeConfig(api_key=api_key, batching=BatcherConfig(batch_tokens, max_wait_ms, max_queue),
                              max_body_bytes=max_body_bytes, max_request_tokens=max_request_tokens,
                              allow_remote_images=allow_remote_images,
-                             fast_e=None if fast_e.r_max == 0 and trigger_layer is None else fast_e)
+                             fast_e=None if fast_e.r_max == 0 and trigger_layer is None else fast_e,
+                             allowed_hosts=host_names(host, allowed_host or ()))
         if threads is not None:
             import torch
 

@@ -445,8 +445,9 @@ class Retriever:
             ok = np.array([row not in reasons for row in range(len(records))], dtype=bool)
             failed = [records[row] for row in sorted(reasons)]
             ids = np.full(len(records), -1, dtype=np.int64)
-            ids[ok] = col.add(result.embeddings[ok], [r for r, is_ok in zip(records, ok) if is_ok])
-            col.add_failures(failed)  # after add: adding a uri clears its failure rows
+            # One transaction, as `index` commits a chunk: a crash keeps the rows and their
+            # failure records together or neither.
+            ids[ok] = col.commit(result.embeddings[ok], [r for r, is_ok in zip(records, ok) if is_ok], failed)[0]
         self.close()
         if failed:
             log.info("%s: added %d items, %d failed", self.collection, int(ok.sum()), len(failed))
