@@ -177,7 +177,7 @@ def _save(calibration, collection: Optional[str], out: Path) -> None:
     stderr.print(f"saved for {calibration.model_id} in {save_calibration(calibration)}")
     if collection is None:
         return
-    from faste_mm.retrieval.retriever import apply_calibration
+    from faste_mm.retrieval.calibrations import apply_calibration
 
     root = apply_calibration(calibration, collection)
     stderr.print(f"collection {root} now embeds new documents with theta {calibration.threshold:g}")

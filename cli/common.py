@@ -13,7 +13,6 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from faste_mm.cli.options import Format  # noqa: F401  (stdout's format, shared by the commands)
 from faste_mm.errors import ConfigError, FasteError
 
 # soft_wrap: a message is never hard-wrapped at the console width (a piped stderr has no width,
