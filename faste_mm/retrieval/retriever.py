@@ -222,8 +222,9 @@ class Retriever:
 
     @property
     def r_max(self) -> float:
-        """FastE's r_max for this retriever's documents (the collection's, see `profile`)."""
-        return self.profile().r_max
+        """FastE's r_max for this retriever's documents: the collection's, else the one given,
+        else the default (see `profile`; reading it loads no model)."""
+        return (self._existing() or CollectionProfile.resolve(None, **self._given)).r_max
 
     def profile(self) -> CollectionProfile:
         """The settings this retriever embeds its collection's documents with: the existing
