@@ -66,6 +66,9 @@ def index_command(
     chunk_files: int = typer.Option(64, "--chunk-files", envvar="FASTE_MM_CHUNK_FILES",
                                     help="Files embedded and committed together; an interrupted run "
                                          "loses at most one chunk (default 64)."),
+    chunk_pages: int = typer.Option(64, "--chunk-pages", envvar="FASTE_MM_CHUNK_PAGES",
+                                    help="A longer PDF is embedded and committed this many pages at a time; "
+                                         "an interrupted run resumes after the last committed pages (default 64)."),
     device: str = device_option(),
     exclude: list[str] = typer.Option([], "--exclude", envvar="FASTE_MM_EXCLUDE",
                                       help="Glob (fnmatch) on the path relative to a walked folder or on any "
@@ -123,7 +126,8 @@ def index_command(
     try:
         root = collection_path(collection)
         options = IndexOptions(exclude=tuple(exclude), include_hidden=include_hidden, reindex=reindex,
-                               index_type=index_type, retry_failed=retry_failed, chunk_files=chunk_files)
+                               index_type=index_type, retry_failed=retry_failed, chunk_files=chunk_files,
+                               chunk_pages=chunk_pages)
         existing = None
         if (root / MANIFEST_NAME).exists() and not (reindex and model is not None):
             existing = read_manifest(root)  # the settings only; the retriever opens the database

@@ -102,7 +102,8 @@ _FLAGS = {
     "FastEConfig.r_max": "--r-max", "FastEConfig.threshold": "--threshold",
     "FastEConfig.warmup_layer": "--warmup-layer", "FastEConfig.trigger_layer": "--trigger-layer",
     "BatchingConfig.batch_tokens": "--batch-tokens", "BatchingConfig.unpadded": "--unpadded",
-    "IndexOptions.chunk_files": "--chunk-files", "ScanFilter.exclude": "--exclude",
+    "IndexOptions.chunk_files": "--chunk-files", "IndexOptions.chunk_pages": "--chunk-pages",
+    "ScanFilter.exclude": "--exclude",
     "index_type": "--index-type",
 }
 _FLAG_RE = re.compile("|".join(rf"\b{re.escape(name)}\b" for name in _FLAGS))

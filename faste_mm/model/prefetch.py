@@ -227,13 +227,9 @@ def _chunk_batches(chunk: list[int], steps: _Steps, pool: ThreadPoolExecutor | N
         serialized = iter(_run(pool, steps.serialize, [r for r, s in zip(picked, kept) if s is None], steps.timer))
         results = [s if s is not None else next(serialized) for s in kept]
         del kept, serialized  # `items` below holds the only references: collate frees them one by one
-        items, ok_rows = [], []
-        for r, result in zip(picked, results):
-            if isinstance(result, ItemError):
-                yield result
-            else:
-                items.append(result)
-                ok_rows.append(r)
+        yield from (result for result in results if isinstance(result, ItemError))
+        ok_rows = [r for r, result in zip(picked, results) if not isinstance(result, ItemError)]
+        items = [result for result in results if not isinstance(result, ItemError)]
         del results
         if items:
             batch = collate(items, ok_rows, steps.pad_token_id, release=True)

@@ -243,8 +243,9 @@ class Retriever:
         """Bring a collection up to date with files and folders (images, PDFs page by page,
         .txt/.md as text). Only new or changed files are embedded; files whose content matches a
         live item reuse its vectors; files gone from an indexed folder are removed. Work is
-        committed every `options.chunk_files` files, so an interrupted run resumes where it
-        stopped. Bad files are recorded as failures, never raised.
+        committed every `options.chunk_files` files (a longer PDF every `options.chunk_pages`
+        pages), so an interrupted run resumes where it stopped. Bad files are recorded as
+        failures, never raised.
 
         collection: where to index (and search from then on); None = the retriever's.
         ray: run the embedding on Ray Data, e.g. `faste_mm.scale.RayOptions("auto")` (needs
@@ -299,7 +300,7 @@ class Retriever:
                 for start in range(0, len(plan.todo), options.chunk_files):
                     chunk = plan.todo[start:start + options.chunk_files]
                     chunk_size = len(chunk)
-                    ingest_chunk(col, chunk, plan.changed, encode, tally)
+                    ingest_chunk(col, chunk, plan.changed, encode, tally, options.chunk_pages)
                     done, chunk_size = start + len(chunk), 0
                     report_progress()
             if options.index_type is not None and options.index_type != col.manifest.index_type:
