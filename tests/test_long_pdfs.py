@@ -29,7 +29,7 @@ from faste_mm.retrieval.results import IndexOptions
 
 from tests.test_retriever_scanning import noise_image
 
-PAGE_PIXELS = 64 * 1024  # small pages keep the tiny model fast
+PAGE_PIXELS = 32 * 1024  # small pages keep the tiny model fast
 
 
 def _pdf(path: Path, sizes: list[tuple[float, float]], marks: int = 0) -> Path:
