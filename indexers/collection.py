@@ -380,13 +380,9 @@ class Collection:
                 rows = [row for _, row in chunk]
                 yield [records[i] for i, _ in chunk], np.asarray(vectors[rows], dtype=np.float32)
 
-    def find_by_hash(self, content_hash: str) -> list[ItemRecord]:
-        """Live items whose source file has this sha256 (see `records.content_hash`)."""
-        return self.find_by_hashes([content_hash]).get(content_hash, [])
-
     def find_by_hashes(self, content_hashes: Iterable[str]) -> dict[str, list[ItemRecord]]:
-        """`find_by_hash` for many hashes in a few queries: hash -> live items in id order
-        (hashes with no live item are absent)."""
+        """Live items whose source file has one of these sha256 (see `records.content_hash`), in a
+        few queries: hash -> live items in id order (hashes with no live item are absent)."""
         return self._store.records_with_hashes(content_hashes)
 
     def live_uris(self, under: str | None = None) -> list[str]:
