@@ -329,8 +329,9 @@ class Retriever:
         page, .txt/.md as text). Only new or changed files are embedded; files whose content
         matches a live item reuse its vectors; files gone from an indexed folder are removed.
         Work is committed every `options.chunk_files` files (a longer PDF every
-        `options.chunk_pages` pages), so an interrupted run resumes where it stopped. Bad files are recorded as failures, never raised. An existing collection is
-        indexed with its own settings (its profile); a new one with this retriever's.
+        `options.chunk_pages` pages), so an interrupted run resumes where it stopped. Bad files
+        are recorded as failures, never raised. An existing collection is indexed with its own
+        settings (its profile); a new one with this retriever's.
 
         collection: where to index (and search from then on); None = the retriever's.
         executor: who embeds the plan (`IngestExecutor`); None = this process, chunk by chunk.
