@@ -53,6 +53,9 @@ def index_command(
     chunk_files: int = typer.Option(64, "--chunk-files", envvar="FASTE_MM_CHUNK_FILES",
                                     help="Files embedded and committed together; an interrupted run "
                                          "loses at most one chunk (default 64)."),
+    chunk_pages: int = typer.Option(64, "--chunk-pages", envvar="FASTE_MM_CHUNK_PAGES",
+                                    help="A longer PDF is embedded and committed this many pages at a time; "
+                                         "an interrupted run resumes after the last committed pages (default 64)."),
     device: Device = "auto",
     dtype: Dtype = "auto",
     exclude: list[str] = typer.Option([], "--exclude", envvar="FASTE_MM_EXCLUDE",
@@ -105,7 +108,8 @@ def index_command(
     try:
         root = collection_path(collection)
         options = IndexOptions(exclude=tuple(exclude), include_hidden=include_hidden, reindex=reindex,
-                               index_type=index_type, retry_failed=retry_failed, chunk_files=chunk_files)
+                               index_type=index_type, retry_failed=retry_failed, chunk_files=chunk_files,
+                               chunk_pages=chunk_pages)
         executor = None
         if ray is not None:
             from faste_mm.scale import RayExecutor, RayOptions

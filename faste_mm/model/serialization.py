@@ -14,7 +14,7 @@ import torch
 from PIL import Image
 
 from faste_mm.errors import ConfigError, InputError
-from faste_mm.model.items import Item, load_image, read_image_size
+from faste_mm.model.items import Item, load_image, pdf_page_size, read_image_size
 from faste_mm.model.video import VideoConfig, read_video
 
 DEFAULT_INSTRUCTION = "Represent the user's input."
@@ -148,16 +148,14 @@ class VLSerializer:
             raise _resize_error(item, error) from None
 
     def resized_size(self, item: Item) -> tuple[int, int]:
-        """(width, height) that `prepare_image` returns, without decoding image files: the
-        original size comes from the header and goes through the same qwen-vl-utils
-        `smart_resize`. PDF pages are rendered, since the renderer picks their pixel size."""
+        """(width, height) that `prepare_image` returns, without decoding image files or
+        rendering PDF pages: the original size comes from the header (the page box, at the
+        renderer's scale) and goes through the same qwen-vl-utils `smart_resize`."""
         from qwen_vl_utils import smart_resize
         from qwen_vl_utils.vision_process import SPATIAL_MERGE_SIZE
 
-        if item.is_pdf:
-            return self.prepare_image(item).size
         min_pixels, max_pixels = self.pixel_bounds(item)
-        width, height = read_image_size(item)
+        width, height = pdf_page_size(item, max_pixels) if item.is_pdf else read_image_size(item)
         # fetch_image's own factor: image_patch_size * SPATIAL_MERGE_SIZE (16 * 2 = 32 px).
         factor = self.config.image_patch_size * SPATIAL_MERGE_SIZE
         try:
@@ -165,6 +163,21 @@ class VLSerializer:
         except ValueError as error:
             raise _resize_error(item, error) from None
         return width, height
+
+    def planned_length(self, item: Item, instruction: str | None) -> int | None:
+        """The token count `__call__` gives an image item, without its pixels: the prompt with
+        one image placeholder, tokenized, plus the image's tokens ((h/16) * (w/16) patches, 2x2
+        merged) at `resized_size`, capped at max_length. The batcher plans batches from it and
+        serializes (renders, resizes) an image only when its batch is prepared. None for text
+        (as cheap to serialize as to count) and video (counting needs the container)."""
+        if not item.has_image or item.has_video:
+            return None
+        width, height = self.resized_size(item)
+        image_processor = self.processor.image_processor
+        n_image = (height // image_processor.patch_size) * (width // image_processor.patch_size)
+        n_image //= image_processor.merge_size**2
+        n_text = len(self.processor.tokenizer(self.render_prompt(item, instruction))["input_ids"])
+        return min(n_text - 1 + n_image, self.config.max_length)  # the placeholder becomes the image tokens
 
     def __call__(self, item: Item, instruction: str | None) -> Serialized:
         # qwen-vl-utils' fetch_video: sampled frames, resized; the processor then neither
@@ -255,6 +268,10 @@ class TextSerializer:
 
     def render_prompt(self, item: Item, instruction: str | None) -> str:
         return self.prompt.render(item.text or "", instruction)
+
+    def planned_length(self, item: Item, instruction: str | None) -> None:
+        """None: text is as cheap to serialize as to count (see `VLSerializer.planned_length`)."""
+        return None
 
     def __call__(self, item: Item, instruction: str | None) -> Serialized:
         if item.has_image or item.has_video:

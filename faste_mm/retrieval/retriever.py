@@ -328,9 +328,10 @@ class Retriever:
         """Bring a collection up to date with files and folders (images, videos, PDFs page by
         page, .txt/.md as text). Only new or changed files are embedded; files whose content
         matches a live item reuse its vectors; files gone from an indexed folder are removed.
-        Work is committed every `options.chunk_files` files, so an interrupted run resumes where
-        it stopped. Bad files are recorded as failures, never raised. An existing collection is
-        indexed with its own settings (its profile); a new one with this retriever's.
+        Work is committed every `options.chunk_files` files (a longer PDF every
+        `options.chunk_pages` pages), so an interrupted run resumes where it stopped. Bad files
+        are recorded as failures, never raised. An existing collection is indexed with its own
+        settings (its profile); a new one with this retriever's.
 
         collection: where to index (and search from then on); None = the retriever's.
         executor: who embeds the plan (`IngestExecutor`); None = this process, chunk by chunk.
@@ -385,7 +386,7 @@ class Retriever:
             encode.on_batch = report_progress
             report_progress()
             executor.run(IngestJob(col, plan, profile, self._model_source(), encode, options.chunk_files, tally,
-                                   files_committed))
+                                   files_committed, chunk_pages=options.chunk_pages))
             if options.index_type is not None and options.index_type != col.manifest.index_type:
                 col.rebuild_index(options.index_type)
         factory = col.manifest.index_factory  # as saved by close(), which brought index.faiss up to date
