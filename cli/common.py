@@ -104,6 +104,8 @@ _FLAGS = {
     "BatchingConfig.batch_tokens": "--batch-tokens", "BatchingConfig.unpadded": "--unpadded",
     "IndexOptions.chunk_files": "--chunk-files", "ScanFilter.exclude": "--exclude",
     "index_type": "--index-type",
+    "PlanConfig.dtypes": "--dtype", "PlanConfig.target": "--target", "PlanConfig.p5_floor": "--p5-floor",
+    "PlanConfig.max_pixels": "--max-pixels",
 }
 _FLAG_RE = re.compile("|".join(rf"\b{re.escape(name)}\b" for name in _FLAGS))
 # Control characters (newlines, ANSI escapes) in a file name would break or recolour the output.
