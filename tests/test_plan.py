@@ -155,7 +155,7 @@ def test_a_plan_survives_json_and_a_row_is_chosen_by_path_colon_row(report, tmp_
     loaded, row = load_plan(path)
     assert loaded == report and row is None
     loaded, row = load_plan(f"{path}:2")
-    assert row == 2 and loaded.receipt(row)["max_pixels"] == report.candidates[2].max_pixels
+    assert row == 2 and loaded.receipt(row).max_pixels == report.candidates[2].max_pixels
     with pytest.raises(ConfigError, match="row 9 does not exist"):
         load_plan(f"{path}:9")
     (tmp_path / "other.json").write_text('{"hello": 1}')

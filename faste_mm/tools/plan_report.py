@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from faste_mm.errors import ConfigError
+from faste_mm.retrieval.receipt import PlanReceipt
 
 PLAN_FORMAT = "faste-mm-plan"
 PLAN_VERSION = 1
@@ -102,16 +103,16 @@ class PlanReport:
             raise ConfigError(f"plan row {index} does not exist; the plan has rows 0..{len(self.candidates) - 1}")
         return self.candidates[index]
 
-    def receipt(self, index: int | None = None) -> dict[str, Any]:
+    def receipt(self, index: int | None = None) -> PlanReceipt:
         """What a collection indexed with row `index` (None: the recommendation) records of the
         plan: the setting, where it was measured, and its measured fidelity and speed-up."""
         chosen = self.row(index)
-        return {"r_max": chosen.r_max, "max_pixels": chosen.max_pixels, "dtype": chosen.dtype,
-                "threshold": chosen.threshold, "sample_size": self.sample_size, "k": self.k,
-                "agreement": chosen.agreement, "query_agreement": chosen.query_agreement,
-                "mean_cos": chosen.mean_cos, "p5_cos": chosen.p5_cos, "speedup": chosen.speedup,
-                "flops_speedup": chosen.flops_speedup, "device": self.device, "created": self.created,
-                "model_id": self.model_id}
+        return PlanReceipt(r_max=chosen.r_max, max_pixels=chosen.max_pixels, dtype=chosen.dtype,
+                           threshold=chosen.threshold, sample_size=self.sample_size, k=self.k,
+                           agreement=chosen.agreement, query_agreement=chosen.query_agreement,
+                           mean_cos=chosen.mean_cos, p5_cos=chosen.p5_cos, speedup=chosen.speedup,
+                           flops_speedup=chosen.flops_speedup, device=self.device, created=self.created,
+                           model_id=self.model_id)
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": PLAN_FORMAT, "version": PLAN_VERSION, "model_id": self.model_id,
