@@ -46,3 +46,63 @@ def test_visual_tokens_are_32_by_32_pixels_and_exclusive_with_max_pixels():
         pixel_budget(visual_tokens=0)
     with pytest.raises(ConfigError, match="min_pixels <= max_pixels"):
         SerializerConfig(max_pixels=1024)
+
+
+# ---- a collection's budget -------------------------------------------------------------------
+import json  # noqa: E402
+
+from typer.testing import CliRunner  # noqa: E402
+
+from faste_mm.cli.app import app  # noqa: E402
+
+from tests.test_retriever_scanning import noise_image, tiny_vl_dir  # noqa: E402
+
+runner = CliRunner()
+BUDGET = 16 * PIXELS_PER_VISUAL_TOKEN  # 16 visual tokens: shrinks the 320x240 photos below
+
+
+def invoke(*args, code: int = 0):
+    result = runner.invoke(app, [str(a) for a in args])
+    assert result.exit_code == code, (result.stdout, result.stderr, result.exception)
+    return result
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> str:
+    return str(tiny_vl_dir(tmp_path_factory.getbasetemp()))
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory):
+    root = tmp_path_factory.mktemp("budget-photos")
+    for i in range(3):
+        noise_image(root / f"p{i}.png", (320, 240), seed=10 + i)
+    return root
+
+
+def test_index_records_the_budget_refuses_another_and_embeds_image_queries_with_it(model_dir, photos, tmp_path):
+    from faste_mm import Embedder
+    from faste_mm.retrieval.retriever import Retriever
+
+    col = tmp_path / "col"
+    invoke("index", photos, "-c", col, "--model", model_dir, "--device", "cpu", "--visual-tokens", 16, "--r-max", 0)
+    info = json.loads(invoke("info", "-c", col, "--format", "json").stdout)
+    assert info["settings"]["serializer"]["max_pixels"] == BUDGET
+    refused = invoke("index", photos, "-c", col, "--max-pixels", 501_760, code=1)
+    assert "--max-pixels" in refused.stderr and str(BUDGET) in refused.stderr and "501760" in refused.stderr
+    invoke("index", photos, "-c", col, "--max-pixels", BUDGET)  # the same budget: accepted
+    # a query image is resized with the collection's budget, exactly as the documents were
+    retriever = Retriever.open(col, device="cpu")
+    hits = retriever.search(image=photos / "p1.png", k=1)
+    assert hits[0].uri.endswith("p1.png") and hits[0].score == pytest.approx(1.0, abs=2e-3)
+    # ... which an official-cap query could not do: its vector differs from the stored one
+    full = Embedder.from_pretrained(model_dir, device="cpu")
+    capped = full.with_serializer(SerializerConfig(max_pixels=BUDGET))
+    official, budgeted = (e.encode_documents([photos / "p1.png"]).embeddings[0] for e in (full, capped))
+    assert float(official @ budgeted) < hits[0].score - 1e-3
+
+
+def test_both_spellings_at_once_are_a_usage_error_naming_both(model_dir, photos, tmp_path):
+    result = invoke("index", photos, "-c", tmp_path / "c", "--model", model_dir, "--max-pixels", BUDGET,
+                    "--visual-tokens", 16, code=1)
+    assert "--max-pixels" in result.stderr and "--visual-tokens" in result.stderr
