@@ -223,3 +223,34 @@ def test_cli_writes_the_plan_the_plot_and_json(model_dir, files, tmp_path):
     assert {row["max_pixels"] for row in payload["candidates"]} == {1_843_200, 16 * 1024}
     assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert replace(PlanReport.from_dict(payload)).recommendation.meets_target
+
+
+def test_index_with_a_plan_applies_the_row_and_info_shows_the_receipt(vl_embedder, report, files, tmp_path):
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(json.dumps(report.to_dict()))
+    row = next(i for i, r in enumerate(report.candidates) if r.max_pixels == SMALL and r.r_max == 0.5)
+    col = tmp_path / "col"
+    result = runner.invoke(app, ["index", str(files), "-c", str(col), "--model", vl_embedder.model_id,
+                                 "--device", "cpu", "--plan", f"{plan_file}:{row}"])
+    assert result.exit_code == 0, (result.stderr, result.exception)
+    info = json.loads(runner.invoke(app, ["info", "-c", str(col), "--format", "json"]).stdout)
+    chosen = report.candidates[row]
+    assert info["settings"]["serializer"]["max_pixels"] == chosen.max_pixels
+    assert info["settings"]["fast_e"]["r_max"] == chosen.r_max
+    assert info["settings"]["receipt"] == report.receipt(row).to_dict()
+    table = runner.invoke(app, ["info", "-c", str(col)]).stdout
+    assert report.receipt(row).summary() in " ".join(table.split())
+    assert f"{chosen.agreement:.0%} of neighbours kept" in report.receipt(row).summary()
+    plain = tmp_path / "plain"
+    assert runner.invoke(app, ["index", str(files), "-c", str(plain), "--model", vl_embedder.model_id,
+                               "--device", "cpu", "--r-max", "0"]).exit_code == 0
+    assert "not measured" in runner.invoke(app, ["info", "-c", str(plain)]).stdout
+
+
+def test_a_plan_from_another_model_is_refused_naming_both(vl_embedder, report, files, tmp_path):
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(json.dumps({**report.to_dict(), "model_id": "someone/else"}))
+    result = runner.invoke(app, ["index", str(files), "-c", str(tmp_path / "col"), "--model", vl_embedder.model_id,
+                                 "--plan", str(plan_file)])
+    assert result.exit_code == 1 and "--plan" in result.stderr and "someone/else" in result.stderr
+    assert not (tmp_path / "col").exists()
