@@ -15,11 +15,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from faste_mm.errors import ConfigError, FasteError
+from faste_mm.retrieval.profile import DEFAULT_MODEL, DOCUMENT_R_MAX  # noqa: F401  (the documented defaults)
 
-DEFAULT_MODEL = "Qwen/Qwen3-VL-Embedding-2B"
-# FastE's r_max for documents when the user gives none (index for a new collection, embed);
-# queries always run the full forward.
-DOCUMENT_R_MAX = 0.5
 # soft_wrap: a message is never hard-wrapped at the console width (a piped stderr has no width,
 # and rich would assume 80 columns and split paths and sentences across lines).
 stderr = Console(stderr=True, soft_wrap=True)

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import logging
 import sys
-from pathlib import Path
 from typing import Optional
 
 import typer
 
 from faste_mm.cli.common import DEFAULT_MODEL, debug_option, device_option, fail, setup_logging, stderr, unpadded_option
-from faste_mm.errors import ConfigError, FasteError
+from faste_mm.errors import FasteError
 
 
 def serve_command(
@@ -90,15 +89,10 @@ def _load_engine(collection, model, device, batch_tokens, unpadded, config):
         stderr.print(f"loading {model or DEFAULT_MODEL} (embeddings only: no -c collection)")
         return ServeEngine(Embedder.from_pretrained(model or DEFAULT_MODEL, device=device, batching=batching),
                            None, config)
-    from faste_mm.indexers.manifest import read_manifest
-
     root = collection_path(collection)
-    built_with = read_manifest(root).model_id
-    if model is not None and model != built_with and str(Path(model).expanduser().resolve()) != built_with:
-        raise ConfigError(f"--model {model}: the collection {root} was built with {built_with}; its vectors "
-                          f"are only comparable with that model's; drop --model")
-    retriever = Retriever.open(root, device=device, batching=batching)  # model, pixels, r_max: the manifest's
-    stderr.print(f"loading {built_with} for collection {root}")
+    # the collection's profile names the model; a different --model is refused, naming both
+    retriever = Retriever.for_collection(root, model, device=device, batching=batching)
+    stderr.print(f"loading {retriever.model_id} for collection {root}")
     retriever.embedder  # load now: the first request must not wait for it
     return ServeEngine(retriever.embedder, retriever, config)
 

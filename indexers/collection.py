@@ -297,10 +297,6 @@ class Collection:
         """Removed paths that scans of their parent folders skip, sorted."""
         return [uri for uri, _ in self._store.exclusions()]
 
-    def mark_vanished(self, uris: Iterable[str]) -> int:
-        """Tombstone files that a scan no longer finds (`ScanPlan.vanished`); = delete_uris."""
-        return self.delete_uris(uris)
-
     # ---- reading ---------------------------------------------------------------------------
     def get(self, ids: Iterable[int]) -> list[ItemRecord]:
         """Records for `ids`, in the same order. CollectionError names any unknown id."""

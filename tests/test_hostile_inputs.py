@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from faste_mm.cli.app import app
 from faste_mm.indexers import Collection
-from faste_mm.retrieval.ingest import TEXT_READ_BYTES, read_text_file
+from faste_mm.retrieval.decoders import TEXT_READ_BYTES, read_text_file
 
 from tests.test_retriever_scanning import noise_image, tiny_vl_dir
 

@@ -25,7 +25,7 @@ from faste_mm.errors import ConfigError  # noqa: E402
 from faste_mm.indexers import Collection  # noqa: E402
 from faste_mm.serving import (Batcher, BatcherConfig, QueueFullError, ServeConfig, ServeEngine,  # noqa: E402
                               check_bind, create_app)
-from faste_mm.serving.engine import VL_QUERY_INSTRUCTION  # noqa: E402
+from faste_mm.retrieval.profile import QUERY_INSTRUCTION as VL_QUERY_INSTRUCTION  # noqa: E402
 from tests.serve_fixtures import make_gallery  # noqa: E402
 from tests.test_retriever_scanning import tiny_vl_dir  # noqa: E402
 
@@ -389,8 +389,7 @@ def test_info_reports_model_fast_e_and_collection_counts(client, embedder):
 
 
 def test_an_empty_collection_serves_info_and_empty_results(embedder, tmp_path):
-    manifest = Retriever(embedder, collection=tmp_path / "empty", r_max=0.5).document_manifest()
-    Collection.create(tmp_path / "empty", manifest).close()
+    Retriever(embedder, collection=tmp_path / "empty", r_max=0.5).add([])
     with _client(embedder, tmp_path / "empty") as c:
         assert c.get("/info").json()["collection"]["items"] == 0
         response = c.post("/search", json={"query": "anything"})

@@ -19,14 +19,13 @@ import numpy as np
 from faste_mm import Embedder, FastEConfig, Hit, InputError, Item, Retriever
 from faste_mm.errors import ConfigError, FasteError
 from faste_mm.indexers import SearchFilter
+from faste_mm.retrieval.profile import QUERY_INSTRUCTION, CollectionProfile, read_profile
 from faste_mm.serving.batcher import Batcher, BatcherConfig
 from faste_mm.serving.inputs import truncate_dimensions
 from faste_mm.serving.metrics import BATCH_SIZE_BUCKETS, Metrics, describe_server_metrics
 
 log = logging.getLogger(__name__)
 
-# The Qwen3-VL-Embedding model card's retrieval instruction (the Retriever's default too).
-VL_QUERY_INSTRUCTION = "Retrieve images or text relevant to the user's query."
 
 
 class RequestTooLargeError(FasteError):
@@ -107,16 +106,11 @@ class ServeEngine:
         self.config = config or ServeConfig()
         self.metrics = describe_server_metrics(metrics or Metrics())
         self.collection: Path | None = None if retriever is None else Path(retriever.collection)
-        self.manifest = None
+        # The collection's profile: its documents were embedded with its FastE, new ones must match.
+        self.profile: CollectionProfile | None = None if self.collection is None else read_profile(self.collection)
         self.document_fast_e = FastEConfig(r_max=self.config.r_max) if self.config.r_max > 0 else None
-        if self.collection is not None:
-            from faste_mm.indexers.manifest import read_manifest
-
-            self.manifest = read_manifest(self.collection)
-            # The collection's documents were embedded with its FastE: new ones must match.
-            fast_e = self.manifest.fast_e
-            self.document_fast_e = None if fast_e is None else FastEConfig(
-                r_max=fast_e.r_max, warmup_layer=fast_e.warmup_layer, threshold=fast_e.threshold)
+        if self.profile is not None:
+            self.document_fast_e = self.profile.fast_e()
         self.query_instruction = self._default_query_instruction()
         runners = {"query": self._embed_runner("query"), "document": self._embed_runner("document")}
         if retriever is not None:
@@ -129,7 +123,7 @@ class ServeEngine:
         if self.retriever is not None and self.retriever.query_instruction is not None:
             return self.retriever.query_instruction
         prompt = getattr(self.embedder.serializer, "prompt", None)
-        return prompt.default_query_instruction if prompt is not None else VL_QUERY_INSTRUCTION
+        return prompt.default_query_instruction if prompt is not None else QUERY_INSTRUCTION
 
     def start(self) -> "ServeEngine":
         self.batcher.start()
@@ -296,7 +290,7 @@ class ServeEngine:
                 info = col.info()
             collection = {"path": str(self.collection), "name": self.collection.name, "items": info.n_ok,
                           "failed": info.n_failed, "deleted": info.n_deleted, "index": info.index_factory,
-                          "max_pixels": self.manifest.max_pixels}
+                          "max_pixels": self.profile.max_pixels}
         fast_e = self.embedder.resolve_fast_e(self.document_fast_e)
         return {
             "model": self.embedder.model_id,

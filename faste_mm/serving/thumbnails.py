@@ -16,12 +16,12 @@ from pathlib import Path
 from PIL import Image, ImageOps
 
 from faste_mm.errors import InputError
+from faste_mm.kinds import KINDS, kind_name
 
 log = logging.getLogger(__name__)
 
 THUMBNAIL_PX = 384  # longest side; the grid shows ~200 px tiles, sharp on 2x screens
 JPEG_QUALITY = 82
-IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff"})
 
 
 class NoThumbnailError(InputError):
@@ -35,9 +35,11 @@ def default_cache_dir(collection: Path) -> Path:
 
 
 def has_thumbnail(uri: str, page: int | None) -> bool:
-    """Whether an item with this uri/page can have a thumbnail (an image file or a PDF page)."""
-    suffix = Path(uri).suffix.lower()
-    return not uri.startswith("item:") and (suffix in IMAGE_SUFFIXES or (suffix == ".pdf" and page is not None))
+    """Whether an item with this uri/page can have a thumbnail: its kind's thumbnail rule
+    (`faste_mm.kinds`: an image file, or a PDF's page)."""
+    kind = KINDS.get(kind_name(uri))
+    rule = None if uri.startswith("item:") or kind is None else kind.thumbnail
+    return rule == "image" or (rule == "page" and page is not None)
 
 
 def thumbnail(record, cache_dir: Path) -> Path:
@@ -71,7 +73,7 @@ def _render(record) -> Image.Image:
     source = Path(record.uri)
     if not source.is_file():
         raise NoThumbnailError(f"id {record.id}: its file {source} is gone; re-index the collection")
-    item = Item(image=source, page=record.page if source.suffix.lower() == ".pdf" else None)
+    item = Item(image=source, page=record.page if KINDS[kind_name(source)].thumbnail == "page" else None)
     try:
         # PDF pages render near this many pixels: enough for a sharp thumbnail, no more
         return load_image(item, max_pixels=4 * THUMBNAIL_PX * THUMBNAIL_PX)
