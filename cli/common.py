@@ -77,6 +77,20 @@ def unpadded_option():
     )
 
 
+def max_pixels_option():
+    """--max-pixels, the image and page budget of a collection (index, serve)."""
+    return typer.Option(None, "--max-pixels", envvar="FASTE_MM_MAX_PIXELS", min=4096,
+                        help="Resize each image and PDF page to at most this many pixels (also image queries). "
+                             "Default: the collection's, 1843200 (the official cap, 1,800 visual tokens) for a new one.")
+
+
+def visual_tokens_option():
+    """--visual-tokens, --max-pixels counted in merged visual tokens (N tokens = N x 32 x 32 px)."""
+    return typer.Option(None, "--visual-tokens", envvar="FASTE_MM_VISUAL_TOKENS", min=4,
+                        help="The same budget in visual tokens: N means --max-pixels N x 1024 (e.g. 980 = 1003520 px); "
+                             "give one of the two.")
+
+
 def image_root_option():
     """--image-root, shared by the commands that read MMEB data with --data (eval, calibrate)."""
     return typer.Option(

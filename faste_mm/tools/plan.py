@@ -28,9 +28,10 @@ from faste_mm.errors import ConfigError, InputError
 from faste_mm.model.backbones.loading import resolve_dtype
 from faste_mm.model.embedder import EmbedResult, Embedder
 from faste_mm.model.faste import FastEConfig
-from faste_mm.model.items import Item, count_pdf_pages, expand_items
+from faste_mm.model.items import Item, as_item, count_pdf_pages, expand_items
 from faste_mm.model.serialization import OFFICIAL_MAX_PIXELS, pixel_budget
-from faste_mm.retrieval.ingest import ScanFilter, read_text_file, scan_paths
+from faste_mm.retrieval.decoders import document_input
+from faste_mm.retrieval.ingest import ScanFilter, scan_paths
 from faste_mm.tools.bench import device_name
 from faste_mm.tools.plan_report import CandidateResult, PlanReport, pareto_front, recommend
 
@@ -40,7 +41,7 @@ if TYPE_CHECKING:  # annotations only: importing faste_mm.datasets loads the hub
 log = logging.getLogger(__name__)
 
 KINDS = ("photo", "page", "text", "video")  # the strata of the sample, in report order
-_KIND_OF_FILE = {"image": "photo", "pdf": "page", "text": "text", "video": "video"}  # ingest's file kinds
+_KIND_OF_FILE = {"image": "photo", "pdf": "page", "text": "text", "video": "video"}  # faste_mm.kinds names
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 REFERENCE_DTYPE = "float32"
 
@@ -135,10 +136,11 @@ def sample_files(paths: Iterable[str | Path], n: int = 200, seed: int = 0,
         raise InputError(f"{names}: no images, PDFs, .txt/.md texts or videos found; the sample is empty")
     rng = random.Random(seed)
     items, kinds, skipped = [], [], []
+    file_kinds = {stratum: name for name, stratum in _KIND_OF_FILE.items()}
     for kind, quota in stratified_quotas(counts, n).items():
         for path in sorted(rng.sample(by_kind[kind], quota)):
             try:
-                items.append(_sample_item(kind, path, rng))
+                items.append(_sample_item(file_kinds[kind], path, rng))
                 kinds.append(kind)
             except InputError as error:
                 skipped.append(str(error))
@@ -165,14 +167,11 @@ def stratified_quotas(counts: dict[str, int], n: int) -> dict[str, int]:
     return quotas
 
 
-def _sample_item(kind: str, path: Path, rng: random.Random) -> Item:
-    if kind == "text":
-        return Item(text=read_text_file(path))
-    if kind == "video":
-        return Item(video=path)
-    if kind == "page":
+def _sample_item(file_kind: str, path: Path, rng: random.Random) -> Item:
+    """The item `index` would embed for this file (faste_mm.kinds); of a PDF, one seeded page."""
+    if file_kind == "pdf":
         return Item(image=path, page=rng.randint(1, count_pdf_pages(path)))
-    return Item(image=path)
+    return as_item(document_input(path, file_kind), 0)
 
 
 def item_kind(item: Item) -> str:

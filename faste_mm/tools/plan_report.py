@@ -114,6 +114,27 @@ class PlanReport:
                            flops_speedup=chosen.flops_speedup, device=self.device, created=self.created,
                            model_id=self.model_id)
 
+    def settings(self, index: int | None = None) -> dict[str, Any]:
+        """Row `index` (None: the recommendation) as the collection settings `Retriever` and
+        `Retriever.for_collection` take (pixel cap, FastE as measured, the receipt); the row's
+        `dtype` goes to the model loader. Example:
+            >>> report, row = load_plan("plan.json")
+            >>> r = Retriever.from_pretrained(report.model_id, dtype=report.row(row).dtype, **report.settings(row))
+        """
+        chosen = self.row(index)
+        fast_e = {} if chosen.r_max == 0 else {"threshold": chosen.threshold, "warmup_layer": chosen.warmup_layer}
+        return {"max_pixels": chosen.max_pixels, "r_max": chosen.r_max, "receipt": self.receipt(index), **fast_e}
+
+    def check_model(self, model_id: str, source: str = "plan") -> None:
+        """ConfigError unless this plan was measured with `model_id` (a hub id, or a local folder
+        compared by its absolute path): another model's measurements say nothing about this one."""
+        from faste_mm.retrieval.profile import model_name
+
+        if model_name(self.model_id) != model_name(model_id):
+            raise ConfigError(f"{source}: the plan was measured with {self.model_id}, but this index embeds with "
+                              f"{model_id}; make a plan with this model (faste-mm plan PATHS --model {model_id}) or "
+                              f"index with the plan's model")
+
     def to_dict(self) -> dict[str, Any]:
         return {"format": PLAN_FORMAT, "version": PLAN_VERSION, "model_id": self.model_id,
                 "model_revision": self.model_revision, "device": self.device, "created": self.created,
