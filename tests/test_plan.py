@@ -238,13 +238,13 @@ def test_index_with_a_plan_applies_the_row_and_info_shows_the_receipt(vl_embedde
     assert info["settings"]["serializer"]["max_pixels"] == chosen.max_pixels
     assert info["settings"]["fast_e"]["r_max"] == chosen.r_max
     assert info["settings"]["receipt"] == report.receipt(row).to_dict()
-    table = runner.invoke(app, ["info", "-c", str(col)]).stdout
-    assert report.receipt(row).summary() in " ".join(table.split())
-    assert f"{chosen.agreement:.0%} of neighbours kept" in report.receipt(row).summary()
+    assert info["plan"] == report.receipt(row).summary()
+    assert f"{chosen.agreement:.0%} of neighbours kept" in info["plan"] and f"{chosen.max_pixels:,} px" in info["plan"]
+    assert "plan (measured)" in runner.invoke(app, ["info", "-c", str(col)]).stdout
     plain = tmp_path / "plain"
     assert runner.invoke(app, ["index", str(files), "-c", str(plain), "--model", vl_embedder.model_id,
                                "--device", "cpu", "--r-max", "0"]).exit_code == 0
-    assert "not measured" in runner.invoke(app, ["info", "-c", str(plain)]).stdout
+    assert "not measured" in json.loads(runner.invoke(app, ["info", "-c", str(plain), "--format", "json"]).stdout)["plan"]
 
 
 def test_a_plan_from_another_model_is_refused_naming_both(vl_embedder, report, files, tmp_path):
