@@ -10,7 +10,8 @@ from typing import Optional
 
 import typer
 
-from faste_mm.cli.common import DEFAULT_MODEL, debug_option, device_option, fail, setup_logging, stderr, unpadded_option
+from faste_mm.cli.common import (DEFAULT_MODEL, debug_option, device_option, fail, max_pixels_option, setup_logging,
+                                 stderr, unpadded_option, visual_tokens_option)
 from faste_mm.errors import FasteError
 
 
@@ -54,6 +55,8 @@ def serve_command(
                                                "torch's (one per core). On a busy shared CPU, 1 avoids threads "
                                                "waiting on each other."),
     unpadded: str = unpadded_option(),
+    max_pixels: Optional[int] = max_pixels_option(),
+    visual_tokens: Optional[int] = visual_tokens_option(),
     debug: bool = debug_option(),
 ) -> None:
     """Serve embeddings (OpenAI-compatible /v1/embeddings) and, with -c, search and a search page at /."""
@@ -69,7 +72,10 @@ def serve_command(
             import torch
 
             torch.set_num_threads(threads)
-        engine = _load_engine(collection, model, device, batch_tokens, unpadded, config)
+        from faste_mm.model.serialization import pixel_budget
+
+        budget = pixel_budget(max_pixels, visual_tokens, names=("--max-pixels", "--visual-tokens"))
+        engine = _load_engine(collection, model, device, batch_tokens, unpadded, config, budget)
     except FasteError as error:
         fail(error, debug)
     except ImportError as error:  # fastapi / uvicorn missing
@@ -78,8 +84,9 @@ def serve_command(
     _run(engine, host, port)
 
 
-def _load_engine(collection, model, device, batch_tokens, unpadded, config):
+def _load_engine(collection, model, device, batch_tokens, unpadded, config, max_pixels=None):
     from faste_mm import BatchingConfig, Embedder
+    from faste_mm.model.serialization import SerializerConfig
     from faste_mm.retrieval.maintenance import collection_path
     from faste_mm.retrieval.retriever import Retriever
     from faste_mm.serving import ServeEngine
@@ -87,11 +94,13 @@ def _load_engine(collection, model, device, batch_tokens, unpadded, config):
     batching = BatchingConfig(batch_tokens=batch_tokens, unpadded=unpadded)
     if collection is None:
         stderr.print(f"loading {model or DEFAULT_MODEL} (embeddings only: no -c collection)")
-        return ServeEngine(Embedder.from_pretrained(model or DEFAULT_MODEL, device=device, batching=batching),
-                           None, config)
+        serializer = None if max_pixels is None else SerializerConfig(max_pixels=max_pixels)
+        return ServeEngine(Embedder.from_pretrained(model or DEFAULT_MODEL, device=device, batching=batching,
+                                                    serializer=serializer), None, config)
     root = collection_path(collection)
     # the collection's profile names the model; a different --model is refused, naming both
-    retriever = Retriever.for_collection(root, model, device=device, batching=batching)
+    # ... and its pixel budget: a different --max-pixels is refused the same way
+    retriever = Retriever.for_collection(root, model, device=device, batching=batching, max_pixels=max_pixels)
     stderr.print(f"loading {retriever.model_id} for collection {root}")
     retriever.embedder  # load now: the first request must not wait for it
     return ServeEngine(retriever.embedder, retriever, config)

@@ -254,3 +254,17 @@ def test_a_plan_from_another_model_is_refused_naming_both(vl_embedder, report, f
                                  "--plan", str(plan_file)])
     assert result.exit_code == 1 and "--plan" in result.stderr and "someone/else" in result.stderr
     assert not (tmp_path / "col").exists()
+
+
+def test_the_python_api_applies_a_row_and_keeps_its_receipt(vl_embedder, report, tmp_path):
+    from faste_mm.retrieval.profile import read_profile
+    from faste_mm.retrieval.retriever import Retriever
+
+    row = next(i for i, r in enumerate(report.candidates) if r.max_pixels == SMALL and r.r_max == 0.5)
+    retriever = Retriever(vl_embedder, collection=tmp_path / "col", **report.settings(row))
+    retriever.add(["a red bicycle", "a blue boat"])
+    profile = read_profile(tmp_path / "col")
+    assert (profile.max_pixels, profile.r_max, profile.threshold) == (SMALL, 0.5, report.candidates[row].threshold)
+    assert profile.receipt == report.receipt(row) and "faste-mm plan" in profile.threshold_source
+    with pytest.raises(ConfigError, match="measured with someone/else"):
+        replace(report, model_id="someone/else").check_model(vl_embedder.model_id)
