@@ -13,8 +13,9 @@ import typer
 from rich import box
 from rich.table import Table
 
-from faste_mm.cli.common import (DEFAULT_MODEL, Format, debug_option, device_option, fail, format_option, markup_safe,
-                                 parse_ratios, print_json, setup_logging, stderr, stdout)
+from faste_mm.cli.common import fail, markup_safe, print_json, setup_logging, stderr, stdout
+from faste_mm.cli.options import (DEFAULT_BATCH_TOKENS, DEFAULT_MODEL, BatchTokens, Debug, Device, Format, Model,
+                                  OutputFormat, RMax, Threshold, WarmupLayer, ratios)
 from faste_mm.cli.progress import Progress
 from faste_mm.errors import ConfigError, FasteError
 
@@ -24,24 +25,24 @@ _SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 def plan_command(
     paths: list[Path] = typer.Argument(..., help="Your files and folders (images, PDFs, .txt/.md, videos): the sample is drawn from them."),
-    model: str = typer.Option(DEFAULT_MODEL, "--model", envvar="FASTE_MM_MODEL", help="Hub id or local model directory."),
-    sample: int = typer.Option(200, "--sample", envvar="FASTE_MM_SAMPLE", help="Items sampled (seeded, stratified by kind: photos, pages, texts, videos); default 200."),
-    seed: int = typer.Option(0, "--seed", envvar="FASTE_MM_SEED", help="Seed of the sample (default 0: the same files every run)."),
+    model: Model = None,
+    sample: int = typer.Option(200, "--sample", envvar="FASTE_MM_PLAN_SAMPLE", help="Items sampled (seeded, stratified by kind: photos, pages, texts, videos); default 200."),
+    seed: int = typer.Option(0, "--seed", envvar="FASTE_MM_PLAN_SEED", help="Seed of the sample (default 0: the same files every run)."),
     queries: Optional[Path] = typer.Option(None, "--queries", envvar="FASTE_MM_QUERIES", help="Text file of typical queries, one per line: adds their top-10 agreement."),
-    target: float = typer.Option(0.95, "--target", envvar="FASTE_MM_TARGET", help="Neighbour agreement@10 the recommendation must keep, in (0, 1]; default 0.95."),
-    p5_floor: Optional[float] = typer.Option(None, "--p5-floor", envvar="FASTE_MM_P5_FLOOR", help="5th-percentile cosine to the reference it must also keep (default 1 - 3 x (1 - target))."),
+    target: float = typer.Option(0.95, "--target", envvar="FASTE_MM_PLAN_TARGET", help="Neighbour agreement@10 the recommendation must keep, in (0, 1]; default 0.95."),
+    p5_floor: Optional[float] = typer.Option(None, "--p5-floor", envvar="FASTE_MM_PLAN_P5_FLOOR", help="5th-percentile cosine to the reference it must also keep (default 1 - 3 x (1 - target))."),
     max_pixels: Optional[str] = typer.Option(None, "--max-pixels", envvar="FASTE_MM_PLAN_MAX_PIXELS", help=f"Comma-separated image/page pixel caps to try (default {_PIXELS})."),
     visual_tokens: Optional[str] = typer.Option(None, "--visual-tokens", envvar="FASTE_MM_PLAN_VISUAL_TOKENS", help="The caps as merged visual tokens instead (N tokens = N x 32 x 32 px), e.g. 1800,980,490,245."),
-    r_max: str = typer.Option("0,0.3,0.5,0.7", "--r-max", envvar="FASTE_MM_PLAN_R_MAX", help="Comma-separated FastE removal ratios to try (0 = full forward); default 0,0.3,0.5,0.7."),
+    r_max: RMax = None,
     dtype: str = typer.Option("auto,float32", "--dtype", envvar="FASTE_MM_PLAN_DTYPE", help="Comma-separated weight dtypes to try: auto | float32 | bfloat16 | float16; default auto,float32."),
-    threshold: Optional[float] = typer.Option(None, "--threshold", envvar="FASTE_MM_THRESHOLD", help="FastE theta. Default: the model's saved calibration, else the backbone's."),
-    warmup_layer: Optional[int] = typer.Option(None, "--warmup-layer", envvar="FASTE_MM_WARMUP_LAYER", help="FastE l_w (default: the backbone's, 8)."),
+    threshold: Threshold = None,
+    warmup_layer: WarmupLayer = None,
     out: Optional[Path] = typer.Option(None, "--out", "-o", envvar="FASTE_MM_PLAN_OUT", help="Write the plan as JSON (for faste-mm index --plan)."),
     plot: Optional[Path] = typer.Option(None, "--plot", envvar="FASTE_MM_PLAN_PLOT", help="Write a PNG of cost vs agreement (needs matplotlib)."),
-    batch_tokens: int = typer.Option(16384, "--batch-tokens", envvar="FASTE_MM_BATCH_TOKENS", help="Padded tokens per batch (use your indexing value); default 16384."),
-    device: str = device_option(),
-    output: Format = format_option("The plan on stdout as a table or as JSON (default table)."),
-    debug: bool = debug_option(),
+    batch_tokens: BatchTokens = DEFAULT_BATCH_TOKENS,
+    device: Device = "auto",
+    output: OutputFormat = Format.table,
+    debug: Debug = False,
 ) -> None:
     """Find the cheapest setting that keeps your search results: every candidate is measured
     against the full forward at the official pixel cap in float32, on a sample of your files."""
@@ -51,7 +52,7 @@ def plan_command(
 
     setup_logging(debug, logging.INFO)
     try:
-        config = PlanConfig(max_pixels=_pixel_caps(max_pixels, visual_tokens), r_max=parse_ratios(r_max),
+        config = PlanConfig(max_pixels=_pixel_caps(max_pixels, visual_tokens), r_max=ratios(r_max),
                             dtypes=tuple(d.strip() for d in dtype.split(",") if d.strip()) or ("",), target=target,
                             p5_floor=p5_floor, threshold=threshold, warmup_layer=warmup_layer)
         if sample < 2:
@@ -63,6 +64,7 @@ def plan_command(
         drawn = sample_files(paths, sample, seed)  # a typo in a path fails before the model loads
         for reason in drawn.skipped:
             stderr.print(f"[yellow]skipped[/yellow] {markup_safe(reason)}", highlight=False)
+        model = model or DEFAULT_MODEL
         with Progress() as progress:
             with progress.loading(model):
                 embedder = Embedder.from_pretrained(model, device=device, dtype="float32",

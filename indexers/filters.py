@@ -16,6 +16,8 @@ from faste_mm.errors import ConfigError
 from faste_mm.kinds import FILTER_TYPES
 
 _SCALARS = (str, int, float, bool)
+# SQLite stores integers as 64-bit: a value outside this range cannot be compared (OverflowError).
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +45,9 @@ class SearchFilter:
             if not isinstance(value, _SCALARS) or (isinstance(value, float) and not math.isfinite(value)):
                 raise ConfigError(f"search where[{key!r}] = {value!r}: values must be a str, int, finite float "
                                   f"or bool")
+            if isinstance(value, int) and not INT64_MIN <= value <= INT64_MAX:
+                raise ConfigError(f"search where[{key!r}] = {str(value)[:40]}: an integer must fit 64 bits, "
+                                  f"{INT64_MIN}..{INT64_MAX}; compare a larger number as a string")
         types = (self.types,) if isinstance(self.types, str) else tuple(self.types)
         for kind in types:
             if kind not in FILTER_TYPES:

@@ -236,9 +236,14 @@ def read_manifest(root: Path) -> Manifest:
         raise CollectionError(f"{root}: not a faste-mm collection ({MANIFEST_NAME} is missing)",
                               hint="create it with Collection.create, or index files into it with Retriever.index",
                               cli_hint=f"index files into it first: faste-mm index PATH -c {root}") from None
-    except (OSError, json.JSONDecodeError) as e:
-        raise CollectionError(f"{path}: cannot read the manifest ({e}); restore it from a backup "
-                              f"or re-index into a new collection") from None
+    except OSError as e:  # permissions, a folder in its place, a disk error: not damage
+        raise CollectionError(f"{path}: cannot read the manifest ({e.strerror or e}); check that you may read "
+                              f"the collection's folder and files") from None
+    except (ValueError, RecursionError) as e:  # not UTF-8, not JSON, nested absurdly deep
+        why = "not UTF-8 text" if isinstance(e, UnicodeDecodeError) else "nested too deeply" if isinstance(
+            e, RecursionError) else f"not JSON: {e}"
+        raise CollectionError(f"{path}: cannot read the manifest ({why}); the file is damaged — restore it from "
+                              f"a backup, or re-index into a new collection") from None
     version = raw.get("format_version", FORMAT_VERSION) if isinstance(raw, dict) else None
     if not isinstance(version, int):
         raise CollectionError(f"{path}: invalid manifest (not an object with an integer format_version); "

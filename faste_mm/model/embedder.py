@@ -143,7 +143,7 @@ class Embedder:
     @classmethod
     def from_pretrained(
         cls,
-        name_or_path: str,
+        name_or_path: str | PathLike,
         *,
         device: str | torch.device = "auto",
         dtype: str | torch.dtype = "auto",

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from faste_mm.errors import FasteError, InputError
+from faste_mm.indexers.records import open_regular
 from faste_mm.kinds import KINDS
 from faste_mm.model.items import Item, count_pdf_pages, load_image
 
@@ -43,7 +44,7 @@ def read_text_file(path: Path) -> str:
     """The text of a .txt/.md document (its first TEXT_READ_BYTES; a UTF-8 BOM is dropped);
     InputError for empty or non-UTF-8 files."""
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:  # never blocks on a file swapped for a FIFO
             data = f.read(TEXT_READ_BYTES)
         # final=False: a character cut at the read limit is dropped, not an error.
         text = codecs.getincrementaldecoder("utf-8-sig")().decode(data, final=len(data) < TEXT_READ_BYTES)

@@ -120,7 +120,9 @@ class Scan:
 def scan_paths(paths: Iterable[str | Path], scan_filter: ScanFilter | None = None) -> Scan:
     """Walk folders recursively (sorted, symlinked folders not followed) and stat every file.
 
-    Symlinked files are followed: the file is indexed under its target's resolved path.
+    Symlinked files are followed: the file is indexed under its target's resolved path when that
+    lies inside the walked folder, else under the link's own path (so its items go with the link).
+    A link into /proc, /sys or /dev is never read (reported in `Scan.missing`).
     Raises InputError when `paths` is empty. A path that cannot be indexed as a file (missing,
     a dangling or looping symlink, a FIFO or device) is reported in `Scan.missing` with its
     reason, not raised, so one bad path does not stop the others.
@@ -138,6 +140,10 @@ def scan_paths(paths: Iterable[str | Path], scan_filter: ScanFilter | None = Non
                 (found if isinstance(entry, ScannedFile) else missing).append(entry)
             roots.append((str(root), tuple(found)))
         elif path.is_file():
+            reason = _system_link_reason(path)
+            if reason is not None:
+                missing.append((os.path.abspath(path), reason))
+                continue
             try:
                 named.append(ScannedFile(path, file_kind(path), FileStat.of(path)))
             except (OSError, RuntimeError) as error:
@@ -218,14 +224,40 @@ def _walk(root: Path, scan_filter: ScanFilter) -> Iterable[ScannedFile | tuple[s
             if (scan_filter.is_hidden(relative) or scan_filter.is_excluded(relative)
                     or file_kind(path) == "unsupported"):
                 continue
-            reason = not_a_file_reason(path)
+            reason = not_a_file_reason(path) or _system_link_reason(path)
             if reason is not None:
-                yield _uri(path), reason
+                yield (str(root / relative) if os.path.islink(path) else _uri(path)), reason
                 continue
             try:
-                yield ScannedFile(path, file_kind(path), FileStat.of(path))
+                yield ScannedFile(path, file_kind(path), _walked_stat(root, path, relative))
             except (OSError, RuntimeError) as error:
                 yield _uri(path), f"{path}: cannot stat the file ({error}); check its permissions"
+
+
+# Pseudo-file systems no scan reads through a link: /proc/self/environ holds the process's own
+# environment (API keys, tokens), /sys and /dev kernel state and devices.
+_SYSTEM_TREES = frozenset({"/proc", "/sys", "/dev"})
+
+
+def _system_link_reason(path: Path) -> str | None:
+    """Why a link at `path` is not read: it leads into /proc, /sys or /dev; None otherwise."""
+    if not os.path.islink(path):
+        return None
+    target = os.path.realpath(path)
+    if not _is_under_any(target, _SYSTEM_TREES):
+        return None
+    return (f"{path}: is a link to {target}, a system file; faste-mm never reads /proc, /sys or /dev "
+            f"through a link. Remove the link or exclude it")
+
+
+def _walked_stat(root: Path, path: Path, relative: str) -> FileStat:
+    """The stat of a walked file. A link to a file outside the walked folder is recorded under the
+    link's own path below `root`, so its items vanish when the link goes (a rescan of the folder
+    no longer finds that path); every other file under its resolved path."""
+    resolved = FileStat.of(path)
+    if _is_under(resolved.uri, str(root)):
+        return resolved
+    return FileStat(uri=str(root / relative), size=resolved.size, mtime=resolved.mtime)
 
 
 def _log_walk_error(error: OSError) -> None:
@@ -319,6 +351,7 @@ def plan_update(col: Collection, scan: Scan, retry_failed: bool = False) -> Upda
         if under is not None:
             vanished.update(plan.vanished)
     vanished -= {f.uri for f in files}  # e.g. excluded from a walk but also named explicitly
+    vanished -= {uri for uri, _ in scan.missing}  # FIFOs, loops: recorded again, not removed each run
     # A file named inside a removed folder stays indexed when its parent folder is scanned.
     excluded = set(scan.excluded)
     vanished = {u for u in vanished if not _is_under_any(u, excluded)}

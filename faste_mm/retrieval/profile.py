@@ -33,6 +33,7 @@ if TYPE_CHECKING:  # the indexers package loads FAISS: imported where a manifest
     from faste_mm.indexers.manifest import Manifest
     from faste_mm.model.embedder import Embedder
     from faste_mm.model.faste import FastEConfig
+    from faste_mm.retrieval.calibrations import Calibration
 
 DEFAULT_MODEL = "Qwen/Qwen3-VL-Embedding-2B"
 # FastE's r_max for the documents of a new collection when the user gives none (and for `embed`);
@@ -248,12 +249,11 @@ class CollectionProfile:
         return replace(self, model_id=embedder.model_id, model_revision=embedder.loaded.revision,
                        model_dim=width, dim=width if self.dim is None else self.dim)
 
-    def completed(self, embedder: "Embedder") -> "CollectionProfile":
+    def completed(self, embedder: "Embedder", calibration: "Calibration | None" = None) -> "CollectionProfile":
         """The profile of a NEW collection made with `embedder`: its id, revision and width,
-        theta from the user, else the model's saved calibration, else the
-        backbone default, and the backbone's warm-up layer. ConfigError for a dim wider than it."""
-        from faste_mm.retrieval.calibrations import load_calibration
-
+        theta from the user, else `calibration` (the model's saved one, see
+        `calibrations.load_calibration`), else the backbone default, and the backbone's warm-up
+        layer. ConfigError for a dim wider than the model's."""
         loaded = self.as_loaded(embedder)
         if loaded.dim > embedder.dim:
             raise ConfigError(f"dim {loaded.dim} is wider than {embedder.model_id}'s embeddings ({embedder.dim}); "
@@ -263,7 +263,6 @@ class CollectionProfile:
         given = "given (--threshold)" if loaded.receipt is None else f"as measured by faste-mm plan ({loaded.receipt.created})"
         threshold, source = loaded.threshold, given
         if threshold is None:
-            calibration = load_calibration(embedder.model_id, embedder.loaded.revision)
             if calibration is not None and calibration.threshold is not None:
                 threshold, source = calibration.threshold, calibration.describe()
             else:
