@@ -534,6 +534,7 @@ def test_info_reports_model_fast_e_and_collection_counts(client, embedder):
     assert info["model"] == embedder.model_id and info["dim"] == embedder.dim
     assert info["fast_e_documents"]["r_max"] == 0.5
     assert info["collection"]["items"] == 13 and info["collection"]["name"] == "col"
+    assert info["collection"]["plan"].startswith("not measured")  # indexed without faste-mm plan
     assert info["query_instruction"] == VL_QUERY_INSTRUCTION
 
 
