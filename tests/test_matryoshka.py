@@ -60,9 +60,10 @@ def test_stored_vectors_and_queries_are_truncated_and_renormalised(embedder, tmp
 
 def test_another_dim_is_refused_like_another_model(embedder, tmp_path):
     Retriever(embedder, collection=tmp_path / "c", r_max=0.0, dim=DIM).add(TEXTS[:1])
-    for other in (DIM * 2, None):
-        with pytest.raises(CollectionError, match=f"dim: collection has {DIM}, request has {other or embedder.dim}"):
-            Retriever(embedder, collection=tmp_path / "c", r_max=0.0, dim=other).add(TEXTS[1:2])
+    with pytest.raises(CollectionError, match=rf"dim \(--dim\): collection has {DIM}, request has {DIM * 2}"):
+        Retriever(embedder, collection=tmp_path / "c", r_max=0.0, dim=DIM * 2).add(TEXTS[1:2])
+    # no dim given: the collection's (the defaults rule), not the model's full width
+    assert Retriever(embedder, collection=tmp_path / "c", r_max=0.0).add(TEXTS[1:2]).ids.shape == (1,)
     with pytest.raises(ConfigError, match=f"wider than .*\\({embedder.dim}\\)"):
         Retriever(embedder, collection=tmp_path / "new", dim=embedder.dim + 1).add(TEXTS[:1])
     with pytest.raises(ConfigError, match="dim must be None"):
