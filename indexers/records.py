@@ -140,6 +140,8 @@ class CollectionInfo:
     size_bytes: int
     failures: tuple[ItemRecord, ...] = field(default=())
     exclusions: tuple[str, ...] = field(default=())
+    vectors: str = "float32"  # index precision (Manifest.vectors)
+    keep: str = "float"  # copy kept on disk for rescoring (Manifest.keep)
 
     def to_dict(self) -> dict[str, Any]:
         d = {name: getattr(self, name) for name in self.__dataclass_fields__}
