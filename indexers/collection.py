@@ -446,21 +446,79 @@ class Collection:
         A compact that replaces the parts after the snapshot began unlinks files the snapshot
         lists; the search then starts over on the newer parts (a few times at most).
         """
+        queries = self._check_search(queries, k)
+        scores, ids, records = self._in_snapshot(lambda: self._search_snapshot(queries, k, nprobe, ef_search, where, rescore))
+        return scores, ids, records
+
+    def find(self, k: int, *, queries: np.ndarray | None = None, texts: Sequence[str] | None = None,
+             mode: str = "dense", where: SearchFilter | None = None, nprobe: int | None = None,
+             ef_search: int | None = None, rescore: int | None = None, lexical_syntax: bool = False) -> search.Found:
+        """Search by vectors (mode "dense", = `search_records`), by words (mode "lexical": BM25 over
+        the items' text, file names, path words and metadata values; needs no vectors) or by both
+        (mode "hybrid": reciprocal-rank fusion of the two lists, each `search.hybrid_depth(k)` deep).
+
+        queries: [q, dim] float32 (dense, hybrid); texts: q query strings (lexical, hybrid), searched
+        as plain words unless `lexical_syntax` (FTS5 syntax: AND, OR, NOT, "phrases", prefix*; an
+        invalid expression raises InputError); where filters both sides. Returns `search.Found`,
+        whose `sources` say which side found each hit. Read from one snapshot, as `search_records`.
+        """
+        if mode not in search.MODES:
+            raise ConfigError(f"search mode must be one of {search.MODES}, got {mode!r}")
+        q = None
+        if mode != "lexical":
+            if queries is None:
+                raise ConfigError(f"search mode {mode!r} needs query vectors")
+            queries = self._check_search(queries, k)
+            q = len(queries)
+        if mode != "dense":
+            if texts is None or isinstance(texts, str) or (q is not None and len(texts) != q):
+                raise InputError(f"{self.root}: search mode {mode!r} needs one query text per query "
+                                 f"({q if q is not None else 'a list'}), got {texts!r:.80}")
+            self._check_search(None, k)
+        depth = search.hybrid_depth(k) if mode == "hybrid" else k
+
+        def run() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            lists = []
+            if mode != "lexical":
+                lists.append(self._search_snapshot(queries, depth, nprobe, ef_search, where, rescore))
+            if mode != "dense":
+                lists.append(self._lexical_snapshot(list(texts), depth, where, lexical_syntax))
+            if mode == "hybrid":
+                return search.fuse_rrf([lists[0][1], lists[1][1]], k)
+            scores, ids = lists[0]
+            side = search.FOUND_DENSE if mode == "dense" else search.FOUND_LEXICAL
+            return scores, ids, np.where(ids >= 0, side, 0)
+
+        scores, ids, sources, records = self._in_snapshot(run)
+        return search.Found(scores, ids, sources, records)
+
+    def _check_search(self, queries: np.ndarray | None, k: int) -> np.ndarray | None:
         if self._closed:
             raise CollectionError(f"{self.root}: the collection is closed; reopen it to search")
         if not isinstance(k, int) or k < 1:
             raise ConfigError(f"search k must be an int >= 1, got {k!r}")
+        if queries is None:
+            return None
         queries = np.asarray(queries, dtype=np.float32)
         if queries.ndim != 2 or queries.shape[1] != self._manifest.dim:
             raise InputError(f"{self.root}: queries have shape {queries.shape}, expected "
                              f"[q, {self._manifest.dim}]")
+        return queries
+
+    def _in_snapshot(self, run: Callable[[], tuple]) -> tuple:
+        """`run()` (arrays whose second is ids [q, k]) and the records of the ids found, read in
+        one snapshot of the collection: a search running while a writer adds, deletes or compacts
+        sees the rows and parts of one moment, and never returns an item tombstoned before it.
+
+        A compact that replaces the parts after the snapshot began unlinks files the snapshot
+        lists; the search then starts over on the newer parts (a few times at most)."""
         for attempt in range(_SNAPSHOT_ATTEMPTS):
             with self._store.read_snapshot():
                 epoch = self._store.state()["epoch"]
                 try:
-                    scores, ids = self._search_snapshot(queries, k, nprobe, ef_search, where, rescore)
-                    found = sorted({int(i) for i in ids[ids >= 0]})
-                    return scores, ids, self._store.records(found)
+                    result = run()
+                    ids = result[1]
+                    return (*result, self._store.records(sorted({int(i) for i in ids[ids >= 0]})))
                 except parts.PartMissing:
                     if self.writable or attempt == _SNAPSHOT_ATTEMPTS - 1:
                         raise
@@ -469,6 +527,26 @@ class Collection:
                                       f"re-index it with `--reindex`")
             log.debug("%s: parts of epoch %d replaced during a search; searching again", self.root, epoch)
         raise AssertionError("unreachable")
+
+    def _lexical_snapshot(self, texts: list[str], k: int, where: SearchFilter | None,
+                          syntax: bool) -> tuple[np.ndarray, np.ndarray]:
+        """BM25 top-k of each query text: (scores [q, k], ids [q, k]), -inf / -1 padded."""
+        if not self._store.has_lexical_index():
+            raise CollectionError(f"{self.root}: the collection predates lexical search; open it for writing once "
+                                  f"to build its lexical index (faste-mm rebuild-index)")
+        scores, ids = search.empty_hits(len(texts), k)
+        for row, text in enumerate(texts):
+            match = text if syntax else search.fts_query(text)
+            if not match.strip():
+                continue
+            hits = self._store.lexical_search(match, k, where)
+            if hits:
+                ids[row, :len(hits)], scores[row, :len(hits)] = zip(*hits)
+        return scores, ids
+
+    def lexical_ids(self) -> list[int]:
+        """Ids in the lexical index, ascending: the live items (a check that it kept in step)."""
+        return self._store.lexical_ids()
 
     def _search_snapshot(self, queries: np.ndarray, k: int, nprobe: int | None, ef_search: int | None,
                          where: SearchFilter | None, rescore: int | None) -> tuple[np.ndarray, np.ndarray]:

@@ -45,6 +45,8 @@ class ItemRecord:
     `uri` and `page` identify the item ((uri, page) is unique among live rows); `size`/`mtime`
     are the source file's stat used by incremental scans; `metadata` is any JSON-serialisable dict.
     `id`, `status`, `added_at` are filled in by the collection; `error` is set on failed rows.
+    `text`: the item's own words for lexical search (a text file's text, the text of an image+text
+    item, a PDF page's text layer); written to the lexical index with the row, not read back.
     """
 
     uri: str
@@ -58,6 +60,7 @@ class ItemRecord:
     id: int | None = None
     status: Status = Status.OK
     added_at: float | None = None
+    text: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.uri, str) or not self.uri:
@@ -76,6 +79,7 @@ class ItemRecord:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["metadata"] = dict(self.metadata) if self.metadata is not None else None
+        del d["text"]  # input for the lexical index only (never read back)
         return d
 
 

@@ -8,9 +8,13 @@ that have fewer than k hits. Every function is checked against brute-force numpy
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
+
+from faste_mm.indexers.records import ItemRecord
 
 # Search a quantized index for k x this many candidates, then rescore them exactly from the stored
 # copy, per index precision (measured by scripts/bench_scale.py, see docs/benchmarks.md: the
@@ -19,6 +23,38 @@ DEFAULT_RESCORE = {"binary": 10, "pq": 4, "int8": 2, "float16": 1, "float32": 1}
 # Reciprocal-rank fusion: score(item) = sum over lists of 1 / (RRF_K + rank), rank from 1
 # (Cormack et al., 2009, whose k = 60 Elasticsearch, OpenSearch and Qdrant use too).
 RRF_K = 60
+MODES = ("dense", "lexical", "hybrid")
+# Which side found a hit (`Found.sources`, a bitmask): the dense list, the lexical list, or both.
+FOUND_DENSE, FOUND_LEXICAL = 1, 2
+SOURCE_NAMES = {FOUND_DENSE: "dense", FOUND_LEXICAL: "lexical", FOUND_DENSE | FOUND_LEXICAL: "both"}
+
+
+def hybrid_depth(k: int) -> int:
+    """How deep each side's list is fetched for fusing into k hits: RRF needs the items ranked
+    past k on one side that the other side ranks high (5k, at least 50: Elasticsearch's default
+    rank window of RRF is max(50, k) too)."""
+    return max(50, 5 * k)
+
+
+def fts_query(text: str) -> str:
+    """A user's words as an FTS5 expression that cannot fail to parse: each whitespace-separated
+    chunk holding a letter or digit becomes a quoted phrase (quotes doubled), joined by OR, so
+    quotes, asterisks, colons, parentheses and operators are searched as the words they hold
+    ("INV-2024-001" is the phrase inv 2024 001). Empty when the text holds no word."""
+    chunks = [c for c in text.split() if re.search(r"\w", c)]
+    return " OR ".join('"' + c.replace('"', '""') + '"' for c in chunks)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Found:
+    """Hits of `Collection.find`: scores and ids [q, k] (best first, -inf / -1 padding; hybrid
+    scores are fused RRF scores, lexical ones -bm25), sources [q, k] (FOUND_* bitmask, 0 for
+    padding) and the records of the ids found."""
+
+    scores: np.ndarray
+    ids: np.ndarray
+    sources: np.ndarray
+    records: dict[int, ItemRecord]
 
 SearchFn = Callable[[np.ndarray, int], tuple[np.ndarray, np.ndarray]]  # (queries, k) -> (scores, ids)
 FetchFn = Callable[[np.ndarray], np.ndarray]  # ids [n] -> float32 vectors [n, d]
