@@ -544,6 +544,17 @@ class Collection:
                 ids[row, :len(hits)], scores[row, :len(hits)] = zip(*hits)
         return scores, ids
 
+    def items_without_text(self) -> list[ItemRecord]:
+        """Live items the lexical index knows only by name and metadata (stored before it existed)."""
+        return self._store.items_without_text()
+
+    def set_texts(self, texts: Sequence[tuple[int, str]]) -> None:
+        """Give live items their text in the lexical index: [(id, text)] (`rebuild-index` fills
+        in the items of `items_without_text` from their files), in one transaction."""
+        self._require_writable("index text")
+        with self._store.transaction():
+            self._store.set_texts(texts)
+
     def lexical_ids(self) -> list[int]:
         """Ids in the lexical index, ascending: the live items (a check that it kept in step)."""
         return self._store.lexical_ids()
