@@ -22,6 +22,7 @@ from faste_mm.errors import CollectionError, ConfigError, InputError, ModelLoadE
 from faste_mm.indexers import Collection, FileStat, ItemRecord, content_hash
 from faste_mm.model.items import PDF_SUFFIXES, Item, not_a_file_reason
 from faste_mm.model.video import VIDEO_SUFFIXES
+from faste_mm.retrieval.lexical import item_text, source_text
 
 if TYPE_CHECKING:  # annotations only: scanning and planning load no model code
     from faste_mm.model.embedder import EmbedResult, EmbedStats
@@ -468,7 +469,7 @@ def prepare_chunk(col: Collection, files: Sequence[ScannedFile],
         donor = donors.get((digest, f.modality))
         if donor is not None:
             for record, vector in zip(*donor):
-                prepared.records.append(ItemRecord(**base, page=record.page))
+                prepared.records.append(ItemRecord(**base, page=record.page, text=source_text(value, record.page)))
                 prepared.vectors.append(vector[None])
             prepared.reused += len(donor[0])
         elif digest in first_of_hash:  # an identical file earlier in this chunk
@@ -604,7 +605,7 @@ def _emit(base: dict, rows: list[int], result: EmbedResult, reasons: dict[int, s
         if row in reasons:
             failures.append(ItemRecord(**base, page=page, error=reasons[row]))
         else:
-            records.append(ItemRecord(**base, page=page))
+            records.append(ItemRecord(**base, page=page, text=item_text(result.items[row])))
             vectors.append(result.embeddings[row][None])
             n_ok += 1
     return n_ok

@@ -35,6 +35,7 @@ from faste_mm.retrieval.ingest import (IndexFailure, IngestTally, ScanFilter, fa
 from faste_mm.model.items import Item, as_item
 from faste_mm.model.runner import BatchTrace
 from faste_mm.retrieval import maintenance
+from faste_mm.retrieval.lexical import item_text
 from faste_mm.retrieval.export import ExportReport, export_parquet
 from faste_mm.retrieval.maintenance import collection_path
 from faste_mm.retrieval.results import AddReport, Hit, IndexOptions, IndexProgress, IndexReport, RemoveReport
@@ -536,7 +537,8 @@ def _add_record(item: Item, uri: str | None, metadata: Mapping[str, Any] | None,
     """The record `add` stores for one row: an item, or (with `error`) a failure."""
     size, mtime = _file_stat(item)
     return ItemRecord(uri=uri if uri is not None else _default_uri(item, metadata), modality=_modality(item), page=item.page,
-                      size=size, mtime=mtime, metadata=metadata, error=error)
+                      size=size, mtime=mtime, metadata=metadata, error=error,
+                      text=None if error else item_text(item))
 
 
 def _refuse_repeated_rows(records: Sequence[ItemRecord], sources: Sequence[int]) -> None:
