@@ -548,6 +548,10 @@ class Collection:
         """Live items the lexical index knows only by name and metadata (stored before it existed)."""
         return self._store.items_without_text()
 
+    def texts(self, ids: Iterable[int]) -> dict[int, str]:
+        """The lexical text stored for these items ({id: text}; items without text are absent)."""
+        return self._store.texts([int(i) for i in ids]) if self._store.has_lexical_index() else {}
+
     def set_texts(self, texts: Sequence[tuple[int, str]]) -> None:
         """Give live items their text in the lexical index: [(id, text)] (`rebuild-index` fills
         in the items of `items_without_text` from their files), in one transaction."""

@@ -476,6 +476,12 @@ class MetaStore:
             "ORDER BY items.id").fetchall()
         return [_row_to_record(r) for r in rows]
 
+    def texts(self, ids: Sequence[int]) -> dict[int, str]:
+        """The lexical text of items that have one: {id: text}."""
+        rows = self.db.execute("SELECT rowid, body FROM items_fts WHERE rowid IN (SELECT value FROM json_each(?)) "
+                               "AND body IS NOT NULL", (json.dumps([int(i) for i in ids]),)).fetchall()
+        return {int(i): _from_db(body) for i, body in rows}
+
     def set_texts(self, texts: Sequence[tuple[int, str]]) -> None:
         """Fill the body of lexical rows: [(id, text)] (`rebuild-index` backfilling older items)."""
         self.db.executemany("UPDATE items_fts SET body = ? WHERE rowid = ?", [(_to_db(t), int(i)) for i, t in texts])

@@ -76,3 +76,40 @@ def test_export_to_a_folder_or_a_missing_folder_names_it(tmp_path):
         export_parquet(tmp_path / "c", tmp_path)
     result = CliRunner().invoke(app, ["export", "-c", str(tmp_path / "c"), "--out", str(tmp_path / "nope" / "x.parquet")])
     assert result.exit_code == 1 and "does not exist" in result.stderr
+
+
+@pytest.mark.parametrize("vectors,keep", [("float32", "float"), ("int8", "float"), ("binary", "int8")])
+def test_export_to_lancedb_answers_a_query_with_the_collections_top_hits(tmp_path, vectors, keep):
+    import lancedb
+
+    from faste_mm.retrieval.export import export
+
+    rng = np.random.default_rng(1)
+    n, d = 600, 32
+    centers = rng.standard_normal((6, d)).astype(np.float32)
+    x = centers[rng.integers(0, 6, n)] + 0.5 * rng.standard_normal((n, d)).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    with Collection.create(tmp_path / "c", Manifest(model_id="m", dim=d, vectors=vectors, keep=keep)) as col:
+        col.add(x, [ItemRecord(uri=f"/docs/f{i}.txt", modality="text", text=f"word{i}") for i in range(n)])
+        queries = x[:5] + 0.05 * rng.standard_normal((5, d)).astype(np.float32)
+        queries /= np.linalg.norm(queries, axis=1, keepdims=True)
+        _, found = col.search(queries, k=5, rescore=0)  # the collection's own (index) order
+        stored = col.vectors(range(n))
+    report = export(tmp_path / "c", f"lancedb:{tmp_path / 'db'}/photos", index_min_rows=100)  # index this small table
+    assert (report.target, report.n_items, report.path) == ("lancedb", n, f"{tmp_path / 'db'}/photos")
+    assert report.index == {"float32": "IvfFlat", "int8": "IvfSq", "binary": "IvfFlat"}[vectors]
+    table = lancedb.connect(str(tmp_path / "db")).open_table("photos")
+    assert table.count_rows() == n
+    row = table.search().where("id = 7").limit(1).to_arrow().to_pylist()[0]
+    assert (row["uri"], row["text"]) == ("/docs/f7.txt", "word7")
+    np.testing.assert_allclose(np.array(row["vector"], dtype=np.float32), stored[7], atol=1e-3)
+    for q, want in zip(queries, found):
+        if vectors == "binary":
+            bits = np.packbits(q > 0)
+            hits = table.search(bits, vector_column_name="vector_codes").distance_type("hamming").nprobes(64)
+        else:
+            hits = table.search(q, vector_column_name="vector").distance_type("dot").nprobes(64)
+        got = hits.limit(5).to_arrow()["id"].to_pylist()
+        # Same top hit; the top 5 agree but for ties of equal Hamming distance / fp16 rounding.
+        assert got[0] == want[0] or vectors == "binary" and len(set(got) & set(want.tolist())) >= 3
+        assert len(set(got) & set(want.tolist())) >= 4 or vectors == "binary"

@@ -36,7 +36,8 @@ from faste_mm.model.items import Item, as_item
 from faste_mm.model.runner import BatchTrace
 from faste_mm.retrieval import maintenance
 from faste_mm.retrieval.lexical import item_text
-from faste_mm.retrieval.export import ExportReport, export_parquet
+from faste_mm.retrieval.export import ExportReport
+from faste_mm.retrieval.export import export as export_collection
 from faste_mm.retrieval.maintenance import collection_path
 from faste_mm.retrieval.results import AddReport, Hit, IndexOptions, IndexProgress, IndexReport, RemoveReport
 from faste_mm.model.serialization import DEFAULT_INSTRUCTION, SerializerConfig
@@ -398,9 +399,9 @@ class Retriever:
             return col.info()
 
     def export(self, path: str | Path) -> ExportReport:
-        """Write the collection's live items and vectors to one Parquet file (see
-        `faste_mm.retrieval.export`), e.g. to load them into LanceDB, Qdrant or pgvector."""
-        return export_parquet(self.collection, path)
+        """Write the collection's live items and vectors to a Parquet file (a path or "parquet:FILE")
+        or a LanceDB table ("lancedb:DIR/TABLE"; see `faste_mm.retrieval.export`)."""
+        return export_collection(self.collection, str(path))
 
     # ---- search ----------------------------------------------------------------------------
     def search(self, query: str | None = None, *, image: str | Path | Image.Image | None = None,
