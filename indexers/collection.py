@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 COMPACT_PART_ROWS = 8192
 # A reader retries this often when compacts keep replacing the parts under its snapshot.
 _SNAPSHOT_ATTEMPTS = 5
+# Part mappings `vectors` keeps open between calls (pruned to the committed parts past this many).
+_MAPPED_PARTS = 256
 
 
 class Collection:
@@ -55,6 +57,7 @@ class Collection:
         self._store = store
         self._lock_fd = lock_fd
         self._index = DerivedIndex(root, manifest.dim)
+        self._parts_mapped: dict[int, np.ndarray] = {}  # see _mapped_part
         self._closed = False
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -350,10 +353,21 @@ class Collection:
             by_part.setdefault(part, []).append((k, row))
         codec = self._codec()
         for part, pairs in by_part.items():
-            stored = parts.read_part(self.root, part, sizes[part], codec.width)[0]
+            stored = self._mapped_part(part, sizes[part], codec.width)
             ks, rows = map(list, zip(*pairs))
             out[ks] = codec.decode(stored[rows])
         return out
+
+    def _mapped_part(self, part: int, n_rows: int, width: int) -> np.ndarray:
+        """The memory-mapped codes of a part, mapped once (part numbers are never reused, so a
+        mapping never goes stale; parts a compact removed are dropped from the cache)."""
+        mapped = self._parts_mapped.get(part)
+        if mapped is None:
+            if len(self._parts_mapped) >= _MAPPED_PARTS:
+                live = {p for p, _ in self._store.parts()}
+                self._parts_mapped = {p: m for p, m in self._parts_mapped.items() if p in live}
+            mapped = self._parts_mapped[part] = parts.read_part(self.root, part, n_rows, width)[0]
+        return mapped
 
     def iter_live(self, chunk_rows: int = 4096) -> Iterator[tuple[list[ItemRecord], np.ndarray]]:
         """Every live item with its vector, in storage order, `chunk_rows` at a time: (records,
@@ -580,9 +594,12 @@ class Collection:
             scores, ids = self._search_filtered(queries, k_index, search_index, self._store.filtered_ids(where))
         else:
             # Over-fetch only when tombstones exist; then grow 4x for queries still short of k.
-            k_fetch = min(index.ntotal, 2 * k_index if self._store.n_tombstoned_vectors() else k_index)
+            has_tombstones = self._store.n_tombstoned_vectors() > 0
+            k_fetch = min(index.ntotal, 2 * k_index if has_tombstones else k_index)
 
             def is_live(found: np.ndarray) -> np.ndarray:
+                if not has_tombstones:  # every vector in the index is live
+                    return np.ones(found.shape, dtype=bool)
                 live = self._store.live_ids(np.unique(found[found >= 0]).tolist())
                 return np.isin(found, np.fromiter(live, dtype=np.int64, count=len(live)))
 
@@ -629,7 +646,7 @@ class Collection:
     # ---- index maintenance -----------------------------------------------------------------
     def _current_index(self):
         """The derived index, brought up to every committed part (see `DerivedIndex.current`)."""
-        return self._index.current(self._store.state()["epoch"], self._store.parts(), self._saved_manifest(),
+        return self._index.current(self._store.state()["epoch"], self._store.parts(), self._saved_manifest,
                                    self._manifest)
 
     def update_settings(self, **changes) -> None:
@@ -749,6 +766,7 @@ class Collection:
         # retries on the new epoch when they are gone (see `search`).
         for part, _ in committed:
             parts.remove_part(self.root, part)
+        self._parts_mapped.clear()  # frees the removed files' space
         log.info("%s: compacted %d parts into %d, dropped %d deleted vectors", self.root,
                  len(committed), len(new_parts), n_dead)
         self.rebuild_index()

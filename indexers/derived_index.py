@@ -51,14 +51,15 @@ class DerivedIndex:
     def path(self) -> Path:
         return self.root / faiss_index.INDEX_NAME
 
-    def current(self, epoch: int, committed: Parts, saved: Manifest, manifest: Manifest) -> faiss.IndexIDMap2:
+    def current(self, epoch: int, committed: Parts, saved: Manifest | Callable[[], Manifest], manifest: Manifest) -> faiss.IndexIDMap2:
         """The index covering every committed part: kept in memory, loaded from index.faiss
-        (`saved`: the manifest on disk, which says what the file covers), caught up with the parts
-        written since, or rebuilt when index.faiss is stale or missing."""
+        (`saved`: the manifest on disk, which says what the file covers, or a function reading it only
+        when the index in memory is behind), caught up with the parts written since, or rebuilt when index.faiss
+        is stale or missing."""
         if self.index is not None and self.key == (epoch, max_part(committed)):
             return self.index
         if self.index is None or self.key[0] != epoch:
-            self._load_saved(epoch, committed, saved)
+            self._load_saved(epoch, committed, saved() if callable(saved) else saved)
         if self.index is not None and self.key[0] == epoch:
             behind = [(p, n) for p, n in committed if p > self.key[1]]
             codec = manifest.codec
