@@ -10,6 +10,8 @@ import subprocess
 import sys
 import textwrap
 
+import ctypes
+
 import numpy as np
 import pytest
 
@@ -116,6 +118,51 @@ def test_a_schema_3_collection_gets_names_and_metadata_indexed_on_the_next_write
         assert [r.id for r in col.items_without_text()] == [0, 1, 2]
         col.set_texts([(0, "alpha"), (2, "gamma")])
         assert lexical(col, "alpha") == [0] and [r.id for r in col.items_without_text()] == [1]
+
+
+def text_pdf(path, texts: list[str]):
+    """A PDF whose pages hold these strings as a text layer (PDFium's own text objects)."""
+    import pypdfium2 as pdfium
+    import pypdfium2.raw as raw
+
+    pdf = pdfium.PdfDocument.new()
+    for text in texts:
+        page = pdf.new_page(300, 200)
+        obj = raw.FPDFPageObj_NewTextObj(pdf.raw, b"Helvetica", 12.0)
+        buffer = ctypes.create_string_buffer((text + "\x00").encode("utf-16-le"))
+        raw.FPDFText_SetText(obj, ctypes.cast(buffer, ctypes.POINTER(raw.FPDF_WCHAR)))
+        raw.FPDFPage_InsertObject(page.raw, obj)
+        raw.FPDFPage_GenerateContent(page.raw)
+    pdf.save(str(path))
+    pdf.close()
+    return path
+
+
+def test_item_text_reads_text_items_and_the_text_layer_of_pdf_pages(tmp_path):
+    from faste_mm.model.items import Item
+    from faste_mm.retrieval.lexical import item_text, source_text
+
+    pdf = text_pdf(tmp_path / "doc.pdf", ["invoice number INV-77", "second page about foxes"])
+    assert item_text(Item(image=str(pdf), page=2)) == "second page about foxes"
+    assert source_text(pdf, 1) == "invoice number INV-77"
+    assert item_text(Item(text="a caption", image=str(pdf), page=1)) == "a caption"
+    assert source_text(pdf, 9) is None  # no such page: no text, never an error
+
+
+def test_rebuild_index_gives_older_items_the_text_of_their_files(tmp_path):
+    from faste_mm.retrieval.maintenance import rebuild_index
+
+    root, note = tmp_path / "c", tmp_path / "note.txt"
+    note.write_text("a red bicycle leaning on a wall", encoding="utf-8")
+    pdf = text_pdf(tmp_path / "doc.pdf", ["invoice number INV-77", "second page about foxes"])
+    rows = [ItemRecord(uri=str(note), modality="text", size=note.stat().st_size),
+            ItemRecord(uri=str(pdf), modality="page", page=2, size=pdf.stat().st_size)]
+    with Collection.create(root, Manifest(model_id="m", dim=D)) as col:
+        col.add(unit(np.random.default_rng(5), 2), rows)  # stored without text, as before schema 4
+        assert lexical(col, "bicycle") == [] and lexical(col, "foxes") == []
+    rebuild_index(root)
+    with Collection.open(root) as col:
+        assert lexical(col, "bicycle") == [0] and lexical(col, "foxes") == [1]
 
 
 WRITER = textwrap.dedent("""
