@@ -143,15 +143,18 @@ class RemoveReport:
 
 @dataclass(frozen=True, slots=True)
 class Hit:
-    """One search result: item id, inner-product score (cosine, vectors are unit-norm), source
-    uri, 1-based PDF page (None otherwise) and the item's metadata."""
+    """One search result: item id, score, source uri, 1-based PDF page (None otherwise), the item's
+    metadata, and which side of the search found it (`found_by`: "dense", "lexical" or "both").
+    The score is the inner product (cosine, vectors are unit-norm) in dense mode, -BM25 in lexical
+    mode and the fused reciprocal-rank score in hybrid mode."""
 
     id: int
     score: float
     uri: str
     page: int | None = None
     metadata: Mapping[str, Any] | None = None
+    found_by: str = "dense"
 
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "score": self.score, "uri": self.uri, "page": self.page,
-                "metadata": dict(self.metadata) if self.metadata is not None else None}
+                "metadata": dict(self.metadata) if self.metadata is not None else None, "found_by": self.found_by}
