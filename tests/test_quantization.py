@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from faste_mm.errors import CollectionError, ConfigError
-from faste_mm.indexers import Collection, ItemRecord, Manifest, parts, quantization, search
+from faste_mm.indexers import Collection, ItemRecord, Manifest, SearchFilter, parts, quantization, search
 
 
 def clustered(rng: np.random.Generator, n: int, d: int, centers: int = 8) -> np.ndarray:
@@ -161,3 +161,36 @@ def test_reciprocal_rank_fusion_on_a_hand_built_case():
     assert ids.tolist() == [[10, 12, 11, 13, 14]]
     assert np.isclose(scores[0, 0], 1 / 61 + 1 / 63) and np.isclose(scores[0, 4], 1 / 64)
     assert source.tolist() == [[3, 3, 1, 2, 2]]
+
+
+@pytest.mark.parametrize("n,vectors,budget,expected", [
+    (10_000, "int8", 4 * 2**30, "SQ8"),
+    (200_000, "int8", 4 * 2**30, "HNSW32_SQ8"),
+    (2_000_000, "int8", 8 * 2**30, "IVF4096_HNSW32,SQ8"),
+    (10_000, "binary", 2**30, "BFlat"),
+    (2_000_000, "binary", 2**30, "BIVF4096"),
+    (10_000, "float16", 4 * 2**30, "SQfp16"),
+])
+def test_auto_learns_the_quantized_rungs(n, vectors, budget, expected):
+    from faste_mm.indexers.faiss_index import auto_factory, factory_precision, validate_factory
+
+    factory = auto_factory(n, 2048, budget, vectors)
+    assert factory == expected and factory_precision(factory) == vectors
+    validate_factory(factory, 2048, vectors)  # parses with FAISS
+
+
+def test_filtered_search_of_a_binary_ivf_fills_k_from_the_matching_items(tmp_path):
+    rng = np.random.default_rng(9)
+    x, queries = clustered(rng, 2000, 64), clustered(rng, 5, 64)
+    with Collection.create(tmp_path / "c", Manifest(model_id="m", dim=64, vectors="binary", keep="float",
+                                                    index_type="BIVF16")) as col:
+        col.add(x, [ItemRecord(uri=f"u{i}", modality="text", metadata={"b": i % 50}) for i in range(len(x))])
+        scores, found = col.search(queries, k=10, where=SearchFilter(where={"b": 3}))
+        assert col.info().index_factory == "BIVF16"
+    allowed = np.arange(3, 2000, 50)
+    assert np.all((found >= 0).sum(axis=1) == 10) and np.all(np.isin(found, allowed))
+    reference = np.full((len(queries), len(x)), -np.inf, dtype=np.float32)
+    reference[:, allowed] = queries @ x[allowed].T  # float16 parts: scores agree to ~1e-3
+    kth = -np.sort(-reference, axis=1)[:, 9]
+    assert np.all(np.take_along_axis(reference, found, axis=1) >= kth[:, None] - 2e-3)  # the exact top 10
+    assert np.allclose(scores, np.take_along_axis(reference, found, axis=1), atol=2e-3)
