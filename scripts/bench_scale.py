@@ -250,6 +250,22 @@ def bench_lancedb(data: Data, queries: np.ndarray, truth: np.ndarray, workdir: P
     return result
 
 
+COLUMNS = [("config", "configuration"), ("factory", "index"), ("recall_at_10", "recall@10"),
+           ("recall_at_10_unrescored", "recall@10 unrescored"), ("p50_ms", "p50 ms"), ("p99_ms", "p99 ms"),
+           ("batch32_p50_ms", "batch-32 p50 ms"), ("filtered_1pct_p50_ms", "1% filter p50 ms"),
+           ("add_vectors_per_s", "add vec/s"), ("index_build_s", "build s"), ("index_mb", "index MB"),
+           ("disk_mb", "disk MB"), ("peak_rss_add_build_mb", "peak RSS MB (add+build)")]
+
+
+def markdown(path: Path) -> str:
+    """The results of `--out` FILE as a Markdown table (one row per configuration)."""
+    rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    out = ["| " + " | ".join(title for _, title in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for r in rows:
+        out.append("| " + " | ".join("" if r.get(key) is None else str(r[key]) for key, _ in COLUMNS) + " |")
+    return "\n".join(out)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=100_000)
@@ -265,7 +281,11 @@ def main() -> None:
                              "OpenMP barrier waiting for a descheduled thread costs ~70 ms a search)")
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--out", type=Path, default=None, help="append results as JSON lines")
+    parser.add_argument("--table", type=Path, default=None, help="print the results in FILE (--out) as Markdown and exit")
     args = parser.parse_args()
+    if args.table:
+        print(markdown(args.table))
+        return
     import faiss
 
     faiss.omp_set_num_threads(args.threads)
