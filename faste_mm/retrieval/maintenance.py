@@ -100,7 +100,7 @@ def backfill_texts(col: Collection) -> int:
     """Read the text of text files and PDF pages that the lexical index knows only by name (stored
     before it existed) again from their files, when a file is still there with its stored size;
     returns how many items got text. Unreadable or changed files are left to the next `index`."""
-    from faste_mm.retrieval.ingest import read_text_file
+    from faste_mm.retrieval.decoders import read_text_file
     from faste_mm.retrieval.lexical import MAX_TEXT_CHARS, page_text
 
     texts = []
