@@ -10,6 +10,7 @@ import logging
 from pathlib import Path
 
 from faste_mm.errors import InputError
+from faste_mm.kinds import is_kind
 from faste_mm.model.items import Item, pdf_page_text
 
 log = logging.getLogger(__name__)
@@ -22,7 +23,7 @@ def item_text(item: Item) -> str | None:
     """The lexical text of one embedded item (see the module docstring); None when it has none."""
     if item.text:
         return item.text[:MAX_TEXT_CHARS]
-    if item.page is not None and isinstance(item.image, (str, Path)) and str(item.image).lower().endswith(".pdf"):
+    if item.page is not None and isinstance(item.image, (str, Path)) and is_kind(item.image, "pdf"):
         return page_text(Path(item.image), item.page)
     return None
 
@@ -42,6 +43,6 @@ def source_text(value: object, page: int | None) -> str | None:
     file, else the path), `page` the row's PDF page."""
     if isinstance(value, Item):
         return item_text(value)
-    if page is not None and isinstance(value, (str, Path)) and str(value).lower().endswith(".pdf"):
+    if page is not None and isinstance(value, (str, Path)) and is_kind(value, "pdf"):
         return page_text(Path(value), page)
     return None
