@@ -60,6 +60,15 @@ def index_command(
                                            "re-normalised (e.g. 512: 4x smaller index, faster search, some "
                                            "quality lost); queries are truncated the same way. Default: the "
                                            "collection's, the model's full width for a new one."),
+    vectors: Optional[str] = typer.Option(None, "--vectors", envvar="FASTE_MM_VECTORS",
+                                          help="Precision of the index in RAM: float32 | float16 | int8 (8-bit "
+                                               "codes, 1/4 the RAM) | binary (sign bits, 1/32; dim a multiple of "
+                                               "8); searches rescore candidates from the copy kept on disk. "
+                                               "Default: the collection's, float32 for a new one."),
+    keep: Optional[str] = typer.Option(None, "--keep", envvar="FASTE_MM_KEEP",
+                                       help="Copy kept on disk to rescore with: float (default) | int8 (8-bit "
+                                            "codes, with --vectors binary) | none (smallest; results "
+                                            "unrescored). Default: the collection's, float for a new one."),
     batch_tokens: int = typer.Option(16384, "--batch-tokens", envvar="FASTE_MM_BATCH_TOKENS",
                                      help="Padded tokens per model batch (default 16384)."),
     unpadded: str = unpadded_option(),
@@ -113,7 +122,13 @@ def index_command(
     from faste_mm.model.batching import BatchingConfig
     from faste_mm.retrieval.retriever import IndexOptions, Retriever, collection_path
 
+    from faste_mm.indexers.quantization import KEEPS, PRECISIONS
+
     setup_logging(debug)
+    if vectors is not None and vectors not in PRECISIONS:
+        _usage(f"--vectors must be one of {', '.join(PRECISIONS)}, got {vectors!r}")
+    if keep is not None and keep not in KEEPS:
+        _usage(f"--keep must be one of {', '.join(KEEPS)}, got {keep!r}")
     watch, pending = _IndexWatch(), None
     try:
         root = collection_path(collection)
@@ -131,7 +146,7 @@ def index_command(
         video = {"fps": video_fps, "max_frames": video_max_frames, "max_pixels": video_max_pixels}
         retriever = Retriever.for_collection(
             root, model, device=device, batching=BatchingConfig(batch_tokens=batch_tokens, unpadded=unpadded),
-            reindex=reindex, loading=watch.loading, r_max=r_max, threshold=threshold, dim=dim,
+            reindex=reindex, loading=watch.loading, r_max=r_max, threshold=threshold, dim=dim, vectors=vectors, keep=keep,
             video={name: value for name, value in video.items() if value is not None} or None)
         pending = lambda: retriever.pending(paths, options)  # noqa: E731
         with retriever, watch:
@@ -223,28 +238,44 @@ def search_command(
     path: Optional[str] = typer.Option(None, "--path", envvar="FASTE_MM_PATH",
                                        help="Only files whose path matches this glob ('*' also matches '/'), "
                                             "e.g. '*/invoices/*', '*.pdf', './photos/*'."),
+    mode: str = typer.Option("dense", "--mode", envvar="FASTE_MM_SEARCH_MODE",
+                             help="dense (by meaning, default) | lexical (by words: file names, text, PDF text "
+                                  "layers, metadata; loads no model) | hybrid (both, reciprocal-rank fused)."),
+    rescore: Optional[int] = typer.Option(None, "--rescore", envvar="FASTE_MM_RESCORE", min=0,
+                                          help="Candidates per result that an int8/binary/PQ index returns to be "
+                                               "rescored exactly from the copy on disk (0 = none). Default: "
+                                               "10 for binary, 2 for int8, 4 for PQ."),
+    lexical_syntax: bool = typer.Option(False, "--lexical-syntax", envvar="FASTE_MM_LEXICAL_SYNTAX",
+                                        help="Read the query as SQLite FTS5 syntax (AND OR NOT \"phrase\" prefix*) "
+                                             "in lexical and hybrid modes; default: plain words."),
     device: str = device_option(),
     debug: bool = debug_option(),
 ) -> None:
     """Search a collection by text, image and/or video; the model is the one the collection was built with."""
     from faste_mm.retrieval.retriever import Retriever
 
+    from faste_mm.indexers.search import MODES
+
     setup_logging(debug)
     if query is None and image is None and video is None:
         _usage("give a QUERY text, --image PATH, --video PATH, or a combination")
+    if mode not in MODES:
+        _usage(f"--mode must be one of {', '.join(MODES)}, got {mode!r}")
     conditions = _parse_where(where)
     try:
         with Retriever.open(collection, device=device) as retriever:
-            quiet_transformers()  # the model loads in search(): no per-weight bar on stderr
+            if mode != "lexical":  # lexical search loads no model
+                quiet_transformers()  # the model loads in search(): no per-weight bar on stderr
             hits = retriever.search(query, image=image, video=video, k=k, instruction=instruction, where=conditions,
-                                    type=kind or None, path=path)
+                                    type=kind or None, path=path, mode=mode, rescore=rescore,
+                                    lexical_syntax=lexical_syntax)
             root = retriever.collection
     except FasteError as error:
         fail(error, debug)
     if output is OutputFormat.json:
         payload = {"query": {"text": query, "image": None if image is None else str(image),
                              "video": None if video is None else str(video)},
-                   "collection": str(root), "k": k,
+                   "collection": str(root), "k": k, "mode": mode,
                    "filter": {"where": conditions, "types": list(kind), "path": path},
                    "hits": [{"rank": rank, **hit.to_dict()} for rank, hit in enumerate(hits, 1)]}
         print_json(payload)
@@ -297,6 +328,7 @@ def info_command(
             info, profile = col.info(), CollectionProfile.from_manifest(col.manifest)
             # the stored settings as the profile reads them (defaults filled in for older collections)
             settings = profile.to_manifest(base=col.manifest).to_dict()
+            settings["vectors"]["int8_ranges"] = "calibrated" if col.manifest.int8_ranges is not None else None
     except FasteError as error:
         fail(error, debug)
     payload = {**info.to_dict(), "settings": settings}
@@ -311,6 +343,8 @@ def info_command(
                         ("dim", f"{info.dim} (Matryoshka: first {info.dim} of {profile.model_dim})"
                                 if profile.is_matryoshka else info.dim), ("FastE r_max (documents)", profile.r_max),
                         ("FastE theta (documents)", theta),
+                        ("vectors", f"{profile.vectors} index, {profile.keep} kept on disk for rescoring"
+                                    if profile.keep != "none" else f"{profile.vectors} index, no rescoring copy"),
                         ("pixels", f"{profile.min_pixels}..{profile.max_pixels}"),
                         ("video", "{fps:g} fps, at most {max_frames} frames of {max_pixels} px, "
                                   "{total_pixels} px in all".format(**profile.video.to_dict())),

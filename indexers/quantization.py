@@ -39,13 +39,18 @@ _RANGE_MARGIN = 0.1
 
 def check_precision(vectors: str, keep: str) -> None:
     """ConfigError unless `vectors` and `keep` are known and `keep` is not finer than needed."""
-    if vectors not in PRECISIONS:
-        raise ConfigError(f"vectors must be one of {PRECISIONS}, got {vectors!r}")
-    if keep not in KEEPS:
-        raise ConfigError(f"keep must be one of {KEEPS}, got {keep!r}")
+    check_choices(vectors, keep)
     if keep == "int8" and vectors not in ("int8", "binary"):
         raise ConfigError(f"keep='int8' stores 8-bit codes for rescoring a coarser index, but vectors={vectors!r} "
                           f"is not coarser; use keep='float', or vectors='binary'")
+
+
+def check_choices(vectors: str | None, keep: str | None) -> None:
+    """ConfigError for a `vectors` or `keep` value that is not one of the choices (None = not given)."""
+    if vectors is not None and vectors not in PRECISIONS:
+        raise ConfigError(f"vectors must be one of {PRECISIONS}, got {vectors!r}")
+    if keep is not None and keep not in KEEPS:
+        raise ConfigError(f"keep must be one of {KEEPS}, got {keep!r}")
 
 
 def stored_precision(vectors: str, keep: str, vector_dtype: str) -> str:

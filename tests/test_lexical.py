@@ -204,3 +204,24 @@ def test_a_writer_killed_at_a_named_step_leaves_the_lexical_index_in_step(tmp_pa
                                          sorted(lexical(col, "crash")))
         if step == "add-after-commit":
             assert len(lexical(col, "crash")) == 4
+
+
+def test_cli_lexical_search_needs_no_model_and_says_which_side_found_each_hit(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from faste_mm.cli.app import app
+
+    root = tmp_path / "c"
+    with Collection.create(root, Manifest(model_id="no-such/model", dim=D)) as col:  # never loadable
+        col.add(unit(np.random.default_rng(6), len(TEXTS)), records(TEXTS))
+    result = CliRunner().invoke(app, ["search", 'fox "hunting*', "--mode", "lexical", "-c", str(root),
+                                      "--format", "json", "--where", "client=acme"])
+    assert result.exit_code == 0, (result.stderr[-2000:], result.exception)
+    payload = json.loads(result.stdout)
+    assert payload["mode"] == "lexical"
+    assert [h["uri"] for h in payload["hits"]] == ["/docs/INV-2024-003.pdf", "/docs/INV-2024-001.pdf"]
+    assert {h["found_by"] for h in payload["hits"]} == {"lexical"}
+    bad = CliRunner().invoke(app, ["search", "fox", "--mode", "fuzzy", "-c", str(root)])
+    assert bad.exit_code == 2 and "--mode must be one of dense, lexical, hybrid" in bad.stderr

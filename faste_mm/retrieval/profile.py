@@ -85,6 +85,9 @@ class CollectionProfile:
     r_max, warmup_layer, threshold, trigger_layer: FastE for documents (paper: r_max, l_w, theta;
         trigger_layer = fixed-layer ablation); r_max 0 = full forward; None = backbone default.
     threshold_source: where theta came from (a calibration, --threshold, the backbone default).
+    vectors / keep: precision of the index in RAM ("float32", "float16", "int8", "binary") and the
+        copy kept on disk for rescoring ("float", "int8", "none"); see faste_mm.indexers.quantization
+        (checked there when the manifest is made).
     """
 
     model_id: str = _setting(DEFAULT_MODEL, "model_id", "--model")
@@ -101,6 +104,8 @@ class CollectionProfile:
     threshold_source: str | None = _setting(None, "fast_e.threshold_source", "threshold source",
                                             missing=None, refuse=False)
     trigger_layer: int | None = _setting(None, "fast_e.trigger_layer", "--trigger-layer", missing=None)
+    vectors: str = _setting("float32", "vectors.precision", "--vectors", missing="float32")
+    keep: str = _setting("float", "vectors.keep", "--keep", missing="float")
 
     def __post_init__(self) -> None:
         if not isinstance(self.model_id, str) or not self.model_id:
@@ -210,7 +215,7 @@ class CollectionProfile:
         if model_id is not None and model_name(model_id) != self.model_id:
             return {}
         return {"model_id": self.model_id, "model_revision": self.model_revision, "r_max": self.r_max,
-                "dim": self.dim, "video": self.video}
+                "dim": self.dim, "video": self.video, "vectors": self.vectors, "keep": self.keep}
 
     # ---- what the model layer needs ---------------------------------------------------------
     @property

@@ -27,6 +27,9 @@ from faste_mm.indexers import Collection, CollectionInfo, ItemRecord, SearchFilt
 from faste_mm.indexers.faiss_index import check_factory_syntax, validate_factory
 from faste_mm.indexers.manifest import settings_mismatch
 from faste_mm.indexers.records import repeated_key
+from faste_mm.indexers.quantization import check_choices
+from faste_mm.indexers.search import MODES as SEARCH_MODES
+from faste_mm.indexers.search import SOURCE_NAMES
 from faste_mm.model.backbones.loading import check_local_path
 from faste_mm.model.batching import BatchingConfig
 from faste_mm.model.embedder import Embedder, EmbedResult, OnError, one_or_many
@@ -102,16 +105,21 @@ class Retriever:
         dim: Matryoshka width: documents and queries keep their first `dim` dimensions,
         re-normalised (smaller index, faster search, some quality lost).
         video: a VideoConfig, or a mapping of some of its fields ({"fps": 2.0}).
+        vectors: precision of the index in RAM, "float32" (default), "float16", "int8" (8-bit codes)
+        or "binary" (sign bits); keep: the copy kept on disk to rescore with, "float" (default),
+        "int8" or "none" (see README "Large collections").
     """
 
     def __init__(self, model: Embedder | ModelSpec, *, collection: str | os.PathLike | None = None,
                  r_max: float | None = None, query_instruction: str | None = None,
                  threshold: float | None = None, dim: int | None = None, warmup_layer: int | None = None,
-                 trigger_layer: int | None = None, video: VideoConfig | Mapping[str, Any] | None = None) -> None:
+                 trigger_layer: int | None = None, video: VideoConfig | Mapping[str, Any] | None = None,
+                 vectors: str | None = None, keep: str | None = None) -> None:
         given = dict(r_max=r_max, threshold=threshold, dim=dim, warmup_layer=warmup_layer,
-                     trigger_layer=trigger_layer, video=video)
+                     trigger_layer=trigger_layer, video=video, vectors=vectors, keep=keep)
         self._given = {name: value for name, value in given.items() if value is not None}
         CollectionProfile.resolve(None, **self._given)  # validates every value with a ConfigError
+        check_choices(vectors, keep)  # the pair is checked with the collection's values when its manifest is made
         self._embedder = model if isinstance(model, Embedder) else None
         self._spec = model if isinstance(model, ModelSpec) else None
         if self._embedder is None and self._spec is None:
@@ -128,11 +136,13 @@ class Retriever:
                         revision: str | None = None, batching: BatchingConfig | None = None,
                         query_instruction: str | None = None, threshold: float | None = None,
                         dim: int | None = None, warmup_layer: int | None = None,
-                        trigger_layer: int | None = None) -> "Retriever":
+                        trigger_layer: int | None = None, vectors: str | None = None,
+                        keep: str | None = None) -> "Retriever":
         """Load `model` (hub id or local directory) now. Raises ModelLoadError."""
         spec = ModelSpec(model, revision, device, dtype, batching)
         return cls(spec.load(), collection=collection, r_max=r_max, query_instruction=query_instruction,
-                   threshold=threshold, dim=dim, warmup_layer=warmup_layer, trigger_layer=trigger_layer)
+                   threshold=threshold, dim=dim, warmup_layer=warmup_layer, trigger_layer=trigger_layer,
+                   vectors=vectors, keep=keep)
 
     @classmethod
     def for_collection(cls, collection: str | os.PathLike | None = None, model: str | os.PathLike | None = None, *,
@@ -144,7 +154,7 @@ class Retriever:
 
         Every setting follows the defaults rule (see `CollectionProfile.resolve`): the
         collection's, else the one given (`model`, `revision`, and `settings`: r_max,
-        warmup_layer, threshold, trigger_layer, dim, video), else the documented default
+        warmup_layer, threshold, trigger_layer, dim, video, vectors, keep), else the documented default
         (`DEFAULT_MODEL`, r_max 0.5, ...). Raises CollectionError at once when a given setting
         differs from the existing collection's, ConfigError for an unknown or invalid setting.
         loading: see `ModelSpec.loading`.
@@ -162,7 +172,8 @@ class Retriever:
         profile = _resolve(root, existing, given, model)
         spec = ModelSpec(profile.model_id, profile.model_revision, device, dtype, batching, profile.serializer(),
                          loading)
-        chosen = {name: given.get(name) for name in ("r_max", "warmup_layer", "threshold", "trigger_layer", "dim")}
+        chosen = {name: given.get(name) for name in ("r_max", "warmup_layer", "threshold", "trigger_layer", "dim",
+                                                     "vectors", "keep")}
         return cls(spec, collection=root, query_instruction=query_instruction, video=profile.video,
                    **{**{k: v for k, v in settings.items() if k != "video"}, **chosen})
 
@@ -490,7 +501,8 @@ class Retriever:
     def search(self, query: str | None = None, *, image: str | Path | Image.Image | None = None,
                k: int = 10, instruction: str | None = None, where: Mapping[str, Any] | None = None,
                type: str | Sequence[str] | None = None, path: str | None = None,
-               video: str | Path | None = None) -> list[Hit]:
+               video: str | Path | None = None, mode: str = "dense", rescore: int | None = None,
+               lexical_syntax: bool = False) -> list[Hit]:
         """Top-k items for a text, an image, a video, or a combination. An image or a video alone
         is a query by example: it is embedded exactly like a document (so an indexed file finds
         itself with score ~1) unless `instruction` is given.
@@ -499,25 +511,41 @@ class Retriever:
         where: metadata key -> value, e.g. {"tag": "invoice"} (values of `add(metadata=...)`);
         type: "image" | "pdf" | "text" | "video", or several; path: a glob on the stored path, e.g.
         "*/invoices/*" or "./photos/*" (see `faste_mm.indexers.SearchFilter`).
+        mode: "dense" (by meaning), "lexical" (BM25 over the items' words, file names and metadata
+        values; loads no model) or "hybrid" (both, fused by reciprocal rank); each Hit's `found_by`
+        says which side found it. The query text is searched as plain words unless `lexical_syntax`.
+        rescore: candidates per hit a quantized index returns for exact rescoring (None: the
+        precision's default, 0: none; see README "Large collections").
         Raises InputError if nothing is given, ConfigError for a bad filter."""
         if query is None and image is None and video is None:
             raise InputError("search: give a query text, an image, a video, or a combination")
         return self.search_batch([Item(text=query, image=image, video=video)], k=k, instruction=instruction,
-                                 where=where, type=type, path=path)[0]
+                                 where=where, type=type, path=path, mode=mode, rescore=rescore,
+                                 lexical_syntax=lexical_syntax)[0]
 
     def search_batch(self, queries: Sequence[object], k: int = 10, instruction: str | None = None,
                      where: Mapping[str, Any] | None = None, type: str | Sequence[str] | None = None,
-                     path: str | None = None) -> list[list[Hit]]:
+                     path: str | None = None, mode: str = "dense", rescore: int | None = None,
+                     lexical_syntax: bool = False) -> list[list[Hit]]:
         """`search` for many queries (str text, Path/PIL image, or `Item`), one list of hits each;
-        the filters apply to every query."""
+        the filters and the mode apply to every query."""
+        if mode not in SEARCH_MODES:
+            raise ConfigError(f"search mode must be one of {SEARCH_MODES}, got {mode!r}")
         search_filter = SearchFilter(where=where or {}, types=() if type is None else type, path=path)
         items = [_as_query(q, i) for i, q in enumerate(queries)]
-        col = self._open_reader()
-        vectors = self._embed_queries(items, instruction, col)
-        scores, ids, records = col.search_records(vectors, k, where=search_filter)  # hits and records of one snapshot
-        return [[Hit(int(i), float(s), records[int(i)].uri, records[int(i)].page, records[int(i)].metadata)
-                 for s, i in zip(row_scores, row_ids) if i >= 0]
-                for row_scores, row_ids in zip(scores, ids)]
+        texts = None if mode == "dense" else [item.text or "" for item in items]
+        if mode == "lexical" and not all(texts):
+            raise InputError(f"search: lexical mode searches words; query {texts.index('') + 1} has no text "
+                             f"(use --mode dense or hybrid for an image or video query)")
+        col = self._open_reader(check_model=mode != "lexical")
+        vectors = None if mode == "lexical" else self._embed_queries(items, instruction, col)
+        found = col.find(k, queries=vectors, texts=texts, mode=mode, where=search_filter, rescore=rescore,
+                         lexical_syntax=lexical_syntax)  # hits and records of one snapshot
+        records = found.records
+        return [[Hit(int(i), float(s), records[int(i)].uri, records[int(i)].page, records[int(i)].metadata,
+                     SOURCE_NAMES[int(side)])
+                 for s, i, side in zip(row_scores, row_ids, row_sides) if i >= 0]
+                for row_scores, row_ids, row_sides in zip(found.scores, found.ids, found.sources)]
 
     def _embed_queries(self, items: list[Item], instruction: str | None, col: Collection) -> np.ndarray:
         by_example = [i for i, it in enumerate(items)
@@ -555,19 +583,21 @@ class Retriever:
         return self._embedder_for(profile).encode_documents(documents, fast_e=profile.fast_e(), dim=profile.dim,
                                                             on_error=on_error)
 
-    def _open_reader(self) -> Collection:
+    def _open_reader(self, check_model: bool = True) -> Collection:
         """The collection opened for reading, once its profile is checked against this
-        retriever's settings and model (which this loads). Raises CollectionError."""
+        retriever's settings and model (which this loads; `check_model` False: a lexical search,
+        which needs no model). Raises CollectionError."""
         if self._reader is None:
-            reader = Collection.open(self.collection)
+            self._reader = Collection.open(self.collection)
+        if check_model and self._reader_profile is None:
             try:
                 self.embedder  # noqa: B018  (loads the model: its width and pixels are checked)
-                self._reader_profile = self._checked(CollectionProfile.from_manifest(reader.manifest),
+                self._reader_profile = self._checked(CollectionProfile.from_manifest(self._reader.manifest),
                                                      self.collection)
             except BaseException:
-                reader.close()
+                self._reader.close()
+                self._reader = None
                 raise
-            self._reader = reader
         return self._reader
 
     def encode_query(self, queries: object, *, instruction: str | None = None,
