@@ -186,6 +186,19 @@ def test_filtered_search_equals_retriever_search_with_the_same_filters(client, e
     assert bad.status_code == 400 and "audio" in bad.json()["error"]["message"]
 
 
+def test_lexical_and_hybrid_search_equal_retriever_search_and_the_form_takes_the_mode(client, embedder, collection):
+    reference = Retriever(embedder, collection=collection, r_max=0.5)
+    for mode, query in (("lexical", "picnic lake"), ("hybrid", "picnic by the lake"), ("lexical", 'ocean "*')):
+        body = client.post("/search", json={"query": query, "k": 5, "mode": mode}).json()
+        expected = reference.search(query, k=5, mode=mode)
+        assert body["mode"] == mode
+        assert [(h["id"], h["found_by"]) for h in body["hits"]] == [(h.id, h.found_by) for h in expected]
+    assert [h["uri"] for h in client.post("/search", data={"q": "picnic", "mode": "lexical"}).json()["hits"]] \
+        == ["notes:picnic"]
+    bad = client.post("/search", json={"query": "x", "mode": "fuzzy"})
+    assert bad.status_code == 400
+
+
 def test_image_search_by_upload_and_by_data_url_equals_retriever_search(client, embedder, collection):
     reference = Retriever(embedder, collection=collection, r_max=0.5)
     raw = (collection.parent / "gallery" / "ocean-2.png").read_bytes()

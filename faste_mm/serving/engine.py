@@ -97,6 +97,8 @@ class _SearchPayload:
     item_id: int | None
     k: int
     where: SearchFilter
+    mode: str = "dense"
+    rescore: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,10 +259,10 @@ class ServeEngine:
 
     # ---- search (handler threads) -------------------------------------------------------------
     def search(self, query: str | None = None, image=None, item_id: int | None = None, k: int = 10,
-               where: SearchFilter | None = None) -> list[Hit]:
-        """Top-k hits for a text and/or a PIL image (as `Retriever.search`), or for the stored
-        vector of item `item_id` ("more like this"; the item itself is left out), among the items
-        `where` admits (all of them when None)."""
+               where: SearchFilter | None = None, mode: str = "dense", rescore: int | None = None) -> list[Hit]:
+        """Top-k hits for a text and/or a PIL image (as `Retriever.search`, in `mode` dense, lexical
+        or hybrid), or for the stored vector of item `item_id` ("more like this"; the item itself is
+        left out), among the items `where` admits (all of them when None)."""
         where = where or SearchFilter()
         if self.retriever is None:
             raise NoCollectionError("this server has no collection; start it with `faste-mm serve -c NAME|DIR` "
@@ -273,8 +275,15 @@ class ServeEngine:
             return self.batcher.submit("search", _SearchPayload(None, int(item_id), k, where), 1).result()
         if not query and image is None:
             raise InputError("give a query text (`query`, form field `q`), an image, or an item `id`")
+        if mode not in ("dense", "lexical", "hybrid"):
+            raise InputError(f"mode must be dense, lexical or hybrid, got {str(mode)[:40]!r}")
+        if mode == "lexical":  # words only: nothing to embed (one slot of the batch)
+            if not query:
+                raise InputError("lexical search needs a query text (`query`, form field `q`)")
+            return self.batcher.submit("search", _SearchPayload(Item(text=query), None, k, where, mode, rescore),
+                                       1).result()
         measured = self.measure([Item(text=query or None, image=image)], "query")
-        return self.batcher.submit("search", _SearchPayload(measured.items[0], None, k, where),
+        return self.batcher.submit("search", _SearchPayload(measured.items[0], None, k, where, mode, rescore),
                                    measured.tokens).result()
 
     def _run_search(self, payloads: list[_SearchPayload]) -> list[object]:
@@ -283,12 +292,15 @@ class ServeEngine:
         for i, payload in enumerate(payloads):
             if payload.item is not None:
                 where = payload.where
-                groups.setdefault((tuple(sorted(where.where.items())), where.types, where.path), []).append(i)
+                groups.setdefault((tuple(sorted(where.where.items())), where.types, where.path, payload.mode,
+                                   payload.rescore), []).append(i)
         for by_query in groups.values():
-            where = payloads[by_query[0]].where
+            first = payloads[by_query[0]]
+            where = first.where
             k = max(payloads[i].k for i in by_query)  # one FAISS call; top-k is a prefix of top-K
             found = self.retriever.search_batch([payloads[i].item for i in by_query], k=k,
-                                                where=where.where, type=where.types or None, path=where.path)
+                                                where=where.where, type=where.types or None, path=where.path,
+                                                mode=first.mode, rescore=first.rescore)
             for i, hits in zip(by_query, found):
                 out[i] = hits[: payloads[i].k]
         for i, payload in enumerate(payloads):

@@ -69,7 +69,8 @@ class EmbeddingRequest(BaseModel):
 class SearchRequest(BaseModel):
     """POST /search as JSON: a text `query`, an `image` (data: URL), or the `id` of an indexed
     item ("more like this"); `k` results; the filters of `Retriever.search`: `where` (metadata
-    key -> value), `type` (image|pdf|text|video, or a list) and `path` (a glob)."""
+    key -> value), `type` (image|pdf|text|video, or a list) and `path` (a glob); `mode` dense |
+    lexical | hybrid and `rescore` (candidates per hit to rescore) as `Retriever.search` takes them."""
 
     model_config = ConfigDict(extra="forbid")
     query: str | None = None
@@ -79,6 +80,8 @@ class SearchRequest(BaseModel):
     where: dict[str, str | int | float | bool] | None = None
     type: str | list[str] | None = None
     path: str | None = None
+    mode: Literal["dense", "lexical", "hybrid"] = "dense"
+    rescore: int | None = Field(default=None, ge=0, le=1000)
 
 
 # ---- translation into items ------------------------------------------------------------------

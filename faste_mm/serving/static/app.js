@@ -81,6 +81,7 @@ async function search({ id = null, pushUrl = true } = {}) {
   } else {
     if (q) form.append("q", q);
     if (state.image) form.append("image", state.image, state.image.name || "upload.png");
+    form.append("mode", $("mode").value);
   }
   form.append("k", k);
   if (pushUrl) updateUrl(id, q, k);
