@@ -654,13 +654,16 @@ class Collection:
         return rescore or search.DEFAULT_RESCORE[faiss_index.factory_precision(self._index.factory or "Flat")]
 
     def _search_filtered(self, queries: np.ndarray, k: int, search_index, allowed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """`search` restricted to the live ids `allowed` [n] (sorted): an id selector where the index
+        """`search` restricted to the live ids `allowed` [n] (sorted): an exact search over their stored
+        vectors when few match (`search.filter_is_selective`), else an id selector where the index
         takes one, over-fetching where it does not (a GPU copy, binary IVF), then an exact search
         over the allowed vectors for any row still short of min(k, n): an approximate index (HNSW's
         graph, IVF's probed lists) can miss matches of a selective filter."""
         scores, ids = search.empty_hits(len(queries), k)
         if len(allowed) == 0:
             return scores, ids
+        if search.filter_is_selective(len(allowed), self._index.index.ntotal):  # reading them is cheaper
+            return search.exact_search(queries, allowed, k, self.vectors)
         want = min(k, len(allowed))
         ntotal = self._index.index.ntotal
         if self._index.can_select:

@@ -24,6 +24,17 @@ DEFAULT_RESCORE = {"binary": 10, "pq": 4, "int8": 2, "float16": 1, "float32": 1}
 # (Cormack et al., 2009, whose k = 60 Elasticsearch, OpenSearch and Qdrant use too).
 RRF_K = 60
 MODES = ("dense", "lexical", "hybrid")
+# A filter matching under this share of the items (and at most EXACT_FILTER_MAX_ITEMS) is searched
+# exactly over their stored vectors, not through the index: an HNSW graph walked with a selector
+# of 1% of 100k items took 820 ms a query (scripts/bench_scale.py), reading 1,000 memory-mapped
+# rows a few ms (Qdrant's full-scan threshold is the same idea).
+EXACT_FILTER_SHARE = 0.02
+EXACT_FILTER_MAX_ITEMS = 20_000
+
+
+def filter_is_selective(n_allowed: int, n_total: int) -> bool:
+    """Whether a filter admitting `n_allowed` of `n_total` items is searched exactly (see above)."""
+    return n_allowed < EXACT_FILTER_SHARE * n_total and n_allowed <= EXACT_FILTER_MAX_ITEMS
 # Which side found a hit (`Found.sources`, a bitmask): the dense list, the lexical list, or both.
 FOUND_DENSE, FOUND_LEXICAL = 1, 2
 SOURCE_NAMES = {FOUND_DENSE: "dense", FOUND_LEXICAL: "lexical", FOUND_DENSE | FOUND_LEXICAL: "both"}

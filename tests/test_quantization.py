@@ -194,3 +194,19 @@ def test_filtered_search_of_a_binary_ivf_fills_k_from_the_matching_items(tmp_pat
     kth = -np.sort(-reference, axis=1)[:, 9]
     assert np.all(np.take_along_axis(reference, found, axis=1) >= kth[:, None] - 2e-3)  # the exact top 10
     assert np.allclose(scores, np.take_along_axis(reference, found, axis=1), atol=2e-3)
+
+
+def test_a_selective_filter_is_searched_exactly_over_the_matching_items(tmp_path):
+    rng = np.random.default_rng(10)
+    x, queries = clustered(rng, 3000, 32), clustered(rng, 4, 32)
+    assert search.filter_is_selective(30, 3000) and not search.filter_is_selective(300, 3000)
+    with Collection.create(tmp_path / "c", Manifest(model_id="m", dim=32, index_type="HNSW32")) as col:
+        col.add(x, [ItemRecord(uri=f"u{i}", modality="text", metadata={"one": i % 100 == 7, "ten": i % 10 == 7})
+                    for i in range(len(x))])
+        stored = col.vectors(range(len(x)))
+        for key in ("one", "ten"):  # 30 items: the exact path; 300: the selector path
+            allowed = np.array([i for i in range(len(x)) if i % (100 if key == "one" else 10) == 7])
+            scores, found = col.search(queries, k=5, where=SearchFilter(where={key: True}), ef_search=3000)
+            reference = np.full((len(queries), len(x)), -np.inf, dtype=np.float32)
+            reference[:, allowed] = queries @ stored[allowed].T
+            same_sets_tolerating_ties(found, scores, reference, 5)
