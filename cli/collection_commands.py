@@ -244,7 +244,7 @@ def search_command(
     rescore: Optional[int] = typer.Option(None, "--rescore", envvar="FASTE_MM_RESCORE", min=0,
                                           help="Candidates per result that an int8/binary/PQ index returns to be "
                                                "rescored exactly from the copy on disk (0 = none). Default: "
-                                               "10 for binary, 2 for int8, 4 for PQ."),
+                                               "20 for binary, 2 for int8, 4 for PQ."),
     lexical_syntax: bool = typer.Option(False, "--lexical-syntax", envvar="FASTE_MM_LEXICAL_SYNTAX",
                                         help="Read the query as SQLite FTS5 syntax (AND OR NOT \"phrase\" prefix*) "
                                              "in lexical and hybrid modes; default: plain words."),
