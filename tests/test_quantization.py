@@ -210,3 +210,18 @@ def test_a_selective_filter_is_searched_exactly_over_the_matching_items(tmp_path
             reference = np.full((len(queries), len(x)), -np.inf, dtype=np.float32)
             reference[:, allowed] = queries @ stored[allowed].T
             same_sets_tolerating_ties(found, scores, reference, 5)
+
+
+def test_a_retrievers_vectors_setting_follows_the_collection_and_a_conflict_is_refused(tmp_path):
+    from faste_mm.retrieval.profile import CollectionProfile
+
+    with Collection.create(tmp_path / "c", Manifest(model_id="m", dim=32, vectors="binary", keep="int8")) as col:
+        profile = CollectionProfile.from_manifest(col.manifest)
+    assert (profile.vectors, profile.keep) == ("binary", "int8")
+    assert CollectionProfile.resolve(profile) == profile  # not given: the collection's
+    assert CollectionProfile.resolve(None, vectors="int8").vectors == "int8"  # a new collection: the user's
+    assert CollectionProfile.resolve(None).vectors == "float32"  # else the documented default
+    with pytest.raises(CollectionError, match="--vectors.*binary.*int8"):
+        CollectionProfile.resolve(profile, vectors="int8")
+    manifest = profile.to_manifest(base=col.manifest)
+    assert (manifest.vectors, manifest.keep, manifest.int8_ranges) == ("binary", "int8", col.manifest.int8_ranges)
