@@ -8,8 +8,8 @@ from typing import Optional
 
 import typer
 
-from faste_mm.cli.collection_commands import _collection_option
-from faste_mm.cli.common import debug_option, fail, setup_logging, stderr, stdout
+from faste_mm.cli.common import fail, setup_logging, stderr, stdout
+from faste_mm.cli.options import CollectionOption, Debug
 from faste_mm.errors import FasteError
 
 
@@ -22,8 +22,8 @@ def export_command(
                                      help="Where to write: parquet:FILE, or lancedb:DIR/TABLE (a LanceDB table, "
                                           "replaced if it exists, with a vector index matching the collection's "
                                           "quantization; needs faste-mm[lancedb]). Default: --out."),
-    collection: Optional[str] = _collection_option(),
-    debug: bool = debug_option(),
+    collection: CollectionOption = None,
+    debug: Debug = False,
 ) -> None:
     """Export a collection to Parquet or LanceDB, e.g. to go on to Qdrant, Milvus or pgvector."""
     from faste_mm.retrieval.export import export

@@ -91,6 +91,8 @@ class Manifest:
         8-bit codes, "none": the index's codes only, results unrescored). See indexers.quantization.
     int8_ranges: the calibrated per-dimension ranges of 8-bit codes, set by the first add and
         fixed thereafter (None until then, and for collections without 8-bit codes).
+    receipt: what `faste-mm plan` measured for these settings (read as a `PlanReceipt` by the
+        profile), None when the collection was indexed without a plan; informational.
     """
 
     model_id: str
@@ -115,6 +117,7 @@ class Manifest:
     vectors: str = "float32"
     keep: str = "float"
     int8_ranges: Int8Ranges | None = None
+    receipt: Mapping[str, Any] | None = None
     format_version: int = FORMAT_VERSION
     faste_mm_version: str = field(default_factory=_faste_mm_version)
 
@@ -214,6 +217,7 @@ class Manifest:
             "counts": dict(self.counts),
             "vectors": {"precision": self.vectors, "keep": self.keep,
                         "int8_ranges": None if self.int8_ranges is None else self.int8_ranges.to_dict()},
+            "receipt": None if self.receipt is None else dict(self.receipt),
         }
 
     @classmethod
@@ -246,6 +250,7 @@ class Manifest:
                 vectors=vectors.get("precision", "float32"),
                 keep=vectors.get("keep", "float"),
                 int8_ranges=vectors.get("int8_ranges"),
+                receipt=d.get("receipt"),
                 format_version=d.get("format_version", FORMAT_VERSION),
                 faste_mm_version=d.get("faste_mm_version", "unknown"),
             )
