@@ -4,6 +4,11 @@ Receives float32 vectors [n, d] with one `ItemRecord` each (no model code here);
 item ids, search results (scores, ids) and records. Composes `store` (SQLite, all SQL), `parts`
 (vector files), `derived_index` (index.faiss, a cache of the parts), `manifest` and `directory`
 (which files are ours, the one-writer flock, erase).
+
+Size (~830 lines, over the ~450 of issue 22): the search path's array work lives in
+`indexers.search` and `indexers.quantization`, but its entry points (search, find, the snapshot
+loop, rescoring and lexical reads) are still methods here beside the writes they must see
+consistently; moving the reader side into its own class is the next split.
 """
 
 from __future__ import annotations
