@@ -73,13 +73,13 @@ def resolve_device(device: str | torch.device) -> torch.device:
     return resolved
 
 
-def read_cpu_flags() -> frozenset[str]:
+def read_cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
     """The CPU's feature flags from /proc/cpuinfo ("flags" on x86, "Features" on ARM); empty
     where there is no such file (macOS, Windows): bfloat16 is then never chosen by "auto"."""
     if not sys.platform.startswith("linux"):
         return frozenset()
     try:
-        text = Path("/proc/cpuinfo").read_text(errors="replace")
+        text = cpuinfo.read_text(errors="replace")
     except OSError:
         return frozenset()
     for line in text.splitlines():
