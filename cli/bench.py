@@ -32,7 +32,7 @@ def bench_command(
     repeats: int = typer.Option(3, envvar="FASTE_MM_REPEATS", help="Timed repeats after one warm-up; median and min-max reported."),
     compare: str = typer.Option("", envvar="FASTE_MM_COMPARE", help="Comma-separated: hf, sentence-transformers."),
     device: str = device_option(),
-    dtype: str = typer.Option("auto", envvar="FASTE_MM_DTYPE", help="auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16 | float16."),
+    dtype: str = typer.Option("auto", envvar="FASTE_MM_DTYPE", help="auto (bfloat16 on CUDA and on CPUs with native bf16, else float32) | float32 | bfloat16 | float16."),
     output: Format = format_option("The report on stdout as a table or as JSON (default table)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", envvar="FASTE_MM_BENCH_OUT", help="Also write the report as JSON to this file."),
     legacy_json: Optional[str] = typer.Option(None, "--json", envvar="FASTE_MM_BENCH_JSON", hidden=True),
@@ -96,7 +96,8 @@ def bench_command(
 
 def _render(report) -> None:
     """One column per setting, one row per metric: fits a terminal with many settings."""
-    table = Table(title=f"faste-mm bench: {report.inputs}\non {report.device}")
+    dtype = f"{report.dtype['dtype']} ({report.dtype['reason']})" if report.dtype else "?"
+    table = Table(title=f"faste-mm bench: {report.inputs}\non {report.device}, {dtype}")
     table.add_column("metric")
     for s in report.settings:
         table.add_column(s.name, justify="right")
@@ -121,6 +122,9 @@ def _render(report) -> None:
         rows["vision tower share of full FLOPs"] = lambda s: f"{s.vision_flops_share:.1%}" if s.r_max is not None else "-"
         rows["FLOPs-implied, with vision"] = lambda s: f"{s.flops_implied_speedup_with_vision:.3f}x"
         rows["realisation, with vision"] = lambda s: f"{s.realisation_with_vision:.3f}"
+        rows["tower s / decoder s"] = lambda s: f"{s.tower_s:.3f} / {s.decoder_s:.3f}" if s.r_max is not None else "-"
+        rows["tower share of time"] = lambda s: f"{s.tower_time_share:.1%}" if s.r_max is not None else "-"
+        rows["tower share of FLOPs"] = lambda s: f"{s.tower_flops_share:.1%}" if s.r_max is not None else "-"
     for name, cell in rows.items():
         table.add_row(name, *(cell(s) for s in report.settings))
     stdout.print(table)

@@ -197,7 +197,7 @@ class _IndexWatch(Progress):
         elapsed = max(p.elapsed_s - self.load_s, 1e-9)  # rates of the work, not of loading the model
         items = p.embedded + p.reused
         rates = (f"{items} items  {items / elapsed:.1f} items/s  {p.prefix_tokens / elapsed:.0f} tok/s  "
-                 f"removed {p.prefix_removal:.0%}")
+                 f"removed {p.prefix_removal:.0%}" + (f"  tower {p.tower_share:.0%}" if p.tower_s else ""))
         self.update(p.files_done, p.files_total, detail=rates, share=p.fraction)
 
 
@@ -210,6 +210,8 @@ def _render_index_report(report) -> None:
                         ("files removed (vanished)", report.removed),
                         ("files skipped (removed earlier)", report.excluded), ("items failed", report.failed),
                         ("prefix tokens removed", f"{report.prefix_removal:.1%}"),
+                        ("model s: vision tower / decoder", f"{report.tower_s:.1f} / {report.decoder_s:.1f} "
+                                                            f"(tower {report.tower_share:.0%})"),
                         ("index", report.index_factory or "-"), ("seconds", f"{report.seconds:.1f}")):
         table.add_row(name, markup_safe(value))
     stdout.print(table)

@@ -30,7 +30,7 @@ def embed(
     batch_tokens: int = typer.Option(16384, envvar="FASTE_MM_BATCH_TOKENS", help="Padded tokens per batch."),
     unpadded: str = unpadded_option(),
     device: str = device_option(),
-    dtype: str = typer.Option("auto", envvar="FASTE_MM_DTYPE", help="auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16 | float16."),
+    dtype: str = typer.Option("auto", envvar="FASTE_MM_DTYPE", help="auto (bfloat16 on CUDA and on CPUs with native bf16, else float32) | float32 | bfloat16 | float16."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", envvar="FASTE_MM_OUT", help="Write the embeddings (float32, one row per item) to this .npy file."),
     output: Format = format_option("The summary on stdout as a table or as JSON (default table)."),
     legacy_json: bool = legacy_json_option(),
@@ -104,7 +104,9 @@ def _render_summary(summary: dict) -> None:
         ("prefix tokens removed", f"{stats['prefix_removal']:.1%}"),
         ("decoder FLOPs reduction", f"{stats['flops_reduction']:.1%}"),
         ("mean trigger layer", "-" if stats["mean_trigger_layer"] is None else f"{stats['mean_trigger_layer']:.1f}"),
+        ("dtype", f"{stats['dtype']['dtype']} ({stats['dtype']['reason']})"),
         ("model forward (s)", f"{stats['forward_s']:.2f}"),
+        ("of which vision tower (s)", f"{stats['tower_s']:.2f}"),
         ("end to end (s)", f"{stats['total_s']:.2f}"),
     ]
     for name, value in rows:

@@ -40,7 +40,7 @@ def eval_command(
     unpadded: str = unpadded_option(),
     chunk_items: int = typer.Option(256, envvar="FASTE_MM_CHUNK_ITEMS", help="Items serialized and length-sorted together (the first chunks are smaller). Default 256."),
     device: str = device_option(),
-    dtype: str = typer.Option("auto", envvar="FASTE_MM_DTYPE", help="auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16 | float16."),
+    dtype: str = typer.Option("auto", envvar="FASTE_MM_DTYPE", help="auto (bfloat16 on CUDA and on CPUs with native bf16, else float32) | float32 | bfloat16 | float16."),
     cache: bool = typer.Option(True, "--cache/--no-cache", envvar="FASTE_MM_EVAL_CACHE", help="Keep embeddings in --out/cache and resume from them. Default on."),
     output: Format = format_option("Results on stdout: the tables, or results.json as JSON (default table)."),
     legacy_json: bool = legacy_json_option(),

@@ -20,7 +20,8 @@ from faste_mm.model.batching import Batch, BatchingConfig
 from faste_mm.model.ablations import policy_for
 from faste_mm.model.faste import FastEConfig
 from faste_mm.errors import ConfigError, FasteError, InputError
-from faste_mm.model.flops import DecoderShape, batch_flops, flops_reduction, full_batch_flops, removed_share, vision_flops
+from faste_mm.model.flops import (DecoderShape, batch_flops, flops_reduction, full_batch_flops, removed_share, tower_share,
+                                  vision_flops)
 from faste_mm.model.items import Failure, Item, expand_items
 from faste_mm.model.pooling import truncate_dim
 from faste_mm.model.prefetch import ItemError, PrepTimer, prefetch_batches
@@ -74,14 +75,12 @@ class EmbedStats:
     @property
     def tower_time_share(self) -> float:
         """The vision tower's share of the model's seconds (tower + decoder)."""
-        stages = self.tower_s + self.decoder_s
-        return self.tower_s / stages if stages else 0.0
+        return tower_share(self.tower_s, self.decoder_s)
 
     @property
     def tower_flops_share(self) -> float:
         """The vision tower's share of the FLOPs this run realised (decoder after FastE + tower)."""
-        total = self.flops_realised + self.flops_vision
-        return self.flops_vision / total if total else 0.0
+        return tower_share(self.flops_vision, self.flops_realised)
 
     @property
     def attention(self) -> dict[str, int]:

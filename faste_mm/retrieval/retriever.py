@@ -284,7 +284,8 @@ class Retriever:
                                        len(tally.failures), tally.prefix_tokens + flight.prefix_tokens,
                                        tally.kept_prefix_tokens + flight.kept_prefix_tokens,
                                        time.perf_counter() - started,
-                                       share / len(plan.todo) if plan.todo else 1.0))
+                                       share / len(plan.todo) if plan.todo else 1.0,
+                                       tally.tower_s + flight.tower_s, tally.decoder_s + flight.decoder_s))
 
             def files_committed(n: int) -> None:  # the Ray pipeline's commits
                 nonlocal done
@@ -311,7 +312,7 @@ class Retriever:
         return IndexReport(str(root), len(scan.files()), tally.embedded, tally.reused, plan.n_unchanged,
                            len(plan.vanished),
                            len(tally.failures), tuple(tally.failures), tally.prefix_tokens,
-                           tally.kept_prefix_tokens, seconds, factory, scan.n_excluded)
+                           tally.kept_prefix_tokens, seconds, factory, scan.n_excluded, tally.tower_s, tally.decoder_s)
 
     def pending(self, paths: Iterable[str | Path], options: IndexOptions | None = None) -> int:
         """How many files `index(paths, options=options)` would embed (or reuse) now: the new
@@ -517,6 +518,8 @@ class _CollectionDocuments:
         flight.rows += trace.batch_size
         flight.prefix_tokens += trace.prefix_tokens
         flight.kept_prefix_tokens += trace.kept_prefix_tokens
+        flight.tower_s += trace.tower_s
+        flight.decoder_s += trace.decoder_s
         if self.on_batch is not None:
             self.on_batch(trace)
 
@@ -529,6 +532,8 @@ class _InFlight:
     rows: int = 0
     prefix_tokens: int = 0
     kept_prefix_tokens: int = 0
+    tower_s: float = 0.0
+    decoder_s: float = 0.0
 
 
 # ---- helpers ---------------------------------------------------------------------------------

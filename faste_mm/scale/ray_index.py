@@ -278,6 +278,8 @@ def _commit(col: "Collection", waiting: _Pending, changed: frozenset[str], tally
         output = waiting.outputs[position]
         tally.prefix_tokens += output["prefix_tokens"]
         tally.kept_prefix_tokens += output["kept_prefix_tokens"]
+        tally.tower_s += output.get("tower_s", 0.0)
+        tally.decoder_s += output.get("decoder_s", 0.0)
         for page, vector, reason in zip(output["pages"], output["vectors"], output["reasons"]):
             if reason is not None:
                 failures.append(Failure(len(items), position, "", reason))
@@ -423,5 +425,7 @@ class _EmbedActor:
         if result is not None and result.stats is not None and outputs:
             outputs[0]["prefix_tokens"] = result.stats.prefix_tokens
             outputs[0]["kept_prefix_tokens"] = result.stats.kept_prefix_tokens
+            outputs[0]["tower_s"] = result.stats.tower_s
+            outputs[0]["decoder_s"] = result.stats.decoder_s
         return {"unit": batch["unit"], "embedded": np.array([pickle.dumps(o) for o in outputs], dtype=object)}
 
