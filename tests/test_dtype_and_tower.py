@@ -168,3 +168,15 @@ def test_packed_tower_equals_transformers_vision_model(model_dirs):
     assert len(got.deepstack) == len(expected.deepstack_features) > 0
     for ours, theirs in zip(got.deepstack, expected.deepstack_features):
         torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=0)
+
+
+def test_stats_split_the_forward_into_tower_and_decoder_seconds(vl_embedder, image_dir):
+    from faste_mm import Item
+
+    images = vl_embedder.encode([Item(image=image_dir / "red.png"), Item(image=image_dir / "gray.jpg")]).stats
+    texts = vl_embedder.encode(["a red bicycle", "a wall"]).stats
+    assert images.tower_s > 0 and images.decoder_s > 0 and images.tower_s + images.decoder_s <= images.forward_s
+    assert texts.tower_s == 0 and texts.tower_time_share == 0 and texts.decoder_s > 0
+    assert sum(t.tower_s for t in images.batches) == images.tower_s
+    assert images.tower_flops_share == images.flops_vision / (images.flops_vision + images.flops_realised) > 0
+    assert images.to_dict()["tower_time_share"] == images.tower_s / (images.tower_s + images.decoder_s)
