@@ -51,7 +51,7 @@ def run_decoder(backbone, batch: Batch, policy, kernel: PackedKernel | None = No
     """
     started = time.perf_counter()
     vision = backbone.encode_vision(batch)  # the tower: its own timed stage
-    tower_s = _elapsed_s(started, batch.input_ids.device)
+    tower_s = 0.0 if vision is None else _elapsed_s(started, batch.input_ids.device)
     started = time.perf_counter()
     state = backbone.embed(batch, vision)
     masks = backbone.attention_masks(state)
