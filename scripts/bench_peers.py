@@ -60,8 +60,8 @@ def write_photos(folder: Path, n: int) -> list[Path]:
 
 
 class FasteMM:
-    def __init__(self, model_dir: Path, dtype: str) -> None:
-        self.embedder = Embedder.from_pretrained(str(model_dir), device="cpu", dtype=dtype,
+    def __init__(self, model_dir: Path, dtype: str, device: str) -> None:
+        self.embedder = Embedder.from_pretrained(str(model_dir), device=device, dtype=dtype,
                                                  batching=BatchingConfig(batch_tokens=16384))
         self.split = (0.0, 0.0)
 
@@ -76,10 +76,10 @@ class Official:
     dtype (transformers 5: the config's), the processor with right padding, one padded call per
     batch, `do_resize=False` after qwen-vl-utils' resize, last valid token, L2 norm."""
 
-    def __init__(self, model_dir: Path, serializer, batch_size: int) -> None:
+    def __init__(self, model_dir: Path, serializer, batch_size: int, device: str) -> None:
         from transformers import Qwen3VLModel, Qwen3VLProcessor
 
-        self.model = Qwen3VLModel.from_pretrained(str(model_dir)).eval()
+        self.model = Qwen3VLModel.from_pretrained(str(model_dir)).to(device).eval()
         self.processor = Qwen3VLProcessor.from_pretrained(str(model_dir), padding_side="right")
         self.serializer = serializer  # the official prompt and resize (checked equal in tests)
         self.batch_size = batch_size
@@ -93,17 +93,18 @@ class Official:
             prompts = [self.serializer.render_prompt(item, None) for item in items]
             images = [self.serializer.prepare_image(item) for item in items if item.has_image] or None
             batch = self.processor(text=prompts, images=images, padding=True, do_resize=False, return_tensors="pt")
+            batch = batch.to(self.model.device)
             hidden = self.model(**batch).last_hidden_state
             last = batch["attention_mask"].sum(dim=1) - 1
-            vectors.append(torch.nn.functional.normalize(hidden[torch.arange(len(items)), last], dim=-1).float().numpy())
+            vectors.append(torch.nn.functional.normalize(hidden[torch.arange(len(items)), last], dim=-1).float().cpu().numpy())
         return np.concatenate(vectors)
 
 
 class SentenceTransformersPeer:
-    def __init__(self, model_dir: Path, serializer, batch_size: int) -> None:
+    def __init__(self, model_dir: Path, serializer, batch_size: int, device: str) -> None:
         from sentence_transformers import SentenceTransformer
 
-        self.model = SentenceTransformer(str(model_dir), device="cpu")
+        self.model = SentenceTransformer(str(model_dir), device=device)
         self.serializer = serializer
         self.batch_size = batch_size
         self.split = (0.0, 0.0)
@@ -133,6 +134,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2, help="timed rounds after one warm-up round")
     parser.add_argument("--batch-size", type=int, default=8, help="items per padded call (official, st)")
     parser.add_argument("--peers", default="faste-mm,faste-mm fp32,official,st")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (the GPU runs: scripts/gpu_bench.sh peers)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     peers_wanted = [p.strip() for p in args.peers.split(",") if p.strip()]
@@ -144,15 +146,15 @@ def main() -> None:
         peers = {}
         for name in peers_wanted:
             if name == "faste-mm":
-                peers[name] = FasteMM(model_dir, "auto")
+                peers[name] = FasteMM(model_dir, "auto", args.device)
             elif name == "faste-mm fp32":
-                peers[name] = FasteMM(model_dir, "float32")
+                peers[name] = FasteMM(model_dir, "float32", args.device)
         serializer = next(iter(peers.values())).embedder.serializer if peers else Embedder.from_pretrained(str(model_dir)).serializer
         for name in peers_wanted:
             if name == "official":
-                peers[name] = Official(model_dir, serializer, args.batch_size)
+                peers[name] = Official(model_dir, serializer, args.batch_size, args.device)
             elif name == "st":
-                peers[name] = SentenceTransformersPeer(model_dir, serializer, args.batch_size)
+                peers[name] = SentenceTransformersPeer(model_dir, serializer, args.batch_size, args.device)
         tokenizer = serializer.processor.tokenizer
         kinds = {
             "photos 640x480 JPEG": [Item(image=p) for p in write_photos(work / "photos", args.photos)],
@@ -160,8 +162,9 @@ def main() -> None:
             f"texts ({args.text_tokens} tokens)": make_inputs(f"text:{args.text_tokens}", args.texts, work, tokenizer),
         }
         kinds = {k: v for k, v in kinds.items() if v}
-        auto = choose_dtype("auto", torch.device("cpu"), torch.bfloat16, read_cpu_flags)
-        report = {"device": device_name(torch.device("cpu")), "shape": args.shape, "scale_hidden": args.scale_hidden,
+        device = torch.device(args.device)
+        auto = choose_dtype("auto", device, torch.bfloat16, read_cpu_flags)
+        report = {"device": device_name(device), "shape": args.shape, "scale_hidden": args.scale_hidden,
                   "faste_mm_auto_dtype": auto.to_dict(), "official_dtype": str(peers["official"].model.dtype) if "official" in peers else None,
                   "repeats": args.repeats, "kinds": {}}
         for kind, inputs in kinds.items():
@@ -173,7 +176,7 @@ def main() -> None:
                     if name == "st" and not all(isinstance(v, str) for v in inputs):
                         continue  # with a last-token modules.json, ST loads this directory as a text model
                     started = time.perf_counter()
-                    vectors[name] = peer.encode(inputs)
+                    vectors[name] = peer.encode(inputs)  # numpy on the host: the GPU's work is done
                     if round_:
                         seconds[name].append(time.perf_counter() - started)
                         splits[name].append(peer.split)
@@ -216,15 +219,18 @@ def tower_race(peers, serializer, inputs, repeats) -> dict:
         if str(dtype).removeprefix("torch.") in race:  # "auto" chose float32 here: raced once
             continue
         packed = PackedVisionTower(visual)
-        values, grids = pixels[0].to(dtype), pixels[1]
+        device = visual.patch_embed.proj.weight.device
+        values, grids = pixels[0].to(device, dtype), pixels[1].to(device)
         times = {"transformers": [], "packed": []}
         with torch.inference_mode():
             for round_ in range(1 + repeats):
                 started = time.perf_counter()
                 theirs = visual(values, grid_thw=grids, return_dict=True).pooler_output
+                _synchronize(device)
                 hf_s = time.perf_counter() - started
                 started = time.perf_counter()
                 ours = packed(values, grids).merged
+                _synchronize(device)
                 packed_s = time.perf_counter() - started
                 if round_:
                     times["transformers"].append(hf_s)
@@ -233,6 +239,11 @@ def tower_race(peers, serializer, inputs, repeats) -> dict:
         race[str(dtype).removeprefix("torch.")] = {"transformers_s": hf, "packed_s": ours_s, "speedup": hf / ours_s,
                                                    "max_abs_diff": float((theirs - ours).abs().max())}
     return race
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def print_tables(report: dict) -> None:
