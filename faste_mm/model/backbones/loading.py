@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from faste_mm.model.backbones.base import Backbone
-from faste_mm.model.backbones.registry import Family, family_for
+from faste_mm.model.backbones.registry import Family, declared_role, family_for
 from faste_mm.errors import ConfigError, ModelLoadError
 from faste_mm.model.serialization import SerializerConfig, TextPrompt, TextSerializer, VLSerializer
 
@@ -94,6 +94,10 @@ def load_model(
             "directory; without internet, pass a local directory that holds the downloaded model."
         ) from None
     family = family_for(config.model_type, name_or_path)  # refuse unsupported models before downloading weights
+    if declared_role(name_or_path, getattr(config, "architectures", None)) == "reranker":
+        raise ModelLoadError(f"{name_or_path}: this is a reranker, not an embedding model; load it as the reranker "
+                             f"(Reranker.from_pretrained, --rerank) and embed with an embedding model such as "
+                             f"Qwen/Qwen3-VL-Embedding-2B")
     kwargs = dict(revision=revision, dtype=torch_dtype, attn_implementation=attn_implementation)
     try:
         import transformers
