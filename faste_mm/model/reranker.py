@@ -17,14 +17,15 @@ import torch
 from faste_mm.errors import ConfigError, InputError
 from faste_mm.model.ablations import Full
 from faste_mm.model.backbones.rerank_loading import LoadedReranker, load_reranker
-from faste_mm.model.batching import BatchingConfig
+from faste_mm.model.batching import BatchingConfig, collate
 from faste_mm.model.embedder import item_failure, one_or_many
-from faste_mm.model.faste import FastE, FastEConfig
+from faste_mm.model.faste import FastE, FastEConfig, ThresholdTrigger
 from faste_mm.model.flops import batch_flops, full_batch_flops
 from faste_mm.model.items import Failure, Item, expand_items
 from faste_mm.model.prefetch import ItemError, PrepTimer, prefetch_batches
 from faste_mm.model.rerank_format import PreparedQuery, TextPairSerializer, VLPairSerializer, rerank_serializer_config
-from faste_mm.model.rerank_policy import ProtectedFastE
+from faste_mm.model.rerank_explain import Explanation, explain_pair
+from faste_mm.model.rerank_policy import AttentionProbe, ProtectedFastE
 from faste_mm.model.runner import BatchTrace, run_decoder, settle_kernel
 from faste_mm.model.serialization import SerializerConfig
 from faste_mm.model.unpadded import Unpadded
@@ -299,6 +300,35 @@ class Reranker:
         `index` and `score`; failed candidates are listed in `failures`, never ranked."""
         result = self.score(query, documents, instruction=instruction, on_error=on_error)
         return Ranking(result.ranked(top_n), result.failures, result.stats)
+
+    def explain(self, query: object, document: object, *, instruction: str | None = None, layer: int | None = None) -> Explanation:
+        """Where the reranker's readout looked in one document: its attention over the pair's
+        prefix (FastE's ranking quantity) before `layer`, by default the layer FastE's alignment
+        trigger picks for this pair (this reranker's l_w and theta, or the family's). Mapped to
+        image / video patches and text spans (`rerank_explain`: the sum rule). The full forward
+        runs; the score is the exact one. Attention, not attribution. InputError naming the
+        document when it cannot be read."""
+        num_layers = self.backbone.shape.num_layers
+        if layer is not None and not 0 <= layer < num_layers:
+            raise ConfigError(f"layer must be in 0..{num_layers - 1} for {self.model_id}, got {layer}")
+        prepared = self.prepare_query(query, instruction)
+        items, _, broken = expand_items(one_or_many(document))
+        if broken or len(items) != 1:
+            reason = broken[0][2] if broken else f"{len(items)} pages; give one page (Item(image=path, page=k))"
+            raise InputError(f"document {items[0].describe() if items else ''}: {reason}")
+        try:
+            serialized = self._serialize(prepared, items[0])
+        except Exception as error:  # noqa: BLE001 - named and explained like a failed candidate
+            raise InputError(f"document {items[0].describe()}: {error}") from None
+        config = self.fast_e or FastEConfig().resolved(self.family, num_layers)
+        probe = AttentionProbe(ThresholdTrigger(config.threshold, config.warmup_layer, num_layers), layer)
+        batch = collate([serialized], [0], self.loaded.pad_token_id).to(self.backbone.device)
+        scores, _ = run_decoder(self.backbone, batch, probe, None, readout=self.head)
+        weights = probe.weights[0, : serialized.length - 1].cpu().numpy()  # [n_prefix]
+        tokenizer = getattr(self.loaded.preprocessor, "tokenizer", self.loaded.preprocessor)
+        model_config = self.backbone.model.config
+        return explain_pair(serialized, weights, items[0], tokenizer, float(scores[0]), probe.recorded_layer,
+                            getattr(model_config, "image_token_id", None), getattr(model_config, "video_token_id", None))
 
     def _serialize(self, query: PreparedQuery, item: Item):
         return self.backbone.with_positions(self.serializer(query, item))
