@@ -254,3 +254,44 @@ def test_an_embedding_model_is_refused_as_a_reranker_and_the_reverse(reranker_di
         Reranker.from_pretrained(str(embedding), device="cpu")
     with pytest.raises(ModelLoadError, match="qwen3_vl_reranker: this is a reranker, not an embedding model.*Embedding-2B"):
         Embedder.from_pretrained(str(reranker_dirs["qwen3_vl_reranker"]), device="cpu")
+
+
+# -- explain: attention over the document, mapped to the grid and the text --
+
+
+def test_explain_weights_equal_naive_readout_attention_and_sum_as_documented(vl_reranker, vl_lm, image_dir):
+    from .reference import _causal_mask, naive_readout_scores
+
+    document = Item(text="a red square, héllo wörld", image=image_dir / "red.png")
+    explanation = vl_reranker.explain("which is red?", document, layer=3)
+    serialized = vl_reranker.serializer(vl_reranker.prepare_query("which is red?"), document)
+    with torch.no_grad():  # the sample alone through layers 0..2 (DeepStack included), then layer 3's attention
+        sample = init_vl_sample(vl_lm.model, serialized)
+        layers = vl_lm.model.language_model.layers
+        for index in range(3):
+            sample.hidden = layers[index](sample.hidden, attention_mask=_causal_mask(sample.hidden.shape[1]),
+                                          position_embeddings=(sample.cos, sample.sin))
+            if index < len(sample.deepstack):
+                sample.hidden[0, torch.tensor(sample.visual)] += sample.deepstack[index]
+        expected = np.array(naive_readout_scores(layers[3], sample))
+    protected = serialized.protected
+    assert explanation.layer == 3
+    assert explanation.score == pytest.approx(float(vl_reranker.score("which is red?", [document]).scores[0]), abs=1e-6)
+    assert explanation.query_share == pytest.approx(expected[:protected].sum(), abs=1e-5)
+    assert explanation.query_share + explanation.document_share == pytest.approx(1.0, abs=1e-5)
+    (image,) = explanation.images
+    _, h, w = serialized.image_grid_thw[-1].tolist()
+    assert image.grid.shape == (h // 2, w // 2) and image.patches.shape == (h, w) and image.size == (w * 16, h * 16)
+    pads = (serialized.input_ids == vl_lm.config.image_token_id).nonzero()[:, 0].numpy()
+    np.testing.assert_allclose(image.grid.ravel(), expected[pads], atol=1e-5)  # row-major over the merged grid
+    assert image.patches.sum() == pytest.approx(image.grid.sum(), abs=1e-6)
+    assert "".join(span.text for span in explanation.text) == document.text  # spans tile the text
+    parts = image.grid.sum() + sum(span.weight for span in explanation.text) + explanation.template_share
+    assert parts == pytest.approx(explanation.document_share, abs=1e-6) and explanation.template_share >= 0
+
+
+def test_explain_on_the_text_reranker_maps_tokens_to_text_spans(text_reranker):
+    explanation = text_reranker.explain("capital?", "Paris is the capital of France.")
+    assert "".join(span.text for span in explanation.text) == "Paris is the capital of France."
+    assert explanation.images == [] and 0 <= explanation.layer < text_reranker.backbone.shape.num_layers
+    assert explanation.query_share + explanation.document_share == pytest.approx(1.0, abs=1e-5)
