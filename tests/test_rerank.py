@@ -17,33 +17,8 @@ from faste_mm.model.reranker import Reranker
 from faste_mm.model.video import VideoConfig, read_video
 from faste_mm.testing import build_tiny_model
 
+from .rerank_fixtures import ONE_BATCH, reranker_dirs, text_reranker, vl_lm, vl_reranker  # noqa: F401
 from .reference import init_text_sample, init_vl_sample, naive_readout, official_text_scores, official_vl_pair_inputs, official_vl_scores
-
-ONE_BATCH = BatchingConfig(batch_tokens=1 << 20)
-
-
-@pytest.fixture(scope="session")
-def reranker_dirs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("rerankers")
-    return {family: build_tiny_model(root / family, family) for family in ("qwen3_vl_reranker", "qwen3_reranker")}
-
-
-@pytest.fixture(scope="session")
-def vl_reranker(reranker_dirs) -> Reranker:
-    return Reranker.from_pretrained(str(reranker_dirs["qwen3_vl_reranker"]), device="cpu", batching=ONE_BATCH)
-
-
-@pytest.fixture(scope="session")
-def text_reranker(reranker_dirs) -> Reranker:
-    return Reranker.from_pretrained(str(reranker_dirs["qwen3_reranker"]), device="cpu", batching=ONE_BATCH)
-
-
-@pytest.fixture(scope="session")
-def vl_lm(reranker_dirs):
-    from transformers import Qwen3VLForConditionalGeneration
-
-    return Qwen3VLForConditionalGeneration.from_pretrained(str(reranker_dirs["qwen3_vl_reranker"])).eval()
-
 
 def _as_official(item: Item) -> dict:
     image = item.image
