@@ -42,6 +42,10 @@ def eval_command(
     device: str = device_option(),
     dtype: str = typer.Option("auto", envvar="FASTE_MM_DTYPE", help="auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16 | float16."),
     cache: bool = typer.Option(True, "--cache/--no-cache", envvar="FASTE_MM_EVAL_CACHE", help="Keep embeddings in --out/cache and resume from them. Default on."),
+    rerank: Optional[str] = typer.Option(None, "--rerank", envvar="FASTE_MM_RERANK", help="Also rerank each query's top candidates with this reranker (hub id or folder, e.g. Qwen/Qwen3-VL-Reranker-2B): Recall@1/5/10 and nDCG@5 before and after. Default: no reranking."),
+    rerank_top: int = typer.Option(20, "--rerank-top", envvar="FASTE_MM_RERANK_TOP", help="Candidates per query the reranker re-scores. Default 20."),
+    rerank_r_max: str = typer.Option("0", "--rerank-r-max", envvar="FASTE_MM_RERANK_R_MAX", help="Comma-separated FastE removal ratios for the reranker; 0 = its full forward. Default 0."),
+    rerank_protect: str = typer.Option("none", "--rerank-protect", envvar="FASTE_MM_RERANK_PROTECT", help="none | query | both: FastE on the reranker may evict the query (none), never does (query), or run both. Default none."),
     output: Format = format_option("Results on stdout: the tables, or results.json as JSON (default table)."),
     legacy_json: bool = legacy_json_option(),
     debug: bool = debug_option(),
@@ -72,13 +76,40 @@ def eval_command(
                     model, device=device, dtype=dtype,
                     batching=BatchingConfig(batch_tokens=batch_tokens, chunk_items=chunk_items, unpadded=unpadded))
             results = evaluate(embedder, tasks, config, cache_dir=out / "cache" if cache else None, progress=progress)
+            reranked = _rerank(embedder, tasks, rerank, rerank_top, rerank_r_max, rerank_protect, device, dtype, progress)
         paths = write_report(results, out)
+        if reranked is not None:
+            paths["rerank"] = out / "rerank.json"
+            paths["rerank"].write_text(json.dumps([row.to_dict() for row in reranked], indent=2))
     except FasteError as error:
         fail(error, debug)
     if output is Format.json:
-        stdout.print_json(json.dumps({**results.to_dict(), "files": {k: str(v) for k, v in paths.items()}}))
+        extra = {} if reranked is None else {"rerank": [row.to_dict() for row in reranked]}
+        stdout.print_json(json.dumps({**results.to_dict(), **extra, "files": {k: str(v) for k, v in paths.items()}}))
         return
     stdout.print(paper_table(results), markup=False, highlight=False, soft_wrap=True)
     stdout.print()
     stdout.print(summary_table(results), markup=False, highlight=False, soft_wrap=True)
+    if reranked is not None:
+        from faste_mm.datasets.rerank_eval import rerank_table
+
+        stdout.print()
+        stdout.print(rerank_table(reranked), markup=False, highlight=False, soft_wrap=True)
     stderr.print(f"wrote {paths['json']}, {paths['markdown']}, {paths['plot']}")
+
+
+def _rerank(embedder, tasks, model: str | None, top: int, r_max: str, protect: str, device: str, dtype: str, progress):
+    """The two-stage table of `--rerank` (None without it); `--rerank-protect both` runs none and query."""
+    if model is None:
+        return None
+    from faste_mm import Reranker
+    from faste_mm.datasets.rerank_eval import evaluate_rerank
+    from faste_mm.errors import ConfigError
+
+    modes = {"none": ("none",), "query": ("query",), "both": ("none", "query")}
+    if protect not in modes:
+        raise ConfigError(f"--rerank-protect must be none, query or both, got {protect!r}")
+    with progress.loading(model):
+        reranker = Reranker.from_pretrained(model, device=device, dtype=dtype)
+    return evaluate_rerank(embedder, reranker, tasks, top=top, r_max=parse_ratios(r_max, "--rerank-r-max"), protect=modes[protect],
+                           progress=progress)
