@@ -69,6 +69,27 @@ def check_local_path(name_or_path: str) -> None:
                              f"hub id such as Qwen/Qwen3-VL-Embedding-2B")
 
 
+def load_config(name_or_path: str, revision: str | None):
+    """The checkpoint's transformers config; ModelLoadError naming the model and the fix."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(name_or_path, revision=revision)
+    except (OSError, ValueError) as error:
+        raise ModelLoadError(
+            f"{name_or_path}: cannot load the model config ({error}). Check the hub id or local "
+            "directory; without internet, pass a local directory that holds the downloaded model."
+        ) from None
+
+
+def weights_error(name_or_path: str, error: Exception) -> ModelLoadError:
+    """A damaged file raises whatever its reader raises (UnpicklingError, SafetensorError, ...):
+    one line of it, never a 160-line traceback."""
+    reason = (str(error).strip().splitlines() or [""])[0][:300]
+    return ModelLoadError(f"{name_or_path}: cannot load weights or processor ({type(error).__name__}: {reason}); "
+                          f"the files may be damaged or incomplete — download the model again")
+
+
 def load_model(
     name_or_path: str,
     *,
@@ -80,19 +101,11 @@ def load_model(
     attn_implementation: str = "sdpa",
 ) -> LoadedModel:
     """Load model + processor/tokenizer; raises ModelLoadError naming the model and the fix."""
-    from transformers import AutoConfig
-
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
     serializer_config = serializer or SerializerConfig()
     check_local_path(name_or_path)
-    try:
-        config = AutoConfig.from_pretrained(name_or_path, revision=revision)
-    except (OSError, ValueError) as error:
-        raise ModelLoadError(
-            f"{name_or_path}: cannot load the model config ({error}). Check the hub id or local "
-            "directory; without internet, pass a local directory that holds the downloaded model."
-        ) from None
+    config = load_config(name_or_path, revision)
     family = family_for(config.model_type, name_or_path)  # refuse unsupported models before downloading weights
     if declared_role(name_or_path, getattr(config, "architectures", None)) == "reranker":
         raise ModelLoadError(f"{name_or_path}: this is a reranker, not an embedding model; load it as the reranker "
@@ -106,10 +119,7 @@ def load_model(
         preprocessor = preprocessor_class.from_pretrained(name_or_path, revision=revision)
         model = model_class.from_pretrained(name_or_path, **kwargs)
     except Exception as error:  # noqa: BLE001 - a damaged file raises whatever its reader raises
-        # (UnpicklingError, SafetensorError, ...): one line of it, never a 160-line traceback.
-        reason = (str(error).strip().splitlines() or [""])[0][:300]
-        raise ModelLoadError(f"{name_or_path}: cannot load weights or processor ({type(error).__name__}: {reason}); "
-                             f"the files may be damaged or incomplete — download the model again") from None
+        raise weights_error(name_or_path, error) from None
     # A local directory is recorded absolute so collections find it again from any folder.
     model_id = str(Path(name_or_path).absolute()) if Path(name_or_path).is_dir() else str(name_or_path)
     return assemble(model.to(torch_device).eval(), preprocessor, model_id, revision, serializer_config, prompt)

@@ -12,7 +12,7 @@ import torch
 
 from faste_mm.errors import ModelLoadError
 from faste_mm.model.backbones.base import Backbone
-from faste_mm.model.backbones.loading import check_local_path, resolve_device, resolve_dtype
+from faste_mm.model.backbones.loading import check_local_path, load_config, resolve_device, resolve_dtype, weights_error
 from faste_mm.model.backbones.registry import RerankFamily, declared_role, family_for, rerank_family_for
 
 
@@ -42,18 +42,10 @@ def load_reranker(
 ) -> LoadedReranker:
     """Load a Qwen3-VL-Reranker or Qwen3-Reranker; ModelLoadError naming the model and the fix
     (an embedding model given as a reranker is refused before its weights are read)."""
-    from transformers import AutoConfig
-
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
     check_local_path(name_or_path)
-    try:
-        config = AutoConfig.from_pretrained(name_or_path, revision=revision)
-    except (OSError, ValueError) as error:
-        raise ModelLoadError(
-            f"{name_or_path}: cannot load the model config ({error}). Check the hub id or local "
-            "directory; without internet, pass a local directory that holds the downloaded model."
-        ) from None
+    config = load_config(name_or_path, revision)
     family = rerank_family_for(config.model_type, name_or_path)
     if declared_role(name_or_path, getattr(config, "architectures", None)) == "embedding model":
         raise ModelLoadError(f"{name_or_path}: this is an embedding model, not a reranker; use it as the embedding "
@@ -67,9 +59,7 @@ def load_reranker(
             name_or_path, revision=revision, dtype=torch_dtype, attn_implementation=attn_implementation
         )
     except Exception as error:  # noqa: BLE001 - damaged files raise whatever their reader raises
-        reason = (str(error).strip().splitlines() or [""])[0][:300]
-        raise ModelLoadError(f"{name_or_path}: cannot load weights or processor ({type(error).__name__}: {reason}); "
-                             f"the files may be damaged or incomplete — download the model again") from None
+        raise weights_error(name_or_path, error) from None
     model_id = str(Path(name_or_path).absolute()) if Path(name_or_path).is_dir() else str(name_or_path)
     return assemble_reranker(model.to(torch_device).eval(), preprocessor, model_id, revision)
 
