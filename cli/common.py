@@ -60,6 +60,26 @@ def device_option():
     return typer.Option("auto", "--device", envvar="FASTE_MM_DEVICE", help="auto (CUDA when available) | cpu | cuda | cuda:N.")
 
 
+DEFAULT_RERANKER = "Qwen/Qwen3-VL-Reranker-2B"
+
+
+def rerank_option(help: str):
+    """--rerank MODEL: a reranker (hub id or folder) for a second stage (search, eval)."""
+    return typer.Option(None, "--rerank", envvar="FASTE_MM_RERANK", help=help)
+
+
+def rerank_top_option(default: int):
+    """--rerank-top N: how many first-stage candidates per query the reranker re-scores."""
+    return typer.Option(default, "--rerank-top", min=1, envvar="FASTE_MM_RERANK_TOP",
+                        help=f"Candidates per query the reranker re-scores. Default {default}.")
+
+
+def rerank_protect_option(choices: str = "none | query"):
+    """--rerank-protect: whether FastE on the reranker may evict the instruction + query."""
+    return typer.Option("none", "--rerank-protect", envvar="FASTE_MM_RERANK_PROTECT",
+                        help=f"{choices}: FastE on the reranker may evict the query (none) or never does (query). Default none.")
+
+
 def debug_option():
     """--debug, for every command that can fail."""
     return typer.Option(False, "--debug", envvar="FASTE_MM_DEBUG", help="Show tracebacks and debug logs.")

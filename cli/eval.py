@@ -12,8 +12,8 @@ from typing import Optional
 import typer
 
 from faste_mm.cli.common import (DEFAULT_MODEL, Format, chosen_format, debug_option, device_option, fail, format_option,
-                                 image_root_option, legacy_json_option, parse_ratios, setup_logging, stderr, stdout,
-                                 unpadded_option)
+                                 image_root_option, legacy_json_option, parse_ratios, rerank_option, rerank_protect_option,
+                                 rerank_top_option, setup_logging, stderr, stdout, unpadded_option)
 from faste_mm.cli.progress import Progress
 from faste_mm.errors import FasteError
 
@@ -42,10 +42,10 @@ def eval_command(
     device: str = device_option(),
     dtype: str = typer.Option("auto", envvar="FASTE_MM_DTYPE", help="auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16 | float16."),
     cache: bool = typer.Option(True, "--cache/--no-cache", envvar="FASTE_MM_EVAL_CACHE", help="Keep embeddings in --out/cache and resume from them. Default on."),
-    rerank: Optional[str] = typer.Option(None, "--rerank", envvar="FASTE_MM_RERANK", help="Also rerank each query's top candidates with this reranker (hub id or folder, e.g. Qwen/Qwen3-VL-Reranker-2B): Recall@1/5/10 and nDCG@5 before and after. Default: no reranking."),
-    rerank_top: int = typer.Option(20, "--rerank-top", envvar="FASTE_MM_RERANK_TOP", help="Candidates per query the reranker re-scores. Default 20."),
+    rerank: Optional[str] = rerank_option("Also rerank each query's top candidates with this reranker (hub id or folder, e.g. Qwen/Qwen3-VL-Reranker-2B): Recall@1/5/10 and nDCG@5 before and after. Default: no reranking."),
+    rerank_top: int = rerank_top_option(20),
     rerank_r_max: str = typer.Option("0", "--rerank-r-max", envvar="FASTE_MM_RERANK_R_MAX", help="Comma-separated FastE removal ratios for the reranker; 0 = its full forward. Default 0."),
-    rerank_protect: str = typer.Option("none", "--rerank-protect", envvar="FASTE_MM_RERANK_PROTECT", help="none | query | both: FastE on the reranker may evict the query (none), never does (query), or run both. Default none."),
+    rerank_protect: str = rerank_protect_option("none | query | both (runs both)"),
     output: Format = format_option("Results on stdout: the tables, or results.json as JSON (default table)."),
     legacy_json: bool = legacy_json_option(),
     debug: bool = debug_option(),

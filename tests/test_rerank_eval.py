@@ -52,3 +52,16 @@ def test_eval_cli_reranks_and_reports_before_and_after(eval_model_dir, eval_data
     assert [(r["r_max"], r["protect"]) for r in rows] == [(0.0, "none"), (0.5, "none")]
     assert {"recall_at_1", "ndcg_at_5"} <= set(rows[0]["after"])
     assert json.loads((tmp_path / "out" / "rerank.json").read_text()) == rows
+
+
+def test_rerank_command_prints_candidates_best_first_equal_to_the_python_api(reranker_dirs, vl_reranker, image_dir):
+    from faste_mm.model.reranker import Reranker
+
+    model = str(reranker_dirs["qwen3_vl_reranker"])
+    args = ["rerank", "red things", str(image_dir / "red.png"), "--text", "a red bicycle", "--text", "short",
+            "--model", model, "--device", "cpu", "--format", "json", "--top-n", "2"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    got = json.loads(result.stdout)["results"]
+    expected = Reranker.from_pretrained(model, device="cpu").rerank("red things", ["a red bicycle", "short", image_dir / "red.png"], top_n=2)
+    assert [r["score"] for r in got] == [r.score for r in expected.results]
