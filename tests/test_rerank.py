@@ -270,3 +270,16 @@ def test_explain_on_the_text_reranker_maps_tokens_to_text_spans(text_reranker):
     assert "".join(span.text for span in explanation.text) == "Paris is the capital of France."
     assert explanation.images == [] and 0 <= explanation.layer < text_reranker.backbone.shape.num_layers
     assert explanation.query_share + explanation.document_share == pytest.approx(1.0, abs=1e-5)
+
+
+def test_bad_reranker_options_and_inputs_are_named(vl_reranker, image_dir):
+    from faste_mm.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="protect must be one of none, query, got 'all'"):
+        Reranker(vl_reranker.loaded, protect="all")
+    with pytest.raises(ConfigError, match="layer must be in 0..5"):
+        vl_reranker.explain("q", "d", layer=6)
+    with pytest.raises(InputError, match="doc.pdf.*2 pages"):
+        vl_reranker.score(image_dir / "doc.pdf", ["a"])
+    with pytest.raises(ConfigError, match="top_n must be >= 0"):
+        vl_reranker.score("q", []).ranked(-1)
