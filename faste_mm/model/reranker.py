@@ -15,11 +15,11 @@ import numpy as np
 import torch
 
 from faste_mm.errors import ConfigError, InputError
-from faste_mm.model.ablations import Full
+from faste_mm.model.ablations import Full, policy_for
 from faste_mm.model.backbones.rerank_loading import LoadedReranker, load_reranker
 from faste_mm.model.batching import BatchingConfig, collate
 from faste_mm.model.embedder import item_failure, one_or_many
-from faste_mm.model.faste import FastE, FastEConfig, ThresholdTrigger
+from faste_mm.model.faste import FastEConfig, ThresholdTrigger
 from faste_mm.model.flops import batch_flops, full_batch_flops
 from faste_mm.model.items import Failure, Item, expand_items
 from faste_mm.model.prefetch import ItemError, PrepTimer, prefetch_batches
@@ -155,6 +155,9 @@ class Reranker:
         num_layers = self.backbone.shape.num_layers
         # r_max = 0 keeps every prefix state: the full forward, without the alignment checks
         self.fast_e = None if fast_e is None or fast_e.r_max == 0 else fast_e.resolved(self.family, num_layers)
+        if protect == "query" and self.fast_e is not None and self.fast_e.ranking != "readout":
+            raise ConfigError(f"protect='query' keeps the query by FastE's readout ranking; ranking "
+                              f"{self.fast_e.ranking!r} cannot be combined with it (use protect='none')")
         config = serializer or rerank_serializer_config(self.family.max_length)
         pairs = VLPairSerializer if loaded.is_multimodal else TextPairSerializer
         self.serializer = pairs(loaded.preprocessor, config)
@@ -339,7 +342,7 @@ class Reranker:
         num_layers = self.backbone.shape.num_layers
         if self.protect == "query" and batch.protected is not None:
             return ProtectedFastE(self.fast_e, num_layers, batch.protected)
-        return FastE(self.fast_e, num_layers)
+        return policy_for(self.fast_e, num_layers)  # FastE, or an ablation's ranking (FastEConfig.ranking)
 
     def _stats(self, traces, n_pairs, n_failed, protected_tokens, serialize_s, started, forward_s=0.0) -> RerankStats:
         shape = self.backbone.shape
