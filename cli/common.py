@@ -15,11 +15,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from faste_mm.errors import ConfigError, FasteError
+from faste_mm.retrieval.profile import DEFAULT_MODEL, DOCUMENT_R_MAX  # noqa: F401  (the documented defaults)
 
-DEFAULT_MODEL = "Qwen/Qwen3-VL-Embedding-2B"
-# FastE's r_max for documents when the user gives none (index for a new collection, embed);
-# queries always run the full forward.
-DOCUMENT_R_MAX = 0.5
 # soft_wrap: a message is never hard-wrapped at the console width (a piped stderr has no width,
 # and rich would assume 80 columns and split paths and sentences across lines).
 stderr = Console(stderr=True, soft_wrap=True)
@@ -123,11 +120,12 @@ _FLAGS = {
     "FastEConfig.warmup_layer": "--warmup-layer", "FastEConfig.trigger_layer": "--trigger-layer",
     "BatchingConfig.batch_tokens": "--batch-tokens", "BatchingConfig.unpadded": "--unpadded",
     "IndexOptions.chunk_files": "--chunk-files", "ScanFilter.exclude": "--exclude",
-    "index_type": "--index-type",
+    "index_type": "--index-type", "ServeConfig.api_key": "--api-key",
 }
 _FLAG_RE = re.compile("|".join(rf"\b{re.escape(name)}\b" for name in _FLAGS))
-# Control characters (newlines, ANSI escapes) in a file name would break or recolour the output.
-_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# Control characters (newlines, ANSI escapes) in a file name would break or recolour the output;
+# bidirectional overrides (U+202E: "invoice\u202egpj.exe" shows as "invoiceexe.jpg") would disguise it.
+_CONTROL_RE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 
 def shown(text: object) -> str:
