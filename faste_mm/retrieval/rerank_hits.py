@@ -17,35 +17,31 @@ import numpy as np
 
 from faste_mm.errors import ConfigError, InputError
 from faste_mm.model.items import Item
-from faste_mm.retrieval.ingest import file_kind, read_text_file
+from faste_mm.kinds import UNSUPPORTED, kind_name
+from faste_mm.retrieval.decoders import query_item
 from faste_mm.retrieval.results import Hit
 
 log = logging.getLogger(__name__)
 
 
 def hit_item(hit: Hit) -> Item:
-    """The item a hit was made from, read from its uri: an image, a PDF page, a video, a text
-    file. InputError (naming the uri) when there is nothing to read."""
+    """The item a hit was made from, read back from its uri by its kind's decoder (an image, a
+    PDF page, a video, a text file). InputError (naming the uri) when there is nothing to read."""
     path = Path(hit.uri)
-    if not path.is_file():
-        raise InputError(f"{hit.uri}: no such file to rerank (moved, or an item added from Python whose "
+    kind = kind_name(path)
+    if kind == UNSUPPORTED or not path.is_file():
+        raise InputError(f"{hit.uri}: no file to rerank (moved, or an item added from Python whose "
                          f"content the collection does not keep)")
-    kind = file_kind(path)
-    if kind == "pdf":
-        return Item(image=path, page=hit.page or 1)
-    if kind == "image":
-        return Item(image=path)
-    if kind == "video":
-        return Item(video=path)
-    if kind == "text":
-        return Item(text=read_text_file(path))
-    raise InputError(f"{hit.uri}: not a kind of file the reranker reads")
+    return query_item(path, kind, hit.page)
 
 
-def check_reranker(reranker: object) -> None:
-    """ConfigError when `rerank=` is not a Reranker (an Embedder, a model name...), naming both."""
+def check_reranker(reranker: object, rerank_top: int) -> None:
+    """ConfigError when `rerank=` is not a Reranker (an Embedder, a model name...), naming both,
+    or `rerank_top` is below 1."""
     from faste_mm.model.reranker import Reranker
 
+    if not isinstance(rerank_top, int) or rerank_top < 1:
+        raise ConfigError(f"rerank_top must be an int >= 1 (hits re-scored), got {rerank_top!r}")
     if isinstance(reranker, Reranker):
         return
     what = type(reranker).__name__

@@ -45,6 +45,7 @@ from faste_mm.retrieval.ingest import (IndexFailure, IngestTally, ScanFilter, fa
 from faste_mm.retrieval.maintenance import collection_path
 from faste_mm.retrieval.profile import QUERY_INSTRUCTION, CollectionProfile, existing_profile, model_name, read_profile
 from faste_mm.retrieval.results import AddReport, Hit, IndexOptions, IndexProgress, IndexReport, RemoveReport
+from faste_mm.retrieval.rerank_hits import check_reranker, rerank_hits
 
 log = logging.getLogger(__name__)
 
@@ -488,10 +489,14 @@ class Retriever:
     def search(self, query: str | None = None, *, image: str | Path | Image.Image | None = None,
                k: int = 10, instruction: str | None = None, where: Mapping[str, Any] | None = None,
                type: str | Sequence[str] | None = None, path: str | None = None,
-               video: str | Path | None = None) -> list[Hit]:
+               video: str | Path | None = None, rerank=None, rerank_top: int = 50) -> list[Hit]:
         """Top-k items for a text, an image, a video, or a combination. An image or a video alone
         is a query by example: it is embedded exactly like a document (so an indexed file finds
         itself with score ~1) unless `instruction` is given.
+
+        rerank: a `faste_mm.Reranker`: the top `rerank_top` hits (at least k) are read back from
+        their files and re-scored with the query; the best k come back ordered by it, each with
+        `score` (cosine) and `rerank_score` (retrieval/rerank_hits.py).
 
         Filters (all must hold; k hits come back whenever k items match, whatever the index):
         where: metadata key -> value, e.g. {"tag": "invoice"} (values of `add(metadata=...)`);
@@ -500,8 +505,12 @@ class Retriever:
         Raises InputError if nothing is given, ConfigError for a bad filter."""
         if query is None and image is None and video is None:
             raise InputError("search: give a query text, an image, a video, or a combination")
-        return self.search_batch([Item(text=query, image=image, video=video)], k=k, instruction=instruction,
-                                 where=where, type=type, path=path)[0]
+        item = Item(text=query, image=image, video=video)
+        if rerank is None:
+            return self.search_batch([item], k=k, instruction=instruction, where=where, type=type, path=path)[0]
+        check_reranker(rerank, rerank_top)
+        hits = self.search_batch([item], k=max(k, rerank_top), instruction=instruction, where=where, type=type, path=path)[0]
+        return rerank_hits(rerank, item, hits, k)
 
     def search_batch(self, queries: Sequence[object], k: int = 10, instruction: str | None = None,
                      where: Mapping[str, Any] | None = None, type: str | Sequence[str] | None = None,

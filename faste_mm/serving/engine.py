@@ -309,7 +309,7 @@ class ServeEngine:
         for payload in payloads:
             try:
                 out.append(payload.run(self.reranker))
-            except FasteError as error:
+            except Exception as error:  # noqa: BLE001 - one request's failure is that request's alone
                 out.append(error)
         return out
 

@@ -1,0 +1,55 @@
+"""Search with a second stage: `Retriever.search(..., rerank=reranker)` equals reranking the
+embedding search's top-N by hand; hits carry both scores; wrong rerankers are refused."""
+
+from __future__ import annotations
+
+import pytest
+from PIL import Image
+
+from faste_mm import Embedder, Item, Retriever
+from faste_mm.errors import ConfigError
+from faste_mm.retrieval.rerank_hits import hit_item
+
+from tests.eval_fixtures import eval_model_dir  # noqa: F401  (fixtures)
+from tests.rerank_fixtures import ONE_BATCH, reranker_dirs, vl_reranker  # noqa: F401  (fixtures)
+
+
+@pytest.fixture(scope="module")
+def retriever(eval_model_dir, tmp_path_factory):
+    root = tmp_path_factory.mktemp("gallery")
+    for i, color in enumerate([(200, 30, 30), (30, 200, 30), (30, 30, 200), (220, 120, 10)]):
+        Image.new("RGB", (64 + 16 * i, 64), color).save(root / f"c{i}.png")
+    (root / "note.txt").write_text("a note about a red bicycle leaning on a wall")
+    retriever = Retriever(Embedder.from_pretrained(str(eval_model_dir), device="cpu"),
+                          collection=tmp_path_factory.mktemp("col") / "c", r_max=0.0)
+    retriever.index([root])
+    return retriever
+
+
+def test_search_with_rerank_equals_reranking_the_top_n_by_hand(retriever, vl_reranker):
+    first = retriever.search("red", k=4)
+    expected = vl_reranker.rerank("red", [hit_item(hit) for hit in first], top_n=2).results
+    got = retriever.search("red", k=2, rerank=vl_reranker, rerank_top=4)
+    assert [hit.id for hit in got] == [first[r.index].id for r in expected]
+    assert [hit.rerank_score for hit in got] == pytest.approx([r.score for r in expected], abs=1e-6)
+    assert [hit.score for hit in got] == [first[r.index].score for r in expected]  # the cosine stays
+    assert "rerank_score" in got[0].to_dict() and "rerank_score" not in first[0].to_dict()
+
+
+def test_a_hit_whose_file_is_gone_is_kept_after_the_reranked_ones(retriever, vl_reranker, tmp_path):
+    from dataclasses import replace
+
+    from faste_mm.retrieval.rerank_hits import rerank_hits
+
+    hits = retriever.search("red", k=3)
+    gone = [replace(hits[0], uri=str(tmp_path / "moved.png"))] + hits[1:]
+    got = rerank_hits(vl_reranker, Item(text="red"), gone, k=3)
+    assert got[-1].uri.endswith("moved.png") and got[-1].rerank_score is None
+    assert all(hit.rerank_score is not None for hit in got[:-1])
+
+
+def test_an_embedder_given_as_reranker_is_refused_naming_both(retriever):
+    with pytest.raises(ConfigError, match="got an Embedder .* an embedding model; give a Reranker"):
+        retriever.search("red", rerank=retriever.embedder)
+    with pytest.raises(ConfigError, match="rerank_top must be an int >= 1"):
+        retriever.search("red", rerank=object(), rerank_top=0)
