@@ -16,7 +16,8 @@ import typer
 from rich.table import Table
 
 from faste_mm.cli.common import (DEFAULT_MODEL, DOCUMENT_R_MAX, Format, debug_option, device_option, fail, markup_safe,
-                                 print_json, setup_logging, shown, stderr, stdout, unpadded_option)
+                                 print_json, rerank_option, rerank_protect_option, rerank_top_option, setup_logging, shown,
+                                 stderr, stdout, unpadded_option)
 from faste_mm.cli.progress import Progress, quiet_transformers
 from faste_mm.errors import FasteError
 
@@ -55,6 +56,10 @@ def index_command(
     threshold: Optional[float] = typer.Option(None, "--threshold", envvar="FASTE_MM_THRESHOLD",
                                               help="FastE theta for a NEW collection. Default: the model's saved "
                                                    "calibration (faste-mm calibrate --save), else the backbone's."),
+    reranker: Optional[str] = typer.Option(None, "--reranker", envvar="FASTE_MM_RERANKER",
+                                           help="Record a default reranker (hub id or folder, e.g. Qwen/Qwen3-VL-Reranker-2B) "
+                                                "that `search` uses for a second stage; set when the collection is created "
+                                                "or re-indexed. Default: none."),
     dim: Optional[int] = typer.Option(None, "--dim", envvar="FASTE_MM_DIM", min=1,
                                       help="Matryoshka: store only the first DIM dimensions of each vector, "
                                            "re-normalised (e.g. 512: 4x smaller index, faster search, some "
@@ -131,7 +136,7 @@ def index_command(
         video = {"fps": video_fps, "max_frames": video_max_frames, "max_pixels": video_max_pixels}
         retriever = Retriever.for_collection(
             root, model, device=device, batching=BatchingConfig(batch_tokens=batch_tokens, unpadded=unpadded),
-            reindex=reindex, loading=watch.loading, r_max=r_max, threshold=threshold, dim=dim,
+            reindex=reindex, loading=watch.loading, r_max=r_max, threshold=threshold, dim=dim, reranker=reranker,
             video={name: value for name, value in video.items() if value is not None} or None)
         pending = lambda: retriever.pending(paths, options)  # noqa: E731
         with retriever, watch:
@@ -223,6 +228,16 @@ def search_command(
     path: Optional[str] = typer.Option(None, "--path", envvar="FASTE_MM_PATH",
                                        help="Only files whose path matches this glob ('*' also matches '/'), "
                                             "e.g. '*/invoices/*', '*.pdf', './photos/*'."),
+    rerank: Optional[str] = rerank_option("Rerank the top --rerank-top hits with this reranker (hub id or folder, e.g. "
+                                          "Qwen/Qwen3-VL-Reranker-2B); hits show both scores. Default: the collection's "
+                                          "reranker (index --reranker), else none."),
+    rerank_top: int = rerank_top_option(50),
+    rerank_r_max: float = typer.Option(0.0, "--rerank-r-max", envvar="FASTE_MM_RERANK_R_MAX",
+                                       help="FastE on the reranker: largest share of each pair's prefix removed, 0 <= r < 1. "
+                                            "Default 0 (the exact score)."),
+    rerank_protect: str = rerank_protect_option(),
+    no_rerank: bool = typer.Option(False, "--no-rerank", envvar="FASTE_MM_NO_RERANK",
+                                   help="Do not rerank, even with a collection reranker."),
     device: str = device_option(),
     debug: bool = debug_option(),
 ) -> None:
@@ -236,8 +251,9 @@ def search_command(
     try:
         with Retriever.open(collection, device=device) as retriever:
             quiet_transformers()  # the model loads in search(): no per-weight bar on stderr
+            reranker = None if no_rerank else _load_reranker(rerank, retriever.collection, rerank_r_max, rerank_protect, device)
             hits = retriever.search(query, image=image, video=video, k=k, instruction=instruction, where=conditions,
-                                    type=kind or None, path=path)
+                                    type=kind or None, path=path, rerank=reranker, rerank_top=rerank_top)
             root = retriever.collection
     except FasteError as error:
         fail(error, debug)
@@ -257,10 +273,15 @@ def search_command(
         sys.stdout.buffer.flush()
     else:
         table = Table(title=f"{len(hits)} results")
-        for column, justify in (("rank", "right"), ("score", "right"), ("file", "left"), ("page", "right")):
+        reranked = any(hit.rerank_score is not None for hit in hits)
+        columns = (("rank", "right"), ("score", "right"), *((("rerank", "right"),) if reranked else ()),
+                   ("file", "left"), ("page", "right"))
+        for column, justify in columns:
             table.add_column(column, justify=justify, overflow="fold")
         for rank, hit in enumerate(hits, 1):
-            table.add_row(str(rank), f"{hit.score:.4f}", markup_safe(hit.uri), "" if hit.page is None else str(hit.page))
+            rerank_cell = () if not reranked else ("-" if hit.rerank_score is None else f"{hit.rerank_score:.4f}",)
+            table.add_row(str(rank), f"{hit.score:.4f}", *rerank_cell, markup_safe(hit.uri),
+                          "" if hit.page is None else str(hit.page))
         stdout.print(table)
 
 
@@ -316,6 +337,7 @@ def info_command(
                                   "{total_pixels} px in all".format(**profile.video.to_dict())),
                         ("items", info.n_ok), ("failed", info.n_failed), ("deleted (until compact)", info.n_deleted),
                         ("index type", info.index_type), ("index", info.index_factory or "-"),
+                        ("reranker (search)", profile.reranker or "-"),
                         ("size on disk", f"{info.size_bytes / 2**20:.2f} MiB")):
         table.add_row(name, markup_safe(value))
     stdout.print(table)
@@ -395,3 +417,16 @@ def rebuild_index_command(
     except FasteError as error:
         fail(error, debug)
     stdout.print(factory, highlight=False)
+
+
+def _load_reranker(model: str | None, root: Path, r_max: float, protect: str, device: str):
+    """The reranker of `search`: --rerank, else the collection's (index --reranker), else None."""
+    from faste_mm.retrieval.profile import read_profile
+
+    model = model or read_profile(root).reranker
+    if model is None:
+        return None
+    from faste_mm.model.reranker import Reranker
+
+    with Progress().loading(model):
+        return Reranker.from_pretrained(model, r_max=r_max, protect=protect, device=device)

@@ -53,3 +53,31 @@ def test_an_embedder_given_as_reranker_is_refused_naming_both(retriever):
         retriever.search("red", rerank=retriever.embedder)
     with pytest.raises(ConfigError, match="rerank_top must be an int >= 1"):
         retriever.search("red", rerank=object(), rerank_top=0)
+
+
+def test_index_records_a_default_reranker_that_info_shows_and_search_uses(eval_model_dir, reranker_dirs, vl_reranker, tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from faste_mm.cli.app import app
+
+    runner = CliRunner()
+    gallery = tmp_path / "g"
+    gallery.mkdir()
+    for i, color in enumerate([(200, 30, 30), (30, 200, 30), (30, 30, 200)]):
+        Image.new("RGB", (64, 64 + 16 * i), color).save(gallery / f"c{i}.png")
+    col, rr = str(tmp_path / "col"), str(reranker_dirs["qwen3_vl_reranker"])
+    indexed = runner.invoke(app, ["index", str(gallery), "-c", col, "--model", str(eval_model_dir), "--reranker", rr, "--device", "cpu"])
+    assert indexed.exit_code == 0, indexed.output
+    info = runner.invoke(app, ["info", "-c", col, "--format", "json"])
+    assert json.loads(info.stdout)["settings"]["reranker"] == rr
+    searched = runner.invoke(app, ["search", "red", "-c", col, "-k", "2", "--rerank-top", "3", "--device", "cpu", "--format", "json"])
+    assert searched.exit_code == 0, searched.output
+    hits = json.loads(searched.stdout)["hits"]
+    with Retriever.open(col, device="cpu") as retriever:
+        expected = retriever.search("red", k=2, rerank=vl_reranker, rerank_top=3)
+    assert [h["id"] for h in hits] == [h.id for h in expected]
+    assert [h["rerank_score"] for h in hits] == pytest.approx([h.rerank_score for h in expected], abs=1e-6)
+    plain = runner.invoke(app, ["search", "red", "-c", col, "-k", "2", "--no-rerank", "--device", "cpu", "--format", "json"])
+    assert all("rerank_score" not in h for h in json.loads(plain.stdout)["hits"])

@@ -85,6 +85,8 @@ class CollectionProfile:
     r_max, warmup_layer, threshold, trigger_layer: FastE for documents (paper: r_max, l_w, theta;
         trigger_layer = fixed-layer ablation); r_max 0 = full forward; None = backbone default.
     threshold_source: where theta came from (a calibration, --threshold, the backbone default).
+    reranker: the default reranker of searches (hub id or folder; None = no second stage); it
+        changes no vector, so it is informational: set when the collection is created or re-indexed.
     """
 
     model_id: str = _setting(DEFAULT_MODEL, "model_id", "--model")
@@ -101,6 +103,7 @@ class CollectionProfile:
     threshold_source: str | None = _setting(None, "fast_e.threshold_source", "threshold source",
                                             missing=None, refuse=False)
     trigger_layer: int | None = _setting(None, "fast_e.trigger_layer", "--trigger-layer", missing=None)
+    reranker: str | None = _setting(None, "reranker", "--reranker", missing=None, refuse=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.model_id, str) or not self.model_id:
@@ -123,6 +126,8 @@ class CollectionProfile:
             raise ConfigError(f"CollectionProfile.threshold is a cosine in [-1, 1], got {self.threshold}")
         if self.trigger_layer is not None and self.trigger_layer < 0:
             raise ConfigError(f"CollectionProfile.trigger_layer must be >= 0, got {self.trigger_layer}")
+        if self.reranker is not None and (not isinstance(self.reranker, str) or not self.reranker.strip()):
+            raise ConfigError(f"CollectionProfile.reranker must be a hub id or folder (or None), got {self.reranker!r}")
 
     # ---- the stored form -----------------------------------------------------------------
     @classmethod

@@ -106,9 +106,10 @@ class Retriever:
     def __init__(self, model: Embedder | ModelSpec, *, collection: str | os.PathLike | None = None,
                  r_max: float | None = None, query_instruction: str | None = None,
                  threshold: float | None = None, dim: int | None = None, warmup_layer: int | None = None,
-                 trigger_layer: int | None = None, video: VideoConfig | Mapping[str, Any] | None = None) -> None:
+                 trigger_layer: int | None = None, video: VideoConfig | Mapping[str, Any] | None = None,
+                 reranker: str | None = None) -> None:
         given = dict(r_max=r_max, threshold=threshold, dim=dim, warmup_layer=warmup_layer,
-                     trigger_layer=trigger_layer, video=video)
+                     trigger_layer=trigger_layer, video=video, reranker=reranker)
         self._given = {name: value for name, value in given.items() if value is not None}
         CollectionProfile.resolve(None, **self._given)  # validates every value with a ConfigError
         self._embedder = model if isinstance(model, Embedder) else None
