@@ -27,7 +27,8 @@ def embedder(tmp_path_factory):
 
 
 def _client(embedder, reranker, **config) -> TestClient:
-    return TestClient(create_app(ServeEngine(embedder, None, ServeConfig(**config), reranker=reranker)))
+    return TestClient(create_app(ServeEngine(embedder, None, ServeConfig(**config), reranker=reranker)),
+                      base_url="http://127.0.0.1:8000")
 
 
 def _data_url(image: Image.Image) -> str:

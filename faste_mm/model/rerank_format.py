@@ -139,16 +139,8 @@ class VLPairSerializer:
         encoded = self._encode(prompt, images, videos)
         ids, mm_types = encoded["input_ids"][0], encoded["mm_token_type_ids"][0]
         ids, mm_types, keep, truncated = _official_truncation(ids, mm_types, self.config.max_length, self.special_ids)
-        return Serialized(
-            input_ids=ids,
-            mm_token_type_ids=mm_types,
-            pixel_values=encoded.get("pixel_values"),
-            image_grid_thw=encoded.get("image_grid_thw"),
-            truncated=truncated,
-            pixel_values_videos=encoded.get("pixel_values_videos"),
-            video_grid_thw=encoded.get("video_grid_thw"),
-            protected=min(int(keep[: query.protected].sum()), ids.shape[0] - 1),
-        )
+        protected = min(int(keep[: query.protected].sum()), ids.shape[0] - 1)
+        return Serialized.from_processor(encoded, ids, mm_types, truncated, protected)
 
 
 class TextPairSerializer:

@@ -64,6 +64,22 @@ class Serialized:
     def length(self) -> int:
         return int(self.input_ids.shape[0])
 
+    @classmethod
+    def from_processor(cls, encoded, input_ids: torch.Tensor, mm_token_type_ids: torch.Tensor, truncated: bool,
+                       protected: int = 0) -> "Serialized":
+        """One item from the Qwen3-VL processor's output (`encoded`: its pixel tensors) and the
+        token ids kept after truncation."""
+        return cls(
+            input_ids=input_ids,
+            mm_token_type_ids=mm_token_type_ids,
+            pixel_values=encoded.get("pixel_values"),
+            image_grid_thw=encoded.get("image_grid_thw"),
+            truncated=truncated,
+            pixel_values_videos=encoded.get("pixel_values_videos"),
+            video_grid_thw=encoded.get("video_grid_thw"),
+            protected=protected,
+        )
+
 
 def normalize_instruction(instruction: str | None) -> str:
     """Official rule: strip; append '.' unless the last character is Unicode punctuation (P*)."""
@@ -209,15 +225,7 @@ class VLSerializer:
                 )
             input_ids = kept
             mm_types = mm_types[: self.config.max_length]
-        return Serialized(
-            input_ids=input_ids,
-            mm_token_type_ids=mm_types,
-            pixel_values=encoded.get("pixel_values"),
-            image_grid_thw=encoded.get("image_grid_thw"),
-            truncated=truncated,
-            pixel_values_videos=encoded.get("pixel_values_videos"),
-            video_grid_thw=encoded.get("video_grid_thw"),
-        )
+        return Serialized.from_processor(encoded, input_ids, mm_types, truncated)
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,7 @@ from starlette.concurrency import run_in_threadpool
 from faste_mm import InputError, Item
 from faste_mm.errors import FasteError
 from faste_mm.serving.engine import RequestTooLargeError, ServeEngine
-from faste_mm.serving.inputs import ContentPart, decode_image_url
+from faste_mm.serving.inputs import ContentPart, decode_image_url, parts_item
 
 Multimodal = Union[str, list[ContentPart], dict[str, Any]]
 
@@ -80,7 +80,7 @@ def request_item(value: Multimodal, where: str, allow_remote: bool) -> Item:
             parts = value["content"]
             if not isinstance(parts, list):
                 raise InputError(f"{where}.content must be a list of parts")
-            return request_item([_part(p, f"{where}.content[{i}]") for i, p in enumerate(parts)], where, allow_remote)
+            return parts_item([_part(p, f"{where}.content[{i}]") for i, p in enumerate(parts)], f"{where}.content", allow_remote)
         unknown = set(value) - {"text", "image"}
         if unknown:
             raise InputError(f"{where}: unknown fields {sorted(unknown)}; an object has `text` and/or `image` (a data: URL)")
@@ -88,18 +88,7 @@ def request_item(value: Multimodal, where: str, allow_remote: bool) -> Item:
         if text is not None and not isinstance(text, str) or image is not None and not isinstance(image, str):
             raise InputError(f"{where}: `text` and `image` must be strings")
         return Item(text=text, image=None if image is None else decode_image_url(image, f"{where}.image", allow_remote))
-    texts, images = [], []
-    for index, part in enumerate(value):
-        if part.type == "text":
-            texts.append(part.text or "")
-        else:
-            if part.image_url is None:
-                raise InputError(f"{where}[{index}]: an image_url part needs `image_url` with a `url`")
-            url = part.image_url if isinstance(part.image_url, str) else part.image_url.url
-            images.append(decode_image_url(url, f"{where}[{index}].image_url", allow_remote))
-    if len(images) > 1:
-        raise InputError(f"{where} has {len(images)} images; a query or document holds at most one")
-    return Item(text="\n".join(texts) if texts else None, image=images[0] if images else None)
+    return parts_item(value, where, allow_remote)
 
 
 def _part(raw, where: str) -> ContentPart:
