@@ -10,7 +10,8 @@ from typing import Optional
 
 import typer
 
-from faste_mm.cli.common import DEFAULT_MODEL, debug_option, device_option, fail, setup_logging, stderr, unpadded_option
+from faste_mm.cli.common import (DEFAULT_MODEL, debug_option, device_option, fail, rerank_option, rerank_protect_option,
+                                 setup_logging, stderr, unpadded_option)
 from faste_mm.errors import FasteError
 
 
@@ -59,6 +60,12 @@ def serve_command(
                                                "torch's (one per core). On a busy shared CPU, 1 avoids threads "
                                                "waiting on each other."),
     unpadded: str = unpadded_option(),
+    rerank: Optional[str] = rerank_option("Also serve POST /v1/rerank and /explain with this reranker (hub id or folder, "
+                                          "e.g. Qwen/Qwen3-VL-Reranker-2B). Default: the collection's reranker "
+                                          "(index --reranker), else none."),
+    rerank_r_max: float = typer.Option(0.0, "--rerank-r-max", envvar="FASTE_MM_RERANK_R_MAX",
+                                       help="FastE on the reranker, 0 <= r < 1. Default 0 (the exact score)."),
+    rerank_protect: str = rerank_protect_option(),
     debug: bool = debug_option(),
 ) -> None:
     """Serve embeddings (OpenAI-compatible /v1/embeddings) and, with -c, search and a search page at /."""
@@ -76,7 +83,8 @@ def serve_command(
             import torch
 
             torch.set_num_threads(threads)
-        engine = _load_engine(collection, model, device, batch_tokens, unpadded, config)
+        engine = _load_engine(collection, model, device, batch_tokens, unpadded, config,
+                              (rerank, rerank_r_max, rerank_protect))
     except FasteError as error:
         fail(error, debug)
     except ImportError as error:  # fastapi / uvicorn missing
@@ -85,7 +93,21 @@ def serve_command(
     _run(engine, host, port)
 
 
-def _load_engine(collection, model, device, batch_tokens, unpadded, config):
+def _load_reranker(model: str | None, root, r_max: float, protect: str, device: str):
+    """--rerank, else the collection's reranker (index --reranker), else None."""
+    if model is None and root is not None:
+        from faste_mm.retrieval.profile import read_profile
+
+        model = read_profile(root).reranker
+    if model is None:
+        return None
+    from faste_mm import Reranker
+
+    stderr.print(f"loading reranker {model}")
+    return Reranker.from_pretrained(model, r_max=r_max, protect=protect, device=device)
+
+
+def _load_engine(collection, model, device, batch_tokens, unpadded, config, rerank=(None, 0.0, "none")):
     from faste_mm import BatchingConfig, Embedder
     from faste_mm.retrieval.maintenance import collection_path
     from faste_mm.retrieval.retriever import Retriever
@@ -95,13 +117,14 @@ def _load_engine(collection, model, device, batch_tokens, unpadded, config):
     if collection is None:
         stderr.print(f"loading {model or DEFAULT_MODEL} (embeddings only: no -c collection)")
         return ServeEngine(Embedder.from_pretrained(model or DEFAULT_MODEL, device=device, batching=batching),
-                           None, config)
+                           None, config, reranker=_load_reranker(rerank[0], None, rerank[1], rerank[2], device))
     root = collection_path(collection)
     # the collection's profile names the model; a different --model is refused, naming both
     retriever = Retriever.for_collection(root, model, device=device, batching=batching)
     stderr.print(f"loading {retriever.model_id} for collection {root}")
     retriever.embedder  # load now: the first request must not wait for it
-    return ServeEngine(retriever.embedder, retriever, config)
+    return ServeEngine(retriever.embedder, retriever, config,
+                       reranker=_load_reranker(rerank[0], root, rerank[1], rerank[2], device))
 
 
 def _run(engine, host: str, port: int) -> None:

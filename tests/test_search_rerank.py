@@ -3,6 +3,8 @@ embedding search's top-N by hand; hits carry both scores; wrong rerankers are re
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from PIL import Image
 
@@ -81,3 +83,7 @@ def test_index_records_a_default_reranker_that_info_shows_and_search_uses(eval_m
     assert [h["rerank_score"] for h in hits] == pytest.approx([h.rerank_score for h in expected], abs=1e-6)
     plain = runner.invoke(app, ["search", "red", "-c", col, "-k", "2", "--no-rerank", "--device", "cpu", "--format", "json"])
     assert all("rerank_score" not in h for h in json.loads(plain.stdout)["hits"])
+    from faste_mm.cli.serve import _load_reranker
+
+    served = _load_reranker(None, tmp_path / "col", 0.0, "none", "cpu")  # `serve -c` picks the collection's reranker
+    assert served.model_id == str(Path(rr).absolute())
