@@ -11,9 +11,11 @@ from typing import Optional
 
 import typer
 
-from faste_mm.cli.common import (DEFAULT_MODEL, Format, chosen_format, debug_option, device_option, fail, format_option,
-                                 image_root_option, legacy_json_option, parse_ratios, rerank_option, rerank_protect_option,
-                                 rerank_top_option, setup_logging, stderr, stdout, unpadded_option)
+from faste_mm.cli.common import fail, setup_logging, stderr, stdout
+from faste_mm.cli.options import (DEFAULT_BATCH_TOKENS, DEFAULT_MODEL, BatchTokens, Debug, Device, Dtype, Format,
+                                  ImageRoot, Model, OutputFormat, RMax, Threshold, TriggerLayer, Unpadded, WarmupLayer,
+                                  fast_e_config, ratios)
+from faste_mm.cli.options import Rerank, RerankProtect, RerankRMax, RerankTop, ratios
 from faste_mm.cli.progress import Progress
 from faste_mm.errors import FasteError
 
@@ -25,45 +27,41 @@ def eval_command(
     data: Optional[Path] = typer.Option(
         None, envvar="FASTE_MM_DATA", help="Local MMEB_Test_Instruct folder (<task>.parquet/.jsonl or <task>/*.parquet, images/); default: download from the hub."
     ),
-    image_root: Optional[Path] = image_root_option(),
+    image_root: ImageRoot = None,
     data_cache: Optional[Path] = typer.Option(None, envvar="FASTE_MM_DATA_CACHE", help="Where hub downloads are kept (default: the user cache, e.g. ~/.cache/faste-mm/mmeb)."),
-    model: str = typer.Option(DEFAULT_MODEL, envvar="FASTE_MM_MODEL", help="Hub id or local model directory."),
-    r_max: str = typer.Option("0,0.3,0.5,0.7", envvar="FASTE_MM_EVAL_R_MAX", help="Comma-separated target removal ratios in [0, 1); 0 = Full. Default 0,0.3,0.5,0.7."),
+    model: Model = None,
+    r_max: RMax = None,
     methods: str = typer.Option(_ALL_METHODS, envvar="FASTE_MM_METHODS", help=f"Comma-separated methods from {_ALL_METHODS} (default: all)."),
     limit: Optional[int] = typer.Option(None, envvar="FASTE_MM_LIMIT", help="First N queries per task (default: all, 1000)."),
     out: Path = typer.Option(Path("faste-mm-eval"), "--out", "-o", envvar="FASTE_MM_EVAL_OUT", help="Output folder (results.json, results.md, plot, cache/). Default ./faste-mm-eval."),
-    fixed_layer: Optional[int] = typer.Option(None, envvar="FASTE_MM_FIXED_LAYER", help="Trigger layer of the 'fixed' baseline (default: half the depth, 14 of 28)."),
-    warmup_layer: Optional[int] = typer.Option(None, envvar="FASTE_MM_WARMUP_LAYER", help="FastE warm-up layer l_w (default: the backbone's, 8)."),
-    threshold: Optional[float] = typer.Option(None, envvar="FASTE_MM_THRESHOLD", help="FastE alignment threshold theta (default: the backbone's, 0.70 for Qwen3-VL-Embedding)."),
+    warmup_layer: WarmupLayer = None,
+    threshold: Threshold = None,
+    trigger_layer: TriggerLayer = None,
     seed: int = typer.Option(0, envvar="FASTE_MM_SEED", help="Seed of the 'random' ranking baseline. Default 0."),
-    batch_tokens: int = typer.Option(16384, envvar="FASTE_MM_BATCH_TOKENS", help="Padded tokens per batch. Default 16384."),
-    unpadded: str = unpadded_option(),
+    batch_tokens: BatchTokens = DEFAULT_BATCH_TOKENS,
+    unpadded: Unpadded = "auto",
     chunk_items: int = typer.Option(256, envvar="FASTE_MM_CHUNK_ITEMS", help="Items serialized and length-sorted together (the first chunks are smaller). Default 256."),
-    device: str = device_option(),
-    dtype: str = typer.Option("auto", envvar="FASTE_MM_DTYPE", help="auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16 | float16."),
+    device: Device = "auto",
+    dtype: Dtype = "auto",
     cache: bool = typer.Option(True, "--cache/--no-cache", envvar="FASTE_MM_EVAL_CACHE", help="Keep embeddings in --out/cache and resume from them. Default on."),
-    rerank: Optional[str] = rerank_option("Also rerank each query's top candidates with this reranker (hub id or folder, e.g. Qwen/Qwen3-VL-Reranker-2B): Recall@1/5/10 and nDCG@5 before and after. Default: no reranking."),
-    rerank_top: int = rerank_top_option(20),
-    rerank_r_max: str = typer.Option("0", "--rerank-r-max", envvar="FASTE_MM_RERANK_R_MAX", help="Comma-separated FastE removal ratios for the reranker; 0 = its full forward. Default 0."),
-    rerank_protect: str = rerank_protect_option("none | query | both (runs both)"),
-    output: Format = format_option("Results on stdout: the tables, or results.json as JSON (default table)."),
-    legacy_json: bool = legacy_json_option(),
-    debug: bool = debug_option(),
+    output: OutputFormat = Format.table,
+    rerank: Rerank = None,
+    rerank_top: RerankTop = 20,
+    rerank_r_max: RerankRMax = "0",
+    rerank_protect: RerankProtect = "none",
+    debug: Debug = False,
 ) -> None:
     """Evaluate Full, FastE and baselines on MMEB MSCOCO_t2i / DocVQA / NIGHTS (Recall@1/5/10, nDCG@10)."""
     from faste_mm import BatchingConfig, Embedder
     from faste_mm.datasets import EvalConfig, download_tasks, evaluate, load_task, paper_table, resolve_tasks, summary_table, write_report
 
     setup_logging(debug)
-    output = chosen_format(output, legacy_json)
+    model = model or DEFAULT_MODEL
     try:
         config = EvalConfig(
-            r_max=parse_ratios(r_max),
+            r_max=ratios(r_max),
             methods=tuple(m.strip() for m in methods.split(",") if m.strip()),
-            fixed_layer=fixed_layer,
-            warmup_layer=warmup_layer,
-            threshold=threshold,
-            seed=seed,
+            fast_e=fast_e_config(0.0, warmup_layer, threshold, trigger_layer, seed),
         )
         specs = resolve_tasks(task)
         if data is None:
@@ -111,5 +109,5 @@ def _rerank(embedder, tasks, model: str | None, top: int, r_max: str, protect: s
         raise ConfigError(f"--rerank-protect must be none, query or both, got {protect!r}")
     with progress.loading(model):
         reranker = Reranker.from_pretrained(model, device=device, dtype=dtype)
-    return evaluate_rerank(embedder, reranker, tasks, top=top, r_max=parse_ratios(r_max, "--rerank-r-max"), protect=modes[protect],
+    return evaluate_rerank(embedder, reranker, tasks, top=top, r_max=ratios(r_max, (0.0,)), protect=modes[protect],
                            progress=progress)

@@ -10,8 +10,8 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from faste_mm.cli.common import (DEFAULT_RERANKER, Format, debug_option, device_option, fail, format_option, markup_safe,
-                                 setup_logging, stderr, stdout)
+from faste_mm.cli.common import fail, markup_safe, setup_logging, stderr, stdout
+from faste_mm.cli.options import DEFAULT_RERANKER, Debug, Device, Dtype, Format, OutputFormat
 from faste_mm.cli.progress import Progress
 from faste_mm.errors import FasteError
 
@@ -25,10 +25,10 @@ def rerank_command(
     r_max: float = typer.Option(0.0, "--r-max", envvar="FASTE_MM_RERANK_R_MAX", help="FastE on every pair: largest share of prefix tokens removed, 0 <= r < 1. Default 0 (the exact score)."),
     protect: str = typer.Option("none", "--protect", envvar="FASTE_MM_RERANK_PROTECT", help="none | query: never evict the instruction + query. Default none."),
     instruction: Optional[str] = typer.Option(None, "--instruction", envvar="FASTE_MM_INSTRUCTION", help="The task (default: the reranker's official one)."),
-    device: str = device_option(),
-    dtype: str = typer.Option("auto", "--dtype", envvar="FASTE_MM_DTYPE", help="auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16 | float16."),
-    output: Format = format_option("The ranking on stdout as a table or as JSON (default table)."),
-    debug: bool = debug_option(),
+    device: Device = "auto",
+    dtype: Dtype = "auto",
+    output: OutputFormat = Format.table,
+    debug: Debug = False,
 ) -> None:
     """Rerank candidates for a query; print them best first with their scores."""
     from faste_mm import Reranker

@@ -10,19 +10,17 @@ from typing import Optional
 
 import typer
 
-from faste_mm.cli.common import (DEFAULT_MODEL, debug_option, device_option, fail, rerank_option, rerank_protect_option,
-                                 setup_logging, stderr, unpadded_option)
+from faste_mm.cli.common import fail, setup_logging, stderr
+from faste_mm.cli.options import (DEFAULT_BATCH_TOKENS, DEFAULT_MODEL, BatchTokens, CollectionOption, Debug, Device, Dtype,
+                                  MaxPixels, Model, RMax, Threshold, TriggerLayer, Unpadded, VisualTokens, WarmupLayer,
+                                  fast_e_config, one_ratio)
+from faste_mm.cli.options import Rerank, RerankProtect, RerankRMax
 from faste_mm.errors import FasteError
 
 
 def serve_command(
-    collection: Optional[str] = typer.Option(
-        None, "--collection", "-c", envvar="FASTE_MM_COLLECTION",
-        help="Collection to search: a NAME under the user data directory or a DIR. Its manifest names the "
-             "model. Without it (and with --model) the server only embeds."),
-    model: Optional[str] = typer.Option(None, "--model", envvar="FASTE_MM_MODEL",
-                                        help=f"Hub id or local model directory. Default: the collection's model, "
-                                             f"else {DEFAULT_MODEL}."),
+    collection: CollectionOption = None,
+    model: Model = None,
     host: str = typer.Option("127.0.0.1", "--host", envvar="FASTE_MM_HOST",
                              help="Address to bind (default 127.0.0.1). Any non-loopback address needs "
                                   "--api-key or --insecure."),
@@ -37,8 +35,7 @@ def serve_command(
         help="Another name clients reach the server by (repeatable; the variable takes names separated by "
              "spaces). Requests naming any other Host get 403 (DNS rebinding). Always answered: localhost, "
              "127.0.0.1, [::1] and --host. '*' answers any name (behind a proxy that checks it)."),
-    batch_tokens: int = typer.Option(16384, "--batch-tokens", envvar="FASTE_MM_BATCH_TOKENS", min=1,
-                                     help="Prompt tokens merged into one model call (default 16384)."),
+    batch_tokens: BatchTokens = DEFAULT_BATCH_TOKENS,
     max_wait_ms: float = typer.Option(5.0, "--max-wait-ms", envvar="FASTE_MM_MAX_WAIT_MS", min=0,
                                       help="Longest a request waits for others to join its batch, in ms (default 5)."),
     max_queue: int = typer.Option(256, "--max-queue", envvar="FASTE_MM_MAX_QUEUE", min=1,
@@ -48,25 +45,26 @@ def serve_command(
                                            min=1, help="Prompt tokens one request may carry; 413 above (default 65536)."),
     max_body_bytes: int = typer.Option(16 << 20, "--max-body-bytes", envvar="FASTE_MM_MAX_BODY_BYTES", min=1,
                                        help="Largest request body in bytes; 413 above (default 16 MiB)."),
-    r_max: float = typer.Option(0.0, "--r-max", envvar="FASTE_MM_R_MAX",
-                                help="FastE for documents of an embeddings-only server, 0 <= r < 1 (default 0: "
-                                     "full forward). With -c the collection's own FastE is used."),
+    r_max: RMax = None,
+    warmup_layer: WarmupLayer = None,
+    threshold: Threshold = None,
+    trigger_layer: TriggerLayer = None,
     allow_remote_images: bool = typer.Option(False, "--allow-remote-images", envvar="FASTE_MM_ALLOW_REMOTE_IMAGES",
                                              help="Fetch http(s) image URLs (off by default: SSRF risk); data: "
                                                   "URLs and uploads always work."),
-    device: str = device_option(),
+    device: Device = "auto",
+    dtype: Dtype = "auto",
     threads: Optional[int] = typer.Option(None, "--threads", envvar="FASTE_MM_THREADS", min=1,
                                           help="CPU threads of the model (torch.set_num_threads); default: "
                                                "torch's (one per core). On a busy shared CPU, 1 avoids threads "
                                                "waiting on each other."),
-    unpadded: str = unpadded_option(),
-    rerank: Optional[str] = rerank_option("Also serve POST /v1/rerank and /explain with this reranker (hub id or folder, "
-                                          "e.g. Qwen/Qwen3-VL-Reranker-2B). Default: the collection's reranker "
-                                          "(index --reranker), else none."),
-    rerank_r_max: float = typer.Option(0.0, "--rerank-r-max", envvar="FASTE_MM_RERANK_R_MAX",
-                                       help="FastE on the reranker, 0 <= r < 1. Default 0 (the exact score)."),
-    rerank_protect: str = rerank_protect_option(),
-    debug: bool = debug_option(),
+    unpadded: Unpadded = "auto",
+    max_pixels: MaxPixels = None,
+    visual_tokens: VisualTokens = None,
+    rerank: Rerank = None,
+    rerank_r_max: RerankRMax = "0",
+    rerank_protect: RerankProtect = "none",
+    debug: Debug = False,
 ) -> None:
     """Serve embeddings (OpenAI-compatible /v1/embeddings) and, with -c, search and a search page at /."""
     try:
@@ -75,16 +73,29 @@ def serve_command(
 
         check_bind(host, api_key, insecure)  # before anything else: a refused bind changes nothing
         setup_logging(debug, logging.INFO)
+        # FastE for an embeddings-only server's documents (default: the full forward); with -c the
+        # collection's own settings, and a given one that differs is refused
+        from faste_mm.model.serialization import pixel_budget
+
+        settings = dict(r_max=one_ratio(r_max), warmup_layer=warmup_layer, threshold=threshold,
+                        trigger_layer=trigger_layer,
+                        max_pixels=pixel_budget(max_pixels, visual_tokens, names=("--max-pixels", "--visual-tokens")))
+        fast_e = fast_e_config(settings["r_max"] or 0.0, warmup_layer, threshold, trigger_layer)
         config = ServeConfig(api_key=api_key, batching=BatcherConfig(batch_tokens, max_wait_ms, max_queue),
                              max_body_bytes=max_body_bytes, max_request_tokens=max_request_tokens,
-                             allow_remote_images=allow_remote_images, r_max=r_max,
+                             allow_remote_images=allow_remote_images,
+                             fast_e=None if fast_e.r_max == 0 and trigger_layer is None else fast_e,
                              allowed_hosts=host_names(host, allowed_host or ()))
         if threads is not None:
             import torch
 
             torch.set_num_threads(threads)
-        engine = _load_engine(collection, model, device, batch_tokens, unpadded, config,
-                              (rerank, rerank_r_max, rerank_protect))
+        engine = _load_engine(collection, model, device, dtype, batch_tokens, unpadded, config, settings)
+        from faste_mm.cli.collection_commands import _load_reranker
+
+        reranker = _load_reranker(rerank, engine.collection, rerank_r_max, rerank_protect, device)
+        if reranker is not None:  # /v1/rerank and /explain run on the same model thread
+            engine = type(engine)(engine.embedder, engine.retriever, engine.config, reranker=reranker)
     except FasteError as error:
         fail(error, debug)
     except ImportError as error:  # fastapi / uvicorn missing
@@ -93,22 +104,9 @@ def serve_command(
     _run(engine, host, port)
 
 
-def _load_reranker(model: str | None, root, r_max: float, protect: str, device: str):
-    """--rerank, else the collection's reranker (index --reranker), else None."""
-    if model is None and root is not None:
-        from faste_mm.retrieval.profile import read_profile
-
-        model = read_profile(root).reranker
-    if model is None:
-        return None
-    from faste_mm import Reranker
-
-    stderr.print(f"loading reranker {model}")
-    return Reranker.from_pretrained(model, r_max=r_max, protect=protect, device=device)
-
-
-def _load_engine(collection, model, device, batch_tokens, unpadded, config, rerank=(None, 0.0, "none")):
+def _load_engine(collection, model, device, dtype, batch_tokens, unpadded, config, settings):
     from faste_mm import BatchingConfig, Embedder
+    from faste_mm.model.serialization import SerializerConfig
     from faste_mm.retrieval.maintenance import collection_path
     from faste_mm.retrieval.retriever import Retriever
     from faste_mm.serving import ServeEngine
@@ -116,15 +114,16 @@ def _load_engine(collection, model, device, batch_tokens, unpadded, config, rera
     batching = BatchingConfig(batch_tokens=batch_tokens, unpadded=unpadded)
     if collection is None:
         stderr.print(f"loading {model or DEFAULT_MODEL} (embeddings only: no -c collection)")
-        return ServeEngine(Embedder.from_pretrained(model or DEFAULT_MODEL, device=device, batching=batching),
-                           None, config, reranker=_load_reranker(rerank[0], None, rerank[1], rerank[2], device))
+        budget = settings["max_pixels"]
+        serializer = None if budget is None else SerializerConfig(max_pixels=budget)
+        return ServeEngine(Embedder.from_pretrained(model or DEFAULT_MODEL, device=device, dtype=dtype,
+                                                    batching=batching, serializer=serializer), None, config)
     root = collection_path(collection)
-    # the collection's profile names the model; a different --model is refused, naming both
-    retriever = Retriever.for_collection(root, model, device=device, batching=batching)
+    # the collection's profile names the model, pixel budget and FastE; a different one given is refused
+    retriever = Retriever.for_collection(root, model, device=device, dtype=dtype, batching=batching, **settings)
     stderr.print(f"loading {retriever.model_id} for collection {root}")
     retriever.embedder  # load now: the first request must not wait for it
-    return ServeEngine(retriever.embedder, retriever, config,
-                       reranker=_load_reranker(rerank[0], root, rerank[1], rerank[2], device))
+    return ServeEngine(retriever.embedder, retriever, config)
 
 
 def _run(engine, host: str, port: int) -> None:

@@ -86,6 +86,8 @@ class Manifest:
         index.faiss (the checksum rejects a torn, edited or foreign file, which is then rebuilt).
     counts: written by the collection at close ({"ok", "failed", "deleted"}), informational.
     reranker: the collection's default reranker (hub id or folder) for searches; None = none.
+    receipt: what `faste-mm plan` measured for these settings (read as a `PlanReceipt` by the
+        profile), None when the collection was indexed without a plan; informational.
     """
 
     model_id: str
@@ -107,6 +109,7 @@ class Manifest:
     index_max_part: int = -1
     index_sha256: str | None = None
     counts: Mapping[str, int] = field(default_factory=dict)
+    receipt: Mapping[str, Any] | None = None
     format_version: int = FORMAT_VERSION
     faste_mm_version: str = field(default_factory=_faste_mm_version)
     reranker: str | None = None
@@ -187,6 +190,7 @@ class Manifest:
             },
             "counts": dict(self.counts),
             "reranker": self.reranker,
+            "receipt": None if self.receipt is None else dict(self.receipt),
         }
 
     @classmethod
@@ -216,6 +220,7 @@ class Manifest:
                 index_sha256=index.get("sha256"),
                 counts=d.get("counts") or {},
                 reranker=d.get("reranker"),
+                receipt=d.get("receipt"),
                 format_version=d.get("format_version", FORMAT_VERSION),
                 faste_mm_version=d.get("faste_mm_version", "unknown"),
             )

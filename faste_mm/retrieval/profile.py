@@ -27,11 +27,13 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from faste_mm.errors import CollectionError, ConfigError
 from faste_mm.model.video import VideoConfig
+from faste_mm.retrieval.receipt import PlanReceipt
 
 if TYPE_CHECKING:  # the indexers package loads FAISS: imported where a manifest is read or made
     from faste_mm.indexers.manifest import Manifest
     from faste_mm.model.embedder import Embedder
     from faste_mm.model.faste import FastEConfig
+    from faste_mm.retrieval.calibrations import Calibration
 
 DEFAULT_MODEL = "Qwen/Qwen3-VL-Embedding-2B"
 # FastE's r_max for the documents of a new collection when the user gives none (and for `embed`);
@@ -87,6 +89,7 @@ class CollectionProfile:
     threshold_source: where theta came from (a calibration, --threshold, the backbone default).
     reranker: the default reranker of searches (hub id or folder; None = no second stage); it
         changes no vector, so it is informational: set when the collection is created or re-indexed.
+    receipt: what `faste-mm plan` measured for these settings (`index --plan`), None = not measured.
     """
 
     model_id: str = _setting(DEFAULT_MODEL, "model_id", "--model")
@@ -104,6 +107,7 @@ class CollectionProfile:
                                             missing=None, refuse=False)
     trigger_layer: int | None = _setting(None, "fast_e.trigger_layer", "--trigger-layer", missing=None)
     reranker: str | None = _setting(None, "reranker", "--reranker", missing=None, refuse=False)
+    receipt: PlanReceipt | None = _setting(None, "receipt", "--plan", missing=None, refuse=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.model_id, str) or not self.model_id:
@@ -128,6 +132,10 @@ class CollectionProfile:
             raise ConfigError(f"CollectionProfile.trigger_layer must be >= 0, got {self.trigger_layer}")
         if self.reranker is not None and (not isinstance(self.reranker, str) or not self.reranker.strip()):
             raise ConfigError(f"CollectionProfile.reranker must be a hub id or folder (or None), got {self.reranker!r}")
+        if isinstance(self.receipt, Mapping):  # as read from JSON
+            object.__setattr__(self, "receipt", PlanReceipt.from_dict(self.receipt))
+        if self.receipt is not None and not isinstance(self.receipt, PlanReceipt):
+            raise ConfigError(f"CollectionProfile.receipt must be a PlanReceipt or None, got {type(self.receipt).__name__}")
 
     # ---- the stored form -----------------------------------------------------------------
     @classmethod
@@ -162,7 +170,7 @@ class CollectionProfile:
         stored = base.to_dict() if base is not None else {"index": {"type": index_type}}
         for f in fields(self):
             value = getattr(self, f.name)
-            _put(stored, _setting_of(f).key, value.to_dict() if isinstance(value, VideoConfig) else value)
+            _put(stored, _setting_of(f).key, value.to_dict() if isinstance(value, (VideoConfig, PlanReceipt)) else value)
         if self.r_max == 0:  # the full forward: the manifest records no FastE settings
             stored["fast_e"] = None
         return Manifest.from_dict(stored)
@@ -209,13 +217,13 @@ class CollectionProfile:
 
     def carried_over(self, model_id: str | os.PathLike | None = None) -> dict[str, Any]:
         """The settings a re-index (`index --reindex`) keeps unless given again: with the same model
-        (`model_id` None or equal) its revision, r_max, dim and video settings; with another
+        (`model_id` None or equal) its revision, r_max, dim, image pixel cap and video settings; with another
         model none (the documented defaults apply). theta and l_w are resolved again (the saved
         calibration may be newer)."""
         if model_id is not None and model_name(model_id) != self.model_id:
             return {}
         return {"model_id": self.model_id, "model_revision": self.model_revision, "r_max": self.r_max,
-                "dim": self.dim, "video": self.video}
+                "dim": self.dim, "max_pixels": self.max_pixels, "video": self.video}
 
     # ---- what the model layer needs ---------------------------------------------------------
     @property
@@ -246,21 +254,20 @@ class CollectionProfile:
         return replace(self, model_id=embedder.model_id, model_revision=embedder.loaded.revision,
                        model_dim=width, dim=width if self.dim is None else self.dim)
 
-    def completed(self, embedder: "Embedder") -> "CollectionProfile":
+    def completed(self, embedder: "Embedder", calibration: "Calibration | None" = None) -> "CollectionProfile":
         """The profile of a NEW collection made with `embedder`: its id, revision and width,
-        theta from the user, else the model's saved calibration, else the
-        backbone default, and the backbone's warm-up layer. ConfigError for a dim wider than it."""
-        from faste_mm.retrieval.calibrations import load_calibration
-
+        theta from the user, else `calibration` (the model's saved one, see
+        `calibrations.load_calibration`), else the backbone default, and the backbone's warm-up
+        layer. ConfigError for a dim wider than the model's."""
         loaded = self.as_loaded(embedder)
         if loaded.dim > embedder.dim:
             raise ConfigError(f"dim {loaded.dim} is wider than {embedder.model_id}'s embeddings ({embedder.dim}); "
                               f"choose a dim between 1 and {embedder.dim}")
         if loaded.r_max == 0:
             return replace(loaded, warmup_layer=None, threshold=None, threshold_source=None, trigger_layer=None)
-        threshold, source = loaded.threshold, "given (--threshold)"
+        given = "given (--threshold)" if loaded.receipt is None else f"as measured by faste-mm plan ({loaded.receipt.created})"
+        threshold, source = loaded.threshold, given
         if threshold is None:
-            calibration = load_calibration(embedder.model_id, embedder.loaded.revision)
             if calibration is not None and calibration.threshold is not None:
                 threshold, source = calibration.threshold, calibration.describe()
             else:
