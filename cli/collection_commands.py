@@ -17,7 +17,8 @@ from rich.table import Table
 
 from faste_mm.cli.common import fail, markup_safe, print_json, setup_logging, shown, stderr, stdout
 from faste_mm.cli.options import (DEFAULT_BATCH_TOKENS, BatchTokens, CollectionOption, Debug, Device, Dtype, Format,
-                                  Model, OutputFormat, RMax, Threshold, TriggerLayer, Unpadded, WarmupLayer, one_ratio)
+                                  MaxPixels, Model, OutputFormat, RMax, Threshold, TriggerLayer, Unpadded, VisualTokens,
+                                  WarmupLayer, one_ratio)
 from faste_mm.cli.progress import Progress, quiet_transformers
 from faste_mm.errors import FasteError
 
@@ -96,11 +97,18 @@ def index_command(
                                                    help="Pixels per video frame at most (32x32 px = one visual "
                                                         "token per frame pair). Default: the collection's, "
                                                         "786432 for a new one."),
+    max_pixels: MaxPixels = None,
+    visual_tokens: VisualTokens = None,
+    plan: Optional[str] = typer.Option(None, "--plan", envvar="FASTE_MM_PLAN",
+                                       help="plan.json from faste-mm plan (or plan.json:ROW): index with its "
+                                            "recommendation (or that row): pixel cap, r_max, theta and dtype; a NEW "
+                                            "collection keeps the measured fidelity as its receipt (see info)."),
     debug: Debug = False,
 ) -> None:
     """Index images, videos (mp4, mov, webm, mkv, avi), PDFs (page by page) and .txt/.md files; only new or
     changed files are embedded."""
     from faste_mm.model.batching import BatchingConfig
+    from faste_mm.model.serialization import pixel_budget
     from faste_mm.retrieval.retriever import IndexOptions, Retriever, collection_path
 
     setup_logging(debug)
@@ -120,10 +128,13 @@ def index_command(
         # Settings not given are the collection's (so `faste-mm index more/` just works), else the
         # defaults; a given one that differs from the collection's is refused (see CollectionProfile).
         video = {"fps": video_fps, "max_frames": video_max_frames, "max_pixels": video_max_pixels}
+        budget = pixel_budget(max_pixels, visual_tokens, names=("--max-pixels", "--visual-tokens"))
+        settings = dict(r_max=one_ratio(r_max), warmup_layer=warmup_layer, threshold=threshold, max_pixels=budget)
+        if plan is not None:
+            settings, dtype = _plan_settings(plan, root, model, {**settings, "trigger_layer": trigger_layer}, dtype)
         retriever = Retriever.for_collection(
             root, model, device=device, dtype=dtype, batching=BatchingConfig(batch_tokens=batch_tokens, unpadded=unpadded),
-            reindex=reindex, loading=watch.loading, r_max=one_ratio(r_max), warmup_layer=warmup_layer,
-            threshold=threshold, trigger_layer=trigger_layer, dim=dim,
+            reindex=reindex, loading=watch.loading, trigger_layer=trigger_layer, dim=dim, **settings,
             video={name: value for name, value in video.items() if value is not None} or None)
         pending = lambda: retriever.pending(paths, options)  # noqa: E731
         with retriever, watch:
@@ -138,6 +149,21 @@ def index_command(
         _render_index_report(report)
     for failure in report.failures:
         stderr.print(f"[yellow]skipped[/yellow] {markup_safe(failure.error)}", highlight=False)
+
+
+def _plan_settings(plan: str, root, model: Optional[str], given: dict, dtype: str) -> tuple[dict, str]:
+    """--plan: the chosen row's collection settings and dtype, refused when other flags set them
+    too or when the plan was measured with another model than this index uses."""
+    from faste_mm.retrieval.profile import DEFAULT_MODEL, existing_profile
+    from faste_mm.tools.plan_report import load_plan
+
+    if any(value is not None for value in given.values()) or dtype != "auto":
+        _usage("--plan sets the pixel budget, FastE (--r-max, --threshold, ...) and --dtype from the plan; "
+               "give --plan or those flags")
+    report, row = load_plan(plan)
+    existing = existing_profile(root)
+    report.check_model(model or (existing.model_id if existing else DEFAULT_MODEL), f"--plan {plan}")
+    return report.settings(row), report.row(row).dtype
 
 
 def _interrupted(watch: "_IndexWatch", pending, reindex: bool) -> NoReturn:
@@ -281,6 +307,7 @@ def info_command(
     from faste_mm.indexers import Collection
     from faste_mm.retrieval.maintenance import collection_path
     from faste_mm.retrieval.profile import CollectionProfile
+    from faste_mm.retrieval.receipt import receipt_summary
 
     setup_logging(debug)
     try:
@@ -290,7 +317,7 @@ def info_command(
             settings = profile.to_manifest(base=col.manifest).to_dict()
     except FasteError as error:
         fail(error, debug)
-    payload = {**info.to_dict(), "settings": settings}
+    payload = {**info.to_dict(), "settings": settings, "plan": receipt_summary(profile.receipt)}
     if output is Format.json:
         print_json(payload)
         return
@@ -303,6 +330,7 @@ def info_command(
                                 if profile.is_matryoshka else info.dim), ("FastE r_max (documents)", profile.r_max),
                         ("FastE theta (documents)", theta),
                         ("pixels", f"{profile.min_pixels}..{profile.max_pixels}"),
+                        ("plan (measured)", receipt_summary(profile.receipt)),
                         ("video", "{fps:g} fps, at most {max_frames} frames of {max_pixels} px, "
                                   "{total_pixels} px in all".format(**profile.video.to_dict())),
                         ("items", info.n_ok), ("failed", info.n_failed), ("deleted (until compact)", info.n_deleted),

@@ -39,6 +39,8 @@ _FLAGS = {
     "CollectionProfile.r_max": "--r-max", "CollectionProfile.threshold": "--threshold",
     "CollectionProfile.warmup_layer": "--warmup-layer", "CollectionProfile.trigger_layer": "--trigger-layer",
     "CollectionProfile.dim": "--dim", "VideoConfig.fps": "--video-fps", "VideoConfig.max_frames": "--video-max-frames",
+    "PlanConfig.dtypes": "--dtype", "PlanConfig.target": "--target", "PlanConfig.p5_floor": "--p5-floor",
+    "PlanConfig.max_pixels": "--max-pixels",
 }
 _FLAG_RE = re.compile("|".join(rf"\b{re.escape(name)}\b" for name in _FLAGS))
 # Control characters (newlines, ANSI escapes) in a file name would break or recolour the output;

@@ -38,10 +38,10 @@ Model = Annotated[Optional[str], typer.Option(
 RMax = Annotated[Optional[str], typer.Option(
     "--r-max", envvar="FASTE_MM_R_MAX", show_default=False,
     help=f"FastE r_max: the largest share of prefix tokens removed from each document, 0 <= r < 1 "
-         f"(0 = full forward); eval and bench sweep several, comma-separated. Default: a collection's own "
+         f"(0 = full forward); eval, bench and plan sweep several, comma-separated. Default: a collection's own "
          f"(index, serve -c); {DOCUMENT_R_MAX:g} for new collections, embed and calibrate (0 for embed "
-         f"--instruction: queries); 0 for serve without -c; {','.join(f'{r:g}' for r in SWEEP_R_MAX)} for eval "
-         f"and bench.")]
+         f"--instruction: queries); 0 for serve without -c; {','.join(f'{r:g}' for r in SWEEP_R_MAX)} for eval, "
+         f"bench and plan.")]
 WarmupLayer = Annotated[Optional[int], typer.Option(
     "--warmup-layer", envvar="FASTE_MM_WARMUP_LAYER", min=0, show_default=False,
     help="FastE warm-up layer l_w: no alignment check before this layer. Default: a collection's own, else "
@@ -67,6 +67,14 @@ Unpadded = Annotated[str, typer.Option(
 Device = Annotated[str, typer.Option(
     "--device", envvar="FASTE_MM_DEVICE", show_default=False,
     help="auto (CUDA when available) | cpu | cuda | cuda:N. Default auto.")]
+MaxPixels = Annotated[Optional[int], typer.Option(
+    "--max-pixels", envvar="FASTE_MM_MAX_PIXELS", min=4096, show_default=False,
+    help="Resize each image and PDF page (and image queries) to at most this many pixels. Default: a "
+         "collection's own, else 1843200 (the official cap: 1,800 visual tokens).")]
+VisualTokens = Annotated[Optional[int], typer.Option(
+    "--visual-tokens", envvar="FASTE_MM_VISUAL_TOKENS", min=4, show_default=False,
+    help="The same budget in merged visual tokens: N means --max-pixels N x 1024 (980 = 1003520 px); give "
+         "one of the two.")]
 Dtype = Annotated[str, typer.Option(
     "--dtype", envvar="FASTE_MM_DTYPE", show_default=False,
     help="Model weights and compute: auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16 | float16. "
@@ -105,7 +113,7 @@ def one_ratio(text: str | None) -> float | None:
         return None
     values = ratios(text)
     if len(values) != 1:
-        raise ConfigError(f"--r-max takes one ratio here (sweeps are for eval and bench); got {text!r}")
+        raise ConfigError(f"--r-max takes one ratio here (sweeps are for eval, bench and plan); got {text!r}")
     return values[0]
 
 

@@ -12,7 +12,8 @@ import typer
 
 from faste_mm.cli.common import fail, setup_logging, stderr
 from faste_mm.cli.options import (DEFAULT_BATCH_TOKENS, DEFAULT_MODEL, BatchTokens, CollectionOption, Debug, Device, Dtype,
-                                  Model, RMax, Threshold, TriggerLayer, Unpadded, WarmupLayer, fast_e_config, one_ratio)
+                                  MaxPixels, Model, RMax, Threshold, TriggerLayer, Unpadded, VisualTokens, WarmupLayer,
+                                  fast_e_config, one_ratio)
 from faste_mm.errors import FasteError
 
 
@@ -57,6 +58,8 @@ def serve_command(
                                                "torch's (one per core). On a busy shared CPU, 1 avoids threads "
                                                "waiting on each other."),
     unpadded: Unpadded = "auto",
+    max_pixels: MaxPixels = None,
+    visual_tokens: VisualTokens = None,
     debug: Debug = False,
 ) -> None:
     """Serve embeddings (OpenAI-compatible /v1/embeddings) and, with -c, search and a search page at /."""
@@ -68,8 +71,11 @@ def serve_command(
         setup_logging(debug, logging.INFO)
         # FastE for an embeddings-only server's documents (default: the full forward); with -c the
         # collection's own settings, and a given one that differs is refused
+        from faste_mm.model.serialization import pixel_budget
+
         settings = dict(r_max=one_ratio(r_max), warmup_layer=warmup_layer, threshold=threshold,
-                        trigger_layer=trigger_layer)
+                        trigger_layer=trigger_layer,
+                        max_pixels=pixel_budget(max_pixels, visual_tokens, names=("--max-pixels", "--visual-tokens")))
         fast_e = fast_e_config(settings["r_max"] or 0.0, warmup_layer, threshold, trigger_layer)
         config = ServeConfig(api_key=api_key, batching=BatcherConfig(batch_tokens, max_wait_ms, max_queue),
                              max_body_bytes=max_body_bytes, max_request_tokens=max_request_tokens,
@@ -91,6 +97,7 @@ def serve_command(
 
 def _load_engine(collection, model, device, dtype, batch_tokens, unpadded, config, settings):
     from faste_mm import BatchingConfig, Embedder
+    from faste_mm.model.serialization import SerializerConfig
     from faste_mm.retrieval.maintenance import collection_path
     from faste_mm.retrieval.retriever import Retriever
     from faste_mm.serving import ServeEngine
@@ -98,10 +105,12 @@ def _load_engine(collection, model, device, dtype, batch_tokens, unpadded, confi
     batching = BatchingConfig(batch_tokens=batch_tokens, unpadded=unpadded)
     if collection is None:
         stderr.print(f"loading {model or DEFAULT_MODEL} (embeddings only: no -c collection)")
+        budget = settings["max_pixels"]
+        serializer = None if budget is None else SerializerConfig(max_pixels=budget)
         return ServeEngine(Embedder.from_pretrained(model or DEFAULT_MODEL, device=device, dtype=dtype,
-                                                    batching=batching), None, config)
+                                                    batching=batching, serializer=serializer), None, config)
     root = collection_path(collection)
-    # the collection's profile names the model; a different --model is refused, naming both
+    # the collection's profile names the model, pixel budget and FastE; a different one given is refused
     retriever = Retriever.for_collection(root, model, device=device, dtype=dtype, batching=batching, **settings)
     stderr.print(f"loading {retriever.model_id} for collection {root}")
     retriever.embedder  # load now: the first request must not wait for it

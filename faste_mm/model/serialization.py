@@ -18,6 +18,25 @@ from faste_mm.model.items import Item, load_image, pdf_page_size, read_image_siz
 from faste_mm.model.video import VideoConfig, read_video
 
 DEFAULT_INSTRUCTION = "Represent the user's input."
+# One merged visual token covers 32 x 32 pixels (patch 16, spatial merge 2): the unit of
+# `--visual-tokens`, the friendlier spelling of an image budget in pixels.
+PIXELS_PER_VISUAL_TOKEN = 32 * 32
+OFFICIAL_MAX_PIXELS = 1_843_200  # qwen-vl-utils' image cap in the official embedder: 1800 visual tokens
+
+
+def pixel_budget(max_pixels: int | None = None, visual_tokens: int | None = None,
+                 names: tuple[str, str] = ("max_pixels", "visual_tokens")) -> int | None:
+    """The image/page pixel cap given either as pixels or as merged visual tokens (N tokens =
+    N x 32 x 32 px); None when neither is given. `names` are the caller's spellings of the two
+    arguments (CLI flags or keyword names), used in the errors. Raises ConfigError when both
+    are given or a value is not a positive int."""
+    if max_pixels is not None and visual_tokens is not None:
+        raise ConfigError(f"give {names[0]} or {names[1]}, not both ({names[0]} {max_pixels}, "
+                          f"{names[1]} {visual_tokens}); {names[1]} N means {names[0]} N x {PIXELS_PER_VISUAL_TOKEN}")
+    for name, value in zip(names, (max_pixels, visual_tokens)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ConfigError(f"{name} must be a positive whole number, got {value!r}")
+    return visual_tokens * PIXELS_PER_VISUAL_TOKEN if visual_tokens is not None else max_pixels
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,7 +49,7 @@ class SerializerConfig:
     """
 
     min_pixels: int = 4096
-    max_pixels: int = 1_843_200
+    max_pixels: int = OFFICIAL_MAX_PIXELS
     max_length: int = 8192
     image_patch_size: int = 16  # qwen-vl-utils resizes to multiples of patch * merge = 32
     video: VideoConfig = field(default_factory=VideoConfig)

@@ -41,6 +41,7 @@ from faste_mm.retrieval.export import ExportReport, export_parquet
 from faste_mm.retrieval.ingest import (IndexFailure, IngestTally, ScanFilter, failure_reasons, honour_exclusions,
                                        plan_update, record_missing, scan_paths)
 from faste_mm.retrieval.maintenance import collection_path
+from faste_mm.retrieval.receipt import PlanReceipt
 from faste_mm.retrieval.profile import QUERY_INSTRUCTION, CollectionProfile, existing_profile, model_name, read_profile
 from faste_mm.retrieval.results import AddReport, Hit, IndexOptions, IndexProgress, IndexReport, RemoveReport
 
@@ -98,14 +99,20 @@ class Retriever:
         dim: Matryoshka width: documents and queries keep their first `dim` dimensions,
         re-normalised (smaller index, faster search, some quality lost).
         video: a VideoConfig, or a mapping of some of its fields ({"fps": 2.0}).
+        max_pixels: the image and page budget: each is resized to at most this many pixels
+            (N visual tokens = N x 1024 px, `faste_mm.model.serialization.pixel_budget`); image
+            queries of the collection are resized the same way. Default 1,843,200 (official).
+        receipt: what `faste-mm plan` measured for these settings (`PlanReport.receipt(row)`),
+            recorded by a NEW collection and shown by info; None = not measured.
     """
 
     def __init__(self, model: Embedder | ModelSpec, *, collection: str | os.PathLike | None = None,
                  r_max: float | None = None, query_instruction: str | None = None,
                  threshold: float | None = None, dim: int | None = None, warmup_layer: int | None = None,
-                 trigger_layer: int | None = None, video: VideoConfig | Mapping[str, Any] | None = None) -> None:
+                 trigger_layer: int | None = None, video: VideoConfig | Mapping[str, Any] | None = None,
+                 max_pixels: int | None = None, receipt: PlanReceipt | None = None) -> None:
         given = dict(r_max=r_max, threshold=threshold, dim=dim, warmup_layer=warmup_layer,
-                     trigger_layer=trigger_layer, video=video)
+                     trigger_layer=trigger_layer, video=video, max_pixels=max_pixels, receipt=receipt)
         self._given = {name: value for name, value in given.items() if value is not None}
         CollectionProfile.resolve(None, **self._given)  # validates every value with a ConfigError
         self._embedder = model if isinstance(model, Embedder) else None
@@ -124,11 +131,13 @@ class Retriever:
                         revision: str | None = None, batching: BatchingConfig | None = None,
                         query_instruction: str | None = None, threshold: float | None = None,
                         dim: int | None = None, warmup_layer: int | None = None,
-                        trigger_layer: int | None = None) -> "Retriever":
+                        trigger_layer: int | None = None, max_pixels: int | None = None,
+                        receipt: PlanReceipt | None = None) -> "Retriever":
         """Load `model` (hub id or local directory) now. Raises ModelLoadError."""
         spec = ModelSpec(model, revision, device, dtype, batching)
         return cls(spec.load(), collection=collection, r_max=r_max, query_instruction=query_instruction,
-                   threshold=threshold, dim=dim, warmup_layer=warmup_layer, trigger_layer=trigger_layer)
+                   threshold=threshold, dim=dim, warmup_layer=warmup_layer, trigger_layer=trigger_layer,
+                   max_pixels=max_pixels, receipt=receipt)
 
     @classmethod
     def for_collection(cls, collection: str | os.PathLike | None = None, model: str | os.PathLike | None = None, *,

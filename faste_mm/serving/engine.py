@@ -334,6 +334,7 @@ class ServeEngine:
     def info(self) -> dict:
         """GET /info: model, dim, FastE, batching, and the collection's counts."""
         from faste_mm.indexers import Collection
+        from faste_mm.retrieval.receipt import receipt_summary
 
         collection = None
         if self.collection is not None:
@@ -341,7 +342,7 @@ class ServeEngine:
                 info = col.info()
             collection = {"path": str(self.collection), "name": self.collection.name, "items": info.n_ok,
                           "failed": info.n_failed, "deleted": info.n_deleted, "index": info.index_factory,
-                          "max_pixels": self.profile.max_pixels}
+                          "max_pixels": self.profile.max_pixels, "plan": receipt_summary(self.profile.receipt)}
         fast_e = self.embedder.resolve_fast_e(self.document_fast_e)
         return {
             "model": self.embedder.model_id,
