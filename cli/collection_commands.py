@@ -19,6 +19,7 @@ from faste_mm.cli.common import fail, markup_safe, print_json, setup_logging, sh
 from faste_mm.cli.options import (DEFAULT_BATCH_TOKENS, BatchTokens, CollectionOption, Debug, Device, Dtype, Format,
                                   MaxPixels, Model, OutputFormat, RMax, Threshold, TriggerLayer, Unpadded, VisualTokens,
                                   WarmupLayer, one_ratio)
+from faste_mm.cli.options import Rerank, RerankProtect, RerankRMax, RerankTop
 from faste_mm.cli.progress import Progress, quiet_transformers
 from faste_mm.errors import FasteError
 
@@ -44,6 +45,10 @@ def index_command(
     warmup_layer: WarmupLayer = None,
     threshold: Threshold = None,
     trigger_layer: TriggerLayer = None,
+    reranker: Optional[str] = typer.Option(None, "--reranker", envvar="FASTE_MM_RERANKER", show_default=False,
+                                           help="Record a default reranker (hub id or folder, e.g. Qwen/Qwen3-VL-Reranker-2B) "
+                                                "that search and serve use for a second stage; set when the collection is "
+                                                "created or re-indexed. Default: none."),
     dim: Optional[int] = typer.Option(None, "--dim", envvar="FASTE_MM_DIM", min=1,
                                       help="Matryoshka: store only the first DIM dimensions of each vector, "
                                            "re-normalised (e.g. 512: 4x smaller index, faster search, some "
@@ -134,7 +139,7 @@ def index_command(
             settings, dtype = _plan_settings(plan, root, model, {**settings, "trigger_layer": trigger_layer}, dtype)
         retriever = Retriever.for_collection(
             root, model, device=device, dtype=dtype, batching=BatchingConfig(batch_tokens=batch_tokens, unpadded=unpadded),
-            reindex=reindex, loading=watch.loading, trigger_layer=trigger_layer, dim=dim, **settings,
+            reindex=reindex, loading=watch.loading, trigger_layer=trigger_layer, dim=dim, reranker=reranker, **settings,
             video={name: value for name, value in video.items() if value is not None} or None)
         pending = lambda: retriever.pending(paths, options)  # noqa: E731
         with retriever, watch:
@@ -243,6 +248,12 @@ def search_command(
     path: Optional[str] = typer.Option(None, "--path", envvar="FASTE_MM_PATH",
                                        help="Only files whose path matches this glob ('*' also matches '/'), "
                                             "e.g. '*/invoices/*', '*.pdf', './photos/*'."),
+    rerank: Rerank = None,
+    rerank_top: RerankTop = 50,
+    rerank_r_max: RerankRMax = "0",
+    rerank_protect: RerankProtect = "none",
+    no_rerank: bool = typer.Option(False, "--no-rerank", envvar="FASTE_MM_NO_RERANK",
+                                   help="Do not rerank, even with a collection reranker."),
     device: Device = "auto",
     debug: Debug = False,
 ) -> None:
@@ -256,8 +267,9 @@ def search_command(
     try:
         with Retriever.open(collection, device=device) as retriever:
             quiet_transformers()  # the model loads in search(): no per-weight bar on stderr
+            reranker = None if no_rerank else _load_reranker(rerank, retriever.collection, rerank_r_max, rerank_protect, device)
             hits = retriever.search(query, image=image, video=video, k=k, instruction=instruction, where=conditions,
-                                    type=kind or None, path=path)
+                                    type=kind or None, path=path, rerank=reranker, rerank_top=rerank_top)
             root = retriever.collection
     except FasteError as error:
         fail(error, debug)
@@ -277,10 +289,15 @@ def search_command(
         sys.stdout.buffer.flush()
     else:
         table = Table(title=f"{len(hits)} results")
-        for column, justify in (("rank", "right"), ("score", "right"), ("file", "left"), ("page", "right")):
+        reranked = any(hit.rerank_score is not None for hit in hits)
+        columns = (("rank", "right"), ("score", "right"), *((("rerank", "right"),) if reranked else ()),
+                   ("file", "left"), ("page", "right"))
+        for column, justify in columns:
             table.add_column(column, justify=justify, overflow="fold")
         for rank, hit in enumerate(hits, 1):
-            table.add_row(str(rank), f"{hit.score:.4f}", markup_safe(hit.uri), "" if hit.page is None else str(hit.page))
+            rerank_cell = () if not reranked else ("-" if hit.rerank_score is None else f"{hit.rerank_score:.4f}",)
+            table.add_row(str(rank), f"{hit.score:.4f}", *rerank_cell, markup_safe(hit.uri),
+                          "" if hit.page is None else str(hit.page))
         stdout.print(table)
 
 
@@ -337,6 +354,7 @@ def info_command(
                                   "{total_pixels} px in all".format(**profile.video.to_dict())),
                         ("items", info.n_ok), ("failed", info.n_failed), ("deleted (until compact)", info.n_deleted),
                         ("index type", info.index_type), ("index", info.index_factory or "-"),
+                        ("reranker (search)", profile.reranker or "-"),
                         ("size on disk", f"{info.size_bytes / 2**20:.2f} MiB")):
         table.add_row(name, markup_safe(value))
     stdout.print(table)
@@ -416,3 +434,16 @@ def rebuild_index_command(
     except FasteError as error:
         fail(error, debug)
     stdout.print(factory, highlight=False)
+
+
+def _load_reranker(model: str | None, root: Path, r_max: str, protect: str, device: str):
+    """The reranker of `search` and `serve`: --rerank, else the collection's (index --reranker), else None."""
+    from faste_mm.retrieval.profile import read_profile
+
+    model = model or (read_profile(root).reranker if root is not None else None)
+    if model is None:
+        return None
+    from faste_mm.model.reranker import Reranker
+
+    with Progress().loading(model):
+        return Reranker.from_pretrained(model, r_max=one_ratio(r_max) or 0.0, protect=protect, device=device)

@@ -126,3 +126,21 @@ def fast_e_config(r_max: float = 0.0, warmup_layer: int | None = None, threshold
 
     return FastEConfig(r_max=r_max, warmup_layer=warmup_layer, threshold=threshold, trigger_layer=trigger_layer,
                        seed=seed)
+
+DEFAULT_RERANKER = "Qwen/Qwen3-VL-Reranker-2B"
+Rerank = Annotated[Optional[str], typer.Option(
+    "--rerank", envvar="FASTE_MM_RERANK", show_default=False,
+    help="A reranker (hub id or folder, e.g. Qwen/Qwen3-VL-Reranker-2B) for a second stage: search reranks its top "
+         "--rerank-top hits (default: the collection's reranker, index --reranker), eval its top candidates, serve "
+         "answers /v1/rerank. Default: none.")]
+RerankTop = Annotated[int, typer.Option(
+    "--rerank-top", envvar="FASTE_MM_RERANK_TOP", min=1, show_default=False,
+    help="Candidates per query the reranker re-scores. Default 50 (search), 20 (eval).")]
+RerankRMax = Annotated[str, typer.Option(
+    "--rerank-r-max", envvar="FASTE_MM_RERANK_R_MAX", show_default=False,
+    help="FastE on the reranker: largest share of each pair's prefix removed, 0 <= r < 1 (eval: comma-separated). "
+         "Default 0 (the exact score).")]
+RerankProtect = Annotated[str, typer.Option(
+    "--rerank-protect", envvar="FASTE_MM_RERANK_PROTECT", show_default=False,
+    help="none | query (eval also: both): FastE on the reranker may evict the query (none) or never does (query). "
+         "Default none.")]

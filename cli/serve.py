@@ -14,6 +14,7 @@ from faste_mm.cli.common import fail, setup_logging, stderr
 from faste_mm.cli.options import (DEFAULT_BATCH_TOKENS, DEFAULT_MODEL, BatchTokens, CollectionOption, Debug, Device, Dtype,
                                   MaxPixels, Model, RMax, Threshold, TriggerLayer, Unpadded, VisualTokens, WarmupLayer,
                                   fast_e_config, one_ratio)
+from faste_mm.cli.options import Rerank, RerankProtect, RerankRMax
 from faste_mm.errors import FasteError
 
 
@@ -60,6 +61,9 @@ def serve_command(
     unpadded: Unpadded = "auto",
     max_pixels: MaxPixels = None,
     visual_tokens: VisualTokens = None,
+    rerank: Rerank = None,
+    rerank_r_max: RerankRMax = "0",
+    rerank_protect: RerankProtect = "none",
     debug: Debug = False,
 ) -> None:
     """Serve embeddings (OpenAI-compatible /v1/embeddings) and, with -c, search and a search page at /."""
@@ -87,6 +91,11 @@ def serve_command(
 
             torch.set_num_threads(threads)
         engine = _load_engine(collection, model, device, dtype, batch_tokens, unpadded, config, settings)
+        from faste_mm.cli.collection_commands import _load_reranker
+
+        reranker = _load_reranker(rerank, engine.collection, rerank_r_max, rerank_protect, device)
+        if reranker is not None:  # /v1/rerank and /explain run on the same model thread
+            engine = type(engine)(engine.embedder, engine.retriever, engine.config, reranker=reranker)
     except FasteError as error:
         fail(error, debug)
     except ImportError as error:  # fastapi / uvicorn missing

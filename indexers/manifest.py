@@ -85,6 +85,7 @@ class Manifest:
     index_factory / index_epoch / index_max_part / index_sha256: written by the collection, describe
         index.faiss (the checksum rejects a torn, edited or foreign file, which is then rebuilt).
     counts: written by the collection at close ({"ok", "failed", "deleted"}), informational.
+    reranker: the collection's default reranker (hub id or folder) for searches; None = none.
     receipt: what `faste-mm plan` measured for these settings (read as a `PlanReceipt` by the
         profile), None when the collection was indexed without a plan; informational.
     """
@@ -111,6 +112,7 @@ class Manifest:
     receipt: Mapping[str, Any] | None = None
     format_version: int = FORMAT_VERSION
     faste_mm_version: str = field(default_factory=_faste_mm_version)
+    reranker: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.model_id, str) or not self.model_id:
@@ -187,6 +189,7 @@ class Manifest:
                 "sha256": self.index_sha256,
             },
             "counts": dict(self.counts),
+            "reranker": self.reranker,
             "receipt": None if self.receipt is None else dict(self.receipt),
         }
 
@@ -216,6 +219,7 @@ class Manifest:
                 index_max_part=index.get("max_part", -1),
                 index_sha256=index.get("sha256"),
                 counts=d.get("counts") or {},
+                reranker=d.get("reranker"),
                 receipt=d.get("receipt"),
                 format_version=d.get("format_version", FORMAT_VERSION),
                 faste_mm_version=d.get("faste_mm_version", "unknown"),

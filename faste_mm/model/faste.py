@@ -260,6 +260,10 @@ class FastE:
             fire = self.trigger.fires(layer, alignment)
         if not fire:
             return Decision(alignment=alignment)
-        budgets = prefix_budgets(state.lengths - 1, config.r_max)  # [B] R_i
+        budgets = self.budgets(state)  # [B] R_i
         scores = self.scorer(backbone, layer, state, budgets, config)  # [B, T]
         return Decision(plan=plan_keep(scores, budgets, state), alignment=alignment)
+
+    def budgets(self, state: DecoderState) -> torch.Tensor:
+        """Lines 1-3 for the rows of `state`: R_i from N_i = lengths - 1."""
+        return prefix_budgets(state.lengths - 1, self.config.r_max)

@@ -43,11 +43,14 @@ class BatchTrace:
 
 
 @torch.inference_mode()
-def run_decoder(backbone, batch: Batch, policy, kernel: PackedKernel | None = None) -> tuple[torch.Tensor, BatchTrace]:
+def run_decoder(
+    backbone, batch: Batch, policy, kernel: PackedKernel | None = None, readout=pool_readout
+) -> tuple[torch.Tensor, BatchTrace]:
     """Embed one batch; returns ([B, H] float32 unit vectors in batch row order, trace).
 
     `kernel`: run the layers after compression on packed rows with it (when the backbone can
-    pack rows that wide); None keeps them padded.
+    pack rows that wide); None keeps them padded. `readout(backbone, [B, H] pre-norm readout
+    states)` turns the last tokens into the output: pooled vectors, or a reranker's scores [B].
     """
     started = time.perf_counter()
     vision = backbone.encode_vision(batch)  # the tower: its own timed stage
@@ -76,7 +79,7 @@ def run_decoder(backbone, batch: Batch, policy, kernel: PackedKernel | None = No
                 state, masks = _layout(backbone, state, packed)
         padded_lengths.append(width)
         state = _run_layer(backbone, layer, state, masks, packed)
-    embeddings = pool_readout(backbone, state.readout_hidden())
+    embeddings = readout(backbone, state.readout_hidden())
     decoder_s = _elapsed_s(started, embeddings.device)
     trace = BatchTrace(
         batch_size=batch.size,

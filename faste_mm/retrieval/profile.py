@@ -87,6 +87,8 @@ class CollectionProfile:
     r_max, warmup_layer, threshold, trigger_layer: FastE for documents (paper: r_max, l_w, theta;
         trigger_layer = fixed-layer ablation); r_max 0 = full forward; None = backbone default.
     threshold_source: where theta came from (a calibration, --threshold, the backbone default).
+    reranker: the default reranker of searches (hub id or folder; None = no second stage); it
+        changes no vector, so it is informational: set when the collection is created or re-indexed.
     receipt: what `faste-mm plan` measured for these settings (`index --plan`), None = not measured.
     """
 
@@ -104,6 +106,7 @@ class CollectionProfile:
     threshold_source: str | None = _setting(None, "fast_e.threshold_source", "threshold source",
                                             missing=None, refuse=False)
     trigger_layer: int | None = _setting(None, "fast_e.trigger_layer", "--trigger-layer", missing=None)
+    reranker: str | None = _setting(None, "reranker", "--reranker", missing=None, refuse=False)
     receipt: PlanReceipt | None = _setting(None, "receipt", "--plan", missing=None, refuse=False)
 
     def __post_init__(self) -> None:
@@ -127,6 +130,8 @@ class CollectionProfile:
             raise ConfigError(f"CollectionProfile.threshold is a cosine in [-1, 1], got {self.threshold}")
         if self.trigger_layer is not None and self.trigger_layer < 0:
             raise ConfigError(f"CollectionProfile.trigger_layer must be >= 0, got {self.trigger_layer}")
+        if self.reranker is not None and (not isinstance(self.reranker, str) or not self.reranker.strip()):
+            raise ConfigError(f"CollectionProfile.reranker must be a hub id or folder (or None), got {self.reranker!r}")
         if isinstance(self.receipt, Mapping):  # as read from JSON
             object.__setattr__(self, "receipt", PlanReceipt.from_dict(self.receipt))
         if self.receipt is not None and not isinstance(self.receipt, PlanReceipt):

@@ -172,7 +172,11 @@ class Hit:
     uri: str
     page: int | None = None
     metadata: Mapping[str, Any] | None = None
+    rerank_score: float | None = None  # the reranker's score, when the search reranked (retrieval.rerank_hits)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "score": self.score, "uri": self.uri, "page": self.page,
+        data = {"id": self.id, "score": self.score, "uri": self.uri, "page": self.page,
                 "metadata": dict(self.metadata) if self.metadata is not None else None}
+        if self.rerank_score is not None:
+            data["rerank_score"] = self.rerank_score
+        return data

@@ -44,6 +44,7 @@ from faste_mm.retrieval.maintenance import collection_path
 from faste_mm.retrieval.receipt import PlanReceipt
 from faste_mm.retrieval.profile import QUERY_INSTRUCTION, CollectionProfile, existing_profile, model_name, read_profile
 from faste_mm.retrieval.results import AddReport, Hit, IndexOptions, IndexProgress, IndexReport, RemoveReport
+from faste_mm.retrieval.rerank_hits import check_reranker, rerank_hits
 
 log = logging.getLogger(__name__)
 
@@ -110,9 +111,9 @@ class Retriever:
                  r_max: float | None = None, query_instruction: str | None = None,
                  threshold: float | None = None, dim: int | None = None, warmup_layer: int | None = None,
                  trigger_layer: int | None = None, video: VideoConfig | Mapping[str, Any] | None = None,
-                 max_pixels: int | None = None, receipt: PlanReceipt | None = None) -> None:
+                 max_pixels: int | None = None, receipt: PlanReceipt | None = None, reranker: str | None = None) -> None:
         given = dict(r_max=r_max, threshold=threshold, dim=dim, warmup_layer=warmup_layer,
-                     trigger_layer=trigger_layer, video=video, max_pixels=max_pixels, receipt=receipt)
+                     trigger_layer=trigger_layer, video=video, max_pixels=max_pixels, receipt=receipt, reranker=reranker)
         self._given = {name: value for name, value in given.items() if value is not None}
         CollectionProfile.resolve(None, **self._given)  # validates every value with a ConfigError
         self._embedder = model if isinstance(model, Embedder) else None
@@ -503,10 +504,14 @@ class Retriever:
     def search(self, query: str | None = None, *, image: str | Path | Image.Image | None = None,
                k: int = 10, instruction: str | None = None, where: Mapping[str, Any] | None = None,
                type: str | Sequence[str] | None = None, path: str | None = None,
-               video: str | Path | None = None) -> list[Hit]:
+               video: str | Path | None = None, rerank=None, rerank_top: int = 50) -> list[Hit]:
         """Top-k items for a text, an image, a video, or a combination. An image or a video alone
         is a query by example: it is embedded exactly like a document (so an indexed file finds
         itself with score ~1) unless `instruction` is given.
+
+        rerank: a `faste_mm.Reranker`: the top `rerank_top` hits (at least k) are read back from
+        their files and re-scored with the query; the best k come back ordered by it, each with
+        `score` (cosine) and `rerank_score` (retrieval/rerank_hits.py).
 
         Filters (all must hold; k hits come back whenever k items match, whatever the index):
         where: metadata key -> value, e.g. {"tag": "invoice"} (values of `add(metadata=...)`);
@@ -515,8 +520,12 @@ class Retriever:
         Raises InputError if nothing is given, ConfigError for a bad filter."""
         if query is None and image is None and video is None:
             raise InputError("search: give a query text, an image, a video, or a combination")
-        return self.search_batch([Item(text=query, image=image, video=video)], k=k, instruction=instruction,
-                                 where=where, type=type, path=path)[0]
+        item = Item(text=query, image=image, video=video)
+        if rerank is None:
+            return self.search_batch([item], k=k, instruction=instruction, where=where, type=type, path=path)[0]
+        check_reranker(rerank, rerank_top)
+        hits = self.search_batch([item], k=max(k, rerank_top), instruction=instruction, where=where, type=type, path=path)[0]
+        return rerank_hits(rerank, item, hits, k)
 
     def search_batch(self, queries: Sequence[object], k: int = 10, instruction: str | None = None,
                      where: Mapping[str, Any] | None = None, type: str | Sequence[str] | None = None,

@@ -28,6 +28,7 @@ from faste_mm.serving.engine import NoCollectionError, RequestTooLargeError, Ser
 from faste_mm.serving.inputs import (EmbeddingRequest, SearchRequest, decode_image_bytes, decode_image_url,
                                      embedding_items, encode_vector)
 from faste_mm.serving.metrics import LATENCY_BUCKETS_S
+from faste_mm.serving.rerank import add_rerank_routes
 from faste_mm.serving.security import is_allowed_host, is_cross_site
 from faste_mm.serving.thumbnails import NoThumbnailError, default_cache_dir, has_thumbnail, thumbnail
 
@@ -115,6 +116,8 @@ def create_app(engine: ServeEngine) -> FastAPI:
             "took_ms": round(1000 * (time.perf_counter() - started), 1),
             "hits": [_hit_json(rank, hit) for rank, hit in enumerate(hits, 1)],
         }
+
+    add_rerank_routes(app, engine, auth)  # /v1/rerank, /rerank, /explain (serving/rerank.py)
 
     @app.get("/thumbnails/{item_id}", dependencies=[auth])
     def thumbnails(item_id: str) -> Response:

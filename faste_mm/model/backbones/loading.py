@@ -14,7 +14,7 @@ from typing import Callable
 import torch
 
 from faste_mm.model.backbones.base import Backbone
-from faste_mm.model.backbones.registry import Family, family_for
+from faste_mm.model.backbones.registry import Family, declared_role, family_for
 from faste_mm.errors import ConfigError, ModelLoadError
 from faste_mm.model.serialization import SerializerConfig, TextPrompt, TextSerializer, VLSerializer
 
@@ -151,6 +151,27 @@ def check_local_path(name_or_path: str | os.PathLike) -> None:
                              f"hub id such as Qwen/Qwen3-VL-Embedding-2B")
 
 
+def load_config(name_or_path: str, revision: str | None):
+    """The checkpoint's transformers config; ModelLoadError naming the model and the fix."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(name_or_path, revision=revision)
+    except (OSError, ValueError) as error:
+        raise ModelLoadError(
+            f"{name_or_path}: cannot load the model config ({error}). Check the hub id or local "
+            "directory; without internet, pass a local directory that holds the downloaded model."
+        ) from None
+
+
+def weights_error(name_or_path: str, error: Exception) -> ModelLoadError:
+    """A damaged file raises whatever its reader raises (UnpicklingError, SafetensorError, ...):
+    one line of it, never a 160-line traceback."""
+    reason = (str(error).strip().splitlines() or [""])[0][:300]
+    return ModelLoadError(f"{name_or_path}: cannot load weights or processor ({type(error).__name__}: {reason}); "
+                          f"the files may be damaged or incomplete — download the model again")
+
+
 def load_model(
     name_or_path: str | os.PathLike,
     *,
@@ -162,21 +183,17 @@ def load_model(
     attn_implementation: str = "sdpa",
 ) -> LoadedModel:
     """Load model + processor/tokenizer; raises ModelLoadError naming the model and the fix."""
-    from transformers import AutoConfig
-
     torch_device = resolve_device(device)
     choose_dtype(dtype, torch_device)  # an unknown name fails before anything is read
     serializer_config = serializer or SerializerConfig()
     name_or_path = os.fspath(name_or_path)  # a hub id or a folder, str or path alike
     check_local_path(name_or_path)
-    try:
-        config = AutoConfig.from_pretrained(name_or_path, revision=revision)
-    except (OSError, ValueError) as error:
-        raise ModelLoadError(
-            f"{name_or_path}: cannot load the model config ({error}). Check the hub id or local "
-            "directory; without internet, pass a local directory that holds the downloaded model."
-        ) from None
+    config = load_config(name_or_path, revision)
     family = family_for(config.model_type, name_or_path)  # refuse unsupported models before downloading weights
+    if declared_role(name_or_path, getattr(config, "architectures", None)) == "reranker":
+        raise ModelLoadError(f"{name_or_path}: this is a reranker, not an embedding model; load it as the reranker "
+                             f"(Reranker.from_pretrained, --rerank) and embed with an embedding model such as "
+                             f"Qwen/Qwen3-VL-Embedding-2B")
     dtype_choice = choose_dtype(dtype, torch_device, checkpoint_dtype(config))
     log.info("%s runs in %s", name_or_path, dtype_choice.describe())
     kwargs = dict(revision=revision, dtype=dtype_choice.dtype, attn_implementation=attn_implementation)
@@ -187,10 +204,7 @@ def load_model(
         preprocessor = preprocessor_class.from_pretrained(name_or_path, revision=revision)
         model = model_class.from_pretrained(name_or_path, **kwargs)
     except Exception as error:  # noqa: BLE001 - a damaged file raises whatever its reader raises
-        # (UnpicklingError, SafetensorError, ...): one line of it, never a 160-line traceback.
-        reason = (str(error).strip().splitlines() or [""])[0][:300]
-        raise ModelLoadError(f"{name_or_path}: cannot load weights or processor ({type(error).__name__}: {reason}); "
-                             f"the files may be damaged or incomplete — download the model again") from None
+        raise weights_error(name_or_path, error) from None
     # A local directory is recorded absolute so collections find it again from any folder.
     model_id = str(Path(name_or_path).absolute()) if Path(name_or_path).is_dir() else str(name_or_path)
     return assemble(model.to(torch_device).eval(), preprocessor, model_id, revision, serializer_config, prompt, dtype_choice)
