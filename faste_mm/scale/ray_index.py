@@ -27,6 +27,7 @@ import os
 import pickle
 import socket
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
@@ -35,6 +36,7 @@ import numpy as np
 
 from faste_mm.errors import ConfigError, FasteError
 from faste_mm.retrieval.ingest import IngestTally, PreparedChunk, ScannedFile, UpdatePlan, commit_chunk, prepare_chunk
+from faste_mm.scale.resources import ResourcePlan, StallWatch, describe_wait, plan_resources, watching
 
 if TYPE_CHECKING:
     from faste_mm.scale.options import RayOptions
@@ -114,14 +116,39 @@ def ingest_plan_with_ray(retriever: "Retriever", col: "Collection", plan: Update
     Raises ConfigError (no ray, cannot join the cluster), FasteError when results go missing.
     """
     ray = import_ray()
-    started_here = _connect(ray, options)
+    with _ray_output(shown=log.isEnabledFor(logging.DEBUG)):
+        started_here = _connect(ray, options)
+        try:
+            resources = plan_resources(options, ray.cluster_resources())
+            if resources.note:
+                log.warning("ray: %s", resources.note)
+            run = _Run(ray, retriever, col, plan.changed, chunk_files, tally, options, report_progress, resources)
+            deferred = run.embed(plan.todo, in_flight=set())
+            run.embed(deferred, in_flight=None)
+        finally:
+            if started_here:
+                ray.shutdown()
+
+
+@contextmanager
+def _ray_output(shown: bool):
+    """Ray's own output (its loggers' lines, Ray Data's execution banners, the C++ failure
+    handler's stack dump when the driver is stopped) stays off the user's terminal unless
+    this module logs at DEBUG (`--debug`); Ray Data still writes its session log files."""
+    if shown:
+        yield
+        return
+    loggers = [logging.getLogger(name) for name in ("ray", "ray.data")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    # read by Ray's core worker when this process joins Ray (ray.init), not later
+    os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
     try:
-        run = _Run(ray, retriever, col, plan.changed, chunk_files, tally, options, report_progress)
-        deferred = run.embed(plan.todo, in_flight=set())
-        run.embed(deferred, in_flight=None)
+        yield
     finally:
-        if started_here:
-            ray.shutdown()
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
 
 
 class _Run:
@@ -129,8 +156,10 @@ class _Run:
     through the pipeline, commits each chunk when all its results are back."""
 
     def __init__(self, ray, retriever: "Retriever", col: "Collection", changed: frozenset[str], chunk_files: int,
-                 tally: IngestTally, options: RayOptions, report_progress: Callable[[int], None]) -> None:
+                 tally: IngestTally, options: RayOptions, report_progress: Callable[[int], None],
+                 resources: ResourcePlan) -> None:
         self.ray, self.retriever, self.col, self.changed = ray, retriever, col, changed
+        self.resources = resources
         self.chunk_files, self.tally, self.options, self.report_progress = chunk_files, tally, options, report_progress
         self.done = 0  # files committed, for progress
 
@@ -160,23 +189,30 @@ class _Run:
                 self._committed(prepared)
         if rows:
             model = _worker_model(self.retriever, self.col)
-            dataset = _pipeline(self.ray, rows, model, self.options)
-            for batch in dataset.iter_batches(batch_size=None, batch_format="numpy"):
-                for unit, payload in zip(batch["unit"], batch["embedded"]):
-                    chunk, position = units[int(unit)]
-                    waiting = pending.get(chunk)
-                    if waiting is None:  # a retried call delivered twice: already committed
-                        continue
-                    waiting.outputs[position] = pickle.loads(payload)
-                    if len(waiting.outputs) == len(waiting.prepared.to_embed):
-                        _commit(self.col, waiting, self.changed, self.tally)
-                        del pending[chunk]
-                        self._committed(waiting.prepared)
+            dataset = _pipeline(self.ray, rows, model, self.options, self.resources)
+            watch = StallWatch(lambda: describe_wait(self.resources, self.ray.available_resources()))
+            with watching(watch):
+                self._collect(dataset, units, pending, watch)
         if pending:
             missing = sum(len(p.prepared.to_embed) - len(p.outputs) for p in pending.values())
             raise FasteError(f"Ray returned no result for {missing} files; nothing of their chunks was "
                              f"committed; run the same command again to embed them")
         return deferred
+
+    def _collect(self, dataset, units: list[tuple[int, int]], pending: dict[int, _Pending], watch: StallWatch) -> None:
+        """Stream the pipeline's results and commit each chunk whose results are all back."""
+        for batch in dataset.iter_batches(batch_size=None, batch_format="numpy"):
+            watch.progressed()
+            for unit, payload in zip(batch["unit"], batch["embedded"]):
+                chunk, position = units[int(unit)]
+                waiting = pending.get(chunk)
+                if waiting is None:  # a retried call delivered twice: already committed
+                    continue
+                waiting.outputs[position] = pickle.loads(payload)
+                if len(waiting.outputs) == len(waiting.prepared.to_embed):
+                    _commit(self.col, waiting, self.changed, self.tally)
+                    del pending[chunk]
+                    self._committed(waiting.prepared)
 
     def _undecodable(self, task: _FileTask) -> dict | None:
         """The output of a file that fails to decode (decoded here, on the driver), else None.
@@ -228,7 +264,7 @@ def _worker_model(retriever: "Retriever", col: "Collection") -> WorkerModel:
                        manifest.model_dim)
 
 
-def _pipeline(ray, rows: list[dict], model: WorkerModel, options: RayOptions):
+def _pipeline(ray, rows: list[dict], model: WorkerModel, options: RayOptions, resources: ResourcePlan):
     """The Ray Data dataset: planned files -> decoding tasks -> embedding actors (lazy).
 
     Ray Data restarts a dead actor and retries its calls (its actor pools default to
@@ -237,26 +273,22 @@ def _pipeline(ray, rows: list[dict], model: WorkerModel, options: RayOptions):
 
     context = ray.data.DataContext.get_current()
     context.enable_progress_bars = False  # the library logs, the CLI renders progress
-    gpus = options.gpus_per_worker
-    if gpus is None:
-        gpus = 1.0 if ray.cluster_resources().get("GPU", 0) > 0 else 0.0
-    workers = options.workers
-    if workers is None:
-        workers = max(1, int(ray.cluster_resources().get("GPU", 0) // gpus)) if gpus > 0 else 1
+    context.print_on_execution_start = log.isEnabledFor(logging.DEBUG)
+    gpus, workers, cpus = resources.gpus_per_worker, resources.workers, resources.cpus_per_worker
     driver_node = ray.get_runtime_context().get_node_id()
     server = None
     if options.ship_bytes:  # files are read on the driver's node, bytes travel in the object store
         server = ray.remote(_FileServer).options(
             num_cpus=0, max_concurrency=8,
             scheduling_strategy=NodeAffinitySchedulingStrategy(driver_node, soft=False)).remote()
-    log.info("ray: %d files, %d embedding actors (%g GPU, %g CPU each), ship_bytes=%s", len(rows), workers, gpus,
-             options.cpus_per_worker, options.ship_bytes)
+    log.info("ray: %d files, %d embedding actors (%g GPU, %g CPU each), decoding %g CPU per task, ship_bytes=%s",
+             len(rows), workers, gpus, cpus, resources.decode_cpus, options.ship_bytes)
     # Blocks of about files_per_task rows: a task's results come back when its block is done, so
     # small blocks let commits stream while later files are still embedding.
     blocks = min(_MAX_BLOCKS, -(-len(rows) // options.files_per_task))
     dataset = ray.data.from_items(rows, override_num_blocks=blocks)
     dataset = dataset.map_batches(
-        _decode_files, batch_size=options.files_per_task, batch_format="numpy", num_cpus=options.decode_cpus,
+        _decode_files, batch_size=options.files_per_task, batch_format="numpy", num_cpus=resources.decode_cpus,
         fn_kwargs={"max_pixels": model.serializer.max_pixels, "server": server, "driver_node": driver_node},
         # Decoded images and rendered pages are large; asking for memory also keeps decoding in its
         # own CPU tasks: Ray Data fuses a task stage into the actors when both ask for the same
@@ -264,8 +296,8 @@ def _pipeline(ray, rows: list[dict], model: WorkerModel, options: RayOptions):
         memory=_DECODE_MEMORY)
     return dataset.map_batches(
         _EmbedActor, batch_size=options.files_per_call, batch_format="numpy",
-        compute=ray.data.ActorPoolStrategy(size=workers), num_gpus=gpus, num_cpus=options.cpus_per_worker,
-        fn_constructor_kwargs={"model": model, "gpus": gpus, "cpus": options.cpus_per_worker,
+        compute=ray.data.ActorPoolStrategy(size=workers), num_gpus=gpus, num_cpus=cpus,
+        fn_constructor_kwargs={"model": model, "gpus": gpus, "cpus": cpus,
                                "registry": os.environ.get(ACTOR_REGISTRY_ENV)})
 
 
