@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -21,6 +20,7 @@ from faste_mm import BatchingConfig, Embedder
 from faste_mm.cli.app import app
 from faste_mm.cli.progress import Progress
 from faste_mm.indexers import Collection
+from faste_mm.indexers.crash_points import CRASH_ENV, SIGNAL_ENV
 from faste_mm.retrieval.retriever import IndexOptions, Retriever
 
 from tests.eval_fixtures import eval_data_dir, eval_model_dir  # noqa: F401  (fixtures)
@@ -92,22 +92,19 @@ def test_plain_lines_are_printed_at_most_once_per_interval_and_always_at_the_end
 
 
 def test_ctrl_c_during_index_says_what_was_kept_and_exits_130(model, tmp_path):
-    n_files = 40
+    """The indexer sends itself SIGINT (Ctrl-C) right after its first chunk commit: a named crash
+    point with FASTE_MM_CRASH_SIGNAL, no polling."""
+    n_files = 12
     folder = _images(tmp_path / "imgs", n_files, seed=500)
     col = tmp_path / "col"
     args = ["index", str(folder), "-c", str(col), "--model", model, "--device", "cpu", "--chunk-files", "2"]
+    env = {key: value for key, value in os.environ.items() if key != "COLUMNS"}
+    env.update({CRASH_ENV: "add-after-commit#1", SIGNAL_ENV: "SIGINT"})
     # SIGINT restored to its default: a test runner in the background may have started us ignoring it.
-    proc = subprocess.Popen([sys.executable, "-m", "faste_mm.cli.app", *args], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    try:
-        deadline = time.monotonic() + 300
-        while _committed_items(col) < 2 and proc.poll() is None:  # the first chunk is committed
-            assert time.monotonic() < deadline, "the indexer committed nothing in 300 s"
-            time.sleep(0.005)
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        proc.kill()
+    proc = subprocess.run([sys.executable, "-m", "faste_mm.cli.app", *args], stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, env=env, timeout=300,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    err = proc.stderr
     err = err.decode()
     assert proc.returncode == 130, err[-2000:]
     committed = _committed_items(col)
