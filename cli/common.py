@@ -104,8 +104,12 @@ _FLAGS = {
     "BatchingConfig.batch_tokens": "--batch-tokens", "BatchingConfig.unpadded": "--unpadded",
     "IndexOptions.chunk_files": "--chunk-files", "ScanFilter.exclude": "--exclude",
     "index_type": "--index-type",
+    "VideoConfig.fps": "--video-fps", "VideoConfig.max_frames": "--video-max-frames",
+    "VideoConfig.max_pixels": "--video-max-pixels",
 }
 _FLAG_RE = re.compile("|".join(rf"\b{re.escape(name)}\b" for name in _FLAGS))
+# Any other config field is set by the flag of its name: `BenchConfig.repeats` -> --repeats.
+_FIELD_RE = re.compile(r"\b[A-Z]\w*(?:Config|Options)\.([a-z][a-z0-9_]*)\b")
 # Control characters (newlines, ANSI escapes) in a file name would break or recolour the output.
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
@@ -141,7 +145,8 @@ def print_json(payload: object) -> None:
 
 def in_cli_words(message: str) -> str:
     """A library message with config field names replaced by the CLI flags that set them."""
-    return _FLAG_RE.sub(lambda m: _FLAGS[m.group()], message)
+    message = _FLAG_RE.sub(lambda m: _FLAGS[m.group()], message)
+    return _FIELD_RE.sub(lambda m: "--" + m.group(1).replace("_", "-"), message)
 
 
 def fail(error: FasteError, debug: bool) -> NoReturn:

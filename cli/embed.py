@@ -26,7 +26,7 @@ def embed(
     threshold: Optional[float] = typer.Option(None, envvar="FASTE_MM_THRESHOLD", help="FastE alignment threshold theta (default: the backbone's)."),
     trigger_layer: Optional[int] = typer.Option(None, envvar="FASTE_MM_TRIGGER_LAYER", help="Compress before this layer instead of the alignment trigger."),
     instruction: Optional[str] = typer.Option(None, envvar="FASTE_MM_INSTRUCTION", help="Task instruction (queries); default: the document format."),
-    dim: Optional[int] = typer.Option(None, envvar="FASTE_MM_DIM", help="Matryoshka dimensions kept (default: all)."),
+    dim: Optional[int] = typer.Option(None, envvar="FASTE_MM_DIM", min=1, help="Matryoshka dimensions kept (default: all)."),
     batch_tokens: int = typer.Option(16384, envvar="FASTE_MM_BATCH_TOKENS", help="Padded tokens per batch."),
     unpadded: str = unpadded_option(),
     device: str = device_option(),
@@ -56,7 +56,7 @@ def embed(
             if not out.parent.is_dir():  # checked before the model runs, so no run is lost to a typo
                 raise ConfigError(f"--out {out}: folder {out.parent} does not exist; create it or choose another path")
         fast_e = None
-        if r_max > 0 or trigger_layer is not None:
+        if r_max != 0 or trigger_layer is not None:  # FastEConfig also refuses a negative r_max
             fast_e = FastEConfig(r_max=r_max, warmup_layer=warmup_layer, threshold=threshold, trigger_layer=trigger_layer)
         with Progress().loading(model):
             embedder = Embedder.from_pretrained(model, device=device, dtype=dtype,

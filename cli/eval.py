@@ -30,12 +30,12 @@ def eval_command(
     model: str = typer.Option(DEFAULT_MODEL, envvar="FASTE_MM_MODEL", help="Hub id or local model directory."),
     r_max: str = typer.Option("0,0.3,0.5,0.7", envvar="FASTE_MM_EVAL_R_MAX", help="Comma-separated target removal ratios in [0, 1); 0 = Full. Default 0,0.3,0.5,0.7."),
     methods: str = typer.Option(_ALL_METHODS, envvar="FASTE_MM_METHODS", help=f"Comma-separated methods from {_ALL_METHODS} (default: all)."),
-    limit: Optional[int] = typer.Option(None, envvar="FASTE_MM_LIMIT", help="First N queries per task (default: all, 1000)."),
+    limit: Optional[int] = typer.Option(None, envvar="FASTE_MM_LIMIT", min=1, help="First N queries per task (default: all, 1000)."),
     out: Path = typer.Option(Path("faste-mm-eval"), "--out", "-o", envvar="FASTE_MM_EVAL_OUT", help="Output folder (results.json, results.md, plot, cache/). Default ./faste-mm-eval."),
     fixed_layer: Optional[int] = typer.Option(None, envvar="FASTE_MM_FIXED_LAYER", help="Trigger layer of the 'fixed' baseline (default: half the depth, 14 of 28)."),
     warmup_layer: Optional[int] = typer.Option(None, envvar="FASTE_MM_WARMUP_LAYER", help="FastE warm-up layer l_w (default: the backbone's, 8)."),
     threshold: Optional[float] = typer.Option(None, envvar="FASTE_MM_THRESHOLD", help="FastE alignment threshold theta (default: the backbone's, 0.70 for Qwen3-VL-Embedding)."),
-    seed: int = typer.Option(0, envvar="FASTE_MM_SEED", help="Seed of the 'random' ranking baseline. Default 0."),
+    seed: int = typer.Option(0, envvar="FASTE_MM_SEED", min=0, help="Seed of the 'random' ranking baseline. Default 0."),
     batch_tokens: int = typer.Option(16384, envvar="FASTE_MM_BATCH_TOKENS", help="Padded tokens per batch. Default 16384."),
     unpadded: str = unpadded_option(),
     chunk_items: int = typer.Option(256, envvar="FASTE_MM_CHUNK_ITEMS", help="Items serialized and length-sorted together (the first chunks are smaller). Default 256."),
@@ -62,6 +62,7 @@ def eval_command(
             seed=seed,
         )
         specs = resolve_tasks(task)
+        batching = BatchingConfig(batch_tokens=batch_tokens, chunk_items=chunk_items, unpadded=unpadded)
         if data is None:
             stderr.print(f"downloading {', '.join(s.subset for s in specs)} from the Hugging Face hub (cached)")
             data = download_tasks(specs, data_cache)
@@ -70,7 +71,7 @@ def eval_command(
             with progress.loading(model):
                 embedder = Embedder.from_pretrained(
                     model, device=device, dtype=dtype,
-                    batching=BatchingConfig(batch_tokens=batch_tokens, chunk_items=chunk_items, unpadded=unpadded))
+                    batching=batching)
             results = evaluate(embedder, tasks, config, cache_dir=out / "cache" if cache else None, progress=progress)
         paths = write_report(results, out)
     except FasteError as error:

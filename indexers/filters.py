@@ -21,6 +21,9 @@ TYPES: dict[str, tuple[str, ...]] = {"image": ("image", "image+text"), "pdf": ("
 _SCALARS = (str, int, float, bool)
 
 
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1  # SQLite's INTEGER
+
+
 @dataclass(frozen=True, slots=True)
 class SearchFilter:
     """Conditions a hit must meet, all of them (AND).
@@ -46,6 +49,10 @@ class SearchFilter:
             if not isinstance(value, _SCALARS) or (isinstance(value, float) and not math.isfinite(value)):
                 raise ConfigError(f"search where[{key!r}] = {value!r}: values must be a str, int, finite float "
                                   f"or bool")
+            if isinstance(value, int) and not isinstance(value, bool) and not _INT64_MIN <= value <= _INT64_MAX:
+                raise ConfigError(f"search where[{key!r}] = {value}: integers must lie in the 64-bit range "
+                                  f"{_INT64_MIN}..{_INT64_MAX} (metadata stores them as SQLite integers); "
+                                  f"compare a larger number as a string")
         types = (self.types,) if isinstance(self.types, str) else tuple(self.types)
         for kind in types:
             if kind not in TYPES:
