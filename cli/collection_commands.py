@@ -20,9 +20,9 @@ from faste_mm.cli.common import (DEFAULT_MODEL, DOCUMENT_R_MAX, Format, debug_op
 from faste_mm.cli.progress import Progress, announced_spec, quiet_transformers
 from faste_mm.errors import FasteError
 
-_COLLECTION_HELP = ("Collection: a NAME under the user data directory "
-                    "(user_data_dir('faste-mm')/collections/NAME), or a DIR (contains '/' or starts "
-                    "with '.'). Default: the 'default' collection.")
+_COLLECTION_HELP = ("Collection: a NAME (the folder collections/NAME in the user data directory, "
+                    "user_data_dir('faste-mm')), or a DIR (contains '/' or starts with '.'). Default: "
+                    "the 'default' collection.")
 
 
 class OutputFormat(str, Enum):
