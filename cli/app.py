@@ -66,11 +66,11 @@ _PANELS_MIN_COLUMNS = 100
 
 
 @contextmanager
-def _help_layout(command, params: list):
+def _help_layout(command, params: list, panels: bool = False):
     """Render one --help: rich panels on a wide terminal, with help texts escaped for the
     duration (rich markup would eat `faste-mm[ray]`'s `[ray]`); click's plain layout on a
     narrow one (wrapped, never cut)."""
-    if shutil.get_terminal_size().columns < _PANELS_MIN_COLUMNS:
+    if not panels and shutil.get_terminal_size().columns < _PANELS_MIN_COLUMNS:
         mode, command.rich_markup_mode = command.rich_markup_mode, None
         try:
             yield
@@ -97,10 +97,13 @@ class _Command(TyperCommand):
 
 
 class _Group(TyperGroup):
+    """Always rich panels: its help is a short table of commands (and a bare `faste-mm` shows it
+    through typer's rich error path, which prints no plain help text)."""
+
     def format_help(self, ctx, formatter) -> None:
         params = self.get_params(ctx)
         _tidy_help(params, ctx)
-        with _help_layout(self, params):
+        with _help_layout(self, params, panels=True):
             super().format_help(ctx, formatter)
 
 
