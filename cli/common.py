@@ -20,10 +20,33 @@ DEFAULT_MODEL = "Qwen/Qwen3-VL-Embedding-2B"
 # FastE's r_max for documents when the user gives none (index for a new collection, embed);
 # queries always run the full forward.
 DOCUMENT_R_MAX = 0.5
+
+
+class _ResultConsole(Console):
+    """stdout: a table printed to a pipe or a file is laid out at its natural width (rich would
+    assume 80 columns and fold paths mid-name); on a terminal it fits the window, and a long
+    path folds onto the next line."""
+
+    def print(self, *objects, **kwargs) -> None:
+        from rich.measure import Measurement
+        from rich.table import Table
+
+        tables = [o for o in objects if isinstance(o, Table)]
+        if self.is_terminal or not tables:
+            super().print(*objects, **kwargs)
+            return
+        natural = max(Measurement.get(self, self.options.update(width=1 << 16), t).maximum for t in tables)
+        width, self._width = self._width, max(natural, self.width)  # rich caps print(width=) at its own
+        try:
+            super().print(*objects, **kwargs)
+        finally:
+            self._width = width
+
+
 # soft_wrap: a message is never hard-wrapped at the console width (a piped stderr has no width,
 # and rich would assume 80 columns and split paths and sentences across lines).
 stderr = Console(stderr=True, soft_wrap=True)
-stdout = Console(soft_wrap=True)
+stdout = _ResultConsole(soft_wrap=True)
 
 
 class Format(str, Enum):
@@ -65,10 +88,27 @@ def debug_option():
     return typer.Option(False, "--debug", envvar="FASTE_MM_DEBUG", help="Show tracebacks and debug logs.")
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to the sys.stderr of the moment, not the one of set-up: while a progress bar is
+    live, rich puts a proxy there that prints each line above the bar instead of into it."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:  # logging.StreamHandler sets it; the property decides
+        pass
+
+
 def setup_logging(debug: bool, level: int = logging.WARNING) -> None:
     """Library logs to stderr: `level` and above (DEBUG with --debug)."""
-    logging.basicConfig(level=logging.DEBUG if debug else level, stream=sys.stderr,
-                        format="%(levelname)s: %(message)s", force=True)
+    handler = _StderrHandler()
+    handler.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
+    logging.basicConfig(level=logging.DEBUG if debug else level, handlers=[handler], force=True)
 
 
 def unpadded_option():

@@ -147,3 +147,66 @@ def test_eval_prints_plain_lines_for_each_phase(eval_model_dir, eval_data_dir, t
                     "--r-max", "0", "--limit", "2", "--out", str(tmp_path / "run")])
     phases = {line.split(": ")[0] for line in lines}
     assert any("queries" in phase for phase in phases) and any("candidates" in phase for phase in phases), lines
+
+
+# ---- what a person sees at 80 columns (helper ux) ---------------------------------------------
+def _terminal(width: int = 80):
+    import io
+
+    from rich.console import Console
+
+    return Console(file=io.StringIO(), force_terminal=True, width=width, color_system=None, legacy_windows=False)
+
+
+def _screen(console) -> str:
+    import re
+
+    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", console.file.getvalue())
+
+
+def test_the_live_bar_keeps_its_bar_count_elapsed_and_eta_at_80_columns():
+    console = _terminal(80)
+    rates = "3200 items  41.3 items/s  52310 tok/s  removed 47%"
+    with Progress(console, live=True) as progress:
+        progress.start("indexing", 159, unit="files committed")
+        progress.update(32, detail=rates, share=0.2)
+    screen = _screen(console)
+    assert "━" in screen  # the bar
+    assert "indexing: 32/159 files committed  elapsed 0:00  ETA 0:00" in screen
+    assert "…" not in screen and "..." not in screen
+    for word in rates.split():  # the rates fold onto the next line, whole
+        assert word in screen
+
+
+def test_a_warning_logged_while_the_bar_is_live_prints_above_it_not_into_it():
+    import logging
+
+    from faste_mm.cli.common import setup_logging
+
+    console = _terminal(80)
+    setup_logging(debug=False)
+    try:
+        with Progress(console, live=True) as progress:
+            progress.start("indexing", 10, unit="files committed")
+            progress.update(3)
+            logging.getLogger("faste_mm.scale.resources").warning("Ray run stalled: decoding waits for 1 CPU")
+            progress.update(4)
+    finally:
+        logging.getLogger().handlers.clear()
+    lines = _screen(console).splitlines()
+    assert any(line.strip() == "WARNING: Ray run stalled: decoding waits for 1 CPU" for line in lines), lines
+
+
+def test_a_piped_table_never_splits_a_path():
+    from rich.table import Table
+
+    from faste_mm.cli.common import stdout
+
+    deep = "/data/" + "/".join(f"folder-number-{i}" for i in range(8)) + "/a-long-file-name-0001.png"
+    table = Table(title="1 results")
+    for column in ("rank", "score", "file", "page"):
+        table.add_column(column, overflow="fold")
+    table.add_row("1", "0.9876", deep, "")
+    with stdout.capture() as captured:
+        stdout.print(table)
+    assert deep in captured.get()
