@@ -238,10 +238,15 @@ def search_command(
     path: Optional[str] = typer.Option(None, "--path", envvar="FASTE_MM_PATH",
                                        help="Only files whose path matches this glob ('*' also matches '/'), "
                                             "e.g. '*/invoices/*', '*.pdf', './photos/*'."),
+    no_server: bool = typer.Option(False, "--no-server", envvar="FASTE_MM_NO_SERVER",
+                                   help="Load the model here even when a faste-mm serve is serving the "
+                                        "collection (default: a text search asks that server)."),
     device: str = device_option(),
     debug: bool = debug_option(),
 ) -> None:
-    """Search a collection by text, image and/or video; the model is the one the collection was built with."""
+    """Search a collection by text, image and/or video; the model is the one the collection was built with.
+    A text search asks the collection's running `faste-mm serve`, if any, instead of loading the model."""
+    from faste_mm.cli.server_search import search_through_server
     from faste_mm.retrieval.retriever import Retriever
 
     setup_logging(debug)
@@ -249,11 +254,17 @@ def search_command(
         _usage("give a QUERY text, --image PATH, --video PATH, or a combination")
     conditions = _parse_where(where)
     try:
-        with Retriever.open(collection, device=device) as retriever:
-            quiet_transformers()  # the model loads in search(): no per-weight bar on stderr
-            hits = retriever.search(query, image=image, video=video, k=k, instruction=instruction, where=conditions,
-                                    type=kind or None, path=path)
-            root = retriever.collection
+        served = None
+        if not no_server and image is None and video is None and instruction is None:
+            served = search_through_server(collection, query, k, conditions, kind, path, debug)
+        if served is not None:
+            root, hits = served
+        else:
+            with Retriever.open(collection, device=device) as retriever:
+                quiet_transformers()  # the model loads in search(): no per-weight bar on stderr
+                hits = retriever.search(query, image=image, video=video, k=k, instruction=instruction,
+                                        where=conditions, type=kind or None, path=path)
+                root = retriever.collection
     except FasteError as error:
         fail(error, debug)
     if output is OutputFormat.json:

@@ -5,21 +5,27 @@ search, thumbnails, metrics) and a search page. Thin: options -> ServeConfig -> 
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 from pathlib import Path
 from typing import Optional
 
 import typer
 
+from rich.markup import escape
+
 from faste_mm.cli.common import DEFAULT_MODEL, debug_option, device_option, fail, setup_logging, stderr, unpadded_option
 from faste_mm.errors import ConfigError, FasteError
+
+SERVE_INSTALL = "pip install 'faste-mm[serve]'"
 
 
 def serve_command(
     collection: Optional[str] = typer.Option(
         None, "--collection", "-c", envvar="FASTE_MM_COLLECTION",
         help="Collection to search: a NAME under the user data directory or a DIR. Its manifest names the "
-             "model. Without it (and with --model) the server only embeds."),
+             "model. Default: the 'default' collection, as for every command; with --model and no -c the "
+             "server only embeds."),
     model: Optional[str] = typer.Option(None, "--model", envvar="FASTE_MM_MODEL",
                                         help=f"Hub id or local model directory. Default: the collection's model, "
                                              f"else {DEFAULT_MODEL}."),
@@ -57,7 +63,9 @@ def serve_command(
     unpadded: str = unpadded_option(),
     debug: bool = debug_option(),
 ) -> None:
-    """Serve embeddings (OpenAI-compatible /v1/embeddings) and, with -c, search and a search page at /."""
+    """Serve embeddings (OpenAI-compatible /v1/embeddings), search and a search page at / (the
+    default collection unless -c names another; --model alone: embeddings only)."""
+    _require_serve_extra()  # before anything loads: a missing package must not cost a model load
     try:
         from faste_mm.serving import BatcherConfig, ServeConfig, check_bind
 
@@ -73,10 +81,32 @@ def serve_command(
         engine = _load_engine(collection, model, device, batch_tokens, unpadded, config)
     except FasteError as error:
         fail(error, debug)
-    except ImportError as error:  # fastapi / uvicorn missing
-        stderr.print(f"[red]error:[/red] {error}; install the server extra: pip install 'faste-mm[serve]'")
+    _run(engine, host, port, api_key)
+
+
+# The `serve` extra's packages, by import name (python-multipart imports as python_multipart,
+# older releases as multipart).
+_SERVE_MODULES = (("fastapi",), ("uvicorn",), ("python_multipart", "multipart"))
+
+
+def _require_serve_extra() -> None:
+    """Exit 1 saying what to install when a package of the `serve` extra is missing."""
+    import importlib
+
+    missing = []
+    for names in _SERVE_MODULES:
+        for name in names:
+            try:
+                importlib.import_module(name)
+                break
+            except ImportError:
+                continue
+        else:
+            missing.append(names[0].replace("_", "-"))
+    if missing:
+        stderr.print(f"[red]error:[/red] faste-mm serve needs {', '.join(missing)} (not installed); install the "
+                     f"server extra: {escape(SERVE_INSTALL)}", highlight=False)
         raise typer.Exit(1)
-    _run(engine, host, port)
 
 
 def _load_engine(collection, model, device, batch_tokens, unpadded, config):
@@ -86,13 +116,16 @@ def _load_engine(collection, model, device, batch_tokens, unpadded, config):
     from faste_mm.serving import ServeEngine
 
     batching = BatchingConfig(batch_tokens=batch_tokens, unpadded=unpadded)
-    if collection is None:
-        stderr.print(f"loading {model or DEFAULT_MODEL} (embeddings only: no -c collection)")
-        return ServeEngine(Embedder.from_pretrained(model or DEFAULT_MODEL, device=device, batching=batching),
-                           None, config)
-    from faste_mm.indexers.manifest import read_manifest
+    if collection is None and model is not None:
+        stderr.print(f"loading {model} (embeddings only: --model without -c)")
+        return ServeEngine(Embedder.from_pretrained(model, device=device, batching=batching), None, config)
+    from faste_mm.indexers.manifest import MANIFEST_NAME, read_manifest
 
     root = collection_path(collection)
+    if collection is None and not (root / MANIFEST_NAME).exists():
+        raise ConfigError(f"no -c given and the default collection {root} does not exist yet; index files into "
+                          f"it first (faste-mm index PATH), name another with -c, or serve embeddings only with "
+                          f"--model MODEL")
     built_with = read_manifest(root).model_id
     if model is not None and model != built_with and str(Path(model).expanduser().resolve()) != built_with:
         raise ConfigError(f"--model {model}: the collection {root} was built with {built_with}; its vectors "
@@ -103,12 +136,18 @@ def _load_engine(collection, model, device, batch_tokens, unpadded, config):
     return ServeEngine(retriever.embedder, retriever, config)
 
 
-def _run(engine, host: str, port: int) -> None:
+def _exit_on_signal(signum: int, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _run(engine, host: str, port: int, api_key: str | None) -> None:
     import socket
+    from contextlib import nullcontext
 
     import uvicorn
 
     from faste_mm.serving import create_app
+    from faste_mm.serving.discovery import announced
 
     # Bind here, so the address printed (and a port 0 choice) is the real one before serving.
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -122,9 +161,18 @@ def _run(engine, host: str, port: int) -> None:
     sock.listen(2048)  # connections made as soon as the URL is printed wait in the backlog
     bound = sock.getsockname()[1]
     shown = f"[{host}]" if ":" in host else host
-    # stdout: scripts and tests read the URL from here; everything else is on stderr.
-    sys.stdout.write(f"serving on http://{shown}:{bound}/\n")
-    sys.stdout.flush()
     server = uvicorn.Server(uvicorn.Config(create_app(engine), log_level="warning", access_log=False,
                                            timeout_graceful_shutdown=5))
-    server.run(sockets=[sock])
+    # `faste-mm search` on this collection asks this server (through its address on this machine)
+    # while it runs; announced before the URL is printed, removed when the server stops.
+    local = {"0.0.0.0": "127.0.0.1", "::": "[::1]"}.get(host, shown)
+    announcement = (nullcontext() if engine.collection is None else
+                    announced(engine.collection, f"http://{local}:{bound}/", engine.embedder.model_id, api_key))
+    # uvicorn re-raises the SIGTERM that stopped it once it has shut down; as an exception here
+    # (not the default handler's instant death) it leaves through `announcement`, which withdraws.
+    signal.signal(signal.SIGTERM, _exit_on_signal)
+    with announcement:
+        # stdout: scripts and tests read the URL from here; everything else is on stderr.
+        sys.stdout.write(f"serving on http://{shown}:{bound}/\n")
+        sys.stdout.flush()
+        server.run(sockets=[sock])

@@ -23,7 +23,9 @@ log = logging.getLogger(__name__)
 
 LOCK_NAME = "collection.lock"
 _DB_FILES = (DB_NAME, DB_NAME + "-wal", DB_NAME + "-shm")
-OWN_FILES = frozenset({*_DB_FILES, parts.VECTORS_DIR, LOCK_NAME, MANIFEST_NAME, faiss_index.INDEX_NAME})
+# Written by `faste-mm serve` while it serves the collection (faste_mm.serving.discovery).
+SERVER_FILE = "server.json"
+OWN_FILES = frozenset({*_DB_FILES, parts.VECTORS_DIR, LOCK_NAME, MANIFEST_NAME, faiss_index.INDEX_NAME, SERVER_FILE})
 # `erase` first renames manifest.json to this name: from then on the directory is no longer a
 # collection, and a later `create` that finds the marker finishes the interrupted erase.
 ERASE_MARKER = MANIFEST_NAME + ".erasing" + TMP_SUFFIX
