@@ -1,5 +1,6 @@
-"""Thumbnails of indexed items for the search page: a small JPEG of an image file or of a
-rendered PDF page, cached on disk beside the collection (`<collection>.thumbnails/`).
+"""Thumbnails of indexed items for the search page: a small JPEG of an image file, of a
+rendered PDF page or of a frame of a video, cached on disk beside the collection
+(`<collection>.thumbnails/`).
 
 Receives an item record found by id in the collection (never a path from a request); hands
 back the cached JPEG's path. Text items have no thumbnail.
@@ -16,6 +17,7 @@ from pathlib import Path
 from PIL import Image, ImageOps
 
 from faste_mm.errors import InputError
+from faste_mm.model.video import VIDEO_SUFFIXES
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +37,11 @@ def default_cache_dir(collection: Path) -> Path:
 
 
 def has_thumbnail(uri: str, page: int | None) -> bool:
-    """Whether an item with this uri/page can have a thumbnail (an image file or a PDF page)."""
+    """Whether an item with this uri/page can have a thumbnail (an image file, a PDF page or a
+    video)."""
     suffix = Path(uri).suffix.lower()
-    return not uri.startswith("item:") and (suffix in IMAGE_SUFFIXES or (suffix == ".pdf" and page is not None))
+    return not uri.startswith("item:") and (suffix in IMAGE_SUFFIXES or suffix in VIDEO_SUFFIXES
+                                            or (suffix == ".pdf" and page is not None))
 
 
 def thumbnail(record, cache_dir: Path) -> Path:
@@ -71,9 +75,36 @@ def _render(record) -> Image.Image:
     source = Path(record.uri)
     if not source.is_file():
         raise NoThumbnailError(f"id {record.id}: its file {source} is gone; re-index the collection")
+    if source.suffix.lower() in VIDEO_SUFFIXES:
+        return _video_frame(record.id, source)
     item = Item(image=source, page=record.page if source.suffix.lower() == ".pdf" else None)
     try:
         # PDF pages render near this many pixels: enough for a sharp thumbnail, no more
         return load_image(item, max_pixels=4 * THUMBNAIL_PX * THUMBNAIL_PX)
     except InputError as error:
         raise NoThumbnailError(f"id {record.id}: {error}") from None
+
+
+VIDEO_FRAME_AT = 0.3  # share of the duration: past a fade-in or a title card, still early
+
+
+def _video_frame(item_id: int, source: Path) -> Image.Image:
+    """The first frame at or after VIDEO_FRAME_AT of the video's duration (the first frame when
+    the container states no duration or the seek fails)."""
+    import av
+
+    try:
+        with av.open(str(source), mode="r") as container:
+            if not container.streams.video:
+                raise NoThumbnailError(f"id {item_id}: {source} has no video stream")
+            stream = container.streams.video[0]
+            if container.duration:  # microseconds (av.time_base)
+                try:
+                    container.seek(int(container.duration * VIDEO_FRAME_AT), backward=True)
+                except av.FFmpegError:
+                    container.seek(0)
+            for frame in container.decode(stream):
+                return frame.to_image()
+    except av.FFmpegError as error:
+        raise NoThumbnailError(f"id {item_id}: {source} is not a readable video ({error})") from None
+    raise NoThumbnailError(f"id {item_id}: {source} has no decodable frame")
