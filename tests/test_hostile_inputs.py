@@ -247,3 +247,27 @@ def test_pillows_bomb_warning_never_reaches_the_user(indexed):
                          capture_output=True, text=True, timeout=120)
     assert "InputError" in out.stdout and "downscale it first" in out.stdout
     assert "DecompressionBombWarning" not in out.stderr, out.stderr
+
+
+# ---- nothing lost (helper ux): every file the walk selects is accounted for exactly once -----
+def test_every_file_of_the_hostile_folder_is_stored_or_named_as_a_failure_exactly_once(indexed):
+    """The run's books balance: each file the walk selects is live (once per item) or a failure
+    row naming it, never both and never neither; nothing outside the folder is stored."""
+    from faste_mm.retrieval.ingest import scan_paths
+
+    root, col, result = indexed
+    report = json.loads(result.stdout)
+    selected = {f.uri for f in scan_paths([root]).files()}
+    failed = {f["uri"] for f in report["failures"]}
+    with Collection.open(col) as c:
+        ids = sorted(c.live_ids(range(100_000)))
+        records = c.get(ids)
+    live_keys = [(r.uri, r.page) for r in records]
+    assert len(live_keys) == len(set(live_keys)), "an item was stored twice"
+    live = {uri for uri, _ in live_keys}
+    assert not live & failed, f"stored and failed: {sorted(live & failed)}"
+    assert selected == live | failed, (f"lost: {sorted(selected - live - failed)}; "
+                                       f"not selected: {sorted((live | failed) - selected)}")
+    for uri in failed:  # each failure names its file, literally
+        assert any(uri in f["error"] or os.path.basename(uri) in f["error"] for f in report["failures"]
+                   if f["uri"] == uri)
