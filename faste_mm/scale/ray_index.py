@@ -238,7 +238,10 @@ def _connect(ray, options: RayOptions) -> bool:
         return False
     address = None if options.address == "auto" else options.address
     try:
-        ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+        # the workers' own output (actor warnings, their logs) reaches this terminal only with --debug
+        debug = log.isEnabledFor(logging.DEBUG)
+        ray.init(address=address, include_dashboard=False, log_to_driver=debug,
+                 logging_level=logging.DEBUG if debug else logging.WARNING)
     except (ConnectionError, RuntimeError, ValueError) as error:
         raise ConfigError(f"cannot join the Ray cluster at {options.address!r} ({error}); start it with "
                           f"`ray start --head` (then `ray start --address HEAD:6379` on the other nodes) "
