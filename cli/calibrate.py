@@ -119,11 +119,11 @@ def _documents(paths: list[Path], sample: int) -> tuple[list, list[str]]:
 def _check_collection(collection: str, model: str) -> None:
     """--save -c: the collection must exist, run FastE and use this model, known before the run."""
     from faste_mm.retrieval.calibrations import check_collection_target
-    from faste_mm.indexers.manifest import read_manifest
-    from faste_mm.retrieval.retriever import ModelSpec, collection_path
+    from faste_mm.retrieval.maintenance import collection_path
+    from faste_mm.retrieval.profile import model_name, read_profile
 
     root = collection_path(collection)
-    check_collection_target(root, read_manifest(root), ModelSpec(model).name, None, revision_known=False)
+    check_collection_target(root, read_profile(root), model_name(model), None, revision_known=False)
 
 
 def _make_out(out: Path) -> None:

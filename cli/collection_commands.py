@@ -17,7 +17,7 @@ from rich.table import Table
 
 from faste_mm.cli.common import (DEFAULT_MODEL, DOCUMENT_R_MAX, Format, debug_option, device_option, fail, markup_safe,
                                  print_json, setup_logging, shown, stderr, stdout, unpadded_option)
-from faste_mm.cli.progress import Progress, announced_spec, quiet_transformers
+from faste_mm.cli.progress import Progress, quiet_transformers
 from faste_mm.errors import FasteError
 
 _COLLECTION_HELP = ("Collection: a NAME (the folder collections/NAME in the user data directory, "
@@ -110,13 +110,8 @@ def index_command(
 ) -> None:
     """Index images, videos (mp4, mov, webm, mkv, avi), PDFs (page by page) and .txt/.md files; only new or
     changed files are embedded."""
-    from dataclasses import replace
-
     from faste_mm.model.batching import BatchingConfig
-    from faste_mm.indexers.manifest import MANIFEST_NAME, read_manifest
-    from faste_mm.retrieval.retriever import IndexOptions, ModelSpec, Retriever, collection_path
-    from faste_mm.model.serialization import SerializerConfig
-    from faste_mm.model.video import VideoConfig
+    from faste_mm.retrieval.retriever import IndexOptions, Retriever, collection_path
 
     setup_logging(debug)
     watch, pending = _IndexWatch(), None
@@ -124,33 +119,23 @@ def index_command(
         root = collection_path(collection)
         options = IndexOptions(exclude=tuple(exclude), include_hidden=include_hidden, reindex=reindex,
                                index_type=index_type, retry_failed=retry_failed, chunk_files=chunk_files)
-        existing = None
-        if (root / MANIFEST_NAME).exists() and not (reindex and model is not None):
-            existing = read_manifest(root)  # the settings only; the retriever opens the database
-        # Unspecified settings keep the collection's, so `faste-mm index more/` just works.
-        model_id = model or (existing.model_id if existing else DEFAULT_MODEL)
-        revision = existing.model_revision if existing and model is None else None
-        if r_max is None:
-            r_max = existing.r_max if existing else DOCUMENT_R_MAX
-        if dim is None and existing is not None:
-            dim = existing.dim
-        # unspecified video settings keep the collection's; a given one that differs is refused
-        video = VideoConfig(**existing.video) if existing else VideoConfig()
-        given = {"fps": video_fps, "max_frames": video_max_frames, "max_pixels": video_max_pixels}
-        video = replace(video, **{name: value for name, value in given.items() if value is not None})
-        spec = announced_spec(ModelSpec, watch)(model_id, revision, device,
-                                                batching=BatchingConfig(batch_tokens=batch_tokens, unpadded=unpadded),
-                                                serializer=SerializerConfig(video=video))
-        ray_options = None
+        executor = None
         if ray is not None:
-            from faste_mm.scale import RayOptions
+            from faste_mm.scale import RayExecutor, RayOptions
 
-            ray_options = RayOptions(ray, workers, gpus_per_worker, cpus_per_worker, ship_bytes=ship_bytes)
+            executor = RayExecutor(RayOptions(ray, workers, gpus_per_worker, cpus_per_worker, ship_bytes=ship_bytes))
         elif workers is not None or gpus_per_worker is not None or ship_bytes:
             _usage("--workers, --gpus-per-worker and --ship-bytes need --ray auto (or --ray ADDRESS)")
-        pending = lambda: Retriever(spec, collection=root).pending(paths, options)  # noqa: E731
-        with Retriever(spec, collection=root, r_max=r_max, threshold=threshold, dim=dim) as retriever, watch:
-            report = retriever.index(paths, options=options, progress=watch.report, ray=ray_options)
+        # Settings not given are the collection's (so `faste-mm index more/` just works), else the
+        # defaults; a given one that differs from the collection's is refused (see CollectionProfile).
+        video = {"fps": video_fps, "max_frames": video_max_frames, "max_pixels": video_max_pixels}
+        retriever = Retriever.for_collection(
+            root, model, device=device, batching=BatchingConfig(batch_tokens=batch_tokens, unpadded=unpadded),
+            reindex=reindex, loading=watch.loading, r_max=r_max, threshold=threshold, dim=dim,
+            video={name: value for name, value in video.items() if value is not None} or None)
+        pending = lambda: retriever.pending(paths, options)  # noqa: E731
+        with retriever, watch:
+            report = retriever.index(paths, options=options, progress=watch.report, executor=executor)
     except FasteError as error:
         fail(error, debug)
     except KeyboardInterrupt:
@@ -315,29 +300,31 @@ def info_command(
     """Model, settings, counts, failures, index type and size on disk of a collection."""
     from faste_mm.indexers import Collection
     from faste_mm.retrieval.maintenance import collection_path
+    from faste_mm.retrieval.profile import CollectionProfile
 
     setup_logging(debug)
     try:
         with Collection.open(collection_path(collection)) as col:
-            info, manifest = col.info(), col.manifest
+            info, profile = col.info(), CollectionProfile.from_manifest(col.manifest)
+            # the stored settings as the profile reads them (defaults filled in for older collections)
+            settings = profile.to_manifest(base=col.manifest).to_dict()
     except FasteError as error:
         fail(error, debug)
-    payload = {**info.to_dict(), "settings": manifest.to_dict()}
+    payload = {**info.to_dict(), "settings": settings}
     if output is InfoFormat.json:
         print_json(payload)
         return
     table = Table(title=f"collection {markup_safe(info.path)}")
     table.add_column("field")
     table.add_column("value", overflow="fold")
-    fast_e = manifest.fast_e
-    theta = "-" if fast_e is None else f"{fast_e.threshold} ({fast_e.threshold_source or 'backbone default'})"
-    for name, value in (("model", manifest.model_id), ("revision", manifest.model_revision or "-"),
-                        ("dim", f"{info.dim} (Matryoshka: first {info.dim} of {manifest.model_dim})"
-                                if manifest.is_matryoshka else info.dim), ("FastE r_max (documents)", manifest.r_max),
+    theta = "-" if profile.r_max == 0 else f"{profile.threshold} ({profile.threshold_source or 'backbone default'})"
+    for name, value in (("model", profile.model_id), ("revision", profile.model_revision or "-"),
+                        ("dim", f"{info.dim} (Matryoshka: first {info.dim} of {profile.model_dim})"
+                                if profile.is_matryoshka else info.dim), ("FastE r_max (documents)", profile.r_max),
                         ("FastE theta (documents)", theta),
-                        ("pixels", f"{manifest.min_pixels}..{manifest.max_pixels}"),
+                        ("pixels", f"{profile.min_pixels}..{profile.max_pixels}"),
                         ("video", "{fps:g} fps, at most {max_frames} frames of {max_pixels} px, "
-                                  "{total_pixels} px in all".format(**manifest.video)),
+                                  "{total_pixels} px in all".format(**profile.video.to_dict())),
                         ("items", info.n_ok), ("failed", info.n_failed), ("deleted (until compact)", info.n_deleted),
                         ("index type", info.index_type), ("index", info.index_factory or "-"),
                         ("size on disk", f"{info.size_bytes / 2**20:.2f} MiB")):

@@ -15,12 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from faste_mm.errors import ConfigError, FasteError
-
-DEFAULT_MODEL = "Qwen/Qwen3-VL-Embedding-2B"
-# FastE's r_max for documents when the user gives none (index for a new collection, embed);
-# queries always run the full forward.
-DOCUMENT_R_MAX = 0.5
-
+from faste_mm.retrieval.profile import DEFAULT_MODEL, DOCUMENT_R_MAX  # noqa: F401  (the documented defaults)
 
 class _ResultConsole(Console):
     """stdout: a table printed to a pipe or a file is laid out at its natural width (rich would
@@ -143,15 +138,16 @@ _FLAGS = {
     "FastEConfig.warmup_layer": "--warmup-layer", "FastEConfig.trigger_layer": "--trigger-layer",
     "BatchingConfig.batch_tokens": "--batch-tokens", "BatchingConfig.unpadded": "--unpadded",
     "IndexOptions.chunk_files": "--chunk-files", "ScanFilter.exclude": "--exclude",
-    "index_type": "--index-type",
+    "index_type": "--index-type", "ServeConfig.api_key": "--api-key",
     "VideoConfig.fps": "--video-fps", "VideoConfig.max_frames": "--video-max-frames",
     "VideoConfig.max_pixels": "--video-max-pixels",
 }
 _FLAG_RE = re.compile("|".join(rf"\b{re.escape(name)}\b" for name in _FLAGS))
 # Any other config field is set by the flag of its name: `BenchConfig.repeats` -> --repeats.
 _FIELD_RE = re.compile(r"\b[A-Z]\w*(?:Config|Options)\.([a-z][a-z0-9_]*)\b")
-# Control characters (newlines, ANSI escapes) in a file name would break or recolour the output.
-_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# Control characters (newlines, ANSI escapes) in a file name would break or recolour the output;
+# bidirectional overrides (U+202E: "invoice\u202egpj.exe" shows as "invoiceexe.jpg") would disguise it.
+_CONTROL_RE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 
 def shown(text: object) -> str:

@@ -151,21 +151,6 @@ class Progress:
         self.status(f"loaded model {name} in {seconds:.1f} s")
 
 
-def announced_spec(spec_class: type, progress: "Progress") -> type:
-    """A subclass of `faste_mm.retrieval.retriever.ModelSpec` (passed in: importing it here
-    would load torch with the CLI) whose `load`, run when the Retriever first needs the model,
-    runs under `progress.loading`; an index run with nothing new never loads it, so never says so."""
-
-    class AnnouncedSpec(spec_class):
-        __slots__ = ()
-
-        def load(self):
-            with progress.loading(self.name):
-                return super().load()
-
-    return AnnouncedSpec
-
-
 def quiet_transformers() -> None:
     """Switch off transformers' "Loading weights" bar for this process (called inside the
     commands that load a model, never at import: the library and other programs keep theirs)."""

@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 import signal
 import sys
-from pathlib import Path
 from typing import Optional
 
 import typer
@@ -38,6 +37,11 @@ def serve_command(
                                           help="Require 'Authorization: Bearer KEY' on every data route "
                                                "(the page and /health stay public)."),
     insecure: bool = typer.Option(False, "--insecure", help="Allow a non-loopback --host without --api-key."),
+    allowed_host: Optional[list[str]] = typer.Option(
+        None, "--allowed-host", envvar="FASTE_MM_ALLOWED_HOSTS",
+        help="Another name clients reach the server by (repeatable; the variable takes names separated by "
+             "spaces). Requests naming any other Host get 403 (DNS rebinding). Always answered: localhost, "
+             "127.0.0.1, [::1] and --host. '*' answers any name (behind a proxy that checks it)."),
     batch_tokens: int = typer.Option(16384, "--batch-tokens", envvar="FASTE_MM_BATCH_TOKENS", min=1,
                                      help="Prompt tokens merged into one model call (default 16384)."),
     max_wait_ms: float = typer.Option(5.0, "--max-wait-ms", envvar="FASTE_MM_MAX_WAIT_MS", min=0,
@@ -47,8 +51,8 @@ def serve_command(
                                        "ones get 503 (default 256)."),
     max_request_tokens: int = typer.Option(65536, "--max-request-tokens", envvar="FASTE_MM_MAX_REQUEST_TOKENS",
                                            min=1, help="Prompt tokens one request may carry; 413 above (default 65536)."),
-    max_body_bytes: int = typer.Option(32 << 20, "--max-body-bytes", envvar="FASTE_MM_MAX_BODY_BYTES", min=1,
-                                       help="Largest request body in bytes; 413 above (default 32 MiB)."),
+    max_body_bytes: int = typer.Option(16 << 20, "--max-body-bytes", envvar="FASTE_MM_MAX_BODY_BYTES", min=1,
+                                       help="Largest request body in bytes; 413 above (default 16 MiB)."),
     r_max: float = typer.Option(0.0, "--r-max", envvar="FASTE_MM_R_MAX",
                                 help="FastE for documents of an embeddings-only server, 0 <= r < 1 (default 0: "
                                      "full forward). With -c the collection's own FastE is used."),
@@ -68,12 +72,14 @@ def serve_command(
     _require_serve_extra()  # before anything loads: a missing package must not cost a model load
     try:
         from faste_mm.serving import BatcherConfig, ServeConfig, check_bind
+        from faste_mm.serving.security import host_names
 
         check_bind(host, api_key, insecure)  # before anything else: a refused bind changes nothing
         setup_logging(debug, logging.INFO)
         config = ServeConfig(api_key=api_key, batching=BatcherConfig(batch_tokens, max_wait_ms, max_queue),
                              max_body_bytes=max_body_bytes, max_request_tokens=max_request_tokens,
-                             allow_remote_images=allow_remote_images, r_max=r_max)
+                             allow_remote_images=allow_remote_images, r_max=r_max,
+                             allowed_hosts=host_names(host, allowed_host or ()))
         if threads is not None:
             import torch
 
@@ -119,19 +125,16 @@ def _load_engine(collection, model, device, batch_tokens, unpadded, config):
     if collection is None and model is not None:
         stderr.print(f"loading {model} (embeddings only: --model without -c)")
         return ServeEngine(Embedder.from_pretrained(model, device=device, batching=batching), None, config)
-    from faste_mm.indexers.manifest import MANIFEST_NAME, read_manifest
+    from faste_mm.indexers.manifest import MANIFEST_NAME
 
     root = collection_path(collection)
     if collection is None and not (root / MANIFEST_NAME).exists():
         raise ConfigError(f"no -c given and the default collection {root} does not exist yet; index files into "
                           f"it first (faste-mm index PATH), name another with -c, or serve embeddings only with "
                           f"--model MODEL")
-    built_with = read_manifest(root).model_id
-    if model is not None and model != built_with and str(Path(model).expanduser().resolve()) != built_with:
-        raise ConfigError(f"--model {model}: the collection {root} was built with {built_with}; its vectors "
-                          f"are only comparable with that model's; drop --model")
-    retriever = Retriever.open(root, device=device, batching=batching)  # model, pixels, r_max: the manifest's
-    stderr.print(f"loading {built_with} for collection {root}")
+    # the collection's profile names the model; a different --model is refused, naming both
+    retriever = Retriever.for_collection(root, model, device=device, batching=batching)
+    stderr.print(f"loading {retriever.model_id} for collection {root}")
     retriever.embedder  # load now: the first request must not wait for it
     return ServeEngine(retriever.embedder, retriever, config)
 

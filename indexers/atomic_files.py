@@ -6,11 +6,13 @@ never a torn write. Temp files carry the `.tmp` suffix so the writer can sweep l
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from pathlib import Path
 from typing import Callable, BinaryIO
 
+from faste_mm.errors import CollectionError
 from faste_mm.indexers.crash_points import crash_point
 
 TMP_SUFFIX = ".tmp"
@@ -49,10 +51,40 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], None], crash_at: str | 
         if crash_at is not None:
             crash_point(crash_at)
         os.replace(tmp, path)
+    except OSError as error:
+        _unlink_quietly(tmp)
+        raise storage_error(path, error) from None
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        _unlink_quietly(tmp)
         raise
     fsync_dir(path.parent)
+
+
+def _unlink_quietly(path: Path) -> None:
+    try:
+        path.unlink(missing_ok=True)
+    except OSError:  # a read-only folder: nothing was created there either
+        pass
+
+
+# What a failed write means to the user when it is not damage (errno -> words, what to do).
+_NOT_DAMAGE = {
+    errno.ENOSPC: ("the disk is full", "free some space and run the command again"),
+    errno.EDQUOT: ("the disk quota is used up", "free some space and run the command again"),
+    errno.EROFS: ("the file system is read-only", "search and inspect it read-only, or copy the collection "
+                                                   "to a writable place"),
+    errno.EACCES: ("permission denied", "check that you may write the collection's folder and files"),
+    errno.EPERM: ("permission denied", "check that you may write the collection's folder and files"),
+}
+
+
+def storage_error(path: Path, error: OSError) -> CollectionError:
+    """The CollectionError for a write that failed: what it is (disk full, read-only, permission)
+    and what to do; the collection itself is intact (the last commit stands)."""
+    what, advice = _NOT_DAMAGE.get(error.errno, (f"cannot write ({error.strerror or error})",
+                                                 "check the disk and try again"))
+    return CollectionError(f"{path}: {what}; nothing was changed by this write and the collection is intact. "
+                           f"{advice[0].upper()}{advice[1:]}")
 
 
 def _mode(path: Path) -> int | None:

@@ -56,6 +56,8 @@ class Collection:
         self._lock_fd = lock_fd
         self._index = DerivedIndex(root, manifest.dim)
         self._closed = False
+        self._generation = directory.read_generation(root)
+        self._expect: Manifest | None = None  # a reader's `open(expect=...)`, checked again on reload
 
     # ---- lifecycle -------------------------------------------------------------------------
     @classmethod
@@ -93,6 +95,7 @@ class Collection:
             directory.complete_interrupted_create(root)
             (root / parts.VECTORS_DIR).mkdir(exist_ok=True)
             store = MetaStore(root, writable=True, create=True)
+            directory.write_generation(root)
             manifest = manifest.replace(index_factory=None, index_epoch=-1, index_max_part=-1,
                                         counts=store.counts())
             # Last: its presence marks a complete collection.
@@ -116,23 +119,35 @@ class Collection:
         """
         root = Path(path)
         manifest = read_manifest(root)
+        try:
+            faiss_index.validate_factory(manifest.index_type, manifest.dim)
+        except ConfigError as error:  # a hand-edited or damaged manifest: its index could never be built
+            raise CollectionError(f"{root / MANIFEST_NAME}: {error}. Fix \"index\": {{\"type\": ...}} there, or "
+                                  f"restore the file from a backup") from None
         if expect is not None:
             errors = manifest.compatibility_errors(expect)
             if errors:
                 raise settings_mismatch(root, errors)
         lock_fd = acquire_lock(root) if writable else None
+        store = None
         try:
             if writable:
                 directory.refuse_links(root)
             store = MetaStore(root, writable=writable)
+            state = store.state()
+            directory.refuse_database_behind(root, manifest, state)
             if writable:
-                parts.remove_orphans(root, {p for p, _ in store.parts()})
+                parts.remove_orphans(root, store.named_parts(), state["next_part"], state.get("retired_below", 0))
                 directory.remove_temp_files(root)  # torn index/manifest writes
         except BaseException:
+            if store is not None:
+                store.close()
             if lock_fd is not None:
                 os.close(lock_fd)
             raise
-        return cls(root, manifest, store, lock_fd)
+        col = cls(root, manifest, store, lock_fd)
+        col._expect = expect
+        return col
 
     @classmethod
     def erase(cls, path: str | Path, *, for_create: bool = False) -> bool:
@@ -183,6 +198,21 @@ class Collection:
         errors = self._manifest.compatibility_errors(request)
         if errors:
             raise settings_mismatch(self.root, errors)
+
+    def _follow_reindex(self) -> None:
+        """A reader whose collection was erased and created again since it opened (`index
+        --reindex`: a new generation token) switches to the new one, so it never returns items
+        that are gone or ids that now name other files. CollectionError when the collection is
+        gone. Writers hold the lock, so no erase can happen under them."""
+        if self.writable or self._closed or self._store.db.in_transaction:  # mid-search: the next call
+            return
+        if directory.read_generation(self.root) == self._generation:
+            return
+        fresh = Collection.open(self.root, expect=self._expect)
+        self._store.close()
+        self._manifest, self._store, self._index = fresh._manifest, fresh._store, fresh._index
+        self._generation = fresh._generation
+        log.info("%s: the collection was re-created; reading the new one", self.root)
 
     def _saved_manifest(self) -> Manifest:
         """manifest.json as on disk. A writer holds it already (every change goes through it and
@@ -297,13 +327,10 @@ class Collection:
         """Removed paths that scans of their parent folders skip, sorted."""
         return [uri for uri, _ in self._store.exclusions()]
 
-    def mark_vanished(self, uris: Iterable[str]) -> int:
-        """Tombstone files that a scan no longer finds (`ScanPlan.vanished`); = delete_uris."""
-        return self.delete_uris(uris)
-
     # ---- reading ---------------------------------------------------------------------------
     def get(self, ids: Iterable[int]) -> list[ItemRecord]:
         """Records for `ids`, in the same order. CollectionError names any unknown id."""
+        self._follow_reindex()
         ids = [int(i) for i in ids]
         found = self._store.records(ids)
         missing = [i for i in ids if i not in found]
@@ -315,6 +342,7 @@ class Collection:
     def vectors(self, ids: Iterable[int]) -> np.ndarray:
         """Stored vectors [n, dim] float32 for item ids (e.g. to copy a duplicate's vector
         instead of re-embedding it). CollectionError names ids without a stored vector."""
+        self._follow_reindex()
         ids = [int(i) for i in ids]
         where = self._store.locations(ids)
         lost = [i for i in ids if where.get(i, (None, None))[0] is None]
@@ -364,6 +392,7 @@ class Collection:
 
     def live_ids(self, ids: Iterable[int]) -> set[int]:
         """The subset of `ids` that are live (searchable) items."""
+        self._follow_reindex()
         return self._store.live_ids([int(i) for i in ids])
 
     def failures(self) -> list[ItemRecord]:
@@ -421,6 +450,7 @@ class Collection:
         """
         if self._closed:
             raise CollectionError(f"{self.root}: the collection is closed; reopen it to search")
+        self._follow_reindex()
         if not isinstance(k, int) or k < 1:
             raise ConfigError(f"search k must be an int >= 1, got {k!r}")
         queries = np.asarray(queries, dtype=np.float32)
@@ -636,7 +666,8 @@ class Collection:
                 self._store.delete_part(part)
             for part, n in new_parts:
                 self._store.insert_part(part, n)
-            self._store.set_state(next_part=next_part, epoch=state["epoch"] + 1)
+            # Every part below the old next_part is now retired (the sweep's `retired_below`).
+            self._store.set_state(next_part=next_part, epoch=state["epoch"] + 1, retired_below=state["next_part"])
         crash_point("compact-after-commit")
         # A reader whose snapshot began before the commit may still read the old files; it
         # retries on the new epoch when they are gone (see `search`).
@@ -650,6 +681,7 @@ class Collection:
     # ---- summary ---------------------------------------------------------------------------
     def info(self) -> CollectionInfo:
         """Counts, index kind and on-disk size (bytes, all files) of the collection."""
+        self._follow_reindex()
         counts = self._store.counts()
         committed = self._store.parts()
         saved = self._saved_manifest()

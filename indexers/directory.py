@@ -14,23 +14,28 @@ from pathlib import Path
 
 from faste_mm.errors import CollectionError
 from faste_mm.indexers import faiss_index, parts
-from faste_mm.indexers.atomic_files import TMP_SUFFIX, fsync_dir
+from faste_mm.indexers.atomic_files import TMP_SUFFIX, atomic_write, fsync_dir
 from faste_mm.indexers.crash_points import crash_point
-from faste_mm.indexers.manifest import MANIFEST_NAME, read_manifest
+from faste_mm.indexers.manifest import MANIFEST_NAME, Manifest, read_manifest
 from faste_mm.indexers.store import DB_NAME, count_items
 
 log = logging.getLogger(__name__)
 
 LOCK_NAME = "collection.lock"
+# A random token written by each `create`: a reader that finds another token (or none) than the
+# one it opened knows the collection was erased and made again (`index --reindex`) under it.
+GENERATION_NAME = "generation"
 _DB_FILES = (DB_NAME, DB_NAME + "-wal", DB_NAME + "-shm")
 # Written by `faste-mm serve` while it serves the collection (faste_mm.serving.discovery).
 SERVER_FILE = "server.json"
-OWN_FILES = frozenset({*_DB_FILES, parts.VECTORS_DIR, LOCK_NAME, MANIFEST_NAME, faiss_index.INDEX_NAME, SERVER_FILE})
+OWN_FILES = frozenset({*_DB_FILES, parts.VECTORS_DIR, LOCK_NAME, MANIFEST_NAME, faiss_index.INDEX_NAME,
+                       GENERATION_NAME, SERVER_FILE})
 # `erase` first renames manifest.json to this name: from then on the directory is no longer a
 # collection, and a later `create` that finds the marker finishes the interrupted erase.
 ERASE_MARKER = MANIFEST_NAME + ".erasing" + TMP_SUFFIX
 # The temp files of the collection's atomic writes in `root` (a stranger's *.tmp is not ours).
-OWN_TEMP_FILES = frozenset({MANIFEST_NAME + TMP_SUFFIX, faiss_index.INDEX_NAME + TMP_SUFFIX})
+OWN_TEMP_FILES = frozenset({MANIFEST_NAME + TMP_SUFFIX, faiss_index.INDEX_NAME + TMP_SUFFIX,
+                            GENERATION_NAME + TMP_SUFFIX})
 
 
 def acquire_lock(root: Path) -> int:
@@ -85,6 +90,26 @@ def _names_file(path: Path, fd: int) -> bool:
     return (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino)
 
 
+def write_generation(root: Path) -> str:
+    """Give a new collection in `root` a fresh generation token (see GENERATION_NAME); returns it."""
+    token = os.urandom(8).hex()
+    atomic_write(root / GENERATION_NAME, lambda f: f.write(token.encode()))
+    return token
+
+
+def read_generation(root: Path) -> str | None:
+    """The generation token of the collection in `root`; None when it has none (erased, or made
+    before tokens existed). Read without following a link (the file is ours or ignored)."""
+    try:
+        fd = os.open(root / GENERATION_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, 64).decode("ascii", "replace").strip() or None
+    finally:
+        os.close(fd)
+
+
 def foreign_files(root: Path, *, after_erase: bool = False) -> list[str]:
     """Sorted names in `root` that are not the collection's, which `Collection.create` refuses
     to litter. after_erase: also count temp files as the collection's (`erase` removes them)."""
@@ -114,7 +139,7 @@ def _is_regular(path: Path) -> bool:
 def _remove_written_files(root: Path) -> None:
     """Unlink what a collection writes, and nothing else: its database, index, temp files and
     part files (regular files only; a link is never followed, a stranger's file never matched)."""
-    for name in (*_DB_FILES, faiss_index.INDEX_NAME):
+    for name in (*_DB_FILES, faiss_index.INDEX_NAME, GENERATION_NAME):
         if _is_regular(root / name):
             (root / name).unlink()
     vectors = root / parts.VECTORS_DIR
@@ -125,6 +150,24 @@ def _remove_written_files(root: Path) -> None:
         if _is_regular(path):
             path.unlink()
     remove_empty_dir(vectors)
+
+
+def refuse_database_behind(root: Path, manifest: Manifest, state: dict[str, int]) -> None:
+    """CollectionError when manifest.json describes parts that meta.sqlite has never committed.
+
+    The manifest is saved after the commits it describes, so its index key (epoch, highest part)
+    can never be ahead of the database's counters; when it is, the database was replaced by an
+    older copy or lost its -wal file, and the orphan sweep would delete vectors it still needs."""
+    epoch, next_part = state.get("epoch", 0), state.get("next_part", 0)
+    behind = manifest.index_epoch > epoch or (
+        manifest.index_epoch == epoch and manifest.index_max_part >= next_part)
+    if behind:
+        raise CollectionError(
+            f"{root / DB_NAME}: is older than {MANIFEST_NAME}: the manifest's index covers part "
+            f"{manifest.index_max_part} of compaction epoch {manifest.index_epoch}, but the database has "
+            f"committed parts only below {next_part} (epoch {epoch}); it was replaced by an older copy or "
+            f"lost its {DB_NAME}-wal file. Nothing was changed. Put back the newest {DB_NAME} (and its "
+            f"-wal file); to start over instead, move the folder aside and index into a new collection")
 
 
 def complete_interrupted_create(root: Path) -> None:

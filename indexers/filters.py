@@ -13,15 +13,11 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from faste_mm.errors import ConfigError
+from faste_mm.kinds import FILTER_TYPES
 
-# What a user filters by -> the modalities stored for it (`ItemRecord.modality`): an image added
-# with a caption ("image+text") is still an image; a PDF contributes one "page" item per page.
-TYPES: dict[str, tuple[str, ...]] = {"image": ("image", "image+text"), "pdf": ("page",), "text": ("text",),
-                                     "video": ("video", "video+text")}
 _SCALARS = (str, int, float, bool)
-
-
-_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1  # SQLite's INTEGER
+# SQLite stores integers as 64-bit: a value outside this range cannot be compared (OverflowError).
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,7 +26,7 @@ class SearchFilter:
 
     where: metadata key -> value; an item matches when its metadata holds that key with an equal
         value (str, int, float or bool; 2024 and "2024" differ). Keys are top-level names.
-    types: item kinds, any of `TYPES` ("image", "pdf", "text", "video"); empty = every kind.
+    types: item kinds, any of `faste_mm.kinds.FILTER_TYPES` ("image", "pdf", "text", "video"); empty = every kind.
     path: a glob on the stored uri (SQLite GLOB: case-sensitive, `*` also matches `/`), e.g.
         "*/invoices/*" or "*.pdf"; one starting with "~" or "." is made absolute first, as the
         stored uris of files are.
@@ -49,14 +45,13 @@ class SearchFilter:
             if not isinstance(value, _SCALARS) or (isinstance(value, float) and not math.isfinite(value)):
                 raise ConfigError(f"search where[{key!r}] = {value!r}: values must be a str, int, finite float "
                                   f"or bool")
-            if isinstance(value, int) and not isinstance(value, bool) and not _INT64_MIN <= value <= _INT64_MAX:
-                raise ConfigError(f"search where[{key!r}] = {value}: integers must lie in the 64-bit range "
-                                  f"{_INT64_MIN}..{_INT64_MAX} (metadata stores them as SQLite integers); "
-                                  f"compare a larger number as a string")
+            if isinstance(value, int) and not INT64_MIN <= value <= INT64_MAX:
+                raise ConfigError(f"search where[{key!r}] = {str(value)[:40]}: an integer must fit 64 bits, "
+                                  f"{INT64_MIN}..{INT64_MAX}; compare a larger number as a string")
         types = (self.types,) if isinstance(self.types, str) else tuple(self.types)
         for kind in types:
-            if kind not in TYPES:
-                raise ConfigError(f"search type {kind!r} is not one of {', '.join(TYPES)}")
+            if kind not in FILTER_TYPES:
+                raise ConfigError(f"search type {kind!r} is not one of {', '.join(FILTER_TYPES)}")
         object.__setattr__(self, "types", types)
         object.__setattr__(self, "where", dict(self.where))
         if self.path is not None:
@@ -72,7 +67,7 @@ class SearchFilter:
     @property
     def modalities(self) -> tuple[str, ...]:
         """The stored modalities `types` stands for (empty: no condition on the kind)."""
-        return tuple(m for kind in self.types for m in TYPES[kind])
+        return tuple(m for kind in self.types for m in FILTER_TYPES[kind])
 
     def to_dict(self) -> dict[str, Any]:
         return {"where": dict(self.where), "types": list(self.types), "path": self.path}

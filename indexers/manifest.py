@@ -26,12 +26,6 @@ METRICS = ("ip",)
 DEFAULT_INSTRUCTION = "Represent the user's input."
 DEFAULT_MEMORY_BUDGET_BYTES = 4 * 2**30
 
-# Video sampling and per-frame budget (faste_mm.model.video.VideoConfig's fields and defaults, kept as
-# plain data here: indexers import nothing from the model layer; a test checks they agree).
-# Collections written before videos were supported read as these defaults.
-DEFAULT_VIDEO = {"fps": 1.0, "max_frames": 64, "min_frames": 4, "min_pixels": 131_072,
-                 "max_pixels": 786_432, "total_pixels": 7_864_320}
-
 # Fields that make vectors incomparable when they differ (order = order of the error message).
 COMPATIBILITY_FIELDS = (
     "model_id", "model_revision", "dim", "document_instruction",
@@ -55,6 +49,7 @@ class CollectionFastE:
     warmup_layer: int | None = None
     threshold: float | None = None
     threshold_source: str | None = None
+    trigger_layer: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -81,7 +76,10 @@ class Manifest:
     vector_dtype: on-disk storage of vectors ("float16" halves disk; search runs in float32).
     normalized / metric: vectors are unit-norm and compared by inner product ("ip").
     document_instruction, min_pixels, max_pixels, video: how documents were serialized (video:
-        frame sampling and per-frame pixel budget, DEFAULT_VIDEO's keys).
+        frame sampling and per-frame pixel budget, `faste_mm.model.video.VideoConfig`'s fields; None
+        in collections written before videos, read as VideoConfig's defaults by the profile).
+    The settings that decide how items are embedded are read and written through
+    `faste_mm.retrieval.profile.CollectionProfile`; this record is their stored form.
     fast_e: FastE settings used for documents (`CollectionFastE`; a dict is converted); None = full.
     index_type: "auto" or a FAISS factory string; memory_budget_bytes guides "auto".
     index_factory / index_epoch / index_max_part / index_sha256: written by the collection, describe
@@ -99,7 +97,7 @@ class Manifest:
     document_instruction: str = DEFAULT_INSTRUCTION
     min_pixels: int = 4096
     max_pixels: int = 1_843_200
-    video: Mapping[str, Any] = field(default_factory=lambda: dict(DEFAULT_VIDEO))
+    video: Mapping[str, Any] | None = None
     fast_e: CollectionFastE | None = None
     index_type: str = "auto"
     memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET_BYTES
@@ -126,10 +124,10 @@ class Manifest:
         if not 1 <= self.min_pixels <= self.max_pixels:
             raise ConfigError(f"Manifest.min_pixels/max_pixels must satisfy 1 <= min <= max, "
                               f"got min_pixels={self.min_pixels}, max_pixels={self.max_pixels}")
-        if not isinstance(self.video, Mapping) or set(self.video) != set(DEFAULT_VIDEO):
-            raise ConfigError(f"Manifest.video must have exactly the keys {sorted(DEFAULT_VIDEO)}, "
-                              f"got {self.video!r}")
-        object.__setattr__(self, "video", dict(self.video))
+        if self.video is not None:
+            if not isinstance(self.video, Mapping) or not all(isinstance(k, str) for k in self.video):
+                raise ConfigError(f"Manifest.video must be None or a mapping of video settings, got {self.video!r}")
+            object.__setattr__(self, "video", dict(self.video))
         if self.memory_budget_bytes < 2**20:
             raise ConfigError(f"Manifest.memory_budget_bytes must be >= 1 MiB (1048576), "
                               f"got {self.memory_budget_bytes}")
@@ -175,7 +173,7 @@ class Manifest:
             "normalized": self.normalized,
             "metric": self.metric,
             "document_instruction": self.document_instruction,
-            "serializer": {"min_pixels": self.min_pixels, "max_pixels": self.max_pixels, "video": dict(self.video)},
+            "serializer": {"min_pixels": self.min_pixels, "max_pixels": self.max_pixels, "video": None if self.video is None else dict(self.video)},
             "fast_e": self.fast_e.to_dict() if self.fast_e is not None else None,
             "index": {
                 "type": self.index_type,
@@ -205,7 +203,7 @@ class Manifest:
                 document_instruction=d.get("document_instruction", DEFAULT_INSTRUCTION),
                 min_pixels=serializer.get("min_pixels", 4096),
                 max_pixels=serializer.get("max_pixels", 1_843_200),
-                video=serializer.get("video") or dict(DEFAULT_VIDEO),
+                video=serializer.get("video"),
                 fast_e=d.get("fast_e"),
                 index_type=index.get("type", "auto"),
                 memory_budget_bytes=index.get("memory_budget_bytes", DEFAULT_MEMORY_BUDGET_BYTES),
@@ -233,9 +231,14 @@ def read_manifest(root: Path) -> Manifest:
         raise CollectionError(f"{root}: not a faste-mm collection ({MANIFEST_NAME} is missing)",
                               hint="create it with Collection.create, or index files into it with Retriever.index",
                               cli_hint=f"index files into it first: faste-mm index PATH -c {root}") from None
-    except (OSError, json.JSONDecodeError) as e:
-        raise CollectionError(f"{path}: cannot read the manifest ({e}); restore it from a backup "
-                              f"or re-index into a new collection") from None
+    except OSError as e:  # permissions, a folder in its place, a disk error: not damage
+        raise CollectionError(f"{path}: cannot read the manifest ({e.strerror or e}); check that you may read "
+                              f"the collection's folder and files") from None
+    except (ValueError, RecursionError) as e:  # not UTF-8, not JSON, nested absurdly deep
+        why = "not UTF-8 text" if isinstance(e, UnicodeDecodeError) else "nested too deeply" if isinstance(
+            e, RecursionError) else f"not JSON: {e}"
+        raise CollectionError(f"{path}: cannot read the manifest ({why}); the file is damaged — restore it from "
+                              f"a backup, or re-index into a new collection") from None
     version = raw.get("format_version", FORMAT_VERSION) if isinstance(raw, dict) else None
     if not isinstance(version, int):
         raise CollectionError(f"{path}: invalid manifest (not an object with an integer format_version); "

@@ -55,9 +55,14 @@ def _load(path: Path, part: int, **options) -> np.ndarray:
     except FileNotFoundError as e:
         raise PartMissing(f"{path}: cannot read vector part {part} ({e.strerror}); the collection is "
                           f"damaged — re-index it with `--reindex`") from None
-    except (OSError, ValueError) as e:
-        raise CollectionError(f"{path}: cannot read vector part {part} ({e}); the collection is "
-                              f"damaged — re-index it with `--reindex`") from None
+    except OSError as e:
+        raise CollectionError(f"{path}: cannot read vector part {part} ({e.strerror or e}); check that "
+                              f"you may read the collection's files, and the disk") from None
+    except ValueError as e:
+        # numpy's words for bytes that are no .npy array advise allow_pickle, never to be used here.
+        why = "it holds no numeric .npy array: garbage or foreign bytes" if "pickle" in str(e) else str(e)
+        raise CollectionError(f"{path}: cannot read vector part {part} ({why}); the collection is damaged — "
+                              f"restore the file from a backup, or re-index with `--reindex`") from None
 
 
 def read_ids(root: Path, part: int, n_rows: int) -> np.ndarray:
@@ -94,8 +99,14 @@ def is_part_file(name: str) -> bool:
     return bool(_PART_RE.match(name.removesuffix(TMP_SUFFIX)))
 
 
-def remove_orphans(root: Path, committed: set[int]) -> list[Path]:
-    """Delete temp files and part files SQLite does not reference; return what was removed.
+def remove_orphans(root: Path, listed: set[int], next_part: int, retired_below: int) -> list[Path]:
+    """Delete temp files and the part files no commit references; return what was removed.
+
+    listed: parts that meta.sqlite's parts table or an item row names (always kept).
+    next_part: the first part number no commit has used; a file at or above it was written by an
+    add or compact that never committed. retired_below: a compact moved every row of the parts
+    below this number into newer parts, so an unlisted one is a leftover of that compact. Any
+    other unlisted part file (below next_part, not retired) contradicts the database and is kept.
 
     Only regular files with the names parts are written under are candidates: a symlink (even
     to a part) or a stranger's file is never deleted. Only a writer holding the collection lock
@@ -104,21 +115,33 @@ def remove_orphans(root: Path, committed: set[int]) -> list[Path]:
     """
     folder = root / VECTORS_DIR
     if not folder.is_dir():
-        if committed:
+        if listed:
             raise CollectionError(
-                f"{folder}: the vectors folder is missing, but meta.sqlite lists {len(committed)} vector "
+                f"{folder}: the vectors folder is missing, but meta.sqlite lists {len(listed)} vector "
                 f"parts; the stored vectors are lost. Restore the folder from a backup, or re-index with "
                 f"`--reindex`")
         folder.mkdir()
-    removed = []
+    removed, kept = [], set()
     for path in sorted(folder.iterdir()):
         m = _PART_RE.match(path.name)
         if not is_part_file(path.name) or not stat.S_ISREG(os.lstat(path).st_mode):
             continue
-        if path.name.endswith(TMP_SUFFIX) or (m and int(m.group(1)) not in committed):
+        if path.name.endswith(TMP_SUFFIX):
             path.unlink(missing_ok=True)
             removed.append(path)
+            continue
+        part = int(m.group(1))
+        if part in listed:
+            continue
+        if part >= next_part or part < retired_below:
+            path.unlink(missing_ok=True)
+            removed.append(path)
+        else:
+            kept.add(part)
     if removed:
         log.warning("%s: removed %d orphaned vector files left by an interrupted write",
                     root, len(removed))
+    if kept:
+        log.warning("%s: kept vector parts %s that meta.sqlite does not list (a database older than the "
+                    "parts?); they are never deleted automatically", root, sorted(kept))
     return removed

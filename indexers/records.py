@@ -1,14 +1,16 @@
 """Plain data handed into and out of a collection: item records, file stats, scan plans, info,
 and the checks a batch of rows (vectors + records) passes before it is stored.
 
-Nothing here touches disk except `content_hash`, which streams a file through sha256 so that
-identical content already in a collection can be found without re-embedding it.
+Nothing here touches disk except `open_regular` and `content_hash`, which streams a file through
+sha256 so that identical content already in a collection can be found without re-embedding it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
+import os
+import stat
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -148,13 +150,50 @@ class CollectionInfo:
         return d
 
 
+# Files up to this size are hashed whole (sha256 of the bytes, the hash every collection has
+# stored so far). A larger one (a video, or a huge sparse file of which `index` reads 1 MiB) is
+# hashed by what a reader can tell apart cheaply: its first and last HASH_EDGE_BYTES, its size
+# and its mtime, marked "edges:" so it never equals a whole-file hash. Two such files are taken
+# for the same content only with equal size, mtime and edges.
+HASH_WHOLE_MAX_BYTES = 64 << 20
+HASH_EDGE_BYTES = 4 << 20
+
+
+def open_regular(path: str | Path):
+    """`path` opened for binary reading, only if it is a regular file. O_NONBLOCK: a file
+    replaced by a FIFO after the scan must not block the writer in open() forever; the type is
+    checked on the opened descriptor, so no swap after the check can slip through. InputError
+    (naming the path and what it is) for anything else; OSError as open() raises it."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = "a FIFO" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(
+                mode) else "a socket" if stat.S_ISSOCK(mode) else "a folder" if stat.S_ISDIR(mode) else "not a file"
+            raise InputError(f"{path}: is {kind}, not a regular file (replaced since the scan?); only files are read")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def content_hash(path: str | Path) -> str:
-    """sha256 of a file's bytes as hex, read in 1 MiB chunks (constant memory for large PDFs)."""
+    """sha256 hex of a regular file's bytes, read in 1 MiB chunks (constant memory for large PDFs);
+    for files over HASH_WHOLE_MAX_BYTES, "edges:" + sha256 of size, mtime and the first and last
+    HASH_EDGE_BYTES (see above). InputError when `path` is not a regular file (`open_regular`)."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_HASH_CHUNK_BYTES):
-            h.update(chunk)
-    return h.hexdigest()
+    with open_regular(path) as f:
+        st = os.fstat(f.fileno())
+        if st.st_size <= HASH_WHOLE_MAX_BYTES:
+            while chunk := f.read(_HASH_CHUNK_BYTES):
+                h.update(chunk)
+            return h.hexdigest()
+        h.update(f"{st.st_size}\0{st.st_mtime_ns}\0".encode())
+        h.update(f.read(HASH_EDGE_BYTES))
+        f.seek(st.st_size - HASH_EDGE_BYTES)
+        h.update(f.read(HASH_EDGE_BYTES))
+    return "edges:" + h.hexdigest()
 
 
 def repeated_key(records: Sequence[ItemRecord]) -> tuple[int, int] | None:

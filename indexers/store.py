@@ -7,6 +7,7 @@ stepwise migrations; a file newer than this code is refused with upgrade advice.
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import logging
@@ -20,6 +21,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
 
 from faste_mm.errors import CollectionError
+from faste_mm.indexers.atomic_files import storage_error
 from faste_mm.indexers.filters import SearchFilter, json_path
 from faste_mm.indexers.records import ItemRecord, Status
 
@@ -139,11 +141,20 @@ def _row_to_record(row: Sequence[Any]) -> ItemRecord:
                       error=_from_db(error), id=id_, status=status, added_at=added_at)
 
 
+# SQLite's messages for conditions that are not damage -> the errno whose words `storage_error` uses.
+_SQLITE_NOT_DAMAGE = (("readonly", errno.EROFS), ("disk is full", errno.ENOSPC),
+                      ("unable to open database file", errno.EACCES))
+
+
 def damaged_database(path: Path, error: sqlite3.Error) -> CollectionError:
-    """The CollectionError for an SQLite error: a busy database says wait, anything else is damage."""
+    """The CollectionError for an SQLite error: a busy database says wait; a read-only file, a
+    full disk or a file it may not open say so (the data is intact); anything else is damage."""
     if isinstance(error, sqlite3.OperationalError) and "locked" in str(error):
         return CollectionError(f"{path}: the database is busy ({error}); wait for the other faste-mm "
                                f"process to finish and try again")
+    for words, code in _SQLITE_NOT_DAMAGE:
+        if isinstance(error, sqlite3.OperationalError) and words in str(error):
+            return storage_error(path, OSError(code, str(error)))
     return CollectionError(f"{path}: the database cannot be read ({error}); the collection is damaged. "
                            f"Restore {DB_NAME} from a backup, or re-index with `--reindex`")
 
@@ -203,21 +214,27 @@ class MetaStore:
         try:
             if writable:
                 self.db = sqlite3.connect(self.path, isolation_level=None)
+            else:
+                self.db = sqlite3.connect(self.path.absolute().as_uri() + "?mode=ro", uri=True,
+                                          isolation_level=None)
+        except sqlite3.Error as e:
+            raise damaged_database(self.path, e) from None
+        try:
+            self.db.execute("PRAGMA busy_timeout=10000")
+            if not create:
+                # Before anything writes to the file (even the WAL switch rewrites its header).
+                self._refuse_foreign_schema()
+            if writable:
                 # WAL lets readers search while a writer commits; FULL sync makes a commit
                 # durable before the writer moves on (commits are batched, so it is cheap).
                 self.db.execute("PRAGMA journal_mode=WAL")
                 self.db.execute("PRAGMA synchronous=FULL")
-            else:
-                self.db = sqlite3.connect(self.path.absolute().as_uri() + "?mode=ro", uri=True,
-                                          isolation_level=None)
-            self.db.execute("PRAGMA busy_timeout=10000")
-        except sqlite3.Error as e:
-            raise damaged_database(self.path, e) from None
-        try:
             self._check_schema()
-        except sqlite3.Error as e:
+        except BaseException as e:
             self.db.close()
-            raise damaged_database(self.path, e) from None
+            if isinstance(e, sqlite3.Error):
+                raise damaged_database(self.path, e) from None
+            raise
 
     def close(self) -> None:
         self.db.close()
@@ -231,6 +248,20 @@ class MetaStore:
             return 0
         row = self.db.execute("SELECT version FROM schema_version").fetchone()
         return row[0] if row else 0
+
+    def _refuse_foreign_schema(self) -> None:
+        """CollectionError when the file of an existing collection holds none of our tables (a
+        0-byte file, or a stranger's database put in its place). Migrating it would create an
+        empty schema, and the next writer would then sweep every vector part as an orphan."""
+        if self._schema_version() > 0:
+            return
+        size = self.path.stat().st_size
+        why = "the file is empty (0 bytes)" if size == 0 else f"it is an SQLite file of {size} bytes without them"
+        raise CollectionError(
+            f"{self.path}: holds no faste-mm tables ({why}), yet {self.root} is a collection; the records "
+            f"that match the stored vectors to their files are lost, and nothing was changed. Restore "
+            f"{DB_NAME} from a backup (with its -wal file if there was one); to start over instead, move "
+            f"the folder aside and index into a new collection")
 
     def _check_schema(self) -> None:
         version = self._schema_version()
@@ -286,13 +317,20 @@ class MetaStore:
 
     def set_state(self, **values: int) -> None:
         """Update counters; call inside `transaction()` together with the change they describe."""
-        for key, value in values.items():
-            self.db.execute("UPDATE state SET value = ? WHERE key = ?", (int(value), key))
+        # Upsert: keys added after a collection was created (retired_below) start absent.
+        self.db.executemany("INSERT OR REPLACE INTO state (key, value) VALUES (?, ?)",
+                            [(key, int(value)) for key, value in values.items()])
 
     # ---- parts ------------------------------------------------------------------------------
     def parts(self) -> list[tuple[int, int]]:
         """(part, n_rows) of every committed part, ascending."""
         return self.db.execute("SELECT part, n_rows FROM parts ORDER BY part").fetchall()
+
+    def named_parts(self) -> set[int]:
+        """Every part the parts table or an item row names (what the orphan sweep must keep)."""
+        listed = self.db.execute("SELECT part FROM parts UNION SELECT DISTINCT part FROM items "
+                                 "WHERE part IS NOT NULL").fetchall()
+        return {r[0] for r in listed}
 
     def insert_part(self, part: int, n_rows: int) -> None:
         self.db.execute("INSERT INTO parts (part, n_rows, created_at) VALUES (?, ?, ?)",

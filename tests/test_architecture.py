@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import io
 import json
 import os
+import re
 import subprocess
 import sys
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -206,3 +209,63 @@ def test_the_walk_counts_function_level_and_relative_imports_but_not_type_checki
     )
     known = {"faste_mm.model.faste", "faste_mm.tools.bench", "faste_mm.retrieval.results", "faste_mm.retrieval.probe"}
     assert _imports(source, "faste_mm.retrieval.probe", known) == {"faste_mm.model.faste", "faste_mm.retrieval.results"}
+
+
+# ---- one place per fact: a collection's settings, the input kinds --------------------------
+# Reading a collection's settings other than through `faste_mm.retrieval.profile` (the manifest
+# file, the Manifest class, or a setting off `col.manifest`): how front ends drifted apart.
+_MANIFEST_NAMES = {"read_manifest", "Manifest", "MANIFEST_NAME"}
+_SETTING_OFF_MANIFEST = re.compile(
+    r"\bmanifest\s*\.\s*(model_id|model_revision|model_dim|document_instruction|min_pixels|max_pixels|video|"
+    r"fast_e|r_max|is_matryoshka)\b")
+
+
+def _code_and_strings(path: Path) -> tuple[str, list[str], set[str]]:
+    """The file's code with strings and comments blanked, its string literals, its names."""
+    code, strings, names = [], [], set()
+    for token in tokenize.generate_tokens(io.StringIO(path.read_text(encoding="utf-8")).readline):
+        if token.type == tokenize.STRING:
+            try:
+                strings.append(ast.literal_eval(token.string))
+            except (ValueError, SyntaxError):  # f-strings: their text is no setting read
+                pass
+            code.append('""')
+        elif token.type != tokenize.COMMENT:
+            code.append(token.string)
+            if token.type == tokenize.NAME:
+                names.add(token.string)
+    return " ".join(code), [s for s in strings if isinstance(s, str)], names
+
+
+def test_front_ends_read_collection_settings_only_through_the_profile():
+    wrong = []
+    for module, path in sorted(_modules().items()):
+        if _layer(module) == "indexers" or module == "faste_mm.retrieval.profile":
+            continue
+        code, strings, names = _code_and_strings(path)
+        wrong += [f"{module}: {name}" for name in sorted(names & _MANIFEST_NAMES)]
+        wrong += [f"{module}: .manifest.{m.group(1)}" for m in _SETTING_OFF_MANIFEST.finditer(code)]
+        wrong += [f"{module}: 'manifest.json'" for s in strings if s == "manifest.json"]
+    assert wrong == []
+
+
+def test_the_kinds_table_is_the_only_place_suffixes_are_listed():
+    from faste_mm.kinds import KINDS
+
+    suffixes = {suffix for kind in KINDS.values() for suffix in kind.suffixes}
+    wrong = []
+    for module, path in sorted(_modules().items()):
+        if module == "faste_mm.kinds":
+            continue
+        _, strings, _ = _code_and_strings(path)
+        wrong += [f"{module}: {s!r}" for s in strings if s.lower() in suffixes]
+    assert wrong == []
+
+
+def test_the_rule_checks_see_settings_reads_and_suffixes(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text('x = col.manifest.fast_e  # a comment: manifest.video\ny = "manifest.json"\n'
+                     'z = {".mp4"}\nfrom faste_mm.indexers.manifest import read_manifest\n')
+    code, strings, names = _code_and_strings(probe)
+    assert [m.group(1) for m in _SETTING_OFF_MANIFEST.finditer(code)] == ["fast_e"]
+    assert "manifest.json" in strings and ".mp4" in strings and "read_manifest" in names

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from faste_mm.cli.app import app
 from faste_mm.indexers import Collection
-from faste_mm.retrieval.ingest import TEXT_READ_BYTES, read_text_file
+from faste_mm.retrieval.decoders import TEXT_READ_BYTES, read_text_file
 
 from tests.test_retriever_scanning import noise_image, tiny_vl_dir
 
@@ -247,6 +247,134 @@ def test_pillows_bomb_warning_never_reaches_the_user(indexed):
                          capture_output=True, text=True, timeout=120)
     assert "InputError" in out.stdout and "downscale it first" in out.stdout
     assert "DecompressionBombWarning" not in out.stderr, out.stderr
+
+
+def _in_thread(call):
+    """Run `call` in a thread; (finished, result or exception). A hang shows as unfinished."""
+    import threading
+
+    out: list = []
+    thread = threading.Thread(target=lambda: out.append(_outcome(call)), daemon=True)
+    thread.start()
+    thread.join(60)  # a guard against hanging the suite, not a speed check
+    return bool(out), (out[0] if out else None)
+
+
+def _outcome(call):
+    try:
+        return call()
+    except Exception as error:  # noqa: BLE001 - the test inspects it
+        return error
+
+
+def test_a_file_swapped_for_a_fifo_after_the_scan_is_refused_not_waited_on(tmp_path):
+    from faste_mm.errors import InputError
+    from faste_mm.indexers import content_hash
+
+    fifo = tmp_path / "notes.txt"
+    os.mkfifo(fifo)  # no writer ever opens it: a blocking open() would wait forever
+    for call in (lambda: content_hash(fifo), lambda: read_text_file(fifo)):
+        finished, error = _in_thread(call)
+        assert finished, "blocked on the FIFO"
+        assert isinstance(error, InputError) and str(fifo) in str(error) and "FIFO" in str(error), error
+
+
+def test_huge_files_are_hashed_by_size_mtime_and_their_edges_and_small_ones_whole(tmp_path):
+    import hashlib
+
+    from faste_mm.indexers import content_hash
+
+    small = tmp_path / "small.bin"
+    small.write_bytes(os.urandom(5000))
+    assert content_hash(small) == hashlib.sha256(small.read_bytes()).hexdigest()  # stored hashes stay valid
+    a, b = tmp_path / "a.bin", tmp_path / "b.bin"
+    for path, middle in ((a, b"one"), (b, b"two")):
+        with open(path, "wb") as f:  # sparse: 100 MiB on paper, a few bytes on disk
+            f.truncate(100 << 20)
+            f.seek(50 << 20)
+            f.write(middle)
+        os.utime(path, ns=(1_700_000_000_000_000_000, 1_700_000_000_000_000_000))
+    assert content_hash(a) == content_hash(b) and content_hash(a).startswith("edges:")  # the middle is not read
+    os.utime(b, ns=(1_700_000_000_000_000_000, 1_700_000_000_000_000_001))
+    assert content_hash(a) != content_hash(b)
+    huge = tmp_path / "huge.txt"
+    with open(huge, "wb") as f:
+        f.truncate(64 << 30)  # 64 GiB of holes: hashing it whole would read them all
+    finished, digest = _in_thread(lambda: content_hash(huge))
+    assert finished and isinstance(digest, str) and digest.startswith("edges:")
+
+
+def _store_scan(col_root: Path, folder: Path):
+    """Plan a scan of `folder` against a model-free collection and store what it would add
+    (random unit vectors stand in for embeddings): the bookkeeping `index` does."""
+    from faste_mm.indexers import ItemRecord, Manifest
+    from faste_mm.retrieval.ingest import plan_update, record_missing, scan_paths
+    from faste_mm.retrieval.retriever import IngestTally
+
+    with Collection.create(col_root, Manifest(model_id="m", dim=4), exist_ok=True) as col:
+        scan = scan_paths([folder])
+        plan = plan_update(col, scan)
+        col.delete_uris(plan.vanished)
+        record_missing(col, scan.missing, IngestTally())
+        if plan.todo:
+            v = np.random.default_rng(0).standard_normal((len(plan.todo), 4)).astype(np.float32)
+            col.add(v / np.linalg.norm(v, axis=1, keepdims=True),
+                    [ItemRecord(uri=f.uri, modality=f.modality, size=f.stat.size, mtime=f.stat.mtime) for f in plan.todo])
+        return scan, plan, sorted(col.live_uris())
+
+
+def test_items_of_a_link_to_a_file_outside_the_folder_vanish_with_the_link(tmp_path):
+    folder, outside = tmp_path / "photos", tmp_path / "elsewhere"
+    folder.mkdir(), outside.mkdir()
+    noise_image(outside / "secret.png", (16, 16), 1)
+    noise_image(folder / "own.png", (16, 16), 2)
+    (folder / "link.png").symlink_to(outside / "secret.png")
+    (folder / "inner.png").symlink_to(folder / "own.png")  # a link inside the folder: its target's item
+    _, _, live = _store_scan(tmp_path / "col", folder)
+    assert live == sorted([str(folder / "own.png"), str(folder / "link.png")])
+    (folder / "link.png").unlink()
+    _, plan, live = _store_scan(tmp_path / "col", folder)
+    assert plan.vanished == (str(folder / "link.png"),) and live == [str(folder / "own.png")]
+    assert (outside / "secret.png").exists()
+
+
+def test_links_into_proc_sys_or_dev_are_never_read(tmp_path):
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    (folder / "env.txt").symlink_to("/proc/self/environ")  # the process's own API keys and tokens
+    (folder / "cpu.txt").symlink_to("/sys/devices/system/cpu/online")
+    (folder / "fine.txt").write_text("hello")
+    scan, _, live = _store_scan(tmp_path / "col", folder)
+    assert [f.uri for f in scan.files()] == [str(folder / "fine.txt")]
+    reasons = dict(scan.missing)
+    assert "never reads /proc, /sys or /dev" in reasons[str(folder / "env.txt")]
+    assert str(folder / "cpu.txt") in reasons
+    from faste_mm.retrieval.ingest import scan_paths
+
+    named = scan_paths([folder / "env.txt"])  # named on the command line: refused the same way
+    assert not named.files() and "system file" in named.missing[0][1]
+
+
+def test_fifos_and_loops_are_recorded_once_not_counted_removed_on_every_run(tmp_path):
+    folder = tmp_path / "f"
+    folder.mkdir()
+    os.mkfifo(folder / "pipe.txt")
+    (folder / "loop.png").symlink_to(folder / "loop.png")
+    (folder / "ok.txt").write_text("hi")
+    first = _store_scan(tmp_path / "col", folder)
+    again = _store_scan(tmp_path / "col", folder)
+    assert len(first[0].missing) == 2 and again[1].vanished == ()
+
+
+def test_a_right_to_left_override_in_a_name_is_printed_escaped(tmp_path):
+    from faste_mm.indexers import ItemRecord, Manifest
+
+    disguised = str(tmp_path / "invoice\u202egpj.exe")  # shows as "invoiceexe.jpg" if printed raw
+    with Collection.create(tmp_path / "col", Manifest(model_id="m", dim=4)) as col:
+        col.add_failures([ItemRecord(uri=disguised, modality="image", error=f"{disguised}: unsupported file type")])
+    result = runner.invoke(app, ["info", "-c", str(tmp_path / "col")], env={"COLUMNS": "2000"})
+    assert result.exit_code == 0, result.stderr
+    assert "invoice\\u202egpj.exe" in result.stdout and "\u202e" not in result.stdout
 
 
 # ---- nothing lost (helper ux): every file the walk selects is accounted for exactly once -----

@@ -226,7 +226,7 @@ def test_plan_scan_splits_new_changed_unchanged_vanished(tmp_path):
         assert plan.vanished == ("/p/gone.jpg",)  # /other/x.jpg is outside `under`
         retry = col.plan_scan(files, under="/p", retry_failed=True)
         assert [f.uri for f in retry.changed] == ["/p/b.jpg", "/p/broken.jpg"]
-        assert col.mark_vanished(plan.vanished) == 1
+        assert col.delete_uris(plan.vanished) == 1
         assert col.plan_scan(files, under="/p").vanished == ()
         assert plan.to_dict()["vanished"] == ["/p/gone.jpg"]
 

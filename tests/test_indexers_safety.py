@@ -201,3 +201,211 @@ def test_a_strangers_tmp_file_is_neither_deleted_nor_taken_for_ours(tmp_path):
     (fresh / "notes.tmp").write_text("mine")
     with pytest.raises(CollectionError, match="not empty and not a collection"):
         Collection.create(fresh, MANIFEST)
+
+
+def _emptied_database(root, how: str) -> None:
+    """Replace meta.sqlite by a database without our schema (the collection keeps its parts)."""
+    import sqlite3
+
+    for suffix in ("", "-wal", "-shm"):
+        (root / f"meta.sqlite{suffix}").unlink(missing_ok=True)
+    if how == "zero-bytes":
+        (root / "meta.sqlite").write_bytes(b"")
+    else:  # a valid SQLite file, but not ours (a stranger's table, no schema_version)
+        db = sqlite3.connect(root / "meta.sqlite")
+        db.execute("CREATE TABLE notes (x TEXT)")
+        db.commit()
+        db.close()
+
+
+def _files(root) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and p.name != "collection.lock"}
+
+
+@pytest.mark.parametrize("how", ["zero-bytes", "schema-less"])
+def test_a_database_without_our_schema_beside_parts_is_damage_and_nothing_is_swept(tmp_path, how):
+    from typer.testing import CliRunner
+
+    from faste_mm.cli.app import app
+
+    root = tmp_path / "c"
+    _filled(root)
+    _emptied_database(root, how)
+    before = _files(root)
+    for writable in (False, True):
+        with pytest.raises(CollectionError, match="meta.sqlite") as caught:
+            Collection.open(root, writable=writable)
+        message = str(caught.value)
+        assert "holds no faste-mm tables" in message and "nothing was changed" in message
+        assert "--reindex" not in message and "upgrade" not in message
+    for command in (["info", "-c", str(root)], ["compact", "-c", str(root)]):
+        result = CliRunner().invoke(app, command)
+        assert result.exit_code == 1 and "holds no faste-mm tables" in result.stderr, result.stderr
+        assert "--reindex" not in result.stderr and "Traceback" not in result.stderr
+    assert _files(root) == before  # no migration, no sweep: the vectors can still be rescued
+
+
+def test_a_database_behind_its_manifest_is_damage_and_its_parts_are_kept(tmp_path):
+    root = tmp_path / "c"
+    _filled(root)
+    saved = (root / "meta.sqlite").read_bytes()
+    with Collection.open(root, writable=True) as col:  # a later add the old database never saw
+        col.add(_vectors(2, seed=3), [ItemRecord(uri="late0", modality="text"), ItemRecord(uri="late1", modality="text")])
+    for suffix in ("-wal", "-shm"):
+        (root / f"meta.sqlite{suffix}").unlink(missing_ok=True)
+    (root / "meta.sqlite").write_bytes(saved)  # an older copy put back: it lists only part 0
+    before = _files(root)
+    with pytest.raises(CollectionError, match="meta.sqlite.*older than manifest.json.*part 1"):
+        Collection.open(root, writable=True)
+    assert _files(root) == before
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    from tests.test_retriever_scanning import tiny_vl_dir
+
+    return tiny_vl_dir(tmp_path_factory.getbasetemp())
+
+
+def test_retriever_add_items_survive_an_emptied_database(tmp_path, tiny_model):
+    from typer.testing import CliRunner
+
+    from faste_mm import Embedder, Retriever
+    from faste_mm.cli.app import app
+
+    vl_embedder = Embedder.from_pretrained(str(tiny_model), device="cpu")
+    root, docs = tmp_path / "c", tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.txt").write_text("a red bicycle")
+    retriever = Retriever(vl_embedder, collection=root, r_max=0.0)
+    retriever.add(["a cat on a mat", "a dog in the snow"])
+    good = (root / "meta.sqlite").read_bytes()
+    _emptied_database(root, "zero-bytes")
+    before = _files(root)
+    with pytest.raises(CollectionError, match="holds no faste-mm tables"):
+        retriever.add(["a third text"])
+    result = CliRunner().invoke(app, ["index", str(docs), "-c", str(root), "--model", str(tiny_model),
+                                      "--device", "cpu", "--r-max", "0"])
+    assert result.exit_code == 1 and "holds no faste-mm tables" in result.stderr, (result.stderr, result.exception)
+    assert _files(root) == before
+    (root / "meta.sqlite").write_bytes(good)  # the backup the message asks for brings everything back
+    with Collection.open(root) as col:
+        assert col.info().n_ok == 2
+        assert len(col.vectors([0, 1])) == 2
+
+
+def test_an_open_reader_follows_a_reindex_instead_of_returning_erased_items(tmp_path):
+    root = tmp_path / "c"
+    old = _filled(root, n=4)
+    with Collection.open(root) as reader, Collection.open(root) as other:
+        assert reader.get([0])[0].uri == "u0"
+        Collection.erase(root, for_create=True)  # what `index --reindex` does, then indexes anew
+        new = _vectors(3, seed=9)
+        with Collection.create(root, MANIFEST) as col:
+            col.add(new, [ItemRecord(uri=f"new{i}", modality="text") for i in range(3)])
+        scores, ids, records = reader.search_records(old, k=2)
+        assert {r.uri for r in records.values()} <= {"new0", "new1", "new2"}  # no erased item comes back
+        with Collection.open(root) as fresh:
+            want = fresh.search(old, k=2)
+        np.testing.assert_array_equal(ids, want[1])
+        assert reader.get([0])[0].uri == "new0"  # id 0 names the new file, as a new reader says
+        assert other.info().n_ok == 3
+        Collection.erase(root)
+        with pytest.raises(CollectionError):
+            reader.search(old, k=1)  # erased for good: said, not answered from the old files
+
+
+def test_retriever_add_skip_commits_rows_and_failures_in_one_transaction(tmp_path, tiny_model):
+    root = tmp_path / "c"
+    _crash("add-after-commit", """
+        import sys
+        from pathlib import Path
+        from faste_mm import Embedder, Retriever
+        embedder = Embedder.from_pretrained(sys.argv[1], device="cpu")
+        Retriever(embedder, collection=sys.argv[2], r_max=0.0).add(["a text", Path(sys.argv[3])], on_error="skip")
+    """, tiny_model, root, tmp_path / "gone.png")
+    with Collection.open(root) as col:  # killed after the first commit: it held both
+        info = col.info()
+    assert (info.n_ok, info.n_failed) == (1, 1), info
+    assert "gone.png" in info.failures[0].uri
+
+
+def _cli(*args: str):
+    from typer.testing import CliRunner
+
+    from faste_mm.cli.app import app
+
+    return CliRunner().invoke(app, list(args))
+
+
+def test_random_manifests_and_bogus_index_types_are_named_errors_not_tracebacks(tmp_path):
+    import json
+
+    root = tmp_path / "c"
+    _filled(root)
+    good = (root / "manifest.json").read_text()
+    (root / "manifest.json").write_bytes(os.urandom(400))
+    for command in ("info", "compact"):
+        result = _cli(command, "-c", str(root))
+        assert result.exit_code == 1 and "manifest.json: cannot read the manifest" in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr and "damaged" in result.stderr
+    bogus = json.loads(good)
+    bogus["index"]["type"] = "Bogus99,Flat"
+    (root / "manifest.json").write_text(json.dumps(bogus))
+    for command in ("info", "compact", "rebuild-index"):
+        result = _cli(command, "-c", str(root))
+        assert result.exit_code == 1 and "'Bogus99,Flat' is not a valid FAISS factory string" in result.stderr, (
+            command, result.stderr, result.exception)
+
+
+def test_a_garbage_part_is_damage_in_our_words_not_numpys_pickle_advice(tmp_path):
+    root = tmp_path / "c"
+    v = _filled(root)
+    (root / "vectors" / "part-000000.npy").write_bytes(os.urandom(512))
+    (root / "index.faiss").unlink()  # the search must read the part to rebuild it
+    with pytest.raises(CollectionError, match="part-000000.npy: cannot read vector part 0") as caught:
+        with Collection.open(root) as col:
+            col.search(v, k=1)
+    assert "pickle" not in str(caught.value) and "garbage" in str(caught.value)
+
+
+def test_disk_full_and_read_only_are_said_as_such_not_called_damage():
+    import errno
+    import sqlite3
+    from pathlib import Path
+
+    from faste_mm.indexers.atomic_files import atomic_write
+    from faste_mm.indexers.store import damaged_database
+
+    def full(f):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        with pytest.raises(CollectionError, match="disk is full.*collection is intact. Free some space") as caught:
+            atomic_write(Path(folder) / "index.faiss", full)
+        assert os.listdir(folder) == []  # no temp file left behind
+    for error, words in ((sqlite3.OperationalError("attempt to write a readonly database"), "read-only"),
+                         (sqlite3.OperationalError("database or disk is full"), "disk is full"),
+                         (sqlite3.OperationalError("unable to open database file"), "permission denied")):
+        message = str(damaged_database(Path("c/meta.sqlite"), error))
+        assert words in message and "damaged" not in message and "--reindex" not in message, message
+    assert "--reindex" not in str(caught.value)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads and writes whatever the permissions")
+def test_a_read_only_collection_opens_for_search_and_a_writer_is_told_why(tmp_path):
+    root = tmp_path / "c"
+    v = _filled(root)
+    for path in [root, *root.rglob("*")]:
+        path.chmod(path.stat().st_mode & ~0o222)
+    try:
+        with Collection.open(root) as col:
+            assert col.search(v, k=1)[1][:, 0].tolist() == list(range(len(v)))
+        result = _cli("compact", "-c", str(root))
+        assert result.exit_code == 1 and "ermission denied" in result.stderr and "Traceback" not in result.stderr
+    finally:
+        for path in [root, *root.rglob("*")]:
+            path.chmod(path.stat().st_mode | 0o200)

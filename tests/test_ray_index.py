@@ -29,8 +29,10 @@ from faste_mm.indexers import Collection  # noqa: E402
 from faste_mm.indexers.crash_points import CRASH_ENV  # noqa: E402
 from faste_mm.retrieval.results import IndexOptions  # noqa: E402
 from faste_mm.retrieval.retriever import ModelSpec  # noqa: E402
-from faste_mm.scale import RayOptions  # noqa: E402
-from faste_mm.scale.ray_index import ACTOR_REGISTRY_ENV, _decode_file, _FileTask  # noqa: E402
+from faste_mm.scale import RayExecutor, RayOptions  # noqa: E402
+from faste_mm.retrieval.decoders import Decoded  # noqa: E402
+from faste_mm.retrieval.profile import CollectionProfile  # noqa: E402
+from faste_mm.scale.ray_index import ACTOR_REGISTRY_ENV, _decode_file, _embedder_input, _FileTask, _ShippedFile  # noqa: E402
 from faste_mm.scale.resources import plan_resources  # noqa: E402
 from tests.test_retriever_scanning import (CORPUS_EMBEDDED, CORPUS_FAILED, CORPUS_REUSED, make_corpus,  # noqa: E402
                                            noise_image, tiny_vl_dir)
@@ -74,9 +76,10 @@ def _spec(model_dir: Path, max_batch_size: int = 64) -> ModelSpec:
     return ModelSpec(str(model_dir), device="cpu", batching=BatchingConfig(max_batch_size=max_batch_size))
 
 
-def _index(model_dir, root, collection, r_max, ray_options=None, max_batch_size=64, progress=None):
-    with Retriever(_spec(model_dir, max_batch_size), collection=collection, r_max=r_max) as retriever:
-        return retriever.index([root], options=IndexOptions(chunk_files=3), progress=progress, ray=ray_options)
+def _index(model_dir, root, collection, r_max, ray_options=None, max_batch_size=64, progress=None, video=None):
+    with Retriever(_spec(model_dir, max_batch_size), collection=collection, r_max=r_max, video=video) as retriever:
+        return retriever.index([root], options=IndexOptions(chunk_files=3), progress=progress,
+                               executor=None if ray_options is None else RayExecutor(ray_options))
 
 
 def _rows(collection: Path) -> tuple[dict[tuple[str, int | None], np.ndarray], list[tuple]]:
@@ -118,6 +121,32 @@ def test_ray_index_with_faste_matches_plain_index(ray_cluster, model_dir, corpus
     # A second run finds nothing to do, as a plain one would.
     again = _index(model_dir, corpus, tmp_path / "ray", r_max, RayOptions(**ACTORS), max_batch_size)
     assert (again.embedded, again.reused, again.unchanged) == (0, 0, plain.files_scanned)
+
+
+def test_ray_index_embeds_videos_with_the_collection_video_settings(ray_cluster, model_dir, tmp_path):
+    """The Ray executor decodes each kind with the plain path's decoder and its workers sample
+    videos with the collection's video settings (it once recorded every video as an unreadable
+    image): rows, failures and vectors equal a plain run's."""
+    from tests.test_video import write_video
+
+    folder = tmp_path / "files"
+    folder.mkdir()
+    write_video(folder / "clip.mp4", 1, 8)
+    (folder / "broken.webm").write_bytes(b"not a video")
+    noise_image(folder / "photo.png", (40, 32), 3)
+    video = {"fps": 4.0, "max_frames": 6}  # not the defaults: the workers must get them
+    plain = _index(model_dir, folder, tmp_path / "plain", 0.0, video=video)
+    report = _index(model_dir, folder, tmp_path / "ray", 0.0, RayOptions(**ACTORS), video=video)
+    assert (plain.embedded, plain.failed) == (report.embedded, report.failed) == (2, 1)
+    assert sorted(f.to_dict().items() for f in report.failures) == sorted(f.to_dict().items() for f in plain.failures)
+    _assert_same_collection(tmp_path / "plain", tmp_path / "ray")
+    with Collection.open(tmp_path / "ray") as col:
+        assert col.manifest.video["max_frames"] == 6
+
+
+def test_a_shipped_video_is_written_where_the_actor_embeds_it(tmp_path):
+    item = _embedder_input(Decoded(None, _ShippedFile("clip.mp4", b"bytes of a video")), tmp_path / "0")
+    assert item.video == tmp_path / "0" / "clip.mp4" and item.video.read_bytes() == b"bytes of a video"
 
 
 @ray.remote(num_cpus=0)
@@ -201,12 +230,12 @@ def test_sigkilled_driver_resumes_without_embedding_twice(ray_cluster, model_dir
 
 def test_a_path_a_worker_cannot_see_is_a_failure_that_says_what_to_do(ray_cluster, tmp_path):
     task = _FileTask(str(tmp_path / "only-on-the-driver.png"), "image", None)
-    (row,) = _decode_file(task, 1 << 20, None, driver_node="another-node")
+    (row,) = _decode_file(task, CollectionProfile(), None, driver_node="another-node")
     assert row.value is None
     assert str(tmp_path / "only-on-the-driver.png") in row.reason
     assert "not visible on Ray node" in row.reason and "--ship-bytes" in row.reason
     # On the driver's own node a vanished file is reported as a plain run reports it.
-    (row,) = _decode_file(task, 1 << 20, None, driver_node=ray.get_runtime_context().get_node_id())
+    (row,) = _decode_file(task, CollectionProfile(), None, driver_node=ray.get_runtime_context().get_node_id())
     assert "file not found" in row.reason
 
 

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import base64
 import io
+import os
 import socket
+import stat
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -25,7 +27,9 @@ from faste_mm.errors import ConfigError  # noqa: E402
 from faste_mm.indexers import Collection  # noqa: E402
 from faste_mm.serving import (Batcher, BatcherConfig, QueueFullError, ServeConfig, ServeEngine,  # noqa: E402
                               check_bind, create_app)
-from faste_mm.serving.engine import VL_QUERY_INSTRUCTION  # noqa: E402
+from faste_mm.retrieval.profile import QUERY_INSTRUCTION as VL_QUERY_INSTRUCTION  # noqa: E402
+from faste_mm.serving.engine import TEXT_CHARS_PER_TOKEN  # noqa: E402
+from faste_mm.serving.security import host_names  # noqa: E402
 from tests.serve_fixtures import make_gallery  # noqa: E402
 from tests.test_retriever_scanning import tiny_vl_dir  # noqa: E402
 
@@ -52,7 +56,7 @@ def collection(embedder, tmp_path_factory) -> Path:
 def _client(embedder, collection=None, raise_server_exceptions=True, **config) -> TestClient:
     retriever = None if collection is None else Retriever(embedder, collection=collection, r_max=0.5)
     return TestClient(create_app(ServeEngine(embedder, retriever, ServeConfig(**config))),
-                      raise_server_exceptions=raise_server_exceptions)
+                      raise_server_exceptions=raise_server_exceptions, base_url="http://127.0.0.1:8000")
 
 
 @pytest.fixture(scope="module")
@@ -150,7 +154,7 @@ def test_base64_is_little_endian_float32_of_the_same_vectors(plain):
 
 def test_the_openai_client_talks_to_the_server(plain, embedder):
     openai = pytest.importorskip("openai", reason="the OpenAI client is optional")
-    client = openai.OpenAI(api_key="unused", base_url="http://testserver/v1", http_client=plain)
+    client = openai.OpenAI(api_key="unused", base_url="http://127.0.0.1:8000/v1", http_client=plain)
     result = client.embeddings.create(model=embedder.model_id, input=TEXTS[:2])
     np.testing.assert_allclose(np.array([d.embedding for d in result.data]), embedder.encode(TEXTS[:2]).embeddings,
                                atol=1e-6)
@@ -229,10 +233,44 @@ def test_thumbnails_are_jpegs_of_indexed_images_and_pdf_pages_cached_beside_the_
 
 
 @pytest.mark.parametrize("path", ["/thumbnails/999999", "/thumbnails/..%2F..%2Fetc%2Fpasswd",
-                                  "/thumbnails/%2e%2e", "/thumbnails/-1", "/thumbnails/1.jpg"])
+                                  "/thumbnails/%2e%2e", "/thumbnails/-1", "/thumbnails/1.jpg",
+                                  "/thumbnails/%C2%B2", "/thumbnails/" + "9" * 1000, "/thumbnails/9223372036854775808"])
 def test_thumbnails_refuse_anything_but_the_id_of_an_indexed_item(client, path):
     response = client.get(path)
     assert response.status_code == 404 and response.headers["content-type"] == "application/json"
+
+
+def test_a_link_planted_in_the_thumbnail_cache_is_replaced_never_served(embedder, collection, tmp_path):
+    secret = tmp_path / "secret.jpg"
+    secret.write_bytes(b"SECRET private photo bytes")
+    cache = tmp_path / "thumbs"
+    with _client(embedder, collection, thumbnail_dir=cache) as c:
+        hit = next(h for h in c.post("/search", json={"query": "x", "k": 20}).json()["hits"] if h["thumbnail"])
+        first = c.get(hit["thumbnail"]).content
+        assert stat.S_IMODE(os.stat(cache).st_mode) == 0o700  # made with our own mode
+        (cached,) = cache.glob(f"{hit['id']}-*.jpg")
+        cached.unlink()
+        cached.symlink_to(secret)  # planted: the server must not send the file it points to
+        again = c.get(hit["thumbnail"])
+        assert again.status_code == 200 and b"SECRET" not in again.content and again.content == first
+        assert not cached.is_symlink() and secret.read_bytes().startswith(b"SECRET")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    linked = tmp_path / "linked-thumbs"
+    linked.symlink_to(elsewhere)  # a cache folder that is a link: refused, nothing written through it
+    with _client(embedder, collection, thumbnail_dir=linked, raise_server_exceptions=False) as c:
+        _error(c.get(hit["thumbnail"]), 500, "not a folder of this user")
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_odd_ids_nested_json_and_k_0_are_client_errors_not_crashes(client):
+    _error(client.post("/search", json={"id": 10**30}), 400, "id")
+    _error(client.post("/search", data={"id": "9" * 40}), 400, "'id'")
+    _error(client.post("/search", data={"q": "x", "k": "0"}), 400, "k must be in 1..1000")
+    deep = "[" * 100_000 + "]" * 100_000
+    for route in ("/search", "/v1/embeddings"):
+        answer = client.post(route, content=deep, headers={"content-type": "application/json"})
+        assert answer.status_code == 400, (route, answer.text)
 
 
 def test_a_thumbnail_of_a_path_traversal_never_reaches_the_file_system(client):
@@ -244,7 +282,7 @@ def test_a_thumbnail_of_a_path_traversal_never_reaches_the_file_system(client):
 
     async def call():
         scope = {"type": "http", "method": "GET", "path": "/thumbnails/../../etc/passwd", "raw_path":
-                 b"/thumbnails/../../etc/passwd", "query_string": b"", "headers": [], "http_version": "1.1",
+                 b"/thumbnails/../../etc/passwd", "query_string": b"", "headers": [(b"host", b"127.0.0.1")], "http_version": "1.1",
                  "scheme": "http", "server": ("testserver", 80), "client": ("127.0.0.1", 1), "root_path": ""}
 
         async def receive():
@@ -314,6 +352,53 @@ def test_requests_over_the_body_or_token_limit_get_413(embedder):
         _error(c.post("/v1/embeddings", json={"input": ["a", "b", "c"]}), 413, "limit is 2")
 
 
+class _LongestText:
+    """A serializer wrapper that records the longest text it was asked to tokenize."""
+
+    def __init__(self, serializer) -> None:
+        self.serializer, self.longest = serializer, 0
+
+    def __call__(self, item, instruction):
+        self.longest = max(self.longest, len(item.text or ""))
+        return self.serializer(item, instruction)
+
+    def __getattr__(self, name):
+        return getattr(self.serializer, name)
+
+
+@pytest.fixture(scope="module")
+def short_model(embedder) -> Embedder:
+    """The same weights cut at 64 tokens per item: long inputs stay cheap to embed in a test."""
+    from faste_mm.model.serialization import SerializerConfig
+
+    return embedder.with_serializer(SerializerConfig(max_length=64))
+
+
+def test_a_long_query_is_cut_before_tokenizing_and_finds_what_the_whole_text_finds(short_model, collection):
+    query = "a sunset over the sea " * 400  # 8,800 characters: far past 64 tokens
+    expected = Retriever(short_model, collection=collection, r_max=0.5).search(query, k=5)
+    spy = _LongestText(short_model.serializer)
+    cut = Embedder(short_model.loaded, short_model.batching)
+    cut.serializer = spy  # the same model, its tokenizer calls recorded
+    with _client(cut, collection) as c:
+        body = c.post("/search", json={"query": query, "k": 5}).json()
+    assert 0 < spy.longest <= TEXT_CHARS_PER_TOKEN * 64 < len(query)
+    assert [h["id"] for h in body["hits"]] == [h.id for h in expected]
+    np.testing.assert_allclose([h["score"] for h in body["hits"]], [h.score for h in expected], atol=1e-5)
+
+
+def test_embeddings_say_which_inputs_were_truncated_and_refuse_them_when_asked(short_model):
+    long = "word " * 200  # past the model's 64 tokens
+    with _client(short_model) as c:
+        body = c.post("/v1/embeddings", json={"input": ["short", long]}).json()
+        assert [d["truncated"] for d in body["data"]] == [False, True]
+        np.testing.assert_allclose(np.array([d["embedding"] for d in body["data"]], dtype=np.float32),
+                                   short_model.encode(["short", long]).embeddings, atol=1e-5)
+        _error(c.post("/v1/embeddings", json={"input": ["short", long], "truncate": False}), 413,
+               "input[1]", "64 tokens", "truncate")
+        assert c.post("/v1/embeddings", json={"input": ["short"], "truncate": False}).status_code == 200
+
+
 def test_a_full_queue_answers_503_and_the_queued_requests_still_finish(embedder, monkeypatch):
     release, running = threading.Event(), threading.Event()
     original = embedder.encode
@@ -380,6 +465,58 @@ def test_the_serve_command_refuses_a_public_host_without_a_key_before_loading_a_
 
 
 # ---- info, metrics, empty collection -------------------------------------------------------
+def test_only_the_servers_own_host_names_are_answered(client, embedder, collection):
+    """DNS rebinding: a page at evil.example re-points its name to 127.0.0.1 and reads our answers."""
+    for host in ("evil.example", "evil.example:8000", "127.0.0.1.evil.example", ""):
+        _error(client.get("/health", headers={"host": host}), 403, "--allowed-host")
+        _error(client.post("/search", json={"query": "x"}, headers={"host": host}), 403, "does not answer")
+    for host in ("localhost:8000", "127.0.0.1", "[::1]:8000", "LOCALHOST."):
+        assert client.get("/health", headers={"host": host}).status_code == 200, host
+    with _client(embedder, collection, allowed_hosts=host_names("0.0.0.0", ["photos.lan"])) as lan:
+        assert lan.post("/search", json={"query": "x", "k": 2}, headers={"host": "photos.lan:8000"}).status_code == 200
+        assert lan.get("/health", headers={"host": "0.0.0.0:8000"}).status_code == 200
+        _error(lan.get("/health", headers={"host": "other.lan"}), 403, "photos.lan")
+    with pytest.raises(ConfigError, match="allowed host .* 'http://x/' is not a host name"):
+        ServeConfig(allowed_hosts=("http://x/",))
+
+
+def test_cross_site_posts_are_refused_without_a_key(client, embedder, collection):
+    form = {"q": "sunset", "k": "3"}
+    _error(client.post("/search", data=form, headers={"origin": "http://evil.example"}), 403, "another site")
+    _error(client.post("/search", data=form, headers={"sec-fetch-site": "cross-site"}), 403, "another site")
+    _error(client.post("/search", data=form, headers={"origin": "null"}), 403, "another site")
+    own = {"origin": "http://127.0.0.1:8000", "sec-fetch-site": "same-origin"}
+    assert client.post("/search", data=form, headers=own).status_code == 200
+    assert client.post("/search", data=form, headers={"origin": "http://localhost:8000"}).status_code == 200
+    assert client.post("/search", data=form).status_code == 200  # curl and SDKs send no Origin
+    assert client.get("/", headers={"sec-fetch-site": "cross-site"}).status_code == 200  # links to the page work
+    with _client(embedder, collection, api_key="k3y") as keyed:  # a form cannot carry the key header
+        answer = keyed.post("/search", data=form, headers={"origin": "http://evil.example", "authorization": "Bearer k3y"})
+        assert answer.status_code == 200
+        _error(keyed.post("/search", data=form, headers={"origin": "http://evil.example"}), 401)
+
+
+def test_answers_carry_nosniff_no_framing_and_the_page_a_strict_csp(client):
+    page, data = client.get("/"), client.post("/search", json={"query": "x", "k": 1})
+    for response in (page, data, client.get("/nope")):
+        assert response.headers["x-content-type-options"] == "nosniff"
+        assert response.headers["x-frame-options"] == "DENY"
+    policy = dict(p.strip().split(" ", 1) for p in page.headers["content-security-policy"].split(";"))
+    assert policy["script-src"] == "'self'" and policy["default-src"] == "'none'"
+    assert policy["frame-ancestors"] == "'none'" and "unsafe-inline" not in page.headers["content-security-policy"]
+    assert "default-src 'none'" in data.headers["content-security-policy"]
+
+
+def test_a_blank_api_key_is_refused_in_cli_words():
+    from typer.testing import CliRunner
+
+    from faste_mm.cli.app import app
+
+    result = CliRunner().invoke(app, ["serve", "--api-key", "   ", "--model", "/nonexistent-model"])
+    assert result.exit_code == 1 and "--api-key is empty" in result.stderr, result.stderr
+    assert "ServeConfig" not in result.stderr
+
+
 def test_info_reports_model_fast_e_and_collection_counts(client, embedder):
     info = client.get("/info").json()
     assert info["model"] == embedder.model_id and info["dim"] == embedder.dim
@@ -389,8 +526,7 @@ def test_info_reports_model_fast_e_and_collection_counts(client, embedder):
 
 
 def test_an_empty_collection_serves_info_and_empty_results(embedder, tmp_path):
-    manifest = Retriever(embedder, collection=tmp_path / "empty", r_max=0.5).document_manifest()
-    Collection.create(tmp_path / "empty", manifest).close()
+    Retriever(embedder, collection=tmp_path / "empty", r_max=0.5).add([])
     with _client(embedder, tmp_path / "empty") as c:
         assert c.get("/info").json()["collection"]["items"] == 0
         response = c.post("/search", json={"query": "anything"})
@@ -443,6 +579,46 @@ def test_the_batcher_merges_under_the_token_budget_and_never_mixes_kinds():
     with pytest.raises(QueueFullError, match="max-queue 1"):
         full.submit("query", 2, 1)
     full.close()
+
+
+def test_a_runner_that_raises_on_a_merged_batch_fails_only_the_job_that_broke_it():
+    gate, seen = threading.Event(), []
+
+    def run(payloads):
+        gate.wait(10)
+        seen.append(list(payloads))
+        if "bad" in payloads:
+            raise OverflowError("Python int too large to convert to SQLite INTEGER")
+        return [p * 10 for p in payloads]
+
+    batcher = Batcher({"search": run}, BatcherConfig(batch_tokens=100, max_wait_ms=0)).start()
+    try:
+        blocker = batcher.submit("search", 0, 1)  # holds the model thread: the next jobs merge
+        time.sleep(0.2)
+        futures = [batcher.submit("search", p, 1) for p in (1, "bad", 2, 3)]
+        gate.set()
+        assert blocker.result(10) == 0
+        assert [futures[i].result(10) for i in (0, 2, 3)] == [10, 20, 30]
+        with pytest.raises(OverflowError):
+            futures[1].result(10)
+    finally:
+        batcher.close()
+    assert [1, "bad", 2, 3] in seen  # they were merged, and the good ones still got answers
+
+
+def test_a_where_integer_beyond_int64_is_a_400_and_the_searches_beside_it_succeed(client, embedder, collection):
+    reference = Retriever(embedder, collection=collection, r_max=0.5)
+    good = [{"query": q, "k": 4} for q in ("a sunset over the sea", "forest", "a report", "picnic")]
+    bad = [{"query": "x", "k": 4, "where": {"year": 2**70}}, {"query": "y", "k": 4, "where": {"n": -2**63 - 1}}]
+    with ThreadPoolExecutor(len(good) + len(bad)) as pool:
+        answers = list(pool.map(lambda body: client.post("/search", json=body), good + bad))
+    for body, response in zip(good, answers):
+        assert response.status_code == 200, response.text
+        assert [h["id"] for h in response.json()["hits"]] == [h.id for h in reference.search(body["query"], k=4)]
+    _error(answers[len(good)], 400, "year", str(-2**63), str(2**63 - 1))
+    _error(answers[len(good) + 1], 400, "'n'", "64 bits")
+    with pytest.raises(ConfigError, match="year"):
+        reference.search("x", where={"year": 2**64})
 
 
 def test_after_a_batch_the_next_one_waits_for_the_clients_that_just_got_answers():

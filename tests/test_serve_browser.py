@@ -73,6 +73,8 @@ def test_search_page_queries_uploads_more_like_this_and_reloads_from_the_url(bro
     page = browser.new_page(viewport={"width": 1280, "height": 860})
     errors: list[str] = []
     page.on("pageerror", lambda error: errors.append(str(error)))
+    # The page runs under its Content-Security-Policy: anything it blocks is reported here.
+    page.on("console", lambda message: errors.append(message.text) if "Content Security Policy" in message.text else None)
     page.goto(url + "/")
     page.wait_for_selector("#collection strong")
     assert "12 items" in page.inner_text("#collection")  # 10 images + 2 PDF pages
@@ -83,7 +85,7 @@ def test_search_page_queries_uploads_more_like_this_and_reloads_from_the_url(bro
     page.press("#q", "Enter")
     page.wait_for_selector(".card")
     assert page.locator(".card").count() == 12
-    page.wait_for_function("[...document.querySelectorAll('.card img')].every(i => i.complete && i.naturalWidth > 0)")
+    page.wait_for_function("() => [...document.querySelectorAll('.card img')].every(i => i.complete && i.naturalWidth > 0)")
     assert _thumbnails_loaded(page) == 12  # every hit here is an image or a PDF page
     assert "q=a+sunset+over+the+sea" in page.url
     assert page.locator(".card .page").all_inner_texts().count("page 1") == 1
@@ -99,7 +101,7 @@ def test_search_page_queries_uploads_more_like_this_and_reloads_from_the_url(bro
     scene_image(tmp_path / "query.png", 3)
     page.set_input_files("#image", str(tmp_path / "query.png"))
     page.wait_for_selector("#image-chip:not([hidden])")
-    page.wait_for_function("document.querySelector('#status-text').textContent.includes('query.png')")
+    page.wait_for_function("() => document.querySelector('#status-text').textContent.includes('query.png')")
     first_after_upload = page.locator(".card .name").first.inner_text()
     assert first_after_upload  # the grid re-rendered with results for the image
 
@@ -107,7 +109,7 @@ def test_search_page_queries_uploads_more_like_this_and_reloads_from_the_url(bro
     card = page.locator(".card").nth(1)
     chosen = card.get_attribute("data-id")
     card.locator(".more").click()
-    page.wait_for_function(f"document.querySelector('#status-text').textContent.includes('#{chosen}')")
+    page.wait_for_function(f"() => document.querySelector('#status-text').textContent.includes('#{chosen}')")
     assert f"id={chosen}" in page.url
     assert chosen not in page.locator(".card").evaluate_all("cards => cards.map(c => c.dataset.id)")
     assert page.locator(".card").count() == 11  # the other items of the collection

@@ -12,7 +12,8 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from faste_mm.cli.app import app
-from faste_mm.indexers.manifest import DEFAULT_VIDEO, Manifest
+from faste_mm.indexers.manifest import Manifest
+from faste_mm.retrieval.profile import CollectionProfile
 from faste_mm.model.video import VideoConfig
 
 from tests.test_video import write_audio, write_video
@@ -68,8 +69,7 @@ def test_index_a_folder_with_videos_and_query_by_text_and_by_video(model_dirs, f
     assert "video" in refused.stderr and "--reindex" in refused.stderr
 
 
-def test_manifest_video_defaults_are_the_video_config_defaults():
-    assert DEFAULT_VIDEO == VideoConfig().to_dict()
+def test_a_collection_written_before_videos_reads_as_the_video_config_defaults():
     old = Manifest(model_id="m", dim=8).to_dict()
     del old["serializer"]["video"]  # a collection written before videos
-    assert Manifest.from_dict(old).video == DEFAULT_VIDEO
+    assert CollectionProfile.from_manifest(Manifest.from_dict(old)).video == VideoConfig()

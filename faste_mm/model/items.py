@@ -22,11 +22,10 @@ from typing import Iterable, Union
 from PIL import Image, UnidentifiedImageError
 
 from faste_mm.errors import InputError
-from faste_mm.model.video import VIDEO_SUFFIXES
+from faste_mm.kinds import is_kind
 
 ImageLike = Union[str, Path, Image.Image]
 
-PDF_SUFFIXES = frozenset({".pdf"})
 
 # Images above this many pixels (8192 x 8192, 256 MiB as RGBA) are never decoded whole: a JPEG
 # is decoded at 1/2, 1/4 or 1/8 scale by its DCT (`draft`), anything else is refused by its
@@ -83,7 +82,7 @@ class Item:
 
     @property
     def is_pdf(self) -> bool:
-        return isinstance(self.image, (str, Path)) and Path(self.image).suffix.lower() in PDF_SUFFIXES
+        return isinstance(self.image, (str, Path)) and is_kind(self.image, "pdf")
 
     def describe(self) -> str:
         """A short human name for messages: the file (and page), or the start of the text."""
@@ -117,7 +116,7 @@ def as_item(value: object, position: int) -> Item:
         return value
     if isinstance(value, str):
         return Item(text=value)
-    if isinstance(value, Path) and value.suffix.lower() in VIDEO_SUFFIXES:
+    if isinstance(value, Path) and is_kind(value, "video"):
         return Item(video=value)
     if isinstance(value, (Path, Image.Image)):
         return Item(image=value)

@@ -15,8 +15,6 @@ from pathlib import Path
 
 from faste_mm.errors import ConfigError, InputError
 
-VIDEO_SUFFIXES = frozenset({".mp4", ".mov", ".webm", ".mkv", ".avi"})
-
 # qwen-vl-utils 0.0.14 (vision_process.py) constants, with image_patch_size=16 as the official
 # embedder passes it: factor = patch 16 x merge 2 = 32 px per merged token side.
 FACTOR = 32

@@ -80,17 +80,19 @@ def _key(model_id: str, revision: str | None) -> str:
     return f"{model_id}@{revision or 'main'}"
 
 
-def check_collection_target(root: Path, manifest, model_id: str, revision: str | None, *, revision_known: bool = True) -> None:
+def check_collection_target(root: Path, profile, model_id: str, revision: str | None, *,
+                            revision_known: bool = True) -> None:
     """Raise unless a theta calibrated on `model_id` at `revision` can be recorded in the collection
-    at `root` (its `Manifest`): the same model, and FastE on (r_max > 0). `faste-mm calibrate --save
-    -c` checks this before the model loads (revision_known=False: only the loaded model knows its
-    revision), so a long run is never thrown away at the end; recording it checks again, fully."""
-    if manifest.model_id != model_id or (revision_known and manifest.model_revision != revision):
+    at `root` (its `CollectionProfile`): the same model, and FastE on (r_max > 0). `faste-mm
+    calibrate --save -c` checks this before the model loads (revision_known=False: only the loaded
+    model knows its revision), so a long run is never thrown away at the end; recording it checks
+    again, fully."""
+    if profile.model_id != model_id or (revision_known and profile.model_revision != revision):
         raise CollectionError(
-            f"{root}: the collection embeds with {manifest.model_id}, the calibration is for "
-            f"{model_id}; calibrate with --model {manifest.model_id}"
+            f"{root}: the collection embeds with {profile.model_id}, the calibration is for "
+            f"{model_id}; calibrate with --model {profile.model_id}"
         )
-    if not manifest.fast_e:
+    if profile.r_max == 0:
         raise ConfigError(f"{root}: the collection uses the full forward (r_max 0); there is no theta to set")
 
 

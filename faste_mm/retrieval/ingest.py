@@ -8,7 +8,6 @@ Receives paths, a Collection and a document encoder; hands back counts to the re
 
 from __future__ import annotations
 
-import codecs
 import fnmatch
 import logging
 import os
@@ -20,33 +19,19 @@ import numpy as np
 
 from faste_mm.errors import CollectionError, ConfigError, InputError, ModelLoadError
 from faste_mm.indexers import Collection, FileStat, ItemRecord, content_hash
-from faste_mm.model.items import PDF_SUFFIXES, Item, not_a_file_reason
-from faste_mm.model.video import VIDEO_SUFFIXES
+from faste_mm.kinds import KINDS, SUPPORTED_SUFFIXES, UNSUPPORTED, kind_name
+from faste_mm.model.items import Item, as_item, not_a_file_reason
+from faste_mm.retrieval.decoders import document_input
 
 if TYPE_CHECKING:  # annotations only: scanning and planning load no model code
     from faste_mm.model.embedder import EmbedResult, EmbedStats
 
 log = logging.getLogger(__name__)
 
-IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff"})
-TEXT_SUFFIXES = frozenset({".txt", ".md"})
-# The modality recorded per kind: a PDF contributes one "page" item per page.
-MODALITIES = {"image": "image", "pdf": "page", "text": "text", "video": "video", "unsupported": "unsupported"}
-_SUPPORTED = ", ".join(sorted(IMAGE_SUFFIXES | PDF_SUFFIXES | TEXT_SUFFIXES | VIDEO_SUFFIXES))
-
-
 def file_kind(path: Path) -> str:
-    """"image" | "pdf" | "text" | "video" | "unsupported", decided by the file name's suffix."""
-    suffix = path.suffix.lower()
-    if suffix in IMAGE_SUFFIXES:
-        return "image"
-    if suffix in VIDEO_SUFFIXES:
-        return "video"
-    if suffix in PDF_SUFFIXES:
-        return "pdf"
-    if suffix in TEXT_SUFFIXES:
-        return "text"
-    return "unsupported"
+    """"image" | "pdf" | "text" | "video" | "unsupported", decided by the file name's suffix
+    (`faste_mm.kinds`, the one table of input kinds)."""
+    return kind_name(path)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +82,8 @@ class ScannedFile:
 
     @property
     def modality(self) -> str:
-        return MODALITIES[self.kind]
+        # the modality recorded per kind: a PDF contributes one "page" item per page
+        return KINDS[self.kind].modality if self.kind in KINDS else UNSUPPORTED
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +120,9 @@ class Scan:
 def scan_paths(paths: Iterable[str | Path], scan_filter: ScanFilter | None = None) -> Scan:
     """Walk folders recursively (sorted, symlinked folders not followed) and stat every file.
 
-    Symlinked files are followed: the file is indexed under its target's resolved path.
+    Symlinked files are followed: the file is indexed under its target's resolved path when that
+    lies inside the walked folder, else under the link's own path (so its items go with the link).
+    A link into /proc, /sys or /dev is never read (reported in `Scan.missing`).
     Raises InputError when `paths` is empty. A path that cannot be indexed as a file (missing,
     a dangling or looping symlink, a FIFO or device) is reported in `Scan.missing` with its
     reason, not raised, so one bad path does not stop the others.
@@ -152,6 +140,10 @@ def scan_paths(paths: Iterable[str | Path], scan_filter: ScanFilter | None = Non
                 (found if isinstance(entry, ScannedFile) else missing).append(entry)
             roots.append((str(root), tuple(found)))
         elif path.is_file():
+            reason = _system_link_reason(path)
+            if reason is not None:
+                missing.append((os.path.abspath(path), reason))
+                continue
             try:
                 named.append(ScannedFile(path, file_kind(path), FileStat.of(path)))
             except (OSError, RuntimeError) as error:
@@ -232,43 +224,44 @@ def _walk(root: Path, scan_filter: ScanFilter) -> Iterable[ScannedFile | tuple[s
             if (scan_filter.is_hidden(relative) or scan_filter.is_excluded(relative)
                     or file_kind(path) == "unsupported"):
                 continue
-            reason = not_a_file_reason(path)
+            reason = not_a_file_reason(path) or _system_link_reason(path)
             if reason is not None:
-                yield _uri(path), reason
+                yield (str(root / relative) if os.path.islink(path) else _uri(path)), reason
                 continue
             try:
-                yield ScannedFile(path, file_kind(path), FileStat.of(path))
+                yield ScannedFile(path, file_kind(path), _walked_stat(root, path, relative))
             except (OSError, RuntimeError) as error:
                 yield _uri(path), f"{path}: cannot stat the file ({error}); check its permissions"
 
 
+# Pseudo-file systems no scan reads through a link: /proc/self/environ holds the process's own
+# environment (API keys, tokens), /sys and /dev kernel state and devices.
+_SYSTEM_TREES = frozenset({"/proc", "/sys", "/dev"})
+
+
+def _system_link_reason(path: Path) -> str | None:
+    """Why a link at `path` is not read: it leads into /proc, /sys or /dev; None otherwise."""
+    if not os.path.islink(path):
+        return None
+    target = os.path.realpath(path)
+    if not _is_under_any(target, _SYSTEM_TREES):
+        return None
+    return (f"{path}: is a link to {target}, a system file; faste-mm never reads /proc, /sys or /dev "
+            f"through a link. Remove the link or exclude it")
+
+
+def _walked_stat(root: Path, path: Path, relative: str) -> FileStat:
+    """The stat of a walked file. A link to a file outside the walked folder is recorded under the
+    link's own path below `root`, so its items vanish when the link goes (a rescan of the folder
+    no longer finds that path); every other file under its resolved path."""
+    resolved = FileStat.of(path)
+    if _is_under(resolved.uri, str(root)):
+        return resolved
+    return FileStat(uri=str(root / relative), size=resolved.size, mtime=resolved.mtime)
+
+
 def _log_walk_error(error: OSError) -> None:
     log.warning("%s: cannot list the folder, skipped (%s)", error.filename, error)
-
-
-# Text past this many bytes is never read: the model sees at most max_length tokens (8192 by
-# default), and no tokenizer spends 128 bytes on one token, so memory stays bounded however
-# large the file is.
-TEXT_READ_BYTES = 1 << 20
-
-
-def read_text_file(path: Path) -> str:
-    """The text of a .txt/.md document (its first TEXT_READ_BYTES; a UTF-8 BOM is dropped);
-    InputError for empty or non-UTF-8 files."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read(TEXT_READ_BYTES)
-        # final=False: a character cut at the read limit is dropped, not an error.
-        text = codecs.getincrementaldecoder("utf-8-sig")().decode(data, final=len(data) < TEXT_READ_BYTES)
-    except UnicodeDecodeError as error:
-        raise InputError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start}); "
-                         f"convert it to UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
-    except OSError as error:
-        raise InputError(f"{path}: cannot read the file ({error.strerror or error}); check that it "
-                         f"exists and that you may read it") from None
-    if not text.strip():
-        raise InputError(f"{path}: file is empty (no text); remove it or add text")
-    return text
 
 
 def document_items(paths: Iterable[str | Path]) -> tuple[list[Item], list[str]]:
@@ -282,14 +275,11 @@ def document_items(paths: Iterable[str | Path]) -> tuple[list[Item], list[str]]:
     items: list[Item] = []
     unreadable: list[str] = []
     for found in scan.files():
-        if found.kind == "video":
-            items.append(Item(video=found.path))
-            continue
-        if found.kind != "text":
+        if found.kind not in KINDS:  # named by the user: the embedder reports it by name
             items.append(Item(image=found.path))
             continue
         try:
-            items.append(Item(text=read_text_file(found.path)))
+            items.append(as_item(document_input(found.path, found.kind), len(items)))
         except InputError as error:
             unreadable.append(str(error))
     items.extend(Item(image=Path(uri)) for uri, _ in scan.missing)
@@ -361,6 +351,7 @@ def plan_update(col: Collection, scan: Scan, retry_failed: bool = False) -> Upda
         if under is not None:
             vanished.update(plan.vanished)
     vanished -= {f.uri for f in files}  # e.g. excluded from a walk but also named explicitly
+    vanished -= {uri for uri, _ in scan.missing}  # FIFOs, loops: recorded again, not removed each run
     # A file named inside a removed folder stays indexed when its parent folder is scanned.
     excluded = set(scan.excluded)
     vanished = {u for u in vanished if not _is_under_any(u, excluded)}
@@ -519,11 +510,11 @@ def _read_files(files: Sequence[ScannedFile]) -> tuple[list[tuple[ScannedFile, d
         base = dict(uri=f.uri, modality=f.modality, size=f.stat.size, mtime=f.stat.mtime)
         if f.kind == "unsupported":
             failures.append(ItemRecord(**base, error=f"{f.path}: unsupported file type "
-                                       f"{f.path.suffix or '(none)'!r}; supported: {_SUPPORTED}"))
+                                       f"{f.path.suffix or '(none)'!r}; supported: {SUPPORTED_SUFFIXES}"))
             continue
         try:
             base["content_hash"] = content_hash(f.path)
-            value = Item(text=read_text_file(f.path)) if f.kind == "text" else f.path
+            value = document_input(f.path, f.kind)  # the kind's decoder (faste_mm.retrieval.decoders)
         except InputError as error:
             failures.append(ItemRecord(**base, error=str(error)))
             continue

@@ -12,73 +12,73 @@ import dataclasses
 import hashlib
 import json
 import logging
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
+from contextlib import nullcontext
+from typing import Any, Callable, ContextManager, Iterable, Mapping, Sequence
 
 import numpy as np
 from PIL import Image
 
+from faste_mm.errors import CollectionError, ConfigError, InputError
+from faste_mm.indexers import Collection, CollectionInfo, ItemRecord, SearchFilter
+from faste_mm.indexers.faiss_index import check_factory_syntax, validate_factory
+from faste_mm.indexers.manifest import settings_mismatch
+from faste_mm.indexers.records import repeated_key
 from faste_mm.model.backbones.loading import check_local_path
 from faste_mm.model.batching import BatchingConfig
-from faste_mm.retrieval.calibrations import Calibration, check_collection_target, load_calibration
-from faste_mm.model.faste import FastEConfig
 from faste_mm.model.embedder import Embedder, EmbedResult, OnError, one_or_many
-from faste_mm.errors import ConfigError, InputError
-from faste_mm.indexers import Collection, CollectionInfo, ItemRecord, Manifest, SearchFilter
-from faste_mm.indexers.faiss_index import check_factory_syntax, validate_factory
-from faste_mm.indexers.manifest import MANIFEST_NAME, CollectionFastE, read_manifest, settings_mismatch
-from faste_mm.indexers.records import repeated_key
-from faste_mm.retrieval.ingest import (IndexFailure, IngestTally, ScanFilter, failure_reasons, honour_exclusions,
-                             ingest_chunk, plan_update, record_missing, scan_paths)
 from faste_mm.model.items import Item, as_item
 from faste_mm.model.runner import BatchTrace
-from faste_mm.retrieval import maintenance
-from faste_mm.retrieval.export import ExportReport, export_parquet
-from faste_mm.retrieval.maintenance import collection_path
-from faste_mm.retrieval.results import AddReport, Hit, IndexOptions, IndexProgress, IndexReport, RemoveReport
-from faste_mm.model.serialization import DEFAULT_INSTRUCTION, SerializerConfig
+from faste_mm.model.serialization import SerializerConfig
 from faste_mm.model.video import VideoConfig
-
-if TYPE_CHECKING:
-    from faste_mm.scale import RayOptions
+from faste_mm.retrieval import maintenance
+from faste_mm.kinds import KINDS, kind_name
+from faste_mm.retrieval.calibrations import Calibration, check_collection_target
+from faste_mm.retrieval.decoders import query_item
+from faste_mm.retrieval.executors import IngestExecutor, IngestJob, LocalExecutor, ModelSource
+from faste_mm.retrieval.export import ExportReport, export_parquet
+from faste_mm.retrieval.ingest import (IndexFailure, IngestTally, ScanFilter, failure_reasons, honour_exclusions,
+                                       plan_update, record_missing, scan_paths)
+from faste_mm.retrieval.maintenance import collection_path
+from faste_mm.retrieval.profile import QUERY_INSTRUCTION, CollectionProfile, existing_profile, model_name, read_profile
+from faste_mm.retrieval.results import AddReport, Hit, IndexOptions, IndexProgress, IndexReport, RemoveReport
 
 log = logging.getLogger(__name__)
 
-# The Qwen3-VL-Embedding model card's example retrieval instruction.
-DEFAULT_QUERY_INSTRUCTION = "Retrieve images or text relevant to the user's query."
+# One constant for every front end (search, serve, eval): see faste_mm.retrieval.profile.
+DEFAULT_QUERY_INSTRUCTION = QUERY_INSTRUCTION
+_FAST_E_NAMES = ("r_max", "warmup_layer", "threshold", "trigger_layer")
 
 
 @dataclass(frozen=True, slots=True)
 class ModelSpec:
-    """How to load the embedding model when it is first needed (see `Retriever.open`)."""
+    """How to load the embedding model when it is first needed (see `Retriever.open`).
 
-    model_id: str
+    model_id: hub id or local directory (str or path). revision: None = the hub's main, or
+    the collection's when the retriever opens one. loading: a context manager factory the load
+    runs in, given the model's name (the CLI shows a "loading" status with it)."""
+
+    model_id: str | os.PathLike
     revision: str | None = None
     device: str = "auto"
     dtype: str = "auto"
     batching: BatchingConfig | None = None
     serializer: SerializerConfig | None = None
+    loading: Callable[[str], ContextManager[Any]] | None = None
 
     @property
     def name(self) -> str:
         """The model id the loaded Embedder reports: a local directory by its absolute path, so
         `Retriever.open` finds it again from any working directory; a hub id as given."""
-        local = Path(self.model_id).expanduser()
-        return str(local.resolve()) if local.is_dir() else self.model_id
+        return model_name(self.model_id)
 
     def load(self) -> Embedder:
-        return Embedder.from_pretrained(self.name, device=self.device, dtype=self.dtype, revision=self.revision,
-                                        batching=self.batching, serializer=self.serializer)
-
-    def conflicts(self, manifest: Manifest) -> list[str]:
-        """The collection settings this model is known to differ in before it loads (id, revision
-        and the video settings given; dim, instruction and pixel bounds are checked once it has loaded)."""
-        request = {"model_id": self.name, "model_revision": self.revision}
-        if self.serializer is not None:
-            request["video"] = self.serializer.video.to_dict()
-        return manifest.differences(request)
+        with (self.loading or _no_status)(self.name):
+            return Embedder.from_pretrained(self.name, device=self.device, dtype=self.dtype, revision=self.revision,
+                                            batching=self.batching, serializer=self.serializer)
 
 
 class Retriever:
@@ -90,63 +90,125 @@ class Retriever:
         >>> r.search("a red bicycle", k=10)  # [Hit(id=.., score=.., uri=.., page=.., metadata=..)]
 
     model: a loaded `Embedder`, or a `ModelSpec` loaded on first use (so info/remove/compact
-        never load weights). r_max: FastE ratio for documents of NEW collections (an existing
-        collection keeps its own). query_instruction: None = DEFAULT_QUERY_INSTRUCTION for
+        never load weights). query_instruction: None = DEFAULT_QUERY_INSTRUCTION for
         vision-language models, the model's own default query task for text models.
-        dim: Matryoshka width of NEW collections: documents and queries keep their first `dim`
-        dimensions, re-normalised (smaller index, faster search, some quality lost); None = the
-        model's full width. A collection's dim is fixed: another one is refused like a model change.
+    r_max, warmup_layer, threshold, trigger_layer, dim, video: collection settings (see
+        `CollectionProfile`). Each follows the defaults rule: an existing collection's own value,
+        else the one given here, else the documented default (r_max 0.5, theta from the model's
+        saved calibration or the backbone, the model's full width, VideoConfig()). A given value
+        that differs from an existing collection's is refused (CollectionError naming it).
+        dim: Matryoshka width: documents and queries keep their first `dim` dimensions,
+        re-normalised (smaller index, faster search, some quality lost).
+        video: a VideoConfig, or a mapping of some of its fields ({"fps": 2.0}).
     """
 
-    def __init__(self, model: Embedder | ModelSpec, *, collection: str | Path | None = None,
-                 r_max: float = 0.5, query_instruction: str | None = None, threshold: float | None = None,
-                 dim: int | None = None) -> None:
-        FastEConfig(r_max=r_max, threshold=threshold)  # validates both with a ConfigError
-        if dim is not None and (isinstance(dim, bool) or not isinstance(dim, int) or dim < 1):
-            raise ConfigError(f"Retriever dim must be None (the model's width) or an int >= 1, got {dim!r}")
-        self.dim = dim
-        self.threshold = threshold  # theta for NEW collections; None: saved calibration, else default
+    def __init__(self, model: Embedder | ModelSpec, *, collection: str | os.PathLike | None = None,
+                 r_max: float | None = None, query_instruction: str | None = None,
+                 threshold: float | None = None, dim: int | None = None, warmup_layer: int | None = None,
+                 trigger_layer: int | None = None, video: VideoConfig | Mapping[str, Any] | None = None) -> None:
+        given = dict(r_max=r_max, threshold=threshold, dim=dim, warmup_layer=warmup_layer,
+                     trigger_layer=trigger_layer, video=video)
+        self._given = {name: value for name, value in given.items() if value is not None}
+        CollectionProfile.resolve(None, **self._given)  # validates every value with a ConfigError
         self._embedder = model if isinstance(model, Embedder) else None
         self._spec = model if isinstance(model, ModelSpec) else None
         if self._embedder is None and self._spec is None:
             raise ConfigError(f"Retriever model must be an Embedder or a ModelSpec, got {type(model).__name__}")
         self.collection = collection_path(collection)
-        self.r_max = float(r_max)
         self.query_instruction = query_instruction
         self._reader: Collection | None = None
+        self._reader_profile: CollectionProfile | None = None
+        self._adapted: Embedder | None = None  # the embedder with a collection's pixel settings
 
     @classmethod
-    def from_pretrained(cls, model: str, r_max: float = 0.5, *, collection: str | Path | None = None,
-                        device: str = "auto", dtype: str = "auto", revision: str | None = None,
-                        batching: BatchingConfig | None = None,
+    def from_pretrained(cls, model: str | os.PathLike, r_max: float | None = None, *,
+                        collection: str | os.PathLike | None = None, device: str = "auto", dtype: str = "auto",
+                        revision: str | None = None, batching: BatchingConfig | None = None,
                         query_instruction: str | None = None, threshold: float | None = None,
-                        dim: int | None = None) -> "Retriever":
+                        dim: int | None = None, warmup_layer: int | None = None,
+                        trigger_layer: int | None = None) -> "Retriever":
         """Load `model` (hub id or local directory) now. Raises ModelLoadError."""
         spec = ModelSpec(model, revision, device, dtype, batching)
         return cls(spec.load(), collection=collection, r_max=r_max, query_instruction=query_instruction,
-                   threshold=threshold, dim=dim)
+                   threshold=threshold, dim=dim, warmup_layer=warmup_layer, trigger_layer=trigger_layer)
 
     @classmethod
-    def open(cls, collection: str | Path | None = None, *, device: str = "auto", dtype: str = "auto",
-             batching: BatchingConfig | None = None, query_instruction: str | None = None) -> "Retriever":
-        """A retriever for an existing collection, using the model, revision, pixel settings and
-        r_max and dim named in its manifest (loaded when first needed). Raises CollectionError."""
+    def for_collection(cls, collection: str | os.PathLike | None = None, model: str | os.PathLike | None = None, *,
+                       revision: str | None = None, device: str = "auto", dtype: str = "auto",
+                       batching: BatchingConfig | None = None, query_instruction: str | None = None,
+                       reindex: bool = False, loading: Callable[[str], ContextManager[Any]] | None = None,
+                       **settings: Any) -> "Retriever":
+        """A retriever for `collection`, existing or not, with the model loaded when first needed.
+
+        Every setting follows the defaults rule (see `CollectionProfile.resolve`): the
+        collection's, else the one given (`model`, `revision`, and `settings`: r_max,
+        warmup_layer, threshold, trigger_layer, dim, video), else the documented default
+        (`DEFAULT_MODEL`, r_max 0.5, ...). Raises CollectionError at once when a given setting
+        differs from the existing collection's, ConfigError for an unknown or invalid setting.
+        loading: see `ModelSpec.loading`.
+        reindex: the collection is about to be rebuilt (`IndexOptions(reindex=True)`): given
+            settings replace its own, the others are carried over (`CollectionProfile.carried_over`).
+        """
         root = collection_path(collection)
-        m = read_manifest(root)  # the settings only: no database connection needed
-        serializer = SerializerConfig(min_pixels=m.min_pixels, max_pixels=m.max_pixels, video=VideoConfig(**m.video))
-        spec = ModelSpec(m.model_id, m.model_revision, device, dtype, batching, serializer)
-        return cls(spec, collection=root, r_max=m.r_max, query_instruction=query_instruction, dim=m.dim)
+        existing = existing_profile(root)
+        given = dict(settings)
+        if model is not None:
+            given.update(model_id=model, model_revision=revision)
+        if reindex and existing is not None:
+            given = {**existing.carried_over(model), **{k: v for k, v in given.items() if v is not None}}
+            existing = None
+        profile = _resolve(root, existing, given, model)
+        spec = ModelSpec(profile.model_id, profile.model_revision, device, dtype, batching, profile.serializer(),
+                         loading)
+        chosen = {name: given.get(name) for name in ("r_max", "warmup_layer", "threshold", "trigger_layer", "dim")}
+        return cls(spec, collection=root, query_instruction=query_instruction, video=profile.video,
+                   **{**{k: v for k, v in settings.items() if k != "video"}, **chosen})
+
+    @classmethod
+    def open(cls, collection: str | os.PathLike | None = None, *, device: str = "auto", dtype: str = "auto",
+             batching: BatchingConfig | None = None, query_instruction: str | None = None) -> "Retriever":
+        """A retriever for an existing collection, with its profile: the model, revision, pixel,
+        video, FastE and dim settings of its manifest (the model loaded when first needed).
+        Raises CollectionError when there is no collection."""
+        root = collection_path(collection)
+        read_profile(root)  # CollectionError naming the folder when it is not a collection
+        return cls.for_collection(root, device=device, dtype=dtype, batching=batching,
+                                  query_instruction=query_instruction)
 
     @property
     def embedder(self) -> Embedder:
+        """The model, loaded now if it was not (with the collection's pixel and video settings,
+        or the ones given to this retriever)."""
         if self._embedder is None:
-            self._embedder = self._spec.load()
+            spec = self._spec
+            if spec.serializer is None:
+                settings = self._existing() or CollectionProfile.resolve(None, **self._given)
+                spec = dataclasses.replace(spec, serializer=settings.serializer())
+            self._embedder = spec.load()
         return self._embedder
+
+    def _embedder_for(self, profile: CollectionProfile) -> Embedder:
+        """The embedder serializing with `profile`'s pixel and video settings: the loaded one,
+        or the same weights with the profile's serializer (`Embedder.with_serializer`)."""
+        embedder = self.embedder
+        if not embedder.family.is_multimodal:
+            return embedder
+        wanted = profile.serializer(embedder.serializer.config)
+        if wanted == embedder.serializer.config:
+            return embedder
+        if self._adapted is None or self._adapted.serializer.config != wanted:
+            self._adapted = embedder.with_serializer(wanted)
+        return self._adapted
+
+    def _existing(self) -> CollectionProfile | None:
+        """The collection's profile, None when it does not exist yet."""
+        return existing_profile(self.collection)
 
     def close(self) -> None:
         if self._reader is not None:
             self._reader.close()
             self._reader = None
+            self._reader_profile = None
 
     def __enter__(self) -> "Retriever":
         return self
@@ -155,130 +217,156 @@ class Retriever:
         self.close()
 
     # ---- settings --------------------------------------------------------------------------
-    def document_manifest(self, index_type: str = "auto") -> Manifest:
-        """The collection settings this retriever's documents are embedded with."""
-        emb = self.embedder
-        config = emb.serializer.config if emb.family.is_multimodal else SerializerConfig()
-        fast_e = None
-        if self.r_max > 0:
-            threshold, source = self._threshold(emb)
-            resolved = emb.resolve_fast_e(FastEConfig(r_max=self.r_max, threshold=threshold))
-            fast_e = CollectionFastE(resolved.r_max, resolved.warmup_layer, resolved.threshold, source)
-        dim = emb.dim if self.dim is None else self.dim
-        if dim > emb.dim:
-            raise ConfigError(f"dim {dim} is wider than {emb.model_id}'s embeddings ({emb.dim}); "
-                              f"choose a dim between 1 and {emb.dim}")
-        return Manifest(
-            model_id=emb.model_id, dim=dim, model_dim=emb.dim, model_revision=emb.loaded.revision,
-            document_instruction=DEFAULT_INSTRUCTION, min_pixels=config.min_pixels, max_pixels=config.max_pixels,
-            video=config.video.to_dict(), fast_e=fast_e, index_type=index_type)
+    @property
+    def model_id(self) -> str:
+        """The model this retriever embeds with (known without loading it)."""
+        return self._embedder.model_id if self._embedder is not None else self._spec.name
 
-    def _threshold(self, emb: Embedder) -> tuple[float | None, str]:
-        """theta for a new collection: --threshold, else this model's saved calibration, else the
-        backbone default; with where it came from (shown by `info`)."""
-        if self.threshold is not None:
-            return self.threshold, "given (--threshold)"
-        calibration = load_calibration(emb.model_id, emb.loaded.revision)
-        if calibration is None or calibration.threshold is None:
-            return None, f"backbone default ({emb.family.name})"
-        if calibration.r_max != self.r_max:
-            log.info("using theta %g calibrated at r_max %g for r_max %g", calibration.threshold,
-                     calibration.r_max, self.r_max)
-        return calibration.threshold, calibration.describe()
+    @property
+    def r_max(self) -> float:
+        """FastE's r_max for this retriever's documents (the collection's, see `profile`)."""
+        return self.profile().r_max
 
-    def _collection_fast_e(self, col: Collection) -> FastEConfig | None:
-        """Documents always use the collection's FastE settings, so all its vectors match."""
-        fast_e = col.manifest.fast_e
-        theirs = col.manifest.r_max
-        if self.r_max != theirs:
-            log.warning("%s: the collection embeds documents with r_max=%g; ignoring r_max=%g "
-                        "(re-index with --reindex to change it)", col.root, theirs, self.r_max)
-        if fast_e is None:
-            return None
-        return FastEConfig(r_max=fast_e.r_max, warmup_layer=fast_e.warmup_layer, threshold=fast_e.threshold)
+    def profile(self) -> CollectionProfile:
+        """The settings this retriever embeds its collection's documents with: the existing
+        collection's (CollectionError when a setting given to this retriever differs), else the
+        given ones over the documented defaults, completed with the model (which this loads)."""
+        existing = self._existing()
+        return self._new_profile() if existing is None else self._checked(existing, self.collection)
 
-    def _target(self, collection: str | Path | None) -> Path:
-        if collection is not None:
-            self.close()
-            self.collection = collection_path(collection)
-        return self.collection
+    def _request(self) -> dict[str, Any]:
+        """The settings given to this retriever, with its model's id (and revision, if known)."""
+        if self._embedder is not None:
+            model = {"model_id": self._embedder.model_id, "model_revision": self._embedder.loaded.revision}
+        else:
+            model = {"model_id": self._spec.name, "model_revision": self._spec.revision}
+        return {**self._given, **model}
+
+    def _checked(self, existing: CollectionProfile, root: Path) -> CollectionProfile:
+        """`existing` after checking the given settings against it, and the model once loaded
+        (its width and pixel settings too). Raises CollectionError naming what differs."""
+        profile = _resolve(root, existing, self._request(), None if self._spec is None else self._spec.model_id)
+        if self._embedder is not None:
+            errors = profile.conflicts(profile.as_loaded(self._embedder))  # pixels: see _embedder_for
+            if errors:
+                raise settings_mismatch(root, errors)
+        return profile
+
+    def _new_profile(self, carried: Mapping[str, Any] | None = None) -> CollectionProfile:
+        """The profile of a new collection: the given settings over `carried` (a re-indexed
+        collection's, see `CollectionProfile.carried_over`), over the loaded model's pixel and
+        video settings, over the defaults; completed with the model (loaded now)."""
+        embedder = self.embedder
+        given = {name: value for name, value in self._request().items() if value is not None}
+        loaded = {}
+        if embedder.family.is_multimodal:
+            config = embedder.serializer.config
+            loaded = dict(min_pixels=config.min_pixels, max_pixels=config.max_pixels, video=config.video)
+        settings = {**loaded, **(carried or {}), **given}
+        if isinstance(given.get("video"), Mapping):  # some video fields given: over the others' video
+            settings["video"] = dataclasses.replace({**loaded, **(carried or {})}.get("video", VideoConfig()),
+                                                    **given["video"])
+        return CollectionProfile.resolve(None, **settings).completed(embedder)
+
+    def _model_source(self) -> ModelSource:
+        """The model this retriever embeds with, as another process (a Ray worker) loads it."""
+        if self._embedder is not None:
+            loaded = self._embedder
+            return ModelSource(loaded.model_id, loaded.loaded.revision,
+                               str(loaded.backbone.dtype).removeprefix("torch."), loaded.batching)
+        return ModelSource(self._spec.name, self._spec.revision, self._spec.dtype, self._spec.batching)
 
     def _writer(self) -> Collection:
         """The collection opened for writing (CollectionError at once if another writer holds it)."""
         self.close()
         return Collection.open(self.collection, writable=True)
 
-    def _index_writer(self, root: Path, index_type: str) -> Collection:
-        """The collection to index into, opened for writing. A new one is created, which needs the
-        model (its dim and revision go into the manifest); an existing one is opened without
-        loading it, refusing at once a model whose id or revision differs (the rest is checked
-        when the model loads, see `_CollectionDocuments`) and an index type FAISS cannot build
-        (else found only after every file is embedded)."""
-        if self._embedder is None and (root / MANIFEST_NAME).exists():
-            manifest = read_manifest(root)
-            errors = self._spec.conflicts(manifest)
-            if self.dim is not None:
-                errors += manifest.differences({"dim": self.dim})
-            if errors:
-                check_local_path(self._spec.model_id)  # a mistyped path is "not found", not another model
-                raise settings_mismatch(root, errors)
-            validate_factory(index_type, manifest.dim)
-            return Collection.open(root, writable=True)
-        return Collection.create(root, self.document_manifest(index_type), exist_ok=True)
+    def _target(self, collection: str | os.PathLike | None) -> Path:
+        if collection is not None:
+            self.close()
+            self.collection = collection_path(collection)
+        return self.collection
 
-    def _erase_for_reindex(self, root: Path, index_type: str) -> None:
-        """Erase the collection for `index --reindex`, once nothing that follows can refuse: the
-        model loads (re-indexing embeds everything anyway), the index type must suit its dim,
-        and the folder must hold nothing that would stop `Collection.create`. Raises
-        ModelLoadError, ConfigError or CollectionError with the collection untouched."""
-        manifest = self.document_manifest(index_type)
-        validate_factory(index_type, manifest.dim)
+    def _open_for_writing(self, root: Path, index_type: str) -> tuple[Collection, CollectionProfile]:
+        """The collection to write into, and its profile. A new one is created, which needs the
+        model (its dim and revision go into the manifest); an existing one is opened without
+        loading it, refusing at once given settings or a model id or revision that differ (the
+        rest is checked when the model loads, see `_CollectionDocuments`) and an index type FAISS
+        cannot build (else found only after every file is embedded)."""
+        existing = existing_profile(root)
+        if existing is not None:
+            profile = self._checked(existing, root)
+            validate_factory(index_type, profile.dim)
+            col = Collection.open(root, writable=True)
+            return col, CollectionProfile.from_manifest(col.manifest)
+        profile = self._new_profile()
+        col = Collection.create(root, profile.to_manifest(index_type), exist_ok=True)
+        return col, CollectionProfile.from_manifest(col.manifest)
+
+    def _erase_for_reindex(self, root: Path, index_type: str) -> tuple[Collection, CollectionProfile]:
+        """Erase the collection for `index --reindex` and create it again with this retriever's
+        settings (those not given are carried over, see `CollectionProfile.carried_over`), once
+        nothing that follows can refuse: the model loads (re-indexing embeds everything anyway),
+        the index type must suit its dim, and the folder must hold nothing that would stop
+        `Collection.create`. Raises ModelLoadError, ConfigError or CollectionError with the
+        collection untouched."""
+        existing = self._existing()
+        profile = self._new_profile(None if existing is None else existing.carried_over(self._request()["model_id"]))
+        validate_factory(index_type, profile.dim)
         Collection.erase(root, for_create=True)
+        col = Collection.create(root, profile.to_manifest(index_type))
+        return col, CollectionProfile.from_manifest(col.manifest)
 
     # ---- indexing --------------------------------------------------------------------------
-    def index(self, paths: Iterable[str | Path], collection: str | Path | None = None,
+    def index(self, paths: Iterable[str | os.PathLike], collection: str | os.PathLike | None = None,
               options: IndexOptions | None = None,
               progress: Callable[[IndexProgress], None] | None = None,
-              ray: "RayOptions | None" = None) -> IndexReport:
-        """Bring a collection up to date with files and folders (images, PDFs page by page,
-        .txt/.md as text). Only new or changed files are embedded; files whose content matches a
-        live item reuse its vectors; files gone from an indexed folder are removed. Work is
-        committed every `options.chunk_files` files, so an interrupted run resumes where it
-        stopped. Bad files are recorded as failures, never raised.
+              executor: IngestExecutor | None = None) -> IndexReport:
+        """Bring a collection up to date with files and folders (images, videos, PDFs page by
+        page, .txt/.md as text). Only new or changed files are embedded; files whose content
+        matches a live item reuse its vectors; files gone from an indexed folder are removed.
+        Work is committed every `options.chunk_files` files, so an interrupted run resumes where
+        it stopped. Bad files are recorded as failures, never raised. An existing collection is
+        indexed with its own settings (its profile); a new one with this retriever's.
 
         collection: where to index (and search from then on); None = the retriever's.
-        ray: run the embedding on Ray Data, e.g. `faste_mm.scale.RayOptions("auto")` (needs
-            faste-mm[ray]): the same plan and commits, decoding and embedding spread over a cluster.
+        executor: who embeds the plan (`IngestExecutor`); None = this process, chunk by chunk.
+            `faste_mm.scale.RayExecutor(RayOptions("auto"))` (needs faste-mm[ray]) runs the same
+            plan and commits with decoding and embedding spread over a Ray cluster.
 
         Raises CollectionError (settings differ from the collection, another writer holds it),
-        ConfigError (bad options or index type), InputError (no paths given).
+        ConfigError (bad options, index type or executor), InputError (no paths given).
         """
         options = options or IndexOptions()
         if options.index_type is not None:
             check_factory_syntax(options.index_type)  # before any model loads or anything is erased
-        if ray is not None and not hasattr(ray, "ingest_plan"):
-            raise ConfigError(f"index: ray must be a faste_mm.scale.RayOptions, got {ray!r}")
+        if executor is not None and not isinstance(executor, IngestExecutor):
+            raise ConfigError(f"index: executor must have a run(job) method (an IngestExecutor such as "
+                              f"faste_mm.scale.RayExecutor), got {executor!r}")
+        executor = executor or LocalExecutor()
         started = time.perf_counter()
         root = self._target(collection)
         scan = scan_paths(paths, ScanFilter(options.exclude, options.include_hidden))
         self.close()
-        if options.reindex:
-            self._erase_for_reindex(root, options.index_type or "auto")
         tally = IngestTally()
-        with self._index_writer(root, options.index_type or "auto") as col:
+        if options.reindex:
+            col, profile = self._erase_for_reindex(root, options.index_type or "auto")
+        else:
+            col, profile = self._open_for_writing(root, options.index_type or "auto")
+        with col:
             scan = honour_exclusions(col, scan)  # paths removed earlier stay out of folder scans
-            encode = _CollectionDocuments(self, col)
+            encode = _CollectionDocuments(self, col, profile)
             plan = plan_update(col, scan, options.retry_failed)
-            col.mark_vanished(plan.vanished)
+            col.delete_uris(plan.vanished)
             if scan.missing:
                 record_missing(col, scan.missing, tally)
-
-            done, chunk_size = 0, 0
+            done = 0
 
             def report_progress(trace: BatchTrace | None = None) -> None:
                 if progress is None:
                     return
                 flight = encode.in_flight  # batches of the chunk being embedded, not yet in the tally
+                chunk_size = min(options.chunk_files, len(plan.todo) - done)
                 share = (done + chunk_size * min(1.0, flight.rows / flight.inputs) if flight.inputs else done)
                 progress(IndexProgress(done, len(plan.todo), tally.embedded + flight.rows, tally.reused,
                                        len(tally.failures), tally.prefix_tokens + flight.prefix_tokens,
@@ -286,22 +374,15 @@ class Retriever:
                                        time.perf_counter() - started,
                                        share / len(plan.todo) if plan.todo else 1.0))
 
-            def files_committed(n: int) -> None:  # the Ray pipeline's commits
+            def files_committed(n: int) -> None:
                 nonlocal done
                 done = n
                 report_progress()
 
             encode.on_batch = report_progress
             report_progress()
-            if ray is not None:  # the same plan and commits; decoding and embedding on a Ray Data pipeline
-                ray.ingest_plan(self, col, plan, options.chunk_files, tally, files_committed)
-            else:
-                for start in range(0, len(plan.todo), options.chunk_files):
-                    chunk = plan.todo[start:start + options.chunk_files]
-                    chunk_size = len(chunk)
-                    ingest_chunk(col, chunk, plan.changed, encode, tally)
-                    done, chunk_size = start + len(chunk), 0
-                    report_progress()
+            executor.run(IngestJob(col, plan, profile, self._model_source(), encode, options.chunk_files, tally,
+                                   files_committed))
             if options.index_type is not None and options.index_type != col.manifest.index_type:
                 col.rebuild_index(options.index_type)
         factory = col.manifest.index_factory  # as saved by close(), which brought index.faiss up to date
@@ -320,7 +401,7 @@ class Retriever:
         what an interrupted `index` still has to do."""
         options = options or IndexOptions()
         scan = scan_paths(paths, ScanFilter(options.exclude, options.include_hidden))
-        if not (self.collection / MANIFEST_NAME).exists():
+        if self._existing() is None:
             return len(scan.files())
         with Collection.open(self.collection) as col:
             return len(plan_update(col, scan, options.retry_failed).todo)
@@ -349,8 +430,9 @@ class Retriever:
         for name, values in (("metadata", metadata), ("uris", uris)):
             if values is not None and len(values) != len(items):
                 raise InputError(f"add: {len(values)} {name} for {len(items)} items; give one per item")
-        with Collection.create(self.collection, self.document_manifest(), exist_ok=True) as col:
-            result = _CollectionDocuments(self, col)(items, on_error)
+        col, profile = self._open_for_writing(self.collection, "auto")
+        with col:
+            result = _CollectionDocuments(self, col, profile)(items, on_error)
             reasons = failure_reasons(result)
             if reasons and on_error == "raise":  # only non-finite vectors get here: encode raised the rest
                 row = min(reasons)
@@ -363,8 +445,9 @@ class Retriever:
             ok = np.array([row not in reasons for row in range(len(records))], dtype=bool)
             failed = [records[row] for row in sorted(reasons)]
             ids = np.full(len(records), -1, dtype=np.int64)
-            ids[ok] = col.add(result.embeddings[ok], [r for r, is_ok in zip(records, ok) if is_ok])
-            col.add_failures(failed)  # after add: adding a uri clears its failure rows
+            # One transaction, as `index` commits a chunk: a crash keeps the rows and their
+            # failure records together or neither.
+            ids[ok] = col.commit(result.embeddings[ok], [r for r, is_ok in zip(records, ok) if is_ok], failed)[0]
         self.close()
         if failed:
             log.info("%s: added %d items, %d failed", self.collection, int(ok.sum()), len(failed))
@@ -427,9 +510,7 @@ class Retriever:
         the filters apply to every query."""
         search_filter = SearchFilter(where=where or {}, types=() if type is None else type, path=path)
         items = [_as_query(q, i) for i, q in enumerate(queries)]
-        if self._reader is None:
-            self._reader = Collection.open(self.collection, expect=self.document_manifest())
-        col = self._reader
+        col = self._open_reader()
         vectors = self._embed_queries(items, instruction, col)
         scores, ids, records = col.search_records(vectors, k, where=search_filter)  # hits and records of one snapshot
         return [[Hit(int(i), float(s), records[int(i)].uri, records[int(i)].page, records[int(i)].metadata)
@@ -441,7 +522,7 @@ class Retriever:
                       if instruction is None and it.instruction is None and not it.text
                       and (it.image is not None or it.video is not None)]
         with_task = [i for i in range(len(items)) if i not in set(by_example)]
-        out = np.zeros((len(items), col.manifest.dim), dtype=np.float32)
+        out = np.zeros((len(items), self._reader_profile.dim), dtype=np.float32)
         if by_example:
             out[by_example] = self.encode_documents([items[i] for i in by_example]).embeddings
         if with_task:
@@ -457,18 +538,35 @@ class Retriever:
         task = instruction or self.query_instruction
         if task is None and self.embedder.family.is_multimodal:
             task = DEFAULT_QUERY_INSTRUCTION
-        # a Matryoshka collection's queries are truncated like its documents
-        dim = self._reader.manifest.dim if self._reader is not None else None
-        return self.embedder.encode_queries(queries, instruction=task, dim=dim, on_error=on_error)
+        # a Matryoshka collection's queries are truncated like its documents, sampled like them
+        profile = self._reader_profile
+        embedder = self.embedder if profile is None else self._embedder_for(profile)
+        return embedder.encode_queries(queries, instruction=task, dim=None if profile is None else profile.dim,
+                                       on_error=on_error)
 
     def encode_documents(self, documents: Iterable[object], *, on_error: OnError = "raise") -> EmbedResult:
         """Documents as `index` and `add` embed them into this collection: its model, pixel
         bounds and FastE settings, so the vectors compare with the stored ones. Raises
         CollectionError when the collection does not exist or the model differs from it."""
+        self._open_reader()
+        profile = self._reader_profile
+        return self._embedder_for(profile).encode_documents(documents, fast_e=profile.fast_e(), dim=profile.dim,
+                                                            on_error=on_error)
+
+    def _open_reader(self) -> Collection:
+        """The collection opened for reading, once its profile is checked against this
+        retriever's settings and model (which this loads). Raises CollectionError."""
         if self._reader is None:
-            self._reader = Collection.open(self.collection, expect=self.document_manifest())
-        return self.embedder.encode_documents(documents, fast_e=self._collection_fast_e(self._reader),
-                                              dim=self._reader.manifest.dim, on_error=on_error)
+            reader = Collection.open(self.collection)
+            try:
+                self.embedder  # noqa: B018  (loads the model: its width and pixels are checked)
+                self._reader_profile = self._checked(CollectionProfile.from_manifest(reader.manifest),
+                                                     self.collection)
+            except BaseException:
+                reader.close()
+                raise
+            self._reader = reader
+        return self._reader
 
     def encode_query(self, queries: object, *, instruction: str | None = None,
                      on_error: OnError = "raise") -> EmbedResult:
@@ -481,33 +579,33 @@ class Retriever:
 
 
 class _CollectionDocuments:
-    """Embeds documents for one open collection, with its FastE settings.
+    """Embeds documents for one open collection, with its profile's settings.
 
     The model is loaded on the first call, so an `index` run with nothing new to embed never
     loads it. That call also checks that the loaded model makes vectors comparable with the
-    stored ones (the collection may have been opened before the model was known) and warns
-    once if the retriever's r_max differs from the collection's.
+    stored ones (the collection may have been opened before the model was known).
     """
 
-    def __init__(self, retriever: Retriever, col: Collection) -> None:
+    def __init__(self, retriever: Retriever, col: Collection, profile: CollectionProfile) -> None:
         self._retriever = retriever
         self._col = col
-        self._fast_e: FastEConfig | None = None
+        self._profile = profile
         self._is_checked = False
         self.in_flight = _InFlight()  # the call in progress, batch by batch (zero between calls)
         self.on_batch: Callable[[BatchTrace], None] | None = None  # called after each batch
 
     def __call__(self, values: Sequence[object], on_error: OnError = "skip") -> EmbedResult:
-        _refuse_other_pixel_caps(values, self._col)  # before anything is embedded
-        embedder = self._retriever.embedder
+        _refuse_other_pixel_caps(values, self._col.root, self._profile.max_pixels)  # before anything is embedded
+        embedder = self._retriever._embedder_for(self._profile)
         if not self._is_checked:
-            self._col.require_compatible(self._retriever.document_manifest())
-            self._fast_e = self._retriever._collection_fast_e(self._col)
+            errors = self._profile.conflicts(self._profile.as_loaded(embedder))
+            if errors:
+                raise settings_mismatch(self._col.root, errors)
             self._is_checked = True
         self.in_flight = _InFlight(inputs=len(values))
         try:
             # Matryoshka collections store the first `dim` dimensions, re-normalised (checked above).
-            return embedder.encode_documents(values, fast_e=self._fast_e, dim=self._col.manifest.dim,
+            return embedder.encode_documents(values, fast_e=self._profile.fast_e(), dim=self._profile.dim,
                                              on_error=on_error, on_batch=self._batch_done)
         finally:
             self.in_flight = _InFlight()  # the caller's tally counts the result from now on
@@ -552,19 +650,22 @@ def _refuse_repeated_rows(records: Sequence[ItemRecord], sources: Sequence[int])
                          f"its own uri (uris=...)")
 
 
-def _refuse_other_pixel_caps(values: Sequence[object], col: Collection) -> None:
-    """InputError for an image item whose own `Item.max_pixels` differs from the collection's:
-    it would be resized to another cap, so its vector would not be comparable with the others."""
-    cap = col.manifest.max_pixels
+def _refuse_other_pixel_caps(values: Sequence[object], root: Path, cap: int) -> None:
+    """InputError for an image item whose own `Item.max_pixels` differs from the collection's
+    (`cap`): it would be resized to another cap, so its vector would not be comparable."""
     for position, value in enumerate(values):
         item = as_item(value, position)
         if item.has_image and item.max_pixels not in (None, cap):
             raise InputError(f"input {position} ({item.describe()}): Item.max_pixels={item.max_pixels}, but "
-                             f"the collection {col.root} embeds images at max_pixels={cap}; drop max_pixels "
+                             f"the collection {root} embeds images at max_pixels={cap}; drop max_pixels "
                              f"from the item, or add it to another collection; nothing was stored")
 
 
 def _as_query(value: object, position: int) -> Item:
+    """A query: an `Item`, text, a PIL image, or a file made into a query by its kind's decoder
+    (`decoders.query_item`: a text file by its text, a video, an image)."""
+    if isinstance(value, Path) and kind_name(value) in KINDS and kind_name(value) != "pdf":
+        return query_item(value, kind_name(value))
     item = as_item(value, position)
     if item.is_pdf and item.page is None:
         raise InputError(f"query {position}: {item.image} is a PDF; query with one page, "
@@ -613,14 +714,32 @@ def _file_stat(item: Item) -> tuple[int | None, float | None]:
     return None, None
 
 
-def apply_calibration(calibration: Calibration, collection: str | Path | None) -> Path:
-    """Record a calibrated theta in a collection: its new documents use it from now on (vectors
-    already stored keep theirs; they stay comparable). Raises CollectionError on a model mismatch."""
+def apply_calibration(calibration: Calibration, collection: str | os.PathLike | None) -> Path:
+    """Record a calibrated theta in a collection's profile: its new documents use it from now on
+    (vectors already stored keep theirs; they stay comparable). Raises CollectionError on a
+    model mismatch, ConfigError for a full-forward collection."""
     root = collection_path(collection)
     with Collection.open(root, writable=True) as col:
-        manifest = col.manifest
-        check_collection_target(root, manifest, calibration.model_id, calibration.revision)
-        fast_e = dataclasses.replace(manifest.fast_e, threshold=calibration.threshold,
-                                     warmup_layer=calibration.warmup_layer, threshold_source=calibration.describe())
-        col.update_settings(fast_e=fast_e)
+        profile = CollectionProfile.from_manifest(col.manifest)
+        check_collection_target(root, profile, calibration.model_id, calibration.revision)
+        calibrated = dataclasses.replace(profile, threshold=calibration.threshold,
+                                         warmup_layer=calibration.warmup_layer,
+                                         threshold_source=calibration.describe())
+        col.update_settings(fast_e=calibrated.to_manifest(base=col.manifest).fast_e)
     return root
+
+
+def _no_status(name: str) -> ContextManager[None]:
+    return nullcontext()
+
+
+def _resolve(root: Path, existing: CollectionProfile | None, given: Mapping[str, Any],
+             model: str | os.PathLike | None) -> CollectionProfile:
+    """`CollectionProfile.resolve` for the collection at `root`, its message naming the folder;
+    a mistyped model path is reported as "not found", not as another model."""
+    try:
+        return CollectionProfile.resolve(existing, **given)
+    except CollectionError as error:
+        if model is not None:
+            check_local_path(os.fspath(model))
+        raise CollectionError(f"{root}: {error.message}", hint=error.hint, cli_hint=error.cli_hint) from None

@@ -1,5 +1,5 @@
-"""Settings of a Ray run (`faste-mm index --ray ...`), kept apart from the Ray code so the CLI
-and `Retriever.index` can take them without importing ray."""
+"""Settings of a Ray run (`faste-mm index --ray ...`), plain data kept apart from the Ray code so
+the CLI can build them without importing ray; `faste_mm.scale.RayExecutor` runs with them."""
 
 from __future__ import annotations
 
@@ -51,10 +51,3 @@ class RayOptions:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"RayOptions.{name} must be an int >= 1, got {value!r}")
-
-    def ingest_plan(self, retriever, col, plan, chunk_files: int, tally, report_progress) -> None:
-        """Embed and commit an index run's plan on Ray (called by `Retriever.index(ray=self)`;
-        the retrieval layer never imports this scale-out front end)."""
-        from faste_mm.scale.ray_index import ingest_plan_with_ray
-
-        ingest_plan_with_ray(retriever, col, plan, chunk_files, tally, self, report_progress)

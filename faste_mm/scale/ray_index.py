@@ -6,7 +6,8 @@ each chunk of files once all its results are back, so a killed driver loses at m
 not yet committed and a re-run embeds only what is missing. The pipeline:
 
     planned files (path, or text; bytes fetched from the driver's node with ship_bytes)
-      -> map_batches tasks (CPU):   decode images, render PDF pages   (`_decode_files`)
+      -> map_batches tasks (CPU):   decode each file with its kind's decoder (images decoded, PDF
+                                    pages rendered, videos checked through; `retrieval.decoders`)
       -> map_batches actor pool:    one Embedder per actor (GPU or CPU); serialization in its
                                     prefetch threads, token-budget batches, FastE (`_EmbedActor`)
       -> iter_batches on the driver: results stream back; `commit_chunk` as chunks complete
@@ -30,17 +31,21 @@ import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from faste_mm.errors import ConfigError, FasteError
-from faste_mm.retrieval.ingest import IngestTally, PreparedChunk, ScannedFile, UpdatePlan, commit_chunk, prepare_chunk
+from faste_mm.kinds import KINDS, kind_name
+from faste_mm.retrieval.decoders import Decoded, decode_file
+from faste_mm.retrieval.executors import IngestJob
+from faste_mm.retrieval.profile import CollectionProfile
+from faste_mm.retrieval.ingest import IngestTally, PreparedChunk, ScannedFile, commit_chunk, prepare_chunk
 from faste_mm.scale.resources import ResourcePlan, StallWatch, describe_wait, plan_resources, watching
 
 if TYPE_CHECKING:
     from faste_mm.scale.options import RayOptions
-    from faste_mm import BatchingConfig, FastEConfig, Retriever, SerializerConfig
+    from faste_mm import BatchingConfig, FastEConfig, SerializerConfig
     from faste_mm.indexers import Collection
 
 log = logging.getLogger(__name__)
@@ -88,12 +93,12 @@ class _FileTask:
 
 
 @dataclass(frozen=True, slots=True)
-class _Decoded:
-    """One row of a decoded file: a page number (PDFs), a PIL image or text `Item`, or why not."""
+class _ShippedFile:
+    """A file's bytes shipped from the driver's node (ship_bytes) for an actor to read itself:
+    videos, whose decoded frames are far larger than the file. `name` keeps the suffix."""
 
-    page: int | None
-    value: object = None
-    reason: str | None = None
+    name: str
+    data: bytes
 
 
 @dataclass
@@ -105,9 +110,7 @@ class _Pending:
 
 
 # ---- the driver ------------------------------------------------------------------------------
-def ingest_plan_with_ray(retriever: "Retriever", col: "Collection", plan: UpdatePlan, chunk_files: int,
-                         tally: IngestTally, options: RayOptions,
-                         report_progress: Callable[[int], None]) -> None:
+def ingest_plan_with_ray(job: IngestJob, options: RayOptions) -> None:
     """Embed and commit `plan.todo` on Ray Data; the counterpart of `Retriever.index`'s chunk loop.
 
     Chunks are planned up front (hash, reuse) and committed as their results arrive. A file whose
@@ -122,8 +125,8 @@ def ingest_plan_with_ray(retriever: "Retriever", col: "Collection", plan: Update
             resources = plan_resources(options, ray.cluster_resources())
             if resources.note:
                 log.warning("ray: %s", resources.note)
-            run = _Run(ray, retriever, col, plan.changed, chunk_files, tally, options, report_progress, resources)
-            deferred = run.embed(plan.todo, in_flight=set())
+            run = _Run(ray, job, options, resources)
+            deferred = run.embed(job.plan.todo, in_flight=set())
             run.embed(deferred, in_flight=None)
         finally:
             if started_here:
@@ -155,12 +158,11 @@ class _Run:
     """The driver's side of one `index --ray` call: prepares chunks, streams the files to embed
     through the pipeline, commits each chunk when all its results are back."""
 
-    def __init__(self, ray, retriever: "Retriever", col: "Collection", changed: frozenset[str], chunk_files: int,
-                 tally: IngestTally, options: RayOptions, report_progress: Callable[[int], None],
-                 resources: ResourcePlan) -> None:
-        self.ray, self.retriever, self.col, self.changed = ray, retriever, col, changed
+    def __init__(self, ray, job: IngestJob, options: RayOptions, resources: ResourcePlan) -> None:
+        self.ray, self.job, self.col, self.changed = ray, job, job.col, job.plan.changed
         self.resources = resources
-        self.chunk_files, self.tally, self.options, self.report_progress = chunk_files, tally, options, report_progress
+        self.chunk_files, self.tally, self.options, self.report_progress = (job.chunk_files, job.tally, options,
+                                                                            job.on_committed)
         self.done = 0  # files committed, for progress
 
     def embed(self, files: Sequence[ScannedFile], in_flight: set[tuple[str, str]] | None) -> list[ScannedFile]:
@@ -188,8 +190,8 @@ class _Run:
                 del pending[start]
                 self._committed(prepared)
         if rows:
-            model = _worker_model(self.retriever, self.col)
-            dataset = _pipeline(self.ray, rows, model, self.options, self.resources)
+            model = _worker_model(self.job)
+            dataset = _pipeline(self.ray, rows, model, self.job.profile, self.options, self.resources)
             watch = StallWatch(lambda: describe_wait(self.resources, self.ray.available_resources()))
             with watching(watch):
                 self._collect(dataset, units, pending, watch)
@@ -220,11 +222,11 @@ class _Run:
         store (mostly broken or empty files): no actor pool is started only to fail them again."""
         if task.modality == "text":
             return None
-        rows = _decode_path(Path(task.path), task.modality, self.col.manifest.max_pixels)
+        rows = decode_file(Path(task.path), kind_name(task.path), self.job.profile)
         if any(row.reason is None for row in rows):
             return None
         return {"pages": [row.page for row in rows], "reasons": [row.reason for row in rows],
-                "vectors": np.zeros((len(rows), self.col.manifest.dim), dtype=np.float32),
+                "vectors": np.zeros((len(rows), self.job.profile.dim), dtype=np.float32),
                 "prefix_tokens": 0, "kept_prefix_tokens": 0}
 
     def _committed(self, prepared: PreparedChunk) -> None:
@@ -249,25 +251,17 @@ def _connect(ray, options: RayOptions) -> bool:
     return True
 
 
-def _worker_model(retriever: "Retriever", col: "Collection") -> WorkerModel:
-    """The driver's model as the actors load it. The model is not loaded here: an existing
-    collection was matched by model id and revision already, and each actor checks the dim."""
-    from faste_mm import SerializerConfig
-
-    manifest = col.manifest
-    serializer = SerializerConfig(min_pixels=manifest.min_pixels, max_pixels=manifest.max_pixels)
-    fast_e = retriever._collection_fast_e(col)
-    loaded = retriever._embedder
-    if loaded is not None:
-        dtype = str(loaded.backbone.dtype).removeprefix("torch.")
-        return WorkerModel(loaded.model_id, loaded.loaded.revision, dtype, loaded.batching, serializer, fast_e,
-                           manifest.dim, manifest.model_dim)
-    spec = retriever._spec
-    return WorkerModel(spec.name, spec.revision, spec.dtype, spec.batching, serializer, fast_e, manifest.dim,
-                       manifest.model_dim)
+def _worker_model(job: IngestJob) -> WorkerModel:
+    """The driver's model as the actors load it, with the collection's profile (pixels, video,
+    FastE, dim). The model is not loaded here: an existing collection was matched by model id and
+    revision already, and each actor checks the width."""
+    model, profile = job.model, job.profile
+    return WorkerModel(model.name, model.revision, model.dtype, model.batching, profile.serializer(),
+                       profile.fast_e(), profile.dim, profile.model_dim)
 
 
-def _pipeline(ray, rows: list[dict], model: WorkerModel, options: RayOptions, resources: ResourcePlan):
+def _pipeline(ray, rows: list[dict], model: WorkerModel, profile: CollectionProfile, options: RayOptions,
+              resources: ResourcePlan):
     """The Ray Data dataset: planned files -> decoding tasks -> embedding actors (lazy).
 
     Ray Data restarts a dead actor and retries its calls (its actor pools default to
@@ -292,7 +286,7 @@ def _pipeline(ray, rows: list[dict], model: WorkerModel, options: RayOptions, re
     dataset = ray.data.from_items(rows, override_num_blocks=blocks)
     dataset = dataset.map_batches(
         _decode_files, batch_size=options.files_per_task, batch_format="numpy", num_cpus=resources.decode_cpus,
-        fn_kwargs={"max_pixels": model.serializer.max_pixels, "server": server, "driver_node": driver_node},
+        fn_kwargs={"profile": profile, "server": server, "driver_node": driver_node},
         # Decoded images and rendered pages are large; asking for memory also keeps decoding in its
         # own CPU tasks: Ray Data fuses a task stage into the actors when both ask for the same
         # resources (CPU actors), and each actor would then decode and embed in turn.
@@ -337,71 +331,44 @@ class _FileServer:
             return f"{path}: cannot read the file on the driver ({error})"
 
 
-def _decode_files(batch: dict[str, np.ndarray], max_pixels: int, server, driver_node: str) -> dict[str, np.ndarray]:
-    """Ray task: decode each planned file into rows (`_Decoded`): images decoded, PDF pages
-    rendered at the collection's max_pixels, text passed through."""
+def _decode_files(batch: dict[str, np.ndarray], profile: CollectionProfile, server,
+                  driver_node: str) -> dict[str, np.ndarray]:
+    """Ray task: decode each planned file into rows (`Decoded`) with its kind's decoder, the one
+    the plain path uses (`faste_mm.retrieval.decoders`), under the collection's profile."""
     out = []
     for payload in batch["task"]:
         task: _FileTask = pickle.loads(payload)
-        out.append(pickle.dumps((task.path, _decode_file(task, max_pixels, server, driver_node))))
+        out.append(pickle.dumps((task.path, _decode_file(task, profile, server, driver_node))))
     return {"unit": batch["unit"], "decoded": np.array(out, dtype=object)}
 
 
-def _decode_file(task: _FileTask, max_pixels: int, server, driver_node: str) -> list[_Decoded]:
-    if task.modality == "text":
-        return [_Decoded(None, task.value)]
+def _decode_file(task: _FileTask, profile: CollectionProfile, server, driver_node: str) -> list[Decoded]:
+    if task.modality == "text":  # read on the driver while planning
+        return [Decoded(None, task.value)]
+    kind = kind_name(task.path)
     if server is not None:
         import ray
 
         data = ray.get(server.read.remote(task.path))
         if isinstance(data, str):
-            return [_Decoded(None, reason=data)]
+            return [Decoded(None, reason=data)]
+        if KINDS[kind].decoder == "video":  # decoded by the actor's serializer, from its own copy
+            return [Decoded(None, _ShippedFile(Path(task.path).name, data))]
         with tempfile.TemporaryDirectory(prefix="faste-mm-") as folder:
             local = Path(folder) / Path(task.path).name  # same name: same suffix-based handling
             local.write_bytes(data)
-            decoded = _decode_path(local, task.modality, max_pixels)
+            decoded = decode_file(local, kind, profile)
             # Messages name the file as the driver knows it, as a plain run's would.
             return [replace(d, reason=d.reason.replace(str(local), task.path)) if d.reason else d for d in decoded]
     if not os.path.exists(task.path):
         import ray
 
         if ray.get_runtime_context().get_node_id() != driver_node:
-            return [_Decoded(None, reason=(
+            return [Decoded(None, reason=(
                 f"{task.path}: not visible on Ray node {socket.gethostname()}: the driver found it, but this worker "
                 f"cannot read it; put the files on storage every node mounts at the same path, or index with "
                 f"--ship-bytes (RayOptions(ship_bytes=True)); then run index again with --retry-failed"))]
-    return _decode_path(Path(task.path), task.modality, max_pixels)
-
-
-def _decode_path(path: Path, modality: str, max_pixels: int) -> list[_Decoded]:
-    """Decode with the functions the serializer uses; a failure's reason is the one a plain run's
-    embedder records (`expand_items` for a PDF's page count, `item_failure` for the rest)."""
-    from faste_mm import Item
-    from faste_mm.model.embedder import item_failure
-    from faste_mm.model.items import count_pdf_pages, load_image
-    from faste_mm.model.prefetch import ItemError
-
-    def reason(item: Item, error: Exception) -> str:
-        return item_failure([item], [0], ItemError(0, error)).reason
-
-    if modality != "page":
-        item = Item(image=path)
-        try:
-            return [_Decoded(None, load_image(item, max_pixels))]
-        except Exception as error:  # one bad file is a failure row, never the job's end
-            return [_Decoded(None, reason=reason(item, error))]
-    try:
-        n_pages = count_pdf_pages(path)
-    except FasteError as error:
-        return [_Decoded(None, reason=str(error))]
-    rows = []
-    for page in range(1, n_pages + 1):
-        item = Item(image=path, page=page)
-        try:
-            rows.append(_Decoded(page, load_image(item, max_pixels)))
-        except Exception as error:
-            rows.append(_Decoded(page, reason=reason(item, error)))
-    return rows
+    return decode_file(Path(task.path), kind, profile)
 
 
 class _EmbedActor:
@@ -437,20 +404,21 @@ class _EmbedActor:
 
         decoded = [pickle.loads(payload) for payload in batch["decoded"]]  # (path, rows) per file
         files = [rows for _, rows in decoded]
-        items, owners = [], []  # the rows to embed, and (file, row in the file) of each
-        for f, rows in enumerate(files):
-            for r, row in enumerate(rows):
-                if row.reason is None:
-                    items.append(row.value if isinstance(row.value, Item) else Item(image=row.value, page=row.page))
-                    owners.append((f, r))
-        result = (self.embedder.encode_documents(items, fast_e=self.fast_e, dim=self.dim, on_error="skip")
-                  if items else None)
+        with tempfile.TemporaryDirectory(prefix="faste-mm-") as folder:
+            items, owners = [], []  # the rows to embed, and (file, row in the file) of each
+            for f, rows in enumerate(files):
+                for r, row in enumerate(rows):
+                    if row.reason is None:
+                        items.append(_embedder_input(row, Path(folder) / str(len(items))))
+                        owners.append((f, r))
+            result = (self.embedder.encode_documents(items, fast_e=self.fast_e, dim=self.dim, on_error="skip")
+                      if items else None)
         reasons = {} if result is None else {failure.index: failure.reason for failure in result.failures}
         outputs = [{"pages": [row.page for row in rows], "reasons": [row.reason for row in rows],
                     "vectors": np.zeros((len(rows), self.dim), dtype=np.float32),
                     "prefix_tokens": 0, "kept_prefix_tokens": 0} for rows in files]
         for index, (f, r) in enumerate(owners):
-            if index in reasons:  # named after the decoded image; the plain run names the file
+            if index in reasons:  # named after the decoded image or copy; the plain run names the file
                 name = Item(image=decoded[f][0], page=files[f][r].page).describe()
                 outputs[f]["reasons"][r] = reasons[index].replace(items[index].describe(), name)
             else:
@@ -460,3 +428,15 @@ class _EmbedActor:
             outputs[0]["kept_prefix_tokens"] = result.stats.kept_prefix_tokens
         return {"unit": batch["unit"], "embedded": np.array([pickle.dumps(o) for o in outputs], dtype=object)}
 
+
+def _embedder_input(row: Decoded, folder: Path) -> object:
+    """The `Item` an actor embeds for a decoded row; a shipped file is written under `folder`
+    (kept until the call's batch is embedded)."""
+    from faste_mm import Item
+
+    if isinstance(row.value, _ShippedFile):
+        folder.mkdir()
+        local = folder / row.value.name
+        local.write_bytes(row.value.data)
+        return Item(video=local)
+    return row.value if isinstance(row.value, Item) else Item(image=row.value, page=row.page)

@@ -15,24 +15,33 @@ from pathlib import Path
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
+from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
 from faste_mm.errors import ConfigError, FasteError, InputError
 from faste_mm.indexers import SearchFilter
+from faste_mm.indexers.filters import INT64_MAX
+from faste_mm.kinds import kind_name
 from faste_mm.serving.batcher import QueueFullError
 from faste_mm.serving.engine import NoCollectionError, RequestTooLargeError, ServeEngine, UnknownItemError
 from faste_mm.serving.inputs import (EmbeddingRequest, SearchRequest, decode_image_bytes, decode_image_url,
                                      embedding_items, encode_vector)
 from faste_mm.serving.metrics import LATENCY_BUCKETS_S
+from faste_mm.serving.security import is_allowed_host, is_cross_site
 from faste_mm.serving.thumbnails import NoThumbnailError, default_cache_dir, has_thumbnail, thumbnail
 
 log = logging.getLogger(__name__)
 
 STATIC_DIR = Path(__file__).parent / "static"
 PUBLIC_PATHS = ("/", "/health", "/favicon.ico")  # and /static/*: the page holds no data
+# The page loads only its own script, style and images (thumbnails; blob: for uploads and keyed
+# fetches), talks only to this server, and may not be framed; every other answer is data.
+PAGE_CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' blob: data:; "
+            "connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'")
+DATA_CSP = "default-src 'none'; frame-ancestors 'none'; sandbox"
+_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
 def create_app(engine: ServeEngine) -> FastAPI:
@@ -57,7 +66,8 @@ def create_app(engine: ServeEngine) -> FastAPI:
     app = FastAPI(title="faste-mm", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.engine = engine
     app.add_middleware(_BodyLimitMiddleware, limit=engine.config.max_body_bytes)
-    app.add_middleware(_MetricsMiddleware, engine=engine)  # added last = outermost: counts 413s too
+    app.add_middleware(_GuardMiddleware, allowed=engine.config.allowed_hosts, has_key=engine.config.api_key is not None)
+    app.add_middleware(_MetricsMiddleware, engine=engine)  # added last = outermost: counts 403s and 413s too
     _add_error_handlers(app)
     auth = Depends(_require_key(engine.config.api_key))
 
@@ -87,9 +97,9 @@ def create_app(engine: ServeEngine) -> FastAPI:
     def embeddings(body: EmbeddingRequest) -> dict:
         _check_model(body.model, engine)
         items, instruction = embedding_items(body, engine.config.allow_remote_images)
-        result = engine.embed(items, body.input_type, instruction, body.dimensions)
-        data = [{"object": "embedding", "index": i, "embedding": encode_vector(vector, body.encoding_format)}
-                for i, vector in enumerate(result.vectors)]
+        result = engine.embed(items, body.input_type, instruction, body.dimensions, body.truncate)
+        data = [{"object": "embedding", "index": i, "embedding": encode_vector(vector, body.encoding_format),
+                 "truncated": truncated} for i, (vector, truncated) in enumerate(zip(result.vectors, result.truncated))]
         usage = {"prompt_tokens": result.prompt_tokens, "total_tokens": result.prompt_tokens}
         return {"object": "list", "data": data, "model": engine.embedder.model_id, "usage": usage}
 
@@ -107,13 +117,14 @@ def create_app(engine: ServeEngine) -> FastAPI:
         }
 
     @app.get("/thumbnails/{item_id}", dependencies=[auth])
-    def thumbnails(item_id: str) -> FileResponse:
-        if not item_id.isdigit():  # ids only: nothing from the request ever becomes a path
+    def thumbnails(item_id: str) -> Response:
+        # ids only (ASCII digits of a 64-bit id): nothing from the request ever becomes a path
+        if not (item_id.isascii() and item_id.isdigit() and len(item_id) <= 19 and int(item_id) <= INT64_MAX):
             raise UnknownItemError(f"{item_id[:40]!r} is not an item id; thumbnails are served by numeric id")
         record = engine.record(int(item_id))
         cache = engine.config.thumbnail_dir or default_cache_dir(engine.collection)
-        return FileResponse(thumbnail(record, cache), media_type="image/jpeg",
-                            headers={"Cache-Control": "private, max-age=3600"})
+        return Response(thumbnail(record, cache), media_type="image/jpeg",
+                        headers={"Cache-Control": "private, max-age=3600"})
 
     return app
 
@@ -143,9 +154,13 @@ async def _search_fields(request: Request, engine: ServeEngine):
             if raw:  # decoding is CPU work: off the event loop
                 image = await run_in_threadpool(decode_image_bytes, raw, f"image ({upload.filename or 'upload'})")
         query = (form.get("q") or "").strip() or None
-        return query, image, _int_field(form.get("id"), "id"), _int_field(form.get("k"), "k") or 10, SearchFilter()
+        k = _int_field(form.get("k"), "k")  # k=0 is refused by the search (400), never silently 10
+        return query, image, _int_field(form.get("id"), "id"), 10 if k is None else k, SearchFilter()
     try:
         body = SearchRequest.model_validate(await request.json())
+    except RecursionError:
+        raise InputError("the search body is JSON nested too deeply; send a flat object "
+                         "({\"query\": ..., \"k\": ...})") from None
     except ValueError as error:
         raise InputError(f"the search body must be JSON ({{\"query\": ..., \"k\": ...}}) or a multipart form: "
                          f"{_validation_message(error)}") from None
@@ -162,14 +177,14 @@ async def _search_fields(request: Request, engine: ServeEngine):
 def _int_field(value, name: str) -> int | None:
     if value is None or value == "":
         return None
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        raise InputError(f"form field {name!r} must be an integer, got {str(value)[:40]!r}") from None
+    text = str(value).strip()
+    if not (text.isascii() and text.lstrip("-").isdigit() and len(text) <= 20 and abs(int(text)) <= INT64_MAX):
+        raise InputError(f"form field {name!r} must be an integer, got {text[:40]!r}")
+    return int(text)
 
 
 def _hit_json(rank: int, hit) -> dict:
-    return {"rank": rank, **hit.to_dict(), "name": Path(hit.uri).name,
+    return {"rank": rank, **hit.to_dict(), "name": Path(hit.uri).name, "kind": kind_name(hit.uri),
             "thumbnail": f"/thumbnails/{hit.id}" if has_thumbnail(hit.uri, hit.page) else None}
 
 
@@ -186,6 +201,47 @@ def _require_key(api_key: str | None):
                                 if given else "this server needs an API key; send 'Authorization: Bearer KEY'")
 
     return check
+
+
+class _GuardMiddleware:
+    """Refuse (403) a Host this server does not answer to (DNS rebinding), and a cross-site POST
+    when no API key guards the server (a page on another site submitting a form to us); add
+    nosniff, no framing and a content security policy to every answer."""
+
+    def __init__(self, app, allowed: tuple[str, ...], has_key: bool) -> None:
+        self.app = app
+        self.allowed = allowed
+        self.has_key = has_key
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers") or []}
+        host = headers.get("host")
+        if not is_allowed_host(host, self.allowed):
+            shown = (host or "")[:80]
+            log.warning("refused a request for host %r (not one of %s)", shown, ", ".join(self.allowed))
+            return await _error_response(403, f"this server does not answer to the host {shown!r}; it answers to "
+                                              f"{', '.join(self.allowed)}. Start it with --allowed-host NAME to "
+                                              f"reach it by that name")(scope, receive, self._secured(send, scope))
+        if scope["method"] not in _SAFE_METHODS and not self.has_key and is_cross_site(headers, self.allowed):
+            return await _error_response(403, "a page on another site may not send requests to this server; "
+                                              "open its own page, or start the server with --api-key")(
+                scope, receive, self._secured(send, scope))
+        return await self.app(scope, receive, self._secured(send, scope))
+
+    @staticmethod
+    def _secured(send, scope):
+        policy = (PAGE_CSP if scope["path"] == "/" else DATA_CSP).encode()
+
+        async def send_secured(event):
+            if event["type"] == "http.response.start":
+                event = {**event, "headers": [*event.get("headers", []), (b"x-content-type-options", b"nosniff"),
+                                              (b"x-frame-options", b"DENY"), (b"content-security-policy", policy),
+                                              (b"referrer-policy", b"same-origin")]}
+            await send(event)
+
+        return send_secured
 
 
 class _BodyLimitMiddleware:
@@ -246,7 +302,7 @@ class _MetricsMiddleware:
                                  route=route)
 
 
-_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
                 413: "request_too_large", 503: "server_busy", 500: "server_error"}
 
 

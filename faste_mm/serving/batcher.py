@@ -32,7 +32,8 @@ log = logging.getLogger(__name__)
 KINDS = ("query", "document", "search")
 
 # A runner embeds (or searches) one merged batch: payloads in, one result per payload out, in
-# order. A result that is an Exception fails only its own job; raising fails the whole batch.
+# order. A result that is an Exception fails only its own job; when the runner raises on a merged
+# batch, each job is run again alone, so the exception fails only the job(s) that raise it again.
 Runner = Callable[[list[object]], Sequence[object]]
 
 
@@ -180,18 +181,41 @@ class Batcher:
             return
         self.metrics.observe("faste_mm_batch_size", len(live), BATCH_SIZE_BUCKETS, kind=kind)
         try:
-            results = self._runners[kind]([job.payload for job in live])
-            if len(results) != len(live):  # a runner bug, not an input problem
-                raise RuntimeError(f"{kind} runner returned {len(results)} results for {len(live)} jobs")
+            results = self._call(kind, live)
+        except Exception as error:
+            if len(live) == 1:
+                log.error("%s request failed: %s: %s", kind, type(error).__name__, error)
+                live[0].future.set_exception(error)
+                return
+            # One request's input broke the merged call: run each request on its own, so the
+            # exception reaches only the job that raises it again and the others get answers.
+            log.warning("%s batch of %d requests failed (%s: %s); running them one by one",
+                        kind, len(live), type(error).__name__, error)
+            for job in live:
+                self._finish(job, lambda: self._call(kind, [job])[0], kind)
+            return
         except BaseException as error:  # every waiting client gets an answer, never a hang
-            log.exception("%s batch of %d requests failed", kind, len(live))
             for job in live:
                 job.future.set_exception(error)
-            if not isinstance(error, Exception):
-                raise
-            return
+            raise
         for job, result in zip(live, results):
-            if isinstance(result, BaseException):
-                job.future.set_exception(result)
-            else:
-                job.future.set_result(result)
+            self._finish(job, lambda: result, kind)
+
+    def _call(self, kind: str, jobs: list[_Job]) -> Sequence[object]:
+        results = self._runners[kind]([job.payload for job in jobs])
+        if len(results) != len(jobs):  # a runner bug, not an input problem
+            raise RuntimeError(f"{kind} runner returned {len(results)} results for {len(jobs)} jobs")
+        return results
+
+    @staticmethod
+    def _finish(job: _Job, result: Callable[[], object], kind: str) -> None:
+        """Set the job's result, or its exception (a returned one, or one `result` raises)."""
+        try:
+            value = result()
+        except Exception as error:
+            log.error("%s request failed: %s: %s", kind, type(error).__name__, error)
+            value = error
+        if isinstance(value, BaseException):
+            job.future.set_exception(value)
+        else:
+            job.future.set_result(value)

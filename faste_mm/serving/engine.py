@@ -19,14 +19,19 @@ import numpy as np
 from faste_mm import Embedder, FastEConfig, Hit, InputError, Item, Retriever
 from faste_mm.errors import ConfigError, FasteError
 from faste_mm.indexers import SearchFilter
+from faste_mm.retrieval.profile import QUERY_INSTRUCTION, CollectionProfile, read_profile
 from faste_mm.serving.batcher import Batcher, BatcherConfig
 from faste_mm.serving.inputs import truncate_dimensions
 from faste_mm.serving.metrics import BATCH_SIZE_BUCKETS, Metrics, describe_server_metrics
+from faste_mm.serving.security import LOOPBACK_HOSTS, check_allowed_hosts
 
 log = logging.getLogger(__name__)
 
-# The Qwen3-VL-Embedding model card's retrieval instruction (the Retriever's default too).
-VL_QUERY_INSTRUCTION = "Retrieve images or text relevant to the user's query."
+# A text is tokenized only up to this many characters per token of the model's max_length (it
+# truncates on the right anyway): a few MB of text must not hold a handler thread for a minute.
+# Text whose tokens are longer on average is tried again with 4x as many characters, so what
+# the model sees never differs from the whole text's tokenization.
+TEXT_CHARS_PER_TOKEN = 16
 
 
 class RequestTooLargeError(FasteError):
@@ -47,23 +52,27 @@ class ServeConfig:
 
     api_key: Bearer token every data route requires (None: no authentication).
     batching: the dynamic batcher (token budget, max wait, queue bound).
-    max_body_bytes: request bodies above this are refused (413).
+    max_body_bytes: request bodies above this are refused (413). 16 MiB holds a large photo as a
+        data: URL (base64) or the text of `max_request_tokens` tokens many times over.
     max_request_tokens: prompt tokens one request may carry (413 above).
     max_inputs: strings in one `input` list (OpenAI allows 2048).
     allow_remote_images: fetch http(s) image URLs (off: an open fetcher is an SSRF hole).
     r_max: FastE for documents of an embeddings-only server (a collection's own settings win);
         0 = full forward, so vectors do not depend on how requests are merged.
     thumbnail_dir: where thumbnails are cached; None = beside the collection.
+    allowed_hosts: the Host header names answered (others get 403: DNS rebinding); "*" = any.
+        `security.host_names(bind_host, extra)` gives loopback + the bound address + extra.
     """
 
     api_key: str | None = None
     batching: BatcherConfig = BatcherConfig()
-    max_body_bytes: int = 32 << 20
+    max_body_bytes: int = 16 << 20
     max_request_tokens: int = 65536
     max_inputs: int = 2048
     allow_remote_images: bool = False
     r_max: float = 0.0
     thumbnail_dir: Path | None = None
+    allowed_hosts: tuple[str, ...] = LOOPBACK_HOSTS
 
     def __post_init__(self) -> None:
         if self.api_key is not None and not self.api_key.strip():
@@ -73,6 +82,7 @@ class ServeConfig:
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"ServeConfig.{name} must be an int >= 1, got {value!r}")
         FastEConfig(r_max=self.r_max)  # validates the range
+        object.__setattr__(self, "allowed_hosts", check_allowed_hosts(self.allowed_hosts))
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,10 +101,22 @@ class _SearchPayload:
 
 @dataclass(frozen=True, slots=True)
 class Embedded:
-    """Vectors of one request: float32 [n, d] in input order, and its prompt tokens."""
+    """Vectors of one request: float32 [n, d] in input order, its prompt tokens, and which
+    inputs were cut at the model's max_length (truncated[i] for input i)."""
 
     vectors: np.ndarray
     prompt_tokens: int
+    truncated: tuple[bool, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Measured:
+    """A request's items as they will be embedded (long texts cut before tokenizing), their
+    prompt tokens, and which items the model's max_length truncates."""
+
+    items: list[Item]
+    tokens: int
+    truncated: tuple[bool, ...]
 
 
 class ServeEngine:
@@ -107,16 +129,11 @@ class ServeEngine:
         self.config = config or ServeConfig()
         self.metrics = describe_server_metrics(metrics or Metrics())
         self.collection: Path | None = None if retriever is None else Path(retriever.collection)
-        self.manifest = None
+        # The collection's profile: its documents were embedded with its FastE, new ones must match.
+        self.profile: CollectionProfile | None = None if self.collection is None else read_profile(self.collection)
         self.document_fast_e = FastEConfig(r_max=self.config.r_max) if self.config.r_max > 0 else None
-        if self.collection is not None:
-            from faste_mm.indexers.manifest import read_manifest
-
-            self.manifest = read_manifest(self.collection)
-            # The collection's documents were embedded with its FastE: new ones must match.
-            fast_e = self.manifest.fast_e
-            self.document_fast_e = None if fast_e is None else FastEConfig(
-                r_max=fast_e.r_max, warmup_layer=fast_e.warmup_layer, threshold=fast_e.threshold)
+        if self.profile is not None:
+            self.document_fast_e = self.profile.fast_e()
         self.query_instruction = self._default_query_instruction()
         runners = {"query": self._embed_runner("query"), "document": self._embed_runner("document")}
         if retriever is not None:
@@ -129,7 +146,7 @@ class ServeEngine:
         if self.retriever is not None and self.retriever.query_instruction is not None:
             return self.retriever.query_instruction
         prompt = getattr(self.embedder.serializer, "prompt", None)
-        return prompt.default_query_instruction if prompt is not None else VL_QUERY_INSTRUCTION
+        return prompt.default_query_instruction if prompt is not None else QUERY_INSTRUCTION
 
     def start(self) -> "ServeEngine":
         self.batcher.start()
@@ -146,12 +163,14 @@ class ServeEngine:
 
     # ---- embeddings (handler threads) --------------------------------------------------------
     def embed(self, items: list[Item], input_type: str | None = None, instruction: str | None = None,
-              dimensions: int | None = None) -> Embedded:
+              dimensions: int | None = None, truncate: bool = True) -> Embedded:
         """Embed one request's items. input_type "query": the query instruction (or the given
         one) and the full forward; "document" (the default): the document format (or the given
         instruction) and the server's FastE. Equals `Embedder.encode(items, fast_e=..,
         instruction=..)`, except that merged FastE batches may move a document's vector (see
-        `serving.batcher`). Raises InputError (400), RequestTooLargeError (413), QueueFullError (503)."""
+        `serving.batcher`). truncate: an input longer than the model's max_length is cut there
+        (reported in `Embedded.truncated`); False refuses it instead (413, TEI's `truncate`).
+        Raises InputError (400), RequestTooLargeError (413), QueueFullError (503)."""
         kind = input_type or "document"
         if kind not in ("query", "document"):
             raise InputError(f"input_type must be 'query' or 'document', got {input_type!r}")
@@ -162,28 +181,53 @@ class ServeEngine:
             raise InputError(f"`dimensions` is {dimensions}, but this model's vectors have {self.embedder.dim}; "
                              f"give 1..{self.embedder.dim}")
         task = instruction if instruction is not None else (self.query_instruction if kind == "query" else None)
-        items = [replace(item, instruction=task) for item in items]
-        tokens = self.count_tokens(items, "input")
-        payload = _EmbedPayload(items, dimensions)
-        vectors = self.batcher.submit(kind, payload, tokens).result()
-        return Embedded(vectors, tokens)
+        measured = self.measure([replace(item, instruction=task) for item in items], "input")
+        if not truncate and any(measured.truncated):
+            index = measured.truncated.index(True)
+            raise RequestTooLargeError(f"input[{index}] is longer than the model's {self.max_length} tokens and "
+                                       f"`truncate` is false; shorten it, or send truncate: true to embed its "
+                                       f"first {self.max_length} tokens")
+        payload = _EmbedPayload(measured.items, dimensions)
+        vectors = self.batcher.submit(kind, payload, measured.tokens).result()
+        return Embedded(vectors, measured.tokens, measured.truncated)
 
-    def count_tokens(self, items: list[Item], field: str) -> int:
-        """Prompt tokens of the items, serialized exactly as the model will see them (this also
-        decodes and resizes images, so a bad one fails here, named). RequestTooLargeError over
-        the per-request limit."""
-        total = 0
+    @property
+    def max_length(self) -> int:
+        """The model's token limit per item (its serializer truncates on the right there)."""
+        serializer = self.embedder.serializer
+        return getattr(serializer, "max_length", None) or serializer.config.max_length
+
+    def measure(self, items: list[Item], field: str) -> Measured:
+        """The items serialized exactly as the model will see them (this also decodes and resizes
+        images, so a bad one fails here, named), each text tokenized only up to
+        `TEXT_CHARS_PER_TOKEN` characters per token the model can take. RequestTooLargeError
+        over the per-request token limit."""
+        total, cut, truncated = 0, [], []
         for index, item in enumerate(items):
             try:
-                total += self.embedder.serializer(item, item.instruction).length
+                item, serialized = self._serialize_bounded(item)
             except FasteError as error:
                 raise InputError(f"{field}[{index}]: {error}") from None
             except Exception as error:  # the processor's own errors: still this input's fault
                 raise InputError(f"{field}[{index}]: cannot be serialized ({type(error).__name__}: {error})") from None
+            total += serialized.length
+            cut.append(item)
+            truncated.append(bool(serialized.truncated))
         if total > self.config.max_request_tokens:
             raise RequestTooLargeError(f"the request has {total} prompt tokens; the limit is "
                                        f"{self.config.max_request_tokens} (--max-request-tokens); split it")
-        return total
+        return Measured(cut, total, tuple(truncated))
+
+    def _serialize_bounded(self, item: Item):
+        """(item, Serialized): a text longer than the model can use is cut before tokenizing, at
+        a length whose tokens still reach max_length (so the model sees what the whole text gives)."""
+        limit = TEXT_CHARS_PER_TOKEN * self.max_length
+        while True:
+            bounded = item if item.text is None or len(item.text) <= limit else replace(item, text=item.text[:limit])
+            serialized = self.embedder.serializer(bounded, bounded.instruction)
+            if bounded is item or serialized.truncated:
+                return bounded, serialized
+            limit *= 4  # long tokens (runs of symbols): the cut fell short of max_length
 
     def _embed_runner(self, kind: str):
         fast_e = self.document_fast_e if kind == "document" else None
@@ -229,9 +273,9 @@ class ServeEngine:
             return self.batcher.submit("search", _SearchPayload(None, int(item_id), k, where), 1).result()
         if not query and image is None:
             raise InputError("give a query text (`query`, form field `q`), an image, or an item `id`")
-        item = Item(text=query or None, image=image)
-        tokens = self.count_tokens([item], "query")
-        return self.batcher.submit("search", _SearchPayload(item, None, k, where), tokens).result()
+        measured = self.measure([Item(text=query or None, image=image)], "query")
+        return self.batcher.submit("search", _SearchPayload(measured.items[0], None, k, where),
+                                   measured.tokens).result()
 
     def _run_search(self, payloads: list[_SearchPayload]) -> list[object]:
         out: list[object] = [None] * len(payloads)
@@ -296,7 +340,7 @@ class ServeEngine:
                 info = col.info()
             collection = {"path": str(self.collection), "name": self.collection.name, "items": info.n_ok,
                           "failed": info.n_failed, "deleted": info.n_deleted, "index": info.index_factory,
-                          "max_pixels": self.manifest.max_pixels}
+                          "max_pixels": self.profile.max_pixels}
         fast_e = self.embedder.resolve_fast_e(self.document_fast_e)
         return {
             "model": self.embedder.model_id,

@@ -60,6 +60,10 @@ class EmbeddingRequest(BaseModel):
     dimensions: int | None = Field(default=None, ge=1)
     input_type: InputType | None = None
     user: str | None = None  # OpenAI's end-user tag; accepted and ignored
+    # TEI's `truncate`: true (the default here, as the official Qwen3-VL-Embedding code cuts at
+    # max_length) embeds an over-long input's first max_length tokens and marks it `truncated`
+    # in the answer; false refuses it with 413.
+    truncate: bool = True
 
 
 class SearchRequest(BaseModel):
@@ -70,7 +74,7 @@ class SearchRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     query: str | None = None
     image: str | None = None
-    id: int | None = None
+    id: int | None = Field(default=None, ge=0, le=2**63 - 1)  # item ids are SQLite's 64-bit integers
     k: int = Field(default=10, ge=1, le=1000)
     where: dict[str, str | int | float | bool] | None = None
     type: str | list[str] | None = None

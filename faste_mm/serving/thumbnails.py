@@ -3,31 +3,42 @@ rendered PDF page or of a frame of a video, cached on disk beside the collection
 (`<collection>.thumbnails/`).
 
 Receives an item record found by id in the collection (never a path from a request); hands
-back the cached JPEG's path. Text items have no thumbnail.
+back the cached JPEG's bytes. Text items have no thumbnail.
+
+The cache folder is made with mode 0700 and must be a real folder of the server's user; a
+cached file is served only if it is a regular file of that user, opened without following
+links (O_NOFOLLOW) and checked on the open descriptor. Anything else found under a thumbnail's
+name (a link planted to a private file, a stranger's file) is replaced by a fresh thumbnail.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import io
 import logging
 import os
+import stat
 import tempfile
 from pathlib import Path
 
 from PIL import Image, ImageOps
 
-from faste_mm.errors import InputError
-from faste_mm.model.video import VIDEO_SUFFIXES
+from faste_mm.errors import FasteError, InputError
+from faste_mm.kinds import KINDS, kind_name
 
 log = logging.getLogger(__name__)
 
 THUMBNAIL_PX = 384  # longest side; the grid shows ~200 px tiles, sharp on 2x screens
 JPEG_QUALITY = 82
-IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff"})
 
 
 class NoThumbnailError(InputError):
     """The item has no picture (a text item, or its file is gone or unreadable): HTTP 404."""
+
+
+class ThumbnailCacheError(FasteError):
+    """The cache folder is not the server's own (a link, a file, another user's): HTTP 500."""
 
 
 def default_cache_dir(collection: Path) -> Path:
@@ -37,23 +48,26 @@ def default_cache_dir(collection: Path) -> Path:
 
 
 def has_thumbnail(uri: str, page: int | None) -> bool:
-    """Whether an item with this uri/page can have a thumbnail (an image file, a PDF page or a
-    video)."""
-    suffix = Path(uri).suffix.lower()
-    return not uri.startswith("item:") and (suffix in IMAGE_SUFFIXES or suffix in VIDEO_SUFFIXES
-                                            or (suffix == ".pdf" and page is not None))
+    """Whether an item with this uri/page can have a thumbnail: its kind's thumbnail rule
+    (`faste_mm.kinds`: an image file, a frame of a video, or a PDF's page)."""
+    kind = KINDS.get(kind_name(uri))
+    rule = None if uri.startswith("item:") or kind is None else kind.thumbnail
+    return rule in ("image", "frame") or (rule == "page" and page is not None)
 
 
-def thumbnail(record, cache_dir: Path) -> Path:
+def thumbnail(record, cache_dir: Path) -> bytes:
     """The cached JPEG of one item record, made on first use. The cache key includes the file's
     size and mtime, so a re-indexed, changed file gets a fresh thumbnail.
-    Raises NoThumbnailError for text items and missing or unreadable files."""
+    Raises NoThumbnailError for text items and missing or unreadable files, ThumbnailCacheError
+    when `cache_dir` is not a folder of this user."""
     if not has_thumbnail(record.uri, record.page):
         raise NoThumbnailError(f"id {record.id}: a {record.modality} item has no thumbnail")
     key = hashlib.sha256(f"{record.uri}\0{record.page}\0{record.size}\0{record.mtime}".encode()).hexdigest()[:16]
+    _own_folder(cache_dir)
     path = cache_dir / f"{record.id}-{key}.jpg"
-    if path.exists():
-        return path
+    cached = _read_own_file(path)
+    if cached is not None:
+        return cached
     image = _render(record)
     image = ImageOps.exif_transpose(image)
     image.thumbnail((THUMBNAIL_PX, THUMBNAIL_PX), Image.Resampling.LANCZOS)
@@ -61,11 +75,46 @@ def thumbnail(record, cache_dir: Path) -> Path:
         background = Image.new("RGB", image.size, (255, 255, 255))
         background.paste(image, mask=image.convert("RGBA").split()[-1])
         image = background
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=cache_dir, suffix=".tmp", delete=False) as tmp:
-        image.save(tmp, "JPEG", quality=JPEG_QUALITY, optimize=True)
-    os.replace(tmp.name, path)  # atomic: a concurrent reader sees the whole file or none
-    return path
+    encoded = io.BytesIO()
+    image.save(encoded, "JPEG", quality=JPEG_QUALITY, optimize=True)
+    with tempfile.NamedTemporaryFile(dir=cache_dir, suffix=".tmp", delete=False) as tmp:  # O_EXCL, 0600
+        tmp.write(encoded.getvalue())
+    # Atomic: a concurrent reader sees the whole file or none; a link planted under the name is
+    # replaced itself (rename never writes through a link).
+    os.replace(tmp.name, path)
+    return encoded.getvalue()
+
+
+def _own_folder(cache_dir: Path) -> None:
+    """Make `cache_dir` (mode 0700) or check that it is a real folder of this user."""
+    try:
+        cache_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = os.lstat(cache_dir)
+    except OSError as error:
+        raise ThumbnailCacheError(f"{cache_dir}: cannot make the thumbnail cache ({error.strerror}); give "
+                                  f"--thumbnail-dir a folder this server may write") from None
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        raise ThumbnailCacheError(f"{cache_dir}: the thumbnail cache is not a folder of this user (a link, a "
+                                  f"file or someone else's); remove it and it is made again")
+
+
+def _read_own_file(path: Path) -> bytes | None:
+    """The bytes of `path` if it is a regular file of this user (opened without following a
+    link, checked on the descriptor); None when it is absent or anything else."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as error:
+        if error.errno not in (errno.ENOENT, errno.ELOOP):
+            log.warning("%s: cannot read the cached thumbnail (%s); making it again", path, error.strerror)
+        elif error.errno == errno.ELOOP:
+            log.warning("%s: a link where a thumbnail belongs; replacing it", path)
+        return None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+            log.warning("%s: not a thumbnail this server wrote; replacing it", path)
+            return None
+        return f.read()
 
 
 def _render(record) -> Image.Image:
@@ -75,9 +124,10 @@ def _render(record) -> Image.Image:
     source = Path(record.uri)
     if not source.is_file():
         raise NoThumbnailError(f"id {record.id}: its file {source} is gone; re-index the collection")
-    if source.suffix.lower() in VIDEO_SUFFIXES:
+    rule = KINDS[kind_name(source)].thumbnail
+    if rule == "frame":
         return _video_frame(record.id, source)
-    item = Item(image=source, page=record.page if source.suffix.lower() == ".pdf" else None)
+    item = Item(image=source, page=record.page if rule == "page" else None)
     try:
         # PDF pages render near this many pixels: enough for a sharp thumbnail, no more
         return load_image(item, max_pixels=4 * THUMBNAIL_PX * THUMBNAIL_PX)

@@ -209,13 +209,11 @@ function render(result, label) {
   }
 }
 
-// What a hit is, for its card: the page number marks a PDF page; the suffix a video (the
-// server's kinds: mp4, mov, webm, mkv, avi); no thumbnail a text item (a .txt/.md file or a note).
-const VIDEO = /\.(mp4|mov|webm|mkv|avi)$/i;
-
+// What a hit is, for its card: the server's kind of its file (image, pdf, video, text); an item
+// added without a file is a picture when it has a thumbnail, else a note.
 function kindOf(hit) {
   if (hit.page) return "pdf";
-  if (VIDEO.test(hit.uri)) return "video";
+  if (["image", "video", "text"].includes(hit.kind)) return hit.kind;
   return hit.thumbnail ? "image" : "text";
 }
 

@@ -1,0 +1,134 @@
+"""The collection profile: one record of a collection's settings, its stored form, the defaults
+rule (the collection's value, else the user's, else the documented default) and the refusal of
+a conflicting user value; and the API using it (`Retriever.from_pretrained(m).index(p,
+collection=existing)` embeds with the collection's settings, as the CLI does)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from faste_mm import BatchingConfig, Embedder
+from faste_mm.errors import CollectionError, ConfigError
+from faste_mm.indexers import Collection
+from faste_mm.indexers.manifest import Manifest
+from faste_mm.model.video import VideoConfig
+from faste_mm.retrieval.profile import DOCUMENT_R_MAX, CollectionProfile, read_profile
+from faste_mm.retrieval.retriever import Retriever
+
+from tests.test_retriever_scanning import noise_image
+
+
+def _stored(**changes) -> CollectionProfile:
+    return dataclasses.replace(CollectionProfile(model_id="org/model", dim=8, model_dim=8), **changes)
+
+
+@pytest.mark.parametrize("profile", [
+    _stored(),
+    _stored(r_max=0.0),
+    _stored(r_max=0.3, warmup_layer=2, threshold=0.6, threshold_source="given", trigger_layer=3),
+    _stored(dim=4, model_dim=8, min_pixels=1024, max_pixels=65536, video=VideoConfig(fps=2.0, max_frames=8)),
+])
+def test_a_profile_round_trips_through_the_manifest(profile):
+    manifest = profile.to_manifest("HNSW32")
+    assert manifest.index_type == "HNSW32"
+    assert CollectionProfile.from_manifest(Manifest.from_dict(manifest.to_dict())) == profile
+
+
+def test_every_profile_field_has_a_manifest_key_and_a_flag():
+    for f in dataclasses.fields(CollectionProfile):
+        setting = f.metadata["setting"]
+        assert setting.key and setting.flag, f.name
+    keys = [f.metadata["setting"].key for f in dataclasses.fields(CollectionProfile)]
+    assert len(keys) == len(set(keys))
+
+
+def test_a_full_forward_collection_records_no_fast_e_and_reads_r_max_zero():
+    manifest = _stored(r_max=0.0, warmup_layer=3).to_manifest()
+    assert manifest.fast_e is None and manifest.to_dict()["fast_e"] is None
+    assert CollectionProfile.from_manifest(manifest).r_max == 0.0
+
+
+def test_the_defaults_rule_collection_then_user_then_documented_default():
+    new = CollectionProfile.resolve(None)
+    assert (new.r_max, new.video, new.dim) == (DOCUMENT_R_MAX, VideoConfig(), None)
+    given = CollectionProfile.resolve(None, r_max=0.25, video={"fps": 2.0}, dim=None)
+    assert (given.r_max, given.video) == (0.25, VideoConfig(fps=2.0))  # None = not given
+    existing = _stored(r_max=0.3, video=VideoConfig(max_frames=8))
+    assert CollectionProfile.resolve(existing) == existing  # nothing given: the collection's
+    assert CollectionProfile.resolve(existing, r_max=0.3, video={"max_frames": 8}) == existing
+
+
+def test_a_conflicting_user_value_is_refused_naming_the_flag_and_both_values():
+    existing = _stored(r_max=0.3, video=VideoConfig(max_frames=8))
+    with pytest.raises(CollectionError) as caught:
+        CollectionProfile.resolve(existing, r_max=0.5, video={"fps": 2.0})
+    message = str(caught.value)
+    assert "--r-max" in message and "0.3" in message and "0.5" in message
+    assert "--video-*" in message and "'fps': 1.0" in message and "'fps': 2.0" in message
+    assert "--reindex" in message
+    with pytest.raises(ConfigError, match="unknown collection settings.*rmax"):
+        CollectionProfile.resolve(None, rmax=0.5)
+
+
+def test_conflicts_list_each_differing_setting_and_ignore_informational_ones():
+    ours = _stored(threshold_source="calibrated")
+    theirs = _stored(model_id="org/other", dim=4, threshold_source="backbone default")
+    assert ours.conflicts(theirs) == [
+        "model_id (--model): collection has 'org/model', request has 'org/other'",
+        "dim (--dim): collection has 8, request has 4",
+    ]
+    assert ours.conflicts(ours) == []
+
+
+def test_a_manifest_without_newer_keys_reads_as_documented():
+    old = _stored().to_manifest().to_dict()
+    del old["serializer"]["video"], old["model_dim"], old["fast_e"]["trigger_layer"]
+    profile = CollectionProfile.from_manifest(Manifest.from_dict(old))
+    assert (profile.video, profile.model_dim, profile.trigger_layer) == (VideoConfig(), 8, None)
+
+
+# ---- the API: settings of an existing collection --------------------------------------------
+@pytest.fixture(scope="module")
+def embedder(model_dirs) -> Embedder:
+    return Embedder.from_pretrained(str(model_dirs["qwen3_vl"]), device="cpu",
+                                    batching=BatchingConfig(batch_tokens=1 << 16))
+
+
+def test_from_pretrained_index_into_an_existing_collection_uses_its_settings(embedder, model_dirs, tmp_path, caplog):
+    folder = tmp_path / "images"
+    folder.mkdir()
+    noise_image(folder / "a.png", (40, 32), 1)
+    Retriever(embedder, collection=tmp_path / "col", r_max=0.25, dim=16).index([folder])
+    created = read_profile(tmp_path / "col")
+    noise_image(folder / "b.png", (32, 40), 2)
+    retriever = Retriever.from_pretrained(Path(model_dirs["qwen3_vl"]), device="cpu")  # no r_max, no dim
+    with caplog.at_level("WARNING"):
+        report = retriever.index([folder], collection=tmp_path / "col")
+    assert report.embedded == 1
+    assert not [r for r in caplog.records if r.name.startswith("faste_mm.retrieval")]  # nothing to ignore or warn
+    assert read_profile(tmp_path / "col") == created and retriever.r_max == 0.25
+    with Collection.open(tmp_path / "col") as col:
+        (b_id,) = [r.id for r in col.get(col.live_ids(range(10))) if r.uri.endswith("b.png")]
+        stored = col.vectors([b_id])[0]
+    expected = embedder.encode_documents([folder / "b.png"], fast_e=created.fast_e(), dim=16).embeddings[0]
+    np.testing.assert_allclose(stored, expected, atol=2e-3)  # float16 storage
+    with pytest.raises(CollectionError, match=r"--r-max.*0\.25.*0\.5"):
+        Retriever(embedder, collection=tmp_path / "col", r_max=0.5).index([folder])
+
+
+def test_for_collection_takes_the_collection_model_and_refuses_another(embedder, model_dirs, tmp_path):
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    (folder / "note.txt").write_text("a red bicycle")
+    Retriever(embedder, collection=tmp_path / "col", r_max=0.0).index([folder])
+    retriever = Retriever.for_collection(tmp_path / "col", device="cpu")
+    assert retriever.model_id == embedder.model_id and retriever.r_max == 0.0
+    assert retriever.search("a red bicycle", k=1)[0].uri.endswith("note.txt")
+    with pytest.raises(CollectionError, match="--model"):
+        Retriever.for_collection(tmp_path / "col", model=model_dirs["qwen3"], device="cpu")
+    fresh = Retriever.for_collection(tmp_path / "new", model=model_dirs["qwen3"], r_max=0.2)
+    assert fresh.model_id == str(Path(model_dirs["qwen3"]).resolve())
