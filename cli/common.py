@@ -144,7 +144,7 @@ _FLAGS = {
 }
 _FLAG_RE = re.compile("|".join(rf"\b{re.escape(name)}\b" for name in _FLAGS))
 # Any other config field is set by the flag of its name: `BenchConfig.repeats` -> --repeats.
-_FIELD_RE = re.compile(r"\b[A-Z]\w*(?:Config|Options)\.([a-z][a-z0-9_]*)\b")
+_FIELD_RE = re.compile(r"\b[A-Z]\w*(?:Config|Options|Profile)\.([a-z][a-z0-9_]*)\b")
 # Control characters (newlines, ANSI escapes) in a file name would break or recolour the output;
 # bidirectional overrides (U+202E: "invoice\u202egpj.exe" shows as "invoiceexe.jpg") would disguise it.
 _CONTROL_RE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")

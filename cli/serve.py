@@ -125,13 +125,14 @@ def _load_engine(collection, model, device, batch_tokens, unpadded, config):
     if collection is None and model is not None:
         stderr.print(f"loading {model} (embeddings only: --model without -c)")
         return ServeEngine(Embedder.from_pretrained(model, device=device, batching=batching), None, config)
-    from faste_mm.indexers.manifest import MANIFEST_NAME
+    from faste_mm.retrieval.profile import existing_profile
 
     root = collection_path(collection)
-    if collection is None and not (root / MANIFEST_NAME).exists():
-        raise ConfigError(f"no -c given and the default collection {root} does not exist yet; index files into "
-                          f"it first (faste-mm index PATH), name another with -c, or serve embeddings only with "
-                          f"--model MODEL")
+    if existing_profile(root) is None:  # refused before any model loads
+        which = f"the collection {root}" if collection else f"no -c given and the default collection {root}"
+        raise ConfigError(f"{which} does not exist yet; index files into it first (faste-mm index PATH"
+                          f"{f' -c {collection}' if collection else ''}), name another with -c, or serve "
+                          f"embeddings only with --model MODEL")
     # the collection's profile names the model; a different --model is refused, naming both
     retriever = Retriever.for_collection(root, model, device=device, batching=batching)
     stderr.print(f"loading {retriever.model_id} for collection {root}")
