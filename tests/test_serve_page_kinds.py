@@ -53,9 +53,11 @@ def test_a_video_thumbnail_is_a_frame_of_the_video(collection, tmp_path):
     with Collection.open(collection) as col:
         records = col.get(sorted(col.live_ids(range(1000))))
     video = next(r for r in records if r.uri.endswith("clip.mp4"))
+    import io
+
     from PIL import Image
 
-    with Image.open(thumbnail(video, tmp_path / "thumbs")) as picture:
+    with Image.open(io.BytesIO(thumbnail(video, tmp_path / "thumbs"))) as picture:
         assert picture.format == "JPEG" and picture.size == (96, 64)
 
 
