@@ -86,7 +86,7 @@ def test_the_page_shows_videos_and_notes_and_filters_like_the_api(collection, tm
             assert page.locator(".card").count() == 6  # 3 images, the video, 2 notes
             video = page.locator('.card[data-kind="video"]')
             assert video.count() == 1 and video.locator(".kind").inner_text().lower() == "video"
-            page.wait_for_function("[...document.querySelectorAll('.card img')].every(i => i.complete && i.naturalWidth > 0)")
+            page.wait_for_function("() => [...document.querySelectorAll('.card img')].every(i => i.complete && i.naturalWidth > 0)")
             assert video.locator("img").evaluate("i => i.naturalWidth") > 0  # a frame, not a 404
             assert page.locator('.card[data-kind="text"] .note').count() == 2
             assert page.locator('.card[data-kind="text"] .ext').all_inner_texts() != []
@@ -95,22 +95,22 @@ def test_the_page_shows_videos_and_notes_and_filters_like_the_api(collection, tm
                 page.screenshot(path=os.environ["FASTE_MM_SCREENSHOT_KINDS"], full_page=True)
 
             def names() -> list[str]:
-                page.wait_for_function("!document.body.classList.contains('busy')")
+                page.wait_for_function("() => !document.body.classList.contains('busy')")
                 return sorted(page.locator(".card .name").all_inner_texts())
 
             page.select_option("#f-type", "video")
-            page.wait_for_function("document.querySelectorAll('.card').length === 1")
+            page.wait_for_function("() => document.querySelectorAll('.card').length === 1")
             assert names() == ["clip.mp4"] and "type=video" in page.url
             page.select_option("#f-type", "text")
-            page.wait_for_function("document.querySelectorAll('.card').length === 2")
+            page.wait_for_function("() => document.querySelectorAll('.card').length === 2")
             page.fill("#f-where", "year=2024")
             page.press("#f-where", "Enter")
-            page.wait_for_function("document.querySelectorAll('.card').length === 1")
+            page.wait_for_function("() => document.querySelectorAll('.card').length === 1")
             assert names() == ["notes:picnic"]
             page.click("#f-clear")
             page.fill("#f-path", "*.png")
             page.press("#f-path", "Enter")
-            page.wait_for_function("document.querySelectorAll('.card').length === 3")
+            page.wait_for_function("() => document.querySelectorAll('.card').length === 3")
             assert names() == ["scene-0.png", "scene-1.png", "scene-2.png"]
             page.fill("#f-where", "nonsense")
             page.press("#f-where", "Enter")
