@@ -27,6 +27,7 @@ from faste_mm.cli.collection_commands import (
 from faste_mm.cli.embed import embed
 from faste_mm.cli.export import export_command
 from faste_mm.cli.eval import eval_command
+from faste_mm.cli.plan import plan_command
 from faste_mm.cli.serve import serve_command
 
 # typer's labels for a parameter's type, as `--help` shows them in its type column; a range
@@ -131,7 +132,7 @@ for _name, _command in (("index", index_command), ("search", search_command), ("
                         ("remove", remove_command), ("compact", compact_command),
                         ("rebuild-index", rebuild_index_command), ("export", export_command), ("embed", embed),
                         ("eval", eval_command), ("bench", bench_command), ("calibrate", calibrate_command),
-                        ("serve", serve_command)):
+                        ("serve", serve_command), ("plan", plan_command)):
     app.command(_name, cls=_Command)(_command)
 
 

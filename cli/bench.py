@@ -11,32 +11,33 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from faste_mm.cli.common import (Format, debug_option, deprecated, device_option, fail, format_option, parse_ratios,
-                                 setup_logging, stderr, stdout)
+from faste_mm.cli.common import fail, setup_logging, stderr, stdout
+from faste_mm.cli.options import (DEFAULT_BATCH_TOKENS, BatchTokens, Debug, Device, Dtype, Format, Model, OutputFormat,
+                                  RMax, Threshold, TriggerLayer, Unpadded, WarmupLayer, fast_e_config, ratios)
 from faste_mm.cli.progress import Progress
 from faste_mm.errors import ConfigError, FasteError
 
 
 def bench_command(
-    model: Optional[str] = typer.Option(None, envvar="FASTE_MM_MODEL", help="Hub id or local model directory (exclusive with --shape)."),
+    model: Model = None,
     shape: Optional[str] = typer.Option(None, envvar="FASTE_MM_SHAPE", help="Random-weight real architecture: qwen3-vl-embedding-2b | qwen3-vl-embedding-8b | qwen3-embedding-0.6b | qwen3-embedding-4b."),
     scale_hidden: float = typer.Option(1.0, envvar="FASTE_MM_SCALE_HIDDEN", help="Shrink widths of --shape by this factor (layers and heads kept), e.g. 0.25 on a CPU."),
     inputs: str = typer.Option("text:1000", envvar="FASTE_MM_INPUTS", help="text:TOKENS | text:MIN-MAX | image:WxH | page:WxH | video:SECONDS[@WxH] | a folder."),
     n: int = typer.Option(32, envvar="FASTE_MM_N", help="Number of inputs."),
-    r_max: str = typer.Option("0,0.3,0.5,0.7", envvar="FASTE_MM_BENCH_R_MAX", help="Comma-separated removal ratios; 0 (full forward) is always measured."),
-    trigger_layer: Optional[int] = typer.Option(None, envvar="FASTE_MM_TRIGGER_LAYER", help="Fixed trigger layer (default: alignment trigger)."),
-    threshold: Optional[float] = typer.Option(None, envvar="FASTE_MM_THRESHOLD", help="Alignment threshold theta (default: the backbone's)."),
-    batch_tokens: int = typer.Option(16384, envvar="FASTE_MM_BATCH_TOKENS", help="Padded tokens per batch."),
+    r_max: RMax = None,
+    warmup_layer: WarmupLayer = None,
+    threshold: Threshold = None,
+    trigger_layer: TriggerLayer = None,
+    batch_tokens: BatchTokens = DEFAULT_BATCH_TOKENS,
     workers: Optional[int] = typer.Option(None, envvar="FASTE_MM_WORKERS", help="Preprocessing threads (default: one per CPU core, at most 8; 0 = in the model's thread, no overlap)."),
-    unpadded: str = typer.Option("auto", envvar="FASTE_MM_UNPADDED", help="Layers after compression: auto | off | flash-attn | torch-nested | segments; comma-separated to compare layouts."),
+    unpadded: Unpadded = "auto",
     repeats: int = typer.Option(3, envvar="FASTE_MM_REPEATS", help="Timed repeats after one warm-up; median and min-max reported."),
     compare: str = typer.Option("", envvar="FASTE_MM_COMPARE", help="Comma-separated: hf, sentence-transformers."),
-    device: str = device_option(),
-    dtype: str = typer.Option("auto", envvar="FASTE_MM_DTYPE", help="auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16 | float16."),
-    output: Format = format_option("The report on stdout as a table or as JSON (default table)."),
+    device: Device = "auto",
+    dtype: Dtype = "auto",
+    output: OutputFormat = Format.table,
     out: Optional[Path] = typer.Option(None, "--out", "-o", envvar="FASTE_MM_BENCH_OUT", help="Also write the report as JSON to this file."),
-    legacy_json: Optional[str] = typer.Option(None, "--json", envvar="FASTE_MM_BENCH_JSON", hidden=True),
-    debug: bool = debug_option(),
+    debug: Debug = False,
 ) -> None:
     """Measure speed, memory and FLOPs of FastE settings against the full forward."""
     from faste_mm import BatchingConfig, Embedder
@@ -48,19 +49,12 @@ def bench_command(
     setup_logging(debug)
     if (model is None) == (shape is None):
         raise typer.BadParameter("give exactly one of --model and --shape")
-    if legacy_json is not None:  # the old `--json PATH|-`
-        deprecated("--json PATH", "--out PATH (a file) or --format json (stdout)")
-        if legacy_json == "-":
-            output = Format.json
-        else:
-            out = Path(legacy_json)
     try:
         if out is not None and not out.parent.is_dir():
             raise ConfigError(f"--out {out}: folder {out.parent} does not exist; create it first")
         config = BenchConfig(
-            r_max=parse_ratios(r_max),
-            trigger_layer=trigger_layer,
-            threshold=threshold,
+            r_max=ratios(r_max),
+            fast_e=fast_e_config(0.0, warmup_layer, threshold, trigger_layer),
             repeats=repeats,
             compare=tuple(c.strip() for c in compare.split(",") if c.strip()),
             unpadded=tuple(u.strip() for u in unpadded.split(",") if u.strip()),

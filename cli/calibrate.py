@@ -13,40 +13,52 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from faste_mm.cli.common import (DEFAULT_MODEL, Format, chosen_format, debug_option, device_option, fail, format_option,
-                                 image_root_option, legacy_json_option, setup_logging, stderr, stdout)
+from faste_mm.cli.common import fail, setup_logging, stderr, stdout
+from faste_mm.cli.options import (DEFAULT_BATCH_TOKENS, DEFAULT_MODEL, DOCUMENT_R_MAX, BatchTokens, CollectionOption,
+                                  Debug, Device, Dtype, Format, ImageRoot, Model, OutputFormat, RMax, Threshold,
+                                  TriggerLayer, Unpadded, WarmupLayer, fast_e_config, one_ratio)
 from faste_mm.cli.progress import Progress
 from faste_mm.errors import ConfigError, FasteError, InputError
 
 
 def calibrate_command(
     paths: list[Path] = typer.Argument(None, help="Your documents: files or folders (images, PDFs, .txt/.md)."),
-    model: str = typer.Option(DEFAULT_MODEL, envvar="FASTE_MM_MODEL", help="Hub id or local model directory."),
+    model: Model = None,
     data: Optional[Path] = typer.Option(None, envvar="FASTE_MM_DATA", help="MMEB data folder (with --task) instead of PATHs; adds Recall@1/10 retention."),
-    image_root: Optional[Path] = image_root_option(),
+    image_root: ImageRoot = None,
     task: Optional[str] = typer.Option(None, envvar="FASTE_MM_TASK", help="mscoco | docvqa | nights (with --data)."),
-    r_max: float = typer.Option(0.5, envvar="FASTE_MM_R_MAX", help="Removal ratio to calibrate for, 0 < r < 1."),
+    r_max: RMax = None,
+    warmup_layer: WarmupLayer = None,
+    threshold: Threshold = None,
+    trigger_layer: TriggerLayer = None,
     target: float = typer.Option(0.99, envvar="FASTE_MM_TARGET", help="Mean cosine to the full forward a theta must reach."),
     sample: int = typer.Option(64, envvar="FASTE_MM_SAMPLE", help="Documents sampled (seeded) from PATHs; with --data, the first N queries."),
-    warmup_layer: Optional[int] = typer.Option(None, envvar="FASTE_MM_WARMUP_LAYER", help="l_w (default: the backbone's, 8)."),
     save: bool = typer.Option(False, "--save", help="Save for this model (per-user file) and, with -c, in the collection."),
-    collection: Optional[str] = typer.Option(None, "--collection", "-c", envvar="FASTE_MM_COLLECTION", help="Collection (NAME or DIR) that --save updates."),
+    collection: CollectionOption = None,
     out: Path = typer.Option(Path("faste-mm-calibration"), "--out", envvar="FASTE_MM_CALIBRATION_OUT", help="Folder for calibration.json and calibration.png."),
-    device: str = device_option(),
-    batch_tokens: int = typer.Option(16384, envvar="FASTE_MM_BATCH_TOKENS", help="Padded tokens per batch (the trigger is a batch decision: use your indexing value)."),
-    output: Format = format_option("The calibration on stdout as a table or as JSON (default table)."),
-    legacy_json: bool = legacy_json_option(),
-    debug: bool = debug_option(),
+    device: Device = "auto",
+    dtype: Dtype = "auto",
+    batch_tokens: BatchTokens = DEFAULT_BATCH_TOKENS,
+    unpadded: Unpadded = "auto",
+    output: OutputFormat = Format.table,
+    debug: Debug = False,
 ) -> None:
     """Recommend the smallest theta whose embeddings stay within --target of the full forward."""
     from faste_mm import BatchingConfig, Embedder
     from faste_mm.tools.calibration import CalibrationConfig, calibrate, task_labels
 
     setup_logging(debug, logging.INFO)
-    output = chosen_format(output, legacy_json)
     try:
-        config = CalibrationConfig(r_max=r_max, target=target, warmup_layer=warmup_layer)
-        batching = BatchingConfig(batch_tokens=batch_tokens)
+        ratio = one_ratio(r_max)
+        if collection is not None:  # calibrating for a collection: its model and r_max unless given
+            profile = _collection_profile(collection)
+            model = model or profile.model_id
+            ratio = profile.r_max if ratio is None else ratio
+        model = model or DEFAULT_MODEL
+        config = CalibrationConfig(
+            fast_e=fast_e_config(DOCUMENT_R_MAX if ratio is None else ratio, warmup_layer, None, trigger_layer),
+            target=target, thetas=None if threshold is None else (threshold,))
+        batching = BatchingConfig(batch_tokens=batch_tokens, unpadded=unpadded)
         if sample < 2:
             raise ConfigError(f"--sample must be >= 2, got {sample}")
         # Everything the user typed is checked before the model loads: a typo must not cost a
@@ -58,7 +70,7 @@ def calibrate_command(
             _check_collection(collection, model)
         with Progress() as progress:
             with progress.loading(model):
-                embedder = Embedder.from_pretrained(model, device=device, batching=batching)
+                embedder = Embedder.from_pretrained(model, device=device, dtype=dtype, batching=batching)
             labels = None if labelled is None else task_labels(embedder, labelled)
             progress.status(f"calibrating on {len(items)} documents ({embedder.backbone.shape.num_layers} layers)...")
             calibration = calibrate(embedder, items, config, labels, progress=progress)
@@ -116,14 +128,22 @@ def _documents(paths: list[Path], sample: int) -> tuple[list, list[str]]:
     return items, list(unreadable)
 
 
+def _collection_profile(collection: str):
+    """The settings of the collection -c names (CollectionError when there is none)."""
+    from faste_mm.retrieval.maintenance import collection_path
+    from faste_mm.retrieval.profile import read_profile
+
+    return read_profile(collection_path(collection))
+
+
 def _check_collection(collection: str, model: str) -> None:
     """--save -c: the collection must exist, run FastE and use this model, known before the run."""
     from faste_mm.retrieval.calibrations import check_collection_target
     from faste_mm.retrieval.maintenance import collection_path
-    from faste_mm.retrieval.profile import model_name, read_profile
+    from faste_mm.retrieval.profile import model_name
 
     root = collection_path(collection)
-    check_collection_target(root, read_profile(root), model_name(model), None, revision_known=False)
+    check_collection_target(root, _collection_profile(collection), model_name(model), None, revision_known=False)
 
 
 def _make_out(out: Path) -> None:
@@ -157,7 +177,7 @@ def _save(calibration, collection: Optional[str], out: Path) -> None:
     stderr.print(f"saved for {calibration.model_id} in {save_calibration(calibration)}")
     if collection is None:
         return
-    from faste_mm.retrieval.retriever import apply_calibration
+    from faste_mm.retrieval.calibrations import apply_calibration
 
     root = apply_calibration(calibration, collection)
     stderr.print(f"collection {root} now embeds new documents with theta {calibration.threshold:g}")

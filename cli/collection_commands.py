@@ -15,27 +15,20 @@ from typing import NoReturn, Optional
 import typer
 from rich.table import Table
 
-from faste_mm.cli.common import (DEFAULT_MODEL, DOCUMENT_R_MAX, Format, debug_option, device_option, fail, markup_safe,
-                                 print_json, setup_logging, shown, stderr, stdout, unpadded_option)
+from faste_mm.cli.common import fail, markup_safe, print_json, setup_logging, shown, stderr, stdout
+from faste_mm.cli.options import (DEFAULT_BATCH_TOKENS, BatchTokens, CollectionOption, Debug, Device, Dtype, Format,
+                                  MaxPixels, Model, OutputFormat, RMax, Threshold, TriggerLayer, Unpadded, VisualTokens,
+                                  WarmupLayer, one_ratio)
 from faste_mm.cli.progress import Progress, quiet_transformers
 from faste_mm.errors import FasteError
 
-_COLLECTION_HELP = ("Collection: a NAME (the folder collections/NAME in the user data directory, "
-                    "user_data_dir('faste-mm')), or a DIR (contains '/' or starts with '.'). Default: "
-                    "the 'default' collection.")
 
+class SearchFormat(str, Enum):
+    """search's stdout: --format's table and json, and paths (one per line, for scripts)."""
 
-class OutputFormat(str, Enum):
     table = "table"
     json = "json"
     paths = "paths"
-
-
-InfoFormat = Format  # table | json, as on every command
-
-
-def _collection_option():
-    return typer.Option(None, "--collection", "-c", envvar="FASTE_MM_COLLECTION", help=_COLLECTION_HELP)
 
 
 def _usage(message: str) -> NoReturn:
@@ -45,28 +38,27 @@ def _usage(message: str) -> NoReturn:
 
 def index_command(
     paths: list[Path] = typer.Argument(..., help="Files and folders to index (folders are walked recursively)."),
-    collection: Optional[str] = _collection_option(),
-    model: Optional[str] = typer.Option(None, "--model", envvar="FASTE_MM_MODEL",
-                                        help=f"Hub id or local model directory. Default: the collection's "
-                                             f"model, or {DEFAULT_MODEL} for a new collection."),
-    r_max: Optional[float] = typer.Option(None, "--r-max", envvar="FASTE_MM_R_MAX",
-                                          help="FastE: largest share of document prefix tokens removed, 0 <= r < 1 "
-                                               "(0 = full forward). Default: the collection's, 0.5 for a new one."),
-    threshold: Optional[float] = typer.Option(None, "--threshold", envvar="FASTE_MM_THRESHOLD",
-                                              help="FastE theta for a NEW collection. Default: the model's saved "
-                                                   "calibration (faste-mm calibrate --save), else the backbone's."),
+    collection: CollectionOption = None,
+    model: Model = None,
+    r_max: RMax = None,
+    warmup_layer: WarmupLayer = None,
+    threshold: Threshold = None,
+    trigger_layer: TriggerLayer = None,
     dim: Optional[int] = typer.Option(None, "--dim", envvar="FASTE_MM_DIM", min=1,
                                       help="Matryoshka: store only the first DIM dimensions of each vector, "
                                            "re-normalised (e.g. 512: 4x smaller index, faster search, some "
                                            "quality lost); queries are truncated the same way. Default: the "
                                            "collection's, the model's full width for a new one."),
-    batch_tokens: int = typer.Option(16384, "--batch-tokens", envvar="FASTE_MM_BATCH_TOKENS",
-                                     help="Padded tokens per model batch (default 16384)."),
-    unpadded: str = unpadded_option(),
+    batch_tokens: BatchTokens = DEFAULT_BATCH_TOKENS,
+    unpadded: Unpadded = "auto",
     chunk_files: int = typer.Option(64, "--chunk-files", envvar="FASTE_MM_CHUNK_FILES",
                                     help="Files embedded and committed together; an interrupted run "
                                          "loses at most one chunk (default 64)."),
-    device: str = device_option(),
+    chunk_pages: int = typer.Option(64, "--chunk-pages", envvar="FASTE_MM_CHUNK_PAGES",
+                                    help="A longer PDF is embedded and committed this many pages at a time; "
+                                         "an interrupted run resumes after the last committed pages (default 64)."),
+    device: Device = "auto",
+    dtype: Dtype = "auto",
     exclude: list[str] = typer.Option([], "--exclude", envvar="FASTE_MM_EXCLUDE",
                                       help="Glob (fnmatch) on the path relative to a walked folder or on any "
                                            "name in it, e.g. '*.gif', 'drafts/*'; repeatable."),
@@ -80,8 +72,7 @@ def index_command(
                                       "(no environment variable: it deletes vectors)."),
     retry_failed: bool = typer.Option(False, "--retry-failed", envvar="FASTE_MM_RETRY_FAILED",
                                       help="Embed unchanged files that failed last time again."),
-    output: InfoFormat = typer.Option(InfoFormat.table, "--format", envvar="FASTE_MM_FORMAT",
-                                      help="Summary as a table or as JSON (default table)."),
+    output: OutputFormat = Format.table,
     ray: Optional[str] = typer.Option(None, "--ray", envvar="FASTE_MM_RAY",
                                       help="Embed on Ray Data: 'auto' (a local Ray with every GPU and core) "
                                            "or a cluster address (host:6379). Needs faste-mm[ray]."),
@@ -106,11 +97,18 @@ def index_command(
                                                    help="Pixels per video frame at most (32x32 px = one visual "
                                                         "token per frame pair). Default: the collection's, "
                                                         "786432 for a new one."),
-    debug: bool = debug_option(),
+    max_pixels: MaxPixels = None,
+    visual_tokens: VisualTokens = None,
+    plan: Optional[str] = typer.Option(None, "--plan", envvar="FASTE_MM_PLAN",
+                                       help="plan.json from faste-mm plan (or plan.json:ROW): index with its "
+                                            "recommendation (or that row): pixel cap, r_max, theta and dtype; a NEW "
+                                            "collection keeps the measured fidelity as its receipt (see info)."),
+    debug: Debug = False,
 ) -> None:
     """Index images, videos (mp4, mov, webm, mkv, avi), PDFs (page by page) and .txt/.md files; only new or
     changed files are embedded."""
     from faste_mm.model.batching import BatchingConfig
+    from faste_mm.model.serialization import pixel_budget
     from faste_mm.retrieval.retriever import IndexOptions, Retriever, collection_path
 
     setup_logging(debug)
@@ -118,7 +116,8 @@ def index_command(
     try:
         root = collection_path(collection)
         options = IndexOptions(exclude=tuple(exclude), include_hidden=include_hidden, reindex=reindex,
-                               index_type=index_type, retry_failed=retry_failed, chunk_files=chunk_files)
+                               index_type=index_type, retry_failed=retry_failed, chunk_files=chunk_files,
+                               chunk_pages=chunk_pages)
         executor = None
         if ray is not None:
             from faste_mm.scale import RayExecutor, RayOptions
@@ -129,9 +128,13 @@ def index_command(
         # Settings not given are the collection's (so `faste-mm index more/` just works), else the
         # defaults; a given one that differs from the collection's is refused (see CollectionProfile).
         video = {"fps": video_fps, "max_frames": video_max_frames, "max_pixels": video_max_pixels}
+        budget = pixel_budget(max_pixels, visual_tokens, names=("--max-pixels", "--visual-tokens"))
+        settings = dict(r_max=one_ratio(r_max), warmup_layer=warmup_layer, threshold=threshold, max_pixels=budget)
+        if plan is not None:
+            settings, dtype = _plan_settings(plan, root, model, {**settings, "trigger_layer": trigger_layer}, dtype)
         retriever = Retriever.for_collection(
-            root, model, device=device, batching=BatchingConfig(batch_tokens=batch_tokens, unpadded=unpadded),
-            reindex=reindex, loading=watch.loading, r_max=r_max, threshold=threshold, dim=dim,
+            root, model, device=device, dtype=dtype, batching=BatchingConfig(batch_tokens=batch_tokens, unpadded=unpadded),
+            reindex=reindex, loading=watch.loading, trigger_layer=trigger_layer, dim=dim, **settings,
             video={name: value for name, value in video.items() if value is not None} or None)
         pending = lambda: retriever.pending(paths, options)  # noqa: E731
         with retriever, watch:
@@ -140,12 +143,27 @@ def index_command(
         fail(error, debug)
     except KeyboardInterrupt:
         _interrupted(watch, pending, reindex)
-    if output is InfoFormat.json:
+    if output is Format.json:
         print_json(report.to_dict())
     else:
         _render_index_report(report)
     for failure in report.failures:
         stderr.print(f"[yellow]skipped[/yellow] {markup_safe(failure.error)}", highlight=False)
+
+
+def _plan_settings(plan: str, root, model: Optional[str], given: dict, dtype: str) -> tuple[dict, str]:
+    """--plan: the chosen row's collection settings and dtype, refused when other flags set them
+    too or when the plan was measured with another model than this index uses."""
+    from faste_mm.retrieval.profile import DEFAULT_MODEL, existing_profile
+    from faste_mm.tools.plan_report import load_plan
+
+    if any(value is not None for value in given.values()) or dtype != "auto":
+        _usage("--plan sets the pixel budget, FastE (--r-max, --threshold, ...) and --dtype from the plan; "
+               "give --plan or those flags")
+    report, row = load_plan(plan)
+    existing = existing_profile(root)
+    report.check_model(model or (existing.model_id if existing else DEFAULT_MODEL), f"--plan {plan}")
+    return report.settings(row), report.row(row).dtype
 
 
 def _interrupted(watch: "_IndexWatch", pending, reindex: bool) -> NoReturn:
@@ -207,10 +225,10 @@ def search_command(
     video: Optional[Path] = typer.Option(None, "--video", envvar="FASTE_MM_VIDEO",
                                          help="Query video, sampled like the collection's videos; alone it "
                                               "finds similar items."),
-    collection: Optional[str] = _collection_option(),
+    collection: CollectionOption = None,
     k: int = typer.Option(10, "-k", envvar="FASTE_MM_K", min=1, help="Number of results (default 10)."),
-    output: OutputFormat = typer.Option(OutputFormat.table, "--format", envvar="FASTE_MM_FORMAT",
-                                        help="table | json (documented schema) | paths (one per line)."),
+    output: SearchFormat = typer.Option(SearchFormat.table, "--format", envvar="FASTE_MM_FORMAT", show_default=False,
+                                        help="table | json (documented schema) | paths (one per line). Default table."),
     instruction: Optional[str] = typer.Option(None, "--instruction", envvar="FASTE_MM_QUERY_INSTRUCTION",
                                               help="Query instruction. Default: 'Retrieve images or text "
                                                    "relevant to the user's query.' for text queries."),
@@ -226,8 +244,8 @@ def search_command(
     no_server: bool = typer.Option(False, "--no-server", envvar="FASTE_MM_NO_SERVER",
                                    help="Load the model here even when a faste-mm serve is serving the "
                                         "collection (default: a text search asks that server)."),
-    device: str = device_option(),
-    debug: bool = debug_option(),
+    device: Device = "auto",
+    debug: Debug = False,
 ) -> None:
     """Search a collection by text, image and/or video; the model is the one the collection was built with.
     A text search asks the collection's running `faste-mm serve`, if any, instead of loading the model."""
@@ -252,14 +270,14 @@ def search_command(
                 root = retriever.collection
     except FasteError as error:
         fail(error, debug)
-    if output is OutputFormat.json:
+    if output is SearchFormat.json:
         payload = {"query": {"text": query, "image": None if image is None else str(image),
                              "video": None if video is None else str(video)},
                    "collection": str(root), "k": k,
                    "filter": {"where": conditions, "types": list(kind), "path": path},
                    "hits": [{"rank": rank, **hit.to_dict()} for rank, hit in enumerate(hits, 1)]}
         print_json(payload)
-    elif output is OutputFormat.paths:
+    elif output is SearchFormat.paths:
         sys.stdout.flush()
         for hit in hits:
             # Plain bytes: rich would wrap long paths or interpret brackets in file names, and
@@ -292,15 +310,15 @@ def _parse_where(conditions: list[str]) -> dict:
 
 
 def info_command(
-    collection: Optional[str] = _collection_option(),
-    output: InfoFormat = typer.Option(InfoFormat.table, "--format", envvar="FASTE_MM_FORMAT",
-                                      help="table | json (default table)."),
-    debug: bool = debug_option(),
+    collection: CollectionOption = None,
+    output: OutputFormat = Format.table,
+    debug: Debug = False,
 ) -> None:
     """Model, settings, counts, failures, index type and size on disk of a collection."""
     from faste_mm.indexers import Collection
     from faste_mm.retrieval.maintenance import collection_path
     from faste_mm.retrieval.profile import CollectionProfile
+    from faste_mm.retrieval.receipt import receipt_summary
 
     setup_logging(debug)
     try:
@@ -310,8 +328,8 @@ def info_command(
             settings = profile.to_manifest(base=col.manifest).to_dict()
     except FasteError as error:
         fail(error, debug)
-    payload = {**info.to_dict(), "settings": settings}
-    if output is InfoFormat.json:
+    payload = {**info.to_dict(), "settings": settings, "plan": receipt_summary(profile.receipt)}
+    if output is Format.json:
         print_json(payload)
         return
     table = Table(title=f"collection {markup_safe(info.path)}")
@@ -323,6 +341,7 @@ def info_command(
                                 if profile.is_matryoshka else info.dim), ("FastE r_max (documents)", profile.r_max),
                         ("FastE theta (documents)", theta),
                         ("pixels", f"{profile.min_pixels}..{profile.max_pixels}"),
+                        ("plan (measured)", receipt_summary(profile.receipt)),
                         ("video", "{fps:g} fps, at most {max_frames} frames of {max_pixels} px, "
                                   "{total_pixels} px in all".format(**profile.video.to_dict())),
                         ("items", info.n_ok), ("failed", info.n_failed), ("deleted (until compact)", info.n_deleted),
@@ -350,8 +369,8 @@ def info_command(
 
 def remove_command(
     targets: list[str] = typer.Argument(..., help="Item ids, files, or folders (everything below them)."),
-    collection: Optional[str] = _collection_option(),
-    debug: bool = debug_option(),
+    collection: CollectionOption = None,
+    debug: Debug = False,
 ) -> None:
     """Remove items by id or by file/folder (tombstoned until `compact`). Prints the removed files;
     targets that match nothing are named in a warning (exit code 0, like skipped files)."""
@@ -377,8 +396,8 @@ def remove_command(
 
 
 def compact_command(
-    collection: Optional[str] = _collection_option(),
-    debug: bool = debug_option(),
+    collection: CollectionOption = None,
+    debug: Debug = False,
 ) -> None:
     """Drop removed items' vectors from disk and rebuild the index."""
     from faste_mm.retrieval.maintenance import collection_path, compact
@@ -394,8 +413,8 @@ def compact_command(
 def rebuild_index_command(
     index_type: Optional[str] = typer.Option(None, "--index-type", envvar="FASTE_MM_INDEX_TYPE",
                                              help="auto or a FAISS factory string; default: keep the current type."),
-    collection: Optional[str] = _collection_option(),
-    debug: bool = debug_option(),
+    collection: CollectionOption = None,
+    debug: Debug = False,
 ) -> None:
     """Rebuild the FAISS index from the stored vectors (no re-embedding)."""
     from faste_mm.retrieval.maintenance import collection_path, rebuild_index

@@ -1,5 +1,5 @@
-"""Shared pieces of the CLI: consoles (results on stdout, messages on stderr), the options every
-command that loads a model or may fail declares (--device, --debug), logging set-up, error exit."""
+"""Shared pieces of the CLI: consoles (results on stdout, messages on stderr), logging set-up,
+errors in CLI words and the error exit. The shared options are declared in `cli/options.py`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import json
 import logging
 import re
 import sys
-from enum import Enum
 from typing import NoReturn
 
 import typer
@@ -15,7 +14,6 @@ from rich.console import Console
 from rich.markup import escape
 
 from faste_mm.errors import ConfigError, FasteError
-from faste_mm.retrieval.profile import DEFAULT_MODEL, DOCUMENT_R_MAX  # noqa: F401  (the documented defaults)
 
 class _ResultConsole(Console):
     """stdout: a table printed to a pipe or a file is laid out at its natural width (rich would
@@ -44,45 +42,6 @@ stderr = Console(stderr=True, soft_wrap=True)
 stdout = _ResultConsole(soft_wrap=True)
 
 
-class Format(str, Enum):
-    """What a command prints on stdout (files are written with --out)."""
-
-    table = "table"
-    json = "json"
-
-
-def format_option(help: str = "Results on stdout as a table or as JSON (default table)."):
-    """--format table|json, the one spelling of stdout's format on every command."""
-    return typer.Option(Format.table, "--format", envvar="FASTE_MM_FORMAT", help=help)
-
-
-def legacy_json_option():
-    """--json, the old flag for --format json: hidden, still accepted, with a warning."""
-    return typer.Option(False, "--json", hidden=True)
-
-
-def chosen_format(output: Format, legacy_json: bool) -> Format:
-    """--format, or json when the deprecated --json flag was given (said on stderr)."""
-    if not legacy_json:
-        return output
-    deprecated("--json", "--format json")
-    return Format.json
-
-
-def deprecated(old: str, new: str) -> None:
-    stderr.print(f"[yellow]warning:[/yellow] {old} is deprecated; use {new}", highlight=False)
-
-
-def device_option():
-    """--device, for every command that loads a model."""
-    return typer.Option("auto", "--device", envvar="FASTE_MM_DEVICE", help="auto (CUDA when available) | cpu | cuda | cuda:N.")
-
-
-def debug_option():
-    """--debug, for every command that can fail."""
-    return typer.Option(False, "--debug", envvar="FASTE_MM_DEBUG", help="Show tracebacks and debug logs.")
-
-
 class _StderrHandler(logging.StreamHandler):
     """Writes to the sys.stderr of the moment, not the one of set-up: while a progress bar is
     live, rich puts a proxy there that prints each line above the bar instead of into it."""
@@ -106,40 +65,20 @@ def setup_logging(debug: bool, level: int = logging.WARNING) -> None:
     logging.basicConfig(level=logging.DEBUG if debug else level, handlers=[handler], force=True)
 
 
-def unpadded_option():
-    """--unpadded, shared by the commands that embed (BatchingConfig.unpadded)."""
-    return typer.Option(
-        "auto", "--unpadded", envvar="FASTE_MM_UNPADDED",
-        help="Layers after FastE compression: auto (CUDA: fastest of padded / flash-attn / torch-nested "
-             "on a trial batch; CPU: segments) | off | flash-attn | torch-nested | segments. Default auto.",
-    )
-
-
-def image_root_option():
-    """--image-root, shared by the commands that read MMEB data with --data (eval, calibrate)."""
-    return typer.Option(
-        None, "--image-root", envvar="FASTE_MM_IMAGE_ROOT",
-        help="Folder the relative image paths start from (default: found under --data).",
-    )
-
-
-def parse_ratios(text: str, option: str = "--r-max") -> tuple[float, ...]:
-    """Comma-separated removal ratios, e.g. "0,0.3,0.5,0.7" (ranges are checked by FastEConfig)."""
-    try:
-        return tuple(float(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        raise ConfigError(f"{option} takes comma-separated ratios in [0, 1), e.g. 0,0.3,0.5,0.7; got {text!r}") from None
-
-
 # Config fields as the CLI spells them: a ConfigError raised by a library dataclass names the
 # field (`FastEConfig.r_max`); the user typed the flag.
 _FLAGS = {
     "FastEConfig.r_max": "--r-max", "FastEConfig.threshold": "--threshold",
     "FastEConfig.warmup_layer": "--warmup-layer", "FastEConfig.trigger_layer": "--trigger-layer",
     "BatchingConfig.batch_tokens": "--batch-tokens", "BatchingConfig.unpadded": "--unpadded",
-    "IndexOptions.chunk_files": "--chunk-files", "ScanFilter.exclude": "--exclude",
+    "IndexOptions.chunk_files": "--chunk-files", "IndexOptions.chunk_pages": "--chunk-pages",
+    "ScanFilter.exclude": "--exclude",
     "index_type": "--index-type", "ServeConfig.api_key": "--api-key",
-    "VideoConfig.fps": "--video-fps", "VideoConfig.max_frames": "--video-max-frames",
+    "CollectionProfile.r_max": "--r-max", "CollectionProfile.threshold": "--threshold",
+    "CollectionProfile.warmup_layer": "--warmup-layer", "CollectionProfile.trigger_layer": "--trigger-layer",
+    "CollectionProfile.dim": "--dim", "VideoConfig.fps": "--video-fps", "VideoConfig.max_frames": "--video-max-frames",
+    "PlanConfig.dtypes": "--dtype", "PlanConfig.target": "--target", "PlanConfig.p5_floor": "--p5-floor",
+    "PlanConfig.max_pixels": "--max-pixels",
     "VideoConfig.max_pixels": "--video-max-pixels",
 }
 _FLAG_RE = re.compile("|".join(rf"\b{re.escape(name)}\b" for name in _FLAGS))

@@ -9,42 +9,48 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from faste_mm.cli.common import (DEFAULT_MODEL, DOCUMENT_R_MAX, Format, chosen_format, debug_option, device_option, fail,
-                                 format_option, legacy_json_option, setup_logging, stderr, stdout, unpadded_option)
+from faste_mm.cli.common import fail, setup_logging, stderr, stdout
+from faste_mm.cli.options import (DEFAULT_BATCH_TOKENS, DEFAULT_MODEL, DOCUMENT_R_MAX, BatchTokens, Debug, Device, Dtype,
+                                  Format, Model, OutputFormat, RMax, Threshold, TriggerLayer, Unpadded, WarmupLayer,
+                                  fast_e_config, one_ratio)
 from faste_mm.cli.progress import Progress
 from faste_mm.errors import ConfigError, FasteError
+
 
 def embed(
     paths: list[Path] = typer.Argument(None, help="Image, PDF and .txt/.md files or folders (walked recursively)."),
     text: list[str] = typer.Option([], "--text", "-t", help="A text to embed; repeatable."),
-    model: str = typer.Option(DEFAULT_MODEL, envvar="FASTE_MM_MODEL", help="Hub id or local model directory."),
-    r_max: Optional[float] = typer.Option(None, envvar="FASTE_MM_R_MAX",
-                                          help=f"FastE: largest share of prefix tokens removed, 0 <= r < 1 (0 = full "
-                                               f"forward). Default: {DOCUMENT_R_MAX:g} for documents, as index; 0 with "
-                                               f"--instruction (queries run the full forward)."),
-    warmup_layer: Optional[int] = typer.Option(None, envvar="FASTE_MM_WARMUP_LAYER", help="FastE warm-up layer l_w (default: the backbone's, 8)."),
-    threshold: Optional[float] = typer.Option(None, envvar="FASTE_MM_THRESHOLD", help="FastE alignment threshold theta (default: the backbone's)."),
-    trigger_layer: Optional[int] = typer.Option(None, envvar="FASTE_MM_TRIGGER_LAYER", help="Compress before this layer instead of the alignment trigger."),
-    instruction: Optional[str] = typer.Option(None, envvar="FASTE_MM_INSTRUCTION", help="Task instruction (queries); default: the document format."),
-    dim: Optional[int] = typer.Option(None, envvar="FASTE_MM_DIM", min=1, help="Matryoshka dimensions kept (default: all)."),
-    batch_tokens: int = typer.Option(16384, envvar="FASTE_MM_BATCH_TOKENS", help="Padded tokens per batch."),
-    unpadded: str = unpadded_option(),
-    device: str = device_option(),
-    dtype: str = typer.Option("auto", envvar="FASTE_MM_DTYPE", help="auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16 | float16."),
+    model: Model = None,
+    r_max: RMax = None,
+    warmup_layer: WarmupLayer = None,
+    threshold: Threshold = None,
+    trigger_layer: TriggerLayer = None,
+    instruction: Optional[str] = typer.Option(None, envvar="FASTE_MM_INSTRUCTION", show_default=False,
+                                              help="Task instruction: embed as queries (full forward unless --r-max "
+                                                   "is given). Default: none, the document format."),
+    dim: Optional[int] = typer.Option(None, envvar="FASTE_MM_DIM", min=1, show_default=False,
+                                      help="Matryoshka: keep the first DIM dimensions, re-normalised. Default: all."),
+    batch_tokens: BatchTokens = DEFAULT_BATCH_TOKENS,
+    unpadded: Unpadded = "auto",
+    device: Device = "auto",
+    dtype: Dtype = "auto",
     out: Optional[Path] = typer.Option(None, "--out", "-o", envvar="FASTE_MM_OUT", help="Write the embeddings (float32, one row per item) to this .npy file."),
-    output: Format = format_option("The summary on stdout as a table or as JSON (default table)."),
-    legacy_json: bool = legacy_json_option(),
-    debug: bool = debug_option(),
+    output: OutputFormat = Format.table,
+    debug: Debug = False,
 ) -> None:
     """Embed texts, images and PDF pages; print stats (removal, FLOPs, trigger layer, timings)."""
-    from faste_mm import BatchingConfig, Embedder, FastEConfig
+    from faste_mm import BatchingConfig, Embedder
     from faste_mm.retrieval.ingest import document_items
 
     setup_logging(debug)
-    output = chosen_format(output, legacy_json)
-    if r_max is None:  # documents get the documented default; queries (an instruction) the full forward
-        r_max = 0.0 if instruction is not None else DOCUMENT_R_MAX
+    model = model or DEFAULT_MODEL
     try:
+        ratio = one_ratio(r_max)
+        if ratio is None:  # documents get the documented default; queries (an instruction) the full forward
+            ratio = 0.0 if instruction is not None else DOCUMENT_R_MAX
+        fast_e = fast_e_config(ratio, warmup_layer, threshold, trigger_layer)
+        if ratio == 0 and trigger_layer is None:
+            fast_e = None
         files, unreadable = document_items(paths) if paths else ([], [])
         for reason in unreadable:
             stderr.print(f"[yellow]skipped[/yellow] {reason}")
@@ -55,9 +61,6 @@ def embed(
             out = out.with_suffix(".npy")  # what np.save writes anyway; the summary names the real file
             if not out.parent.is_dir():  # checked before the model runs, so no run is lost to a typo
                 raise ConfigError(f"--out {out}: folder {out.parent} does not exist; create it or choose another path")
-        fast_e = None
-        if r_max != 0 or trigger_layer is not None:  # FastEConfig also refuses a negative r_max
-            fast_e = FastEConfig(r_max=r_max, warmup_layer=warmup_layer, threshold=threshold, trigger_layer=trigger_layer)
         with Progress().loading(model):
             embedder = Embedder.from_pretrained(model, device=device, dtype=dtype,
                                                 batching=BatchingConfig(batch_tokens=batch_tokens, unpadded=unpadded))

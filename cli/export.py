@@ -4,12 +4,11 @@ The file's path goes to stdout, the count to stderr."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
-from faste_mm.cli.collection_commands import _collection_option
-from faste_mm.cli.common import debug_option, fail, setup_logging, stderr, stdout
+from faste_mm.cli.common import fail, setup_logging, stderr, stdout
+from faste_mm.cli.options import CollectionOption, Debug
 from faste_mm.errors import FasteError
 
 
@@ -17,8 +16,8 @@ def export_command(
     out: Path = typer.Option(..., "--out", "-o", envvar="FASTE_MM_OUT",
                              help="Parquet file to write (columns id, uri, page, modality, metadata as JSON "
                                   "text, vector as fixed-size float32 lists); replaced if it exists."),
-    collection: Optional[str] = _collection_option(),
-    debug: bool = debug_option(),
+    collection: CollectionOption = None,
+    debug: Debug = False,
 ) -> None:
     """Export a collection to Parquet, e.g. to load it into LanceDB, Qdrant or pgvector."""
     from faste_mm.retrieval.export import export_parquet

@@ -13,21 +13,18 @@ import typer
 
 from rich.markup import escape
 
-from faste_mm.cli.common import DEFAULT_MODEL, debug_option, device_option, fail, setup_logging, stderr, unpadded_option
+from faste_mm.cli.common import fail, setup_logging, stderr
+from faste_mm.cli.options import (DEFAULT_BATCH_TOKENS, DEFAULT_MODEL, BatchTokens, CollectionOption, Debug, Device, Dtype,
+                                  MaxPixels, Model, RMax, Threshold, TriggerLayer, Unpadded, VisualTokens, WarmupLayer,
+                                  fast_e_config, one_ratio)
 from faste_mm.errors import ConfigError, FasteError
 
 SERVE_INSTALL = "pip install 'faste-mm[serve]'"
 
 
 def serve_command(
-    collection: Optional[str] = typer.Option(
-        None, "--collection", "-c", envvar="FASTE_MM_COLLECTION",
-        help="Collection to search: a NAME under the user data directory or a DIR. Its manifest names the "
-             "model. Default: the 'default' collection, as for every command; with --model and no -c the "
-             "server only embeds."),
-    model: Optional[str] = typer.Option(None, "--model", envvar="FASTE_MM_MODEL",
-                                        help=f"Hub id or local model directory. Default: the collection's model, "
-                                             f"else {DEFAULT_MODEL}."),
+    collection: CollectionOption = None,
+    model: Model = None,
     host: str = typer.Option("127.0.0.1", "--host", envvar="FASTE_MM_HOST",
                              help="Address to bind (default 127.0.0.1). Any non-loopback address needs "
                                   "--api-key or --insecure."),
@@ -42,8 +39,7 @@ def serve_command(
         help="Another name clients reach the server by (repeatable; the variable takes names separated by "
              "spaces). Requests naming any other Host get 403 (DNS rebinding). Always answered: localhost, "
              "127.0.0.1, [::1] and --host. '*' answers any name (behind a proxy that checks it)."),
-    batch_tokens: int = typer.Option(16384, "--batch-tokens", envvar="FASTE_MM_BATCH_TOKENS", min=1,
-                                     help="Prompt tokens merged into one model call (default 16384)."),
+    batch_tokens: BatchTokens = DEFAULT_BATCH_TOKENS,
     max_wait_ms: float = typer.Option(5.0, "--max-wait-ms", envvar="FASTE_MM_MAX_WAIT_MS", min=0,
                                       help="Longest a request waits for others to join its batch, in ms (default 5)."),
     max_queue: int = typer.Option(256, "--max-queue", envvar="FASTE_MM_MAX_QUEUE", min=1,
@@ -53,19 +49,23 @@ def serve_command(
                                            min=1, help="Prompt tokens one request may carry; 413 above (default 65536)."),
     max_body_bytes: int = typer.Option(16 << 20, "--max-body-bytes", envvar="FASTE_MM_MAX_BODY_BYTES", min=1,
                                        help="Largest request body in bytes; 413 above (default 16 MiB)."),
-    r_max: float = typer.Option(0.0, "--r-max", envvar="FASTE_MM_R_MAX",
-                                help="FastE for documents of an embeddings-only server, 0 <= r < 1 (default 0: "
-                                     "full forward). With -c the collection's own FastE is used."),
+    r_max: RMax = None,
+    warmup_layer: WarmupLayer = None,
+    threshold: Threshold = None,
+    trigger_layer: TriggerLayer = None,
     allow_remote_images: bool = typer.Option(False, "--allow-remote-images", envvar="FASTE_MM_ALLOW_REMOTE_IMAGES",
                                              help="Fetch http(s) image URLs (off by default: SSRF risk); data: "
                                                   "URLs and uploads always work."),
-    device: str = device_option(),
+    device: Device = "auto",
+    dtype: Dtype = "auto",
     threads: Optional[int] = typer.Option(None, "--threads", envvar="FASTE_MM_THREADS", min=1,
                                           help="CPU threads of the model (torch.set_num_threads); default: "
                                                "torch's (one per core). On a busy shared CPU, 1 avoids threads "
                                                "waiting on each other."),
-    unpadded: str = unpadded_option(),
-    debug: bool = debug_option(),
+    unpadded: Unpadded = "auto",
+    max_pixels: MaxPixels = None,
+    visual_tokens: VisualTokens = None,
+    debug: Debug = False,
 ) -> None:
     """Serve embeddings (OpenAI-compatible /v1/embeddings), search and a search page at / (the
     default collection unless -c names another; --model alone: embeddings only)."""
@@ -76,15 +76,24 @@ def serve_command(
 
         check_bind(host, api_key, insecure)  # before anything else: a refused bind changes nothing
         setup_logging(debug, logging.INFO)
+        # FastE for an embeddings-only server's documents (default: the full forward); with -c the
+        # collection's own settings, and a given one that differs is refused
+        from faste_mm.model.serialization import pixel_budget
+
+        settings = dict(r_max=one_ratio(r_max), warmup_layer=warmup_layer, threshold=threshold,
+                        trigger_layer=trigger_layer,
+                        max_pixels=pixel_budget(max_pixels, visual_tokens, names=("--max-pixels", "--visual-tokens")))
+        fast_e = fast_e_config(settings["r_max"] or 0.0, warmup_layer, threshold, trigger_layer)
         config = ServeConfig(api_key=api_key, batching=BatcherConfig(batch_tokens, max_wait_ms, max_queue),
                              max_body_bytes=max_body_bytes, max_request_tokens=max_request_tokens,
-                             allow_remote_images=allow_remote_images, r_max=r_max,
+                             allow_remote_images=allow_remote_images,
+                             fast_e=None if fast_e.r_max == 0 and trigger_layer is None else fast_e,
                              allowed_hosts=host_names(host, allowed_host or ()))
         if threads is not None:
             import torch
 
             torch.set_num_threads(threads)
-        engine = _load_engine(collection, model, device, batch_tokens, unpadded, config)
+        engine = _load_engine(collection, model, device, dtype, batch_tokens, unpadded, config, settings)
     except FasteError as error:
         fail(error, debug)
     _run(engine, host, port, api_key)
@@ -115,8 +124,9 @@ def _require_serve_extra() -> None:
         raise typer.Exit(1)
 
 
-def _load_engine(collection, model, device, batch_tokens, unpadded, config):
+def _load_engine(collection, model, device, dtype, batch_tokens, unpadded, config, settings):
     from faste_mm import BatchingConfig, Embedder
+    from faste_mm.model.serialization import SerializerConfig
     from faste_mm.retrieval.maintenance import collection_path
     from faste_mm.retrieval.retriever import Retriever
     from faste_mm.serving import ServeEngine
@@ -124,7 +134,10 @@ def _load_engine(collection, model, device, batch_tokens, unpadded, config):
     batching = BatchingConfig(batch_tokens=batch_tokens, unpadded=unpadded)
     if collection is None and model is not None:
         stderr.print(f"loading {model} (embeddings only: --model without -c)")
-        return ServeEngine(Embedder.from_pretrained(model, device=device, batching=batching), None, config)
+        budget = settings["max_pixels"]
+        serializer = None if budget is None else SerializerConfig(max_pixels=budget)
+        return ServeEngine(Embedder.from_pretrained(model, device=device, dtype=dtype,
+                                                    batching=batching, serializer=serializer), None, config)
     from faste_mm.retrieval.profile import existing_profile
 
     root = collection_path(collection)
@@ -133,8 +146,8 @@ def _load_engine(collection, model, device, batch_tokens, unpadded, config):
         raise ConfigError(f"{which} does not exist yet; index files into it first (faste-mm index PATH"
                           f"{f' -c {collection}' if collection else ''}), name another with -c, or serve "
                           f"embeddings only with --model MODEL")
-    # the collection's profile names the model; a different --model is refused, naming both
-    retriever = Retriever.for_collection(root, model, device=device, batching=batching)
+    # the collection's profile names the model, pixel budget and FastE; a different one given is refused
+    retriever = Retriever.for_collection(root, model, device=device, dtype=dtype, batching=batching, **settings)
     stderr.print(f"loading {retriever.model_id} for collection {root}")
     retriever.embedder  # load now: the first request must not wait for it
     return ServeEngine(retriever.embedder, retriever, config)

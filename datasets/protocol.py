@@ -57,39 +57,35 @@ class EvalConfig:
 
     r_max: target removal ratios; 0 is the full forward (every method equals it there).
     methods: "faste" (Algorithm 1, alignment trigger + readout ranking), "fixed" (readout ranking
-        before `fixed_layer`), "fastv" (after layer 2, attention averaged over query positions),
-        "random" / "block-last" (FastE's trigger, other rankings), "downscale" (fewer pixels).
-    fixed_layer: trigger layer of "fixed"; None = half the depth (14 of 28 layers).
-    warmup_layer, threshold: FastE's l_w and theta; None = backbone defaults (8, 0.70 for Qwen3-VL).
-    seed: for the random ranking.
+        before `fast_e.trigger_layer`), "fastv" (after layer 2, attention averaged over query
+        positions), "random" / "block-last" (FastE's trigger, other rankings), "downscale" (fewer pixels).
+    fast_e: the FastE settings every swept setting shares (its r_max is replaced by each of
+        `r_max`): warmup_layer and threshold (l_w, theta; None = backbone defaults, 8 and 0.70 for
+        Qwen3-VL) for the methods with FastE's trigger, trigger_layer for "fixed" (None = half the
+        depth, 14 of 28 layers), seed for "random".
     """
 
     r_max: tuple[float, ...] = (0.0, 0.3, 0.5, 0.7)
     methods: tuple[str, ...] = METHODS
-    fixed_layer: int | None = None
-    warmup_layer: int | None = None
-    threshold: float | None = None
-    seed: int = 0
+    fast_e: FastEConfig = FastEConfig(r_max=0.0)
 
     def __post_init__(self) -> None:
         if not self.r_max:
             raise ConfigError("EvalConfig.r_max needs at least one ratio in [0, 1), e.g. 0,0.3,0.5,0.7")
         for r in self.r_max:
-            if not 0.0 <= r < 1.0:
-                raise ConfigError(f"EvalConfig.r_max values must be in [0, 1), got {r}")
+            FastEConfig(r_max=r)  # the range, with the field's own message
         unknown = [m for m in self.methods if m not in METHODS]
         if unknown or not self.methods:
             raise ConfigError(f"EvalConfig.methods must be some of {', '.join(METHODS)}; got {', '.join(self.methods) or 'none'}")
-        if self.fixed_layer is not None and self.fixed_layer < 0:
-            raise ConfigError(f"EvalConfig.fixed_layer must be >= 0, got {self.fixed_layer}")
-        # Validate FastE fields now rather than after the query pass.
-        FastEConfig(r_max=0.0, warmup_layer=self.warmup_layer, threshold=self.threshold, seed=self.seed)
+        if not isinstance(self.fast_e, FastEConfig):
+            raise ConfigError(f"EvalConfig.fast_e must be a FastEConfig, got {type(self.fast_e).__name__}")
 
     def settings(self, num_layers: int) -> list[Setting]:
         """Full first, then each method at each positive r_max, in the order given."""
-        fixed = num_layers // 2 if self.fixed_layer is None else self.fixed_layer
+        fixed = num_layers // 2 if self.fast_e.trigger_layer is None else self.fast_e.trigger_layer
         if fixed >= num_layers:
-            raise ConfigError(f"EvalConfig.fixed_layer must be < {num_layers} (layers of this model), got {fixed}")
+            raise ConfigError(f"FastEConfig.trigger_layer of the 'fixed' baseline must be < {num_layers} (layers of "
+                              f"this model), got {fixed}")
         out = [Setting("full", 0.0)]
         for method in dict.fromkeys(self.methods):
             for r in sorted(set(r for r in self.r_max if r > 0)):
@@ -97,7 +93,7 @@ class EvalConfig:
         return out
 
     def _fast_e(self, method: str, r: float, fixed: int) -> FastEConfig | None:
-        trigger = dict(warmup_layer=self.warmup_layer, threshold=self.threshold)
+        trigger = dict(warmup_layer=self.fast_e.warmup_layer, threshold=self.fast_e.threshold)
         if method == "faste":
             return FastEConfig(r_max=r, **trigger)
         if method == "fixed":
@@ -105,17 +101,17 @@ class EvalConfig:
         if method == "fastv":
             return FastEConfig.fastv(r)
         if method in ("random", "block-last"):
-            return FastEConfig(r_max=r, ranking=method, seed=self.seed, **trigger)
+            return FastEConfig(r_max=r, ranking=method, seed=self.fast_e.seed, **trigger)
         return None  # downscale: the full forward on smaller images
 
     def to_dict(self) -> dict:
         return {
             "r_max": list(self.r_max),
             "methods": list(self.methods),
-            "fixed_layer": self.fixed_layer,
-            "warmup_layer": self.warmup_layer,
-            "threshold": self.threshold,
-            "seed": self.seed,
+            "fixed_layer": self.fast_e.trigger_layer,
+            "warmup_layer": self.fast_e.warmup_layer,
+            "threshold": self.fast_e.threshold,
+            "seed": self.fast_e.seed,
         }
 
 
@@ -145,7 +141,8 @@ def evaluate(
     settings = config.settings(embedder.backbone.shape.num_layers)
     cache = None if cache_dir is None else EmbeddingCache(cache_dir, embedder.model_id)
     results = [evaluate_task(embedder, task, settings, cache, progress) for task in tasks]
-    fast_e = embedder.resolve_fast_e(FastEConfig(r_max=0.0, warmup_layer=config.warmup_layer, threshold=config.threshold))
+    fast_e = embedder.resolve_fast_e(FastEConfig(r_max=0.0, warmup_layer=config.fast_e.warmup_layer,
+                                                 threshold=config.fast_e.threshold))
     return EvalResults(
         model=embedder.model_id,
         config=config.to_dict(),

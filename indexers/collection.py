@@ -244,12 +244,15 @@ class Collection:
         return self.commit(np.empty((0, self._manifest.dim), dtype=np.float32), [], records)[1]
 
     def commit(self, vectors: np.ndarray, records: Sequence[ItemRecord],
-               failures: Sequence[ItemRecord] = (), replace_uris: Sequence[str] = ()) -> tuple[np.ndarray, np.ndarray]:
+               failures: Sequence[ItemRecord] = (), replace_uris: Sequence[str] = (),
+               settle: Sequence[FileStat] = ()) -> tuple[np.ndarray, np.ndarray]:
         """`delete_uris(replace_uris)`, `add(vectors, records)` and `add_failures(failures)` as
         ONE transaction, so a crash keeps all of a chunk of files or none of it (a file whose
-        good pages were stored always has its failed pages recorded too). Returns the ids of
-        `records` and of `failures`. Raises InputError, storing nothing, as `add` and
-        `add_failures` do."""
+        good pages were stored always has its failed pages recorded too). `settle`: files whose
+        earlier rows were committed page range by page range without their mtime; all their
+        rows get the file's size and mtime in the same transaction (the file is complete).
+        Returns the ids of `records` and of `failures`. Raises InputError, storing nothing, as
+        `add` and `add_failures` do."""
         self._require_writable("add items")
         vectors = check_rows(vectors, records, self._manifest.dim, self._manifest.normalized, self.root)
         for i, r in enumerate(failures):
@@ -258,7 +261,7 @@ class Collection:
                                  f"message; set ItemRecord.error")
         check_unique(failures, self.root)
         n, n_failed = len(records), len(failures)
-        if n + n_failed + len(replace_uris) == 0:
+        if n + n_failed + len(replace_uris) + len(settle) == 0:
             return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
         with self._store.transaction():
             state = self._store.state()
@@ -276,6 +279,7 @@ class Collection:
                     self._store.insert_part(part, n)
                 # After the rows: adding a uri clears its older failure rows, not these.
                 self._store.insert_items(failures, ids[n:], Status.FAILED, part=None)
+                self._store.set_file_stats(settle)
                 self._store.set_state(next_id=state["next_id"] + n + n_failed, next_part=part + (n > 0))
             except BaseException:
                 if n:
@@ -376,13 +380,9 @@ class Collection:
                 rows = [row for _, row in chunk]
                 yield [records[i] for i, _ in chunk], np.asarray(vectors[rows], dtype=np.float32)
 
-    def find_by_hash(self, content_hash: str) -> list[ItemRecord]:
-        """Live items whose source file has this sha256 (see `records.content_hash`)."""
-        return self.find_by_hashes([content_hash]).get(content_hash, [])
-
     def find_by_hashes(self, content_hashes: Iterable[str]) -> dict[str, list[ItemRecord]]:
-        """`find_by_hash` for many hashes in a few queries: hash -> live items in id order
-        (hashes with no live item are absent)."""
+        """Live items whose source file has one of these sha256 (see `records.content_hash`), in a
+        few queries: hash -> live items in id order (hashes with no live item are absent)."""
         return self._store.records_with_hashes(content_hashes)
 
     def live_uris(self, under: str | None = None) -> list[str]:

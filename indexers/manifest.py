@@ -85,6 +85,8 @@ class Manifest:
     index_factory / index_epoch / index_max_part / index_sha256: written by the collection, describe
         index.faiss (the checksum rejects a torn, edited or foreign file, which is then rebuilt).
     counts: written by the collection at close ({"ok", "failed", "deleted"}), informational.
+    receipt: what `faste-mm plan` measured for these settings (read as a `PlanReceipt` by the
+        profile), None when the collection was indexed without a plan; informational.
     """
 
     model_id: str
@@ -106,6 +108,7 @@ class Manifest:
     index_max_part: int = -1
     index_sha256: str | None = None
     counts: Mapping[str, int] = field(default_factory=dict)
+    receipt: Mapping[str, Any] | None = None
     format_version: int = FORMAT_VERSION
     faste_mm_version: str = field(default_factory=_faste_mm_version)
 
@@ -184,6 +187,7 @@ class Manifest:
                 "sha256": self.index_sha256,
             },
             "counts": dict(self.counts),
+            "receipt": None if self.receipt is None else dict(self.receipt),
         }
 
     @classmethod
@@ -212,6 +216,7 @@ class Manifest:
                 index_max_part=index.get("max_part", -1),
                 index_sha256=index.get("sha256"),
                 counts=d.get("counts") or {},
+                receipt=d.get("receipt"),
                 format_version=d.get("format_version", FORMAT_VERSION),
                 faste_mm_version=d.get("faste_mm_version", "unknown"),
             )

@@ -23,7 +23,7 @@ import numpy as np
 from faste_mm.errors import CollectionError
 from faste_mm.indexers.atomic_files import storage_error
 from faste_mm.indexers.filters import SearchFilter, json_path
-from faste_mm.indexers.records import ItemRecord, Status
+from faste_mm.indexers.records import FileStat, ItemRecord, Status
 
 log = logging.getLogger(__name__)
 
@@ -384,6 +384,12 @@ class MetaStore:
         cur = self.db.executemany(
             "UPDATE items SET status = 'deleted' WHERE uri = ? AND status = 'ok'", params)
         return cur.rowcount
+
+    def set_file_stats(self, stats: Sequence[FileStat]) -> None:
+        """Give the ok rows of each file its (size, mtime): the last page range of a PDF
+        committed range by range marks the file complete (ingest's `_is_partial`)."""
+        self.db.executemany("UPDATE items SET size = ?, mtime = ? WHERE uri = ? AND status = 'ok'",
+                            [(s.size, s.mtime, _to_db(s.uri)) for s in stats])
 
     def records(self, ids: Sequence[int]) -> dict[int, ItemRecord]:
         # json_each takes the whole id list as ONE bound parameter (no variable-count limit).

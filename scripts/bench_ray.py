@@ -42,6 +42,7 @@ def timed_index(model_dir: Path, images: Path, collection: Path, args, ray_optio
     from faste_mm import BatchingConfig, Retriever, SerializerConfig
     from faste_mm.retrieval.results import IndexOptions
     from faste_mm.retrieval.retriever import ModelSpec
+    from faste_mm.scale import RayExecutor
 
     shutil.rmtree(collection, ignore_errors=True)
     spec = ModelSpec(str(model_dir), device=args.device, batching=BatchingConfig(),
@@ -54,7 +55,7 @@ def timed_index(model_dir: Path, images: Path, collection: Path, args, ray_optio
 
     with Retriever(spec, collection=collection, r_max=args.r_max) as retriever:
         report = retriever.index([images], options=IndexOptions(chunk_files=args.chunk_files), progress=progress,
-                                 ray=ray_options)
+                                 executor=None if ray_options is None else RayExecutor(ray_options))
     wall = time.perf_counter() - started
     committed = [(t, n) for t, n in marks if n > 0]
     (t0, n0), (t1, n1) = committed[0], committed[-1]

@@ -131,7 +131,7 @@ def test_recommendation_needs_every_larger_theta_to_pass():
 
 
 def test_reports_match_real_faste_runs_at_each_theta(vl_embedder, mixed_items):
-    calibration = calibrate(vl_embedder, mixed_items, CalibrationConfig(r_max=0.5, target=0.999, warmup_layer=2))
+    calibration = calibrate(vl_embedder, mixed_items, CalibrationConfig(fast_e=FastEConfig(r_max=0.5, warmup_layer=2), target=0.999))
     assert sorted(calibration.distortion) == [2, 3, 4, 5]
     full = vl_embedder.encode_documents(mixed_items).embeddings
     for report in calibration.thetas[:: max(1, len(calibration.thetas) // 3)]:
@@ -145,7 +145,7 @@ def test_reports_match_real_faste_runs_at_each_theta(vl_embedder, mixed_items):
 
 def test_each_document_is_serialized_once_for_all_passes(vl_embedder, mixed_items):
     embedder, calls = _counting(vl_embedder)
-    calibration = calibrate(embedder, mixed_items, CalibrationConfig(r_max=0.5, target=0.999, warmup_layer=2))
+    calibration = calibrate(embedder, mixed_items, CalibrationConfig(fast_e=FastEConfig(r_max=0.5, warmup_layer=2), target=0.999))
     assert sorted(calibration.distortion) == [2, 3, 4, 5]  # the full pass and 4 trigger layers ran
     assert len(calls) == len(mixed_items) and len(set(calls)) == len(mixed_items)
 
@@ -163,7 +163,7 @@ def test_recall_retention_stays_aligned_when_a_candidate_fails(vl_embedder, mixe
     # is a gold: with the rows shifted by the failure it would point past the vectors.
     golds, lists = [0, 3, 6, 2], [(0, 1, 2, 3), (3, 4, 5, 0), (6, 5, 1, 2), (2, 6, 4, 3)]
     labels = Labels(full.embeddings[golds], lists)
-    config = CalibrationConfig(r_max=0.7, target=0.999, warmup_layer=2)
+    config = CalibrationConfig(fast_e=FastEConfig(r_max=0.7, warmup_layer=2), target=0.999)
     calibration = calibrate(vl_embedder, candidates, config, labels)
     assert calibration.sample_size == 6 and len(calibration.skipped) == 1 and "broken.png" in calibration.skipped[0]
     reference = score_ranks(gold_ranks(labels.query_vectors, full.embeddings, lists))
@@ -179,7 +179,7 @@ def test_recall_retention_stays_aligned_when_a_candidate_fails(vl_embedder, mixe
 def test_labels_that_do_not_fit_the_inputs_are_refused_before_any_model_run(vl_embedder, mixed_items, image_dir):
     embedder, calls = _counting(vl_embedder)
     vectors = np.eye(2, embedder.dim, dtype=np.float32)
-    config = CalibrationConfig(warmup_layer=2)
+    config = CalibrationConfig(fast_e=FastEConfig(r_max=0.5, warmup_layer=2))
     with pytest.raises(InputError, match="query 1 lists candidate 6, but there are 6 calibration inputs"):
         calibrate(embedder, mixed_items, config, Labels(vectors, [(0, 1), (2, 6)]))
     with pytest.raises(InputError, match=r"candidate 6 \(.*doc\.pdf.*\) is a PDF of 2 pages"):
@@ -190,7 +190,7 @@ def test_labels_that_do_not_fit_the_inputs_are_refused_before_any_model_run(vl_e
 
 
 def test_saved_calibration_is_keyed_by_model_and_a_mismatch_is_ignored_with_a_message(vl_embedder, mixed_items, tmp_path, caplog):
-    calibration = calibrate(vl_embedder, mixed_items[:3], CalibrationConfig(r_max=0.5, target=0.9, warmup_layer=2))
+    calibration = calibrate(vl_embedder, mixed_items[:3], CalibrationConfig(fast_e=FastEConfig(r_max=0.5, warmup_layer=2), target=0.9))
     path = save_calibration(calibration, tmp_path / "calibrations.json")
     assert load_calibration(calibration.model_id, None, path).threshold == calibration.threshold
     with caplog.at_level(logging.INFO):

@@ -1,7 +1,8 @@
 """One vocabulary across commands: `--format table|json` for stdout and `--out PATH` for files
-on every command (the old `--json` spellings hidden, still accepted, with a warning); one
-documented r_max default for documents shared by `embed` and `index`, queries always full; a
-`--help` without `<bool>`-style type labels or defaults printed twice."""
+on every command (the old `--json` spellings are gone); the model, FastE, batching and dtype
+options declared once and taken by every command that embeds; one documented r_max default for
+documents shared by `embed` and `index`, queries always full; a `--help` without `<bool>`-style
+type labels or defaults printed twice."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def test_every_command_that_prints_results_takes_format_table_or_json(command):
     result = runner.invoke(app, [command, *REQUIRED_ARGS.get(command, []), "--format", "xml"])
     assert result.exit_code == 2 and "'table'" in result.output and "'json'" in result.output, result.output
     shown = runner.invoke(app, [command, "--help"], env={"COLUMNS": "1000"}).stdout
-    assert "--format" in shown and "--json" not in shown  # the old spelling: accepted, never advertised
+    assert "--format" in shown and "--json" not in shown
 
 
 def test_bench_writes_its_report_with_out_like_embed():
@@ -35,24 +36,36 @@ def test_bench_writes_its_report_with_out_like_embed():
         assert "--out" in runner.invoke(app, [command, "--help"], env={"COLUMNS": "1000"}).stdout
 
 
-def test_the_old_json_flag_still_works_and_says_what_to_use(model_dirs):
-    args = ["embed", "--model", str(model_dirs["qwen3_vl"]), "--device", "cpu", "--text", "hello"]
-    old = runner.invoke(app, [*args, "--json"])
-    new = runner.invoke(app, [*args, "--format", "json"])
-    assert old.exit_code == new.exit_code == 0, old.output
-    assert json.loads(old.stdout)["dim"] == json.loads(new.stdout)["dim"]
-    assert "--json is deprecated; use --format json" in old.stderr and "deprecated" not in new.stderr
+@pytest.mark.parametrize("command", ["embed", "bench", "eval", "calibrate"])
+def test_the_old_json_flag_is_gone(command):
+    result = runner.invoke(app, [command, *REQUIRED_ARGS.get(command, []), "--json"])
+    assert result.exit_code == 2 and "No such option" in result.output and "--json" in result.output
 
 
-def test_bench_old_json_path_writes_the_file_with_a_warning(model_dirs, tmp_path):
-    args = ["bench", "--model", str(model_dirs["qwen3"]), "--inputs", "text:8", "--n", "2", "--r-max", "0",
-            "--repeats", "1", "--device", "cpu"]
-    old = runner.invoke(app, [*args, "--json", str(tmp_path / "old.json")])
-    assert old.exit_code == 0, old.output
-    assert "deprecated" in old.stderr and json.loads((tmp_path / "old.json").read_text())["settings"][0]["name"] == "full"
-    new = runner.invoke(app, [*args, "--out", str(tmp_path / "new.json"), "--format", "json"])
-    assert new.exit_code == 0, new.output
-    assert json.loads(new.stdout).keys() == json.loads((tmp_path / "new.json").read_text()).keys()
+EMBEDDING_COMMANDS = ("index", "embed", "eval", "calibrate", "serve", "bench")
+SHARED_OPTIONS = {"--model": "FASTE_MM_MODEL", "--r-max": "FASTE_MM_R_MAX", "--warmup-layer": "FASTE_MM_WARMUP_LAYER",
+                  "--threshold": "FASTE_MM_THRESHOLD", "--trigger-layer": "FASTE_MM_TRIGGER_LAYER",
+                  "--batch-tokens": "FASTE_MM_BATCH_TOKENS", "--unpadded": "FASTE_MM_UNPADDED",
+                  "--device": "FASTE_MM_DEVICE", "--dtype": "FASTE_MM_DTYPE", "--debug": "FASTE_MM_DEBUG"}
+
+
+@pytest.mark.parametrize("command", EMBEDDING_COMMANDS)
+def test_every_command_that_embeds_takes_the_same_model_fast_e_and_batching_options(command):
+    group = typer.main.get_command(app)
+    params = {opt: p for p in group.commands[command].params if p.param_type_name == "option" for opt in p.opts}
+    for flag, env in SHARED_OPTIONS.items():
+        assert flag in params, f"{command} lacks {flag}"
+        assert params[flag].envvar == env, f"{command} {flag} reads {params[flag].envvar}"
+        reference = {p.opts[0]: p for p in group.commands["embed"].params if p.param_type_name == "option"}[flag]
+        assert params[flag].help == reference.help, f"{command} {flag}: declared twice"
+    assert "--fixed-layer" not in params
+
+
+def test_fast_e_flags_reach_the_library_config_in_cli_words():
+    result = runner.invoke(app, ["embed", "--text", "x", "--r-max", "1.5", "--device", "cpu"])
+    assert result.exit_code == 1 and "--r-max must be in [0, 1)" in result.output, result.output
+    sweep = runner.invoke(app, ["embed", "--text", "x", "--r-max", "0.3,0.5"])
+    assert sweep.exit_code == 1 and "one ratio" in sweep.output
 
 
 def test_embed_uses_the_document_default_of_index_and_queries_run_the_full_forward(model_dirs, tmp_path):

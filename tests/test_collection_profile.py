@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from faste_mm import BatchingConfig, Embedder
-from faste_mm.errors import CollectionError, ConfigError
+from faste_mm.errors import CollectionError, ConfigError, ModelLoadError
 from faste_mm.indexers import Collection
 from faste_mm.indexers.manifest import Manifest
 from faste_mm.model.video import VideoConfig
@@ -132,3 +132,25 @@ def test_for_collection_takes_the_collection_model_and_refuses_another(embedder,
         Retriever.for_collection(tmp_path / "col", model=model_dirs["qwen3"], device="cpu")
     fresh = Retriever.for_collection(tmp_path / "new", model=model_dirs["qwen3"], r_max=0.2)
     assert fresh.model_id == str(Path(model_dirs["qwen3"]).resolve())
+
+
+class _PathLike:
+    """An os.PathLike that is not a pathlib.Path."""
+
+    def __init__(self, path) -> None:
+        self.path = path
+
+    def __fspath__(self) -> str:
+        return str(self.path)
+
+
+def test_model_paths_may_be_any_path_like(model_dirs, tmp_path):
+    folder = Path(model_dirs["qwen3"])
+    by_path = Embedder.from_pretrained(folder, device="cpu")
+    by_path_like = Embedder.from_pretrained(_PathLike(folder), device="cpu")
+    assert by_path.model_id == by_path_like.model_id == str(folder.absolute())
+    np.testing.assert_array_equal(by_path.encode(["a red bicycle"]).embeddings,
+                                  Embedder.from_pretrained(str(folder), device="cpu").encode(["a red bicycle"]).embeddings)
+    with pytest.raises(ModelLoadError, match="model not found"):
+        Embedder.from_pretrained(tmp_path / "no-such-model", device="cpu")
+    assert Retriever.for_collection(_PathLike(tmp_path / "col"), model=_PathLike(folder)).model_id == str(folder.resolve())

@@ -44,8 +44,12 @@ SCENARIOS = [
 ]
 
 
+# Steps with a test of their own elsewhere (what they need is not one of the scenarios above).
+EXERCISED_ELSEWHERE = {"index-after-page-range": "tests/test_long_pdfs.py"}
+
+
 def test_every_crash_point_is_exercised():
-    assert {step for _, step, _ in SCENARIOS} == set(CRASH_POINTS)
+    assert {step for _, step, _ in SCENARIOS} | set(EXERCISED_ELSEWHERE) == set(CRASH_POINTS)
 
 
 @pytest.fixture(scope="module")

@@ -44,7 +44,7 @@ def test_eval_prints_the_paper_table_and_reads_options_from_the_environment(eval
         "FASTE_MM_MODEL": str(eval_model_dir),
         "FASTE_MM_DEVICE": "cpu",
         "FASTE_MM_DATA": str(eval_data_dir),
-        "FASTE_MM_EVAL_R_MAX": "0,0.3",
+        "FASTE_MM_R_MAX": "0,0.3",
         "FASTE_MM_METHODS": "faste,downscale",
         "FASTE_MM_LIMIT": "2",
         "FASTE_MM_EVAL_OUT": str(tmp_path / "env-run"),

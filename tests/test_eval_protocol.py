@@ -116,7 +116,7 @@ def test_a_changed_setting_is_not_served_from_the_cache(results, embedder, tasks
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(Embedder, "encode", counting)
-        evaluate(embedder, tasks[:1], EvalConfig(r_max=(0.5,), methods=("random",), seed=7), cache_dir=cache)
+        evaluate(embedder, tasks[:1], EvalConfig(r_max=(0.5,), methods=("random",), fast_e=FastEConfig(r_max=0.0, seed=7)), cache_dir=cache)
     assert any(fast_e is not None and fast_e.seed == 7 for fast_e in calls)
 
 
@@ -134,8 +134,8 @@ def test_settings_full_first_then_methods_with_documented_baselines():
     "kwargs, message",
     [
         ({"methods": ("faste", "tome")}, "faste, fixed, fastv, random, block-last, downscale; got faste, tome"),
-        ({"r_max": (0.3, 1.0)}, r"r_max values must be in \[0, 1\), got 1.0"),
-        ({"threshold": 2.0}, "threshold"),
+        ({"r_max": (0.3, 1.0)}, r"r_max must be in \[0, 1\), got 1.0"),
+        ({"fast_e": {"threshold": 0.5}}, "EvalConfig.fast_e must be a FastEConfig"),
     ],
 )
 def test_invalid_eval_config_names_field_and_range(kwargs, message):
@@ -144,5 +144,5 @@ def test_invalid_eval_config_names_field_and_range(kwargs, message):
 
 
 def test_fixed_layer_beyond_the_model_depth_is_a_config_error():
-    with pytest.raises(ConfigError, match="fixed_layer must be < 6"):
-        EvalConfig(fixed_layer=6).settings(6)
+    with pytest.raises(ConfigError, match="trigger_layer of the 'fixed' baseline must be < 6"):
+        EvalConfig(fast_e=FastEConfig(r_max=0.0, trigger_layer=6)).settings(6)

@@ -314,7 +314,7 @@ def _store_scan(col_root: Path, folder: Path):
     with Collection.create(col_root, Manifest(model_id="m", dim=4), exist_ok=True) as col:
         scan = scan_paths([folder])
         plan = plan_update(col, scan)
-        col.delete_uris(plan.vanished)
+        col.delete_uris(plan.vanished)  # as Retriever.index does
         record_missing(col, scan.missing, IngestTally())
         if plan.todo:
             v = np.random.default_rng(0).standard_normal((len(plan.todo), 4)).astype(np.float32)

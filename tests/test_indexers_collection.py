@@ -248,10 +248,10 @@ def test_content_hash_finds_identical_content_and_its_vector(tmp_path):
     with Collection.create(tmp_path / "c", Manifest(model_id="m", dim=D)) as col:
         v = unit(rng, 1)
         (i,) = col.add(v, [ItemRecord(uri="a.bin", modality="image", content_hash=h)])
-        (dup,) = col.find_by_hash(h)
+        (dup,) = col.find_by_hashes([h])[h]
         assert dup.id == i
         np.testing.assert_allclose(col.vectors([i]), v, atol=1e-3)  # float16 storage
-        assert col.find_by_hash("0" * 64) == []
+        assert col.find_by_hashes(["0" * 64]) == {}
 
 
 def test_bad_vectors_are_input_errors_naming_the_item(tmp_path):
@@ -299,7 +299,8 @@ def test_find_by_hashes_batches_and_matches_one_lookup_per_hash(tmp_path):
         col.delete_uris(["/p/3.png"])
         wanted = [*hashes, "0" * 64]
         found = col.find_by_hashes(wanted)
-        assert found == {h: col.find_by_hash(h) for h in wanted if col.find_by_hash(h)}
+        one_by_one = {h: col.find_by_hashes([h]).get(h, []) for h in wanted}
+        assert found == {h: records for h, records in one_by_one.items() if records}
         assert hashes[3] not in found and [r.uri for r in found[hashes[7]]] == ["/p/7.png", "/p/doc.pdf", "/p/doc.pdf"]
 
 

@@ -409,3 +409,22 @@ def test_a_read_only_collection_opens_for_search_and_a_writer_is_told_why(tmp_pa
     finally:
         for path in [root, *root.rglob("*")]:
             path.chmod(path.stat().st_mode | 0o200)
+
+
+def test_an_unlisted_part_older_than_the_last_commit_is_kept_not_swept(tmp_path):
+    import sqlite3
+
+    root = tmp_path / "c"
+    _filled(root)  # part 0
+    with Collection.open(root, writable=True) as col:
+        col.add(_vectors(2, seed=4), [ItemRecord(uri="x", modality="text"), ItemRecord(uri="y", modality="text")])
+    db = sqlite3.connect(root / "meta.sqlite")  # a database that lost part 0's rows, not a compact
+    db.execute("DELETE FROM items WHERE part = 0")
+    db.execute("DELETE FROM parts WHERE part = 0")
+    db.commit()
+    db.close()
+    (root / "vectors" / "part-000009.npy").write_bytes(b"torn")  # written after the last commit: an orphan
+    with Collection.open(root, writable=True) as col:
+        assert col.info().n_ok == 2
+    names = sorted(p.name for p in (root / "vectors").iterdir())
+    assert names == ["part-000000.ids.npy", "part-000000.npy", "part-000001.ids.npy", "part-000001.npy"]

@@ -517,11 +517,24 @@ def test_a_blank_api_key_is_refused_in_cli_words():
     assert "ServeConfig" not in result.stderr
 
 
+def test_a_running_server_follows_a_reindex_of_its_collection(embedder, tmp_path):
+    root = tmp_path / "c"
+    Retriever(embedder, collection=root, r_max=0.5).add(["a cat", "a dog"], uris=["old:cat", "old:dog"])
+    with _client(embedder, root) as c:
+        assert {h["uri"] for h in c.post("/search", json={"query": "x", "k": 5}).json()["hits"]} == {"old:cat", "old:dog"}
+        Collection.erase(root, for_create=True)  # what `index --reindex` does before indexing anew
+        Retriever(embedder, collection=root, r_max=0.5).add(["a bird"], uris=["new:bird"])
+        hits = c.post("/search", json={"query": "x", "k": 5}).json()["hits"]
+        assert [h["uri"] for h in hits] == ["new:bird"]
+        _error(c.post("/search", json={"id": hits[0]["id"] + 1, "k": 2}), 404)  # old ids are gone too
+
+
 def test_info_reports_model_fast_e_and_collection_counts(client, embedder):
     info = client.get("/info").json()
     assert info["model"] == embedder.model_id and info["dim"] == embedder.dim
     assert info["fast_e_documents"]["r_max"] == 0.5
     assert info["collection"]["items"] == 13 and info["collection"]["name"] == "col"
+    assert info["collection"]["plan"].startswith("not measured")  # indexed without faste-mm plan
     assert info["query_instruction"] == VL_QUERY_INSTRUCTION
 
 
@@ -704,7 +717,8 @@ def test_the_page_and_its_assets_are_local_and_load_nothing_from_other_hosts(cli
 def test_an_unexpected_failure_is_a_json_500_and_the_server_keeps_serving(embedder, monkeypatch):
     original = embedder.encode
     monkeypatch.setattr(embedder, "encode", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
-    with _client(embedder, raise_server_exceptions=False) as c:  # as a real client sees it
+    # raise_server_exceptions: the error must not escape the app (uvicorn would close the connection)
+    with _client(embedder) as c:
         _error(c.post("/v1/embeddings", json={"input": "x"}), 500, "RuntimeError", "boom")
         monkeypatch.setattr(embedder, "encode", original)
         assert c.post("/v1/embeddings", json={"input": "x"}).status_code == 200

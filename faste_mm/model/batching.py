@@ -25,7 +25,12 @@ class BatchingConfig:
     chunk_items is how many items are serialized (and length-sorted together) at a time (the
     first chunks are smaller, so the model starts early); workers preprocess in background
     threads (None = one per CPU core, at most 8; 0 = in the caller, no overlap); at most
-    prefetch_batches ready batches wait for the model; unpadded: after compression, run the
+    prefetch_batches ready batches wait for the model, and past the first at most prefetch_bytes
+    bytes of them (pixels, token ids, positions; a page near the pixel cap is ~44 MB, so the
+    default keeps one image batch ahead of the model and several text ones), which bounds host
+    memory whatever the item count: images and PDF pages are measured from their headers and
+    page boxes and rendered only when their batch is prepared, and the items measuring had to
+    serialize (text, video) are kept for their batch within prefetch_bytes too; unpadded: after compression, run the
     remaining layers on packed rows with a variable-length attention kernel ("auto": on CUDA,
     the fastest of padded / flash-attn / torch-nested on a trial batch; "segments" on a CPU),
     "off" (padded), or a kernel by name."""
@@ -35,6 +40,7 @@ class BatchingConfig:
     chunk_items: int = 256
     workers: int | None = None
     prefetch_batches: int = 4
+    prefetch_bytes: int = 256 * 2**20
     unpadded: str = "auto"
 
     @property
@@ -54,6 +60,8 @@ class BatchingConfig:
             raise ConfigError(f"BatchingConfig.workers must be >= 0, got {self.workers}")
         if self.prefetch_batches < 1:
             raise ConfigError(f"BatchingConfig.prefetch_batches must be >= 1, got {self.prefetch_batches}")
+        if not isinstance(self.prefetch_bytes, int) or self.prefetch_bytes < 0:
+            raise ConfigError(f"BatchingConfig.prefetch_bytes must be an int >= 0 (bytes), got {self.prefetch_bytes!r}")
         if self.unpadded not in UNPADDED_MODES:
             raise ConfigError(f"BatchingConfig.unpadded must be one of {', '.join(UNPADDED_MODES)}; got {self.unpadded!r}")
 
@@ -114,8 +122,13 @@ def plan_batches(lengths: list[int], config: BatchingConfig) -> list[list[int]]:
     return batches
 
 
-def collate(items: list[Serialized], rows: list[int], pad_token_id: int) -> Batch:
-    """Right-pad token ids; concatenate the images' and the videos' patches in row order."""
+def collate(items: list[Serialized], rows: list[int], pad_token_id: int, release: bool = False) -> Batch:
+    """Right-pad token ids; concatenate the images' and the videos' patches in row order.
+
+    release: replace each entry of `items` by a copy without pixels as soon as its patches are in
+    the batch, so collating costs the batch's bytes plus one item's, not twice the batch's (the
+    caller must hold no other reference to the items for their memory to go).
+    """
     lengths = torch.tensor([item.length for item in items], dtype=torch.long)
     width = int(lengths.max())
     input_ids = torch.full((len(items), width), pad_token_id, dtype=torch.long)
@@ -133,21 +146,41 @@ def collate(items: list[Serialized], rows: list[int], pad_token_id: int) -> Batc
         for b, item in enumerate(items):
             if item.position_ids is not None:
                 position_ids[:, b, : item.length] = item.position_ids
-    images = [item for item in items if item.pixel_values is not None]
-    grids = torch.cat([item.image_grid_thw for item in images]) if images else None
-    videos = [item for item in items if item.pixel_values_videos is not None]
-    video_grids = torch.cat([item.video_grid_thw for item in videos]) if videos else None
+    images = [item.image_grid_thw for item in items if item.image_grid_thw is not None]
+    grids = torch.cat(images) if images else None
+    videos = [item.video_grid_thw for item in items if item.video_grid_thw is not None]
+    video_grids = torch.cat(videos) if videos else None
+    pixel_values = _concat_patches(items, "pixel_values", release)
+    pixel_values_videos = _concat_patches(items, "pixel_values_videos", release)
     return Batch(
         rows=list(rows),
         input_ids=input_ids,
         valid=valid,
         lengths=lengths,
         mm_token_type_ids=mm_types,
-        pixel_values=torch.cat([item.pixel_values for item in images]) if images else None,
+        pixel_values=pixel_values,
         image_grid_thw=grids,
         position_ids=position_ids,
         image_grids=() if grids is None else tuple(tuple(g) for g in grids.tolist()),
-        pixel_values_videos=torch.cat([item.pixel_values_videos for item in videos]) if videos else None,
+        pixel_values_videos=pixel_values_videos,
         video_grid_thw=video_grids,
         video_grids=() if video_grids is None else tuple(tuple(g) for g in video_grids.tolist()),
     )
+
+
+def _concat_patches(items: list[Serialized], name: str, release: bool) -> torch.Tensor | None:
+    """The `name` patches ([P, C]) of `items` concatenated in row order (torch.cat's result);
+    with `release`, each item is replaced by a copy without them once they are copied."""
+    parts = [getattr(item, name) for item in items if getattr(item, name) is not None]
+    if not parts or not release:
+        return torch.cat(parts) if parts else None
+    out = torch.empty((sum(p.shape[0] for p in parts), *parts[0].shape[1:]), dtype=parts[0].dtype)  # [sum P, C]
+    del parts
+    start = 0
+    for b, item in enumerate(items):
+        patches = getattr(item, name)
+        if patches is not None:
+            out[start : start + patches.shape[0]] = patches
+            start += patches.shape[0]
+            items[b] = replace(item, **{name: None})
+    return out

@@ -143,7 +143,7 @@ class Embedder:
     @classmethod
     def from_pretrained(
         cls,
-        name_or_path: str,
+        name_or_path: str | PathLike,
         *,
         device: str | torch.device = "auto",
         dtype: str | torch.dtype = "auto",
@@ -290,8 +290,11 @@ class Embedder:
             serialized = self.serializer(items[index], items[index].instruction or instruction)
             return self.backbone.with_positions(serialized)
 
+        def measure(index: int) -> int | None:  # the token count, without pixels where it can be
+            return self.serializer.planned_length(items[index], items[index].instruction or instruction)
+
         pin = self.backbone.device.type == "cuda"
-        return prefetch_batches(rows, serialize, self.batching, self.loaded.pad_token_id, pin, timer)
+        return prefetch_batches(rows, serialize, self.batching, self.loaded.pad_token_id, pin, timer, measure)
 
     def encode_queries(
         self,

@@ -303,12 +303,32 @@ def _has_empty_page_tree(path: Path, limit: int = 1 << 20) -> bool:
     return data.startswith(b"%PDF") and b"/Pages" in data and bool(counts) and all(int(c) == 0 for c in counts)
 
 
+def pdf_page_size(item: Item, max_pixels: int) -> tuple[int, int]:
+    """(width, height) in pixels of the item's PDF page as `load_image` renders it, from the
+    page box alone (nothing is rendered), so a long PDF can be planned into batches before
+    any of its pages takes memory."""
+    path = Path(item.image)
+    with _open_pdf(path) as pdf:
+        width_pt, height_pt = _pdf_page(pdf, path, item.page or 1).get_size()
+    scale = _render_scale(width_pt, height_pt, max_pixels)
+    # pypdfium2's render sizes its bitmap as ceil(points * scale) on each side
+    return math.ceil(width_pt * scale), math.ceil(height_pt * scale)
+
+
+def _pdf_page(pdf, path: Path, page: int):
+    if page > len(pdf):
+        raise InputError(f"{path}: page {page} requested but the PDF has {len(pdf)} pages")
+    return pdf[page - 1]
+
+
+def _render_scale(width_pt: float, height_pt: float, max_pixels: int) -> float:
+    """Points to pixels: the page comes out close to `max_pixels` (at most 8x, 576 dpi)."""
+    return min(math.sqrt(max_pixels / max(width_pt * height_pt, 1.0)), 8.0)
+
+
 def _render_pdf_page(path: Path, page: int, max_pixels: int) -> Image.Image:
     with _open_pdf(path) as pdf:
-        if page > len(pdf):
-            raise InputError(f"{path}: page {page} requested but the PDF has {len(pdf)} pages")
-        pdf_page = pdf[page - 1]
+        pdf_page = _pdf_page(pdf, path, page)
         width_pt, height_pt = pdf_page.get_size()
-        scale = math.sqrt(max_pixels / max(width_pt * height_pt, 1.0))
-        bitmap = pdf_page.render(scale=min(scale, 8.0))
+        bitmap = pdf_page.render(scale=_render_scale(width_pt, height_pt, max_pixels))
         return bitmap.to_pil().convert("RGB")  # a copy: the bitmap's memory goes with the PDF

@@ -14,10 +14,29 @@ import torch
 from PIL import Image
 
 from faste_mm.errors import ConfigError, InputError
-from faste_mm.model.items import Item, load_image, read_image_size
+from faste_mm.model.items import Item, load_image, pdf_page_size, read_image_size
 from faste_mm.model.video import VideoConfig, read_video
 
 DEFAULT_INSTRUCTION = "Represent the user's input."
+# One merged visual token covers 32 x 32 pixels (patch 16, spatial merge 2): the unit of
+# `--visual-tokens`, the friendlier spelling of an image budget in pixels.
+PIXELS_PER_VISUAL_TOKEN = 32 * 32
+OFFICIAL_MAX_PIXELS = 1_843_200  # qwen-vl-utils' image cap in the official embedder: 1800 visual tokens
+
+
+def pixel_budget(max_pixels: int | None = None, visual_tokens: int | None = None,
+                 names: tuple[str, str] = ("max_pixels", "visual_tokens")) -> int | None:
+    """The image/page pixel cap given either as pixels or as merged visual tokens (N tokens =
+    N x 32 x 32 px); None when neither is given. `names` are the caller's spellings of the two
+    arguments (CLI flags or keyword names), used in the errors. Raises ConfigError when both
+    are given or a value is not a positive int."""
+    if max_pixels is not None and visual_tokens is not None:
+        raise ConfigError(f"give {names[0]} or {names[1]}, not both ({names[0]} {max_pixels}, "
+                          f"{names[1]} {visual_tokens}); {names[1]} N means {names[0]} N x {PIXELS_PER_VISUAL_TOKEN}")
+    for name, value in zip(names, (max_pixels, visual_tokens)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ConfigError(f"{name} must be a positive whole number, got {value!r}")
+    return visual_tokens * PIXELS_PER_VISUAL_TOKEN if visual_tokens is not None else max_pixels
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,7 +49,7 @@ class SerializerConfig:
     """
 
     min_pixels: int = 4096
-    max_pixels: int = 1_843_200
+    max_pixels: int = OFFICIAL_MAX_PIXELS
     max_length: int = 8192
     image_patch_size: int = 16  # qwen-vl-utils resizes to multiples of patch * merge = 32
     video: VideoConfig = field(default_factory=VideoConfig)
@@ -148,16 +167,14 @@ class VLSerializer:
             raise _resize_error(item, error) from None
 
     def resized_size(self, item: Item) -> tuple[int, int]:
-        """(width, height) that `prepare_image` returns, without decoding image files: the
-        original size comes from the header and goes through the same qwen-vl-utils
-        `smart_resize`. PDF pages are rendered, since the renderer picks their pixel size."""
+        """(width, height) that `prepare_image` returns, without decoding image files or
+        rendering PDF pages: the original size comes from the header (the page box, at the
+        renderer's scale) and goes through the same qwen-vl-utils `smart_resize`."""
         from qwen_vl_utils import smart_resize
         from qwen_vl_utils.vision_process import SPATIAL_MERGE_SIZE
 
-        if item.is_pdf:
-            return self.prepare_image(item).size
         min_pixels, max_pixels = self.pixel_bounds(item)
-        width, height = read_image_size(item)
+        width, height = pdf_page_size(item, max_pixels) if item.is_pdf else read_image_size(item)
         # fetch_image's own factor: image_patch_size * SPATIAL_MERGE_SIZE (16 * 2 = 32 px).
         factor = self.config.image_patch_size * SPATIAL_MERGE_SIZE
         try:
@@ -165,6 +182,21 @@ class VLSerializer:
         except ValueError as error:
             raise _resize_error(item, error) from None
         return width, height
+
+    def planned_length(self, item: Item, instruction: str | None) -> int | None:
+        """The token count `__call__` gives an image item, without its pixels: the prompt with
+        one image placeholder, tokenized, plus the image's tokens ((h/16) * (w/16) patches, 2x2
+        merged) at `resized_size`, capped at max_length. The batcher plans batches from it and
+        serializes (renders, resizes) an image only when its batch is prepared. None for text
+        (as cheap to serialize as to count) and video (counting needs the container)."""
+        if not item.has_image or item.has_video:
+            return None
+        width, height = self.resized_size(item)
+        image_processor = self.processor.image_processor
+        n_image = (height // image_processor.patch_size) * (width // image_processor.patch_size)
+        n_image //= image_processor.merge_size**2
+        n_text = len(self.processor.tokenizer(self.render_prompt(item, instruction))["input_ids"])
+        return min(n_text - 1 + n_image, self.config.max_length)  # the placeholder becomes the image tokens
 
     def __call__(self, item: Item, instruction: str | None) -> Serialized:
         # qwen-vl-utils' fetch_video: sampled frames, resized; the processor then neither
@@ -255,6 +287,10 @@ class TextSerializer:
 
     def render_prompt(self, item: Item, instruction: str | None) -> str:
         return self.prompt.render(item.text or "", instruction)
+
+    def planned_length(self, item: Item, instruction: str | None) -> None:
+        """None: text is as cheap to serialize as to count (see `VLSerializer.planned_length`)."""
+        return None
 
     def __call__(self, item: Item, instruction: str | None) -> Serialized:
         if item.has_image or item.has_video:

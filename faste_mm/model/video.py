@@ -172,14 +172,6 @@ def plan_video(path: Path, info: VideoInfo, config: VideoConfig) -> VideoPlan:
 # -- decoding with PyAV --
 
 
-def probe_video(path: Path) -> VideoInfo:
-    """Frame count, frame rate and size from the container, without decoding; InputError names
-    the file for a missing, corrupt, audio-only or undecodable one."""
-    with _open(path) as container:
-        stream = _video_stream(path, container)
-        return _info(path, container, stream)
-
-
 def read_video(path: str | Path, config: VideoConfig, max_tokens: int | None = None) -> VideoFrames:
     """Decode the frames the official code samples, resized as it resizes them.
 

@@ -1,17 +1,23 @@
 """Saved FastE calibrations, as a Retriever reads them: the `Calibration` record that
 `faste_mm.tools.calibration.calibrate` produces, one JSON file per user keyed by model id and
-revision, and the check that a calibration fits a collection before it is recorded there.
+revision, the check that a calibration fits a collection, and recording it in the collection's
+profile (`apply_calibration`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from faste_mm.errors import CollectionError, ConfigError
+from faste_mm.indexers import Collection
 from faste_mm.indexers.atomic_files import atomic_write_bytes
+from faste_mm.retrieval.maintenance import collection_path
+from faste_mm.retrieval.profile import CollectionProfile
 
 log = logging.getLogger(__name__)
 
@@ -138,3 +144,18 @@ def load_calibration(model_id: str, revision: str | None, path: Path | None = No
         log.warning("%s: the calibration of %s is not one `faste-mm calibrate --save` writes (%s: %s); using "
                     "the backbone default theta", path, _key(model_id, revision), type(error).__name__, error)
         return None
+
+
+def apply_calibration(calibration: Calibration, collection: str | os.PathLike | None) -> Path:
+    """Record a calibrated theta in a collection's profile: its new documents use it from now on
+    (vectors already stored keep theirs; they stay comparable). Raises CollectionError on a
+    model mismatch, ConfigError for a full-forward collection."""
+    root = collection_path(collection)
+    with Collection.open(root, writable=True) as col:
+        profile = CollectionProfile.from_manifest(col.manifest)
+        check_collection_target(root, profile, calibration.model_id, calibration.revision)
+        calibrated = dataclasses.replace(profile, threshold=calibration.threshold,
+                                         warmup_layer=calibration.warmup_layer,
+                                         threshold_source=calibration.describe())
+        col.update_settings(fast_e=calibrated.to_manifest(base=col.manifest).fast_e)
+    return root

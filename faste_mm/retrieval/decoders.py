@@ -75,14 +75,16 @@ def _decode_image(path: Path, profile: "CollectionProfile") -> list[Decoded]:
         return [Decoded(None, reason=_reason(item, error))]
 
 
-def _decode_pdf_pages(path: Path, profile: "CollectionProfile") -> list[Decoded]:
-    """Every page rendered near the collection's max_pixels (as the embedder renders them)."""
-    try:
-        n_pages = count_pdf_pages(path)
-    except FasteError as error:  # the reason `expand_items` records for the whole file
-        return [Decoded(None, reason=str(error))]
+def decode_pdf_pages(path: Path, profile: "CollectionProfile", pages: range | None = None) -> list[Decoded]:
+    """Every page (or those in `pages`, 1-based) rendered near the collection's max_pixels (as
+    the embedder renders them); the Ray executor asks for a long PDF a range at a time."""
+    if pages is None:
+        try:
+            pages = range(1, count_pdf_pages(path) + 1)
+        except FasteError as error:  # the reason `expand_items` records for the whole file
+            return [Decoded(None, reason=str(error))]
     rows = []
-    for page in range(1, n_pages + 1):
+    for page in pages:
         item = Item(image=path, page=page)
         try:
             rows.append(Decoded(page, load_image(item, profile.max_pixels)))
@@ -107,7 +109,7 @@ def _decode_text(path: Path, profile: "CollectionProfile") -> list[Decoded]:
 # decoder name (faste_mm.kinds.Kind.decoder) -> eager decoder; every kind has one (tested)
 DECODERS: dict[str, Callable[[Path, "CollectionProfile"], list[Decoded]]] = {
     "image": _decode_image,
-    "pdf-pages": _decode_pdf_pages,
+    "pdf-pages": decode_pdf_pages,
     "video": _decode_video,
     "text": _decode_text,
 }

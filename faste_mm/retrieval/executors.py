@@ -42,6 +42,8 @@ class IngestJob:
     encode: the driver's document encoder (loads the model on first use), for in-process work.
     chunk_files: files committed together. tally: the run's totals (updated in place).
     on_committed: called with the number of the plan's files committed so far.
+    chunk_pages: a longer PDF is committed this many pages at a time (`ingest.ingest_long_pdf`);
+        None commits every file whole.
     """
 
     col: "Collection"
@@ -52,6 +54,7 @@ class IngestJob:
     chunk_files: int
     tally: IngestTally
     on_committed: Callable[[int], None]
+    chunk_pages: int | None = None
 
 
 @runtime_checkable
@@ -59,7 +62,8 @@ class IngestExecutor(Protocol):
     """Embeds and commits an `IngestJob`'s plan (see `LocalExecutor`, `faste_mm.scale.RayExecutor`).
 
     Contract: every file of `job.plan.todo` is committed (rows or failure records) through
-    `ingest.commit_chunk`/`ingest_chunk`, all rows of one file in one commit; `job.on_committed`
+    `ingest.commit_chunk`/`ingest_chunk`, all rows of one file in one commit (a PDF of more
+    than `job.chunk_pages` pages may be committed range by range); `job.on_committed`
     is called as files are committed; errors about the collection or the model are raised."""
 
     def run(self, job: IngestJob) -> None: ...
@@ -73,5 +77,5 @@ class LocalExecutor:
         todo = job.plan.todo
         for start in range(0, len(todo), job.chunk_files):
             chunk = todo[start:start + job.chunk_files]
-            ingest_chunk(job.col, chunk, job.plan.changed, job.encode, job.tally)
+            ingest_chunk(job.col, chunk, job.plan.changed, job.encode, job.tally, job.chunk_pages)
             job.on_committed(start + len(chunk))

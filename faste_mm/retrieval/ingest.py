@@ -19,8 +19,9 @@ import numpy as np
 
 from faste_mm.errors import CollectionError, ConfigError, InputError, ModelLoadError
 from faste_mm.indexers import Collection, FileStat, ItemRecord, content_hash
+from faste_mm.indexers.crash_points import crash_point
 from faste_mm.kinds import KINDS, SUPPORTED_SUFFIXES, UNSUPPORTED, kind_name
-from faste_mm.model.items import Item, as_item, not_a_file_reason
+from faste_mm.model.items import Item, as_item, count_pdf_pages, not_a_file_reason
 from faste_mm.retrieval.decoders import document_input
 
 if TYPE_CHECKING:  # annotations only: scanning and planning load no model code
@@ -374,45 +375,136 @@ DocumentEncoder = Callable[[Sequence[object]], "EmbedResult"]
 
 
 def ingest_chunk(col: Collection, files: Sequence[ScannedFile], changed: frozenset[str],
-                 encode: DocumentEncoder, tally: IngestTally) -> None:
+                 encode: DocumentEncoder, tally: IngestTally, chunk_pages: int | None = None) -> None:
     """Embed one chunk of files and commit it (rows and failures in one transaction).
 
     `encode` is called only for content the collection does not hold yet, so a chunk of touched
-    or copied files never loads the model. All rows of one file are in one chunk, so a crash
-    never leaves half a PDF that a re-run would consider unchanged. An unexpected exception
-    (a bug, or a library failing on one odd file) costs no more than that file: the chunk is
-    retried file by file, and the file that raises again is recorded as a failure, its
-    traceback in the debug log (`--debug`). Errors about the collection or the model stop the run.
+    or copied files never loads the model. All rows of one file are in one chunk, except a PDF
+    of more than `chunk_pages` pages (None: no limit), which is committed range by range after
+    the others (`ingest_long_pdf`); neither leaves half a PDF that a re-run would consider
+    unchanged. An unexpected exception (a bug, or a library failing on one odd file) costs no
+    more than that file: the chunk is retried file by file, and the file that raises again is
+    recorded as a failure, its traceback in the debug log (`--debug`). Errors about the
+    collection or the model stop the run.
     """
+    long_pdfs = {f.uri: n for f in files if (n := _long_pdf_pages(f, chunk_pages)) is not None}
+    others = [f for f in files if f.uri not in long_pdfs]
+    if others:
+        _ingest_whole_files(col, others, changed, encode, tally)
+    for f in files:
+        if f.uri in long_pdfs:
+            _ingest_long_pdf_or_fail(col, f, long_pdfs[f.uri], changed, encode, tally, chunk_pages)
+
+
+def _ingest_whole_files(col: Collection, files: Sequence[ScannedFile], changed: frozenset[str],
+                        encode: DocumentEncoder, tally: IngestTally) -> None:
     chunk_tally = IngestTally()
     try:
-        _ingest_files(col, files, changed, encode, chunk_tally)
+        prepared = prepare_chunk(col, files)
+        result = encode(prepared.values()) if prepared.to_embed else None
+        if result is not None:
+            chunk_tally.add_stats(result.stats)
+        commit_chunk(col, prepared, changed, result, chunk_tally)
     except (CollectionError, ConfigError, ModelLoadError):
         raise
-    except Exception as error:  # noqa: BLE001 - anything else is about the files (see docstring)
+    except Exception as error:  # noqa: BLE001 - anything else is about the files (see ingest_chunk)
         if len(files) > 1:
             log.warning("%d files: %s: %s; indexing them one by one", len(files), type(error).__name__, error)
             for f in files:
-                ingest_chunk(col, [f], changed, encode, tally)
+                _ingest_whole_files(col, [f], changed, encode, tally)
             return
-        f = files[0]
-        log.debug("%s: unexpected error", f.path, exc_info=True)
-        failure = ItemRecord(uri=f.uri, modality=f.modality, size=f.stat.size, mtime=f.stat.mtime,
-                             error=f"{f.path}: unexpected {type(error).__name__} ({error}); skipped. Run with "
-                                   f"--debug for the traceback and report it")
-        col.commit(np.empty((0, col.manifest.dim), dtype=np.float32), [], [failure],
-                   replace_uris=[f.uri] if f.uri in changed else [])
-        chunk_tally = IngestTally(failures=[IndexFailure(failure.uri, None, failure.error)])
+        chunk_tally = _record_unexpected(col, files[0], error)
     tally.merge(chunk_tally)
 
 
-def _ingest_files(col: Collection, files: Sequence[ScannedFile], changed: frozenset[str],
-                  encode: DocumentEncoder, tally: IngestTally) -> None:
-    prepared = prepare_chunk(col, files)
-    result = encode(prepared.values()) if prepared.to_embed else None
-    if result is not None:
-        tally.add_stats(result.stats)
-    commit_chunk(col, prepared, changed, result, tally)
+def _ingest_long_pdf_or_fail(col: Collection, f: ScannedFile, n_pages: int, changed: frozenset[str],
+                             encode: DocumentEncoder, tally: IngestTally, chunk_pages: int) -> None:
+    """`ingest_long_pdf`, counted in `tally` range by range (so progress shows them); an
+    unexpected exception takes the file's counts back out and records it as failed."""
+    before = replace(tally, failures=list(tally.failures))
+    try:
+        ingest_long_pdf(col, f, n_pages, changed, encode, tally, chunk_pages)
+    except (CollectionError, ConfigError, ModelLoadError):
+        raise
+    except Exception as error:  # noqa: BLE001 - about the file (see ingest_chunk)
+        failed = _record_unexpected(col, f, error)
+        for name in ("embedded", "reused", "prefix_tokens", "kept_prefix_tokens", "failures"):
+            setattr(tally, name, getattr(before, name))
+        tally.merge(failed)
+
+
+def _record_unexpected(col: Collection, f: ScannedFile, error: Exception) -> IngestTally:
+    """Record a file whose indexing raised unexpectedly as a failure, replacing its rows (also
+    the page ranges of a long PDF committed before it failed)."""
+    log.debug("%s: unexpected error", f.path, exc_info=True)
+    failure = ItemRecord(uri=f.uri, modality=f.modality, size=f.stat.size, mtime=f.stat.mtime,
+                         error=f"{f.path}: unexpected {type(error).__name__} ({error}); skipped. Run with "
+                               f"--debug for the traceback and report it")
+    col.commit(np.empty((0, col.manifest.dim), dtype=np.float32), [], [failure], replace_uris=[f.uri])
+    return IngestTally(failures=[IndexFailure(failure.uri, None, failure.error)])
+
+
+# ---- long PDFs, page range by page range -----------------------------------------------------
+# A PDF of more than `chunk_pages` pages is embedded and committed one range of pages at a time.
+# Every range but the last is stored without the file's mtime: a scan sees the file as changed
+# (so a re-run finishes it) and `_complete_item` never lends it as a whole document. The last
+# range commits with the failures of all ranges and gives every row of the file its stat.
+
+
+def _long_pdf_pages(f: ScannedFile, chunk_pages: int | None) -> int | None:
+    """The page count of a PDF that is committed range by range, else None (a short or
+    unreadable one: the chunk records its failure as usual)."""
+    if f.kind != "pdf" or chunk_pages is None:
+        return None
+    try:
+        n_pages = count_pdf_pages(f.path)
+    except InputError:
+        return None
+    return n_pages if n_pages > chunk_pages else None
+
+
+def _is_partial(record: ItemRecord) -> bool:
+    """A page of a PDF whose last page range is not committed yet."""
+    return record.modality == KINDS["pdf"].modality and record.mtime is None
+
+
+def ingest_long_pdf(col: Collection, f: ScannedFile, n_pages: int, changed: frozenset[str],
+                    encode: DocumentEncoder, tally: IngestTally, chunk_pages: int) -> None:
+    """Embed and commit the pages of one long PDF `chunk_pages` at a time. A run stopped in the
+    middle left the ranges it committed (same content hash): only the other pages are
+    embedded now. A changed file's old rows (another version, complete or not) are replaced
+    by the first range this run commits."""
+    prepared = prepare_chunk(col, [f])  # hash; an identical complete document is reused whole
+    if not prepared.to_embed:
+        commit_chunk(col, prepared, changed, None, tally)
+        return
+    base = prepared.to_embed[0][0]
+    done = {r.page for r in col.find_by_hashes([base["content_hash"]]).get(base["content_hash"], [])
+            if r.uri == f.uri and _is_partial(r)}
+    if done:
+        log.info("%s: resuming after %d pages committed by an interrupted run", f.path, len(done))
+    todo = [page for page in range(1, n_pages + 1) if page not in done]
+    replace_uris = [f.uri] if f.uri in changed and not done else []
+    failures: list[ItemRecord] = []
+    for start in range(0, max(len(todo), 1), chunk_pages):  # one commit at least: the last settles
+        pages = todo[start:start + chunk_pages]
+        is_last = start + chunk_pages >= len(todo)
+        records, vectors = [], []
+        if pages:
+            result = encode([Item(image=f.path, page=page) for page in pages])
+            tally.add_stats(result.stats)
+            reasons = failure_reasons(result, [base["uri"]] * len(pages))
+            tally.embedded += _emit({**base, "mtime": None}, list(range(len(pages))), result, reasons,
+                                    records, vectors, failures)
+        if is_last:
+            records = [replace(r, mtime=f.stat.mtime) for r in records]
+        stacked = np.concatenate(vectors) if vectors else np.empty((0, col.manifest.dim), dtype=np.float32)
+        col.commit(stacked, records, [replace(r, mtime=f.stat.mtime) for r in failures] if is_last else [],
+                   replace_uris=replace_uris, settle=[f.stat] if is_last else [])
+        replace_uris = []
+        if not is_last:
+            crash_point("index-after-page-range")
+    tally.failures.extend(IndexFailure(r.uri, r.page, r.error) for r in failures)
 
 
 @dataclass
@@ -555,6 +647,8 @@ def _complete_item(candidates: Sequence[ItemRecord], modality: str) -> list[Item
         if record.modality == modality:
             by_uri.setdefault(record.uri, []).append(record)
     for records in by_uri.values():
+        if any(_is_partial(r) for r in records):  # half a document: not a donor
+            continue
         records.sort(key=lambda r: r.page or 0)
         pages = [r.page for r in records]
         if pages == (list(range(1, len(pages) + 1)) if modality == "page" else [None]):

@@ -26,14 +26,14 @@ def collections_dir() -> Path:
     return Path(platformdirs.user_data_dir("faste-mm")) / "collections"
 
 
-def collection_path(collection: str | Path | None) -> Path:
-    """Where a collection lives: None -> the default collection; a Path, or a string holding a
-    path separator or starting with "." or "~" -> that directory; any other string -> a named
-    collection under `collections_dir()`."""
+def collection_path(collection: str | os.PathLike | None) -> Path:
+    """Where a collection lives: None -> the default collection; a path (any os.PathLike), or a
+    string holding a path separator or starting with "." or "~" -> that directory; any other
+    string -> a named collection under `collections_dir()`."""
     if collection is None:
         return collections_dir() / DEFAULT_COLLECTION
-    if isinstance(collection, Path):
-        return collection.expanduser().absolute()
+    if isinstance(collection, os.PathLike):
+        return Path(collection).expanduser().absolute()
     if not isinstance(collection, str) or not collection.strip():
         raise ConfigError(f"collection must be a name or a directory, got {collection!r}")
     if "/" in collection or os.sep in collection or collection.startswith((".", "~")):

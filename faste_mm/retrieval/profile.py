@@ -27,11 +27,13 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from faste_mm.errors import CollectionError, ConfigError
 from faste_mm.model.video import VideoConfig
+from faste_mm.retrieval.receipt import PlanReceipt
 
 if TYPE_CHECKING:  # the indexers package loads FAISS: imported where a manifest is read or made
     from faste_mm.indexers.manifest import Manifest
     from faste_mm.model.embedder import Embedder
     from faste_mm.model.faste import FastEConfig
+    from faste_mm.retrieval.calibrations import Calibration
 
 DEFAULT_MODEL = "Qwen/Qwen3-VL-Embedding-2B"
 # FastE's r_max for the documents of a new collection when the user gives none (and for `embed`);
@@ -85,6 +87,7 @@ class CollectionProfile:
     r_max, warmup_layer, threshold, trigger_layer: FastE for documents (paper: r_max, l_w, theta;
         trigger_layer = fixed-layer ablation); r_max 0 = full forward; None = backbone default.
     threshold_source: where theta came from (a calibration, --threshold, the backbone default).
+    receipt: what `faste-mm plan` measured for these settings (`index --plan`), None = not measured.
     """
 
     model_id: str = _setting(DEFAULT_MODEL, "model_id", "--model")
@@ -101,6 +104,7 @@ class CollectionProfile:
     threshold_source: str | None = _setting(None, "fast_e.threshold_source", "threshold source",
                                             missing=None, refuse=False)
     trigger_layer: int | None = _setting(None, "fast_e.trigger_layer", "--trigger-layer", missing=None)
+    receipt: PlanReceipt | None = _setting(None, "receipt", "--plan", missing=None, refuse=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.model_id, str) or not self.model_id:
@@ -123,6 +127,10 @@ class CollectionProfile:
             raise ConfigError(f"CollectionProfile.threshold is a cosine in [-1, 1], got {self.threshold}")
         if self.trigger_layer is not None and self.trigger_layer < 0:
             raise ConfigError(f"CollectionProfile.trigger_layer must be >= 0, got {self.trigger_layer}")
+        if isinstance(self.receipt, Mapping):  # as read from JSON
+            object.__setattr__(self, "receipt", PlanReceipt.from_dict(self.receipt))
+        if self.receipt is not None and not isinstance(self.receipt, PlanReceipt):
+            raise ConfigError(f"CollectionProfile.receipt must be a PlanReceipt or None, got {type(self.receipt).__name__}")
 
     # ---- the stored form -----------------------------------------------------------------
     @classmethod
@@ -157,7 +165,7 @@ class CollectionProfile:
         stored = base.to_dict() if base is not None else {"index": {"type": index_type}}
         for f in fields(self):
             value = getattr(self, f.name)
-            _put(stored, _setting_of(f).key, value.to_dict() if isinstance(value, VideoConfig) else value)
+            _put(stored, _setting_of(f).key, value.to_dict() if isinstance(value, (VideoConfig, PlanReceipt)) else value)
         if self.r_max == 0:  # the full forward: the manifest records no FastE settings
             stored["fast_e"] = None
         return Manifest.from_dict(stored)
@@ -204,13 +212,13 @@ class CollectionProfile:
 
     def carried_over(self, model_id: str | os.PathLike | None = None) -> dict[str, Any]:
         """The settings a re-index (`index --reindex`) keeps unless given again: with the same model
-        (`model_id` None or equal) its revision, r_max, dim and video settings; with another
+        (`model_id` None or equal) its revision, r_max, dim, image pixel cap and video settings; with another
         model none (the documented defaults apply). theta and l_w are resolved again (the saved
         calibration may be newer)."""
         if model_id is not None and model_name(model_id) != self.model_id:
             return {}
         return {"model_id": self.model_id, "model_revision": self.model_revision, "r_max": self.r_max,
-                "dim": self.dim, "video": self.video}
+                "dim": self.dim, "max_pixels": self.max_pixels, "video": self.video}
 
     # ---- what the model layer needs ---------------------------------------------------------
     @property
@@ -241,21 +249,20 @@ class CollectionProfile:
         return replace(self, model_id=embedder.model_id, model_revision=embedder.loaded.revision,
                        model_dim=width, dim=width if self.dim is None else self.dim)
 
-    def completed(self, embedder: "Embedder") -> "CollectionProfile":
+    def completed(self, embedder: "Embedder", calibration: "Calibration | None" = None) -> "CollectionProfile":
         """The profile of a NEW collection made with `embedder`: its id, revision and width,
-        theta from the user, else the model's saved calibration, else the
-        backbone default, and the backbone's warm-up layer. ConfigError for a dim wider than it."""
-        from faste_mm.retrieval.calibrations import load_calibration
-
+        theta from the user, else `calibration` (the model's saved one, see
+        `calibrations.load_calibration`), else the backbone default, and the backbone's warm-up
+        layer. ConfigError for a dim wider than the model's."""
         loaded = self.as_loaded(embedder)
         if loaded.dim > embedder.dim:
             raise ConfigError(f"dim {loaded.dim} is wider than {embedder.model_id}'s embeddings ({embedder.dim}); "
                               f"choose a dim between 1 and {embedder.dim}")
         if loaded.r_max == 0:
             return replace(loaded, warmup_layer=None, threshold=None, threshold_source=None, trigger_layer=None)
-        threshold, source = loaded.threshold, "given (--threshold)"
+        given = "given (--threshold)" if loaded.receipt is None else f"as measured by faste-mm plan ({loaded.receipt.created})"
+        threshold, source = loaded.threshold, given
         if threshold is None:
-            calibration = load_calibration(embedder.model_id, embedder.loaded.revision)
             if calibration is not None and calibration.threshold is not None:
                 threshold, source = calibration.threshold, calibration.describe()
             else:

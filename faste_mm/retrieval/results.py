@@ -25,6 +25,9 @@ class IndexOptions:
     index_type: FAISS factory string or "auto" for the derived index; None keeps the collection's.
     retry_failed: embed unchanged files that failed last time again.
     chunk_files: files embedded and committed together; a crash loses at most one chunk of work.
+    chunk_pages: a PDF with more pages is embedded and committed this many pages at a time, so a
+        long document makes progress and an interrupted run resumes after its last committed
+        range; until its last range commits, re-indexing treats the file as not done.
     """
 
     exclude: tuple[str, ...] = ()
@@ -33,11 +36,14 @@ class IndexOptions:
     index_type: str | None = None
     retry_failed: bool = False
     chunk_files: int = 64
+    chunk_pages: int = 64
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "exclude", ScanFilter(self.exclude).exclude)  # validates
         if not isinstance(self.chunk_files, int) or self.chunk_files < 1:
             raise ConfigError(f"IndexOptions.chunk_files must be an int >= 1, got {self.chunk_files!r}")
+        if not isinstance(self.chunk_pages, int) or self.chunk_pages < 1:
+            raise ConfigError(f"IndexOptions.chunk_pages must be an int >= 1, got {self.chunk_pages!r}")
         if self.index_type is not None and (not isinstance(self.index_type, str) or not self.index_type.strip()):
             raise ConfigError(f"IndexOptions.index_type must be None, 'auto' or a FAISS factory string, "
                               f"got {self.index_type!r}")

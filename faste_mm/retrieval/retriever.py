@@ -9,8 +9,6 @@ Receives paths, texts, images and queries; hands back the records of `faste_mm.r
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import logging
 import os
 import time
@@ -23,10 +21,9 @@ import numpy as np
 from PIL import Image
 
 from faste_mm.errors import CollectionError, ConfigError, InputError
-from faste_mm.indexers import Collection, CollectionInfo, ItemRecord, SearchFilter
+from faste_mm.indexers import Collection, CollectionInfo, SearchFilter
 from faste_mm.indexers.faiss_index import check_factory_syntax, validate_factory
 from faste_mm.indexers.manifest import settings_mismatch
-from faste_mm.indexers.records import repeated_key
 from faste_mm.model.backbones.loading import check_local_path
 from faste_mm.model.batching import BatchingConfig
 from faste_mm.model.embedder import Embedder, EmbedResult, OnError, one_or_many
@@ -36,13 +33,15 @@ from faste_mm.model.serialization import SerializerConfig
 from faste_mm.model.video import VideoConfig
 from faste_mm.retrieval import maintenance
 from faste_mm.kinds import KINDS, kind_name
-from faste_mm.retrieval.calibrations import Calibration, check_collection_target
+from faste_mm.retrieval.calibrations import load_calibration
 from faste_mm.retrieval.decoders import query_item
+from faste_mm.retrieval.documents import CollectionDocuments, add_record, refuse_repeated_rows
 from faste_mm.retrieval.executors import IngestExecutor, IngestJob, LocalExecutor, ModelSource
 from faste_mm.retrieval.export import ExportReport, export_parquet
 from faste_mm.retrieval.ingest import (IndexFailure, IngestTally, ScanFilter, failure_reasons, honour_exclusions,
                                        plan_update, record_missing, scan_paths)
 from faste_mm.retrieval.maintenance import collection_path
+from faste_mm.retrieval.receipt import PlanReceipt
 from faste_mm.retrieval.profile import QUERY_INSTRUCTION, CollectionProfile, existing_profile, model_name, read_profile
 from faste_mm.retrieval.results import AddReport, Hit, IndexOptions, IndexProgress, IndexReport, RemoveReport
 
@@ -100,14 +99,20 @@ class Retriever:
         dim: Matryoshka width: documents and queries keep their first `dim` dimensions,
         re-normalised (smaller index, faster search, some quality lost).
         video: a VideoConfig, or a mapping of some of its fields ({"fps": 2.0}).
+        max_pixels: the image and page budget: each is resized to at most this many pixels
+            (N visual tokens = N x 1024 px, `faste_mm.model.serialization.pixel_budget`); image
+            queries of the collection are resized the same way. Default 1,843,200 (official).
+        receipt: what `faste-mm plan` measured for these settings (`PlanReport.receipt(row)`),
+            recorded by a NEW collection and shown by info; None = not measured.
     """
 
     def __init__(self, model: Embedder | ModelSpec, *, collection: str | os.PathLike | None = None,
                  r_max: float | None = None, query_instruction: str | None = None,
                  threshold: float | None = None, dim: int | None = None, warmup_layer: int | None = None,
-                 trigger_layer: int | None = None, video: VideoConfig | Mapping[str, Any] | None = None) -> None:
+                 trigger_layer: int | None = None, video: VideoConfig | Mapping[str, Any] | None = None,
+                 max_pixels: int | None = None, receipt: PlanReceipt | None = None) -> None:
         given = dict(r_max=r_max, threshold=threshold, dim=dim, warmup_layer=warmup_layer,
-                     trigger_layer=trigger_layer, video=video)
+                     trigger_layer=trigger_layer, video=video, max_pixels=max_pixels, receipt=receipt)
         self._given = {name: value for name, value in given.items() if value is not None}
         CollectionProfile.resolve(None, **self._given)  # validates every value with a ConfigError
         self._embedder = model if isinstance(model, Embedder) else None
@@ -126,11 +131,13 @@ class Retriever:
                         revision: str | None = None, batching: BatchingConfig | None = None,
                         query_instruction: str | None = None, threshold: float | None = None,
                         dim: int | None = None, warmup_layer: int | None = None,
-                        trigger_layer: int | None = None) -> "Retriever":
+                        trigger_layer: int | None = None, max_pixels: int | None = None,
+                        receipt: PlanReceipt | None = None) -> "Retriever":
         """Load `model` (hub id or local directory) now. Raises ModelLoadError."""
         spec = ModelSpec(model, revision, device, dtype, batching)
         return cls(spec.load(), collection=collection, r_max=r_max, query_instruction=query_instruction,
-                   threshold=threshold, dim=dim, warmup_layer=warmup_layer, trigger_layer=trigger_layer)
+                   threshold=threshold, dim=dim, warmup_layer=warmup_layer, trigger_layer=trigger_layer,
+                   max_pixels=max_pixels, receipt=receipt)
 
     @classmethod
     def for_collection(cls, collection: str | os.PathLike | None = None, model: str | os.PathLike | None = None, *,
@@ -224,8 +231,9 @@ class Retriever:
 
     @property
     def r_max(self) -> float:
-        """FastE's r_max for this retriever's documents (the collection's, see `profile`)."""
-        return self.profile().r_max
+        """FastE's r_max for this retriever's documents: the collection's, else the one given,
+        else the default (see `profile`; reading it loads no model)."""
+        return (self._existing() or CollectionProfile.resolve(None, **self._given)).r_max
 
     def profile(self) -> CollectionProfile:
         """The settings this retriever embeds its collection's documents with: the existing
@@ -266,7 +274,11 @@ class Retriever:
         if isinstance(given.get("video"), Mapping):  # some video fields given: over the others' video
             settings["video"] = dataclasses.replace({**loaded, **(carried or {})}.get("video", VideoConfig()),
                                                     **given["video"])
-        return CollectionProfile.resolve(None, **settings).completed(embedder)
+        profile = CollectionProfile.resolve(None, **settings)
+        calibration = None
+        if profile.r_max > 0 and profile.threshold is None:  # theta: the model's saved calibration, if any
+            calibration = load_calibration(embedder.model_id, embedder.loaded.revision)
+        return profile.completed(embedder, calibration)
 
     def _model_source(self) -> ModelSource:
         """The model this retriever embeds with, as another process (a Ray worker) loads it."""
@@ -291,7 +303,7 @@ class Retriever:
         """The collection to write into, and its profile. A new one is created, which needs the
         model (its dim and revision go into the manifest); an existing one is opened without
         loading it, refusing at once given settings or a model id or revision that differ (the
-        rest is checked when the model loads, see `_CollectionDocuments`) and an index type FAISS
+        rest is checked when the model loads, see `CollectionDocuments`) and an index type FAISS
         cannot build (else found only after every file is embedded)."""
         existing = existing_profile(root)
         if existing is not None:
@@ -325,9 +337,10 @@ class Retriever:
         """Bring a collection up to date with files and folders (images, videos, PDFs page by
         page, .txt/.md as text). Only new or changed files are embedded; files whose content
         matches a live item reuse its vectors; files gone from an indexed folder are removed.
-        Work is committed every `options.chunk_files` files, so an interrupted run resumes where
-        it stopped. Bad files are recorded as failures, never raised. An existing collection is
-        indexed with its own settings (its profile); a new one with this retriever's.
+        Work is committed every `options.chunk_files` files (a longer PDF every
+        `options.chunk_pages` pages), so an interrupted run resumes where it stopped. Bad files
+        are recorded as failures, never raised. An existing collection is indexed with its own
+        settings (its profile); a new one with this retriever's.
 
         collection: where to index (and search from then on); None = the retriever's.
         executor: who embeds the plan (`IngestExecutor`); None = this process, chunk by chunk.
@@ -355,7 +368,7 @@ class Retriever:
             col, profile = self._open_for_writing(root, options.index_type or "auto")
         with col:
             scan = honour_exclusions(col, scan)  # paths removed earlier stay out of folder scans
-            encode = _CollectionDocuments(self, col, profile)
+            encode = CollectionDocuments(self._embedder_for, col, profile)
             plan = plan_update(col, scan, options.retry_failed)
             col.delete_uris(plan.vanished)
             if scan.missing:
@@ -382,7 +395,7 @@ class Retriever:
             encode.on_batch = report_progress
             report_progress()
             executor.run(IngestJob(col, plan, profile, self._model_source(), encode, options.chunk_files, tally,
-                                   files_committed))
+                                   files_committed, chunk_pages=options.chunk_pages))
             if options.index_type is not None and options.index_type != col.manifest.index_type:
                 col.rebuild_index(options.index_type)
         factory = col.manifest.index_factory  # as saved by close(), which brought index.faiss up to date
@@ -432,16 +445,16 @@ class Retriever:
                 raise InputError(f"add: {len(values)} {name} for {len(items)} items; give one per item")
         col, profile = self._open_for_writing(self.collection, "auto")
         with col:
-            result = _CollectionDocuments(self, col, profile)(items, on_error)
+            result = CollectionDocuments(self._embedder_for, col, profile)(items, on_error)
             reasons = failure_reasons(result)
             if reasons and on_error == "raise":  # only non-finite vectors get here: encode raised the rest
                 row = min(reasons)
                 raise InputError(f"add: input {result.sources[row]}: {reasons[row]}",
                                  hint="or pass on_error='skip' to store the other items")
-            records = [_add_record(result.items[row], None if uris is None else uris[source],
+            records = [add_record(result.items[row], None if uris is None else uris[source],
                                    None if metadata is None else metadata[source], reasons.get(row))
                        for row, source in enumerate(result.sources)]
-            _refuse_repeated_rows(records, result.sources)  # before any write: all rows or none
+            refuse_repeated_rows(records, result.sources)  # before any write: all rows or none
             ok = np.array([row not in reasons for row in range(len(records))], dtype=bool)
             failed = [records[row] for row in sorted(reasons)]
             ids = np.full(len(records), -1, dtype=np.int64)
@@ -578,89 +591,6 @@ class Retriever:
         return self.encode_documents(one_or_many(documents), on_error=on_error)
 
 
-class _CollectionDocuments:
-    """Embeds documents for one open collection, with its profile's settings.
-
-    The model is loaded on the first call, so an `index` run with nothing new to embed never
-    loads it. That call also checks that the loaded model makes vectors comparable with the
-    stored ones (the collection may have been opened before the model was known).
-    """
-
-    def __init__(self, retriever: Retriever, col: Collection, profile: CollectionProfile) -> None:
-        self._retriever = retriever
-        self._col = col
-        self._profile = profile
-        self._is_checked = False
-        self.in_flight = _InFlight()  # the call in progress, batch by batch (zero between calls)
-        self.on_batch: Callable[[BatchTrace], None] | None = None  # called after each batch
-
-    def __call__(self, values: Sequence[object], on_error: OnError = "skip") -> EmbedResult:
-        _refuse_other_pixel_caps(values, self._col.root, self._profile.max_pixels)  # before anything is embedded
-        embedder = self._retriever._embedder_for(self._profile)
-        if not self._is_checked:
-            errors = self._profile.conflicts(self._profile.as_loaded(embedder))
-            if errors:
-                raise settings_mismatch(self._col.root, errors)
-            self._is_checked = True
-        self.in_flight = _InFlight(inputs=len(values))
-        try:
-            # Matryoshka collections store the first `dim` dimensions, re-normalised (checked above).
-            return embedder.encode_documents(values, fast_e=self._profile.fast_e(), dim=self._profile.dim,
-                                             on_error=on_error, on_batch=self._batch_done)
-        finally:
-            self.in_flight = _InFlight()  # the caller's tally counts the result from now on
-
-    def _batch_done(self, trace: BatchTrace) -> None:
-        flight = self.in_flight
-        flight.rows += trace.batch_size
-        flight.prefix_tokens += trace.prefix_tokens
-        flight.kept_prefix_tokens += trace.kept_prefix_tokens
-        if self.on_batch is not None:
-            self.on_batch(trace)
-
-
-@dataclass
-class _InFlight:
-    """Running totals of one document-encoding call (mutable: updated batch by batch)."""
-
-    inputs: int = 0
-    rows: int = 0
-    prefix_tokens: int = 0
-    kept_prefix_tokens: int = 0
-
-
-# ---- helpers ---------------------------------------------------------------------------------
-def _add_record(item: Item, uri: str | None, metadata: Mapping[str, Any] | None, error: str | None) -> ItemRecord:
-    """The record `add` stores for one row: an item, or (with `error`) a failure."""
-    size, mtime = _file_stat(item)
-    return ItemRecord(uri=uri if uri is not None else _default_uri(item, metadata), modality=_modality(item), page=item.page,
-                      size=size, mtime=mtime, metadata=metadata, error=error)
-
-
-def _refuse_repeated_rows(records: Sequence[ItemRecord], sources: Sequence[int]) -> None:
-    """InputError when two rows of one `add` call (stored or failed) share a (uri, page): the
-    second would replace the first, or its failure record would tombstone the first's item."""
-    repeated = repeated_key(records)
-    if repeated is not None:
-        first, second = (sources[row] for row in repeated)
-        record = records[repeated[1]]
-        page = "" if record.page is None else f" page {record.page}"
-        raise InputError(f"add: inputs {first} and {second} are both {record.uri}{page}, and a collection "
-                         f"holds one item per (uri, page); nothing was stored. Add it once, or give each "
-                         f"its own uri (uris=...)")
-
-
-def _refuse_other_pixel_caps(values: Sequence[object], root: Path, cap: int) -> None:
-    """InputError for an image item whose own `Item.max_pixels` differs from the collection's
-    (`cap`): it would be resized to another cap, so its vector would not be comparable."""
-    for position, value in enumerate(values):
-        item = as_item(value, position)
-        if item.has_image and item.max_pixels not in (None, cap):
-            raise InputError(f"input {position} ({item.describe()}): Item.max_pixels={item.max_pixels}, but "
-                             f"the collection {root} embeds images at max_pixels={cap}; drop max_pixels "
-                             f"from the item, or add it to another collection; nothing was stored")
-
-
 def _as_query(value: object, position: int) -> Item:
     """A query: an `Item`, text, a PIL image, or a file made into a query by its kind's decoder
     (`decoders.query_item`: a text file by its text, a video, an image)."""
@@ -671,62 +601,6 @@ def _as_query(value: object, position: int) -> Item:
         raise InputError(f"query {position}: {item.image} is a PDF; query with one page, "
                          f"Item(image=path, page=N)")
     return item
-
-
-def _modality(item: Item) -> str:
-    if item.video is not None:
-        return "video+text" if item.text or item.image is not None else "video"
-    if item.is_pdf:
-        return "page"
-    if item.image is not None:
-        return "image+text" if item.text else "image"
-    return "text"
-
-
-def _default_uri(item: Item, metadata: Mapping[str, Any] | None = None) -> str:
-    """A file's resolved path; else "item:" + a hash of the content AND the metadata, so the same
-    text added twice with different metadata is two items, while re-adding an identical
-    (content, metadata) pair replaces the stored one instead of duplicating it."""
-    if item.video is not None and item.image is None and not item.text:
-        return str(Path(item.video).expanduser().resolve())
-    if isinstance(item.image, (str, Path)) and not item.text and item.video is None:
-        return str(Path(item.image).expanduser().resolve())
-    h = hashlib.sha256((item.text or "").encode("utf-8"))
-    if isinstance(item.image, Image.Image):
-        h.update(item.image.tobytes())
-    elif item.image is not None:
-        h.update(str(Path(item.image).resolve()).encode("utf-8"))
-    if item.video is not None:
-        h.update(b"video:" + str(Path(item.video).resolve()).encode("utf-8"))
-    if metadata is not None:  # None leaves the hash as it was, so earlier uris stay valid
-        h.update(b"\0metadata\0" + json.dumps(dict(metadata), sort_keys=True, default=str).encode("utf-8"))
-    return "item:" + h.hexdigest()[:16]
-
-
-def _file_stat(item: Item) -> tuple[int | None, float | None]:
-    only_file = (item.video if item.image is None else item.image if item.video is None else None)
-    if isinstance(only_file, (str, Path)) and not item.text:
-        try:
-            st = Path(only_file).stat()
-        except OSError:  # a missing file is a failed row (on_error="skip"); it has no stat
-            return None, None
-        return st.st_size, st.st_mtime
-    return None, None
-
-
-def apply_calibration(calibration: Calibration, collection: str | os.PathLike | None) -> Path:
-    """Record a calibrated theta in a collection's profile: its new documents use it from now on
-    (vectors already stored keep theirs; they stay comparable). Raises CollectionError on a
-    model mismatch, ConfigError for a full-forward collection."""
-    root = collection_path(collection)
-    with Collection.open(root, writable=True) as col:
-        profile = CollectionProfile.from_manifest(col.manifest)
-        check_collection_target(root, profile, calibration.model_id, calibration.revision)
-        calibrated = dataclasses.replace(profile, threshold=calibration.threshold,
-                                         warmup_layer=calibration.warmup_layer,
-                                         threshold_source=calibration.describe())
-        col.update_settings(fast_e=calibrated.to_manifest(base=col.manifest).fast_e)
-    return root
 
 
 def _no_status(name: str) -> ContextManager[None]:

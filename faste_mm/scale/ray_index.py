@@ -31,13 +31,14 @@ import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 import numpy as np
 
 from faste_mm.errors import ConfigError, FasteError
 from faste_mm.kinds import KINDS, kind_name
-from faste_mm.retrieval.decoders import Decoded, decode_file
+from faste_mm.model.items import count_pdf_pages
+from faste_mm.retrieval.decoders import Decoded, decode_file, decode_pdf_pages
 from faste_mm.retrieval.executors import IngestJob
 from faste_mm.retrieval.profile import CollectionProfile
 from faste_mm.retrieval.ingest import IngestTally, PreparedChunk, ScannedFile, commit_chunk, prepare_chunk
@@ -54,6 +55,7 @@ log = logging.getLogger(__name__)
 # its handle there when it starts (again after a restart), so a test can ray.kill one mid-run.
 ACTOR_REGISTRY_ENV = "FASTE_MM_RAY_ACTOR_REGISTRY"
 _MAX_BLOCKS = 20_000  # bounds Ray Data's per-block bookkeeping on runs of millions of files
+PAGES_PER_PART = 16  # a PDF's pages travel from decoding to embedding this many at a time
 _DECODE_MEMORY = 768 * 1024 * 1024  # logical memory per decoding task (its worker imports torch: ~0.5 GiB)
 
 
@@ -107,6 +109,15 @@ class _Pending:
 
     prepared: PreparedChunk
     outputs: dict[int, dict] = field(default_factory=dict)
+    parts: dict[int, dict[int, dict]] = field(default_factory=dict)  # position -> part -> output, until whole
+
+    def add_part(self, position: int, part: int, parts: int, output: dict) -> None:
+        """Keep one part of a file's output; the file's output once all its parts are here."""
+        got = self.parts.setdefault(position, {})
+        got[part] = output
+        if len(got) == parts:
+            del self.parts[position]
+            self.outputs[position] = _joined([got[i] for i in range(parts)])
 
 
 # ---- the driver ------------------------------------------------------------------------------
@@ -205,12 +216,12 @@ class _Run:
         """Stream the pipeline's results and commit each chunk whose results are all back."""
         for batch in dataset.iter_batches(batch_size=None, batch_format="numpy"):
             watch.progressed()
-            for unit, payload in zip(batch["unit"], batch["embedded"]):
+            for unit, part, parts, payload in zip(batch["unit"], batch["part"], batch["parts"], batch["embedded"]):
                 chunk, position = units[int(unit)]
                 waiting = pending.get(chunk)
                 if waiting is None:  # a retried call delivered twice: already committed
                     continue
-                waiting.outputs[position] = pickle.loads(payload)
+                waiting.add_part(position, int(part), int(parts), pickle.loads(payload))
                 if len(waiting.outputs) == len(waiting.prepared.to_embed):
                     _commit(self.col, waiting, self.changed, self.tally)
                     del pending[chunk]
@@ -298,6 +309,17 @@ def _pipeline(ray, rows: list[dict], model: WorkerModel, profile: CollectionProf
                                "registry": os.environ.get(ACTOR_REGISTRY_ENV)})
 
 
+def _joined(parts: list[dict]) -> dict:
+    """One file's output from the outputs of its parts, in page order."""
+    if len(parts) == 1:
+        return parts[0]
+    return {"pages": [p for part in parts for p in part["pages"]],
+            "reasons": [r for part in parts for r in part["reasons"]],
+            "vectors": np.concatenate([part["vectors"] for part in parts]),
+            "prefix_tokens": sum(part["prefix_tokens"] for part in parts),
+            "kept_prefix_tokens": sum(part["kept_prefix_tokens"] for part in parts)}
+
+
 def _commit(col: "Collection", waiting: _Pending, changed: frozenset[str], tally: IngestTally) -> None:
     """Rebuild the chunk's `EmbedResult` from its files' outputs and commit it as `index` does."""
     from faste_mm import EmbedResult, Failure, Item
@@ -332,43 +354,70 @@ class _FileServer:
 
 
 def _decode_files(batch: dict[str, np.ndarray], profile: CollectionProfile, server,
-                  driver_node: str) -> dict[str, np.ndarray]:
+                  driver_node: str) -> Iterator[dict[str, np.ndarray]]:
     """Ray task: decode each planned file into rows (`Decoded`) with its kind's decoder, the one
-    the plain path uses (`faste_mm.retrieval.decoders`), under the collection's profile."""
-    out = []
-    for payload in batch["task"]:
+    the plain path uses (`faste_mm.retrieval.decoders`), under the collection's profile. A
+    generator: each part of a file (a PDF's pages PAGES_PER_PART at a time, any other file
+    whole) is one output row, rendered only when the previous one has gone on, so a task
+    never holds a long PDF's pages at once. Rows carry `part` of `parts` for the driver."""
+    for unit, payload in zip(batch["unit"], batch["task"]):
         task: _FileTask = pickle.loads(payload)
-        out.append(pickle.dumps((task.path, _decode_file(task, profile, server, driver_node))))
-    return {"unit": batch["unit"], "decoded": np.array(out, dtype=object)}
+        for part, (rows, parts) in enumerate(_decode_file(task, profile, server, driver_node)):
+            yield {"unit": np.array([unit]), "part": np.array([part]), "parts": np.array([parts]),
+                   "decoded": np.array([pickle.dumps((task.path, rows))], dtype=object)}
 
 
-def _decode_file(task: _FileTask, profile: CollectionProfile, server, driver_node: str) -> list[Decoded]:
+def _decode_file(task: _FileTask, profile: CollectionProfile, server,
+                 driver_node: str) -> Iterator[tuple[list[Decoded], int]]:
+    """The file's rows in parts, each with the number of parts."""
     if task.modality == "text":  # read on the driver while planning
-        return [Decoded(None, task.value)]
+        yield [Decoded(None, task.value)], 1
+        return
     kind = kind_name(task.path)
     if server is not None:
         import ray
 
         data = ray.get(server.read.remote(task.path))
         if isinstance(data, str):
-            return [Decoded(None, reason=data)]
+            yield [Decoded(None, reason=data)], 1
+            return
         if KINDS[kind].decoder == "video":  # decoded by the actor's serializer, from its own copy
-            return [Decoded(None, _ShippedFile(Path(task.path).name, data))]
+            yield [Decoded(None, _ShippedFile(Path(task.path).name, data))], 1
+            return
         with tempfile.TemporaryDirectory(prefix="faste-mm-") as folder:
             local = Path(folder) / Path(task.path).name  # same name: same suffix-based handling
             local.write_bytes(data)
-            decoded = decode_file(local, kind, profile)
-            # Messages name the file as the driver knows it, as a plain run's would.
-            return [replace(d, reason=d.reason.replace(str(local), task.path)) if d.reason else d for d in decoded]
+            for decoded, parts in _decode_parts(local, kind, profile):
+                # Messages name the file as the driver knows it, as a plain run's would.
+                yield [replace(d, reason=d.reason.replace(str(local), task.path)) if d.reason else d
+                       for d in decoded], parts
+        return
     if not os.path.exists(task.path):
         import ray
 
         if ray.get_runtime_context().get_node_id() != driver_node:
-            return [Decoded(None, reason=(
+            yield [Decoded(None, reason=(
                 f"{task.path}: not visible on Ray node {socket.gethostname()}: the driver found it, but this worker "
                 f"cannot read it; put the files on storage every node mounts at the same path, or index with "
-                f"--ship-bytes (RayOptions(ship_bytes=True)); then run index again with --retry-failed"))]
-    return decode_file(Path(task.path), kind, profile)
+                f"--ship-bytes (RayOptions(ship_bytes=True)); then run index again with --retry-failed"))], 1
+            return
+    yield from _decode_parts(Path(task.path), kind, profile)
+
+
+def _decode_parts(path: Path, kind: str, profile: CollectionProfile) -> Iterator[tuple[list[Decoded], int]]:
+    """A PDF's pages PAGES_PER_PART at a time (rendered as each part is asked for), any other
+    file (or a PDF that cannot be opened) in one part."""
+    if KINDS[kind].decoder != "pdf-pages":
+        yield decode_file(path, kind, profile), 1
+        return
+    try:
+        n_pages = count_pdf_pages(path)
+    except FasteError:
+        yield decode_file(path, kind, profile), 1  # the failure row, worded as the plain run's
+        return
+    parts = -(-n_pages // PAGES_PER_PART)
+    for first in range(1, n_pages + 1, PAGES_PER_PART):
+        yield decode_pdf_pages(path, profile, range(first, min(first + PAGES_PER_PART, n_pages + 1))), parts
 
 
 class _EmbedActor:
@@ -426,7 +475,8 @@ class _EmbedActor:
         if result is not None and result.stats is not None and outputs:
             outputs[0]["prefix_tokens"] = result.stats.prefix_tokens
             outputs[0]["kept_prefix_tokens"] = result.stats.kept_prefix_tokens
-        return {"unit": batch["unit"], "embedded": np.array([pickle.dumps(o) for o in outputs], dtype=object)}
+        return {"unit": batch["unit"], "part": batch["part"], "parts": batch["parts"],
+                "embedded": np.array([pickle.dumps(o) for o in outputs], dtype=object)}
 
 
 def _embedder_input(row: Decoded, folder: Path) -> object:

@@ -65,6 +65,7 @@ def create_app(engine: ServeEngine) -> FastAPI:
     # No /docs: FastAPI's Swagger UI loads its scripts from a CDN. The schema is at /openapi.json.
     app = FastAPI(title="faste-mm", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.engine = engine
+    app.add_middleware(_UnexpectedErrorMiddleware)
     app.add_middleware(_BodyLimitMiddleware, limit=engine.config.max_body_bytes)
     app.add_middleware(_GuardMiddleware, allowed=engine.config.allowed_hosts, has_key=engine.config.api_key is not None)
     app.add_middleware(_MetricsMiddleware, engine=engine)  # added last = outermost: counts 403s and 413s too
@@ -201,6 +202,34 @@ def _require_key(api_key: str | None):
                                 if given else "this server needs an API key; send 'Authorization: Bearer KEY'")
 
     return check
+
+
+class _UnexpectedErrorMiddleware:
+    """Answer an exception no handler took with a JSON 500 here, inside the app. Starlette's
+    outermost error middleware would answer too, but then re-raise, and uvicorn closes the
+    connection of a request whose app raised: a client's keep-alive connection would be reset."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def send_tracked(event):
+            nonlocal started
+            started = started or event["type"] == "http.response.start"
+            await send(event)
+
+        try:
+            await self.app(scope, receive, send_tracked)
+        except Exception as error:
+            if started:  # too late for an answer: let the server end the connection
+                raise
+            log.exception("%s %s failed", scope.get("method"), scope.get("path"))
+            await _error_response(500, f"internal error ({type(error).__name__}: {error}); see the server log")(
+                scope, receive, send)
 
 
 class _GuardMiddleware:

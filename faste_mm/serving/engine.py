@@ -57,8 +57,8 @@ class ServeConfig:
     max_request_tokens: prompt tokens one request may carry (413 above).
     max_inputs: strings in one `input` list (OpenAI allows 2048).
     allow_remote_images: fetch http(s) image URLs (off: an open fetcher is an SSRF hole).
-    r_max: FastE for documents of an embeddings-only server (a collection's own settings win);
-        0 = full forward, so vectors do not depend on how requests are merged.
+    fast_e: FastE for documents of an embeddings-only server (with a collection, its profile's
+        settings are used); None = full forward, so vectors do not depend on how requests are merged.
     thumbnail_dir: where thumbnails are cached; None = beside the collection.
     allowed_hosts: the Host header names answered (others get 403: DNS rebinding); "*" = any.
         `security.host_names(bind_host, extra)` gives loopback + the bound address + extra.
@@ -70,7 +70,7 @@ class ServeConfig:
     max_request_tokens: int = 65536
     max_inputs: int = 2048
     allow_remote_images: bool = False
-    r_max: float = 0.0
+    fast_e: FastEConfig | None = None
     thumbnail_dir: Path | None = None
     allowed_hosts: tuple[str, ...] = LOOPBACK_HOSTS
 
@@ -81,7 +81,8 @@ class ServeConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"ServeConfig.{name} must be an int >= 1, got {value!r}")
-        FastEConfig(r_max=self.r_max)  # validates the range
+        if self.fast_e is not None and not isinstance(self.fast_e, FastEConfig):
+            raise ConfigError(f"ServeConfig.fast_e must be a FastEConfig or None, got {type(self.fast_e).__name__}")
         object.__setattr__(self, "allowed_hosts", check_allowed_hosts(self.allowed_hosts))
 
 
@@ -131,7 +132,7 @@ class ServeEngine:
         self.collection: Path | None = None if retriever is None else Path(retriever.collection)
         # The collection's profile: its documents were embedded with its FastE, new ones must match.
         self.profile: CollectionProfile | None = None if self.collection is None else read_profile(self.collection)
-        self.document_fast_e = FastEConfig(r_max=self.config.r_max) if self.config.r_max > 0 else None
+        self.document_fast_e = self.config.fast_e
         if self.profile is not None:
             self.document_fast_e = self.profile.fast_e()
         self.query_instruction = self._default_query_instruction()
@@ -333,6 +334,7 @@ class ServeEngine:
     def info(self) -> dict:
         """GET /info: model, dim, FastE, batching, and the collection's counts."""
         from faste_mm.indexers import Collection
+        from faste_mm.retrieval.receipt import receipt_summary
 
         collection = None
         if self.collection is not None:
@@ -340,7 +342,7 @@ class ServeEngine:
                 info = col.info()
             collection = {"path": str(self.collection), "name": self.collection.name, "items": info.n_ok,
                           "failed": info.n_failed, "deleted": info.n_deleted, "index": info.index_factory,
-                          "max_pixels": self.profile.max_pixels}
+                          "max_pixels": self.profile.max_pixels, "plan": receipt_summary(self.profile.receipt)}
         fast_e = self.embedder.resolve_fast_e(self.document_fast_e)
         return {
             "model": self.embedder.model_id,

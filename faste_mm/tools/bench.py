@@ -34,15 +34,15 @@ COMPARISONS = ("hf", "sentence-transformers")
 
 @dataclass(frozen=True, slots=True)
 class BenchConfig:
-    """r_max 0 is the full forward, always measured first as the baseline. `unpadded` lists the
-    layouts for the layers after compression; with more than one, every FastE setting runs once
-    per layout (named "faste r=0.5 [off]", ...), all against the same full forward."""
+    """r_max 0 is the full forward, always measured first as the baseline. fast_e: the FastE
+    settings every measured ratio shares (l_w, theta, trigger layer; its r_max is replaced by each
+    of `r_max`). `unpadded` lists the layouts for the layers after compression; with more than
+    one, every FastE setting runs once per layout (named "faste r=0.5 [off]", ...), all against
+    the same full forward."""
 
     r_max: tuple[float, ...] = (0.0, 0.3, 0.5, 0.7)
     unpadded: tuple[str, ...] = ("auto",)
-    trigger_layer: int | None = None
-    threshold: float | None = None
-    warmup_layer: int | None = None
+    fast_e: FastEConfig = FastEConfig(r_max=0.0)
     repeats: int = 3
     compare: tuple[str, ...] = ()
     compare_batch_size: int = 8
@@ -160,9 +160,7 @@ def run_bench(embedder: Embedder, inputs: list, config: BenchConfig, inputs_labe
     for mode in config.unpadded:
         layout = embedder.with_batching(replace(embedder.batching, unpadded=mode))
         for r_max in sorted(set(config.r_max) - {0.0}):
-            fast_e = FastEConfig(
-                r_max=r_max, trigger_layer=config.trigger_layer, threshold=config.threshold, warmup_layer=config.warmup_layer
-            )
+            fast_e = replace(config.fast_e, r_max=r_max)
             name = f"faste r={r_max:g}" + (f" [{mode}]" if len(config.unpadded) > 1 else "")
             result, vectors = _measure(
                 name, r_max, lambda: _Run.of(layout.encode_documents(inputs, fast_e=fast_e)), config.repeats, device, mode,

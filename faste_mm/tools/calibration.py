@@ -39,19 +39,26 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class CalibrationConfig:
-    """r_max: the removal ratio to calibrate for. target: mean cosine to the full forward that a
-    theta must reach. p5_floor: 5th-percentile cosine it must also reach (None: 1 - 3 (1 - target)).
-    warmup_layer: l_w (None: backbone default). thetas: candidates (None: 0.05 steps over the
-    observed alignment range)."""
+    """fast_e: the FastE settings to calibrate theta for: its r_max (> 0) and warm-up layer l_w
+    (None: backbone default); its threshold is what is calibrated, and a fixed trigger layer leaves
+    nothing to calibrate. target: mean cosine to the full forward that a theta must reach.
+    p5_floor: 5th-percentile cosine it must also reach (None: 1 - 3 (1 - target)). thetas:
+    candidates (None: 0.05 steps over the observed alignment range)."""
 
-    r_max: float = 0.5
+    fast_e: FastEConfig = FastEConfig(r_max=0.5)
     target: float = 0.99
     p5_floor: float | None = None
-    warmup_layer: int | None = None
     thetas: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
-        FastEConfig(r_max=self.r_max, warmup_layer=self.warmup_layer)  # same checks, same messages
+        if not isinstance(self.fast_e, FastEConfig):
+            raise ConfigError(f"CalibrationConfig.fast_e must be a FastEConfig, got {type(self.fast_e).__name__}")
+        if self.fast_e.r_max == 0:
+            raise ConfigError("FastEConfig.r_max is 0 (the full forward): there is no theta to calibrate; "
+                              "give the r_max you index with, e.g. 0.5")
+        if self.fast_e.trigger_layer is not None:
+            raise ConfigError(f"FastEConfig.trigger_layer {self.fast_e.trigger_layer} fixes where FastE compresses: "
+                              f"there is no theta to calibrate; leave the trigger layer out")
         if not 0.0 < self.target <= 1.0:
             raise ConfigError(f"CalibrationConfig.target is a cosine in (0, 1], got {self.target}")
         if self.p5_floor is not None and not -1.0 <= self.p5_floor <= 1.0:
@@ -177,9 +184,9 @@ def calibrate(embedder, inputs: list, config: CalibrationConfig, labels: Labels 
     inputs = list(inputs)
     items, sources, broken = expand_items(inputs)
     _check_inputs(items, sources, len(inputs), labels)
-    resolved = embedder.resolve_fast_e(FastEConfig(r_max=config.r_max, warmup_layer=config.warmup_layer))
+    resolved = embedder.resolve_fast_e(config.fast_e)
     failures = [Failure(index, sources[index], item.describe(), reason) for index, item, reason in broken]
-    runs = _run_passes(embedder, items, sources, failures, config.r_max, resolved.warmup_layer, progress)
+    runs = _run_passes(embedder, items, sources, failures, config.fast_e.r_max, resolved.warmup_layer, progress)
     n_ok = sum(len(rows) for rows in runs.rows)
     if n_ok < 2:
         reasons = "; ".join(failure.reason for failure in runs.failures[:3])
@@ -197,11 +204,11 @@ def calibrate(embedder, inputs: list, config: CalibrationConfig, labels: Labels 
     distortion = {layer: float(1.0 - np.concatenate(values).mean()) for layer, values in cosines.items()}
     threshold = recommend(reports)
     if threshold is None:
-        log.warning("no candidate theta reaches mean cos %.3f at r_max %g; lower --r-max or --target", config.target, config.r_max)
+        log.warning("no candidate theta reaches mean cos %.3f at r_max %g; lower --r-max or --target", config.target, config.fast_e.r_max)
     return Calibration(
         model_id=embedder.model_id,
         revision=embedder.loaded.revision,
-        r_max=config.r_max,
+        r_max=config.fast_e.r_max,
         warmup_layer=resolved.warmup_layer,
         target=config.target,
         p5_floor=config.floor,

@@ -111,16 +111,6 @@ def _mrope_sections(head_dim: int) -> list[int]:
     return [t, h, half - t - h]
 
 
-def count_params(preset: ShapePreset, scale_hidden: float = 1.0) -> int:
-    """Parameters of the preset's base model, counted on the meta device (no memory)."""
-    from transformers import AutoModel
-
-    config = build_config(preset, scale_hidden)
-    with torch.device("meta"):
-        model = AutoModel.from_config(config)
-    return sum(p.numel() for p in model.parameters())
-
-
 def build_shape_model(name: str, path: str | Path, scale_hidden: float = 1.0, dtype: torch.dtype = torch.float32) -> Path:
     """Write a random-weight model of preset `name` plus its tokenizer/processor to `path`."""
     from transformers import AutoModel

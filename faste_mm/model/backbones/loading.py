@@ -5,6 +5,7 @@ choosing both from the config's `model_type` via the family registry.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,10 +59,11 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
     return _DTYPES[dtype]
 
 
-def check_local_path(name_or_path: str) -> None:
+def check_local_path(name_or_path: str | os.PathLike) -> None:
     """ModelLoadError when `name_or_path` can only mean a local folder (it starts with '.', '/'
     or '~', or has more '/' than a hub id's "org/name") and no such folder exists: a typo in a
     path, told apart from a hub id before anything compares it with a collection's model."""
+    name_or_path = os.fspath(name_or_path)
     is_path = name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1 or "\\" in name_or_path
     if is_path and not Path(name_or_path).expanduser().is_dir():
         what = "is a file, not a model folder" if Path(name_or_path).expanduser().exists() else "does not exist"
@@ -70,7 +72,7 @@ def check_local_path(name_or_path: str) -> None:
 
 
 def load_model(
-    name_or_path: str,
+    name_or_path: str | os.PathLike,
     *,
     device: str | torch.device = "auto",
     dtype: str | torch.dtype = "auto",
@@ -85,6 +87,7 @@ def load_model(
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
     serializer_config = serializer or SerializerConfig()
+    name_or_path = os.fspath(name_or_path)  # a hub id or a folder, str or path alike
     check_local_path(name_or_path)
     try:
         config = AutoConfig.from_pretrained(name_or_path, revision=revision)

@@ -54,7 +54,10 @@ async function loadInfo() {
     name.textContent = col.name;
     const detail = document.createElement("span");
     detail.textContent = `${col.items.toLocaleString()} items · ${shortModel(info.model)} · ${info.dim}-d`;
-    $("collection").append(name, detail);
+    const plan = document.createElement("small");  // the receipt: what faste-mm plan measured, or "not measured"
+    plan.className = "plan";
+    plan.textContent = `plan: ${col.plan}`;
+    $("collection").append(name, detail, plan);
     if (col.items === 0) {
       showBanner(`The collection "${col.name}" is empty. Index some files first: faste-mm index ./photos -c ${col.name}`, "info");
     }

@@ -1,0 +1,127 @@
+"""The CLI's shared options, each declared once (an `Annotated` type used by every command that
+takes it) with one FASTE_MM_* environment variable, and the builders that turn them into the
+library's configs (`fast_e_config`, `ratios`). Help texts state units and defaults.
+
+The FastE flags (--r-max --warmup-layer --threshold --trigger-layer) are on every command that
+embeds: index, embed, eval, calibrate, serve, bench.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Optional
+
+import typer
+
+from faste_mm.errors import ConfigError
+from faste_mm.retrieval.profile import DEFAULT_MODEL, DOCUMENT_R_MAX
+
+if TYPE_CHECKING:
+    from faste_mm.model.faste import FastEConfig
+
+DEFAULT_BATCH_TOKENS = 16384
+SWEEP_R_MAX = (0.0, 0.3, 0.5, 0.7)  # eval and bench: the paper's removal ratios
+
+
+class Format(str, Enum):
+    """What a command prints on stdout (files are written with --out)."""
+
+    table = "table"
+    json = "json"
+
+
+Model = Annotated[Optional[str], typer.Option(
+    "--model", envvar="FASTE_MM_MODEL", show_default=False,
+    help=f"Hub id or local model directory. Default: a collection's own model (index, serve -c), else "
+         f"{DEFAULT_MODEL}.")]
+RMax = Annotated[Optional[str], typer.Option(
+    "--r-max", envvar="FASTE_MM_R_MAX", show_default=False,
+    help=f"FastE r_max: the largest share of prefix tokens removed from each document, 0 <= r < 1 "
+         f"(0 = full forward); eval, bench and plan sweep several, comma-separated. Default: a collection's own "
+         f"(index, serve -c); {DOCUMENT_R_MAX:g} for new collections, embed and calibrate (0 for embed "
+         f"--instruction: queries); 0 for serve without -c; {','.join(f'{r:g}' for r in SWEEP_R_MAX)} for eval, "
+         f"bench and plan.")]
+WarmupLayer = Annotated[Optional[int], typer.Option(
+    "--warmup-layer", envvar="FASTE_MM_WARMUP_LAYER", min=0, show_default=False,
+    help="FastE warm-up layer l_w: no alignment check before this layer. Default: a collection's own, else "
+         "the backbone's (8).")]
+Threshold = Annotated[Optional[float], typer.Option(
+    "--threshold", envvar="FASTE_MM_THRESHOLD", show_default=False,
+    help="FastE theta: the readout/prefix cosine that triggers compression, -1..1. Default: a collection's "
+         "own, else the model's saved calibration (faste-mm calibrate --save), else the backbone's (0.70 for "
+         "Qwen3-VL-Embedding). calibrate: check this theta only.")]
+TriggerLayer = Annotated[Optional[int], typer.Option(
+    "--trigger-layer", envvar="FASTE_MM_TRIGGER_LAYER", min=0, show_default=False,
+    help="Compress right before this layer instead of FastE's alignment trigger (fixed-layer ablation; "
+         "eval: the layer of its 'fixed' baseline). Default: none (eval: half the depth).")]
+BatchTokens = Annotated[int, typer.Option(
+    "--batch-tokens", envvar="FASTE_MM_BATCH_TOKENS", min=1, show_default=False,
+    help=f"Padded tokens per model batch (serve: also what concurrent requests are merged up to). "
+         f"Default {DEFAULT_BATCH_TOKENS}.")]
+Unpadded = Annotated[str, typer.Option(
+    "--unpadded", envvar="FASTE_MM_UNPADDED", show_default=False,
+    help="Layers after FastE compression: auto (CUDA: fastest of padded / flash-attn / torch-nested on a "
+         "trial batch; CPU: segments) | off | flash-attn | torch-nested | segments; bench compares several, "
+         "comma-separated. Default auto.")]
+Device = Annotated[str, typer.Option(
+    "--device", envvar="FASTE_MM_DEVICE", show_default=False,
+    help="auto (CUDA when available) | cpu | cuda | cuda:N. Default auto.")]
+MaxPixels = Annotated[Optional[int], typer.Option(
+    "--max-pixels", envvar="FASTE_MM_MAX_PIXELS", min=4096, show_default=False,
+    help="Resize each image and PDF page (and image queries) to at most this many pixels. Default: a "
+         "collection's own, else 1843200 (the official cap: 1,800 visual tokens).")]
+VisualTokens = Annotated[Optional[int], typer.Option(
+    "--visual-tokens", envvar="FASTE_MM_VISUAL_TOKENS", min=4, show_default=False,
+    help="The same budget in merged visual tokens: N means --max-pixels N x 1024 (980 = 1003520 px); give "
+         "one of the two.")]
+Dtype = Annotated[str, typer.Option(
+    "--dtype", envvar="FASTE_MM_DTYPE", show_default=False,
+    help="Model weights and compute: auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16 | float16. "
+         "Default auto.")]
+OutputFormat = Annotated[Format, typer.Option(
+    "--format", envvar="FASTE_MM_FORMAT", show_default=False,
+    help="Results on stdout as a table or as JSON (documented schema). Default table.")]
+Debug = Annotated[bool, typer.Option(
+    "--debug", envvar="FASTE_MM_DEBUG", help="Show tracebacks and debug logs.")]
+CollectionOption = Annotated[Optional[str], typer.Option(
+    "--collection", "-c", envvar="FASTE_MM_COLLECTION", show_default=False,
+    help="Collection: a NAME under the user data directory (user_data_dir('faste-mm')/collections/NAME), or a "
+         "DIR (contains '/' or starts with '.'). Default: the 'default' collection.")]
+ImageRoot = Annotated[Optional[Path], typer.Option(
+    "--image-root", envvar="FASTE_MM_IMAGE_ROOT", show_default=False,
+    help="Folder the relative image paths of --data start from. Default: found under --data.")]
+
+
+def ratios(text: str | None, default: tuple[float, ...] = SWEEP_R_MAX) -> tuple[float, ...]:
+    """--r-max as a sweep: comma-separated ratios, e.g. "0,0.3,0.5,0.7" (ranges are checked by
+    FastEConfig); `default` when not given."""
+    if text is None:
+        return default
+    try:
+        values = tuple(float(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        values = ()
+    if not values:
+        raise ConfigError(f"--r-max takes ratios in [0, 1), comma-separated for a sweep, e.g. 0,0.3,0.5,0.7; got {text!r}")
+    return values
+
+
+def one_ratio(text: str | None) -> float | None:
+    """--r-max for a command that embeds with one setting (None when not given)."""
+    if text is None:
+        return None
+    values = ratios(text)
+    if len(values) != 1:
+        raise ConfigError(f"--r-max takes one ratio here (sweeps are for eval, bench and plan); got {text!r}")
+    return values[0]
+
+
+def fast_e_config(r_max: float = 0.0, warmup_layer: int | None = None, threshold: float | None = None,
+                  trigger_layer: int | None = None, seed: int = 0) -> "FastEConfig":
+    """The FastE flags as one `FastEConfig` (sweeps replace its r_max by each of theirs).
+    ConfigError (in flag words, see common.in_cli_words) for a value out of range."""
+    from faste_mm.model.faste import FastEConfig
+
+    return FastEConfig(r_max=r_max, warmup_layer=warmup_layer, threshold=threshold, trigger_layer=trigger_layer,
+                       seed=seed)

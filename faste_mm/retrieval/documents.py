@@ -1,0 +1,154 @@
+"""Documents embedded into one collection: the encoder `Retriever.index` and `add` use (the
+collection's profile, the model loaded on first use and checked against the collection, progress
+batch by batch), and the records `add` stores for its inputs (uri, modality, file stat).
+
+Receives an open `Collection`, its `CollectionProfile` and the retriever's model; hands on
+`EmbedResult`s and `ItemRecord`s.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+
+from PIL import Image
+
+from faste_mm.errors import InputError
+from faste_mm.indexers import Collection, ItemRecord
+from faste_mm.indexers.manifest import settings_mismatch
+from faste_mm.indexers.records import repeated_key
+from faste_mm.model.embedder import EmbedResult, OnError
+from faste_mm.model.items import Item, as_item
+from faste_mm.model.runner import BatchTrace
+from faste_mm.retrieval.profile import CollectionProfile
+
+if TYPE_CHECKING:
+    from faste_mm.model.embedder import Embedder
+
+
+class CollectionDocuments:
+    """Embeds documents for one open collection, with its profile's settings.
+
+    The model is loaded on the first call, so an `index` run with nothing new to embed never
+    loads it. That call also checks that the loaded model makes vectors comparable with the
+    stored ones (the collection may have been opened before the model was known).
+    """
+
+    def __init__(self, embedder: Callable[[CollectionProfile], "Embedder"], col: Collection,
+                 profile: CollectionProfile) -> None:
+        self._embedder = embedder  # the model serializing with a profile's settings (loaded on first use)
+        self._col = col
+        self._profile = profile
+        self._is_checked = False
+        self.in_flight = _InFlight()  # the call in progress, batch by batch (zero between calls)
+        self.on_batch: Callable[[BatchTrace], None] | None = None  # called after each batch
+
+    def __call__(self, values: Sequence[object], on_error: OnError = "skip") -> EmbedResult:
+        refuse_other_pixel_caps(values, self._col.root, self._profile.max_pixels)  # before anything is embedded
+        embedder = self._embedder(self._profile)
+        if not self._is_checked:
+            errors = self._profile.conflicts(self._profile.as_loaded(embedder))
+            if errors:
+                raise settings_mismatch(self._col.root, errors)
+            self._is_checked = True
+        self.in_flight = _InFlight(inputs=len(values))
+        try:
+            # Matryoshka collections store the first `dim` dimensions, re-normalised (checked above).
+            return embedder.encode_documents(values, fast_e=self._profile.fast_e(), dim=self._profile.dim,
+                                             on_error=on_error, on_batch=self._batch_done)
+        finally:
+            self.in_flight = _InFlight()  # the caller's tally counts the result from now on
+
+    def _batch_done(self, trace: BatchTrace) -> None:
+        flight = self.in_flight
+        flight.rows += trace.batch_size
+        flight.prefix_tokens += trace.prefix_tokens
+        flight.kept_prefix_tokens += trace.kept_prefix_tokens
+        if self.on_batch is not None:
+            self.on_batch(trace)
+
+
+@dataclass
+class _InFlight:
+    """Running totals of one document-encoding call (mutable: updated batch by batch)."""
+
+    inputs: int = 0
+    rows: int = 0
+    prefix_tokens: int = 0
+    kept_prefix_tokens: int = 0
+
+
+# ---- the records `add` stores ----------------------------------------------------------------
+def add_record(item: Item, uri: str | None, metadata: Mapping[str, Any] | None, error: str | None) -> ItemRecord:
+    """The record `add` stores for one row: an item, or (with `error`) a failure."""
+    size, mtime = _file_stat(item)
+    return ItemRecord(uri=uri if uri is not None else _default_uri(item, metadata), modality=_modality(item), page=item.page,
+                      size=size, mtime=mtime, metadata=metadata, error=error)
+
+
+def refuse_repeated_rows(records: Sequence[ItemRecord], sources: Sequence[int]) -> None:
+    """InputError when two rows of one `add` call (stored or failed) share a (uri, page): the
+    second would replace the first, or its failure record would tombstone the first's item."""
+    repeated = repeated_key(records)
+    if repeated is not None:
+        first, second = (sources[row] for row in repeated)
+        record = records[repeated[1]]
+        page = "" if record.page is None else f" page {record.page}"
+        raise InputError(f"add: inputs {first} and {second} are both {record.uri}{page}, and a collection "
+                         f"holds one item per (uri, page); nothing was stored. Add it once, or give each "
+                         f"its own uri (uris=...)")
+
+
+def refuse_other_pixel_caps(values: Sequence[object], root: Path, cap: int) -> None:
+    """InputError for an image item whose own `Item.max_pixels` differs from the collection's
+    (`cap`): it would be resized to another cap, so its vector would not be comparable."""
+    for position, value in enumerate(values):
+        item = as_item(value, position)
+        if item.has_image and item.max_pixels not in (None, cap):
+            raise InputError(f"input {position} ({item.describe()}): Item.max_pixels={item.max_pixels}, but "
+                             f"the collection {root} embeds images at max_pixels={cap}; drop max_pixels "
+                             f"from the item, or add it to another collection; nothing was stored")
+
+
+def _modality(item: Item) -> str:
+    if item.video is not None:
+        return "video+text" if item.text or item.image is not None else "video"
+    if item.is_pdf:
+        return "page"
+    if item.image is not None:
+        return "image+text" if item.text else "image"
+    return "text"
+
+
+def _default_uri(item: Item, metadata: Mapping[str, Any] | None = None) -> str:
+    """A file's resolved path; else "item:" + a hash of the content AND the metadata, so the same
+    text added twice with different metadata is two items, while re-adding an identical
+    (content, metadata) pair replaces the stored one instead of duplicating it."""
+    if item.video is not None and item.image is None and not item.text:
+        return str(Path(item.video).expanduser().resolve())
+    if isinstance(item.image, (str, Path)) and not item.text and item.video is None:
+        return str(Path(item.image).expanduser().resolve())
+    h = hashlib.sha256((item.text or "").encode("utf-8"))
+    if isinstance(item.image, Image.Image):
+        h.update(item.image.tobytes())
+    elif item.image is not None:
+        h.update(str(Path(item.image).resolve()).encode("utf-8"))
+    if item.video is not None:
+        h.update(b"video:" + str(Path(item.video).resolve()).encode("utf-8"))
+    if metadata is not None:  # None leaves the hash as it was, so earlier uris stay valid
+        h.update(b"\0metadata\0" + json.dumps(dict(metadata), sort_keys=True, default=str).encode("utf-8"))
+    return "item:" + h.hexdigest()[:16]
+
+
+def _file_stat(item: Item) -> tuple[int | None, float | None]:
+    only_file = (item.video if item.image is None else item.image if item.video is None else None)
+    if isinstance(only_file, (str, Path)) and not item.text:
+        try:
+            st = Path(only_file).stat()
+        except OSError:  # a missing file is a failed row (on_error="skip"); it has no stat
+            return None, None
+        return st.st_size, st.st_mtime
+    return None, None

@@ -1,0 +1,102 @@
+"""Peak RSS of `faste-mm index` on one PDF of blank pages, per page count: one fresh
+`faste-mm index` process per case, measured by /usr/bin/time (%M, the child's peak resident set).
+Memory should be flat in the page count: pages are rendered only when their batch is prepared and
+what preprocessing holds is bounded in bytes (BatchingConfig.prefetch_bytes).
+
+The model is the tiny random-weight Qwen3-VL of `faste_mm.testing` (real processor, default
+batching). Each collection is created first with the page pixel cap `--max-pixels` (a smaller
+image budget than the default 1,843,200 keeps 2,000 pages within minutes on a CPU; the bytes a
+batch holds are the same per token either way), then indexed by the measured process.
+
+    python scripts/bench_pdf_memory.py --pages 1 100 2000 --max-pixels 65536 --json out.json
+    # another checkout's code (e.g. main, exported with git archive) in the measured process:
+    python scripts/bench_pdf_memory.py --pages 1 100 --source /tmp/main-src
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def blank_pdf(path: Path, pages: int) -> Path:
+    """A PDF of `pages` blank US-letter pages."""
+    import pypdfium2 as pdfium
+
+    pdf = pdfium.PdfDocument.new()
+    for _ in range(pages):
+        pdf.new_page(612, 792)
+    pdf.save(path)
+    pdf.close()
+    return path
+
+
+def new_collection(root: Path, model: Path, max_pixels: int, workdir: Path) -> None:
+    """Create a collection whose pages are embedded at `max_pixels` (indexing one small image)."""
+    from PIL import Image
+
+    from faste_mm import Embedder, Retriever
+    from faste_mm.model.serialization import SerializerConfig
+
+    seed = workdir / "seed.png"
+    Image.new("RGB", (64, 64), "white").save(seed)
+    embedder = Embedder.from_pretrained(str(model), device="cpu", serializer=SerializerConfig(max_pixels=max_pixels))
+    with Retriever(embedder, collection=root) as retriever:
+        retriever.index([seed])
+
+
+def measure(pdf: Path, collection: Path, source: Path | None, extra: list[str]) -> dict:
+    """Run `faste-mm index` on `pdf` in a child process; its peak RSS and wall time."""
+    env = dict(os.environ)
+    if source is not None:
+        env["PYTHONPATH"] = f"{source}{os.pathsep}{env.get('PYTHONPATH', '')}"
+    command = ["/usr/bin/time", "-f", "%M", sys.executable, "-m", "faste_mm.cli.app", "index", str(pdf),
+               "-c", str(collection), "--device", "cpu", "--format", "json", *extra]
+    started = time.perf_counter()
+    proc = subprocess.run(command, env=env, capture_output=True, text=True)
+    wall_s = time.perf_counter() - started
+    if proc.returncode != 0:
+        raise SystemExit(f"index failed ({proc.returncode}): {proc.stderr[-3000:]}")
+    peak_kb = int(proc.stderr.strip().splitlines()[-1])
+    report = json.loads(proc.stdout)
+    return {"peak_rss_mb": round(peak_kb / 1024), "wall_s": round(wall_s, 1), "embedded": report["embedded"]}
+
+
+def main() -> None:
+    from faste_mm.testing import build_tiny_model
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--pages", type=int, nargs="+", default=[1, 100, 2000])
+    parser.add_argument("--max-pixels", type=int, default=65536, help="pixel cap of the pages (default 65536)")
+    parser.add_argument("--source", type=Path, help="put this checkout first on the child's PYTHONPATH")
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("extra", nargs="*", help="more `faste-mm index` options, after --")
+    args = parser.parse_args()
+    cases = {}
+    with tempfile.TemporaryDirectory() as folder:
+        workdir = Path(folder)
+        model = build_tiny_model(workdir / "model", "qwen3_vl")
+        for pages in args.pages:
+            collection = workdir / f"col-{pages}"
+            new_collection(collection, model, args.max_pixels, workdir)
+            cases[pages] = measure(blank_pdf(workdir / f"blank-{pages}.pdf", pages), collection, args.source,
+                                   args.extra)
+            print(f"{pages:>5} pages: peak RSS {cases[pages]['peak_rss_mb']} MB, {cases[pages]['wall_s']} s",
+                  file=sys.stderr)
+    first = cases[args.pages[0]]["peak_rss_mb"]
+    report = {"max_pixels": args.max_pixels, "source": str(args.source) if args.source else "this checkout",
+              "index_options": args.extra, "cases": cases,
+              "ratio_to_first": {p: round(c["peak_rss_mb"] / first, 2) for p, c in cases.items()}}
+    print(json.dumps(report, indent=2))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
