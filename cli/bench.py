@@ -59,6 +59,8 @@ def bench_command(
             compare=tuple(c.strip() for c in compare.split(",") if c.strip()),
             unpadded=tuple(u.strip() for u in unpadded.split(",") if u.strip()),
         )
+        _check_before_loading(n, scale_hidden, config, trigger_layer, threshold)
+        batching = BatchingConfig(batch_tokens=batch_tokens, workers=workers)
         with tempfile.TemporaryDirectory(prefix="faste-mm-bench-") as workdir:
             if shape is not None:
                 stderr.print(f"building random-weight {shape} (scale {scale_hidden:g})")
@@ -68,7 +70,7 @@ def bench_command(
             with Progress() as progress:
                 with progress.loading(model):
                     embedder = Embedder.from_pretrained(model, device=device, dtype=dtype,
-                                                        batching=BatchingConfig(batch_tokens=batch_tokens, workers=workers))
+                                                        batching=batching)
                 tokenizer = getattr(embedder.serializer, "tokenizer", None) or embedder.serializer.processor.tokenizer
                 items = make_inputs(inputs, n, Path(workdir) / "inputs", tokenizer)
                 label = f"{inputs} x{n}" + (f" ({shape}, scale {scale_hidden:g})" if shape else "")
@@ -86,6 +88,18 @@ def bench_command(
         stdout.print_json(json.dumps(payload))
     else:
         _render(report)
+
+
+def _check_before_loading(n: int, scale_hidden: float, config, trigger_layer, threshold) -> None:
+    """Refuse out-of-range numbers before a model is built or loaded (minutes with real weights)."""
+    from faste_mm import FastEConfig
+
+    if n < 1:
+        raise ConfigError(f"--n must be >= 1 (inputs), got {n}")
+    if not 0 < scale_hidden <= 1:
+        raise ConfigError(f"--scale-hidden must be in (0, 1], got {scale_hidden:g}")
+    for r_max in config.r_max:  # FastEConfig checks each setting's fields as the run would
+        FastEConfig(r_max=r_max, trigger_layer=trigger_layer, threshold=threshold)
 
 
 def _render(report) -> None:

@@ -254,10 +254,15 @@ def search_command(
     rerank_protect: RerankProtect = "none",
     no_rerank: bool = typer.Option(False, "--no-rerank", envvar="FASTE_MM_NO_RERANK",
                                    help="Do not rerank, even with a collection reranker."),
+    no_server: bool = typer.Option(False, "--no-server", envvar="FASTE_MM_NO_SERVER",
+                                   help="Load the model here even when a faste-mm serve is serving the "
+                                        "collection (default: a text search asks that server)."),
     device: Device = "auto",
     debug: Debug = False,
 ) -> None:
-    """Search a collection by text, image and/or video; the model is the one the collection was built with."""
+    """Search a collection by text, image and/or video; the model is the one the collection was built with.
+    A text search asks the collection's running `faste-mm serve`, if any, instead of loading the model."""
+    from faste_mm.cli.server_search import search_through_server
     from faste_mm.retrieval.retriever import Retriever
 
     setup_logging(debug)
@@ -265,12 +270,23 @@ def search_command(
         _usage("give a QUERY text, --image PATH, --video PATH, or a combination")
     conditions = _parse_where(where)
     try:
-        with Retriever.open(collection, device=device) as retriever:
-            quiet_transformers()  # the model loads in search(): no per-weight bar on stderr
-            reranker = None if no_rerank else _load_reranker(rerank, retriever.collection, rerank_r_max, rerank_protect, device)
-            hits = retriever.search(query, image=image, video=video, k=k, instruction=instruction, where=conditions,
-                                    type=kind or None, path=path, rerank=reranker, rerank_top=rerank_top)
-            root = retriever.collection
+        served = None
+        # The server answers plain text searches; a reranked, image, video or instruction search
+        # runs here (a collection with a default reranker reranks unless --no-rerank).
+        local_only = image is not None or video is not None or instruction is not None or rerank is not None
+        if not no_server and not local_only and (no_rerank or _collection_reranker(collection) is None):
+            served = search_through_server(collection, query, k, conditions, kind, path, debug)
+        if served is not None:
+            root, hits = served
+        else:
+            with Retriever.open(collection, device=device) as retriever:
+                quiet_transformers()  # the model loads in search(): no per-weight bar on stderr
+                reranker = None if no_rerank else _load_reranker(rerank, retriever.collection, rerank_r_max,
+                                                                 rerank_protect, device)
+                hits = retriever.search(query, image=image, video=video, k=k, instruction=instruction,
+                                        where=conditions, type=kind or None, path=path, rerank=reranker,
+                                        rerank_top=rerank_top)
+                root = retriever.collection
     except FasteError as error:
         fail(error, debug)
     if output is SearchFormat.json:
@@ -434,6 +450,18 @@ def rebuild_index_command(
     except FasteError as error:
         fail(error, debug)
     stdout.print(factory, highlight=False)
+
+
+def _collection_reranker(collection: str | None) -> str | None:
+    """The collection's default reranker (index --reranker), None when it has none or cannot be read
+    here (the local search then says why)."""
+    from faste_mm.retrieval.maintenance import collection_path
+    from faste_mm.retrieval.profile import read_profile
+
+    try:
+        return read_profile(collection_path(collection)).reranker
+    except FasteError:
+        return None
 
 
 def _load_reranker(model: str | None, root: Path, r_max: str, protect: str, device: str):

@@ -32,12 +32,12 @@ def eval_command(
     model: Model = None,
     r_max: RMax = None,
     methods: str = typer.Option(_ALL_METHODS, envvar="FASTE_MM_METHODS", help=f"Comma-separated methods from {_ALL_METHODS} (default: all)."),
-    limit: Optional[int] = typer.Option(None, envvar="FASTE_MM_LIMIT", help="First N queries per task (default: all, 1000)."),
+    limit: Optional[int] = typer.Option(None, envvar="FASTE_MM_LIMIT", min=1, help="First N queries per task (default: all, 1000)."),
     out: Path = typer.Option(Path("faste-mm-eval"), "--out", "-o", envvar="FASTE_MM_EVAL_OUT", help="Output folder (results.json, results.md, plot, cache/). Default ./faste-mm-eval."),
     warmup_layer: WarmupLayer = None,
     threshold: Threshold = None,
     trigger_layer: TriggerLayer = None,
-    seed: int = typer.Option(0, envvar="FASTE_MM_SEED", help="Seed of the 'random' ranking baseline. Default 0."),
+    seed: int = typer.Option(0, envvar="FASTE_MM_SEED", min=0, help="Seed of the 'random' ranking baseline. Default 0."),
     batch_tokens: BatchTokens = DEFAULT_BATCH_TOKENS,
     unpadded: Unpadded = "auto",
     chunk_items: int = typer.Option(256, envvar="FASTE_MM_CHUNK_ITEMS", help="Items serialized and length-sorted together (the first chunks are smaller). Default 256."),
@@ -64,6 +64,7 @@ def eval_command(
             fast_e=fast_e_config(0.0, warmup_layer, threshold, trigger_layer, seed),
         )
         specs = resolve_tasks(task)
+        batching = BatchingConfig(batch_tokens=batch_tokens, chunk_items=chunk_items, unpadded=unpadded)
         if data is None:
             stderr.print(f"downloading {', '.join(s.subset for s in specs)} from the Hugging Face hub (cached)")
             data = download_tasks(specs, data_cache)
@@ -72,7 +73,7 @@ def eval_command(
             with progress.loading(model):
                 embedder = Embedder.from_pretrained(
                     model, device=device, dtype=dtype,
-                    batching=BatchingConfig(batch_tokens=batch_tokens, chunk_items=chunk_items, unpadded=unpadded))
+                    batching=batching)
             results = evaluate(embedder, tasks, config, cache_dir=out / "cache" if cache else None, progress=progress)
             reranked = _rerank(embedder, tasks, rerank, rerank_top, rerank_r_max, rerank_protect, device, dtype, progress)
         paths = write_report(results, out)

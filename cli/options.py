@@ -47,7 +47,7 @@ WarmupLayer = Annotated[Optional[int], typer.Option(
     help="FastE warm-up layer l_w: no alignment check before this layer. Default: a collection's own, else "
          "the backbone's (8).")]
 Threshold = Annotated[Optional[float], typer.Option(
-    "--threshold", envvar="FASTE_MM_THRESHOLD", show_default=False,
+    "--threshold", envvar="FASTE_MM_THRESHOLD", show_default=False, min=-1.0, max=1.0,
     help="FastE theta: the readout/prefix cosine that triggers compression, -1..1. Default: a collection's "
          "own, else the model's saved calibration (faste-mm calibrate --save), else the backbone's (0.70 for "
          "Qwen3-VL-Embedding). calibrate: check this theta only.")]

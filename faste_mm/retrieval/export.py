@@ -2,7 +2,7 @@
 pgvector or a dataframe. Streams part by part (bounded memory), needs no model and loads no
 torch; receives a collection directory, hands back an `ExportReport`.
 
-Columns: id (int64), uri (string), page (int32, null unless a PDF page), modality (string),
+Columns: id (int64), uri (string; a name that is not UTF-8 JSON-escaped, see `exported_uri`), page (int32, null unless a PDF page), modality (string),
 metadata (JSON text, null when none), vector (fixed-size list of float32, the collection's dim).
 The file's schema metadata carries the collection manifest under "faste_mm.manifest".
 """
@@ -48,6 +48,18 @@ def parquet_schema(dim: int, manifest_json: str | None = None):
     return schema if manifest_json is None else schema.with_metadata({"faste_mm.manifest": manifest_json})
 
 
+def exported_uri(uri: str) -> str:
+    """The uri as the file's UTF-8 string column holds it. A name whose bytes are not UTF-8
+    (Python keeps them as lone surrogates, U+DC80..U+DCFF) is written JSON-escaped, as
+    `--format json` prints it: `json.loads('"' + uri + '"')` gives the str back, `os.fsencode`
+    the original bytes. Every other name is written as it is."""
+    try:
+        uri.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(uri)[1:-1]  # ASCII: \udcXX for each byte that is not UTF-8
+    return uri
+
+
 def export_parquet(root: Path, out: str | Path, chunk_rows: int = EXPORT_CHUNK_ROWS) -> ExportReport:
     """Write every live item of the collection at `root` with its vector to `out` (.parquet).
 
@@ -73,7 +85,7 @@ def export_parquet(root: Path, out: str | Path, chunk_rows: int = EXPORT_CHUNK_R
             with pq.ParquetWriter(f, schema) as writer:
                 for records, vectors in col.iter_live(chunk_rows):
                     columns = {
-                        "id": [r.id for r in records], "uri": [r.uri for r in records],
+                        "id": [r.id for r in records], "uri": [exported_uri(r.uri) for r in records],
                         "page": [r.page for r in records], "modality": [r.modality for r in records],
                         "metadata": [None if r.metadata is None else json.dumps(dict(r.metadata)) for r in records],
                         # One flat float32 buffer viewed as fixed-size lists: no per-row Python objects.

@@ -23,6 +23,7 @@ from starlette.exceptions import HTTPException
 from faste_mm.errors import ConfigError, FasteError, InputError
 from faste_mm.indexers import SearchFilter
 from faste_mm.indexers.filters import INT64_MAX
+from faste_mm.kinds import kind_name
 from faste_mm.serving.batcher import QueueFullError
 from faste_mm.serving.engine import NoCollectionError, RequestTooLargeError, ServeEngine, UnknownItemError
 from faste_mm.serving.inputs import (EmbeddingRequest, SearchRequest, decode_image_bytes, decode_image_url,
@@ -187,7 +188,7 @@ def _int_field(value, name: str) -> int | None:
 
 
 def _hit_json(rank: int, hit) -> dict:
-    return {"rank": rank, **hit.to_dict(), "name": Path(hit.uri).name,
+    return {"rank": rank, **hit.to_dict(), "name": Path(hit.uri).name, "kind": kind_name(hit.uri),
             "thumbnail": f"/thumbnails/{hit.id}" if has_thumbnail(hit.uri, hit.page) else None}
 
 
