@@ -91,6 +91,7 @@ class Manifest:
         8-bit codes, "none": the index's codes only, results unrescored). See indexers.quantization.
     int8_ranges: the calibrated per-dimension ranges of 8-bit codes, set by the first add and
         fixed thereafter (None until then, and for collections without 8-bit codes).
+    reranker: the collection's default reranker (hub id or folder) for searches; None = none.
     receipt: what `faste-mm plan` measured for these settings (read as a `PlanReceipt` by the
         profile), None when the collection was indexed without a plan; informational.
     """
@@ -120,6 +121,7 @@ class Manifest:
     receipt: Mapping[str, Any] | None = None
     format_version: int = FORMAT_VERSION
     faste_mm_version: str = field(default_factory=_faste_mm_version)
+    reranker: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.model_id, str) or not self.model_id:
@@ -217,6 +219,7 @@ class Manifest:
             "counts": dict(self.counts),
             "vectors": {"precision": self.vectors, "keep": self.keep,
                         "int8_ranges": None if self.int8_ranges is None else self.int8_ranges.to_dict()},
+            "reranker": self.reranker,
             "receipt": None if self.receipt is None else dict(self.receipt),
         }
 
@@ -250,6 +253,7 @@ class Manifest:
                 vectors=vectors.get("precision", "float32"),
                 keep=vectors.get("keep", "float"),
                 int8_ranges=vectors.get("int8_ranges"),
+                reranker=d.get("reranker"),
                 receipt=d.get("receipt"),
                 format_version=d.get("format_version", FORMAT_VERSION),
                 faste_mm_version=d.get("faste_mm_version", "unknown"),

@@ -4,6 +4,7 @@ out), in bounded chunks, from the API and the CLI, without importing torch."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -113,3 +114,29 @@ def test_export_to_lancedb_answers_a_query_with_the_collections_top_hits(tmp_pat
         # Same top hit; the top 5 agree but for ties of equal Hamming distance / fp16 rounding.
         assert got[0] == want[0] or vectors == "binary" and len(set(got) & set(want.tolist())) >= 3
         assert len(set(got) & set(want.tolist())) >= 4 or vectors == "binary"
+
+
+# ---- file names that are not UTF-8 (helper ux) ------------------------------------------------
+def test_a_file_name_that_is_not_utf8_is_exported_losslessly_like_the_json_output(tmp_path):
+    raw = b"/photos/caf\xe9-\xff.png"  # Latin-1 bytes: not UTF-8
+    name = raw.decode("utf-8", "surrogateescape")
+    with Collection.create(tmp_path / "c", Manifest(model_id="m", dim=D, vector_dtype="float32")) as col:
+        x = np.eye(D, dtype=np.float32)[:3]
+        col.add(x, [ItemRecord(uri=name, modality="image", metadata={"from": name}),
+                    ItemRecord(uri="/photos/ok-\u00e9.png", modality="image"),
+                    ItemRecord(uri='/photos/a "quoted\\" name.png', modality="image")])
+    for out in (tmp_path / "api.parquet", tmp_path / "cli.parquet"):
+        if out.name == "api.parquet":
+            report = export_parquet(tmp_path / "c", out)
+            assert report.n_items == 3
+        else:
+            result = CliRunner().invoke(app, ["export", "-c", str(tmp_path / "c"), "--out", str(out)])
+            assert result.exit_code == 0, result.output
+        got = pq.read_table(out).to_pydict()
+        restored = {json.loads(f'"{u}"') if "\\udc" in u else u for u in got["uri"]}
+        assert restored == {name, "/photos/ok-\u00e9.png", '/photos/a "quoted\\" name.png'}  # valid names as they are
+        assert raw in {os.fsencode(u) for u in restored}  # the very bytes
+        escaped = next(u for u in got["uri"] if "\\udc" in u)
+        assert json.loads(next(m for m in got["metadata"] if m))["from"] == name
+        # the same text `--format json` output carries for that name
+        assert escaped in json.dumps({"uri": name})

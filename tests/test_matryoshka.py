@@ -55,7 +55,7 @@ def test_stored_vectors_and_queries_are_truncated_and_renormalised(embedder, tmp
     # Retriever.open reads the dim back from the manifest.
     reopened = Retriever.open(tmp_path / "c")
     reopened._embedder = embedder
-    assert reopened.dim == DIM and [h.id for h in reopened.search("bicycle", k=2)] == [h.id for h in hits[:2]]
+    assert reopened.profile().dim == DIM and [h.id for h in reopened.search("bicycle", k=2)] == [h.id for h in hits[:2]]
 
 
 def test_another_dim_is_refused_like_another_model(embedder, tmp_path):

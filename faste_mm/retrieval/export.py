@@ -3,7 +3,8 @@ its vector index (`lancedb:DIR[/TABLE]`), so its vectors can go on to LanceDB, Q
 pgvector or a dataframe. Streams part by part (bounded memory), needs no model and loads no torch;
 receives a collection directory and a target, hands back an `ExportReport`.
 
-Columns (both targets): id (int64), uri (string), page (int32, null unless a PDF page), modality
+Columns (both targets): id (int64), uri (string; a name that is not UTF-8 JSON-escaped, see
+`exported_uri`), page (int32, null unless a PDF page), modality
 (string), metadata (JSON text, null when none), text (the lexical text, null when none), vector
 (fixed-size list of the collection's dim: float32 in Parquet; in LanceDB float32 when the collection
 stores float32, else float16), and for collections with 8-bit or binary vectors `vector_codes`
@@ -119,7 +120,7 @@ def _batches(col: Collection, schema, chunk_rows: int) -> Iterator:
     for records, vectors in col.iter_live(chunk_rows):
         texts = col.texts(r.id for r in records)
         columns = {
-            "id": [r.id for r in records], "uri": [r.uri for r in records],
+            "id": [r.id for r in records], "uri": [exported_uri(r.uri) for r in records],
             "page": [r.page for r in records], "modality": [r.modality for r in records],
             "metadata": [None if r.metadata is None else json.dumps(dict(r.metadata)) for r in records],
             "text": [texts.get(r.id) for r in records],
@@ -138,6 +139,18 @@ def _open_schema(col: Collection, vector_type: str):
     codes = _codes_precision(col)
     width = stored_width(codes, col.manifest.dim) if codes else None
     return export_schema(col.manifest.dim, json.dumps(col.manifest.to_dict()), vector_type, width)
+
+
+def exported_uri(uri: str) -> str:
+    """The uri as the file's UTF-8 string column holds it. A name whose bytes are not UTF-8
+    (Python keeps them as lone surrogates, U+DC80..U+DCFF) is written JSON-escaped, as
+    `--format json` prints it: `json.loads('"' + uri + '"')` gives the str back, `os.fsencode`
+    the original bytes. Every other name is written as it is."""
+    try:
+        uri.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(uri)[1:-1]  # ASCII: \udcXX for each byte that is not UTF-8
+    return uri
 
 
 def export_parquet(root: Path, out: str | Path, chunk_rows: int = EXPORT_CHUNK_ROWS) -> ExportReport:

@@ -310,6 +310,8 @@ class IngestTally:
     prefix_tokens: int = 0
     kept_prefix_tokens: int = 0
     failures: list[IndexFailure] = field(default_factory=list)
+    tower_s: float = 0.0  # model seconds in the vision tower
+    decoder_s: float = 0.0  # model seconds in the decoder
 
     def merge(self, other: "IngestTally") -> None:
         """Add the totals of a committed chunk."""
@@ -318,11 +320,15 @@ class IngestTally:
         self.prefix_tokens += other.prefix_tokens
         self.kept_prefix_tokens += other.kept_prefix_tokens
         self.failures.extend(other.failures)
+        self.tower_s += other.tower_s
+        self.decoder_s += other.decoder_s
 
     def add_stats(self, stats: EmbedStats | None) -> None:
         if stats is not None:
             self.prefix_tokens += stats.prefix_tokens
             self.kept_prefix_tokens += stats.kept_prefix_tokens
+            self.tower_s += stats.tower_s
+            self.decoder_s += stats.decoder_s
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from faste_mm.errors import ConfigError
-from faste_mm.model.flops import removed_share
+from faste_mm.model.flops import removed_share, tower_share
 from faste_mm.retrieval.ingest import IndexFailure, ScanFilter
 
 
@@ -66,6 +66,13 @@ class IndexProgress:
     kept_prefix_tokens: int
     elapsed_s: float
     share_done: float | None = None  # None: files_done / files_total
+    tower_s: float = 0.0  # model seconds so far in the vision tower
+    decoder_s: float = 0.0  # model seconds so far in the decoder
+
+    @property
+    def tower_share(self) -> float:
+        """The vision tower's share of the model's seconds so far."""
+        return tower_share(self.tower_s, self.decoder_s)
 
     @property
     def prefix_removal(self) -> float:
@@ -106,15 +113,23 @@ class IndexReport:
     seconds: float
     index_factory: str | None = None
     excluded: int = 0
+    tower_s: float = 0.0  # model seconds in the vision tower (images, pages, videos)
+    decoder_s: float = 0.0  # model seconds in the decoder
 
     @property
     def prefix_removal(self) -> float:
         return removed_share(self.kept_prefix_tokens, self.prefix_tokens)
 
+    @property
+    def tower_share(self) -> float:
+        """The vision tower's share of the model's seconds."""
+        return tower_share(self.tower_s, self.decoder_s)
+
     def to_dict(self) -> dict[str, Any]:
         d = {name: getattr(self, name) for name in self.__dataclass_fields__}
         d["failures"] = [f.to_dict() for f in self.failures]
         d["prefix_removal"] = self.prefix_removal
+        d["tower_share"] = self.tower_share
         return d
 
 
@@ -159,8 +174,12 @@ class Hit:
     uri: str
     page: int | None = None
     metadata: Mapping[str, Any] | None = None
-    found_by: str = "dense"
+    found_by: str = "dense"  # which side found it: "dense", "lexical" or "both" (hybrid search)
+    rerank_score: float | None = None  # the reranker's score, when the search reranked (retrieval.rerank_hits)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "score": self.score, "uri": self.uri, "page": self.page,
+        data = {"id": self.id, "score": self.score, "uri": self.uri, "page": self.page,
                 "metadata": dict(self.metadata) if self.metadata is not None else None, "found_by": self.found_by}
+        if self.rerank_score is not None:
+            data["rerank_score"] = self.rerank_score
+        return data

@@ -50,6 +50,7 @@ from faste_mm.retrieval.maintenance import collection_path
 from faste_mm.retrieval.receipt import PlanReceipt
 from faste_mm.retrieval.profile import QUERY_INSTRUCTION, CollectionProfile, existing_profile, model_name, read_profile
 from faste_mm.retrieval.results import AddReport, Hit, IndexOptions, IndexProgress, IndexReport, RemoveReport
+from faste_mm.retrieval.rerank_hits import check_reranker, rerank_hits
 
 log = logging.getLogger(__name__)
 
@@ -120,10 +121,10 @@ class Retriever:
                  threshold: float | None = None, dim: int | None = None, warmup_layer: int | None = None,
                  trigger_layer: int | None = None, video: VideoConfig | Mapping[str, Any] | None = None,
                  max_pixels: int | None = None, receipt: PlanReceipt | None = None,
-                 vectors: str | None = None, keep: str | None = None) -> None:
+                 vectors: str | None = None, keep: str | None = None, reranker: str | None = None) -> None:
         given = dict(r_max=r_max, threshold=threshold, dim=dim, warmup_layer=warmup_layer,
                      trigger_layer=trigger_layer, video=video, max_pixels=max_pixels, receipt=receipt,
-                     vectors=vectors, keep=keep)
+                     vectors=vectors, keep=keep, reranker=reranker)
         self._given = {name: value for name, value in given.items() if value is not None}
         CollectionProfile.resolve(None, **self._given)  # validates every value with a ConfigError
         check_choices(vectors, keep)  # the pair is checked with the collection's values when its manifest is made
@@ -399,7 +400,8 @@ class Retriever:
                                        len(tally.failures), tally.prefix_tokens + flight.prefix_tokens,
                                        tally.kept_prefix_tokens + flight.kept_prefix_tokens,
                                        time.perf_counter() - started,
-                                       share / len(plan.todo) if plan.todo else 1.0))
+                                       share / len(plan.todo) if plan.todo else 1.0,
+                                       tally.tower_s + flight.tower_s, tally.decoder_s + flight.decoder_s))
 
             def files_committed(n: int) -> None:
                 nonlocal done
@@ -419,7 +421,8 @@ class Retriever:
         return IndexReport(str(root), len(scan.files()), tally.embedded, tally.reused, plan.n_unchanged,
                            len(plan.vanished),
                            len(tally.failures), tuple(tally.failures), tally.prefix_tokens,
-                           tally.kept_prefix_tokens, seconds, factory, scan.n_excluded)
+                           tally.kept_prefix_tokens, seconds, factory, scan.n_excluded,
+                           tower_s=tally.tower_s, decoder_s=tally.decoder_s)
 
     def pending(self, paths: Iterable[str | Path], options: IndexOptions | None = None) -> int:
         """How many files `index(paths, options=options)` would embed (or reuse) now: the new
@@ -516,10 +519,14 @@ class Retriever:
                k: int = 10, instruction: str | None = None, where: Mapping[str, Any] | None = None,
                type: str | Sequence[str] | None = None, path: str | None = None,
                video: str | Path | None = None, mode: str = "dense", rescore: int | None = None,
-               lexical_syntax: bool = False) -> list[Hit]:
+               lexical_syntax: bool = False, rerank=None, rerank_top: int = 50) -> list[Hit]:
         """Top-k items for a text, an image, a video, or a combination. An image or a video alone
         is a query by example: it is embedded exactly like a document (so an indexed file finds
         itself with score ~1) unless `instruction` is given.
+
+        rerank: a `faste_mm.Reranker`: the top `rerank_top` hits (at least k) are read back from
+        their files and re-scored with the query; the best k come back ordered by it, each with
+        `score` (cosine) and `rerank_score` (retrieval/rerank_hits.py).
 
         Filters (all must hold; k hits come back whenever k items match, whatever the index):
         where: metadata key -> value, e.g. {"tag": "invoice"} (values of `add(metadata=...)`);
@@ -533,9 +540,14 @@ class Retriever:
         Raises InputError if nothing is given, ConfigError for a bad filter."""
         if query is None and image is None and video is None:
             raise InputError("search: give a query text, an image, a video, or a combination")
-        return self.search_batch([Item(text=query, image=image, video=video)], k=k, instruction=instruction,
-                                 where=where, type=type, path=path, mode=mode, rescore=rescore,
-                                 lexical_syntax=lexical_syntax)[0]
+        item = Item(text=query, image=image, video=video)
+        options = dict(instruction=instruction, where=where, type=type, path=path, mode=mode, rescore=rescore,
+                       lexical_syntax=lexical_syntax)
+        if rerank is None:
+            return self.search_batch([item], k=k, **options)[0]
+        check_reranker(rerank, rerank_top)
+        hits = self.search_batch([item], k=max(k, rerank_top), **options)[0]
+        return rerank_hits(rerank, item, hits, k)
 
     def search_batch(self, queries: Sequence[object], k: int = 10, instruction: str | None = None,
                      where: Mapping[str, Any] | None = None, type: str | Sequence[str] | None = None,

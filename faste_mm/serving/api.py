@@ -23,11 +23,13 @@ from starlette.exceptions import HTTPException
 from faste_mm.errors import ConfigError, FasteError, InputError
 from faste_mm.indexers import SearchFilter
 from faste_mm.indexers.filters import INT64_MAX
+from faste_mm.kinds import kind_name
 from faste_mm.serving.batcher import QueueFullError
 from faste_mm.serving.engine import NoCollectionError, RequestTooLargeError, ServeEngine, UnknownItemError
 from faste_mm.serving.inputs import (EmbeddingRequest, SearchRequest, decode_image_bytes, decode_image_url,
                                      embedding_items, encode_vector)
 from faste_mm.serving.metrics import LATENCY_BUCKETS_S
+from faste_mm.serving.rerank import add_rerank_routes
 from faste_mm.serving.security import is_allowed_host, is_cross_site
 from faste_mm.serving.thumbnails import NoThumbnailError, default_cache_dir, has_thumbnail, thumbnail
 
@@ -116,6 +118,8 @@ def create_app(engine: ServeEngine) -> FastAPI:
             "hits": [_hit_json(rank, hit) for rank, hit in enumerate(hits, 1)],
         }
 
+    add_rerank_routes(app, engine, auth)  # /v1/rerank, /rerank, /explain (serving/rerank.py)
+
     @app.get("/thumbnails/{item_id}", dependencies=[auth])
     def thumbnails(item_id: str) -> Response:
         # ids only (ASCII digits of a 64-bit id): nothing from the request ever becomes a path
@@ -185,7 +189,7 @@ def _int_field(value, name: str) -> int | None:
 
 
 def _hit_json(rank: int, hit) -> dict:
-    return {"rank": rank, **hit.to_dict(), "name": Path(hit.uri).name,
+    return {"rank": rank, **hit.to_dict(), "name": Path(hit.uri).name, "kind": kind_name(hit.uri),
             "thumbnail": f"/thumbnails/{hit.id}" if has_thumbnail(hit.uri, hit.page) else None}
 
 

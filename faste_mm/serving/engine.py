@@ -126,8 +126,9 @@ class ServeEngine:
     """Owns the model thread. Use as a context manager, or call `start()` / `close()`."""
 
     def __init__(self, embedder: Embedder, retriever: Retriever | None = None,
-                 config: ServeConfig | None = None, metrics: Metrics | None = None) -> None:
+                 config: ServeConfig | None = None, metrics: Metrics | None = None, reranker=None) -> None:
         self.embedder = embedder
+        self.reranker = reranker  # a faste_mm.Reranker for /v1/rerank (serving.rerank), or None
         self.retriever = retriever
         self.config = config or ServeConfig()
         self.metrics = describe_server_metrics(metrics or Metrics())
@@ -141,6 +142,8 @@ class ServeEngine:
         runners = {"query": self._embed_runner("query"), "document": self._embed_runner("document")}
         if retriever is not None:
             runners["search"] = self._run_search
+        if reranker is not None:
+            runners["rerank"] = self._run_rerank
         self.batcher = Batcher(runners, self.config.batching, self.metrics)
         self._reader = None  # the model thread's own read-only collection (more-like-this)
         self._local = threading.local()
@@ -310,6 +313,17 @@ class ServeEngine:
                     out[i] = self._more_like(payload.item_id, payload.k, payload.where)
                 except FasteError as error:
                     out[i] = error
+        return out
+
+    def _run_rerank(self, payloads: list) -> list[object]:
+        """One `Reranker.score` (or `explain`) per request, each with its own query, on the model
+        thread; payloads: serving.rerank.RerankPayload / ExplainPayload."""
+        out: list[object] = []
+        for payload in payloads:
+            try:
+                out.append(payload.run(self.reranker))
+            except Exception as error:  # noqa: BLE001 - one request's failure is that request's alone
+                out.append(error)
         return out
 
     def _more_like(self, item_id: int, k: int, where: SearchFilter) -> list[Hit]:
