@@ -6,7 +6,12 @@ Exit codes: 0 ok, 1 a FasteError (message only, traceback with --debug), 2 usage
 
 from __future__ import annotations
 
+import re
+import shutil
+from contextlib import contextmanager
+
 import typer
+from rich.markup import escape
 from typer.core import TyperCommand, TyperGroup
 
 from faste_mm.cli.bench import bench_command
@@ -23,10 +28,15 @@ from faste_mm.cli.embed import embed
 from faste_mm.cli.export import export_command
 from faste_mm.cli.eval import eval_command
 from faste_mm.cli.plan import plan_command
+from faste_mm.cli.rerank import rerank_command
 from faste_mm.cli.serve import serve_command
 
-# typer's labels for a parameter's type, as `--help` shows them in its type column.
-_TYPE_LABELS = {"str": "TEXT", "int": "INTEGER", "float": "NUMBER", "path": "PATH", "Path": "PATH"}
+# typer's labels for a parameter's type, as `--help` shows them in its type column; a range
+# ("int range [x>=1]") gets its type's label: the help text states the range, and a narrow type
+# column leaves the help column room for paths and env names at 80 columns.
+_TYPE_LABELS = {"str": "TEXT", "int": "INTEGER", "float": "NUMBER", "path": "PATH", "Path": "PATH",
+                "int range": "INTEGER", "float range": "NUMBER"}
+_RANGE_RE = re.compile(r"^(int range|float range)\b.*")
 
 
 def _tidy_help(params: list, ctx) -> None:
@@ -39,7 +49,8 @@ def _tidy_help(params: list, ctx) -> None:
         elif param.metavar is None and hasattr(param, "display_type"):
             label = param.display_type(ctx).strip("<>")
             repeated = label.startswith("list[")
-            label = _TYPE_LABELS.get(label.removeprefix("list[").removesuffix("]"), label)
+            label = _RANGE_RE.sub(r"\1", label.removeprefix("list[").removesuffix("]"))
+            label = _TYPE_LABELS.get(label, label)
             if param.param_type_name == "argument":
                 param.metavar = param.name.upper()  # its name column and usage: "{PATHS}..."
                 # typer shows an argument's type in a column of its own whatever the metavar: this
@@ -51,16 +62,51 @@ def _tidy_help(params: list, ctx) -> None:
             param.show_default = False
 
 
+# Below this width typer's panels squeeze the help column until paths, hub ids and env names are
+# cut with "…"; click's plain layout wraps every word in full instead.
+_PANELS_MIN_COLUMNS = 100
+
+
+@contextmanager
+def _help_layout(command, params: list, panels: bool = False):
+    """Render one --help: rich panels on a wide terminal, with help texts escaped for the
+    duration (rich markup would eat `faste-mm[ray]`'s `[ray]`); click's plain layout on a
+    narrow one (wrapped, never cut)."""
+    if not panels and shutil.get_terminal_size().columns < _PANELS_MIN_COLUMNS:
+        mode, command.rich_markup_mode = command.rich_markup_mode, None
+        try:
+            yield
+        finally:
+            command.rich_markup_mode = mode
+        return
+    objects = [obj for obj in (command, *params) if getattr(obj, "help", None)]
+    texts = [obj.help for obj in objects]
+    for obj in objects:
+        obj.help = escape(obj.help)
+    try:
+        yield
+    finally:
+        for obj, text in zip(objects, texts):
+            obj.help = text
+
+
 class _Command(TyperCommand):
     def format_help(self, ctx, formatter) -> None:
-        _tidy_help(self.get_params(ctx), ctx)
-        super().format_help(ctx, formatter)
+        params = self.get_params(ctx)
+        _tidy_help(params, ctx)
+        with _help_layout(self, params):
+            super().format_help(ctx, formatter)
 
 
 class _Group(TyperGroup):
+    """Always rich panels: its help is a short table of commands (and a bare `faste-mm` shows it
+    through typer's rich error path, which prints no plain help text)."""
+
     def format_help(self, ctx, formatter) -> None:
-        _tidy_help(self.get_params(ctx), ctx)
-        super().format_help(ctx, formatter)
+        params = self.get_params(ctx)
+        _tidy_help(params, ctx)
+        with _help_layout(self, params, panels=True):
+            super().format_help(ctx, formatter)
 
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, cls=_Group,
@@ -87,7 +133,7 @@ for _name, _command in (("index", index_command), ("search", search_command), ("
                         ("remove", remove_command), ("compact", compact_command),
                         ("rebuild-index", rebuild_index_command), ("export", export_command), ("embed", embed),
                         ("eval", eval_command), ("bench", bench_command), ("calibrate", calibrate_command),
-                        ("serve", serve_command), ("plan", plan_command)):
+                        ("serve", serve_command), ("plan", plan_command), ("rerank", rerank_command)):
     app.command(_name, cls=_Command)(_command)
 
 

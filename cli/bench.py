@@ -59,6 +59,8 @@ def bench_command(
             compare=tuple(c.strip() for c in compare.split(",") if c.strip()),
             unpadded=tuple(u.strip() for u in unpadded.split(",") if u.strip()),
         )
+        _check_before_loading(n, scale_hidden, config, trigger_layer, threshold)
+        batching = BatchingConfig(batch_tokens=batch_tokens, workers=workers)
         with tempfile.TemporaryDirectory(prefix="faste-mm-bench-") as workdir:
             if shape is not None:
                 stderr.print(f"building random-weight {shape} (scale {scale_hidden:g})")
@@ -68,7 +70,7 @@ def bench_command(
             with Progress() as progress:
                 with progress.loading(model):
                     embedder = Embedder.from_pretrained(model, device=device, dtype=dtype,
-                                                        batching=BatchingConfig(batch_tokens=batch_tokens, workers=workers))
+                                                        batching=batching)
                 tokenizer = getattr(embedder.serializer, "tokenizer", None) or embedder.serializer.processor.tokenizer
                 items = make_inputs(inputs, n, Path(workdir) / "inputs", tokenizer)
                 label = f"{inputs} x{n}" + (f" ({shape}, scale {scale_hidden:g})" if shape else "")
@@ -88,9 +90,22 @@ def bench_command(
         _render(report)
 
 
+def _check_before_loading(n: int, scale_hidden: float, config, trigger_layer, threshold) -> None:
+    """Refuse out-of-range numbers before a model is built or loaded (minutes with real weights)."""
+    from faste_mm import FastEConfig
+
+    if n < 1:
+        raise ConfigError(f"--n must be >= 1 (inputs), got {n}")
+    if not 0 < scale_hidden <= 1:
+        raise ConfigError(f"--scale-hidden must be in (0, 1], got {scale_hidden:g}")
+    for r_max in config.r_max:  # FastEConfig checks each setting's fields as the run would
+        FastEConfig(r_max=r_max, trigger_layer=trigger_layer, threshold=threshold)
+
+
 def _render(report) -> None:
     """One column per setting, one row per metric: fits a terminal with many settings."""
-    table = Table(title=f"faste-mm bench: {report.inputs}\non {report.device}")
+    dtype = f"{report.dtype['dtype']} ({report.dtype['reason']})" if report.dtype else "?"
+    table = Table(title=f"faste-mm bench: {report.inputs}\non {report.device}, {dtype}")
     table.add_column("metric")
     for s in report.settings:
         table.add_column(s.name, justify="right")
@@ -115,6 +130,9 @@ def _render(report) -> None:
         rows["vision tower share of full FLOPs"] = lambda s: f"{s.vision_flops_share:.1%}" if s.r_max is not None else "-"
         rows["FLOPs-implied, with vision"] = lambda s: f"{s.flops_implied_speedup_with_vision:.3f}x"
         rows["realisation, with vision"] = lambda s: f"{s.realisation_with_vision:.3f}"
+        rows["tower s / decoder s"] = lambda s: f"{s.tower_s:.3f} / {s.decoder_s:.3f}" if s.r_max is not None else "-"
+        rows["tower share of time"] = lambda s: f"{s.tower_time_share:.1%}" if s.r_max is not None else "-"
+        rows["tower share of FLOPs"] = lambda s: f"{s.tower_flops_share:.1%}" if s.r_max is not None else "-"
     for name, cell in rows.items():
         table.add_row(name, *(cell(s) for s in report.settings))
     stdout.print(table)

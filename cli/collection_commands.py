@@ -19,6 +19,7 @@ from faste_mm.cli.common import fail, markup_safe, print_json, setup_logging, sh
 from faste_mm.cli.options import (DEFAULT_BATCH_TOKENS, BatchTokens, CollectionOption, Debug, Device, Dtype, Format,
                                   MaxPixels, Model, OutputFormat, RMax, Threshold, TriggerLayer, Unpadded, VisualTokens,
                                   WarmupLayer, one_ratio)
+from faste_mm.cli.options import Rerank, RerankProtect, RerankRMax, RerankTop
 from faste_mm.cli.progress import Progress, quiet_transformers
 from faste_mm.errors import FasteError
 
@@ -44,11 +45,24 @@ def index_command(
     warmup_layer: WarmupLayer = None,
     threshold: Threshold = None,
     trigger_layer: TriggerLayer = None,
+    reranker: Optional[str] = typer.Option(None, "--reranker", envvar="FASTE_MM_RERANKER", show_default=False,
+                                           help="Record a default reranker (hub id or folder, e.g. Qwen/Qwen3-VL-Reranker-2B) "
+                                                "that search and serve use for a second stage; set when the collection is "
+                                                "created or re-indexed. Default: none."),
     dim: Optional[int] = typer.Option(None, "--dim", envvar="FASTE_MM_DIM", min=1,
                                       help="Matryoshka: store only the first DIM dimensions of each vector, "
                                            "re-normalised (e.g. 512: 4x smaller index, faster search, some "
                                            "quality lost); queries are truncated the same way. Default: the "
                                            "collection's, the model's full width for a new one."),
+    vectors: Optional[str] = typer.Option(None, "--vectors", envvar="FASTE_MM_VECTORS",
+                                          help="Precision of the index in RAM: float32 | float16 | int8 (8-bit "
+                                               "codes, 1/4 the RAM) | binary (sign bits, 1/32; dim a multiple of "
+                                               "8); searches rescore candidates from the copy kept on disk. "
+                                               "Default: the collection's, float32 for a new one."),
+    keep: Optional[str] = typer.Option(None, "--keep", envvar="FASTE_MM_KEEP",
+                                       help="Copy kept on disk to rescore with: float (default) | int8 (8-bit "
+                                            "codes, with --vectors binary) | none (smallest; results "
+                                            "unrescored). Default: the collection's, float for a new one."),
     batch_tokens: BatchTokens = DEFAULT_BATCH_TOKENS,
     unpadded: Unpadded = "auto",
     chunk_files: int = typer.Option(64, "--chunk-files", envvar="FASTE_MM_CHUNK_FILES",
@@ -111,7 +125,13 @@ def index_command(
     from faste_mm.model.serialization import pixel_budget
     from faste_mm.retrieval.retriever import IndexOptions, Retriever, collection_path
 
+    from faste_mm.indexers.quantization import KEEPS, PRECISIONS
+
     setup_logging(debug)
+    if vectors is not None and vectors not in PRECISIONS:
+        _usage(f"--vectors must be one of {', '.join(PRECISIONS)}, got {vectors!r}")
+    if keep is not None and keep not in KEEPS:
+        _usage(f"--keep must be one of {', '.join(KEEPS)}, got {keep!r}")
     watch, pending = _IndexWatch(), None
     try:
         root = collection_path(collection)
@@ -134,7 +154,8 @@ def index_command(
             settings, dtype = _plan_settings(plan, root, model, {**settings, "trigger_layer": trigger_layer}, dtype)
         retriever = Retriever.for_collection(
             root, model, device=device, dtype=dtype, batching=BatchingConfig(batch_tokens=batch_tokens, unpadded=unpadded),
-            reindex=reindex, loading=watch.loading, trigger_layer=trigger_layer, dim=dim, **settings,
+            reindex=reindex, loading=watch.loading, trigger_layer=trigger_layer, dim=dim, vectors=vectors, keep=keep,
+            reranker=reranker, **settings,
             video={name: value for name, value in video.items() if value is not None} or None)
         pending = lambda: retriever.pending(paths, options)  # noqa: E731
         with retriever, watch:
@@ -200,7 +221,7 @@ class _IndexWatch(Progress):
         elapsed = max(p.elapsed_s - self.load_s, 1e-9)  # rates of the work, not of loading the model
         items = p.embedded + p.reused
         rates = (f"{items} items  {items / elapsed:.1f} items/s  {p.prefix_tokens / elapsed:.0f} tok/s  "
-                 f"removed {p.prefix_removal:.0%}")
+                 f"removed {p.prefix_removal:.0%}" + (f"  tower {p.tower_share:.0%}" if p.tower_s else ""))
         self.update(p.files_done, p.files_total, detail=rates, share=p.fraction)
 
 
@@ -213,6 +234,8 @@ def _render_index_report(report) -> None:
                         ("files removed (vanished)", report.removed),
                         ("files skipped (removed earlier)", report.excluded), ("items failed", report.failed),
                         ("prefix tokens removed", f"{report.prefix_removal:.1%}"),
+                        ("model s: vision tower / decoder", f"{report.tower_s:.1f} / {report.decoder_s:.1f} "
+                                                            f"(tower {report.tower_share:.0%})"),
                         ("index", report.index_factory or "-"), ("seconds", f"{report.seconds:.1f}")):
         table.add_row(name, markup_safe(value))
     stdout.print(table)
@@ -241,28 +264,67 @@ def search_command(
     path: Optional[str] = typer.Option(None, "--path", envvar="FASTE_MM_PATH",
                                        help="Only files whose path matches this glob ('*' also matches '/'), "
                                             "e.g. '*/invoices/*', '*.pdf', './photos/*'."),
+    mode: str = typer.Option("dense", "--mode", envvar="FASTE_MM_SEARCH_MODE",
+                             help="dense (by meaning, default) | lexical (by words: file names, text, PDF text "
+                                  "layers, metadata; loads no model) | hybrid (both, reciprocal-rank fused)."),
+    rescore: Optional[int] = typer.Option(None, "--rescore", envvar="FASTE_MM_RESCORE", min=0,
+                                          help="Candidates per result that an int8/binary/PQ index returns to be "
+                                               "rescored exactly from the copy on disk (0 = none). Default: "
+                                               "20 for binary, 2 for int8, 4 for PQ."),
+    lexical_syntax: bool = typer.Option(False, "--lexical-syntax", envvar="FASTE_MM_LEXICAL_SYNTAX",
+                                        help="Read the query as SQLite FTS5 syntax (AND OR NOT \"phrase\" prefix*) "
+                                             "in lexical and hybrid modes; default: plain words."),
+    rerank: Rerank = None,
+    rerank_top: RerankTop = 50,
+    rerank_r_max: RerankRMax = "0",
+    rerank_protect: RerankProtect = "none",
+    no_rerank: bool = typer.Option(False, "--no-rerank", envvar="FASTE_MM_NO_RERANK",
+                                   help="Do not rerank, even with a collection reranker."),
+    no_server: bool = typer.Option(False, "--no-server", envvar="FASTE_MM_NO_SERVER",
+                                   help="Load the model here even when a faste-mm serve is serving the "
+                                        "collection (default: a text search asks that server)."),
     device: Device = "auto",
     debug: Debug = False,
 ) -> None:
-    """Search a collection by text, image and/or video; the model is the one the collection was built with."""
+    """Search a collection by text, image and/or video; the model is the one the collection was built with.
+    A text search asks the collection's running `faste-mm serve`, if any, instead of loading the model."""
+    from faste_mm.cli.server_search import search_through_server
     from faste_mm.retrieval.retriever import Retriever
+
+    from faste_mm.indexers.search import MODES
 
     setup_logging(debug)
     if query is None and image is None and video is None:
         _usage("give a QUERY text, --image PATH, --video PATH, or a combination")
+    if mode not in MODES:
+        _usage(f"--mode must be one of {', '.join(MODES)}, got {mode!r}")
     conditions = _parse_where(where)
     try:
-        with Retriever.open(collection, device=device) as retriever:
-            quiet_transformers()  # the model loads in search(): no per-weight bar on stderr
-            hits = retriever.search(query, image=image, video=video, k=k, instruction=instruction, where=conditions,
-                                    type=kind or None, path=path)
-            root = retriever.collection
+        served = None
+        # The server answers plain dense text searches; a reranked, lexical/hybrid, image, video or
+        # instruction search runs here (a collection with a default reranker reranks unless --no-rerank).
+        local_only = (image is not None or video is not None or instruction is not None or rerank is not None
+                      or mode != "dense" or rescore is not None or lexical_syntax)
+        if not no_server and not local_only and (no_rerank or _collection_reranker(collection) is None):
+            served = search_through_server(collection, query, k, conditions, kind, path, debug)
+        if served is not None:
+            root, hits = served
+        else:
+            with Retriever.open(collection, device=device) as retriever:
+                if mode != "lexical":  # lexical search loads no model
+                    quiet_transformers()  # the model loads in search(): no per-weight bar on stderr
+                reranker = None if no_rerank else _load_reranker(rerank, retriever.collection, rerank_r_max,
+                                                                 rerank_protect, device)
+                hits = retriever.search(query, image=image, video=video, k=k, instruction=instruction,
+                                        where=conditions, type=kind or None, path=path, mode=mode, rescore=rescore,
+                                        lexical_syntax=lexical_syntax, rerank=reranker, rerank_top=rerank_top)
+                root = retriever.collection
     except FasteError as error:
         fail(error, debug)
     if output is SearchFormat.json:
         payload = {"query": {"text": query, "image": None if image is None else str(image),
                              "video": None if video is None else str(video)},
-                   "collection": str(root), "k": k,
+                   "collection": str(root), "k": k, "mode": mode,
                    "filter": {"where": conditions, "types": list(kind), "path": path},
                    "hits": [{"rank": rank, **hit.to_dict()} for rank, hit in enumerate(hits, 1)]}
         print_json(payload)
@@ -275,10 +337,15 @@ def search_command(
         sys.stdout.buffer.flush()
     else:
         table = Table(title=f"{len(hits)} results")
-        for column, justify in (("rank", "right"), ("score", "right"), ("file", "left"), ("page", "right")):
+        reranked = any(hit.rerank_score is not None for hit in hits)
+        columns = (("rank", "right"), ("score", "right"), *((("rerank", "right"),) if reranked else ()),
+                   ("file", "left"), ("page", "right"))
+        for column, justify in columns:
             table.add_column(column, justify=justify, overflow="fold")
         for rank, hit in enumerate(hits, 1):
-            table.add_row(str(rank), f"{hit.score:.4f}", markup_safe(hit.uri), "" if hit.page is None else str(hit.page))
+            rerank_cell = () if not reranked else ("-" if hit.rerank_score is None else f"{hit.rerank_score:.4f}",)
+            table.add_row(str(rank), f"{hit.score:.4f}", *rerank_cell, markup_safe(hit.uri),
+                          "" if hit.page is None else str(hit.page))
         stdout.print(table)
 
 
@@ -315,6 +382,7 @@ def info_command(
             info, profile = col.info(), CollectionProfile.from_manifest(col.manifest)
             # the stored settings as the profile reads them (defaults filled in for older collections)
             settings = profile.to_manifest(base=col.manifest).to_dict()
+            settings["vectors"]["int8_ranges"] = "calibrated" if col.manifest.int8_ranges is not None else None
     except FasteError as error:
         fail(error, debug)
     payload = {**info.to_dict(), "settings": settings, "plan": receipt_summary(profile.receipt)}
@@ -329,12 +397,15 @@ def info_command(
                         ("dim", f"{info.dim} (Matryoshka: first {info.dim} of {profile.model_dim})"
                                 if profile.is_matryoshka else info.dim), ("FastE r_max (documents)", profile.r_max),
                         ("FastE theta (documents)", theta),
+                        ("vectors", f"{profile.vectors} index, {profile.keep} kept on disk for rescoring"
+                                    if profile.keep != "none" else f"{profile.vectors} index, no rescoring copy"),
                         ("pixels", f"{profile.min_pixels}..{profile.max_pixels}"),
                         ("plan (measured)", receipt_summary(profile.receipt)),
                         ("video", "{fps:g} fps, at most {max_frames} frames of {max_pixels} px, "
                                   "{total_pixels} px in all".format(**profile.video.to_dict())),
                         ("items", info.n_ok), ("failed", info.n_failed), ("deleted (until compact)", info.n_deleted),
                         ("index type", info.index_type), ("index", info.index_factory or "-"),
+                        ("reranker (search)", profile.reranker or "-"),
                         ("size on disk", f"{info.size_bytes / 2**20:.2f} MiB")):
         table.add_row(name, markup_safe(value))
     stdout.print(table)
@@ -414,3 +485,28 @@ def rebuild_index_command(
     except FasteError as error:
         fail(error, debug)
     stdout.print(factory, highlight=False)
+
+
+def _collection_reranker(collection: str | None) -> str | None:
+    """The collection's default reranker (index --reranker), None when it has none or cannot be read
+    here (the local search then says why)."""
+    from faste_mm.retrieval.maintenance import collection_path
+    from faste_mm.retrieval.profile import read_profile
+
+    try:
+        return read_profile(collection_path(collection)).reranker
+    except FasteError:
+        return None
+
+
+def _load_reranker(model: str | None, root: Path, r_max: str, protect: str, device: str):
+    """The reranker of `search` and `serve`: --rerank, else the collection's (index --reranker), else None."""
+    from faste_mm.retrieval.profile import read_profile
+
+    model = model or (read_profile(root).reranker if root is not None else None)
+    if model is None:
+        return None
+    from faste_mm.model.reranker import Reranker
+
+    with Progress().loading(model):
+        return Reranker.from_pretrained(model, r_max=one_ratio(r_max) or 0.0, protect=protect, device=device)

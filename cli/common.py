@@ -15,16 +15,54 @@ from rich.markup import escape
 
 from faste_mm.errors import ConfigError, FasteError
 
+class _ResultConsole(Console):
+    """stdout: a table printed to a pipe or a file is laid out at its natural width (rich would
+    assume 80 columns and fold paths mid-name); on a terminal it fits the window, and a long
+    path folds onto the next line."""
+
+    def print(self, *objects, **kwargs) -> None:
+        from rich.measure import Measurement
+        from rich.table import Table
+
+        tables = [o for o in objects if isinstance(o, Table)]
+        if self.is_terminal or not tables:
+            super().print(*objects, **kwargs)
+            return
+        natural = max(Measurement.get(self, self.options.update(width=1 << 16), t).maximum for t in tables)
+        width, self._width = self._width, max(natural, self.width)  # rich caps print(width=) at its own
+        try:
+            super().print(*objects, **kwargs)
+        finally:
+            self._width = width
+
+
 # soft_wrap: a message is never hard-wrapped at the console width (a piped stderr has no width,
 # and rich would assume 80 columns and split paths and sentences across lines).
 stderr = Console(stderr=True, soft_wrap=True)
-stdout = Console(soft_wrap=True)
+stdout = _ResultConsole(soft_wrap=True)
+
+
+class _StderrHandler(logging.StreamHandler):
+    """Writes to the sys.stderr of the moment, not the one of set-up: while a progress bar is
+    live, rich puts a proxy there that prints each line above the bar instead of into it."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:  # logging.StreamHandler sets it; the property decides
+        pass
 
 
 def setup_logging(debug: bool, level: int = logging.WARNING) -> None:
     """Library logs to stderr: `level` and above (DEBUG with --debug)."""
-    logging.basicConfig(level=logging.DEBUG if debug else level, stream=sys.stderr,
-                        format="%(levelname)s: %(message)s", force=True)
+    handler = _StderrHandler()
+    handler.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
+    logging.basicConfig(level=logging.DEBUG if debug else level, handlers=[handler], force=True)
 
 
 # Config fields as the CLI spells them: a ConfigError raised by a library dataclass names the
@@ -41,8 +79,11 @@ _FLAGS = {
     "CollectionProfile.dim": "--dim", "VideoConfig.fps": "--video-fps", "VideoConfig.max_frames": "--video-max-frames",
     "PlanConfig.dtypes": "--dtype", "PlanConfig.target": "--target", "PlanConfig.p5_floor": "--p5-floor",
     "PlanConfig.max_pixels": "--max-pixels",
+    "VideoConfig.max_pixels": "--video-max-pixels",
 }
 _FLAG_RE = re.compile("|".join(rf"\b{re.escape(name)}\b" for name in _FLAGS))
+# Any other config field is set by the flag of its name: `BenchConfig.repeats` -> --repeats.
+_FIELD_RE = re.compile(r"\b[A-Z]\w*(?:Config|Options|Profile)\.([a-z][a-z0-9_]*)\b")
 # Control characters (newlines, ANSI escapes) in a file name would break or recolour the output;
 # bidirectional overrides (U+202E: "invoice\u202egpj.exe" shows as "invoiceexe.jpg") would disguise it.
 _CONTROL_RE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
@@ -79,7 +120,8 @@ def print_json(payload: object) -> None:
 
 def in_cli_words(message: str) -> str:
     """A library message with config field names replaced by the CLI flags that set them."""
-    return _FLAG_RE.sub(lambda m: _FLAGS[m.group()], message)
+    message = _FLAG_RE.sub(lambda m: _FLAGS[m.group()], message)
+    return _FIELD_RE.sub(lambda m: "--" + m.group(1).replace("_", "-"), message)
 
 
 def fail(error: FasteError, debug: bool) -> NoReturn:

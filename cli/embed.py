@@ -107,7 +107,9 @@ def _render_summary(summary: dict) -> None:
         ("prefix tokens removed", f"{stats['prefix_removal']:.1%}"),
         ("decoder FLOPs reduction", f"{stats['flops_reduction']:.1%}"),
         ("mean trigger layer", "-" if stats["mean_trigger_layer"] is None else f"{stats['mean_trigger_layer']:.1f}"),
+        ("dtype", f"{stats['dtype']['dtype']} ({stats['dtype']['reason']})"),
         ("model forward (s)", f"{stats['forward_s']:.2f}"),
+        ("of which vision tower (s)", f"{stats['tower_s']:.2f}"),
         ("end to end (s)", f"{stats['total_s']:.2f}"),
     ]
     for name, value in rows:

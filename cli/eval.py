@@ -15,6 +15,7 @@ from faste_mm.cli.common import fail, setup_logging, stderr, stdout
 from faste_mm.cli.options import (DEFAULT_BATCH_TOKENS, DEFAULT_MODEL, BatchTokens, Debug, Device, Dtype, Format,
                                   ImageRoot, Model, OutputFormat, RMax, Threshold, TriggerLayer, Unpadded, WarmupLayer,
                                   fast_e_config, ratios)
+from faste_mm.cli.options import Rerank, RerankProtect, RerankRMax, RerankTop, ratios
 from faste_mm.cli.progress import Progress
 from faste_mm.errors import FasteError
 
@@ -31,12 +32,12 @@ def eval_command(
     model: Model = None,
     r_max: RMax = None,
     methods: str = typer.Option(_ALL_METHODS, envvar="FASTE_MM_METHODS", help=f"Comma-separated methods from {_ALL_METHODS} (default: all)."),
-    limit: Optional[int] = typer.Option(None, envvar="FASTE_MM_LIMIT", help="First N queries per task (default: all, 1000)."),
+    limit: Optional[int] = typer.Option(None, envvar="FASTE_MM_LIMIT", min=1, help="First N queries per task (default: all, 1000)."),
     out: Path = typer.Option(Path("faste-mm-eval"), "--out", "-o", envvar="FASTE_MM_EVAL_OUT", help="Output folder (results.json, results.md, plot, cache/). Default ./faste-mm-eval."),
     warmup_layer: WarmupLayer = None,
     threshold: Threshold = None,
     trigger_layer: TriggerLayer = None,
-    seed: int = typer.Option(0, envvar="FASTE_MM_SEED", help="Seed of the 'random' ranking baseline. Default 0."),
+    seed: int = typer.Option(0, envvar="FASTE_MM_SEED", min=0, help="Seed of the 'random' ranking baseline. Default 0."),
     batch_tokens: BatchTokens = DEFAULT_BATCH_TOKENS,
     unpadded: Unpadded = "auto",
     chunk_items: int = typer.Option(256, envvar="FASTE_MM_CHUNK_ITEMS", help="Items serialized and length-sorted together (the first chunks are smaller). Default 256."),
@@ -44,6 +45,10 @@ def eval_command(
     dtype: Dtype = "auto",
     cache: bool = typer.Option(True, "--cache/--no-cache", envvar="FASTE_MM_EVAL_CACHE", help="Keep embeddings in --out/cache and resume from them. Default on."),
     output: OutputFormat = Format.table,
+    rerank: Rerank = None,
+    rerank_top: RerankTop = 20,
+    rerank_r_max: RerankRMax = "0",
+    rerank_protect: RerankProtect = "none",
     debug: Debug = False,
 ) -> None:
     """Evaluate Full, FastE and baselines on MMEB MSCOCO_t2i / DocVQA / NIGHTS (Recall@1/5/10, nDCG@10)."""
@@ -59,6 +64,7 @@ def eval_command(
             fast_e=fast_e_config(0.0, warmup_layer, threshold, trigger_layer, seed),
         )
         specs = resolve_tasks(task)
+        batching = BatchingConfig(batch_tokens=batch_tokens, chunk_items=chunk_items, unpadded=unpadded)
         if data is None:
             stderr.print(f"downloading {', '.join(s.subset for s in specs)} from the Hugging Face hub (cached)")
             data = download_tasks(specs, data_cache)
@@ -67,15 +73,42 @@ def eval_command(
             with progress.loading(model):
                 embedder = Embedder.from_pretrained(
                     model, device=device, dtype=dtype,
-                    batching=BatchingConfig(batch_tokens=batch_tokens, chunk_items=chunk_items, unpadded=unpadded))
+                    batching=batching)
             results = evaluate(embedder, tasks, config, cache_dir=out / "cache" if cache else None, progress=progress)
+            reranked = _rerank(embedder, tasks, rerank, rerank_top, rerank_r_max, rerank_protect, device, dtype, progress)
         paths = write_report(results, out)
+        if reranked is not None:
+            paths["rerank"] = out / "rerank.json"
+            paths["rerank"].write_text(json.dumps([row.to_dict() for row in reranked], indent=2))
     except FasteError as error:
         fail(error, debug)
     if output is Format.json:
-        stdout.print_json(json.dumps({**results.to_dict(), "files": {k: str(v) for k, v in paths.items()}}))
+        extra = {} if reranked is None else {"rerank": [row.to_dict() for row in reranked]}
+        stdout.print_json(json.dumps({**results.to_dict(), **extra, "files": {k: str(v) for k, v in paths.items()}}))
         return
     stdout.print(paper_table(results), markup=False, highlight=False, soft_wrap=True)
     stdout.print()
     stdout.print(summary_table(results), markup=False, highlight=False, soft_wrap=True)
+    if reranked is not None:
+        from faste_mm.datasets.rerank_eval import rerank_table
+
+        stdout.print()
+        stdout.print(rerank_table(reranked), markup=False, highlight=False, soft_wrap=True)
     stderr.print(f"wrote {paths['json']}, {paths['markdown']}, {paths['plot']}")
+
+
+def _rerank(embedder, tasks, model: str | None, top: int, r_max: str, protect: str, device: str, dtype: str, progress):
+    """The two-stage table of `--rerank` (None without it); `--rerank-protect both` runs none and query."""
+    if model is None:
+        return None
+    from faste_mm import Reranker
+    from faste_mm.datasets.rerank_eval import evaluate_rerank
+    from faste_mm.errors import ConfigError
+
+    modes = {"none": ("none",), "query": ("query",), "both": ("none", "query")}
+    if protect not in modes:
+        raise ConfigError(f"--rerank-protect must be none, query or both, got {protect!r}")
+    with progress.loading(model):
+        reranker = Reranker.from_pretrained(model, device=device, dtype=dtype)
+    return evaluate_rerank(embedder, reranker, tasks, top=top, r_max=ratios(r_max, (0.0,)), protect=modes[protect],
+                           progress=progress)

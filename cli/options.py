@@ -47,7 +47,7 @@ WarmupLayer = Annotated[Optional[int], typer.Option(
     help="FastE warm-up layer l_w: no alignment check before this layer. Default: a collection's own, else "
          "the backbone's (8).")]
 Threshold = Annotated[Optional[float], typer.Option(
-    "--threshold", envvar="FASTE_MM_THRESHOLD", show_default=False,
+    "--threshold", envvar="FASTE_MM_THRESHOLD", show_default=False, min=-1.0, max=1.0,
     help="FastE theta: the readout/prefix cosine that triggers compression, -1..1. Default: a collection's "
          "own, else the model's saved calibration (faste-mm calibrate --save), else the backbone's (0.70 for "
          "Qwen3-VL-Embedding). calibrate: check this theta only.")]
@@ -77,7 +77,8 @@ VisualTokens = Annotated[Optional[int], typer.Option(
          "one of the two.")]
 Dtype = Annotated[str, typer.Option(
     "--dtype", envvar="FASTE_MM_DTYPE", show_default=False,
-    help="Model weights and compute: auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16 | float16. "
+    help="Model weights and compute: auto (bfloat16 on CUDA and on CPUs with native bf16, else float32) | float32 | "
+         "bfloat16 | float16. "
          "Default auto.")]
 OutputFormat = Annotated[Format, typer.Option(
     "--format", envvar="FASTE_MM_FORMAT", show_default=False,
@@ -125,3 +126,21 @@ def fast_e_config(r_max: float = 0.0, warmup_layer: int | None = None, threshold
 
     return FastEConfig(r_max=r_max, warmup_layer=warmup_layer, threshold=threshold, trigger_layer=trigger_layer,
                        seed=seed)
+
+DEFAULT_RERANKER = "Qwen/Qwen3-VL-Reranker-2B"
+Rerank = Annotated[Optional[str], typer.Option(
+    "--rerank", envvar="FASTE_MM_RERANK", show_default=False,
+    help="A reranker (hub id or folder, e.g. Qwen/Qwen3-VL-Reranker-2B) for a second stage: search reranks its top "
+         "--rerank-top hits (default: the collection's reranker, index --reranker), eval its top candidates, serve "
+         "answers /v1/rerank. Default: none.")]
+RerankTop = Annotated[int, typer.Option(
+    "--rerank-top", envvar="FASTE_MM_RERANK_TOP", min=1, show_default=False,
+    help="Candidates per query the reranker re-scores. Default 50 (search), 20 (eval).")]
+RerankRMax = Annotated[str, typer.Option(
+    "--rerank-r-max", envvar="FASTE_MM_RERANK_R_MAX", show_default=False,
+    help="FastE on the reranker: largest share of each pair's prefix removed, 0 <= r < 1 (eval: comma-separated). "
+         "Default 0 (the exact score).")]
+RerankProtect = Annotated[str, typer.Option(
+    "--rerank-protect", envvar="FASTE_MM_RERANK_PROTECT", show_default=False,
+    help="none | query (eval also: both): FastE on the reranker may evict the query (none) or never does (query). "
+         "Default none.")]

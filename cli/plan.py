@@ -27,7 +27,7 @@ def plan_command(
     paths: list[Path] = typer.Argument(..., help="Your files and folders (images, PDFs, .txt/.md, videos): the sample is drawn from them."),
     model: Model = None,
     sample: int = typer.Option(200, "--sample", envvar="FASTE_MM_PLAN_SAMPLE", help="Items sampled (seeded, stratified by kind: photos, pages, texts, videos); default 200."),
-    seed: int = typer.Option(0, "--seed", envvar="FASTE_MM_PLAN_SEED", help="Seed of the sample (default 0: the same files every run)."),
+    seed: int = typer.Option(0, "--seed", envvar="FASTE_MM_PLAN_SEED", min=0, help="Seed of the sample (default 0: the same files every run)."),
     queries: Optional[Path] = typer.Option(None, "--queries", envvar="FASTE_MM_QUERIES", help="Text file of typical queries, one per line: adds their top-10 agreement."),
     target: float = typer.Option(0.95, "--target", envvar="FASTE_MM_PLAN_TARGET", help="Neighbour agreement@10 the recommendation must keep, in (0, 1]; default 0.95."),
     p5_floor: Optional[float] = typer.Option(None, "--p5-floor", envvar="FASTE_MM_PLAN_P5_FLOOR", help="5th-percentile cosine to the reference it must also keep (default 1 - 3 x (1 - target))."),

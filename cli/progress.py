@@ -20,6 +20,7 @@ from faste_mm.errors import ConfigError
 # Seconds between plain progress lines when stderr is not a terminal (0: a line per update).
 INTERVAL_ENV = "FASTE_MM_PROGRESS_INTERVAL"
 DEFAULT_INTERVAL_S = 5.0
+_BAR_WIDTH = 20  # characters: leaves an 80-column terminal room for the count, elapsed and ETA
 
 
 def interval_s() -> float:
@@ -68,9 +69,14 @@ class Progress:
     def __enter__(self) -> "Progress":
         if self._live:
             from rich.progress import BarColumn, Progress as RichProgress, TextColumn
+            from rich.table import Column
 
-            self._bar = RichProgress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[line]}"),
-                                     console=self._console, transient=True)
+            # A short bar, then the label and the numbers that matter first (count, elapsed, ETA),
+            # the rates after them; at any width the text folds onto a second line, never "…".
+            self._bar = RichProgress(BarColumn(bar_width=_BAR_WIDTH),
+                                     TextColumn("{task.description}: {task.fields[line]}",
+                                                table_column=Column(ratio=1, overflow="fold")),
+                                     console=self._console, transient=True, expand=True)
             self._bar.start()
         return self
 
@@ -100,7 +106,8 @@ class Progress:
         line = self.line(detail, share)
         if self._bar is not None:
             shown = done if share is None or not self._total else share * self._total  # per batch, not per commit
-            self._bar.update(self._task, completed=shown, total=self._total, line=escape(line))
+            self._bar.update(self._task, completed=shown, total=self._total,
+                             line=escape(self.line(detail, share, numbers_first=True)), refresh=True)
             return
         now = time.monotonic()
         finished = self._total is not None and done >= self._total
@@ -108,8 +115,9 @@ class Progress:
             self._printed = float("inf") if finished else now  # a finished phase prints once
             self._console.print(f"{escape(self._label)}: {escape(line)}", highlight=False, markup=True)
 
-    def line(self, detail: str = "", share: float | None = None) -> str:
-        """The text after the label: count, detail, elapsed and ETA."""
+    def line(self, detail: str = "", share: float | None = None, numbers_first: bool = False) -> str:
+        """The text after the label: count, detail, elapsed and ETA (numbers_first: count,
+        elapsed, ETA, then the detail, for the live bar where the end may fold away)."""
         elapsed = time.monotonic() - self._started
         count = f"{self._done:.0f}" + ("" if self._total is None else f"/{self._total:.0f}")
         count += f" {self._unit}" if self._unit else ""
@@ -117,11 +125,11 @@ class Progress:
             share = self._done / self._total
         if not detail and self._done and elapsed > 0:
             detail = f"{self._done / elapsed:.2f}/s"
-        parts = [count, detail] if detail else [count]
-        parts.append(f"elapsed {format_duration(elapsed)}")
+        times = [f"elapsed {format_duration(elapsed)}"]
         if share is not None and 0 < share < 1:
-            parts.append(f"ETA {format_duration(elapsed * (1 - share) / share)}")
-        return "  ".join(parts)
+            times.append(f"ETA {format_duration(elapsed * (1 - share) / share)}")
+        details = [detail] if detail else []
+        return "  ".join([count, *times, *details] if numbers_first else [count, *details, *times])
 
     # ---- steps without a count --------------------------------------------------------------
     def status(self, text: str) -> None:

@@ -5,16 +5,22 @@ search, thumbnails, metrics) and a search page. Thin: options -> ServeConfig -> 
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 from typing import Optional
 
 import typer
 
+from rich.markup import escape
+
 from faste_mm.cli.common import fail, setup_logging, stderr
 from faste_mm.cli.options import (DEFAULT_BATCH_TOKENS, DEFAULT_MODEL, BatchTokens, CollectionOption, Debug, Device, Dtype,
                                   MaxPixels, Model, RMax, Threshold, TriggerLayer, Unpadded, VisualTokens, WarmupLayer,
                                   fast_e_config, one_ratio)
-from faste_mm.errors import FasteError
+from faste_mm.cli.options import Rerank, RerankProtect, RerankRMax
+from faste_mm.errors import ConfigError, FasteError
+
+SERVE_INSTALL = "pip install 'faste-mm[serve]'"
 
 
 def serve_command(
@@ -60,9 +66,14 @@ def serve_command(
     unpadded: Unpadded = "auto",
     max_pixels: MaxPixels = None,
     visual_tokens: VisualTokens = None,
+    rerank: Rerank = None,
+    rerank_r_max: RerankRMax = "0",
+    rerank_protect: RerankProtect = "none",
     debug: Debug = False,
 ) -> None:
-    """Serve embeddings (OpenAI-compatible /v1/embeddings) and, with -c, search and a search page at /."""
+    """Serve embeddings (OpenAI-compatible /v1/embeddings), search and a search page at / (the
+    default collection unless -c names another; --model alone: embeddings only)."""
+    _require_serve_extra()  # before anything loads: a missing package must not cost a model load
     try:
         from faste_mm.serving import BatcherConfig, ServeConfig, check_bind
         from faste_mm.serving.security import host_names
@@ -87,12 +98,39 @@ def serve_command(
 
             torch.set_num_threads(threads)
         engine = _load_engine(collection, model, device, dtype, batch_tokens, unpadded, config, settings)
+        from faste_mm.cli.collection_commands import _load_reranker
+
+        reranker = _load_reranker(rerank, engine.collection, rerank_r_max, rerank_protect, device)
+        if reranker is not None:  # /v1/rerank and /explain run on the same model thread
+            engine = type(engine)(engine.embedder, engine.retriever, engine.config, reranker=reranker)
     except FasteError as error:
         fail(error, debug)
-    except ImportError as error:  # fastapi / uvicorn missing
-        stderr.print(f"[red]error:[/red] {error}; install the server extra: pip install 'faste-mm[serve]'")
+    _run(engine, host, port, api_key)
+
+
+# The `serve` extra's packages, by import name (python-multipart imports as python_multipart,
+# older releases as multipart).
+_SERVE_MODULES = (("fastapi",), ("uvicorn",), ("python_multipart", "multipart"))
+
+
+def _require_serve_extra() -> None:
+    """Exit 1 saying what to install when a package of the `serve` extra is missing."""
+    import importlib
+
+    missing = []
+    for names in _SERVE_MODULES:
+        for name in names:
+            try:
+                importlib.import_module(name)
+                break
+            except ImportError:
+                continue
+        else:
+            missing.append(names[0].replace("_", "-"))
+    if missing:
+        stderr.print(f"[red]error:[/red] faste-mm serve needs {', '.join(missing)} (not installed); install the "
+                     f"server extra: {escape(SERVE_INSTALL)}", highlight=False)
         raise typer.Exit(1)
-    _run(engine, host, port)
 
 
 def _load_engine(collection, model, device, dtype, batch_tokens, unpadded, config, settings):
@@ -103,13 +141,20 @@ def _load_engine(collection, model, device, dtype, batch_tokens, unpadded, confi
     from faste_mm.serving import ServeEngine
 
     batching = BatchingConfig(batch_tokens=batch_tokens, unpadded=unpadded)
-    if collection is None:
-        stderr.print(f"loading {model or DEFAULT_MODEL} (embeddings only: no -c collection)")
+    if collection is None and model is not None:
+        stderr.print(f"loading {model} (embeddings only: --model without -c)")
         budget = settings["max_pixels"]
         serializer = None if budget is None else SerializerConfig(max_pixels=budget)
-        return ServeEngine(Embedder.from_pretrained(model or DEFAULT_MODEL, device=device, dtype=dtype,
+        return ServeEngine(Embedder.from_pretrained(model, device=device, dtype=dtype,
                                                     batching=batching, serializer=serializer), None, config)
+    from faste_mm.retrieval.profile import existing_profile
+
     root = collection_path(collection)
+    if existing_profile(root) is None:  # refused before any model loads
+        which = f"the collection {root}" if collection else f"no -c given and the default collection {root}"
+        raise ConfigError(f"{which} does not exist yet; index files into it first (faste-mm index PATH"
+                          f"{f' -c {collection}' if collection else ''}), name another with -c, or serve "
+                          f"embeddings only with --model MODEL")
     # the collection's profile names the model, pixel budget and FastE; a different one given is refused
     retriever = Retriever.for_collection(root, model, device=device, dtype=dtype, batching=batching, **settings)
     stderr.print(f"loading {retriever.model_id} for collection {root}")
@@ -117,12 +162,18 @@ def _load_engine(collection, model, device, dtype, batch_tokens, unpadded, confi
     return ServeEngine(retriever.embedder, retriever, config)
 
 
-def _run(engine, host: str, port: int) -> None:
+def _exit_on_signal(signum: int, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _run(engine, host: str, port: int, api_key: str | None) -> None:
     import socket
+    from contextlib import nullcontext
 
     import uvicorn
 
     from faste_mm.serving import create_app
+    from faste_mm.serving.discovery import announced
 
     # Bind here, so the address printed (and a port 0 choice) is the real one before serving.
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -136,9 +187,18 @@ def _run(engine, host: str, port: int) -> None:
     sock.listen(2048)  # connections made as soon as the URL is printed wait in the backlog
     bound = sock.getsockname()[1]
     shown = f"[{host}]" if ":" in host else host
-    # stdout: scripts and tests read the URL from here; everything else is on stderr.
-    sys.stdout.write(f"serving on http://{shown}:{bound}/\n")
-    sys.stdout.flush()
     server = uvicorn.Server(uvicorn.Config(create_app(engine), log_level="warning", access_log=False,
                                            timeout_graceful_shutdown=5))
-    server.run(sockets=[sock])
+    # `faste-mm search` on this collection asks this server (through its address on this machine)
+    # while it runs; announced before the URL is printed, removed when the server stops.
+    local = {"0.0.0.0": "127.0.0.1", "::": "[::1]"}.get(host, shown)
+    announcement = (nullcontext() if engine.collection is None else
+                    announced(engine.collection, f"http://{local}:{bound}/", engine.embedder.model_id, api_key))
+    # uvicorn re-raises the SIGTERM that stopped it once it has shut down; as an exception here
+    # (not the default handler's instant death) it leaves through `announcement`, which withdraws.
+    signal.signal(signal.SIGTERM, _exit_on_signal)
+    with announcement:
+        # stdout: scripts and tests read the URL from here; everything else is on stderr.
+        sys.stdout.write(f"serving on http://{shown}:{bound}/\n")
+        sys.stdout.flush()
+        server.run(sockets=[sock])

@@ -21,6 +21,9 @@ _EXPORTS = {
     "EmbedStats": "faste_mm.model.embedder",
     "Failure": "faste_mm.model.items",
     "Item": "faste_mm.model.items",
+    "Ranking": "faste_mm.model.reranker",
+    "RerankResult": "faste_mm.model.reranker",
+    "Reranker": "faste_mm.model.reranker",
     "SerializerConfig": "faste_mm.model.serialization",
     "TextPrompt": "faste_mm.model.serialization",
     "AddReport": "faste_mm.retrieval.results",
@@ -57,6 +60,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs only; never executed
     from faste_mm.model.embedder import EmbedResult, Embedder, EmbedStats
     from faste_mm.model.faste import FastEConfig
     from faste_mm.model.items import Failure, Item
+    from faste_mm.model.reranker import Ranking, Reranker, RerankResult
     from faste_mm.model.serialization import SerializerConfig, TextPrompt
     from faste_mm.retrieval.results import AddReport, Hit, IndexReport, RemoveReport
     from faste_mm.retrieval.retriever import Retriever

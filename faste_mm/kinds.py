@@ -23,7 +23,7 @@ class Kind:
     filter_type: what `search --type` / `SearchFilter.types` calls it; `matches` lists every
         stored modality it stands for (an image added with a caption is "image+text").
     thumbnail: how the search page pictures an item: "image" (the file), "page" (the rendered
-        PDF page) or None (no picture).
+        PDF page), "frame" (a frame of the video) or None (no picture).
     decoder: the name of the decoder that turns a file into embedder input
         (`faste_mm.retrieval.decoders.DECODERS`; the Ray executor decodes with the same table).
     """
@@ -43,7 +43,7 @@ KINDS: dict[str, Kind] = {kind.name: kind for kind in (
     Kind("pdf", frozenset({".pdf"}), "page", "pdf", ("page",), "page", "pdf-pages"),
     Kind("text", frozenset({".txt", ".md"}), "text", "text", ("text",), None, "text"),
     Kind("video", frozenset({".mp4", ".mov", ".webm", ".mkv", ".avi"}),
-         "video", "video", ("video", "video+text"), None, "video"),
+         "video", "video", ("video", "video+text"), "frame", "video"),
 )}
 UNSUPPORTED = "unsupported"  # the kind of any other file (recorded as a failure when named)
 

@@ -15,6 +15,8 @@ from faste_mm.tools.shapes import QWEN_VOCAB, build_qwen3_vl_processor, qwen3_vl
 from faste_mm.errors import ConfigError
 
 FAMILIES = ("qwen3_vl", "qwen3", "qwen2", "mistral", "llama")
+# rerankers: the same decoders with their LM head (Qwen3-VL-Reranker, Qwen3-Reranker)
+RERANKER_FAMILIES = ("qwen3_vl_reranker", "qwen3_reranker")
 
 _TEXT = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
 _CORPUS = [
@@ -30,14 +32,18 @@ def build_tiny_model(path: str | Path, family: str = "qwen3_vl", num_layers: int
     """Write a tiny random-weight model of `family` with its processor/tokenizer to `path`.
 
     family: "qwen3_vl" (Qwen3VLModel + Qwen3VLProcessor, DeepStack after layers 0..2),
-    "qwen3", "qwen2", "mistral" or "llama" (base decoder model + tokenizer). Takes seconds on CPU.
+    "qwen3", "qwen2", "mistral" or "llama" (base decoder model + tokenizer); rerankers
+    "qwen3_vl_reranker" (Qwen3VLForConditionalGeneration) and "qwen3_reranker" (Qwen3ForCausalLM
+    with an untied LM head), their yes/no head rows scaled so scores spread. Takes seconds on CPU.
     """
-    if family not in FAMILIES:
-        raise ConfigError(f"family must be one of {', '.join(FAMILIES)}, got {family!r}")
+    if family not in FAMILIES + RERANKER_FAMILIES:
+        raise ConfigError(f"family must be one of {', '.join(FAMILIES + RERANKER_FAMILIES)}, got {family!r}")
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
-    if family == "qwen3_vl":
+    if family in RERANKER_FAMILIES:
+        _build_reranker(path, family, num_layers)
+    elif family == "qwen3_vl":
         _build_qwen3_vl(path, num_layers)
     elif family in ("qwen3", "qwen2"):
         _build_qwen_text(path, family, num_layers)
@@ -54,6 +60,27 @@ def _build_qwen3_vl(path: Path, num_layers: int) -> None:
     config = qwen3_vl_config(dict(num_hidden_layers=num_layers, **_TEXT), vision, mrope_section=[2, 3, 3])
     _randomize(Qwen3VLModel(config)).save_pretrained(path)
     processor.save_pretrained(path)
+
+
+def _build_reranker(path: Path, family: str, num_layers: int) -> None:
+    from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM, Qwen3VLForConditionalGeneration
+
+    tokenizer = AutoTokenizer.from_pretrained(str(qwen_tokenizer_dir()))
+    if family == "qwen3_vl_reranker":
+        vision = dict(depth=4, hidden_size=32, intermediate_size=64, num_heads=2, deepstack_visual_indexes=[1, 2, 3], num_position_embeddings=64)
+        config = qwen3_vl_config(dict(num_hidden_layers=num_layers, **_TEXT), vision, mrope_section=[2, 3, 3])
+        model = Qwen3VLForConditionalGeneration(config)
+        preprocessor = build_qwen3_vl_processor(tokenizer)
+    else:
+        config = Qwen3Config(vocab_size=QWEN_VOCAB, num_hidden_layers=num_layers, max_position_embeddings=32768,
+                             tie_word_embeddings=False, **_TEXT)
+        model = Qwen3ForCausalLM(config)
+        preprocessor = tokenizer
+    with torch.no_grad():  # the init's 0.02 std would leave every score near 0.5
+        rows = tokenizer.convert_tokens_to_ids(["yes", "no"])
+        model.lm_head.weight[rows] = torch.randn(2, model.lm_head.weight.shape[1]) * 0.15
+    _randomize(model).save_pretrained(path)
+    preprocessor.save_pretrained(path)
 
 
 def _build_qwen_text(path: Path, family: str, num_layers: int) -> None:

@@ -4,6 +4,11 @@ Receives float32 vectors [n, d] with one `ItemRecord` each (no model code here);
 item ids, search results (scores, ids) and records. Composes `store` (SQLite, all SQL), `parts`
 (vector files), `derived_index` (index.faiss, a cache of the parts), `manifest` and `directory`
 (which files are ours, the one-writer flock, erase).
+
+Size (~830 lines, over the ~450 of issue 22): the search path's array work lives in
+`indexers.search` and `indexers.quantization`, but its entry points (search, find, the snapshot
+loop, rescoring and lexical reads) are still methods here beside the writes they must see
+consistently; moving the reader side into its own class is the next split.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 import numpy as np
 
 from faste_mm.errors import CollectionError, ConfigError, InputError
-from faste_mm.indexers import directory, faiss_index, parts
+from faste_mm.indexers import directory, faiss_index, parts, quantization, search
 from faste_mm.indexers.derived_index import DerivedIndex, desired_factory, max_part
 from faste_mm.indexers.crash_points import crash_point
 from faste_mm.indexers.directory import acquire_lock
@@ -33,6 +38,8 @@ log = logging.getLogger(__name__)
 COMPACT_PART_ROWS = 8192
 # A reader retries this often when compacts keep replacing the parts under its snapshot.
 _SNAPSHOT_ATTEMPTS = 5
+# Part mappings `vectors` keeps open between calls (pruned to the committed parts past this many).
+_MAPPED_PARTS = 256
 
 
 class Collection:
@@ -55,6 +62,7 @@ class Collection:
         self._store = store
         self._lock_fd = lock_fd
         self._index = DerivedIndex(root, manifest.dim)
+        self._parts_mapped: dict[int, np.ndarray] = {}  # see _mapped_part
         self._closed = False
         self._generation = directory.read_generation(root)
         self._expect: Manifest | None = None  # a reader's `open(expect=...)`, checked again on reload
@@ -69,7 +77,7 @@ class Collection:
         Raises CollectionError if `path` exists and is not a collection (or exist_ok is False).
         """
         root = Path(path)
-        faiss_index.validate_factory(manifest.index_type, manifest.dim)
+        faiss_index.validate_factory(manifest.index_type, manifest.dim, manifest.vectors)
         if (root / MANIFEST_NAME).exists():
             if not exist_ok:
                 raise CollectionError(f"{root}: a collection already exists here; open it, or "
@@ -212,6 +220,7 @@ class Collection:
         self._store.close()
         self._manifest, self._store, self._index = fresh._manifest, fresh._store, fresh._index
         self._generation = fresh._generation
+        self._parts_mapped = {}  # the new collection numbers its parts from 0 again
         log.info("%s: the collection was re-created; reading the new one", self.root)
 
     def _saved_manifest(self) -> Manifest:
@@ -263,6 +272,7 @@ class Collection:
         n, n_failed = len(records), len(failures)
         if n + n_failed + len(replace_uris) + len(settle) == 0:
             return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+        codes = self._encode(vectors) if n else vectors
         with self._store.transaction():
             state = self._store.state()
             ids = np.arange(state["next_id"], state["next_id"] + n + n_failed, dtype=np.int64)
@@ -272,7 +282,7 @@ class Collection:
                 if n:
                     # The part is on disk before the rows that reference it commit: a crash in
                     # between leaves an orphan file (swept on open), never a row without a vector.
-                    parts.write_part(self.root, part, vectors, ids[:n], self._manifest.vector_dtype,
+                    parts.write_part(self.root, part, codes, ids[:n], self._codec().dtype,
                                      mode_of=self.root / MANIFEST_NAME)
                     crash_point("add-after-part-written")
                     self._store.insert_items(records, ids[:n], Status.OK, part)
@@ -288,9 +298,28 @@ class Collection:
         crash_point("add-after-commit")
         if n and self._index.index is not None:  # keep an index in memory current (read back: the stored dtype)
             older = max_part([(p, size) for p, size in self._store.parts() if p < part])
-            self._index.append(state["epoch"], part, older, lambda: parts.read_part(self.root, part, n, self._manifest.dim)[0], ids[:n])
+            codec = self._codec()
+            self._index.append(state["epoch"], part, older, lambda: parts.read_part(self.root, part, n, codec.width)[0],
+                               ids[:n], codec)
         log.debug("%s: added %d items as part %d and %d failures", self.root, n, part, n_failed)
         return ids[:n], ids[n:]
+
+    def _encode(self, vectors: np.ndarray) -> np.ndarray:
+        """Float vectors [n, d] -> the codes the parts store. The first vectors of a collection with
+        8-bit codes calibrate its ranges, saved to the manifest before any code is written and fixed
+        from then on (a crash before the rows commit keeps ranges that no code used yet: harmless)."""
+        if self._manifest.uses_int8 and self._manifest.int8_ranges is None:
+            self._manifest = self._manifest.replace(int8_ranges=quantization.calibrate_int8(vectors))
+            write_manifest(self.root, self._manifest)
+            log.info("%s: calibrated 8-bit ranges on the first %d vectors", self.root, len(vectors))
+        return self._codec().encode(vectors)
+
+    def _codec(self) -> quantization.Codec:
+        """How the parts store vectors. A reader opened before the first add of a collection with
+        8-bit codes learns the ranges the writer calibrated since."""
+        if self._manifest.uses_int8 and self._manifest.int8_ranges is None and not self.writable:
+            self._manifest = self._manifest.replace(int8_ranges=read_manifest(self.root).int8_ranges)
+        return self._manifest.codec
 
     def delete(self, ids: Iterable[int]) -> int:
         """Tombstone items by id (their vectors stay until `compact`). Returns how many changed;
@@ -345,7 +374,8 @@ class Collection:
 
     def vectors(self, ids: Iterable[int]) -> np.ndarray:
         """Stored vectors [n, dim] float32 for item ids (e.g. to copy a duplicate's vector
-        instead of re-embedding it). CollectionError names ids without a stored vector."""
+        instead of re-embedding it; decoded from 8-bit or binary codes when the parts keep those).
+        CollectionError names ids without a stored vector."""
         self._follow_reindex()
         ids = [int(i) for i in ids]
         where = self._store.locations(ids)
@@ -359,11 +389,23 @@ class Collection:
         for k, i in enumerate(ids):
             part, row = where[i]
             by_part.setdefault(part, []).append((k, row))
+        codec = self._codec()
         for part, pairs in by_part.items():
-            stored = parts.read_part(self.root, part, sizes[part], self._manifest.dim)[0]
+            stored = self._mapped_part(part, sizes[part], codec.width)
             ks, rows = map(list, zip(*pairs))
-            out[ks] = stored[rows]
+            out[ks] = codec.decode(stored[rows])
         return out
+
+    def _mapped_part(self, part: int, n_rows: int, width: int) -> np.ndarray:
+        """The memory-mapped codes of a part, mapped once (part numbers are never reused, so a
+        mapping never goes stale; parts a compact removed are dropped from the cache)."""
+        mapped = self._parts_mapped.get(part)
+        if mapped is None:
+            if len(self._parts_mapped) >= _MAPPED_PARTS:
+                live = {p for p, _ in self._store.parts()}
+                self._parts_mapped = {p: m for p, m in self._parts_mapped.items() if p in live}
+            mapped = self._parts_mapped[part] = parts.read_part(self.root, part, n_rows, width)[0]
+        return mapped
 
     def iter_live(self, chunk_rows: int = 4096) -> Iterator[tuple[list[ItemRecord], np.ndarray]]:
         """Every live item with its vector, in storage order, `chunk_rows` at a time: (records,
@@ -371,14 +413,15 @@ class Collection:
         size (parts are memory-mapped), for exporting a collection to other stores."""
         if not isinstance(chunk_rows, int) or chunk_rows < 1:
             raise ConfigError(f"iter_live chunk_rows must be an int >= 1, got {chunk_rows!r}")
+        codec = self._codec()
         for part, n in self._store.parts():
-            vectors, _ = parts.read_part(self.root, part, n, self._manifest.dim)
+            vectors, _ = parts.read_part(self.root, part, n, codec.width)
             live = [(i, row) for i, row, status in self._store.part_rows(part) if status == Status.OK]
             for start in range(0, len(live), chunk_rows):
                 chunk = live[start:start + chunk_rows]
                 records = self._store.records([i for i, _ in chunk])
                 rows = [row for _, row in chunk]
-                yield [records[i] for i, _ in chunk], np.asarray(vectors[rows], dtype=np.float32)
+                yield [records[i] for i, _ in chunk], codec.decode(vectors[rows])
 
     def find_by_hashes(self, content_hashes: Iterable[str]) -> dict[str, list[ItemRecord]]:
         """Live items whose source file has one of these sha256 (see `records.content_hash`), in a
@@ -424,23 +467,27 @@ class Collection:
         return ScanPlan(tuple(new), tuple(changed), tuple(unchanged), tuple(vanished))
 
     # ---- search ----------------------------------------------------------------------------
-    def search(self, queries: np.ndarray, k: int, nprobe: int | None = None,
-               ef_search: int | None = None, where: SearchFilter | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def search(self, queries: np.ndarray, k: int, nprobe: int | None = None, ef_search: int | None = None,
+               where: SearchFilter | None = None, rescore: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Top-k live items by inner product for each query.
 
         Args: queries [q, dim] float32; k >= 1; nprobe (IVF lists probed) and ef_search (HNSW
             candidate list) override the defaults in `faiss_index.search_parameters`;
-            where: only items meeting this `SearchFilter` (metadata, kind, path glob).
+            where: only items meeting this `SearchFilter` (metadata, kind, path glob);
+            rescore: when the index holds coarser codes than the parts (int8, binary, PQ), fetch k x
+            rescore candidates and rescore them exactly from the stored vectors (None: the
+            precision's `search.DEFAULT_RESCORE`; 0: return the index's own scores).
         Returns: (scores [q, k] float32, ids [q, k] int64), best first; -1 / -inf pad rows with
             fewer than k live (matching) items. Tombstoned items are filtered out by over-fetching.
             A filtered search returns min(k, matching items) hits per query with every index
             kind: FAISS searches only the matching ids, and a row an approximate index leaves
             short is searched exactly over the matching vectors.
         """
-        return self.search_records(queries, k, nprobe, ef_search, where)[:2]
+        return self.search_records(queries, k, nprobe, ef_search, where, rescore)[:2]
 
     def search_records(self, queries: np.ndarray, k: int, nprobe: int | None = None, ef_search: int | None = None,
-                       where: SearchFilter | None = None) -> tuple[np.ndarray, np.ndarray, dict[int, ItemRecord]]:
+                       where: SearchFilter | None = None,
+                       rescore: int | None = None) -> tuple[np.ndarray, np.ndarray, dict[int, ItemRecord]]:
         """`search`, plus the records of the ids found ({id: record}), all read from one
         snapshot of the collection: a search running while a writer adds, deletes or compacts
         sees the rows and parts of one moment, and never returns an item tombstoned before it.
@@ -448,22 +495,80 @@ class Collection:
         A compact that replaces the parts after the snapshot began unlinks files the snapshot
         lists; the search then starts over on the newer parts (a few times at most).
         """
+        queries = self._check_search(queries, k)
+        scores, ids, records = self._in_snapshot(lambda: self._search_snapshot(queries, k, nprobe, ef_search, where, rescore))
+        return scores, ids, records
+
+    def find(self, k: int, *, queries: np.ndarray | None = None, texts: Sequence[str] | None = None,
+             mode: str = "dense", where: SearchFilter | None = None, nprobe: int | None = None,
+             ef_search: int | None = None, rescore: int | None = None, lexical_syntax: bool = False) -> search.Found:
+        """Search by vectors (mode "dense", = `search_records`), by words (mode "lexical": BM25 over
+        the items' text, file names, path words and metadata values; needs no vectors) or by both
+        (mode "hybrid": reciprocal-rank fusion of the two lists, each `search.hybrid_depth(k)` deep).
+
+        queries: [q, dim] float32 (dense, hybrid); texts: q query strings (lexical, hybrid), searched
+        as plain words unless `lexical_syntax` (FTS5 syntax: AND, OR, NOT, "phrases", prefix*; an
+        invalid expression raises InputError); where filters both sides. Returns `search.Found`,
+        whose `sources` say which side found each hit. Read from one snapshot, as `search_records`.
+        """
+        if mode not in search.MODES:
+            raise ConfigError(f"search mode must be one of {search.MODES}, got {mode!r}")
+        q = None
+        if mode != "lexical":
+            if queries is None:
+                raise ConfigError(f"search mode {mode!r} needs query vectors")
+            queries = self._check_search(queries, k)
+            q = len(queries)
+        if mode != "dense":
+            if texts is None or isinstance(texts, str) or (q is not None and len(texts) != q):
+                raise InputError(f"{self.root}: search mode {mode!r} needs one query text per query "
+                                 f"({q if q is not None else 'a list'}), got {texts!r:.80}")
+            self._check_search(None, k)
+        depth = search.hybrid_depth(k) if mode == "hybrid" else k
+
+        def run() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            lists = []
+            if mode != "lexical":
+                lists.append(self._search_snapshot(queries, depth, nprobe, ef_search, where, rescore))
+            if mode != "dense":
+                lists.append(self._lexical_snapshot(list(texts), depth, where, lexical_syntax))
+            if mode == "hybrid":
+                return search.fuse_rrf([lists[0][1], lists[1][1]], k)
+            scores, ids = lists[0]
+            side = search.FOUND_DENSE if mode == "dense" else search.FOUND_LEXICAL
+            return scores, ids, np.where(ids >= 0, side, 0)
+
+        scores, ids, sources, records = self._in_snapshot(run)
+        return search.Found(scores, ids, sources, records)
+
+    def _check_search(self, queries: np.ndarray | None, k: int) -> np.ndarray | None:
         if self._closed:
             raise CollectionError(f"{self.root}: the collection is closed; reopen it to search")
         self._follow_reindex()
         if not isinstance(k, int) or k < 1:
             raise ConfigError(f"search k must be an int >= 1, got {k!r}")
+        if queries is None:
+            return None
         queries = np.asarray(queries, dtype=np.float32)
         if queries.ndim != 2 or queries.shape[1] != self._manifest.dim:
             raise InputError(f"{self.root}: queries have shape {queries.shape}, expected "
                              f"[q, {self._manifest.dim}]")
+        return queries
+
+    def _in_snapshot(self, run: Callable[[], tuple]) -> tuple:
+        """`run()` (arrays whose second is ids [q, k]) and the records of the ids found, read in
+        one snapshot of the collection: a search running while a writer adds, deletes or compacts
+        sees the rows and parts of one moment, and never returns an item tombstoned before it.
+
+        A compact that replaces the parts after the snapshot began unlinks files the snapshot
+        lists; the search then starts over on the newer parts (a few times at most)."""
         for attempt in range(_SNAPSHOT_ATTEMPTS):
             with self._store.read_snapshot():
                 epoch = self._store.state()["epoch"]
                 try:
-                    scores, ids = self._search_snapshot(queries, k, nprobe, ef_search, where)
-                    found = sorted({int(i) for i in ids[ids >= 0]})
-                    return scores, ids, self._store.records(found)
+                    result = run()
+                    ids = result[1]
+                    return (*result, self._store.records(sorted({int(i) for i in ids[ids >= 0]})))
                 except parts.PartMissing:
                     if self.writable or attempt == _SNAPSHOT_ATTEMPTS - 1:
                         raise
@@ -473,87 +578,114 @@ class Collection:
             log.debug("%s: parts of epoch %d replaced during a search; searching again", self.root, epoch)
         raise AssertionError("unreachable")
 
-    def _search_snapshot(self, queries: np.ndarray, k: int, nprobe: int | None, ef_search: int | None,
-                         where: SearchFilter | None) -> tuple[np.ndarray, np.ndarray]:
-        index = self._current_index()
-        scores = np.full((len(queries), k), -np.inf, dtype=np.float32)
-        ids = np.full((len(queries), k), -1, dtype=np.int64)
-        if index.ntotal == 0 or len(queries) == 0:
-            return scores, ids
-        if where is not None and not where.is_empty:
-            return self._search_filtered(queries, k, nprobe, ef_search, self._store.filtered_ids(where), scores, ids)
-        # Over-fetch only when tombstones exist; then grow 4x for queries still short of k.
-        k_fetch = min(index.ntotal, 2 * k if self._store.n_tombstoned_vectors() else k)
-
-        def is_live(found: np.ndarray) -> np.ndarray:
-            live = self._store.live_ids(np.unique(found[found >= 0]).tolist())
-            return np.isin(found, np.fromiter(live, dtype=np.int64, count=len(live)))
-
-        self._search_overfetch(queries, k, k_fetch, nprobe, ef_search, is_live, scores, ids)
+    def _lexical_snapshot(self, texts: list[str], k: int, where: SearchFilter | None,
+                          syntax: bool) -> tuple[np.ndarray, np.ndarray]:
+        """BM25 top-k of each query text: (scores [q, k], ids [q, k]), -inf / -1 padded."""
+        if not self._store.has_lexical_index():
+            raise CollectionError(f"{self.root}: the collection predates lexical search; open it for writing once "
+                                  f"to build its lexical index (faste-mm rebuild-index)")
+        scores, ids = search.empty_hits(len(texts), k)
+        for row, text in enumerate(texts):
+            match = text if syntax else search.fts_query(text)
+            if not match.strip():
+                continue
+            hits = self._store.lexical_search(match, k, where)
+            if hits:
+                ids[row, :len(hits)], scores[row, :len(hits)] = zip(*hits)
         return scores, ids
 
-    def _search_overfetch(self, queries: np.ndarray, k: int, k_fetch: int, nprobe: int | None,
-                          ef_search: int | None, keep: Callable[[np.ndarray], np.ndarray],
-                          scores: np.ndarray, ids: np.ndarray) -> None:
-        """Fill `scores`/`ids` [q, k] with the best FAISS hits that `keep` ([p, f] ids -> bool
-        mask) accepts, fetching `k_fetch` per query, then 4x more for queries still short of k."""
-        ntotal = self._index.index.ntotal
-        pending = np.arange(len(queries))
-        while len(pending):
-            D, I = self._index.search(queries[pending], k_fetch, nprobe, ef_search)
-            kept = keep(I) & (I >= 0)
-            # Stable sort moves kept hits to the front while keeping FAISS's score order.
-            order = np.argsort(~kept, axis=1, kind="stable")[:, :k]  # [p, min(k, k_fetch)]
-            n_kept = kept.sum(axis=1)
-            take = np.take_along_axis(kept, order, axis=1)
-            width = order.shape[1]
-            ids[pending, :width] = np.where(take, np.take_along_axis(I, order, axis=1), -1)
-            scores[pending, :width] = np.where(take, np.take_along_axis(D, order, axis=1), -np.inf)
-            if k_fetch >= ntotal:
-                break
-            pending = pending[n_kept < k]
-            k_fetch = min(ntotal, 4 * k_fetch)
+    def items_without_text(self) -> list[ItemRecord]:
+        """Live items the lexical index knows only by name and metadata (stored before it existed)."""
+        return self._store.items_without_text()
 
-    def _search_filtered(self, queries: np.ndarray, k: int, nprobe: int | None, ef_search: int | None,
-                         allowed: np.ndarray, scores: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """`search` restricted to the live ids `allowed` [n] (sorted): an id selector on CPU, over-
-        fetching on a GPU copy (selectors unsupported there), then an exact search over the
-        allowed vectors for any row still short of min(k, n): an approximate index (HNSW's
+    def texts(self, ids: Iterable[int]) -> dict[int, str]:
+        """The lexical text stored for these items ({id: text}; items without text are absent)."""
+        return self._store.texts([int(i) for i in ids]) if self._store.has_lexical_index() else {}
+
+    def set_texts(self, texts: Sequence[tuple[int, str]]) -> None:
+        """Give live items their text in the lexical index: [(id, text)] (`rebuild-index` fills
+        in the items of `items_without_text` from their files), in one transaction."""
+        self._require_writable("index text")
+        with self._store.transaction():
+            self._store.set_texts(texts)
+
+    def lexical_ids(self) -> list[int]:
+        """Ids in the lexical index, ascending: the live items (a check that it kept in step)."""
+        return self._store.lexical_ids()
+
+    def _search_snapshot(self, queries: np.ndarray, k: int, nprobe: int | None, ef_search: int | None,
+                         where: SearchFilter | None, rescore: int | None) -> tuple[np.ndarray, np.ndarray]:
+        """Stage 1: the index's best `k x oversample` live (and matching) candidates; stage 2, when
+        the stored copy is finer than the index's codes: rescore them exactly from it."""
+        index = self._current_index()
+        if index.ntotal == 0 or len(queries) == 0:
+            return search.empty_hits(len(queries), k)
+        oversample = self._oversample(rescore)
+        k_index = k * oversample
+
+        def search_index(q: np.ndarray, k_fetch: int, allowed: np.ndarray | None = None):
+            return self._index.search(q, k_fetch, nprobe, ef_search, allowed=allowed)
+
+        if where is not None and not where.is_empty:
+            scores, ids = self._search_filtered(queries, k_index, search_index, self._store.filtered_ids(where))
+        else:
+            # Over-fetch only when tombstones exist; then grow 4x for queries still short of k.
+            has_tombstones = self._store.n_tombstoned_vectors() > 0
+            k_fetch = min(index.ntotal, 2 * k_index if has_tombstones else k_index)
+
+            def is_live(found: np.ndarray) -> np.ndarray:
+                if not has_tombstones:  # every vector in the index is live
+                    return np.ones(found.shape, dtype=bool)
+                live = self._store.live_ids(np.unique(found[found >= 0]).tolist())
+                return np.isin(found, np.fromiter(live, dtype=np.int64, count=len(live)))
+
+            scores, ids = search.overfetch(search_index, queries, k_index, k_fetch, index.ntotal, is_live)
+        if self._rescores and rescore != 0:
+            return search.rescore(queries, ids, k, self.vectors)
+        return scores, ids
+
+    @property
+    def _rescores(self) -> bool:
+        """Whether the stored vectors score more exactly than the index (quantized or PQ codes)."""
+        return quantization.rescores(faiss_index.factory_precision(self._index.factory or "Flat"),
+                                     self._manifest.stored_precision)
+
+    def _oversample(self, rescore: int | None) -> int:
+        """Candidates per wanted hit: `rescore` (0 = no rescoring), else the index precision's default."""
+        if rescore is not None and (not isinstance(rescore, int) or rescore < 0):
+            raise ConfigError(f"rescore must be an int >= 0 (candidates per hit; 0 = none), got {rescore!r}")
+        if not self._rescores or rescore == 0:
+            return 1
+        return rescore or search.DEFAULT_RESCORE[faiss_index.factory_precision(self._index.factory or "Flat")]
+
+    def _search_filtered(self, queries: np.ndarray, k: int, search_index, allowed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """`search` restricted to the live ids `allowed` [n] (sorted): an exact search over their stored
+        vectors when few match (`search.filter_is_selective`), else an id selector where the index
+        takes one, over-fetching where it does not (a GPU copy, binary IVF), then an exact search
+        over the allowed vectors for any row still short of min(k, n): an approximate index (HNSW's
         graph, IVF's probed lists) can miss matches of a selective filter."""
+        scores, ids = search.empty_hits(len(queries), k)
         if len(allowed) == 0:
             return scores, ids
+        if search.filter_is_selective(len(allowed), self._index.index.ntotal):  # reading them is cheaper
+            return search.exact_search(queries, allowed, k, self.vectors)
         want = min(k, len(allowed))
+        ntotal = self._index.index.ntotal
         if self._index.can_select:
-            D, I = self._index.search(queries, want, nprobe, ef_search, allowed=allowed)
-            scores[:, :want], ids[:, :want] = np.where(I >= 0, D, -np.inf), I
+            scores[:, :want], ids[:, :want] = search_index(queries, want, allowed)
         else:
-            self._search_overfetch(queries, k, min(self._index.index.ntotal, 2 * k), nprobe, ef_search,
-                                   lambda found: np.isin(found, allowed), scores, ids)
+            scores, ids = search.overfetch(search_index, queries, k, min(ntotal, 2 * k), ntotal,
+                                           lambda found: np.isin(found, allowed))
         short = np.flatnonzero((ids >= 0).sum(axis=1) < want)
         if len(short):
             log.debug("%s: %d filtered queries searched exactly over %d items", self.root, len(short), len(allowed))
-            scores[short], ids[short] = self._exact_search(queries[short], allowed, k)
+            scores[short], ids[short] = search.exact_search(queries[short], allowed, k, self.vectors)
         return scores, ids
-
-    def _exact_search(self, queries: np.ndarray, candidates: np.ndarray, k: int,
-                      chunk_rows: int = 16_384) -> tuple[np.ndarray, np.ndarray]:
-        """Brute-force top-k of `queries` [q, d] over the stored vectors of `candidates` [n],
-        read a chunk at a time (memory bounded by `chunk_rows`): (scores, ids) [q, k]."""
-        best_s = np.full((len(queries), k), -np.inf, dtype=np.float32)
-        best_i = np.full((len(queries), k), -1, dtype=np.int64)
-        for start in range(0, len(candidates), chunk_rows):
-            chunk = candidates[start:start + chunk_rows]
-            s = np.concatenate([best_s, queries @ self.vectors(chunk).T], axis=1)  # [q, k + c]
-            i = np.concatenate([best_i, np.broadcast_to(chunk, (len(queries), len(chunk)))], axis=1)
-            top = np.argsort(-s, axis=1, kind="stable")[:, :k]
-            best_s, best_i = np.take_along_axis(s, top, axis=1), np.take_along_axis(i, top, axis=1)
-        best_i[~np.isfinite(best_s)] = -1
-        return best_s, best_i
 
     # ---- index maintenance -----------------------------------------------------------------
     def _current_index(self):
         """The derived index, brought up to every committed part (see `DerivedIndex.current`)."""
-        return self._index.current(self._store.state()["epoch"], self._store.parts(), self._saved_manifest(),
+        return self._index.current(self._store.state()["epoch"], self._store.parts(), self._saved_manifest,
                                    self._manifest)
 
     def update_settings(self, **changes) -> None:
@@ -590,7 +722,7 @@ class Collection:
         self._require_writable("rebuild the index")
         previous = self._manifest
         if index_type is not None:
-            faiss_index.validate_factory(index_type, self._manifest.dim)
+            faiss_index.validate_factory(index_type, self._manifest.dim, self._manifest.vectors)
             self._manifest = self._manifest.replace(index_type=index_type)
         committed = self._store.parts()
         try:
@@ -631,7 +763,7 @@ class Collection:
         n_live = sum(n for _, n in committed) - n_dead
         if n_dead == 0 and len(committed) <= max(1, -(-n_live // COMPACT_PART_ROWS)):
             return 0
-        dim, state = self._manifest.dim, self._store.state()
+        state = self._store.state()
         next_part, moves, new_parts = state["next_part"], [], []
         buf_v: list[np.ndarray] = []
         buf_ids: list[np.ndarray] = []
@@ -639,15 +771,16 @@ class Collection:
         def flush() -> None:
             nonlocal next_part
             v, i = np.concatenate(buf_v), np.concatenate(buf_ids)
-            parts.write_part(self.root, next_part, v, i, self._manifest.vector_dtype, mode_of=self.root / MANIFEST_NAME)
+            parts.write_part(self.root, next_part, v, i, codec.dtype, mode_of=self.root / MANIFEST_NAME)
             moves.extend((next_part, row, int(item)) for row, item in enumerate(i))
             new_parts.append((next_part, len(i)))
             next_part += 1
             buf_v.clear()
             buf_ids.clear()
 
+        codec = self._codec()
         for part, n in committed:
-            vectors, ids = parts.read_part(self.root, part, n, dim)
+            vectors, ids = parts.read_part(self.root, part, n, codec.width)
             status = {i: s for i, _, s in self._store.part_rows(part)}
             keep = np.array([status.get(int(i)) == Status.OK for i in ids], dtype=bool)
             for start in range(0, int(keep.sum()), COMPACT_PART_ROWS):
@@ -673,6 +806,7 @@ class Collection:
         # retries on the new epoch when they are gone (see `search`).
         for part, _ in committed:
             parts.remove_part(self.root, part)
+        self._parts_mapped.clear()  # frees the removed files' space
         log.info("%s: compacted %d parts into %d, dropped %d deleted vectors", self.root,
                  len(committed), len(new_parts), n_dead)
         self.rebuild_index()
@@ -689,7 +823,8 @@ class Collection:
         size = sum(p.stat().st_size for p in self.root.rglob("*") if p.is_file())
         return CollectionInfo(
             path=str(self.root), model_id=self._manifest.model_id, dim=self._manifest.dim,
-            vector_dtype=self._manifest.vector_dtype, n_ok=counts[Status.OK],
+            vector_dtype=self._manifest.vector_dtype, vectors=self._manifest.vectors, keep=self._manifest.keep,
+            n_ok=counts[Status.OK],
             n_failed=counts[Status.FAILED], n_deleted=counts[Status.DELETED], n_parts=len(committed),
             index_type=self._manifest.index_type,
             index_factory=self._index.factory or saved.index_factory,

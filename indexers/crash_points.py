@@ -2,15 +2,20 @@
 at each step whose interruption the collection must survive; when the environment variable
 `FASTE_MM_CRASH_AT` names that step, the process SIGKILLs itself there (no cleanup, no finally
 blocks, like a power cut), so a test can reproduce a crash at an exact point instead of after a
-random delay. Unset (always, outside tests) it costs one dictionary lookup.
+random delay. `NAME#N` crashes the Nth time the point is reached (`add-after-commit#3`: after
+the third commit), so a test can stop a run mid-way; `FASTE_MM_CRASH_SIGNAL=SIGINT` sends a
+Ctrl-C there instead of the SIGKILL. Unset (always, outside tests) it costs one dictionary lookup.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+from collections import Counter
 
 CRASH_ENV = "FASTE_MM_CRASH_AT"
+SIGNAL_ENV = "FASTE_MM_CRASH_SIGNAL"
+_reached: Counter = Counter()  # times each point was reached in this process (for NAME#N)
 
 # Every point a writer names, in the order they happen; tests iterate over these.
 CRASH_POINTS = (
@@ -27,7 +32,15 @@ CRASH_POINTS = (
 
 
 def crash_point(name: str) -> None:
-    """SIGKILL this process if `FASTE_MM_CRASH_AT` is `name` (see the module docstring)."""
+    """SIGKILL this process if `FASTE_MM_CRASH_AT` is `name` or `name#N` and this is the Nth
+    time the point is reached (see the module docstring)."""
     assert name in CRASH_POINTS, name
-    if os.environ.get(CRASH_ENV) == name:
-        os.kill(os.getpid(), signal.SIGKILL)
+    wanted = os.environ.get(CRASH_ENV)
+    if wanted is None or not wanted.startswith(name):
+        return
+    point, _, nth = wanted.partition("#")
+    if point != name:
+        return
+    _reached[name] += 1
+    if _reached[name] == int(nth or 1):
+        os.kill(os.getpid(), getattr(signal, os.environ.get(SIGNAL_ENV, "SIGKILL")))

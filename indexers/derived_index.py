@@ -18,6 +18,7 @@ import numpy as np
 
 from faste_mm.indexers import faiss_index, parts
 from faste_mm.indexers.manifest import Manifest
+from faste_mm.indexers.quantization import Codec, encode_binary, hamming_to_score
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +32,8 @@ def max_part(committed: Parts) -> int:
 def desired_factory(manifest: Manifest, committed: Parts) -> str:
     """The factory string the collection's index type resolves to at its current size."""
     n = sum(n for _, n in committed)
-    return faiss_index.resolve_factory(manifest.index_type, n, manifest.dim, manifest.memory_budget_bytes)
+    return faiss_index.resolve_factory(manifest.index_type, n, manifest.dim, manifest.memory_budget_bytes,
+                                       manifest.vectors)
 
 
 class DerivedIndex:
@@ -49,18 +51,20 @@ class DerivedIndex:
     def path(self) -> Path:
         return self.root / faiss_index.INDEX_NAME
 
-    def current(self, epoch: int, committed: Parts, saved: Manifest, manifest: Manifest) -> faiss.IndexIDMap2:
+    def current(self, epoch: int, committed: Parts, saved: Manifest | Callable[[], Manifest], manifest: Manifest) -> faiss.IndexIDMap2:
         """The index covering every committed part: kept in memory, loaded from index.faiss
-        (`saved`: the manifest on disk, which says what the file covers), caught up with the parts
-        written since, or rebuilt when index.faiss is stale or missing."""
+        (`saved`: the manifest on disk, which says what the file covers, or a function reading it only
+        when the index in memory is behind), caught up with the parts written since, or rebuilt when index.faiss
+        is stale or missing."""
         if self.index is not None and self.key == (epoch, max_part(committed)):
             return self.index
         if self.index is None or self.key[0] != epoch:
-            self._load_saved(epoch, committed, saved)
+            self._load_saved(epoch, committed, saved() if callable(saved) else saved)
         if self.index is not None and self.key[0] == epoch:
             behind = [(p, n) for p, n in committed if p > self.key[1]]
+            codec = manifest.codec
             for part, n in behind:
-                faiss_index.add_vectors(self.index, *parts.read_part(self.root, part, n, self.dim))
+                faiss_index.add_vectors(self.index, *parts.read_part(self.root, part, n, codec.width), codec)
             if behind:
                 log.info("%s: added %d parts written since index.faiss was saved", self.root, len(behind))
         else:
@@ -69,18 +73,21 @@ class DerivedIndex:
         self._search_copy = None
         return self.index
 
-    def append(self, epoch: int, part: int, older_max_part: int, load: Callable[[], np.ndarray], ids: np.ndarray) -> None:
-        """A part just committed: add its vectors (`load()`, [n, d]) when the index in memory covers
-        everything before it (otherwise the next `current` catches up from the parts)."""
+    def append(self, epoch: int, part: int, older_max_part: int, load: Callable[[], np.ndarray], ids: np.ndarray,
+               codec: Codec | None = None) -> None:
+        """A part just committed: add its codes (`load()`, [n, width] as `codec` stores them) when the
+        index in memory covers everything before it (otherwise the next `current` catches up);
+        codec None: float vectors."""
         if self.index is not None and self.key == (epoch, older_max_part):
-            faiss_index.add_vectors(self.index, load(), ids)
+            faiss_index.add_vectors(self.index, load(), ids, codec)
             self.key = (epoch, part)
             self._search_copy = None
 
     def build(self, committed: Parts, factory: str, manifest: Manifest) -> None:
         """Build `factory` over every committed part (the manifest's index type only words the
         warning when a trained index must wait for more vectors)."""
-        loaded = [parts.read_part(self.root, p, n, self.dim) for p, n in committed]
+        codec = manifest.codec
+        loaded = [parts.read_part(self.root, p, n, codec.width) for p, n in committed]
         n = sum(n for _, n in committed)
         requested = manifest.index_type
         if requested not in ("auto", factory):  # here, not in resolve_factory: once per build
@@ -88,13 +95,15 @@ class DerivedIndex:
                         "searching with an exact %s index until it grows", self.root, requested,
                         faiss_index.min_training_vectors(requested), n, factory)
         log.info("%s: building %s over %d vectors", self.root, factory, n)
-        self.index = faiss_index.build_index(factory, self.dim, loaded, manifest.memory_budget_bytes)
+        self.index = faiss_index.build_index(factory, self.dim, loaded, manifest.memory_budget_bytes, codec=codec)
         self.factory = factory
         self._search_copy = None
 
     def search(self, queries: np.ndarray, k: int, nprobe: int | None, ef_search: int | None,
                allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """FAISS search of the current index (call `current` first): (scores, ids) [q, k].
+        """FAISS search of the current index (call `current` first) for float queries [q, d]:
+        (scores [q, k] float32, -inf where no hit; ids [q, k], -1 there). A binary index searches
+        the queries' sign bits and scores by 1 - 2 * Hamming / d (`quantization.hamming_to_score`).
 
         allowed: item ids [n] int64 the hits must come from (needs `can_select`): FAISS skips
         every other id while it searches, so an approximate index still fills k slots from them
@@ -106,15 +115,22 @@ class DerivedIndex:
             params = params or faiss.SearchParameters()
             selector = faiss.IDSelectorBatch(np.ascontiguousarray(allowed, dtype=np.int64))
             params.sel = selector  # `selector` stays referenced until the search returns
-        return self._search_copy.search(np.ascontiguousarray(queries), k, params=params)
+        if faiss_index.is_binary(self.index):
+            D, I = self._search_copy.search(encode_binary(queries), k, params=params)
+            D = hamming_to_score(D, self.dim)
+        else:
+            D, I = self._search_copy.search(np.ascontiguousarray(queries), k, params=params)
+        return np.where(I >= 0, D, -np.inf).astype(np.float32), I
 
     @property
     def can_select(self) -> bool:
-        """Whether searches can take an id selector: FAISS's GPU indexes ignore selectors, so a
-        GPU copy cannot (the collection filters by over-fetching there)."""
+        """Whether searches can take an id selector: FAISS's GPU indexes and its binary IVF ignore
+        selectors, so they cannot (the collection filters by over-fetching there)."""
         if self._search_copy is None:
             self._search_copy = faiss_index.to_search_device(self.index)
-        return self._search_copy is self.index
+        binary_ivf = faiss_index.is_binary(self.index) and faiss_index.is_binary_factory(self.factory or "") \
+            and "IVF" in (self.factory or "")
+        return self._search_copy is self.index and not binary_ivf
 
     def save(self) -> str:
         """Write index.faiss (atomically); returns its sha256. The caller records it, `factory`
@@ -132,9 +148,10 @@ class DerivedIndex:
         if saved.index_sha256 is not None and faiss_index.file_sha256(self.path) != saved.index_sha256:
             log.info("%s: index.faiss does not match the checksum in the manifest; rebuilding it", self.root)
             return
-        index = faiss_index.load_index(self.path)
+        index = faiss_index.load_index(self.path, faiss_index.is_binary_factory(saved.index_factory))
         covered = [(p, n) for p, n in committed if p <= saved.index_max_part]
-        if index is None or index.d != self.dim or not isinstance(index, faiss.IndexIDMap2) \
+        if index is None or index.d != self.dim \
+                or not isinstance(index, (faiss.IndexIDMap2, faiss.IndexBinaryIDMap2)) \
                 or not np.array_equal(faiss.vector_to_array(index.id_map), self._ids(covered)):
             log.info("%s: index.faiss is stale or missing; rebuilding it from the vectors", self.root)
             return

@@ -26,8 +26,10 @@ LOCK_NAME = "collection.lock"
 # one it opened knows the collection was erased and made again (`index --reindex`) under it.
 GENERATION_NAME = "generation"
 _DB_FILES = (DB_NAME, DB_NAME + "-wal", DB_NAME + "-shm")
+# Written by `faste-mm serve` while it serves the collection (faste_mm.serving.discovery).
+SERVER_FILE = "server.json"
 OWN_FILES = frozenset({*_DB_FILES, parts.VECTORS_DIR, LOCK_NAME, MANIFEST_NAME, faiss_index.INDEX_NAME,
-                       GENERATION_NAME})
+                       GENERATION_NAME, SERVER_FILE})
 # `erase` first renames manifest.json to this name: from then on the directory is no longer a
 # collection, and a later `create` that finds the marker finishes the interrupted erase.
 ERASE_MARKER = MANIFEST_NAME + ".erasing" + TMP_SUFFIX

@@ -16,6 +16,7 @@ from typing import Any, Mapping, Sequence
 
 from faste_mm.errors import CollectionError, ConfigError
 from faste_mm.indexers.atomic_files import atomic_write
+from faste_mm.indexers.quantization import Codec, Int8Ranges, check_precision, stored_precision, uses_int8
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +30,7 @@ DEFAULT_MEMORY_BUDGET_BYTES = 4 * 2**30
 # Fields that make vectors incomparable when they differ (order = order of the error message).
 COMPATIBILITY_FIELDS = (
     "model_id", "model_revision", "dim", "document_instruction",
-    "min_pixels", "max_pixels", "video", "normalized", "metric",
+    "min_pixels", "max_pixels", "video", "normalized", "metric", "vectors", "keep",
 )
 
 
@@ -85,6 +86,12 @@ class Manifest:
     index_factory / index_epoch / index_max_part / index_sha256: written by the collection, describe
         index.faiss (the checksum rejects a torn, edited or foreign file, which is then rebuilt).
     counts: written by the collection at close ({"ok", "failed", "deleted"}), informational.
+    vectors: precision of the index in RAM ("float32", "float16", "int8" 8-bit codes, "binary" sign
+        bits); keep: the copy the parts keep on disk for rescoring ("float": vector_dtype, "int8":
+        8-bit codes, "none": the index's codes only, results unrescored). See indexers.quantization.
+    int8_ranges: the calibrated per-dimension ranges of 8-bit codes, set by the first add and
+        fixed thereafter (None until then, and for collections without 8-bit codes).
+    reranker: the collection's default reranker (hub id or folder) for searches; None = none.
     receipt: what `faste-mm plan` measured for these settings (read as a `PlanReceipt` by the
         profile), None when the collection was indexed without a plan; informational.
     """
@@ -108,9 +115,13 @@ class Manifest:
     index_max_part: int = -1
     index_sha256: str | None = None
     counts: Mapping[str, int] = field(default_factory=dict)
+    vectors: str = "float32"
+    keep: str = "float"
+    int8_ranges: Int8Ranges | None = None
     receipt: Mapping[str, Any] | None = None
     format_version: int = FORMAT_VERSION
     faste_mm_version: str = field(default_factory=_faste_mm_version)
+    reranker: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.model_id, str) or not self.model_id:
@@ -140,11 +151,30 @@ class Manifest:
         if isinstance(self.fast_e, Mapping):  # as read from JSON
             object.__setattr__(self, "fast_e", CollectionFastE.from_dict(self.fast_e))
         object.__setattr__(self, "counts", dict(self.counts))
+        check_precision(self.vectors, self.keep)
+        if isinstance(self.int8_ranges, Mapping):  # as read from JSON
+            object.__setattr__(self, "int8_ranges", Int8Ranges.from_dict(self.int8_ranges))
+        if self.int8_ranges is not None and self.int8_ranges.lo.shape != (self.dim,):
+            raise ConfigError(f"Manifest.int8_ranges must have {self.dim} dimensions, got {self.int8_ranges.lo.shape[0]}")
 
     @property
     def is_matryoshka(self) -> bool:
         """Whether the vectors are the model's first `dim` dimensions, re-normalised."""
         return self.model_dim is not None and self.dim < self.model_dim
+
+    @property
+    def stored_precision(self) -> str:
+        """Precision of the vector parts on disk (`quantization.stored_precision`)."""
+        return stored_precision(self.vectors, self.keep, self.vector_dtype)
+
+    @property
+    def codec(self) -> Codec:
+        """How the parts store vectors (their precision, and the 8-bit ranges when calibrated)."""
+        return Codec(self.stored_precision, self.dim, self.int8_ranges)
+
+    @property
+    def uses_int8(self) -> bool:
+        return uses_int8(self.vectors, self.keep)
 
     @property
     def r_max(self) -> float:
@@ -187,6 +217,9 @@ class Manifest:
                 "sha256": self.index_sha256,
             },
             "counts": dict(self.counts),
+            "vectors": {"precision": self.vectors, "keep": self.keep,
+                        "int8_ranges": None if self.int8_ranges is None else self.int8_ranges.to_dict()},
+            "reranker": self.reranker,
             "receipt": None if self.receipt is None else dict(self.receipt),
         }
 
@@ -196,6 +229,7 @@ class Manifest:
         try:
             serializer = d.get("serializer") or {}
             index = d.get("index") or {}
+            vectors = d.get("vectors") or {}
             return cls(
                 model_id=d["model_id"],
                 dim=d["dim"],
@@ -216,6 +250,10 @@ class Manifest:
                 index_max_part=index.get("max_part", -1),
                 index_sha256=index.get("sha256"),
                 counts=d.get("counts") or {},
+                vectors=vectors.get("precision", "float32"),
+                keep=vectors.get("keep", "float"),
+                int8_ranges=vectors.get("int8_ranges"),
+                reranker=d.get("reranker"),
                 receipt=d.get("receipt"),
                 format_version=d.get("format_version", FORMAT_VERSION),
                 faste_mm_version=d.get("faste_mm_version", "unknown"),

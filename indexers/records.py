@@ -47,6 +47,8 @@ class ItemRecord:
     `uri` and `page` identify the item ((uri, page) is unique among live rows); `size`/`mtime`
     are the source file's stat used by incremental scans; `metadata` is any JSON-serialisable dict.
     `id`, `status`, `added_at` are filled in by the collection; `error` is set on failed rows.
+    `text`: the item's own words for lexical search (a text file's text, the text of an image+text
+    item, a PDF page's text layer); written to the lexical index with the row, not read back.
     """
 
     uri: str
@@ -60,6 +62,7 @@ class ItemRecord:
     id: int | None = None
     status: Status = Status.OK
     added_at: float | None = None
+    text: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.uri, str) or not self.uri:
@@ -78,6 +81,7 @@ class ItemRecord:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["metadata"] = dict(self.metadata) if self.metadata is not None else None
+        del d["text"]  # input for the lexical index only (never read back)
         return d
 
 
@@ -142,6 +146,8 @@ class CollectionInfo:
     size_bytes: int
     failures: tuple[ItemRecord, ...] = field(default=())
     exclusions: tuple[str, ...] = field(default=())
+    vectors: str = "float32"  # index precision (Manifest.vectors)
+    keep: str = "float"  # copy kept on disk for rescoring (Manifest.keep)
 
     def to_dict(self) -> dict[str, Any]:
         d = {name: getattr(self, name) for name in self.__dataclass_fields__}

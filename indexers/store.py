@@ -16,11 +16,11 @@ import sqlite3
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from faste_mm.errors import CollectionError
+from faste_mm.errors import CollectionError, InputError
 from faste_mm.indexers.atomic_files import storage_error
 from faste_mm.indexers.filters import SearchFilter, json_path
 from faste_mm.indexers.records import FileStat, ItemRecord, Status
@@ -28,9 +28,9 @@ from faste_mm.indexers.records import FileStat, ItemRecord, Status
 log = logging.getLogger(__name__)
 
 DB_NAME = "meta.sqlite"
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 # Readers accept files this old: the migrations after it only add tables a reader can do without
-# (exclusions) or escape a character no real name holds (see _ESC).
+# (exclusions, the lexical index) or escape a character no real name holds (see _ESC).
 READABLE_FROM_VERSION = 1
 
 # Bound parameters per statement: SQLite builds before 3.32 allow at most 999.
@@ -128,9 +128,49 @@ def _execute_script(db: sqlite3.Connection, script: str) -> None:
             db.execute(statement)
 
 
+def _migrate_3_to_4(db: sqlite3.Connection) -> None:
+    # The lexical index (FTS5, BM25) of the live items, rowid = item id: `body` the item's own
+    # text, `name` its uri (the tokenizer splits path words), `meta` its metadata values.
+    db.execute("CREATE VIRTUAL TABLE items_fts USING fts5(body, name, meta, "
+               "tokenize = 'unicode61 remove_diacritics 2')")
+    # An item leaves the lexical index in the statement that tombstones or deletes it, whichever
+    # path does so (replace, delete, remove, compact). (One statement each: the bodies hold `;`.)
+    db.execute("CREATE TRIGGER items_fts_tombstone AFTER UPDATE OF status ON items "
+               "WHEN old.status = 'ok' AND new.status != 'ok' "
+               "BEGIN DELETE FROM items_fts WHERE rowid = old.id; END")
+    db.execute("CREATE TRIGGER items_fts_delete AFTER DELETE ON items "
+               "BEGIN DELETE FROM items_fts WHERE rowid = old.id; END")
+    # Items stored before: their names and metadata now; their text on `rebuild-index`.
+    db.execute("INSERT INTO items_fts (rowid, body, name, meta) SELECT id, NULL, uri, "
+               "(SELECT group_concat(CASE WHEN type IN ('true', 'false') THEN type ELSE atom END, ' ') "
+               "FROM json_tree(metadata) WHERE atom IS NOT NULL) "
+               "FROM items WHERE status = 'ok'")
+
+
 # _MIGRATIONS[v] upgrades schema version v to v + 1.
-_MIGRATIONS = {0: _migrate_0_to_1, 1: _migrate_1_to_2, 2: _migrate_2_to_3}
+_MIGRATIONS = {0: _migrate_0_to_1, 1: _migrate_1_to_2, 2: _migrate_2_to_3, 3: _migrate_3_to_4}
 assert len(_MIGRATIONS) == SCHEMA_VERSION
+
+
+def metadata_words(metadata: Mapping[str, Any] | None) -> str | None:
+    """The values of a metadata dict (nested ones too) as one space-separated text for the lexical
+    index; None when there are none."""
+    if not metadata:
+        return None
+    words: list[str] = []
+
+    def walk(value: Any) -> None:
+        if isinstance(value, Mapping):
+            for v in value.values():
+                walk(v)
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                walk(v)
+        elif value is not None:
+            words.append(value if isinstance(value, str) else json.dumps(value))
+
+    walk(metadata)
+    return _to_db(" ".join(words)) or None
 
 
 def _row_to_record(row: Sequence[Any]) -> ItemRecord:
@@ -366,6 +406,10 @@ class MetaStore:
               _to_db(r.error), now, json.dumps(dict(r.metadata)) if r.metadata is not None else None,
               part, row if part is not None else None)
              for row, (i, r) in enumerate(zip(ids, records))])
+        if status == Status.OK:
+            self.db.executemany("INSERT INTO items_fts (rowid, body, name, meta) VALUES (?, ?, ?, ?)",
+                                [(int(i), _to_db(r.text), _to_db(r.uri), metadata_words(r.metadata))
+                                 for i, r in zip(ids, records)])
 
     def purge_tombstones(self) -> None:
         """Delete the tombstoned rows (`compact`, once their vectors are gone from the new parts)."""
@@ -416,7 +460,15 @@ class MetaStore:
 
         A metadata value matches only a JSON value of its own kind (json_type), so "2024" never
         matches 2024 and True never matches 1; int and float compare by value."""
-        clauses, params = ["status = 'ok'"], []
+        clauses, params = self._filter_clauses(where)
+        rows = self.db.execute(f"SELECT id FROM items WHERE {' AND '.join(clauses)} ORDER BY id",
+                               params).fetchall()
+        return np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+
+    @staticmethod
+    def _filter_clauses(where: SearchFilter) -> tuple[list[str], list[Any]]:
+        """SQL conditions on `items` (and their bound parameters) of a live item meeting `where`."""
+        clauses, params = ["items.status = 'ok'"], []
         for key, value in where.where.items():
             path = json_path(key)
             if isinstance(value, bool):
@@ -433,9 +485,50 @@ class MetaStore:
         if where.path is not None:
             clauses.append("uri GLOB ?")
             params.append(where.path)
-        rows = self.db.execute(f"SELECT id FROM items WHERE {' AND '.join(clauses)} ORDER BY id",
-                               params).fetchall()
-        return np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+        return clauses, params
+
+    def lexical_search(self, match: str, k: int, where: SearchFilter | None = None) -> list[tuple[int, float]]:
+        """The k best live items for an FTS5 `match` expression by BM25 (body weighted 1, name and
+        metadata 0.5): [(id, score)], best first, score = -bm25 (higher is better). `where` filters
+        as `filtered_ids` does. InputError for a malformed expression."""
+        clauses, params = self._filter_clauses(where or SearchFilter())
+        try:
+            rows = self.db.execute(
+                "SELECT f.rowid, -bm25(items_fts, 1.0, 0.5, 0.5) AS score FROM items_fts AS f "
+                f"JOIN items ON items.id = f.rowid WHERE items_fts MATCH ? AND {' AND '.join(clauses)} "
+                "ORDER BY bm25(items_fts, 1.0, 0.5, 0.5) LIMIT ?", [match, *params, int(k)]).fetchall()
+        except sqlite3.OperationalError as e:
+            if "locked" in str(e) or "no such table" in str(e):
+                raise  # busy or damaged: not the query's fault
+            raise InputError(f"lexical query {match!r} is not a valid FTS5 expression ({e}); fix it, or search "
+                             f"it as plain words (without the lexical syntax option)") from None
+        return [(int(i), float(score)) for i, score in rows]
+
+    def has_lexical_index(self) -> bool:
+        """False for a file of schema 3 or older that a reader has open (the next writer builds it)."""
+        return self.db.execute("SELECT 1 FROM sqlite_master WHERE name = ?", ("items_fts",)).fetchone() is not None
+
+    def lexical_ids(self) -> list[int]:
+        """Item ids in the lexical index, ascending (tests compare them with the live ids)."""
+        return [r[0] for r in self.db.execute("SELECT rowid FROM items_fts ORDER BY rowid").fetchall()]
+
+    def items_without_text(self) -> list[ItemRecord]:
+        """Live records whose lexical row has no body (stored before the lexical index existed)."""
+        rows = self.db.execute(
+            f"SELECT {', '.join('items.' + c.strip() for c in _ITEM_COLUMNS.split(','))} FROM items "
+            "JOIN items_fts ON items_fts.rowid = items.id WHERE items.status = 'ok' AND items_fts.body IS NULL "
+            "ORDER BY items.id").fetchall()
+        return [_row_to_record(r) for r in rows]
+
+    def texts(self, ids: Sequence[int]) -> dict[int, str]:
+        """The lexical text of items that have one: {id: text}."""
+        rows = self.db.execute("SELECT rowid, body FROM items_fts WHERE rowid IN (SELECT value FROM json_each(?)) "
+                               "AND body IS NOT NULL", (json.dumps([int(i) for i in ids]),)).fetchall()
+        return {int(i): _from_db(body) for i, body in rows}
+
+    def set_texts(self, texts: Sequence[tuple[int, str]]) -> None:
+        """Fill the body of lexical rows: [(id, text)] (`rebuild-index` backfilling older items)."""
+        self.db.executemany("UPDATE items_fts SET body = ? WHERE rowid = ?", [(_to_db(t), int(i)) for i, t in texts])
 
     def records_where_status(self, status: str) -> list[ItemRecord]:
         rows = self.db.execute(f"SELECT {_ITEM_COLUMNS} FROM items WHERE status = ? ORDER BY id",

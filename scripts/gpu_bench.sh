@@ -8,12 +8,13 @@
 #   bash scripts/gpu_bench.sh 2b        # Qwen3-VL-Embedding-2B: 1k-4k texts (+ HF), pages at the 1,800-token cap, images
 #   bash scripts/gpu_bench.sh 8b        # the same for 8B
 #   bash scripts/gpu_bench.sh faiss     # search latency on 1M x 2048 random vectors, Flat and IVF, CPU vs GPU
+#   bash scripts/gpu_bench.sh peers     # 2B shape: faste-mm vs the official transformers path and ST, photos/pages/texts, tower race
 #
 # Each writes its JSON reports and log to $OUT (the device tool's output folder) or ./gpu-bench-STEP.
 # Packages the machine lacks travel as wheels in .whl/ (docs/benchmarks.md, "GPU runs").
 set -uo pipefail
 cd "$(dirname "$0")/.."
-step=${1:?usage: gpu_bench.sh text|2b|8b|faiss}
+step=${1:?usage: gpu_bench.sh text|2b|8b|faiss|peers}
 out=${OUT:-gpu-bench-$step}
 mkdir -p "$out"
 exec > >(tee "$out/log-$step.txt") 2>&1
@@ -53,6 +54,9 @@ case $step in
             --out "$out/vl$step-images-1280x960.json"   # images/s at the default pixel cap, full and FastE
         bench --shape $shape --inputs video:30 --n 4 --r-max 0.5,0.7 --trigger-layer 10 --unpadded auto \
             --out "$out/vl$step-video-30s.json" ;;
+    peers)
+        python3 scripts/bench_peers.py --device cuda --scale-hidden 1 --photos 64 --pages 16 --texts 64 --repeats 3 \
+            --batch-size 16 --out "$out/peers-2b.json" ;;
     faiss)
         python3 -c "import faiss; print('faiss', faiss.__version__, 'GPUs', faiss.get_num_gpus())"
         for index in Flat IVF4096,Flat; do

@@ -104,11 +104,20 @@ def alignment(sample: _Sample) -> float:
     return float(F.cosine_similarity(h[-1], h[:-1].mean(dim=0), dim=0))
 
 
-def naive_embed(layers, norm, samples: list[_Sample], *, r_max=None, warmup=0, theta=2.0, trigger_layer=None):
+def naive_embed(layers, norm, samples: list[_Sample], *, r_max=None, warmup=0, theta=2.0, trigger_layer=None, protected=None):
     """Run samples alone layer by layer; FastE (if r_max is not None) deletes tokens in one shot.
 
+    protected: per sample, leading positions that are never deleted (a reranker's query); the
+    budget then applies to the rest of the prefix.
     Returns (unit embeddings [B, H], trigger layer or None, per-layer batch-mean alignment list).
     """
+    z, trigger, curve = naive_readout(layers, norm, samples, r_max=r_max, warmup=warmup, theta=theta,
+                                      trigger_layer=trigger_layer, protected=protected)
+    return F.normalize(z.float(), dim=-1), trigger, curve
+
+
+def naive_readout(layers, norm, samples: list[_Sample], *, r_max=None, warmup=0, theta=2.0, trigger_layer=None, protected=None):
+    """`naive_embed` before the L2 normalisation: the final-normed readout states [B, H]."""
     num_layers = len(layers)
     trigger = None
     curve = []
@@ -121,17 +130,115 @@ def naive_embed(layers, norm, samples: list[_Sample], *, r_max=None, warmup=0, t
                 fire = index >= min(warmup, num_layers - 1) and (curve[-1] >= theta or index == num_layers - 1)
             if fire:
                 trigger = index
-                for s in samples:
+                for i, s in enumerate(samples):
                     n_prefix = s.hidden.shape[1] - 1
-                    budget = max(1, round((1 - r_max) * n_prefix))
+                    keep_always = [] if protected is None else list(range(min(protected[i], n_prefix)))
+                    rest = [j for j in range(n_prefix) if j not in keep_always]
+                    budget = max(1, round((1 - r_max) * len(rest)))
                     scores = naive_readout_scores(layer, s)
-                    best = sorted(range(n_prefix), key=lambda j: -scores[j])[:budget]
-                    s.keep(sorted(best) + [n_prefix])
+                    best = sorted(rest, key=lambda j: -scores[j])[:budget]
+                    s.keep(sorted(keep_always + best) + [n_prefix])
         for s in samples:
             s.hidden = layer(s.hidden, attention_mask=_causal_mask(s.hidden.shape[1]), position_embeddings=(s.cos, s.sin))
             if index < len(s.deepstack):
                 mask = torch.tensor(s.visual)
                 s.hidden = s.hidden.clone()
                 s.hidden[0, mask] = s.hidden[0, mask] + s.deepstack[index]
-    z = torch.stack([norm(s.hidden[0, -1]) for s in samples])
-    return F.normalize(z.float(), dim=-1), trigger, curve
+    return torch.stack([norm(s.hidden[0, -1]) for s in samples]), trigger, curve
+
+
+# -- the official reranker formats, written from the official code and model card, independent
+# of faste_mm.model.rerank_format --
+
+SYSTEM = ('Judge whether the Document meets the requirements based on the Query and the Instruct provided. '
+          'Note that the answer can only be "yes" or "no".')
+
+
+def official_vl_pair_inputs(processor, query: dict, document: dict, instruction: str, max_length: int, fetch_video):
+    """Qwen3VLReranker.format_mm_instruction + tokenize for one pair: token ids (list, truncated
+    by the official special-token rule) and the processor's pixel tensors. `query`/`document`:
+    dicts with optional "text", "image" (path), "video" (path); `fetch_video(path)` -> frames."""
+    from qwen_vl_utils import fetch_image
+
+    images, videos = [], []
+
+    def part(obj, label):
+        content = [{"type": "text", "text": label}]
+        if not obj.get("text") and not obj.get("image") and not obj.get("video"):
+            return content + [{"type": "text", "text": "NULL"}]
+        if obj.get("video"):
+            videos.append(fetch_video(obj["video"]))
+            content.append({"type": "video", "video": obj["video"]})
+        if obj.get("image"):
+            from PIL import Image
+            image = obj["image"] if hasattr(obj["image"], "size") else Image.open(obj["image"])
+            images.append(fetch_image({"image": image, "min_pixels": 4096, "max_pixels": 1280 * 32 * 32}, image_patch_size=16))
+            content.append({"type": "image", "image": obj["image"]})
+        if obj.get("text"):
+            content.append({"type": "text", "text": obj["text"]})
+        return content
+
+    user = [{"type": "text", "text": "<Instruct>: " + instruction}] + part(query, "<Query>:") + part(document, "\n<Document>:")
+    messages = [{"role": "system", "content": [{"type": "text", "text": SYSTEM}]}, {"role": "user", "content": user}]
+    text = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    text = text.replace("<|vision_start|><|video_pad|><|vision_end|>", "<|video_pad|>")  # transformers 5 (see serialization)
+    kwargs = {}
+    if videos:
+        kwargs = dict(videos=[v.frames for v in videos], video_metadata=[v.metadata() for v in videos], do_sample_frames=False)
+    out = processor(text=[text], images=images or None, do_resize=False, return_tensors="pt", **kwargs)
+    ids = out["input_ids"][0].tolist()
+    special = set(processor.tokenizer.all_special_ids)
+    body, tail = ids[:-5], ids[-5:]
+    if len(body) > max_length:  # truncate_tokens_optimized
+        allowed = max_length - sum(1 for t in body if t in special)
+        kept, count = [], 0
+        for t in body:
+            if t in special:
+                kept.append(t)
+            elif count < allowed:
+                kept.append(t)
+                count += 1
+        body = kept
+    return body + tail, out
+
+
+def official_vl_scores(lm, processor, pairs_inputs, pad_id: int) -> torch.Tensor:
+    """The official compute_scores over a LEFT-padded batch: Qwen3VLModel's last_hidden_state at
+    the last column, through Linear(W[yes] - W[no]) and a sigmoid."""
+    vocab = processor.tokenizer.get_vocab()
+    width = max(len(ids) for ids, _ in pairs_inputs)
+    ids = torch.full((len(pairs_inputs), width), pad_id)
+    mask = torch.zeros((len(pairs_inputs), width), dtype=torch.long)
+    mm = torch.zeros((len(pairs_inputs), width), dtype=torch.long)
+    for b, (row, _) in enumerate(pairs_inputs):
+        ids[b, width - len(row):] = torch.tensor(row)
+        mask[b, width - len(row):] = 1
+    mm[ids == lm.config.image_token_id] = 1
+    mm[ids == lm.config.video_token_id] = 2
+    kwargs = {}
+    for key in ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw"):
+        parts = [out[key] for _, out in pairs_inputs if out.get(key) is not None]
+        if parts:
+            kwargs[key] = torch.cat(parts)
+    hidden = lm.model(input_ids=ids, attention_mask=mask, mm_token_type_ids=mm, **kwargs).last_hidden_state[:, -1]
+    weight = lm.lm_head.weight
+    return torch.sigmoid(hidden @ (weight[vocab["yes"]] - weight[vocab["no"]]))
+
+
+def official_text_scores(lm, tokenizer, query: str, documents: list[str], instruction: str, max_length: int) -> torch.Tensor:
+    """The Qwen3-Reranker model card: prefix + tokenized pair (truncated) + suffix, left padding,
+    logits of the last position, log_softmax over [no, yes], exp of yes."""
+    prefix = f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\n"
+    suffix = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    prefix_ids = tokenizer.encode(prefix, add_special_tokens=False)
+    suffix_ids = tokenizer.encode(suffix, add_special_tokens=False)
+    pairs = [f"<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {doc}" for doc in documents]
+    encoded = tokenizer(pairs, padding=False, truncation="longest_first", return_attention_mask=False,
+                        max_length=max_length - len(prefix_ids) - len(suffix_ids))
+    rows = [prefix_ids + ids + suffix_ids for ids in encoded["input_ids"]]
+    tokenizer.padding_side = "left"
+    batch = tokenizer.pad({"input_ids": rows}, padding=True, return_tensors="pt")
+    tokenizer.padding_side = "right"
+    logits = lm(**batch).logits[:, -1, :]
+    yes, no = tokenizer.convert_tokens_to_ids("yes"), tokenizer.convert_tokens_to_ids("no")
+    return torch.nn.functional.log_softmax(torch.stack([logits[:, no], logits[:, yes]], dim=1), dim=1)[:, 1].exp()

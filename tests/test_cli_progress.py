@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -21,6 +20,7 @@ from faste_mm import BatchingConfig, Embedder
 from faste_mm.cli.app import app
 from faste_mm.cli.progress import Progress
 from faste_mm.indexers import Collection
+from faste_mm.indexers.crash_points import CRASH_ENV, SIGNAL_ENV
 from faste_mm.retrieval.retriever import IndexOptions, Retriever
 
 from tests.eval_fixtures import eval_data_dir, eval_model_dir  # noqa: F401  (fixtures)
@@ -92,22 +92,19 @@ def test_plain_lines_are_printed_at_most_once_per_interval_and_always_at_the_end
 
 
 def test_ctrl_c_during_index_says_what_was_kept_and_exits_130(model, tmp_path):
-    n_files = 40
+    """The indexer sends itself SIGINT (Ctrl-C) right after its first chunk commit: a named crash
+    point with FASTE_MM_CRASH_SIGNAL, no polling."""
+    n_files = 12
     folder = _images(tmp_path / "imgs", n_files, seed=500)
     col = tmp_path / "col"
     args = ["index", str(folder), "-c", str(col), "--model", model, "--device", "cpu", "--chunk-files", "2"]
+    env = {key: value for key, value in os.environ.items() if key != "COLUMNS"}
+    env.update({CRASH_ENV: "add-after-commit#1", SIGNAL_ENV: "SIGINT"})
     # SIGINT restored to its default: a test runner in the background may have started us ignoring it.
-    proc = subprocess.Popen([sys.executable, "-m", "faste_mm.cli.app", *args], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    try:
-        deadline = time.monotonic() + 300
-        while _committed_items(col) < 2 and proc.poll() is None:  # the first chunk is committed
-            assert time.monotonic() < deadline, "the indexer committed nothing in 300 s"
-            time.sleep(0.005)
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        proc.kill()
+    proc = subprocess.run([sys.executable, "-m", "faste_mm.cli.app", *args], stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, env=env, timeout=300,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    err = proc.stderr
     err = err.decode()
     assert proc.returncode == 130, err[-2000:]
     committed = _committed_items(col)
@@ -150,3 +147,66 @@ def test_eval_prints_plain_lines_for_each_phase(eval_model_dir, eval_data_dir, t
                     "--r-max", "0", "--limit", "2", "--out", str(tmp_path / "run")])
     phases = {line.split(": ")[0] for line in lines}
     assert any("queries" in phase for phase in phases) and any("candidates" in phase for phase in phases), lines
+
+
+# ---- what a person sees at 80 columns (helper ux) ---------------------------------------------
+def _terminal(width: int = 80):
+    import io
+
+    from rich.console import Console
+
+    return Console(file=io.StringIO(), force_terminal=True, width=width, color_system=None, legacy_windows=False)
+
+
+def _screen(console) -> str:
+    import re
+
+    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", console.file.getvalue())
+
+
+def test_the_live_bar_keeps_its_bar_count_elapsed_and_eta_at_80_columns():
+    console = _terminal(80)
+    rates = "3200 items  41.3 items/s  52310 tok/s  removed 47%"
+    with Progress(console, live=True) as progress:
+        progress.start("indexing", 159, unit="files committed")
+        progress.update(32, detail=rates, share=0.2)
+    screen = _screen(console)
+    assert "━" in screen  # the bar
+    assert "indexing: 32/159 files committed  elapsed 0:00  ETA 0:00" in screen
+    assert "…" not in screen and "..." not in screen
+    for word in rates.split():  # the rates fold onto the next line, whole
+        assert word in screen
+
+
+def test_a_warning_logged_while_the_bar_is_live_prints_above_it_not_into_it():
+    import logging
+
+    from faste_mm.cli.common import setup_logging
+
+    console = _terminal(80)
+    setup_logging(debug=False)
+    try:
+        with Progress(console, live=True) as progress:
+            progress.start("indexing", 10, unit="files committed")
+            progress.update(3)
+            logging.getLogger("faste_mm.scale.resources").warning("Ray run stalled: decoding waits for 1 CPU")
+            progress.update(4)
+    finally:
+        logging.getLogger().handlers.clear()
+    lines = _screen(console).splitlines()
+    assert any(line.strip() == "WARNING: Ray run stalled: decoding waits for 1 CPU" for line in lines), lines
+
+
+def test_a_piped_table_never_splits_a_path():
+    from rich.table import Table
+
+    from faste_mm.cli.common import stdout
+
+    deep = "/data/" + "/".join(f"folder-number-{i}" for i in range(8)) + "/a-long-file-name-0001.png"
+    table = Table(title="1 results")
+    for column in ("rank", "score", "file", "page"):
+        table.add_column(column, overflow="fold")
+    table.add_row("1", "0.9876", deep, "")
+    with stdout.capture() as captured:
+        stdout.print(table)
+    assert deep in captured.get()

@@ -95,8 +95,10 @@ def _check_complete(col: Path, want_uris: set[str]) -> None:
     db = sqlite3.connect(col / "meta.sqlite")
     rows = db.execute("SELECT id, uri, status, part, row FROM items").fetchall()
     parts = dict(db.execute("SELECT part, n_rows FROM parts").fetchall())
+    lexical = [i for (i,) in db.execute("SELECT rowid FROM items_fts ORDER BY rowid")]
     db.close()
     live = [uri for _, uri, status, _, _ in rows if status == "ok"]
+    assert lexical == sorted(i for i, _, status, _, _ in rows if status == "ok")  # lexical index in step
     assert sorted(live) == sorted(want_uris)  # nothing lost, nothing twice
     assert not [r for r in rows if r[2] == "failed"]
     on_disk = sorted(p.name for p in (col / "vectors").iterdir())

@@ -4,6 +4,7 @@ out), in bounded chunks, from the API and the CLI, without importing torch."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -76,3 +77,66 @@ def test_export_to_a_folder_or_a_missing_folder_names_it(tmp_path):
         export_parquet(tmp_path / "c", tmp_path)
     result = CliRunner().invoke(app, ["export", "-c", str(tmp_path / "c"), "--out", str(tmp_path / "nope" / "x.parquet")])
     assert result.exit_code == 1 and "does not exist" in result.stderr
+
+
+@pytest.mark.parametrize("vectors,keep", [("float32", "float"), ("int8", "float"), ("binary", "int8")])
+def test_export_to_lancedb_answers_a_query_with_the_collections_top_hits(tmp_path, vectors, keep):
+    import lancedb
+
+    from faste_mm.retrieval.export import export
+
+    rng = np.random.default_rng(1)
+    n, d = 600, 32
+    centers = rng.standard_normal((6, d)).astype(np.float32)
+    x = centers[rng.integers(0, 6, n)] + 0.5 * rng.standard_normal((n, d)).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    with Collection.create(tmp_path / "c", Manifest(model_id="m", dim=d, vectors=vectors, keep=keep)) as col:
+        col.add(x, [ItemRecord(uri=f"/docs/f{i}.txt", modality="text", text=f"word{i}") for i in range(n)])
+        queries = x[:5] + 0.05 * rng.standard_normal((5, d)).astype(np.float32)
+        queries /= np.linalg.norm(queries, axis=1, keepdims=True)
+        _, found = col.search(queries, k=5, rescore=0)  # the collection's own (index) order
+        stored = col.vectors(range(n))
+    report = export(tmp_path / "c", f"lancedb:{tmp_path / 'db'}/photos", index_min_rows=100)  # index this small table
+    assert (report.target, report.n_items, report.path) == ("lancedb", n, f"{tmp_path / 'db'}/photos")
+    assert report.index == {"float32": "IvfFlat", "int8": "IvfSq", "binary": "IvfFlat"}[vectors]
+    table = lancedb.connect(str(tmp_path / "db")).open_table("photos")
+    assert table.count_rows() == n
+    row = table.search().where("id = 7").limit(1).to_arrow().to_pylist()[0]
+    assert (row["uri"], row["text"]) == ("/docs/f7.txt", "word7")
+    np.testing.assert_allclose(np.array(row["vector"], dtype=np.float32), stored[7], atol=1e-3)
+    for q, want in zip(queries, found):
+        if vectors == "binary":
+            bits = np.packbits(q > 0)
+            hits = table.search(bits, vector_column_name="vector_codes").distance_type("hamming").nprobes(64)
+        else:
+            hits = table.search(q, vector_column_name="vector").distance_type("dot").nprobes(64)
+        got = hits.limit(5).to_arrow()["id"].to_pylist()
+        # Same top hit; the top 5 agree but for ties of equal Hamming distance / fp16 rounding.
+        assert got[0] == want[0] or vectors == "binary" and len(set(got) & set(want.tolist())) >= 3
+        assert len(set(got) & set(want.tolist())) >= 4 or vectors == "binary"
+
+
+# ---- file names that are not UTF-8 (helper ux) ------------------------------------------------
+def test_a_file_name_that_is_not_utf8_is_exported_losslessly_like_the_json_output(tmp_path):
+    raw = b"/photos/caf\xe9-\xff.png"  # Latin-1 bytes: not UTF-8
+    name = raw.decode("utf-8", "surrogateescape")
+    with Collection.create(tmp_path / "c", Manifest(model_id="m", dim=D, vector_dtype="float32")) as col:
+        x = np.eye(D, dtype=np.float32)[:3]
+        col.add(x, [ItemRecord(uri=name, modality="image", metadata={"from": name}),
+                    ItemRecord(uri="/photos/ok-\u00e9.png", modality="image"),
+                    ItemRecord(uri='/photos/a "quoted\\" name.png', modality="image")])
+    for out in (tmp_path / "api.parquet", tmp_path / "cli.parquet"):
+        if out.name == "api.parquet":
+            report = export_parquet(tmp_path / "c", out)
+            assert report.n_items == 3
+        else:
+            result = CliRunner().invoke(app, ["export", "-c", str(tmp_path / "c"), "--out", str(out)])
+            assert result.exit_code == 0, result.output
+        got = pq.read_table(out).to_pydict()
+        restored = {json.loads(f'"{u}"') if "\\udc" in u else u for u in got["uri"]}
+        assert restored == {name, "/photos/ok-\u00e9.png", '/photos/a "quoted\\" name.png'}  # valid names as they are
+        assert raw in {os.fsencode(u) for u in restored}  # the very bytes
+        escaped = next(u for u in got["uri"] if "\\udc" in u)
+        assert json.loads(next(m for m in got["metadata"] if m))["from"] == name
+        # the same text `--format json` output carries for that name
+        assert escaped in json.dumps({"uri": name})

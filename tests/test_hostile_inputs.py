@@ -375,3 +375,29 @@ def test_a_right_to_left_override_in_a_name_is_printed_escaped(tmp_path):
     result = runner.invoke(app, ["info", "-c", str(tmp_path / "col")], env={"COLUMNS": "2000"})
     assert result.exit_code == 0, result.stderr
     assert "invoice\\u202egpj.exe" in result.stdout and "\u202e" not in result.stdout
+
+
+# ---- nothing lost (helper ux): every file the walk selects is accounted for exactly once -----
+def test_every_file_of_the_hostile_folder_is_stored_or_named_as_a_failure_exactly_once(indexed):
+    """The run's books balance: each file the walk selects is live (once per item) or a failure
+    row naming it, never both and never neither; nothing outside the folder is stored."""
+    from faste_mm.retrieval.ingest import scan_paths
+
+    root, col, result = indexed
+    report = json.loads(result.stdout)
+    selected = {f.uri for f in scan_paths([root]).files()}
+    failed = {f["uri"] for f in report["failures"]}
+    with Collection.open(col) as c:
+        ids = sorted(c.live_ids(range(100_000)))
+        records = c.get(ids)
+    live_keys = [(r.uri, r.page) for r in records]
+    assert len(live_keys) == len(set(live_keys)), "an item was stored twice"
+    live = {uri for uri, _ in live_keys}
+    assert not live & failed, f"stored and failed: {sorted(live & failed)}"
+    assert selected <= live | failed, f"lost: {sorted(selected - live - failed)}"
+    # the rest are the walk's entries that are not regular files (links to nowhere, FIFOs): failures
+    others = (live | failed) - selected
+    assert others <= failed and all(os.path.dirname(uri) == os.path.abspath(root) for uri in others), others
+    for uri in failed:  # each failure names its file, literally
+        assert any(uri in f["error"] or os.path.basename(uri) in f["error"] for f in report["failures"]
+                   if f["uri"] == uri)

@@ -1,4 +1,8 @@
-"""Crash safety: a writer SIGKILLed at any moment leaves a consistent collection on reopen."""
+"""Crash safety: a writer SIGKILLed at any step of a write leaves a consistent collection on reopen.
+
+The writer stores vectors without a model (numpy), and stops itself at named crash points
+(FASTE_MM_CRASH_AT=NAME#N: the Nth time it reaches NAME), so each kill lands mid-run at a known
+step whatever the machine's load: no polling, no timing."""
 
 from __future__ import annotations
 
@@ -8,11 +12,11 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
-import time
 
 import numpy as np
 
 from faste_mm.indexers import Collection
+from faste_mm.indexers.crash_points import CRASH_ENV
 
 D = 24
 N_ITEMS = 3000
@@ -51,23 +55,17 @@ def expected_vector(i: int) -> np.ndarray:
     return v / np.linalg.norm(v)
 
 
-def run_writer(root, kill_after_parts: int | None) -> None:
-    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(root)],
-                            stderr=subprocess.PIPE, text=True)
-    if kill_after_parts is None:
-        _, err = proc.communicate(timeout=120)
-        assert proc.returncode == 0, err
-        return
-    deadline = time.monotonic() + 60
-    vectors_dir = root / "vectors"
-    while time.monotonic() < deadline and proc.poll() is None:
-        if vectors_dir.exists() and len(list(vectors_dir.iterdir())) >= 2 * kill_after_parts:
-            break
-        time.sleep(0.005)
-    assert proc.poll() is None, f"writer finished before it could be killed: {proc.stderr.read()}"
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    proc.stderr.close()
+def run_writer(root, crash_at: str | None) -> None:
+    """Run the writer to its end (crash_at None) or until it SIGKILLs itself at `crash_at`."""
+    env = {key: value for key, value in os.environ.items() if key != CRASH_ENV}
+    if crash_at is not None:
+        env[CRASH_ENV] = crash_at
+    proc = subprocess.run([sys.executable, "-c", WRITER, str(root)], stderr=subprocess.PIPE, text=True, env=env,
+                          timeout=300)
+    if crash_at is None:
+        assert proc.returncode == 0, proc.stderr
+    else:
+        assert proc.returncode == -signal.SIGKILL, f"the writer did not reach {crash_at}: {proc.stderr}"
 
 
 def check_consistent(root) -> int:
@@ -91,14 +89,18 @@ def check_consistent(root) -> int:
         exact = queries @ col.vectors(ids).T
         np.testing.assert_allclose(scores, -np.sort(-exact, axis=1)[:, :5], atol=1e-5)
         assert set(found.ravel().tolist()) <= set(ids.tolist())
+        assert col.lexical_ids() == sorted(ids.tolist())  # the lexical index kept in step with the rows
         return len(live)
 
 
 def test_sigkilled_writer_leaves_no_duplicates_orphans_or_stale_index(tmp_path):
     root = tmp_path / "c"
     n_live = []
-    for kill_after_parts in (3, 30):
-        run_writer(root, kill_after_parts)
+    # each run resumes the last one's work and dies at another step: after the 3rd part file,
+    # during the 2nd index save, after a tombstone commit, after the 30th row commit
+    for crash_at in ("add-after-part-written#3", "index-after-replace#2", "delete-after-commit#2",
+                     "add-after-commit#30"):
+        run_writer(root, crash_at)
         n_live.append(check_consistent(root))
     run_writer(root, None)  # re-running finishes the job without duplicating anything
     n_live.append(check_consistent(root))

@@ -40,7 +40,8 @@ def exact_top_k(col: Collection, queries: np.ndarray, n: int, k: int) -> np.ndar
     (49_999, 2048, 4 * GiB, "Flat"),
     (100_000, 2048, 4 * GiB, "HNSW32"),
     (2_000_000, 2048, 64 * GiB, "IVF4096_HNSW32,Flat"),
-    (2_000_000, 2048, 4 * GiB, "OPQ256_1024,IVF4096_HNSW32,PQ256x8np"),
+    (2_000_000, 2048, 5 * GiB, "IVF4096_HNSW32,SQ8"),  # floats do not fit, 8-bit codes do (rescored)
+    (2_000_000, 2048, 3 * GiB, "OPQ256_1024,IVF4096_HNSW32,PQ256x8np"),
     (100_000_000, 2048, 4 * GiB, "OPQ16_64,IVF32768_HNSW32,PQ16x8np"),
 ])
 def test_auto_factory_tiers_are_valid_factory_strings(n, d, budget, expected):
@@ -50,8 +51,10 @@ def test_auto_factory_tiers_are_valid_factory_strings(n, d, budget, expected):
 
 
 def test_auto_factory_respects_a_small_memory_budget():
-    # 40k x 2048 float32 is 328 MB: over a 256 MiB budget, so not Flat even though n is small.
-    assert auto_factory(40_000, 2048, 256 * 2**20).startswith("OPQ")
+    # 40k x 2048 float32 is 328 MB: over a 256 MiB budget, so not Flat even though n is small;
+    # its 8-bit codes (82 MB) fit, and under a 64 MiB budget only PQ codes do.
+    assert auto_factory(40_000, 2048, 256 * 2**20) == "SQ8"
+    assert auto_factory(40_000, 2048, 64 * 2**20).startswith("OPQ")
 
 
 def test_min_training_vectors_reads_centroid_counts():

@@ -9,11 +9,13 @@ batching.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
+import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -24,12 +26,14 @@ pytest.importorskip("ray.data", reason="needs faste-mm[ray]")
 
 from faste_mm import BatchingConfig, Retriever  # noqa: E402
 from faste_mm.indexers import Collection  # noqa: E402
+from faste_mm.indexers.crash_points import CRASH_ENV  # noqa: E402
 from faste_mm.retrieval.results import IndexOptions  # noqa: E402
 from faste_mm.retrieval.retriever import ModelSpec  # noqa: E402
 from faste_mm.scale import RayExecutor, RayOptions  # noqa: E402
 from faste_mm.retrieval.decoders import Decoded  # noqa: E402
 from faste_mm.retrieval.profile import CollectionProfile  # noqa: E402
 from faste_mm.scale.ray_index import ACTOR_REGISTRY_ENV, _decode_file, _embedder_input, _FileTask, _ShippedFile  # noqa: E402
+from faste_mm.scale.resources import plan_resources  # noqa: E402
 from tests.test_retriever_scanning import (CORPUS_EMBEDDED, CORPUS_FAILED, CORPUS_REUSED, make_corpus,  # noqa: E402
                                            noise_image, tiny_vl_dir)
 
@@ -147,15 +151,22 @@ def test_a_shipped_video_is_written_where_the_actor_embeds_it(tmp_path):
 
 @ray.remote(num_cpus=0)
 class _Registry:
-    """Collects the handles of the embedding actors (ACTOR_REGISTRY_ENV test hook)."""
+    """Collects the handles of the embedding actors (ACTOR_REGISTRY_ENV test hook); `first`
+    blocks until one has registered (an async actor: no polling)."""
 
     def __init__(self) -> None:
         self.handles = []
+        self.added = asyncio.Event()
 
-    def add(self, handle) -> None:
+    async def add(self, handle) -> None:
         self.handles.append(handle)
+        self.added.set()
 
-    def get(self) -> list:
+    async def first(self):
+        await self.added.wait()
+        return self.handles[0]
+
+    async def get(self) -> list:
         return list(self.handles)
 
 
@@ -169,10 +180,7 @@ def test_killed_actor_is_restarted_and_nothing_is_lost_or_duplicated(ray_cluster
 
     def kill_one_after_first_commit(progress) -> None:
         if progress.files_done > 0 and not killed:
-            deadline = time.monotonic() + 60
-            while not (handles := ray.get(registry.get.remote())) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            ray.kill(handles[0], no_restart=False)
+            ray.kill(ray.get(registry.first.remote(), timeout=300), no_restart=False)
             killed.append(progress.files_done)
 
     report = _index(model_dir, big_corpus, tmp_path / "ray", 0.0, RayOptions(**ACTORS, ship_bytes=True),
@@ -197,24 +205,18 @@ main()
 
 
 def test_sigkilled_driver_resumes_without_embedding_twice(ray_cluster, model_dir, big_corpus, tmp_path):
+    """The driver SIGKILLs itself right after its second chunk commit (a named crash point, no
+    polling); a re-run embeds only what is missing. The driver runs as the refusal message
+    suggests for 2 workers on this 2-CPU cluster (--cpus-per-worker 0.5, decoding 1 CPU)."""
     collection = tmp_path / "ray"
     env = {key: value for key, value in os.environ.items() if key != "COLUMNS"}
-    proc = subprocess.Popen([sys.executable, "-c", _DRIVER, str(big_corpus), str(collection), str(model_dir),
-                             ray_cluster], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
-    deadline = time.monotonic() + 90
-    stored = 0
-    while time.monotonic() < deadline and proc.poll() is None and stored == 0:
-        if (collection / "manifest.json").exists():
-            try:
-                with Collection.open(collection) as col:
-                    stored = col.info().n_ok
-            except Exception:  # created but not yet readable: poll again
-                pass
-        time.sleep(0.02)
-    assert proc.poll() is None, f"the driver ended before it could be killed: {proc.stderr.read()}"
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    proc.stderr.close()
+    env[CRASH_ENV] = "add-after-commit#2"
+    proc = subprocess.run([sys.executable, "-c", _DRIVER, str(big_corpus), str(collection), str(model_dir),
+                           ray_cluster], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+                          timeout=600)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    # Ray's own output stays off the terminal without --debug (no execution banner, no actor logs)
+    assert "Traceback" not in proc.stderr and "streaming_executor" not in proc.stderr, proc.stderr[-3000:]
     before, _ = _rows(collection)
     assert 0 < len(before)
 
@@ -257,3 +259,86 @@ def test_cli_ray_flags_need_ray_and_options_are_checked(tmp_path):
     for bad in (dict(workers=0), dict(cpus_per_worker=0), dict(files_per_call=0), dict(address=" ")):
         with pytest.raises(ConfigError):
             RayOptions(**bad)
+
+
+# ---- resources: a run that can always make progress, or a refusal saying what would ----------
+def _plans_leave_decoding_cpu(cluster: dict, options: RayOptions) -> None:
+    plan = plan_resources(options, cluster)
+    assert plan.decode_cpus > 0
+    assert plan.workers * plan.cpus_per_worker + plan.decode_cpus <= cluster.get("CPU", 0) + 1e-9
+    assert plan.workers * plan.gpus_per_worker <= cluster.get("GPU", 0)
+
+
+@pytest.mark.parametrize("cpus", [1, 2, 3, 4, 8, 16])
+@pytest.mark.parametrize("gpus", [0, 1, 4])
+def test_every_plan_leaves_cpu_for_decoding_and_every_refusal_names_options_that_run(cpus, gpus):
+    from faste_mm.errors import ConfigError
+
+    cluster = {"CPU": float(cpus), **({"GPU": float(gpus)} if gpus else {})}
+    for workers in (None, 1, 2, 3, 4, 8, 16):
+        for cpus_per_worker in (0.25, 0.5, 1.0, 2.0, 4.0):
+            options = RayOptions(workers=workers, cpus_per_worker=cpus_per_worker)
+            try:
+                _plans_leave_decoding_cpu(cluster, options)
+            except ConfigError as error:
+                # every suggestion in the refusal runs on the same cluster
+                suggestions = re.findall(r"RayOptions\(([^)]*)\)", str(error))
+                assert suggestions, str(error)
+                for suggestion in suggestions:
+                    changed = dict(workers=workers, cpus_per_worker=cpus_per_worker)
+                    for setting in suggestion.split(", "):
+                        name, value = setting.split("=")
+                        changed[name] = int(value) if name == "workers" else float(value)
+                    _plans_leave_decoding_cpu(cluster, RayOptions(**changed))
+
+
+def test_workers_that_take_every_cpu_are_refused_with_what_would_run(ray_cluster, model_dir, tmp_path):
+    """The hang of `--workers 2` on a 2-CPU cluster (both actors at 1 CPU, decoding at 0) is a
+    refusal on the CLI that names the flags that run, before any actor starts."""
+    from typer.testing import CliRunner
+
+    from faste_mm.cli.app import app
+
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    noise_image(folder / "a.png", (32, 32), 1)
+    result = CliRunner().invoke(app, ["index", str(folder), "-c", str(tmp_path / "col"), "--model",
+                                      str(model_dir), "--ray", "auto", "--workers", "2"])
+    assert result.exit_code == 1, result.output
+    assert ("2 workers x 1 CPU leaves no CPU for decoding on this 2-CPU Ray cluster; use --workers 1 or "
+            "--cpus-per-worker 0.5") in result.stderr
+    assert "RayOptions" not in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_default_actor_count_that_takes_every_cpu_is_lowered_with_a_note():
+    plan = plan_resources(RayOptions(gpus_per_worker=1.0), {"CPU": 4.0, "GPU": 4.0})  # 4 GPU actors x 1 CPU
+    assert (plan.workers, plan.decode_cpus) == (3, 1.0)
+    assert "3 embedding actors instead of 4" in plan.note
+    plan = plan_resources(RayOptions(workers=1, cpus_per_worker=1.5), {"CPU": 2.0})
+    assert (plan.workers, plan.decode_cpus) == (1, 0.5) and "decoding tasks get 0.5 CPU" in plan.note
+
+
+def test_a_stalled_run_says_what_waits_for_what_once_per_stall(caplog):
+    """The stall seen on a 2-CPU cluster (2 actors x 1 CPU, decoding needs 1), replayed with a
+    clock the test moves: nothing said before the threshold or while CPU is free."""
+    from faste_mm.scale.resources import ResourcePlan, StallWatch, describe_wait
+
+    stuck = ResourcePlan(workers=2, gpus_per_worker=0.0, cpus_per_worker=1.0, decode_cpus=1.0, cluster_cpus=2.0,
+                         cluster_gpus=0.0)
+    now, free = [0.0], [{"CPU": 0.0}]
+    watch = StallWatch(lambda: describe_wait(stuck, free[0]), after_s=120, clock=lambda: now[0])
+    now[0] = 119.0
+    assert watch.check() is None
+    free[0] = {"CPU": 1.0}
+    now[0] = 500.0
+    assert watch.check() is None  # slow, not stuck: decoding could start now
+    free[0] = {"CPU": 0.0}
+    with caplog.at_level(logging.WARNING, logger="faste_mm.scale.resources"):
+        said = watch.check()
+    assert said is not None and said in caplog.text
+    assert "no result for 500 s" in said
+    assert "decoding tasks wait for 1 CPU each and Ray has 0 of 2 CPU free (2 embedding actors hold 1 CPU each)" in said
+    assert watch.check() is None  # said once per stall
+    watch.progressed()
+    now[0] = 700.0
+    assert watch.check() is not None  # a new stall is said again

@@ -92,6 +92,8 @@ def test_the_schema_migration_keeps_existing_names(tmp_path):
     db.execute("INSERT INTO items (id, uri, modality, status, error, added_at) VALUES (9, ?, 'image', 'failed', 'x', 0)",
                (literal,))
     db.execute("DROP TABLE exclusions")  # schema 1 had none (schema 3 adds it)
+    for statement in ("DROP TABLE items_fts", "DROP TRIGGER items_fts_tombstone", "DROP TRIGGER items_fts_delete"):
+        db.execute(statement)  # schema 4's lexical index
     db.execute("UPDATE schema_version SET version = 1")
     db.commit()
     db.close()

@@ -96,6 +96,8 @@ def test_schema_1_collections_stay_readable_and_migrate_on_the_next_write(tmp_pa
         col.add(np.eye(4, dtype=np.float32)[:1], [ItemRecord(uri="/a/x.png", modality="image")])
     db = sqlite3.connect(tmp_path / "c" / "meta.sqlite")
     db.execute("DROP TABLE exclusions")
+    for statement in ("DROP TABLE items_fts", "DROP TRIGGER items_fts_tombstone", "DROP TRIGGER items_fts_delete"):
+        db.execute(statement)  # schema 4's lexical index
     db.execute("UPDATE schema_version SET version = 1")
     db.commit()
     db.close()
@@ -104,6 +106,6 @@ def test_schema_1_collections_stay_readable_and_migrate_on_the_next_write(tmp_pa
     with Collection.open(tmp_path / "c", writable=True) as writer:
         writer.exclude(["/a"])
     version = sqlite3.connect(tmp_path / "c" / "meta.sqlite").execute("SELECT version FROM schema_version").fetchone()[0]
-    assert version == SCHEMA_VERSION == 3  # 1 -> 2 (escaped names) -> 3 (exclusions)
+    assert version == SCHEMA_VERSION == 4  # 1 -> 2 (escaped names) -> 3 (exclusions) -> 4 (lexical index)
     with Collection.open(tmp_path / "c") as reader:
         assert reader.exclusions() == ["/a"]

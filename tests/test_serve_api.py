@@ -186,6 +186,19 @@ def test_filtered_search_equals_retriever_search_with_the_same_filters(client, e
     assert bad.status_code == 400 and "audio" in bad.json()["error"]["message"]
 
 
+def test_lexical_and_hybrid_search_equal_retriever_search_and_the_form_takes_the_mode(client, embedder, collection):
+    reference = Retriever(embedder, collection=collection, r_max=0.5)
+    for mode, query in (("lexical", "picnic lake"), ("hybrid", "picnic by the lake"), ("lexical", 'ocean "*')):
+        body = client.post("/search", json={"query": query, "k": 5, "mode": mode}).json()
+        expected = reference.search(query, k=5, mode=mode)
+        assert body["mode"] == mode
+        assert [(h["id"], h["found_by"]) for h in body["hits"]] == [(h.id, h.found_by) for h in expected]
+    assert [h["uri"] for h in client.post("/search", data={"q": "picnic", "mode": "lexical"}).json()["hits"]] \
+        == ["notes:picnic"]
+    bad = client.post("/search", json={"query": "x", "mode": "fuzzy"})
+    assert bad.status_code == 400
+
+
 def test_image_search_by_upload_and_by_data_url_equals_retriever_search(client, embedder, collection):
     reference = Retriever(embedder, collection=collection, r_max=0.5)
     raw = (collection.parent / "gallery" / "ocean-2.png").read_bytes()
@@ -722,3 +735,30 @@ def test_an_unexpected_failure_is_a_json_500_and_the_server_keeps_serving(embedd
         _error(c.post("/v1/embeddings", json={"input": "x"}), 500, "RuntimeError", "boom")
         monkeypatch.setattr(embedder, "encode", original)
         assert c.post("/v1/embeddings", json={"input": "x"}).status_code == 200
+
+
+# ---- probes that held, kept (helper ux): traversal of the static files, forged credentials ----
+@pytest.mark.parametrize("path", ["/static/../api.py", "/static/..%2Fapi.py", "/static/%2e%2e/engine.py",
+                                  "/static/%2e%2e%2f%2e%2e%2fpyproject.toml", "/static//etc/passwd",
+                                  "/static/..\\api.py", "/static/%00app.js", "/thumbnails/%2e%2e%2f1",
+                                  "/thumbnails/1%2f..%2f..%2fmeta.sqlite", "/favicon.ico/../api.py"])
+def test_traversal_probes_never_serve_a_file_outside_the_page_assets(client, path):
+    response = client.get(path)
+    assert response.status_code in (400, 404), (path, response.status_code)
+    body = response.content
+    assert b"def create_app" not in body and b"root:" not in body and b"[project]" not in body
+    assert b"SQLite format" not in body
+
+
+@pytest.mark.parametrize("headers", [
+    {"Authorization": "Basic czNjcmV0"}, {"Authorization": "s3cret"}, {"Authorization": "Bearer"},
+    {"Authorization": "Bearer s3cret2"}, {"Authorization": "Bearer s3cre"}, {"Authorization": "Bearer S3CRET"},
+    {"Authorization": "Bearer s3cret, Bearer s3cret"}, {"X-API-Key": "s3cret"}, {"Cookie": "key=s3cret"},
+], ids=lambda h: repr(h)[:48])
+def test_forged_or_misplaced_credentials_get_401_on_every_data_route(embedder, collection, headers):
+    with _client(embedder, collection, api_key="s3cret") as c:
+        for method, path, kwargs in (("post", "/v1/embeddings", {"json": {"input": "x"}}), ("get", "/info", {}),
+                                     ("get", "/metrics", {}), ("post", "/search", {"json": {"query": "x"}}),
+                                     ("get", "/thumbnails/1", {}), ("get", "/info?api_key=s3cret", {})):
+            response = getattr(c, method)(path, headers=headers, **kwargs)
+            assert response.status_code == 401, (path, headers, response.status_code)

@@ -82,6 +82,7 @@ class Batch:
     pixel_values_videos: torch.Tensor | None = None  # [sum P_v, C] videos in row order
     video_grid_thw: torch.Tensor | None = None  # [n_videos, 3]
     video_grids: tuple[tuple[int, int, int], ...] = ()  # video_grid_thw as host ints
+    protected: torch.Tensor | None = None  # [B] leading positions per row a compressor must keep (reranker queries)
 
     @property
     def size(self) -> int:
@@ -165,6 +166,7 @@ def collate(items: list[Serialized], rows: list[int], pad_token_id: int, release
         pixel_values_videos=pixel_values_videos,
         video_grid_thw=video_grids,
         video_grids=() if video_grids is None else tuple(tuple(g) for g in video_grids.tolist()),
+        protected=torch.tensor([item.protected for item in items]) if any(item.protected for item in items) else None,
     )
 
 

@@ -20,7 +20,8 @@ from faste_mm.model.batching import Batch, BatchingConfig
 from faste_mm.model.ablations import policy_for
 from faste_mm.model.faste import FastEConfig
 from faste_mm.errors import ConfigError, FasteError, InputError
-from faste_mm.model.flops import DecoderShape, batch_flops, flops_reduction, full_batch_flops, removed_share, vision_flops
+from faste_mm.model.flops import (DecoderShape, batch_flops, flops_reduction, full_batch_flops, removed_share, tower_share,
+                                  vision_flops)
 from faste_mm.model.items import Failure, Item, expand_items
 from faste_mm.model.pooling import truncate_dim
 from faste_mm.model.prefetch import ItemError, PrepTimer, prefetch_batches
@@ -53,6 +54,9 @@ class EmbedStats:
     flops_realised: int = 0
     flops_vision: int = 0  # the vision tower's, the same with and without FastE
     attention_trial: dict = field(default_factory=dict)  # Unpadded.trial: seconds (or why not) per option
+    tower_s: float = 0.0  # of forward_s: seconds in the vision tower
+    decoder_s: float = 0.0  # of forward_s: seconds in the decoder (embeddings to pooled vectors)
+    dtype: dict = field(default_factory=dict)  # DtypeChoice.to_dict(): the dtype the model ran in, and why
 
     @property
     def prefix_removal(self) -> float:
@@ -67,6 +71,16 @@ class EmbedStats:
     def flops_reduction_with_vision(self) -> float:
         """The whole forward's: what FastE can save where the vision tower runs too."""
         return flops_reduction(self.flops_realised + self.flops_vision, self.flops_full + self.flops_vision)
+
+    @property
+    def tower_time_share(self) -> float:
+        """The vision tower's share of the model's seconds (tower + decoder)."""
+        return tower_share(self.tower_s, self.decoder_s)
+
+    @property
+    def tower_flops_share(self) -> float:
+        """The vision tower's share of the FLOPs this run realised (decoder after FastE + tower)."""
+        return tower_share(self.flops_vision, self.flops_realised)
 
     @property
     def attention(self) -> dict[str, int]:
@@ -100,6 +114,11 @@ class EmbedStats:
             "attention_trial": self.attention_trial,
             "serialize_s": self.serialize_s,
             "forward_s": self.forward_s,
+            "tower_s": self.tower_s,
+            "decoder_s": self.decoder_s,
+            "tower_time_share": self.tower_time_share,
+            "tower_flops_share": self.tower_flops_share,
+            "dtype": self.dtype,
             "total_s": self.total_s,
             "shape": self.shape.to_dict(),
             "batches": [trace.to_dict() for trace in self.batches],
@@ -155,7 +174,9 @@ class Embedder:
     ) -> "Embedder":
         """Load a hub id (e.g. "Qwen/Qwen3-VL-Embedding-2B") or a local directory.
 
-        device "auto" picks CUDA + bfloat16 when available, else CPU + float32. `prompt` overrides
+        device "auto" picks CUDA when available, else the CPU; dtype "auto" runs bfloat16 on CUDA
+        and on CPUs with native bfloat16 (`loading.choose_dtype`; `dtype_choice` says which and
+        why), float32 elsewhere. `prompt` overrides
         the text template / readout rule of text models. Raises ModelLoadError.
         """
         loaded = load_model(
@@ -172,6 +193,11 @@ class Embedder:
     @property
     def model_id(self) -> str:
         return self.loaded.model_id
+
+    @property
+    def dtype_choice(self):
+        """`DtypeChoice`: the dtype the model runs in, and why."""
+        return self.loaded.dtype_choice
 
     @property
     def dim(self) -> int:
@@ -361,6 +387,9 @@ class Embedder:
             flops_realised=sum(batch_flops(shape, t.batch_size, t.padded_lengths) for t in traces),
             flops_vision=self._vision_flops(traces),
             attention_trial=dict(self.unpadded.trial),
+            tower_s=sum(t.tower_s for t in traces),
+            decoder_s=sum(t.decoder_s for t in traces),
+            dtype=self.loaded.dtype_choice.to_dict(),
         )
 
     def _vision_flops(self, traces) -> int:

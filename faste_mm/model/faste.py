@@ -113,13 +113,18 @@ def prefix_budgets(n_prefix: torch.Tensor, r_max: float) -> torch.Tensor:
 
 # Lines 5-9: when to compress.
 def batch_alignment(state: DecoderState) -> torch.Tensor:
-    """Mean over the batch of g_i = cos(h_readout, mean of valid prefix states) (paper Eq. 2)."""
+    """Mean over the batch of g_i = cos(h_readout, mean of valid prefix states) (paper Eq. 2),
+    accumulated in float32 whatever the model's dtype, so the trigger never flips on rounding."""
     hidden = state.hidden  # [B, T, H], the model's dtype
     prefix = state.prefix_mask  # [B, T]
     n_prefix = prefix.sum(dim=1, keepdim=True).clamp(min=1)  # [B, 1]
-    # one [B, 1, T] x [B, T, H] product (fp32 accumulation) instead of a float copy and a masked
-    # copy of the whole hidden state at every monitored layer
-    prefix_sum = torch.bmm(prefix[:, None, :].to(hidden.dtype), hidden)[:, 0].float()  # [B, H]
+    if hidden.dtype == torch.float32:
+        # one [B, 1, T] x [B, T, H] product instead of a masked copy of the whole hidden state
+        prefix_sum = torch.bmm(prefix[:, None, :].to(hidden.dtype), hidden)[:, 0]  # [B, H]
+    else:
+        # a 16-bit product would round the sum to 8 mantissa bits (CPUs have no bmm with a float32
+        # output): a masked 16-bit view summed with float32 accumulation, never a float32 copy
+        prefix_sum = torch.where(prefix[..., None], hidden, 0).sum(dim=1, dtype=torch.float32)  # [B, H]
     readout = state.readout_hidden().float()  # [B, H]
     return torch.nn.functional.cosine_similarity(readout, prefix_sum / n_prefix, dim=-1).mean()
 
@@ -168,7 +173,8 @@ def masked_scores(scores: torch.Tensor, state: DecoderState) -> torch.Tensor:
 
 def readout_attention(backbone, layer: int, state: DecoderState) -> torch.Tensor:
     """FastE ranking (paper Eq. readout-importance): attention each prefix state receives from the
-    readout, softmax over the active prefix keys per query head, averaged over heads."""
+    readout, softmax over the active prefix keys per query head, averaged over heads. The rotated
+    q/k (from the adapter), logits, softmax and head mean are float32 whatever the model's dtype."""
     rows = torch.arange(state.hidden.shape[0], device=state.hidden.device)
     readout = state.readout_index
     q = backbone.project_queries(
@@ -178,7 +184,7 @@ def readout_attention(backbone, layer: int, state: DecoderState) -> torch.Tensor
     batch, heads, _, head_dim = q.shape
     kv_heads = k.shape[1]
     q = q.view(batch, kv_heads, heads // kv_heads, head_dim)
-    logits = torch.einsum("bkgd,bktd->bkgt", q.float(), k.float()) * backbone.attention_scale(layer)
+    logits = torch.einsum("bkgd,bktd->bkgt", q, k) * backbone.attention_scale(layer)
     logits = logits.reshape(batch, heads, -1)  # [B, A, T]
     # The readout is excluded from the competition, so the softmax runs over prefix keys only.
     probs = logits.masked_fill(~state.prefix_mask[:, None, :], float("-inf")).softmax(dim=-1)
@@ -254,6 +260,10 @@ class FastE:
             fire = self.trigger.fires(layer, alignment)
         if not fire:
             return Decision(alignment=alignment)
-        budgets = prefix_budgets(state.lengths - 1, config.r_max)  # [B] R_i
+        budgets = self.budgets(state)  # [B] R_i
         scores = self.scorer(backbone, layer, state, budgets, config)  # [B, T]
         return Decision(plan=plan_keep(scores, budgets, state), alignment=alignment)
+
+    def budgets(self, state: DecoderState) -> torch.Tensor:
+        """Lines 1-3 for the rows of `state`: R_i from N_i = lengths - 1."""
+        return prefix_budgets(state.lengths - 1, self.config.r_max)

@@ -88,6 +88,12 @@ def removed_share(kept: int, total: int) -> float:
     return 0.0 if total == 0 else 1.0 - kept / total
 
 
+def tower_share(tower: float, decoder: float) -> float:
+    """The vision tower's share of tower + decoder (seconds or FLOPs; 0 when nothing ran)."""
+    total = tower + decoder
+    return tower / total if total else 0.0
+
+
 def flops_reduction(realised: int, full: int) -> float:
     """1 - FastE/Full over the same batches (0 when nothing ran)."""
     return removed_share(realised, full)

@@ -14,8 +14,10 @@ def pool_readout(backbone, hidden_readout: torch.Tensor) -> torch.Tensor:
 
     The final RMSNorm is per token, so norming only the readout rows equals pooling
     `last_hidden_state` (pooling the pre-norm state is a known bug that costs MMEB points).
+    The readout rows are upcast before the norm, so a 16-bit model's vectors are normed and
+    normalised in float32 (HF's RMSNorm would round its output back to the model's dtype).
     """
-    return l2_normalize(backbone.final_norm(hidden_readout).float())
+    return l2_normalize(backbone.final_norm(hidden_readout.float()))
 
 
 def l2_normalize(x: torch.Tensor) -> torch.Tensor:

@@ -9,6 +9,7 @@ Receives a `Batch`; hands on pooled unit vectors [B, H] and a `BatchTrace`.
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -21,7 +22,8 @@ from faste_mm.model.unpadded import PADDED, PackedKernel, Unpadded
 
 @dataclass(frozen=True, slots=True)
 class BatchTrace:
-    """What happened to one batch: shapes for FLOPs, where it compressed, what it kept."""
+    """What happened to one batch: shapes for FLOPs, where it compressed, what it kept, and the
+    seconds of its two stages (vision tower, decoder)."""
 
     batch_size: int
     rows: list[int]  # the caller's item index of each batch row
@@ -33,19 +35,28 @@ class BatchTrace:
     attention: str = PADDED  # the layers after compression: "padded" or the unpadded kernel's name
     image_grids: list[tuple[int, int, int]] = field(default_factory=list)  # (t, h, w) patches per image
     video_grids: list[tuple[int, int, int]] = field(default_factory=list)  # (frame pairs, h, w) per video
+    tower_s: float = 0.0  # seconds in the vision tower (0 for text-only batches)
+    decoder_s: float = 0.0  # seconds from the token embeddings to the pooled vectors
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
 @torch.inference_mode()
-def run_decoder(backbone, batch: Batch, policy, kernel: PackedKernel | None = None) -> tuple[torch.Tensor, BatchTrace]:
+def run_decoder(
+    backbone, batch: Batch, policy, kernel: PackedKernel | None = None, readout=pool_readout
+) -> tuple[torch.Tensor, BatchTrace]:
     """Embed one batch; returns ([B, H] float32 unit vectors in batch row order, trace).
 
     `kernel`: run the layers after compression on packed rows with it (when the backbone can
-    pack rows that wide); None keeps them padded.
+    pack rows that wide); None keeps them padded. `readout(backbone, [B, H] pre-norm readout
+    states)` turns the last tokens into the output: pooled vectors, or a reranker's scores [B].
     """
-    state = backbone.embed(batch)
+    started = time.perf_counter()
+    vision = backbone.encode_vision(batch)  # the tower: its own timed stage
+    tower_s = 0.0 if vision is None else _elapsed_s(started, batch.input_ids.device)
+    started = time.perf_counter()
+    state = backbone.embed(batch, vision)
     masks = backbone.attention_masks(state)
     width = int(state.hidden.shape[1])  # padded tokens per row (packed rows: the longest)
     prefix_tokens = state.lengths - 1
@@ -68,7 +79,8 @@ def run_decoder(backbone, batch: Batch, policy, kernel: PackedKernel | None = No
                 state, masks = _layout(backbone, state, packed)
         padded_lengths.append(width)
         state = _run_layer(backbone, layer, state, masks, packed)
-    embeddings = pool_readout(backbone, state.readout_hidden())
+    embeddings = readout(backbone, state.readout_hidden())
+    decoder_s = _elapsed_s(started, embeddings.device)
     trace = BatchTrace(
         batch_size=batch.size,
         rows=list(batch.rows),
@@ -80,8 +92,18 @@ def run_decoder(backbone, batch: Batch, policy, kernel: PackedKernel | None = No
         attention=PADDED if packed is None else packed.name,
         image_grids=list(batch.image_grids),
         video_grids=list(batch.video_grids),
+        tower_s=tower_s,
+        decoder_s=decoder_s,
     )
     return embeddings, trace
+
+
+def _elapsed_s(started: float, device: torch.device) -> float:
+    """Seconds since `started`, once the device's queued work is done (CUDA runs asynchronously:
+    one synchronisation per stage per batch, so the tower/decoder split is true)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - started
 
 
 def settle_kernel(backbone, batch: Batch, policy, unpadded: Unpadded | None) -> PackedKernel | None:

@@ -77,10 +77,27 @@ class Serialized:
     position_ids: torch.Tensor | None = None  # [3, T] MRoPE positions, filled by the backbone in the workers
     pixel_values_videos: torch.Tensor | None = None  # [P_v, C] flattened patches of the one video
     video_grid_thw: torch.Tensor | None = None  # [1, 3] (frame pairs, h, w) patches
+    protected: int = 0  # leading positions a compressor must keep (a reranker pair's instruction + query)
 
     @property
     def length(self) -> int:
         return int(self.input_ids.shape[0])
+
+    @classmethod
+    def from_processor(cls, encoded, input_ids: torch.Tensor, mm_token_type_ids: torch.Tensor, truncated: bool,
+                       protected: int = 0) -> "Serialized":
+        """One item from the Qwen3-VL processor's output (`encoded`: its pixel tensors) and the
+        token ids kept after truncation."""
+        return cls(
+            input_ids=input_ids,
+            mm_token_type_ids=mm_token_type_ids,
+            pixel_values=encoded.get("pixel_values"),
+            image_grid_thw=encoded.get("image_grid_thw"),
+            truncated=truncated,
+            pixel_values_videos=encoded.get("pixel_values_videos"),
+            video_grid_thw=encoded.get("video_grid_thw"),
+            protected=protected,
+        )
 
 
 def normalize_instruction(instruction: str | None) -> str:
@@ -110,6 +127,15 @@ def build_conversation(item: Item, instruction: str | None, image: Image.Image |
     ]
 
 
+def bare_video_pads(processor, prompt: str) -> str:
+    """transformers 4.57 (the official pin) replaces the whole <|vision_start|><|video_pad|>
+    <|vision_end|> by "<t seconds><|vision_start|>pads<|vision_end|>" per frame pair; 5.x
+    replaces the pad token only, nesting that inside a second start/end pair. Passing the
+    bare pad token gives the official text under both."""
+    video = processor.video_token
+    return prompt.replace(f"{processor.vision_start_token}{video}{processor.vision_end_token}", video)
+
+
 def _handled_truncation(tokenizer) -> None:
     """Mark transformers' "Token indices sequence length is longer than the specified maximum"
     warning as already given: the serializers truncate at max_length themselves (and say so in
@@ -132,13 +158,7 @@ class VLSerializer:
     def render_prompt(self, item: Item, instruction: str | None) -> str:
         conversation = build_conversation(item, instruction)
         prompt = self.processor.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
-        # transformers 4.57 (the official pin) replaces the whole <|vision_start|><|video_pad|>
-        # <|vision_end|> by "<t seconds><|vision_start|>pads<|vision_end|>" per frame pair; 5.x
-        # replaces the pad token only, nesting that inside a second start/end pair. Passing the
-        # bare pad token gives the official text under both.
-        video = self.processor.video_token
-        compound = f"{self.processor.vision_start_token}{video}{self.processor.vision_end_token}"
-        return prompt.replace(compound, video)
+        return bare_video_pads(self.processor, prompt)
 
     def pixel_bounds(self, item: Item) -> tuple[int, int]:
         """(min_pixels, max_pixels) of this item's resize: the item's own max_pixels, if set,
@@ -237,15 +257,7 @@ class VLSerializer:
                 )
             input_ids = kept
             mm_types = mm_types[: self.config.max_length]
-        return Serialized(
-            input_ids=input_ids,
-            mm_token_type_ids=mm_types,
-            pixel_values=encoded.get("pixel_values"),
-            image_grid_thw=encoded.get("image_grid_thw"),
-            truncated=truncated,
-            pixel_values_videos=encoded.get("pixel_values_videos"),
-            video_grid_thw=encoded.get("video_grid_thw"),
-        )
+        return Serialized.from_processor(encoded, input_ids, mm_types, truncated)
 
 
 @dataclass(frozen=True, slots=True)

@@ -54,10 +54,11 @@ class VideoConfig:
             raise ConfigError(
                 f"VideoConfig.min_frames must be an int in 1..max_frames ({self.max_frames}), got {self.min_frames!r}"
             )
-        if not 1 <= self.min_pixels <= self.max_pixels:
-            raise ConfigError(
-                f"VideoConfig: need 1 <= min_pixels <= max_pixels per frame, got {self.min_pixels} and {self.max_pixels}"
-            )
+        if not 1 <= self.min_pixels:
+            raise ConfigError(f"VideoConfig.min_pixels must be >= 1 pixel per frame, got {self.min_pixels}")
+        if self.max_pixels < self.min_pixels:
+            raise ConfigError(f"VideoConfig.max_pixels must be >= min_pixels ({self.min_pixels}) per frame, "
+                              f"got {self.max_pixels}")
         if self.total_pixels < self.min_pixels:
             raise ConfigError(
                 f"VideoConfig.total_pixels must be >= min_pixels ({self.min_pixels}), got {self.total_pixels}"

@@ -106,6 +106,9 @@ def save_calibration(calibration: Calibration, path: Path | None = None) -> Path
     """Store (replacing an older one for the same model and revision); returns the file."""
     path = path or calibrations_file()
     saved = json.loads(path.read_text()) if path.exists() else {}
+    if not isinstance(saved, dict):
+        raise ConfigError(f"{path}: holds a JSON {type(saved).__name__}, not an object of calibrations; move it "
+                          f"away (the next save starts a new one)")
     saved[_key(calibration.model_id, calibration.revision)] = calibration.to_dict()
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(path, json.dumps(saved, indent=2).encode())
@@ -122,6 +125,10 @@ def load_calibration(model_id: str, revision: str | None, path: Path | None = No
     except (OSError, json.JSONDecodeError) as error:
         log.warning("%s: unreadable calibration file (%s); using the backbone default theta", path, error)
         return None
+    if not isinstance(saved, dict):
+        log.warning("%s: holds a JSON %s, not an object of calibrations ({\"MODEL@REVISION\": {...}}) as "
+                    "`faste-mm calibrate --save` writes; using the backbone default theta", path, type(saved).__name__)
+        return None
     entry = saved.get(_key(model_id, revision))
     if entry is None:
         if saved:
@@ -131,7 +138,12 @@ def load_calibration(model_id: str, revision: str | None, path: Path | None = No
                 _key(model_id, revision),
             )
         return None
-    return Calibration.from_dict(entry)
+    try:
+        return Calibration.from_dict(entry)
+    except (AttributeError, KeyError, TypeError, ValueError) as error:
+        log.warning("%s: the calibration of %s is not one `faste-mm calibrate --save` writes (%s: %s); using "
+                    "the backbone default theta", path, _key(model_id, revision), type(error).__name__, error)
+        return None
 
 
 def apply_calibration(calibration: Calibration, collection: str | os.PathLike | None) -> Path:

@@ -67,6 +67,8 @@ class CollectionDocuments:
         flight.rows += trace.batch_size
         flight.prefix_tokens += trace.prefix_tokens
         flight.kept_prefix_tokens += trace.kept_prefix_tokens
+        flight.tower_s += trace.tower_s
+        flight.decoder_s += trace.decoder_s
         if self.on_batch is not None:
             self.on_batch(trace)
 
@@ -79,6 +81,8 @@ class _InFlight:
     rows: int = 0
     prefix_tokens: int = 0
     kept_prefix_tokens: int = 0
+    tower_s: float = 0.0
+    decoder_s: float = 0.0
 
 
 # ---- the records `add` stores ----------------------------------------------------------------

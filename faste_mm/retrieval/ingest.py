@@ -23,6 +23,7 @@ from faste_mm.indexers.crash_points import crash_point
 from faste_mm.kinds import KINDS, SUPPORTED_SUFFIXES, UNSUPPORTED, kind_name
 from faste_mm.model.items import Item, as_item, count_pdf_pages, not_a_file_reason
 from faste_mm.retrieval.decoders import document_input
+from faste_mm.retrieval.lexical import item_text, source_text
 
 if TYPE_CHECKING:  # annotations only: scanning and planning load no model code
     from faste_mm.model.embedder import EmbedResult, EmbedStats
@@ -309,6 +310,8 @@ class IngestTally:
     prefix_tokens: int = 0
     kept_prefix_tokens: int = 0
     failures: list[IndexFailure] = field(default_factory=list)
+    tower_s: float = 0.0  # model seconds in the vision tower
+    decoder_s: float = 0.0  # model seconds in the decoder
 
     def merge(self, other: "IngestTally") -> None:
         """Add the totals of a committed chunk."""
@@ -317,11 +320,15 @@ class IngestTally:
         self.prefix_tokens += other.prefix_tokens
         self.kept_prefix_tokens += other.kept_prefix_tokens
         self.failures.extend(other.failures)
+        self.tower_s += other.tower_s
+        self.decoder_s += other.decoder_s
 
     def add_stats(self, stats: EmbedStats | None) -> None:
         if stats is not None:
             self.prefix_tokens += stats.prefix_tokens
             self.kept_prefix_tokens += stats.kept_prefix_tokens
+            self.tower_s += stats.tower_s
+            self.decoder_s += stats.decoder_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -551,7 +558,7 @@ def prepare_chunk(col: Collection, files: Sequence[ScannedFile],
         donor = donors.get((digest, f.modality))
         if donor is not None:
             for record, vector in zip(*donor):
-                prepared.records.append(ItemRecord(**base, page=record.page))
+                prepared.records.append(ItemRecord(**base, page=record.page, text=source_text(value, record.page)))
                 prepared.vectors.append(vector[None])
             prepared.reused += len(donor[0])
         elif digest in first_of_hash:  # an identical file earlier in this chunk
@@ -689,7 +696,7 @@ def _emit(base: dict, rows: list[int], result: EmbedResult, reasons: dict[int, s
         if row in reasons:
             failures.append(ItemRecord(**base, page=page, error=reasons[row]))
         else:
-            records.append(ItemRecord(**base, page=page))
+            records.append(ItemRecord(**base, page=page, text=item_text(result.items[row])))
             vectors.append(result.embeddings[row][None])
             n_ok += 1
     return n_ok

@@ -88,7 +88,35 @@ def compact(root: Path) -> int:
 
 
 def rebuild_index(root: Path, index_type: str | None = None) -> str:
-    """Rebuild the FAISS index from stored vectors (optionally as another type); returns the
-    factory string built."""
+    """Rebuild the FAISS index from stored vectors (optionally as another type), and give items
+    stored before the lexical index existed their text (`backfill_texts`); returns the factory
+    string built."""
     with Collection.open(root, writable=True) as col:
+        backfill_texts(col)
         return col.rebuild_index(index_type)
+
+
+def backfill_texts(col: Collection) -> int:
+    """Read the text of text files and PDF pages that the lexical index knows only by name (stored
+    before it existed) again from their files, when a file is still there with its stored size;
+    returns how many items got text. Unreadable or changed files are left to the next `index`."""
+    from faste_mm.retrieval.decoders import read_text_file
+    from faste_mm.retrieval.lexical import MAX_TEXT_CHARS, page_text
+
+    texts = []
+    for record in col.items_without_text():
+        if record.modality not in ("text", "page"):
+            continue
+        path = Path(record.uri)
+        try:
+            if not path.is_file() or path.stat().st_size != record.size:
+                continue
+            text = read_text_file(path) if record.modality == "text" else page_text(path, record.page or 1)
+        except (InputError, OSError):
+            continue
+        if text:
+            texts.append((record.id, text[:MAX_TEXT_CHARS]))
+    if texts:
+        col.set_texts(texts)
+        log.info("%s: read the text of %d items for the lexical index", col.root, len(texts))
+    return len(texts)

@@ -87,6 +87,11 @@ class CollectionProfile:
     r_max, warmup_layer, threshold, trigger_layer: FastE for documents (paper: r_max, l_w, theta;
         trigger_layer = fixed-layer ablation); r_max 0 = full forward; None = backbone default.
     threshold_source: where theta came from (a calibration, --threshold, the backbone default).
+    vectors / keep: precision of the index in RAM ("float32", "float16", "int8", "binary") and the
+        copy kept on disk for rescoring ("float", "int8", "none"); see faste_mm.indexers.quantization
+        (checked there when the manifest is made).
+    reranker: the default reranker of searches (hub id or folder; None = no second stage); it
+        changes no vector, so it is informational: set when the collection is created or re-indexed.
     receipt: what `faste-mm plan` measured for these settings (`index --plan`), None = not measured.
     """
 
@@ -104,6 +109,9 @@ class CollectionProfile:
     threshold_source: str | None = _setting(None, "fast_e.threshold_source", "threshold source",
                                             missing=None, refuse=False)
     trigger_layer: int | None = _setting(None, "fast_e.trigger_layer", "--trigger-layer", missing=None)
+    vectors: str = _setting("float32", "vectors.precision", "--vectors", missing="float32")
+    keep: str = _setting("float", "vectors.keep", "--keep", missing="float")
+    reranker: str | None = _setting(None, "reranker", "--reranker", missing=None, refuse=False)
     receipt: PlanReceipt | None = _setting(None, "receipt", "--plan", missing=None, refuse=False)
 
     def __post_init__(self) -> None:
@@ -127,6 +135,8 @@ class CollectionProfile:
             raise ConfigError(f"CollectionProfile.threshold is a cosine in [-1, 1], got {self.threshold}")
         if self.trigger_layer is not None and self.trigger_layer < 0:
             raise ConfigError(f"CollectionProfile.trigger_layer must be >= 0, got {self.trigger_layer}")
+        if self.reranker is not None and (not isinstance(self.reranker, str) or not self.reranker.strip()):
+            raise ConfigError(f"CollectionProfile.reranker must be a hub id or folder (or None), got {self.reranker!r}")
         if isinstance(self.receipt, Mapping):  # as read from JSON
             object.__setattr__(self, "receipt", PlanReceipt.from_dict(self.receipt))
         if self.receipt is not None and not isinstance(self.receipt, PlanReceipt):
@@ -218,7 +228,8 @@ class CollectionProfile:
         if model_id is not None and model_name(model_id) != self.model_id:
             return {}
         return {"model_id": self.model_id, "model_revision": self.model_revision, "r_max": self.r_max,
-                "dim": self.dim, "max_pixels": self.max_pixels, "video": self.video}
+                "dim": self.dim, "max_pixels": self.max_pixels, "video": self.video,
+                "vectors": self.vectors, "keep": self.keep}
 
     # ---- what the model layer needs ---------------------------------------------------------
     @property

@@ -10,7 +10,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from faste_mm.errors import ConfigError
-from faste_mm.model.flops import removed_share
+from faste_mm.model.flops import removed_share, tower_share
 from faste_mm.retrieval.ingest import IndexFailure, ScanFilter
 
 
@@ -66,6 +66,13 @@ class IndexProgress:
     kept_prefix_tokens: int
     elapsed_s: float
     share_done: float | None = None  # None: files_done / files_total
+    tower_s: float = 0.0  # model seconds so far in the vision tower
+    decoder_s: float = 0.0  # model seconds so far in the decoder
+
+    @property
+    def tower_share(self) -> float:
+        """The vision tower's share of the model's seconds so far."""
+        return tower_share(self.tower_s, self.decoder_s)
 
     @property
     def prefix_removal(self) -> float:
@@ -106,15 +113,23 @@ class IndexReport:
     seconds: float
     index_factory: str | None = None
     excluded: int = 0
+    tower_s: float = 0.0  # model seconds in the vision tower (images, pages, videos)
+    decoder_s: float = 0.0  # model seconds in the decoder
 
     @property
     def prefix_removal(self) -> float:
         return removed_share(self.kept_prefix_tokens, self.prefix_tokens)
 
+    @property
+    def tower_share(self) -> float:
+        """The vision tower's share of the model's seconds."""
+        return tower_share(self.tower_s, self.decoder_s)
+
     def to_dict(self) -> dict[str, Any]:
         d = {name: getattr(self, name) for name in self.__dataclass_fields__}
         d["failures"] = [f.to_dict() for f in self.failures]
         d["prefix_removal"] = self.prefix_removal
+        d["tower_share"] = self.tower_share
         return d
 
 
@@ -149,15 +164,22 @@ class RemoveReport:
 
 @dataclass(frozen=True, slots=True)
 class Hit:
-    """One search result: item id, inner-product score (cosine, vectors are unit-norm), source
-    uri, 1-based PDF page (None otherwise) and the item's metadata."""
+    """One search result: item id, score, source uri, 1-based PDF page (None otherwise), the item's
+    metadata, and which side of the search found it (`found_by`: "dense", "lexical" or "both").
+    The score is the inner product (cosine, vectors are unit-norm) in dense mode, -BM25 in lexical
+    mode and the fused reciprocal-rank score in hybrid mode."""
 
     id: int
     score: float
     uri: str
     page: int | None = None
     metadata: Mapping[str, Any] | None = None
+    found_by: str = "dense"  # which side found it: "dense", "lexical" or "both" (hybrid search)
+    rerank_score: float | None = None  # the reranker's score, when the search reranked (retrieval.rerank_hits)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "score": self.score, "uri": self.uri, "page": self.page,
-                "metadata": dict(self.metadata) if self.metadata is not None else None}
+        data = {"id": self.id, "score": self.score, "uri": self.uri, "page": self.page,
+                "metadata": dict(self.metadata) if self.metadata is not None else None, "found_by": self.found_by}
+        if self.rerank_score is not None:
+            data["rerank_score"] = self.rerank_score
+        return data

@@ -24,6 +24,10 @@ from faste_mm.errors import CollectionError, ConfigError, InputError
 from faste_mm.indexers import Collection, CollectionInfo, SearchFilter
 from faste_mm.indexers.faiss_index import check_factory_syntax, validate_factory
 from faste_mm.indexers.manifest import settings_mismatch
+from faste_mm.indexers.records import repeated_key
+from faste_mm.indexers.quantization import check_choices
+from faste_mm.indexers.search import MODES as SEARCH_MODES
+from faste_mm.indexers.search import SOURCE_NAMES
 from faste_mm.model.backbones.loading import check_local_path
 from faste_mm.model.batching import BatchingConfig
 from faste_mm.model.embedder import Embedder, EmbedResult, OnError, one_or_many
@@ -37,13 +41,16 @@ from faste_mm.retrieval.calibrations import load_calibration
 from faste_mm.retrieval.decoders import query_item
 from faste_mm.retrieval.documents import CollectionDocuments, add_record, refuse_repeated_rows
 from faste_mm.retrieval.executors import IngestExecutor, IngestJob, LocalExecutor, ModelSource
-from faste_mm.retrieval.export import ExportReport, export_parquet
+from faste_mm.retrieval.export import ExportReport
+from faste_mm.retrieval.export import export as export_collection
+from faste_mm.retrieval.lexical import item_text
 from faste_mm.retrieval.ingest import (IndexFailure, IngestTally, ScanFilter, failure_reasons, honour_exclusions,
                                        plan_update, record_missing, scan_paths)
 from faste_mm.retrieval.maintenance import collection_path
 from faste_mm.retrieval.receipt import PlanReceipt
 from faste_mm.retrieval.profile import QUERY_INSTRUCTION, CollectionProfile, existing_profile, model_name, read_profile
 from faste_mm.retrieval.results import AddReport, Hit, IndexOptions, IndexProgress, IndexReport, RemoveReport
+from faste_mm.retrieval.rerank_hits import check_reranker, rerank_hits
 
 log = logging.getLogger(__name__)
 
@@ -104,17 +111,23 @@ class Retriever:
             queries of the collection are resized the same way. Default 1,843,200 (official).
         receipt: what `faste-mm plan` measured for these settings (`PlanReport.receipt(row)`),
             recorded by a NEW collection and shown by info; None = not measured.
+        vectors: precision of the index in RAM, "float32" (default), "float16", "int8" (8-bit codes)
+        or "binary" (sign bits); keep: the copy kept on disk to rescore with, "float" (default),
+        "int8" or "none" (see README "Large collections").
     """
 
     def __init__(self, model: Embedder | ModelSpec, *, collection: str | os.PathLike | None = None,
                  r_max: float | None = None, query_instruction: str | None = None,
                  threshold: float | None = None, dim: int | None = None, warmup_layer: int | None = None,
                  trigger_layer: int | None = None, video: VideoConfig | Mapping[str, Any] | None = None,
-                 max_pixels: int | None = None, receipt: PlanReceipt | None = None) -> None:
+                 max_pixels: int | None = None, receipt: PlanReceipt | None = None,
+                 vectors: str | None = None, keep: str | None = None, reranker: str | None = None) -> None:
         given = dict(r_max=r_max, threshold=threshold, dim=dim, warmup_layer=warmup_layer,
-                     trigger_layer=trigger_layer, video=video, max_pixels=max_pixels, receipt=receipt)
+                     trigger_layer=trigger_layer, video=video, max_pixels=max_pixels, receipt=receipt,
+                     vectors=vectors, keep=keep, reranker=reranker)
         self._given = {name: value for name, value in given.items() if value is not None}
         CollectionProfile.resolve(None, **self._given)  # validates every value with a ConfigError
+        check_choices(vectors, keep)  # the pair is checked with the collection's values when its manifest is made
         self._embedder = model if isinstance(model, Embedder) else None
         self._spec = model if isinstance(model, ModelSpec) else None
         if self._embedder is None and self._spec is None:
@@ -132,12 +145,13 @@ class Retriever:
                         query_instruction: str | None = None, threshold: float | None = None,
                         dim: int | None = None, warmup_layer: int | None = None,
                         trigger_layer: int | None = None, max_pixels: int | None = None,
-                        receipt: PlanReceipt | None = None) -> "Retriever":
+                        receipt: PlanReceipt | None = None, vectors: str | None = None,
+                        keep: str | None = None) -> "Retriever":
         """Load `model` (hub id or local directory) now. Raises ModelLoadError."""
         spec = ModelSpec(model, revision, device, dtype, batching)
         return cls(spec.load(), collection=collection, r_max=r_max, query_instruction=query_instruction,
                    threshold=threshold, dim=dim, warmup_layer=warmup_layer, trigger_layer=trigger_layer,
-                   max_pixels=max_pixels, receipt=receipt)
+                   max_pixels=max_pixels, receipt=receipt, vectors=vectors, keep=keep)
 
     @classmethod
     def for_collection(cls, collection: str | os.PathLike | None = None, model: str | os.PathLike | None = None, *,
@@ -149,7 +163,7 @@ class Retriever:
 
         Every setting follows the defaults rule (see `CollectionProfile.resolve`): the
         collection's, else the one given (`model`, `revision`, and `settings`: r_max,
-        warmup_layer, threshold, trigger_layer, dim, video), else the documented default
+        warmup_layer, threshold, trigger_layer, dim, video, vectors, keep), else the documented default
         (`DEFAULT_MODEL`, r_max 0.5, ...). Raises CollectionError at once when a given setting
         differs from the existing collection's, ConfigError for an unknown or invalid setting.
         loading: see `ModelSpec.loading`.
@@ -167,7 +181,8 @@ class Retriever:
         profile = _resolve(root, existing, given, model)
         spec = ModelSpec(profile.model_id, profile.model_revision, device, dtype, batching, profile.serializer(),
                          loading)
-        chosen = {name: given.get(name) for name in ("r_max", "warmup_layer", "threshold", "trigger_layer", "dim")}
+        chosen = {name: given.get(name) for name in ("r_max", "warmup_layer", "threshold", "trigger_layer", "dim",
+                                                     "vectors", "keep")}
         return cls(spec, collection=root, query_instruction=query_instruction, video=profile.video,
                    **{**{k: v for k, v in settings.items() if k != "video"}, **chosen})
 
@@ -385,7 +400,8 @@ class Retriever:
                                        len(tally.failures), tally.prefix_tokens + flight.prefix_tokens,
                                        tally.kept_prefix_tokens + flight.kept_prefix_tokens,
                                        time.perf_counter() - started,
-                                       share / len(plan.todo) if plan.todo else 1.0))
+                                       share / len(plan.todo) if plan.todo else 1.0,
+                                       tally.tower_s + flight.tower_s, tally.decoder_s + flight.decoder_s))
 
             def files_committed(n: int) -> None:
                 nonlocal done
@@ -405,7 +421,8 @@ class Retriever:
         return IndexReport(str(root), len(scan.files()), tally.embedded, tally.reused, plan.n_unchanged,
                            len(plan.vanished),
                            len(tally.failures), tuple(tally.failures), tally.prefix_tokens,
-                           tally.kept_prefix_tokens, seconds, factory, scan.n_excluded)
+                           tally.kept_prefix_tokens, seconds, factory, scan.n_excluded,
+                           tower_s=tally.tower_s, decoder_s=tally.decoder_s)
 
     def pending(self, paths: Iterable[str | Path], options: IndexOptions | None = None) -> int:
         """How many files `index(paths, options=options)` would embed (or reuse) now: the new
@@ -493,42 +510,68 @@ class Retriever:
             return col.info()
 
     def export(self, path: str | Path) -> ExportReport:
-        """Write the collection's live items and vectors to one Parquet file (see
-        `faste_mm.retrieval.export`), e.g. to load them into LanceDB, Qdrant or pgvector."""
-        return export_parquet(self.collection, path)
+        """Write the collection's live items and vectors to a Parquet file (a path or "parquet:FILE")
+        or a LanceDB table ("lancedb:DIR/TABLE"; see `faste_mm.retrieval.export`)."""
+        return export_collection(self.collection, str(path))
 
     # ---- search ----------------------------------------------------------------------------
     def search(self, query: str | None = None, *, image: str | Path | Image.Image | None = None,
                k: int = 10, instruction: str | None = None, where: Mapping[str, Any] | None = None,
                type: str | Sequence[str] | None = None, path: str | None = None,
-               video: str | Path | None = None) -> list[Hit]:
+               video: str | Path | None = None, mode: str = "dense", rescore: int | None = None,
+               lexical_syntax: bool = False, rerank=None, rerank_top: int = 50) -> list[Hit]:
         """Top-k items for a text, an image, a video, or a combination. An image or a video alone
         is a query by example: it is embedded exactly like a document (so an indexed file finds
         itself with score ~1) unless `instruction` is given.
+
+        rerank: a `faste_mm.Reranker`: the top `rerank_top` hits (at least k) are read back from
+        their files and re-scored with the query; the best k come back ordered by it, each with
+        `score` (cosine) and `rerank_score` (retrieval/rerank_hits.py).
 
         Filters (all must hold; k hits come back whenever k items match, whatever the index):
         where: metadata key -> value, e.g. {"tag": "invoice"} (values of `add(metadata=...)`);
         type: "image" | "pdf" | "text" | "video", or several; path: a glob on the stored path, e.g.
         "*/invoices/*" or "./photos/*" (see `faste_mm.indexers.SearchFilter`).
+        mode: "dense" (by meaning), "lexical" (BM25 over the items' words, file names and metadata
+        values; loads no model) or "hybrid" (both, fused by reciprocal rank); each Hit's `found_by`
+        says which side found it. The query text is searched as plain words unless `lexical_syntax`.
+        rescore: candidates per hit a quantized index returns for exact rescoring (None: the
+        precision's default, 0: none; see README "Large collections").
         Raises InputError if nothing is given, ConfigError for a bad filter."""
         if query is None and image is None and video is None:
             raise InputError("search: give a query text, an image, a video, or a combination")
-        return self.search_batch([Item(text=query, image=image, video=video)], k=k, instruction=instruction,
-                                 where=where, type=type, path=path)[0]
+        item = Item(text=query, image=image, video=video)
+        options = dict(instruction=instruction, where=where, type=type, path=path, mode=mode, rescore=rescore,
+                       lexical_syntax=lexical_syntax)
+        if rerank is None:
+            return self.search_batch([item], k=k, **options)[0]
+        check_reranker(rerank, rerank_top)
+        hits = self.search_batch([item], k=max(k, rerank_top), **options)[0]
+        return rerank_hits(rerank, item, hits, k)
 
     def search_batch(self, queries: Sequence[object], k: int = 10, instruction: str | None = None,
                      where: Mapping[str, Any] | None = None, type: str | Sequence[str] | None = None,
-                     path: str | None = None) -> list[list[Hit]]:
+                     path: str | None = None, mode: str = "dense", rescore: int | None = None,
+                     lexical_syntax: bool = False) -> list[list[Hit]]:
         """`search` for many queries (str text, Path/PIL image, or `Item`), one list of hits each;
-        the filters apply to every query."""
+        the filters and the mode apply to every query."""
+        if mode not in SEARCH_MODES:
+            raise ConfigError(f"search mode must be one of {SEARCH_MODES}, got {mode!r}")
         search_filter = SearchFilter(where=where or {}, types=() if type is None else type, path=path)
         items = [_as_query(q, i) for i, q in enumerate(queries)]
-        col = self._open_reader()
-        vectors = self._embed_queries(items, instruction, col)
-        scores, ids, records = col.search_records(vectors, k, where=search_filter)  # hits and records of one snapshot
-        return [[Hit(int(i), float(s), records[int(i)].uri, records[int(i)].page, records[int(i)].metadata)
-                 for s, i in zip(row_scores, row_ids) if i >= 0]
-                for row_scores, row_ids in zip(scores, ids)]
+        texts = None if mode == "dense" else [item.text or "" for item in items]
+        if mode == "lexical" and not all(texts):
+            raise InputError(f"search: lexical mode searches words; query {texts.index('') + 1} has no text "
+                             f"(use --mode dense or hybrid for an image or video query)")
+        col = self._open_reader(check_model=mode != "lexical")
+        vectors = None if mode == "lexical" else self._embed_queries(items, instruction, col)
+        found = col.find(k, queries=vectors, texts=texts, mode=mode, where=search_filter, rescore=rescore,
+                         lexical_syntax=lexical_syntax)  # hits and records of one snapshot
+        records = found.records
+        return [[Hit(int(i), float(s), records[int(i)].uri, records[int(i)].page, records[int(i)].metadata,
+                     SOURCE_NAMES[int(side)])
+                 for s, i, side in zip(row_scores, row_ids, row_sides) if i >= 0]
+                for row_scores, row_ids, row_sides in zip(found.scores, found.ids, found.sources)]
 
     def _embed_queries(self, items: list[Item], instruction: str | None, col: Collection) -> np.ndarray:
         by_example = [i for i, it in enumerate(items)
@@ -566,19 +609,21 @@ class Retriever:
         return self._embedder_for(profile).encode_documents(documents, fast_e=profile.fast_e(), dim=profile.dim,
                                                             on_error=on_error)
 
-    def _open_reader(self) -> Collection:
+    def _open_reader(self, check_model: bool = True) -> Collection:
         """The collection opened for reading, once its profile is checked against this
-        retriever's settings and model (which this loads). Raises CollectionError."""
+        retriever's settings and model (which this loads; `check_model` False: a lexical search,
+        which needs no model). Raises CollectionError."""
         if self._reader is None:
-            reader = Collection.open(self.collection)
+            self._reader = Collection.open(self.collection)
+        if check_model and self._reader_profile is None:
             try:
                 self.embedder  # noqa: B018  (loads the model: its width and pixels are checked)
-                self._reader_profile = self._checked(CollectionProfile.from_manifest(reader.manifest),
+                self._reader_profile = self._checked(CollectionProfile.from_manifest(self._reader.manifest),
                                                      self.collection)
             except BaseException:
-                reader.close()
+                self._reader.close()
+                self._reader = None
                 raise
-            self._reader = reader
         return self._reader
 
     def encode_query(self, queries: object, *, instruction: str | None = None,

@@ -28,6 +28,7 @@ import os
 import pickle
 import socket
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Sequence
@@ -41,6 +42,7 @@ from faste_mm.retrieval.decoders import Decoded, decode_file, decode_pdf_pages
 from faste_mm.retrieval.executors import IngestJob
 from faste_mm.retrieval.profile import CollectionProfile
 from faste_mm.retrieval.ingest import IngestTally, PreparedChunk, ScannedFile, commit_chunk, prepare_chunk
+from faste_mm.scale.resources import ResourcePlan, StallWatch, describe_wait, plan_resources, watching
 
 if TYPE_CHECKING:
     from faste_mm.scale.options import RayOptions
@@ -128,22 +130,48 @@ def ingest_plan_with_ray(job: IngestJob, options: RayOptions) -> None:
     Raises ConfigError (no ray, cannot join the cluster), FasteError when results go missing.
     """
     ray = import_ray()
-    started_here = _connect(ray, options)
+    with _ray_output(shown=log.isEnabledFor(logging.DEBUG)):
+        started_here = _connect(ray, options)
+        try:
+            resources = plan_resources(options, ray.cluster_resources())
+            if resources.note:
+                log.warning("ray: %s", resources.note)
+            run = _Run(ray, job, options, resources)
+            deferred = run.embed(job.plan.todo, in_flight=set())
+            run.embed(deferred, in_flight=None)
+        finally:
+            if started_here:
+                ray.shutdown()
+
+
+@contextmanager
+def _ray_output(shown: bool):
+    """Ray's own output (its loggers' lines, Ray Data's execution banners, the C++ failure
+    handler's stack dump when the driver is stopped) stays off the user's terminal unless
+    this module logs at DEBUG (`--debug`); Ray Data still writes its session log files."""
+    if shown:
+        yield
+        return
+    loggers = [logging.getLogger(name) for name in ("ray", "ray.data")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    # read by Ray's core worker when this process joins Ray (ray.init), not later
+    os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
     try:
-        run = _Run(ray, job, options)
-        deferred = run.embed(job.plan.todo, in_flight=set())
-        run.embed(deferred, in_flight=None)
+        yield
     finally:
-        if started_here:
-            ray.shutdown()
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
 
 
 class _Run:
     """The driver's side of one `index --ray` call: prepares chunks, streams the files to embed
     through the pipeline, commits each chunk when all its results are back."""
 
-    def __init__(self, ray, job: IngestJob, options: RayOptions) -> None:
+    def __init__(self, ray, job: IngestJob, options: RayOptions, resources: ResourcePlan) -> None:
         self.ray, self.job, self.col, self.changed = ray, job, job.col, job.plan.changed
+        self.resources = resources
         self.chunk_files, self.tally, self.options, self.report_progress = (job.chunk_files, job.tally, options,
                                                                             job.on_committed)
         self.done = 0  # files committed, for progress
@@ -174,23 +202,30 @@ class _Run:
                 self._committed(prepared)
         if rows:
             model = _worker_model(self.job)
-            dataset = _pipeline(self.ray, rows, model, self.job.profile, self.options)
-            for batch in dataset.iter_batches(batch_size=None, batch_format="numpy"):
-                for unit, part, parts, payload in zip(batch["unit"], batch["part"], batch["parts"], batch["embedded"]):
-                    chunk, position = units[int(unit)]
-                    waiting = pending.get(chunk)
-                    if waiting is None:  # a retried call delivered twice: already committed
-                        continue
-                    waiting.add_part(position, int(part), int(parts), pickle.loads(payload))
-                    if len(waiting.outputs) == len(waiting.prepared.to_embed):
-                        _commit(self.col, waiting, self.changed, self.tally)
-                        del pending[chunk]
-                        self._committed(waiting.prepared)
+            dataset = _pipeline(self.ray, rows, model, self.job.profile, self.options, self.resources)
+            watch = StallWatch(lambda: describe_wait(self.resources, self.ray.available_resources()))
+            with watching(watch):
+                self._collect(dataset, units, pending, watch)
         if pending:
             missing = sum(len(p.prepared.to_embed) - len(p.outputs) for p in pending.values())
             raise FasteError(f"Ray returned no result for {missing} files; nothing of their chunks was "
                              f"committed; run the same command again to embed them")
         return deferred
+
+    def _collect(self, dataset, units: list[tuple[int, int]], pending: dict[int, _Pending], watch: StallWatch) -> None:
+        """Stream the pipeline's results and commit each chunk whose results are all back."""
+        for batch in dataset.iter_batches(batch_size=None, batch_format="numpy"):
+            watch.progressed()
+            for unit, part, parts, payload in zip(batch["unit"], batch["part"], batch["parts"], batch["embedded"]):
+                chunk, position = units[int(unit)]
+                waiting = pending.get(chunk)
+                if waiting is None:  # a retried call delivered twice: already committed
+                    continue
+                waiting.add_part(position, int(part), int(parts), pickle.loads(payload))
+                if len(waiting.outputs) == len(waiting.prepared.to_embed):
+                    _commit(self.col, waiting, self.changed, self.tally)
+                    del pending[chunk]
+                    self._committed(waiting.prepared)
 
     def _undecodable(self, task: _FileTask) -> dict | None:
         """The output of a file that fails to decode (decoded here, on the driver), else None.
@@ -216,7 +251,10 @@ def _connect(ray, options: RayOptions) -> bool:
         return False
     address = None if options.address == "auto" else options.address
     try:
-        ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+        # the workers' own output (actor warnings, their logs) reaches this terminal only with --debug
+        debug = log.isEnabledFor(logging.DEBUG)
+        ray.init(address=address, include_dashboard=False, log_to_driver=debug,
+                 logging_level=logging.DEBUG if debug else logging.WARNING)
     except (ConnectionError, RuntimeError, ValueError) as error:
         raise ConfigError(f"cannot join the Ray cluster at {options.address!r} ({error}); start it with "
                           f"`ray start --head` (then `ray start --address HEAD:6379` on the other nodes) "
@@ -233,7 +271,8 @@ def _worker_model(job: IngestJob) -> WorkerModel:
                        profile.fast_e(), profile.dim, profile.model_dim)
 
 
-def _pipeline(ray, rows: list[dict], model: WorkerModel, profile: CollectionProfile, options: RayOptions):
+def _pipeline(ray, rows: list[dict], model: WorkerModel, profile: CollectionProfile, options: RayOptions,
+              resources: ResourcePlan):
     """The Ray Data dataset: planned files -> decoding tasks -> embedding actors (lazy).
 
     Ray Data restarts a dead actor and retries its calls (its actor pools default to
@@ -242,26 +281,22 @@ def _pipeline(ray, rows: list[dict], model: WorkerModel, profile: CollectionProf
 
     context = ray.data.DataContext.get_current()
     context.enable_progress_bars = False  # the library logs, the CLI renders progress
-    gpus = options.gpus_per_worker
-    if gpus is None:
-        gpus = 1.0 if ray.cluster_resources().get("GPU", 0) > 0 else 0.0
-    workers = options.workers
-    if workers is None:
-        workers = max(1, int(ray.cluster_resources().get("GPU", 0) // gpus)) if gpus > 0 else 1
+    context.print_on_execution_start = log.isEnabledFor(logging.DEBUG)
+    gpus, workers, cpus = resources.gpus_per_worker, resources.workers, resources.cpus_per_worker
     driver_node = ray.get_runtime_context().get_node_id()
     server = None
     if options.ship_bytes:  # files are read on the driver's node, bytes travel in the object store
         server = ray.remote(_FileServer).options(
             num_cpus=0, max_concurrency=8,
             scheduling_strategy=NodeAffinitySchedulingStrategy(driver_node, soft=False)).remote()
-    log.info("ray: %d files, %d embedding actors (%g GPU, %g CPU each), ship_bytes=%s", len(rows), workers, gpus,
-             options.cpus_per_worker, options.ship_bytes)
+    log.info("ray: %d files, %d embedding actors (%g GPU, %g CPU each), decoding %g CPU per task, ship_bytes=%s",
+             len(rows), workers, gpus, cpus, resources.decode_cpus, options.ship_bytes)
     # Blocks of about files_per_task rows: a task's results come back when its block is done, so
     # small blocks let commits stream while later files are still embedding.
     blocks = min(_MAX_BLOCKS, -(-len(rows) // options.files_per_task))
     dataset = ray.data.from_items(rows, override_num_blocks=blocks)
     dataset = dataset.map_batches(
-        _decode_files, batch_size=options.files_per_task, batch_format="numpy", num_cpus=options.decode_cpus,
+        _decode_files, batch_size=options.files_per_task, batch_format="numpy", num_cpus=resources.decode_cpus,
         fn_kwargs={"profile": profile, "server": server, "driver_node": driver_node},
         # Decoded images and rendered pages are large; asking for memory also keeps decoding in its
         # own CPU tasks: Ray Data fuses a task stage into the actors when both ask for the same
@@ -269,8 +304,8 @@ def _pipeline(ray, rows: list[dict], model: WorkerModel, profile: CollectionProf
         memory=_DECODE_MEMORY)
     return dataset.map_batches(
         _EmbedActor, batch_size=options.files_per_call, batch_format="numpy",
-        compute=ray.data.ActorPoolStrategy(size=workers), num_gpus=gpus, num_cpus=options.cpus_per_worker,
-        fn_constructor_kwargs={"model": model, "gpus": gpus, "cpus": options.cpus_per_worker,
+        compute=ray.data.ActorPoolStrategy(size=workers), num_gpus=gpus, num_cpus=cpus,
+        fn_constructor_kwargs={"model": model, "gpus": gpus, "cpus": cpus,
                                "registry": os.environ.get(ACTOR_REGISTRY_ENV)})
 
 
@@ -294,6 +329,8 @@ def _commit(col: "Collection", waiting: _Pending, changed: frozenset[str], tally
         output = waiting.outputs[position]
         tally.prefix_tokens += output["prefix_tokens"]
         tally.kept_prefix_tokens += output["kept_prefix_tokens"]
+        tally.tower_s += output.get("tower_s", 0.0)
+        tally.decoder_s += output.get("decoder_s", 0.0)
         for page, vector, reason in zip(output["pages"], output["vectors"], output["reasons"]):
             if reason is not None:
                 failures.append(Failure(len(items), position, "", reason))
@@ -440,6 +477,8 @@ class _EmbedActor:
         if result is not None and result.stats is not None and outputs:
             outputs[0]["prefix_tokens"] = result.stats.prefix_tokens
             outputs[0]["kept_prefix_tokens"] = result.stats.kept_prefix_tokens
+            outputs[0]["tower_s"] = result.stats.tower_s
+            outputs[0]["decoder_s"] = result.stats.decoder_s
         return {"unit": batch["unit"], "part": batch["part"], "parts": batch["parts"],
                 "embedded": np.array([pickle.dumps(o) for o in outputs], dtype=object)}
 

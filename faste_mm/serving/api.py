@@ -23,11 +23,13 @@ from starlette.exceptions import HTTPException
 from faste_mm.errors import ConfigError, FasteError, InputError
 from faste_mm.indexers import SearchFilter
 from faste_mm.indexers.filters import INT64_MAX
+from faste_mm.kinds import kind_name
 from faste_mm.serving.batcher import QueueFullError
 from faste_mm.serving.engine import NoCollectionError, RequestTooLargeError, ServeEngine, UnknownItemError
 from faste_mm.serving.inputs import (EmbeddingRequest, SearchRequest, decode_image_bytes, decode_image_url,
                                      embedding_items, encode_vector)
 from faste_mm.serving.metrics import LATENCY_BUCKETS_S
+from faste_mm.serving.rerank import add_rerank_routes
 from faste_mm.serving.security import is_allowed_host, is_cross_site
 from faste_mm.serving.thumbnails import NoThumbnailError, default_cache_dir, has_thumbnail, thumbnail
 
@@ -105,16 +107,18 @@ def create_app(engine: ServeEngine) -> FastAPI:
 
     @app.post("/search", dependencies=[auth])
     async def search(request: Request) -> dict:
-        query, image, item_id, k, where = await _search_fields(request, engine)
+        query, image, item_id, k, where, mode, rescore = await _search_fields(request, engine)
         started = time.perf_counter()
-        hits = await run_in_threadpool(engine.search, query, image, item_id, k, where)
+        hits = await run_in_threadpool(engine.search, query, image, item_id, k, where, mode, rescore)
         return {
             "query": {"text": query, "image": image is not None, "id": item_id},
-            "k": k,
+            "k": k, "mode": mode,
             "filter": {"where": where.where, "types": list(where.types), "path": where.path},
             "took_ms": round(1000 * (time.perf_counter() - started), 1),
             "hits": [_hit_json(rank, hit) for rank, hit in enumerate(hits, 1)],
         }
+
+    add_rerank_routes(app, engine, auth)  # /v1/rerank, /rerank, /explain (serving/rerank.py)
 
     @app.get("/thumbnails/{item_id}", dependencies=[auth])
     def thumbnails(item_id: str) -> Response:
@@ -139,14 +143,14 @@ def _check_model(model: str | None, engine: ServeEngine) -> None:
 
 
 async def _search_fields(request: Request, engine: ServeEngine):
-    """(query, PIL image or None, item id or None, k, SearchFilter) from a JSON body or a multipart
-    form (fields q, k, id and an `image` file, as the search page sends them; no filters)."""
+    """(query, PIL image or None, item id or None, k, SearchFilter, mode, rescore) from a JSON body or
+    a multipart form (fields q, k, id, mode and an `image` file, as the search page sends them; no filters)."""
     content_type = request.headers.get("content-type", "")
     if content_type.startswith("multipart/form-data") or content_type.startswith("application/x-www-form-urlencoded"):
         form = await request.form()
-        unknown = set(form.keys()) - {"q", "k", "id", "image"}
+        unknown = set(form.keys()) - {"q", "k", "id", "image", "mode"}
         if unknown:
-            raise InputError(f"unknown form fields {sorted(unknown)}; the search form takes q, k, id and image")
+            raise InputError(f"unknown form fields {sorted(unknown)}; the search form takes q, k, id, mode and image")
         image = None
         upload = form.get("image")
         if upload is not None and not isinstance(upload, str):
@@ -155,7 +159,8 @@ async def _search_fields(request: Request, engine: ServeEngine):
                 image = await run_in_threadpool(decode_image_bytes, raw, f"image ({upload.filename or 'upload'})")
         query = (form.get("q") or "").strip() or None
         k = _int_field(form.get("k"), "k")  # k=0 is refused by the search (400), never silently 10
-        return query, image, _int_field(form.get("id"), "id"), 10 if k is None else k, SearchFilter()
+        mode = str(form.get("mode") or "dense")
+        return query, image, _int_field(form.get("id"), "id"), 10 if k is None else k, SearchFilter(), mode, None
     try:
         body = SearchRequest.model_validate(await request.json())
     except RecursionError:
@@ -171,7 +176,7 @@ async def _search_fields(request: Request, engine: ServeEngine):
         where = SearchFilter(where=body.where or {}, types=body.type or (), path=body.path)
     except ConfigError as error:  # a filter the collection cannot apply: the client's mistake
         raise InputError(str(error)) from None
-    return (body.query or "").strip() or None, image, body.id, body.k, where
+    return (body.query or "").strip() or None, image, body.id, body.k, where, body.mode, body.rescore
 
 
 def _int_field(value, name: str) -> int | None:
@@ -184,7 +189,7 @@ def _int_field(value, name: str) -> int | None:
 
 
 def _hit_json(rank: int, hit) -> dict:
-    return {"rank": rank, **hit.to_dict(), "name": Path(hit.uri).name,
+    return {"rank": rank, **hit.to_dict(), "name": Path(hit.uri).name, "kind": kind_name(hit.uri),
             "thumbnail": f"/thumbnails/{hit.id}" if has_thumbnail(hit.uri, hit.page) else None}
 
 

@@ -98,6 +98,8 @@ class _SearchPayload:
     item_id: int | None
     k: int
     where: SearchFilter
+    mode: str = "dense"
+    rescore: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,8 +126,9 @@ class ServeEngine:
     """Owns the model thread. Use as a context manager, or call `start()` / `close()`."""
 
     def __init__(self, embedder: Embedder, retriever: Retriever | None = None,
-                 config: ServeConfig | None = None, metrics: Metrics | None = None) -> None:
+                 config: ServeConfig | None = None, metrics: Metrics | None = None, reranker=None) -> None:
         self.embedder = embedder
+        self.reranker = reranker  # a faste_mm.Reranker for /v1/rerank (serving.rerank), or None
         self.retriever = retriever
         self.config = config or ServeConfig()
         self.metrics = describe_server_metrics(metrics or Metrics())
@@ -139,6 +142,8 @@ class ServeEngine:
         runners = {"query": self._embed_runner("query"), "document": self._embed_runner("document")}
         if retriever is not None:
             runners["search"] = self._run_search
+        if reranker is not None:
+            runners["rerank"] = self._run_rerank
         self.batcher = Batcher(runners, self.config.batching, self.metrics)
         self._reader = None  # the model thread's own read-only collection (more-like-this)
         self._local = threading.local()
@@ -258,10 +263,10 @@ class ServeEngine:
 
     # ---- search (handler threads) -------------------------------------------------------------
     def search(self, query: str | None = None, image=None, item_id: int | None = None, k: int = 10,
-               where: SearchFilter | None = None) -> list[Hit]:
-        """Top-k hits for a text and/or a PIL image (as `Retriever.search`), or for the stored
-        vector of item `item_id` ("more like this"; the item itself is left out), among the items
-        `where` admits (all of them when None)."""
+               where: SearchFilter | None = None, mode: str = "dense", rescore: int | None = None) -> list[Hit]:
+        """Top-k hits for a text and/or a PIL image (as `Retriever.search`, in `mode` dense, lexical
+        or hybrid), or for the stored vector of item `item_id` ("more like this"; the item itself is
+        left out), among the items `where` admits (all of them when None)."""
         where = where or SearchFilter()
         if self.retriever is None:
             raise NoCollectionError("this server has no collection; start it with `faste-mm serve -c NAME|DIR` "
@@ -274,8 +279,15 @@ class ServeEngine:
             return self.batcher.submit("search", _SearchPayload(None, int(item_id), k, where), 1).result()
         if not query and image is None:
             raise InputError("give a query text (`query`, form field `q`), an image, or an item `id`")
+        if mode not in ("dense", "lexical", "hybrid"):
+            raise InputError(f"mode must be dense, lexical or hybrid, got {str(mode)[:40]!r}")
+        if mode == "lexical":  # words only: nothing to embed (one slot of the batch)
+            if not query:
+                raise InputError("lexical search needs a query text (`query`, form field `q`)")
+            return self.batcher.submit("search", _SearchPayload(Item(text=query), None, k, where, mode, rescore),
+                                       1).result()
         measured = self.measure([Item(text=query or None, image=image)], "query")
-        return self.batcher.submit("search", _SearchPayload(measured.items[0], None, k, where),
+        return self.batcher.submit("search", _SearchPayload(measured.items[0], None, k, where, mode, rescore),
                                    measured.tokens).result()
 
     def _run_search(self, payloads: list[_SearchPayload]) -> list[object]:
@@ -284,12 +296,15 @@ class ServeEngine:
         for i, payload in enumerate(payloads):
             if payload.item is not None:
                 where = payload.where
-                groups.setdefault((tuple(sorted(where.where.items())), where.types, where.path), []).append(i)
+                groups.setdefault((tuple(sorted(where.where.items())), where.types, where.path, payload.mode,
+                                   payload.rescore), []).append(i)
         for by_query in groups.values():
-            where = payloads[by_query[0]].where
+            first = payloads[by_query[0]]
+            where = first.where
             k = max(payloads[i].k for i in by_query)  # one FAISS call; top-k is a prefix of top-K
             found = self.retriever.search_batch([payloads[i].item for i in by_query], k=k,
-                                                where=where.where, type=where.types or None, path=where.path)
+                                                where=where.where, type=where.types or None, path=where.path,
+                                                mode=first.mode, rescore=first.rescore)
             for i, hits in zip(by_query, found):
                 out[i] = hits[: payloads[i].k]
         for i, payload in enumerate(payloads):
@@ -298,6 +313,17 @@ class ServeEngine:
                     out[i] = self._more_like(payload.item_id, payload.k, payload.where)
                 except FasteError as error:
                     out[i] = error
+        return out
+
+    def _run_rerank(self, payloads: list) -> list[object]:
+        """One `Reranker.score` (or `explain`) per request, each with its own query, on the model
+        thread; payloads: serving.rerank.RerankPayload / ExplainPayload."""
+        out: list[object] = []
+        for payload in payloads:
+            try:
+                out.append(payload.run(self.reranker))
+            except Exception as error:  # noqa: BLE001 - one request's failure is that request's alone
+                out.append(error)
         return out
 
     def _more_like(self, item_id: int, k: int, where: SearchFilter) -> list[Hit]:

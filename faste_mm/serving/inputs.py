@@ -69,7 +69,8 @@ class EmbeddingRequest(BaseModel):
 class SearchRequest(BaseModel):
     """POST /search as JSON: a text `query`, an `image` (data: URL), or the `id` of an indexed
     item ("more like this"); `k` results; the filters of `Retriever.search`: `where` (metadata
-    key -> value), `type` (image|pdf|text|video, or a list) and `path` (a glob)."""
+    key -> value), `type` (image|pdf|text|video, or a list) and `path` (a glob); `mode` dense |
+    lexical | hybrid and `rescore` (candidates per hit to rescore) as `Retriever.search` takes them."""
 
     model_config = ConfigDict(extra="forbid")
     query: str | None = None
@@ -79,6 +80,8 @@ class SearchRequest(BaseModel):
     where: dict[str, str | int | float | bool] | None = None
     type: str | list[str] | None = None
     path: str | None = None
+    mode: Literal["dense", "lexical", "hybrid"] = "dense"
+    rescore: int | None = Field(default=None, ge=0, le=1000)
 
 
 # ---- translation into items ------------------------------------------------------------------
@@ -115,22 +118,26 @@ def _conversation_item(messages: list[Message], allow_remote_images: bool) -> It
     position, user = users[0]
     if isinstance(user.content, str):
         return Item(text=user.content)
+    return parts_item(user.content, f"messages[{position}].content", allow_remote_images)
+
+
+def parts_item(parts: list[ContentPart], where: str, allow_remote_images: bool) -> Item:
+    """Content parts (text, image_url) as one `Item`: the texts joined by newlines, at most one
+    image; InputError naming the part (`where[index]`)."""
     texts: list[str] = []
     images: list[Image.Image] = []
-    for index, part in enumerate(user.content):
-        where = f"messages[{position}].content[{index}]"
+    for index, part in enumerate(parts):
         if part.type == "text":
             if part.text is None:
-                raise InputError(f"{where}: a text part needs `text`")
+                raise InputError(f"{where}[{index}]: a text part needs `text`")
             texts.append(part.text)
         else:
             if part.image_url is None:
-                raise InputError(f"{where}: an image_url part needs `image_url` with a `url`")
+                raise InputError(f"{where}[{index}]: an image_url part needs `image_url` with a `url`")
             url = part.image_url if isinstance(part.image_url, str) else part.image_url.url
-            images.append(decode_image_url(url, f"{where}.image_url", allow_remote_images))
+            images.append(decode_image_url(url, f"{where}[{index}].image_url", allow_remote_images))
     if len(images) > 1:
-        raise InputError(f"messages[{position}].content has {len(images)} images; an item holds at most "
-                         "one (send one request per image)")
+        raise InputError(f"{where} has {len(images)} images; an item holds at most one (send one request per image)")
     return Item(text="\n".join(texts) if texts else None, image=images[0] if images else None)
 
 

@@ -1,5 +1,6 @@
-"""Thumbnails of indexed items for the search page: a small JPEG of an image file or of a
-rendered PDF page, cached on disk beside the collection (`<collection>.thumbnails/`).
+"""Thumbnails of indexed items for the search page: a small JPEG of an image file, of a
+rendered PDF page or of a frame of a video, cached on disk beside the collection
+(`<collection>.thumbnails/`).
 
 Receives an item record found by id in the collection (never a path from a request); hands
 back the cached JPEG's bytes. Text items have no thumbnail.
@@ -48,10 +49,10 @@ def default_cache_dir(collection: Path) -> Path:
 
 def has_thumbnail(uri: str, page: int | None) -> bool:
     """Whether an item with this uri/page can have a thumbnail: its kind's thumbnail rule
-    (`faste_mm.kinds`: an image file, or a PDF's page)."""
+    (`faste_mm.kinds`: an image file, a frame of a video, or a PDF's page)."""
     kind = KINDS.get(kind_name(uri))
     rule = None if uri.startswith("item:") or kind is None else kind.thumbnail
-    return rule == "image" or (rule == "page" and page is not None)
+    return rule in ("image", "frame") or (rule == "page" and page is not None)
 
 
 def thumbnail(record, cache_dir: Path) -> bytes:
@@ -123,9 +124,37 @@ def _render(record) -> Image.Image:
     source = Path(record.uri)
     if not source.is_file():
         raise NoThumbnailError(f"id {record.id}: its file {source} is gone; re-index the collection")
-    item = Item(image=source, page=record.page if KINDS[kind_name(source)].thumbnail == "page" else None)
+    rule = KINDS[kind_name(source)].thumbnail
+    if rule == "frame":
+        return _video_frame(record.id, source)
+    item = Item(image=source, page=record.page if rule == "page" else None)
     try:
         # PDF pages render near this many pixels: enough for a sharp thumbnail, no more
         return load_image(item, max_pixels=4 * THUMBNAIL_PX * THUMBNAIL_PX)
     except InputError as error:
         raise NoThumbnailError(f"id {record.id}: {error}") from None
+
+
+VIDEO_FRAME_AT = 0.3  # share of the duration: past a fade-in or a title card, still early
+
+
+def _video_frame(item_id: int, source: Path) -> Image.Image:
+    """The first frame at or after VIDEO_FRAME_AT of the video's duration (the first frame when
+    the container states no duration or the seek fails)."""
+    import av
+
+    try:
+        with av.open(str(source), mode="r") as container:
+            if not container.streams.video:
+                raise NoThumbnailError(f"id {item_id}: {source} has no video stream")
+            stream = container.streams.video[0]
+            if container.duration:  # microseconds (av.time_base)
+                try:
+                    container.seek(int(container.duration * VIDEO_FRAME_AT), backward=True)
+                except av.FFmpegError:
+                    container.seek(0)
+            for frame in container.decode(stream):
+                return frame.to_image()
+    except av.FFmpegError as error:
+        raise NoThumbnailError(f"id {item_id}: {source} is not a readable video ({error})") from None
+    raise NoThumbnailError(f"id {item_id}: {source} has no decodable frame")

@@ -22,6 +22,7 @@ import torch
 
 from faste_mm.model.batching import UNPADDED_MODES, BatchingConfig
 from faste_mm.model.faste import FastEConfig
+from faste_mm.model.flops import tower_share
 from faste_mm.model.embedder import EmbedResult, Embedder, EmbedStats
 from faste_mm.errors import ConfigError, InputError
 from faste_mm.model.items import Item, as_item
@@ -95,6 +96,11 @@ class SettingResult:
     realisation_with_vision: float = 1.0
     e2e_over_forward: float = 1.0  # e2e speedup / forward speedup
     max_abs_diff_vs_full: float = 0.0
+    # the two stages of the forward, medians over the repeats (seconds); shares of tower + decoder
+    tower_s: float = 0.0
+    decoder_s: float = 0.0
+    tower_time_share: float = 0.0
+    tower_flops_share: float = 0.0  # of the FLOPs this setting realised (decoder after FastE + tower)
     unpadded: str | None = None  # the requested layout after compression (FastE settings)
     attention: dict = field(default_factory=dict)  # batches per layout actually used
     attention_trial: dict = field(default_factory=dict)  # the "auto" trial's seconds per option
@@ -119,10 +125,12 @@ class BenchReport:
     memory_kind: str  # "cuda_allocated", "heap_allocated" (CPU, glibc) or "rss"
     settings: list[SettingResult] = field(default_factory=list)
     batching: dict = field(default_factory=dict)  # BatchingConfig fields + the worker threads used
+    dtype: dict = field(default_factory=dict)  # DtypeChoice.to_dict(): what faste-mm ran in, and why
 
     def to_dict(self) -> dict:
         return {
             "device": self.device,
+            "dtype": self.dtype,
             "model": self.model,
             "inputs": self.inputs,
             "memory_kind": self.memory_kind,
@@ -172,7 +180,8 @@ def run_bench(embedder: Embedder, inputs: list, config: BenchConfig, inputs_labe
         settings.append(_relative_to(result, full, np.abs(vectors - full_vectors).max()))
     memory_kind = "cuda_allocated" if device.type == "cuda" else cpu_memory_kind()
     batching = {**asdict(embedder.batching), "worker_threads": embedder.batching.worker_threads}
-    return BenchReport(device_name(device), embedder.model_id, inputs_label, memory_kind, settings, batching)
+    return BenchReport(device_name(device), embedder.model_id, inputs_label, memory_kind, settings, batching,
+                       embedder.dtype_choice.to_dict())
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,13 +208,16 @@ def _measure(name, r_max, encode: Callable[[], _Run], repeats, device, unpadded=
     encode()  # warm-up: kernels, allocator, tokenizer caches
     if progress is not None:
         progress.advance(1)
-    forward, e2e = [], []
+    forward, e2e, tower, decoder = [], [], [], []
     with _PeakMemory(device) as memory:
         for _ in range(repeats):
             started = time.perf_counter()
             run = encode()
             e2e.append(time.perf_counter() - started)
             forward.append(run.forward_s)
+            if run.stats is not None:
+                tower.append(run.stats.tower_s)
+                decoder.append(run.stats.decoder_s)
             if progress is not None:
                 progress.advance(1)
     compression = {}
@@ -219,6 +231,10 @@ def _measure(name, r_max, encode: Callable[[], _Run], repeats, device, unpadded=
             flops_implied_speedup_with_vision=flops_implied_speedup(stats.flops_reduction_with_vision),
             attention=stats.attention,
             attention_trial=stats.attention_trial,
+            tower_s=statistics.median(tower),
+            decoder_s=statistics.median(decoder),
+            tower_time_share=tower_share(statistics.median(tower), statistics.median(decoder)),
+            tower_flops_share=stats.tower_flops_share,
         )
     setting = SettingResult(
         name=name,

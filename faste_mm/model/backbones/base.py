@@ -58,7 +58,13 @@ class Backbone:
     def embedding_dim(self) -> int:
         return self.shape.hidden
 
-    def embed(self, batch: Batch) -> DecoderState:
+    def encode_vision(self, batch: Batch):
+        """The vision tower's features for the batch (backbones with a tower), else None; the
+        runner times it as its own stage and hands the result to `embed`."""
+        return None
+
+    def embed(self, batch: Batch, vision=None) -> DecoderState:
+        """The decoder's input state: token embeddings (with `encode_vision`'s features)."""
         raise NotImplementedError
 
     def with_positions(self, item: Serialized) -> Serialized:
@@ -98,26 +104,34 @@ class Backbone:
 
     # -- readout scoring: layer `index`'s own projections, norms and RoPE at original positions --
 
+    # The controller's projections run in the model's dtype (as the layer's own); the rotation and
+    # everything after it is float32, so a bfloat16 model ranks the prefix without 8-bit rounding.
+
     def project_queries(self, index: int, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """[B, S, H] hidden rows -> [B, A, S, D_h] rotated queries of layer `index`."""
+        """[B, S, H] hidden rows -> [B, A, S, D_h] float32 rotated queries of layer `index`."""
         layer = self.layers[index]
-        return self._heads(layer.self_attn, layer.input_layernorm(hidden), cos, sin, "q_proj", "q_norm").transpose(1, 2)
+        normed = layer.input_layernorm(hidden)
+        return self._heads(layer.self_attn, normed, cos, sin, "q_proj", "q_norm", torch.float32).transpose(1, 2)
 
     def project_keys(self, index: int, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """[B, T, H] hidden -> [B, A_kv, T, D_h] rotated keys of layer `index`."""
+        """[B, T, H] hidden -> [B, A_kv, T, D_h] float32 rotated keys of layer `index`."""
         layer = self.layers[index]
-        return self._heads(layer.self_attn, layer.input_layernorm(hidden), cos, sin, "k_proj", "k_norm").transpose(1, 2)
+        normed = layer.input_layernorm(hidden)
+        return self._heads(layer.self_attn, normed, cos, sin, "k_proj", "k_norm", torch.float32).transpose(1, 2)
 
     def attention_scale(self, index: int) -> float:
         return float(self.layers[index].self_attn.scaling)
 
-    def _heads(self, attention, x, cos, sin, proj_name: str, norm_name: str) -> torch.Tensor:
-        """[..., S, H] normed hidden -> [..., S, heads, D_h]: projection, QK-norm, RoPE."""
+    def _heads(self, attention, x, cos, sin, proj_name: str, norm_name: str, rotate_in: torch.dtype | None = None) -> torch.Tensor:
+        """[..., S, H] normed hidden -> [..., S, heads, D_h]: projection, QK-norm, RoPE (in
+        `rotate_in`, default the model's dtype as the layer itself rotates)."""
         x = getattr(attention, proj_name)(x)
         x = x.view(*x.shape[:-1], -1, self.shape.head_dim)
         norm = getattr(attention, norm_name, None)  # QK-norm exists on Qwen3 families only
         if norm is not None:
             x = norm(x)
+        if rotate_in is not None:
+            x, cos, sin = x.to(rotate_in), cos.to(rotate_in), sin.to(rotate_in)
         cos, sin = cos[..., None, :], sin[..., None, :]  # broadcast over heads
         return x * cos + rotate_half(x) * sin
 

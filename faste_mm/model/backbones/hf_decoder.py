@@ -17,7 +17,7 @@ class HFDecoderBackbone(Backbone):
     def __init__(self, model) -> None:  # model: e.g. transformers Qwen3Model / MistralModel
         super().__init__(model, model, model.config)
 
-    def embed(self, batch: Batch) -> DecoderState:
+    def embed(self, batch: Batch, vision=None) -> DecoderState:  # no vision tower: `vision` is always None
         input_ids = batch.input_ids
         hidden = self.decoder.embed_tokens(input_ids)  # [B, T, H]
         # Right padding: valid tokens sit at 0..len-1, exactly the positions HF assigns.

@@ -6,19 +6,44 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 from faste_mm.model.backbones.base import Backbone
-from faste_mm.model.backbones.registry import Family, family_for
+from faste_mm.model.backbones.registry import Family, declared_role, family_for
 from faste_mm.errors import ConfigError, ModelLoadError
 from faste_mm.model.serialization import SerializerConfig, TextPrompt, TextSerializer, VLSerializer
 
 log = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# CPU flags (Linux /proc/cpuinfo) that mean native bfloat16 matrix products, best first: Intel AMX,
+# AVX512-BF16 (Intel Cooper Lake+, AMD Zen 4+), ARMv8.6 BF16 (Graviton 3+). Without one, torch
+# emulates bfloat16 and runs it slower than float32.
+CPU_BF16_FLAGS = ("amx_bf16", "avx512_bf16", "bf16")
+
+
+@dataclass(frozen=True, slots=True)
+class DtypeChoice:
+    """The dtype a model runs in and why, for `bench`, `embed` and `info`-like output:
+    e.g. DtypeChoice(torch.bfloat16, "CPU has avx512_bf16 and the checkpoint is bfloat16")."""
+
+    dtype: torch.dtype
+    reason: str
+
+    @property
+    def name(self) -> str:
+        return str(self.dtype).removeprefix("torch.")
+
+    def describe(self) -> str:
+        return f"{self.name}: {self.reason}"
+
+    def to_dict(self) -> dict:
+        return {"dtype": self.name, "reason": self.reason}
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +56,7 @@ class LoadedModel:
     revision: str | None
     model_type: str
     pad_token_id: int
+    dtype_choice: DtypeChoice  # the dtype the model runs in, and why
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
@@ -48,15 +74,69 @@ def resolve_device(device: str | torch.device) -> torch.device:
     return resolved
 
 
-def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
-    """"auto" -> bfloat16 on CUDA, float32 on CPU."""
+def read_cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
+    """The CPU's feature flags from /proc/cpuinfo ("flags" on x86, "Features" on ARM); empty
+    where there is no such file (macOS, Windows): bfloat16 is then never chosen by "auto"."""
+    if not sys.platform.startswith("linux"):
+        return frozenset()
+    try:
+        text = cpuinfo.read_text(errors="replace")
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return frozenset(value.split())
+    return frozenset()
+
+
+def choose_dtype(
+    dtype: str | torch.dtype,
+    device: torch.device,
+    checkpoint_dtype: torch.dtype | None = None,
+    cpu_flags: Callable[[], frozenset[str]] = read_cpu_flags,
+) -> DtypeChoice:
+    """The dtype to run in, with the reason.
+
+    "auto": bfloat16 on CUDA; on a CPU, bfloat16 when the CPU multiplies bfloat16 natively (a flag
+    of `CPU_BF16_FLAGS`) and the checkpoint is stored in 16 bits (`checkpoint_dtype`; None = not
+    known, taken as 16-bit like the published Qwen checkpoints), float32 otherwise: a float32
+    checkpoint is never rounded down on a CPU, and emulated bfloat16 is slower than float32.
+    `cpu_flags` is injectable for tests. Raises ConfigError for an unknown name.
+    """
     if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    if dtype not in _DTYPES:
-        raise ConfigError(f"dtype must be 'auto' or one of {', '.join(_DTYPES)}, got {dtype!r}")
-    return _DTYPES[dtype]
+        return DtypeChoice(dtype, "given by the caller")
+    if dtype != "auto":
+        if dtype not in _DTYPES:
+            raise ConfigError(f"dtype must be 'auto' or one of {', '.join(_DTYPES)}, got {dtype!r}")
+        return DtypeChoice(_DTYPES[dtype], "asked for (--dtype)")
+    if device.type == "cuda":
+        return DtypeChoice(torch.bfloat16, "CUDA device")
+    if device.type != "cpu":
+        return DtypeChoice(torch.float32, f"{device.type} device")
+    feature = next((flag for flag in CPU_BF16_FLAGS if flag in cpu_flags()), None)
+    if feature is None:
+        return DtypeChoice(torch.float32, f"CPU has no native bfloat16 ({' / '.join(CPU_BF16_FLAGS)} missing)")
+    if checkpoint_dtype is not None and checkpoint_dtype.itemsize > 2:
+        return DtypeChoice(torch.float32, f"the checkpoint is stored in {str(checkpoint_dtype).removeprefix('torch.')}")
+    return DtypeChoice(torch.bfloat16, f"CPU has {feature}")
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device, checkpoint_dtype: torch.dtype | None = None) -> torch.dtype:
+    """`choose_dtype`'s dtype (see there for what "auto" picks)."""
+    return choose_dtype(dtype, device, checkpoint_dtype).dtype
+
+
+def checkpoint_dtype(config) -> torch.dtype | None:
+    """The dtype a checkpoint's weights are stored in, from its config (`dtype`, formerly
+    `torch_dtype`, on the top-level or the text config); None when it does not say."""
+    for holder in (config, getattr(config, "text_config", None)):
+        value = getattr(holder, "dtype", None) or getattr(holder, "torch_dtype", None)
+        if isinstance(value, torch.dtype):
+            return value
+        if isinstance(value, str) and value in _DTYPES:
+            return _DTYPES[value]
+    return None
 
 
 def check_local_path(name_or_path: str | os.PathLike) -> None:
@@ -71,6 +151,27 @@ def check_local_path(name_or_path: str | os.PathLike) -> None:
                              f"hub id such as Qwen/Qwen3-VL-Embedding-2B")
 
 
+def load_config(name_or_path: str, revision: str | None):
+    """The checkpoint's transformers config; ModelLoadError naming the model and the fix."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(name_or_path, revision=revision)
+    except (OSError, ValueError) as error:
+        raise ModelLoadError(
+            f"{name_or_path}: cannot load the model config ({error}). Check the hub id or local "
+            "directory; without internet, pass a local directory that holds the downloaded model."
+        ) from None
+
+
+def weights_error(name_or_path: str, error: Exception) -> ModelLoadError:
+    """A damaged file raises whatever its reader raises (UnpicklingError, SafetensorError, ...):
+    one line of it, never a 160-line traceback."""
+    reason = (str(error).strip().splitlines() or [""])[0][:300]
+    return ModelLoadError(f"{name_or_path}: cannot load weights or processor ({type(error).__name__}: {reason}); "
+                          f"the files may be damaged or incomplete — download the model again")
+
+
 def load_model(
     name_or_path: str | os.PathLike,
     *,
@@ -82,22 +183,20 @@ def load_model(
     attn_implementation: str = "sdpa",
 ) -> LoadedModel:
     """Load model + processor/tokenizer; raises ModelLoadError naming the model and the fix."""
-    from transformers import AutoConfig
-
     torch_device = resolve_device(device)
-    torch_dtype = resolve_dtype(dtype, torch_device)
+    choose_dtype(dtype, torch_device)  # an unknown name fails before anything is read
     serializer_config = serializer or SerializerConfig()
     name_or_path = os.fspath(name_or_path)  # a hub id or a folder, str or path alike
     check_local_path(name_or_path)
-    try:
-        config = AutoConfig.from_pretrained(name_or_path, revision=revision)
-    except (OSError, ValueError) as error:
-        raise ModelLoadError(
-            f"{name_or_path}: cannot load the model config ({error}). Check the hub id or local "
-            "directory; without internet, pass a local directory that holds the downloaded model."
-        ) from None
+    config = load_config(name_or_path, revision)
     family = family_for(config.model_type, name_or_path)  # refuse unsupported models before downloading weights
-    kwargs = dict(revision=revision, dtype=torch_dtype, attn_implementation=attn_implementation)
+    if declared_role(name_or_path, getattr(config, "architectures", None)) == "reranker":
+        raise ModelLoadError(f"{name_or_path}: this is a reranker, not an embedding model; load it as the reranker "
+                             f"(Reranker.from_pretrained, --rerank) and embed with an embedding model such as "
+                             f"Qwen/Qwen3-VL-Embedding-2B")
+    dtype_choice = choose_dtype(dtype, torch_device, checkpoint_dtype(config))
+    log.info("%s runs in %s", name_or_path, dtype_choice.describe())
+    kwargs = dict(revision=revision, dtype=dtype_choice.dtype, attn_implementation=attn_implementation)
     try:
         import transformers
 
@@ -105,13 +204,10 @@ def load_model(
         preprocessor = preprocessor_class.from_pretrained(name_or_path, revision=revision)
         model = model_class.from_pretrained(name_or_path, **kwargs)
     except Exception as error:  # noqa: BLE001 - a damaged file raises whatever its reader raises
-        # (UnpicklingError, SafetensorError, ...): one line of it, never a 160-line traceback.
-        reason = (str(error).strip().splitlines() or [""])[0][:300]
-        raise ModelLoadError(f"{name_or_path}: cannot load weights or processor ({type(error).__name__}: {reason}); "
-                             f"the files may be damaged or incomplete — download the model again") from None
+        raise weights_error(name_or_path, error) from None
     # A local directory is recorded absolute so collections find it again from any folder.
     model_id = str(Path(name_or_path).absolute()) if Path(name_or_path).is_dir() else str(name_or_path)
-    return assemble(model.to(torch_device).eval(), preprocessor, model_id, revision, serializer_config, prompt)
+    return assemble(model.to(torch_device).eval(), preprocessor, model_id, revision, serializer_config, prompt, dtype_choice)
 
 
 def assemble(
@@ -121,9 +217,11 @@ def assemble(
     revision: str | None = None,
     serializer: SerializerConfig | None = None,
     prompt: TextPrompt | None = None,
+    dtype_choice: DtypeChoice | None = None,
 ) -> LoadedModel:
     """Adapter + serializer over an already-loaded base model (Qwen3VLModel or a decoder such as
-    Qwen3Model) and its processor (VL) or tokenizer (text); nothing is loaded or copied."""
+    Qwen3Model) and its processor (VL) or tokenizer (text); nothing is loaded or copied.
+    `dtype_choice`: why the model runs in its dtype (default: the loaded model's, as given)."""
     model_type = model.config.model_type
     family = family_for(model_type, model_id)
     backbone = family.adapter(model)
@@ -146,4 +244,5 @@ def assemble(
         revision=revision,
         model_type=model_type,
         pad_token_id=int(pad_token_id or 0),
+        dtype_choice=dtype_choice or DtypeChoice(backbone.dtype, "the loaded model's"),
     )

@@ -1,4 +1,5 @@
-"""Qwen3-VL adapter: image and video features scattered into the token embeddings, interleaved MRoPE
+"""Qwen3-VL adapter: image and video features (one packed vision-tower call per batch:
+`vision_tower.PackedVisionTower`) scattered into the token embeddings, interleaved MRoPE
 positions from the model's own `get_rope_index` (per item, in the preprocessing workers), and DeepStack injections after decoder layers
 0..k-1, driven token-by-token through `DecoderState.visual_rank` so they survive compression.
 """
@@ -10,6 +11,7 @@ from dataclasses import replace
 import torch
 
 from faste_mm.model.backbones.base import Backbone
+from faste_mm.model.backbones.vision_tower import PackedVisionTower, VisionFeatures
 from faste_mm.model.batching import Batch
 from faste_mm.model.decoder_state import DecoderState
 from faste_mm.model.flops import VisionShape
@@ -33,38 +35,45 @@ class Qwen3VLBackbone(Backbone):
             out_hidden=vision.out_hidden_size,
             mergers=1 + len(vision.deepstack_visual_indexes),
         )
+        self.tower = PackedVisionTower(model.visual)
 
-    def embed(self, batch: Batch) -> DecoderState:
+    def encode_vision(self, batch: Batch) -> VisionFeatures | None:
+        """The vision tower on every image and video of the batch, in ONE packed call (images
+        first, then videos: the order Qwen3VLModel scatters them in); None without pixels."""
+        pixels = [p for p in (batch.pixel_values, batch.pixel_values_videos) if p is not None]
+        if not pixels:
+            return None
+        grids = [g for g in (batch.image_grid_thw, batch.video_grid_thw) if g is not None]
+        dtype = self.model.visual.patch_embed.proj.weight.dtype
+        return self.tower(torch.cat(pixels).to(dtype), torch.cat(grids))
+
+    def embed(self, batch: Batch, vision: VisionFeatures | None = None) -> DecoderState:
+        """Token embeddings with the visual features scattered in; `vision` is this batch's
+        `encode_vision` output (computed here when not given)."""
         input_ids = batch.input_ids
         hidden = self.decoder.embed_tokens(input_ids)  # [B, T, H]
         visual_rank = None
         deepstack = None
-        visuals = []  # (token mask, features) per modality, images first, as Qwen3VLModel scatters them
-        if batch.pixel_values is not None:
-            vision = self.model.get_image_features(batch.pixel_values, batch.image_grid_thw, return_dict=True)
-            visuals.append((input_ids == self.image_token_id, vision))
-        if batch.pixel_values_videos is not None:
-            vision = self.model.get_video_features(batch.pixel_values_videos, batch.video_grid_thw, return_dict=True)
-            visuals.append((input_ids == self.video_token_id, vision))
-        if visuals:
-            visual_rank = torch.full_like(input_ids, -1)  # [B, T]
-            offset = 0
-            for mask, vision in visuals:
-                embeds = torch.cat(vision.pooler_output).to(hidden.dtype)  # [n_visual, H]
-                if embeds.shape[0] != int(mask.sum()):
-                    raise RuntimeError(  # an invariant of the serializer, not reachable from user input
-                        f"{embeds.shape[0]} visual features for {int(mask.sum())} placeholder tokens"
-                    )
-                hidden = hidden.masked_scatter(mask[..., None], embeds)
-                # rank of each token of this modality in row-major order = its row in the DeepStack
-                # features; the second modality's rows follow the first's in the concatenation
-                ranks = torch.cumsum(mask.flatten(), 0).view_as(mask) - 1 + offset
-                visual_rank = torch.where(mask, ranks, visual_rank)
-                offset += embeds.shape[0]
-            deepstack = tuple(
-                torch.cat([feature for _, vision in visuals for feature in vision.deepstack_features[level]]).to(hidden.dtype)
-                for level in range(len(visuals[0][1].deepstack_features))
-            )
+        if vision is None:
+            vision = self.encode_vision(batch)
+        if vision is not None:
+            # image tokens take the first merged rows, video tokens the rest; a token's rank in
+            # that order is its row in the merged and DeepStack features
+            n_image = sum(vision.sizes[: 0 if batch.image_grid_thw is None else len(batch.image_grid_thw)])
+            image_mask = input_ids == self.image_token_id  # [B, T]
+            video_mask = input_ids == self.video_token_id
+            if n_image != int(image_mask.sum()) or vision.merged.shape[0] - n_image != int(video_mask.sum()):
+                raise RuntimeError(  # an invariant of the serializer, not reachable from user input
+                    f"{vision.merged.shape[0]} visual features for {int(image_mask.sum())} image and "
+                    f"{int(video_mask.sum())} video placeholder tokens"
+                )
+            image_rank = torch.cumsum(image_mask.flatten(), 0).view_as(image_mask) - 1
+            video_rank = torch.cumsum(video_mask.flatten(), 0).view_as(video_mask) - 1 + n_image
+            visual_rank = torch.where(image_mask, image_rank, torch.where(video_mask, video_rank, -1))  # [B, T]
+            visual = visual_rank >= 0
+            features = vision.merged.to(hidden.dtype)[visual_rank.clamp(min=0)]  # [B, T, H]
+            hidden = torch.where(visual[..., None], features, hidden)
+            deepstack = tuple(level.to(hidden.dtype) for level in vision.deepstack)
             position_ids = batch.position_ids  # [3, B, T], from the workers (with_positions)
             if position_ids is None:  # batches built elsewhere (the sentence-transformers wrapper)
                 position_ids, _ = self.model.get_rope_index(

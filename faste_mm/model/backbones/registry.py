@@ -59,6 +59,52 @@ FAMILIES: dict[str, Family] = {
 SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
 
 
+@dataclass(frozen=True, slots=True)
+class RerankFamily:
+    """A reranker family: a decoder of a `FAMILIES` model type plus its LM head, read out as
+    sigmoid((W[yes] - W[no]) . h_last). FastE defaults (l_w, theta) sit here beside the
+    embedding families'; no theta is published for rerankers, so these start from the embedding
+    backbone's value (docs/rerank.md). `max_length` is the official truncation budget."""
+
+    name: str
+    warmup_layer: int  # l_w
+    threshold: float  # theta
+    head_class: str  # the transformers class with `lm_head` that loads the checkpoint
+    max_length: int  # the official format's token budget (docs/rerank.md: how each family truncates)
+    example: str  # a hub id, for messages
+
+
+RERANK_FAMILIES: dict[str, RerankFamily] = {
+    "qwen3_vl": RerankFamily("Qwen3-VL-Reranker", 8, 0.70, "Qwen3VLForConditionalGeneration", 10240, "Qwen/Qwen3-VL-Reranker-2B"),
+    "qwen3": RerankFamily("Qwen3-Reranker", 8, 0.60, "Qwen3ForCausalLM", 8192, "Qwen/Qwen3-Reranker-0.6B"),
+}
+
+# What a checkpoint is for, from its name (hub id or folder) and, failing that, its config's
+# architectures: a bare base model (Qwen3VLModel, Qwen3Model) has no LM head to score with.
+_ROLE_WORDS = (("reranker", "reranker"), ("embedding", "embedding model"))
+
+
+def declared_role(name: str, architectures: list[str] | None) -> str | None:
+    """"reranker", "embedding model", or None when neither the name nor the config says."""
+    base = name.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1].lower()
+    for word, role in _ROLE_WORDS:
+        if word in base:
+            return role
+    if architectures and all(arch.endswith("Model") for arch in architectures):
+        return "embedding model"
+    return None
+
+
+def rerank_family_for(model_type: str, name: str) -> RerankFamily:
+    """The reranker row of a model type; ModelLoadError naming the model when unsupported."""
+    if model_type not in RERANK_FAMILIES:
+        raise ModelLoadError(
+            f"{name}: model_type {model_type!r} is not a supported reranker; faste-mm reranks with "
+            f"{' and '.join(f.name for f in RERANK_FAMILIES.values())} (model types {', '.join(RERANK_FAMILIES)})"
+        )
+    return RERANK_FAMILIES[model_type]
+
+
 def family_for(model_type: str, name: str) -> Family:
     """The registry row of a model type; ModelLoadError naming the model when unsupported."""
     if model_type not in FAMILIES:

@@ -74,24 +74,70 @@ function shortModel(model) {
 }
 
 // ---- searching ---------------------------------------------------------------------------------
+// ---- filters: the API's type, path and where ----------------------------------------------------
+// "year=2024, tag=invoice": a number, true/false or a "quoted" string is read as JSON (as the
+// CLI's --where does), any other value as text.
+function parseWhere(text) {
+  const where = {};
+  for (const part of text.split(/[,\n]/)) {
+    if (!part.trim()) continue;
+    const at = part.indexOf("=");
+    if (at <= 0) throw new Error(`metadata filter "${part.trim()}" is not KEY=VALUE (e.g. year=2024)`);
+    const key = part.slice(0, at).trim();
+    const raw = part.slice(at + 1).trim();
+    let value = raw;
+    try {
+      const parsed = JSON.parse(raw);
+      if (["number", "boolean", "string"].includes(typeof parsed)) value = parsed;
+    } catch (_) { /* plain text */ }
+    where[key] = value;
+  }
+  return where;
+}
+
+function filters() {
+  const type = $("f-type").value;
+  const path = $("f-path").value.trim();
+  const where = parseWhere($("f-where").value);
+  const active = Boolean(type || path || Object.keys(where).length);
+  $("filters").classList.toggle("active", active);
+  $("f-clear").hidden = !active;
+  return { type: type || null, path: path || null, where: Object.keys(where).length ? where : null };
+}
+
+function readAsDataUrl(file) {
+  return new Promise((resolve, reject) => {
+    const reader = new FileReader();
+    reader.onload = () => resolve(reader.result);
+    reader.onerror = () => reject(new Error("cannot read the image file"));
+    reader.readAsDataURL(file);
+  });
+}
+
 async function search({ id = null, pushUrl = true } = {}) {
   const q = $("q").value.trim();
-  const k = $("k").value;
+  const k = Number($("k").value);
   if (!q && !state.image && id === null) { $("q").focus(); return; }
-  const form = new FormData();
-  if (id !== null) {
-    form.append("id", String(id));
-  } else {
-    if (q) form.append("q", q);
-    if (state.image) form.append("image", state.image, state.image.name || "upload.png");
+  hideBanner();
+  let body;
+  try {
+    body = { k, mode: $("mode").value, ...filters() };
+  } catch (error) {
+    showBanner(error.message);
+    return;
   }
-  form.append("k", k);
-  if (pushUrl) updateUrl(id, q, k);
+  if (pushUrl) updateUrl(id, q, String(k), body);
   document.body.classList.add("busy");
   $("go").disabled = true;
-  hideBanner();
   try {
-    const result = await api("/search", { method: "POST", body: form });
+    if (id !== null) {
+      body.id = id;
+    } else {
+      if (q) body.query = q;
+      if (state.image) body.image = await readAsDataUrl(state.image);
+    }
+    const result = await api("/search", { method: "POST", body: JSON.stringify(body),
+                                           headers: { "Content-Type": "application/json" } });
     state.results = result;
     render(result, id !== null ? `items like #${id}` : describe(q));
   } catch (error) {
@@ -108,11 +154,14 @@ function describe(q) {
   return `“${q}”`;
 }
 
-function updateUrl(id, q, k) {
+function updateUrl(id, q, k, body = {}) {
   const params = new URLSearchParams();
   if (id !== null) params.set("id", id);
   else if (q) params.set("q", q);
   if (k !== "12") params.set("k", k);
+  if (body.type) params.set("type", body.type);
+  if (body.path) params.set("path", body.path);
+  if ($("f-where").value.trim()) params.set("where", $("f-where").value.trim());
   const url = params.toString() ? "?" + params : location.pathname;
   history.pushState({}, "", url);
 }
@@ -130,18 +179,20 @@ function render(result, label) {
   for (const hit of result.hits) {
     const card = template.content.firstElementChild.cloneNode(true);
     card.dataset.id = hit.id;
+    const kind = kindOf(hit);
+    card.dataset.kind = kind;
+    card.querySelector(".kind").textContent = { video: "video", pdf: "pdf", text: "note" }[kind] || "";
+    const thumb = card.querySelector(".thumb");
     const img = card.querySelector("img");
     if (hit.thumbnail) {
       loadThumbnail(img, hit.thumbnail);
       img.alt = hit.page ? `${hit.name}, page ${hit.page}` : hit.name;
-      if (hit.page) card.querySelector(".thumb").classList.add("paged");
+      if (hit.page) thumb.classList.add("paged");
+      if (kind === "video") thumb.classList.add("video");
     } else {
-      card.querySelector(".thumb").classList.add("textual");
+      thumb.classList.add("textual");
       img.remove();
-      const glyph = document.createElement("span");
-      glyph.className = "glyph";
-      glyph.textContent = "Aa";
-      card.querySelector(".thumb").prepend(glyph);
+      thumb.prepend(notePreview(hit));
     }
     card.querySelector(".rank").textContent = "#" + hit.rank;
     const name = card.querySelector(".name");
@@ -159,6 +210,31 @@ function render(result, label) {
     });
     grid.append(card);
   }
+}
+
+// What a hit is, for its card: the server's kind of its file (image, pdf, video, text); an item
+// added without a file is a picture when it has a thumbnail, else a note.
+function kindOf(hit) {
+  if (hit.page) return "pdf";
+  if (["image", "video", "text"].includes(hit.kind)) return hit.kind;
+  return hit.thumbnail ? "image" : "text";
+}
+
+function notePreview(hit) {
+  const note = document.createElement("div");
+  note.className = "note";
+  const ext = document.createElement("span");
+  ext.className = "ext";
+  const suffix = /\.([a-z0-9]{1,5})$/i.exec(hit.name);
+  ext.textContent = suffix ? suffix[1].toUpperCase() : "NOTE";
+  note.append(ext);
+  for (const width of [92, 78, 86, 60, 70]) {
+    const line = document.createElement("span");
+    line.className = "line";
+    line.style.width = width + "%";
+    note.append(line);
+  }
+  return note;
 }
 
 async function loadThumbnail(img, url) {
@@ -203,6 +279,10 @@ function fromUrl() {
   const params = new URLSearchParams(location.search);
   const k = params.get("k");
   if (k && [...$("k").options].some((o) => o.value === k)) $("k").value = k;
+  const type = params.get("type");
+  $("f-type").value = type && [...$("f-type").options].some((o) => o.value === type) ? type : "";
+  $("f-path").value = params.get("path") || "";
+  $("f-where").value = params.get("where") || "";
   if (params.has("id")) {
     $("q").value = "";
     search({ id: Number(params.get("id")), pushUrl: false });
@@ -217,6 +297,18 @@ function wire() {
   $("image").addEventListener("change", () => setImage($("image").files[0]));
   $("image-clear").addEventListener("click", () => { clearImage(); $("q").focus(); });
   $("download").addEventListener("click", downloadResults);
+  // A changed filter re-runs the search on screen (Enter in a field, or a new type).
+  $("filters").addEventListener("submit", (event) => event.preventDefault());
+  for (const field of [$("f-path"), $("f-where")]) {
+    field.addEventListener("keydown", (event) => {
+      if (event.key === "Enter") { event.preventDefault(); if (state.results || $("q").value.trim()) search(); }
+    });
+  }
+  $("f-type").addEventListener("change", () => { if (state.results) search(); });
+  $("f-clear").addEventListener("click", () => {
+    $("f-type").value = ""; $("f-path").value = ""; $("f-where").value = "";
+    if (state.results) search(); else filters();
+  });
   $("key-form").addEventListener("submit", (event) => {
     event.preventDefault();
     state.key = $("key").value.trim();

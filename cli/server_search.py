@@ -1,0 +1,35 @@
+"""`faste-mm search` through the collection's running `faste-mm serve` (see
+`faste_mm.serving.discovery`): the same hits as a local search, without loading the model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from faste_mm.cli.common import stderr
+
+
+def search_through_server(collection: str | None, query: str, k: int, where: dict, types: list[str],
+                          path: str | None, debug: bool) -> tuple[Path, list] | None:
+    """(collection root, hits) from the server announced in the collection, or None (no live
+    server for it, or it could not answer: the caller loads the model). With --debug, says which."""
+    from faste_mm.indexers import SearchFilter
+    from faste_mm.retrieval.maintenance import collection_path
+    from faste_mm.retrieval.results import Hit
+    from faste_mm.serving.discovery import find_server, search_via_server
+
+    root = collection_path(collection)
+    # Checked here (a bad filter is the user's error either way); a relative path glob is made
+    # absolute against this shell's folder, not the server's.
+    checked = SearchFilter(where=where, types=tuple(types), path=path)
+    address = find_server(root) if k <= 1000 else None  # the server answers at most 1000 hits
+    rows = None if address is None else search_via_server(address, root, query, k, checked.where, checked.types,
+                                                          checked.path)
+    if debug:
+        stderr.print(f"search: through the server at {address.url} (pid {address.pid})" if rows is not None else
+                     "search: loading the model here (" + ("no running faste-mm serve for this collection)"
+                                                          if address is None else
+                                                          f"the server at {address.url} did not answer for it)"),
+                     highlight=False, markup=False)
+    if rows is None:
+        return None
+    return root, [Hit(**row) for row in rows]

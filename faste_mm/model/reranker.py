@@ -1,0 +1,363 @@
+"""The public reranking API. `Reranker` composes the stages for (query, document) pairs:
+expand documents -> pair serialization (rerank_format) -> length-sorted batches -> the runner
+with a policy (full, FastE, or FastE protecting the query) -> the score of each pair's last
+token, sigmoid((W[yes] - W[no]) . Norm(h_last)), in input order, with failures and stats.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Iterable, Literal
+
+import numpy as np
+import torch
+
+from faste_mm.errors import ConfigError, InputError
+from faste_mm.model.ablations import Full, policy_for
+from faste_mm.model.backbones.rerank_loading import LoadedReranker, load_reranker
+from faste_mm.model.batching import BatchingConfig, collate
+from faste_mm.model.embedder import item_failure, one_or_many
+from faste_mm.model.faste import FastEConfig, ThresholdTrigger
+from faste_mm.model.flops import batch_flops, full_batch_flops
+from faste_mm.model.items import Failure, Item, expand_items
+from faste_mm.model.prefetch import ItemError, PrepTimer, prefetch_batches
+from faste_mm.model.rerank_format import PreparedQuery, TextPairSerializer, VLPairSerializer, rerank_serializer_config
+from faste_mm.model.rerank_explain import Explanation, explain_pair
+from faste_mm.model.rerank_policy import AttentionProbe, ProtectedFastE
+from faste_mm.model.runner import BatchTrace, run_decoder, settle_kernel
+from faste_mm.model.serialization import SerializerConfig
+from faste_mm.model.unpadded import Unpadded
+
+log = logging.getLogger(__name__)
+
+Protect = Literal["none", "query"]
+PROTECT_MODES = ("none", "query")
+
+
+class YesNoHead:
+    """The reranker readout: Norm(h_last) . (W[yes] - W[no]) through a sigmoid, in float32.
+    The final RMSNorm is per token, so norming only the readout rows equals the official
+    `last_hidden_state[:, -1]`."""
+
+    def __init__(self, yes_minus_no: torch.Tensor) -> None:
+        self.direction = yes_minus_no  # [H] float32
+
+    def __call__(self, backbone, hidden_readout: torch.Tensor) -> torch.Tensor:
+        normed = backbone.final_norm(hidden_readout).float()  # [B, H]
+        return torch.sigmoid(normed @ self.direction)  # [B]
+
+
+@dataclass(frozen=True, slots=True)
+class RerankStats:
+    """What one `score` call cost: pairs, prefix tokens before/after FastE, FLOPs, seconds."""
+
+    n_pairs: int
+    n_failed: int
+    fast_e: dict | None
+    protect: str
+    protected_tokens: int  # sum of P_i (instruction + query positions) over the scored pairs
+    prefix_tokens: int
+    kept_prefix_tokens: int
+    flops_full: int
+    flops_realised: int
+    serialize_s: float
+    forward_s: float
+    total_s: float
+    batches: list[BatchTrace] = field(default_factory=list)
+
+    @property
+    def flops_reduction(self) -> float:
+        return 1.0 - self.flops_realised / self.flops_full if self.flops_full else 0.0
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["flops_reduction"] = self.flops_reduction
+        return data
+
+
+@dataclass(frozen=True, slots=True)
+class RankedDocument:
+    """One scored candidate: `index` is its position in the documents given (a PDF's pages share
+    it), `row` its row among the expanded documents."""
+
+    index: int
+    row: int
+    score: float
+    item: Item
+
+    def to_dict(self) -> dict:
+        return {"index": self.index, "row": self.row, "score": self.score, "item": self.item.describe()}
+
+
+@dataclass(frozen=True, slots=True)
+class RerankResult:
+    """scores: float32 [n] in the order of the expanded documents (a PDF contributes a row per
+    page), each in (0, 1); NaN where the candidate failed (`ok` False, reason in `failures`)."""
+
+    scores: np.ndarray
+    items: list[Item]
+    sources: list[int]
+    ok: np.ndarray
+    failures: list[Failure] = field(default_factory=list)
+    stats: RerankStats | None = None
+
+    def ranked(self, top_n: int | None = None) -> list[RankedDocument]:
+        """Scored candidates, best first (ties keep input order); at most `top_n`."""
+        if top_n is not None and top_n < 0:
+            raise ConfigError(f"top_n must be >= 0 or None, got {top_n}")
+        rows = [row for row in np.argsort(-self.scores, kind="stable").tolist() if self.ok[row]]
+        return [RankedDocument(self.sources[r], r, float(self.scores[r]), self.items[r]) for r in rows[:top_n]]
+
+
+@dataclass(frozen=True, slots=True)
+class Ranking:
+    """`Reranker.rerank`: the best candidates first, the candidates that failed, the stats."""
+
+    results: list[RankedDocument]
+    failures: list[Failure]
+    stats: RerankStats | None = None
+
+    def to_dict(self) -> dict:
+        return {
+            "results": [r.to_dict() for r in self.results],
+            "failures": [asdict(f) for f in self.failures],
+            "stats": None if self.stats is None else self.stats.to_dict(),
+        }
+
+
+class Reranker:
+    """Qwen3-VL-Reranker (text, images, pages, video on either side) or the text Qwen3-Reranker,
+    with optional FastE on each pair's prefix.
+
+    Example:
+        >>> rr = Reranker.from_pretrained("Qwen/Qwen3-VL-Reranker-2B", r_max=0.5, protect="query")
+        >>> rr.rerank("a red bicycle", ["photo.jpg", "a blue car"], top_n=1).results[0].index
+    """
+
+    def __init__(
+        self,
+        loaded: LoadedReranker,
+        *,
+        fast_e: FastEConfig | None = None,
+        protect: Protect = "none",
+        batching: BatchingConfig | None = None,
+        serializer: SerializerConfig | None = None,
+    ) -> None:
+        if protect not in PROTECT_MODES:
+            raise ConfigError(f"protect must be one of {', '.join(PROTECT_MODES)}, got {protect!r}")
+        self.loaded = loaded
+        self.backbone = loaded.backbone
+        self.family = loaded.family
+        self.batching = batching or BatchingConfig()
+        self.protect = protect
+        num_layers = self.backbone.shape.num_layers
+        # r_max = 0 keeps every prefix state: the full forward, without the alignment checks
+        self.fast_e = None if fast_e is None or fast_e.r_max == 0 else fast_e.resolved(self.family, num_layers)
+        if protect == "query" and self.fast_e is not None and self.fast_e.ranking != "readout":
+            raise ConfigError(f"protect='query' keeps the query by FastE's readout ranking; ranking "
+                              f"{self.fast_e.ranking!r} cannot be combined with it (use protect='none')")
+        config = serializer or rerank_serializer_config(self.family.max_length)
+        pairs = VLPairSerializer if loaded.is_multimodal else TextPairSerializer
+        self.serializer = pairs(loaded.preprocessor, config)
+        self.head = YesNoHead(loaded.yes_minus_no.to(self.backbone.device))
+        self.unpadded = Unpadded(self.batching.unpadded, self.backbone.device, self.backbone.dtype)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        name_or_path: str,
+        *,
+        r_max: float = 0.0,
+        warmup_layer: int | None = None,
+        threshold: float | None = None,
+        protect: Protect = "none",
+        fast_e: FastEConfig | None = None,
+        device: str | torch.device = "auto",
+        dtype: str | torch.dtype = "auto",
+        revision: str | None = None,
+        batching: BatchingConfig | None = None,
+        serializer: SerializerConfig | None = None,
+        attn_implementation: str = "sdpa",
+    ) -> "Reranker":
+        """Load a hub id ("Qwen/Qwen3-VL-Reranker-2B", "Qwen/Qwen3-Reranker-0.6B") or a local folder.
+
+        r_max / warmup_layer / threshold: FastE on every pair [r_max, l_w, theta]; r_max 0 is the
+        exact full forward; None takes the family default (registry `RERANK_FAMILIES`). `fast_e`
+        gives a whole `FastEConfig` instead. protect "query": never evict the instruction + query
+        (the budget then applies to the document part; docs/rerank.md). Raises ModelLoadError
+        (an embedding model is refused, naming both) and ConfigError.
+        """
+        if fast_e is None:
+            fast_e = FastEConfig(r_max=r_max, warmup_layer=warmup_layer, threshold=threshold)
+        loaded = load_reranker(name_or_path, device=device, dtype=dtype, revision=revision, attn_implementation=attn_implementation)
+        return cls(loaded, fast_e=fast_e, protect=protect, batching=batching, serializer=serializer)
+
+    @property
+    def model_id(self) -> str:
+        return self.loaded.model_id
+
+    def settings(self) -> dict:
+        """What decides the scores: model, FastE (resolved), protect, max_length."""
+        return {
+            "model": self.model_id,
+            "family": self.family.name,
+            "fast_e": None if self.fast_e is None else self.fast_e.to_dict(),
+            "protect": self.protect,
+            "max_length": self.serializer.config.max_length,
+        }
+
+    def prepare_query(self, query: object, instruction: str | None = None) -> PreparedQuery:
+        """One query (str, path, PIL image or `Item`; its own instruction wins) decoded once;
+        InputError naming it when it cannot be read or is a multi-page PDF without a page."""
+        items, _, broken = expand_items([query])
+        if broken:
+            raise InputError(f"query: {broken[0][2]}")
+        if len(items) != 1:
+            raise InputError(f"query {items[0].describe()}: a PDF of {len(items)} pages; give one page (Item(image=path, page=k))")
+        item = items[0]
+        try:
+            return self.serializer.prepare_query(item, item.instruction or instruction)
+        except InputError as error:
+            raise InputError(f"query: {error}") from None
+        except Exception as error:  # noqa: BLE001 - a decoder's own error, named and explained
+            raise InputError(f"query {item.describe()}: cannot be read ({type(error).__name__}: {error})") from None
+
+    def score(
+        self,
+        query: object,
+        documents: Iterable[object],
+        *,
+        instruction: str | None = None,
+        on_error: Literal["raise", "skip"] = "skip",
+        progress: Callable[[int], None] | None = None,
+    ) -> RerankResult:
+        """Score each document against the query.
+
+        Args:
+            query: str, path, PIL image or `Item` (text, image, page, video, or mixed).
+            documents: the same kinds; a PDF path without a page scores each page.
+            instruction: the task (default: the family's official instruction).
+            on_error: "skip" (default) scores the others and reports each unreadable candidate
+                in `failures` (its score NaN); "raise" stops with an InputError naming it.
+        Returns `RerankResult` (scores in (0, 1), in input order).
+        """
+        if on_error not in ("raise", "skip"):
+            raise ConfigError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        started = time.perf_counter()
+        items, sources, broken = expand_items(one_or_many(documents))
+        failures = [Failure(index, sources[index], item.describe(), reason) for index, item, reason in broken]
+        if failures and on_error == "raise":
+            raise InputError(f"document {failures[0].source}: {failures[0].reason}")
+        scores = np.full(len(items), np.nan, dtype=np.float32)
+        ok = np.zeros(len(items), dtype=bool)
+        if not items:
+            return RerankResult(scores, items, sources, ok, failures, self._stats([], 0, 0, 0, 0.0, started))
+        prepared = self.prepare_query(query, instruction)
+        broken_rows = {failure.index for failure in failures}
+        todo = [i for i in range(len(items)) if i not in broken_rows]
+        timer = PrepTimer()
+        traces: list[BatchTrace] = []
+        protected_tokens = 0
+        forward_s = 0.0
+        pin = self.backbone.device.type == "cuda"
+        for element in prefetch_batches(todo, lambda i: self._serialize(prepared, items[i]), self.batching,
+                                        self.loaded.pad_token_id, pin, timer):
+            if isinstance(element, ItemError):
+                failure = item_failure(items, sources, element)
+                if on_error == "raise":
+                    raise InputError(f"document {failure.source}: {failure.reason}") from element.error
+                failures.append(failure)
+                if progress is not None:
+                    progress(1)
+                continue
+            batch = element.to(self.backbone.device)
+            policy = self._policy(batch)
+            kernel = settle_kernel(self.backbone, batch, policy, self.unpadded)
+            tick = time.perf_counter()
+            batch_scores, trace = run_decoder(self.backbone, batch, policy, kernel, readout=self.head)
+            scores[element.rows] = batch_scores.cpu().numpy()  # .cpu() waits for the GPU: honest timing
+            forward_s += time.perf_counter() - tick
+            ok[element.rows] = True
+            traces.append(trace)
+            protected_tokens += 0 if batch.protected is None else int(batch.protected.sum())
+            if progress is not None:
+                progress(len(element.rows))
+        failures.sort(key=lambda f: f.index)
+        if failures:
+            log.info("scored %d candidates, skipped %d", int(ok.sum()), len(failures))
+        stats = self._stats(traces, len(items), len(failures), protected_tokens, timer.seconds, started, forward_s)
+        return RerankResult(scores, items, sources, ok, failures, stats)
+
+    def rerank(
+        self,
+        query: object,
+        documents: Iterable[object],
+        top_n: int | None = None,
+        *,
+        instruction: str | None = None,
+        on_error: Literal["raise", "skip"] = "skip",
+    ) -> Ranking:
+        """`score`, then the best `top_n` candidates first (all when None), each with its input
+        `index` and `score`; failed candidates are listed in `failures`, never ranked."""
+        result = self.score(query, documents, instruction=instruction, on_error=on_error)
+        return Ranking(result.ranked(top_n), result.failures, result.stats)
+
+    def explain(self, query: object, document: object, *, instruction: str | None = None, layer: int | None = None) -> Explanation:
+        """Where the reranker's readout looked in one document: its attention over the pair's
+        prefix (FastE's ranking quantity) before `layer`, by default the layer FastE's alignment
+        trigger picks for this pair (this reranker's l_w and theta, or the family's). Mapped to
+        image / video patches and text spans (`rerank_explain`: the sum rule). The full forward
+        runs; the score is the exact one. Attention, not attribution. InputError naming the
+        document when it cannot be read."""
+        num_layers = self.backbone.shape.num_layers
+        if layer is not None and not 0 <= layer < num_layers:
+            raise ConfigError(f"layer must be in 0..{num_layers - 1} for {self.model_id}, got {layer}")
+        prepared = self.prepare_query(query, instruction)
+        items, _, broken = expand_items(one_or_many(document))
+        if broken or len(items) != 1:
+            reason = broken[0][2] if broken else f"{len(items)} pages; give one page (Item(image=path, page=k))"
+            raise InputError(f"document {items[0].describe() if items else ''}: {reason}")
+        try:
+            serialized = self._serialize(prepared, items[0])
+        except Exception as error:  # noqa: BLE001 - named and explained like a failed candidate
+            raise InputError(f"document {items[0].describe()}: {error}") from None
+        config = self.fast_e or FastEConfig().resolved(self.family, num_layers)
+        probe = AttentionProbe(ThresholdTrigger(config.threshold, config.warmup_layer, num_layers), layer)
+        batch = collate([serialized], [0], self.loaded.pad_token_id).to(self.backbone.device)
+        scores, _ = run_decoder(self.backbone, batch, probe, None, readout=self.head)
+        weights = probe.weights[0, : serialized.length - 1].cpu().numpy()  # [n_prefix]
+        tokenizer = getattr(self.loaded.preprocessor, "tokenizer", self.loaded.preprocessor)
+        model_config = self.backbone.model.config
+        return explain_pair(serialized, weights, items[0], tokenizer, float(scores[0]), probe.recorded_layer,
+                            getattr(model_config, "image_token_id", None), getattr(model_config, "video_token_id", None))
+
+    def _serialize(self, query: PreparedQuery, item: Item):
+        return self.backbone.with_positions(self.serializer(query, item))
+
+    def _policy(self, batch):
+        if self.fast_e is None:
+            return Full()
+        num_layers = self.backbone.shape.num_layers
+        if self.protect == "query" and batch.protected is not None:
+            return ProtectedFastE(self.fast_e, num_layers, batch.protected)
+        return policy_for(self.fast_e, num_layers)  # FastE, or an ablation's ranking (FastEConfig.ranking)
+
+    def _stats(self, traces, n_pairs, n_failed, protected_tokens, serialize_s, started, forward_s=0.0) -> RerankStats:
+        shape = self.backbone.shape
+        return RerankStats(
+            n_pairs=n_pairs,
+            n_failed=n_failed,
+            fast_e=None if self.fast_e is None else self.fast_e.to_dict(),
+            protect=self.protect,
+            protected_tokens=protected_tokens,
+            prefix_tokens=sum(t.prefix_tokens for t in traces),
+            kept_prefix_tokens=sum(t.kept_prefix_tokens for t in traces),
+            flops_full=sum(full_batch_flops(shape, t.batch_size, t.padded_lengths[0]) for t in traces),
+            flops_realised=sum(batch_flops(shape, t.batch_size, t.padded_lengths) for t in traces),
+            serialize_s=serialize_s,
+            forward_s=forward_s,
+            total_s=time.perf_counter() - started,
+            batches=traces,
+        )

@@ -1,0 +1,149 @@
+"""A running `faste-mm serve` announces itself in the collection it serves, so `faste-mm search`
+can ask it instead of loading the model again (seconds per query, more with real weights).
+
+The server writes `server.json` into the collection directory (mode 0600, owner only): its URL,
+a token (its API key when it has one: clients send `Authorization: Bearer TOKEN`), its process
+id and model; it removes the file when it stops. A reader ignores a file that is not its own
+user's, is readable by others, names a process that is gone, or a server that answers for
+another collection: a stale file never sends a search astray. Standard library only (no torch,
+no HTTP client package), so a CLI search through the server imports no model code.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import stat
+import urllib.error
+import urllib.request
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence
+
+from faste_mm.indexers.directory import SERVER_FILE
+
+log = logging.getLogger(__name__)
+
+_TIMEOUT_S = 30.0  # a search the server has queued may wait behind others' batches
+
+
+@dataclass(frozen=True, slots=True)
+class ServerAddress:
+    """Where the server of a collection listens: `url` (ends with "/"), the bearer `token`
+    clients send, the server's `pid` and `model`."""
+
+    url: str
+    token: str
+    pid: int
+    model: str
+
+
+def announce(root: str | os.PathLike, url: str, model: str, api_key: str | None) -> ServerAddress:
+    """Write `root/server.json` for this process (owner-only from its creation: the token is
+    the API key when there is one, else a random one) and return what it holds."""
+    address = ServerAddress(url if url.endswith("/") else url + "/", api_key or secrets.token_urlsafe(24),
+                            os.getpid(), model)
+    path = Path(root) / SERVER_FILE
+    temporary = path.with_name(f".{SERVER_FILE}.{os.getpid()}.tmp")
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(descriptor, 0o600)  # whatever the umask or an older file left
+        os.write(descriptor, json.dumps({"url": address.url, "token": address.token, "pid": address.pid,
+                                         "model": address.model}).encode())
+    finally:
+        os.close(descriptor)
+    os.replace(temporary, path)
+    return address
+
+
+def withdraw(root: str | os.PathLike) -> None:
+    """Remove `root/server.json` if this process wrote it (another server may have replaced it)."""
+    path = Path(root) / SERVER_FILE
+    found = _read(path)
+    if found is not None and found.pid == os.getpid():
+        path.unlink(missing_ok=True)
+
+
+@contextmanager
+def announced(root: str | os.PathLike, url: str, model: str, api_key: str | None) -> Iterator[ServerAddress]:
+    """`announce` for the duration of the block (the server's lifetime), then `withdraw`."""
+    address = announce(root, url, model, api_key)
+    try:
+        yield address
+    finally:
+        withdraw(root)
+
+
+def find_server(root: str | os.PathLike) -> ServerAddress | None:
+    """The live server announced in `root`, or None (no file, or a file to ignore: see the
+    module docstring; the reason is logged at DEBUG)."""
+    path = Path(root) / SERVER_FILE
+    try:
+        info = path.stat()
+    except OSError:
+        return None
+    if info.st_uid != os.getuid() or info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        log.debug("%s: ignored: not owned by this user with mode 0600", path)
+        return None
+    found = _read(path)
+    if found is None:
+        log.debug("%s: ignored: not a server file", path)
+        return None
+    try:
+        os.kill(found.pid, 0)
+    except ProcessLookupError:
+        log.debug("%s: ignored: the server (pid %d) is gone", path, found.pid)
+        return None
+    except PermissionError:  # alive, another user's process: not ours to trust
+        return None
+    return found
+
+
+def _read(path: Path) -> ServerAddress | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return ServerAddress(str(data["url"]), str(data["token"]), int(data["pid"]), str(data["model"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def search_via_server(address: ServerAddress, root: str | os.PathLike, query: str, k: int,
+                      where: Mapping[str, Any] | None = None, types: Sequence[str] = (),
+                      path: str | None = None) -> list[dict] | None:
+    """The hits (`Hit.to_dict()` fields) of a text search by the server, or None when it cannot
+    answer for `root` (not reachable, another collection, an error): the caller searches itself."""
+    info = _request(address, "info")
+    served = None if info is None else (info.get("collection") or {}).get("path")
+    if served is None or os.path.realpath(served) != os.path.realpath(root):
+        log.debug("server %s does not serve %s (it serves %s)", address.url, root, served)
+        return None
+    body: dict[str, Any] = {"query": query, "k": k, "where": dict(where or {}) or None,
+                            "type": list(types) or None, "path": path}
+    answer = _request(address, "search", body)
+    if answer is None:
+        return None
+    fields = ("id", "score", "uri", "page", "metadata")
+    return [{name: hit[name] for name in fields} for hit in answer["hits"]]
+
+
+def _request(address: ServerAddress, route: str, body: dict | None = None) -> dict | None:
+    """GET (body None) or POST JSON to the server; its JSON answer, or None on any failure."""
+    request = urllib.request.Request(
+        address.url + route, method="GET" if body is None else "POST",
+        data=None if body is None else json.dumps(body).encode(),
+        headers={"Authorization": f"Bearer {address.token}", "Content-Type": "application/json"})
+    try:
+        with _NO_PROXY.open(request, timeout=_TIMEOUT_S) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        log.debug("server %s%s answered %d: %s", address.url, route, error.code, error.read()[:300])
+    except (OSError, ValueError) as error:
+        log.debug("server %s%s: %s", address.url, route, error)
+    return None
+
+
+# The server is on this machine: never route its requests through an HTTP(S)_PROXY.
+_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))

@@ -1,0 +1,186 @@
+"""POST /v1/rerank (and /rerank) in the convention vLLM, Jina and Cohere share, and POST /explain.
+
+Request: `query` and each of `documents` is a string, a list of content parts (`text`,
+`image_url`), or an object (`{"text": ..., "image": url}` as Jina, `{"content": [parts]}` as
+vLLM); `top_n`, `return_documents`, `instruction`. Response: `results` best first, each with
+`index` (position in `documents`) and `relevance_score` (the reranker's sigmoid score), plus
+`document` when asked; `failures` lists candidates that could not be scored. Handler threads
+parse, decode and count tokens; the engine's model thread runs `Reranker.score`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any, Union
+
+from fastapi import FastAPI
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
+
+from faste_mm import InputError, Item
+from faste_mm.errors import FasteError
+from faste_mm.serving.engine import RequestTooLargeError, ServeEngine
+from faste_mm.serving.inputs import ContentPart, decode_image_url, parts_item
+
+Multimodal = Union[str, list[ContentPart], dict[str, Any]]
+
+
+class RerankRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    query: Multimodal
+    documents: list[Multimodal]
+    model: str | None = None
+    top_n: int | None = Field(default=None, ge=0)
+    return_documents: bool = False
+    instruction: str | None = None
+
+
+class ExplainRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    query: Multimodal
+    document: Multimodal
+    model: str | None = None
+    instruction: str | None = None
+    layer: int | None = Field(default=None, ge=0)
+
+
+@dataclass(frozen=True, slots=True)
+class RerankPayload:
+    """One /v1/rerank request for the model thread (`ServeEngine._run_rerank` calls `run`)."""
+
+    query: Item
+    documents: list[Item]
+    instruction: str | None
+
+    def run(self, reranker):
+        return reranker.score(self.query, self.documents, instruction=self.instruction)
+
+
+@dataclass(frozen=True, slots=True)
+class ExplainPayload:
+    """One /explain request for the model thread."""
+
+    query: Item
+    document: Item
+    instruction: str | None
+    layer: int | None
+
+    def run(self, reranker):
+        return reranker.explain(self.query, self.document, instruction=self.instruction, layer=self.layer)
+
+
+def request_item(value: Multimodal, where: str, allow_remote: bool) -> Item:
+    """One query or document of a rerank request as an `Item` (text and at most one image);
+    InputError naming the field."""
+    if isinstance(value, str):
+        return Item(text=value)
+    if isinstance(value, dict):
+        if "content" in value and set(value) <= {"content"}:  # vLLM {"content": [parts]}
+            parts = value["content"]
+            if not isinstance(parts, list):
+                raise InputError(f"{where}.content must be a list of parts")
+            return parts_item([_part(p, f"{where}.content[{i}]") for i, p in enumerate(parts)], f"{where}.content", allow_remote)
+        unknown = set(value) - {"text", "image"}
+        if unknown:
+            raise InputError(f"{where}: unknown fields {sorted(unknown)}; an object has `text` and/or `image` (a data: URL)")
+        text, image = value.get("text"), value.get("image")
+        if text is not None and not isinstance(text, str) or image is not None and not isinstance(image, str):
+            raise InputError(f"{where}: `text` and `image` must be strings")
+        return Item(text=text, image=None if image is None else decode_image_url(image, f"{where}.image", allow_remote))
+    return parts_item(value, where, allow_remote)
+
+
+def _part(raw, where: str) -> ContentPart:
+    try:
+        return ContentPart.model_validate(raw)
+    except Exception as error:  # noqa: BLE001 - pydantic's message, named
+        raise InputError(f"{where}: not a content part ({error})") from None
+
+
+def rerank(engine: ServeEngine, body: RerankRequest) -> dict:
+    """Handler side of POST /v1/rerank: parse, count pair tokens against the limits, wait for the
+    model thread's `Reranker.score`, render best first. Equals `Reranker.score` on the same items."""
+    reranker = _reranker(engine, body.model)
+    allow = engine.config.allow_remote_images
+    if len(body.documents) > engine.config.max_inputs:
+        raise RequestTooLargeError(f"`documents` has {len(body.documents)} entries; the limit is "
+                                   f"{engine.config.max_inputs} per request; split it")
+    query = request_item(body.query, "query", allow)
+    documents = [request_item(d, f"documents[{i}]", allow) for i, d in enumerate(body.documents)]
+    tokens = _count_pair_tokens(engine, reranker, query, documents, body.instruction)
+    result = engine.batcher.submit("rerank", RerankPayload(query, documents, body.instruction), tokens).result()
+    results = []
+    for ranked in result.ranked(body.top_n):
+        entry = {"index": ranked.index, "relevance_score": ranked.score}
+        if body.return_documents:
+            raw = body.documents[ranked.index]
+            entry["document"] = {"text": raw} if isinstance(raw, str) else _jsonable(raw)
+        results.append(entry)
+    return {
+        "id": f"rerank-{uuid.uuid4().hex}",
+        "model": reranker.model_id,
+        "results": results,
+        "failures": [{"index": f.source, "reason": f.reason} for f in result.failures],
+        "usage": {"total_tokens": tokens},
+    }
+
+
+def explain(engine: ServeEngine, body: ExplainRequest) -> dict:
+    """POST /explain: `Reranker.explain` for one pair (readout attention, not attribution)."""
+    reranker = _reranker(engine, body.model)
+    allow = engine.config.allow_remote_images
+    query, document = request_item(body.query, "query", allow), request_item(body.document, "document", allow)
+    tokens = _count_pair_tokens(engine, reranker, query, [document], body.instruction)
+    payload = ExplainPayload(query, document, body.instruction, body.layer)  # on the model thread, like scoring
+    return engine.batcher.submit("rerank", payload, tokens).result().to_dict()
+
+
+def _reranker(engine: ServeEngine, model: str | None):
+    reranker = engine.reranker
+    if reranker is None:
+        raise InputError("this server has no reranker; start it with `faste-mm serve --rerank MODEL`")
+    served = reranker.model_id
+    if model is not None and model not in (served, served.rsplit("/", 1)[-1]):
+        raise InputError(f"`model` is {model!r}, but this server reranks with {served!r}; pass that id or leave `model` out")
+    return reranker
+
+
+def _count_pair_tokens(engine: ServeEngine, reranker, query: Item, documents: list[Item], instruction: str | None) -> int:
+    """Prompt tokens of every pair as the model will see them (decoding the images, so a bad one
+    fails here, named); RequestTooLargeError over the per-request limit."""
+    try:
+        prepared = reranker.prepare_query(query, instruction)
+    except FasteError as error:
+        raise InputError(str(error)) from None
+    total = 0
+    for index, document in enumerate(documents):
+        try:
+            total += reranker.serializer(prepared, document).length
+        except FasteError as error:
+            raise InputError(f"documents[{index}]: {error}") from None
+        except Exception as error:  # the processor's own errors: still this input's fault
+            raise InputError(f"documents[{index}]: cannot be serialized ({type(error).__name__}: {error})") from None
+    if total > engine.config.max_request_tokens:
+        raise RequestTooLargeError(f"the request has {total} prompt tokens over its pairs; the limit is "
+                                   f"{engine.config.max_request_tokens} (--max-request-tokens); split it")
+    return total
+
+
+def _jsonable(raw):
+    if isinstance(raw, list):
+        return [part.model_dump(exclude_none=True) if isinstance(part, BaseModel) else part for part in raw]
+    return raw
+
+
+def add_rerank_routes(app: FastAPI, engine: ServeEngine, auth) -> None:
+    """Register POST /v1/rerank, /rerank (vLLM's alias) and /explain on `app`."""
+
+    @app.post("/v1/rerank", dependencies=[auth])
+    @app.post("/rerank", dependencies=[auth], include_in_schema=False)
+    async def rerank_route(body: RerankRequest) -> dict:
+        return await run_in_threadpool(rerank, engine, body)
+
+    @app.post("/explain", dependencies=[auth])
+    async def explain_route(body: ExplainRequest) -> dict:
+        return await run_in_threadpool(explain, engine, body)

@@ -1,0 +1,271 @@
+"""faste-mm side by side with what users would run instead, in ONE process, interleaved, on the same
+inputs: 640x480 JPEG photos, one-page PDFs at the pixel cap and 1k-token texts, through
+
+  faste-mm        the defaults of `faste-mm index`: dtype "auto" (bfloat16 where the CPU has native
+                  bf16), FastE r_max 0.5 on documents, the packed vision tower
+  faste-mm fp32   the same with --dtype float32
+  official        transformers' Qwen3VLModel + processor driven as the official Qwen3VLEmbedder
+                  drives them (config dtype, which is bfloat16 for the published checkpoints; right-
+                  padded batches; last token of last_hidden_state; L2 norm), with our own code
+  st              sentence-transformers loading the same local directory, on texts (last-token
+                  pooling + normalisation from a modules.json, as Qwen3-Embedding checkpoints ship;
+                  without one, ST 6.2 loads a Qwen3-VL directory for text/image/video but mean-pools)
+
+plus the vision tower alone: transformers' Qwen3VLVisionModel against faste-mm's packed tower on
+each kind's pixels. A random-weight model of a real shape (faste_mm.tools.shapes), stored in
+bfloat16 like the published checkpoint. Usage (a few minutes of CPU at scale 0.25):
+
+  python scripts/bench_peers.py --scale-hidden 0.25 --photos 4 --pages 2 --texts 4 --repeats 2 --out peers.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image, ImageDraw
+
+from faste_mm import BatchingConfig, Embedder, FastEConfig, Item
+from faste_mm.model.backbones.loading import choose_dtype, read_cpu_flags
+from faste_mm.model.backbones.vision_tower import PackedVisionTower
+from faste_mm.model.items import expand_items
+from faste_mm.tools.bench import device_name
+from faste_mm.tools.bench_inputs import make_inputs
+from faste_mm.tools.shapes import SHAPES, build_shape_model, write_sentence_transformers_layout
+
+DOCUMENT_R_MAX = 0.5  # `faste-mm index`'s default for documents
+
+
+def write_photos(folder: Path, n: int) -> list[Path]:
+    """n 640x480 JPEGs (shapes over noise, so decoding costs what a photo costs)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(0)
+    paths = []
+    for i in range(n):
+        image = Image.effect_noise((640, 480), 60).convert("RGB")
+        draw = ImageDraw.Draw(image)
+        for _ in range(12):
+            x, y = rng.randrange(600), rng.randrange(440)
+            draw.ellipse((x, y, x + rng.randrange(20, 200), y + rng.randrange(20, 200)), fill=tuple(rng.randrange(256) for _ in range(3)))
+        paths.append(folder / f"photo_{i:03d}.jpg")
+        image.save(paths[-1], quality=90)
+    return paths
+
+
+class FasteMM:
+    def __init__(self, model_dir: Path, dtype: str, device: str) -> None:
+        self.embedder = Embedder.from_pretrained(str(model_dir), device=device, dtype=dtype,
+                                                 batching=BatchingConfig(batch_tokens=16384))
+        self.split = (0.0, 0.0)
+
+    def encode(self, inputs: list) -> np.ndarray:
+        result = self.embedder.encode_documents(inputs, fast_e=FastEConfig(r_max=DOCUMENT_R_MAX))
+        self.split = (result.stats.tower_s, result.stats.decoder_s)
+        return result.embeddings
+
+
+class Official:
+    """The official embedder's steps (src/models/qwen3_vl_embedding.py): the model loaded with no
+    dtype (transformers 5: the config's), the processor with right padding, one padded call per
+    batch, `do_resize=False` after qwen-vl-utils' resize, last valid token, L2 norm."""
+
+    def __init__(self, model_dir: Path, serializer, batch_size: int, device: str) -> None:
+        from transformers import Qwen3VLModel, Qwen3VLProcessor
+
+        self.model = Qwen3VLModel.from_pretrained(str(model_dir)).to(device).eval()
+        self.processor = Qwen3VLProcessor.from_pretrained(str(model_dir), padding_side="right")
+        self.serializer = serializer  # the official prompt and resize (checked equal in tests)
+        self.batch_size = batch_size
+        self.split = (0.0, 0.0)
+
+    @torch.inference_mode()
+    def encode(self, inputs: list) -> np.ndarray:
+        vectors = []
+        for start in range(0, len(inputs), self.batch_size):
+            items = [value if isinstance(value, Item) else Item(text=value) for value in inputs[start:start + self.batch_size]]
+            prompts = [self.serializer.render_prompt(item, None) for item in items]
+            images = [self.serializer.prepare_image(item) for item in items if item.has_image] or None
+            batch = self.processor(text=prompts, images=images, padding=True, do_resize=False, return_tensors="pt")
+            batch = batch.to(self.model.device)
+            hidden = self.model(**batch).last_hidden_state
+            last = batch["attention_mask"].sum(dim=1) - 1
+            vectors.append(torch.nn.functional.normalize(hidden[torch.arange(len(items)), last], dim=-1).float().cpu().numpy())
+        return np.concatenate(vectors)
+
+
+class SentenceTransformersPeer:
+    def __init__(self, model_dir: Path, serializer, batch_size: int, device: str) -> None:
+        from sentence_transformers import SentenceTransformer
+
+        self.model = SentenceTransformer(str(model_dir), device=device)
+        self.serializer = serializer
+        self.batch_size = batch_size
+        self.split = (0.0, 0.0)
+
+    def encode(self, inputs: list) -> np.ndarray:
+        texts = [self.serializer.render_prompt(Item(text=value), None) for value in inputs]  # the official prompt
+        return self.model.encode(texts, batch_size=self.batch_size, normalize_embeddings=True, convert_to_numpy=True)
+
+
+def tower_pixels(serializer, inputs: list):
+    """The processor's pixel patches and grids of a kind's images (None for texts)."""
+    images = [serializer.prepare_image(item) for item in inputs if isinstance(item, Item) and item.has_image]
+    if not images:
+        return None
+    batch = serializer.processor.image_processor(images=images, do_resize=False, return_tensors="pt")
+    return batch["pixel_values"], batch["image_grid_thw"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", default="qwen3-vl-embedding-2b", choices=[s for s in SHAPES if "vl" in s])
+    parser.add_argument("--scale-hidden", type=float, default=0.25)
+    parser.add_argument("--photos", type=int, default=4)
+    parser.add_argument("--pages", type=int, default=2)
+    parser.add_argument("--texts", type=int, default=4)
+    parser.add_argument("--text-tokens", type=int, default=1000)
+    parser.add_argument("--repeats", type=int, default=2, help="timed rounds after one warm-up round")
+    parser.add_argument("--batch-size", type=int, default=8, help="items per padded call (official, st)")
+    parser.add_argument("--peers", default="faste-mm,faste-mm fp32,official,st")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (the GPU runs: scripts/gpu_bench.sh peers)")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    peers_wanted = [p.strip() for p in args.peers.split(",") if p.strip()]
+    with tempfile.TemporaryDirectory(prefix="faste-mm-peers-") as workdir:
+        work = Path(workdir)
+        model_dir = build_shape_model(args.shape, work / "model", args.scale_hidden, torch.bfloat16)
+        write_sentence_transformers_layout(model_dir, SHAPES[args.shape].hidden if args.scale_hidden == 1 else
+                                           json.loads((model_dir / "config.json").read_text())["text_config"]["hidden_size"])
+        peers = {}
+        for name in peers_wanted:
+            if name == "faste-mm":
+                peers[name] = FasteMM(model_dir, "auto", args.device)
+            elif name == "faste-mm fp32":
+                peers[name] = FasteMM(model_dir, "float32", args.device)
+        serializer = next(iter(peers.values())).embedder.serializer if peers else Embedder.from_pretrained(str(model_dir)).serializer
+        for name in peers_wanted:
+            if name == "official":
+                peers[name] = Official(model_dir, serializer, args.batch_size, args.device)
+            elif name == "st":
+                peers[name] = SentenceTransformersPeer(model_dir, serializer, args.batch_size, args.device)
+        tokenizer = serializer.processor.tokenizer
+        kinds = {  # cheapest first, so a run cut short still reports the early kinds
+            f"texts ({args.text_tokens} tokens)": make_inputs(f"text:{args.text_tokens}", args.texts, work, tokenizer),
+            "photos 640x480 JPEG": [Item(image=p) for p in write_photos(work / "photos", args.photos)],
+            "pages (one-page PDF, at the cap)": expand_items(make_inputs("page:1240x1754", args.pages, work / "pages", tokenizer))[0],
+        }
+        kinds = {k: v for k, v in kinds.items() if v}
+        device = torch.device(args.device)
+        auto = choose_dtype("auto", device, torch.bfloat16, read_cpu_flags)
+        report = {"device": device_name(device), "shape": args.shape, "scale_hidden": args.scale_hidden,
+                  "faste_mm_auto_dtype": auto.to_dict(), "official_dtype": str(peers["official"].model.dtype) if "official" in peers else None,
+                  "repeats": args.repeats, "kinds": {}}
+        for kind, inputs in kinds.items():
+            seconds = {name: [] for name in peers}
+            splits = {name: [] for name in peers}
+            vectors = {}
+            for round_ in range(1 + args.repeats):  # round 0 warms up; peers interleaved each round
+                for name, peer in peers.items():
+                    if name == "st" and not all(isinstance(v, str) for v in inputs):
+                        continue  # with a last-token modules.json, ST loads this directory as a text model
+                    started = time.perf_counter()
+                    vectors[name] = peer.encode(inputs)  # numpy on the host: the GPU's work is done
+                    if round_:
+                        seconds[name].append(time.perf_counter() - started)
+                        splits[name].append(peer.split)
+            rows = {}
+            for name in peers:
+                if not seconds[name]:
+                    continue
+                median = statistics.median(seconds[name])
+                tower = statistics.median(s[0] for s in splits[name])
+                decoder = statistics.median(s[1] for s in splits[name])
+                row = {"items_per_s": len(inputs) / median, "seconds": seconds[name], "tower_s": tower, "decoder_s": decoder}
+                for reference in ("official", "faste-mm fp32"):
+                    if reference in vectors and reference != name:
+                        cos = (vectors[name] * vectors[reference]).sum(axis=1)
+                        row[f"min_cos_vs_{reference}"] = float(cos.min())
+                rows[name] = row
+            for name, row in rows.items():
+                for reference in ("official", "faste-mm fp32", "st"):
+                    if reference in rows:
+                        row[f"x_{reference}"] = row["items_per_s"] / rows[reference]["items_per_s"]
+            report["kinds"][kind] = {"items": len(inputs), "peers": rows, "tower": tower_race(peers, serializer, inputs, args.repeats)}
+            print(json.dumps({kind: report["kinds"][kind]}, indent=1), flush=True)
+            if args.out:  # after every kind: a run cut short keeps what it measured
+                args.out.write_text(json.dumps(report, indent=2))
+        print_tables(report)
+
+
+def tower_race(peers, serializer, inputs, repeats) -> dict:
+    """transformers' Qwen3VLVisionModel vs the packed tower on the same pixels, interleaved, in each
+    faste-mm peer's dtype: median seconds and the largest difference of the merged features."""
+    pixels = tower_pixels(serializer, inputs)
+    if pixels is None:
+        return {}
+    race = {}
+    for name in ("faste-mm", "faste-mm fp32"):
+        if name not in peers:
+            continue
+        visual = peers[name].embedder.backbone.model.visual
+        dtype = visual.patch_embed.proj.weight.dtype
+        if str(dtype).removeprefix("torch.") in race:  # "auto" chose float32 here: raced once
+            continue
+        packed = PackedVisionTower(visual)
+        device = visual.patch_embed.proj.weight.device
+        values, grids = pixels[0].to(device, dtype), pixels[1].to(device)
+        times = {"transformers": [], "packed": []}
+        with torch.inference_mode():
+            for round_ in range(1 + repeats):
+                started = time.perf_counter()
+                theirs = visual(values, grid_thw=grids, return_dict=True).pooler_output
+                _synchronize(device)
+                hf_s = time.perf_counter() - started
+                started = time.perf_counter()
+                ours = packed(values, grids).merged
+                _synchronize(device)
+                packed_s = time.perf_counter() - started
+                if round_:
+                    times["transformers"].append(hf_s)
+                    times["packed"].append(packed_s)
+        hf, ours_s = statistics.median(times["transformers"]), statistics.median(times["packed"])
+        race[str(dtype).removeprefix("torch.")] = {"transformers_s": hf, "packed_s": ours_s, "speedup": hf / ours_s,
+                                                   "max_abs_diff": float((theirs - ours).abs().max())}
+    return race
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def print_tables(report: dict) -> None:
+    """Markdown tables for docs/benchmarks.md."""
+    print(f"\n{report['device']}; {report['shape']} at scale-hidden {report['scale_hidden']}; faste-mm auto dtype: "
+          f"{report['faste_mm_auto_dtype']['dtype']} ({report['faste_mm_auto_dtype']['reason']}); official dtype: {report['official_dtype']}\n")
+    print("| inputs | peer | items/s | x official | x faste-mm fp32 | tower s / decoder s | min cos vs official |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for kind, data in report["kinds"].items():
+        for name, row in data["peers"].items():
+            def ratio(key):
+                return f"{row[key]:.2f}x" if key in row else "-"
+            split = f"{row['tower_s']:.2f} / {row['decoder_s']:.2f}" if row["tower_s"] or row["decoder_s"] else "-"
+            cos = f"{row['min_cos_vs_official']:.4f}" if "min_cos_vs_official" in row else "-"
+            print(f"| {kind} x{data['items']} | {name} | {row['items_per_s']:.3f} | {ratio('x_official')} | "
+                  f"{ratio('x_faste-mm fp32')} | {split} | {cos} |")
+    print("\n| inputs | dtype | transformers tower s | packed tower s | packed speedup | max abs diff |")
+    print("|---|---|---:|---:|---:|---:|")
+    for kind, data in report["kinds"].items():
+        for dtype, row in data["tower"].items():
+            print(f"| {kind} | {dtype} | {row['transformers_s']:.3f} | {row['packed_s']:.3f} | {row['speedup']:.2f}x | {row['max_abs_diff']:.1e} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,141 @@
+"""`faste-mm search` through a running `faste-mm serve` (a live server on 127.0.0.1): the
+server announces itself in the collection (owner-only file, gone when it stops), the CLI uses it
+and finds the same hits as loading the model itself (`--no-server`), says which with --debug, and
+ignores a stale or foreign announcement. Also: `serve` without -c serves the default collection,
+and `serve` without the serve extra says what to install before loading anything."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+pytest.importorskip("fastapi", reason="needs the serve extra: pip install 'faste-mm[serve]'")
+
+from faste_mm import Item, Retriever  # noqa: E402
+from faste_mm.cli.app import app  # noqa: E402
+from faste_mm.indexers.directory import SERVER_FILE  # noqa: E402
+from faste_mm.retrieval.retriever import ModelSpec  # noqa: E402
+from faste_mm.serving.discovery import find_server  # noqa: E402
+from tests.serve_fixtures import make_gallery  # noqa: E402
+from tests.test_retriever_scanning import tiny_vl_dir  # noqa: E402
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def data_home(tmp_path_factory) -> Path:
+    """XDG_DATA_HOME whose default collection holds 4 images, a 2-page PDF and a text note."""
+    base = tmp_path_factory.mktemp("server-search")
+    model = tiny_vl_dir(tmp_path_factory.getbasetemp())
+    root = base / "data" / "faste-mm" / "collections" / "default"
+    with Retriever(ModelSpec(str(model), device="cpu"), collection=root, r_max=0.5) as retriever:
+        retriever.index([make_gallery(base / "gallery", n=4)])
+        retriever.add([Item(text="notes about a picnic by the lake")], uris=["notes:picnic"],
+                      metadata=[{"year": 2024}])
+    return base / "data"
+
+
+def _env(data_home: Path) -> dict:
+    env = {key: value for key, value in os.environ.items() if key not in ("COLUMNS", "FASTE_MM_COLLECTION")}
+    env.update({"XDG_DATA_HOME": str(data_home), "FASTE_MM_DEVICE": "cpu"})
+    return env
+
+
+@pytest.fixture(scope="module")
+def server(data_home):
+    """`faste-mm serve` with no -c (the default collection) on a free loopback port."""
+    proc = subprocess.Popen([sys.executable, "-m", "faste_mm.cli.app", "serve", "--port", "0", "--threads", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(data_home))
+    line = proc.stdout.readline()  # printed once the server is announced and its socket listens
+    assert line.startswith("serving on http://127.0.0.1:"), proc.stderr.read() if not line else line
+    yield proc, data_home / "faste-mm" / "collections" / "default"
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=120)
+
+
+def _search(data_home: Path, *args: str) -> tuple[dict, str]:
+    env = {"XDG_DATA_HOME": str(data_home), "FASTE_MM_DEVICE": "cpu"}
+    result = runner.invoke(app, ["search", *args, "--format", "json", "--debug"], env=env)
+    assert result.exit_code == 0, (result.stdout, result.stderr)
+    return json.loads(result.stdout), result.stderr
+
+
+def _same_hits(served: dict, local: dict) -> None:
+    assert [(h["id"], h["uri"], h["page"], h["metadata"]) for h in served["hits"]] == \
+        [(h["id"], h["uri"], h["page"], h["metadata"]) for h in local["hits"]]
+    for a, b in zip(served["hits"], local["hits"]):
+        assert a["score"] == pytest.approx(b["score"], abs=1e-5)
+    assert served["collection"] == local["collection"] and served["filter"] == local["filter"]
+
+
+def test_the_server_announces_itself_owner_only_in_the_collection_it_serves_by_default(server):
+    proc, root = server
+    path = root / SERVER_FILE
+    info = path.stat()
+    assert stat.S_IMODE(info.st_mode) == 0o600 and info.st_uid == os.getuid()
+    address = find_server(root)
+    assert address is not None and address.pid == proc.pid and address.url.startswith("http://127.0.0.1:")
+
+
+@pytest.mark.parametrize("filters", [[], ["--type", "text", "--where", "year=2024", "--path", "notes:*"]])
+def test_search_through_the_server_equals_a_local_search(server, filters):
+    _, root = server
+    data_home = root.parents[2]
+    served, said = _search(data_home, "a sunset over the sea", "-k", "5", *filters)
+    assert "through the server at http://127.0.0.1:" in said
+    local, said_locally = _search(data_home, "a sunset over the sea", "-k", "5", *filters, "--no-server")
+    assert "through the server" not in said_locally
+    assert served["hits"], served
+    _same_hits(served, local)
+
+
+def test_a_stale_or_foreign_announcement_is_ignored_and_the_model_loads_here(server, tmp_path):
+    _, root = server
+    data_home = root.parents[2]
+    live = (root / SERVER_FILE).read_text()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    try:
+        (root / SERVER_FILE).write_text(json.dumps({**json.loads(live), "pid": int(dead.stdout)}))
+        _, said = _search(data_home, "a picnic", "-k", "2")
+        assert "loading the model here (no running faste-mm serve" in said
+        (root / SERVER_FILE).write_text(live)
+        os.chmod(root / SERVER_FILE, 0o644)  # readable by others: not trusted
+        _, said = _search(data_home, "a picnic", "-k", "2")
+        assert "loading the model here" in said
+    finally:
+        (root / SERVER_FILE).write_text(live)
+        os.chmod(root / SERVER_FILE, 0o600)
+
+
+def test_the_announcement_goes_when_the_server_stops(server):
+    proc, root = server
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=120)
+    assert not (root / SERVER_FILE).exists()
+    assert find_server(root) is None
+
+
+def test_serve_without_a_default_collection_says_what_to_do(tmp_path):
+    result = runner.invoke(app, ["serve", "--port", "0"], env={"XDG_DATA_HOME": str(tmp_path)})
+    assert result.exit_code == 1
+    assert "default collection" in result.stderr and "faste-mm index PATH" in result.stderr
+    assert "--model MODEL" in result.stderr and "loading" not in result.stderr
+
+
+def test_serve_without_the_serve_extra_says_how_to_install_it_before_loading_anything(tmp_path):
+    code = ("import sys; sys.modules['fastapi'] = None; sys.argv = ['faste-mm', 'serve', '--model', "
+            "'/nonexistent/model']; from faste_mm.cli.app import main; main()")
+    env = {key: value for key, value in os.environ.items() if key != "COLUMNS"}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 1, result.stderr
+    assert "pip install 'faste-mm[serve]'" in result.stderr and "fastapi" in result.stderr
+    assert "loading" not in result.stderr and "Traceback" not in result.stderr

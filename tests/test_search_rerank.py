@@ -1,0 +1,89 @@
+"""Search with a second stage: `Retriever.search(..., rerank=reranker)` equals reranking the
+embedding search's top-N by hand; hits carry both scores; wrong rerankers are refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from faste_mm import Embedder, Item, Retriever
+from faste_mm.errors import ConfigError
+from faste_mm.retrieval.rerank_hits import hit_item
+
+from tests.eval_fixtures import eval_model_dir  # noqa: F401  (fixtures)
+from tests.rerank_fixtures import ONE_BATCH, reranker_dirs, vl_reranker  # noqa: F401  (fixtures)
+
+
+@pytest.fixture(scope="module")
+def retriever(eval_model_dir, tmp_path_factory):
+    root = tmp_path_factory.mktemp("gallery")
+    for i, color in enumerate([(200, 30, 30), (30, 200, 30), (30, 30, 200), (220, 120, 10)]):
+        Image.new("RGB", (64 + 16 * i, 64), color).save(root / f"c{i}.png")
+    (root / "note.txt").write_text("a note about a red bicycle leaning on a wall")
+    retriever = Retriever(Embedder.from_pretrained(str(eval_model_dir), device="cpu"),
+                          collection=tmp_path_factory.mktemp("col") / "c", r_max=0.0)
+    retriever.index([root])
+    return retriever
+
+
+def test_search_with_rerank_equals_reranking_the_top_n_by_hand(retriever, vl_reranker):
+    first = retriever.search("red", k=4)
+    expected = vl_reranker.rerank("red", [hit_item(hit) for hit in first], top_n=2).results
+    got = retriever.search("red", k=2, rerank=vl_reranker, rerank_top=4)
+    assert [hit.id for hit in got] == [first[r.index].id for r in expected]
+    assert [hit.rerank_score for hit in got] == pytest.approx([r.score for r in expected], abs=1e-6)
+    assert [hit.score for hit in got] == [first[r.index].score for r in expected]  # the cosine stays
+    assert "rerank_score" in got[0].to_dict() and "rerank_score" not in first[0].to_dict()
+
+
+def test_a_hit_whose_file_is_gone_is_kept_after_the_reranked_ones(retriever, vl_reranker, tmp_path):
+    from dataclasses import replace
+
+    from faste_mm.retrieval.rerank_hits import rerank_hits
+
+    hits = retriever.search("red", k=3)
+    gone = [replace(hits[0], uri=str(tmp_path / "moved.png"))] + hits[1:]
+    got = rerank_hits(vl_reranker, Item(text="red"), gone, k=3)
+    assert got[-1].uri.endswith("moved.png") and got[-1].rerank_score is None
+    assert all(hit.rerank_score is not None for hit in got[:-1])
+
+
+def test_an_embedder_given_as_reranker_is_refused_naming_both(retriever):
+    with pytest.raises(ConfigError, match="got an Embedder .* an embedding model; give a Reranker"):
+        retriever.search("red", rerank=retriever.embedder)
+    with pytest.raises(ConfigError, match="rerank_top must be an int >= 1"):
+        retriever.search("red", rerank=object(), rerank_top=0)
+
+
+def test_index_records_a_default_reranker_that_info_shows_and_search_uses(eval_model_dir, reranker_dirs, vl_reranker, tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from faste_mm.cli.app import app
+
+    runner = CliRunner()
+    gallery = tmp_path / "g"
+    gallery.mkdir()
+    for i, color in enumerate([(200, 30, 30), (30, 200, 30), (30, 30, 200)]):
+        Image.new("RGB", (64, 64 + 16 * i), color).save(gallery / f"c{i}.png")
+    col, rr = str(tmp_path / "col"), str(reranker_dirs["qwen3_vl_reranker"])
+    indexed = runner.invoke(app, ["index", str(gallery), "-c", col, "--model", str(eval_model_dir), "--reranker", rr, "--device", "cpu"])
+    assert indexed.exit_code == 0, indexed.output
+    info = runner.invoke(app, ["info", "-c", col, "--format", "json"])
+    assert json.loads(info.stdout)["settings"]["reranker"] == rr
+    searched = runner.invoke(app, ["search", "red", "-c", col, "-k", "2", "--rerank-top", "3", "--device", "cpu", "--format", "json"])
+    assert searched.exit_code == 0, searched.output
+    hits = json.loads(searched.stdout)["hits"]
+    with Retriever.open(col, device="cpu") as retriever:
+        expected = retriever.search("red", k=2, rerank=vl_reranker, rerank_top=3)
+    assert [h["id"] for h in hits] == [h.id for h in expected]
+    assert [h["rerank_score"] for h in hits] == pytest.approx([h.rerank_score for h in expected], abs=1e-6)
+    plain = runner.invoke(app, ["search", "red", "-c", col, "-k", "2", "--no-rerank", "--device", "cpu", "--format", "json"])
+    assert all("rerank_score" not in h for h in json.loads(plain.stdout)["hits"])
+    from faste_mm.cli.collection_commands import _load_reranker
+
+    served = _load_reranker(None, tmp_path / "col", "0", "none", "cpu")  # `serve -c` picks the collection's reranker
+    assert served.model_id == str(Path(rr).absolute())
