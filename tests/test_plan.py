@@ -121,6 +121,9 @@ def test_rows_are_ordered_by_measured_cost_and_the_reference_keeps_everything(re
     for row in report.candidates:
         assert row.speedup == pytest.approx(ref.seconds_per_item / row.seconds_per_item)
         assert row.vision_flops_per_item > 0
+        # the model's seconds split by stage: both stages ran, and they are part of the forward
+        assert row.tower_s_per_item > 0 and row.decoder_s_per_item > 0
+        assert row.tower_s_per_item + row.decoder_s_per_item <= row.forward_s_per_item * 1.001 + 1e-6
     small = [row for row in report.candidates if row.max_pixels == SMALL]
     assert all(row.vision_flops_per_item < ref.vision_flops_per_item for row in small)  # fewer patches
 
