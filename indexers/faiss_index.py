@@ -50,8 +50,9 @@ BINARY_FLAT_MAX_VECTORS = 16 * FLAT_MAX_VECTORS
 
 
 def is_binary_factory(factory: str) -> bool:
-    """Binary factory strings (FAISS's index_binary_factory) start with "B": BFlat, BIVF1024, BHNSW32."""
-    return factory.startswith("B")
+    """Binary factory strings (FAISS's index_binary_factory) start with "B" and a binary index
+    name: BFlat, BIVF1024, BHNSW32, BHash64 (not any word that starts with a B)."""
+    return re.match(r"B(Flat|IVF|HNSW|Hash)", factory) is not None
 
 
 def factory_precision(factory: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,32 @@ def pytest_sessionstart(session) -> None:
         origin = Path(module.__file__).resolve()
         if root not in origin.parents:
             raise pytest.UsageError(f"{module.__name__} is imported from {origin}, not from {root}; run pip install -e {root}")
+
+
+class _NoTopLevelComponents:
+    """`python -m pytest` puts this checkout on sys.path, where its `datasets/`, `cli/` and
+    `indexers/` folders would import as top-level packages. An installed faste-mm has no such
+    modules, and a third-party library that probes for Hugging Face `datasets` (sentence-
+    transformers, LanceDB) must not find ours: resolve these names only outside the checkout."""
+
+    NAMES = ("datasets", "cli", "indexers")
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def find_spec(self, name, path=None, target=None):
+        if path is not None or name not in self.NAMES:
+            return None
+        import importlib.machinery
+
+        elsewhere = [p for p in sys.path if Path(p or ".").resolve() != self.root]
+        spec = importlib.machinery.PathFinder.find_spec(name, elsewhere)
+        if spec is None:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return spec
+
+
+sys.meta_path.insert(0, _NoTopLevelComponents(Path(__file__).resolve().parents[1]))
 
 
 @pytest.fixture(autouse=True)

@@ -49,7 +49,7 @@ def setting(tmp_path_factory):
             "search": ["q", "-c", str(root / "col")], "remove": ["x", "-c", str(root / "col")],
             "export": ["--out", str(root / "out.jsonl"), "-c", str(root / "col")],
             "embed": [str(root / "docs"), *model], "calibrate": [str(root / "docs"), *model],
-            "plan": [str(root / "docs"), *model],
+            "plan": [str(root / "docs"), *model], "rerank": ["q", str(root / "docs" / "a.txt"), *model],
             "eval": ["mscoco", "--data", str(root / "no-data"), *model], "bench": [*model],
             "serve": ["-c", str(root / "col")]}
 

@@ -39,7 +39,7 @@ def test_every_kind_has_a_decoder_on_every_path():
     for kind in KINDS.values():
         for path, table in (("plain", DOCUMENT_INPUTS), ("ray", DECODERS), ("query", QUERY_INPUTS)):
             assert kind.decoder in table, f"{kind.name}: no {path} decoder"
-        assert kind.thumbnail in (None, "image", "page"), kind.name
+        assert kind.thumbnail in (None, "image", "page", "frame"), kind.name
         assert kind.filter_type in FILTER_TYPES and kind.modality in FILTER_TYPES[kind.filter_type]
         SearchFilter(types=kind.filter_type)  # a kind's filter type is a valid search filter
     suffixes = [s for kind in KINDS.values() for s in kind.suffixes]
@@ -60,7 +60,9 @@ def test_the_ray_decoder_and_the_plain_path_embed_every_kind_alike(one_of_each, 
     for kind, path in one_of_each.items():
         plain = embedder.encode_documents([document_input(path, kind)], on_error="skip")
         value = document_input(path, kind) if kind == "text" else None
-        rows = _decode_file(_FileTask(str(path), KINDS[kind].modality, value), profile, None, driver_node="here")
+        parts = list(_decode_file(_FileTask(str(path), KINDS[kind].modality, value), profile, None, driver_node="here"))
+        assert all(n == len(parts) for _, n in parts), kind  # each part says how many there are
+        rows = [row for decoded, _ in parts for row in decoded]
         assert [row.reason for row in rows] == [None] * len(rows), kind
         items = [_embedder_input(row, tmp_path / f"{kind}{i}") for i, row in enumerate(rows)]
         ray = embedder.encode_documents(items, on_error="skip")

@@ -89,4 +89,4 @@ def test_cli_index_dim_is_kept_by_later_runs_and_another_is_refused(embedder, tm
     info = json.loads(runner.invoke(app, ["info", "-c", col, "--format", "json"]).stdout)
     assert (info["dim"], info["settings"]["model_dim"], info["n_ok"]) == (DIM, embedder.dim, 2)
     refused = index("--dim", str(DIM * 2), code=1)
-    assert f"dim: collection has {DIM}, request has {DIM * 2}" in refused.stderr
+    assert f"dim (--dim): collection has {DIM}, request has {DIM * 2}" in refused.stderr

@@ -230,12 +230,13 @@ def test_sigkilled_driver_resumes_without_embedding_twice(ray_cluster, model_dir
 
 def test_a_path_a_worker_cannot_see_is_a_failure_that_says_what_to_do(ray_cluster, tmp_path):
     task = _FileTask(str(tmp_path / "only-on-the-driver.png"), "image", None)
-    (row,) = _decode_file(task, CollectionProfile(), None, driver_node="another-node")
+    (([row], parts),) = _decode_file(task, CollectionProfile(), None, driver_node="another-node")
+    assert parts == 1
     assert row.value is None
     assert str(tmp_path / "only-on-the-driver.png") in row.reason
     assert "not visible on Ray node" in row.reason and "--ship-bytes" in row.reason
     # On the driver's own node a vanished file is reported as a plain run reports it.
-    (row,) = _decode_file(task, CollectionProfile(), None, driver_node=ray.get_runtime_context().get_node_id())
+    (([row], _),) = _decode_file(task, CollectionProfile(), None, driver_node=ray.get_runtime_context().get_node_id())
     assert "file not found" in row.reason
 
 

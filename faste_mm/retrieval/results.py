@@ -47,6 +47,10 @@ class IndexOptions:
         if self.index_type is not None and (not isinstance(self.index_type, str) or not self.index_type.strip()):
             raise ConfigError(f"IndexOptions.index_type must be None, 'auto' or a FAISS factory string, "
                               f"got {self.index_type!r}")
+        if self.index_type is not None:
+            from faste_mm.indexers.faiss_index import check_factory_syntax
+
+            check_factory_syntax(self.index_type)  # here, so no front end loads a model for a bad one
 
 
 @dataclass(frozen=True, slots=True)
