@@ -29,30 +29,21 @@ def pytest_sessionstart(session) -> None:
             raise pytest.UsageError(f"{module.__name__} is imported from {origin}, not from {root}; run pip install -e {root}")
 
 
-class _NoTopLevelComponents:
+_ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _no_top_level_components():
     """`python -m pytest` puts this checkout on sys.path, where its `datasets/`, `cli/` and
-    `indexers/` folders would import as top-level packages. An installed faste-mm has no such
-    modules, and a third-party library that probes for Hugging Face `datasets` (sentence-
-    transformers, LanceDB) must not find ours: resolve these names only outside the checkout."""
-
-    NAMES = ("datasets", "cli", "indexers")
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-
-    def find_spec(self, name, path=None, target=None):
-        if path is not None or name not in self.NAMES:
-            return None
-        import importlib.machinery
-
-        elsewhere = [p for p in sys.path if Path(p or ".").resolve() != self.root]
-        spec = importlib.machinery.PathFinder.find_spec(name, elsewhere)
-        if spec is None:
-            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-        return spec
-
-
-sys.meta_path.insert(0, _NoTopLevelComponents(Path(__file__).resolve().parents[1]))
+    `indexers/` folders import as top-level packages when a library probes for Hugging Face
+    `datasets` (transformers does). An installed faste-mm has no such modules, and a library
+    that then trusts `"datasets" in sys.modules` (LanceDB) must not find ours: forget them."""
+    yield
+    for name in ("datasets", "cli", "indexers"):
+        module = sys.modules.get(name)
+        origin = getattr(module, "__file__", None) or ""
+        if module is not None and _ROOT in Path(origin).resolve().parents:
+            del sys.modules[name]
 
 
 @pytest.fixture(autouse=True)
