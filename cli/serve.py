@@ -97,12 +97,12 @@ def serve_command(
             import torch
 
             torch.set_num_threads(threads)
-        engine = _load_engine(collection, model, device, dtype, batch_tokens, unpadded, config, settings)
         from faste_mm.cli.collection_commands import _load_reranker
 
-        reranker = _load_reranker(rerank, engine.collection, rerank_r_max, rerank_protect, device)
-        if reranker is not None:  # /v1/rerank and /explain run on the same model thread
-            engine = type(engine)(engine.embedder, engine.retriever, engine.config, reranker=reranker)
+        def reranker_for(root):  # --rerank, else the collection's; /v1/rerank and /explain share the model thread
+            return _load_reranker(rerank, root, rerank_r_max, rerank_protect, device)
+
+        engine = _load_engine(collection, model, device, dtype, batch_tokens, unpadded, config, settings, reranker_for)
     except FasteError as error:
         fail(error, debug)
     _run(engine, host, port, api_key)
@@ -133,7 +133,7 @@ def _require_serve_extra() -> None:
         raise typer.Exit(1)
 
 
-def _load_engine(collection, model, device, dtype, batch_tokens, unpadded, config, settings):
+def _load_engine(collection, model, device, dtype, batch_tokens, unpadded, config, settings, reranker_for):
     from faste_mm import BatchingConfig, Embedder
     from faste_mm.model.serialization import SerializerConfig
     from faste_mm.retrieval.maintenance import collection_path
@@ -146,7 +146,8 @@ def _load_engine(collection, model, device, dtype, batch_tokens, unpadded, confi
         budget = settings["max_pixels"]
         serializer = None if budget is None else SerializerConfig(max_pixels=budget)
         return ServeEngine(Embedder.from_pretrained(model, device=device, dtype=dtype,
-                                                    batching=batching, serializer=serializer), None, config)
+                                                    batching=batching, serializer=serializer), None, config,
+                           reranker=reranker_for(None))
     from faste_mm.retrieval.profile import existing_profile
 
     root = collection_path(collection)
@@ -159,7 +160,7 @@ def _load_engine(collection, model, device, dtype, batch_tokens, unpadded, confi
     retriever = Retriever.for_collection(root, model, device=device, dtype=dtype, batching=batching, **settings)
     stderr.print(f"loading {retriever.model_id} for collection {root}")
     retriever.embedder  # load now: the first request must not wait for it
-    return ServeEngine(retriever.embedder, retriever, config)
+    return ServeEngine(retriever.embedder, retriever, config, reranker=reranker_for(root))
 
 
 def _exit_on_signal(signum: int, frame) -> None:
