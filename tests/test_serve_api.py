@@ -575,10 +575,11 @@ def test_metrics_are_prometheus_text_with_routes_batches_and_tokens(client):
 # ---- the batcher and a bounded load check on loopback -----------------------------------------
 def test_the_batcher_merges_under_the_token_budget_and_never_mixes_kinds():
     seen: list[tuple[str, list]] = []
-    gate = threading.Event()
+    gate, entered = threading.Event(), threading.Event()
 
     def runner(kind):
         def run(payloads):
+            entered.set()
             gate.wait(10)
             seen.append((kind, list(payloads)))
             return [p * 10 if p != "bad" else ValueError("bad job") for p in payloads]
@@ -588,7 +589,7 @@ def test_the_batcher_merges_under_the_token_budget_and_never_mixes_kinds():
                       BatcherConfig(batch_tokens=10, max_wait_ms=0, max_queue=8)).start()
     try:
         blocker = batcher.submit("query", 0, 1)  # occupies the model thread until the gate opens
-        time.sleep(0.2)
+        assert entered.wait(10)  # taken alone, before the others are queued
         futures = [batcher.submit("query", i, 4) for i in (1, 2, 3)] + [batcher.submit("document", 9, 4),
                                                                        batcher.submit("document", "bad", 1)]
         gate.set()
@@ -608,9 +609,10 @@ def test_the_batcher_merges_under_the_token_budget_and_never_mixes_kinds():
 
 
 def test_a_runner_that_raises_on_a_merged_batch_fails_only_the_job_that_broke_it():
-    gate, seen = threading.Event(), []
+    gate, entered, seen = threading.Event(), threading.Event(), []
 
     def run(payloads):
+        entered.set()
         gate.wait(10)
         seen.append(list(payloads))
         if "bad" in payloads:
@@ -620,7 +622,7 @@ def test_a_runner_that_raises_on_a_merged_batch_fails_only_the_job_that_broke_it
     batcher = Batcher({"search": run}, BatcherConfig(batch_tokens=100, max_wait_ms=0)).start()
     try:
         blocker = batcher.submit("search", 0, 1)  # holds the model thread: the next jobs merge
-        time.sleep(0.2)
+        assert entered.wait(10)  # the model thread has taken the blocker alone
         futures = [batcher.submit("search", p, 1) for p in (1, "bad", 2, 3)]
         gate.set()
         assert blocker.result(10) == 0
