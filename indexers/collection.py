@@ -1,15 +1,15 @@
 """Collection: one directory of vector parts + meta.sqlite (the truth) + index.faiss (derived).
 
 Receives float32 vectors [n, d] with one `ItemRecord` each (no model code here); hands back
-item ids, search results (scores, ids) and records. Composes `store` (SQLite, all SQL), `parts`
-(vector files), `derived_index` (index.faiss, a cache of the parts), `manifest` and `directory`
-(which files are ours, the one-writer flock, erase).
-
-Size (~830 lines, over the ~450 of issue 22): the search path's array work lives in
-`indexers.search` and `indexers.quantization`, but its entry points (search, find, the snapshot
-loop, rescoring and lexical reads) are still methods here beside the writes they must see
-consistently; moving the reader side into its own class is the next split.
+item ids, search results (scores, ids) and records. The class keeps the open state and the
+writes; it composes `opening` (create/open checks), `store` (SQLite, all SQL), `parts` and
+`stored_vectors` (vector files), `derived_index` (index.faiss, a cache of the parts),
+`collection_search` (the read path of one snapshot), `scan_plan`, `compaction`, `manifest` and
+`directory` (which files are ours, the one-writer flock, erase).
 """
+# Size: ~530 lines, over the ~450 of issue 22: the work lives in the stage modules named above; what stays is
+# the public surface (about 35 short methods whose docstrings are the collection's API reference) and the
+# writer's open state they share. Splitting the surface itself would spread one object's contract over files.
 
 from __future__ import annotations
 
@@ -21,26 +21,20 @@ from typing import Callable, Iterable, Iterator, Sequence
 import numpy as np
 
 from faste_mm.errors import CollectionError, ConfigError, InputError
-from faste_mm.indexers import directory, faiss_index, parts, quantization, search
-from faste_mm.indexers.derived_index import DerivedIndex, desired_factory, max_part
+from faste_mm.indexers import (collection_search, directory, faiss_index, index_upkeep, opening, parts,
+                               quantization, search)
+from faste_mm.indexers.compaction import compact_parts
 from faste_mm.indexers.crash_points import crash_point
-from faste_mm.indexers.directory import acquire_lock
+from faste_mm.indexers.derived_index import DerivedIndex, max_part
 from faste_mm.indexers.filters import SearchFilter
-from faste_mm.indexers.manifest import (MANIFEST_NAME, Manifest, read_manifest, settings_mismatch,
-                                        write_manifest)
-from faste_mm.indexers.records import (CollectionInfo, FileStat, ItemRecord, ScanPlan, Status, check_rows,
-                                       check_unique)
+from faste_mm.indexers.manifest import Manifest, read_manifest, settings_mismatch, write_manifest
+from faste_mm.indexers.records import CollectionInfo, FileStat, ItemRecord, ScanPlan, Status, check_rows
+from faste_mm.indexers.scan_plan import plan_scan
 from faste_mm.indexers.store import MetaStore
+from faste_mm.indexers.stored_vectors import MappedParts, iter_live
+from faste_mm.indexers.writes import check_failures, store_chunk
 
 log = logging.getLogger(__name__)
-
-# compact() rewrites parts to at most this many rows (32 MiB at d=2048 float16).
-COMPACT_PART_ROWS = 8192
-# A reader retries this often when compacts keep replacing the parts under its snapshot.
-_SNAPSHOT_ATTEMPTS = 5
-# Part mappings `vectors` keeps open between calls (pruned to the committed parts past this many).
-_MAPPED_PARTS = 256
-
 
 class Collection:
     """A searchable store of embedding vectors and their item records.
@@ -62,7 +56,7 @@ class Collection:
         self._store = store
         self._lock_fd = lock_fd
         self._index = DerivedIndex(root, manifest.dim)
-        self._parts_mapped: dict[int, np.ndarray] = {}  # see _mapped_part
+        self._parts = MappedParts(root)
         self._closed = False
         self._generation = directory.read_generation(root)
         self._expect: Manifest | None = None  # a reader's `open(expect=...)`, checked again on reload
@@ -77,41 +71,12 @@ class Collection:
         Raises CollectionError if `path` exists and is not a collection (or exist_ok is False).
         """
         root = Path(path)
-        faiss_index.validate_factory(manifest.index_type, manifest.dim, manifest.vectors)
-        if (root / MANIFEST_NAME).exists():
-            if not exist_ok:
-                raise CollectionError(f"{root}: a collection already exists here; open it, or "
-                                      f"pass exist_ok=True to add to it")
+        if opening.is_existing(root, manifest, exist_ok):
             return cls.open(root, writable=True, expect=manifest)
-        if root.exists() and not root.is_dir():
-            raise CollectionError(f"{root}: is a file, not a collection directory; choose a new path")
-        if root.exists():
-            # A directory left by an interrupted create or erase holds only our files (temp files
-            # included); anything else means the user pointed us at the wrong folder, which we
-            # must not litter.
-            foreign = directory.foreign_files(root, after_erase=True)
-            if foreign:
-                raise CollectionError(f"{root}: directory is not empty and not a collection "
-                                      f"(contains {foreign[:3]}); choose a new path")
-        root.mkdir(parents=True, exist_ok=True)
-        lock_fd = acquire_lock(root)
-        try:
-            if (root / MANIFEST_NAME).exists():  # another process completed a create meanwhile
-                os.close(lock_fd)
-                lock_fd = None
-                return cls.create(root, manifest, exist_ok=exist_ok)
-            directory.complete_interrupted_create(root)
-            (root / parts.VECTORS_DIR).mkdir(exist_ok=True)
-            store = MetaStore(root, writable=True, create=True)
-            directory.write_generation(root)
-            manifest = manifest.replace(index_factory=None, index_epoch=-1, index_max_part=-1,
-                                        counts=store.counts())
-            # Last: its presence marks a complete collection.
-            write_manifest(root, manifest, crash_at="create-before-manifest")
-        except BaseException:
-            if lock_fd is not None:
-                os.close(lock_fd)
-            raise
+        made = opening.create_files(root, manifest)
+        if made is None:  # another process completed a create meanwhile
+            return cls.create(root, manifest, exist_ok=exist_ok)
+        manifest, store, lock_fd = made
         log.info("created collection %s (%s, dim %d)", root, manifest.model_id, manifest.dim)
         return cls(root, manifest, store, lock_fd)
 
@@ -126,33 +91,7 @@ class Collection:
             vectors incomparable raises CollectionError naming each field.
         """
         root = Path(path)
-        manifest = read_manifest(root)
-        try:
-            faiss_index.validate_factory(manifest.index_type, manifest.dim)
-        except ConfigError as error:  # a hand-edited or damaged manifest: its index could never be built
-            raise CollectionError(f"{root / MANIFEST_NAME}: {error}. Fix \"index\": {{\"type\": ...}} there, or "
-                                  f"restore the file from a backup") from None
-        if expect is not None:
-            errors = manifest.compatibility_errors(expect)
-            if errors:
-                raise settings_mismatch(root, errors)
-        lock_fd = acquire_lock(root) if writable else None
-        store = None
-        try:
-            if writable:
-                directory.refuse_links(root)
-            store = MetaStore(root, writable=writable)
-            state = store.state()
-            directory.refuse_database_behind(root, manifest, state)
-            if writable:
-                parts.remove_orphans(root, store.named_parts(), state["next_part"], state.get("retired_below", 0))
-                directory.remove_temp_files(root)  # torn index/manifest writes
-        except BaseException:
-            if store is not None:
-                store.close()
-            if lock_fd is not None:
-                os.close(lock_fd)
-            raise
+        manifest, store, lock_fd = opening.open_files(root, writable, expect)
         col = cls(root, manifest, store, lock_fd)
         col._expect = expect
         return col
@@ -220,7 +159,7 @@ class Collection:
         self._store.close()
         self._manifest, self._store, self._index = fresh._manifest, fresh._store, fresh._index
         self._generation = fresh._generation
-        self._parts_mapped = {}  # the new collection numbers its parts from 0 again
+        self._parts.clear()  # the new collection numbers its parts from 0 again
         log.info("%s: the collection was re-created; reading the new one", self.root)
 
     def _saved_manifest(self) -> Manifest:
@@ -264,42 +203,17 @@ class Collection:
         `add` and `add_failures` do."""
         self._require_writable("add items")
         vectors = check_rows(vectors, records, self._manifest.dim, self._manifest.normalized, self.root)
-        for i, r in enumerate(failures):
-            if not r.error:
-                raise InputError(f"{self.root}: failure record {r.uri} (row {i}) has no error "
-                                 f"message; set ItemRecord.error")
-        check_unique(failures, self.root)
+        check_failures(failures, self.root)
         n, n_failed = len(records), len(failures)
         if n + n_failed + len(replace_uris) + len(settle) == 0:
             return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
         codes = self._encode(vectors) if n else vectors
-        with self._store.transaction():
-            state = self._store.state()
-            ids = np.arange(state["next_id"], state["next_id"] + n + n_failed, dtype=np.int64)
-            part = state["next_part"]
-            self._store.tombstone_uris(list(replace_uris))
-            try:
-                if n:
-                    # The part is on disk before the rows that reference it commit: a crash in
-                    # between leaves an orphan file (swept on open), never a row without a vector.
-                    parts.write_part(self.root, part, codes, ids[:n], self._codec().dtype,
-                                     mode_of=self.root / MANIFEST_NAME)
-                    crash_point("add-after-part-written")
-                    self._store.insert_items(records, ids[:n], Status.OK, part)
-                    self._store.insert_part(part, n)
-                # After the rows: adding a uri clears its older failure rows, not these.
-                self._store.insert_items(failures, ids[n:], Status.FAILED, part=None)
-                self._store.set_file_stats(settle)
-                self._store.set_state(next_id=state["next_id"] + n + n_failed, next_part=part + (n > 0))
-            except BaseException:
-                if n:
-                    parts.remove_part(self.root, part)
-                raise
-        crash_point("add-after-commit")
+        ids, part, epoch = store_chunk(self.root, self._store, codes, self._codec().dtype, records, failures,
+                                       replace_uris, settle)
         if n and self._index.index is not None:  # keep an index in memory current (read back: the stored dtype)
             older = max_part([(p, size) for p, size in self._store.parts() if p < part])
             codec = self._codec()
-            self._index.append(state["epoch"], part, older, lambda: parts.read_part(self.root, part, n, codec.width)[0],
+            self._index.append(epoch, part, older, lambda: parts.read_part(self.root, part, n, codec.width)[0],
                                ids[:n], codec)
         log.debug("%s: added %d items as part %d and %d failures", self.root, n, part, n_failed)
         return ids[:n], ids[n:]
@@ -377,51 +291,13 @@ class Collection:
         instead of re-embedding it; decoded from 8-bit or binary codes when the parts keep those).
         CollectionError names ids without a stored vector."""
         self._follow_reindex()
-        ids = [int(i) for i in ids]
-        where = self._store.locations(ids)
-        lost = [i for i in ids if where.get(i, (None, None))[0] is None]
-        if lost:
-            raise CollectionError(f"{self.root}: items {lost[:10]} have no stored vector "
-                                  f"(unknown, failed, or compacted away)")
-        sizes = dict(self._store.parts())
-        out = np.empty((len(ids), self._manifest.dim), dtype=np.float32)
-        by_part: dict[int, list[tuple[int, int]]] = {}
-        for k, i in enumerate(ids):
-            part, row = where[i]
-            by_part.setdefault(part, []).append((k, row))
-        codec = self._codec()
-        for part, pairs in by_part.items():
-            stored = self._mapped_part(part, sizes[part], codec.width)
-            ks, rows = map(list, zip(*pairs))
-            out[ks] = codec.decode(stored[rows])
-        return out
-
-    def _mapped_part(self, part: int, n_rows: int, width: int) -> np.ndarray:
-        """The memory-mapped codes of a part, mapped once (part numbers are never reused, so a
-        mapping never goes stale; parts a compact removed are dropped from the cache)."""
-        mapped = self._parts_mapped.get(part)
-        if mapped is None:
-            if len(self._parts_mapped) >= _MAPPED_PARTS:
-                live = {p for p, _ in self._store.parts()}
-                self._parts_mapped = {p: m for p, m in self._parts_mapped.items() if p in live}
-            mapped = self._parts_mapped[part] = parts.read_part(self.root, part, n_rows, width)[0]
-        return mapped
+        return self._parts.vectors(self._store, [int(i) for i in ids], self._codec(), self._manifest.dim)
 
     def iter_live(self, chunk_rows: int = 4096) -> Iterator[tuple[list[ItemRecord], np.ndarray]]:
         """Every live item with its vector, in storage order, `chunk_rows` at a time: (records,
         vectors [n, dim] float32). Memory stays bounded by one chunk whatever the collection's
         size (parts are memory-mapped), for exporting a collection to other stores."""
-        if not isinstance(chunk_rows, int) or chunk_rows < 1:
-            raise ConfigError(f"iter_live chunk_rows must be an int >= 1, got {chunk_rows!r}")
-        codec = self._codec()
-        for part, n in self._store.parts():
-            vectors, _ = parts.read_part(self.root, part, n, codec.width)
-            live = [(i, row) for i, row, status in self._store.part_rows(part) if status == Status.OK]
-            for start in range(0, len(live), chunk_rows):
-                chunk = live[start:start + chunk_rows]
-                records = self._store.records([i for i, _ in chunk])
-                rows = [row for _, row in chunk]
-                yield [records[i] for i, _ in chunk], codec.decode(vectors[rows])
+        return iter_live(self.root, self._store, self._codec(), chunk_rows)
 
     def find_by_hashes(self, content_hashes: Iterable[str]) -> dict[str, list[ItemRecord]]:
         """Live items whose source file has one of these sha256 (see `records.content_hash`), in a
@@ -450,21 +326,7 @@ class Collection:
             vanished, so scanning one folder never tombstones items of another.
         retry_failed: report unchanged files that failed last time as changed.
         """
-        known = self._store.live_file_stats()
-        new, changed, unchanged, seen = [], [], [], set()
-        for f in files:
-            seen.add(f.uri)
-            prev = known.get(f.uri)
-            if prev is None:
-                new.append(f)
-            elif (prev[0], prev[1]) != (f.size, f.mtime) or (retry_failed and prev[2] == Status.FAILED):
-                changed.append(f)
-            else:
-                unchanged.append(f)
-        prefix = None if under is None else under.rstrip("/")
-        vanished = sorted(u for u in known if u not in seen and (
-            prefix is None or u == prefix or u.startswith(prefix + "/")))
-        return ScanPlan(tuple(new), tuple(changed), tuple(unchanged), tuple(vanished))
+        return plan_scan(self._store.live_file_stats(), files, under, retry_failed)
 
     # ---- search ----------------------------------------------------------------------------
     def search(self, queries: np.ndarray, k: int, nprobe: int | None = None, ef_search: int | None = None,
@@ -527,16 +389,11 @@ class Collection:
         depth = search.hybrid_depth(k) if mode == "hybrid" else k
 
         def run() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-            lists = []
-            if mode != "lexical":
-                lists.append(self._search_snapshot(queries, depth, nprobe, ef_search, where, rescore))
-            if mode != "dense":
-                lists.append(self._lexical_snapshot(list(texts), depth, where, lexical_syntax))
-            if mode == "hybrid":
-                return search.fuse_rrf([lists[0][1], lists[1][1]], k)
-            scores, ids = lists[0]
-            side = search.FOUND_DENSE if mode == "dense" else search.FOUND_LEXICAL
-            return scores, ids, np.where(ids >= 0, side, 0)
+            return collection_search.fused_hits(
+                mode, k,
+                lambda: self._search_snapshot(queries, depth, nprobe, ef_search, where, rescore),
+                lambda: collection_search.lexical_hits(self._store, self.root, list(texts), depth, where,
+                                                       lexical_syntax))
 
         scores, ids, sources, records = self._in_snapshot(run)
         return search.Found(scores, ids, sources, records)
@@ -556,43 +413,8 @@ class Collection:
         return queries
 
     def _in_snapshot(self, run: Callable[[], tuple]) -> tuple:
-        """`run()` (arrays whose second is ids [q, k]) and the records of the ids found, read in
-        one snapshot of the collection: a search running while a writer adds, deletes or compacts
-        sees the rows and parts of one moment, and never returns an item tombstoned before it.
-
-        A compact that replaces the parts after the snapshot began unlinks files the snapshot
-        lists; the search then starts over on the newer parts (a few times at most)."""
-        for attempt in range(_SNAPSHOT_ATTEMPTS):
-            with self._store.read_snapshot():
-                epoch = self._store.state()["epoch"]
-                try:
-                    result = run()
-                    ids = result[1]
-                    return (*result, self._store.records(sorted({int(i) for i in ids[ids >= 0]})))
-                except parts.PartMissing:
-                    if self.writable or attempt == _SNAPSHOT_ATTEMPTS - 1:
-                        raise
-            if self._store.state()["epoch"] == epoch:  # no compact since: the file is really gone
-                raise CollectionError(f"{self.root}: a vector part is missing; the collection is damaged — "
-                                      f"re-index it with `--reindex`")
-            log.debug("%s: parts of epoch %d replaced during a search; searching again", self.root, epoch)
-        raise AssertionError("unreachable")
-
-    def _lexical_snapshot(self, texts: list[str], k: int, where: SearchFilter | None,
-                          syntax: bool) -> tuple[np.ndarray, np.ndarray]:
-        """BM25 top-k of each query text: (scores [q, k], ids [q, k]), -inf / -1 padded."""
-        if not self._store.has_lexical_index():
-            raise CollectionError(f"{self.root}: the collection predates lexical search; open it for writing once "
-                                  f"to build its lexical index (faste-mm rebuild-index)")
-        scores, ids = search.empty_hits(len(texts), k)
-        for row, text in enumerate(texts):
-            match = text if syntax else search.fts_query(text)
-            if not match.strip():
-                continue
-            hits = self._store.lexical_search(match, k, where)
-            if hits:
-                ids[row, :len(hits)], scores[row, :len(hits)] = zip(*hits)
-        return scores, ids
+        """`run()` and the records of the ids found, in one snapshot (`collection_search.in_snapshot`)."""
+        return collection_search.in_snapshot(self._store, self.root, run, retry=not self.writable)
 
     def items_without_text(self) -> list[ItemRecord]:
         """Live items the lexical index knows only by name and metadata (stored before it existed)."""
@@ -615,72 +437,9 @@ class Collection:
 
     def _search_snapshot(self, queries: np.ndarray, k: int, nprobe: int | None, ef_search: int | None,
                          where: SearchFilter | None, rescore: int | None) -> tuple[np.ndarray, np.ndarray]:
-        """Stage 1: the index's best `k x oversample` live (and matching) candidates; stage 2, when
-        the stored copy is finer than the index's codes: rescore them exactly from it."""
-        index = self._current_index()
-        if index.ntotal == 0 or len(queries) == 0:
-            return search.empty_hits(len(queries), k)
-        oversample = self._oversample(rescore)
-        k_index = k * oversample
-
-        def search_index(q: np.ndarray, k_fetch: int, allowed: np.ndarray | None = None):
-            return self._index.search(q, k_fetch, nprobe, ef_search, allowed=allowed)
-
-        if where is not None and not where.is_empty:
-            scores, ids = self._search_filtered(queries, k_index, search_index, self._store.filtered_ids(where))
-        else:
-            # Over-fetch only when tombstones exist; then grow 4x for queries still short of k.
-            has_tombstones = self._store.n_tombstoned_vectors() > 0
-            k_fetch = min(index.ntotal, 2 * k_index if has_tombstones else k_index)
-
-            def is_live(found: np.ndarray) -> np.ndarray:
-                if not has_tombstones:  # every vector in the index is live
-                    return np.ones(found.shape, dtype=bool)
-                live = self._store.live_ids(np.unique(found[found >= 0]).tolist())
-                return np.isin(found, np.fromiter(live, dtype=np.int64, count=len(live)))
-
-            scores, ids = search.overfetch(search_index, queries, k_index, k_fetch, index.ntotal, is_live)
-        if self._rescores and rescore != 0:
-            return search.rescore(queries, ids, k, self.vectors)
-        return scores, ids
-
-    @property
-    def _rescores(self) -> bool:
-        """Whether the stored vectors score more exactly than the index (quantized or PQ codes)."""
-        return quantization.rescores(faiss_index.factory_precision(self._index.factory or "Flat"),
-                                     self._manifest.stored_precision)
-
-    def _oversample(self, rescore: int | None) -> int:
-        """Candidates per wanted hit: `rescore` (0 = no rescoring), else the index precision's default."""
-        if rescore is not None and (not isinstance(rescore, int) or rescore < 0):
-            raise ConfigError(f"rescore must be an int >= 0 (candidates per hit; 0 = none), got {rescore!r}")
-        if not self._rescores or rescore == 0:
-            return 1
-        return rescore or search.DEFAULT_RESCORE[faiss_index.factory_precision(self._index.factory or "Flat")]
-
-    def _search_filtered(self, queries: np.ndarray, k: int, search_index, allowed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """`search` restricted to the live ids `allowed` [n] (sorted): an exact search over their stored
-        vectors when few match (`search.filter_is_selective`), else an id selector where the index
-        takes one, over-fetching where it does not (a GPU copy, binary IVF), then an exact search
-        over the allowed vectors for any row still short of min(k, n): an approximate index (HNSW's
-        graph, IVF's probed lists) can miss matches of a selective filter."""
-        scores, ids = search.empty_hits(len(queries), k)
-        if len(allowed) == 0:
-            return scores, ids
-        if search.filter_is_selective(len(allowed), self._index.index.ntotal):  # reading them is cheaper
-            return search.exact_search(queries, allowed, k, self.vectors)
-        want = min(k, len(allowed))
-        ntotal = self._index.index.ntotal
-        if self._index.can_select:
-            scores[:, :want], ids[:, :want] = search_index(queries, want, allowed)
-        else:
-            scores, ids = search.overfetch(search_index, queries, k, min(ntotal, 2 * k), ntotal,
-                                           lambda found: np.isin(found, allowed))
-        short = np.flatnonzero((ids >= 0).sum(axis=1) < want)
-        if len(short):
-            log.debug("%s: %d filtered queries searched exactly over %d items", self.root, len(short), len(allowed))
-            scores[short], ids[short] = search.exact_search(queries[short], allowed, k, self.vectors)
-        return scores, ids
+        self._current_index()
+        return collection_search.dense_hits(self._index, self._store, queries, k, nprobe, ef_search, where, rescore,
+                                            self._manifest.stored_precision, self.vectors)
 
     # ---- index maintenance -----------------------------------------------------------------
     def _current_index(self):
@@ -703,15 +462,7 @@ class Collection:
         so that a crash later costs no rebuild). Called by close()."""
         self._require_writable("save the index")
         self._current_index()
-        digest = self._index.save()
-        crash_point("index-after-replace")
-        # Manifest after the index file: a crash in between leaves a manifest describing an
-        # older index, whose checksum the new file fails on loading, so the index is rebuilt.
-        epoch, covered = self._index.key
-        self._manifest = self._manifest.replace(
-            index_factory=self._index.factory, index_epoch=epoch, index_max_part=covered,
-            index_sha256=digest, counts=self._store.counts())
-        write_manifest(self.root, self._manifest)
+        self._manifest = index_upkeep.save(self.root, self._index, self._store, self._manifest)
 
     def rebuild_index(self, index_type: str | None = None) -> str:
         """Rebuild index.faiss from the stored vectors (no re-embedding); returns the factory.
@@ -724,29 +475,22 @@ class Collection:
         if index_type is not None:
             faiss_index.validate_factory(index_type, self._manifest.dim, self._manifest.vectors)
             self._manifest = self._manifest.replace(index_type=index_type)
-        committed = self._store.parts()
         try:
-            self._index.build(committed, desired_factory(self._manifest, committed), self._manifest)
+            index_upkeep.rebuild(self._index, self._store, self._manifest)
         except BaseException:
             self._manifest = previous  # a failed switch is not recorded (close would retry it)
             raise
-        self._index.key = (self._store.state()["epoch"], max_part(committed))
         self.save_index()
         return self._index.factory
 
     def _finalize(self) -> None:
         """At close: switch index kind if the collection outgrew it, save if anything changed."""
-        committed = self._store.parts()
-        saved = self._saved_manifest()
-        key = (self._store.state()["epoch"], max_part(committed))
-        desired = desired_factory(self._manifest, committed)
-        if committed and (self._index.factory or saved.index_factory) != desired:
-            log.info("%s: index type changes to %s for %d vectors", self.root, desired,
-                     sum(n for _, n in committed))
+        action = index_upkeep.at_close(self.root, self._index, self._store, self._saved_manifest(), self._manifest)
+        if action == "rebuild":
             self.rebuild_index()
-        elif (saved.index_epoch, saved.index_max_part) != key and committed:
+        elif action == "save":
             self.save_index()
-        elif saved.counts != self._store.counts():
+        elif action == "counts":
             self._manifest = self._manifest.replace(counts=self._store.counts())
             write_manifest(self.root, self._manifest)
 
@@ -758,57 +502,12 @@ class Collection:
         either the old or the new layout (plus orphans swept on open). Returns vectors dropped.
         """
         self._require_writable("compact it")
-        committed = self._store.parts()
-        n_dead = self._store.n_tombstoned_vectors()
-        n_live = sum(n for _, n in committed) - n_dead
-        if n_dead == 0 and len(committed) <= max(1, -(-n_live // COMPACT_PART_ROWS)):
+        done = compact_parts(self.root, self._store, self._codec())
+        if done is None:
             return 0
-        state = self._store.state()
-        next_part, moves, new_parts = state["next_part"], [], []
-        buf_v: list[np.ndarray] = []
-        buf_ids: list[np.ndarray] = []
-
-        def flush() -> None:
-            nonlocal next_part
-            v, i = np.concatenate(buf_v), np.concatenate(buf_ids)
-            parts.write_part(self.root, next_part, v, i, codec.dtype, mode_of=self.root / MANIFEST_NAME)
-            moves.extend((next_part, row, int(item)) for row, item in enumerate(i))
-            new_parts.append((next_part, len(i)))
-            next_part += 1
-            buf_v.clear()
-            buf_ids.clear()
-
-        codec = self._codec()
-        for part, n in committed:
-            vectors, ids = parts.read_part(self.root, part, n, codec.width)
-            status = {i: s for i, _, s in self._store.part_rows(part)}
-            keep = np.array([status.get(int(i)) == Status.OK for i in ids], dtype=bool)
-            for start in range(0, int(keep.sum()), COMPACT_PART_ROWS):
-                sel = np.flatnonzero(keep)[start:start + COMPACT_PART_ROWS]
-                buf_v.append(np.asarray(vectors[sel]))
-                buf_ids.append(ids[sel])
-                if sum(len(b) for b in buf_ids) >= COMPACT_PART_ROWS:
-                    flush()
-        if buf_ids:
-            flush()
-        crash_point("compact-after-new-parts")
-        with self._store.transaction():
-            self._store.purge_tombstones()
-            self._store.move_rows(moves)
-            for part, _ in committed:
-                self._store.delete_part(part)
-            for part, n in new_parts:
-                self._store.insert_part(part, n)
-            # Every part below the old next_part is now retired (the sweep's `retired_below`).
-            self._store.set_state(next_part=next_part, epoch=state["epoch"] + 1, retired_below=state["next_part"])
-        crash_point("compact-after-commit")
-        # A reader whose snapshot began before the commit may still read the old files; it
-        # retries on the new epoch when they are gone (see `search`).
-        for part, _ in committed:
-            parts.remove_part(self.root, part)
-        self._parts_mapped.clear()  # frees the removed files' space
-        log.info("%s: compacted %d parts into %d, dropped %d deleted vectors", self.root,
-                 len(committed), len(new_parts), n_dead)
+        n_dead, n_before, n_after = done
+        self._parts.clear()  # frees the removed files' space
+        log.info("%s: compacted %d parts into %d, dropped %d deleted vectors", self.root, n_before, n_after, n_dead)
         self.rebuild_index()
         return n_dead
 

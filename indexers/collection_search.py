@@ -1,0 +1,156 @@
+"""The collection's read path over one snapshot: dense hits through the derived index (past
+tombstones and filters, rescored from the stored copy when the index holds coarser codes), lexical
+hits from SQLite's BM25, and the snapshot loop both run in. Receives the store, the derived index
+and a fetcher of stored vectors; hands back (scores [q, k], ids [q, k]) arrays, -inf / -1 padded.
+`Collection.search_records` and `Collection.find` are the entry points; the array work is `search`.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from faste_mm.errors import CollectionError, ConfigError
+from faste_mm.indexers import faiss_index, parts, quantization, search
+from faste_mm.indexers.derived_index import DerivedIndex
+from faste_mm.indexers.filters import SearchFilter
+from faste_mm.indexers.store import MetaStore
+
+log = logging.getLogger(__name__)
+
+# A reader retries this often when compacts keep replacing the parts under its snapshot.
+SNAPSHOT_ATTEMPTS = 5
+
+
+def in_snapshot(store: MetaStore, root: Path, run: Callable[[], tuple], retry: bool) -> tuple:
+    """`run()` (arrays whose second is ids [q, k]) and the records of the ids found, read in
+    one snapshot of the collection: a search running while a writer adds, deletes or compacts
+    sees the rows and parts of one moment, and never returns an item tombstoned before it.
+
+    A compact that replaces the parts after the snapshot began unlinks files the snapshot
+    lists; the search then starts over on the newer parts (a few times at most; `retry` False
+    for a writer, under whom no compact can run)."""
+    for attempt in range(SNAPSHOT_ATTEMPTS):
+        with store.read_snapshot():
+            epoch = store.state()["epoch"]
+            try:
+                result = run()
+                ids = result[1]
+                return (*result, store.records(sorted({int(i) for i in ids[ids >= 0]})))
+            except parts.PartMissing:
+                if not retry or attempt == SNAPSHOT_ATTEMPTS - 1:
+                    raise
+        if store.state()["epoch"] == epoch:  # no compact since: the file is really gone
+            raise CollectionError(f"{root}: a vector part is missing; the collection is damaged — "
+                                  f"re-index it with `--reindex`")
+        log.debug("%s: parts of epoch %d replaced during a search; searching again", root, epoch)
+    raise AssertionError("unreachable")
+
+
+def rescores(factory: str | None, stored_precision: str) -> bool:
+    """Whether the stored vectors score more exactly than the index (quantized or PQ codes)."""
+    return quantization.rescores(faiss_index.factory_precision(factory or "Flat"), stored_precision)
+
+
+def oversample(rescore: int | None, factory: str | None, stored_precision: str) -> int:
+    """Candidates per wanted hit: `rescore` (0 = no rescoring), else the index precision's default."""
+    if rescore is not None and (not isinstance(rescore, int) or rescore < 0):
+        raise ConfigError(f"rescore must be an int >= 0 (candidates per hit; 0 = none), got {rescore!r}")
+    if not rescores(factory, stored_precision) or rescore == 0:
+        return 1
+    return rescore or search.DEFAULT_RESCORE[faiss_index.factory_precision(factory or "Flat")]
+
+
+def dense_hits(derived: DerivedIndex, store: MetaStore, queries: np.ndarray, k: int, nprobe: int | None,
+               ef_search: int | None, where: SearchFilter | None, rescore: int | None, stored_precision: str,
+               fetch: search.FetchFn) -> tuple[np.ndarray, np.ndarray]:
+    """Stage 1: the index's best `k x oversample` live (and matching) candidates; stage 2, when
+    the stored copy is finer than the index's codes: rescore them exactly from it (`fetch`: ids ->
+    stored vectors). `derived` must be current (`DerivedIndex.current`)."""
+    index = derived.index
+    if index.ntotal == 0 or len(queries) == 0:
+        return search.empty_hits(len(queries), k)
+    k_index = k * oversample(rescore, derived.factory, stored_precision)
+
+    def search_index(q: np.ndarray, k_fetch: int, allowed: np.ndarray | None = None):
+        return derived.search(q, k_fetch, nprobe, ef_search, allowed=allowed)
+
+    if where is not None and not where.is_empty:
+        scores, ids = _filtered_hits(derived, queries, k_index, search_index, store.filtered_ids(where), fetch)
+    else:
+        # Over-fetch only when tombstones exist; then grow 4x for queries still short of k.
+        has_tombstones = store.n_tombstoned_vectors() > 0
+        k_fetch = min(index.ntotal, 2 * k_index if has_tombstones else k_index)
+
+        def is_live(found: np.ndarray) -> np.ndarray:
+            if not has_tombstones:  # every vector in the index is live
+                return np.ones(found.shape, dtype=bool)
+            live = store.live_ids(np.unique(found[found >= 0]).tolist())
+            return np.isin(found, np.fromiter(live, dtype=np.int64, count=len(live)))
+
+        scores, ids = search.overfetch(search_index, queries, k_index, k_fetch, index.ntotal, is_live)
+    if rescores(derived.factory, stored_precision) and rescore != 0:
+        return search.rescore(queries, ids, k, fetch)
+    return scores, ids
+
+
+def _filtered_hits(derived: DerivedIndex, queries: np.ndarray, k: int, search_index, allowed: np.ndarray,
+                   fetch: search.FetchFn) -> tuple[np.ndarray, np.ndarray]:
+    """Dense hits restricted to the live ids `allowed` [n] (sorted): an exact search over their stored
+    vectors when few match (`search.filter_is_selective`), else an id selector where the index
+    takes one, over-fetching where it does not (a GPU copy, binary IVF), then an exact search
+    over the allowed vectors for any row still short of min(k, n): an approximate index (HNSW's
+    graph, IVF's probed lists) can miss matches of a selective filter."""
+    scores, ids = search.empty_hits(len(queries), k)
+    if len(allowed) == 0:
+        return scores, ids
+    ntotal = derived.index.ntotal
+    if search.filter_is_selective(len(allowed), ntotal):  # reading them is cheaper
+        return search.exact_search(queries, allowed, k, fetch)
+    want = min(k, len(allowed))
+    if derived.can_select:
+        scores[:, :want], ids[:, :want] = search_index(queries, want, allowed)
+    else:
+        scores, ids = search.overfetch(search_index, queries, k, min(ntotal, 2 * k), ntotal,
+                                       lambda found: np.isin(found, allowed))
+    short = np.flatnonzero((ids >= 0).sum(axis=1) < want)
+    if len(short):
+        log.debug("%s: %d filtered queries searched exactly over %d items", derived.root, len(short), len(allowed))
+        scores[short], ids[short] = search.exact_search(queries[short], allowed, k, fetch)
+    return scores, ids
+
+
+def lexical_hits(store: MetaStore, root: Path, texts: list[str], k: int, where: SearchFilter | None,
+                 syntax: bool) -> tuple[np.ndarray, np.ndarray]:
+    """BM25 top-k of each query text: (scores [q, k], ids [q, k]), -inf / -1 padded."""
+    if not store.has_lexical_index():
+        raise CollectionError(f"{root}: the collection predates lexical search; open it for writing once "
+                              f"to build its lexical index (faste-mm rebuild-index)")
+    scores, ids = search.empty_hits(len(texts), k)
+    for row, text in enumerate(texts):
+        match = text if syntax else search.fts_query(text)
+        if not match.strip():
+            continue
+        hits = store.lexical_search(match, k, where)
+        if hits:
+            ids[row, :len(hits)], scores[row, :len(hits)] = zip(*hits)
+    return scores, ids
+
+
+def fused_hits(mode: str, k: int, dense: Callable[[], tuple[np.ndarray, np.ndarray]],
+               lexical: Callable[[], tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The hits of `mode` ("dense", "lexical" or "hybrid": reciprocal-rank fusion of both lists):
+    (scores [q, k], ids [q, k], sources [q, k], which side found each hit)."""
+    lists = []
+    if mode != "lexical":
+        lists.append(dense())
+    if mode != "dense":
+        lists.append(lexical())
+    if mode == "hybrid":
+        return search.fuse_rrf([lists[0][1], lists[1][1]], k)
+    scores, ids = lists[0]
+    side = search.FOUND_DENSE if mode == "dense" else search.FOUND_LEXICAL
+    return scores, ids, np.where(ids >= 0, side, 0)
