@@ -17,7 +17,7 @@ from faste_mm.indexers import faiss_index, parts
 from faste_mm.indexers.atomic_files import TMP_SUFFIX, atomic_write, fsync_dir
 from faste_mm.indexers.crash_points import crash_point
 from faste_mm.indexers.manifest import MANIFEST_NAME, Manifest, read_manifest
-from faste_mm.indexers.store import DB_NAME, count_items
+from faste_mm.indexers.database_file import DB_NAME, count_items
 
 log = logging.getLogger(__name__)
 

@@ -2,16 +2,13 @@
 
 Receives item records and part numbers from `Collection`; hands back rows, counts and the state
 counters (next id, next part, epoch). Every statement uses bound parameters. Schema changes are
-stepwise migrations; a file newer than this code is refused with upgrade advice.
+stepwise migrations (`schema`); a file newer than this code is refused with upgrade advice.
 """
 
 from __future__ import annotations
 
-import errno
-import functools
 import json
 import logging
-import re
 import sqlite3
 import time
 from contextlib import contextmanager
@@ -21,135 +18,17 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 import numpy as np
 
 from faste_mm.errors import CollectionError, InputError
-from faste_mm.indexers.atomic_files import storage_error
 from faste_mm.indexers.filters import SearchFilter, json_path
 from faste_mm.indexers.records import FileStat, ItemRecord, Status
+from faste_mm.indexers.schema import MIGRATIONS, READABLE_FROM_VERSION, SCHEMA_VERSION, from_db, to_db
+from faste_mm.indexers.database_file import DB_NAME, damaged_database, translate_errors
 
 log = logging.getLogger(__name__)
-
-DB_NAME = "meta.sqlite"
-SCHEMA_VERSION = 4
-# Readers accept files this old: the migrations after it only add tables a reader can do without
-# (exclusions, the lexical index) or escape a character no real name holds (see _ESC).
-READABLE_FROM_VERSION = 1
 
 # Bound parameters per statement: SQLite builds before 3.32 allow at most 999.
 MAX_BOUND_PARAMS = 500
 _ITEM_COLUMNS = ("id, uri, page, modality, size, mtime, content_hash, status, error, added_at, "
                  "metadata, part, row")
-
-
-def _migrate_0_to_1(db: sqlite3.Connection) -> None:
-    _execute_script(db, """
-        CREATE TABLE parts (
-            part INTEGER PRIMARY KEY,
-            n_rows INTEGER NOT NULL,
-            created_at REAL NOT NULL
-        );
-        CREATE TABLE items (
-            id INTEGER PRIMARY KEY,
-            uri TEXT NOT NULL,
-            page INTEGER,
-            modality TEXT NOT NULL,
-            size INTEGER,
-            mtime REAL,
-            content_hash TEXT,
-            status TEXT NOT NULL CHECK (status IN ('ok', 'failed', 'deleted')),
-            error TEXT,
-            added_at REAL NOT NULL,
-            metadata TEXT,
-            part INTEGER REFERENCES parts(part),
-            row INTEGER
-        );
-        -- (uri, page) is unique among live rows; NULL pages compare equal through ifnull.
-        CREATE UNIQUE INDEX items_live_uri_page ON items (uri, ifnull(page, -1))
-            WHERE status != 'deleted';
-        -- Plain (non-partial) uri index: the partial one above cannot serve `status = ?`
-        -- lookups, and without this every replace/scan query would scan the whole table.
-        CREATE INDEX items_uri ON items (uri);
-        -- Every search counts tombstoned vectors: that must not scan all rows. Partial, so the
-        -- planner never prefers it over items_uri for per-uri lookups (a plain status index
-        -- would be, and each replace would then scan the whole table).
-        CREATE INDEX items_tombstoned ON items (part) WHERE status = 'deleted';
-        CREATE INDEX items_content_hash ON items (content_hash) WHERE content_hash IS NOT NULL;
-        CREATE INDEX items_part ON items (part) WHERE part IS NOT NULL;
-        CREATE TABLE state (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
-        -- next_id/next_part only grow, so ids and part numbers are never reused;
-        -- epoch changes when parts are rewritten (compact), which invalidates index.faiss.
-        INSERT INTO state (key, value) VALUES ('next_id', 0), ('next_part', 0), ('epoch', 0);
-    """)
-
-
-# File names need not be valid UTF-8; Python decodes such bytes to lone surrogates
-# (os.fsdecode), which SQLite text cannot hold. Stored text escapes each one as _ESC + two hex
-# digits, and _ESC itself as _ESC _ESC (a private-use character no real name is expected to hold;
-# doubling keeps even that one lossless). The escape maps character by character, so a prefix
-# stays a prefix and `live_uris`' range query still finds the uris below a folder.
-_ESC = "\U000F0000"
-_SURROGATE = re.compile("[\udc80-\udcff]")
-_ESCAPED = re.compile(_ESC + "(" + _ESC + "|[0-9a-f]{2})")
-
-
-def _to_db(text: str | None) -> str | None:
-    """Text as stored (see _ESC): lossless for names with undecodable bytes."""
-    if text is None or (_ESC not in text and not _SURROGATE.search(text)):
-        return text
-    return _SURROGATE.sub(lambda m: f"{_ESC}{ord(m.group()) - 0xDC00:02x}", text.replace(_ESC, _ESC * 2))
-
-
-def _from_db(text: str | None) -> str | None:
-    """Inverse of `_to_db`."""
-    if text is None or _ESC not in text:
-        return text
-    return _ESCAPED.sub(lambda m: _ESC if m.group(1) == _ESC else chr(0xDC00 + int(m.group(1), 16)), text)
-
-
-def _migrate_1_to_2(db: sqlite3.Connection) -> None:
-    # Uris and errors are stored escaped from now on (see _ESC); existing text holds no
-    # surrogates (SQLite refused them), so only a literal _ESC needs doubling.
-    db.execute("UPDATE items SET uri = replace(uri, ?, ?), error = replace(error, ?, ?) "
-               "WHERE instr(uri, ?) OR instr(error, ?)", (_ESC, _ESC * 2, _ESC, _ESC * 2, _ESC, _ESC))
-
-
-def _migrate_2_to_3(db: sqlite3.Connection) -> None:
-    _execute_script(db, """
-        -- Paths (files or folders) the user removed: scans of a folder above them skip them
-        -- until the user names them on `index` again (see retrieval.ingest.honour_exclusions).
-        CREATE TABLE exclusions (uri TEXT PRIMARY KEY, added_at REAL NOT NULL);
-    """)
-
-
-def _execute_script(db: sqlite3.Connection, script: str) -> None:
-    """Run `;`-separated DDL inside the caller's transaction (executescript would COMMIT first,
-    breaking the all-or-nothing migration step)."""
-    lines = [ln for ln in script.splitlines() if not ln.strip().startswith("--")]
-    for statement in "\n".join(lines).split(";"):
-        if statement.strip():
-            db.execute(statement)
-
-
-def _migrate_3_to_4(db: sqlite3.Connection) -> None:
-    # The lexical index (FTS5, BM25) of the live items, rowid = item id: `body` the item's own
-    # text, `name` its uri (the tokenizer splits path words), `meta` its metadata values.
-    db.execute("CREATE VIRTUAL TABLE items_fts USING fts5(body, name, meta, "
-               "tokenize = 'unicode61 remove_diacritics 2')")
-    # An item leaves the lexical index in the statement that tombstones or deletes it, whichever
-    # path does so (replace, delete, remove, compact). (One statement each: the bodies hold `;`.)
-    db.execute("CREATE TRIGGER items_fts_tombstone AFTER UPDATE OF status ON items "
-               "WHEN old.status = 'ok' AND new.status != 'ok' "
-               "BEGIN DELETE FROM items_fts WHERE rowid = old.id; END")
-    db.execute("CREATE TRIGGER items_fts_delete AFTER DELETE ON items "
-               "BEGIN DELETE FROM items_fts WHERE rowid = old.id; END")
-    # Items stored before: their names and metadata now; their text on `rebuild-index`.
-    db.execute("INSERT INTO items_fts (rowid, body, name, meta) SELECT id, NULL, uri, "
-               "(SELECT group_concat(CASE WHEN type IN ('true', 'false') THEN type ELSE atom END, ' ') "
-               "FROM json_tree(metadata) WHERE atom IS NOT NULL) "
-               "FROM items WHERE status = 'ok'")
-
-
-# _MIGRATIONS[v] upgrades schema version v to v + 1.
-_MIGRATIONS = {0: _migrate_0_to_1, 1: _migrate_1_to_2, 2: _migrate_2_to_3, 3: _migrate_3_to_4}
-assert len(_MIGRATIONS) == SCHEMA_VERSION
 
 
 def metadata_words(metadata: Mapping[str, Any] | None) -> str | None:
@@ -170,74 +49,18 @@ def metadata_words(metadata: Mapping[str, Any] | None) -> str | None:
             words.append(value if isinstance(value, str) else json.dumps(value))
 
     walk(metadata)
-    return _to_db(" ".join(words)) or None
+    return to_db(" ".join(words)) or None
 
 
 def _row_to_record(row: Sequence[Any]) -> ItemRecord:
     (id_, uri, page, modality, size, mtime, chash, status, error, added_at, meta, _part,
      _row) = row
-    return ItemRecord(uri=_from_db(uri), modality=modality, page=page, size=size, mtime=mtime,
+    return ItemRecord(uri=from_db(uri), modality=modality, page=page, size=size, mtime=mtime,
                       content_hash=chash, metadata=json.loads(meta) if meta else None,
-                      error=_from_db(error), id=id_, status=status, added_at=added_at)
+                      error=from_db(error), id=id_, status=status, added_at=added_at)
 
 
-# SQLite's messages for conditions that are not damage -> the errno whose words `storage_error` uses.
-_SQLITE_NOT_DAMAGE = (("readonly", errno.EROFS), ("disk is full", errno.ENOSPC),
-                      ("unable to open database file", errno.EACCES))
-
-
-def damaged_database(path: Path, error: sqlite3.Error) -> CollectionError:
-    """The CollectionError for an SQLite error: a busy database says wait; a read-only file, a
-    full disk or a file it may not open say so (the data is intact); anything else is damage."""
-    if isinstance(error, sqlite3.OperationalError) and "locked" in str(error):
-        return CollectionError(f"{path}: the database is busy ({error}); wait for the other faste-mm "
-                               f"process to finish and try again")
-    for words, code in _SQLITE_NOT_DAMAGE:
-        if isinstance(error, sqlite3.OperationalError) and words in str(error):
-            return storage_error(path, OSError(code, str(error)))
-    return CollectionError(f"{path}: the database cannot be read ({error}); the collection is damaged. "
-                           f"Restore {DB_NAME} from a backup, or re-index with `--reindex`")
-
-
-def _translate_errors(cls):
-    """Wrap every public method of `cls` so that an sqlite3.Error (a truncated or garbage file
-    surfaces at the first query that touches a bad page, not at connect) becomes a
-    CollectionError naming the file."""
-    def wrap(method):
-        @functools.wraps(method)
-        def wrapper(self, *args, **kwargs):
-            try:
-                return method(self, *args, **kwargs)
-            except sqlite3.Error as error:
-                raise damaged_database(self.path, error) from None
-        return wrapper
-
-    for name, value in list(vars(cls).items()):
-        if callable(value) and not name.startswith("_") and name != "transaction":
-            setattr(cls, name, wrap(value))
-    return cls
-
-
-def count_items(path: Path) -> int:
-    """Rows in the items table of the database at `path` without migrating or writing it: 0 when
-    the file or the table does not exist (a create killed before its schema committed).
-    Raises CollectionError for a file SQLite cannot read."""
-    if not path.exists():
-        return 0
-    try:
-        db = sqlite3.connect(path.absolute().as_uri() + "?mode=ro", uri=True)
-        try:
-            has_table = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
-                                   ("items",)).fetchone()
-            return db.execute("SELECT count(*) FROM items").fetchone()[0] if has_table else 0
-        finally:
-            db.close()
-    except sqlite3.Error as e:
-        raise CollectionError(f"{path}: not a readable faste-mm database ({e}); restore it from a backup, "
-                              f"or delete the folder yourself to index into it from scratch") from None
-
-
-@_translate_errors
+@translate_errors
 class MetaStore:
     """One connection to `meta.sqlite`. Writers migrate; readers open read-only."""
 
@@ -320,7 +143,7 @@ class MetaStore:
                 f"({SCHEMA_VERSION}); open the collection once for writing to upgrade it")
         for v in range(version, SCHEMA_VERSION):
             with self.transaction():
-                _MIGRATIONS[v](self.db)
+                MIGRATIONS[v](self.db)
                 self.db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER)")
                 self.db.execute("DELETE FROM schema_version")
                 self.db.execute("INSERT INTO schema_version (version) VALUES (?)", (v + 1,))
@@ -394,21 +217,21 @@ class MetaStore:
         """Insert records; a live row with the same (uri, page) and failed rows of the uri are
         replaced (the newest add wins, so re-running an interrupted scan never duplicates)."""
         now = time.time()
-        uris = sorted({_to_db(r.uri) for r in records})
+        uris = sorted({to_db(r.uri) for r in records})
         self.db.executemany("DELETE FROM items WHERE uri = ? AND status = 'failed'",
                             [(u,) for u in uris])
         self.db.executemany(
             "UPDATE items SET status = 'deleted' WHERE uri = ? AND ifnull(page, -1) = ? "
-            "AND status = 'ok'", [(_to_db(r.uri), -1 if r.page is None else r.page) for r in records])
+            "AND status = 'ok'", [(to_db(r.uri), -1 if r.page is None else r.page) for r in records])
         self.db.executemany(
             f"INSERT INTO items ({_ITEM_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            [(int(i), _to_db(r.uri), r.page, r.modality, r.size, r.mtime, r.content_hash, status,
-              _to_db(r.error), now, json.dumps(dict(r.metadata)) if r.metadata is not None else None,
+            [(int(i), to_db(r.uri), r.page, r.modality, r.size, r.mtime, r.content_hash, status,
+              to_db(r.error), now, json.dumps(dict(r.metadata)) if r.metadata is not None else None,
               part, row if part is not None else None)
              for row, (i, r) in enumerate(zip(ids, records))])
         if status == Status.OK:
             self.db.executemany("INSERT INTO items_fts (rowid, body, name, meta) VALUES (?, ?, ?, ?)",
-                                [(int(i), _to_db(r.text), _to_db(r.uri), metadata_words(r.metadata))
+                                [(int(i), to_db(r.text), to_db(r.uri), metadata_words(r.metadata))
                                  for i, r in zip(ids, records)])
 
     def purge_tombstones(self) -> None:
@@ -423,7 +246,7 @@ class MetaStore:
 
     def tombstone_uris(self, uris: Sequence[str]) -> int:
         """Tombstone ok rows of `uris` and drop their failed rows (which have no vectors)."""
-        params = [(_to_db(u),) for u in uris]
+        params = [(to_db(u),) for u in uris]
         self.db.executemany("DELETE FROM items WHERE uri = ? AND status = 'failed'", params)
         cur = self.db.executemany(
             "UPDATE items SET status = 'deleted' WHERE uri = ? AND status = 'ok'", params)
@@ -433,7 +256,7 @@ class MetaStore:
         """Give the ok rows of each file its (size, mtime): the last page range of a PDF
         committed range by range marks the file complete (ingest's `_is_partial`)."""
         self.db.executemany("UPDATE items SET size = ?, mtime = ? WHERE uri = ? AND status = 'ok'",
-                            [(s.size, s.mtime, _to_db(s.uri)) for s in stats])
+                            [(s.size, s.mtime, to_db(s.uri)) for s in stats])
 
     def records(self, ids: Sequence[int]) -> dict[int, ItemRecord]:
         # json_each takes the whole id list as ONE bound parameter (no variable-count limit).
@@ -524,11 +347,11 @@ class MetaStore:
         """The lexical text of items that have one: {id: text}."""
         rows = self.db.execute("SELECT rowid, body FROM items_fts WHERE rowid IN (SELECT value FROM json_each(?)) "
                                "AND body IS NOT NULL", (json.dumps([int(i) for i in ids]),)).fetchall()
-        return {int(i): _from_db(body) for i, body in rows}
+        return {int(i): from_db(body) for i, body in rows}
 
     def set_texts(self, texts: Sequence[tuple[int, str]]) -> None:
         """Fill the body of lexical rows: [(id, text)] (`rebuild-index` backfilling older items)."""
-        self.db.executemany("UPDATE items_fts SET body = ? WHERE rowid = ?", [(_to_db(t), int(i)) for i, t in texts])
+        self.db.executemany("UPDATE items_fts SET body = ? WHERE rowid = ?", [(to_db(t), int(i)) for i, t in texts])
 
     def records_where_status(self, status: str) -> list[ItemRecord]:
         rows = self.db.execute(f"SELECT {_ITEM_COLUMNS} FROM items WHERE status = ? ORDER BY id",
@@ -558,12 +381,12 @@ class MetaStore:
             rows = self.db.execute(
                 "SELECT DISTINCT uri FROM items WHERE status != 'deleted' ORDER BY uri").fetchall()
         else:
-            prefix = _to_db(under.rstrip("/"))
+            prefix = to_db(under.rstrip("/"))
             rows = self.db.execute(
                 "SELECT DISTINCT uri FROM items WHERE status != 'deleted' "
                 "AND (uri = ? OR (uri >= ? AND uri < ?)) ORDER BY uri",
                 (prefix, prefix + "/", prefix + "0")).fetchall()
-        return [_from_db(r[0]) for r in rows]
+        return [from_db(r[0]) for r in rows]
 
     def live_file_stats(self) -> dict[str, tuple[int | None, float | None, str]]:
         """uri -> (size, mtime, status) over live rows; pages of one file share its stat."""
@@ -571,7 +394,7 @@ class MetaStore:
             "SELECT uri, size, mtime, status FROM items WHERE status != 'deleted'").fetchall()
         stats: dict[str, tuple[int | None, float | None, str]] = {}
         for uri, size, mtime, status in rows:
-            uri = _from_db(uri)
+            uri = from_db(uri)
             prev = stats.get(uri)
             # Any failed page marks the whole file failed, so `retry_failed` can re-embed it.
             if prev is None or status == Status.FAILED:
@@ -587,15 +410,15 @@ class MetaStore:
         if not has_table:
             return []
         rows = self.db.execute("SELECT uri, added_at FROM exclusions ORDER BY uri").fetchall()
-        return [(_from_db(uri), added_at) for uri, added_at in rows]
+        return [(from_db(uri), added_at) for uri, added_at in rows]
 
     def add_exclusions(self, uris: Iterable[str]) -> None:
         now = time.time()
         self.db.executemany("INSERT OR REPLACE INTO exclusions (uri, added_at) VALUES (?, ?)",
-                            [(_to_db(u), now) for u in uris])
+                            [(to_db(u), now) for u in uris])
 
     def remove_exclusions(self, uris: Iterable[str]) -> int:
-        return self.db.executemany("DELETE FROM exclusions WHERE uri = ?", [(_to_db(u),) for u in uris]).rowcount
+        return self.db.executemany("DELETE FROM exclusions WHERE uri = ?", [(to_db(u),) for u in uris]).rowcount
 
     def counts(self) -> dict[str, int]:
         counts = {status.value: 0 for status in Status}

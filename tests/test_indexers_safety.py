@@ -376,7 +376,7 @@ def test_disk_full_and_read_only_are_said_as_such_not_called_damage():
     from pathlib import Path
 
     from faste_mm.indexers.atomic_files import atomic_write
-    from faste_mm.indexers.store import damaged_database
+    from faste_mm.indexers.database_file import damaged_database
 
     def full(f):
         raise OSError(errno.ENOSPC, "No space left on device")

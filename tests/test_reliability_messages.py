@@ -82,9 +82,9 @@ def test_names_that_are_not_utf8_are_stored_losslessly(tmp_path):
 
 
 def test_the_schema_migration_keeps_existing_names(tmp_path):
-    from faste_mm.indexers.store import _ESC
+    from faste_mm.indexers.schema import ESC
 
-    literal = "/p/" + _ESC + "ff.png"  # a name that holds the escape character itself
+    literal = "/p/" + ESC + "ff.png"  # a name that holds the escape character itself
     root = tmp_path / "c"
     with Collection.create(root, Manifest(model_id="m", dim=4)):
         pass
@@ -125,7 +125,7 @@ def test_an_unexpected_exception_on_one_file_is_that_files_failure(model, tmp_pa
 
 
 def test_named_paths_that_are_not_files_get_their_own_reason(tmp_path):
-    from faste_mm.retrieval.ingest import scan_paths
+    from faste_mm.retrieval.scanning import scan_paths
 
     os.symlink("b.png", tmp_path / "a.png")
     os.symlink("a.png", tmp_path / "b.png")

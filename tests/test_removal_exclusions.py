@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from faste_mm import BatchingConfig, Embedder
 from faste_mm.cli.app import app
 from faste_mm.indexers import Collection, ItemRecord, Manifest
-from faste_mm.indexers.store import SCHEMA_VERSION
+from faste_mm.indexers.schema import SCHEMA_VERSION
 from faste_mm.retrieval.retriever import Retriever
 
 from tests.test_retriever_scanning import noise_image, tiny_vl_dir

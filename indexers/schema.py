@@ -1,0 +1,127 @@
+"""meta.sqlite's schema: its version, the stepwise migrations that bring an older file up to it,
+and the escaping of text SQLite cannot hold (file names with undecodable bytes). Receives a
+connection inside the caller's transaction; `store.MetaStore` runs the steps when a writer opens.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+
+SCHEMA_VERSION = 4
+# Readers accept files this old: the migrations after it only add tables a reader can do without
+# (exclusions, the lexical index) or escape a character no real name holds (see ESC).
+READABLE_FROM_VERSION = 1
+
+
+def _migrate_0_to_1(db: sqlite3.Connection) -> None:
+    _execute_script(db, """
+        CREATE TABLE parts (
+            part INTEGER PRIMARY KEY,
+            n_rows INTEGER NOT NULL,
+            created_at REAL NOT NULL
+        );
+        CREATE TABLE items (
+            id INTEGER PRIMARY KEY,
+            uri TEXT NOT NULL,
+            page INTEGER,
+            modality TEXT NOT NULL,
+            size INTEGER,
+            mtime REAL,
+            content_hash TEXT,
+            status TEXT NOT NULL CHECK (status IN ('ok', 'failed', 'deleted')),
+            error TEXT,
+            added_at REAL NOT NULL,
+            metadata TEXT,
+            part INTEGER REFERENCES parts(part),
+            row INTEGER
+        );
+        -- (uri, page) is unique among live rows; NULL pages compare equal through ifnull.
+        CREATE UNIQUE INDEX items_live_uri_page ON items (uri, ifnull(page, -1))
+            WHERE status != 'deleted';
+        -- Plain (non-partial) uri index: the partial one above cannot serve `status = ?`
+        -- lookups, and without this every replace/scan query would scan the whole table.
+        CREATE INDEX items_uri ON items (uri);
+        -- Every search counts tombstoned vectors: that must not scan all rows. Partial, so the
+        -- planner never prefers it over items_uri for per-uri lookups (a plain status index
+        -- would be, and each replace would then scan the whole table).
+        CREATE INDEX items_tombstoned ON items (part) WHERE status = 'deleted';
+        CREATE INDEX items_content_hash ON items (content_hash) WHERE content_hash IS NOT NULL;
+        CREATE INDEX items_part ON items (part) WHERE part IS NOT NULL;
+        CREATE TABLE state (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+        -- next_id/next_part only grow, so ids and part numbers are never reused;
+        -- epoch changes when parts are rewritten (compact), which invalidates index.faiss.
+        INSERT INTO state (key, value) VALUES ('next_id', 0), ('next_part', 0), ('epoch', 0);
+    """)
+
+
+# File names need not be valid UTF-8; Python decodes such bytes to lone surrogates
+# (os.fsdecode), which SQLite text cannot hold. Stored text escapes each one as ESC + two hex
+# digits, and ESC itself as ESC ESC (a private-use character no real name is expected to hold;
+# doubling keeps even that one lossless). The escape maps character by character, so a prefix
+# stays a prefix and `live_uris`' range query still finds the uris below a folder.
+ESC = "\U000F0000"
+_SURROGATE = re.compile("[\udc80-\udcff]")
+ESCAPED = re.compile(ESC + "(" + ESC + "|[0-9a-f]{2})")
+
+
+def to_db(text: str | None) -> str | None:
+    """Text as stored (see ESC): lossless for names with undecodable bytes."""
+    if text is None or (ESC not in text and not _SURROGATE.search(text)):
+        return text
+    return _SURROGATE.sub(lambda m: f"{ESC}{ord(m.group()) - 0xDC00:02x}", text.replace(ESC, ESC * 2))
+
+
+def from_db(text: str | None) -> str | None:
+    """Inverse of `to_db`."""
+    if text is None or ESC not in text:
+        return text
+    return ESCAPED.sub(lambda m: ESC if m.group(1) == ESC else chr(0xDC00 + int(m.group(1), 16)), text)
+
+
+def _migrate_1_to_2(db: sqlite3.Connection) -> None:
+    # Uris and errors are stored escaped from now on (see ESC); existing text holds no
+    # surrogates (SQLite refused them), so only a literal ESC needs doubling.
+    db.execute("UPDATE items SET uri = replace(uri, ?, ?), error = replace(error, ?, ?) "
+               "WHERE instr(uri, ?) OR instr(error, ?)", (ESC, ESC * 2, ESC, ESC * 2, ESC, ESC))
+
+
+def _migrate_2_to_3(db: sqlite3.Connection) -> None:
+    _execute_script(db, """
+        -- Paths (files or folders) the user removed: scans of a folder above them skip them
+        -- until the user names them on `index` again (see retrieval.scanning.honour_exclusions).
+        CREATE TABLE exclusions (uri TEXT PRIMARY KEY, added_at REAL NOT NULL);
+    """)
+
+
+def _execute_script(db: sqlite3.Connection, script: str) -> None:
+    """Run `;`-separated DDL inside the caller's transaction (executescript would COMMIT first,
+    breaking the all-or-nothing migration step)."""
+    lines = [ln for ln in script.splitlines() if not ln.strip().startswith("--")]
+    for statement in "\n".join(lines).split(";"):
+        if statement.strip():
+            db.execute(statement)
+
+
+def _migrate_3_to_4(db: sqlite3.Connection) -> None:
+    # The lexical index (FTS5, BM25) of the live items, rowid = item id: `body` the item's own
+    # text, `name` its uri (the tokenizer splits path words), `meta` its metadata values.
+    db.execute("CREATE VIRTUAL TABLE items_fts USING fts5(body, name, meta, "
+               "tokenize = 'unicode61 remove_diacritics 2')")
+    # An item leaves the lexical index in the statement that tombstones or deletes it, whichever
+    # path does so (replace, delete, remove, compact). (One statement each: the bodies hold `;`.)
+    db.execute("CREATE TRIGGER items_fts_tombstone AFTER UPDATE OF status ON items "
+               "WHEN old.status = 'ok' AND new.status != 'ok' "
+               "BEGIN DELETE FROM items_fts WHERE rowid = old.id; END")
+    db.execute("CREATE TRIGGER items_fts_delete AFTER DELETE ON items "
+               "BEGIN DELETE FROM items_fts WHERE rowid = old.id; END")
+    # Items stored before: their names and metadata now; their text on `rebuild-index`.
+    db.execute("INSERT INTO items_fts (rowid, body, name, meta) SELECT id, NULL, uri, "
+               "(SELECT group_concat(CASE WHEN type IN ('true', 'false') THEN type ELSE atom END, ' ') "
+               "FROM json_tree(metadata) WHERE atom IS NOT NULL) "
+               "FROM items WHERE status = 'ok'")
+
+
+# MIGRATIONS[v] upgrades schema version v to v + 1.
+MIGRATIONS = {0: _migrate_0_to_1, 1: _migrate_1_to_2, 2: _migrate_2_to_3, 3: _migrate_3_to_4}
+assert len(MIGRATIONS) == SCHEMA_VERSION
