@@ -27,7 +27,7 @@ from faste_mm.indexers.compaction import compact_parts
 from faste_mm.indexers.crash_points import crash_point
 from faste_mm.indexers.derived_index import DerivedIndex, max_part
 from faste_mm.indexers.filters import SearchFilter
-from faste_mm.indexers.manifest import Manifest, read_manifest, settings_mismatch, write_manifest
+from faste_mm.indexers.manifest import Manifest, read_manifest, write_manifest
 from faste_mm.indexers.records import CollectionInfo, FileStat, ItemRecord, ScanPlan, Status, check_rows
 from faste_mm.indexers.scan_plan import plan_scan
 from faste_mm.indexers.store import MetaStore
@@ -63,7 +63,7 @@ class Collection:
 
     # ---- lifecycle -------------------------------------------------------------------------
     @classmethod
-    def create(cls, path: str | Path, manifest: Manifest, exist_ok: bool = False) -> "Collection":
+    def create(cls, path: str | os.PathLike, manifest: Manifest, exist_ok: bool = False) -> "Collection":
         """Create a collection directory and open it for writing.
 
         exist_ok: open an existing collection instead, after checking that its settings match
@@ -81,7 +81,7 @@ class Collection:
         return cls(root, manifest, store, lock_fd)
 
     @classmethod
-    def open(cls, path: str | Path, writable: bool = False,
+    def open(cls, path: str | os.PathLike, writable: bool = False,
              expect: Manifest | None = None) -> "Collection":
         """Open an existing collection.
 
@@ -97,7 +97,7 @@ class Collection:
         return col
 
     @classmethod
-    def erase(cls, path: str | Path, *, for_create: bool = False) -> bool:
+    def erase(cls, path: str | os.PathLike, *, for_create: bool = False) -> bool:
         """Delete a collection (database, vectors, index, manifest, lock) under the writer lock,
         then its directory if nothing else is left in it. Returns False, touching nothing, when
         `path` holds no collection.
@@ -138,13 +138,6 @@ class Collection:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def require_compatible(self, request: Manifest) -> None:
-        """CollectionError naming every setting in which `request` (e.g. a model loaded after the
-        collection was opened) would produce vectors not comparable with the stored ones."""
-        errors = self._manifest.compatibility_errors(request)
-        if errors:
-            raise settings_mismatch(self.root, errors)
 
     def _follow_reindex(self) -> None:
         """A reader whose collection was erased and created again since it opened (`index
