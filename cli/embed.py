@@ -40,7 +40,7 @@ def embed(
 ) -> None:
     """Embed texts, images and PDF pages; print stats (removal, FLOPs, trigger layer, timings)."""
     from faste_mm import BatchingConfig, Embedder
-    from faste_mm.retrieval.ingest import document_items
+    from faste_mm.retrieval.scanning import document_items
 
     setup_logging(debug)
     model = model or DEFAULT_MODEL

@@ -41,7 +41,7 @@ def make_images(root: Path, n: int, size: int) -> Path:
 def timed_index(model_dir: Path, images: Path, collection: Path, args, ray_options=None) -> dict:
     from faste_mm import BatchingConfig, Retriever, SerializerConfig
     from faste_mm.retrieval.results import IndexOptions
-    from faste_mm.retrieval.retriever import ModelSpec
+    from faste_mm.retrieval.model_spec import ModelSpec
     from faste_mm.scale import RayExecutor
 
     shutil.rmtree(collection, ignore_errors=True)

@@ -62,7 +62,7 @@ def main() -> None:
 
 def _make_collection(workdir: Path, model: str | None) -> Path:
     from faste_mm import Retriever
-    from faste_mm.retrieval.retriever import ModelSpec
+    from faste_mm.retrieval.model_spec import ModelSpec
     from faste_mm.testing import build_tiny_model
     from PIL import Image
 

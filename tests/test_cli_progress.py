@@ -21,7 +21,8 @@ from faste_mm.cli.app import app
 from faste_mm.cli.progress import Progress
 from faste_mm.indexers import Collection
 from faste_mm.indexers.crash_points import CRASH_ENV, SIGNAL_ENV
-from faste_mm.retrieval.retriever import IndexOptions, Retriever
+from faste_mm.retrieval.results import IndexOptions
+from faste_mm.retrieval.retriever import Retriever
 
 from tests.eval_fixtures import eval_data_dir, eval_model_dir  # noqa: F401  (fixtures)
 from tests.test_cli_collection import _committed_items

@@ -22,7 +22,7 @@ pytest.importorskip("fastapi", reason="needs the serve extra: pip install 'faste
 from faste_mm import Item, Retriever  # noqa: E402
 from faste_mm.cli.app import app  # noqa: E402
 from faste_mm.indexers.directory import SERVER_FILE  # noqa: E402
-from faste_mm.retrieval.retriever import ModelSpec  # noqa: E402
+from faste_mm.retrieval.model_spec import ModelSpec  # noqa: E402
 from faste_mm.serving.discovery import find_server  # noqa: E402
 from tests.serve_fixtures import make_gallery  # noqa: E402
 from tests.test_retriever_scanning import tiny_vl_dir  # noqa: E402

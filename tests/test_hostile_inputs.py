@@ -308,8 +308,8 @@ def _store_scan(col_root: Path, folder: Path):
     """Plan a scan of `folder` against a model-free collection and store what it would add
     (random unit vectors stand in for embeddings): the bookkeeping `index` does."""
     from faste_mm.indexers import ItemRecord, Manifest
-    from faste_mm.retrieval.ingest import plan_update, record_missing, scan_paths
-    from faste_mm.retrieval.retriever import IngestTally
+    from faste_mm.retrieval.ingest import IngestTally, plan_update, record_missing
+    from faste_mm.retrieval.scanning import scan_paths
 
     with Collection.create(col_root, Manifest(model_id="m", dim=4), exist_ok=True) as col:
         scan = scan_paths([folder])
@@ -349,7 +349,7 @@ def test_links_into_proc_sys_or_dev_are_never_read(tmp_path):
     reasons = dict(scan.missing)
     assert "never reads /proc, /sys or /dev" in reasons[str(folder / "env.txt")]
     assert str(folder / "cpu.txt") in reasons
-    from faste_mm.retrieval.ingest import scan_paths
+    from faste_mm.retrieval.scanning import scan_paths
 
     named = scan_paths([folder / "env.txt"])  # named on the command line: refused the same way
     assert not named.files() and "system file" in named.missing[0][1]
@@ -381,7 +381,7 @@ def test_a_right_to_left_override_in_a_name_is_printed_escaped(tmp_path):
 def test_every_file_of_the_hostile_folder_is_stored_or_named_as_a_failure_exactly_once(indexed):
     """The run's books balance: each file the walk selects is live (once per item) or a failure
     row naming it, never both and never neither; nothing outside the folder is stored."""
-    from faste_mm.retrieval.ingest import scan_paths
+    from faste_mm.retrieval.scanning import scan_paths
 
     root, col, result = indexed
     report = json.loads(result.stdout)

@@ -16,7 +16,7 @@ from faste_mm.kinds import FILTER_TYPES, KINDS, kind_name
 from faste_mm.model.items import as_item
 from faste_mm.model.video import VideoConfig
 from faste_mm.retrieval.decoders import DECODERS, DOCUMENT_INPUTS, QUERY_INPUTS, document_input, query_item
-from faste_mm.retrieval.ingest import scan_paths
+from faste_mm.retrieval.scanning import scan_paths
 from faste_mm.retrieval.profile import CollectionProfile
 from faste_mm.scale.ray_index import _decode_file, _embedder_input, _FileTask
 from faste_mm.serving.thumbnails import NoThumbnailError, has_thumbnail, thumbnail

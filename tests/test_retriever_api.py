@@ -15,7 +15,10 @@ from faste_mm import BatchingConfig, Embedder, FastEConfig, Item
 from faste_mm.model.embedder import EmbedResult
 from faste_mm.errors import CollectionError, ConfigError, InputError, ModelLoadError
 from faste_mm.indexers import Collection
-from faste_mm.retrieval.retriever import DEFAULT_QUERY_INSTRUCTION, IndexOptions, ModelSpec, Retriever, collection_path
+from faste_mm.retrieval.maintenance import collection_path
+from faste_mm.retrieval.model_spec import ModelSpec
+from faste_mm.retrieval.results import IndexOptions
+from faste_mm.retrieval.retriever import DEFAULT_QUERY_INSTRUCTION, Retriever
 
 from tests.test_retriever_scanning import (
     CORPUS_EMBEDDED,

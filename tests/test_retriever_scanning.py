@@ -14,7 +14,7 @@ import pytest
 from PIL import Image
 
 from faste_mm.errors import ConfigError, InputError
-from faste_mm.retrieval.ingest import ScanFilter, file_kind, scan_paths
+from faste_mm.retrieval.scanning import ScanFilter, file_kind, scan_paths
 from faste_mm.testing import build_tiny_model
 
 

@@ -1,6 +1,6 @@
 """Documents embedded into one collection: the encoder `Retriever.index` and `add` use (the
 collection's profile, the model loaded on first use and checked against the collection, progress
-batch by batch), and the records `add` stores for its inputs (uri, modality, file stat).
+batch by batch), and what `add` stores for its inputs (records: uri, modality, file stat).
 
 Receives an open `Collection`, its `CollectionProfile` and the retriever's model; hands on
 `EmbedResult`s and `ItemRecord`s.
@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
+import numpy as np
 from PIL import Image
 
 from faste_mm.errors import InputError
@@ -23,10 +25,14 @@ from faste_mm.indexers.records import repeated_key
 from faste_mm.model.embedder import EmbedResult, OnError
 from faste_mm.model.items import Item, as_item
 from faste_mm.model.runner import BatchTrace
+from faste_mm.retrieval.ingest import IndexFailure, failure_reasons
 from faste_mm.retrieval.profile import CollectionProfile
+from faste_mm.retrieval.results import AddReport
 
 if TYPE_CHECKING:
     from faste_mm.model.embedder import Embedder
+
+log = logging.getLogger(__name__)
 
 
 class CollectionDocuments:
@@ -85,7 +91,33 @@ class _InFlight:
     decoder_s: float = 0.0
 
 
-# ---- the records `add` stores ----------------------------------------------------------------
+# ---- what `add` stores -----------------------------------------------------------------------
+def add_documents(col: Collection, encode: CollectionDocuments, items: Sequence[object],
+                  metadata: Sequence[Mapping[str, Any] | None] | None, uris: Sequence[str] | None,
+                  on_error: OnError) -> AddReport:
+    """`Retriever.add` on `col` (opened for writing, closed here): embed `items` with `encode`, then
+    store every row, failures included, in one transaction (a crash keeps the rows and their
+    failure records together or neither). Raises InputError, storing nothing, as `add` says."""
+    with col:
+        result = encode(items, on_error)
+        reasons = failure_reasons(result)
+        if reasons and on_error == "raise":  # only non-finite vectors get here: encode raised the rest
+            row = min(reasons)
+            raise InputError(f"add: input {result.sources[row]}: {reasons[row]}",
+                             hint="or pass on_error='skip' to store the other items")
+        records = [add_record(result.items[row], None if uris is None else uris[source],
+                               None if metadata is None else metadata[source], reasons.get(row))
+                   for row, source in enumerate(result.sources)]
+        refuse_repeated_rows(records, result.sources)  # before any write: all rows or none
+        ok = np.array([row not in reasons for row in range(len(records))], dtype=bool)
+        failed = [records[row] for row in sorted(reasons)]
+        ids = np.full(len(records), -1, dtype=np.int64)
+        ids[ok] = col.commit(result.embeddings[ok], [r for r, is_ok in zip(records, ok) if is_ok], failed)[0]
+    if failed:
+        log.info("%s: added %d items, %d failed", col.root, int(ok.sum()), len(failed))
+    return AddReport(ids, tuple(IndexFailure(r.uri, r.page, r.error) for r in failed))
+
+
 def add_record(item: Item, uri: str | None, metadata: Mapping[str, Any] | None, error: str | None) -> ItemRecord:
     """The record `add` stores for one row: an item, or (with `error`) a failure."""
     size, mtime = _file_stat(item)

@@ -41,7 +41,7 @@ def collection_path(collection: str | os.PathLike | None) -> Path:
     return collections_dir() / collection
 
 
-def remove_items(root: Path, paths: Iterable[str | Path] = (), ids: Iterable[int] = ()) -> RemoveReport:
+def remove_items(root: Path, paths: Iterable[str | os.PathLike] = (), ids: Iterable[int] = ()) -> RemoveReport:
     """Remove every item of each file, or of every file under each folder (given as a path
     or as the uri stored in the collection), and the items with the given ids.
 
@@ -52,7 +52,7 @@ def remove_items(root: Path, paths: Iterable[str | Path] = (), ids: Iterable[int
     Raises InputError, removing nothing, for an empty or blank path: as a uri prefix it would
     match every file in the collection.
     """
-    paths, ids = list(paths), [int(i) for i in ids]
+    paths, ids = [os.fspath(p) for p in paths], [int(i) for i in ids]
     for position, path in enumerate(paths):
         if not str(path).strip():
             raise InputError(f"remove: target {position} is {str(path)!r}, which would match every "

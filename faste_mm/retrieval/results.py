@@ -11,14 +11,15 @@ import numpy as np
 
 from faste_mm.errors import ConfigError
 from faste_mm.model.flops import removed_share, tower_share
-from faste_mm.retrieval.ingest import IndexFailure, ScanFilter
+from faste_mm.retrieval.ingest import IndexFailure
+from faste_mm.retrieval.scanning import ScanFilter
 
 
 @dataclass(frozen=True, slots=True)
 class IndexOptions:
     """Options of `Retriever.index`.
 
-    exclude / include_hidden: folder-walk filters (see `faste_mm.retrieval.ingest.ScanFilter`).
+    exclude / include_hidden: folder-walk filters (see `faste_mm.retrieval.scanning.ScanFilter`).
     reindex: erase the collection first and rebuild it with the retriever's settings. The model
         loads and the index type and folder are checked before anything is erased, so a bad
         setting raises with the collection intact.

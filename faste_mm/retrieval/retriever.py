@@ -3,8 +3,12 @@ FastE r_max, queries with the full forward and a query instruction) with a Colle
 incremental, crash-safe indexing of files and folders, search by text or image, add and delete.
 
 Receives paths, texts, images and queries; hands back the records of `faste_mm.retrieval.results`
-(`IndexReport`, `AddReport`, `RemoveReport`, ranked `Hit`s).
+(`IndexReport`, `AddReport`, `RemoveReport`, ranked `Hit`s). The work is in the modules it
+imports: collection_settings (the profile), indexing + ingest + scanning, documents (add),
+querying (search), model_spec (loading on first use).
 """
+# Size: ~470 lines: the public facade, ~30 methods of a few lines each delegating to the modules above;
+# most of its lines are the API's docstrings.
 
 from __future__ import annotations
 
@@ -12,79 +16,40 @@ import dataclasses
 import logging
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from contextlib import nullcontext
 from typing import Any, Callable, ContextManager, Iterable, Mapping, Sequence
 
 import numpy as np
 from PIL import Image
 
-from faste_mm.errors import CollectionError, ConfigError, InputError
+from faste_mm.errors import ConfigError, InputError
 from faste_mm.indexers import Collection, CollectionInfo, SearchFilter
-from faste_mm.indexers.faiss_index import check_factory_syntax, validate_factory
-from faste_mm.indexers.manifest import settings_mismatch
-from faste_mm.indexers.records import repeated_key
+from faste_mm.indexers.faiss_index import check_factory_syntax
 from faste_mm.indexers.quantization import check_choices
-from faste_mm.indexers.search import MODES as SEARCH_MODES
-from faste_mm.indexers.search import SOURCE_NAMES
-from faste_mm.model.backbones.loading import check_local_path
 from faste_mm.model.batching import BatchingConfig
 from faste_mm.model.embedder import Embedder, EmbedResult, OnError, one_or_many
-from faste_mm.model.items import Item, as_item
-from faste_mm.model.runner import BatchTrace
-from faste_mm.model.serialization import SerializerConfig
+from faste_mm.model.items import Item
 from faste_mm.model.video import VideoConfig
-from faste_mm.retrieval import maintenance
-from faste_mm.kinds import KINDS, kind_name
-from faste_mm.retrieval.calibrations import load_calibration
-from faste_mm.retrieval.decoders import query_item
-from faste_mm.retrieval.documents import CollectionDocuments, add_record, refuse_repeated_rows
-from faste_mm.retrieval.executors import IngestExecutor, IngestJob, LocalExecutor, ModelSource
+from faste_mm.retrieval import collection_settings, maintenance, querying
+from faste_mm.retrieval.collection_settings import checked_profile, new_profile, open_for_writing, recreate
+from faste_mm.retrieval.documents import CollectionDocuments, add_documents
+from faste_mm.retrieval.executors import IngestExecutor, LocalExecutor, ModelSource
 from faste_mm.retrieval.export import ExportReport
 from faste_mm.retrieval.export import export as export_collection
-from faste_mm.retrieval.lexical import item_text
-from faste_mm.retrieval.ingest import (IndexFailure, IngestTally, ScanFilter, failure_reasons, honour_exclusions,
-                                       plan_update, record_missing, scan_paths)
+from faste_mm.retrieval.indexing import index_collection
 from faste_mm.retrieval.maintenance import collection_path
+from faste_mm.retrieval.model_spec import ModelSpec, model_source
+from faste_mm.retrieval.ingest import plan_update
+from faste_mm.retrieval.profile import QUERY_INSTRUCTION, CollectionProfile, existing_profile, read_profile
 from faste_mm.retrieval.receipt import PlanReceipt
-from faste_mm.retrieval.profile import QUERY_INSTRUCTION, CollectionProfile, existing_profile, model_name, read_profile
-from faste_mm.retrieval.results import AddReport, Hit, IndexOptions, IndexProgress, IndexReport, RemoveReport
 from faste_mm.retrieval.rerank_hits import check_reranker, rerank_hits
+from faste_mm.retrieval.results import AddReport, Hit, IndexOptions, IndexProgress, IndexReport, RemoveReport
+from faste_mm.retrieval.scanning import ScanFilter, scan_paths
 
 log = logging.getLogger(__name__)
 
 # One constant for every front end (search, serve, eval): see faste_mm.retrieval.profile.
 DEFAULT_QUERY_INSTRUCTION = QUERY_INSTRUCTION
-_FAST_E_NAMES = ("r_max", "warmup_layer", "threshold", "trigger_layer")
-
-
-@dataclass(frozen=True, slots=True)
-class ModelSpec:
-    """How to load the embedding model when it is first needed (see `Retriever.open`).
-
-    model_id: hub id or local directory (str or path). revision: None = the hub's main, or
-    the collection's when the retriever opens one. loading: a context manager factory the load
-    runs in, given the model's name (the CLI shows a "loading" status with it)."""
-
-    model_id: str | os.PathLike
-    revision: str | None = None
-    device: str = "auto"
-    dtype: str = "auto"
-    batching: BatchingConfig | None = None
-    serializer: SerializerConfig | None = None
-    loading: Callable[[str], ContextManager[Any]] | None = None
-
-    @property
-    def name(self) -> str:
-        """The model id the loaded Embedder reports: a local directory by its absolute path, so
-        `Retriever.open` finds it again from any working directory; a hub id as given."""
-        return model_name(self.model_id)
-
-    def load(self) -> Embedder:
-        with (self.loading or _no_status)(self.name):
-            return Embedder.from_pretrained(self.name, device=self.device, dtype=self.dtype, revision=self.revision,
-                                            batching=self.batching, serializer=self.serializer)
 
 
 class Retriever:
@@ -171,18 +136,9 @@ class Retriever:
             settings replace its own, the others are carried over (`CollectionProfile.carried_over`).
         """
         root = collection_path(collection)
-        existing = existing_profile(root)
-        given = dict(settings)
-        if model is not None:
-            given.update(model_id=model, model_revision=revision)
-        if reindex and existing is not None:
-            given = {**existing.carried_over(model), **{k: v for k, v in given.items() if v is not None}}
-            existing = None
-        profile = _resolve(root, existing, given, model)
+        profile, chosen = collection_settings.for_collection(root, model, revision, reindex, settings)
         spec = ModelSpec(profile.model_id, profile.model_revision, device, dtype, batching, profile.serializer(),
                          loading)
-        chosen = {name: given.get(name) for name in ("r_max", "warmup_layer", "threshold", "trigger_layer", "dim",
-                                                     "vectors", "keep")}
         return cls(spec, collection=root, query_instruction=query_instruction, video=profile.video,
                    **{**{k: v for k, v in settings.items() if k != "video"}, **chosen})
 
@@ -212,15 +168,10 @@ class Retriever:
     def _embedder_for(self, profile: CollectionProfile) -> Embedder:
         """The embedder serializing with `profile`'s pixel and video settings: the loaded one,
         or the same weights with the profile's serializer (`Embedder.with_serializer`)."""
-        embedder = self.embedder
-        if not embedder.family.is_multimodal:
-            return embedder
-        wanted = profile.serializer(embedder.serializer.config)
-        if wanted == embedder.serializer.config:
-            return embedder
-        if self._adapted is None or self._adapted.serializer.config != wanted:
-            self._adapted = embedder.with_serializer(wanted)
-        return self._adapted
+        embedder = collection_settings.adapted_embedder(self.embedder, profile, self._adapted)
+        if embedder is not self.embedder:
+            self._adapted = embedder  # kept: the next call with these settings reuses it
+        return embedder
 
     def _existing(self) -> CollectionProfile | None:
         """The collection's profile, None when it does not exist yet."""
@@ -266,42 +217,18 @@ class Retriever:
         return {**self._given, **model}
 
     def _checked(self, existing: CollectionProfile, root: Path) -> CollectionProfile:
-        """`existing` after checking the given settings against it, and the model once loaded
-        (its width and pixel settings too). Raises CollectionError naming what differs."""
-        profile = _resolve(root, existing, self._request(), None if self._spec is None else self._spec.model_id)
-        if self._embedder is not None:
-            errors = profile.conflicts(profile.as_loaded(self._embedder))  # pixels: see _embedder_for
-            if errors:
-                raise settings_mismatch(root, errors)
-        return profile
+        """`existing` after checking the given settings and the loaded model against it
+        (`collection_settings.checked_profile`). Raises CollectionError naming what differs."""
+        return checked_profile(existing, root, self._request(), self._embedder,
+                               None if self._spec is None else self._spec.model_id)
 
     def _new_profile(self, carried: Mapping[str, Any] | None = None) -> CollectionProfile:
-        """The profile of a new collection: the given settings over `carried` (a re-indexed
-        collection's, see `CollectionProfile.carried_over`), over the loaded model's pixel and
-        video settings, over the defaults; completed with the model (loaded now)."""
-        embedder = self.embedder
-        given = {name: value for name, value in self._request().items() if value is not None}
-        loaded = {}
-        if embedder.family.is_multimodal:
-            config = embedder.serializer.config
-            loaded = dict(min_pixels=config.min_pixels, max_pixels=config.max_pixels, video=config.video)
-        settings = {**loaded, **(carried or {}), **given}
-        if isinstance(given.get("video"), Mapping):  # some video fields given: over the others' video
-            settings["video"] = dataclasses.replace({**loaded, **(carried or {})}.get("video", VideoConfig()),
-                                                    **given["video"])
-        profile = CollectionProfile.resolve(None, **settings)
-        calibration = None
-        if profile.r_max > 0 and profile.threshold is None:  # theta: the model's saved calibration, if any
-            calibration = load_calibration(embedder.model_id, embedder.loaded.revision)
-        return profile.completed(embedder, calibration)
+        """The profile of a new collection (`collection_settings.new_profile`; loads the model)."""
+        return new_profile(self.embedder, self._request(), carried)
 
     def _model_source(self) -> ModelSource:
         """The model this retriever embeds with, as another process (a Ray worker) loads it."""
-        if self._embedder is not None:
-            loaded = self._embedder
-            return ModelSource(loaded.model_id, loaded.loaded.revision,
-                               str(loaded.backbone.dtype).removeprefix("torch."), loaded.batching)
-        return ModelSource(self._spec.name, self._spec.revision, self._spec.dtype, self._spec.batching)
+        return model_source(self._embedder, self._spec)
 
     def _writer(self) -> Collection:
         """The collection opened for writing (CollectionError at once if another writer holds it)."""
@@ -315,34 +242,19 @@ class Retriever:
         return self.collection
 
     def _open_for_writing(self, root: Path, index_type: str) -> tuple[Collection, CollectionProfile]:
-        """The collection to write into, and its profile. A new one is created, which needs the
-        model (its dim and revision go into the manifest); an existing one is opened without
-        loading it, refusing at once given settings or a model id or revision that differ (the
-        rest is checked when the model loads, see `CollectionDocuments`) and an index type FAISS
-        cannot build (else found only after every file is embedded)."""
-        existing = existing_profile(root)
-        if existing is not None:
-            profile = self._checked(existing, root)
-            validate_factory(index_type, profile.dim)
-            col = Collection.open(root, writable=True)
-            return col, CollectionProfile.from_manifest(col.manifest)
-        profile = self._new_profile()
-        col = Collection.create(root, profile.to_manifest(index_type), exist_ok=True)
-        return col, CollectionProfile.from_manifest(col.manifest)
+        """The collection to write into, and its profile (`collection_settings.open_for_writing`)."""
+        return open_for_writing(root, index_type, existing_profile(root), lambda existing: self._checked(existing, root),
+                                self._new_profile)
 
     def _erase_for_reindex(self, root: Path, index_type: str) -> tuple[Collection, CollectionProfile]:
         """Erase the collection for `index --reindex` and create it again with this retriever's
         settings (those not given are carried over, see `CollectionProfile.carried_over`), once
-        nothing that follows can refuse: the model loads (re-indexing embeds everything anyway),
-        the index type must suit its dim, and the folder must hold nothing that would stop
-        `Collection.create`. Raises ModelLoadError, ConfigError or CollectionError with the
-        collection untouched."""
+        nothing that follows can refuse: the model loads (re-indexing embeds everything anyway)
+        before `collection_settings.recreate`. Raises ModelLoadError, ConfigError or
+        CollectionError with the collection untouched."""
         existing = self._existing()
         profile = self._new_profile(None if existing is None else existing.carried_over(self._request()["model_id"]))
-        validate_factory(index_type, profile.dim)
-        Collection.erase(root, for_create=True)
-        col = Collection.create(root, profile.to_manifest(index_type))
-        return col, CollectionProfile.from_manifest(col.manifest)
+        return recreate(root, index_type, profile)
 
     # ---- indexing --------------------------------------------------------------------------
     def index(self, paths: Iterable[str | os.PathLike], collection: str | os.PathLike | None = None,
@@ -376,55 +288,14 @@ class Retriever:
         root = self._target(collection)
         scan = scan_paths(paths, ScanFilter(options.exclude, options.include_hidden))
         self.close()
-        tally = IngestTally()
         if options.reindex:
             col, profile = self._erase_for_reindex(root, options.index_type or "auto")
         else:
             col, profile = self._open_for_writing(root, options.index_type or "auto")
-        with col:
-            scan = honour_exclusions(col, scan)  # paths removed earlier stay out of folder scans
-            encode = CollectionDocuments(self._embedder_for, col, profile)
-            plan = plan_update(col, scan, options.retry_failed)
-            col.delete_uris(plan.vanished)
-            if scan.missing:
-                record_missing(col, scan.missing, tally)
-            done = 0
+        return index_collection(col, profile, scan, options, CollectionDocuments(self._embedder_for, col, profile),
+                                self._model_source(), executor, progress, started)
 
-            def report_progress(trace: BatchTrace | None = None) -> None:
-                if progress is None:
-                    return
-                flight = encode.in_flight  # batches of the chunk being embedded, not yet in the tally
-                chunk_size = min(options.chunk_files, len(plan.todo) - done)
-                share = (done + chunk_size * min(1.0, flight.rows / flight.inputs) if flight.inputs else done)
-                progress(IndexProgress(done, len(plan.todo), tally.embedded + flight.rows, tally.reused,
-                                       len(tally.failures), tally.prefix_tokens + flight.prefix_tokens,
-                                       tally.kept_prefix_tokens + flight.kept_prefix_tokens,
-                                       time.perf_counter() - started,
-                                       share / len(plan.todo) if plan.todo else 1.0,
-                                       tally.tower_s + flight.tower_s, tally.decoder_s + flight.decoder_s))
-
-            def files_committed(n: int) -> None:
-                nonlocal done
-                done = n
-                report_progress()
-
-            encode.on_batch = report_progress
-            report_progress()
-            executor.run(IngestJob(col, plan, profile, self._model_source(), encode, options.chunk_files, tally,
-                                   files_committed, chunk_pages=options.chunk_pages))
-            if options.index_type is not None and options.index_type != col.manifest.index_type:
-                col.rebuild_index(options.index_type)
-        factory = col.manifest.index_factory  # as saved by close(), which brought index.faiss up to date
-        seconds = time.perf_counter() - started
-        log.info("%s: embedded %d items, reused %d, %d files unchanged, %d removed, %d failed in %.1f s",
-                 root, tally.embedded, tally.reused, plan.n_unchanged, len(plan.vanished), len(tally.failures), seconds)
-        return IndexReport(str(root), len(scan.files()), tally.embedded, tally.reused, plan.n_unchanged,
-                           len(plan.vanished),
-                           len(tally.failures), tuple(tally.failures), tally.prefix_tokens,
-                           tally.kept_prefix_tokens, seconds, factory, scan.n_excluded,
-                           tower_s=tally.tower_s, decoder_s=tally.decoder_s)
-
-    def pending(self, paths: Iterable[str | Path], options: IndexOptions | None = None) -> int:
+    def pending(self, paths: Iterable[str | os.PathLike], options: IndexOptions | None = None) -> int:
         """How many files `index(paths, options=options)` would embed (or reuse) now: the new
         and changed ones (and, with retry_failed, those that failed); every file when the
         collection does not exist yet. Reads only (no model, no writer lock), so it can tell
@@ -461,34 +332,17 @@ class Retriever:
             if values is not None and len(values) != len(items):
                 raise InputError(f"add: {len(values)} {name} for {len(items)} items; give one per item")
         col, profile = self._open_for_writing(self.collection, "auto")
-        with col:
-            result = CollectionDocuments(self._embedder_for, col, profile)(items, on_error)
-            reasons = failure_reasons(result)
-            if reasons and on_error == "raise":  # only non-finite vectors get here: encode raised the rest
-                row = min(reasons)
-                raise InputError(f"add: input {result.sources[row]}: {reasons[row]}",
-                                 hint="or pass on_error='skip' to store the other items")
-            records = [add_record(result.items[row], None if uris is None else uris[source],
-                                   None if metadata is None else metadata[source], reasons.get(row))
-                       for row, source in enumerate(result.sources)]
-            refuse_repeated_rows(records, result.sources)  # before any write: all rows or none
-            ok = np.array([row not in reasons for row in range(len(records))], dtype=bool)
-            failed = [records[row] for row in sorted(reasons)]
-            ids = np.full(len(records), -1, dtype=np.int64)
-            # One transaction, as `index` commits a chunk: a crash keeps the rows and their
-            # failure records together or neither.
-            ids[ok] = col.commit(result.embeddings[ok], [r for r, is_ok in zip(records, ok) if is_ok], failed)[0]
+        report = add_documents(col, CollectionDocuments(self._embedder_for, col, profile), items, metadata, uris,
+                               on_error)
         self.close()
-        if failed:
-            log.info("%s: added %d items, %d failed", self.collection, int(ok.sum()), len(failed))
-        return AddReport(ids, tuple(IndexFailure(r.uri, r.page, r.error) for r in failed))
+        return report
 
     def delete(self, ids: Iterable[int]) -> int:
         """Tombstone items by id; returns how many were live."""
         with self._writer() as col:
             return col.delete(ids)
 
-    def remove(self, paths: Iterable[str | Path] = (), ids: Iterable[int] = ()) -> RemoveReport:
+    def remove(self, paths: Iterable[str | os.PathLike] = (), ids: Iterable[int] = ()) -> RemoveReport:
         """Remove every item of each file or folder, and the items with these ids (see
         `maintenance.remove_items`)."""
         self.close()
@@ -509,16 +363,16 @@ class Retriever:
         with Collection.open(self.collection) as col:
             return col.info()
 
-    def export(self, path: str | Path) -> ExportReport:
+    def export(self, path: str | os.PathLike) -> ExportReport:
         """Write the collection's live items and vectors to a Parquet file (a path or "parquet:FILE")
         or a LanceDB table ("lancedb:DIR/TABLE"; see `faste_mm.retrieval.export`)."""
-        return export_collection(self.collection, str(path))
+        return export_collection(self.collection, os.fspath(path))
 
     # ---- search ----------------------------------------------------------------------------
-    def search(self, query: str | None = None, *, image: str | Path | Image.Image | None = None,
+    def search(self, query: str | None = None, *, image: str | os.PathLike | Image.Image | None = None,
                k: int = 10, instruction: str | None = None, where: Mapping[str, Any] | None = None,
                type: str | Sequence[str] | None = None, path: str | None = None,
-               video: str | Path | None = None, mode: str = "dense", rescore: int | None = None,
+               video: str | os.PathLike | None = None, mode: str = "dense", rescore: int | None = None,
                lexical_syntax: bool = False, rerank=None, rerank_top: int = 50) -> list[Hit]:
         """Top-k items for a text, an image, a video, or a combination. An image or a video alone
         is a query by example: it is embedded exactly like a document (so an indexed file finds
@@ -540,6 +394,7 @@ class Retriever:
         Raises InputError if nothing is given, ConfigError for a bad filter."""
         if query is None and image is None and video is None:
             raise InputError("search: give a query text, an image, a video, or a combination")
+        image, video = (Path(value) if isinstance(value, os.PathLike) else value for value in (image, video))
         item = Item(text=query, image=image, video=video)
         options = dict(instruction=instruction, where=where, type=type, path=path, mode=mode, rescore=rescore,
                        lexical_syntax=lexical_syntax)
@@ -555,35 +410,19 @@ class Retriever:
                      lexical_syntax: bool = False) -> list[list[Hit]]:
         """`search` for many queries (str text, Path/PIL image, or `Item`), one list of hits each;
         the filters and the mode apply to every query."""
-        if mode not in SEARCH_MODES:
-            raise ConfigError(f"search mode must be one of {SEARCH_MODES}, got {mode!r}")
+        querying.check_mode(mode)
         search_filter = SearchFilter(where=where or {}, types=() if type is None else type, path=path)
-        items = [_as_query(q, i) for i, q in enumerate(queries)]
-        texts = None if mode == "dense" else [item.text or "" for item in items]
-        if mode == "lexical" and not all(texts):
-            raise InputError(f"search: lexical mode searches words; query {texts.index('') + 1} has no text "
-                             f"(use --mode dense or hybrid for an image or video query)")
+        items = [querying.as_query(q, i) for i, q in enumerate(queries)]
+        texts = querying.query_texts(items, mode)
         col = self._open_reader(check_model=mode != "lexical")
-        vectors = None if mode == "lexical" else self._embed_queries(items, instruction, col)
+        vectors = None if mode == "lexical" else self._embed_queries(items, instruction)
         found = col.find(k, queries=vectors, texts=texts, mode=mode, where=search_filter, rescore=rescore,
                          lexical_syntax=lexical_syntax)  # hits and records of one snapshot
-        records = found.records
-        return [[Hit(int(i), float(s), records[int(i)].uri, records[int(i)].page, records[int(i)].metadata,
-                     SOURCE_NAMES[int(side)])
-                 for s, i, side in zip(row_scores, row_ids, row_sides) if i >= 0]
-                for row_scores, row_ids, row_sides in zip(found.scores, found.ids, found.sources)]
+        return querying.hits(found)
 
-    def _embed_queries(self, items: list[Item], instruction: str | None, col: Collection) -> np.ndarray:
-        by_example = [i for i, it in enumerate(items)
-                      if instruction is None and it.instruction is None and not it.text
-                      and (it.image is not None or it.video is not None)]
-        with_task = [i for i in range(len(items)) if i not in set(by_example)]
-        out = np.zeros((len(items), self._reader_profile.dim), dtype=np.float32)
-        if by_example:
-            out[by_example] = self.encode_documents([items[i] for i in by_example]).embeddings
-        if with_task:
-            out[with_task] = self.encode_queries([items[i] for i in with_task], instruction=instruction).embeddings
-        return out
+    def _embed_queries(self, items: list[Item], instruction: str | None) -> np.ndarray:
+        return querying.embed_queries(items, instruction, self._reader_profile.dim, self.encode_documents,
+                                      self.encode_queries)
 
     # ---- encoding with the collection's settings -------------------------------------------
     def encode_queries(self, queries: Iterable[object], *, instruction: str | None = None,
@@ -635,30 +474,3 @@ class Retriever:
         """`encode_documents` under the sentence-transformers name; one input counts as a list of one."""
         return self.encode_documents(one_or_many(documents), on_error=on_error)
 
-
-def _as_query(value: object, position: int) -> Item:
-    """A query: an `Item`, text, a PIL image, or a file made into a query by its kind's decoder
-    (`decoders.query_item`: a text file by its text, a video, an image)."""
-    if isinstance(value, Path) and kind_name(value) in KINDS and kind_name(value) != "pdf":
-        return query_item(value, kind_name(value))
-    item = as_item(value, position)
-    if item.is_pdf and item.page is None:
-        raise InputError(f"query {position}: {item.image} is a PDF; query with one page, "
-                         f"Item(image=path, page=N)")
-    return item
-
-
-def _no_status(name: str) -> ContextManager[None]:
-    return nullcontext()
-
-
-def _resolve(root: Path, existing: CollectionProfile | None, given: Mapping[str, Any],
-             model: str | os.PathLike | None) -> CollectionProfile:
-    """`CollectionProfile.resolve` for the collection at `root`, its message naming the folder;
-    a mistyped model path is reported as "not found", not as another model."""
-    try:
-        return CollectionProfile.resolve(existing, **given)
-    except CollectionError as error:
-        if model is not None:
-            check_local_path(os.fspath(model))
-        raise CollectionError(f"{root}: {error.message}", hint=error.hint, cli_hint=error.cli_hint) from None

@@ -47,7 +47,7 @@ def make_inputs(spec: str, n: int, workdir: Path, tokenizer) -> list:
         return [path] * n  # one file: every item decodes it again, as distinct files would be
     folder = Path(spec)
     if folder.is_dir():
-        from faste_mm.retrieval.ingest import document_items
+        from faste_mm.retrieval.scanning import document_items
 
         items, _ = document_items([folder])
         if not items:

@@ -31,7 +31,7 @@ from faste_mm.model.faste import FastEConfig
 from faste_mm.model.items import Item, as_item, count_pdf_pages, expand_items
 from faste_mm.model.serialization import OFFICIAL_MAX_PIXELS, pixel_budget
 from faste_mm.retrieval.decoders import document_input
-from faste_mm.retrieval.ingest import ScanFilter, scan_paths
+from faste_mm.retrieval.scanning import ScanFilter, scan_paths
 from faste_mm.tools.bench import device_name
 from faste_mm.tools.plan_report import CandidateResult, PlanReport, pareto_front, recommend
 

@@ -1,0 +1,126 @@
+"""The profile a retriever embeds a collection's documents with, and the collection opened for
+writing with it: the defaults rule applied to the settings given to the retriever, the existing
+collection's profile and the loaded model (`CollectionProfile.resolve`, `completed`). Receives
+the retriever's request (given settings + model id) and its model; hands a `CollectionProfile`
+and an open `Collection` to `Retriever`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from faste_mm.errors import CollectionError
+from faste_mm.indexers import Collection
+from faste_mm.indexers.faiss_index import validate_factory
+from faste_mm.indexers.manifest import settings_mismatch
+from faste_mm.model.backbones.loading import check_local_path
+from faste_mm.model.embedder import Embedder
+from faste_mm.model.video import VideoConfig
+from faste_mm.retrieval.calibrations import load_calibration
+from faste_mm.retrieval.profile import CollectionProfile, existing_profile
+
+
+def resolve_at(root: Path, existing: CollectionProfile | None, given: Mapping[str, Any],
+               model: str | os.PathLike | None) -> CollectionProfile:
+    """`CollectionProfile.resolve` for the collection at `root`, its message naming the folder;
+    a mistyped model path is reported as "not found", not as another model."""
+    try:
+        return CollectionProfile.resolve(existing, **given)
+    except CollectionError as error:
+        if model is not None:
+            check_local_path(os.fspath(model))
+        raise CollectionError(f"{root}: {error.message}", hint=error.hint, cli_hint=error.cli_hint) from None
+
+
+def checked_profile(existing: CollectionProfile, root: Path, request: Mapping[str, Any], embedder: Embedder | None,
+                    model_path: str | os.PathLike | None) -> CollectionProfile:
+    """`existing` after checking the requested settings against it, and the model once loaded
+    (its width and pixel settings too). Raises CollectionError naming what differs."""
+    profile = resolve_at(root, existing, request, model_path)
+    if embedder is not None:
+        errors = profile.conflicts(profile.as_loaded(embedder))  # pixels: see Retriever._embedder_for
+        if errors:
+            raise settings_mismatch(root, errors)
+    return profile
+
+
+def new_profile(embedder: Embedder, request: Mapping[str, Any],
+                carried: Mapping[str, Any] | None = None) -> CollectionProfile:
+    """The profile of a new collection: the requested settings over `carried` (a re-indexed
+    collection's, see `CollectionProfile.carried_over`), over the loaded model's pixel and
+    video settings, over the defaults; completed with the model."""
+    given = {name: value for name, value in request.items() if value is not None}
+    loaded = {}
+    if embedder.family.is_multimodal:
+        config = embedder.serializer.config
+        loaded = dict(min_pixels=config.min_pixels, max_pixels=config.max_pixels, video=config.video)
+    settings = {**loaded, **(carried or {}), **given}
+    if isinstance(given.get("video"), Mapping):  # some video fields given: over the others' video
+        settings["video"] = dataclasses.replace({**loaded, **(carried or {})}.get("video", VideoConfig()),
+                                                **given["video"])
+    profile = CollectionProfile.resolve(None, **settings)
+    calibration = None
+    if profile.r_max > 0 and profile.threshold is None:  # theta: the model's saved calibration, if any
+        calibration = load_calibration(embedder.model_id, embedder.loaded.revision)
+    return profile.completed(embedder, calibration)
+
+
+def open_for_writing(root: Path, index_type: str, existing: CollectionProfile | None,
+                     checked: Callable[[CollectionProfile], CollectionProfile],
+                     new: Callable[[], CollectionProfile]) -> tuple[Collection, CollectionProfile]:
+    """The collection to write into, and its profile. A new one is created with `new()`, which
+    needs the model (its dim and revision go into the manifest); an existing one is opened without
+    loading it, refusing at once (`checked`) given settings or a model id or revision that differ
+    (the rest is checked when the model loads, see `CollectionDocuments`) and an index type FAISS
+    cannot build (else found only after every file is embedded)."""
+    if existing is not None:
+        validate_factory(index_type, checked(existing).dim)
+        col = Collection.open(root, writable=True)
+        return col, CollectionProfile.from_manifest(col.manifest)
+    col = Collection.create(root, new().to_manifest(index_type), exist_ok=True)
+    return col, CollectionProfile.from_manifest(col.manifest)
+
+
+def recreate(root: Path, index_type: str, profile: CollectionProfile) -> tuple[Collection, CollectionProfile]:
+    """Erase the collection for `index --reindex` and create it again with `profile`, once nothing
+    that follows can refuse: the index type must suit its dim, and the folder must hold nothing
+    that would stop `Collection.create`. Raises ConfigError or CollectionError, the collection untouched."""
+    validate_factory(index_type, profile.dim)
+    Collection.erase(root, for_create=True)
+    col = Collection.create(root, profile.to_manifest(index_type))
+    return col, CollectionProfile.from_manifest(col.manifest)
+
+
+def for_collection(root: Path, model: str | os.PathLike | None, revision: str | None, reindex: bool,
+                   settings: Mapping[str, Any]) -> tuple[CollectionProfile, dict[str, Any]]:
+    """What `Retriever.for_collection` needs: the profile of the collection at `root` under the
+    defaults rule (its values, else the given ones, else the defaults; with `reindex`, the given
+    ones over its values carried over), and the FastE, dim and precision settings it was given
+    (None where not given) for the retriever to check later collections against."""
+    existing = existing_profile(root)
+    given = dict(settings)
+    if model is not None:
+        given.update(model_id=model, model_revision=revision)
+    if reindex and existing is not None:
+        given = {**existing.carried_over(model), **{k: v for k, v in given.items() if v is not None}}
+        existing = None
+    profile = resolve_at(root, existing, given, model)
+    chosen = {name: given.get(name) for name in ("r_max", "warmup_layer", "threshold", "trigger_layer", "dim",
+                                                 "vectors", "keep")}
+    return profile, chosen
+
+
+def adapted_embedder(embedder: Embedder, profile: CollectionProfile, adapted: Embedder | None) -> Embedder:
+    """The embedder serializing with `profile`'s pixel and video settings: `embedder` itself, the
+    earlier `adapted` one, or the same weights with the profile's serializer (`Embedder.with_serializer`)."""
+    if not embedder.family.is_multimodal:
+        return embedder
+    wanted = profile.serializer(embedder.serializer.config)
+    if wanted == embedder.serializer.config:
+        return embedder
+    if adapted is None or adapted.serializer.config != wanted:
+        adapted = embedder.with_serializer(wanted)
+    return adapted

@@ -1,0 +1,85 @@
+"""One `Retriever.index` run over an open collection: vanished files removed, missing ones
+recorded, the update plan handed to an executor chunk by chunk with progress, the index type
+switched if asked. Receives the collection opened for writing, its profile and a `Scan`; hands
+back the `IndexReport`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Callable
+
+from faste_mm.indexers import Collection
+from faste_mm.model.runner import BatchTrace
+from faste_mm.retrieval.documents import CollectionDocuments
+from faste_mm.retrieval.executors import IngestExecutor, IngestJob, ModelSource
+from faste_mm.retrieval.ingest import IngestTally, UpdatePlan, plan_update, record_missing
+from faste_mm.retrieval.profile import CollectionProfile
+from faste_mm.retrieval.results import IndexOptions, IndexProgress, IndexReport
+from faste_mm.retrieval.scanning import Scan, honour_exclusions
+
+log = logging.getLogger(__name__)
+
+
+def index_collection(col: Collection, profile: CollectionProfile, scan: Scan, options: IndexOptions,
+                     encode: CollectionDocuments, model: ModelSource, executor: IngestExecutor,
+                     progress: Callable[[IndexProgress], None] | None, started: float) -> IndexReport:
+    """Bring `col` (opened for writing; closed here, which saves index.faiss) up to date with `scan`.
+    `started`: perf_counter() when the call began (the report's seconds count from it)."""
+    tally = IngestTally()
+    root = Path(col.root)
+    with col:
+        scan = honour_exclusions(col, scan)  # paths removed earlier stay out of folder scans
+        plan = plan_update(col, scan, options.retry_failed)
+        col.delete_uris(plan.vanished)
+        if scan.missing:
+            record_missing(col, scan.missing, tally)
+        done = 0
+        report_progress = _progress_reporter(progress, encode, plan, options.chunk_files, tally, started,
+                                             lambda: done)
+
+        def files_committed(n: int) -> None:
+            nonlocal done
+            done = n
+            report_progress()
+
+        encode.on_batch = report_progress
+        report_progress()
+        executor.run(IngestJob(col, plan, profile, model, encode, options.chunk_files, tally,
+                               files_committed, chunk_pages=options.chunk_pages))
+        if options.index_type is not None and options.index_type != col.manifest.index_type:
+            col.rebuild_index(options.index_type)
+    factory = col.manifest.index_factory  # as saved by close(), which brought index.faiss up to date
+    seconds = time.perf_counter() - started
+    log.info("%s: embedded %d items, reused %d, %d files unchanged, %d removed, %d failed in %.1f s",
+             root, tally.embedded, tally.reused, plan.n_unchanged, len(plan.vanished), len(tally.failures), seconds)
+    return IndexReport(str(root), len(scan.files()), tally.embedded, tally.reused, plan.n_unchanged,
+                       len(plan.vanished),
+                       len(tally.failures), tuple(tally.failures), tally.prefix_tokens,
+                       tally.kept_prefix_tokens, seconds, factory, scan.n_excluded,
+                       tower_s=tally.tower_s, decoder_s=tally.decoder_s)
+
+
+def _progress_reporter(progress: Callable[[IndexProgress], None] | None, encode: CollectionDocuments,
+                       plan: UpdatePlan, chunk_files: int, tally: IngestTally, started: float,
+                       done: Callable[[], int]) -> Callable[[BatchTrace | None], None]:
+    """A callback (after each batch and each committed chunk) sending `progress` the totals so far:
+    the committed chunks' tally plus the batches of the chunk being embedded (`encode.in_flight`)."""
+
+    def report_progress(trace: BatchTrace | None = None) -> None:
+        if progress is None:
+            return
+        n_done = done()
+        flight = encode.in_flight  # batches of the chunk being embedded, not yet in the tally
+        chunk_size = min(chunk_files, len(plan.todo) - n_done)
+        share = (n_done + chunk_size * min(1.0, flight.rows / flight.inputs) if flight.inputs else n_done)
+        progress(IndexProgress(n_done, len(plan.todo), tally.embedded + flight.rows, tally.reused,
+                               len(tally.failures), tally.prefix_tokens + flight.prefix_tokens,
+                               tally.kept_prefix_tokens + flight.kept_prefix_tokens,
+                               time.perf_counter() - started,
+                               share / len(plan.todo) if plan.todo else 1.0,
+                               tally.tower_s + flight.tower_s, tally.decoder_s + flight.decoder_s))
+
+    return report_progress
