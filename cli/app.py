@@ -16,19 +16,14 @@ from typer.core import TyperCommand, TyperGroup
 
 from faste_mm.cli.bench import bench_command
 from faste_mm.cli.calibrate import calibrate_command
-from faste_mm.cli.collection_commands import (
-    compact_command,
-    index_command,
-    info_command,
-    rebuild_index_command,
-    remove_command,
-    search_command,
-)
+from faste_mm.cli.collection_commands import compact_command, info_command, rebuild_index_command, remove_command
 from faste_mm.cli.embed import embed
 from faste_mm.cli.export import export_command
+from faste_mm.cli.index_command import index_command
 from faste_mm.cli.eval import eval_command
 from faste_mm.cli.plan import plan_command
 from faste_mm.cli.rerank import rerank_command
+from faste_mm.cli.search_command import search_command
 from faste_mm.cli.serve import serve_command
 
 # typer's labels for a parameter's type, as `--help` shows them in its type column; a range

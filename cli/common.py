@@ -135,3 +135,9 @@ def fail(error: FasteError, debug: bool) -> NoReturn:
         message = in_cli_words(message)
     stderr.print(f"[red]error:[/red] {markup_safe(message)}", highlight=False)
     raise typer.Exit(1)
+
+
+def usage_error(message: str) -> NoReturn:
+    """Exit 2 (a usage error) with `message` on stderr: options that cannot go together."""
+    stderr.print(f"[red]usage error:[/red] {message}")
+    raise typer.Exit(2)

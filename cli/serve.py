@@ -97,10 +97,10 @@ def serve_command(
             import torch
 
             torch.set_num_threads(threads)
-        from faste_mm.cli.collection_commands import _load_reranker
+        from faste_mm.cli.collection_commands import load_reranker
 
         def reranker_for(root):  # --rerank, else the collection's; /v1/rerank and /explain share the model thread
-            return _load_reranker(rerank, root, rerank_r_max, rerank_protect, device)
+            return load_reranker(rerank, root, rerank_r_max, rerank_protect, device)
 
         engine = _load_engine(collection, model, device, dtype, batch_tokens, unpadded, config, settings, reranker_for)
     except FasteError as error:

@@ -83,7 +83,7 @@ def test_index_records_a_default_reranker_that_info_shows_and_search_uses(eval_m
     assert [h["rerank_score"] for h in hits] == pytest.approx([h.rerank_score for h in expected], abs=1e-6)
     plain = runner.invoke(app, ["search", "red", "-c", col, "-k", "2", "--no-rerank", "--device", "cpu", "--format", "json"])
     assert all("rerank_score" not in h for h in json.loads(plain.stdout)["hits"])
-    from faste_mm.cli.collection_commands import _load_reranker
+    from faste_mm.cli.collection_commands import load_reranker
 
-    served = _load_reranker(None, tmp_path / "col", "0", "none", "cpu")  # `serve -c` picks the collection's reranker
+    served = load_reranker(None, tmp_path / "col", "0", "none", "cpu")  # `serve -c` picks the collection's reranker
     assert served.model_id == str(Path(rr).absolute())

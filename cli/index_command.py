@@ -1,0 +1,225 @@
+"""`faste-mm index`: paths and options -> `Retriever.for_collection(...).index(...)` -> the report on
+stdout (a table or --format json), progress and skipped files on stderr; an interrupted run says
+what is left. Every option also reads a FASTE_MM_* environment variable.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import NoReturn, Optional
+
+import typer
+from rich.table import Table
+
+from faste_mm.cli.common import fail, markup_safe, print_json, setup_logging, stderr, stdout, usage_error
+from faste_mm.cli.options import (DEFAULT_BATCH_TOKENS, BatchTokens, CollectionOption, Debug, Device, Dtype, Format,
+                                  MaxPixels, Model, OutputFormat, RMax, Threshold, TriggerLayer, Unpadded, VisualTokens,
+                                  WarmupLayer, one_ratio)
+from faste_mm.cli.progress import Progress
+from faste_mm.errors import FasteError
+
+
+def index_command(
+    paths: list[Path] = typer.Argument(..., help="Files and folders to index (folders are walked recursively)."),
+    collection: CollectionOption = None,
+    model: Model = None,
+    r_max: RMax = None,
+    warmup_layer: WarmupLayer = None,
+    threshold: Threshold = None,
+    trigger_layer: TriggerLayer = None,
+    reranker: Optional[str] = typer.Option(None, "--reranker", envvar="FASTE_MM_RERANKER", show_default=False,
+                                           help="Record a default reranker (hub id or folder, e.g. Qwen/Qwen3-VL-Reranker-2B) "
+                                                "that search and serve use for a second stage; set when the collection is "
+                                                "created or re-indexed. Default: none."),
+    dim: Optional[int] = typer.Option(None, "--dim", envvar="FASTE_MM_DIM", min=1,
+                                      help="Matryoshka: store only the first DIM dimensions of each vector, "
+                                           "re-normalised (e.g. 512: 4x smaller index, faster search, some "
+                                           "quality lost); queries are truncated the same way. Default: the "
+                                           "collection's, the model's full width for a new one."),
+    vectors: Optional[str] = typer.Option(None, "--vectors", envvar="FASTE_MM_VECTORS",
+                                          help="Precision of the index in RAM: float32 | float16 | int8 (8-bit "
+                                               "codes, 1/4 the RAM) | binary (sign bits, 1/32; dim a multiple of "
+                                               "8); searches rescore candidates from the copy kept on disk. "
+                                               "Default: the collection's, float32 for a new one."),
+    keep: Optional[str] = typer.Option(None, "--keep", envvar="FASTE_MM_KEEP",
+                                       help="Copy kept on disk to rescore with: float (default) | int8 (8-bit "
+                                            "codes, with --vectors binary) | none (smallest; results "
+                                            "unrescored). Default: the collection's, float for a new one."),
+    batch_tokens: BatchTokens = DEFAULT_BATCH_TOKENS,
+    unpadded: Unpadded = "auto",
+    chunk_files: int = typer.Option(64, "--chunk-files", envvar="FASTE_MM_CHUNK_FILES",
+                                    help="Files embedded and committed together; an interrupted run "
+                                         "loses at most one chunk (default 64)."),
+    chunk_pages: int = typer.Option(64, "--chunk-pages", envvar="FASTE_MM_CHUNK_PAGES",
+                                    help="A longer PDF is embedded and committed this many pages at a time; "
+                                         "an interrupted run resumes after the last committed pages (default 64)."),
+    device: Device = "auto",
+    dtype: Dtype = "auto",
+    exclude: list[str] = typer.Option([], "--exclude", envvar="FASTE_MM_EXCLUDE",
+                                      help="Glob (fnmatch) on the path relative to a walked folder or on any "
+                                           "name in it, e.g. '*.gif', 'drafts/*'; repeatable."),
+    include_hidden: bool = typer.Option(False, "--include-hidden", envvar="FASTE_MM_INCLUDE_HIDDEN",
+                                        help="Also index files and folders whose name starts with '.'."),
+    index_type: Optional[str] = typer.Option(None, "--index-type", envvar="FASTE_MM_INDEX_TYPE",
+                                             help="auto, or a FAISS factory string such as 'HNSW32' or "
+                                                  "'IVF1024,Flat'. Default: the collection's (auto when new)."),
+    reindex: bool = typer.Option(False, "--reindex",
+                                 help="Erase the collection and rebuild it with the given settings "
+                                      "(no environment variable: it deletes vectors)."),
+    retry_failed: bool = typer.Option(False, "--retry-failed", envvar="FASTE_MM_RETRY_FAILED",
+                                      help="Embed unchanged files that failed last time again."),
+    output: OutputFormat = Format.table,
+    ray: Optional[str] = typer.Option(None, "--ray", envvar="FASTE_MM_RAY",
+                                      help="Embed on Ray Data: 'auto' (a local Ray with every GPU and core) "
+                                           "or a cluster address (host:6379). Needs faste-mm[ray]."),
+    workers: Optional[int] = typer.Option(None, "--workers", envvar="FASTE_MM_RAY_WORKERS", min=1,
+                                          help="With --ray: embedding actors, one model each "
+                                               "(default: one per GPU, else 1)."),
+    gpus_per_worker: Optional[float] = typer.Option(None, "--gpus-per-worker", envvar="FASTE_MM_RAY_GPUS_PER_WORKER",
+                                                    min=0, help="With --ray: GPUs per actor (default 1 when the "
+                                                                "cluster has GPUs, else 0 = CPU actors)."),
+    cpus_per_worker: float = typer.Option(1.0, "--cpus-per-worker", envvar="FASTE_MM_RAY_CPUS_PER_WORKER",
+                                          help="With --ray: CPUs each actor reserves (default 1)."),
+    ship_bytes: bool = typer.Option(False, "--ship-bytes", envvar="FASTE_MM_RAY_SHIP_BYTES",
+                                    help="With --ray: read files on this machine and ship their bytes through "
+                                         "Ray's object store (nodes without shared storage)."),
+    video_fps: Optional[float] = typer.Option(None, "--video-fps", envvar="FASTE_MM_VIDEO_FPS",
+                                              help="Video frames sampled per second. Default: the collection's, "
+                                                   "1 (the official embedder's) for a new one."),
+    video_max_frames: Optional[int] = typer.Option(None, "--video-max-frames", envvar="FASTE_MM_VIDEO_MAX_FRAMES",
+                                                   help="At most this many frames per video. Default: the "
+                                                        "collection's, 64 for a new one."),
+    video_max_pixels: Optional[int] = typer.Option(None, "--video-max-pixels", envvar="FASTE_MM_VIDEO_MAX_PIXELS",
+                                                   help="Pixels per video frame at most (32x32 px = one visual "
+                                                        "token per frame pair). Default: the collection's, "
+                                                        "786432 for a new one."),
+    max_pixels: MaxPixels = None,
+    visual_tokens: VisualTokens = None,
+    plan: Optional[str] = typer.Option(None, "--plan", envvar="FASTE_MM_PLAN",
+                                       help="plan.json from faste-mm plan (or plan.json:ROW): index with its "
+                                            "recommendation (or that row): pixel cap, r_max, theta and dtype; a NEW "
+                                            "collection keeps the measured fidelity as its receipt (see info)."),
+    debug: Debug = False,
+) -> None:
+    """Index images, videos (mp4, mov, webm, mkv, avi), PDFs (page by page) and .txt/.md files; only new or
+    changed files are embedded."""
+    from faste_mm.model.batching import BatchingConfig
+    from faste_mm.model.serialization import pixel_budget
+    from faste_mm.retrieval.maintenance import collection_path
+    from faste_mm.retrieval.results import IndexOptions
+    from faste_mm.retrieval.retriever import Retriever
+
+    from faste_mm.indexers.quantization import KEEPS, PRECISIONS
+
+    setup_logging(debug)
+    if vectors is not None and vectors not in PRECISIONS:
+        usage_error(f"--vectors must be one of {', '.join(PRECISIONS)}, got {vectors!r}")
+    if keep is not None and keep not in KEEPS:
+        usage_error(f"--keep must be one of {', '.join(KEEPS)}, got {keep!r}")
+    watch, pending = _IndexWatch(), None
+    try:
+        root = collection_path(collection)
+        options = IndexOptions(exclude=tuple(exclude), include_hidden=include_hidden, reindex=reindex,
+                               index_type=index_type, retry_failed=retry_failed, chunk_files=chunk_files,
+                               chunk_pages=chunk_pages)
+        executor = None
+        if ray is not None:
+            from faste_mm.scale import RayExecutor, RayOptions
+
+            executor = RayExecutor(RayOptions(ray, workers, gpus_per_worker, cpus_per_worker, ship_bytes=ship_bytes))
+        elif workers is not None or gpus_per_worker is not None or ship_bytes:
+            usage_error("--workers, --gpus-per-worker and --ship-bytes need --ray auto (or --ray ADDRESS)")
+        # Settings not given are the collection's (so `faste-mm index more/` just works), else the
+        # defaults; a given one that differs from the collection's is refused (see CollectionProfile).
+        video = {"fps": video_fps, "max_frames": video_max_frames, "max_pixels": video_max_pixels}
+        budget = pixel_budget(max_pixels, visual_tokens, names=("--max-pixels", "--visual-tokens"))
+        settings = dict(r_max=one_ratio(r_max), warmup_layer=warmup_layer, threshold=threshold, max_pixels=budget)
+        if plan is not None:
+            settings, dtype = _plan_settings(plan, root, model, {**settings, "trigger_layer": trigger_layer}, dtype)
+        retriever = Retriever.for_collection(
+            root, model, device=device, dtype=dtype, batching=BatchingConfig(batch_tokens=batch_tokens, unpadded=unpadded),
+            reindex=reindex, loading=watch.loading, trigger_layer=trigger_layer, dim=dim, vectors=vectors, keep=keep,
+            reranker=reranker, **settings,
+            video={name: value for name, value in video.items() if value is not None} or None)
+        pending = lambda: retriever.pending(paths, options)  # noqa: E731
+        with retriever, watch:
+            report = retriever.index(paths, options=options, progress=watch.report, executor=executor)
+    except FasteError as error:
+        fail(error, debug)
+    except KeyboardInterrupt:
+        _interrupted(watch, pending, reindex)
+    if output is Format.json:
+        print_json(report.to_dict())
+    else:
+        _render_index_report(report)
+    for failure in report.failures:
+        stderr.print(f"[yellow]skipped[/yellow] {markup_safe(failure.error)}", highlight=False)
+
+
+def _plan_settings(plan: str, root, model: Optional[str], given: dict, dtype: str) -> tuple[dict, str]:
+    """--plan: the chosen row's collection settings and dtype, refused when other flags set them
+    too or when the plan was measured with another model than this index uses."""
+    from faste_mm.retrieval.profile import DEFAULT_MODEL, existing_profile
+    from faste_mm.tools.plan_report import load_plan
+
+    if any(value is not None for value in given.values()) or dtype != "auto":
+        usage_error("--plan sets the pixel budget, FastE (--r-max, --threshold, ...) and --dtype from the plan; "
+               "give --plan or those flags")
+    report, row = load_plan(plan)
+    existing = existing_profile(root)
+    report.check_model(model or (existing.model_id if existing else DEFAULT_MODEL), f"--plan {plan}")
+    return report.settings(row), report.row(row).dtype
+
+
+def _interrupted(watch: "_IndexWatch", pending, reindex: bool) -> NoReturn:
+    """Ctrl-C during index: chunks are committed as they finish, so say how many of this run's
+    files were kept (counted in the collection: the last progress report may lag a commit) and
+    how to go on; exit 130 like any program stopped by SIGINT."""
+    total = None if watch.last is None else watch.last.files_total
+    try:
+        left = None if pending is None else pending()
+    except FasteError:
+        left = None
+    if total is None or left is None:
+        kept = "the files committed so far are kept" if total is None else (
+            f"{watch.last.files_done} of {total} files committed")
+    else:
+        kept = f"{max(total - left, 0)} of {total} files committed"
+    again = "run the same command without --reindex to continue" if reindex else "run the same command again to continue"
+    stderr.print(f"interrupted: {kept}; {again}", highlight=False)
+    raise typer.Exit(130)
+
+
+class _IndexWatch(Progress):
+    """index progress on stderr, advanced per embedded batch: files committed, items/s,
+    tokens/s, the share of prefix tokens removed and an ETA (see `cli.progress.Progress`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.last = None  # the latest IndexProgress: what an interrupted run had committed
+
+    def report(self, p) -> None:
+        if self.last is None:
+            self.start("indexing", p.files_total, unit="files committed")
+        self.last = p
+        elapsed = max(p.elapsed_s - self.load_s, 1e-9)  # rates of the work, not of loading the model
+        items = p.embedded + p.reused
+        rates = (f"{items} items  {items / elapsed:.1f} items/s  {p.prefix_tokens / elapsed:.0f} tok/s  "
+                 f"removed {p.prefix_removal:.0%}" + (f"  tower {p.tower_share:.0%}" if p.tower_s else ""))
+        self.update(p.files_done, p.files_total, detail=rates, share=p.fraction)
+
+
+def _render_index_report(report) -> None:
+    table = Table(title="faste-mm index")
+    table.add_column("metric")
+    table.add_column("value", justify="right", overflow="fold")
+    for name, value in (("collection", report.collection), ("files scanned", report.files_scanned), ("items embedded", report.embedded),
+                        ("items reused (same content)", report.reused), ("files unchanged", report.unchanged),
+                        ("files removed (vanished)", report.removed),
+                        ("files skipped (removed earlier)", report.excluded), ("items failed", report.failed),
+                        ("prefix tokens removed", f"{report.prefix_removal:.1%}"),
+                        ("model s: vision tower / decoder", f"{report.tower_s:.1f} / {report.decoder_s:.1f} "
+                                                            f"(tower {report.tower_share:.0%})"),
+                        ("index", report.index_factory or "-"), ("seconds", f"{report.seconds:.1f}")):
+        table.add_row(name, markup_safe(value))
+    stdout.print(table)
