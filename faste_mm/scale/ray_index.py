@@ -1,3 +1,4 @@
+# Size: ~500 lines: one Ray Data pipeline (driver loop, decode tasks, embedding actor) read top to bottom.
 """`index --ray`: the embedding of an index run on a Ray Data pipeline, for many GPUs and cores.
 
 The driver (this process) plans exactly as a plain `index` does (`faste_mm.ingest`: scan,
