@@ -15,7 +15,7 @@ from rich.table import Table
 
 from faste_mm.cli.common import fail, markup_safe, print_json, setup_logging, stderr, stdout
 from faste_mm.cli.options import (DEFAULT_BATCH_TOKENS, DEFAULT_MODEL, BatchTokens, Debug, Device, Format, Model,
-                                  OutputFormat, RMax, Threshold, WarmupLayer, ratios)
+                                  OutputFormat, RMax, Threshold, TriggerLayer, WarmupLayer, fast_e_config, ratios)
 from faste_mm.cli.progress import Progress
 from faste_mm.errors import ConfigError, FasteError
 
@@ -37,6 +37,7 @@ def plan_command(
     dtype: str = typer.Option("auto,float32", "--dtype", envvar="FASTE_MM_PLAN_DTYPE", help="Comma-separated weight dtypes to try: auto | float32 | bfloat16 | float16; default auto,float32."),
     threshold: Threshold = None,
     warmup_layer: WarmupLayer = None,
+    trigger_layer: TriggerLayer = None,
     out: Optional[Path] = typer.Option(None, "--out", "-o", envvar="FASTE_MM_PLAN_OUT", help="Write the plan as JSON (for faste-mm index --plan)."),
     plot: Optional[Path] = typer.Option(None, "--plot", envvar="FASTE_MM_PLAN_PLOT", help="Write a PNG of cost vs agreement (needs matplotlib)."),
     batch_tokens: BatchTokens = DEFAULT_BATCH_TOKENS,
@@ -54,7 +55,7 @@ def plan_command(
     try:
         config = PlanConfig(max_pixels=_pixel_caps(max_pixels, visual_tokens), r_max=ratios(r_max),
                             dtypes=tuple(d.strip() for d in dtype.split(",") if d.strip()) or ("",), target=target,
-                            p5_floor=p5_floor, threshold=threshold, warmup_layer=warmup_layer)
+                            p5_floor=p5_floor, fast_e=fast_e_config(0.0, warmup_layer, threshold, trigger_layer))
         if sample < 2:
             raise ConfigError(f"--sample must be >= 2 (neighbours are compared within the sample), got {sample}")
         texts = _queries(queries)
@@ -130,12 +131,15 @@ def _with_saved_theta(config, embedder):
 
     from faste_mm.retrieval.calibrations import load_calibration
 
-    if config.threshold is not None:
+    if config.fast_e.threshold is not None:
         return replace(config, threshold_source="given (--threshold)")
+    if config.fast_e.trigger_layer is not None:  # a fixed layer: no theta decides when to compress
+        return config
     calibration = load_calibration(embedder.model_id, embedder.loaded.revision)
     if calibration is None or calibration.threshold is None:
         return config
-    return replace(config, threshold=calibration.threshold, threshold_source=calibration.describe())
+    return replace(config, fast_e=replace(config.fast_e, threshold=calibration.threshold),
+                   threshold_source=calibration.describe())
 
 
 def _count(kinds) -> dict[str, int]:

@@ -61,6 +61,16 @@ def test_every_command_that_embeds_takes_the_same_model_fast_e_and_batching_opti
     assert "--fixed-layer" not in params
 
 
+def test_plan_sweeps_with_the_same_fast_e_options_as_every_embedding_command():
+    group = typer.main.get_command(app)
+    options = lambda command: {opt: p for p in group.commands[command].params  # noqa: E731
+                               if p.param_type_name == "option" for opt in p.opts}
+    plan, embed = options("plan"), options("embed")
+    for flag in ("--model", "--r-max", "--warmup-layer", "--threshold", "--trigger-layer", "--batch-tokens"):
+        assert flag in plan, f"plan lacks {flag}"
+        assert (plan[flag].envvar, plan[flag].help) == (embed[flag].envvar, embed[flag].help), f"plan {flag}"
+
+
 def test_fast_e_flags_reach_the_library_config_in_cli_words():
     result = runner.invoke(app, ["embed", "--text", "x", "--r-max", "1.5", "--device", "cpu"])
     assert result.exit_code == 1 and "--r-max must be in [0, 1)" in result.output, result.output

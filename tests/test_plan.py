@@ -178,6 +178,23 @@ def test_another_dtype_runs_on_a_cast_copy_and_leaves_the_embedder_alone(vl_embe
     assert 0.9 < cast.mean_cos < 1.0  # rounded weights: close, not equal
 
 
+def test_a_fixed_trigger_layer_is_measured_and_handed_on_to_index(vl_embedder, files):
+    drawn = sample_files([files], 4)
+    config = PlanConfig(max_pixels=(1_843_200,), r_max=(0.0, 0.5), dtypes=("float32",),
+                        fast_e=FastEConfig(r_max=0.0, trigger_layer=2))
+    report = plan(vl_embedder, drawn.items, config)
+    row = next(i for i, c in enumerate(report.candidates) if c.r_max == 0.5)
+    assert report.candidates[row].trigger_layer == 2
+    assert report.settings(row)["trigger_layer"] == 2
+    reference = next(c for c in report.candidates if c.is_reference)
+    assert reference.trigger_layer is None  # the full forward compresses nowhere
+
+
+def test_a_plan_without_a_fast_e_config_is_refused():
+    with pytest.raises(ConfigError, match="PlanConfig.fast_e"):
+        PlanConfig(fast_e=0.5)
+
+
 @pytest.mark.parametrize("kwargs, field", [({"dtypes": ("fp8",)}, "PlanConfig.dtypes"),
                                            ({"target": 0.0}, "PlanConfig.target"),
                                            ({"target": 1.5}, "PlanConfig.target"),

@@ -52,8 +52,10 @@ class PlanConfig:
 
     max_pixels: image/page pixel caps to try (each >= 4096; N visual tokens = N x 1024 px).
     r_max: FastE removal ratios for documents (0: the full forward). dtypes: weight dtypes
-        ("auto" resolves on the device: see `resolve_dtype`). threshold / warmup_layer: FastE's
-        theta and l_w (None: the backbone's defaults); threshold_source says where theta came from.
+        ("auto" resolves on the device: see `resolve_dtype`). fast_e: the FastE settings every
+        candidate shares, its r_max replaced by each of `r_max`: theta, l_w (None: the backbone's
+        defaults) and trigger_layer (a fixed layer instead of the alignment trigger);
+        threshold_source says where theta came from.
     target: neighbour agreement@k the recommendation must reach, in (0, 1]. p5_floor: the 5th
         percentile cosine it must also reach (None: 1 - 3 (1 - target)). k: neighbours per item.
     """
@@ -64,9 +66,8 @@ class PlanConfig:
     target: float = 0.95
     p5_floor: float | None = None
     k: int = 10
-    threshold: float | None = None
+    fast_e: FastEConfig = FastEConfig(r_max=0.0)
     threshold_source: str | None = None
-    warmup_layer: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_pixels", "r_max", "dtypes"):
@@ -79,8 +80,10 @@ class PlanConfig:
             if pixels < 4096:
                 raise ConfigError(f"PlanConfig.max_pixels {pixels} is below the 4096-pixel minimum of an image "
                                   f"(min_pixels); give budgets of at least 4096 pixels (4 visual tokens)")
+        if not isinstance(self.fast_e, FastEConfig):
+            raise ConfigError(f"PlanConfig.fast_e must be a FastEConfig, got {type(self.fast_e).__name__}")
         for r_max in self.r_max:
-            FastEConfig(r_max=r_max, threshold=self.threshold, warmup_layer=self.warmup_layer)  # its own messages
+            replace(self.fast_e, r_max=r_max)  # FastEConfig's own messages
         unknown = [d for d in self.dtypes if d not in DTYPES]
         if unknown:
             raise ConfigError(f"PlanConfig.dtypes: unknown {unknown[0]!r}; valid: {', '.join(DTYPES)}")
@@ -234,8 +237,7 @@ def plan(embedder: Embedder, items: Sequence[object], config: PlanConfig | None 
     query_vectors: dict[torch.dtype, np.ndarray] = {}
     for setting in settings:
         variant = _with_pixels(models[setting.dtype], setting.max_pixels)
-        fast_e = None if setting.r_max == 0 else FastEConfig(r_max=setting.r_max, threshold=config.threshold,
-                                                              warmup_layer=config.warmup_layer)
+        fast_e = None if setting.r_max == 0 else replace(config.fast_e, r_max=setting.r_max)
         advance = None if progress is None else progress.advance
         runs[setting] = variant.encode_documents(inputs, fast_e=fast_e, on_error="skip", progress=advance)
         if queries and setting.dtype not in query_vectors:
@@ -322,15 +324,15 @@ def _row(setting: _Setting, run: EmbedResult, ref: EmbedResult, ok: np.ndarray, 
     query_agreement = None
     if queries is not None and len(queries):
         query_agreement = query_top_k_agreement(ref_queries, ref_vectors, queries, vectors, min(config.k, len(vectors)))
-    fast_e = embedder.resolve_fast_e(FastEConfig(r_max=setting.r_max, threshold=config.threshold,
-                                                 warmup_layer=config.warmup_layer)) if setting.r_max else None
+    fast_e = embedder.resolve_fast_e(replace(config.fast_e, r_max=setting.r_max)) if setting.r_max else None
     mean_cos, p5_cos = float(cosines.mean()), float(np.percentile(cosines, 5))
     return CandidateResult(
         name=setting.name + (" (reference)" if is_reference else ""), max_pixels=setting.max_pixels,
         r_max=setting.r_max, dtype=_dtype_name(setting.dtype),
         threshold=None if fast_e is None else fast_e.threshold,
         threshold_source=None if fast_e is None else (config.threshold_source or _default_source(config, embedder)),
-        warmup_layer=None if fast_e is None else fast_e.warmup_layer, is_reference=is_reference,
+        warmup_layer=None if fast_e is None else fast_e.warmup_layer,
+        trigger_layer=None if fast_e is None else fast_e.trigger_layer, is_reference=is_reference,
         n_items=int(ok.sum()), mean_cos=mean_cos, p5_cos=p5_cos, agreement=agreement,
         query_agreement=query_agreement, seconds_per_item=stats.total_s / n, forward_s_per_item=stats.forward_s / n,
         tower_s_per_item=stats.tower_s / n, decoder_s_per_item=stats.decoder_s / n,
@@ -339,7 +341,7 @@ def _row(setting: _Setting, run: EmbedResult, ref: EmbedResult, ok: np.ndarray, 
 
 
 def _default_source(config: PlanConfig, embedder: Embedder) -> str:
-    return "given" if config.threshold is not None else f"backbone default ({embedder.family.name})"
+    return "given" if config.fast_e.threshold is not None else f"backbone default ({embedder.family.name})"
 
 
 def _relative(rows: list[CandidateResult], reference: CandidateResult) -> list[CandidateResult]:

@@ -24,8 +24,9 @@ PLAN_VERSION = 1
 class CandidateResult:
     """One setting measured on the sample.
 
-    max_pixels: image/page pixel cap; r_max / threshold / warmup_layer: FastE on documents (r_max 0:
-        the full forward; threshold is theta as resolved, with where it came from); dtype: the
+    max_pixels: image/page pixel cap; r_max / threshold / warmup_layer / trigger_layer: FastE on
+        documents (r_max 0: the full forward; threshold is theta as resolved, with where it came from;
+        trigger_layer a fixed compression layer, None for the alignment trigger); dtype: the
         weights' dtype as run ("auto" resolved on this device).
     mean_cos / p5_cos: per-item cosine to the reference vector, mean and 5th percentile.
     agreement: neighbour agreement@k, the mean share of each item's k nearest sample neighbours
@@ -61,6 +62,7 @@ class CandidateResult:
     flops_speedup: float = 1.0
     meets_target: bool = False
     pareto: bool = False
+    trigger_layer: int | None = None  # last, with a default: plans written before it still load
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -123,6 +125,8 @@ class PlanReport:
         """
         chosen = self.row(index)
         fast_e = {} if chosen.r_max == 0 else {"threshold": chosen.threshold, "warmup_layer": chosen.warmup_layer}
+        if chosen.r_max and chosen.trigger_layer is not None:
+            fast_e["trigger_layer"] = chosen.trigger_layer
         return {"max_pixels": chosen.max_pixels, "r_max": chosen.r_max, "receipt": self.receipt(index), **fast_e}
 
     def check_model(self, model_id: str, source: str = "plan") -> None:
