@@ -68,7 +68,7 @@ class DerivedIndex:
             if behind:
                 log.info("%s: added %d parts written since index.faiss was saved", self.root, len(behind))
         else:
-            self.build(committed, desired_factory(manifest, committed), manifest)
+            self.build(epoch, committed, desired_factory(manifest, committed), manifest)
         self.key = (epoch, max_part(committed))
         self._search_copy = None
         return self.index
@@ -83,9 +83,9 @@ class DerivedIndex:
             self.key = (epoch, part)
             self._search_copy = None
 
-    def build(self, committed: Parts, factory: str, manifest: Manifest) -> None:
-        """Build `factory` over every committed part (the manifest's index type only words the
-        warning when a trained index must wait for more vectors)."""
+    def build(self, epoch: int, committed: Parts, factory: str, manifest: Manifest) -> None:
+        """Build `factory` over every committed part of `epoch`, keyed by them (the manifest's index
+        type only words the warning when a trained index must wait for more vectors)."""
         codec = manifest.codec
         loaded = [parts.read_part(self.root, p, n, codec.width) for p, n in committed]
         n = sum(n for _, n in committed)
@@ -97,6 +97,7 @@ class DerivedIndex:
         log.info("%s: building %s over %d vectors", self.root, factory, n)
         self.index = faiss_index.build_index(factory, self.dim, loaded, manifest.memory_budget_bytes, codec=codec)
         self.factory = factory
+        self.key = (epoch, max_part(committed))
         self._search_copy = None
 
     def search(self, queries: np.ndarray, k: int, nprobe: int | None, ef_search: int | None,

@@ -33,8 +33,7 @@ def save(root: Path, derived: DerivedIndex, store: MetaStore, manifest: Manifest
 def rebuild(derived: DerivedIndex, store: MetaStore, manifest: Manifest) -> None:
     """Build the index `manifest` asks for over every committed part, in memory (`save` writes it)."""
     committed = store.parts()
-    derived.build(committed, desired_factory(manifest, committed), manifest)
-    derived.key = (store.state()["epoch"], max_part(committed))
+    derived.build(store.state()["epoch"], committed, desired_factory(manifest, committed), manifest)
 
 
 def at_close(root: Path, derived: DerivedIndex, store: MetaStore, saved: Manifest, manifest: Manifest) -> str | None:
