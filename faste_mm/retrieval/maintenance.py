@@ -41,7 +41,8 @@ def collection_path(collection: str | os.PathLike | None) -> Path:
     return collections_dir() / collection
 
 
-def remove_items(root: Path, paths: Iterable[str | os.PathLike] = (), ids: Iterable[int] = ()) -> RemoveReport:
+def remove_items(root: str | os.PathLike, paths: Iterable[str | os.PathLike] = (),
+                 ids: Iterable[int] = ()) -> RemoveReport:
     """Remove every item of each file, or of every file under each folder (given as a path
     or as the uri stored in the collection), and the items with the given ids.
 
@@ -81,13 +82,13 @@ def remove_items(root: Path, paths: Iterable[str | os.PathLike] = (), ids: Itera
     return RemoveReport(tuple(sorted(uris)), tuple(sorted(live)), tuple(unmatched), tuple(sorted(excluded)))
 
 
-def compact(root: Path) -> int:
+def compact(root: str | os.PathLike) -> int:
     """Drop deleted vectors from disk and rebuild the index; returns vectors dropped."""
     with Collection.open(root, writable=True) as col:
         return col.compact()
 
 
-def rebuild_index(root: Path, index_type: str | None = None) -> str:
+def rebuild_index(root: str | os.PathLike, index_type: str | None = None) -> str:
     """Rebuild the FAISS index from stored vectors (optionally as another type), and give items
     stored before the lexical index existed their text (`backfill_texts`); returns the factory
     string built."""
