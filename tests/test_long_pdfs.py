@@ -133,7 +133,7 @@ def test_prefetch_serializes_a_batch_only_when_the_queue_has_room(workers):
     serialize, calls, alive = _fake_items(40)
     config = BatchingConfig(batch_tokens=64, max_batch_size=4, chunk_items=16, workers=workers, prefetch_bytes=0)
     seen, most_alive = [], 0
-    for batch in prefetch_batches(list(range(40)), serialize, config, 0, measure=lambda i: 10 + i % 7):
+    for batch in prefetch_batches(list(range(40)), serialize, config, 0, measure=lambda i: (10 + i % 7, 4 << 20)):
         most_alive = max(most_alive, len(alive))
         seen.append(batch.rows)
         assert batch.pixel_values[:, 0].unique().tolist() == sorted(batch.rows)  # each row's own pixels
