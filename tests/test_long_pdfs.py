@@ -297,12 +297,13 @@ def test_the_ray_decoder_renders_a_long_pdf_part_by_part(tmp_path):
     is rendered when the previous one has gone on), and the driver joins the parts' outputs in
     page order whatever order they arrive in."""
     from faste_mm.retrieval.profile import CollectionProfile
-    from faste_mm.scale.ray_index import PAGES_PER_PART, _decode_file, _FileTask, _Pending
+    from faste_mm.scale.ray_index import _Pending
+    from faste_mm.scale.ray_workers import PAGES_PER_PART, FileTask, decode_file_parts
 
     n_pages = 2 * PAGES_PER_PART + 3
     pdf = _pdf(tmp_path / "long.pdf", [(200, 300)] * n_pages)
     profile = CollectionProfile(model_id="tiny", dim=4, max_pixels=4096, min_pixels=4096)
-    parts = _decode_file(_FileTask(str(pdf), "page", None), profile, None, "driver")
+    parts = decode_file_parts(FileTask(str(pdf), "page", None), profile, None, "driver")
     first_rows, n_parts = next(parts)  # only the first part is rendered so far
     assert n_parts == 3 and [row.page for row in first_rows] == list(range(1, PAGES_PER_PART + 1))
     rest = [rows for rows, _ in parts]
