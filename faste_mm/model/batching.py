@@ -23,15 +23,17 @@ UNPADDED_MODES = ("auto", "off", "flash-attn", "torch-nested", "segments")
 class BatchingConfig:
     """batch_tokens bounds batch_size * padded_length; max_batch_size bounds the rows of a batch;
     batch_bytes bounds the bytes of a batch's tensors (a page near the pixel cap is ~44 MB of
-    float32 patches, so the default holds 3 such pages; an item larger than it is a batch of its
+    float32 patches, so the default holds 2 such pages; an item larger than it is a batch of its
     own), planned before any page is rendered: the batch the model runs, the one prepared
     meanwhile and the model's own copies of its pixels stay the same size however long the
-    document, at the cost of smaller batches of large images (texts are far below it); chunk_items is how many items are serialized (and length-sorted together) at a time (the
-    first chunks are smaller, so the model starts early); workers preprocess in background
+    document, at the cost of smaller batches of large images (a batch of texts is far below it;
+    on a GPU with memory to spare, raise it for larger image batches); chunk_items is how many
+    items are serialized (and length-sorted together) at a time (the first chunks are smaller,
+    so the model starts early); workers preprocess in background
     threads (None = one per CPU core, at most 8; 0 = in the caller, no overlap); at most
     prefetch_batches ready batches wait for the model, and past the first at most prefetch_bytes
-    bytes of them (pixels, token ids, positions; a page near the pixel cap is ~44 MB, so the
-    default keeps one image batch ahead of the model and several text ones), which bounds host
+    bytes of them (pixels, token ids, positions; the default keeps one batch of large images
+    ahead of the model and up to prefetch_batches of texts, ~1 MB each), which bounds host
     memory whatever the item count: images and PDF pages are measured from their headers and
     page boxes and rendered only when their batch is prepared, and the items measuring had to
     serialize (text, video) are kept for their batch within prefetch_bytes too; unpadded: after compression, run the
@@ -41,11 +43,11 @@ class BatchingConfig:
 
     batch_tokens: int = 16384
     max_batch_size: int = 64
-    batch_bytes: int = 128 * 2**20
+    batch_bytes: int = 96 * 2**20
     chunk_items: int = 256
     workers: int | None = None
     prefetch_batches: int = 4
-    prefetch_bytes: int = 256 * 2**20
+    prefetch_bytes: int = 32 * 2**20
     unpadded: str = "auto"
 
     @property
