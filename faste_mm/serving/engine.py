@@ -19,11 +19,11 @@ import numpy as np
 from faste_mm import Embedder, FastEConfig, Hit, InputError, Item, Retriever
 from faste_mm.errors import CollectionError, ConfigError, FasteError
 from faste_mm.indexers import SearchFilter
-from faste_mm.indexers.directory import read_generation
 from faste_mm.retrieval.profile import QUERY_INSTRUCTION, CollectionProfile, read_profile
 from faste_mm.serving.batcher import Batcher, BatcherConfig
 from faste_mm.serving.inputs import truncate_dimensions
 from faste_mm.serving.metrics import BATCH_SIZE_BUCKETS, Metrics, describe_server_metrics
+from faste_mm.serving.reindex_watch import ReindexWatch
 from faste_mm.serving.security import LOOPBACK_HOSTS, check_allowed_hosts
 
 log = logging.getLogger(__name__)
@@ -133,7 +133,7 @@ class ServeEngine:
     def __init__(self, embedder: Embedder, retriever: Retriever | None = None,
                  config: ServeConfig | None = None, metrics: Metrics | None = None, reranker=None) -> None:
         self.embedder = embedder
-        self._loaded = embedder  # the weights as loaded; `embedder` may serialize with a newer profile's pixels
+        self._loaded = embedder  # the weights as loaded (`embedder` follows a re-index's pixel settings)
         self.reranker = reranker  # a faste_mm.Reranker for /v1/rerank (serving.rerank), or None
         self.retriever = retriever
         self.config = config or ServeConfig()
@@ -144,9 +144,7 @@ class ServeEngine:
         self.document_fast_e = self.config.fast_e
         if self.profile is not None:
             self.document_fast_e = self.profile.fast_e()
-        # `index --reindex` gives the collection a new generation token: the profile is read again
-        self._generation = None if self.collection is None else read_generation(self.collection)
-        self._reload_lock = threading.Lock()
+        self._watch = None if self.collection is None else ReindexWatch(self.collection, embedder)
         self._model_changed: str | None = None  # why searches are refused after a re-index with another model
         self._retriever_outdated = False  # the retriever still holds the old profile (reset on the model thread)
         self.query_instruction = self._default_query_instruction()
@@ -179,41 +177,22 @@ class ServeEngine:
         self.close()
 
     def follow_reindex(self) -> None:
-        """Read the collection's profile again when `index --reindex` re-created the collection
-        (its generation token changed), so /info, the documents' FastE and pixels, and the query
-        side (the retriever's profile: dim, pixels) follow the new settings. A collection now
-        made with another model, revision or width than the loaded one is not searched with it:
-        searches raise CollectionChangedError until the server is restarted. Called by each
-        request before it reads any of these settings (one small file read)."""
-        if self.collection is None:
+        """Serve the collection's new settings when `index --reindex` re-created it
+        (`serving.reindex_watch`): /info, the documents' FastE and pixels, and the query side
+        (the retriever reads the new profile: dim, pixels). A collection now made with another
+        model, revision or width is not searched with the loaded one: searches raise
+        CollectionChangedError until the server is restarted. Called by each request first."""
+        settings = None if self._watch is None else self._watch.changed()
+        if settings is None:
             return
-        generation = read_generation(self.collection)
-        if generation == self._generation:
-            return
-        with self._reload_lock:
-            if generation == self._generation:
-                return
-            try:
-                profile = read_profile(self.collection)
-            except CollectionError:  # mid-erase: no collection for a moment; the next request looks again
-                return
-            errors = profile.conflicts(profile.as_loaded(self._loaded))
-            self._model_changed = "; ".join(errors) if errors else None
-            if not errors:  # pixels, video, FastE and dim are the collection's; the weights the same
-                self.embedder = self._adapted(profile)
-                self.document_fast_e = profile.fast_e()
-            self.profile = profile
-            self._generation = generation
-            self._retriever_outdated = True
-            log.info("%s was re-indexed; serving its new settings%s", self.collection,
-                     f" (searches refused: {self._model_changed})" if errors else "")
-
-    def _adapted(self, profile: CollectionProfile) -> Embedder:
-        """The loaded weights serializing with `profile`'s pixel and video settings."""
-        if not self._loaded.family.is_multimodal:
-            return self._loaded
-        wanted = profile.serializer(self._loaded.serializer.config)
-        return self._loaded if wanted == self._loaded.serializer.config else self._loaded.with_serializer(wanted)
+        self._model_changed = settings.model_changed
+        if settings.model_changed is None:  # the same weights: pixels, video, FastE and dim follow
+            self.embedder = settings.embedder
+            self.document_fast_e = settings.profile.fast_e()
+        self.profile = settings.profile
+        self._retriever_outdated = True
+        log.info("%s was re-indexed; serving its new settings%s", self.collection,
+                 "" if settings.model_changed is None else f" (searches refused: {settings.model_changed})")
 
     def _refuse_changed_model(self) -> None:
         if self._model_changed is not None:
