@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from faste_mm import BatchingConfig, Embedder, FastEConfig, Item, Retriever
+from faste_mm.errors import ConfigError
 from faste_mm.indexers.crash_points import CRASH_ENV
 from faste_mm.model.batching import plan_batches
 from faste_mm.model.items import expand_items
@@ -78,9 +79,27 @@ def test_planned_token_counts_equal_the_serialized_lengths(small_pages, tmp_path
     for embedder in (small_pages, small_pages.with_serializer(SerializerConfig())):
         serializer = embedder.serializer
         for item in items:
-            assert serializer.planned_length(item, item.instruction) == serializer(item, item.instruction).length, item
+            serialized = serializer(item, item.instruction)
+            assert serializer.planned_size(item, item.instruction) == (serialized.length,
+                                                                      serialized.pixel_values.nbytes), item
             assert serializer.resized_size(item) == serializer.prepare_image(item).size, item
     assert serializer.planned_length(Item(text="only text"), None) is None  # cheaper to serialize
+
+
+def test_batches_of_large_pages_are_bounded_in_bytes_not_only_in_tokens():
+    """Pages near the default pixel cap (~1,800 tokens, 44 MB of float32 patches each): the token
+    budget alone would put 9 in a batch; batch_bytes keeps a batch's planned bytes within it
+    (2 pages at the default), and an item larger than the bound still gets a batch of its own."""
+    page_bytes, page_tokens = 44_236_800, 1_812
+    config = BatchingConfig()
+    batches = plan_batches([page_tokens] * 9, config, [page_bytes] * 9)
+    assert [len(b) for b in batches] == [2, 2, 2, 2, 1]
+    assert all(len(b) * page_bytes <= config.batch_bytes for b in batches)
+    assert len(plan_batches([page_tokens] * 9, config)) == 1  # in tokens alone: one batch of 9
+    huge = replace(config, batch_bytes=page_bytes - 1)
+    assert plan_batches([page_tokens] * 3, huge, [page_bytes] * 3) == [[0], [1], [2]]
+    with pytest.raises(ConfigError, match="batch_bytes"):
+        BatchingConfig(batch_bytes=0)
 
 
 def _batches(embedder: Embedder, items: list[Item]) -> list[list[int]]:

@@ -83,8 +83,8 @@ def prefetch_batches(
 
     measure(index): (token count, tensor bytes) `serialize(index)` will have, without
     serializing (None when only serializing can tell); batches are planned from them (within
-    config.batch_tokens and config.batch_bytes), so they are the same whatever the byte budget. With config.workers == 0 everything runs in the calling thread (no overlap, for
-    debugging). Ready batches wait in a queue of at most config.prefetch_batches batches and, past
+    config.batch_tokens and config.batch_bytes), so they are the same whatever the byte budget.
+    With config.workers == 0 everything runs in the calling thread (no overlap, for debugging). Ready batches wait in a queue of at most config.prefetch_batches batches and, past
     the first, config.prefetch_bytes bytes; a batch is serialized only when the queue has room.
     """
     steps = _Steps(serialize, measure, config, pad_token_id, pin_memory, timer or PrepTimer(),
