@@ -22,7 +22,7 @@ CRASH_POINTS = (
     "create-before-manifest",   # create: database made, manifest.json.tmp written, not renamed
     "add-after-part-written",   # add: part files renamed into place, SQLite not committed
     "add-after-commit",         # add: rows committed, index.faiss not updated
-    "index-after-page-range",   # index: a long PDF's first page range committed, the rest not embedded
+    "index-after-page-range",   # index (plain or --ray): a page range of a long PDF committed, not its last
     "delete-after-commit",      # delete/remove: tombstones committed, index not saved
     "compact-after-new-parts",  # compact: new parts written, SQLite still points at the old ones
     "compact-after-commit",     # compact: SQLite points at the new parts, old files not unlinked

@@ -1,7 +1,7 @@
-"""Peak RSS of `faste-mm index` on one PDF of blank pages, per page count: one fresh
+"""Peak RSS of `faste-mm index` on one PDF of blank (or text) pages, per page count: one fresh
 `faste-mm index` process per case, measured by /usr/bin/time (%M, the child's peak resident set).
 Memory should be flat in the page count: pages are rendered only when their batch is prepared and
-what preprocessing holds is bounded in bytes (BatchingConfig.prefetch_bytes).
+what a batch and preprocessing hold is bounded in bytes (BatchingConfig.batch_bytes, prefetch_bytes).
 
 The model is the tiny random-weight Qwen3-VL of `faste_mm.testing` (real processor, default
 batching). Each collection is created first with the page pixel cap `--max-pixels` (a smaller
@@ -9,6 +9,7 @@ image budget than the default 1,843,200 keeps 2,000 pages within minutes on a CP
 batch holds are the same per token either way), then indexed by the measured process.
 
     python scripts/bench_pdf_memory.py --pages 1 100 2000 --max-pixels 65536 --json out.json
+    python scripts/bench_pdf_memory.py --pages 1 25 100 --max-pixels 1843200 --text   # pages of text
     # another checkout's code (e.g. main, exported with git archive) in the measured process:
     python scripts/bench_pdf_memory.py --pages 1 100 --source /tmp/main-src
 """
@@ -16,7 +17,9 @@ batch holds are the same per token either way), then indexed by the measured pro
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
+import platform
 import os
 import subprocess
 import sys
@@ -35,6 +38,37 @@ def blank_pdf(path: Path, pages: int) -> Path:
     pdf.save(path)
     pdf.close()
     return path
+
+
+def text_pdf(path: Path, pages: int) -> Path:
+    """A PDF of `pages` US-letter pages, each 40 lines of Helvetica text (a text layer to extract)."""
+    import pypdfium2 as pdfium
+    import pypdfium2.raw as raw
+
+    pdf = pdfium.PdfDocument.new()
+    for number in range(pages):
+        page = pdf.new_page(612, 792)
+        for line in range(40):
+            text = raw.FPDFPageObj_NewTextObj(pdf.raw, b"Helvetica", 11.0)
+            words = f"Page {number + 1}, line {line + 1}: the quick brown fox jumps over the lazy dog."
+            wide = ctypes.create_string_buffer(words.encode("utf-16-le") + b"\0\0")
+            raw.FPDFText_SetText(text, ctypes.cast(wide, ctypes.POINTER(raw.FPDF_WCHAR)))
+            raw.FPDFPageObj_Transform(text, 1, 0, 0, 1, 54, 740 - 17 * line)
+            raw.FPDFPage_InsertObject(page.raw, text)
+        raw.FPDFPage_GenerateContent(page.raw)
+    pdf.save(path)
+    pdf.close()
+    return path
+
+
+def machine() -> dict:
+    """CPU model, cores, torch version and load average, recorded beside the numbers."""
+    import torch
+
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    return {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__,
+            "load_average": [round(x, 1) for x in os.getloadavg()]}
 
 
 def new_collection(root: Path, model: Path, max_pixels: int, workdir: Path) -> None:
@@ -74,23 +108,27 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--pages", type=int, nargs="+", default=[1, 100, 2000])
     parser.add_argument("--max-pixels", type=int, default=65536, help="pixel cap of the pages (default 65536)")
+    parser.add_argument("--text", action="store_true", help="pages of text instead of blank pages")
     parser.add_argument("--source", type=Path, help="put this checkout first on the child's PYTHONPATH")
     parser.add_argument("--json", type=Path)
     parser.add_argument("extra", nargs="*", help="more `faste-mm index` options, after --")
     args = parser.parse_args()
     cases = {}
+    make_pdf, kind = (text_pdf, "text") if args.text else (blank_pdf, "blank")
+    before = machine()
     with tempfile.TemporaryDirectory() as folder:
         workdir = Path(folder)
         model = build_tiny_model(workdir / "model", "qwen3_vl")
         for pages in args.pages:
             collection = workdir / f"col-{pages}"
             new_collection(collection, model, args.max_pixels, workdir)
-            cases[pages] = measure(blank_pdf(workdir / f"blank-{pages}.pdf", pages), collection, args.source,
+            cases[pages] = measure(make_pdf(workdir / f"{kind}-{pages}.pdf", pages), collection, args.source,
                                    args.extra)
             print(f"{pages:>5} pages: peak RSS {cases[pages]['peak_rss_mb']} MB, {cases[pages]['wall_s']} s",
                   file=sys.stderr)
     first = cases[args.pages[0]]["peak_rss_mb"]
-    report = {"max_pixels": args.max_pixels, "source": str(args.source) if args.source else "this checkout",
+    report = {"pages_kind": kind, "max_pixels": args.max_pixels, "machine_before": before, "machine_after": machine(),
+              "source": str(args.source) if args.source else "this checkout",
               "index_options": args.extra, "cases": cases,
               "ratio_to_first": {p: round(c["peak_rss_mb"] / first, 2) for p, c in cases.items()}}
     print(json.dumps(report, indent=2))

@@ -18,7 +18,7 @@ from faste_mm.model.video import VideoConfig
 from faste_mm.retrieval.decoders import DECODERS, DOCUMENT_INPUTS, QUERY_INPUTS, document_input, query_item
 from faste_mm.retrieval.scanning import scan_paths
 from faste_mm.retrieval.profile import CollectionProfile
-from faste_mm.scale.ray_index import _decode_file, _embedder_input, _FileTask
+from faste_mm.scale.ray_workers import FileTask, decode_file_parts, embedder_input
 from faste_mm.serving.thumbnails import NoThumbnailError, has_thumbnail, thumbnail
 
 from tests.test_retriever_scanning import noise_image, two_page_pdf
@@ -53,18 +53,18 @@ def test_scanning_gives_each_file_its_kind_and_stored_modality(one_of_each):
 
 
 def test_the_ray_decoder_and_the_plain_path_embed_every_kind_alike(one_of_each, vl_embedder, tmp_path):
-    """Plain: the embedder decodes `document_input` itself. Ray: the CPU task's `_decode_file`
+    """Plain: the embedder decodes `document_input` itself. Ray: the CPU task's `decode_file_parts`
     rows, as the actor turns them into items. Same rows, same vectors, with the same profile."""
     profile = CollectionProfile(video=VideoConfig(fps=4.0, max_frames=4))
     embedder = vl_embedder.with_serializer(profile.serializer(vl_embedder.serializer.config))
     for kind, path in one_of_each.items():
         plain = embedder.encode_documents([document_input(path, kind)], on_error="skip")
         value = document_input(path, kind) if kind == "text" else None
-        parts = list(_decode_file(_FileTask(str(path), KINDS[kind].modality, value), profile, None, driver_node="here"))
+        parts = list(decode_file_parts(FileTask(str(path), KINDS[kind].modality, value), profile, None, driver_node="here"))
         assert all(n == len(parts) for _, n in parts), kind  # each part says how many there are
         rows = [row for decoded, _ in parts for row in decoded]
         assert [row.reason for row in rows] == [None] * len(rows), kind
-        items = [_embedder_input(row, tmp_path / f"{kind}{i}") for i, row in enumerate(rows)]
+        items = [embedder_input(row, tmp_path / f"{kind}{i}") for i, row in enumerate(rows)]
         ray = embedder.encode_documents(items, on_error="skip")
         assert not plain.failures and not ray.failures, kind
         assert [it.page for it in plain.items] == [row.page for row in rows], kind

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from faste_mm import BatchingConfig, Embedder, FastEConfig, Item, Retriever
+from faste_mm.errors import ConfigError
 from faste_mm.indexers.crash_points import CRASH_ENV
 from faste_mm.model.batching import plan_batches
 from faste_mm.model.items import expand_items
@@ -78,9 +79,27 @@ def test_planned_token_counts_equal_the_serialized_lengths(small_pages, tmp_path
     for embedder in (small_pages, small_pages.with_serializer(SerializerConfig())):
         serializer = embedder.serializer
         for item in items:
-            assert serializer.planned_length(item, item.instruction) == serializer(item, item.instruction).length, item
+            serialized = serializer(item, item.instruction)
+            assert serializer.planned_size(item, item.instruction) == (serialized.length,
+                                                                      serialized.pixel_values.nbytes), item
             assert serializer.resized_size(item) == serializer.prepare_image(item).size, item
     assert serializer.planned_length(Item(text="only text"), None) is None  # cheaper to serialize
+
+
+def test_batches_of_large_pages_are_bounded_in_bytes_not_only_in_tokens():
+    """Pages near the default pixel cap (~1,800 tokens, 44 MB of float32 patches each): the token
+    budget alone would put 9 in a batch; batch_bytes keeps a batch's planned bytes within it
+    (2 pages at the default), and an item larger than the bound still gets a batch of its own."""
+    page_bytes, page_tokens = 44_236_800, 1_812
+    config = BatchingConfig()
+    batches = plan_batches([page_tokens] * 9, config, [page_bytes] * 9)
+    assert [len(b) for b in batches] == [2, 2, 2, 2, 1]
+    assert all(len(b) * page_bytes <= config.batch_bytes for b in batches)
+    assert len(plan_batches([page_tokens] * 9, config)) == 1  # in tokens alone: one batch of 9
+    huge = replace(config, batch_bytes=page_bytes - 1)
+    assert plan_batches([page_tokens] * 3, huge, [page_bytes] * 3) == [[0], [1], [2]]
+    with pytest.raises(ConfigError, match="batch_bytes"):
+        BatchingConfig(batch_bytes=0)
 
 
 def _batches(embedder: Embedder, items: list[Item]) -> list[list[int]]:
@@ -133,7 +152,7 @@ def test_prefetch_serializes_a_batch_only_when_the_queue_has_room(workers):
     serialize, calls, alive = _fake_items(40)
     config = BatchingConfig(batch_tokens=64, max_batch_size=4, chunk_items=16, workers=workers, prefetch_bytes=0)
     seen, most_alive = [], 0
-    for batch in prefetch_batches(list(range(40)), serialize, config, 0, measure=lambda i: 10 + i % 7):
+    for batch in prefetch_batches(list(range(40)), serialize, config, 0, measure=lambda i: (10 + i % 7, 4 << 20)):
         most_alive = max(most_alive, len(alive))
         seen.append(batch.rows)
         assert batch.pixel_values[:, 0].unique().tolist() == sorted(batch.rows)  # each row's own pixels
@@ -297,12 +316,13 @@ def test_the_ray_decoder_renders_a_long_pdf_part_by_part(tmp_path):
     is rendered when the previous one has gone on), and the driver joins the parts' outputs in
     page order whatever order they arrive in."""
     from faste_mm.retrieval.profile import CollectionProfile
-    from faste_mm.scale.ray_index import PAGES_PER_PART, _decode_file, _FileTask, _Pending
+    from faste_mm.scale.ray_index import _Pending
+    from faste_mm.scale.ray_workers import PAGES_PER_PART, FileTask, decode_file_parts
 
     n_pages = 2 * PAGES_PER_PART + 3
     pdf = _pdf(tmp_path / "long.pdf", [(200, 300)] * n_pages)
     profile = CollectionProfile(model_id="tiny", dim=4, max_pixels=4096, min_pixels=4096)
-    parts = _decode_file(_FileTask(str(pdf), "page", None), profile, None, "driver")
+    parts = decode_file_parts(FileTask(str(pdf), "page", None), profile, None, "driver")
     first_rows, n_parts = next(parts)  # only the first part is rendered so far
     assert n_parts == 3 and [row.page for row in first_rows] == list(range(1, PAGES_PER_PART + 1))
     rest = [rows for rows, _ in parts]

@@ -32,11 +32,14 @@ from faste_mm.retrieval.retriever import ModelSpec  # noqa: E402
 from faste_mm.scale import RayExecutor, RayOptions  # noqa: E402
 from faste_mm.retrieval.decoders import Decoded  # noqa: E402
 from faste_mm.retrieval.profile import CollectionProfile  # noqa: E402
-from faste_mm.scale.ray_index import ACTOR_REGISTRY_ENV, _decode_file, _embedder_input, _FileTask, _ShippedFile  # noqa: E402
+from faste_mm.scale.ray_index import ACTOR_REGISTRY_ENV  # noqa: E402
+from faste_mm.scale.ray_workers import PAGES_PER_PART, FileTask, ShippedFile, decode_file_parts, embedder_input  # noqa: E402
+from faste_mm.model.serialization import SerializerConfig  # noqa: E402
 from faste_mm.scale.resources import plan_resources  # noqa: E402
 from tests.test_retriever_scanning import (CORPUS_EMBEDDED, CORPUS_FAILED, CORPUS_REUSED, make_corpus,  # noqa: E402
                                            noise_image, tiny_vl_dir)
 
+PAGE_PIXELS = 64 * 64  # long PDFs' pages rendered small: the test is about commits, not pixels
 # Two actors on two logical CPUs leave room for the decoding tasks.
 ACTORS = dict(workers=2, cpus_per_worker=0.5, decode_cpus=0.5, files_per_call=2, files_per_task=2)
 
@@ -145,7 +148,7 @@ def test_ray_index_embeds_videos_with_the_collection_video_settings(ray_cluster,
 
 
 def test_a_shipped_video_is_written_where_the_actor_embeds_it(tmp_path):
-    item = _embedder_input(Decoded(None, _ShippedFile("clip.mp4", b"bytes of a video")), tmp_path / "0")
+    item = embedder_input(Decoded(None, ShippedFile("clip.mp4", b"bytes of a video")), tmp_path / "0")
     assert item.video == tmp_path / "0" / "clip.mp4" and item.video.read_bytes() == b"bytes of a video"
 
 
@@ -199,7 +202,7 @@ import sys
 from faste_mm.cli.app import main
 sys.argv = ["faste-mm", "index", sys.argv[1], "-c", sys.argv[2], "--model", sys.argv[3], "--device", "cpu",
             "--r-max", "0", "--chunk-files", "2", "--ray", sys.argv[4], "--workers", "2",
-            "--cpus-per-worker", "0.5"]
+            "--cpus-per-worker", "0.5", *sys.argv[5:]]
 main()
 """
 
@@ -228,15 +231,52 @@ def test_sigkilled_driver_resumes_without_embedding_twice(ray_cluster, model_dir
     _assert_same_collection(tmp_path / "plain", collection)
 
 
+def test_a_driver_killed_after_a_page_range_resumes_the_pdf_mid_file(ray_cluster, model_dir, tmp_path):
+    """A PDF of more than --chunk-pages pages is committed range by range as its parts come
+    back; the driver SIGKILLs itself after the first range (a named crash point), and the
+    re-run embeds only the pages after it. The result equals a plain run's."""
+    from tests.test_long_pdfs import _pdf
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    n_pages = PAGES_PER_PART + 4
+    _pdf(docs / "long.pdf", [(200, 300), (300, 200)] * (n_pages // 2), marks=1)
+    noise_image(docs / "photo.png", (40, 40), 5)
+    spec = ModelSpec(str(model_dir), device="cpu", serializer=SerializerConfig(max_pixels=PAGE_PIXELS))
+    options = IndexOptions(chunk_files=3, chunk_pages=8)
+    for name in ("ray", "plain"):  # both collections embed pages at the small pixel cap
+        with Retriever(spec, collection=tmp_path / name, r_max=0.0) as creator:
+            creator.index([docs / "photo.png"], options=options)
+    env = {key: value for key, value in os.environ.items() if key != "COLUMNS"}
+    env[CRASH_ENV] = "index-after-page-range"
+    proc = subprocess.run([sys.executable, "-c", _DRIVER, str(docs), str(tmp_path / "ray"), str(model_dir),
+                           ray_cluster, "--chunk-pages", "8"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                          text=True, env=env, timeout=600)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    before, _ = _rows(tmp_path / "ray")
+    committed = sorted(page for uri, page in before if uri.endswith("long.pdf"))
+    assert committed == list(range(1, PAGES_PER_PART + 1))  # the first part, one range (>= 8 pages)
+
+    with Retriever(spec, collection=tmp_path / "ray", r_max=0.0) as again:
+        resumed = again.index([docs], options=options, executor=RayExecutor(RayOptions(**ACTORS)))
+    assert (resumed.embedded, resumed.failed) == (n_pages - PAGES_PER_PART, 0)  # only the pages after it
+    with Retriever(spec, collection=tmp_path / "plain", r_max=0.0) as plain:
+        assert plain.index([docs], options=options).embedded == n_pages
+    _assert_same_collection(tmp_path / "plain", tmp_path / "ray")
+    with Collection.open(tmp_path / "ray") as col:  # every row of the file now carries its stat
+        records = col.get(sorted(col.live_ids(range(10_000))))
+    assert {r.mtime for r in records if r.uri.endswith("long.pdf")} == {(docs / "long.pdf").stat().st_mtime}
+
+
 def test_a_path_a_worker_cannot_see_is_a_failure_that_says_what_to_do(ray_cluster, tmp_path):
-    task = _FileTask(str(tmp_path / "only-on-the-driver.png"), "image", None)
-    (([row], parts),) = _decode_file(task, CollectionProfile(), None, driver_node="another-node")
+    task = FileTask(str(tmp_path / "only-on-the-driver.png"), "image", None)
+    (([row], parts),) = decode_file_parts(task, CollectionProfile(), None, driver_node="another-node")
     assert parts == 1
     assert row.value is None
     assert str(tmp_path / "only-on-the-driver.png") in row.reason
     assert "not visible on Ray node" in row.reason and "--ship-bytes" in row.reason
     # On the driver's own node a vanished file is reported as a plain run reports it.
-    (([row], _),) = _decode_file(task, CollectionProfile(), None, driver_node=ray.get_runtime_context().get_node_id())
+    (([row], _),) = decode_file_parts(task, CollectionProfile(), None, driver_node=ray.get_runtime_context().get_node_id())
     assert "file not found" in row.reason
 
 

@@ -542,6 +542,42 @@ def test_a_running_server_follows_a_reindex_of_its_collection(embedder, tmp_path
         _error(c.post("/search", json={"id": hits[0]["id"] + 1, "k": 2}), 404)  # old ids are gone too
 
 
+def test_a_reindex_with_other_settings_is_served_with_them_and_another_model_is_refused(embedder, tmp_path):
+    """`index --reindex` with another FastE, pixel cap and dim: /info, the documents' FastE and
+    the queries' width follow the collection's new profile (the generation token changed), and
+    searches equal a fresh retriever's. Re-indexed with another model: searches are refused (409)
+    with what to do, /info says so, and embeddings still work."""
+    import shutil
+
+    root = tmp_path / "c"
+    Retriever(embedder, collection=root, r_max=0.5).add(["a cat", "a dog"], uris=["old:cat", "old:dog"])
+    engine = ServeEngine(embedder, Retriever(embedder, collection=root), ServeConfig())
+    with TestClient(create_app(engine), base_url="http://127.0.0.1:8000") as c:
+        assert c.get("/info").json()["fast_e_documents"]["r_max"] == 0.5
+        Collection.erase(root, for_create=True)  # what `index --reindex` does before indexing anew
+        Retriever(embedder, collection=root, r_max=0.0, dim=16, max_pixels=8192).add(
+            ["a bird", "a fish"], uris=["new:bird", "new:fish"])
+        info = c.get("/info").json()
+        assert info["fast_e_documents"] is None  # r_max 0: the full forward
+        assert (info["collection"]["dim"], info["collection"]["max_pixels"], info["collection"]["r_max"]) == (16, 8192, 0.0)
+        hits = c.post("/search", json={"query": "a bird", "k": 2}).json()["hits"]
+        with Retriever(embedder, collection=root) as fresh:
+            expected = fresh.search("a bird", k=2)
+        assert [h["uri"] for h in hits] == [h.uri for h in expected]
+        np.testing.assert_allclose([h["score"] for h in hits], [h.score for h in expected], atol=1e-5)
+        assert engine.embedder.serializer.config.max_pixels == 8192  # documents: the new pixel cap
+
+        other = Embedder.from_pretrained(str(shutil.copytree(Path(embedder.model_id), tmp_path / "other-model")),
+                                         device="cpu")
+        Collection.erase(root, for_create=True)
+        Retriever(other, collection=root, r_max=0.0).add(["a horse"], uris=["other:horse"])
+        _error(c.post("/search", json={"query": "a horse"}), 409, "re-indexed with another model", "restart",
+               "model_id")
+        info = c.get("/info").json()["collection"]
+        assert info["searchable"] is False and "restart" in info["refused"] and info["items"] == 1
+        assert c.post("/v1/embeddings", json={"input": ["still embeds"]}).status_code == 200
+
+
 def test_info_reports_model_fast_e_and_collection_counts(client, embedder):
     info = client.get("/info").json()
     assert info["model"] == embedder.model_id and info["dim"] == embedder.dim

@@ -22,12 +22,18 @@ UNPADDED_MODES = ("auto", "off", "flash-attn", "torch-nested", "segments")
 @dataclass(frozen=True, slots=True)
 class BatchingConfig:
     """batch_tokens bounds batch_size * padded_length; max_batch_size bounds the rows of a batch;
-    chunk_items is how many items are serialized (and length-sorted together) at a time (the
-    first chunks are smaller, so the model starts early); workers preprocess in background
+    batch_bytes bounds the bytes of a batch's tensors (a page near the pixel cap is ~44 MB of
+    float32 patches, so the default holds 2 such pages; an item larger than it is a batch of its
+    own), planned before any page is rendered: the batch the model runs, the one prepared
+    meanwhile and the model's own copies of its pixels stay the same size however long the
+    document, at the cost of smaller batches of large images (a batch of texts is far below it;
+    on a GPU with memory to spare, raise it for larger image batches); chunk_items is how many
+    items are serialized (and length-sorted together) at a time (the first chunks are smaller,
+    so the model starts early); workers preprocess in background
     threads (None = one per CPU core, at most 8; 0 = in the caller, no overlap); at most
     prefetch_batches ready batches wait for the model, and past the first at most prefetch_bytes
-    bytes of them (pixels, token ids, positions; a page near the pixel cap is ~44 MB, so the
-    default keeps one image batch ahead of the model and several text ones), which bounds host
+    bytes of them (pixels, token ids, positions; the default keeps one batch of large images
+    ahead of the model and up to prefetch_batches of texts, ~1 MB each), which bounds host
     memory whatever the item count: images and PDF pages are measured from their headers and
     page boxes and rendered only when their batch is prepared, and the items measuring had to
     serialize (text, video) are kept for their batch within prefetch_bytes too; unpadded: after compression, run the
@@ -37,10 +43,11 @@ class BatchingConfig:
 
     batch_tokens: int = 16384
     max_batch_size: int = 64
+    batch_bytes: int = 96 * 2**20
     chunk_items: int = 256
     workers: int | None = None
     prefetch_batches: int = 4
-    prefetch_bytes: int = 256 * 2**20
+    prefetch_bytes: int = 32 * 2**20
     unpadded: str = "auto"
 
     @property
@@ -54,6 +61,8 @@ class BatchingConfig:
             raise ConfigError(f"BatchingConfig.batch_tokens must be >= 1, got {self.batch_tokens}")
         if self.max_batch_size < 1:
             raise ConfigError(f"BatchingConfig.max_batch_size must be >= 1, got {self.max_batch_size}")
+        if not isinstance(self.batch_bytes, int) or self.batch_bytes < 1:
+            raise ConfigError(f"BatchingConfig.batch_bytes must be an int >= 1 (bytes), got {self.batch_bytes!r}")
         if self.chunk_items < 1:
             raise ConfigError(f"BatchingConfig.chunk_items must be >= 1, got {self.chunk_items}")
         if self.workers is not None and self.workers < 0:
@@ -102,22 +111,27 @@ class Batch:
         return replace(self, **{name: fn(value) for name, value in tensors.items() if isinstance(value, torch.Tensor)})
 
 
-def plan_batches(lengths: list[int], config: BatchingConfig) -> list[list[int]]:
+def plan_batches(lengths: list[int], config: BatchingConfig, sizes: list[int] | None = None) -> list[list[int]]:
     """Indices grouped into batches, longest first, so padding stays small.
 
-    A batch grows while (rows + 1) * longest <= batch_tokens and rows < max_batch_size; an item
-    longer than the budget still gets a batch of its own.
+    A batch grows while (rows + 1) * longest <= batch_tokens, rows < max_batch_size and (with
+    `sizes`, each item's bytes) its bytes stay within batch_bytes; an item over a budget still
+    gets a batch of its own.
     """
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     batches: list[list[int]] = []
     current: list[int] = []
+    held = 0  # bytes of `current`
     for index in order:
         longest = lengths[current[0]] if current else lengths[index]
-        fits = (len(current) + 1) * longest <= config.batch_tokens and len(current) < config.max_batch_size
+        size = 0 if sizes is None else sizes[index]
+        fits = ((len(current) + 1) * longest <= config.batch_tokens and len(current) < config.max_batch_size
+                and held + size <= config.batch_bytes)
         if current and not fits:
             batches.append(current)
-            current = []
+            current, held = [], 0
         current.append(index)
+        held += size
     if current:
         batches.append(current)
     return batches

@@ -296,6 +296,7 @@ class Embedder:
                 on_batch(trace)
             if progress is not None:
                 progress(len(element.rows))
+            del element, batch  # freed before the next batch is fetched, not after: one batch fewer alive
         if dim is not None:
             embeddings = np.ascontiguousarray(embeddings[:, :dim])
         failures.sort(key=lambda f: f.index)
@@ -316,8 +317,8 @@ class Embedder:
             serialized = self.serializer(items[index], items[index].instruction or instruction)
             return self.backbone.with_positions(serialized)
 
-        def measure(index: int) -> int | None:  # the token count, without pixels where it can be
-            return self.serializer.planned_length(items[index], items[index].instruction or instruction)
+        def measure(index: int) -> tuple[int, int] | None:  # tokens and bytes, without pixels where it can be
+            return self.serializer.planned_size(items[index], items[index].instruction or instruction)
 
         pin = self.backbone.device.type == "cuda"
         return prefetch_batches(rows, serialize, self.batching, self.loaded.pad_token_id, pin, timer, measure)

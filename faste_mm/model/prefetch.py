@@ -49,10 +49,11 @@ class PrepTimer:
 
 @dataclass(frozen=True, slots=True)
 class _Measured:
-    """An item's token count, and its serialization when measuring needed one and the byte
-    budget had room to keep it (else it is serialized again in its batch)."""
+    """An item's token count and bytes, and its serialization when measuring needed one and
+    the byte budget had room to keep it (else it is serialized again in its batch)."""
 
     length: int
+    nbytes: int
     serialized: Serialized | None = None
 
 
@@ -61,7 +62,7 @@ class _Steps:
     """What the workers run on one item, and the budget they share."""
 
     serialize: Callable[[int], Serialized]
-    measure: Callable[[int], int | None] | None
+    measure: Callable[[int], tuple[int, int] | None] | None
     config: BatchingConfig
     pad_token_id: int
     pin_memory: bool
@@ -76,14 +77,14 @@ def prefetch_batches(
     pad_token_id: int,
     pin_memory: bool = False,
     timer: PrepTimer | None = None,
-    measure: Callable[[int], int | None] | None = None,
+    measure: Callable[[int], tuple[int, int] | None] | None = None,
 ) -> Iterator[Batch | ItemError]:
     """Yield batches of the items in `indices` (and ItemErrors), serializing ahead of the consumer.
 
-    measure(index): the token count `serialize(index)` will have, without serializing (None when
-    only serializing can tell); batches are planned from it, so they are the same whatever the
-    byte budget. With config.workers == 0 everything runs in the calling thread (no overlap, for
-    debugging). Ready batches wait in a queue of at most config.prefetch_batches batches and, past
+    measure(index): (token count, tensor bytes) `serialize(index)` will have, without
+    serializing (None when only serializing can tell); batches are planned from them (within
+    config.batch_tokens and config.batch_bytes), so they are the same whatever the byte budget.
+    With config.workers == 0 everything runs in the calling thread (no overlap, for debugging). Ready batches wait in a queue of at most config.prefetch_batches batches and, past
     the first, config.prefetch_bytes bytes; a batch is serialized only when the queue has room.
     """
     steps = _Steps(serialize, measure, config, pad_token_id, pin_memory, timer or PrepTimer(),
@@ -218,7 +219,8 @@ def _chunk_batches(chunk: list[int], steps: _Steps, pool: ThreadPoolExecutor | N
         else:
             measured[index] = result
     rows = list(measured)
-    for batch_rows in plan_batches([measured[r].length for r in rows], steps.config):
+    for batch_rows in plan_batches([measured[r].length for r in rows], steps.config,
+                                   [measured[r].nbytes for r in rows]):
         if not wait_for_room():
             return
         picked = [rows[i] for i in batch_rows]
@@ -242,14 +244,15 @@ def _measure(index: int, steps: _Steps) -> _Measured:
     the result kept for its batch while the byte budget has room."""
     if steps.measure is not None:
         try:
-            length = steps.measure(index)
+            planned = steps.measure(index)
         except Exception:  # noqa: BLE001 - serializing reports the item's error in its own words
-            length = None
-        if length is not None:
-            return _Measured(length)
+            planned = None
+        if planned is not None:
+            return _Measured(*planned)
     serialized = steps.serialize(index)
-    kept = steps.kept.take(tensor_bytes(serialized))
-    return _Measured(serialized.length, serialized if kept else None)
+    nbytes = tensor_bytes(serialized)
+    kept = steps.kept.take(nbytes)
+    return _Measured(serialized.length, nbytes, serialized if kept else None)
 
 
 def _run(pool: ThreadPoolExecutor | None, step: Callable[[int], object], indices: list[int],

@@ -204,19 +204,27 @@ class VLSerializer:
         return width, height
 
     def planned_length(self, item: Item, instruction: str | None) -> int | None:
-        """The token count `__call__` gives an image item, without its pixels: the prompt with
-        one image placeholder, tokenized, plus the image's tokens ((h/16) * (w/16) patches, 2x2
-        merged) at `resized_size`, capped at max_length. The batcher plans batches from it and
-        serializes (renders, resizes) an image only when its batch is prepared. None for text
+        """The token count `__call__` gives an image item, without its pixels (see `planned_size`)."""
+        planned = self.planned_size(item, instruction)
+        return None if planned is None else planned[0]
+
+    def planned_size(self, item: Item, instruction: str | None) -> tuple[int, int] | None:
+        """(tokens, pixel bytes) `__call__` gives an image item, without its pixels: the prompt
+        with one image placeholder, tokenized, plus the image's tokens ((h/16) * (w/16) patches,
+        2x2 merged) at `resized_size`, capped at max_length; and the bytes of its float32 patches
+        ([h/16 * w/16, 3 * temporal_patch_size * 16 * 16]). The batcher plans batches from them
+        and serializes (renders, resizes) an image only when its batch is prepared. None for text
         (as cheap to serialize as to count) and video (counting needs the container)."""
         if not item.has_image or item.has_video:
             return None
         width, height = self.resized_size(item)
         image_processor = self.processor.image_processor
-        n_image = (height // image_processor.patch_size) * (width // image_processor.patch_size)
-        n_image //= image_processor.merge_size**2
+        n_patches = (height // image_processor.patch_size) * (width // image_processor.patch_size)
+        n_image = n_patches // image_processor.merge_size**2
         n_text = len(self.processor.tokenizer(self.render_prompt(item, instruction))["input_ids"])
-        return min(n_text - 1 + n_image, self.config.max_length)  # the placeholder becomes the image tokens
+        patch_floats = 3 * image_processor.temporal_patch_size * image_processor.patch_size**2
+        # the placeholder becomes the image tokens
+        return min(n_text - 1 + n_image, self.config.max_length), n_patches * patch_floats * 4
 
     def __call__(self, item: Item, instruction: str | None) -> Serialized:
         # qwen-vl-utils' fetch_video: sampled frames, resized; the processor then neither
@@ -302,6 +310,10 @@ class TextSerializer:
 
     def planned_length(self, item: Item, instruction: str | None) -> None:
         """None: text is as cheap to serialize as to count (see `VLSerializer.planned_length`)."""
+        return None
+
+    def planned_size(self, item: Item, instruction: str | None) -> None:
+        """None: text is as cheap to serialize as to count (see `VLSerializer.planned_size`)."""
         return None
 
     def __call__(self, item: Item, instruction: str | None) -> Serialized:

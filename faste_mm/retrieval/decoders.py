@@ -13,7 +13,7 @@ from __future__ import annotations
 import codecs
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from faste_mm.errors import FasteError, InputError
 from faste_mm.indexers.records import open_regular
@@ -75,7 +75,7 @@ def _decode_image(path: Path, profile: "CollectionProfile") -> list[Decoded]:
         return [Decoded(None, reason=_reason(item, error))]
 
 
-def decode_pdf_pages(path: Path, profile: "CollectionProfile", pages: range | None = None) -> list[Decoded]:
+def decode_pdf_pages(path: Path, profile: "CollectionProfile", pages: Sequence[int] | None = None) -> list[Decoded]:
     """Every page (or those in `pages`, 1-based) rendered near the collection's max_pixels (as
     the embedder renders them); the Ray executor asks for a long PDF a range at a time."""
     if pages is None:

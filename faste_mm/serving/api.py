@@ -3,7 +3,8 @@
 
 Receives HTTP requests; hands their items to the `ServeEngine` and renders its answers as
 JSON. Errors are JSON in OpenAI's shape, {"error": {"message", "type", "code"}}: 400 bad input,
-401 missing or wrong API key, 404 unknown id or route, 413 over a limit, 503 queue full.
+401 missing or wrong API key, 404 unknown id or route, 409 the collection was re-indexed with another model
+(restart the server), 413 over a limit, 503 queue full.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from faste_mm.indexers import SearchFilter
 from faste_mm.indexers.filters import INT64_MAX
 from faste_mm.kinds import kind_name
 from faste_mm.serving.batcher import QueueFullError
-from faste_mm.serving.engine import NoCollectionError, RequestTooLargeError, ServeEngine, UnknownItemError
+from faste_mm.serving.engine import (CollectionChangedError, NoCollectionError, RequestTooLargeError, ServeEngine,
+                                     UnknownItemError)
 from faste_mm.serving.inputs import (EmbeddingRequest, SearchRequest, decode_image_bytes, decode_image_url,
                                      embedding_items, encode_vector)
 from faste_mm.serving.metrics import LATENCY_BUCKETS_S
@@ -336,7 +338,7 @@ class _MetricsMiddleware:
 
 
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
-                413: "request_too_large", 503: "server_busy", 500: "server_error"}
+                409: "conflict", 413: "request_too_large", 503: "server_busy", 500: "server_error"}
 
 
 def _error_response(status: int, message: str) -> JSONResponse:
@@ -355,7 +357,7 @@ def _validation_message(error) -> str:
 
 
 def _add_error_handlers(app: FastAPI) -> None:
-    status_of = ((UnknownItemError, 404), (NoThumbnailError, 404), (NoCollectionError, 404),
+    status_of = ((UnknownItemError, 404), (NoThumbnailError, 404), (NoCollectionError, 404), (CollectionChangedError, 409),
                  (RequestTooLargeError, 413), (QueueFullError, 503), (InputError, 400), (ConfigError, 400))
 
     @app.exception_handler(FasteError)

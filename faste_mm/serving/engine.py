@@ -17,12 +17,13 @@ from pathlib import Path
 import numpy as np
 
 from faste_mm import Embedder, FastEConfig, Hit, InputError, Item, Retriever
-from faste_mm.errors import ConfigError, FasteError
+from faste_mm.errors import CollectionError, ConfigError, FasteError
 from faste_mm.indexers import SearchFilter
 from faste_mm.retrieval.profile import QUERY_INSTRUCTION, CollectionProfile, read_profile
 from faste_mm.serving.batcher import Batcher, BatcherConfig
 from faste_mm.serving.inputs import truncate_dimensions
 from faste_mm.serving.metrics import BATCH_SIZE_BUCKETS, Metrics, describe_server_metrics
+from faste_mm.serving.reindex_watch import ReindexWatch
 from faste_mm.serving.security import LOOPBACK_HOSTS, check_allowed_hosts
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,10 @@ class UnknownItemError(InputError):
 
 class NoCollectionError(FasteError):
     """Search or thumbnails asked of a server started without a collection (HTTP 404)."""
+
+
+class CollectionChangedError(CollectionError):
+    """The served collection was re-indexed with another model than the one loaded (HTTP 409)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +133,7 @@ class ServeEngine:
     def __init__(self, embedder: Embedder, retriever: Retriever | None = None,
                  config: ServeConfig | None = None, metrics: Metrics | None = None, reranker=None) -> None:
         self.embedder = embedder
+        self._loaded = embedder  # the weights as loaded (`embedder` follows a re-index's pixel settings)
         self.reranker = reranker  # a faste_mm.Reranker for /v1/rerank (serving.rerank), or None
         self.retriever = retriever
         self.config = config or ServeConfig()
@@ -138,6 +144,9 @@ class ServeEngine:
         self.document_fast_e = self.config.fast_e
         if self.profile is not None:
             self.document_fast_e = self.profile.fast_e()
+        self._watch = None if self.collection is None else ReindexWatch(self.collection, embedder)
+        self._model_changed: str | None = None  # why searches are refused after a re-index with another model
+        self._retriever_outdated = False  # the retriever still holds the old profile (reset on the model thread)
         self.query_instruction = self._default_query_instruction()
         runners = {"query": self._embed_runner("query"), "document": self._embed_runner("document")}
         if retriever is not None:
@@ -167,6 +176,31 @@ class ServeEngine:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def follow_reindex(self) -> None:
+        """Serve the collection's new settings when `index --reindex` re-created it
+        (`serving.reindex_watch`): /info, the documents' FastE and pixels, and the query side
+        (the retriever reads the new profile: dim, pixels). A collection now made with another
+        model, revision or width is not searched with the loaded one: searches raise
+        CollectionChangedError until the server is restarted. Called by each request first."""
+        settings = None if self._watch is None else self._watch.changed()
+        if settings is None:
+            return
+        self._model_changed = settings.model_changed
+        if settings.model_changed is None:  # the same weights: pixels, video, FastE and dim follow
+            self.embedder = settings.embedder
+            self.document_fast_e = settings.profile.fast_e()
+        self.profile = settings.profile
+        self._retriever_outdated = True
+        log.info("%s was re-indexed; serving its new settings%s", self.collection,
+                 "" if settings.model_changed is None else f" (searches refused: {settings.model_changed})")
+
+    def _refuse_changed_model(self) -> None:
+        if self._model_changed is not None:
+            raise CollectionChangedError(
+                f"the collection {self.collection} was re-indexed with another model ({self._model_changed}); "
+                f"this server has {self._loaded.model_id} loaded, whose query vectors would not compare with the "
+                f"stored ones; restart `faste-mm serve -c {self.collection}` to load the collection's model")
+
     # ---- embeddings (handler threads) --------------------------------------------------------
     def embed(self, items: list[Item], input_type: str | None = None, instruction: str | None = None,
               dimensions: int | None = None, truncate: bool = True) -> Embedded:
@@ -177,6 +211,7 @@ class ServeEngine:
         `serving.batcher`). truncate: an input longer than the model's max_length is cut there
         (reported in `Embedded.truncated`); False refuses it instead (413, TEI's `truncate`).
         Raises InputError (400), RequestTooLargeError (413), QueueFullError (503)."""
+        self.follow_reindex()
         kind = input_type or "document"
         if kind not in ("query", "document"):
             raise InputError(f"input_type must be 'query' or 'document', got {input_type!r}")
@@ -236,9 +271,8 @@ class ServeEngine:
             limit *= 4  # long tokens (runs of symbols): the cut fell short of max_length
 
     def _embed_runner(self, kind: str):
-        fast_e = self.document_fast_e if kind == "document" else None
-
         def run(payloads: list[_EmbedPayload]) -> list[object]:
+            fast_e = self.document_fast_e if kind == "document" else None  # read per batch: a re-index changes it
             items = [item for payload in payloads for item in payload.items]
             result = self.embedder.encode(items, fast_e=fast_e, on_error="skip")
             stats = result.stats
@@ -271,6 +305,8 @@ class ServeEngine:
         if self.retriever is None:
             raise NoCollectionError("this server has no collection; start it with `faste-mm serve -c NAME|DIR` "
                                     "to search")
+        self.follow_reindex()
+        self._refuse_changed_model()
         if not 1 <= k <= 1000:
             raise InputError(f"k must be in 1..1000, got {k}")
         if item_id is not None:
@@ -291,6 +327,9 @@ class ServeEngine:
                                    measured.tokens).result()
 
     def _run_search(self, payloads: list[_SearchPayload]) -> list[object]:
+        if self._retriever_outdated:  # the retriever reads the re-created collection's profile afresh
+            self._retriever_outdated = False
+            self.retriever.close()
         out: list[object] = [None] * len(payloads)
         groups: dict[tuple, list[int]] = {}  # requests with the same filter share one search
         for i, payload in enumerate(payloads):
@@ -362,13 +401,19 @@ class ServeEngine:
         from faste_mm.indexers import Collection
         from faste_mm.retrieval.receipt import receipt_summary
 
+        self.follow_reindex()
         collection = None
         if self.collection is not None:
             with Collection.open(self.collection) as col:
                 info = col.info()
+            profile = self.profile
             collection = {"path": str(self.collection), "name": self.collection.name, "items": info.n_ok,
                           "failed": info.n_failed, "deleted": info.n_deleted, "index": info.index_factory,
-                          "max_pixels": self.profile.max_pixels, "plan": receipt_summary(self.profile.receipt)}
+                          "model": profile.model_id, "dim": profile.dim, "max_pixels": profile.max_pixels,
+                          "r_max": profile.r_max, "plan": receipt_summary(profile.receipt),
+                          "searchable": self._model_changed is None}
+            if self._model_changed is not None:
+                collection["refused"] = f"re-indexed with another model ({self._model_changed}); restart the server"
         fast_e = self.embedder.resolve_fast_e(self.document_fast_e)
         return {
             "model": self.embedder.model_id,

@@ -1,0 +1,115 @@
+"""`index --ray`, long PDFs: the driver commits a PDF of more than `chunk_pages` pages range by
+range as its parts come back from the embedding actors, with the rules of a plain `index`
+(`ingest.ingest_long_pdf`): every range but the last is stored without the file's mtime, so a
+re-run sees the file as unfinished and embeds only the pages no range committed; the last range
+commits the failures of all ranges and settles the file's stat.
+
+Receives a long PDF of the plan (planned here: which pages are still to embed) and the outputs
+of its parts (pages, vectors, failure reasons, in any order); hands on commits to the collection.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from faste_mm.indexers import ItemRecord
+from faste_mm.indexers.crash_points import crash_point
+from faste_mm.retrieval.ingest import (IndexFailure, IngestTally, PreparedChunk, _emit, _is_partial, failure_reasons,
+                                       prepare_chunk)
+from faste_mm.retrieval.scanning import ScannedFile
+
+if TYPE_CHECKING:
+    from faste_mm.indexers import Collection
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class LongPdf:
+    """One long PDF on its way through the pipeline (mutable: parts arrive one by one).
+
+    base: the record fields of its rows; todo: the pages this run embeds (in order); replace_uris:
+    the file's old rows, replaced by the first range committed; chunk_pages: pages per commit."""
+
+    file: ScannedFile
+    base: dict
+    todo: list[int]
+    replace_uris: list[str]
+    chunk_pages: int
+    parts_seen: set[int] = field(default_factory=set)
+    buffered: list[dict] = field(default_factory=list)  # part outputs not committed yet
+    failures: list[ItemRecord] = field(default_factory=list)  # failed pages, committed with the last range
+    settled: bool = False
+
+    def add_part(self, col: "Collection", part: int, parts: int, output: dict, tally: IngestTally) -> bool:
+        """Take one part's output; commit the buffered pages once they reach chunk_pages, and
+        settle the file when this was its last part. True when this call settled it. A part
+        delivered twice (a retried Ray call) is ignored."""
+        if self.settled or part in self.parts_seen:
+            return False
+        self.parts_seen.add(part)
+        self.buffered.append(output)
+        is_last = len(self.parts_seen) == parts
+        if is_last or sum(len(o["pages"]) for o in self.buffered) >= self.chunk_pages:
+            self.commit(col, tally, is_last)
+        return is_last
+
+    def commit(self, col: "Collection", tally: IngestTally, is_last: bool) -> None:
+        """Commit the buffered pages as one range (the last: with every failure and the stat)."""
+        from faste_mm import EmbedResult, Failure, Item
+
+        f = self.file
+        items, vectors, ok, failed = [], [], [], []
+        for output in self.buffered:
+            tally.prefix_tokens += output["prefix_tokens"]
+            tally.kept_prefix_tokens += output["kept_prefix_tokens"]
+            tally.tower_s += output.get("tower_s", 0.0)
+            tally.decoder_s += output.get("decoder_s", 0.0)
+            for page, vector, reason in zip(output["pages"], output["vectors"], output["reasons"]):
+                if reason is not None:
+                    failed.append(Failure(len(items), 0, "", reason))
+                items.append(Item(image=f.path, page=page))  # the page's text layer goes into the row
+                vectors.append(vector)
+                ok.append(reason is None)
+        self.buffered = []
+        records: list[ItemRecord] = []
+        kept: list[np.ndarray] = []
+        if items:
+            result = EmbedResult(np.stack(vectors).astype(np.float32, copy=False), items, [0] * len(items),
+                                 np.array(ok, dtype=bool), failed)
+            reasons = failure_reasons(result, [self.base["uri"]])
+            tally.embedded += _emit({**self.base, "mtime": None}, list(range(len(items))), result, reasons,
+                                    records, kept, self.failures)
+        if is_last:
+            records = [replace(r, mtime=f.stat.mtime) for r in records]
+        stacked = np.concatenate(kept) if kept else np.empty((0, col.manifest.dim), dtype=np.float32)
+        col.commit(stacked, records, [replace(r, mtime=f.stat.mtime) for r in self.failures] if is_last else [],
+                   replace_uris=self.replace_uris, settle=[f.stat] if is_last else [])
+        self.replace_uris = []
+        if not is_last:
+            crash_point("index-after-page-range")
+            return
+        self.settled = True
+        tally.failures.extend(IndexFailure(r.uri, r.page, r.error) for r in self.failures)
+
+
+def plan_long_pdf(col: "Collection", f: ScannedFile, n_pages: int, changed: frozenset[str], chunk_pages: int,
+                  in_flight: set[tuple[str, str]] | None) -> tuple[PreparedChunk, LongPdf | None]:
+    """The file prepared as a chunk of its own (hash; an identical complete document reused, or
+    a copy of content this run embeds deferred: see `prepare_chunk`), and, when it is to be
+    embedded, its `LongPdf`: the pages that no range of an interrupted run committed."""
+    prepared = prepare_chunk(col, [f], in_flight)
+    if not prepared.to_embed:
+        return prepared, None
+    base = prepared.to_embed[0][0]
+    done = {r.page for r in col.find_by_hashes([base["content_hash"]]).get(base["content_hash"], [])
+            if r.uri == f.uri and _is_partial(r)}
+    if done:
+        log.info("%s: resuming after %d pages committed by an interrupted run", f.path, len(done))
+    todo = [page for page in range(1, n_pages + 1) if page not in done]
+    replace_uris = [f.uri] if f.uri in changed and not done else []
+    return prepared, LongPdf(f, base, todo, replace_uris, chunk_pages)
