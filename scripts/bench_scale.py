@@ -374,14 +374,16 @@ def run(args) -> list[dict]:
     one.rounds(single, [queries[i:i + 1] for i in range(timed)])
     log(f"  single done ({time.strftime('%H:%M:%S')})")
     batch = Timer()
-    batch.rounds(single, [queries[s:s + BATCH] for s in range(0, len(queries) - BATCH + 1, BATCH)], keep_found=False)
+    starts = list(range(0, len(queries) - BATCH + 1, BATCH))[:args.batches]
+    batch.rounds(single, [queries[s:s + BATCH] for s in starts], keep_found=False)
     log(f"  batches done ({time.strftime('%H:%M:%S')})")
     filt = Timer()
-    filt.rounds(filtered, [queries[i:i + 1] for i in range(args.filtered_queries)])
+    n_filtered = min(args.timed_filtered or args.filtered_queries, args.filtered_queries)
+    filt.rounds(filtered, [queries[i:i + 1] for i in range(n_filtered)])
     lex = Timer()
     if texts:
-        query_texts = [words.query(int(picks[i]), i) for i in range(args.filtered_queries)]
-        lex.rounds(texts, [(queries[i:i + 1], [query_texts[i]]) for i in range(args.filtered_queries)], keep_found=False)
+        query_texts = [words.query(int(picks[i]), i) for i in range(n_filtered)]
+        lex.rounds(texts, [(queries[i:i + 1], [query_texts[i]]) for i in range(n_filtered)], keep_found=False)
     search_peak = rss.peak - before
 
     rows = []
@@ -399,7 +401,7 @@ def run(args) -> list[dict]:
         if name in filtered:
             hits = filt.hits(name)
             row.update({"filtered_1pct_p50_ms": filt.ms(name, 50),
-                        "filtered_1pct_recall_at_10": round(recall(hits, truth_filtered), 4),
+                        "filtered_1pct_recall_at_10": round(recall(hits, truth_filtered[:n_filtered]), 4),
                         "filtered_1pct_hits_min": int((hits >= 0).sum(axis=1).min())})
         if f"{name} hybrid" in texts:
             row.update({"lexical_p50_ms": lex.ms(f"{name} lexical", 50), "lexical_p99_ms": lex.ms(f"{name} lexical", 99),
@@ -442,6 +444,9 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--timed-queries", type=int, default=None,
                         help="single-query rounds over the first N queries only (default all; batches use all)")
+    parser.add_argument("--batches", type=int, default=None, help="batch-of-32 rounds (default: all the queries hold)")
+    parser.add_argument("--timed-filtered", type=int, default=None,
+                        help="filtered and text rounds over the first N of --filtered-queries only")
     parser.add_argument("--filtered-queries", type=int, default=50, help="queries for the filter and text rows")
     parser.add_argument("--configs", default="float,int8,binary,auto",
                         help=f"comma-separated, of {', '.join(CONFIGS)}")
