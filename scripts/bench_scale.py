@@ -389,7 +389,7 @@ def run(args) -> list[dict]:
     rows = []
     for name in single:
         if name in results:
-            row = dict(results[name], peak_rss_add_mb=round(results_add_peak / 2**20))
+            row = dict(results[name], peak_rss_add_mb=round(results_add_peak / 2**20) if results_add_peak else None)
         elif name.startswith("lancedb"):
             row = dict(lance_result, config=name.replace("lancedb", lance_result["config"]))
         else:  # "NAME rescore 0" or "raw-faiss NAME": the same index as NAME's
