@@ -1,19 +1,27 @@
 """Measure faste-mm collections at scale: float, int8 + rescore, binary + rescore and `auto`, side by
-side with raw FAISS (same factory string) and LanceDB (IVF_PQ, its recommended defaults), on the
+side with raw FAISS (the collection's own index, its IndexIDMap2 unwrapped: same factory string, same
+bytes in RAM) and LanceDB (IVF_PQ with its defaults; default search and refine_factor 10), on the
 same vectors in one process.
 
 Vectors behave like embeddings, not uniform noise: a seeded mixture of clusters on the unit sphere
 (each point a cluster centre plus Gaussian noise, re-normalised), with queries drawn near data
-points. They are regenerated chunk by chunk from the seed, so the process never holds them all.
-Everything is added through the Python API (`Collection.add`, 8192 rows a call) into real collections.
+points; each item also gets a 12-word text (Zipf-like vocabulary) for the lexical index. They are
+regenerated chunk by chunk from the seed, so the process never holds them all. Everything is added
+through the Python API (`Collection.add`, 8192 rows a call, every chunk to every collection in turn)
+into real collections. The exact truth is computed in one pass and cached in the work directory.
 
-Reports per configuration: add throughput (vectors/s), index build time, peak RSS (sampled),
-disk size, index size, query latency p50/p99 for single queries and batches of 32, recall@10
-against exact search, and filtered search (1% of items match) p50 latency with the hit count.
+Searches are interleaved: each query is answered by every contender in turn (the starting contender
+rotates), so a shared machine's changing load falls on all of them alike; read ratios within one
+run. Reports per contender: add throughput (vectors/s), index build time, RSS growth while
+building, disk and index size, query latency p50/p99 for single queries and batches of 32,
+recall@10 against exact search, filtered search (1% of items match: p50, min hits, recall) and
+lexical/hybrid p50/p99.
 
 Usage:
-    python scripts/bench_scale.py --n 100000 --dim 2048 --queries 200 --out bench.json
-    python scripts/bench_scale.py --n 1000000 --dim 512 --configs binary,int8 --no-lancedb
+    python scripts/bench_scale.py --n 100000 --dim 2048 --queries 200 --out bench.jsonl
+    python scripts/bench_scale.py --n 1000000 --dim 2048 --configs binary --no-lancedb --timed-queries 40 \
+        --workdir /big/disk/bench --keep-workdir --out bench.jsonl   # then --reuse to search again
+    python scripts/bench_scale.py --table bench.jsonl
 """
 
 from __future__ import annotations
