@@ -276,9 +276,24 @@ def build_index(factory: str, dim: int, parts: Sequence[tuple[np.ndarray, np.nda
                                   f"smaller index or 'auto'") from None
         if not binary:
             _fix_ranges(index.index, codec.ranges)  # training fitted its own ranges: the collection's win
+    reserve(index, sum(len(ids) for _, ids in parts))
     for vectors, ids in parts:
         add_vectors(index, vectors, ids, codec)
     return index
+
+
+def reserve(index, n: int) -> bool:
+    """Allocate the codes of `n` vectors up front in an empty flat-codes index (Flat, SQ8, SQfp16:
+    one array of n x code_size bytes). Filled chunk by chunk, that array grows by doubling, and the
+    doubling from 4 to 8 GB holds both copies at once: 12 GB at the peak for a million float32
+    2048-d vectors instead of 8 (docs/benchmarks.md). Growing it to n and back to 0 keeps its
+    capacity (std::vector). Returns whether it did (other index kinds grow their own structures)."""
+    core = faiss.downcast_index(index.index) if isinstance(index, faiss.IndexIDMap2) else index
+    if is_binary(index) or not isinstance(core, faiss.IndexFlatCodes) or core.ntotal or n <= 0:
+        return False
+    core.codes.resize(n * core.code_size)
+    core.codes.resize(0)
+    return True
 
 
 def is_binary(index) -> bool:

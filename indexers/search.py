@@ -129,10 +129,15 @@ def rescore(queries: np.ndarray, candidates: np.ndarray, k: int, fetch: FetchFn)
     found = np.unique(candidates[candidates >= 0])
     if len(found) == 0:
         return empty_hits(len(queries), k)
-    vectors = fetch(found)  # [u, d]
+    vectors = fetch(found)  # [u, d], each candidate read once
     rows = np.searchsorted(found, np.maximum(candidates, 0))  # [q, c] row of each candidate
-    # One product over the unique candidates (no [q, c, d] copy), then each row's own columns.
-    scores = np.take_along_axis(queries @ vectors.T, rows, axis=1)  # [q, c]
+    scores = np.empty(candidates.shape, dtype=np.float32)
+    # Each query against its own c candidates only: a batch's candidate lists barely overlap, so one
+    # [q, u] product would do q times the work (32x for a batch of 32). einsum, not BLAS: a product
+    # this small gains nothing from BLAS threads, and on a loaded machine waiting for a descheduled
+    # one cost 13 ms per call instead of 0.4 ms (docs/benchmarks.md).
+    for row in range(len(queries)):
+        scores[row] = np.einsum("cd,d->c", vectors[rows[row]], queries[row])
     scores = np.where(candidates >= 0, scores, -np.inf).astype(np.float32)
     return top_k(scores, candidates, k)
 

@@ -111,3 +111,41 @@ def test_factory_needing_more_training_vectors_searches_exactly_until_it_can_tra
         assert reader.manifest.index_factory == "IVF64,Flat"
         _, found = reader.search(reader.vectors(range(10)), k=1, nprobe=64)
         np.testing.assert_array_equal(found[:, 0], np.arange(10))
+
+
+@pytest.mark.parametrize("factory", ["Flat", "SQ8", "SQfp16"])
+def test_reserve_allocates_a_flat_index_once_and_keeps_its_results(factory):
+    import faiss
+
+    from faste_mm.indexers import faiss_index
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((600, 16)).astype(np.float32)
+    ids = np.arange(100, 700)
+    built = []
+    for reserved in (True, False):
+        index = faiss.IndexIDMap2(faiss.index_factory(16, factory, faiss.METRIC_INNER_PRODUCT))
+        index.train(x)
+        if reserved:
+            assert faiss_index.reserve(index, len(x))
+        core = faiss.downcast_index(index.index)
+        assert core.ntotal == 0 and core.codes.size() == 0
+        index.add_with_ids(x[:7], ids[:7])
+        first = int(core.codes.data())
+        index.add_with_ids(x[7:], ids[7:])
+        if reserved:  # the codes never moved: no doubling copy held beside them
+            assert int(core.codes.data()) == first
+        built.append(index.search(x[:5], 4))
+    assert np.array_equal(built[0][1], built[1][1]) and np.array_equal(built[0][0], built[1][0])
+
+
+def test_reserve_leaves_other_index_kinds_alone():
+    import faiss
+
+    from faste_mm.indexers import faiss_index
+
+    assert not faiss_index.reserve(faiss.IndexBinaryIDMap2(faiss.index_binary_factory(16, "BFlat")), 10)
+    assert not faiss_index.reserve(faiss.IndexIDMap2(faiss.index_factory(16, "HNSW32")), 10)
+    filled = faiss.IndexIDMap2(faiss.index_factory(16, "Flat"))
+    filled.add_with_ids(np.ones((2, 16), dtype=np.float32), np.arange(2))
+    assert not faiss_index.reserve(filled, 10)  # only an empty index: its codes would be dropped

@@ -153,6 +153,22 @@ def test_search_functions_agree_with_brute_force():
     assert np.array_equal(search.rescore(queries, candidates, 3, fetch)[1], found[:, :3])
 
 
+def test_rescore_scores_each_query_against_its_own_candidates():
+    rng = np.random.default_rng(9)
+    x, queries = clustered(rng, 200, 24), clustered(rng, 5, 24)
+    fetch = lambda found: x[found]  # noqa: E731
+    # Disjoint, overlapping, repeated-across-rows and padded candidate lists, in no order.
+    candidates = np.array([[5, 3, 190, -1], [3, 4, 6, 7], [199, 0, -1, -1], [-1, -1, -1, -1], [7, 150, 5, 60]])
+    scores, ids = search.rescore(queries, candidates, 3, fetch)
+    for row in range(5):
+        real = candidates[row][candidates[row] >= 0]
+        exact = queries[row] @ x[real].T
+        order = np.argsort(-exact, kind="stable")[:3]
+        assert np.array_equal(ids[row, :len(order)], real[order])
+        np.testing.assert_allclose(scores[row, :len(order)], exact[order], rtol=1e-5)
+        assert np.all(ids[row, len(order):] == -1) and np.all(scores[row, len(order):] == -np.inf)
+
+
 def test_reciprocal_rank_fusion_on_a_hand_built_case():
     dense = np.array([[10, 11, 12, -1]])
     lexical = np.array([[12, 13, 10, 14]])
