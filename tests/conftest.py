@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # `pytest -n 2` (the README's command) runs two workers on a 2-core machine: a torch thread
+    # pool per worker would put 4 spinning threads on 2 cores. Set before torch is imported, so
+    # the CLI subprocesses a test starts compute with the same thread count as the test itself.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest
 from PIL import Image
