@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # `pytest -n 2` (the README's command) runs two workers on a 2-core machine: a torch thread
+    # pool per worker would put 4 spinning threads on 2 cores. Set before torch is imported, so
+    # the CLI subprocesses a test starts compute with the same thread count as the test itself.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest
 from PIL import Image
@@ -102,3 +109,14 @@ def mixed_items(image_dir):
         Item(image=image_dir / "gray.jpg", instruction="Find a day-to-day image that looks similar to the provided image."),
         "the quick brown fox jumps over the lazy dog " * 3,
     ]
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """One local Ray (2 CPUs, no dashboard) for every test that needs one, started on first use:
+    starting Ray costs seconds of CPU, and the tests share nothing else through it (each names its
+    own actors and collections). Yields the address a separate driver process joins with."""
+    ray = pytest.importorskip("ray", reason="needs faste-mm[ray]")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()

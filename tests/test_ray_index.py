@@ -45,13 +45,6 @@ ACTORS = dict(workers=2, cpus_per_worker=0.5, decode_cpus=0.5, files_per_call=2,
 
 
 @pytest.fixture(scope="module")
-def ray_cluster():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray.get_runtime_context().gcs_address
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
     return tiny_vl_dir(tmp_path_factory.getbasetemp())
 
@@ -73,6 +66,14 @@ def big_corpus(tmp_path_factory) -> Path:
     (root / "zz_gray_again.jpg").write_bytes((root / "gray.jpg").read_bytes())
     (root / "zz_empty_again.jpg").write_bytes(b"")
     return root
+
+
+@pytest.fixture(scope="module")
+def plain_big(model_dir, big_corpus, tmp_path_factory):
+    """The single-process reference for big_corpus (r_max=0, default batching), indexed once for
+    the tests that compare a Ray run with it (they only read it): (report, collection)."""
+    collection = tmp_path_factory.mktemp("ray-big-plain") / "plain"
+    return _index(model_dir, big_corpus, collection, 0.0), collection
 
 
 def _spec(model_dir: Path, max_batch_size: int = 64) -> ModelSpec:
@@ -173,8 +174,8 @@ class _Registry:
         return list(self.handles)
 
 
-def test_killed_actor_is_restarted_and_nothing_is_lost_or_duplicated(ray_cluster, model_dir, big_corpus, tmp_path,
-                                                                     monkeypatch):
+def test_killed_actor_is_restarted_and_nothing_is_lost_or_duplicated(ray_cluster, model_dir, big_corpus, plain_big,
+                                                                     tmp_path, monkeypatch):
     """Also the full forward (r_max=0, default batching) with bytes shipped through the object
     store, against a plain run: the same collection, bad files included."""
     registry = _Registry.options(name="faste-mm-test-registry").remote()
@@ -190,10 +191,10 @@ def test_killed_actor_is_restarted_and_nothing_is_lost_or_duplicated(ray_cluster
                     progress=kill_one_after_first_commit)
     assert killed and killed[0] < report.files_scanned, "the actor was not killed mid-run"
     assert len(ray.get(registry.get.remote())) > ACTORS["workers"], "the killed actor did not restart"
-    plain = _index(model_dir, big_corpus, tmp_path / "plain", 0.0)
+    plain, plain_collection = plain_big
     assert (report.embedded, report.reused, report.failed) == (plain.embedded, plain.reused, plain.failed)
     assert sorted(f.to_dict().items() for f in report.failures) == sorted(f.to_dict().items() for f in plain.failures)
-    _assert_same_collection(tmp_path / "plain", tmp_path / "ray")
+    _assert_same_collection(plain_collection, tmp_path / "ray")
     ray.kill(registry)
 
 
@@ -207,7 +208,7 @@ main()
 """
 
 
-def test_sigkilled_driver_resumes_without_embedding_twice(ray_cluster, model_dir, big_corpus, tmp_path):
+def test_sigkilled_driver_resumes_without_embedding_twice(ray_cluster, model_dir, big_corpus, plain_big, tmp_path):
     """The driver SIGKILLs itself right after its second chunk commit (a named crash point, no
     polling); a re-run embeds only what is missing. The driver runs as the refusal message
     suggests for 2 workers on this 2-CPU cluster (--cpus-per-worker 0.5, decoding 1 CPU)."""
@@ -224,11 +225,11 @@ def test_sigkilled_driver_resumes_without_embedding_twice(ray_cluster, model_dir
     assert 0 < len(before)
 
     again = _index(model_dir, big_corpus, collection, 0.0, RayOptions(**ACTORS))
-    plain = _index(model_dir, big_corpus, tmp_path / "plain", 0.0)
+    plain, plain_collection = plain_big
     total_items = plain.embedded + plain.reused
     assert len(before) + again.embedded + again.reused == total_items  # nothing embedded twice
     assert again.embedded < plain.embedded
-    _assert_same_collection(tmp_path / "plain", collection)
+    _assert_same_collection(plain_collection, collection)
 
 
 def test_a_driver_killed_after_a_page_range_resumes_the_pdf_mid_file(ray_cluster, model_dir, tmp_path):
