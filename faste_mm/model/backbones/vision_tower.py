@@ -108,10 +108,10 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 def rotate_qk(qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """[N, 2, A, D] queries and keys -> the same rotated by 2-D RoPE, in float32 as transformers'
     `apply_rotary_pos_emb_vision` rotates (element for element the same arithmetic), but q and k
-    together: one float32 copy and one copy back instead of three each, which is what a bfloat16
-    tower spent its time on outside the matmuls."""
+    together: one float32 copy instead of three each. Returned in float32: the caller casts (or,
+    on a CPU, attends in float32)."""
     x = qk.float()  # no copy when the tower runs float32
-    return (x * cos + rotate_half(x) * sin).to(qk.dtype)
+    return x * cos + rotate_half(x) * sin
 
 
 class PackedVisionTower:
@@ -158,6 +158,12 @@ class PackedVisionTower:
         attention, output projection."""
         n = x.shape[0]
         qkv = attention.qkv(x).view(n, 3, attention.num_heads, -1)  # [N, 3, A, D]
-        q, k = rotate_qk(qkv[:, :2], cos, sin).unbind(1)  # [N, A, D] each
-        attended = self.attend(q, k, qkv[:, 2], frames, attention.scaling)  # [N, A, D]
-        return attention.proj(attended.reshape(n, -1))
+        qk = rotate_qk(qkv[:, :2], cos, sin)  # [N, 2, A, D] float32
+        # On a CPU torch's attention kernel is no faster in bfloat16 and at the tower's 16-64-wide
+        # heads several times slower on a page's one long frame (measured 4.5x end to end on a
+        # page at the cap, docs/benchmarks.md): attend in float32 there (q/k are float32 already),
+        # as the GPU kernels attend in the model's dtype.
+        dtype = torch.float32 if x.device.type == "cpu" else x.dtype
+        q, k = qk.to(dtype).unbind(1)  # [N, A, D] each
+        attended = self.attend(q, k, qkv[:, 2].to(dtype), frames, attention.scaling)  # [N, A, D]
+        return attention.proj(attended.reshape(n, -1).to(x.dtype))
