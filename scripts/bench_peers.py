@@ -4,6 +4,9 @@ inputs: 640x480 JPEG photos, one-page PDFs at the pixel cap and 1k-token texts, 
   faste-mm        the defaults of `faste-mm index`: dtype "auto" (bfloat16 where the CPU has native
                   bf16), FastE r_max 0.5 on documents, the packed vision tower
   faste-mm fp32   the same with --dtype float32
+  faste-mm plan   dtype "auto" at a plan's setting: `--plan plan.json[:ROW]` (its pixel cap, FastE
+                  and dtype), else `--plan-setting` (default 501,760 px, r_max 0.5: a candidate of
+                  `faste-mm plan`'s default grid; random weights make any plan's agreement moot)
   official        transformers' Qwen3VLModel + processor driven as the official Qwen3VLEmbedder
                   drives them (config dtype, which is bfloat16 for the published checkpoints; right-
                   padded batches; last token of last_hidden_state; L2 norm), with our own code
@@ -16,11 +19,18 @@ each kind's pixels. A random-weight model of a real shape (faste_mm.tools.shapes
 bfloat16 like the published checkpoint. Usage (a few minutes of CPU at scale 0.25):
 
   python scripts/bench_peers.py --scale-hidden 0.25 --photos 4 --pages 2 --texts 4 --repeats 2 --out peers.json
+
+At the real shape (--scale-hidden 1) `--share-weights` keeps ONE copy of the weights: the official
+path runs on faste-mm's bfloat16 model, and "faste-mm fp32" casts that model to float32 for its turn
+and back (bfloat16 -> float32 -> bfloat16 is exact), so three peers fit in ~2x the bf16 weights.
+`--threads N` sets torch's threads for every peer alike (on an oversubscribed machine one thread
+avoids the OpenMP barrier waits that inflate every small op; say which in the table).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import random
 import statistics
@@ -35,6 +45,7 @@ from PIL import Image, ImageDraw
 from faste_mm import BatchingConfig, Embedder, FastEConfig, Item
 from faste_mm.model.backbones.loading import choose_dtype, read_cpu_flags
 from faste_mm.model.backbones.vision_tower import PackedVisionTower
+from faste_mm.model.serialization import SerializerConfig
 from faste_mm.model.items import expand_items
 from faste_mm.tools.bench import device_name
 from faste_mm.tools.bench_inputs import make_inputs
@@ -60,13 +71,38 @@ def write_photos(folder: Path, n: int) -> list[Path]:
 
 
 class FasteMM:
-    def __init__(self, model_dir: Path, dtype: str, device: str) -> None:
-        self.embedder = Embedder.from_pretrained(str(model_dir), device=device, dtype=dtype,
-                                                 batching=BatchingConfig(batch_tokens=16384))
+    """faste-mm's `encode_documents` at one setting. `embedder` given: share its weights, cast to
+    `cast` for this peer's turn only (and back: bfloat16 -> float32 -> bfloat16 is exact)."""
+
+    def __init__(self, model_dir: Path, dtype: str, device: str, fast_e: FastEConfig | None = None,
+                 max_pixels: int | None = None, embedder: Embedder | None = None, cast: torch.dtype | None = None) -> None:
+        embedder = embedder or Embedder.from_pretrained(str(model_dir), device=device, dtype=dtype,
+                                                        batching=BatchingConfig(batch_tokens=16384))
+        self.embedder = embedder if max_pixels is None else embedder.with_serializer(SerializerConfig(max_pixels=max_pixels))
+        self.fast_e = fast_e or FastEConfig(r_max=DOCUMENT_R_MAX)
+        self.cast = cast
         self.split = (0.0, 0.0)
 
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.cast or self.embedder.backbone.dtype
+
+    @contextlib.contextmanager
+    def turn(self):
+        """The model in this peer's dtype for the duration (a no-op without `cast`)."""
+        model = self.embedder.backbone.model
+        original = self.embedder.backbone.dtype
+        if self.cast is not None and self.cast != original:
+            model.to(self.cast)
+        try:
+            yield model
+        finally:
+            if self.cast is not None and self.cast != original:
+                model.to(original)
+
     def encode(self, inputs: list) -> np.ndarray:
-        result = self.embedder.encode_documents(inputs, fast_e=FastEConfig(r_max=DOCUMENT_R_MAX))
+        with self.turn():
+            result = self.embedder.encode_documents(inputs, fast_e=self.fast_e)
         self.split = (result.stats.tower_s, result.stats.decoder_s)
         return result.embeddings
 
@@ -76,10 +112,10 @@ class Official:
     dtype (transformers 5: the config's), the processor with right padding, one padded call per
     batch, `do_resize=False` after qwen-vl-utils' resize, last valid token, L2 norm."""
 
-    def __init__(self, model_dir: Path, serializer, batch_size: int, device: str) -> None:
+    def __init__(self, model_dir: Path, serializer, batch_size: int, device: str, model=None) -> None:
         from transformers import Qwen3VLModel, Qwen3VLProcessor
 
-        self.model = Qwen3VLModel.from_pretrained(str(model_dir)).to(device).eval()
+        self.model = model if model is not None else Qwen3VLModel.from_pretrained(str(model_dir)).to(device).eval()
         self.processor = Qwen3VLProcessor.from_pretrained(str(model_dir), padding_side="right")
         self.serializer = serializer  # the official prompt and resize (checked equal in tests)
         self.batch_size = batch_size
@@ -133,26 +169,40 @@ def main() -> None:
     parser.add_argument("--text-tokens", type=int, default=1000)
     parser.add_argument("--repeats", type=int, default=2, help="timed rounds after one warm-up round")
     parser.add_argument("--batch-size", type=int, default=8, help="items per padded call (official, st)")
-    parser.add_argument("--peers", default="faste-mm,faste-mm fp32,official,st")
+    parser.add_argument("--peers", default="faste-mm,faste-mm fp32,faste-mm plan,official,st")
+    parser.add_argument("--plan", help="plan.json[:ROW] whose setting the 'faste-mm plan' peer runs")
+    parser.add_argument("--plan-setting", default="501760,0.5", help="MAX_PIXELS,R_MAX for 'faste-mm plan' without --plan")
+    parser.add_argument("--share-weights", action="store_true", help="one copy of the weights (see above)")
+    parser.add_argument("--threads", type=int, help="torch threads for every peer (default: torch's)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (the GPU runs: scripts/gpu_bench.sh peers)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     peers_wanted = [p.strip() for p in args.peers.split(",") if p.strip()]
+    if args.threads:
+        torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory(prefix="faste-mm-peers-") as workdir:
         work = Path(workdir)
         model_dir = build_shape_model(args.shape, work / "model", args.scale_hidden, torch.bfloat16)
         write_sentence_transformers_layout(model_dir, SHAPES[args.shape].hidden if args.scale_hidden == 1 else
                                            json.loads((model_dir / "config.json").read_text())["text_config"]["hidden_size"])
         peers = {}
+        base = FasteMM(model_dir, "auto", args.device)  # the defaults; other peers may share its weights
+        plan_label, plan_dtype, plan_kwargs = plan_setting(args)
         for name in peers_wanted:
             if name == "faste-mm":
-                peers[name] = FasteMM(model_dir, "auto", args.device)
+                peers[name] = base
             elif name == "faste-mm fp32":
-                peers[name] = FasteMM(model_dir, "float32", args.device)
-        serializer = next(iter(peers.values())).embedder.serializer if peers else Embedder.from_pretrained(str(model_dir)).serializer
+                peers[name] = (FasteMM(model_dir, "float32", args.device, embedder=base.embedder, cast=torch.float32)
+                               if args.share_weights else FasteMM(model_dir, "float32", args.device))
+            elif name == "faste-mm plan":
+                shared = args.share_weights or plan_dtype == "auto"
+                peers[name] = FasteMM(model_dir, plan_dtype, args.device, embedder=base.embedder if shared else None,
+                                      cast=torch.float32 if shared and plan_dtype == "float32" else None, **plan_kwargs)
+        serializer = base.embedder.serializer
         for name in peers_wanted:
             if name == "official":
-                peers[name] = Official(model_dir, serializer, args.batch_size, args.device)
+                shared = base.embedder.backbone.model if args.share_weights and base.dtype == torch.bfloat16 else None
+                peers[name] = Official(model_dir, serializer, args.batch_size, args.device, model=shared)
             elif name == "st":
                 peers[name] = SentenceTransformersPeer(model_dir, serializer, args.batch_size, args.device)
         tokenizer = serializer.processor.tokenizer
@@ -166,6 +216,7 @@ def main() -> None:
         auto = choose_dtype("auto", device, torch.bfloat16, read_cpu_flags)
         report = {"device": device_name(device), "shape": args.shape, "scale_hidden": args.scale_hidden,
                   "faste_mm_auto_dtype": auto.to_dict(), "official_dtype": str(peers["official"].model.dtype) if "official" in peers else None,
+                  "threads": torch.get_num_threads(), "plan_setting": plan_label, "share_weights": args.share_weights,
                   "repeats": args.repeats, "kinds": {}}
         for kind, inputs in kinds.items():
             seconds = {name: [] for name in peers}
@@ -192,6 +243,7 @@ def main() -> None:
                     if reference in vectors and reference != name:
                         cos = (vectors[name] * vectors[reference]).sum(axis=1)
                         row[f"min_cos_vs_{reference}"] = float(cos.min())
+                        row[f"mean_cos_vs_{reference}"] = float(cos.mean())
                 rows[name] = row
             for name, row in rows.items():
                 for reference in ("official", "faste-mm fp32", "st"):
@@ -212,33 +264,50 @@ def tower_race(peers, serializer, inputs, repeats) -> dict:
         return {}
     race = {}
     for name in ("faste-mm", "faste-mm fp32"):
-        if name not in peers:
+        if name not in peers or str(peers[name].dtype).removeprefix("torch.") in race:  # "auto" chose float32: raced once
             continue
-        visual = peers[name].embedder.backbone.model.visual
-        dtype = visual.patch_embed.proj.weight.dtype
-        if str(dtype).removeprefix("torch.") in race:  # "auto" chose float32 here: raced once
-            continue
-        packed = PackedVisionTower(visual)
-        device = visual.patch_embed.proj.weight.device
-        values, grids = pixels[0].to(device, dtype), pixels[1].to(device)
-        times = {"transformers": [], "packed": []}
-        with torch.inference_mode():
-            for round_ in range(1 + repeats):
-                started = time.perf_counter()
-                theirs = visual(values, grid_thw=grids, return_dict=True).pooler_output
-                _synchronize(device)
-                hf_s = time.perf_counter() - started
-                started = time.perf_counter()
-                ours = packed(values, grids).merged
-                _synchronize(device)
-                packed_s = time.perf_counter() - started
-                if round_:
-                    times["transformers"].append(hf_s)
-                    times["packed"].append(packed_s)
-        hf, ours_s = statistics.median(times["transformers"]), statistics.median(times["packed"])
-        race[str(dtype).removeprefix("torch.")] = {"transformers_s": hf, "packed_s": ours_s, "speedup": hf / ours_s,
-                                                   "max_abs_diff": float((theirs - ours).abs().max())}
+        with peers[name].turn() as model:
+            race.update(_race_tower(model.visual, pixels, repeats))
     return race
+
+
+def _race_tower(visual, pixels, repeats) -> dict:
+    """One dtype's race (the tower's current dtype); the two go first in alternate rounds."""
+    dtype = visual.patch_embed.proj.weight.dtype
+    device = visual.patch_embed.proj.weight.device
+    packed = PackedVisionTower(visual)
+    values, grids = pixels[0].to(device, dtype), pixels[1].to(device)
+    towers = {"transformers": lambda: visual(values, grid_thw=grids, return_dict=True).pooler_output,
+              "packed": lambda: packed(values, grids).merged}
+    times = {name: [] for name in towers}
+    merged = {}
+    with torch.inference_mode():
+        for round_ in range(1 + repeats):
+            for name in (list(towers) if round_ % 2 else list(towers)[::-1]):
+                started = time.perf_counter()
+                merged[name] = towers[name]()
+                _synchronize(device)
+                if round_:
+                    times[name].append(time.perf_counter() - started)
+    hf, ours_s = statistics.median(times["transformers"]), statistics.median(times["packed"])
+    return {str(dtype).removeprefix("torch."): {"transformers_s": hf, "packed_s": ours_s, "speedup": hf / ours_s,
+                                                "max_abs_diff": float((merged["transformers"] - merged["packed"]).abs().max())}}
+
+
+def plan_setting(args) -> tuple[str, str, dict]:
+    """The 'faste-mm plan' peer's setting: (label, dtype, FasteMM keyword arguments)."""
+    if args.plan:
+        from faste_mm.tools.plan_report import load_plan
+
+        report, row = load_plan(args.plan)
+        chosen = report.row(row)
+        settings = report.settings(row)
+        fast_e = FastEConfig(r_max=chosen.r_max, threshold=settings.get("threshold"), warmup_layer=settings.get("warmup_layer"))
+        return (f"{args.plan}: {chosen.max_pixels:,} px, r_max {chosen.r_max:g}, {chosen.dtype}", chosen.dtype,
+                {"fast_e": fast_e, "max_pixels": chosen.max_pixels})
+    cap, r_max = args.plan_setting.split(",")
+    return (f"{int(cap):,} px, r_max {float(r_max):g}, auto", "auto",
+            {"fast_e": FastEConfig(r_max=float(r_max)), "max_pixels": int(cap)})
 
 
 def _synchronize(device: torch.device) -> None:
@@ -249,17 +318,20 @@ def _synchronize(device: torch.device) -> None:
 def print_tables(report: dict) -> None:
     """Markdown tables for docs/benchmarks.md."""
     print(f"\n{report['device']}; {report['shape']} at scale-hidden {report['scale_hidden']}; faste-mm auto dtype: "
-          f"{report['faste_mm_auto_dtype']['dtype']} ({report['faste_mm_auto_dtype']['reason']}); official dtype: {report['official_dtype']}\n")
-    print("| inputs | peer | items/s | x official | x faste-mm fp32 | tower s / decoder s | min cos vs official |")
-    print("|---|---|---:|---:|---:|---:|---:|")
+          f"{report['faste_mm_auto_dtype']['dtype']} ({report['faste_mm_auto_dtype']['reason']}); official dtype: {report['official_dtype']}; "
+          f"torch threads {report['threads']}; plan peer: {report['plan_setting']}\n")
+    print("| inputs | peer | items/s | x official | x faste-mm fp32 | x st | tower s / decoder s | cos vs official (min) | cos vs faste-mm fp32 mean (min) |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for kind, data in report["kinds"].items():
         for name, row in data["peers"].items():
             def ratio(key):
                 return f"{row[key]:.2f}x" if key in row else "-"
             split = f"{row['tower_s']:.2f} / {row['decoder_s']:.2f}" if row["tower_s"] or row["decoder_s"] else "-"
             cos = f"{row['min_cos_vs_official']:.4f}" if "min_cos_vs_official" in row else "-"
+            fp32 = (f"{row['mean_cos_vs_faste-mm fp32']:.4f} ({row['min_cos_vs_faste-mm fp32']:.4f})"
+                    if "mean_cos_vs_faste-mm fp32" in row else "-")
             print(f"| {kind} x{data['items']} | {name} | {row['items_per_s']:.3f} | {ratio('x_official')} | "
-                  f"{ratio('x_faste-mm fp32')} | {split} | {cos} |")
+                  f"{ratio('x_faste-mm fp32')} | {ratio('x_st')} | {split} | {cos} | {fp32} |")
     print("\n| inputs | dtype | transformers tower s | packed tower s | packed speedup | max abs diff |")
     print("|---|---|---:|---:|---:|---:|")
     for kind, data in report["kinds"].items():

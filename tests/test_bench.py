@@ -63,7 +63,9 @@ def test_tiny_bench_run_writes_valid_json(tmp_path):
     pytest.importorskip("sentence_transformers")
     out = tmp_path / "bench.json"
     args = ["bench", "--shape", "qwen3-embedding-0.6b", "--scale-hidden", "0.0625", "--inputs", "text:48", "--n", "4"]
-    args += ["--r-max", "0.5", "--trigger-layer", "6", "--repeats", "1", "--device", "cpu", "--compare", "hf,sentence-transformers"]
+    # float32: an exactness check (auto is bfloat16 on a CPU with native bf16, where paths round apart)
+    args += ["--r-max", "0.5", "--trigger-layer", "6", "--repeats", "1", "--device", "cpu", "--dtype", "float32",
+             "--compare", "hf,sentence-transformers"]
     result = CliRunner().invoke(app, [*args, "--out", str(out)])
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())

@@ -170,6 +170,26 @@ def test_packed_tower_equals_transformers_vision_model(model_dirs):
         torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("grids", [[[1, 4, 6], [1, 4, 6], [1, 8, 4], [3, 4, 4]], [[1, 8, 6]]], ids=["runs", "one page"])
+def test_packed_tower_in_bfloat16_matches_transformers_bfloat16_tower(model_dirs, grids):
+    """The bfloat16 tower (q and k rotated together in float32; one run returned without a copy
+    into a buffer) gives transformers' bfloat16 tower's features within bfloat16 rounding."""
+    from transformers import Qwen3VLModel
+
+    visual = Qwen3VLModel.from_pretrained(str(model_dirs["qwen3_vl"]), dtype=torch.bfloat16).eval().visual
+    config = visual.config
+    grids = torch.tensor(grids)
+    torch.manual_seed(1)
+    pixels = torch.randn(int(grids.prod(-1).sum()), config.in_channels * config.temporal_patch_size * config.patch_size**2)
+    with torch.inference_mode():
+        expected = visual(pixels.bfloat16(), grid_thw=grids, return_dict=True).pooler_output.float()
+        got = PackedVisionTower(visual, attention="sdpa")(pixels.bfloat16(), grids).merged.float()
+    assert got.shape == expected.shape
+    cosine = torch.nn.functional.cosine_similarity(got, expected, dim=-1)
+    assert cosine.min() > 0.999, cosine.min()
+    torch.testing.assert_close(got, expected, atol=0.05 * float(expected.abs().max()), rtol=0)
+
+
 def test_stats_split_the_forward_into_tower_and_decoder_seconds(vl_embedder, image_dir):
     from faste_mm import Item
 

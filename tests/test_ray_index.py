@@ -80,8 +80,10 @@ def _spec(model_dir: Path, max_batch_size: int = 64) -> ModelSpec:
     return ModelSpec(str(model_dir), device="cpu", batching=BatchingConfig(max_batch_size=max_batch_size))
 
 
-def _index(model_dir, root, collection, r_max, ray_options=None, max_batch_size=64, progress=None, video=None):
-    with Retriever(_spec(model_dir, max_batch_size), collection=collection, r_max=r_max, video=video) as retriever:
+def _index(model_dir, root, collection, r_max, ray_options=None, max_batch_size=64, progress=None, video=None,
+           max_pixels=None):
+    with Retriever(_spec(model_dir, max_batch_size), collection=collection, r_max=r_max, video=video,
+                   max_pixels=max_pixels) as retriever:
         return retriever.index([root], options=IndexOptions(chunk_files=3), progress=progress,
                                executor=None if ray_options is None else RayExecutor(ray_options))
 
@@ -130,22 +132,31 @@ def test_ray_index_with_faste_matches_plain_index(ray_cluster, model_dir, corpus
 def test_ray_index_embeds_videos_with_the_collection_video_settings(ray_cluster, model_dir, tmp_path):
     """The Ray executor decodes each kind with the plain path's decoder and its workers sample
     videos with the collection's video settings (it once recorded every video as an unreadable
-    image): rows, failures and vectors equal a plain run's."""
+    image) and resize images with its pixel budget (`index --ray --max-pixels`): rows, failures
+    and vectors equal a plain run's, and the manifest records both."""
     from tests.test_video import write_video
 
     folder = tmp_path / "files"
     folder.mkdir()
     write_video(folder / "clip.mp4", 1, 8)
     (folder / "broken.webm").write_bytes(b"not a video")
-    noise_image(folder / "photo.png", (40, 32), 3)
+    noise_image(folder / "photo.png", (160, 128), 3)  # 20,480 px: the budget below shrinks it
     video = {"fps": 4.0, "max_frames": 6}  # not the defaults: the workers must get them
-    plain = _index(model_dir, folder, tmp_path / "plain", 0.0, video=video)
-    report = _index(model_dir, folder, tmp_path / "ray", 0.0, RayOptions(**ACTORS), video=video)
+    budget = 8 * 32 * 32  # 8 visual tokens
+    plain = _index(model_dir, folder, tmp_path / "plain", 0.0, video=video, max_pixels=budget)
+    report = _index(model_dir, folder, tmp_path / "ray", 0.0, RayOptions(**ACTORS), video=video, max_pixels=budget)
     assert (plain.embedded, plain.failed) == (report.embedded, report.failed) == (2, 1)
     assert sorted(f.to_dict().items() for f in report.failures) == sorted(f.to_dict().items() for f in plain.failures)
     _assert_same_collection(tmp_path / "plain", tmp_path / "ray")
     with Collection.open(tmp_path / "ray") as col:
         assert col.manifest.video["max_frames"] == 6
+        assert col.manifest.max_pixels == budget
+    # the budget changed the photo's vector (a worker ignoring it would have matched this run)
+    full = _index(model_dir, folder, tmp_path / "full", 0.0, video=video)
+    assert full.embedded == 2
+    photo = [key for key in _rows(tmp_path / "ray")[0] if key[0].endswith("photo.png")]
+    assert len(photo) == 1
+    assert not np.allclose(_rows(tmp_path / "full")[0][photo[0]], _rows(tmp_path / "ray")[0][photo[0]], atol=1e-3)
 
 
 def test_a_shipped_video_is_written_where_the_actor_embeds_it(tmp_path):

@@ -65,15 +65,21 @@ def frame_runs(grid_thw: torch.Tensor) -> FrameRuns:
 def attend_runs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, frames: FrameRuns, scale: float) -> torch.Tensor:
     """[N, A, D] packed q/k/v -> [N, A, D]: full attention within each frame, one SDPA call per
     run of equal-length frames ([frames, A, length, D] batched)."""
-    out = torch.empty_like(q)
-    for start, count, length in frames.runs:
+
+    def attend(start: int, count: int, length: int) -> torch.Tensor:
         end = start + count * length
 
         def heads_first(x: torch.Tensor) -> torch.Tensor:
             return x[start:end].view(count, length, *x.shape[1:]).transpose(1, 2)  # [F, A, L, D]
 
         attended = scaled_dot_product_attention(heads_first(q), heads_first(k), heads_first(v), scale=scale)
-        out[start:end] = attended.transpose(1, 2).reshape(end - start, *q.shape[1:])
+        return attended.transpose(1, 2).reshape(end - start, *q.shape[1:])  # [F x L, A, D]
+
+    if len(frames.runs) == 1:  # one page, or same-size photos: no second copy into `out`
+        return attend(*frames.runs[0])
+    out = torch.empty_like(q)
+    for start, count, length in frames.runs:
+        out[start:start + count * length] = attend(start, count, length)
     return out
 
 
@@ -97,6 +103,15 @@ def tower_kernel(mode: str, device: torch.device, dtype: torch.dtype):
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def rotate_qk(qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """[N, 2, A, D] queries and keys -> the same rotated by 2-D RoPE, in float32 as transformers'
+    `apply_rotary_pos_emb_vision` rotates (element for element the same arithmetic), but q and k
+    together: one float32 copy instead of three each. Returned in float32: the caller casts (or,
+    on a CPU, attends in float32)."""
+    x = qk.float()  # no copy when the tower runs float32
+    return x * cos + rotate_half(x) * sin
 
 
 class PackedVisionTower:
@@ -127,7 +142,7 @@ class PackedVisionTower:
         hidden = visual.patch_embed(pixel_values)  # [N, d]
         hidden = hidden + (visual.pos_embed(indices) * weights[:, :, None]).sum(1).to(hidden.dtype)
         cos, sin = visual.rotary_pos_emb(hidden, self._position_ids(grid_thw, merge))  # [N, D] float32 each
-        cos, sin = cos[:, None, :], sin[:, None, :]  # broadcast over heads
+        cos, sin = cos[:, None, None, :], sin[:, None, None, :]  # broadcast over q/k and heads
         frames = frame_runs(grid_thw)
         deepstack: list[torch.Tensor] = []
         for index, block in enumerate(visual.blocks):
@@ -142,8 +157,13 @@ class PackedVisionTower:
         """The block's attention: qkv, 2-D RoPE in float32 (as transformers rotates), per-frame
         attention, output projection."""
         n = x.shape[0]
-        q, k, v = attention.qkv(x).view(n, 3, attention.num_heads, -1).unbind(1)  # [N, A, D] each
-        q = (q.float() * cos + rotate_half(q.float()) * sin).to(x.dtype)
-        k = (k.float() * cos + rotate_half(k.float()) * sin).to(x.dtype)
-        attended = self.attend(q, k, v, frames, attention.scaling)  # [N, A, D]
-        return attention.proj(attended.reshape(n, -1))
+        qkv = attention.qkv(x).view(n, 3, attention.num_heads, -1)  # [N, 3, A, D]
+        qk = rotate_qk(qkv[:, :2], cos, sin)  # [N, 2, A, D] float32
+        # On a CPU torch's attention kernel is no faster in bfloat16 and at the tower's 16-64-wide
+        # heads several times slower on a page's one long frame (measured 4.5x end to end on a
+        # page at the cap, docs/benchmarks.md): attend in float32 there (q/k are float32 already),
+        # as the GPU kernels attend in the model's dtype.
+        dtype = torch.float32 if x.device.type == "cpu" else x.dtype
+        q, k = qk.to(dtype).unbind(1)  # [N, A, D] each
+        attended = self.attend(q, k, qkv[:, 2].to(dtype), frames, attention.scaling)  # [N, A, D]
+        return attention.proj(attended.reshape(n, -1).to(x.dtype))
