@@ -6,8 +6,9 @@ shape: Qwen3-VL-Embedding-2B's decoder and vision tower plus an LM head), widths
     python scripts/bench_rerank.py --inputs text:600 --top 20,50 --scale 0.125
     python scripts/bench_rerank.py --inputs page:640x900 --top 20 --scale 0.125
 
-All settings run round-robin in each round (a shared machine's load hits them alike); the fastest
-round is kept. Prints a markdown table (for docs/benchmarks.md): seconds per query (all
+All settings run once per round, in mirrored order every other round (A..Z, Z..A), and the mean
+over rounds is kept, so a drifting load on a shared machine cancels instead of favouring the
+settings that run last. Prints a markdown table (for docs/benchmarks.md): seconds per query (all
 candidates), pairs/s, speed-up over our full forward and over the official path, max |score -
 full score|, prefix kept, FastE's mean trigger layer, and the vision tower's share of the time
 (FastE leaves the tower alone: it bounds the gain on photos and pages).
@@ -76,16 +77,18 @@ def official_scores(lm, reranker: Reranker, documents: list, batch_size: int) ->
 
 
 def timed_rounds(settings: list, rounds: int, run) -> dict:
-    """Each setting once per round, round-robin (so a load spike on a shared machine hits every
-    setting alike); the fastest of its rounds is kept. Returns {name: (seconds, last output)}."""
-    best: dict = {}
-    for _ in range(rounds):
-        for name, reranker in settings:
+    """Each setting once per round, the order reversed every other round (A B C, C B A, ...), and
+    the mean of its rounds kept: on a shared machine whose load drifts, a fixed order with the
+    fastest round favours whichever settings run late (the first version of this script did);
+    an even number of mirrored rounds cancels a linear drift. Returns {name: (seconds, output)}."""
+    times: dict = {name: [] for name, _ in settings}
+    outputs: dict = {}
+    for round_index in range(rounds):
+        for name, reranker in settings if round_index % 2 == 0 else settings[::-1]:
             started = time.perf_counter()
-            output = run(reranker)
-            seconds = time.perf_counter() - started
-            best[name] = (min(seconds, best.get(name, (float("inf"),))[0]), output)
-    return best
+            outputs[name] = run(reranker)
+            times[name].append(time.perf_counter() - started)
+    return {name: (sum(times[name]) / len(times[name]), outputs[name]) for name, _ in settings}
 
 
 def main() -> None:
@@ -98,7 +101,7 @@ def main() -> None:
     parser.add_argument("--r-max", default="0.3,0.5,0.7", help="FastE settings (comma-separated)")
     parser.add_argument("--protect", default="none,query", help="protect modes run at each r_max")
     parser.add_argument("--official-batch", type=int, default=8, help="pairs per padded batch on the official path")
-    parser.add_argument("--repeats", type=int, default=2, help="interleaved rounds per top; the fastest is kept")
+    parser.add_argument("--repeats", type=int, default=2, help="rounds per top, mirrored order; the mean is kept (use an even number)")
     args = parser.parse_args()
     tops = [int(t) for t in args.top.split(",")]
 
@@ -118,7 +121,7 @@ def main() -> None:
         full.score(QUERY, all_documents[:2])  # untimed warm-up: lazy kernel set-up is no setting's cost
         print(f"device: {device_name(torch.device('cpu'))}, {cpu_model()}; torch {torch.__version__}; dtype "
               f"{full.backbone.dtype} ({args.dtype}); shape {args.shape} x{args.scale}; inputs {args.inputs}; "
-              f"query {len(QUERY.split())} words; fastest of {args.repeats} interleaved rounds; load average "
+              f"query {len(QUERY.split())} words; mean of {args.repeats} mirrored rounds; load average "
               f"{' '.join(f'{x:.1f}' for x in os.getloadavg())} at start")
         print("| top | setting | s / query | pairs/s | vs our full | vs official | max abs score diff vs full "
               "| prefix kept | trigger layer | tower share |")
