@@ -102,7 +102,11 @@ def main() -> None:
     parser.add_argument("--protect", default="none,query", help="protect modes run at each r_max")
     parser.add_argument("--official-batch", type=int, default=8, help="pairs per padded batch on the official path")
     parser.add_argument("--repeats", type=int, default=2, help="rounds per top, mirrored order; the mean is kept (use an even number)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default torch's); 1 on a shared, "
+                        "oversubscribed CPU: two threads spin at every op's barrier there and flatten every ratio")
     args = parser.parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     tops = [int(t) for t in args.top.split(",")]
 
     with tempfile.TemporaryDirectory() as tmp:
