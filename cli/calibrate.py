@@ -15,8 +15,8 @@ from rich.table import Table
 
 from faste_mm.cli.common import fail, setup_logging, stderr, stdout
 from faste_mm.cli.options import (DEFAULT_BATCH_TOKENS, DEFAULT_MODEL, DOCUMENT_R_MAX, BatchTokens, CollectionOption,
-                                  Debug, Device, Dtype, Format, ImageRoot, Model, OutputFormat, RMax, Threshold,
-                                  TriggerLayer, Unpadded, WarmupLayer, fast_e_config, one_ratio)
+                                  Debug, Device, Dtype, Format, ImageRoot, Model, OutputFormat, Rerank, RerankProtect,
+                                  RMax, Threshold, TriggerLayer, Unpadded, WarmupLayer, fast_e_config, one_ratio)
 from faste_mm.cli.progress import Progress
 from faste_mm.errors import ConfigError, FasteError, InputError
 
@@ -42,12 +42,24 @@ def calibrate_command(
     unpadded: Unpadded = "auto",
     output: OutputFormat = Format.table,
     debug: Debug = False,
+    rerank: Rerank = None,
+    query: list[str] = typer.Option(None, "--query", envvar="FASTE_MM_QUERY", show_default=False,
+                                    help="With --rerank: a query to score PATHs against (repeat for several)."),
+    rerank_protect: RerankProtect = "none",
+    top_k: int = typer.Option(5, "--top-k", envvar="FASTE_MM_TOP_K", help="With --rerank: the ranks whose order must agree with the full forward."),
 ) -> None:
-    """Recommend the smallest theta whose embeddings stay within --target of the full forward."""
+    """Recommend the smallest theta whose embeddings stay within --target of the full forward;
+    with --rerank MODEL and --query, the smallest whose reranker scores keep the full forward's
+    top-k order on PATHs (--target: share of the top-k in place)."""
     from faste_mm import BatchingConfig, Embedder
     from faste_mm.tools.calibration import CalibrationConfig, calibrate, task_labels
 
     setup_logging(debug, logging.INFO)
+    if rerank is not None:
+        _calibrate_reranker(rerank, paths or [], query or [], r_max, warmup_layer, threshold, trigger_layer, target, top_k,
+                            rerank_protect, sample, save, out, device, dtype, BatchingConfig(batch_tokens=batch_tokens, unpadded=unpadded),
+                            output, debug)
+        return
     try:
         ratio = one_ratio(r_max)
         if collection is not None:  # calibrating for a collection: its model and r_max unless given
@@ -90,6 +102,63 @@ def calibrate_command(
             _save(calibration, collection, out)
         except FasteError as error:
             fail(error, debug)
+
+
+def _calibrate_reranker(model, paths, queries, r_max, warmup_layer, threshold, trigger_layer, target, top_k, protect,
+                        sample, save, out, device, dtype, batching, output, debug) -> None:
+    """`calibrate --rerank`: theta for the reranker on every (--query, document of PATHs) pair."""
+    from faste_mm.model.reranker import PROTECT_MODES, Reranker
+    from faste_mm.tools.rerank_calibration import RerankCalibrationConfig, calibrate_reranker
+
+    try:
+        if save:
+            raise ConfigError("--save stores an embedding model's theta; for a reranker pass the recommended theta "
+                              "yourself (Reranker.from_pretrained(..., threshold=THETA))")
+        if not queries:
+            raise ConfigError("--rerank calibrates on your pairs: give at least one --query to score PATHs against")
+        if protect not in PROTECT_MODES:
+            raise ConfigError(f"--rerank-protect must be {' or '.join(PROTECT_MODES)}, got {protect!r}")
+        ratio = one_ratio(r_max)
+        config = RerankCalibrationConfig(
+            fast_e=fast_e_config(0.5 if ratio is None else ratio, warmup_layer, None, trigger_layer), top_k=top_k,
+            target=target, thetas=None if threshold is None else (threshold,))
+        documents, unreadable = _documents(paths, sample)
+        _make_out(out)
+        with Progress() as progress:
+            with progress.loading(model):
+                reranker = Reranker.from_pretrained(model, device=device, dtype=dtype, batching=batching, protect=protect)
+            calibration = calibrate_reranker(reranker, [(q, documents) for q in queries], config, progress=progress)
+        try:
+            (out / "rerank_calibration.json").write_text(json.dumps(calibration.to_dict(), indent=2))
+        except OSError as error:
+            raise ConfigError(f"--out {out}: cannot write the report ({error}); choose another folder") from None
+    except FasteError as error:
+        fail(error, debug)
+    for reason in unreadable:
+        stderr.print(f"[yellow]skipped[/yellow] {reason}")
+    if output is Format.json:
+        stdout.print_json(json.dumps(calibration.to_dict()))
+    else:
+        _render_reranker(calibration)
+    stderr.print(f"report: {out / 'rerank_calibration.json'}")
+
+
+def _render_reranker(calibration) -> None:
+    table = Table(title=f"reranker calibration of {calibration.model_id} at r_max {calibration.r_max:g}, protect "
+                        f"{calibration.protect} ({calibration.n_queries} queries, {calibration.n_pairs} pairs)")
+    for column in ("theta", "trigger layers (batches)", "mean layer", f"top-{calibration.top_k} agree", "top-1 agree",
+                   "mean |d score|", "max |d score|", "FLOPs red.", "ok"):
+        table.add_column(column, justify="right")
+    for r in calibration.thetas:
+        layers = ", ".join(f"L{layer}:{n}" for layer, n in r.trigger_layers.items())
+        mark = "*" if r.theta == calibration.threshold else ("yes" if r.meets_target else "")
+        table.add_row(f"{r.theta:g}", layers, f"{r.mean_trigger_layer:.1f}", f"{r.top_k_agreement:.1%}", f"{r.top1_agreement:.1%}",
+                      f"{r.mean_score_diff:.4f}", f"{r.max_score_diff:.4f}", f"{r.flops_reduction:.1%}", mark)
+    stdout.print(table)
+    if calibration.threshold is None:
+        stdout.print("no theta reaches the target: lower --target or --r-max")
+    else:
+        stdout.print(f"recommended theta: {calibration.threshold:g} (* above)")
 
 
 def _mmeb_task(paths: list[Path], data: Optional[Path], task: Optional[str], image_root: Optional[Path], sample: int):

@@ -75,7 +75,8 @@ def eval_command(
                     model, device=device, dtype=dtype,
                     batching=batching)
             results = evaluate(embedder, tasks, config, cache_dir=out / "cache" if cache else None, progress=progress)
-            reranked = _rerank(embedder, tasks, rerank, rerank_top, rerank_r_max, rerank_protect, device, dtype, progress)
+            reranked = _rerank(embedder, tasks, rerank, rerank_top, rerank_r_max, rerank_protect, device, dtype, progress,
+                               out / "cache" if cache else None)
         paths = write_report(results, out)
         if reranked is not None:
             paths["rerank"] = out / "rerank.json"
@@ -97,8 +98,10 @@ def eval_command(
     stderr.print(f"wrote {paths['json']}, {paths['markdown']}, {paths['plot']}")
 
 
-def _rerank(embedder, tasks, model: str | None, top: int, r_max: str, protect: str, device: str, dtype: str, progress):
-    """The two-stage table of `--rerank` (None without it); `--rerank-protect both` runs none and query."""
+def _rerank(embedder, tasks, model: str | None, top: int, r_max: str, protect: str, device: str, dtype: str, progress,
+            cache_dir):
+    """The two-stage table of `--rerank` (None without it); `--rerank-protect both` runs none and query.
+    The first stage's vectors come from the evaluation's own cache (`cache_dir`), not a second embedding."""
     if model is None:
         return None
     from faste_mm import Reranker
@@ -111,4 +114,4 @@ def _rerank(embedder, tasks, model: str | None, top: int, r_max: str, protect: s
     with progress.loading(model):
         reranker = Reranker.from_pretrained(model, device=device, dtype=dtype)
     return evaluate_rerank(embedder, reranker, tasks, top=top, r_max=ratios(r_max, (0.0,)), protect=modes[protect],
-                           progress=progress)
+                           cache_dir=cache_dir, progress=progress)

@@ -199,6 +199,18 @@ def evaluate_task(
     )
 
 
+def full_forward_vectors(
+    embedder: Embedder, task: TaskData, cache: EmbeddingCache | None, progress: ProgressSink = NO_PROGRESS
+) -> tuple[np.ndarray, np.ndarray]:
+    """The task's query and candidate vectors under the full forward, under the same cache keys
+    and fingerprints `evaluate` uses: a second stage (rerank_eval) reuses them, never re-embeds."""
+    subset = task.spec.subset
+    queries, _ = _cached(embedder, cache, subset, "queries", None, task.query_items(), True, progress)
+    full = Setting("full", 0.0)
+    candidates, _ = _cached(embedder, cache, subset, full.key, full, task.candidate_items(), False, progress)
+    return queries, candidates
+
+
 def _stamp(embedder: Embedder, setting: Setting | None, items) -> str:
     setting_dict = setting.to_dict() if setting is not None else {"method": "queries"}
     # Resolved config in the fingerprint: a changed backbone default (l_w, theta) is a new setting.

@@ -1,5 +1,5 @@
-"""Two-stage MMEB evaluation: the embedder ranks each query's own candidates (full forward),
-then a reranker re-scores that query's top-N, once per reranker setting (full, FastE at each
+"""Two-stage MMEB evaluation: the embedder ranks each query's own candidates (full forward, from
+the evaluator's embedding cache when it holds them), then a reranker re-scores that query's top-N, once per reranker setting (full, FastE at each
 r_max, with or without protect="query"). Recall@1/5/10 and nDCG@5 before and after.
 
 A gold outside the top-N keeps its first-stage rank; inside, its rank is its place in the
@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 
-from faste_mm.datasets.encoding import NO_PROGRESS, ProgressSink, encode_items
+from faste_mm.datasets.encoding import NO_PROGRESS, EmbeddingCache, ProgressSink
 from faste_mm.datasets.mmeb import TaskData
+from faste_mm.datasets.protocol import full_forward_vectors
 from faste_mm.errors import ConfigError
 from faste_mm.model.embedder import Embedder
 from faste_mm.model.faste import FastEConfig
@@ -84,19 +86,21 @@ def evaluate_rerank(
     top: int = 20,
     r_max: tuple[float, ...] = (0.0,),
     protect: tuple[str, ...] = ("none",),
+    cache_dir: str | Path | None = None,
     progress: ProgressSink = NO_PROGRESS,
 ) -> list[RerankRow]:
     """The embedder's full-forward ranking, then each reranker setting on every query's top-`top`.
-    The reranker's instruction is each query's own MMEB instruction."""
+    The reranker's instruction is each query's own MMEB instruction. `cache_dir`: the evaluator's
+    embedding cache (`evaluate`'s, same keys): vectors found there are not embedded again."""
     if top < 1:
         raise ConfigError(f"rerank top must be >= 1 candidates, got {top}")
     for mode in protect:
         if mode not in PROTECT_MODES:
             raise ConfigError(f"rerank protect must be one of {', '.join(PROTECT_MODES)}, got {mode!r}")
+    cache = None if cache_dir is None else EmbeddingCache(cache_dir, embedder.model_id)
     rows = []
     for task in tasks:
-        queries, _ = encode_items(embedder, task.query_items(), is_query=True, progress=progress)
-        candidates, _ = encode_items(embedder, task.candidate_items(), is_query=False, progress=progress)
+        queries, candidates = full_forward_vectors(embedder, task, cache, progress)
         lists = [query.candidates for query in task.queries]
         orders = first_stage(queries, candidates, lists)
         before = np.array([int(np.flatnonzero(order == 0)[0]) for order in orders])

@@ -65,3 +65,20 @@ def test_rerank_command_prints_candidates_best_first_equal_to_the_python_api(rer
     got = json.loads(result.stdout)["results"]
     expected = Reranker.from_pretrained(model, device="cpu").rerank("red things", ["a red bicycle", "short", image_dir / "red.png"], top_n=2)
     assert [r["score"] for r in got] == [r.score for r in expected.results]
+
+
+def test_rerank_eval_takes_the_first_stage_from_the_evaluation_cache(eval_model_dir, eval_data_dir, vl_reranker, tmp_path):
+    from faste_mm.datasets import evaluate
+    from faste_mm.datasets.protocol import EvalConfig
+
+    embedder = Embedder.from_pretrained(str(eval_model_dir), device="cpu")
+    task = load_task("mscoco", eval_data_dir, limit=2)
+    evaluate(embedder, [task], EvalConfig(r_max=(0.0,), methods=("faste",)), cache_dir=tmp_path)
+    embedded = []
+    for name in ("encode_queries", "encode_documents"):
+        original = getattr(embedder, name)
+        setattr(embedder, name, lambda items, *a, _o=original, **k: embedded.append(len(items)) or _o(items, *a, **k))
+    cached = evaluate_rerank(embedder, vl_reranker, [task], top=2, cache_dir=tmp_path)
+    assert embedded == []  # the evaluation stored both sides: nothing is embedded again
+    uncached = evaluate_rerank(embedder, vl_reranker, [task], top=2)
+    assert embedded and [(r.before, r.after) for r in cached] == [(r.before, r.after) for r in uncached]

@@ -87,3 +87,32 @@ def test_index_records_a_default_reranker_that_info_shows_and_search_uses(eval_m
 
     served = load_reranker(None, tmp_path / "col", "0", "none", "cpu")  # `serve -c` picks the collection's reranker
     assert served.model_id == str(Path(rr).absolute())
+
+
+def test_serve_search_with_rerank_equals_retriever_search_and_explains_by_item_id(retriever, vl_reranker):
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from faste_mm.serving.api import create_app
+    from faste_mm.serving.engine import ServeEngine
+
+    expected = retriever.search("red", k=2, rerank=vl_reranker, rerank_top=4)
+    served = Retriever(retriever.embedder, collection=retriever.collection, r_max=0.0)  # opened on the model thread
+    engine = ServeEngine(retriever.embedder, served, reranker=vl_reranker)
+    with TestClient(create_app(engine), base_url="http://127.0.0.1:8000") as client:
+        body = client.post("/search", json={"query": "red", "k": 2, "rerank": True, "rerank_top": 4}).json()
+        form = client.post("/search", data={"q": "red", "k": "2", "rerank": "on", "rerank_top": "4"}).json()
+        plain = client.post("/search", json={"query": "red", "k": 2}).json()
+        why = client.post("/explain", json={"query": "red", "document_id": expected[0].id})
+        more_like = client.post("/search", json={"id": expected[0].id, "rerank": True})
+        both = client.post("/explain", json={"query": "red", "document": "x", "document_id": expected[0].id})
+    assert body["rerank"] == {"model": vl_reranker.model_id, "top": 4}
+    assert [h["id"] for h in body["hits"]] == [h.id for h in expected] == [h["id"] for h in form["hits"]]
+    assert [h["rerank_score"] for h in body["hits"]] == pytest.approx([h.rerank_score for h in expected], abs=1e-6)
+    assert [h["score"] for h in body["hits"]] == pytest.approx([h.score for h in expected], abs=1e-6)  # both scores
+    assert plain["rerank"] is None and "rerank_score" not in plain["hits"][0]
+    assert why.status_code == 200, why.text
+    reference = vl_reranker.explain("red", hit_item(expected[0]))
+    assert why.json()["score"] == pytest.approx(reference.score, abs=1e-6) and "not attribution" in why.json()["label"]
+    assert more_like.status_code == 400 and "more like this" in more_like.json()["error"]["message"]
+    assert both.status_code == 400 and "document_id" in both.json()["error"]["message"]

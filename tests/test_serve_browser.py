@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from faste_mm import BatchingConfig, Embedder, Retriever
+from faste_mm.testing import build_tiny_model
 from tests.serve_fixtures import make_gallery, scene_image
 from tests.test_retriever_scanning import tiny_vl_dir
 
@@ -35,9 +36,11 @@ def server(tmp_path_factory):
     embedder = Embedder.from_pretrained(str(model), device="cpu", batching=BatchingConfig(batch_tokens=1 << 16))
     gallery = make_gallery(base / "gallery")
     Retriever(embedder, collection=base / "photos", r_max=0.5).index([gallery])
+    reranker = build_tiny_model(base / "reranker", "qwen3_vl_reranker")  # the page's rerank toggle and "why"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     process = subprocess.Popen(
-        [sys.executable, "-m", "faste_mm.cli.app", "serve", "-c", str(base / "photos"), "--port", "0", "--device", "cpu"],
+        [sys.executable, "-m", "faste_mm.cli.app", "serve", "-c", str(base / "photos"), "--port", "0", "--device", "cpu",
+         "--rerank", str(reranker)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in process.stdout], daemon=True).start()
@@ -119,6 +122,29 @@ def test_search_page_queries_uploads_more_like_this_and_reloads_from_the_url(bro
     page.wait_for_selector(".card")
     assert page.input_value("#q") == "forest" and page.input_value("#k") == "24"
     assert page.locator(".card").count() == 12  # the collection holds 12 items
+    assert not errors, errors
+
+
+def test_search_page_reranks_shows_both_scores_and_why_this_result(browser, server):
+    url, _ = server
+    page = browser.new_page(viewport={"width": 1280, "height": 860})
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.on("console", lambda message: errors.append(message.text) if "Content Security Policy" in message.text else None)
+    page.goto(url + "/")
+    page.wait_for_selector("#rerank-toggle:not([hidden])")
+    page.check("#rerank")
+    page.fill("#q", "a sunset over the sea")
+    page.press("#q", "Enter")
+    page.wait_for_selector(".card .rerank-row:not([hidden]), #banner:not([hidden])", timeout=120_000)
+    assert page.locator("#banner").is_hidden(), page.inner_text("#banner-text")
+    scores = page.locator(".card .rerank-value").all_inner_texts()
+    assert len(scores) == 12 and all(float(s) > 0 for s in scores[:3])  # both scores on every card
+    page.locator(".card").first.locator(".why").click()
+    page.wait_for_selector(".card .why-panel:not([hidden]), #banner:not([hidden])", timeout=120_000)
+    assert page.locator("#banner").is_hidden(), page.inner_text("#banner-text")
+    assert "not attribution" in page.locator(".card .why-label").first.inner_text()
+    page.wait_for_selector(".card .thumb canvas.heat")  # the patch grid over the thumbnail
     assert not errors, errors
 
 

@@ -262,7 +262,7 @@ class Reranker:
         protected_tokens = 0
         forward_s = 0.0
         pin = self.backbone.device.type == "cuda"
-        for element in prefetch_batches(todo, lambda i: self._serialize(prepared, items[i]), self.batching,
+        for element in prefetch_batches(todo, lambda i: self.serialize_pair(prepared, items[i]), self.batching,
                                         self.loaded.pad_token_id, pin, timer):
             if isinstance(element, ItemError):
                 failure = item_failure(items, sources, element)
@@ -273,7 +273,7 @@ class Reranker:
                     progress(1)
                 continue
             batch = element.to(self.backbone.device)
-            policy = self._policy(batch)
+            policy = self.compressor(batch)
             kernel = settle_kernel(self.backbone, batch, policy, self.unpadded)
             tick = time.perf_counter()
             batch_scores, trace = run_decoder(self.backbone, batch, policy, kernel, readout=self.head)
@@ -320,7 +320,7 @@ class Reranker:
             reason = broken[0][2] if broken else f"{len(items)} pages; give one page (Item(image=path, page=k))"
             raise InputError(f"document {items[0].describe() if items else ''}: {reason}")
         try:
-            serialized = self._serialize(prepared, items[0])
+            serialized = self.serialize_pair(prepared, items[0])
         except Exception as error:  # noqa: BLE001 - named and explained like a failed candidate
             raise InputError(f"document {items[0].describe()}: {error}") from None
         config = self.fast_e or FastEConfig().resolved(self.family, num_layers)
@@ -333,16 +333,20 @@ class Reranker:
         return explain_pair(serialized, weights, items[0], tokenizer, float(scores[0]), probe.recorded_layer,
                             getattr(model_config, "image_token_id", None), getattr(model_config, "video_token_id", None))
 
-    def _serialize(self, query: PreparedQuery, item: Item):
+    def serialize_pair(self, query: PreparedQuery, item: Item):
+        """One (query, document) pair as the runner takes it (calibration serializes with it too)."""
         return self.backbone.with_positions(self.serializer(query, item))
 
-    def _policy(self, batch):
-        if self.fast_e is None:
+    def compressor(self, batch, fast_e: FastEConfig | None = None):
+        """The policy the runner asks for `batch`: this reranker's FastE, or `fast_e` (a resolved
+        config: calibration's forced trigger layers), keeping the query when protect is "query"."""
+        fast_e = fast_e or self.fast_e
+        if fast_e is None:
             return Full()
         num_layers = self.backbone.shape.num_layers
         if self.protect == "query" and batch.protected is not None:
-            return ProtectedFastE(self.fast_e, num_layers, batch.protected)
-        return policy_for(self.fast_e, num_layers)  # FastE, or an ablation's ranking (FastEConfig.ranking)
+            return ProtectedFastE(fast_e, num_layers, batch.protected)
+        return policy_for(fast_e, num_layers)  # FastE, or an ablation's ranking (FastEConfig.ranking)  # FastE, or an ablation's ranking (FastEConfig.ranking)
 
     def _stats(self, traces, n_pairs, n_failed, protected_tokens, serialize_s, started, forward_s=0.0) -> RerankStats:
         shape = self.backbone.shape

@@ -27,12 +27,18 @@ log = logging.getLogger(__name__)
 def hit_item(hit: Hit) -> Item:
     """The item a hit was made from, read back from its uri by its kind's decoder (an image, a
     PDF page, a video, a text file). InputError (naming the uri) when there is nothing to read."""
-    path = Path(hit.uri)
+    return stored_item(hit.uri, hit.page)
+
+
+def stored_item(uri: str, page: int | None) -> Item:
+    """The item of a collection row (uri, page) read back from its file (`hit_item`; the server's
+    /explain by item id)."""
+    path = Path(uri)
     kind = kind_name(path)
     if kind == UNSUPPORTED or not path.is_file():
-        raise InputError(f"{hit.uri}: no file to rerank (moved, or an item added from Python whose "
+        raise InputError(f"{uri}: no file to rerank (moved, or an item added from Python whose "
                          f"content the collection does not keep)")
-    return query_item(path, kind, hit.page)
+    return query_item(path, kind, page)
 
 
 def check_reranker(reranker: object, rerank_top: int) -> None:

@@ -31,7 +31,7 @@ from faste_mm.serving.engine import (CollectionChangedError, NoCollectionError, 
 from faste_mm.serving.inputs import (EmbeddingRequest, SearchRequest, decode_image_bytes, decode_image_url,
                                      embedding_items, encode_vector)
 from faste_mm.serving.metrics import LATENCY_BUCKETS_S
-from faste_mm.serving.rerank import add_rerank_routes
+from faste_mm.serving.rerank import add_rerank_routes, rerank_search_hits, search_rerank_top
 from faste_mm.serving.security import is_allowed_host, is_cross_site
 from faste_mm.serving.thumbnails import NoThumbnailError, default_cache_dir, has_thumbnail, thumbnail
 
@@ -109,13 +109,19 @@ def create_app(engine: ServeEngine) -> FastAPI:
 
     @app.post("/search", dependencies=[auth])
     async def search(request: Request) -> dict:
-        query, image, item_id, k, where, mode, rescore = await _search_fields(request, engine)
+        query, image, item_id, k, where, mode, rescore, rerank, rerank_top = await _search_fields(request, engine)
         started = time.perf_counter()
-        hits = await run_in_threadpool(engine.search, query, image, item_id, k, where, mode, rescore)
+        # rerank: the embedding top `rerank_top` re-scored by the reranker, the best k kept
+        # (hits carry both scores; serving/rerank.py, as Retriever.search(rerank=...))
+        fetch = max(k, search_rerank_top(engine, rerank_top, query, image, item_id)) if rerank else k
+        hits = await run_in_threadpool(engine.search, query, image, item_id, fetch, where, mode, rescore)
+        if rerank:
+            hits = await run_in_threadpool(rerank_search_hits, engine, query, image, hits[:fetch], k)
         return {
             "query": {"text": query, "image": image is not None, "id": item_id},
             "k": k, "mode": mode,
             "filter": {"where": where.where, "types": list(where.types), "path": where.path},
+            "rerank": {"model": engine.reranker.model_id, "top": fetch} if rerank else None,
             "took_ms": round(1000 * (time.perf_counter() - started), 1),
             "hits": [_hit_json(rank, hit) for rank, hit in enumerate(hits, 1)],
         }
@@ -145,14 +151,16 @@ def _check_model(model: str | None, engine: ServeEngine) -> None:
 
 
 async def _search_fields(request: Request, engine: ServeEngine):
-    """(query, PIL image or None, item id or None, k, SearchFilter, mode, rescore) from a JSON body or
-    a multipart form (fields q, k, id, mode and an `image` file, as the search page sends them; no filters)."""
+    """(query, PIL image or None, item id or None, k, SearchFilter, mode, rescore, rerank, rerank_top)
+    from a JSON body or a multipart form (fields q, k, id, mode, rerank, rerank_top and an `image`
+    file, as the search page sends them; no filters)."""
     content_type = request.headers.get("content-type", "")
     if content_type.startswith("multipart/form-data") or content_type.startswith("application/x-www-form-urlencoded"):
         form = await request.form()
-        unknown = set(form.keys()) - {"q", "k", "id", "image", "mode"}
+        unknown = set(form.keys()) - {"q", "k", "id", "image", "mode", "rerank", "rerank_top"}
         if unknown:
-            raise InputError(f"unknown form fields {sorted(unknown)}; the search form takes q, k, id, mode and image")
+            raise InputError(f"unknown form fields {sorted(unknown)}; the search form takes q, k, id, mode, rerank, "
+                             f"rerank_top and image")
         image = None
         upload = form.get("image")
         if upload is not None and not isinstance(upload, str):
@@ -162,7 +170,12 @@ async def _search_fields(request: Request, engine: ServeEngine):
         query = (form.get("q") or "").strip() or None
         k = _int_field(form.get("k"), "k")  # k=0 is refused by the search (400), never silently 10
         mode = str(form.get("mode") or "dense")
-        return query, image, _int_field(form.get("id"), "id"), 10 if k is None else k, SearchFilter(), mode, None
+        rerank = str(form.get("rerank") or "").strip().lower() in ("1", "true", "on", "yes")
+        rerank_top = _int_field(form.get("rerank_top"), "rerank_top")
+        if rerank_top is not None and not 1 <= rerank_top <= 1000:
+            raise InputError(f"form field 'rerank_top' must be in 1..1000, got {rerank_top}")
+        return (query, image, _int_field(form.get("id"), "id"), 10 if k is None else k, SearchFilter(), mode, None,
+                rerank, rerank_top)
     try:
         body = SearchRequest.model_validate(await request.json())
     except RecursionError:
@@ -178,7 +191,8 @@ async def _search_fields(request: Request, engine: ServeEngine):
         where = SearchFilter(where=body.where or {}, types=body.type or (), path=body.path)
     except ConfigError as error:  # a filter the collection cannot apply: the client's mistake
         raise InputError(str(error)) from None
-    return (body.query or "").strip() or None, image, body.id, body.k, where, body.mode, body.rescore
+    return ((body.query or "").strip() or None, image, body.id, body.k, where, body.mode, body.rescore, body.rerank,
+            body.rerank_top)
 
 
 def _int_field(value, name: str) -> int | None:

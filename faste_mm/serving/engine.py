@@ -429,4 +429,5 @@ class ServeEngine:
                        "max_inputs": self.config.max_inputs},
             "auth": self.config.api_key is not None,
             "collection": collection,
+            "reranker": None if self.reranker is None else self.reranker.settings(),  # the page's rerank toggle
         }

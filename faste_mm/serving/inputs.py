@@ -82,6 +82,8 @@ class SearchRequest(BaseModel):
     path: str | None = None
     mode: Literal["dense", "lexical", "hybrid"] = "dense"
     rescore: int | None = Field(default=None, ge=0, le=1000)
+    rerank: bool = False  # re-score the top `rerank_top` hits with the server's reranker (serving/rerank.py)
+    rerank_top: int | None = Field(default=None, ge=1, le=1000)
 
 
 # ---- translation into items ------------------------------------------------------------------

@@ -20,6 +20,7 @@ from starlette.concurrency import run_in_threadpool
 
 from faste_mm import InputError, Item
 from faste_mm.errors import FasteError
+from faste_mm.retrieval.rerank_hits import rerank_hits, stored_item
 from faste_mm.serving.engine import RequestTooLargeError, ServeEngine
 from faste_mm.serving.inputs import ContentPart, decode_image_url, parts_item
 
@@ -39,7 +40,8 @@ class RerankRequest(BaseModel):
 class ExplainRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     query: Multimodal
-    document: Multimodal
+    document: Multimodal | None = None
+    document_id: int | None = Field(default=None, ge=0, le=2**63 - 1)  # an item of the served collection
     model: str | None = None
     instruction: str | None = None
     layer: int | None = Field(default=None, ge=0)
@@ -68,6 +70,40 @@ class ExplainPayload:
 
     def run(self, reranker):
         return reranker.explain(self.query, self.document, instruction=self.instruction, layer=self.layer)
+
+
+@dataclass(frozen=True, slots=True)
+class HitsPayload:
+    """A /search with `rerank`: the embedding top-N hits re-scored for the query (model thread)."""
+
+    query: Item
+    hits: list
+    k: int
+
+    def run(self, reranker):
+        return rerank_hits(reranker, self.query, self.hits, self.k)
+
+
+# /search's hits re-scored when the request names no rerank_top (as `faste-mm search --rerank`)
+SEARCH_RERANK_TOP = 50
+# The batcher's weight of one reranked hit: counting its tokens exactly would read every hit's
+# file twice (here and on the model thread); the weight only orders the queue.
+HIT_WEIGHT_TOKENS = 512
+
+
+def search_rerank_top(engine: ServeEngine, rerank_top: int | None, query: str | None, image, item_id: int | None) -> int:
+    """How many hits a /search with `rerank` fetches; InputError when it cannot rerank."""
+    _reranker(engine, None)
+    if item_id is not None or (not query and image is None):
+        raise InputError("`rerank` re-scores hits against a query text or image; it does not apply to `id` (more like this)")
+    return SEARCH_RERANK_TOP if rerank_top is None else rerank_top
+
+
+def rerank_search_hits(engine: ServeEngine, query: str | None, image, hits: list, k: int) -> list:
+    """The best `k` of `hits` by the reranker, with both scores (`retrieval.rerank_hits`), on the
+    model thread; equals `Retriever.search(..., rerank=reranker)` on the same hits."""
+    payload = HitsPayload(Item(text=query or None, image=image), list(hits), k)
+    return engine.batcher.submit("rerank", payload, HIT_WEIGHT_TOKENS * max(1, len(hits))).result()
 
 
 def request_item(value: Multimodal, where: str, allow_remote: bool) -> Item:
@@ -130,7 +166,14 @@ def explain(engine: ServeEngine, body: ExplainRequest) -> dict:
     """POST /explain: `Reranker.explain` for one pair (readout attention, not attribution)."""
     reranker = _reranker(engine, body.model)
     allow = engine.config.allow_remote_images
-    query, document = request_item(body.query, "query", allow), request_item(body.document, "document", allow)
+    if (body.document is None) == (body.document_id is None):
+        raise InputError("give the `document` to explain, or the `document_id` of an item in the collection (one of them)")
+    query = request_item(body.query, "query", allow)
+    if body.document_id is not None:  # the search page's "why this result": the item's own file
+        record = engine.record(body.document_id)
+        document = stored_item(record.uri, record.page)
+    else:
+        document = request_item(body.document, "document", allow)
     tokens = _count_pair_tokens(engine, reranker, query, [document], body.instruction)
     payload = ExplainPayload(query, document, body.instruction, body.layer)  # on the model thread, like scoring
     return engine.batcher.submit("rerank", payload, tokens).result().to_dict()

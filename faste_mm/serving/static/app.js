@@ -58,6 +58,8 @@ async function loadInfo() {
     plan.className = "plan";
     plan.textContent = `plan: ${col.plan}`;
     $("collection").append(name, detail, plan);
+    $("rerank-toggle").hidden = !info.reranker;  // only a server started with --rerank can rerank
+    if (info.reranker) $("rerank-toggle").title = `Re-score the top 50 hits with ${shortModel(info.reranker.model)}`;
     if (col.items === 0) {
       showBanner(`The collection "${col.name}" is empty. Index some files first: faste-mm index ./photos -c ${col.name}`, "info");
     }
@@ -122,6 +124,7 @@ async function search({ id = null, pushUrl = true } = {}) {
   let body;
   try {
     body = { k, mode: $("mode").value, ...filters() };
+    if ($("rerank").checked && id === null) body.rerank = true;
   } catch (error) {
     showBanner(error.message);
     return;
@@ -202,6 +205,7 @@ function render(result, label) {
     const pct = Math.max(0, Math.min(1, hit.score)) * 100;
     card.querySelector(".bar > span").style.width = pct.toFixed(1) + "%";
     card.querySelector(".value").textContent = hit.score.toFixed(3);
+    if (result.rerank) showRerank(card, hit, result);
     card.querySelector(".more").addEventListener("click", () => {
       clearImage();
       $("q").value = "";
@@ -209,6 +213,82 @@ function render(result, label) {
       window.scrollTo({ top: 0, behavior: "smooth" });
     });
     grid.append(card);
+  }
+}
+
+// ---- rerank: both scores, and "why this result" from the reranker's readout attention ---------------
+function showRerank(card, hit, result) {
+  const row = card.querySelector(".rerank-row");
+  row.hidden = false;
+  row.querySelector(".rerank-value").textContent = hit.rerank_score === null ? "not reranked" : hit.rerank_score.toFixed(3);
+  card.querySelector(".value").title = "embedding cosine";
+  if (hit.rerank_score === null) return;
+  const why = card.querySelector(".why");
+  why.hidden = false;
+  why.addEventListener("click", () => explain(card, hit, result.query.text || ""));
+}
+
+async function explain(card, hit, query) {
+  const button = card.querySelector(".why");
+  button.disabled = true;
+  try {
+    const body = { query, document_id: hit.id };
+    if (!query && state.image) body.query = { image: await readAsDataUrl(state.image) };
+    const why = await api("/explain", { method: "POST", body: JSON.stringify(body),
+                                        headers: { "Content-Type": "application/json" } });
+    const panel = card.querySelector(".why-panel");
+    panel.hidden = false;
+    panel.querySelector(".why-label").textContent =
+      `Reranker attention at layer ${why.layer} (where its last token looked), not attribution.`;
+    if (why.images.length) drawHeat(card.querySelector(".thumb"), why.images[0]);
+    highlightWords(panel.querySelector(".why-text"), why.text);
+  } catch (error) {
+    failed(error, "Explaining");
+  } finally {
+    button.disabled = false;
+  }
+}
+
+// The patch grid over the thumbnail: shown "contain" so the grid covers exactly the picture.
+function drawHeat(thumb, map) {
+  const img = thumb.querySelector("img");
+  if (!img || map.kind !== "image") return;
+  thumb.classList.add("explained");
+  thumb.querySelectorAll(".heat").forEach((old) => old.remove());
+  const rows = map.grid.length, cols = map.grid[0].length;
+  const peak = Math.max(...map.grid.flat(), 1e-12);
+  const canvas = document.createElement("canvas");
+  canvas.className = "heat";
+  canvas.width = cols;
+  canvas.height = rows;
+  const ctx = canvas.getContext("2d");
+  for (let r = 0; r < rows; r++) {
+    for (let c = 0; c < cols; c++) {
+      ctx.fillStyle = `rgba(255, ${Math.round(200 * (1 - map.grid[r][c] / peak))}, 0, ${(map.grid[r][c] / peak).toFixed(3)})`;
+      ctx.fillRect(c, r, 1, 1);
+    }
+  }
+  const place = () => {
+    const box = thumb.getBoundingClientRect();
+    const pad = thumb.classList.contains("paged") ? 10 : 0;  // pages sit inside a 10 px padding (style.css)
+    const [w, h] = map.size;
+    const scale = Math.min((box.width - 2 * pad) / w, (box.height - 2 * pad) / h);
+    Object.assign(canvas.style, { width: `${w * scale}px`, height: `${h * scale}px`,
+                                  left: `${(box.width - w * scale) / 2}px`, top: `${(box.height - h * scale) / 2}px` });
+  };
+  place();
+  thumb.append(canvas);
+}
+
+function highlightWords(target, spans) {
+  target.innerHTML = "";
+  const peak = Math.max(...spans.map((s) => s.weight), 1e-12);
+  for (const span of spans) {
+    const mark = document.createElement("mark");
+    mark.textContent = span.text;
+    mark.style.background = `rgba(255, 170, 0, ${(span.weight / peak).toFixed(3)})`;
+    mark.title = `attention ${span.weight.toExponential(2)}`;
+    target.append(mark);
   }
 }
 
