@@ -184,7 +184,7 @@ def _documents(paths: list[Path], sample: int) -> tuple[list, list[str]]:
     missing = [path for path in paths if not path.exists()]
     if missing:
         raise InputError(f"{missing[0]}: file or folder not found ({len(missing)} of {len(paths)} PATHs missing); check the path")
-    from faste_mm.retrieval.ingest import document_items
+    from faste_mm.retrieval.scanning import document_items
 
     items, unreadable = document_items(paths)
     for reason in unreadable:  # one unreadable file must not stop the calibration

@@ -32,7 +32,7 @@ def rerank_command(
 ) -> None:
     """Rerank candidates for a query; print them best first with their scores."""
     from faste_mm import Reranker
-    from faste_mm.retrieval.ingest import document_items
+    from faste_mm.retrieval.scanning import document_items
 
     setup_logging(debug)
     try:

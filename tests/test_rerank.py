@@ -283,3 +283,16 @@ def test_bad_reranker_options_and_inputs_are_named(vl_reranker, image_dir):
         vl_reranker.score(image_dir / "doc.pdf", ["a"])
     with pytest.raises(ConfigError, match="top_n must be >= 0"):
         vl_reranker.score("q", []).ranked(-1)
+
+
+def test_a_float32_checkpoint_loads_in_float32_from_a_path_whatever_the_cpu(reranker_dirs, monkeypatch):
+    """The embedder's dtype rule holds for rerankers: "auto" never rounds a float32 checkpoint down
+    to bfloat16, even on a CPU with native bf16 (here faked), and a Path names the folder."""
+    import torch
+
+    from faste_mm.model.backbones import loading
+
+    monkeypatch.setattr(loading, "read_cpu_flags", lambda *_: frozenset({"avx512_bf16"}))
+    assert loading.choose_dtype("auto", torch.device("cpu")).dtype == torch.bfloat16  # the fake is seen
+    reranker = Reranker.from_pretrained(reranker_dirs["qwen3_reranker"], device="cpu")
+    assert reranker.backbone.dtype == torch.float32

@@ -7,6 +7,7 @@ token, sigmoid((W[yes] - W[no]) . Norm(h_last)), in input order, with failures a
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterable, Literal
@@ -167,7 +168,7 @@ class Reranker:
     @classmethod
     def from_pretrained(
         cls,
-        name_or_path: str,
+        name_or_path: str | os.PathLike,
         *,
         r_max: float = 0.0,
         warmup_layer: int | None = None,

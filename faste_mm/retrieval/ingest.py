@@ -20,8 +20,7 @@ from faste_mm.kinds import KINDS, SUPPORTED_SUFFIXES
 from faste_mm.model.items import Item, count_pdf_pages
 from faste_mm.retrieval.decoders import document_input
 from faste_mm.retrieval.lexical import item_text, source_text
-# document_items is re-exported for cli/calibrate.py and cli/rerank.py, which import it from here.
-from faste_mm.retrieval.scanning import Scan, ScannedFile, document_items, is_under_any  # noqa: F401
+from faste_mm.retrieval.scanning import Scan, ScannedFile, is_under_any
 
 if TYPE_CHECKING:  # annotations only: scanning and planning load no model code
     from faste_mm.model.embedder import EmbedResult, EmbedStats

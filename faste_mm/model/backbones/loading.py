@@ -94,7 +94,7 @@ def choose_dtype(
     dtype: str | torch.dtype,
     device: torch.device,
     checkpoint_dtype: torch.dtype | None = None,
-    cpu_flags: Callable[[], frozenset[str]] = read_cpu_flags,
+    cpu_flags: Callable[[], frozenset[str]] | None = None,
 ) -> DtypeChoice:
     """The dtype to run in, with the reason.
 
@@ -102,7 +102,7 @@ def choose_dtype(
     of `CPU_BF16_FLAGS`) and the checkpoint is stored in 16 bits (`checkpoint_dtype`; None = not
     known, taken as 16-bit like the published Qwen checkpoints), float32 otherwise: a float32
     checkpoint is never rounded down on a CPU, and emulated bfloat16 is slower than float32.
-    `cpu_flags` is injectable for tests. Raises ConfigError for an unknown name.
+    `cpu_flags` (default `read_cpu_flags`, looked up per call) is injectable for tests. Raises ConfigError for an unknown name.
     """
     if isinstance(dtype, torch.dtype):
         return DtypeChoice(dtype, "given by the caller")
@@ -114,7 +114,7 @@ def choose_dtype(
         return DtypeChoice(torch.bfloat16, "CUDA device")
     if device.type != "cpu":
         return DtypeChoice(torch.float32, f"{device.type} device")
-    feature = next((flag for flag in CPU_BF16_FLAGS if flag in cpu_flags()), None)
+    feature = next((flag for flag in CPU_BF16_FLAGS if flag in (cpu_flags or read_cpu_flags)()), None)
     if feature is None:
         return DtypeChoice(torch.float32, f"CPU has no native bfloat16 ({' / '.join(CPU_BF16_FLAGS)} missing)")
     if checkpoint_dtype is not None and checkpoint_dtype.itemsize > 2:

@@ -5,6 +5,8 @@ the LM head is dropped: a reranker never generates.
 
 from __future__ import annotations
 
+import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,8 +14,11 @@ import torch
 
 from faste_mm.errors import ModelLoadError
 from faste_mm.model.backbones.base import Backbone
-from faste_mm.model.backbones.loading import check_local_path, load_config, resolve_device, resolve_dtype, weights_error
+from faste_mm.model.backbones.loading import (check_local_path, checkpoint_dtype, choose_dtype, load_config, resolve_device,
+                                              weights_error)
 from faste_mm.model.backbones.registry import RerankFamily, declared_role, family_for, rerank_family_for
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +38,7 @@ class LoadedReranker:
 
 
 def load_reranker(
-    name_or_path: str,
+    name_or_path: str | os.PathLike,
     *,
     device: str | torch.device = "auto",
     dtype: str | torch.dtype = "auto",
@@ -43,20 +48,24 @@ def load_reranker(
     """Load a Qwen3-VL-Reranker or Qwen3-Reranker; ModelLoadError naming the model and the fix
     (an embedding model given as a reranker is refused before its weights are read)."""
     torch_device = resolve_device(device)
-    torch_dtype = resolve_dtype(dtype, torch_device)
+    choose_dtype(dtype, torch_device)  # an unknown name fails before anything is read
+    name_or_path = os.fspath(name_or_path)
     check_local_path(name_or_path)
     config = load_config(name_or_path, revision)
     family = rerank_family_for(config.model_type, name_or_path)
     if declared_role(name_or_path, getattr(config, "architectures", None)) == "embedding model":
         raise ModelLoadError(f"{name_or_path}: this is an embedding model, not a reranker; use it as the embedding "
                              f"model (Embedder.from_pretrained, --model) and rerank with a reranker such as {family.example}")
+    # The embedder's rule: a float32 checkpoint is never rounded down to bfloat16 on a CPU.
+    dtype_choice = choose_dtype(dtype, torch_device, checkpoint_dtype(config))
+    log.info("%s runs in %s", name_or_path, dtype_choice.describe())
     try:
         import transformers
 
         preprocessor_class = transformers.AutoProcessor if config.model_type == "qwen3_vl" else transformers.AutoTokenizer
         preprocessor = preprocessor_class.from_pretrained(name_or_path, revision=revision)
         model = getattr(transformers, family.head_class).from_pretrained(
-            name_or_path, revision=revision, dtype=torch_dtype, attn_implementation=attn_implementation
+            name_or_path, revision=revision, dtype=dtype_choice.dtype, attn_implementation=attn_implementation
         )
     except Exception as error:  # noqa: BLE001 - damaged files raise whatever their reader raises
         raise weights_error(name_or_path, error) from None
