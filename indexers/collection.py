@@ -338,7 +338,10 @@ class Collection:
             kind: FAISS searches only the matching ids, and a row an approximate index leaves
             short is searched exactly over the matching vectors.
         """
-        return self.search_records(queries, k, nprobe, ef_search, where, rescore)[:2]
+        queries = self._check_search(queries, k)
+        scores, ids, _ = self._in_snapshot(lambda: self._search_snapshot(queries, k, nprobe, ef_search, where, rescore),
+                                           records=False)
+        return scores, ids
 
     def search_records(self, queries: np.ndarray, k: int, nprobe: int | None = None, ef_search: int | None = None,
                        where: SearchFilter | None = None,
@@ -405,9 +408,9 @@ class Collection:
                              f"[q, {self._manifest.dim}]")
         return queries
 
-    def _in_snapshot(self, run: Callable[[], tuple]) -> tuple:
+    def _in_snapshot(self, run: Callable[[], tuple], records: bool = True) -> tuple:
         """`run()` and the records of the ids found, in one snapshot (`collection_search.in_snapshot`)."""
-        return collection_search.in_snapshot(self._store, self.root, run, retry=not self.writable)
+        return collection_search.in_snapshot(self._store, self.root, run, retry=not self.writable, records=records)
 
     def items_without_text(self) -> list[ItemRecord]:
         """Live items the lexical index knows only by name and metadata (stored before it existed)."""

@@ -25,8 +25,10 @@ log = logging.getLogger(__name__)
 SNAPSHOT_ATTEMPTS = 5
 
 
-def in_snapshot(store: MetaStore, root: Path, run: Callable[[], tuple], retry: bool) -> tuple:
-    """`run()` (arrays whose second is ids [q, k]) and the records of the ids found, read in
+def in_snapshot(store: MetaStore, root: Path, run: Callable[[], tuple], retry: bool,
+                records: bool = True) -> tuple:
+    """`run()` (arrays whose second is ids [q, k]) and the records of the ids found ({} when not
+    `records`: a caller wanting only ids and scores skips reading and parsing them), read in
     one snapshot of the collection: a search running while a writer adds, deletes or compacts
     sees the rows and parts of one moment, and never returns an item tombstoned before it.
 
@@ -39,6 +41,8 @@ def in_snapshot(store: MetaStore, root: Path, run: Callable[[], tuple], retry: b
             try:
                 result = run()
                 ids = result[1]
+                if not records:
+                    return (*result, {})
                 return (*result, store.records(sorted({int(i) for i in ids[ids >= 0]})))
             except parts.PartMissing:
                 if not retry or attempt == SNAPSHOT_ATTEMPTS - 1:

@@ -265,11 +265,14 @@ class MetaStore:
             (json.dumps([int(i) for i in ids]),)).fetchall()
         return {row[0]: _row_to_record(row) for row in rows}
 
-    def locations(self, ids: Sequence[int]) -> dict[int, tuple[int | None, int | None]]:
+    def vector_locations(self, ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(ids, parts, rows) int64 arrays, sorted by id, of those of `ids` that have a stored
+        vector (any status: a tombstone keeps its row until a compact)."""
         rows = self.db.execute(
-            "SELECT id, part, row FROM items WHERE id IN (SELECT value FROM json_each(?))",
-            (json.dumps([int(i) for i in ids]),)).fetchall()
-        return {i: (p, r) for i, p, r in rows}
+            "SELECT id, part, row FROM items WHERE part IS NOT NULL AND id IN (SELECT value FROM json_each(?)) "
+            "ORDER BY id", (json.dumps([int(i) for i in ids]),)).fetchall()
+        found = np.array(rows, dtype=np.int64).reshape(len(rows), 3)
+        return found[:, 0], found[:, 1], found[:, 2]
 
     def live_ids(self, ids: Iterable[int]) -> set[int]:
         """The subset of `ids` whose status is 'ok' (used to filter tombstones from search)."""
