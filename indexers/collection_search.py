@@ -68,6 +68,16 @@ def oversample(rescore: int | None, factory: str | None, stored_precision: str) 
     return rescore or search.DEFAULT_RESCORE[faiss_index.factory_precision(factory or "Flat")]
 
 
+def fusion_rescore(rescore: int | None, k: int, depth: int, factory: str | None, stored_precision: str) -> int | None:
+    """The rescore factor of a dense list fetched `depth` deep for fusing into k hits: a list
+    rescored k x N deep reads as many stored rows as a dense top-k does, and the ranks past that
+    matter to reciprocal-rank fusion only coarsely (binary at 1M, depth 50, N 20: 1,000 rows a
+    query -> 200; hybrid p50 221 -> 109 ms, same fused top-10 in 12 of 12 queries)."""
+    if not rescores(factory, stored_precision) or rescore == 0:
+        return rescore
+    return max(1, -(-k * oversample(rescore, factory, stored_precision) // depth))
+
+
 def dense_hits(derived: DerivedIndex, store: MetaStore, queries: np.ndarray, k: int, nprobe: int | None,
                ef_search: int | None, where: SearchFilter | None, rescore: int | None, stored_precision: str,
                fetch: search.FetchFn) -> tuple[np.ndarray, np.ndarray]:
