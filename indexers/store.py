@@ -68,6 +68,7 @@ class MetaStore:
         self.root = root
         self.path = root / DB_NAME
         self.writable = writable
+        self._meta_index: bool | None = None  # whether items_meta exists (`has_meta_index`)
         if not create and not self.path.exists():
             # The truth is gone: a new empty database would make every vector an orphan to sweep.
             raise CollectionError(
@@ -291,17 +292,29 @@ class MetaStore:
                                params).fetchall()
         return np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
 
-    @staticmethod
-    def _filter_clauses(where: SearchFilter) -> tuple[list[str], list[Any]]:
+    def has_meta_index(self) -> bool:
+        """Whether the file has schema 5's metadata index (a reader of an older file scans instead)."""
+        if self._meta_index is None:
+            self._meta_index = self.db.execute("SELECT 1 FROM sqlite_master WHERE name = 'items_meta'").fetchone() is not None
+        return self._meta_index
+
+    def _filter_clauses(self, where: SearchFilter) -> tuple[list[str], list[Any]]:
         """SQL conditions on `items` (and their bound parameters) of a live item meeting `where`."""
         clauses, params = ["items.status = 'ok'"], []
+        indexed = self.has_meta_index()
         for key, value in where.where.items():
+            kinds = (["true" if value else "false"] if isinstance(value, bool)
+                     else ["text"] if isinstance(value, str) else ["integer", "real"])
+            if indexed:  # a range of the (key, value, id) primary key: the ids of the matches
+                clauses.append("items.id IN (SELECT id FROM items_meta WHERE key = ? AND value = ? "
+                               "AND kind IN (SELECT value FROM json_each(?)))")
+                params += [key, int(value) if isinstance(value, bool) else value, json.dumps(kinds)]
+                continue
             path = json_path(key)
             if isinstance(value, bool):
                 clauses.append("json_type(metadata, ?) = ?")
-                params += [path, "true" if value else "false"]
+                params += [path, kinds[0]]
             else:
-                kinds = ["text"] if isinstance(value, str) else ["integer", "real"]
                 clauses.append("json_extract(metadata, ?) = ? AND json_type(metadata, ?) "
                                "IN (SELECT value FROM json_each(?))")
                 params += [path, value, path, json.dumps(kinds)]
