@@ -128,6 +128,8 @@ def _migrate_3_to_4(db: sqlite3.Connection) -> None:
 META_KINDS = "('text', 'integer', 'real', 'true', 'false')"
 META_FILL = ("INSERT OR IGNORE INTO items_meta (key, value, kind, id) SELECT key, value, type, {id} "
              f"FROM json_each({{metadata}}) WHERE type IN {META_KINDS}")
+META_DROP = ("DELETE FROM items_meta WHERE (key, value, id) IN "
+             f"(SELECT key, value, {{id}} FROM json_each({{metadata}}) WHERE type IN {META_KINDS})")
 
 
 def _migrate_4_to_5(db: sqlite3.Connection) -> None:
@@ -135,27 +137,28 @@ def _migrate_4_to_5(db: sqlite3.Connection) -> None:
     # (key, value) range instead of evaluating json_extract on every row (1% of 1M rows: a
     # full scan of `items` per search). No column type on `value`, so SQLite compares integers
     # and reals by value and never equates them with text.
-    _execute_script(db, """
-        CREATE TABLE IF NOT EXISTS items_meta (key TEXT NOT NULL, value, kind TEXT NOT NULL, id INTEGER NOT NULL,
-                                 PRIMARY KEY (key, value, id)) WITHOUT ROWID;
-        CREATE INDEX IF NOT EXISTS items_meta_id ON items_meta (id)
-    """)
+    db.execute("CREATE TABLE IF NOT EXISTS items_meta (key TEXT NOT NULL, value, kind TEXT NOT NULL, "
+               "id INTEGER NOT NULL, PRIMARY KEY (key, value, id)) WITHOUT ROWID")
     # (IF NOT EXISTS, and `fill_meta_index` starts from empty: a file whose version number was
-    # set back still migrates.) Kept in step in the statement that writes the row, whichever path does so (add, replace,
-    # delete, remove, compact), as the lexical index is. (One statement each: the bodies hold `;`.)
+    # set back still migrates.) Kept in step in the statement that writes the row, whichever
+    # path does so (add, replace, delete, remove, compact), as the lexical index is. (One
+    # statement each: the bodies hold `;`.)
     db.execute("CREATE TRIGGER IF NOT EXISTS items_meta_insert AFTER INSERT ON items "
                "WHEN new.status = 'ok' AND json_valid(new.metadata) "
                f"BEGIN {META_FILL.format(id='new.id', metadata='new.metadata')}; END")
+    # A row's metadata never changes once written, so its entries are found again by the primary
+    # key from the same json_each (no second index on id: half the B-tree writes of an add).
     db.execute("CREATE TRIGGER IF NOT EXISTS items_meta_tombstone AFTER UPDATE OF status ON items "
-               "WHEN old.status = 'ok' AND new.status != 'ok' "
-               "BEGIN DELETE FROM items_meta WHERE id = old.id; END")
+               "WHEN old.status = 'ok' AND new.status != 'ok' AND json_valid(old.metadata) "
+               f"BEGIN {META_DROP.format(id='old.id', metadata='old.metadata')}; END")
     db.execute("CREATE TRIGGER IF NOT EXISTS items_meta_delete AFTER DELETE ON items "
-               "BEGIN DELETE FROM items_meta WHERE id = old.id; END")
+               "WHEN old.status = 'ok' AND json_valid(old.metadata) "
+               f"BEGIN {META_DROP.format(id='old.id', metadata='old.metadata')}; END")
     fill_meta_index(db)
 
 
 def fill_meta_index(db: sqlite3.Connection) -> None:
-    """(Re)build `items_meta` from the live rows (the migration; `rebuild-index`)."""
+    """(Re)build `items_meta` from the live rows (the migration from schema 4)."""
     db.execute("DELETE FROM items_meta")
     db.execute("INSERT OR IGNORE INTO items_meta (key, value, kind, id) SELECT e.key, e.value, e.type, items.id "
                "FROM items, json_each(items.metadata) AS e WHERE items.status = 'ok' AND json_valid(items.metadata) "
