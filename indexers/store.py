@@ -285,9 +285,8 @@ class MetaStore:
     def filtered_ids(self, where: SearchFilter) -> np.ndarray:
         """Sorted ids [n] int64 of the live items that meet every condition of `where`.
 
-        A metadata value matches only a JSON value of its own kind (json_type), so "2024" never
-        matches 2024 and True never matches 1; int and float compare by value. Read from the
-        metadata index (`items_meta`, schema 5) where the file has one, else by scanning the rows."""
+        A metadata value matches only a JSON value of its own kind (json_type), so "2024" never matches
+        2024 and True never 1; int and float compare by value (`items_meta` where the file has it)."""
         clauses, params = self._filter_clauses(where)
         rows = self.db.execute(f"SELECT id FROM items WHERE {' AND '.join(clauses)} ORDER BY id",
                                params).fetchall()
