@@ -338,7 +338,10 @@ class Collection:
             kind: FAISS searches only the matching ids, and a row an approximate index leaves
             short is searched exactly over the matching vectors.
         """
-        return self.search_records(queries, k, nprobe, ef_search, where, rescore)[:2]
+        queries = self._check_search(queries, k)
+        scores, ids, _ = self._in_snapshot(lambda: self._search_snapshot(queries, k, nprobe, ef_search, where, rescore),
+                                           records=False)
+        return scores, ids
 
     def search_records(self, queries: np.ndarray, k: int, nprobe: int | None = None, ef_search: int | None = None,
                        where: SearchFilter | None = None,
@@ -359,7 +362,8 @@ class Collection:
              ef_search: int | None = None, rescore: int | None = None, lexical_syntax: bool = False) -> search.Found:
         """Search by vectors (mode "dense", = `search_records`), by words (mode "lexical": BM25 over
         the items' text, file names, path words and metadata values; needs no vectors) or by both
-        (mode "hybrid": reciprocal-rank fusion of the two lists, each `search.hybrid_depth(k)` deep).
+        (mode "hybrid": reciprocal-rank fusion of the two lists, each `search.hybrid_depth(k)` deep; the
+        dense list rescored only k x rescore rows deep, `collection_search.fusion_rescore`).
 
         queries: [q, dim] float32 (dense, hybrid); texts: q query strings (lexical, hybrid), searched
         as plain words unless `lexical_syntax` (FTS5 syntax: AND, OR, NOT, "phrases", prefix*; an
@@ -381,10 +385,17 @@ class Collection:
             self._check_search(None, k)
         depth = search.hybrid_depth(k) if mode == "hybrid" else k
 
+        def dense_rescore() -> int | None:
+            if mode != "hybrid":
+                return rescore
+            self._current_index()  # the factory of the index this snapshot searches
+            return collection_search.fusion_rescore(rescore, k, depth, self._index.factory,
+                                                    self._manifest.stored_precision)
+
         def run() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             return collection_search.fused_hits(
                 mode, k,
-                lambda: self._search_snapshot(queries, depth, nprobe, ef_search, where, rescore),
+                lambda: self._search_snapshot(queries, depth, nprobe, ef_search, where, dense_rescore()),
                 lambda: collection_search.lexical_hits(self._store, self.root, list(texts), depth, where,
                                                        lexical_syntax))
 
@@ -405,9 +416,9 @@ class Collection:
                              f"[q, {self._manifest.dim}]")
         return queries
 
-    def _in_snapshot(self, run: Callable[[], tuple]) -> tuple:
+    def _in_snapshot(self, run: Callable[[], tuple], records: bool = True) -> tuple:
         """`run()` and the records of the ids found, in one snapshot (`collection_search.in_snapshot`)."""
-        return collection_search.in_snapshot(self._store, self.root, run, retry=not self.writable)
+        return collection_search.in_snapshot(self._store, self.root, run, retry=not self.writable, records=records)
 
     def items_without_text(self) -> list[ItemRecord]:
         """Live items the lexical index knows only by name and metadata (stored before it existed)."""

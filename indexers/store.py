@@ -68,6 +68,7 @@ class MetaStore:
         self.root = root
         self.path = root / DB_NAME
         self.writable = writable
+        self._meta_index: bool | None = None  # whether items_meta exists (`has_meta_index`)
         if not create and not self.path.exists():
             # The truth is gone: a new empty database would make every vector an orphan to sweep.
             raise CollectionError(
@@ -265,11 +266,14 @@ class MetaStore:
             (json.dumps([int(i) for i in ids]),)).fetchall()
         return {row[0]: _row_to_record(row) for row in rows}
 
-    def locations(self, ids: Sequence[int]) -> dict[int, tuple[int | None, int | None]]:
+    def vector_locations(self, ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(ids, parts, rows) int64 arrays, sorted by id, of those of `ids` that have a stored
+        vector (any status: a tombstone keeps its row until a compact)."""
         rows = self.db.execute(
-            "SELECT id, part, row FROM items WHERE id IN (SELECT value FROM json_each(?))",
-            (json.dumps([int(i) for i in ids]),)).fetchall()
-        return {i: (p, r) for i, p, r in rows}
+            "SELECT id, part, row FROM items WHERE part IS NOT NULL AND id IN (SELECT value FROM json_each(?)) "
+            "ORDER BY id", (json.dumps([int(i) for i in ids]),)).fetchall()
+        found = np.array(rows, dtype=np.int64).reshape(len(rows), 3)
+        return found[:, 0], found[:, 1], found[:, 2]
 
     def live_ids(self, ids: Iterable[int]) -> set[int]:
         """The subset of `ids` whose status is 'ok' (used to filter tombstones from search)."""
@@ -281,24 +285,36 @@ class MetaStore:
     def filtered_ids(self, where: SearchFilter) -> np.ndarray:
         """Sorted ids [n] int64 of the live items that meet every condition of `where`.
 
-        A metadata value matches only a JSON value of its own kind (json_type), so "2024" never
-        matches 2024 and True never matches 1; int and float compare by value."""
+        A metadata value matches only a JSON value of its own kind (json_type), so "2024" never matches
+        2024 and True never 1; int and float compare by value (`items_meta` where the file has it)."""
         clauses, params = self._filter_clauses(where)
         rows = self.db.execute(f"SELECT id FROM items WHERE {' AND '.join(clauses)} ORDER BY id",
                                params).fetchall()
         return np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
 
-    @staticmethod
-    def _filter_clauses(where: SearchFilter) -> tuple[list[str], list[Any]]:
+    def has_meta_index(self) -> bool:
+        """Whether the file has schema 5's metadata index (a reader of an older file scans instead)."""
+        if self._meta_index is None:
+            self._meta_index = self.db.execute("SELECT 1 FROM sqlite_master WHERE name = 'items_meta'").fetchone() is not None
+        return self._meta_index
+
+    def _filter_clauses(self, where: SearchFilter) -> tuple[list[str], list[Any]]:
         """SQL conditions on `items` (and their bound parameters) of a live item meeting `where`."""
         clauses, params = ["items.status = 'ok'"], []
+        indexed = self.has_meta_index()
         for key, value in where.where.items():
+            kinds = (["true" if value else "false"] if isinstance(value, bool)
+                     else ["text"] if isinstance(value, str) else ["integer", "real"])
+            if indexed:  # a range of the (key, value, id) primary key: the ids of the matches
+                clauses.append("items.id IN (SELECT id FROM items_meta WHERE key = ? AND value = ? "
+                               "AND kind IN (SELECT value FROM json_each(?)))")
+                params += [key, int(value) if isinstance(value, bool) else value, json.dumps(kinds)]
+                continue
             path = json_path(key)
             if isinstance(value, bool):
                 clauses.append("json_type(metadata, ?) = ?")
-                params += [path, "true" if value else "false"]
+                params += [path, kinds[0]]
             else:
-                kinds = ["text"] if isinstance(value, str) else ["integer", "real"]
                 clauses.append("json_extract(metadata, ?) = ? AND json_type(metadata, ?) "
                                "IN (SELECT value FROM json_each(?))")
                 params += [path, value, path, json.dumps(kinds)]

@@ -34,21 +34,26 @@ class MappedParts:
 
     def vectors(self, store: MetaStore, ids: list[int], codec: Codec, dim: int) -> np.ndarray:
         """Stored vectors [n, dim] float32 of item ids; CollectionError names ids without one."""
-        where = store.locations(ids)
-        lost = [i for i in ids if where.get(i, (None, None))[0] is None]
-        if lost:
-            raise CollectionError(f"{self.root}: items {lost[:10]} have no stored vector "
+        wanted = np.asarray(ids, dtype=np.int64).reshape(-1)
+        found, part_of, row_of = store.vector_locations(ids)
+        # Array work, not a dict per id: rescoring asks for thousands of candidates a query.
+        at = np.minimum(np.searchsorted(found, wanted), max(len(found) - 1, 0))
+        known = (found[at] == wanted) if len(found) else np.zeros(len(wanted), dtype=bool)
+        if not known.all():
+            lost = wanted[~known][:10].tolist()
+            raise CollectionError(f"{self.root}: items {lost} have no stored vector "
                                   f"(unknown, failed, or compacted away)")
+        part_of, row_of = part_of[at], row_of[at]
+        out = np.empty((len(wanted), dim), dtype=np.float32)
+        if len(wanted) == 0:
+            return out
+        order = np.lexsort((row_of, part_of))  # by part, then row: each part read front to back
         sizes = dict(store.parts())
-        out = np.empty((len(ids), dim), dtype=np.float32)
-        by_part: dict[int, list[tuple[int, int]]] = {}
-        for k, i in enumerate(ids):
-            part, row = where[i]
-            by_part.setdefault(part, []).append((k, row))
-        for part, pairs in by_part.items():
+        bounds = np.flatnonzero(np.diff(part_of[order])) + 1
+        for group in np.split(order, bounds):
+            part = int(part_of[group[0]])
             stored = self._part(store, part, sizes[part], codec.width)
-            ks, rows = map(list, zip(*pairs))
-            out[ks] = codec.decode(stored[rows])
+            out[group] = codec.decode(stored[row_of[group]])
         return out
 
     def _part(self, store: MetaStore, part: int, n_rows: int, width: int) -> np.ndarray:

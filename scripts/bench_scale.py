@@ -46,7 +46,7 @@ try:
 except ImportError:  # then numpy's BLAS keeps its own thread count
     threadpool_limits = None
 
-from faste_mm.indexers import Collection, ItemRecord, Manifest, SearchFilter
+from faste_mm.indexers import Collection, ItemRecord, Manifest, SearchFilter, collection_search
 
 CHUNK = 8192
 K = 10
@@ -361,7 +361,8 @@ def run(args) -> list[dict]:
     where = SearchFilter(where={"bucket": 0})
     for name, col in cols.items():
         single[name] = lambda q, col=col: col.search(q, K)[1]
-        quantized = col.search(queries[:1], K, rescore=0)[1] is not None and col._rescores
+        col.search(queries[:1], K)  # loads the index, whose factory says whether it rescores
+        quantized = collection_search.rescores(col._index.factory, col.manifest.stored_precision)
         if quantized:
             single[f"{name} rescore 0"] = lambda q, col=col: col.search(q, K, rescore=0)[1]
         if args.raw_faiss:

@@ -368,3 +368,43 @@ def test_a_lock_file_unlinked_by_erase_never_counts_as_the_writer_lock(tmp_path,
         monkeypatch.undo()
     with pytest.raises(OSError):
         os.fstat(stale)  # acquire_lock closed the stale descriptor
+
+
+def test_vectors_gathers_across_parts_like_reading_each_part_by_hand(tmp_path):
+    """`vectors` groups ids by part with array work; it must equal a row-by-row gather over the
+    part files: ids from several parts, repeated, out of order, and a deleted (not yet compacted) id."""
+    from faste_mm.indexers import parts
+
+    col, ids, rng = make(tmp_path, n=40)
+    with col:
+        more = col.add(unit(rng, 30), records(30, prefix="more"))
+        last = col.add(unit(rng, 20), records(20, prefix="last"))
+        col.delete([more[3]])
+        wanted = [last[5], ids[7], more[3], ids[0], last[19], more[0], ids[7], more[29]]
+        got = col.vectors(wanted)
+        db = sqlite3.connect(col.root / "meta.sqlite")
+        try:
+            where = {i: (p, r) for i, p, r in db.execute("SELECT id, part, row FROM items")}
+            sizes = dict(db.execute("SELECT part, n_rows FROM parts").fetchall())
+        finally:
+            db.close()
+        assert len({where[i][0] for i in wanted}) == 3  # three parts
+        codec = col._codec()
+        by_hand = np.stack([codec.decode(parts.read_part(col.root, where[i][0], sizes[where[i][0]],
+                                                         codec.width)[0][[where[i][1]]])[0] for i in wanted])
+        np.testing.assert_array_equal(got, by_hand)
+        assert col.vectors([]).shape == (0, D)
+        with pytest.raises(CollectionError, match=r"no stored vector"):
+            col.vectors([ids[1], 10_000_000])
+
+
+def test_search_without_records_returns_what_search_records_returns(tmp_path):
+    col, ids, rng = make(tmp_path, n=120)
+    with col:
+        col.delete(ids[:30])
+        queries = unit(rng, 5)
+        scores, found = col.search(queries, k=7)
+        scores_r, found_r, records = col.search_records(queries, k=7)
+        np.testing.assert_array_equal(found, found_r)
+        np.testing.assert_array_equal(scores, scores_r)
+        assert set(records) == {int(i) for i in found_r.ravel() if i >= 0}

@@ -225,3 +225,26 @@ def test_cli_lexical_search_needs_no_model_and_says_which_side_found_each_hit(tm
     assert {h["found_by"] for h in payload["hits"]} == {"lexical"}
     bad = CliRunner().invoke(app, ["search", "fox", "--mode", "fuzzy", "-c", str(root)])
     assert bad.exit_code == 2 and "--mode must be one of dense, lexical, hybrid" in bad.stderr
+
+
+def test_hybrid_rescores_the_deep_dense_list_only_k_x_rescore_rows_and_fuses_the_same(tmp_path):
+    from faste_mm.indexers import collection_search
+
+    assert collection_search.fusion_rescore(None, 10, 50, "BFlat", "float16") == 4  # 20 x 10 / 50
+    assert collection_search.fusion_rescore(3, 10, 50, "BFlat", "float16") == 1
+    assert collection_search.fusion_rescore(0, 10, 50, "BFlat", "float16") == 0  # no rescoring stays none
+    assert collection_search.fusion_rescore(None, 10, 50, "Flat", "float16") is None  # nothing to rescore
+    rng = np.random.default_rng(7)
+    centres = rng.standard_normal((20, 64)).astype(np.float32)
+    x = centres[rng.integers(0, 20, 1500)] + 0.6 * rng.standard_normal((1500, 64)).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta"]
+    texts = [" ".join(words[j] for j in rng.integers(0, 6, 3)) for _ in range(1500)]
+    with Collection.create(tmp_path / "b", Manifest(model_id="m", dim=64, vectors="binary")) as col:
+        col.add(x, records(texts))
+        queries, query_texts = x[:12] + 0.05, [texts[i].split()[0] for i in range(12)]
+        found = col.find(5, queries=queries, texts=query_texts, mode="hybrid")
+        deep = col.find(search.hybrid_depth(5), queries=queries, mode="dense").ids  # rescored 50 x 20 deep
+        lexical_ids = col.find(search.hybrid_depth(5), texts=query_texts, mode="lexical").ids
+        _, want, sources = search.fuse_rrf([deep, lexical_ids], 5)
+        assert found.ids.tolist() == want.tolist() and found.sources.tolist() == sources.tolist()
