@@ -31,6 +31,7 @@ from faste_mm.indexers.manifest import Manifest, read_manifest, write_manifest
 from faste_mm.indexers.records import CollectionInfo, FileStat, ItemRecord, ScanPlan, Status, check_rows
 from faste_mm.indexers.scan_plan import plan_scan
 from faste_mm.indexers.store import MetaStore
+from faste_mm.indexers.schema import fill_meta_index
 from faste_mm.indexers.stored_vectors import MappedParts, iter_live
 from faste_mm.indexers.writes import check_failures, store_chunk
 
@@ -434,6 +435,14 @@ class Collection:
         self._require_writable("index text")
         with self._store.transaction():
             self._store.set_texts(texts)
+
+    def rebuild_filter_index(self) -> None:
+        """Refill the metadata index `where` filters read (`items_meta`, kept by triggers) from the
+        rows: `rebuild-index` rebuilds every derived structure, this one included."""
+        self._require_writable("rebuild the filter index")
+        if self._store.has_meta_index():
+            with self._store.transaction():
+                fill_meta_index(self._store.db)
 
     def lexical_ids(self) -> list[int]:
         """Ids in the lexical index, ascending: the live items (a check that it kept in step)."""

@@ -167,3 +167,16 @@ def test_a_writer_killed_at_a_named_step_leaves_the_index_in_step(tmp_path, step
         assert indexed == live
         for where in ({"s": "old"}, {"s": "new"}, {"n": 0}, {"n": 1}, {"n": 3}):
             assert by_index(col, SearchFilter(where=where)) == by_scan(col, SearchFilter(where=where))
+
+
+def test_rebuild_index_refills_a_damaged_filter_index(tmp_path):
+    from faste_mm.retrieval.maintenance import rebuild_index
+
+    with mixed(tmp_path) as col:
+        col._store.db.execute("DELETE FROM items_meta")  # e.g. a hand-edited file
+        col._store.db.commit()
+        assert not by_index(col, SearchFilter(where={"s": "a"}))
+    rebuild_index(tmp_path / "c")
+    with Collection.open(tmp_path / "c") as col:
+        assert by_index(col, SearchFilter(where={"s": "a"}))
+        assert assert_index_equals_scan(col) > 10

@@ -89,11 +89,12 @@ def compact(root: str | os.PathLike) -> int:
 
 
 def rebuild_index(root: str | os.PathLike, index_type: str | None = None) -> str:
-    """Rebuild the FAISS index from stored vectors (optionally as another type), and give items
-    stored before the lexical index existed their text (`backfill_texts`); returns the factory
-    string built."""
+    """Rebuild the FAISS index from stored vectors (optionally as another type) and the metadata
+    filter index from the rows, and give items stored before the lexical index existed their text
+    (`backfill_texts`); returns the factory string built."""
     with Collection.open(root, writable=True) as col:
         backfill_texts(col)
+        col.rebuild_filter_index()
         return col.rebuild_index(index_type)
 
 
