@@ -214,6 +214,18 @@ def _is_partial(record: ItemRecord) -> bool:
     return record.modality == KINDS["pdf"].modality and record.mtime is None
 
 
+def pages_left(col: Collection, f: ScannedFile, content_hash: str, n_pages: int,
+               changed: frozenset[str]) -> tuple[list[int], list[str]]:
+    """A long PDF's pages that no range of an interrupted run committed (rows of this uri and
+    content hash), and the uris its first range replaces (a changed file's old rows, unless this
+    version already has committed ranges)."""
+    done = {r.page for r in col.find_by_hashes([content_hash]).get(content_hash, []) if r.uri == f.uri and _is_partial(r)}
+    if done:
+        log.info("%s: resuming after %d pages committed by an interrupted run", f.path, len(done))
+    todo = [page for page in range(1, n_pages + 1) if page not in done]
+    return todo, ([f.uri] if f.uri in changed and not done else [])
+
+
 def ingest_long_pdf(col: Collection, f: ScannedFile, n_pages: int, changed: frozenset[str],
                     encode: DocumentEncoder, tally: IngestTally, chunk_pages: int) -> None:
     """Embed and commit the pages of one long PDF `chunk_pages` at a time. A run stopped in the
@@ -225,12 +237,7 @@ def ingest_long_pdf(col: Collection, f: ScannedFile, n_pages: int, changed: froz
         commit_chunk(col, prepared, changed, None, tally)
         return
     base = prepared.to_embed[0][0]
-    done = {r.page for r in col.find_by_hashes([base["content_hash"]]).get(base["content_hash"], [])
-            if r.uri == f.uri and _is_partial(r)}
-    if done:
-        log.info("%s: resuming after %d pages committed by an interrupted run", f.path, len(done))
-    todo = [page for page in range(1, n_pages + 1) if page not in done]
-    replace_uris = [f.uri] if f.uri in changed and not done else []
+    todo, replace_uris = pages_left(col, f, base["content_hash"], n_pages, changed)
     failures: list[ItemRecord] = []
     for start in range(0, max(len(todo), 1), chunk_pages):  # one commit at least: the last settles
         pages = todo[start:start + chunk_pages]

@@ -43,7 +43,7 @@ from faste_mm.retrieval.executors import IngestJob
 from faste_mm.retrieval.profile import CollectionProfile
 from faste_mm.retrieval.ingest import IngestTally, PreparedChunk, _long_pdf_pages, commit_chunk, prepare_chunk
 from faste_mm.retrieval.scanning import ScannedFile
-from faste_mm.scale.ray_pages import LongPdf, plan_long_pdf
+from faste_mm.scale.ray_pages import LongPdf, count_output, plan_long_pdf
 from faste_mm.scale.ray_workers import EmbedActor, FileServer, FileTask, WorkerModel, decode_files
 from faste_mm.scale.resources import ResourcePlan, StallWatch, describe_wait, plan_resources, watching
 
@@ -339,10 +339,7 @@ def _commit(col: "Collection", waiting: _Pending, changed: frozenset[str], tally
     vectors, items, sources, ok, failures = [], [], [], [], []
     for position in range(len(waiting.prepared.to_embed)):
         output = waiting.outputs[position]
-        tally.prefix_tokens += output["prefix_tokens"]
-        tally.kept_prefix_tokens += output["kept_prefix_tokens"]
-        tally.tower_s += output.get("tower_s", 0.0)
-        tally.decoder_s += output.get("decoder_s", 0.0)
+        count_output(tally, output)
         for page, vector, reason in zip(output["pages"], output["vectors"], output["reasons"]):
             if reason is not None:
                 failures.append(Failure(len(items), position, "", reason))

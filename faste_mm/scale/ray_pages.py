@@ -18,7 +18,7 @@ import numpy as np
 
 from faste_mm.indexers import ItemRecord
 from faste_mm.indexers.crash_points import crash_point
-from faste_mm.retrieval.ingest import (IndexFailure, IngestTally, PreparedChunk, _emit, _is_partial, failure_reasons,
+from faste_mm.retrieval.ingest import (IndexFailure, IngestTally, PreparedChunk, _emit, failure_reasons, pages_left,
                                        prepare_chunk)
 from faste_mm.retrieval.scanning import ScannedFile
 
@@ -65,10 +65,7 @@ class LongPdf:
         f = self.file
         items, vectors, ok, failed = [], [], [], []
         for output in self.buffered:
-            tally.prefix_tokens += output["prefix_tokens"]
-            tally.kept_prefix_tokens += output["kept_prefix_tokens"]
-            tally.tower_s += output.get("tower_s", 0.0)
-            tally.decoder_s += output.get("decoder_s", 0.0)
+            count_output(tally, output)
             for page, vector, reason in zip(output["pages"], output["vectors"], output["reasons"]):
                 if reason is not None:
                     failed.append(Failure(len(items), 0, "", reason))
@@ -97,6 +94,14 @@ class LongPdf:
         tally.failures.extend(IndexFailure(r.uri, r.page, r.error) for r in self.failures)
 
 
+def count_output(tally: IngestTally, output: dict) -> None:
+    """Add one embedding task's token counts and stage seconds to the run's totals."""
+    tally.prefix_tokens += output["prefix_tokens"]
+    tally.kept_prefix_tokens += output["kept_prefix_tokens"]
+    tally.tower_s += output.get("tower_s", 0.0)
+    tally.decoder_s += output.get("decoder_s", 0.0)
+
+
 def plan_long_pdf(col: "Collection", f: ScannedFile, n_pages: int, changed: frozenset[str], chunk_pages: int,
                   in_flight: set[tuple[str, str]] | None) -> tuple[PreparedChunk, LongPdf | None]:
     """The file prepared as a chunk of its own (hash; an identical complete document reused, or
@@ -106,10 +111,5 @@ def plan_long_pdf(col: "Collection", f: ScannedFile, n_pages: int, changed: froz
     if not prepared.to_embed:
         return prepared, None
     base = prepared.to_embed[0][0]
-    done = {r.page for r in col.find_by_hashes([base["content_hash"]]).get(base["content_hash"], [])
-            if r.uri == f.uri and _is_partial(r)}
-    if done:
-        log.info("%s: resuming after %d pages committed by an interrupted run", f.path, len(done))
-    todo = [page for page in range(1, n_pages + 1) if page not in done]
-    replace_uris = [f.uri] if f.uri in changed and not done else []
+    todo, replace_uris = pages_left(col, f, base["content_hash"], n_pages, changed)
     return prepared, LongPdf(f, base, todo, replace_uris, chunk_pages)
