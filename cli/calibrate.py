@@ -46,7 +46,7 @@ def calibrate_command(
     query: list[str] = typer.Option(None, "--query", envvar="FASTE_MM_QUERY", show_default=False,
                                     help="With --rerank: a query to score PATHs against (repeat for several)."),
     rerank_protect: RerankProtect = "none",
-    top_k: int = typer.Option(5, "--top-k", envvar="FASTE_MM_TOP_K", help="With --rerank: the ranks whose order must agree with the full forward."),
+    top_k: int = typer.Option(5, "--top-k", envvar="FASTE_MM_TOP_K", min=1, help="With --rerank: the ranks whose order must agree with the full forward."),
 ) -> None:
     """Recommend the smallest theta whose embeddings stay within --target of the full forward;
     with --rerank MODEL and --query, the smallest whose reranker scores keep the full forward's
