@@ -70,10 +70,11 @@ def official_scores(lm, reranker: Reranker, documents: list, batch_size: int) ->
             parts = [getattr(p, key) for p in chunk if getattr(p, key) is not None]
             if parts:
                 extra[key] = torch.cat(parts)
+        on = {k: v.to(lm.device) for k, v in dict(input_ids=ids, attention_mask=mask, mm_token_type_ids=mm, **extra).items()}
         with torch.inference_mode():
-            hidden = lm.model(input_ids=ids, attention_mask=mask, mm_token_type_ids=mm, **extra).last_hidden_state[:, -1]
-        out.append(torch.sigmoid(hidden.float() @ direction.float()))
-    return torch.cat(out).numpy()
+            hidden = lm.model(**on).last_hidden_state[:, -1]
+        out.append(torch.sigmoid(hidden.float() @ direction.float().to(lm.device)))
+    return torch.cat(out).cpu().numpy()
 
 
 def timed_rounds(settings: list, rounds: int, run) -> dict:
@@ -97,6 +98,7 @@ def main() -> None:
     parser.add_argument("--top", default="20", help="candidates per query, comma-separated (default 20)")
     parser.add_argument("--shape", default="qwen3-vl-embedding-2b", help="architecture preset (tools/shapes)")
     parser.add_argument("--scale", type=float, default=0.125, help="width scale for a CPU (default 0.125)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (the GPU run: scripts/gpu_bench.sh rerank)")
     parser.add_argument("--dtype", default="auto", help="auto (bfloat16 where the CPU has native bf16), float32, bfloat16")
     parser.add_argument("--r-max", default="0.3,0.5,0.7", help="FastE settings (comma-separated)")
     parser.add_argument("--protect", default="none,query", help="protect modes run at each r_max")
@@ -111,11 +113,11 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         path = build_reranker_shape(Path(tmp) / f"{args.shape}-reranker", args.shape, args.scale)
-        full = Reranker.from_pretrained(str(path), device="cpu", dtype=args.dtype, batching=BatchingConfig(workers=1))
+        full = Reranker.from_pretrained(str(path), device=args.device, dtype=args.dtype, batching=BatchingConfig(workers=1))
         from transformers import AutoTokenizer, Qwen3VLForConditionalGeneration
 
         # the official path in the dtype our "auto" resolved to: the race is the runner's, not the dtype's
-        lm = Qwen3VLForConditionalGeneration.from_pretrained(str(path), dtype=full.backbone.dtype).eval()
+        lm = Qwen3VLForConditionalGeneration.from_pretrained(str(path), dtype=full.backbone.dtype).to(full.backbone.device).eval()
         all_documents = make_inputs(args.inputs, max(tops), Path(tmp) / "inputs", AutoTokenizer.from_pretrained(str(qwen_tokenizer_dir())))
         settings = [(OFFICIAL, None), (FULL, full)]
         for r_max in [float(r) for r in args.r_max.split(",")]:
@@ -123,7 +125,7 @@ def main() -> None:
                 rr = Reranker(full.loaded, fast_e=FastEConfig(r_max=r_max), protect=protect, batching=full.batching)
                 settings.append((f"FastE r={r_max}" + (" protect=query" if protect == "query" else ""), rr))
         full.score(QUERY, all_documents[:2])  # untimed warm-up: lazy kernel set-up is no setting's cost
-        print(f"device: {device_name(torch.device('cpu'))}, {cpu_model()}; torch {torch.__version__}; dtype "
+        print(f"device: {device_name(full.backbone.device)}, {cpu_model()}; torch {torch.__version__}; dtype "
               f"{full.backbone.dtype} ({args.dtype}); shape {args.shape} x{args.scale}; inputs {args.inputs}; "
               f"query {len(QUERY.split())} words; mean of {args.repeats} mirrored rounds; load average "
               f"{' '.join(f'{x:.1f}' for x in os.getloadavg())} at start")

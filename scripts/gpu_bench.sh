@@ -8,6 +8,7 @@
 #   bash scripts/gpu_bench.sh 2b        # Qwen3-VL-Embedding-2B: 1k-4k texts (+ HF), pages at the 1,800-token cap, images
 #   bash scripts/gpu_bench.sh 8b        # the same for 8B
 #   bash scripts/gpu_bench.sh faiss     # search latency on 1M x 2048 random vectors, Flat and IVF, CPU vs GPU
+#   bash scripts/gpu_bench.sh rerank    # the 2B reranker shape: full vs FastE r 0.3/0.5/0.7 (protect none/query) vs the official forward, texts and pages
 #   bash scripts/gpu_bench.sh peers     # 2B shape: faste-mm vs the official transformers path and ST, photos/pages/texts, tower race
 #
 # Each writes its JSON reports and log to $OUT (the device tool's output folder) or ./gpu-bench-STEP.
@@ -57,11 +58,16 @@ case $step in
     peers)
         python3 scripts/bench_peers.py --device cuda --scale-hidden 1 --photos 64 --pages 16 --texts 64 --repeats 3 \
             --batch-size 16 --out "$out/peers-2b.json" ;;
+    rerank)
+        python3 scripts/bench_rerank.py --device cuda --scale 1 --inputs text:2000 --top 20,50,100 --repeats 2 \
+            | tee "$out/rerank-2b-text.txt"
+        python3 scripts/bench_rerank.py --device cuda --scale 1 --inputs page:1240x1754 --top 20,50 --repeats 2 \
+            | tee "$out/rerank-2b-pages.txt" ;;
     faiss)
         python3 -c "import faiss; print('faiss', faiss.__version__, 'GPUs', faiss.get_num_gpus())"
         for index in Flat IVF4096,Flat; do
             python3 -m faste_mm.indexers.bench --n 1000000 --d 2048 --index-type "$index" --queries 100 \
                 | tee "$out/faiss-$index.txt"
         done ;;
-    *) echo "step must be text, 2b, 8b or faiss" >&2; exit 2 ;;
+    *) echo "step must be text, 2b, 8b, peers, rerank or faiss" >&2; exit 2 ;;
 esac
