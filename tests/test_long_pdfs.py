@@ -83,7 +83,7 @@ def test_planned_token_counts_equal_the_serialized_lengths(small_pages, tmp_path
             assert serializer.planned_size(item, item.instruction) == (serialized.length,
                                                                       serialized.pixel_values.nbytes), item
             assert serializer.resized_size(item) == serializer.prepare_image(item).size, item
-    assert serializer.planned_length(Item(text="only text"), None) is None  # cheaper to serialize
+    assert serializer.planned_size(Item(text="only text"), None) is None  # cheaper to serialize
 
 
 def test_batches_of_large_pages_are_bounded_in_bytes_not_only_in_tokens():

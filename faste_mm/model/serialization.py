@@ -203,11 +203,6 @@ class VLSerializer:
             raise _resize_error(item, error) from None
         return width, height
 
-    def planned_length(self, item: Item, instruction: str | None) -> int | None:
-        """The token count `__call__` gives an image item, without its pixels (see `planned_size`)."""
-        planned = self.planned_size(item, instruction)
-        return None if planned is None else planned[0]
-
     def planned_size(self, item: Item, instruction: str | None) -> tuple[int, int] | None:
         """(tokens, pixel bytes) `__call__` gives an image item, without its pixels: the prompt
         with one image placeholder, tokenized, plus the image's tokens ((h/16) * (w/16) patches,
@@ -307,10 +302,6 @@ class TextSerializer:
 
     def render_prompt(self, item: Item, instruction: str | None) -> str:
         return self.prompt.render(item.text or "", instruction)
-
-    def planned_length(self, item: Item, instruction: str | None) -> None:
-        """None: text is as cheap to serialize as to count (see `VLSerializer.planned_length`)."""
-        return None
 
     def planned_size(self, item: Item, instruction: str | None) -> None:
         """None: text is as cheap to serialize as to count (see `VLSerializer.planned_size`)."""
