@@ -340,7 +340,7 @@ def run(args) -> list[dict]:
         np.savez(cached, queries=queries, truth=truth, truth_filtered=truth_filtered)
     log(f"# {args.n} x {args.dim}, {args.queries} queries; exact truth in {time.perf_counter() - t:.1f} s; "
         f"{os.cpu_count()} CPUs, {args.threads} FAISS/BLAS threads for search, {args.build_threads} for builds")
-    names = args.configs.split(",")
+    names = [name for name in args.configs.split(",") if name not in ("", "none")]  # "none": LanceDB alone
     results = {name: {"config": name, "n": data.n, "dim": data.dim} for name in names}
 
     built = workdir / f"built-{args.n}x{args.dim}-{args.configs}-{int(args.lancedb)}.json"
@@ -458,7 +458,7 @@ def main() -> None:
                         help="filtered and text rounds over the first N of --filtered-queries only")
     parser.add_argument("--filtered-queries", type=int, default=50, help="queries for the filter and text rows")
     parser.add_argument("--configs", default="float,int8,binary,auto",
-                        help=f"comma-separated, of {', '.join(CONFIGS)}")
+                        help=f"comma-separated, of {', '.join(CONFIGS)}; none: LanceDB alone")
     parser.add_argument("--budget-gib", type=int, default=4, help="the collections' memory budget (auto's choice)")
     parser.add_argument("--raw-faiss", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--lancedb", action=argparse.BooleanOptionalAction, default=True)
