@@ -59,7 +59,7 @@ class Collection:
         self._index = DerivedIndex(root, manifest.dim)
         self._parts = MappedParts(root)
         self._closed = False
-        self._generation = directory.read_generation(root)
+        self._generation = directory.HeldGeneration(root)
         self._expect: Manifest | None = None  # a reader's `open(expect=...)`, checked again on reload
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -130,6 +130,7 @@ class Collection:
         finally:
             self._closed = True
             self._store.close()
+            self._generation.close()
             if self._lock_fd is not None:
                 os.close(self._lock_fd)  # closing the fd releases the flock
                 self._lock_fd = None
@@ -147,10 +148,15 @@ class Collection:
         gone. Writers hold the lock, so no erase can happen under them."""
         if self.writable or self._closed or self._store.db.in_transaction:  # mid-search: the next call
             return
-        if directory.read_generation(self.root) == self._generation:
+        if self._generation.is_current():
+            return
+        if directory.read_generation(self.root) == self._generation.token:  # the same token, rewritten
+            self._generation.close()
+            self._generation = directory.HeldGeneration(self.root)
             return
         fresh = Collection.open(self.root, expect=self._expect)
         self._store.close()
+        self._generation.close()
         self._manifest, self._store, self._index = fresh._manifest, fresh._store, fresh._index
         self._generation = fresh._generation
         self._parts.clear()  # the new collection numbers its parts from 0 again

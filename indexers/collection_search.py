@@ -93,19 +93,25 @@ def dense_hits(derived: DerivedIndex, store: MetaStore, queries: np.ndarray, k: 
         return derived.search(q, k_fetch, nprobe, ef_search, allowed=allowed)
 
     if where is not None and not where.is_empty:
-        scores, ids = _filtered_hits(derived, queries, k_index, search_index, store.filtered_ids(where), fetch)
+        allowed = store.filtered_ids(where)
+        if search.filter_is_selective(len(allowed), index.ntotal):
+            # Few match: score them all exactly (nothing left to rescore), from the index's own copy in RAM
+            # where it is exact, else from the stored vectors.
+            return search.exact_search(queries, allowed, k, derived.exact_fetch(allowed) or fetch)
+        scores, ids = _filtered_hits(derived, queries, k_index, search_index, allowed, fetch)
+    elif store.n_tombstoned_vectors() == 0:  # every vector in the index is live: its hits as they are
+        k_fetch = min(index.ntotal, k_index)
+        scores, ids = search_index(queries, k_fetch)
+        if k_fetch < k_index:
+            scores, ids = search.top_k(scores, ids, k_index)  # pads to k_index
     else:
-        # Over-fetch only when tombstones exist; then grow 4x for queries still short of k.
-        has_tombstones = store.n_tombstoned_vectors() > 0
-        k_fetch = min(index.ntotal, 2 * k_index if has_tombstones else k_index)
-
+        # Over-fetch past the tombstones; then grow 4x for queries still short of k.
         def is_live(found: np.ndarray) -> np.ndarray:
-            if not has_tombstones:  # every vector in the index is live
-                return np.ones(found.shape, dtype=bool)
             live = store.live_ids(np.unique(found[found >= 0]).tolist())
             return np.isin(found, np.fromiter(live, dtype=np.int64, count=len(live)))
 
-        scores, ids = search.overfetch(search_index, queries, k_index, k_fetch, index.ntotal, is_live)
+        scores, ids = search.overfetch(search_index, queries, k_index, min(index.ntotal, 2 * k_index), index.ntotal,
+                                       is_live)
     if rescores(derived.factory, stored_precision) and rescore != 0:
         return search.rescore(queries, ids, k, fetch)
     return scores, ids
@@ -113,8 +119,8 @@ def dense_hits(derived: DerivedIndex, store: MetaStore, queries: np.ndarray, k: 
 
 def _filtered_hits(derived: DerivedIndex, queries: np.ndarray, k: int, search_index, allowed: np.ndarray,
                    fetch: search.FetchFn) -> tuple[np.ndarray, np.ndarray]:
-    """Dense hits restricted to the live ids `allowed` [n] (sorted): an exact search over their stored
-    vectors when few match (`search.filter_is_selective`), else an id selector where the index
+    """Dense hits restricted to the live ids `allowed` [n] (sorted, more than `search.filter_is_selective`
+    allows: `dense_hits` scores a selective filter's matches exactly itself): an id selector where the index
     takes one, over-fetching where it does not (a GPU copy, binary IVF), then an exact search
     over the allowed vectors for any row still short of min(k, n): an approximate index (HNSW's
     graph, IVF's probed lists) can miss matches of a selective filter."""
@@ -122,8 +128,6 @@ def _filtered_hits(derived: DerivedIndex, queries: np.ndarray, k: int, search_in
     if len(allowed) == 0:
         return scores, ids
     ntotal = derived.index.ntotal
-    if search.filter_is_selective(len(allowed), ntotal):  # reading them is cheaper
-        return search.exact_search(queries, allowed, k, fetch)
     want = min(k, len(allowed))
     if derived.can_select:
         scores[:, :want], ids[:, :want] = search_index(queries, want, allowed)
@@ -133,7 +137,7 @@ def _filtered_hits(derived: DerivedIndex, queries: np.ndarray, k: int, search_in
     short = np.flatnonzero((ids >= 0).sum(axis=1) < want)
     if len(short):
         log.debug("%s: %d filtered queries searched exactly over %d items", derived.root, len(short), len(allowed))
-        scores[short], ids[short] = search.exact_search(queries[short], allowed, k, fetch)
+        scores[short], ids[short] = search.exact_search(queries[short], allowed, k, derived.exact_fetch(allowed) or fetch)
     return scores, ids
 
 

@@ -46,6 +46,8 @@ class DerivedIndex:
         self.key: tuple[int, int] = (-1, -1)  # (epoch, max part) the index reflects
         self.factory: str | None = None
         self._search_copy: faiss.Index | None = None
+        self._params: dict[tuple, faiss.SearchParameters | None] = {}  # per (k, nprobe, ef_search)
+        self._positions: tuple[np.ndarray, np.ndarray] | None = None  # (ids sorted, their rows in the index)
 
     @property
     def path(self) -> Path:
@@ -70,7 +72,7 @@ class DerivedIndex:
         else:
             self.build(epoch, committed, desired_factory(manifest, committed), manifest)
         self.key = (epoch, max_part(committed))
-        self._search_copy = None
+        self._changed()
         return self.index
 
     def append(self, epoch: int, part: int, older_max_part: int, load: Callable[[], np.ndarray], ids: np.ndarray,
@@ -81,7 +83,11 @@ class DerivedIndex:
         if self.index is not None and self.key == (epoch, older_max_part):
             faiss_index.add_vectors(self.index, load(), ids, codec)
             self.key = (epoch, part)
-            self._search_copy = None
+            self._changed()
+
+    def _changed(self) -> None:
+        """Forget what was derived from the index object (it was replaced or grew)."""
+        self._search_copy, self._params, self._positions = None, {}, None
 
     def build(self, epoch: int, committed: Parts, factory: str, manifest: Manifest) -> None:
         """Build `factory` over every committed part of `epoch`, keyed by them (the manifest's index
@@ -98,7 +104,7 @@ class DerivedIndex:
         self.index = faiss_index.build_index(factory, self.dim, loaded, manifest.memory_budget_bytes, codec=codec)
         self.factory = factory
         self.key = (epoch, max_part(committed))
-        self._search_copy = None
+        self._changed()
 
     def search(self, queries: np.ndarray, k: int, nprobe: int | None, ef_search: int | None,
                allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -110,10 +116,16 @@ class DerivedIndex:
         every other id while it searches, so an approximate index still fills k slots from them
         when it reaches them (see `Collection.search` for the rows it does not fill)."""
         on_gpu = not self.can_select
-        params = None if on_gpu else faiss_index.search_parameters(self.index, k, nprobe, ef_search)
-        if allowed is not None:
+        if on_gpu:
+            params = None
+        elif allowed is None:  # the same few objects every call: made once per index state
+            key = (k, nprobe, ef_search)
+            if key not in self._params:
+                self._params[key] = faiss_index.search_parameters(self.index, k, nprobe, ef_search)
+            params = self._params[key]
+        else:  # a fresh object: the selector must not stay on one shared by later searches
             assert not on_gpu, "GPU indexes take no id selector; the caller over-fetches instead"
-            params = params or faiss.SearchParameters()
+            params = faiss_index.search_parameters(self.index, k, nprobe, ef_search) or faiss.SearchParameters()
             selector = faiss.IDSelectorBatch(np.ascontiguousarray(allowed, dtype=np.int64))
             params.sel = selector  # `selector` stays referenced until the search returns
         if faiss_index.is_binary(self.index):
@@ -122,6 +134,26 @@ class DerivedIndex:
         else:
             D, I = self._search_copy.search(np.ascontiguousarray(queries), k, params=params)
         return np.where(I >= 0, D, -np.inf).astype(np.float32), I
+
+    def exact_fetch(self, ids: np.ndarray) -> Callable[[np.ndarray], np.ndarray] | None:
+        """A reader of stored vectors (some of `ids` [n], sorted -> float32 [m, d]) from the index's own
+        storage in RAM, when it keeps them exactly as stored (Flat, HNSW over flat storage: the decoded
+        parts it was built from, so the numbers a read from the parts gives) and holds every one of
+        `ids`; else None (codes coarser than the parts, a GPU copy). Scoring a selective filter's few
+        matches this way skips reading them from disk (1,000 rows of 2048 dims: ~8 ms, float16 parts)."""
+        flat = faiss_index.flat_storage(self.index) if self.can_select else None
+        if flat is None or len(ids) == 0:
+            return None
+        if self._positions is None:
+            held = faiss.vector_to_array(self.index.id_map)
+            order = np.argsort(held, kind="stable")
+            self._positions = (held[order], order)
+        held, order = self._positions
+        at = np.minimum(np.searchsorted(held, ids), max(len(held) - 1, 0))
+        if len(held) == 0 or not np.array_equal(held[at], ids):
+            return None
+        rows, vectors = order[at], faiss_index.flat_rows(flat)
+        return lambda chunk: vectors[rows[np.searchsorted(ids, chunk)]]
 
     @property
     def can_select(self) -> bool:

@@ -10,6 +10,7 @@ import fcntl
 import logging
 import os
 import stat
+import weakref
 from pathlib import Path
 
 from faste_mm.errors import CollectionError
@@ -108,6 +109,38 @@ def read_generation(root: Path) -> str | None:
         return os.read(fd, 64).decode("ascii", "replace").strip() or None
     finally:
         os.close(fd)
+
+
+class HeldGeneration:
+    """The generation token a reader opened, its file held open so that checking it is one stat: the
+    token is written by an atomic rename (a new inode each time) and an inode cannot be reused while
+    open, so the path names the held file exactly while the token is the same. Saves a reader's
+    search an open, read and close (~40 us) on a collection that was not re-created."""
+
+    def __init__(self, root: Path) -> None:
+        self.path = root / GENERATION_NAME
+        self.token: str | None = None
+        self._inode: tuple[int, int] | None = None
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            return  # none (made before tokens existed): current while none appears
+        self._close = weakref.finalize(self, os.close, fd)
+        self.token = os.read(fd, 64).decode("ascii", "replace").strip() or None
+        held = os.fstat(fd)
+        self._inode = (held.st_dev, held.st_ino)
+
+    def is_current(self) -> bool:
+        """Whether `root` still holds the token file read (or, holding none, still has none)."""
+        try:
+            st = os.stat(self.path, follow_symlinks=False)
+        except OSError:
+            return self._inode is None
+        return (st.st_dev, st.st_ino) == self._inode
+
+    def close(self) -> None:
+        if self._inode is not None:
+            self._close()
 
 
 def foreign_files(root: Path, *, after_erase: bool = False) -> list[str]:

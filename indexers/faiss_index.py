@@ -310,6 +310,23 @@ def add_vectors(index, vectors: np.ndarray, ids: np.ndarray, codec: Codec | None
         index.add_with_ids(x, np.ascontiguousarray(ids[start:start + chunk_rows], dtype=np.int64))
 
 
+def flat_storage(index) -> faiss.IndexFlat | None:
+    """The IndexFlat holding an index's vectors as float32 (a Flat index itself, or the storage of
+    an HNSW*Flat graph, inside an IndexIDMap2), or None for any other kind."""
+    if is_binary(index):
+        return None
+    core = faiss.downcast_index(index.index) if isinstance(index, faiss.IndexIDMap2) else index
+    if isinstance(core, faiss.IndexHNSW):
+        core = faiss.downcast_index(core.storage)
+    return core if isinstance(core, faiss.IndexFlat) else None
+
+
+def flat_rows(flat: faiss.IndexFlat) -> np.ndarray:
+    """The vectors [n, d] float32 of an IndexFlat as a view of its memory (no copy): valid until the
+    index is added to (its buffer may move), so take it afresh for each search."""
+    return faiss.rev_swig_ptr(flat.get_xb(), flat.ntotal * flat.d).reshape(flat.ntotal, flat.d)
+
+
 def search_parameters(index: faiss.Index, k: int, nprobe: int | None,
                       ef_search: int | None) -> faiss.SearchParameters | None:
     """Per-call search parameters for the index kind (no global state on the index object).

@@ -7,6 +7,7 @@ restricts FAISS to them (an id selector) so a filtered search still returns k hi
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -76,3 +77,32 @@ class SearchFilter:
 def json_path(key: str) -> str:
     """The SQLite JSON path of a top-level metadata key; quoted, so dots and spaces are literal."""
     return f'$."{key}"'
+
+
+def sql_conditions(where: SearchFilter, indexed: bool) -> tuple[list[str], list[Any]]:
+    """SQL conditions on `items` (and their bound parameters) of a live item meeting `where`;
+    `indexed`: the file has schema 5's metadata index `items_meta` (else json_extract on each row)."""
+    clauses, params = ["items.status = 'ok'"], []
+    for key, value in where.where.items():
+        kinds = (["true" if value else "false"] if isinstance(value, bool)
+                 else ["text"] if isinstance(value, str) else ["integer", "real"])
+        if indexed:  # a range of the (key, value, id) primary key: the ids of the matches
+            clauses.append("items.id IN (SELECT id FROM items_meta WHERE key = ? AND value = ? "
+                           "AND kind IN (SELECT value FROM json_each(?)))")
+            params += [key, int(value) if isinstance(value, bool) else value, json.dumps(kinds)]
+            continue
+        path = json_path(key)
+        if isinstance(value, bool):
+            clauses.append("json_type(metadata, ?) = ?")
+            params += [path, kinds[0]]
+        else:
+            clauses.append("json_extract(metadata, ?) = ? AND json_type(metadata, ?) "
+                           "IN (SELECT value FROM json_each(?))")
+            params += [path, value, path, json.dumps(kinds)]
+    if where.types:
+        clauses.append("modality IN (SELECT value FROM json_each(?))")
+        params.append(json.dumps(list(where.modalities)))
+    if where.path is not None:
+        clauses.append("uri GLOB ?")
+        params.append(where.path)
+    return clauses, params

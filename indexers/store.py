@@ -18,8 +18,9 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 import numpy as np
 
 from faste_mm.errors import CollectionError, InputError
-from faste_mm.indexers.filters import SearchFilter, json_path
+from faste_mm.indexers.filters import SearchFilter, sql_conditions
 from faste_mm.indexers.records import FileStat, ItemRecord, Status
+from faste_mm.indexers.remembered import Remembered
 from faste_mm.indexers.schema import MIGRATIONS, READABLE_FROM_VERSION, SCHEMA_VERSION, from_db, to_db
 from faste_mm.indexers.database_file import DB_NAME, damaged_database, translate_errors
 
@@ -69,6 +70,9 @@ class MetaStore:
         self.path = root / DB_NAME
         self.writable = writable
         self._meta_index: bool | None = None  # whether items_meta exists (`has_meta_index`)
+        # The counters a search checks, read once per `version`: one PRAGMA a search on an unchanged file.
+        self._remembered = Remembered(self.version)
+        self._snapshot_version: int | None = None  # data_version of the open read snapshot
         if not create and not self.path.exists():
             # The truth is gone: a new empty database would make every vector an orphan to sweep.
             raise CollectionError(
@@ -158,6 +162,7 @@ class MetaStore:
             yield self.db
         except BaseException:
             self.db.execute("ROLLBACK")
+            self._remembered.forget()
             raise
         self.db.execute("COMMIT")
 
@@ -170,14 +175,28 @@ class MetaStore:
             return
         self.db.execute("BEGIN")
         try:
+            # Reading data_version starts the snapshot, and gives its version (see `version`).
+            self._snapshot_version = self._data_version()
             yield
         finally:
+            self._snapshot_version = None
             if self.db.in_transaction:
                 self.db.execute("COMMIT")
 
+    def _data_version(self) -> int:
+        return self.db.execute("PRAGMA data_version").fetchone()[0]  # starts a read, as any query
+
+    def version(self) -> tuple[int, int]:
+        """A value that changes whenever the file may have changed: SQLite's data_version (it changes
+        exactly when ANOTHER connection, in this process or another, commits) and this connection's
+        own count of changed rows (which data_version does not see). Inside `read_snapshot`, the
+        version of that snapshot, read when it began."""
+        data_version = self._snapshot_version if self._snapshot_version is not None else self._data_version()
+        return data_version, self.db.total_changes
+
     # ---- state counters ---------------------------------------------------------------------
     def state(self) -> dict[str, int]:
-        return dict(self.db.execute("SELECT key, value FROM state").fetchall())
+        return dict(self._remembered.get("state", lambda: self.db.execute("SELECT key, value FROM state").fetchall()))
 
     def set_state(self, **values: int) -> None:
         """Update counters; call inside `transaction()` together with the change they describe."""
@@ -188,7 +207,8 @@ class MetaStore:
     # ---- parts ------------------------------------------------------------------------------
     def parts(self) -> list[tuple[int, int]]:
         """(part, n_rows) of every committed part, ascending."""
-        return self.db.execute("SELECT part, n_rows FROM parts ORDER BY part").fetchall()
+        return list(self._remembered.get("parts", lambda: self.db.execute(
+            "SELECT part, n_rows FROM parts ORDER BY part").fetchall()))
 
     def named_parts(self) -> set[int]:
         """Every part the parts table or an item row names (what the orphan sweep must keep)."""
@@ -287,10 +307,18 @@ class MetaStore:
 
         A metadata value matches only a JSON value of its own kind (json_type), so "2024" never matches
         2024 and True never 1; int and float compare by value (`items_meta` where the file has it)."""
-        clauses, params = self._filter_clauses(where)
-        rows = self.db.execute(f"SELECT id FROM items WHERE {' AND '.join(clauses)} ORDER BY id",
-                               params).fetchall()
-        return np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+        clauses, params = sql_conditions(where, self.has_meta_index())
+
+        def read() -> np.ndarray:
+            rows = self.db.execute(f"SELECT id FROM items WHERE {' AND '.join(clauses)} ORDER BY id",
+                                   params).fetchall()
+            ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+            ids.flags.writeable = False  # shared by every search with this filter until the file changes
+            return ids
+
+        # Remembered like the counters (a served collection is searched with the same few filters
+        # again and again): the few most recent, so their ids never grow past a few arrays.
+        return self._remembered.filter_ids((" AND ".join(clauses), json.dumps(params)), read)
 
     def has_meta_index(self) -> bool:
         """Whether the file has schema 5's metadata index (a reader of an older file scans instead)."""
@@ -298,39 +326,11 @@ class MetaStore:
             self._meta_index = self.db.execute("SELECT 1 FROM sqlite_master WHERE name = 'items_meta'").fetchone() is not None
         return self._meta_index
 
-    def _filter_clauses(self, where: SearchFilter) -> tuple[list[str], list[Any]]:
-        """SQL conditions on `items` (and their bound parameters) of a live item meeting `where`."""
-        clauses, params = ["items.status = 'ok'"], []
-        indexed = self.has_meta_index()
-        for key, value in where.where.items():
-            kinds = (["true" if value else "false"] if isinstance(value, bool)
-                     else ["text"] if isinstance(value, str) else ["integer", "real"])
-            if indexed:  # a range of the (key, value, id) primary key: the ids of the matches
-                clauses.append("items.id IN (SELECT id FROM items_meta WHERE key = ? AND value = ? "
-                               "AND kind IN (SELECT value FROM json_each(?)))")
-                params += [key, int(value) if isinstance(value, bool) else value, json.dumps(kinds)]
-                continue
-            path = json_path(key)
-            if isinstance(value, bool):
-                clauses.append("json_type(metadata, ?) = ?")
-                params += [path, kinds[0]]
-            else:
-                clauses.append("json_extract(metadata, ?) = ? AND json_type(metadata, ?) "
-                               "IN (SELECT value FROM json_each(?))")
-                params += [path, value, path, json.dumps(kinds)]
-        if where.types:
-            clauses.append("modality IN (SELECT value FROM json_each(?))")
-            params.append(json.dumps(list(where.modalities)))
-        if where.path is not None:
-            clauses.append("uri GLOB ?")
-            params.append(where.path)
-        return clauses, params
-
     def lexical_search(self, match: str, k: int, where: SearchFilter | None = None) -> list[tuple[int, float]]:
         """The k best live items for an FTS5 `match` expression by BM25 (body weighted 1, name and
         metadata 0.5): [(id, score)], best first, score = -bm25 (higher is better). `where` filters
         as `filtered_ids` does. InputError for a malformed expression."""
-        clauses, params = self._filter_clauses(where or SearchFilter())
+        clauses, params = sql_conditions(where or SearchFilter(), self.has_meta_index())
         try:
             rows = self.db.execute(
                 "SELECT f.rowid, -bm25(items_fts, 1.0, 0.5, 0.5) AS score FROM items_fts AS f "
@@ -445,6 +445,6 @@ class MetaStore:
     def n_tombstoned_vectors(self) -> int:
         """Deleted rows whose vectors are still in parts (and so possibly in the index)."""
         # INDEXED BY: without statistics the planner picks items_part and counts every row.
-        return self.db.execute(
+        return self._remembered.get("tombstoned", lambda: self.db.execute(
             "SELECT count(*) FROM items INDEXED BY items_tombstoned "
-            "WHERE status = 'deleted' AND part IS NOT NULL").fetchone()[0]
+            "WHERE status = 'deleted' AND part IS NOT NULL").fetchone()[0])

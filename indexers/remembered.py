@@ -1,0 +1,43 @@
+"""What a store remembers between searches of an unchanged file: the counters every search checks
+(state, parts, tombstone count) and the ids of recent `where` filters. Receives the store's version
+(`MetaStore.version`, which moves whenever any connection may have changed the file) and the reads;
+hands back the value read under the current version, reading again only after the version moved.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Hashable
+
+# `where` filters whose matching ids are remembered while the file is unchanged (the most recent).
+FILTERS_REMEMBERED = 8
+
+
+class Remembered:
+    """Values read from one SQLite connection, kept until `version()` changes (see the module docstring)."""
+
+    def __init__(self, version: Callable[[], tuple[int, int]]) -> None:
+        self._version = version
+        self._values: dict[Hashable, Any] = {}
+        self._read_at: tuple[int, int] | None = None
+
+    def get(self, name: Hashable, read: Callable[[], Any]) -> Any:
+        """`read()`, or what it returned under the current version."""
+        version = self._version()
+        if version != self._read_at:
+            self._values, self._read_at = {}, version
+        if name not in self._values:
+            self._values[name] = read()
+        return self._values[name]
+
+    def filter_ids(self, key: Hashable, read: Callable[[], Any]) -> Any:
+        """`get` for a filter's matching ids; only the FILTERS_REMEMBERED newest filters are kept."""
+        value = self.get(("filter", key), read)
+        filters = [name for name in self._values if isinstance(name, tuple) and name[0] == "filter"]
+        for name in filters[:-FILTERS_REMEMBERED]:
+            del self._values[name]
+        return value
+
+    def forget(self) -> None:
+        """Drop everything (a rolled-back transaction: what was read inside it never happened, yet the
+        connection's row count, half of the version, does not go back)."""
+        self._read_at = None
