@@ -1,21 +1,16 @@
 """The metadata index (`items_meta`, schema 5) that equality filters read: it returns exactly the
-ids the json_extract scan returns, through adds, replacements, failures, deletes, compaction,
-crashes at the named crash points and the migration from schema 4. Storage only (no model)."""
+ids the json_extract scan returns, through adds, replacements, failures, deletes, compaction and
+the migration from schema 4 (crashes: test_sqlite_indexes_crash.py). Storage only (no model)."""
 
 from __future__ import annotations
 
 import itertools
-import os
 import sqlite3
-import subprocess
-import sys
-import textwrap
 
 import numpy as np
 import pytest
 
 from faste_mm.indexers import Collection, ItemRecord, Manifest, SearchFilter
-from faste_mm.indexers.crash_points import CRASH_ENV
 
 D = 8
 KEYS = ["s", "n", "f", "b", "nested", "list", "none", "u", "missing", "a.b"]
@@ -129,44 +124,6 @@ def test_migration_from_schema_4_fills_the_index_and_a_schema_4_reader_scans(tmp
         assert assert_index_equals_scan(col) > 20
         col.add(unit(np.random.default_rng(3), 1), [ItemRecord(uri="/new", modality="text", metadata={"s": "a"})])
         assert by_index(col, SearchFilter(where={"s": "a"})) == want["s"] + [max(col.live_ids(range(500)))]
-
-
-WRITER = textwrap.dedent("""
-    import sys
-    import numpy as np
-    from faste_mm.indexers import Collection, ItemRecord, Manifest
-    root, step = sys.argv[1], sys.argv[2]
-    rng = np.random.default_rng(7)
-    with Collection.create(root, Manifest(model_id="m", dim=8), exist_ok=True) as col:
-        x = rng.standard_normal((4, 8)).astype(np.float32)
-        x /= np.linalg.norm(x, axis=1, keepdims=True)
-        if step.startswith("add"):
-            col.add(x, [ItemRecord(uri=f"/d/seed-{i}", modality="text", metadata={"s": "new", "n": i})
-                        for i in range(4)])
-        elif step.startswith("delete"):
-            col.delete_uris(["/d/seed-0"])
-        else:
-            col.delete_uris(["/d/seed-1"])
-            col.compact()
-""")
-
-
-@pytest.mark.parametrize("step", ["add-after-part-written", "add-after-commit", "delete-after-commit",
-                                  "compact-after-new-parts", "compact-after-commit"])
-def test_a_writer_killed_at_a_named_step_leaves_the_index_in_step(tmp_path, step):
-    root = tmp_path / "c"
-    with Collection.create(root, Manifest(model_id="m", dim=D)) as col:
-        col.add(unit(np.random.default_rng(4), 3),
-                [ItemRecord(uri=f"/d/seed-{i}", modality="text", metadata={"s": "old", "n": i}) for i in range(3)])
-    proc = subprocess.run([sys.executable, "-c", WRITER, str(root), step], env={**os.environ, CRASH_ENV: step},
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == -9, proc.stderr[-2000:]
-    with Collection.open(root, writable=True) as col:
-        live = sorted(col.live_ids(range(100)))
-        indexed = sorted({r[0] for r in col._store.db.execute("SELECT id FROM items_meta")})
-        assert indexed == live
-        for where in ({"s": "old"}, {"s": "new"}, {"n": 0}, {"n": 1}, {"n": 3}):
-            assert by_index(col, SearchFilter(where=where)) == by_scan(col, SearchFilter(where=where))
 
 
 def test_rebuild_index_refills_a_damaged_filter_index(tmp_path):

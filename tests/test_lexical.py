@@ -1,14 +1,10 @@
 """The lexical index (FTS5 in meta.sqlite) and hybrid search: kept in step with the rows through
-adds, replacements, removals, compaction, migration and crashes; user queries never raise;
-storage only (vectors seeded with numpy, no model)."""
+adds, replacements, removals, compaction and migration (crashes: test_sqlite_indexes_crash.py);
+user queries never raise; storage only (vectors seeded with numpy, no model)."""
 
 from __future__ import annotations
 
-import os
 import sqlite3
-import subprocess
-import sys
-import textwrap
 
 import ctypes
 
@@ -17,7 +13,6 @@ import pytest
 
 from faste_mm.errors import InputError
 from faste_mm.indexers import Collection, ItemRecord, Manifest, SearchFilter, search
-from faste_mm.indexers.crash_points import CRASH_ENV
 
 D = 8
 TEXTS = ["invoice for Müller GmbH", "the quick brown fox", "payment reminder", "fox hunting season",
@@ -163,47 +158,6 @@ def test_rebuild_index_gives_older_items_the_text_of_their_files(tmp_path):
     rebuild_index(root)
     with Collection.open(root) as col:
         assert lexical(col, "bicycle") == [0] and lexical(col, "foxes") == [1]
-
-
-WRITER = textwrap.dedent("""
-    import sys
-    import numpy as np
-    from faste_mm.indexers import Collection, ItemRecord, Manifest
-    root, step = sys.argv[1], sys.argv[2]
-    rng = np.random.default_rng(7)
-    with Collection.create(root, Manifest(model_id="m", dim=8), exist_ok=True) as col:
-        x = rng.standard_normal((4, 8)).astype(np.float32)
-        x /= np.linalg.norm(x, axis=1, keepdims=True)
-        uris = [f"/d/{step}-{i}.txt" for i in range(4)]
-        if step.startswith("add"):
-            col.add(x, [ItemRecord(uri=u, modality="text", text=f"word{i} crash") for i, u in enumerate(uris)])
-        elif step.startswith("delete"):
-            col.delete_uris(["/d/seed-0.txt"])
-        else:
-            col.delete_uris(["/d/seed-1.txt"])
-            col.compact()
-""")
-
-
-@pytest.mark.parametrize("step", ["add-after-part-written", "add-after-commit", "delete-after-commit",
-                                  "compact-after-new-parts", "compact-after-commit"])
-def test_a_writer_killed_at_a_named_step_leaves_the_lexical_index_in_step(tmp_path, step):
-    root = tmp_path / "c"
-    with Collection.create(root, Manifest(model_id="m", dim=D)) as col:
-        col.add(unit(np.random.default_rng(4), 3),
-                [ItemRecord(uri=f"/d/seed-{i}.txt", modality="text", text=f"seed{i}") for i in range(3)])
-    proc = subprocess.run([sys.executable, "-c", WRITER, str(root), step], env={**os.environ, CRASH_ENV: step},
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == -9, proc.stderr[-2000:]
-    with Collection.open(root, writable=True) as col:
-        live = sorted(col.live_ids(range(100)))
-        assert col.lexical_ids() == live
-        for record in col.get(live):
-            assert record.id in lexical(col, record.uri)  # each live item is found by its name
-        assert lexical(col, "crash") == ([] if step == "add-after-part-written" else
-                                         sorted(lexical(col, "crash")))
-        if step == "add-after-commit":
-            assert len(lexical(col, "crash")) == 4
 
 
 def test_cli_lexical_search_needs_no_model_and_says_which_side_found_each_hit(tmp_path):
