@@ -8,7 +8,6 @@ import itertools
 import sqlite3
 
 import numpy as np
-import pytest
 
 from faste_mm.indexers import Collection, ItemRecord, Manifest, SearchFilter
 

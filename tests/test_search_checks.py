@@ -28,13 +28,13 @@ def records(start: int, n: int, tag: str = "old") -> list[ItemRecord]:
 
 
 # Adds two items tagged "new" and deletes item 0, from another process, then exits.
-WRITER = textwrap.dedent(f"""
+WRITER = textwrap.dedent("""
     import sys
     import numpy as np
     from faste_mm.indexers import Collection, ItemRecord
-    x = np.array({{vectors}}, dtype=np.float32)
+    x = np.array({vectors}, dtype=np.float32)
     with Collection.open(sys.argv[1], writable=True) as col:
-        col.add(x, [ItemRecord(uri=f"/d/new{{{{i}}}}.txt", modality="text", metadata={{{{"tag": "new"}}}}) for i in range(2)])
+        col.add(x, [ItemRecord(uri=f"/d/new{{i}}.txt", modality="text", metadata={{"tag": "new"}}) for i in range(2)])
         col.delete([0])
 """)
 
