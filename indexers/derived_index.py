@@ -47,6 +47,7 @@ class DerivedIndex:
         self.factory: str | None = None
         self._search_copy: faiss.Index | None = None
         self._params: dict[tuple, faiss.SearchParameters | None] = {}  # per (k, nprobe, ef_search)
+        self._can_select = False  # (`can_select`) set with `_search_copy`
         self._positions: tuple[np.ndarray, np.ndarray] | None = None  # (ids sorted, their rows in the index)
 
     @property
@@ -161,9 +162,10 @@ class DerivedIndex:
         selectors, so they cannot (the collection filters by over-fetching there)."""
         if self._search_copy is None:
             self._search_copy = faiss_index.to_search_device(self.index)
-        binary_ivf = faiss_index.is_binary(self.index) and faiss_index.is_binary_factory(self.factory or "") \
-            and "IVF" in (self.factory or "")
-        return self._search_copy is self.index and not binary_ivf
+            binary_ivf = faiss_index.is_binary(self.index) and faiss_index.is_binary_factory(self.factory or "") \
+                and "IVF" in (self.factory or "")
+            self._can_select = self._search_copy is self.index and not binary_ivf
+        return self._can_select
 
     def save(self) -> str:
         """Write index.faiss (atomically); returns its sha256. The caller records it, `factory`

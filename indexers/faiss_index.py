@@ -11,6 +11,7 @@ Parts arrive in their stored precision with a `quantization.Codec` that decodes 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import math
@@ -55,6 +56,7 @@ def is_binary_factory(factory: str) -> bool:
     return re.match(r"B(Flat|IVF|HNSW|Hash)", factory) is not None
 
 
+@functools.lru_cache(maxsize=64)  # asked several times a search, of a handful of strings
 def factory_precision(factory: str) -> str:
     """What the index made by `factory` holds per vector: "binary", "pq" (product or RaBitQ codes),
     "int8", "float16" or "float32" (the order in which they reconstruct vectors more exactly)."""
