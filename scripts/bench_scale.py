@@ -368,6 +368,8 @@ def run(args) -> list[dict]:
         if args.raw_faiss:
             single[f"raw-faiss {name}"] = raw_faiss(col)
         filtered[name] = lambda q, col=col: col.search(q, K, where=where)[1]
+        # The first search with a filter, or the first after any commit: nothing remembered (`remembered`).
+        filtered[f"{name} uncached"] = lambda q, col=col: (col._store._remembered.forget(), col.search(q, K, where=where))[1][1]
         if args.text:
             texts[f"{name} lexical"] = lambda a, col=col: col.find(K, texts=a[1], mode="lexical").ids
             texts[f"{name} hybrid"] = lambda a, col=col: col.find(K, queries=a[0], texts=a[1], mode="hybrid").ids
@@ -412,6 +414,8 @@ def run(args) -> list[dict]:
             row.update({"filtered_1pct_p50_ms": filt.ms(name, 50),
                         "filtered_1pct_recall_at_10": round(recall(hits, truth_filtered[:n_filtered]), 4),
                         "filtered_1pct_hits_min": int((hits >= 0).sum(axis=1).min())})
+        if f"{name} uncached" in filtered:
+            row["filtered_1pct_uncached_p50_ms"] = filt.ms(f"{name} uncached", 50)
         if f"{name} hybrid" in texts:
             row.update({"lexical_p50_ms": lex.ms(f"{name} lexical", 50), "lexical_p99_ms": lex.ms(f"{name} lexical", 99),
                         "hybrid_p50_ms": lex.ms(f"{name} hybrid", 50), "hybrid_p99_ms": lex.ms(f"{name} hybrid", 99)})
@@ -429,20 +433,45 @@ def log(line: str) -> None:
 
 
 COLUMNS = [("config", "configuration"), ("factory", "index"), ("recall_at_10", "recall@10"),
-           ("p50_ms", "p50 ms"), ("p99_ms", "p99 ms"), ("batch32_p50_ms", "batch-32 p50 ms"),
+           ("p50_ms", "p50 ms"), ("p50_ms_x_raw", "p50 x raw FAISS"), ("p99_ms", "p99 ms"),
+           ("batch32_p50_ms", "batch-32 p50 ms"), ("batch32_p50_ms_x_raw", "batch-32 x raw FAISS"),
            ("batch32_p99_ms", "batch-32 p99 ms"), ("filtered_1pct_p50_ms", "1% filter p50 ms"),
-           ("filtered_1pct_hits_min", "1% filter min hits"), ("filtered_1pct_recall_at_10", "1% filter recall@10"),
+           ("filtered_x_unfiltered", "1% filter x unfiltered"),
+           ("filtered_1pct_uncached_p50_ms", "1% filter p50 ms, uncached"), ("filtered_1pct_hits_min", "1% filter min hits"), ("filtered_1pct_recall_at_10", "1% filter recall@10"),
            ("lexical_p50_ms", "lexical p50 ms"), ("hybrid_p50_ms", "hybrid p50 ms"), ("hybrid_p99_ms", "hybrid p99 ms"),
            ("add_vectors_per_s", "add vec/s"), ("index_build_s", "build s"), ("index_mb", "index MB"),
            ("disk_mb", "disk MB"), ("peak_rss_build_mb", "RSS growth in build MB")]
 
 
+def with_ratios(rows: list[dict]) -> list[dict]:
+    """Rows plus the ratios read from them: faste-mm's latency over raw FAISS's at equal recall (a
+    quantized NAME's `NAME rescore 0` row, or NAME itself where nothing rescores, against `raw-faiss
+    NAME` of the same size), and the 1% filter's p50 over the unfiltered default search's."""
+    raw = {(r["n"], r["dim"], r["config"][len("raw-faiss "):]): r for r in rows if r["config"].startswith("raw-faiss ")}
+    rescored = {(r["n"], r["dim"], r["config"].split(" ")[0]) for r in rows if r["config"].endswith(" rescore 0")}
+    out = []
+    for r in rows:
+        r = dict(r)
+        name = r["config"].split(" ")[0]
+        base = raw.get((r["n"], r["dim"], name))
+        same_recall = r["config"].endswith(" rescore 0") or (r["config"] == name and (r["n"], r["dim"], name) not in rescored)
+        if base and same_recall:
+            for key in ("p50_ms", "batch32_p50_ms"):
+                if r.get(key) and base.get(key):
+                    r[f"{key}_x_raw"] = round(r[key] / base[key], 2)
+        if r.get("filtered_1pct_p50_ms") and r.get("p50_ms"):
+            r["filtered_x_unfiltered"] = round(r["filtered_1pct_p50_ms"] / r["p50_ms"], 2)
+        out.append(r)
+    return out
+
+
 def markdown(path: Path) -> str:
     """The results of `--out` FILE as a Markdown table (one row per configuration)."""
-    rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-    out = ["| " + " | ".join(title for _, title in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    rows = with_ratios([json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()])
+    columns = [c for c in COLUMNS if any(r.get(c[0]) is not None for r in rows)]  # no empty columns
+    out = ["| " + " | ".join(title for _, title in columns) + " |", "|" + "---|" * len(columns)]
     for r in rows:
-        out.append("| " + " | ".join("" if r.get(key) is None else str(r[key]) for key, _ in COLUMNS) + " |")
+        out.append("| " + " | ".join("" if r.get(key) is None else str(r[key]) for key, _ in columns) + " |")
     return "\n".join(out)
 
 
