@@ -147,8 +147,11 @@ class DerivedIndex:
             return None
         if self._positions is None:
             held = faiss.vector_to_array(self.index.id_map)
-            order = np.argsort(held, kind="stable")
-            self._positions = (held[order], order)
+            if np.all(held[1:] > held[:-1]):  # filled in id order, as parts are: no sort of 1M ids
+                self._positions = (held, np.arange(len(held)))
+            else:
+                order = np.argsort(held, kind="stable")
+                self._positions = (held[order], order)
         held, order = self._positions
         at = np.minimum(np.searchsorted(held, ids), max(len(held) - 1, 0))
         if len(held) == 0 or not np.array_equal(held[at], ids):

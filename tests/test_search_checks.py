@@ -115,3 +115,21 @@ def test_a_selective_filter_is_brute_force_over_its_matches(tmp_path, monkeypatc
     np.testing.assert_array_equal(disk_ids, ids)
     np.testing.assert_allclose(disk_scores, scores, rtol=0, atol=1e-6)
     col.close()
+
+
+def test_the_version_a_snapshot_reports_is_the_one_its_reads_see(tmp_path):
+    """Reading data_version inside BEGIN starts the snapshot: a commit after it is invisible to the
+    snapshot's reads, so counters remembered under that version are the snapshot's own."""
+    with Collection.create(tmp_path / "c", Manifest(model_id="m", dim=D)) as col:
+        col.add(unit(3, 0), records(0, 3))
+    reader = MetaStore(tmp_path / "c", writable=False)
+    writer = Collection.open(tmp_path / "c", writable=True)
+    with reader.read_snapshot():
+        version = reader.version()
+        writer.add(unit(2, 1), records(10, 2))  # commits a part and its rows
+        assert reader.version() == version
+        assert reader.parts() == [(0, 3)] and reader.counts()["ok"] == 3
+    assert reader.version() != version
+    assert reader.parts() == [(0, 3), (1, 2)] and reader.counts()["ok"] == 5
+    writer.close()
+    reader.close()
