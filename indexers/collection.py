@@ -61,6 +61,7 @@ class Collection:
         self._closed = False
         self._generation = directory.HeldGeneration(root)
         self._expect: Manifest | None = None  # a reader's `open(expect=...)`, checked again on reload
+        self._current_for: tuple | None = None  # (store, version, index) `_current_index` last checked
 
     # ---- lifecycle -------------------------------------------------------------------------
     @classmethod
@@ -463,8 +464,14 @@ class Collection:
     # ---- index maintenance -----------------------------------------------------------------
     def _current_index(self):
         """The derived index, brought up to every committed part (see `DerivedIndex.current`)."""
-        return self._index.current(self._store.state()["epoch"], self._store.parts(), self._saved_manifest,
-                                   self._manifest)
+        # Unchanged since the last call (same store, same file version, same index object): current already.
+        version, last = self._store.version(), self._current_for
+        if last is not None and last[0] is self._store and last[1] == version and last[2] is self._index.index:
+            return self._index.index
+        index = self._index.current(self._store.state()["epoch"], self._store.parts(), self._saved_manifest,
+                                    self._manifest)
+        self._current_for = (self._store, version, index)
+        return index
 
     def update_settings(self, **changes) -> None:
         """Record settings that leave stored vectors comparable (FastE's threshold for new
