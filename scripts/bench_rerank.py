@@ -110,6 +110,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2, help="rounds per top, mirrored order; the mean is kept (use an even number)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default torch's); 1 on a shared, "
                         "oversubscribed CPU: two threads spin at every op's barrier there and flatten every ratio")
+    parser.add_argument("--profile", type=int, default=0, help="after the table, profile each faste-mm setting once "
+                        "(torch.profiler) and print its N most expensive ops by self CPU time")
     args = parser.parse_args()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -168,6 +170,8 @@ def main() -> None:
                 print(f"| {top} | {name} | {seconds:.2f} | {top / seconds:.2f} | {full_s / seconds:.2f}x | "
                       f"{official_s / seconds:.2f}x | {float(np.max(np.abs(scores - reference))):.1e} | {describe(stats)} |")
         print(f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())} at end")
+        if args.profile:
+            profile(settings, all_documents[: tops[0]], args.profile)
 
 
 OFFICIAL, FULL = "official (HF forward, padded)", "faste-mm full"
@@ -183,6 +187,22 @@ def describe(stats) -> str:
     total = tower + sum(b.decoder_s for b in stats.batches) + stats.prefix_s
     trigger = f"{sum(triggers) / len(triggers):.1f}" if triggers else "-"
     return f"{100 * kept:.0f}% | {trigger} | {100 * tower / total if total else 0:.0f}%"
+
+
+def profile(settings, documents, n_ops: int) -> None:
+    """Where each setting's time goes: one run under torch.profiler, its top ops by self CPU time
+    (the controller's topk/softmax/gather and the repacking show up by name)."""
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    for name, reranker in settings:
+        if reranker is None:
+            continue
+        with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+            reranker.score(QUERY, documents)
+        events = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
+        total = sum(e.self_cpu_time_total for e in events) / 1e6
+        print(f"\n{name}: {total:.2f} s self CPU; " + "; ".join(
+            f"{e.key} {e.self_cpu_time_total / 1e6:.2f} s ({e.count}x)" for e in events[:n_ops]))
 
 
 def cpu_model() -> str:
