@@ -20,14 +20,17 @@ import argparse
 import os
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from faste_mm.model.backbones.registry import RERANK_FAMILIES
 from faste_mm.model.batching import BatchingConfig
 from faste_mm.model.faste import FastEConfig
 from faste_mm.model.items import expand_items
+from faste_mm.model.rerank_format import rerank_serializer_config
 from faste_mm.model.reranker import Reranker
 from faste_mm.model.tower_cache import DEFAULT_TOWER_CACHE_BYTES
 from faste_mm.tools.bench import device_name
@@ -106,6 +109,8 @@ def main() -> None:
     parser.add_argument("--prefix-reuse", default="off,on", help="prefix reuse modes run at each setting (off, on)")
     parser.add_argument("--tower-cache", default="off", help="tower cache modes for image inputs: off (no cache), "
                         "cold (emptied before every query), warm (filled by an untimed query first); comma-separated")
+    parser.add_argument("--max-pixels", type=int, default=None, help="image / page pixel budget of every setting "
+                        "(default: the official reranker's 1,310,720); smaller budgets make page runs fit a CPU")
     parser.add_argument("--official-batch", type=int, default=8, help="pairs per padded batch on the official path")
     parser.add_argument("--repeats", type=int, default=2, help="rounds per top, mirrored order; the mean is kept (use an even number)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default torch's); 1 on a shared, "
@@ -119,8 +124,11 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         path = build_reranker_shape(Path(tmp) / f"{args.shape}-reranker", args.shape, args.scale)
+        serializer = None
+        if args.max_pixels is not None:
+            serializer = replace(rerank_serializer_config(RERANK_FAMILIES["qwen3_vl"].max_length), max_pixels=args.max_pixels)
         full = Reranker.from_pretrained(str(path), device=args.device, dtype=args.dtype, batching=BatchingConfig(workers=1),
-                                        prefix_reuse=False, tower_cache_bytes=0)
+                                        prefix_reuse=False, tower_cache_bytes=0, serializer=serializer)
         from transformers import AutoTokenizer, Qwen3VLForConditionalGeneration
 
         # the official path in the dtype our "auto" resolved to: the race is the runner's, not the dtype's
@@ -135,6 +143,7 @@ def main() -> None:
                         if r_max == 0 and reuse == "off" and cache == "off":
                             continue  # FULL itself
                         rr = Reranker(full.loaded, fast_e=FastEConfig(r_max=r_max), protect=protect, batching=full.batching,
+                                      serializer=full.serializer.config,
                                       prefix_reuse=reuse == "on", tower_cache_bytes=0 if cache == "off" else DEFAULT_TOWER_CACHE_BYTES)
                         name = "full" if r_max == 0 else f"FastE r={r_max}" + (" protect=query" if protect == "query" else "")
                         name += " +reuse" if reuse == "on" else ""
@@ -146,7 +155,7 @@ def main() -> None:
                 rr.score("an earlier query about the same candidates", all_documents[: max(tops)])
         print(f"device: {device_name(full.backbone.device)}, {cpu_model()}; torch {torch.__version__}; dtype "
               f"{full.backbone.dtype} ({args.dtype}); shape {args.shape} x{args.scale}; inputs {args.inputs}; "
-              f"query {len(QUERY.split())} words; mean of {args.repeats} mirrored rounds; load average "
+              f"max_pixels {full.serializer.config.max_pixels}; query {len(QUERY.split())} words; mean of {args.repeats} mirrored rounds; load average "
               f"{' '.join(f'{x:.1f}' for x in os.getloadavg())} at start")
         print("| top | setting | s / query | pairs/s | vs our full | vs official | max abs score diff vs full "
               "| prefix kept | trigger layer | tower share |")
