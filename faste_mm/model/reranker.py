@@ -150,7 +150,7 @@ class Reranker:
         protect: Protect = "none",
         batching: BatchingConfig | None = None,
         serializer: SerializerConfig | None = None,
-        prefix_reuse: bool = True,
+        prefix_reuse: bool | None = None,
         tower_cache_bytes: int = DEFAULT_TOWER_CACHE_BYTES,
     ) -> None:
         if protect not in PROTECT_MODES:
@@ -171,7 +171,9 @@ class Reranker:
         self.serializer = pairs(loaded.preprocessor, config)
         self.head = YesNoHead(loaded.yes_minus_no.to(self.backbone.device))
         self.unpadded = Unpadded(self.batching.unpadded, self.backbone.device, self.backbone.dtype)
-        self.prefix_reuse = bool(prefix_reuse)
+        # None: where it is exact at every layer (full forward, protect="query"); plain FastE
+        # reuses only up to its trigger, which measured no faster (docs/benchmarks.md, round 3)
+        self.prefix_reuse = (self.fast_e is None or protect == "query") if prefix_reuse is None else bool(prefix_reuse)
         # candidates' tower features across queries (docs/rerank.md); 0 bytes turns it off
         cache = TowerCache(tower_cache_bytes, f"{loaded.model_id}|{self.backbone.dtype}")
         self.tower_cache = cache if tower_cache_bytes and loaded.is_multimodal else None
@@ -192,7 +194,7 @@ class Reranker:
         batching: BatchingConfig | None = None,
         serializer: SerializerConfig | None = None,
         attn_implementation: str = "sdpa",
-        prefix_reuse: bool = True,
+        prefix_reuse: bool | None = None,
         tower_cache_bytes: int = DEFAULT_TOWER_CACHE_BYTES,
     ) -> "Reranker":
         """Load a hub id ("Qwen/Qwen3-VL-Reranker-2B", "Qwen/Qwen3-Reranker-0.6B") or a local folder.
@@ -202,7 +204,8 @@ class Reranker:
         gives a whole `FastEConfig` instead. protect "query": never evict the instruction + query
         (the budget then applies to the document part; docs/rerank.md). prefix_reuse: compute the
         system + instruction + query states once per query and run only each pair's document part
-        (same scores; docs/rerank.md "Prefix reuse"). tower_cache_bytes: keep candidates' vision
+        (same scores; docs/rerank.md "Prefix reuse"); None: on for the full forward and protect
+        "query", off for plain FastE (reused only up to its trigger there). tower_cache_bytes: keep candidates' vision
         tower features across queries up to this many bytes (default 1 GiB; 0 turns it off).
         Raises ModelLoadError (an embedding model is refused, naming both) and ConfigError.
         """
