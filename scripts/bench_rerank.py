@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import tempfile
 import time
 from dataclasses import replace
@@ -111,6 +112,7 @@ def main() -> None:
                         "cold (emptied before every query), warm (filled by an untimed query first); comma-separated")
     parser.add_argument("--max-pixels", type=int, default=None, help="image / page pixel budget of every setting "
                         "(default: the official reranker's 1,310,720); smaller budgets make page runs fit a CPU")
+    parser.add_argument("--drop", default=None, help="a regular expression: settings whose name it matches are not run")
     parser.add_argument("--official-batch", type=int, default=8, help="pairs per padded batch on the official path")
     parser.add_argument("--repeats", type=int, default=2, help="rounds per top, mirrored order; the mean is kept (use an even number)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default torch's); 1 on a shared, "
@@ -149,6 +151,8 @@ def main() -> None:
                         name += " +reuse" if reuse == "on" else ""
                         name += "" if cache == "off" else f" cache={cache}"
                         settings.append((name, rr))
+        if args.drop:
+            settings = [(name, rr) for name, rr in settings if name in (OFFICIAL, FULL) or not re.search(args.drop, name)]
         full.score(QUERY, all_documents[:2])  # untimed warm-up: lazy kernel set-up is no setting's cost
         warm = [rr for name, rr in settings if name.endswith("cache=warm")]
         if warm:  # another query over the same candidates fills one tower cache, shared by the warm settings
