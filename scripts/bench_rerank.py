@@ -4,7 +4,7 @@ with and without protect="query". Random weights with a real reranker architectu
 shape: Qwen3-VL-Embedding-2B's decoder and vision tower plus an LM head), widths scaled for a CPU.
 
     python scripts/bench_rerank.py --inputs text:600 --top 20,50 --scale 0.125
-    python scripts/bench_rerank.py --inputs page:640x900 --top 20 --scale 0.125
+    python scripts/bench_rerank.py --inputs page:640x900 --top 20 --scale 0.125 --tower-cache cold,warm
 
 All settings run once per round, in mirrored order every other round (A..Z, Z..A), and the mean
 over rounds is kept, so a drifting load on a shared machine cancels instead of favouring the
@@ -18,17 +18,22 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from faste_mm.model.backbones.registry import RERANK_FAMILIES
 from faste_mm.model.batching import BatchingConfig
 from faste_mm.model.faste import FastEConfig
 from faste_mm.model.items import expand_items
+from faste_mm.model.rerank_format import rerank_serializer_config
 from faste_mm.model.reranker import Reranker
+from faste_mm.model.tower_cache import DEFAULT_TOWER_CACHE_BYTES
 from faste_mm.tools.bench import device_name
 from faste_mm.tools.bench_inputs import make_inputs
 from faste_mm.tools.shapes import SHAPES, build_config, build_qwen3_vl_processor, qwen_tokenizer_dir
@@ -102,10 +107,18 @@ def main() -> None:
     parser.add_argument("--dtype", default="auto", help="auto (bfloat16 where the CPU has native bf16), float32, bfloat16")
     parser.add_argument("--r-max", default="0.3,0.5,0.7", help="FastE settings (comma-separated)")
     parser.add_argument("--protect", default="none,query", help="protect modes run at each r_max")
+    parser.add_argument("--prefix-reuse", default="off,on", help="prefix reuse modes run at each setting (off, on)")
+    parser.add_argument("--tower-cache", default="off", help="tower cache modes for image inputs: off (no cache), "
+                        "cold (emptied before every query), warm (filled by an untimed query first); comma-separated")
+    parser.add_argument("--max-pixels", type=int, default=None, help="image / page pixel budget of every setting "
+                        "(default: the official reranker's 1,310,720); smaller budgets make page runs fit a CPU")
+    parser.add_argument("--drop", default=None, help="a regular expression: settings whose name it matches are not run")
     parser.add_argument("--official-batch", type=int, default=8, help="pairs per padded batch on the official path")
     parser.add_argument("--repeats", type=int, default=2, help="rounds per top, mirrored order; the mean is kept (use an even number)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default torch's); 1 on a shared, "
                         "oversubscribed CPU: two threads spin at every op's barrier there and flatten every ratio")
+    parser.add_argument("--profile", type=int, default=0, help="after the table, profile each faste-mm setting once "
+                        "(torch.profiler) and print its N most expensive ops by self CPU time")
     args = parser.parse_args()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -113,31 +126,55 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         path = build_reranker_shape(Path(tmp) / f"{args.shape}-reranker", args.shape, args.scale)
-        full = Reranker.from_pretrained(str(path), device=args.device, dtype=args.dtype, batching=BatchingConfig(workers=1))
+        serializer = None
+        if args.max_pixels is not None:
+            serializer = replace(rerank_serializer_config(RERANK_FAMILIES["qwen3_vl"].max_length), max_pixels=args.max_pixels)
+        full = Reranker.from_pretrained(str(path), device=args.device, dtype=args.dtype, batching=BatchingConfig(workers=1),
+                                        prefix_reuse=False, tower_cache_bytes=0, serializer=serializer)
         from transformers import AutoTokenizer, Qwen3VLForConditionalGeneration
 
         # the official path in the dtype our "auto" resolved to: the race is the runner's, not the dtype's
         lm = Qwen3VLForConditionalGeneration.from_pretrained(str(path), dtype=full.backbone.dtype).to(full.backbone.device).eval()
         all_documents = make_inputs(args.inputs, max(tops), Path(tmp) / "inputs", AutoTokenizer.from_pretrained(str(qwen_tokenizer_dir())))
         settings = [(OFFICIAL, None), (FULL, full)]
-        for r_max in [float(r) for r in args.r_max.split(",")]:
-            for protect in args.protect.split(","):
-                rr = Reranker(full.loaded, fast_e=FastEConfig(r_max=r_max), protect=protect, batching=full.batching)
-                settings.append((f"FastE r={r_max}" + (" protect=query" if protect == "query" else ""), rr))
+        caches = args.tower_cache.split(",")
+        for r_max in [0.0] + [float(r) for r in args.r_max.split(",")]:
+            for protect in ["none"] if r_max == 0 else args.protect.split(","):
+                for reuse in args.prefix_reuse.split(","):
+                    for cache in caches:
+                        if r_max == 0 and reuse == "off" and cache == "off":
+                            continue  # FULL itself
+                        rr = Reranker(full.loaded, fast_e=FastEConfig(r_max=r_max), protect=protect, batching=full.batching,
+                                      serializer=full.serializer.config,
+                                      prefix_reuse=reuse == "on", tower_cache_bytes=0 if cache == "off" else DEFAULT_TOWER_CACHE_BYTES)
+                        name = "full" if r_max == 0 else f"FastE r={r_max}" + (" protect=query" if protect == "query" else "")
+                        name += " +reuse" if reuse == "on" else ""
+                        name += "" if cache == "off" else f" cache={cache}"
+                        settings.append((name, rr))
+        if args.drop:
+            settings = [(name, rr) for name, rr in settings if name in (OFFICIAL, FULL) or not re.search(args.drop, name)]
         full.score(QUERY, all_documents[:2])  # untimed warm-up: lazy kernel set-up is no setting's cost
+        warm = [rr for name, rr in settings if name.endswith("cache=warm")]
+        if warm:  # another query over the same candidates fills one tower cache, shared by the warm settings
+            warm[0].score("an earlier query about the same candidates", all_documents[: max(tops)])
+            for rr in warm[1:]:
+                rr.tower_cache = warm[0].tower_cache
         print(f"device: {device_name(full.backbone.device)}, {cpu_model()}; torch {torch.__version__}; dtype "
               f"{full.backbone.dtype} ({args.dtype}); shape {args.shape} x{args.scale}; inputs {args.inputs}; "
-              f"query {len(QUERY.split())} words; mean of {args.repeats} mirrored rounds; load average "
+              f"max_pixels {full.serializer.config.max_pixels}; query {len(QUERY.split())} words; mean of {args.repeats} mirrored rounds; load average "
               f"{' '.join(f'{x:.1f}' for x in os.getloadavg())} at start")
         print("| top | setting | s / query | pairs/s | vs our full | vs official | max abs score diff vs full "
               "| prefix kept | trigger layer | tower share |")
         print("|---|---|---|---|---|---|---|---|---|---|")
+        cold = {id(rr): name.endswith("cache=cold") for name, rr in settings}
         for top in tops:
             documents = all_documents[:top]
 
             def run(reranker, documents=documents):
                 if reranker is None:
                     return official_scores(lm, full, documents, args.official_batch), None
+                if cold[id(reranker)]:  # a cold cache: every candidate's tower runs (and is hashed and kept)
+                    reranker.tower_cache.clear()
                 result = reranker.score(QUERY, documents)
                 return result.scores, result.stats
 
@@ -148,6 +185,8 @@ def main() -> None:
                 print(f"| {top} | {name} | {seconds:.2f} | {top / seconds:.2f} | {full_s / seconds:.2f}x | "
                       f"{official_s / seconds:.2f}x | {float(np.max(np.abs(scores - reference))):.1e} | {describe(stats)} |")
         print(f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())} at end")
+        if args.profile:
+            profile(settings, all_documents[: tops[0]], args.profile)
 
 
 OFFICIAL, FULL = "official (HF forward, padded)", "faste-mm full"
@@ -160,9 +199,25 @@ def describe(stats) -> str:
     kept = stats.kept_prefix_tokens / stats.prefix_tokens if stats.prefix_tokens else 1.0
     triggers = [b.trigger_layer for b in stats.batches if b.trigger_layer is not None]
     tower = sum(b.tower_s for b in stats.batches)
-    total = tower + sum(b.decoder_s for b in stats.batches)
+    total = tower + sum(b.decoder_s for b in stats.batches) + stats.prefix_s
     trigger = f"{sum(triggers) / len(triggers):.1f}" if triggers else "-"
     return f"{100 * kept:.0f}% | {trigger} | {100 * tower / total if total else 0:.0f}%"
+
+
+def profile(settings, documents, n_ops: int) -> None:
+    """Where each setting's time goes: one run under torch.profiler, its top ops by self CPU time
+    (the controller's topk/softmax/gather and the repacking show up by name)."""
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    for name, reranker in settings:
+        if reranker is None:
+            continue
+        with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+            reranker.score(QUERY, documents)
+        events = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
+        total = sum(e.self_cpu_time_total for e in events) / 1e6
+        print(f"\n{name}: {total:.2f} s self CPU; " + "; ".join(
+            f"{e.key} {e.self_cpu_time_total / 1e6:.2f} s ({e.count}x)" for e in events[:n_ops]))
 
 
 def cpu_model() -> str:

@@ -68,6 +68,7 @@ class _Steps:
     pin_memory: bool
     timer: PrepTimer
     kept: "_ByteBudget"
+    planned_extra: int = 0  # tokens each item has beyond its serialized ones, for the batch plan
 
 
 def prefetch_batches(
@@ -78,17 +79,20 @@ def prefetch_batches(
     pin_memory: bool = False,
     timer: PrepTimer | None = None,
     measure: Callable[[int], tuple[int, int] | None] | None = None,
+    planned_extra: int = 0,
 ) -> Iterator[Batch | ItemError]:
     """Yield batches of the items in `indices` (and ItemErrors), serializing ahead of the consumer.
 
     measure(index): (token count, tensor bytes) `serialize(index)` will have, without
     serializing (None when only serializing can tell); batches are planned from them (within
     config.batch_tokens and config.batch_bytes), so they are the same whatever the byte budget.
+    planned_extra: tokens added to every item's length in the batch plan (a reranker's pairs
+    without their reused prefix batch as the whole pairs would).
     With config.workers == 0 everything runs in the calling thread (no overlap, for debugging). Ready batches wait in a queue of at most config.prefetch_batches batches and, past
     the first, config.prefetch_bytes bytes; a batch is serialized only when the queue has room.
     """
     steps = _Steps(serialize, measure, config, pad_token_id, pin_memory, timer or PrepTimer(),
-                   _ByteBudget(config.prefetch_bytes))
+                   _ByteBudget(config.prefetch_bytes), planned_extra)
     chunks = list(_ramped_chunks(indices, config.chunk_items))
     if config.workers == 0:
         for chunk in chunks:
@@ -219,7 +223,7 @@ def _chunk_batches(chunk: list[int], steps: _Steps, pool: ThreadPoolExecutor | N
         else:
             measured[index] = result
     rows = list(measured)
-    for batch_rows in plan_batches([measured[r].length for r in rows], steps.config,
+    for batch_rows in plan_batches([measured[r].length + steps.planned_extra for r in rows], steps.config,
                                    [measured[r].nbytes for r in rows]):
         if not wait_for_room():
             return

@@ -26,6 +26,8 @@ class ProtectedFastE(FastE):
     """FastE whose keep plan always holds each row's protected span (the instruction + query):
     the same trigger and readout ranking, protected positions outranking every document one."""
 
+    keeps_prefix = True  # the protected span survives: prefix reuse may go on after the trigger
+
     def __init__(self, config: FastEConfig, num_layers: int, protected: torch.Tensor) -> None:
         super().__init__(config, num_layers, scorer=self._protected_scores)
         self.protected = protected  # [B] on the batch's device

@@ -24,11 +24,14 @@ from faste_mm.model.faste import FastEConfig, ThresholdTrigger
 from faste_mm.model.flops import batch_flops, full_batch_flops
 from faste_mm.model.items import Failure, Item, expand_items
 from faste_mm.model.prefetch import ItemError, PrepTimer, prefetch_batches
+from faste_mm.model.prefix_reuse import (PrefixCache, PrefixMismatch, cut_pair, encode_prefix, first_asked_layer, prefix_of,
+                                         reusable, run_with_prefix, with_protected)
 from faste_mm.model.rerank_format import PreparedQuery, TextPairSerializer, VLPairSerializer, rerank_serializer_config
 from faste_mm.model.rerank_explain import Explanation, explain_pair
 from faste_mm.model.rerank_policy import AttentionProbe, ProtectedFastE
 from faste_mm.model.runner import BatchTrace, run_decoder, settle_kernel
 from faste_mm.model.serialization import SerializerConfig
+from faste_mm.model.tower_cache import DEFAULT_TOWER_CACHE_BYTES, TowerCache
 from faste_mm.model.unpadded import Unpadded
 
 log = logging.getLogger(__name__)
@@ -67,6 +70,8 @@ class RerankStats:
     forward_s: float
     total_s: float
     batches: list[BatchTrace] = field(default_factory=list)
+    prefix_reused: int = 0  # shared prefix tokens computed once for this query (0: no reuse)
+    prefix_s: float = 0.0  # seconds computing them
 
     @property
     def flops_reduction(self) -> float:
@@ -145,6 +150,8 @@ class Reranker:
         protect: Protect = "none",
         batching: BatchingConfig | None = None,
         serializer: SerializerConfig | None = None,
+        prefix_reuse: bool | None = None,
+        tower_cache_bytes: int = DEFAULT_TOWER_CACHE_BYTES,
     ) -> None:
         if protect not in PROTECT_MODES:
             raise ConfigError(f"protect must be one of {', '.join(PROTECT_MODES)}, got {protect!r}")
@@ -164,6 +171,12 @@ class Reranker:
         self.serializer = pairs(loaded.preprocessor, config)
         self.head = YesNoHead(loaded.yes_minus_no.to(self.backbone.device))
         self.unpadded = Unpadded(self.batching.unpadded, self.backbone.device, self.backbone.dtype)
+        # None: where it is exact at every layer (full forward, protect="query"); plain FastE
+        # reuses only up to its trigger, which measured no faster (docs/benchmarks.md, round 3)
+        self.prefix_reuse = (self.fast_e is None or protect == "query") if prefix_reuse is None else bool(prefix_reuse)
+        # candidates' tower features across queries (docs/rerank.md); 0 bytes turns it off
+        cache = TowerCache(tower_cache_bytes, f"{loaded.model_id}|{self.backbone.dtype}")
+        self.tower_cache = cache if tower_cache_bytes and loaded.is_multimodal else None
 
     @classmethod
     def from_pretrained(
@@ -181,19 +194,26 @@ class Reranker:
         batching: BatchingConfig | None = None,
         serializer: SerializerConfig | None = None,
         attn_implementation: str = "sdpa",
+        prefix_reuse: bool | None = None,
+        tower_cache_bytes: int = DEFAULT_TOWER_CACHE_BYTES,
     ) -> "Reranker":
         """Load a hub id ("Qwen/Qwen3-VL-Reranker-2B", "Qwen/Qwen3-Reranker-0.6B") or a local folder.
 
         r_max / warmup_layer / threshold: FastE on every pair [r_max, l_w, theta]; r_max 0 is the
         exact full forward; None takes the family default (registry `RERANK_FAMILIES`). `fast_e`
         gives a whole `FastEConfig` instead. protect "query": never evict the instruction + query
-        (the budget then applies to the document part; docs/rerank.md). Raises ModelLoadError
-        (an embedding model is refused, naming both) and ConfigError.
+        (the budget then applies to the document part; docs/rerank.md). prefix_reuse: compute the
+        system + instruction + query states once per query and run only each pair's document part
+        (same scores; docs/rerank.md "Prefix reuse"); None: on for the full forward and protect
+        "query", off for plain FastE (reused only up to its trigger there). tower_cache_bytes: keep candidates' vision
+        tower features across queries up to this many bytes (default 1 GiB; 0 turns it off).
+        Raises ModelLoadError (an embedding model is refused, naming both) and ConfigError.
         """
         if fast_e is None:
             fast_e = FastEConfig(r_max=r_max, warmup_layer=warmup_layer, threshold=threshold)
         loaded = load_reranker(name_or_path, device=device, dtype=dtype, revision=revision, attn_implementation=attn_implementation)
-        return cls(loaded, fast_e=fast_e, protect=protect, batching=batching, serializer=serializer)
+        return cls(loaded, fast_e=fast_e, protect=protect, batching=batching, serializer=serializer,
+                   prefix_reuse=prefix_reuse, tower_cache_bytes=tower_cache_bytes)
 
     @property
     def model_id(self) -> str:
@@ -257,39 +277,82 @@ class Reranker:
             return RerankResult(scores, items, sources, ok, failures, self._stats([], 0, 0, 0, 0.0, started))
         prepared = self.prepare_query(query, instruction)
         broken_rows = {failure.index for failure in failures}
+        tally = _Tally(scores, ok, failures)
         todo = [i for i in range(len(items)) if i not in broken_rows]
-        timer = PrepTimer()
-        traces: list[BatchTrace] = []
-        protected_tokens = 0
-        forward_s = 0.0
+        tick = time.perf_counter()
+        prefix = self.prefix_cache(prepared) if self.prefix_reuse and todo else None
+        tally.prefix_s = time.perf_counter() - tick
+        if prefix is not None:  # pairs that do not start with the prefix (truncated queries) go on whole
+            todo = self._score_pairs(todo, lambda i: cut_pair(self.serialize_pair(prepared, items[i]), prefix),
+                                     items, sources, tally, on_error, progress, prefix)
+        self._score_pairs(todo, lambda i: self.serialize_pair(prepared, items[i]), items, sources, tally, on_error, progress)
+        failures.sort(key=lambda f: f.index)
+        if failures:
+            log.info("scored %d candidates, skipped %d", int(ok.sum()), len(failures))
+        stats = self._stats(tally.traces, len(items), len(failures), tally.protected_tokens, tally.timer.seconds, started,
+                            tally.forward_s, 0 if prefix is None else prefix.length, tally.prefix_s)
+        return RerankResult(scores, items, sources, ok, failures, stats)
+
+    def prefix_cache(self, prepared: PreparedQuery) -> PrefixCache | None:
+        """The query's shared prefix computed once (`prefix_reuse`), or None where reuse would not
+        be exact for this reranker's FastE (a query image with eviction before DeepStack ends)."""
+        pair = self.serialize_pair(prepared, Item(text=""))  # any document: the first P tokens are every pair's
+        if not 0 < pair.protected < pair.length - 1:
+            return None
+        prefix = prefix_of(pair, pair.protected, prepared.image is not None, prepared.video is not None)
+        num_layers = self.backbone.shape.num_layers
+        cache = encode_prefix(self.backbone, prefix, self.loaded.pad_token_id, first_asked_layer(self.fast_e, num_layers),
+                              self._vision(None))
+        return cache if reusable(cache, self.fast_e, self.protect == "query", num_layers) else None
+
+    def _score_pairs(self, todo, serialize, items, sources, tally: "_Tally", on_error, progress, prefix=None) -> list[int]:
+        """Score the pairs `todo` (whole, or document parts after `prefix`) into `tally`; returns
+        the rows that did not start with the prefix (to be scored whole)."""
+        whole: list[int] = []
         pin = self.backbone.device.type == "cuda"
-        for element in prefetch_batches(todo, lambda i: self.serialize_pair(prepared, items[i]), self.batching,
-                                        self.loaded.pad_token_id, pin, timer):
+        shared = 0 if prefix is None else prefix.length  # batches planned on whole pairs: the same as without reuse
+        for element in prefetch_batches(todo, serialize, self.batching, self.loaded.pad_token_id, pin, tally.timer,
+                                        planned_extra=shared):
             if isinstance(element, ItemError):
+                if isinstance(element.error, PrefixMismatch):
+                    whole.append(element.index)
+                    continue
                 failure = item_failure(items, sources, element)
                 if on_error == "raise":
                     raise InputError(f"document {failure.source}: {failure.reason}") from element.error
-                failures.append(failure)
+                tally.failures.append(failure)
                 if progress is not None:
                     progress(1)
                 continue
             batch = element.to(self.backbone.device)
-            policy = self.compressor(batch)
-            kernel = settle_kernel(self.backbone, batch, policy, self.unpadded)
+            vision = self._vision(element)
             tick = time.perf_counter()
-            batch_scores, trace = run_decoder(self.backbone, batch, policy, kernel, readout=self.head)
-            scores[element.rows] = batch_scores.cpu().numpy()  # .cpu() waits for the GPU: honest timing
-            forward_s += time.perf_counter() - tick
-            ok[element.rows] = True
-            traces.append(trace)
-            protected_tokens += 0 if batch.protected is None else int(batch.protected.sum())
+            if prefix is None:
+                policy = self.compressor(batch)
+                kernel = settle_kernel(self.backbone, batch, policy, self.unpadded)
+                batch_scores, trace = run_decoder(self.backbone, batch, policy, kernel, readout=self.head, encode_vision=vision)
+                tally.protected_tokens += 0 if batch.protected is None else int(batch.protected.sum())
+            else:
+                policy = self.compressor(with_protected(batch, prefix.length))
+                kernel = self.unpadded.kernel(self.unpadded.choice) if policy.compresses and self.unpadded.choice else None
+                batch_scores, trace = run_with_prefix(self.backbone, prefix, batch, policy, kernel, self.head, vision)
+                tally.protected_tokens += prefix.length * batch.size
+            tally.scores[element.rows] = batch_scores.cpu().numpy()  # .cpu() waits for the GPU: honest timing
+            tally.forward_s += time.perf_counter() - tick
+            tally.ok[element.rows] = True
+            tally.traces.append(trace)
             if progress is not None:
                 progress(len(element.rows))
-        failures.sort(key=lambda f: f.index)
-        if failures:
-            log.info("scored %d candidates, skipped %d", int(ok.sum()), len(failures))
-        stats = self._stats(traces, len(items), len(failures), protected_tokens, timer.seconds, started, forward_s)
-        return RerankResult(scores, items, sources, ok, failures, stats)
+        return whole
+
+    def _vision(self, host_batch):
+        """The tower for a batch: through the tower cache when on, with keys hashed from the host
+        copy of the batch (`host_batch`; None: from the batch itself); else the backbone's own."""
+        cache = self.tower_cache
+        if cache is None:
+            return self.backbone.encode_vision
+        keys = None if host_batch is None else cache.keys(host_batch)
+        return lambda batch: cache.encode(self.backbone, batch, keys if host_batch is not None else cache.keys(batch))
 
     def rerank(
         self,
@@ -347,9 +410,10 @@ class Reranker:
         num_layers = self.backbone.shape.num_layers
         if self.protect == "query" and batch.protected is not None:
             return ProtectedFastE(fast_e, num_layers, batch.protected)
-        return policy_for(fast_e, num_layers)  # FastE, or an ablation's ranking (FastEConfig.ranking)  # FastE, or an ablation's ranking (FastEConfig.ranking)
+        return policy_for(fast_e, num_layers)  # FastE, or an ablation's ranking (FastEConfig.ranking)
 
-    def _stats(self, traces, n_pairs, n_failed, protected_tokens, serialize_s, started, forward_s=0.0) -> RerankStats:
+    def _stats(self, traces, n_pairs, n_failed, protected_tokens, serialize_s, started, forward_s=0.0,
+               prefix_reused=0, prefix_s=0.0) -> RerankStats:
         shape = self.backbone.shape
         return RerankStats(
             n_pairs=n_pairs,
@@ -365,4 +429,20 @@ class Reranker:
             forward_s=forward_s,
             total_s=time.perf_counter() - started,
             batches=traces,
+            prefix_reused=prefix_reused,
+            prefix_s=prefix_s,
         )
+
+
+@dataclass(slots=True)
+class _Tally:
+    """What `Reranker.score` accumulates over its batches (mutable, private to one call)."""
+
+    scores: np.ndarray
+    ok: np.ndarray
+    failures: list[Failure]
+    traces: list[BatchTrace] = field(default_factory=list)
+    protected_tokens: int = 0
+    forward_s: float = 0.0
+    prefix_s: float = 0.0
+    timer: PrepTimer = field(default_factory=PrepTimer)

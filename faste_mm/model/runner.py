@@ -44,16 +44,17 @@ class BatchTrace:
 
 @torch.inference_mode()
 def run_decoder(
-    backbone, batch: Batch, policy, kernel: PackedKernel | None = None, readout=pool_readout
+    backbone, batch: Batch, policy, kernel: PackedKernel | None = None, readout=pool_readout, encode_vision=None
 ) -> tuple[torch.Tensor, BatchTrace]:
     """Embed one batch; returns ([B, H] float32 unit vectors in batch row order, trace).
 
     `kernel`: run the layers after compression on packed rows with it (when the backbone can
     pack rows that wide); None keeps them padded. `readout(backbone, [B, H] pre-norm readout
     states)` turns the last tokens into the output: pooled vectors, or a reranker's scores [B].
+    `encode_vision(batch)` stands in for the backbone's tower (a reranker's `TowerCache`).
     """
     started = time.perf_counter()
-    vision = backbone.encode_vision(batch)  # the tower: its own timed stage
+    vision = (encode_vision or backbone.encode_vision)(batch)  # the tower: its own timed stage
     tower_s = 0.0 if vision is None else _elapsed_s(started, batch.input_ids.device)
     started = time.perf_counter()
     state = backbone.embed(batch, vision)

@@ -147,12 +147,26 @@ class Backbone:
         variable-length attention `attend(q, k, v, state, scale)` in place of the masked one."""
         layer = self.layers[index]
         attention = layer.self_attn
-        x = layer.input_layernorm(state.hidden)  # [N, H]
-        q = self._heads(attention, x, state.cos, state.sin, "q_proj", "q_norm")  # [N, A, D_h]
-        k = self._heads(attention, x, state.cos, state.sin, "k_proj", "k_norm")  # [N, A_kv, D_h]
-        v = attention.v_proj(x).view(x.shape[0], -1, self.shape.head_dim)  # [N, A_kv, D_h]
+        q, k, v = self.layer_qkv(index, state.hidden, state.cos, state.sin)  # [N, A | A_kv, D_h]
         attended = attend(q, k, v, state, attention.scaling)  # [N, A, D_h]
-        hidden = state.hidden + attention.o_proj(attended.reshape(x.shape[0], -1))
+        return self.finish_layer(index, state.hidden, attended)
+
+    def layer_qkv(self, index: int, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """Layer `index`'s attention inputs for [..., S, H] hidden rows, as the HF layer makes them
+        (input norm, projections, QK-norm, RoPE in the model's dtype): q [..., S, A, D_h], k and v
+        [..., S, A_kv, D_h]. With `finish_layer`, the layer spelled out around any attention call."""
+        attention = self.layers[index].self_attn
+        x = self.layers[index].input_layernorm(hidden)
+        q = self._heads(attention, x, cos, sin, "q_proj", "q_norm")
+        k = self._heads(attention, x, cos, sin, "k_proj", "k_norm")
+        v = attention.v_proj(x).view(*x.shape[:-1], -1, self.shape.head_dim)
+        return q, k, v
+
+    def finish_layer(self, index: int, hidden: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+        """The rest of layer `index` after attention: o_proj and the residual, then the MLP block.
+        attended [..., S, A, D_h] -> the layer's output hidden [..., S, H]."""
+        layer = self.layers[index]
+        hidden = hidden + layer.self_attn.o_proj(attended.flatten(-2))
         return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
 
 

@@ -20,8 +20,12 @@ class HFDecoderBackbone(Backbone):
     def embed(self, batch: Batch, vision=None) -> DecoderState:  # no vision tower: `vision` is always None
         input_ids = batch.input_ids
         hidden = self.decoder.embed_tokens(input_ids)  # [B, T, H]
-        # Right padding: valid tokens sit at 0..len-1, exactly the positions HF assigns.
-        position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+        # Right padding: valid tokens sit at 0..len-1, exactly the positions HF assigns; rows that
+        # continue a reused prefix (rerankers) bring their own (the three MRoPE axes are equal here)
+        if batch.position_ids is not None:
+            position_ids = batch.position_ids[0]
+        else:
+            position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
         cos, sin = self.decoder.rotary_emb(hidden, position_ids)  # [B, T, D_h]
         return DecoderState(
             hidden=hidden,

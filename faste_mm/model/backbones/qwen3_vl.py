@@ -83,6 +83,8 @@ class Qwen3VLBackbone(Backbone):
                     video_grid_thw=batch.video_grid_thw,
                     attention_mask=batch.valid.long(),
                 )
+        elif batch.position_ids is not None:  # text rows that do not start at 0 (a reranker's pairs after a reused prefix)
+            position_ids = batch.position_ids
         else:
             width = input_ids.shape[1]
             position_ids = torch.arange(width, device=input_ids.device).view(1, 1, -1).expand(3, input_ids.shape[0], -1)

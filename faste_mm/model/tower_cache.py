@@ -1,0 +1,153 @@
+"""Vision tower features kept across queries. A reranker runs every candidate page or photo through
+the vision tower once per (query, candidate) pair, yet the tower's output depends on the image alone:
+this cache stands in front of `Backbone.encode_vision` and runs the tower only on the images and
+videos it has not seen. Receives a batch (its pixels on the host for the keys); hands on the same
+`VisionFeatures` the tower would, assembled from kept and fresh per-image features.
+
+Key: the model, its dtype, the image's patch grid and a BLAKE2 hash of its resized patches (the
+pixels after the pixel budget, so a different budget or a changed file is a different key).
+Bounded by bytes (least recently used out first); an entry larger than the bound is not kept.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from dataclasses import dataclass, replace
+
+import torch
+
+from faste_mm.errors import ConfigError
+from faste_mm.model.backbones.vision_tower import VisionFeatures
+from faste_mm.model.batching import Batch
+
+# 1 GiB: about 50 pages at the 2B shape in bfloat16 (1,280 visual tokens x 2,048 x 4 levels x 2 bytes
+# = 21 MB each; 100 in float32 photos of 640x480). Settable per reranker (tower_cache_bytes).
+DEFAULT_TOWER_CACHE_BYTES = 1 << 30
+
+Key = tuple
+
+
+@dataclass(frozen=True, slots=True)
+class CacheStats:
+    """Counters since the cache was made: images / videos found, computed, and tower calls."""
+
+    hits: int
+    misses: int
+    tower_calls: int
+    entries: int
+    bytes: int
+
+    def to_dict(self) -> dict:
+        return {"hits": self.hits, "misses": self.misses, "tower_calls": self.tower_calls,
+                "entries": self.entries, "bytes": self.bytes}
+
+
+def _units(batch: Batch) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+    """(kind, patches [P, C], grid [1, 3]) per image, then per video: the tower's input order."""
+    units = []
+    for kind, pixels, grids in (("image", batch.pixel_values, batch.image_grid_thw),
+                                ("video", batch.pixel_values_videos, batch.video_grid_thw)):
+        if pixels is None:
+            continue
+        start = 0
+        for row in range(grids.shape[0]):
+            size = int(grids[row].prod())
+            units.append((kind, pixels[start : start + size], grids[row : row + 1]))
+            start += size
+    return units
+
+
+class TowerCache:
+    """A bytes-bounded LRU of per-image (and per-video) tower outputs for one model.
+
+    Example:
+        >>> cache = TowerCache(256 << 20, namespace="Qwen/Qwen3-VL-Reranker-2B")
+        >>> keys = cache.keys(batch)                     # on the host copy of the batch
+        >>> vision = cache.encode(backbone, batch.to(device), keys)
+    """
+
+    def __init__(self, max_bytes: int = DEFAULT_TOWER_CACHE_BYTES, namespace: str = "") -> None:
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0:
+            raise ConfigError(f"tower_cache_bytes must be an int >= 0 (bytes; 0 turns the cache off), got {max_bytes!r}")
+        self.max_bytes = max_bytes
+        self.namespace = namespace
+        self._entries: OrderedDict[Key, tuple[torch.Tensor, tuple[torch.Tensor, ...]]] = OrderedDict()
+        self._bytes = 0
+        self._hits = self._misses = self._calls = 0
+
+    def stats(self) -> CacheStats:
+        return CacheStats(self._hits, self._misses, self._calls, len(self._entries), self._bytes)
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self._bytes = 0
+
+    def keys(self, batch: Batch) -> list[Key] | None:
+        """The key of each image / video of a host batch (None without pixels). Hashes the patch
+        bytes where they lie (no copy)."""
+        units = _units(batch)
+        if not units:
+            return None
+        keys = []
+        for kind, patches, grid in units:
+            digest = hashlib.blake2b(patches.detach().cpu().contiguous().numpy().data, digest_size=16).hexdigest()
+            keys.append((self.namespace, str(patches.dtype), kind, tuple(grid[0].tolist()), digest))
+        return keys
+
+    def encode(self, backbone, batch: Batch, keys: list[Key] | None) -> VisionFeatures | None:
+        """`backbone.encode_vision(batch)`, with the tower run only on the images / videos whose key
+        is not kept (in one packed call, like the tower's own); `keys` from `keys(host batch)`."""
+        if keys is None:
+            return None
+        units = _units(batch)
+        found = [self._entries.get(key) for key in keys]
+        missing = [i for i, entry in enumerate(found) if entry is None]
+        self._hits += len(keys) - len(missing)
+        self._misses += len(missing)
+        if missing:
+            fresh = self._run_tower(backbone, batch, [units[i] for i in missing])
+            for i, entry in zip(missing, fresh):
+                found[i] = entry
+                self._keep(keys[i], entry)
+        for key in keys:
+            if key in self._entries:
+                self._entries.move_to_end(key)
+        levels = len(found[0][1])
+        return VisionFeatures(
+            merged=torch.cat([merged for merged, _ in found]),
+            deepstack=tuple(torch.cat([deep[level] for _, deep in found]) for level in range(levels)),
+            sizes=[int(merged.shape[0]) for merged, _ in found],
+        )
+
+    def _run_tower(self, backbone, batch: Batch, units) -> list[tuple[torch.Tensor, tuple[torch.Tensor, ...]]]:
+        """The tower on `units` only (images first, as given), split back per image / video."""
+        images = [(p, g) for kind, p, g in units if kind == "image"]
+        videos = [(p, g) for kind, p, g in units if kind == "video"]
+        sub = replace(
+            batch,
+            pixel_values=torch.cat([p for p, _ in images]) if images else None,
+            image_grid_thw=torch.cat([g for _, g in images]) if images else None,
+            pixel_values_videos=torch.cat([p for p, _ in videos]) if videos else None,
+            video_grid_thw=torch.cat([g for _, g in videos]) if videos else None,
+        )
+        self._calls += 1
+        vision = backbone.encode_vision(sub)
+        out, start = [], 0
+        for size in vision.sizes:
+            # clones: a slice would hold the whole batch's features alive in the cache
+            out.append((vision.merged[start : start + size].clone(),
+                        tuple(level[start : start + size].clone() for level in vision.deepstack)))
+            start += size
+        return out
+
+    def _keep(self, key: Key, entry) -> None:
+        merged, deepstack = entry
+        size = merged.numel() * merged.element_size() + sum(d.numel() * d.element_size() for d in deepstack)
+        if size > self.max_bytes or key in self._entries:
+            return
+        self._entries[key] = entry
+        self._bytes += size
+        while self._bytes > self.max_bytes:
+            _, (old, old_deep) = self._entries.popitem(last=False)
+            self._bytes -= old.numel() * old.element_size() + sum(d.numel() * d.element_size() for d in old_deep)
