@@ -14,6 +14,13 @@ the sum of its float32 pieces, so the bound also grants a bfloat16 kernel that s
 Its ratio to float32 SDPA bounds what bfloat16 can gain on a page's attention here.
 
     python scripts/bench_tower_attention.py --threads 2 --rounds 3
+
+With `--tower-depth N` it then races the whole tower on that frame: transformers' `Qwen3VLVisionModel`
+(sdpa) against faste-mm's `PackedVisionTower` at the real 2B vision width with N blocks (24 in the
+checkpoint; fewer keeps a run short, the ratio is per block), random weights, float32 and bfloat16,
+alternating which goes first:
+
+    python scripts/bench_tower_attention.py --threads 2 --rounds 5 --tower-depth 8
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ def main() -> None:
     parser.add_argument("--block", type=int, default=512, help="query/key block of the piece timings")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds after one warm-up (median kept)")
+    parser.add_argument("--tower-depth", type=int, default=0, help="also race the whole tower with this many blocks")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     n, a, d, b = args.tokens, args.heads, args.head_dim, args.block
@@ -89,6 +97,45 @@ def main() -> None:
     print(f"\nSDPA bfloat16 vs SDPA float32: {base / seconds['SDPA bfloat16']:.2f}x")
     print(f"ideal bfloat16 kernel vs SDPA float32: {base / ideal['bfloat16']:.2f}x; with the fusion gain torch's float32 "
           f"kernel shows over its pieces ({fused:.2f}): {base / (ideal['bfloat16'] * fused):.2f}x (the most bfloat16 can gain here)")
+    if args.tower_depth:
+        race_tower(args)
+
+
+def race_tower(args) -> None:
+    """transformers' vision tower vs the packed one on one page frame, per dtype (see the docstring)."""
+    from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLVisionConfig
+    from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
+
+    from faste_mm.model.backbones.vision_tower import PackedVisionTower
+
+    torch.manual_seed(0)
+    levels = [5, 11, 17] if args.tower_depth > 17 else [0]  # the checkpoint's DeepStack taps where they fit
+    config = Qwen3VLVisionConfig(depth=args.tower_depth, hidden_size=args.heads * args.head_dim, intermediate_size=4096,
+                                 num_heads=args.heads, out_hidden_size=2048, deepstack_visual_indexes=levels)
+    config._attn_implementation = "sdpa"
+    visual = Qwen3VLVisionModel._from_config(config).eval()
+    side = int(args.tokens ** 0.5)
+    grid = torch.tensor([[1, side, args.tokens // side]])
+    pixels = torch.randn(int(grid.prod()), config.in_channels * config.temporal_patch_size * config.patch_size ** 2)
+    print(f"\nwhole tower, {args.tower_depth} blocks, one frame of {int(grid.prod())} patches (median of {args.rounds})")
+    print("| dtype | transformers s | packed s | packed speedup | max abs diff |\n|---|---:|---:|---:|---:|")
+    for dtype in (torch.float32, torch.bfloat16):
+        visual.to(dtype)
+        packed, values = PackedVisionTower(visual), pixels.to(dtype)
+        towers = {"transformers": lambda: visual(values, grid_thw=grid, return_dict=True).pooler_output,
+                  "packed": lambda: packed(values, grid).merged}
+        times: dict[str, list[float]] = {name: [] for name in towers}
+        out = {}
+        with torch.inference_mode():
+            for round_ in range(1 + args.rounds):
+                for name in (list(towers) if round_ % 2 else list(towers)[::-1]):
+                    started = time.perf_counter()
+                    out[name] = towers[name]()
+                    if round_:
+                        times[name].append(time.perf_counter() - started)
+        theirs, ours = statistics.median(times["transformers"]), statistics.median(times["packed"])
+        diff = float((out["transformers"].float() - out["packed"].float()).abs().max())
+        print(f"| {str(dtype).removeprefix('torch.')} | {theirs:.2f} | {ours:.2f} | {theirs / ours:.3f}x | {diff:.1e} |")
 
 
 if __name__ == "__main__":
