@@ -71,13 +71,19 @@ def _thumbnails_loaded(page) -> int:
     return page.evaluate("[...document.querySelectorAll('.card img')].filter(i => i.complete && i.naturalWidth > 0).length")
 
 
-def test_search_page_queries_uploads_more_like_this_and_reloads_from_the_url(browser, server, tmp_path):
-    url, base = server
+def _watched_page(browser):
+    """A desktop-sized page and the list its script errors and Content-Security-Policy blocks land in."""
     page = browser.new_page(viewport={"width": 1280, "height": 860})
     errors: list[str] = []
     page.on("pageerror", lambda error: errors.append(str(error)))
     # The page runs under its Content-Security-Policy: anything it blocks is reported here.
     page.on("console", lambda message: errors.append(message.text) if "Content Security Policy" in message.text else None)
+    return page, errors
+
+
+def test_search_page_queries_uploads_more_like_this_and_reloads_from_the_url(browser, server, tmp_path):
+    url, base = server
+    page, errors = _watched_page(browser)
     page.goto(url + "/")
     page.wait_for_selector("#collection strong")
     assert "12 items" in page.inner_text("#collection")  # 10 images + 2 PDF pages
@@ -127,10 +133,7 @@ def test_search_page_queries_uploads_more_like_this_and_reloads_from_the_url(bro
 
 def test_search_page_reranks_shows_both_scores_and_why_this_result(browser, server):
     url, _ = server
-    page = browser.new_page(viewport={"width": 1280, "height": 860})
-    errors: list[str] = []
-    page.on("pageerror", lambda error: errors.append(str(error)))
-    page.on("console", lambda message: errors.append(message.text) if "Content Security Policy" in message.text else None)
+    page, errors = _watched_page(browser)
     page.goto(url + "/")
     page.wait_for_selector("#rerank-toggle:not([hidden])")
     page.check("#rerank")
