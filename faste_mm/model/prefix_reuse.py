@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from faste_mm.model.batching import Batch, collate
 from faste_mm.model.decoder_state import DecoderState
-from faste_mm.model.runner import BatchTrace
+from faste_mm.model.runner import BatchTrace, compressed_layout, elapsed_s, step_layer
 from faste_mm.model.serialization import Serialized
 from faste_mm.model.unpadded import PADDED, PackedKernel
 
@@ -203,7 +203,7 @@ def run_with_prefix(backbone, cache: PrefixCache, batch: Batch, policy, kernel: 
     cached after the trigger, otherwise the rows go on as whole pairs."""
     started = time.perf_counter()
     vision = encode_vision(batch)
-    tower_s = 0.0 if vision is None else _elapsed_s(started, batch.input_ids.device)
+    tower_s = 0.0 if vision is None else elapsed_s(started, batch.input_ids.device)
     started = time.perf_counter()
     state = backbone.embed(batch, vision)
     shared = cache.length
@@ -216,6 +216,7 @@ def run_with_prefix(backbone, cache: PrefixCache, batch: Batch, policy, kernel: 
     alignment: list[tuple[int, float]] = []
     trigger_layer = None
     whole = None  # after a trigger that may evict the prefix: (masks, packed kernel) of whole-pair rows
+    width = 0  # the whole-pair rows' padded width after that trigger
     for layer in range(len(backbone.layers)):
         if trigger_layer is None and _asks(config, layer, first):
             pairs = join(cache, layer, state)
@@ -228,28 +229,25 @@ def run_with_prefix(backbone, cache: PrefixCache, batch: Batch, policy, kernel: 
                 trigger_layer = layer
                 if keeps_prefix:  # the plan starts with the S prefix slots of every row
                     state = split(pairs, shared)
-                else:
+                else:  # on as whole pairs, laid out as run_decoder lays out compressed rows
                     width = int(pairs.hidden.shape[1])
                     packed = kernel if kernel is not None and backbone.can_pack(width) else None
-                    state = pairs if packed is None else pairs.pack()
-                    whole = (backbone.attention_masks(pairs) if packed is None else None, packed)
+                    state, masks = compressed_layout(backbone, pairs, packed)
+                    whole = (masks, packed)
         if whole is None:
             padded_lengths.append(shared + int(state.hidden.shape[1]))
             hidden, _, _ = _attend(backbone, layer, state, cache.keys[layer], cache.values[layer])
-        elif whole[1] is None:
-            padded_lengths.append(int(state.hidden.shape[1]))
-            hidden = backbone.run_layer(layer, state, whole[0])
+            state = backbone.after_layer(layer, state.with_hidden(hidden))
         else:
-            padded_lengths.append(max(state.lengths))
-            hidden = backbone.run_layer_packed(layer, state, whole[1].attend)
-        state = backbone.after_layer(layer, state.with_hidden(hidden))
+            padded_lengths.append(width)
+            state = step_layer(backbone, layer, state, *whole)
     out = readout(backbone, state.readout_hidden())
     trace = BatchTrace(
         batch_size=batch.size, rows=list(batch.rows), padded_lengths=padded_lengths, trigger_layer=trigger_layer,
         prefix_tokens=int(prefix_tokens.sum()), kept_prefix_tokens=int(kept_prefix.sum()), alignment=alignment,
         attention=PADDED if whole is None or whole[1] is None else whole[1].name,
         image_grids=list(batch.image_grids), video_grids=list(batch.video_grids),
-        tower_s=tower_s, decoder_s=_elapsed_s(started, out.device),
+        tower_s=tower_s, decoder_s=elapsed_s(started, out.device),
     )
     return out, trace
 
@@ -262,12 +260,6 @@ def reusable(cache: PrefixCache, config, keeps_prefix: bool, num_layers: int) ->
     if first is None or keeps_prefix or not cache.has_visual:
         return True
     return first >= cache.deepstack_layers
-
-
-def _elapsed_s(started: float, device: torch.device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter() - started
 
 
 def with_protected(batch: Batch, shared: int) -> Batch:

@@ -55,7 +55,7 @@ def run_decoder(
     """
     started = time.perf_counter()
     vision = (encode_vision or backbone.encode_vision)(batch)  # the tower: its own timed stage
-    tower_s = 0.0 if vision is None else _elapsed_s(started, batch.input_ids.device)
+    tower_s = 0.0 if vision is None else elapsed_s(started, batch.input_ids.device)
     started = time.perf_counter()
     state = backbone.embed(batch, vision)
     masks = backbone.attention_masks(state)
@@ -77,11 +77,11 @@ def run_decoder(
                 trigger_layer = layer
                 width = int(state.hidden.shape[1])
                 packed = kernel if kernel is not None and backbone.can_pack(width) else None
-                state, masks = _layout(backbone, state, packed)
+                state, masks = compressed_layout(backbone, state, packed)
         padded_lengths.append(width)
-        state = _run_layer(backbone, layer, state, masks, packed)
+        state = step_layer(backbone, layer, state, masks, packed)
     embeddings = readout(backbone, state.readout_hidden())
-    decoder_s = _elapsed_s(started, embeddings.device)
+    decoder_s = elapsed_s(started, embeddings.device)
     trace = BatchTrace(
         batch_size=batch.size,
         rows=list(batch.rows),
@@ -99,7 +99,7 @@ def run_decoder(
     return embeddings, trace
 
 
-def _elapsed_s(started: float, device: torch.device) -> float:
+def elapsed_s(started: float, device: torch.device) -> float:
     """Seconds since `started`, once the device's queued work is done (CUDA runs asynchronously:
     one synchronisation per stage per batch, so the tower/decoder split is true)."""
     if device.type == "cuda":
@@ -115,7 +115,7 @@ def settle_kernel(backbone, batch: Batch, policy, unpadded: Unpadded | None) -> 
     return unpadded.settle(lambda kernel: run_decoder(backbone, batch, policy, kernel)[0])
 
 
-def _run_layer(backbone, layer: int, state, masks, kernel: PackedKernel | None):
+def step_layer(backbone, layer: int, state, masks, kernel: PackedKernel | None):
     """One decoder layer (padded with the 4-D mask, or packed with `kernel`), then DeepStack."""
     if kernel is None:
         hidden = backbone.run_layer(layer, state, masks)
@@ -124,7 +124,7 @@ def _run_layer(backbone, layer: int, state, masks, kernel: PackedKernel | None):
     return backbone.after_layer(layer, state.with_hidden(hidden))
 
 
-def _layout(backbone, state: DecoderState, kernel: PackedKernel | None):
+def compressed_layout(backbone, state: DecoderState, kernel: PackedKernel | None):
     """A just-compressed state as the remaining layers take it: padded, with its 4-D masks
     rebuilt (only here, from the gathered 2-D mask), or packed for `kernel` (no masks)."""
     if kernel is None:
