@@ -136,6 +136,7 @@ def index_command(
         settings = dict(r_max=one_ratio(r_max), warmup_layer=warmup_layer, threshold=threshold, max_pixels=budget)
         if plan is not None:
             settings, dtype = _plan_settings(plan, root, model, {**settings, "trigger_layer": trigger_layer}, dtype)
+            trigger_layer = settings.pop("trigger_layer", None)  # a plan row measured at a fixed layer keeps it
         retriever = Retriever.for_collection(
             root, model, device=device, dtype=dtype, batching=BatchingConfig(batch_tokens=batch_tokens, unpadded=unpadded),
             reindex=reindex, loading=watch.loading, trigger_layer=trigger_layer, dim=dim, vectors=vectors, keep=keep,

@@ -292,7 +292,8 @@ class Collection:
         instead of re-embedding it; decoded from 8-bit or binary codes when the parts keep those).
         CollectionError names ids without a stored vector."""
         self._follow_reindex()
-        return self._parts.vectors(self._store, [int(i) for i in ids], self._codec(), self._manifest.dim)
+        wanted = ids if isinstance(ids, np.ndarray) else np.fromiter(ids, dtype=np.int64)
+        return self._parts.vectors(self._store, wanted, self._codec(), self._manifest.dim)
 
     def iter_live(self, chunk_rows: int = 4096) -> Iterator[tuple[list[ItemRecord], np.ndarray]]:
         """Every live item with its vector, in storage order, `chunk_rows` at a time: (records,

@@ -30,11 +30,13 @@ class Remembered:
         return self._values[name]
 
     def filter_ids(self, key: Hashable, read: Callable[[], Any]) -> Any:
-        """`get` for a filter's matching ids; only the FILTERS_REMEMBERED newest filters are kept."""
-        value = self.get(("filter", key), read)
-        filters = [name for name in self._values if isinstance(name, tuple) and name[0] == "filter"]
-        for name in filters[:-FILTERS_REMEMBERED]:
-            del self._values[name]
+        """`get` for a filter's matching ids; only the FILTERS_REMEMBERED most recently used filters are kept."""
+        name = ("filter", key)
+        value = self.get(name, read)
+        self._values[name] = self._values.pop(name)  # the newest use last: least recently used out first
+        filters = [kept for kept in self._values if isinstance(kept, tuple) and kept[0] == "filter"]
+        for oldest in filters[:-FILTERS_REMEMBERED]:
+            del self._values[oldest]
         return value
 
     def forget(self) -> None:

@@ -5,8 +5,12 @@ connection inside the caller's transaction; `store.MetaStore` runs the steps whe
 
 from __future__ import annotations
 
+import json
 import re
 import sqlite3
+from typing import Iterable
+
+import numpy as np
 
 SCHEMA_VERSION = 5
 # Readers accept files this old: the migrations after it only add tables a reader can do without
@@ -63,6 +67,13 @@ def _migrate_0_to_1(db: sqlite3.Connection) -> None:
 ESC = "\U000F0000"
 _SURROGATE = re.compile("[\udc80-\udcff]")
 ESCAPED = re.compile(ESC + "(" + ESC + "|[0-9a-f]{2})")
+
+
+def id_list(ids: Iterable[int]) -> str:
+    """Item ids as one JSON array: the single bound parameter `json_each` reads (no variable-count
+    limit). An id array is converted in one numpy call, not an int() per element."""
+    array = ids if isinstance(ids, np.ndarray) else np.fromiter(ids, dtype=np.int64)
+    return json.dumps(array.astype(np.int64, copy=False).reshape(-1).tolist())
 
 
 def to_db(text: str | None) -> str | None:

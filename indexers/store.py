@@ -21,7 +21,7 @@ from faste_mm.errors import CollectionError, InputError
 from faste_mm.indexers.filters import SearchFilter, sql_conditions
 from faste_mm.indexers.records import FileStat, ItemRecord, Status
 from faste_mm.indexers.remembered import Remembered
-from faste_mm.indexers.schema import MIGRATIONS, READABLE_FROM_VERSION, SCHEMA_VERSION, from_db, to_db
+from faste_mm.indexers.schema import MIGRATIONS, READABLE_FROM_VERSION, SCHEMA_VERSION, from_db, id_list, to_db
 from faste_mm.indexers.database_file import DB_NAME, damaged_database, translate_errors
 
 log = logging.getLogger(__name__)
@@ -283,7 +283,7 @@ class MetaStore:
         # json_each takes the whole id list as ONE bound parameter (no variable-count limit).
         rows = self.db.execute(
             f"SELECT {_ITEM_COLUMNS} FROM items WHERE id IN (SELECT value FROM json_each(?))",
-            (json.dumps([int(i) for i in ids]),)).fetchall()
+            (id_list(ids),)).fetchall()
         return {row[0]: _row_to_record(row) for row in rows}
 
     def vector_locations(self, ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -291,7 +291,7 @@ class MetaStore:
         vector (any status: a tombstone keeps its row until a compact)."""
         rows = self.db.execute(
             "SELECT id, part, row FROM items WHERE part IS NOT NULL AND id IN (SELECT value FROM json_each(?)) "
-            "ORDER BY id", (json.dumps([int(i) for i in ids]),)).fetchall()
+            "ORDER BY id", (id_list(ids),)).fetchall()
         found = np.array(rows, dtype=np.int64).reshape(len(rows), 3)
         return found[:, 0], found[:, 1], found[:, 2]
 
@@ -299,7 +299,7 @@ class MetaStore:
         """The subset of `ids` whose status is 'ok' (used to filter tombstones from search)."""
         rows = self.db.execute(
             "SELECT id FROM items WHERE status = 'ok' AND id IN (SELECT value FROM json_each(?))",
-            (json.dumps([int(i) for i in ids]),)).fetchall()
+            (id_list(ids),)).fetchall()
         return {r[0] for r in rows}
 
     def filtered_ids(self, where: SearchFilter) -> np.ndarray:
@@ -362,7 +362,7 @@ class MetaStore:
     def texts(self, ids: Sequence[int]) -> dict[int, str]:
         """The lexical text of items that have one: {id: text}."""
         rows = self.db.execute("SELECT rowid, body FROM items_fts WHERE rowid IN (SELECT value FROM json_each(?)) "
-                               "AND body IS NOT NULL", (json.dumps([int(i) for i in ids]),)).fetchall()
+                               "AND body IS NOT NULL", (id_list(ids),)).fetchall()
         return {int(i): from_db(body) for i, body in rows}
 
     def set_texts(self, texts: Sequence[tuple[int, str]]) -> None:

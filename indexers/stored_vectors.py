@@ -32,10 +32,10 @@ class MappedParts:
         """Forget every mapping (after a compact removed files, or a re-created collection)."""
         self._mapped = {}
 
-    def vectors(self, store: MetaStore, ids: list[int], codec: Codec, dim: int) -> np.ndarray:
+    def vectors(self, store: MetaStore, ids: np.ndarray, codec: Codec, dim: int) -> np.ndarray:
         """Stored vectors [n, dim] float32 of item ids; CollectionError names ids without one."""
         wanted = np.asarray(ids, dtype=np.int64).reshape(-1)
-        found, part_of, row_of = store.vector_locations(ids)
+        found, part_of, row_of = store.vector_locations(wanted)
         # Array work, not a dict per id: rescoring asks for thousands of candidates a query.
         at = np.minimum(np.searchsorted(found, wanted), max(len(found) - 1, 0))
         known = (found[at] == wanted) if len(found) else np.zeros(len(wanted), dtype=bool)

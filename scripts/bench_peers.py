@@ -302,7 +302,8 @@ def plan_setting(args) -> tuple[str, str, dict]:
         report, row = load_plan(args.plan)
         chosen = report.row(row)
         settings = report.settings(row)
-        fast_e = FastEConfig(r_max=chosen.r_max, threshold=settings.get("threshold"), warmup_layer=settings.get("warmup_layer"))
+        fast_e = FastEConfig(r_max=chosen.r_max, threshold=settings.get("threshold"), warmup_layer=settings.get("warmup_layer"),
+                             trigger_layer=settings.get("trigger_layer"))
         return (f"{args.plan}: {chosen.max_pixels:,} px, r_max {chosen.r_max:g}, {chosen.dtype}", chosen.dtype,
                 {"fast_e": fast_e, "max_pixels": chosen.max_pixels})
     cap, r_max = args.plan_setting.split(",")

@@ -178,7 +178,7 @@ def test_another_dtype_runs_on_a_cast_copy_and_leaves_the_embedder_alone(vl_embe
     assert 0.9 < cast.mean_cos < 1.0  # rounded weights: close, not equal
 
 
-def test_a_fixed_trigger_layer_is_measured_and_handed_on_to_index(vl_embedder, files):
+def test_a_fixed_trigger_layer_is_measured_and_handed_on_to_index(vl_embedder, files, tmp_path):
     drawn = sample_files([files], 4)
     config = PlanConfig(max_pixels=(1_843_200,), r_max=(0.0, 0.5), dtypes=("float32",),
                         fast_e=FastEConfig(r_max=0.0, trigger_layer=2))
@@ -188,6 +188,14 @@ def test_a_fixed_trigger_layer_is_measured_and_handed_on_to_index(vl_embedder, f
     assert report.settings(row)["trigger_layer"] == 2
     reference = next(c for c in report.candidates if c.is_reference)
     assert reference.trigger_layer is None  # the full forward compresses nowhere
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(json.dumps(report.to_dict()))
+    col = tmp_path / "col"
+    result = runner.invoke(app, ["index", str(files), "-c", str(col), "--model", vl_embedder.model_id,
+                                 "--device", "cpu", "--plan", f"{plan_file}:{row}"])
+    assert result.exit_code == 0, (result.stderr, result.exception)
+    info = json.loads(runner.invoke(app, ["info", "-c", str(col), "--format", "json"]).stdout)
+    assert info["settings"]["fast_e"]["trigger_layer"] == 2
 
 
 def test_a_plan_without_a_fast_e_config_is_refused():

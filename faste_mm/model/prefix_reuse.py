@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from faste_mm.model.batching import Batch, collate
 from faste_mm.model.decoder_state import DecoderState
+from faste_mm.model.faste import first_checked_layer
 from faste_mm.model.runner import BatchTrace, compressed_layout, elapsed_s, step_layer
 from faste_mm.model.serialization import Serialized
 from faste_mm.model.unpadded import PADDED, PackedKernel
@@ -64,7 +65,7 @@ def first_asked_layer(config, num_layers: int) -> int | None:
         return None
     if config.trigger_layer is not None:
         return config.trigger_layer
-    return min(config.warmup_layer, num_layers - 1)
+    return first_checked_layer(config.warmup_layer, num_layers)
 
 
 def _asks(config, layer: int, first: int | None) -> bool:

@@ -100,12 +100,12 @@ class TowerCache:
         is not kept (in one packed call, like the tower's own); `keys` from `keys(host batch)`."""
         if keys is None:
             return None
-        units = _units(batch)
         found = [self._entries.get(key) for key in keys]
         missing = [i for i, entry in enumerate(found) if entry is None]
         self._hits += len(keys) - len(missing)
         self._misses += len(missing)
-        if missing:
+        if missing:  # only then read the device batch's grids (a host sync per image on CUDA)
+            units = _units(batch)
             fresh = self._run_tower(backbone, batch, [units[i] for i in missing])
             for i, entry in zip(missing, fresh):
                 found[i] = entry
