@@ -10,12 +10,16 @@
 #   bash scripts/gpu_bench.sh faiss     # search latency on 1M x 2048 random vectors, Flat and IVF, CPU vs GPU
 #   bash scripts/gpu_bench.sh rerank    # the 2B reranker shape: full vs FastE r 0.3/0.5/0.7 (protect none/query) vs the official forward, texts and pages
 #   bash scripts/gpu_bench.sh peers     # 2B shape: faste-mm vs the official transformers path and ST, photos/pages/texts, tower race
+#   bash scripts/gpu_bench.sh quick     # one call of under 10 minutes: the CUDA tests, then the 2B shape built once: texts
+#                                       # (+ HF), pages, photos, FastE at layer 10, the reranker on pages (tower cache cold/warm)
+#
+# DEVICE=cpu SCALE=0.0625 N=2 bash scripts/gpu_bench.sh quick   dry-runs the quick step on a CPU before a lease.
 #
 # Each writes its JSON reports and log to $OUT (the device tool's output folder) or ./gpu-bench-STEP.
 # Packages the machine lacks travel as wheels in .whl/ (docs/benchmarks.md, "GPU runs").
 set -uo pipefail
 cd "$(dirname "$0")/.."
-step=${1:?usage: gpu_bench.sh text|2b|8b|faiss|peers}
+step=${1:?usage: gpu_bench.sh text|2b|8b|faiss|peers|rerank|quick}
 out=${OUT:-gpu-bench-$step}
 mkdir -p "$out"
 exec > >(tee "$out/log-$step.txt") 2>&1
@@ -29,7 +33,8 @@ python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . || exit
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
 
-bench() { faste-mm bench --dtype bfloat16 --device cuda --repeats 3 "$@"; }
+device=${DEVICE:-cuda}
+bench() { faste-mm bench --dtype bfloat16 --device "$device" --repeats 3 "$@"; }
 ratios=(--r-max 0.3,0.5,0.7)
 layouts=(--unpadded off,auto,flash-attn,torch-nested)
 
@@ -63,11 +68,23 @@ case $step in
             | tee "$out/rerank-2b-text.txt"
         python3 scripts/bench_rerank.py --device cuda --scale 1 --inputs page:1240x1754 --top 20,50 --repeats 2 \
             | tee "$out/rerank-2b-pages.txt" ;;
+    quick)
+        scale=${SCALE:-1} n=${N:-16}
+        timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_unpadded.py tests/test_dtype_and_tower.py
+        python3 -c "import sys, torch; from faste_mm.tools.shapes import build_shape_model as b
+b('qwen3-vl-embedding-2b', sys.argv[1], scale_hidden=float(sys.argv[2]), dtype=torch.bfloat16)" /tmp/vl2b "$scale" || exit 1
+        quick() { timeout "$1" faste-mm bench --dtype bfloat16 --device "$device" --repeats 2 --model /tmp/vl2b "${@:2}"; }
+        quick 170 --inputs text:1000-4000 --n $((n * 4)) --r-max 0.3,0.5,0.7 --trigger-layer 10 \
+            --unpadded off,auto,torch-nested --compare hf --out "$out/quick-text.json"
+        quick 100 --inputs page:1240x1754 --n "$n" --r-max 0.5 --trigger-layer 10 --unpadded auto --out "$out/quick-pages.json"
+        quick 70 --inputs image:640x480 --n $((n * 4)) --r-max 0.5 --unpadded auto --out "$out/quick-photos.json"
+        timeout 100 python3 scripts/bench_rerank.py --device "$device" --dtype bfloat16 --scale "$scale" --inputs page:1240x1754 \
+            --top 20 --repeats 2 --r-max 0.5 --protect none --prefix-reuse on --tower-cache cold,warm | tee "$out/quick-rerank-pages.txt" ;;
     faiss)
         python3 -c "import faiss; print('faiss', faiss.__version__, 'GPUs', faiss.get_num_gpus())"
         for index in Flat IVF4096,Flat; do
             python3 -m faste_mm.indexers.bench --n 1000000 --d 2048 --index-type "$index" --queries 100 \
                 | tee "$out/faiss-$index.txt"
         done ;;
-    *) echo "step must be text, 2b, 8b, peers, rerank or faiss" >&2; exit 2 ;;
+    *) echo "step must be text, 2b, 8b, peers, rerank, quick or faiss" >&2; exit 2 ;;
 esac
