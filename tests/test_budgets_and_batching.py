@@ -223,3 +223,20 @@ def test_fastv_scores_equal_a_naive_full_attention_matrix_per_row(vl_embedder, m
             expected = attention[picked].mean(dim=0)[: length - 1]  # prefix keys only
             torch.testing.assert_close(got[b, : length - 1], expected, atol=1e-5, rtol=1e-4)
             assert torch.isinf(got[b, length - 1 :]).all()  # readout and padding never ranked
+
+
+def test_batch_bytes_follows_the_models_device_unless_given():
+    """None: 96 MiB on a CPU (host memory), 512 MiB on CUDA (larger page batches for the GPU);
+    a value the caller gives is kept on every device, and the embedder resolves its own."""
+    from faste_mm.model.batching import BATCH_BYTES
+
+    default = BatchingConfig()
+    assert default.batch_bytes is None and default.byte_budget == BATCH_BYTES["cpu"] == 96 * 2**20
+    assert default.for_device(torch.device("cpu")).batch_bytes == 96 * 2**20
+    assert default.for_device(torch.device("cuda", 0)).batch_bytes == 512 * 2**20
+    given = BatchingConfig(batch_bytes=2**20)
+    assert given.for_device(torch.device("cuda")).batch_bytes == 2**20
+    page_bytes, page_tokens = 31_457_280, 1_292  # a reranker's page at 1,310,720 px
+    on_gpu = plan_batches([page_tokens] * 20, default.for_device(torch.device("cuda")), [page_bytes] * 20)
+    assert [len(b) for b in on_gpu] == [12, 8]  # the token budget, not the bytes, bounds it
+    assert [len(b) for b in plan_batches([page_tokens] * 20, default, [page_bytes] * 20)] == [3] * 6 + [2]

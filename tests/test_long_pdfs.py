@@ -94,7 +94,7 @@ def test_batches_of_large_pages_are_bounded_in_bytes_not_only_in_tokens():
     config = BatchingConfig()
     batches = plan_batches([page_tokens] * 9, config, [page_bytes] * 9)
     assert [len(b) for b in batches] == [2, 2, 2, 2, 1]
-    assert all(len(b) * page_bytes <= config.batch_bytes for b in batches)
+    assert all(len(b) * page_bytes <= config.byte_budget for b in batches)
     assert len(plan_batches([page_tokens] * 9, config)) == 1  # in tokens alone: one batch of 9
     huge = replace(config, batch_bytes=page_bytes - 1)
     assert plan_batches([page_tokens] * 3, huge, [page_bytes] * 3) == [[0], [1], [2]]

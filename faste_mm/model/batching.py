@@ -18,16 +18,22 @@ from faste_mm.model.serialization import Serialized
 # how the layers after compression treat padding (faste_mm.model.unpadded has the kernels)
 UNPADDED_MODES = ("auto", "off", "flash-attn", "torch-nested", "segments")
 
+# A batch's tensor bytes when BatchingConfig.batch_bytes is None, by device type. Host memory
+# bounds a CPU run (2 pages at the pixel cap); a GPU is fed larger image batches: on an H200, 20
+# pages in 3-page batches ran the reranker's forward in 0.87 s, in a 12-page batch 0.65 s
+# (docs/benchmarks.md, "GPU runs"), and the token budget still caps a batch of pages at ~9-12.
+BATCH_BYTES = {"cpu": 96 * 2**20, "cuda": 512 * 2**20}
+
 
 @dataclass(frozen=True, slots=True)
 class BatchingConfig:
     """batch_tokens bounds batch_size * padded_length; max_batch_size bounds the rows of a batch;
     batch_bytes bounds the bytes of a batch's tensors (a page near the pixel cap is ~44 MB of
-    float32 patches, so the default holds 2 such pages; an item larger than it is a batch of its
-    own), planned before any page is rendered: the batch the model runs, the one prepared
-    meanwhile and the model's own copies of its pixels stay the same size however long the
-    document, at the cost of smaller batches of large images (a batch of texts is far below it;
-    on a GPU with memory to spare, raise it for larger image batches); chunk_items is how many
+    float32 patches; None: `BATCH_BYTES` for the model's device, 96 MiB = 2 such pages on a CPU,
+    512 MiB on CUDA; an item larger than it is a batch of its own), planned before any page is
+    rendered: the batch the model runs, the one prepared meanwhile and the model's own copies of
+    its pixels stay the same size however long the document, at the cost of smaller batches of
+    large images (a batch of texts is far below it); chunk_items is how many
     items are serialized (and length-sorted together) at a time (the first chunks are smaller,
     so the model starts early); workers preprocess in background
     threads (None = one per CPU core, at most 8; 0 = in the caller, no overlap); at most
@@ -43,12 +49,23 @@ class BatchingConfig:
 
     batch_tokens: int = 16384
     max_batch_size: int = 64
-    batch_bytes: int = 96 * 2**20
+    batch_bytes: int | None = None
     chunk_items: int = 256
     workers: int | None = None
     prefetch_batches: int = 4
     prefetch_bytes: int = 32 * 2**20
     unpadded: str = "auto"
+
+    @property
+    def byte_budget(self) -> int:
+        """batch_bytes, or the CPU's default where the device is not known (plan_batches alone)."""
+        return BATCH_BYTES["cpu"] if self.batch_bytes is None else self.batch_bytes
+
+    def for_device(self, device: torch.device) -> "BatchingConfig":
+        """This config with batch_bytes None resolved for `device` (what a model's stages use)."""
+        if self.batch_bytes is not None:
+            return self
+        return replace(self, batch_bytes=BATCH_BYTES.get(device.type, BATCH_BYTES["cpu"]))
 
     @property
     def worker_threads(self) -> int:
@@ -61,8 +78,8 @@ class BatchingConfig:
             raise ConfigError(f"BatchingConfig.batch_tokens must be >= 1, got {self.batch_tokens}")
         if self.max_batch_size < 1:
             raise ConfigError(f"BatchingConfig.max_batch_size must be >= 1, got {self.max_batch_size}")
-        if not isinstance(self.batch_bytes, int) or self.batch_bytes < 1:
-            raise ConfigError(f"BatchingConfig.batch_bytes must be an int >= 1 (bytes), got {self.batch_bytes!r}")
+        if self.batch_bytes is not None and (not isinstance(self.batch_bytes, int) or self.batch_bytes < 1):
+            raise ConfigError(f"BatchingConfig.batch_bytes must be an int >= 1 (bytes) or None, got {self.batch_bytes!r}")
         if self.chunk_items < 1:
             raise ConfigError(f"BatchingConfig.chunk_items must be >= 1, got {self.chunk_items}")
         if self.workers is not None and self.workers < 0:
@@ -126,7 +143,7 @@ def plan_batches(lengths: list[int], config: BatchingConfig, sizes: list[int] | 
         longest = lengths[current[0]] if current else lengths[index]
         size = 0 if sizes is None else sizes[index]
         fits = ((len(current) + 1) * longest <= config.batch_tokens and len(current) < config.max_batch_size
-                and held + size <= config.batch_bytes)
+                and held + size <= config.byte_budget)
         if current and not fits:
             batches.append(current)
             current, held = [], 0

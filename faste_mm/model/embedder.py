@@ -154,7 +154,7 @@ class Embedder:
         self.backbone = loaded.backbone
         self.serializer = loaded.serializer
         self.family = loaded.family
-        self.batching = batching or BatchingConfig()
+        self.batching = (batching or BatchingConfig()).for_device(self.backbone.device)
         # settled once per Embedder (the "auto" trial runs on the first compressed batch: settle_kernel)
         self.unpadded = Unpadded(self.batching.unpadded, self.backbone.device, self.backbone.dtype)
         self._warned_warmup: set[int] = set()  # warm-up layers past the depth already warned about

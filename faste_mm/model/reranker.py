@@ -158,7 +158,7 @@ class Reranker:
         self.loaded = loaded
         self.backbone = loaded.backbone
         self.family = loaded.family
-        self.batching = batching or BatchingConfig()
+        self.batching = (batching or BatchingConfig()).for_device(self.backbone.device)
         self.protect = protect
         num_layers = self.backbone.shape.num_layers
         # r_max = 0 keeps every prefix state: the full forward, without the alignment checks
