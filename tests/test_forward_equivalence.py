@@ -12,7 +12,7 @@ from transformers import AutoModel, Qwen3VLModel
 from faste_mm import FastEConfig
 from faste_mm.model.items import as_item
 
-from .reference import init_text_sample, init_vl_sample, naive_embed
+from .reference import init_text_sample, init_vl_sample, naive_embed, right_padded
 
 TEXTS = [
     "a red bicycle leaning on a wall",
@@ -27,18 +27,6 @@ def _serialized(embedder, inputs, instruction=None):
     return [embedder.serializer(item, item.instruction or instruction) for item in items]
 
 
-def _right_padded(serialized, pad_id):
-    width = max(s.length for s in serialized)
-    ids = torch.full((len(serialized), width), pad_id)
-    mask = torch.zeros((len(serialized), width), dtype=torch.long)
-    mm = torch.zeros((len(serialized), width), dtype=torch.long)
-    for b, s in enumerate(serialized):
-        ids[b, : s.length], mask[b, : s.length] = s.input_ids, 1
-        if s.mm_token_type_ids is not None:
-            mm[b, : s.length] = s.mm_token_type_ids
-    return ids, mask, mm
-
-
 def _pool_last_valid(hidden, mask):
     last = mask.sum(dim=1) - 1
     return F.normalize(hidden[torch.arange(hidden.shape[0]), last].float(), dim=-1).numpy()
@@ -46,7 +34,7 @@ def _pool_last_valid(hidden, mask):
 
 def test_full_forward_matches_qwen3vl_last_hidden_state(vl_embedder, model_dirs, mixed_items):
     serialized = _serialized(vl_embedder, mixed_items)
-    ids, mask, mm = _right_padded(serialized, vl_embedder.loaded.pad_token_id)
+    ids, mask, mm = right_padded(serialized, vl_embedder.loaded.pad_token_id)
     pixels = torch.cat([s.pixel_values for s in serialized if s.pixel_values is not None])
     grids = torch.cat([s.image_grid_thw for s in serialized if s.image_grid_thw is not None])
     model = Qwen3VLModel.from_pretrained(str(model_dirs["qwen3_vl"])).eval()
@@ -61,7 +49,7 @@ def test_full_forward_matches_qwen3vl_last_hidden_state(vl_embedder, model_dirs,
 def test_full_forward_matches_hf_decoder_last_hidden_state(text_embedders, model_dirs, family):
     embedder = text_embedders[family]
     serialized = _serialized(embedder, TEXTS)
-    ids, mask, _ = _right_padded(serialized, embedder.loaded.pad_token_id)
+    ids, mask, _ = right_padded(serialized, embedder.loaded.pad_token_id)
     model = AutoModel.from_pretrained(str(model_dirs[family])).eval()
     with torch.no_grad():
         out = model(input_ids=ids, attention_mask=mask)

@@ -18,7 +18,7 @@ from faste_mm import FastEConfig, InputError, Item, SerializerConfig
 from faste_mm.model.items import as_item
 from faste_mm.model.video import VideoConfig, frame_indices, frame_pixel_budget, read_video, smart_nframes, smart_resize
 
-from .reference import init_vl_sample, naive_embed
+from .reference import init_vl_sample, naive_embed, right_padded
 
 av = pytest.importorskip("av")
 
@@ -179,16 +179,6 @@ def video_items(video_dir, image_dir):
     ]
 
 
-def _padded(serialized, pad_id):
-    width = max(s.length for s in serialized)
-    ids = torch.full((len(serialized), width), pad_id)
-    mask = torch.zeros((len(serialized), width), dtype=torch.long)
-    mm = torch.zeros((len(serialized), width), dtype=torch.long)
-    for b, s in enumerate(serialized):
-        ids[b, : s.length], mask[b, : s.length], mm[b, : s.length] = s.input_ids, 1, s.mm_token_type_ids
-    return ids, mask, mm
-
-
 def _serialize(embedder, items):
     items = [as_item(x, i) for i, x in enumerate(items)]
     return [embedder.serializer(item, item.instruction) for item in items]
@@ -196,7 +186,7 @@ def _serialize(embedder, items):
 
 def test_full_forward_on_videos_matches_qwen3vl_last_hidden_state(vl_embedder, model_dirs, video_items):
     serialized = _serialize(vl_embedder, video_items)
-    ids, mask, mm = _padded(serialized, vl_embedder.loaded.pad_token_id)
+    ids, mask, mm = right_padded(serialized, vl_embedder.loaded.pad_token_id)
     model = Qwen3VLModel.from_pretrained(str(model_dirs["qwen3_vl"])).eval()
     with torch.no_grad():
         out = model(
