@@ -4,8 +4,6 @@ user queries never raise; storage only (vectors seeded with numpy, no model)."""
 
 from __future__ import annotations
 
-import sqlite3
-
 import ctypes
 
 import numpy as np
@@ -13,6 +11,8 @@ import pytest
 
 from faste_mm.errors import InputError
 from faste_mm.indexers import Collection, ItemRecord, Manifest, SearchFilter, search
+
+from tests.old_schemas import downgrade
 
 D = 8
 TEXTS = ["invoice for Müller GmbH", "the quick brown fox", "payment reminder", "fox hunting season",
@@ -98,12 +98,7 @@ def test_a_schema_3_collection_gets_names_and_metadata_indexed_on_the_next_write
     root = tmp_path / "c"
     with Collection.create(root, Manifest(model_id="m", dim=D)) as col:
         col.add(unit(np.random.default_rng(3), 3), records(["alpha", "beta", "gamma"]))
-    db = sqlite3.connect(root / "meta.sqlite")
-    for statement in ("DROP TABLE items_fts", "DROP TRIGGER items_fts_tombstone", "DROP TRIGGER items_fts_delete"):
-        db.execute(statement)  # schema 4's lexical index
-    db.execute("UPDATE schema_version SET version = 3")
-    db.commit()
-    db.close()
+    downgrade(root, 3)
     with Collection.open(root) as reader:  # readable as it is, but it has no lexical index yet
         with pytest.raises(Exception, match="predates lexical search"):
             lexical(reader, "acme")
