@@ -35,7 +35,6 @@ import json
 import random
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -49,6 +48,7 @@ from faste_mm.model.serialization import SerializerConfig
 from faste_mm.model.items import expand_items
 from faste_mm.tools.bench import device_name
 from faste_mm.tools.bench_inputs import make_inputs
+from faste_mm.tools.bench_rounds import mirrored_rounds
 from faste_mm.tools.shapes import SHAPES, build_shape_model, write_sentence_transformers_layout
 
 DOCUMENT_R_MAX = 0.5  # `faste-mm index`'s default for documents
@@ -219,26 +219,19 @@ def main() -> None:
                   "threads": torch.get_num_threads(), "plan_setting": plan_label, "share_weights": args.share_weights,
                   "repeats": args.repeats, "kinds": {}}
         for kind, inputs in kinds.items():
-            seconds = {name: [] for name in peers}
-            splits = {name: [] for name in peers}
-            vectors = {}
-            for round_ in range(1 + args.repeats):  # round 0 warms up; peers interleaved each round
-                for name, peer in peers.items():
-                    if name == "st" and not all(isinstance(v, str) for v in inputs):
-                        continue  # with a last-token modules.json, ST loads this directory as a text model
-                    started = time.perf_counter()
-                    vectors[name] = peer.encode(inputs)  # numpy on the host: the GPU's work is done
-                    if round_:
-                        seconds[name].append(time.perf_counter() - started)
-                        splits[name].append(peer.split)
+            # With a last-token modules.json, ST loads this directory as a text model: texts only.
+            runnable = {name: peer for name, peer in peers.items()
+                        if name != "st" or all(isinstance(v, str) for v in inputs)}
+            # a warm-up round, then peers interleaved in mirrored order; each call: (vectors, (tower s, decoder s))
+            timed = mirrored_rounds({name: (lambda peer=peer: (peer.encode(inputs), peer.split))
+                                     for name, peer in runnable.items()}, args.repeats, device=args.device)
+            vectors = {name: t.output[0] for name, t in timed.items()}
             rows = {}
-            for name in peers:
-                if not seconds[name]:
-                    continue
-                median = statistics.median(seconds[name])
-                tower = statistics.median(s[0] for s in splits[name])
-                decoder = statistics.median(s[1] for s in splits[name])
-                row = {"items_per_s": len(inputs) / median, "seconds": seconds[name], "tower_s": tower, "decoder_s": decoder}
+            for name, t in timed.items():
+                tower = statistics.median(split[0] for _, split in t.outputs)
+                decoder = statistics.median(split[1] for _, split in t.outputs)
+                row = {"items_per_s": len(inputs) / t.median, "seconds": list(t.seconds), "tower_s": tower,
+                       "decoder_s": decoder}
                 for reference in ("official", "faste-mm fp32"):
                     if reference in vectors and reference != name:
                         cos = (vectors[name] * vectors[reference]).sum(axis=1)
@@ -279,19 +272,12 @@ def _race_tower(visual, pixels, repeats) -> dict:
     values, grids = pixels[0].to(device, dtype), pixels[1].to(device)
     towers = {"transformers": lambda: visual(values, grid_thw=grids, return_dict=True).pooler_output,
               "packed": lambda: packed(values, grids).merged}
-    times = {name: [] for name in towers}
-    merged = {}
     with torch.inference_mode():
-        for round_ in range(1 + repeats):
-            for name in (list(towers) if round_ % 2 else list(towers)[::-1]):
-                started = time.perf_counter()
-                merged[name] = towers[name]()
-                _synchronize(device)
-                if round_:
-                    times[name].append(time.perf_counter() - started)
-    hf, ours_s = statistics.median(times["transformers"]), statistics.median(times["packed"])
+        timed = mirrored_rounds(towers, repeats, device=device)
+    hf, ours_s = timed["transformers"].median, timed["packed"].median
+    diff = float((timed["transformers"].output - timed["packed"].output).abs().max())
     return {str(dtype).removeprefix("torch."): {"transformers_s": hf, "packed_s": ours_s, "speedup": hf / ours_s,
-                                                "max_abs_diff": float((merged["transformers"] - merged["packed"]).abs().max())}}
+                                                "max_abs_diff": diff}}
 
 
 def plan_setting(args) -> tuple[str, str, dict]:
@@ -309,11 +295,6 @@ def plan_setting(args) -> tuple[str, str, dict]:
     cap, r_max = args.plan_setting.split(",")
     return (f"{int(cap):,} px, r_max {float(r_max):g}, auto", "auto",
             {"fast_e": FastEConfig(r_max=float(r_max)), "max_pixels": int(cap)})
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def print_tables(report: dict) -> None:

@@ -10,7 +10,8 @@ In ONE process, on the same generated inputs (noise photos; one-page text PDFs r
 `faste-mm bench --inputs page:WxH` does): per (dtype, cap), the full forward through
 `Embedder.encode_documents` (seconds per item end to end, and the vision tower's own seconds from
 `EmbedStats.tower_s`, the packed tower the forward runs); one warm-up per setting, then rounds that
-visit every setting in turn, medians over rounds. The tower share of time = tower seconds / forward
+visit every setting in turn, the order mirrored every other round (`faste_mm.tools.bench_rounds`),
+medians over rounds. The tower share of time = tower seconds / forward
 seconds; of FLOPs = `EmbedStats.flops_vision` / all. "vs official cap" compares with the same dtype
 at the first cap; "vs float32" with float32 at the same cap.
 """
@@ -20,7 +21,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -29,6 +29,7 @@ from faste_mm import BatchingConfig, Embedder
 from faste_mm.model.serialization import PIXELS_PER_VISUAL_TOKEN, SerializerConfig
 from faste_mm.tools.bench import device_name
 from faste_mm.tools.bench_inputs import make_inputs
+from faste_mm.tools.bench_rounds import mirrored_rounds
 from faste_mm.tools.shapes import build_shape_model
 
 
@@ -69,21 +70,13 @@ def main() -> None:
         for kind, items in inputs.items():
             settings = {(dtype, cap): base.with_serializer(SerializerConfig(max_pixels=cap))
                         for dtype, base in bases.items() for cap in caps}
-            runs = {key: [] for key in settings}
-            towers = {key: [] for key in settings}
-            stats = {}
-            for key, embedder in settings.items():  # warm-up, and the stats (the same every run)
-                stats[key] = embedder.encode_documents(items).stats
-            for _ in range(args.repeats):  # interleaved rounds: a load spike hits every setting alike
-                for key, embedder in settings.items():
-                    started = time.perf_counter()
-                    result = embedder.encode_documents(items)
-                    runs[key].append((time.perf_counter() - started) / len(items))
-                    towers[key].append(result.stats.tower_s / len(items))
-            seconds = {key: statistics.median(values) for key, values in runs.items()}
+            # interleaved, mirrored rounds after a warm-up: a load spike hits every setting alike
+            calls = {key: (lambda e=embedder: e.encode_documents(items)) for key, embedder in settings.items()}
+            timed = mirrored_rounds(calls, args.repeats)
+            seconds = {key: t.median / len(items) for key, t in timed.items()}
             for (dtype, cap) in settings:
-                tower = statistics.median(towers[dtype, cap])
-                s = stats[dtype, cap]
+                tower = statistics.median(result.stats.tower_s for result in timed[dtype, cap].outputs) / len(items)
+                s = timed[dtype, cap].output.stats  # the same every run
                 tokens = sum(t * h * w // 4 for trace in s.batches for t, h, w in trace.image_grids)  # merge 2x2
                 flops_share = s.flops_vision / (s.flops_full + s.flops_vision)
                 fp32 = next((d for d, n in names.items() if n == "float32"), None)

@@ -18,7 +18,7 @@ Its ratio to float32 SDPA bounds what bfloat16 can gain on a page's attention he
 With `--tower-depth N` it then races the whole tower on that frame: transformers' `Qwen3VLVisionModel`
 (sdpa) against faste-mm's `PackedVisionTower` at the real 2B vision width with N blocks (24 in the
 checkpoint; fewer keeps a run short, the ratio is per block), random weights, float32 and bfloat16,
-alternating which goes first:
+alternating which goes first (`faste_mm.tools.bench_rounds`; `--device cuda` races it on a GPU):
 
     python scripts/bench_tower_attention.py --threads 2 --rounds 5 --tower-depth 8
 """
@@ -26,11 +26,11 @@ alternating which goes first:
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 from torch.nn.functional import scaled_dot_product_attention
+
+from faste_mm.tools.bench_rounds import mirrored_rounds
 
 
 def main() -> None:
@@ -42,6 +42,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds after one warm-up (median kept)")
     parser.add_argument("--tower-depth", type=int, default=0, help="also race the whole tower with this many blocks")
+    parser.add_argument("--device", default="cpu", help="where the whole-tower race runs (cpu or cuda; the pieces: cpu)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     n, a, d, b = args.tokens, args.heads, args.head_dim, args.block
@@ -74,14 +75,7 @@ def main() -> None:
         "p.v float32": gemm_blocks(torch.float32, b, d),
         "exp (float32, in cache)": exp_rows,
     }
-    times: dict[str, list[float]] = {name: [] for name in cases}
-    for round_ in range(1 + args.rounds):
-        for name in (list(cases) if round_ % 2 else list(cases)[::-1]):
-            started = time.perf_counter()
-            cases[name]()
-            if round_:
-                times[name].append(time.perf_counter() - started)
-    seconds = {name: statistics.median(values) for name, values in times.items()}
+    seconds = {name: timed.median for name, timed in mirrored_rounds(cases, args.rounds).items()}
     ideal = {dtype: seconds[f"q.k^T {dtype}"] + seconds["exp (float32, in cache)"] + seconds[f"p.v {dtype}"]
              for dtype in ("bfloat16", "float32")}
     print(f"one frame of {n} tokens, {a} heads x {d}, {args.threads} threads; seconds per tower layer (median of {args.rounds})")
@@ -113,28 +107,24 @@ def race_tower(args) -> None:
     config = Qwen3VLVisionConfig(depth=args.tower_depth, hidden_size=args.heads * args.head_dim, intermediate_size=4096,
                                  num_heads=args.heads, out_hidden_size=2048, deepstack_visual_indexes=levels)
     config._attn_implementation = "sdpa"
-    visual = Qwen3VLVisionModel._from_config(config).eval()
+    device = torch.device(args.device)
+    visual = Qwen3VLVisionModel._from_config(config).eval().to(device)
     side = int(args.tokens ** 0.5)
-    grid = torch.tensor([[1, side, args.tokens // side]])
-    pixels = torch.randn(int(grid.prod()), config.in_channels * config.temporal_patch_size * config.patch_size ** 2)
-    print(f"\nwhole tower, {args.tower_depth} blocks, one frame of {int(grid.prod())} patches (median of {args.rounds})")
+    grid = torch.tensor([[1, side, args.tokens // side]], device=device)
+    pixels = torch.randn(int(grid.prod()), config.in_channels * config.temporal_patch_size * config.patch_size ** 2,
+                         device=device)
+    print(f"\nwhole tower on {device}, {args.tower_depth} blocks, one frame of {int(grid.prod())} patches "
+          f"(median of {args.rounds})")
     print("| dtype | transformers s | packed s | packed speedup | max abs diff |\n|---|---:|---:|---:|---:|")
     for dtype in (torch.float32, torch.bfloat16):
         visual.to(dtype)
         packed, values = PackedVisionTower(visual), pixels.to(dtype)
         towers = {"transformers": lambda: visual(values, grid_thw=grid, return_dict=True).pooler_output,
                   "packed": lambda: packed(values, grid).merged}
-        times: dict[str, list[float]] = {name: [] for name in towers}
-        out = {}
         with torch.inference_mode():
-            for round_ in range(1 + args.rounds):
-                for name in (list(towers) if round_ % 2 else list(towers)[::-1]):
-                    started = time.perf_counter()
-                    out[name] = towers[name]()
-                    if round_:
-                        times[name].append(time.perf_counter() - started)
-        theirs, ours = statistics.median(times["transformers"]), statistics.median(times["packed"])
-        diff = float((out["transformers"].float() - out["packed"].float()).abs().max())
+            timed = mirrored_rounds(towers, args.rounds, device=device)
+        theirs, ours = timed["transformers"].median, timed["packed"].median
+        diff = float((timed["transformers"].output.float() - timed["packed"].output.float()).abs().max())
         print(f"| {str(dtype).removeprefix('torch.')} | {theirs:.2f} | {ours:.2f} | {theirs / ours:.3f}x | {diff:.1e} |")
 
 

@@ -9,6 +9,34 @@ import torch
 import torch.nn.functional as F
 
 
+def serialized_items(embedder, inputs, instruction=None) -> list:
+    """Each input serialized alone by `embedder`'s serializer (an item's own instruction, else `instruction`)."""
+    from faste_mm.model.items import as_item
+
+    items = [as_item(x, i) for i, x in enumerate(inputs)]
+    return [embedder.serializer(item, item.instruction or instruction) for item in items]
+
+
+def pool_last_valid(hidden, mask):
+    """The official pooling of an HF forward: the last valid token's state [B, H], L2-normalised."""
+    last = mask.sum(dim=1) - 1
+    return F.normalize(hidden[torch.arange(hidden.shape[0]), last].float(), dim=-1).numpy()
+
+
+def right_padded(serialized, pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Serialized items as one right-padded batch for the HF model's own forward: input ids,
+    attention mask and mm_token_type_ids (zeros where an item has none), each [B, T]."""
+    width = max(s.length for s in serialized)
+    ids = torch.full((len(serialized), width), pad_id)
+    mask = torch.zeros((len(serialized), width), dtype=torch.long)
+    mm = torch.zeros((len(serialized), width), dtype=torch.long)
+    for b, s in enumerate(serialized):
+        ids[b, : s.length], mask[b, : s.length] = s.input_ids, 1
+        if s.mm_token_type_ids is not None:
+            mm[b, : s.length] = s.mm_token_type_ids
+    return ids, mask, mm
+
+
 def _causal_mask(n: int) -> torch.Tensor:
     mask = torch.full((n, n), float("-inf")).triu(1)
     return mask[None, None]  # [1, 1, n, n]

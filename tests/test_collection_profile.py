@@ -6,6 +6,7 @@ collection=existing)` embeds with the collection's settings, as the CLI does).""
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +17,9 @@ from faste_mm.errors import CollectionError, ConfigError, ModelLoadError
 from faste_mm.indexers import Collection
 from faste_mm.indexers.manifest import Manifest
 from faste_mm.model.video import VideoConfig
-from faste_mm.retrieval.profile import DOCUMENT_R_MAX, CollectionProfile, read_profile
+from faste_mm.retrieval.collection_settings import for_collection, retriever_settings
+from faste_mm.retrieval.profile import DOCUMENT_R_MAX, CollectionProfile, read_profile, setting_of
+from faste_mm.retrieval.receipt import PlanReceipt
 from faste_mm.retrieval.retriever import Retriever
 
 from tests.test_retriever_scanning import noise_image
@@ -44,6 +47,51 @@ def test_every_profile_field_has_a_manifest_key_and_a_flag():
         assert setting.key and setting.flag, f.name
     keys = [f.metadata["setting"].key for f in dataclasses.fields(CollectionProfile)]
     assert len(keys) == len(set(keys))
+
+
+# A valid value other than `_stored(r_max=0.3)`'s for each profile field (the tests below run over
+# the dataclass's fields, so a new field fails here until it has one, not silently).
+SAMPLES = dict(model_id="org/other", model_revision="abc123", dim=4, model_dim=16,
+               document_instruction="Represent the page.", min_pixels=1024, max_pixels=65536,
+               video=VideoConfig(fps=2.0), r_max=0.25, warmup_layer=2, threshold=0.6, threshold_source="given",
+               trigger_layer=3, vectors="float16", keep="none", reranker="org/reranker",
+               receipt=PlanReceipt(0.3, 65536, "float32", None, 8, 10, 0.9, None, 0.99, 0.95, 1.5, 1.4, "cpu",
+                                   "2026-11-26T00:00:00", "org/model"))
+
+
+@pytest.mark.parametrize("name", [f.name for f in dataclasses.fields(CollectionProfile)])
+def test_every_profile_field_round_trips_through_the_manifest_and_is_compared_on_conflict(name):
+    assert name in SAMPLES, f"new profile field {name!r}: give it a sample value in SAMPLES"
+    base = _stored(r_max=0.3)  # FastE on: the manifest stores its fields
+    changed = dataclasses.replace(base, **{name: SAMPLES[name]})
+    assert getattr(changed, name) != getattr(base, name)
+    assert CollectionProfile.from_manifest(Manifest.from_dict(changed.to_manifest().to_dict())) == changed
+    conflicts = base.conflicts(changed)
+    if setting_of(name).refuse:
+        assert len(conflicts) == 1 and conflicts[0].startswith(f"{name} ({setting_of(name).flag})"), conflicts
+    else:  # informational: the collection's value is kept
+        assert conflicts == []
+    assert CollectionProfile.resolve(None, **{name: SAMPLES[name]}) == dataclasses.replace(
+        CollectionProfile(), **{name: SAMPLES[name]})
+
+
+def test_for_collection_hands_the_retriever_every_setting_given_and_a_reindex_carries_them(tmp_path):
+    names = retriever_settings()  # read from the profile's fields
+    assert {"r_max", "warmup_layer", "threshold", "trigger_layer", "dim", "vectors", "keep"} <= set(names)
+    assert set(names) <= set(inspect.signature(Retriever.__init__).parameters)  # each is a keyword of it
+    assert not {"model_id", "model_revision", "min_pixels", "max_pixels", "video"} & set(names)  # in its ModelSpec
+    given = {name: SAMPLES[name] for name in names}
+    assert for_collection(tmp_path / "new", None, None, False, given)[1] == given
+    retriever = Retriever.for_collection(tmp_path / "new", "org/never-loaded", **given)
+    assert retriever.r_max == SAMPLES["r_max"]
+    # --reindex: the settings carried over from the collection are given to the retriever
+    existing = _stored(r_max=0.3, dim=4, vectors="float16", keep="none", reranker="org/reranker")
+    Collection.create(tmp_path / "col", existing.to_manifest()).close()
+    chosen = for_collection(tmp_path / "col", None, None, True, {"threshold": 0.5})[1]
+    carried = {name: value for name, value in existing.carried_over().items() if name in names}
+    assert chosen == dict.fromkeys(names) | carried | {"threshold": 0.5}
+    assert (chosen["r_max"], chosen["dim"], chosen["vectors"], chosen["keep"]) == (0.3, 4, "float16", "none")
+    assert chosen["reranker"] is None  # informational: not carried over
 
 
 def test_a_full_forward_collection_records_no_fast_e_and_reads_r_max_zero():

@@ -75,9 +75,8 @@ def test_item_max_pixels_embeds_like_a_serializer_with_that_max_pixels(embedder,
     assert not np.allclose(result.embeddings[1], uncapped[1], atol=1e-3)
 
 
-def test_downscaling_a_side_is_one_encode_call_equal_to_one_call_per_cap(embedder, images, monkeypatch):
-    caps = downscale_pixels(embedder, images, 0.5)
-    assert len(set(caps)) >= 4  # several caps: the old way needed one call each
+def _count_encode_calls(monkeypatch) -> list[int]:
+    """Inputs per `Embedder.encode` call from now on (the list fills as calls are made)."""
     calls = []
     original = Embedder.encode
 
@@ -86,9 +85,16 @@ def test_downscaling_a_side_is_one_encode_call_equal_to_one_call_per_cap(embedde
         return original(self, inputs, **kwargs)
 
     monkeypatch.setattr(Embedder, "encode", counting)
+    return calls
+
+
+def test_downscaling_a_side_is_one_encode_call_equal_to_one_call_per_cap(embedder, images, monkeypatch):
+    caps = downscale_pixels(embedder, images, 0.5)
+    assert len(set(caps)) >= 4  # several caps: the old way needed one call each
+    calls = _count_encode_calls(monkeypatch)
     vectors, stats = encode_downscaled(embedder, images, 0.5)
     assert calls == [len(images)]
-    monkeypatch.setattr(Embedder, "encode", original)
+    monkeypatch.undo()
     np.testing.assert_allclose(vectors, _per_call_reference(embedder, images, caps), atol=1e-5)
     assert stats.n_items == len(images) and stats.n_failed == 0
 
@@ -158,17 +164,11 @@ def test_a_per_item_cap_is_part_of_the_cache_fingerprint(images):
 
 def test_docvqa_downscale_reuses_the_full_vectors_instead_of_recomputing_them(embedder, eval_data_dir, monkeypatch):
     docvqa = load_task("docvqa", eval_data_dir)
-    calls = []
-    original = Embedder.encode
-
-    def counting(self, inputs, **kwargs):
-        calls.append(len(inputs))
-        return original(self, inputs, **kwargs)
 
     def no_downscale(*args, **kwargs):
         raise AssertionError("downscaling text-only candidates re-ran the full forward")
 
-    monkeypatch.setattr(Embedder, "encode", counting)
+    calls = _count_encode_calls(monkeypatch)
     monkeypatch.setattr(protocol, "encode_downscaled", no_downscale)
     results = evaluate(embedder, [docvqa], EvalConfig(r_max=(0.3, 0.5), methods=("downscale",)))
     # queries, the warm-up, Full: nothing for either downscale setting.

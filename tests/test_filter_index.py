@@ -5,11 +5,12 @@ the migration from schema 4 (crashes: test_sqlite_indexes_crash.py). Storage onl
 from __future__ import annotations
 
 import itertools
-import sqlite3
 
 import numpy as np
 
 from faste_mm.indexers import Collection, ItemRecord, Manifest, SearchFilter
+
+from tests.old_schemas import downgrade
 
 D = 8
 KEYS = ["s", "n", "f", "b", "nested", "list", "none", "u", "missing", "a.b"]
@@ -107,13 +108,7 @@ def test_migration_from_schema_4_fills_the_index_and_a_schema_4_reader_scans(tmp
     root = tmp_path / "c"
     with mixed(tmp_path) as col:
         want = {w: by_index(col, SearchFilter(where={w: v})) for w, v in [("s", "a"), ("n", 2), ("b", False)]}
-    db = sqlite3.connect(root / "meta.sqlite")
-    for statement in ("DROP TABLE items_meta", "DROP TRIGGER items_meta_insert",
-                      "DROP TRIGGER items_meta_tombstone", "DROP TRIGGER items_meta_delete"):
-        db.execute(statement)  # schema 5's metadata index (its id index goes with the table)
-    db.execute("UPDATE schema_version SET version = 4")
-    db.commit()
-    db.close()
+    downgrade(root, 4)
     with Collection.open(root) as reader:  # readable as it is: the scan
         assert not reader._store.has_meta_index()
         assert reader._store.filtered_ids(SearchFilter(where={"s": "a"})).tolist() == want["s"]

@@ -6,13 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 from transformers import AutoModel, Qwen3VLModel
 
 from faste_mm import FastEConfig
-from faste_mm.model.items import as_item
 
-from .reference import init_text_sample, init_vl_sample, naive_embed
+from .reference import init_text_sample, init_vl_sample, naive_embed, pool_last_valid, right_padded, serialized_items
 
 TEXTS = [
     "a red bicycle leaning on a wall",
@@ -22,37 +20,15 @@ TEXTS = [
 ]
 
 
-def _serialized(embedder, inputs, instruction=None):
-    items = [as_item(x, i) for i, x in enumerate(inputs)]
-    return [embedder.serializer(item, item.instruction or instruction) for item in items]
-
-
-def _right_padded(serialized, pad_id):
-    width = max(s.length for s in serialized)
-    ids = torch.full((len(serialized), width), pad_id)
-    mask = torch.zeros((len(serialized), width), dtype=torch.long)
-    mm = torch.zeros((len(serialized), width), dtype=torch.long)
-    for b, s in enumerate(serialized):
-        ids[b, : s.length], mask[b, : s.length] = s.input_ids, 1
-        if s.mm_token_type_ids is not None:
-            mm[b, : s.length] = s.mm_token_type_ids
-    return ids, mask, mm
-
-
-def _pool_last_valid(hidden, mask):
-    last = mask.sum(dim=1) - 1
-    return F.normalize(hidden[torch.arange(hidden.shape[0]), last].float(), dim=-1).numpy()
-
-
 def test_full_forward_matches_qwen3vl_last_hidden_state(vl_embedder, model_dirs, mixed_items):
-    serialized = _serialized(vl_embedder, mixed_items)
-    ids, mask, mm = _right_padded(serialized, vl_embedder.loaded.pad_token_id)
+    serialized = serialized_items(vl_embedder, mixed_items)
+    ids, mask, mm = right_padded(serialized, vl_embedder.loaded.pad_token_id)
     pixels = torch.cat([s.pixel_values for s in serialized if s.pixel_values is not None])
     grids = torch.cat([s.image_grid_thw for s in serialized if s.image_grid_thw is not None])
     model = Qwen3VLModel.from_pretrained(str(model_dirs["qwen3_vl"])).eval()
     with torch.no_grad():
         out = model(input_ids=ids, attention_mask=mask, pixel_values=pixels, image_grid_thw=grids, mm_token_type_ids=mm)
-    expected = _pool_last_valid(out.last_hidden_state, mask)
+    expected = pool_last_valid(out.last_hidden_state, mask)
     got = vl_embedder.encode(mixed_items).embeddings
     np.testing.assert_allclose(got, expected, atol=1e-5)
 
@@ -60,25 +36,25 @@ def test_full_forward_matches_qwen3vl_last_hidden_state(vl_embedder, model_dirs,
 @pytest.mark.parametrize("family", ["qwen3", "mistral", "llama", "qwen2"])
 def test_full_forward_matches_hf_decoder_last_hidden_state(text_embedders, model_dirs, family):
     embedder = text_embedders[family]
-    serialized = _serialized(embedder, TEXTS)
-    ids, mask, _ = _right_padded(serialized, embedder.loaded.pad_token_id)
+    serialized = serialized_items(embedder, TEXTS)
+    ids, mask, _ = right_padded(serialized, embedder.loaded.pad_token_id)
     model = AutoModel.from_pretrained(str(model_dirs[family])).eval()
     with torch.no_grad():
         out = model(input_ids=ids, attention_mask=mask)
-    np.testing.assert_allclose(embedder.encode(TEXTS).embeddings, _pool_last_valid(out.last_hidden_state, mask), atol=1e-5)
+    np.testing.assert_allclose(embedder.encode(TEXTS).embeddings, pool_last_valid(out.last_hidden_state, mask), atol=1e-5)
 
 
 def _vl_reference(model_dirs, embedder, items, **faste):
     model = Qwen3VLModel.from_pretrained(str(model_dirs["qwen3_vl"])).eval()
     with torch.no_grad():
-        samples = [init_vl_sample(model, s) for s in _serialized(embedder, items)]
+        samples = [init_vl_sample(model, s) for s in serialized_items(embedder, items)]
         return naive_embed(list(model.language_model.layers), model.language_model.norm, samples, **faste)
 
 
 def _text_reference(model_dirs, family, embedder, items, **faste):
     model = AutoModel.from_pretrained(str(model_dirs[family])).eval()
     with torch.no_grad():
-        samples = [init_text_sample(model, s) for s in _serialized(embedder, items)]
+        samples = [init_text_sample(model, s) for s in serialized_items(embedder, items)]
         return naive_embed(list(model.layers), model.norm, samples, **faste)
 
 

@@ -4,8 +4,6 @@ user queries never raise; storage only (vectors seeded with numpy, no model)."""
 
 from __future__ import annotations
 
-import sqlite3
-
 import ctypes
 
 import numpy as np
@@ -13,6 +11,8 @@ import pytest
 
 from faste_mm.errors import InputError
 from faste_mm.indexers import Collection, ItemRecord, Manifest, SearchFilter, search
+
+from tests.old_schemas import downgrade
 
 D = 8
 TEXTS = ["invoice for Müller GmbH", "the quick brown fox", "payment reminder", "fox hunting season",
@@ -98,12 +98,7 @@ def test_a_schema_3_collection_gets_names_and_metadata_indexed_on_the_next_write
     root = tmp_path / "c"
     with Collection.create(root, Manifest(model_id="m", dim=D)) as col:
         col.add(unit(np.random.default_rng(3), 3), records(["alpha", "beta", "gamma"]))
-    db = sqlite3.connect(root / "meta.sqlite")
-    for statement in ("DROP TABLE items_fts", "DROP TRIGGER items_fts_tombstone", "DROP TRIGGER items_fts_delete"):
-        db.execute(statement)  # schema 4's lexical index
-    db.execute("UPDATE schema_version SET version = 3")
-    db.commit()
-    db.close()
+    downgrade(root, 3)
     with Collection.open(root) as reader:  # readable as it is, but it has no lexical index yet
         with pytest.raises(Exception, match="predates lexical search"):
             lexical(reader, "acme")
@@ -181,7 +176,7 @@ def test_cli_lexical_search_needs_no_model_and_says_which_side_found_each_hit(tm
     assert bad.exit_code == 2 and "--mode must be one of dense, lexical, hybrid" in bad.stderr
 
 
-def test_hybrid_rescores_the_deep_dense_list_only_k_x_rescore_rows_and_fuses_the_same(tmp_path):
+def test_hybrid_rescores_the_deep_dense_list_only_k_x_rescore_rows_and_fuses_the_same(tmp_path, monkeypatch):
     from faste_mm.indexers import collection_search
 
     assert collection_search.fusion_rescore(None, 10, 50, "BFlat", "float16") == 4  # 20 x 10 / 50
@@ -194,11 +189,41 @@ def test_hybrid_rescores_the_deep_dense_list_only_k_x_rescore_rows_and_fuses_the
     x /= np.linalg.norm(x, axis=1, keepdims=True)
     words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta"]
     texts = [" ".join(words[j] for j in rng.integers(0, 6, 3)) for _ in range(1500)]
+    # What each side is asked for and hands back: (side, depth asked, ids shape), and the
+    # candidates [q, c] each exact rescoring reads from the stored vectors.
+    asked, rescored = [], []
+    dense_hits, lexical_hits, rescore = collection_search.dense_hits, collection_search.lexical_hits, search.rescore
+
+    def spy_dense(derived, store, queries, k, *args):
+        hits = dense_hits(derived, store, queries, k, *args)
+        asked.append(("dense", k, hits[1].shape))
+        return hits
+
+    def spy_lexical(store, root, texts, k, *args):
+        hits = lexical_hits(store, root, texts, k, *args)
+        asked.append(("lexical", k, hits[1].shape))
+        return hits
+
+    def spy_rescore(queries, candidates, k, fetch):
+        rescored.append(candidates.shape)
+        return rescore(queries, candidates, k, fetch)
+
+    monkeypatch.setattr(collection_search, "dense_hits", spy_dense)
+    monkeypatch.setattr(collection_search, "lexical_hits", spy_lexical)
+    monkeypatch.setattr(search, "rescore", spy_rescore)
+    k, depth, n_queries = 5, search.hybrid_depth(5), 12
+    binary_rescore = search.DEFAULT_RESCORE["binary"]  # R: the binary index's candidates per hit
     with Collection.create(tmp_path / "b", Manifest(model_id="m", dim=64, vectors="binary")) as col:
         col.add(x, records(texts))
-        queries, query_texts = x[:12] + 0.05, [texts[i].split()[0] for i in range(12)]
-        found = col.find(5, queries=queries, texts=query_texts, mode="hybrid")
-        deep = col.find(search.hybrid_depth(5), queries=queries, mode="dense").ids  # rescored 50 x 20 deep
-        lexical_ids = col.find(search.hybrid_depth(5), texts=query_texts, mode="lexical").ids
-        _, want, sources = search.fuse_rrf([deep, lexical_ids], 5)
+        queries, query_texts = x[:n_queries] + 0.05, [texts[i].split()[0] for i in range(n_queries)]
+        found = col.find(k, queries=queries, texts=query_texts, mode="hybrid")
+        # Both sides fetched `depth` deep, the dense list rescored from k x R candidates a query,
+        # as many as a dense top-k reads (not depth x R).
+        assert sorted(asked) == [("dense", depth, (n_queries, depth)), ("lexical", depth, (n_queries, depth))]
+        assert rescored == [(n_queries, k * binary_rescore)]
+        asked.clear(), rescored.clear()
+        deep = col.find(depth, queries=queries, mode="dense").ids  # rescored depth x R deep
+        assert rescored == [(n_queries, depth * binary_rescore)]
+        lexical_ids = col.find(depth, texts=query_texts, mode="lexical").ids
+        _, want, sources = search.fuse_rrf([deep, lexical_ids], k)
         assert found.ids.tolist() == want.tolist() and found.sources.tolist() == sources.tolist()

@@ -310,6 +310,69 @@ def test_a_run_killed_after_a_page_range_resumes_mid_file(small_pages, tmp_path)
     assert len([r for r in _rows(col) if r[3] != "ok"]) == 0  # nothing embedded twice, nothing replaced
 
 
+def _page_vector(page: int) -> np.ndarray:
+    vector = np.zeros(4, dtype=np.float32)
+    vector[page % 4] = 1.0
+    return vector
+
+
+def _committed(col) -> tuple[list[tuple], list[tuple]]:
+    """(page, mtime, vector) of the live rows and (page, mtime, error) of the failure rows."""
+    ids = sorted(col.live_ids(range(100)))
+    rows = sorted((r.page, r.mtime, tuple(v)) for r, v in zip(col.get(ids), col.vectors(ids)))
+    return rows, sorted((r.page, r.mtime, r.error) for r in col.failures())
+
+
+def test_the_ray_driver_commits_page_ranges_as_a_plain_run_does(tmp_path):
+    """A long PDF's ranges, committed by a plain run (`ingest_long_pdf`) and by the Ray driver
+    (`LongPdf.add_part`, parts in any order, one delivered twice): the same rows and failure
+    rows; before the last range, rows without the file's mtime and no failure committed."""
+    from faste_mm import EmbedResult
+    from faste_mm.indexers import Collection, Manifest
+    from faste_mm.model.items import Failure
+    from faste_mm.retrieval.ingest import IngestTally, ingest_long_pdf
+    from faste_mm.retrieval.scanning import scan_paths
+    from faste_mm.scale.ray_pages import plan_long_pdf
+
+    pdf = _pdf(tmp_path / "a.pdf", SIZES[:5])
+    (f,) = scan_paths([pdf]).files()
+    bad_page = 3
+    reason = f"{f.uri} (page {bad_page}): could not be embedded"
+
+    def encode(items):  # one row per page; page 3 fails
+        pages = [item.page for item in items]
+        ok = np.array([page != bad_page for page in pages])
+        failures = [Failure(row, row, "", reason) for row, page in enumerate(pages) if page == bad_page]
+        return EmbedResult(np.stack([_page_vector(page) * ok[row] for row, page in enumerate(pages)]),
+                           list(items), list(range(len(items))), ok, failures)
+
+    manifest = Manifest(model_id="m", dim=4, vector_dtype="float32")
+    with Collection.create(tmp_path / "plain", manifest) as col:
+        plain_tally = IngestTally()
+        ingest_long_pdf(col, f, 5, frozenset(), encode, plain_tally, chunk_pages=2)
+        plain = _committed(col)
+
+    def output(pages):
+        return dict(pages=pages, vectors=[_page_vector(p) for p in pages], prefix_tokens=0, kept_prefix_tokens=0,
+                    reasons=[reason if p == bad_page else None for p in pages])
+
+    with Collection.create(tmp_path / "ray", manifest) as col:
+        ray_tally = IngestTally()
+        _, long_pdf = plan_long_pdf(col, f, 5, frozenset(), 2, None)
+        assert long_pdf.todo == [1, 2, 3, 4, 5]
+        assert not long_pdf.add_part(col, 1, 3, output([3, 4]), ray_tally)  # a whole range: committed
+        rows, failures = _committed(col)
+        assert [(page, mtime) for page, mtime, _ in rows] == [(4, None)] and failures == []
+        assert not long_pdf.add_part(col, 1, 3, output([3, 4]), ray_tally)  # delivered twice: ignored
+        assert not long_pdf.add_part(col, 2, 3, output([5]), ray_tally)  # buffered (1 page < 2)
+        assert long_pdf.add_part(col, 0, 3, output([1, 2]), ray_tally)  # the last part settles the file
+        assert _committed(col) == plain
+    mtime = f.stat.mtime
+    assert plain == ([(p, mtime, tuple(_page_vector(p))) for p in (1, 2, 4, 5)], [(bad_page, mtime, reason)])
+    assert (plain_tally.embedded, len(plain_tally.failures)) == (4, 1)
+    assert (ray_tally.embedded, ray_tally.failures) == (plain_tally.embedded, plain_tally.failures)
+
+
 # ---- the Ray decoder ---------------------------------------------------------------------------
 def test_the_ray_decoder_renders_a_long_pdf_part_by_part(tmp_path):
     """`index --ray` decoding yields a PDF's pages PAGES_PER_PART at a time (a generator: a part

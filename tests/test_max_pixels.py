@@ -51,20 +51,10 @@ def test_visual_tokens_are_32_by_32_pixels_and_exclusive_with_max_pixels():
 # ---- a collection's budget -------------------------------------------------------------------
 import json  # noqa: E402
 
-from typer.testing import CliRunner  # noqa: E402
-
-from faste_mm.cli.app import app  # noqa: E402
-
+from tests.test_cli_collection import invoke  # noqa: E402
 from tests.test_retriever_scanning import noise_image, tiny_vl_dir  # noqa: E402
 
-runner = CliRunner()
 BUDGET = 16 * PIXELS_PER_VISUAL_TOKEN  # 16 visual tokens: shrinks the 320x240 photos below
-
-
-def invoke(*args, code: int = 0):
-    result = runner.invoke(app, [str(a) for a in args])
-    assert result.exit_code == code, (result.stdout, result.stderr, result.exception)
-    return result
 
 
 @pytest.fixture(scope="module")

@@ -188,14 +188,18 @@ def test_a_fixed_trigger_layer_is_measured_and_handed_on_to_index(vl_embedder, f
     assert report.settings(row)["trigger_layer"] == 2
     reference = next(c for c in report.candidates if c.is_reference)
     assert reference.trigger_layer is None  # the full forward compresses nowhere
-    plan_file = tmp_path / "plan.json"
+    info = _index_with_plan(vl_embedder, report, row, files, tmp_path / "col")
+    assert info["settings"]["fast_e"]["trigger_layer"] == 2
+
+
+def _index_with_plan(vl_embedder, report, row: int, files, col) -> dict:
+    """`faste-mm index --plan plan.json:ROW` into `col` (the report written beside it); its `info --format json`."""
+    plan_file = col.parent / "plan.json"
     plan_file.write_text(json.dumps(report.to_dict()))
-    col = tmp_path / "col"
     result = runner.invoke(app, ["index", str(files), "-c", str(col), "--model", vl_embedder.model_id,
                                  "--device", "cpu", "--plan", f"{plan_file}:{row}"])
     assert result.exit_code == 0, (result.stderr, result.exception)
-    info = json.loads(runner.invoke(app, ["info", "-c", str(col), "--format", "json"]).stdout)
-    assert info["settings"]["fast_e"]["trigger_layer"] == 2
+    return json.loads(runner.invoke(app, ["info", "-c", str(col), "--format", "json"]).stdout)
 
 
 def test_a_plan_without_a_fast_e_config_is_refused():
@@ -254,14 +258,9 @@ def test_cli_writes_the_plan_the_plot_and_json(model_dir, files, tmp_path):
 
 
 def test_index_with_a_plan_applies_the_row_and_info_shows_the_receipt(vl_embedder, report, files, tmp_path):
-    plan_file = tmp_path / "plan.json"
-    plan_file.write_text(json.dumps(report.to_dict()))
     row = next(i for i, r in enumerate(report.candidates) if r.max_pixels == SMALL and r.r_max == 0.5)
     col = tmp_path / "col"
-    result = runner.invoke(app, ["index", str(files), "-c", str(col), "--model", vl_embedder.model_id,
-                                 "--device", "cpu", "--plan", f"{plan_file}:{row}"])
-    assert result.exit_code == 0, (result.stderr, result.exception)
-    info = json.loads(runner.invoke(app, ["info", "-c", str(col), "--format", "json"]).stdout)
+    info = _index_with_plan(vl_embedder, report, row, files, col)
     chosen = report.candidates[row]
     assert info["settings"]["serializer"]["max_pixels"] == chosen.max_pixels
     assert info["settings"]["fast_e"]["r_max"] == chosen.r_max

@@ -14,6 +14,7 @@ from faste_mm.cli.app import app
 from faste_mm.errors import InputError, ModelLoadError
 from faste_mm.indexers import Collection, ItemRecord, Manifest
 
+from tests.old_schemas import downgrade
 from tests.test_retriever_scanning import noise_image, tiny_vl_dir
 
 runner = CliRunner()
@@ -91,12 +92,7 @@ def test_the_schema_migration_keeps_existing_names(tmp_path):
     db = sqlite3.connect(root / "meta.sqlite")  # as schema 1 stored it: raw
     db.execute("INSERT INTO items (id, uri, modality, status, error, added_at) VALUES (9, ?, 'image', 'failed', 'x', 0)",
                (literal,))
-    db.execute("DROP TABLE exclusions")  # schema 1 had none (schema 3 adds it)
-    for statement in ("DROP TABLE items_fts", "DROP TRIGGER items_fts_tombstone", "DROP TRIGGER items_fts_delete"):
-        db.execute(statement)  # schema 4's lexical index
-    db.execute("UPDATE schema_version SET version = 1")
-    db.commit()
-    db.close()
+    downgrade(root, 1, db)
     with Collection.open(root, writable=True) as col:
         assert col.live_uris() == [literal]
 

@@ -17,6 +17,7 @@ from faste_mm.indexers import Collection, ItemRecord, Manifest
 from faste_mm.indexers.schema import SCHEMA_VERSION
 from faste_mm.retrieval.retriever import Retriever
 
+from tests.old_schemas import downgrade
 from tests.test_retriever_scanning import noise_image, tiny_vl_dir
 
 
@@ -94,13 +95,7 @@ def test_cli_remove_then_index_skips_it_and_info_lists_the_exclusion(embedder, t
 def test_schema_1_collections_stay_readable_and_migrate_on_the_next_write(tmp_path):
     with Collection.create(tmp_path / "c", Manifest(model_id="m", dim=4)) as col:
         col.add(np.eye(4, dtype=np.float32)[:1], [ItemRecord(uri="/a/x.png", modality="image")])
-    db = sqlite3.connect(tmp_path / "c" / "meta.sqlite")
-    db.execute("DROP TABLE exclusions")
-    for statement in ("DROP TABLE items_fts", "DROP TRIGGER items_fts_tombstone", "DROP TRIGGER items_fts_delete"):
-        db.execute(statement)  # schema 4's lexical index
-    db.execute("UPDATE schema_version SET version = 1")
-    db.commit()
-    db.close()
+    downgrade(tmp_path / "c", 1)
     with Collection.open(tmp_path / "c") as reader:  # read-only: no migration, no exclusions
         assert reader.exclusions() == [] and reader.info().n_ok == 1
     with Collection.open(tmp_path / "c", writable=True) as writer:

@@ -18,7 +18,7 @@ from faste_mm import FastEConfig, InputError, Item, SerializerConfig
 from faste_mm.model.items import as_item
 from faste_mm.model.video import VideoConfig, frame_indices, frame_pixel_budget, read_video, smart_nframes, smart_resize
 
-from .reference import init_vl_sample, naive_embed
+from .reference import init_vl_sample, naive_embed, pool_last_valid, right_padded, serialized_items
 
 av = pytest.importorskip("av")
 
@@ -179,24 +179,9 @@ def video_items(video_dir, image_dir):
     ]
 
 
-def _padded(serialized, pad_id):
-    width = max(s.length for s in serialized)
-    ids = torch.full((len(serialized), width), pad_id)
-    mask = torch.zeros((len(serialized), width), dtype=torch.long)
-    mm = torch.zeros((len(serialized), width), dtype=torch.long)
-    for b, s in enumerate(serialized):
-        ids[b, : s.length], mask[b, : s.length], mm[b, : s.length] = s.input_ids, 1, s.mm_token_type_ids
-    return ids, mask, mm
-
-
-def _serialize(embedder, items):
-    items = [as_item(x, i) for i, x in enumerate(items)]
-    return [embedder.serializer(item, item.instruction) for item in items]
-
-
 def test_full_forward_on_videos_matches_qwen3vl_last_hidden_state(vl_embedder, model_dirs, video_items):
-    serialized = _serialize(vl_embedder, video_items)
-    ids, mask, mm = _padded(serialized, vl_embedder.loaded.pad_token_id)
+    serialized = serialized_items(vl_embedder, video_items)
+    ids, mask, mm = right_padded(serialized, vl_embedder.loaded.pad_token_id)
     model = Qwen3VLModel.from_pretrained(str(model_dirs["qwen3_vl"])).eval()
     with torch.no_grad():
         out = model(
@@ -206,17 +191,15 @@ def test_full_forward_on_videos_matches_qwen3vl_last_hidden_state(vl_embedder, m
             pixel_values_videos=torch.cat([s.pixel_values_videos for s in serialized if s.pixel_values_videos is not None]),
             video_grid_thw=torch.cat([s.video_grid_thw for s in serialized if s.video_grid_thw is not None]),
         )
-    last = mask.sum(dim=1) - 1
-    expected = torch.nn.functional.normalize(out.last_hidden_state[torch.arange(len(serialized)), last], dim=-1)
     res = vl_embedder.encode(video_items)
-    np.testing.assert_allclose(res.embeddings, expected.numpy(), atol=1e-5)
+    np.testing.assert_allclose(res.embeddings, pool_last_valid(out.last_hidden_state, mask), atol=1e-5)
 
 
 @pytest.mark.parametrize("trigger_layer", [1, 4])  # before and after the DeepStack layers 0..2
 def test_faste_on_videos_matches_naive_reference(vl_embedder, model_dirs, video_items, trigger_layer):
     model = Qwen3VLModel.from_pretrained(str(model_dirs["qwen3_vl"])).eval()
     with torch.no_grad():
-        samples = [init_vl_sample(model, s) for s in _serialize(vl_embedder, video_items)]
+        samples = [init_vl_sample(model, s) for s in serialized_items(vl_embedder, video_items)]
         expected, trigger, _ = naive_embed(
             list(model.language_model.layers), model.language_model.norm, samples, r_max=0.6, trigger_layer=trigger_layer
         )
@@ -228,7 +211,7 @@ def test_faste_on_videos_matches_naive_reference(vl_embedder, model_dirs, video_
 def test_vision_flops_count_the_video_grids(vl_embedder, video_items):
     from faste_mm.model.flops import vision_flops
 
-    serialized = _serialize(vl_embedder, video_items)
+    serialized = serialized_items(vl_embedder, video_items)
     grids = [tuple(g) for s in serialized for g in (s.image_grid_thw, s.video_grid_thw) if g is not None for g in g.tolist()]
     res = vl_embedder.encode(video_items)
     assert sorted(g for t in res.stats.batches for g in t.image_grids + t.video_grids) == sorted(grids)

@@ -9,23 +9,15 @@ from pathlib import Path
 
 import pytest
 from PIL import Image
-from typer.testing import CliRunner
 
-from faste_mm.cli.app import app
 from faste_mm.indexers.manifest import Manifest
 from faste_mm.retrieval.profile import CollectionProfile
 from faste_mm.model.video import VideoConfig
 
+from tests.test_cli_collection import invoke
 from tests.test_video import write_audio, write_video
 
 pytest.importorskip("av")
-runner = CliRunner()
-
-
-def invoke(*args, code: int = 0):
-    result = runner.invoke(app, [str(a) for a in args])
-    assert result.exit_code == code, (result.stdout, result.stderr, result.exception)
-    return result
 
 
 @pytest.fixture(scope="module")

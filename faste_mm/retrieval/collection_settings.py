@@ -20,7 +20,7 @@ from faste_mm.model.backbones.loading import check_local_path
 from faste_mm.model.embedder import Embedder
 from faste_mm.model.video import VideoConfig
 from faste_mm.retrieval.calibrations import load_calibration
-from faste_mm.retrieval.profile import CollectionProfile, existing_profile
+from faste_mm.retrieval.profile import CollectionProfile, existing_profile, setting_of
 
 
 def resolve_at(root: Path, existing: CollectionProfile | None, given: Mapping[str, Any],
@@ -98,8 +98,8 @@ def for_collection(root: Path, model: str | os.PathLike | None, revision: str | 
                    settings: Mapping[str, Any]) -> tuple[CollectionProfile, dict[str, Any]]:
     """What `Retriever.for_collection` needs: the profile of the collection at `root` under the
     defaults rule (its values, else the given ones, else the defaults; with `reindex`, the given
-    ones over its values carried over), and the FastE, dim and precision settings it was given
-    (None where not given) for the retriever to check later collections against."""
+    ones over its values carried over), and the settings it was given (`retriever_settings`; None
+    where not given) for the retriever to check later collections against."""
     existing = existing_profile(root)
     given = dict(settings)
     if model is not None:
@@ -108,9 +108,17 @@ def for_collection(root: Path, model: str | os.PathLike | None, revision: str | 
         given = {**existing.carried_over(model), **{k: v for k, v in given.items() if v is not None}}
         existing = None
     profile = resolve_at(root, existing, given, model)
-    chosen = {name: given.get(name) for name in ("r_max", "warmup_layer", "threshold", "trigger_layer", "dim",
-                                                 "vectors", "keep")}
-    return profile, chosen
+    return profile, {name: given.get(name) for name in retriever_settings()}
+
+
+def retriever_settings() -> list[str]:
+    """The profile settings a `Retriever` keeps as given (each is one of its keywords): every one a
+    user sets with a flag, read from the profile's fields (a new one needs no edit here), but the
+    model and the serializer's (pixels, video), which travel in its `ModelSpec`."""
+    spec_carried = {"model_id", "model_revision"}
+    return [f.name for f in dataclasses.fields(CollectionProfile)
+            if setting_of(f.name).flag.startswith("--") and f.name not in spec_carried
+            and not setting_of(f.name).key.startswith("serializer.")]
 
 
 def adapted_embedder(embedder: Embedder, profile: CollectionProfile, adapted: Embedder | None) -> Embedder:

@@ -8,7 +8,7 @@ Receives a scan, a Collection and a document encoder; hands back counts to the r
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
@@ -53,14 +53,9 @@ class IngestTally:
     decoder_s: float = 0.0  # model seconds in the decoder
 
     def merge(self, other: "IngestTally") -> None:
-        """Add the totals of a committed chunk."""
-        self.embedded += other.embedded
-        self.reused += other.reused
-        self.prefix_tokens += other.prefix_tokens
-        self.kept_prefix_tokens += other.kept_prefix_tokens
-        self.failures.extend(other.failures)
-        self.tower_s += other.tower_s
-        self.decoder_s += other.decoder_s
+        """Add the totals of a committed chunk (every field, so a new total cannot be left out)."""
+        for name in (f.name for f in fields(self)):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
 
     def add_stats(self, stats: EmbedStats | None) -> None:
         if stats is not None:
@@ -229,9 +224,8 @@ def pages_left(col: Collection, f: ScannedFile, content_hash: str, n_pages: int,
 def ingest_long_pdf(col: Collection, f: ScannedFile, n_pages: int, changed: frozenset[str],
                     encode: DocumentEncoder, tally: IngestTally, chunk_pages: int) -> None:
     """Embed and commit the pages of one long PDF `chunk_pages` at a time. A run stopped in the
-    middle left the ranges it committed (same content hash): only the other pages are
-    embedded now. A changed file's old rows (another version, complete or not) are replaced
-    by the first range this run commits."""
+    middle left the ranges it committed (same content hash): only the other pages are embedded now.
+    A changed file's old rows (any version) are replaced by the first range this run commits."""
     prepared = prepare_chunk(col, [f])  # hash; an identical complete document is reused whole
     if not prepared.to_embed:
         commit_chunk(col, prepared, changed, None, tally)
@@ -241,22 +235,30 @@ def ingest_long_pdf(col: Collection, f: ScannedFile, n_pages: int, changed: froz
     failures: list[ItemRecord] = []
     for start in range(0, max(len(todo), 1), chunk_pages):  # one commit at least: the last settles
         pages = todo[start:start + chunk_pages]
-        is_last = start + chunk_pages >= len(todo)
-        records, vectors = [], []
-        if pages:
-            result = encode([Item(image=f.path, page=page) for page in pages])
-            tally.add_stats(result.stats)
-            reasons = failure_reasons(result, [base["uri"]] * len(pages))
-            tally.embedded += _emit({**base, "mtime": None}, list(range(len(pages))), result, reasons,
-                                    records, vectors, failures)
-        if is_last:
-            records = [replace(r, mtime=f.stat.mtime) for r in records]
-        stacked = np.concatenate(vectors) if vectors else np.empty((0, col.manifest.dim), dtype=np.float32)
-        col.commit(stacked, records, [replace(r, mtime=f.stat.mtime) for r in failures] if is_last else [],
-                   replace_uris=replace_uris, settle=[f.stat] if is_last else [])
+        result = encode([Item(image=f.path, page=page) for page in pages]) if pages else None
+        tally.add_stats(result and result.stats)
+        commit_page_range(col, f, base, result, failures, replace_uris, start + chunk_pages >= len(todo), tally)
         replace_uris = []
-        if not is_last:
-            crash_point("index-after-page-range")
+
+
+def commit_page_range(col: Collection, f: ScannedFile, base: dict, result: EmbedResult | None, failures: list[ItemRecord],
+                      replace_uris: Sequence[str], is_last: bool, tally: IngestTally) -> None:
+    """Commit one page range of a long PDF (`ingest_long_pdf`, `index --ray`'s driver; see above):
+    `result` holds one row per page (None: no pages left), `base` the file's record fields. Failed
+    pages join `failures`, committed with the last range, which also adds them to `tally`."""
+    records, vectors = [], []
+    if result is not None:
+        reasons = failure_reasons(result, [base["uri"]] * len(result.items))
+        tally.embedded += _emit({**base, "mtime": None}, list(range(len(result.items))), result, reasons,
+                                records, vectors, failures)
+    if is_last:
+        records = [replace(r, mtime=f.stat.mtime) for r in records]
+    stacked = np.concatenate(vectors) if vectors else np.empty((0, col.manifest.dim), dtype=np.float32)
+    col.commit(stacked, records, [replace(r, mtime=f.stat.mtime) for r in failures] if is_last else [],
+               replace_uris=list(replace_uris), settle=[f.stat] if is_last else [])
+    if not is_last:
+        crash_point("index-after-page-range")
+        return
     tally.failures.extend(IndexFailure(r.uri, r.page, r.error) for r in failures)
 
 

@@ -316,7 +316,12 @@ def model_name(model: str | os.PathLike) -> str:
 
 def flag_of(name: str) -> str:
     """The flag that sets profile field `name` (for messages)."""
-    return _setting_of(CollectionProfile.__dataclass_fields__[name]).flag
+    return setting_of(name).flag
+
+
+def setting_of(name: str) -> Setting:
+    """How profile field `name` is stored and checked (its manifest key, flag, ...)."""
+    return _setting_of(CollectionProfile.__dataclass_fields__[name])
 
 
 def _setting_of(f: dataclasses.Field) -> Setting:

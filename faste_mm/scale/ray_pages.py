@@ -1,6 +1,6 @@
 """`index --ray`, long PDFs: the driver commits a PDF of more than `chunk_pages` pages range by
-range as its parts come back from the embedding actors, with the rules of a plain `index`
-(`ingest.ingest_long_pdf`): every range but the last is stored without the file's mtime, so a
+range as its parts come back from the embedding actors, through the plain `index`'s own commit
+(`ingest.commit_page_range`): every range but the last is stored without the file's mtime, so a
 re-run sees the file as unfinished and embeds only the pages no range committed; the last range
 commits the failures of all ranges and settles the file's stat.
 
@@ -11,15 +11,13 @@ of its parts (pages, vectors, failure reasons, in any order); hands on commits t
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from faste_mm.indexers import ItemRecord
-from faste_mm.indexers.crash_points import crash_point
-from faste_mm.retrieval.ingest import (IndexFailure, IngestTally, PreparedChunk, _emit, failure_reasons, pages_left,
-                                       prepare_chunk)
+from faste_mm.retrieval.ingest import IngestTally, PreparedChunk, commit_page_range, pages_left, prepare_chunk
 from faste_mm.retrieval.scanning import ScannedFile
 
 if TYPE_CHECKING:
@@ -73,25 +71,13 @@ class LongPdf:
                 vectors.append(vector)
                 ok.append(reason is None)
         self.buffered = []
-        records: list[ItemRecord] = []
-        kept: list[np.ndarray] = []
+        result = None
         if items:
             result = EmbedResult(np.stack(vectors).astype(np.float32, copy=False), items, [0] * len(items),
                                  np.array(ok, dtype=bool), failed)
-            reasons = failure_reasons(result, [self.base["uri"]])
-            tally.embedded += _emit({**self.base, "mtime": None}, list(range(len(items))), result, reasons,
-                                    records, kept, self.failures)
-        if is_last:
-            records = [replace(r, mtime=f.stat.mtime) for r in records]
-        stacked = np.concatenate(kept) if kept else np.empty((0, col.manifest.dim), dtype=np.float32)
-        col.commit(stacked, records, [replace(r, mtime=f.stat.mtime) for r in self.failures] if is_last else [],
-                   replace_uris=self.replace_uris, settle=[f.stat] if is_last else [])
+        commit_page_range(col, f, self.base, result, self.failures, self.replace_uris, is_last, tally)
         self.replace_uris = []
-        if not is_last:
-            crash_point("index-after-page-range")
-            return
-        self.settled = True
-        tally.failures.extend(IndexFailure(r.uri, r.page, r.error) for r in self.failures)
+        self.settled = is_last
 
 
 def count_output(tally: IngestTally, output: dict) -> None:
