@@ -67,7 +67,8 @@ case $step in
         python3 scripts/bench_rerank.py --device cuda --scale 1 --inputs text:2000 --top 20,50,100 --repeats 2 \
             | tee "$out/rerank-2b-text.txt"
         python3 scripts/bench_rerank.py --device cuda --scale 1 --inputs page:1240x1754 --top 20,50 --repeats 2 \
-            | tee "$out/rerank-2b-pages.txt" ;;
+            | tee "$out/rerank-2b-pages.txt"
+        python3 scripts/bench_rerank_e2e.py cuda 1 20 4 | tee "$out/rerank-2b-pages-e2e.txt" ;;
     quick)
         scale=${SCALE:-1} n=${N:-16}
         timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_unpadded.py tests/test_dtype_and_tower.py
