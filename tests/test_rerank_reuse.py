@@ -150,3 +150,46 @@ def test_bad_tower_cache_sizes_are_named():
         TowerCache(-1)
     with pytest.raises(ConfigError, match="tower_cache_bytes"):
         TowerCache(1.5)
+
+
+def test_whole_pairs_are_laid_out_once_per_batch_before_the_trigger(vl_reranker, monkeypatch):
+    """Plain FastE asks at every layer from l_w on; the joined rows' positions and masks do not
+    change before the trigger, so they are built once per batch (then only the hidden states)."""
+    import faste_mm.model.prefix_reuse as prefix_reuse
+
+    built: list[int] = []
+    real = prefix_reuse.DecoderState
+
+    def counted(*args, **kwargs):
+        built.append(1)
+        return real(*args, **kwargs)
+
+    fallback = FastEConfig(r_max=0.5, warmup_layer=1, threshold=1.0)  # asked at layers 1.., fires before the last
+    whole, reused = _pair(vl_reranker.loaded, fallback, "none")
+    documents = ["a red bicycle leaning on a wall " * 3, "x"]
+    expected = whole.score("what leans on the wall?", documents)
+    monkeypatch.setattr(prefix_reuse, "DecoderState", counted)
+    got = reused.score("what leans on the wall?", documents)
+    np.testing.assert_allclose(got.scores, expected.scores, atol=1e-5)
+    assert got.stats.prefix_reused > 0 and [b.trigger_layer for b in got.stats.batches] == [vl_reranker.backbone.shape.num_layers - 1]
+    assert len(built) == len(got.stats.batches) == 1
+
+
+def test_a_cold_cache_hands_on_the_towers_own_output_and_keeps_copies(vl_reranker, image_dir, monkeypatch):
+    documents = [Item(image=image_dir / "red.png"), Item(image=image_dir / "green_rgba.png")]
+    cached = Reranker(vl_reranker.loaded, batching=ONE_BATCH)
+    uncached = Reranker(vl_reranker.loaded, batching=ONE_BATCH, tower_cache_bytes=0)
+    towered, handed = [], []
+    tower, encode = vl_reranker.backbone.encode_vision, cached.tower_cache.encode
+    monkeypatch.setattr(vl_reranker.backbone, "encode_vision", lambda batch: towered.append(tower(batch)) or towered[-1])
+    monkeypatch.setattr(cached.tower_cache, "encode", lambda *a: handed.append(encode(*a)) or handed[-1])
+    first = cached.score("q", documents[:1])  # a full miss
+    handed, towered = [v for v in handed if v is not None], [v for v in towered if v is not None]  # the text prefix: None
+    assert len(handed) == len(towered) == 1
+    assert handed[0].merged is towered[0].merged  # no copy on the way to the decoder
+    kept = next(iter(cached.tower_cache._entries.values()))[0]
+    assert kept.untyped_storage().data_ptr() != towered[0].merged.untyped_storage().data_ptr()  # the cache's own copy
+    both = cached.score("q", documents)  # a partial miss: one kept, one fresh, assembled in order
+    assert cached.tower_cache.stats().hits == 1 and cached.tower_cache.stats().tower_calls == 2
+    np.testing.assert_array_equal(both.scores, uncached.score("q", documents).scores)
+    np.testing.assert_array_equal(first.scores, both.scores[:1])

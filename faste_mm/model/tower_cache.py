@@ -58,6 +58,15 @@ def _units(batch: Batch) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
     return units
 
 
+def _per_unit(vision: VisionFeatures) -> list[tuple[torch.Tensor, tuple[torch.Tensor, ...]]]:
+    """A tower call's output split per image / video: (merged, deepstack levels), views (no copy)."""
+    out, start = [], 0
+    for size in vision.sizes:
+        out.append((vision.merged[start : start + size], tuple(level[start : start + size] for level in vision.deepstack)))
+        start += size
+    return out
+
+
 class TowerCache:
     """A bytes-bounded LRU of per-image (and per-video) tower outputs for one model.
 
@@ -104,6 +113,12 @@ class TowerCache:
         missing = [i for i, entry in enumerate(found) if entry is None]
         self._hits += len(keys) - len(missing)
         self._misses += len(missing)
+        if len(missing) == len(keys):  # nothing kept: the tower on the batch itself, its output handed on as is
+            self._calls += 1
+            vision = backbone.encode_vision(batch)
+            for key, entry in zip(keys, _per_unit(vision)):
+                self._keep(key, entry)
+            return vision
         if missing:  # only then read the device batch's grids (a host sync per image on CUDA)
             units = _units(batch)
             fresh = self._run_tower(backbone, batch, [units[i] for i in missing])
@@ -121,7 +136,7 @@ class TowerCache:
         )
 
     def _run_tower(self, backbone, batch: Batch, units) -> list[tuple[torch.Tensor, tuple[torch.Tensor, ...]]]:
-        """The tower on `units` only (images first, as given), split back per image / video."""
+        """The tower on `units` only (images first, as given), split back per image / video (views)."""
         images = [(p, g) for kind, p, g in units if kind == "image"]
         videos = [(p, g) for kind, p, g in units if kind == "video"]
         sub = replace(
@@ -132,21 +147,16 @@ class TowerCache:
             video_grid_thw=torch.cat([g for _, g in videos]) if videos else None,
         )
         self._calls += 1
-        vision = backbone.encode_vision(sub)
-        out, start = [], 0
-        for size in vision.sizes:
-            # clones: a slice would hold the whole batch's features alive in the cache
-            out.append((vision.merged[start : start + size].clone(),
-                        tuple(level[start : start + size].clone() for level in vision.deepstack)))
-            start += size
-        return out
+        return _per_unit(backbone.encode_vision(sub))
 
     def _keep(self, key: Key, entry) -> None:
+        """Keep one unit's features (views into a tower call's output): cloned only when kept, so
+        an entry never holds a whole batch's features alive."""
         merged, deepstack = entry
         size = merged.numel() * merged.element_size() + sum(d.numel() * d.element_size() for d in deepstack)
         if size > self.max_bytes or key in self._entries:
             return
-        self._entries[key] = entry
+        self._entries[key] = (merged.clone(), tuple(d.clone() for d in deepstack))
         self._bytes += size
         while self._bytes > self.max_bytes:
             _, (old, old_deep) = self._entries.popitem(last=False)
