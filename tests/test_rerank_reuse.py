@@ -193,3 +193,29 @@ def test_a_cold_cache_hands_on_the_towers_own_output_and_keeps_copies(vl_reranke
     assert cached.tower_cache.stats().hits == 1 and cached.tower_cache.stats().tower_calls == 2
     np.testing.assert_array_equal(both.scores, uncached.score("q", documents).scores)
     np.testing.assert_array_equal(first.scores, both.scores[:1])
+
+
+@pytest.mark.parametrize("reuse", [False, True])
+def test_candidate_images_are_hashed_by_the_prep_workers_not_the_model_thread(vl_reranker, image_dir, monkeypatch, reuse):
+    import threading
+
+    documents = [Item(image=image_dir / "red.png"), "text", Item(text="c", image=image_dir / "gray.jpg"),
+                 Item(image=image_dir / "doc.pdf", page=1, max_pixels=60_000)]
+    cached = Reranker(vl_reranker.loaded, batching=SMALL_BATCHES, prefix_reuse=reuse)
+    hashed: list[tuple[str, int]] = []
+    keys = cached.tower_cache.keys
+
+    def recorded(batch):
+        out = keys(batch)
+        hashed.append((threading.current_thread().name, len(out or [])))
+        return out
+
+    monkeypatch.setattr(cached.tower_cache, "keys", recorded)
+    got = cached.score("red things", documents)
+    assert sum(n for _, n in hashed) == 3 and all(name.startswith("faste-mm-prep") for name, n in hashed if n)
+    assert cached.tower_cache.stats().misses == 3
+    again = cached.score("red things", documents)
+    assert cached.tower_cache.stats().hits == 3
+    expected = Reranker(vl_reranker.loaded, batching=SMALL_BATCHES, prefix_reuse=reuse, tower_cache_bytes=0)
+    np.testing.assert_array_equal(got.scores, expected.score("red things", documents).scores)
+    np.testing.assert_array_equal(again.scores, got.scores)

@@ -67,6 +67,14 @@ def _per_unit(vision: VisionFeatures) -> list[tuple[torch.Tensor, tuple[torch.Te
     return out
 
 
+def batch_keys(per_row: list[list[Key]]) -> list[Key] | None:
+    """A batch's keys from its rows' own (`TowerCache.keys` of each pair, in batch row order): the
+    tower takes every row's images, then every row's videos (`collate`'s order)."""
+    keys = [key for row in per_row for key in row if key[2] == "image"]
+    keys += [key for row in per_row for key in row if key[2] == "video"]
+    return keys or None
+
+
 class TowerCache:
     """A bytes-bounded LRU of per-image (and per-video) tower outputs for one model.
 
@@ -93,8 +101,8 @@ class TowerCache:
         self._bytes = 0
 
     def keys(self, batch: Batch) -> list[Key] | None:
-        """The key of each image / video of a host batch (None without pixels). Hashes the patch
-        bytes where they lie (no copy)."""
+        """The key of each image / video of a host batch, or of one serialized pair (the same
+        fields; None without pixels). Hashes the patch bytes where they lie (no copy)."""
         units = _units(batch)
         if not units:
             return None
