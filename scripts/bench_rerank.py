@@ -171,8 +171,8 @@ def main() -> None:
               f"max_pixels {full.serializer.config.max_pixels}; query {len(QUERY.split())} words; mean of {args.repeats} mirrored rounds; load average "
               f"{' '.join(f'{x:.1f}' for x in os.getloadavg())} at start")
         print("| top | setting | s / query | pairs/s | vs our full | vs official | max abs score diff vs full "
-              "| prefix kept | trigger layer | tower share | trigger layers (batches) | decoder s | prep s |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+              "| prefix kept | trigger layer | tower share | trigger layers (batches) | decoder s | prep s | model idle s |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         cold = {id(rr): name.endswith("cache=cold") for name, rr in settings}
         for top in tops:
             documents = all_documents[:top]
@@ -203,10 +203,11 @@ def describe(stats) -> str:
     """prefix kept | mean trigger layer | the vision tower's share of the forward's seconds |
     the trigger layers' histogram over batches (layer x batches; "none" where a batch never
     compressed) | the decoder's seconds (prefix included) | seconds serializing the pairs
-    (decoding, resizing and patching each page: worker threads, overlapped with the model) of
-    the last round."""
+    (decoding, resizing and patching each page: worker threads, overlapped with the model) | the
+    seconds of the call the model thread spent outside the forward (waiting for the first
+    serialized batch, hashing, bookkeeping), all of the last round."""
     if stats is None:
-        return "100% | - | - | - | - | -"
+        return "100% | - | - | - | - | - | -"
     kept = stats.kept_prefix_tokens / stats.prefix_tokens if stats.prefix_tokens else 1.0
     triggers = [b.trigger_layer for b in stats.batches if b.trigger_layer is not None]
     tower = sum(b.tower_s for b in stats.batches)
@@ -217,8 +218,9 @@ def describe(stats) -> str:
     if stats.fast_e is None:
         histogram = "-"
     decoder = sum(b.decoder_s for b in stats.batches) + stats.prefix_s
+    idle = stats.total_s - stats.forward_s - stats.prefix_s
     return (f"{100 * kept:.0f}% | {trigger} | {100 * tower / total if total else 0:.0f}% | {histogram} | {decoder:.2f} | "
-            f"{stats.serialize_s:.2f}")
+            f"{stats.serialize_s:.2f} | {idle:.2f}")
 
 
 def profile(settings, documents, n_ops: int) -> None:
