@@ -67,14 +67,6 @@ def _per_unit(vision: VisionFeatures) -> list[tuple[torch.Tensor, tuple[torch.Te
     return out
 
 
-def batch_keys(per_row: list[list[Key]]) -> list[Key] | None:
-    """A batch's keys from its rows' own (`TowerCache.keys` of each pair, in batch row order): the
-    tower takes every row's images, then every row's videos (`collate`'s order)."""
-    keys = [key for row in per_row for key in row if key[2] == "image"]
-    keys += [key for row in per_row for key in row if key[2] == "video"]
-    return keys or None
-
-
 class TowerCache:
     """A bytes-bounded LRU of per-image (and per-video) tower outputs for one model.
 
@@ -171,3 +163,32 @@ class TowerCache:
         while self._bytes > self.max_bytes:
             _, (old, old_deep) = self._entries.popitem(last=False)
             self._bytes -= old.numel() * old.element_size() + sum(d.numel() * d.element_size() for d in old_deep)
+
+
+class RowKeys:
+    """Each pair's keys, hashed as the prep workers serialize it (`hashing`), so the hash of a
+    page's patches (~10 ms) is not the model thread's; `of_batch` assembles a batch's keys."""
+
+    def __init__(self, cache: TowerCache) -> None:
+        self.cache = cache
+        self._rows: dict[int, list[Key]] = {}
+
+    def hashing(self, serialize):
+        """`serialize(index)`, also keeping the pair's keys under its index."""
+
+        def run(index: int):
+            pair = serialize(index)
+            self._rows[index] = self.cache.keys(pair) or []
+            return pair
+
+        return run
+
+    def of_batch(self, host_batch: Batch) -> list[Key] | None:
+        """The batch's keys in the tower's order (every row's images, then every row's videos, as
+        `collate` lays them out); hashed here for a row the workers did not key."""
+        if not all(row in self._rows for row in host_batch.rows):
+            return self.cache.keys(host_batch)
+        per_row = [self._rows.pop(row) for row in host_batch.rows]
+        keys = [key for row in per_row for key in row if key[2] == "image"]
+        keys += [key for row in per_row for key in row if key[2] == "video"]
+        return keys or None
