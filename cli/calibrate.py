@@ -22,6 +22,7 @@ from faste_mm.errors import ConfigError, FasteError, InputError
 
 
 def calibrate_command(
+    ctx: typer.Context,
     paths: list[Path] = typer.Argument(None, help="Your documents: files or folders (images, PDFs, .txt/.md)."),
     model: Model = None,
     data: Optional[Path] = typer.Option(None, envvar="FASTE_MM_DATA", help="MMEB data folder (with --task) instead of PATHs; adds Recall@1/10 retention."),
@@ -31,7 +32,10 @@ def calibrate_command(
     warmup_layer: WarmupLayer = None,
     threshold: Threshold = None,
     trigger_layer: TriggerLayer = None,
-    target: float = typer.Option(0.99, envvar="FASTE_MM_TARGET", help="Mean cosine to the full forward a theta must reach."),
+    target: Optional[float] = typer.Option(None, envvar="FASTE_MM_TARGET", show_default=False,
+                                           help="What a theta must reach: the mean cosine to the full forward (default "
+                                                "0.99); with --rerank, the share of the full forward's top-k kept in "
+                                                "place (default 0.9)."),
     sample: int = typer.Option(64, envvar="FASTE_MM_SAMPLE", help="Documents sampled (seeded) from PATHs; with --data, the first N queries."),
     save: bool = typer.Option(False, "--save", help="Save for this model (per-user file) and, with -c, in the collection."),
     collection: CollectionOption = None,
@@ -56,6 +60,7 @@ def calibrate_command(
 
     setup_logging(debug, logging.INFO)
     if rerank is not None:
+        _refuse_embedding_flags(ctx, debug)
         _calibrate_reranker(rerank, paths or [], query or [], r_max, warmup_layer, threshold, trigger_layer, target, top_k,
                             rerank_protect, sample, save, out, device, dtype, BatchingConfig(batch_tokens=batch_tokens, unpadded=unpadded),
                             output, debug)
@@ -69,7 +74,8 @@ def calibrate_command(
         model = model or DEFAULT_MODEL
         config = CalibrationConfig(
             fast_e=fast_e_config(DOCUMENT_R_MAX if ratio is None else ratio, warmup_layer, None, trigger_layer),
-            target=target, thetas=None if threshold is None else (threshold,))
+            thetas=None if threshold is None else (threshold,))
+        config = config if target is None else replace(config, target=target)
         batching = BatchingConfig(batch_tokens=batch_tokens, unpadded=unpadded)
         if sample < 2:
             raise ConfigError(f"--sample must be >= 2, got {sample}")
@@ -121,7 +127,8 @@ def _calibrate_reranker(model, paths, queries, r_max, warmup_layer, threshold, t
         ratio = one_ratio(r_max)
         config = RerankCalibrationConfig(
             fast_e=fast_e_config(0.5 if ratio is None else ratio, warmup_layer, None, trigger_layer), top_k=top_k,
-            target=target, thetas=None if threshold is None else (threshold,))
+            thetas=None if threshold is None else (threshold,))
+        config = config if target is None else replace(config, target=target)  # None: the reranker's own default
         documents, unreadable = _documents(paths, sample)
         _make_out(out)
         with Progress() as progress:
@@ -141,6 +148,30 @@ def _calibrate_reranker(model, paths, queries, r_max, warmup_layer, threshold, t
     else:
         _render_reranker(calibration)
     stderr.print(f"report: {out / 'rerank_calibration.json'}")
+
+
+# calibrate's options that only the embedding calibration reads (--save is refused with its own advice)
+_EMBEDDING_ONLY = (("model", "--model"), ("data", "--data"), ("task", "--task"), ("image_root", "--image-root"),
+                   ("collection", "--collection"))
+
+
+def _refuse_embedding_flags(ctx: typer.Context, debug: bool) -> None:
+    """--rerank calibrates the reranker it names on PATHs: an embedding-only flag typed with it is
+    refused, naming it; one that comes from a FASTE_MM_* variable (set for other commands) is
+    ignored with a warning."""
+    typed, from_env = [], []
+    for name, flag in _EMBEDDING_ONLY:
+        source = getattr(ctx.get_parameter_source(name), "name", None)  # typer's own click: compared by name
+        if source == "COMMANDLINE":
+            typed.append(flag)
+        elif source == "ENVIRONMENT":
+            from_env.append(flag)
+    for flag in from_env:
+        stderr.print(f"[yellow]ignored[/yellow] {flag} (from its FASTE_MM_* variable): it applies to the embedding "
+                     "calibration, not to --rerank")
+    if typed:
+        fail(ConfigError(f"{', '.join(typed)} apply to the embedding calibration, not to --rerank (which calibrates "
+                         "the reranker it names on PATHs and --query); leave them out"), debug)
 
 
 def _render_reranker(calibration) -> None:

@@ -13,7 +13,7 @@ import typer
 from rich.table import Table
 
 from faste_mm.cli.common import fail, markup_safe, print_json, setup_logging, shown, stderr, stdout
-from faste_mm.cli.options import CollectionOption, Debug, Format, OutputFormat, one_ratio
+from faste_mm.cli.options import RERANK_TOWER_CACHE_MB, CollectionOption, Debug, Format, OutputFormat, one_ratio
 from faste_mm.cli.progress import Progress
 from faste_mm.errors import FasteError
 
@@ -152,8 +152,10 @@ def collection_reranker(collection: str | None) -> str | None:
         return None
 
 
-def load_reranker(model: str | None, root: Path, r_max: str, protect: str, device: str):
-    """The reranker of `search` and `serve`: --rerank, else the collection's (index --reranker), else None."""
+def load_reranker(model: str | None, root: Path, r_max: str, protect: str, device: str,
+                  tower_cache_mb: int = RERANK_TOWER_CACHE_MB):
+    """The reranker of `search` and `serve`: --rerank, else the collection's (index --reranker), else None;
+    its tower cache bounded by --rerank-tower-cache-mb."""
     from faste_mm.retrieval.profile import read_profile
 
     model = model or (read_profile(root).reranker if root is not None else None)
@@ -162,4 +164,5 @@ def load_reranker(model: str | None, root: Path, r_max: str, protect: str, devic
     from faste_mm.model.reranker import Reranker
 
     with Progress().loading(model):
-        return Reranker.from_pretrained(model, r_max=one_ratio(r_max) or 0.0, protect=protect, device=device)
+        return Reranker.from_pretrained(model, r_max=one_ratio(r_max) or 0.0, protect=protect, device=device,
+                                        tower_cache_bytes=tower_cache_mb << 20)

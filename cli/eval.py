@@ -15,7 +15,8 @@ from faste_mm.cli.common import fail, setup_logging, stderr, stdout
 from faste_mm.cli.options import (DEFAULT_BATCH_TOKENS, DEFAULT_MODEL, BatchTokens, Debug, Device, Dtype, Format,
                                   ImageRoot, Model, OutputFormat, RMax, Threshold, TriggerLayer, Unpadded, WarmupLayer,
                                   fast_e_config, ratios)
-from faste_mm.cli.options import Rerank, RerankProtect, RerankRMax, RerankTop, ratios
+from faste_mm.cli.options import (RERANK_TOWER_CACHE_MB, Rerank, RerankProtect, RerankRMax, RerankTop, RerankTowerCacheMb,
+                                  ratios)
 from faste_mm.cli.progress import Progress
 from faste_mm.errors import FasteError
 
@@ -49,6 +50,7 @@ def eval_command(
     rerank_top: RerankTop = 20,
     rerank_r_max: RerankRMax = "0",
     rerank_protect: RerankProtect = "none",
+    rerank_tower_cache_mb: RerankTowerCacheMb = RERANK_TOWER_CACHE_MB,
     debug: Debug = False,
 ) -> None:
     """Evaluate Full, FastE and baselines on MMEB MSCOCO_t2i / DocVQA / NIGHTS (Recall@1/5/10, nDCG@10)."""
@@ -76,7 +78,7 @@ def eval_command(
                     batching=batching)
             results = evaluate(embedder, tasks, config, cache_dir=out / "cache" if cache else None, progress=progress)
             reranked = _rerank(embedder, tasks, rerank, rerank_top, rerank_r_max, rerank_protect, device, dtype, progress,
-                               out / "cache" if cache else None)
+                               out / "cache" if cache else None, rerank_tower_cache_mb)
         paths = write_report(results, out)
         if reranked is not None:
             paths["rerank"] = out / "rerank.json"
@@ -99,7 +101,7 @@ def eval_command(
 
 
 def _rerank(embedder, tasks, model: str | None, top: int, r_max: str, protect: str, device: str, dtype: str, progress,
-            cache_dir):
+            cache_dir, tower_cache_mb: int):
     """The two-stage table of `--rerank` (None without it); `--rerank-protect both` runs none and query.
     The first stage's vectors come from the evaluation's own cache (`cache_dir`), not a second embedding."""
     if model is None:
@@ -112,6 +114,6 @@ def _rerank(embedder, tasks, model: str | None, top: int, r_max: str, protect: s
     if protect not in modes:
         raise ConfigError(f"--rerank-protect must be none, query or both, got {protect!r}")
     with progress.loading(model):
-        reranker = Reranker.from_pretrained(model, device=device, dtype=dtype)
+        reranker = Reranker.from_pretrained(model, device=device, dtype=dtype, tower_cache_bytes=tower_cache_mb << 20)
     return evaluate_rerank(embedder, reranker, tasks, top=top, r_max=ratios(r_max, (0.0,)), protect=modes[protect],
                            cache_dir=cache_dir, progress=progress)

@@ -17,7 +17,7 @@ from rich.table import Table
 
 from faste_mm.cli.common import fail, markup_safe, print_json, setup_logging, stdout, usage_error
 from faste_mm.cli.options import CollectionOption, Debug, Device
-from faste_mm.cli.options import Rerank, RerankProtect, RerankRMax, RerankTop
+from faste_mm.cli.options import RERANK_TOWER_CACHE_MB, Rerank, RerankProtect, RerankRMax, RerankTop, RerankTowerCacheMb
 from faste_mm.cli.collection_commands import collection_reranker, load_reranker
 from faste_mm.cli.progress import quiet_transformers
 from faste_mm.errors import FasteError
@@ -68,6 +68,7 @@ def search_command(
     rerank_top: RerankTop = 50,
     rerank_r_max: RerankRMax = "0",
     rerank_protect: RerankProtect = "none",
+    rerank_tower_cache_mb: RerankTowerCacheMb = RERANK_TOWER_CACHE_MB,
     no_rerank: bool = typer.Option(False, "--no-rerank", envvar="FASTE_MM_NO_RERANK",
                                    help="Do not rerank, even with a collection reranker."),
     no_server: bool = typer.Option(False, "--no-server", envvar="FASTE_MM_NO_SERVER",
@@ -104,7 +105,7 @@ def search_command(
                 if mode != "lexical":  # lexical search loads no model
                     quiet_transformers()  # the model loads in search(): no per-weight bar on stderr
                 reranker = None if no_rerank else load_reranker(rerank, retriever.collection, rerank_r_max,
-                                                                 rerank_protect, device)
+                                                                 rerank_protect, device, rerank_tower_cache_mb)
                 hits = retriever.search(query, image=image, video=video, k=k, instruction=instruction,
                                         where=conditions, type=kind or None, path=path, mode=mode, rescore=rescore,
                                         lexical_syntax=lexical_syntax, rerank=reranker, rerank_top=rerank_top)

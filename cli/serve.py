@@ -17,7 +17,7 @@ from faste_mm.cli.common import fail, setup_logging, stderr
 from faste_mm.cli.options import (DEFAULT_BATCH_TOKENS, DEFAULT_MODEL, BatchTokens, CollectionOption, Debug, Device, Dtype,
                                   MaxPixels, Model, RMax, Threshold, TriggerLayer, Unpadded, VisualTokens, WarmupLayer,
                                   fast_e_config, one_ratio)
-from faste_mm.cli.options import Rerank, RerankProtect, RerankRMax
+from faste_mm.cli.options import RERANK_TOWER_CACHE_MB, Rerank, RerankProtect, RerankRMax, RerankTowerCacheMb
 from faste_mm.errors import ConfigError, FasteError
 
 SERVE_INSTALL = "pip install 'faste-mm[serve]'"
@@ -69,6 +69,7 @@ def serve_command(
     rerank: Rerank = None,
     rerank_r_max: RerankRMax = "0",
     rerank_protect: RerankProtect = "none",
+    rerank_tower_cache_mb: RerankTowerCacheMb = RERANK_TOWER_CACHE_MB,
     debug: Debug = False,
 ) -> None:
     """Serve embeddings (OpenAI-compatible /v1/embeddings), search and a search page at / (the
@@ -100,7 +101,7 @@ def serve_command(
         from faste_mm.cli.collection_commands import load_reranker
 
         def reranker_for(root):  # --rerank, else the collection's; /v1/rerank and /explain share the model thread
-            return load_reranker(rerank, root, rerank_r_max, rerank_protect, device)
+            return load_reranker(rerank, root, rerank_r_max, rerank_protect, device, rerank_tower_cache_mb)
 
         engine = _load_engine(collection, model, device, dtype, batch_tokens, unpadded, config, settings, reranker_for)
     except FasteError as error:

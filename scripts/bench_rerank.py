@@ -21,6 +21,7 @@ import os
 import re
 import tempfile
 import time
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
@@ -107,6 +108,9 @@ def main() -> None:
     parser.add_argument("--dtype", default="auto", help="auto (bfloat16 where the CPU has native bf16), float32, bfloat16")
     parser.add_argument("--r-max", default="0.3,0.5,0.7", help="FastE settings (comma-separated)")
     parser.add_argument("--protect", default="none,query", help="protect modes run at each r_max")
+    parser.add_argument("--trigger-layer", default="adaptive", help="FastE's trigger at each r_max: adaptive (the "
+                        "alignment trigger, Algorithm 1) and/or fixed layers, comma-separated (e.g. adaptive,8,10); "
+                        "fixed rows are labelled 'fixed@L'")
     parser.add_argument("--prefix-reuse", default="off,on", help="prefix reuse modes run at each setting (off, on)")
     parser.add_argument("--tower-cache", default="off", help="tower cache modes for image inputs: off (no cache), "
                         "cold (emptied before every query), warm (filled by an untimed query first); comma-separated")
@@ -139,15 +143,18 @@ def main() -> None:
         settings = [(OFFICIAL, None), (FULL, full)]
         caches = args.tower_cache.split(",")
         for r_max in [0.0] + [float(r) for r in args.r_max.split(",")]:
-            for protect in ["none"] if r_max == 0 else args.protect.split(","):
+            for protect, trigger in [("none", "adaptive")] if r_max == 0 else [
+                    (p, t) for p in args.protect.split(",") for t in args.trigger_layer.split(",")]:
+                fixed = None if trigger == "adaptive" else int(trigger)
                 for reuse in args.prefix_reuse.split(","):
                     for cache in caches:
                         if r_max == 0 and reuse == "off" and cache == "off":
                             continue  # FULL itself
-                        rr = Reranker(full.loaded, fast_e=FastEConfig(r_max=r_max), protect=protect, batching=full.batching,
-                                      serializer=full.serializer.config,
-                                      prefix_reuse=reuse == "on", tower_cache_bytes=0 if cache == "off" else DEFAULT_TOWER_CACHE_BYTES)
-                        name = "full" if r_max == 0 else f"FastE r={r_max}" + (" protect=query" if protect == "query" else "")
+                        rr = Reranker(full.loaded, fast_e=FastEConfig(r_max=r_max, trigger_layer=fixed), protect=protect,
+                                      batching=full.batching, serializer=full.serializer.config, prefix_reuse=reuse == "on",
+                                      tower_cache_bytes=0 if cache == "off" else DEFAULT_TOWER_CACHE_BYTES)
+                        name = "full" if r_max == 0 else f"FastE r={r_max}" + ("" if fixed is None else f" fixed@{fixed}")
+                        name += " protect=query" if protect == "query" else ""
                         name += " +reuse" if reuse == "on" else ""
                         name += "" if cache == "off" else f" cache={cache}"
                         settings.append((name, rr))
@@ -164,8 +171,8 @@ def main() -> None:
               f"max_pixels {full.serializer.config.max_pixels}; query {len(QUERY.split())} words; mean of {args.repeats} mirrored rounds; load average "
               f"{' '.join(f'{x:.1f}' for x in os.getloadavg())} at start")
         print("| top | setting | s / query | pairs/s | vs our full | vs official | max abs score diff vs full "
-              "| prefix kept | trigger layer | tower share |")
-        print("|---|---|---|---|---|---|---|---|---|---|")
+              "| prefix kept | trigger layer | tower share | trigger layers (batches) | decoder s | prep s | model idle s |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         cold = {id(rr): name.endswith("cache=cold") for name, rr in settings}
         for top in tops:
             documents = all_documents[:top]
@@ -193,15 +200,27 @@ OFFICIAL, FULL = "official (HF forward, padded)", "faste-mm full"
 
 
 def describe(stats) -> str:
-    """prefix kept | mean trigger layer | the vision tower's share of the forward's seconds."""
+    """prefix kept | mean trigger layer | the vision tower's share of the forward's seconds |
+    the trigger layers' histogram over batches (layer x batches; "none" where a batch never
+    compressed) | the decoder's seconds (prefix included) | seconds serializing the pairs
+    (decoding, resizing and patching each page: worker threads, overlapped with the model) | the
+    seconds of the call the model thread spent outside the forward (waiting for the first
+    serialized batch, hashing, bookkeeping), all of the last round."""
     if stats is None:
-        return "100% | - | -"
+        return "100% | - | - | - | - | - | -"
     kept = stats.kept_prefix_tokens / stats.prefix_tokens if stats.prefix_tokens else 1.0
     triggers = [b.trigger_layer for b in stats.batches if b.trigger_layer is not None]
     tower = sum(b.tower_s for b in stats.batches)
     total = tower + sum(b.decoder_s for b in stats.batches) + stats.prefix_s
     trigger = f"{sum(triggers) / len(triggers):.1f}" if triggers else "-"
-    return f"{100 * kept:.0f}% | {trigger} | {100 * tower / total if total else 0:.0f}%"
+    counts = Counter("none" if b.trigger_layer is None else b.trigger_layer for b in stats.batches)
+    histogram = " ".join(f"{layer}x{n}" for layer, n in sorted(counts.items(), key=lambda kv: (kv[0] == "none", str(kv[0]).zfill(3))))
+    if stats.fast_e is None:
+        histogram = "-"
+    decoder = sum(b.decoder_s for b in stats.batches) + stats.prefix_s
+    idle = stats.total_s - stats.forward_s - stats.prefix_s
+    return (f"{100 * kept:.0f}% | {trigger} | {100 * tower / total if total else 0:.0f}% | {histogram} | {decoder:.2f} | "
+            f"{stats.serialize_s:.2f} | {idle:.2f}")
 
 
 def profile(settings, documents, n_ops: int) -> None:

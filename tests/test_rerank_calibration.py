@@ -73,3 +73,31 @@ def test_calibrate_command_takes_a_reranker_and_queries(reranker_dirs, tmp_path)
     assert missing.exit_code != 0 and "--query" in missing.output
     saved = CliRunner().invoke(app, [*base, "--query", "q", "--save"])
     assert saved.exit_code != 0 and "--save" in saved.output
+
+
+@pytest.mark.parametrize("flag, value", [("--model", "some/embedder"), ("--data", "mmeb"), ("--task", "docvqa"),
+                                         ("--image-root", "."), ("-c", "photos")])
+def test_calibrate_rerank_refuses_embedding_only_flags_naming_them(reranker_dirs, tmp_path, flag, value):
+    (tmp_path / "d.txt").write_text("a document")
+    result = CliRunner().invoke(app, ["calibrate", str(tmp_path), "--rerank", str(reranker_dirs["qwen3_reranker"]),
+                                      "--query", "q", flag, value, "--out", str(tmp_path / "out")])
+    assert result.exit_code == 1, result.output
+    name = "--collection" if flag == "-c" else flag
+    assert name in result.output and "--rerank" in result.output
+    assert not (tmp_path / "out").exists()  # refused before anything ran
+
+
+def test_calibrate_rerank_uses_the_rerankers_own_target_default(reranker_dirs, tmp_path, monkeypatch):
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    for i, text in enumerate(DOCUMENTS):
+        (folder / f"d{i}.txt").write_text(text)
+    monkeypatch.setenv("FASTE_MM_IMAGE_ROOT", str(tmp_path))  # set for eval: ignored here, with a warning
+    base = ["calibrate", str(folder), "--rerank", str(reranker_dirs["qwen3_reranker"]), "--device", "cpu",
+            "--warmup-layer", "1", "--query", QUERIES[0], "--out", str(tmp_path / "out"), "--format", "json"]
+    result = CliRunner().invoke(app, base)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["target"] == RerankCalibrationConfig().target
+    assert "ignored" in result.stderr and "--image-root" in result.stderr
+    given = CliRunner().invoke(app, [*base, "--target", "0.6"])
+    assert given.exit_code == 0 and json.loads(given.stdout)["target"] == 0.6

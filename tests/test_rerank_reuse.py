@@ -56,7 +56,7 @@ def test_prefix_reuse_scores_equal_whole_pairs(vl_reranker, image_dir, case, pol
     falls_back = case == "image query" and policy == "plain FastE, fallback"
     assert (got.stats.prefix_reused == 0) == falls_back
     if not falls_back:
-        assert got.stats.prefix_reused == reused.prepare_query(query).protected or case == "image query"
+        assert got.stats.prefix_reused == reused.prepare_query(query).protected
 
 
 def test_prefix_reuse_on_the_text_reranker(text_reranker):
@@ -150,3 +150,72 @@ def test_bad_tower_cache_sizes_are_named():
         TowerCache(-1)
     with pytest.raises(ConfigError, match="tower_cache_bytes"):
         TowerCache(1.5)
+
+
+def test_whole_pairs_are_laid_out_once_per_batch_before_the_trigger(vl_reranker, monkeypatch):
+    """Plain FastE asks at every layer from l_w on; the joined rows' positions and masks do not
+    change before the trigger, so they are built once per batch (then only the hidden states)."""
+    import faste_mm.model.prefix_reuse as prefix_reuse
+
+    built: list[int] = []
+    real = prefix_reuse.DecoderState
+
+    def counted(*args, **kwargs):
+        built.append(1)
+        return real(*args, **kwargs)
+
+    fallback = FastEConfig(r_max=0.5, warmup_layer=1, threshold=1.0)  # asked at layers 1.., fires before the last
+    whole, reused = _pair(vl_reranker.loaded, fallback, "none")
+    documents = ["a red bicycle leaning on a wall " * 3, "x"]
+    expected = whole.score("what leans on the wall?", documents)
+    monkeypatch.setattr(prefix_reuse, "DecoderState", counted)
+    got = reused.score("what leans on the wall?", documents)
+    np.testing.assert_allclose(got.scores, expected.scores, atol=1e-5)
+    assert got.stats.prefix_reused > 0 and [b.trigger_layer for b in got.stats.batches] == [vl_reranker.backbone.shape.num_layers - 1]
+    assert len(built) == len(got.stats.batches) == 1
+
+
+def test_a_cold_cache_hands_on_the_towers_own_output_and_keeps_copies(vl_reranker, image_dir, monkeypatch):
+    documents = [Item(image=image_dir / "red.png"), Item(image=image_dir / "green_rgba.png")]
+    cached = Reranker(vl_reranker.loaded, batching=ONE_BATCH)
+    uncached = Reranker(vl_reranker.loaded, batching=ONE_BATCH, tower_cache_bytes=0)
+    towered, handed = [], []
+    tower, encode = vl_reranker.backbone.encode_vision, cached.tower_cache.encode
+    monkeypatch.setattr(vl_reranker.backbone, "encode_vision", lambda batch: towered.append(tower(batch)) or towered[-1])
+    monkeypatch.setattr(cached.tower_cache, "encode", lambda *a: handed.append(encode(*a)) or handed[-1])
+    first = cached.score("q", documents[:1])  # a full miss
+    handed, towered = [v for v in handed if v is not None], [v for v in towered if v is not None]  # the text prefix: None
+    assert len(handed) == len(towered) == 1
+    assert handed[0].merged is towered[0].merged  # no copy on the way to the decoder
+    kept = next(iter(cached.tower_cache._entries.values()))[0]
+    assert kept.untyped_storage().data_ptr() != towered[0].merged.untyped_storage().data_ptr()  # the cache's own copy
+    both = cached.score("q", documents)  # a partial miss: one kept, one fresh, assembled in order
+    assert cached.tower_cache.stats().hits == 1 and cached.tower_cache.stats().tower_calls == 2
+    np.testing.assert_array_equal(both.scores, uncached.score("q", documents).scores)
+    np.testing.assert_array_equal(first.scores, both.scores[:1])
+
+
+@pytest.mark.parametrize("reuse", [False, True])
+def test_candidate_images_are_hashed_by_the_prep_workers_not_the_model_thread(vl_reranker, image_dir, monkeypatch, reuse):
+    import threading
+
+    documents = [Item(image=image_dir / "red.png"), "text", Item(text="c", image=image_dir / "gray.jpg"),
+                 Item(image=image_dir / "doc.pdf", page=1, max_pixels=60_000)]
+    cached = Reranker(vl_reranker.loaded, batching=SMALL_BATCHES, prefix_reuse=reuse)
+    hashed: list[tuple[str, int]] = []
+    keys = cached.tower_cache.keys
+
+    def recorded(batch):
+        out = keys(batch)
+        hashed.append((threading.current_thread().name, len(out or [])))
+        return out
+
+    monkeypatch.setattr(cached.tower_cache, "keys", recorded)
+    got = cached.score("red things", documents)
+    assert sum(n for _, n in hashed) == 3 and all(name.startswith("faste-mm-prep") for name, n in hashed if n)
+    assert cached.tower_cache.stats().misses == 3
+    again = cached.score("red things", documents)
+    assert cached.tower_cache.stats().hits == 3
+    expected = Reranker(vl_reranker.loaded, batching=SMALL_BATCHES, prefix_reuse=reuse, tower_cache_bytes=0)
+    np.testing.assert_array_equal(got.scores, expected.score("red things", documents).scores)
+    np.testing.assert_array_equal(again.scores, got.scores)

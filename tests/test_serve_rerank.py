@@ -80,3 +80,64 @@ def test_explain_endpoint_equals_reranker_explain(embedder, vl_reranker):
     assert body["layer"] == 2 and "not attribution" in body["label"]
     np.testing.assert_allclose(body["images"][0]["grid"], expected["images"][0]["grid"], atol=1e-6)
     assert body["score"] == pytest.approx(expected["score"], abs=1e-6)
+
+
+@pytest.fixture(scope="module")
+def collection_engine_parts(embedder, tmp_path_factory):
+    """A small served collection (four photos and a note) for /search with rerank."""
+    from faste_mm import Retriever
+
+    root = tmp_path_factory.mktemp("served-gallery")
+    for i, color in enumerate([(200, 30, 30), (30, 200, 30), (30, 30, 200), (220, 120, 10)]):
+        Image.new("RGB", (64 + 16 * i, 64), color).save(root / f"c{i}.png")
+    (root / "note.txt").write_text("a note about a red bicycle leaning on a wall")
+    collection = tmp_path_factory.mktemp("served-col") / "c"
+    with Retriever(embedder, collection=collection, r_max=0.0) as retriever:
+        retriever.index([root])
+    return collection
+
+
+def _search_client(embedder, collection, reranker, **config) -> TestClient:
+    from faste_mm import Retriever
+
+    served = Retriever(embedder, collection=collection, r_max=0.0)
+    return TestClient(create_app(ServeEngine(embedder, served, ServeConfig(**config), reranker=reranker)),
+                      base_url="http://127.0.0.1:8000")
+
+
+def test_search_with_rerank_is_bounded_by_max_request_tokens_like_v1_rerank(embedder, vl_reranker, collection_engine_parts):
+    from faste_mm import Retriever
+    from faste_mm.retrieval.rerank_hits import hit_item
+
+    with Retriever(embedder, collection=collection_engine_parts, r_max=0.0) as retriever:
+        hits = retriever.search("red", k=4)
+    prepared = vl_reranker.prepare_query(Item(text="red"))
+    total = sum(vl_reranker.serializer(prepared, hit_item(hit)).length for hit in hits)  # the pairs the model sees
+    request = {"query": "red", "k": 2, "rerank": True, "rerank_top": 4}
+    with _search_client(embedder, collection_engine_parts, vl_reranker, max_request_tokens=total - 1) as client:
+        over = client.post("/search", json=request)
+        form = client.post("/search", data={"q": "red", "k": "2", "rerank": "on", "rerank_top": "4"})
+        fewer = client.post("/search", json={**request, "rerank_top": 1})
+        plain = client.post("/search", json={"query": "red", "k": 4})  # the limit is the reranker's pairs
+    assert over.status_code == form.status_code == 413, over.text
+    message = over.json()["error"]["message"]
+    assert str(total) in message and "--max-request-tokens" in message and "rerank_top" in message
+    assert fewer.status_code == 200 and plain.status_code == 200
+    with _search_client(embedder, collection_engine_parts, vl_reranker, max_request_tokens=total) as client:
+        assert client.post("/search", json=request).status_code == 200
+
+
+def test_info_states_the_search_rerank_depth_the_page_shows(embedder, vl_reranker, collection_engine_parts):
+    from pathlib import Path
+
+    from faste_mm.serving.rerank import SEARCH_RERANK_TOP
+
+    with _search_client(embedder, collection_engine_parts, vl_reranker) as client:
+        depth = client.get("/info").json()["reranker"]["search_top"]
+        searched = client.post("/search", json={"query": "red", "k": 1, "rerank": True}).json()
+    assert depth == SEARCH_RERANK_TOP and searched["rerank"]["top"] == depth
+    static = Path(create_app.__code__.co_filename).parent / "static"
+    page = (static / "app.js").read_text() + (static / "index.html").read_text()
+    assert f"top {SEARCH_RERANK_TOP}" not in page and "reranker.search_top" in page  # the page asks the server
+    with _client(embedder, None) as client:
+        assert client.get("/info").json()["reranker"] is None

@@ -161,20 +161,25 @@ def encode_prefix(backbone, prefix: Serialized, pad_token_id: int, keep_hidden_f
     )
 
 
-def join(cache: PrefixCache, layer: int, state: DecoderState) -> DecoderState:
+def join(cache: PrefixCache, layer: int, state: DecoderState, earlier: DecoderState | None = None) -> DecoderState:
     """Whole pairs before `layer`: the prefix's states in front of each row of the document part
-    (the prefix's visual tokens marked non-visual: only used past DeepStack's layers)."""
+    (the prefix's visual tokens marked non-visual: only used past DeepStack's layers). `earlier`:
+    this join at an earlier layer of the same rows (no gather since): before a trigger only the
+    hidden states move on, so the positions, masks and maps are taken from it, not rebuilt."""
     rows, shared = state.hidden.shape[0], cache.length
 
     def front(prefix: torch.Tensor, rest: torch.Tensor) -> torch.Tensor:
         return torch.cat([prefix.expand(rows, *prefix.shape[1:]), rest], dim=1)
 
+    hidden = front(cache.hidden[layer], state.hidden)
+    if earlier is not None:
+        return earlier.with_hidden(hidden)
     width = state.hidden.shape[1]
     visual_rank = None
     if state.visual_rank is not None:
         visual_rank = front(state.visual_rank.new_full((1, shared), -1), state.visual_rank)
     return DecoderState(
-        hidden=front(cache.hidden[layer], state.hidden),
+        hidden=hidden,
         cos=front(cache.cos, state.cos),
         sin=front(cache.sin, state.sin),
         valid=front(state.valid.new_ones((1, shared)), state.valid),
@@ -216,11 +221,12 @@ def run_with_prefix(backbone, cache: PrefixCache, batch: Batch, policy, kernel: 
     padded_lengths: list[int] = []
     alignment: list[tuple[int, float]] = []
     trigger_layer = None
+    joined = None  # the whole pairs the policy was last asked with (their layout is built once)
     whole = None  # after a trigger that may evict the prefix: (masks, packed kernel) of whole-pair rows
     width = 0  # the whole-pair rows' padded width after that trigger
     for layer in range(len(backbone.layers)):
         if trigger_layer is None and _asks(config, layer, first):
-            pairs = join(cache, layer, state)
+            pairs = joined = join(cache, layer, state, joined)
             decision = policy.before_layer(layer, pairs, backbone)
             if decision.alignment is not None:
                 alignment.append((layer, decision.alignment))

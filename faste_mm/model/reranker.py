@@ -31,7 +31,7 @@ from faste_mm.model.rerank_explain import Explanation, explain_pair
 from faste_mm.model.rerank_policy import AttentionProbe, ProtectedFastE
 from faste_mm.model.runner import BatchTrace, run_decoder, settle_kernel
 from faste_mm.model.serialization import SerializerConfig
-from faste_mm.model.tower_cache import DEFAULT_TOWER_CACHE_BYTES, TowerCache
+from faste_mm.model.tower_cache import DEFAULT_TOWER_CACHE_BYTES, RowKeys, TowerCache
 from faste_mm.model.unpadded import Unpadded
 
 log = logging.getLogger(__name__)
@@ -311,6 +311,8 @@ class Reranker:
         whole: list[int] = []
         pin = self.backbone.device.type == "cuda"
         shared = 0 if prefix is None else prefix.length  # batches planned on whole pairs: the same as without reuse
+        row_keys = None if self.tower_cache is None else RowKeys(self.tower_cache)
+        serialize = serialize if row_keys is None else row_keys.hashing(serialize)  # keys hashed in the prep workers
         for element in prefetch_batches(todo, serialize, self.batching, self.loaded.pad_token_id, pin, tally.timer,
                                         planned_extra=shared):
             if isinstance(element, ItemError):
@@ -325,7 +327,7 @@ class Reranker:
                     progress(1)
                 continue
             batch = element.to(self.backbone.device)
-            vision = self._vision(element)
+            vision = self._vision(element, row_keys)
             tick = time.perf_counter()
             if prefix is None:
                 policy = self.compressor(batch)
@@ -345,13 +347,13 @@ class Reranker:
                 progress(len(element.rows))
         return whole
 
-    def _vision(self, host_batch):
-        """The tower for a batch: through the tower cache when on, with keys hashed from the host
-        copy of the batch (`host_batch`; None: from the batch itself); else the backbone's own."""
+    def _vision(self, host_batch, row_keys: "RowKeys | None" = None):
+        """The tower for a batch: through the tower cache when on, keyed by `row_keys` (hashed by
+        the prep workers) or from the host batch (None: the batch itself); else the backbone's own."""
         cache = self.tower_cache
         if cache is None:
             return self.backbone.encode_vision
-        keys = None if host_batch is None else cache.keys(host_batch)
+        keys = None if host_batch is None else (row_keys or RowKeys(cache)).of_batch(host_batch)
         return lambda batch: cache.encode(self.backbone, batch, keys if host_batch is not None else cache.keys(batch))
 
     def rerank(

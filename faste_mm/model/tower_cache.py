@@ -4,7 +4,7 @@ this cache stands in front of `Backbone.encode_vision` and runs the tower only o
 videos it has not seen. Receives a batch (its pixels on the host for the keys); hands on the same
 `VisionFeatures` the tower would, assembled from kept and fresh per-image features.
 
-Key: the model, its dtype, the image's patch grid and a BLAKE2 hash of its resized patches (the
+Key: the model, its dtype, the image's patch grid and a SHA-256 hash of its resized patches (the
 pixels after the pixel budget, so a different budget or a changed file is a different key).
 Bounded by bytes (least recently used out first); an entry larger than the bound is not kept.
 """
@@ -58,6 +58,15 @@ def _units(batch: Batch) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
     return units
 
 
+def _per_unit(vision: VisionFeatures) -> list[tuple[torch.Tensor, tuple[torch.Tensor, ...]]]:
+    """A tower call's output split per image / video: (merged, deepstack levels), views (no copy)."""
+    out, start = [], 0
+    for size in vision.sizes:
+        out.append((vision.merged[start : start + size], tuple(level[start : start + size] for level in vision.deepstack)))
+        start += size
+    return out
+
+
 class TowerCache:
     """A bytes-bounded LRU of per-image (and per-video) tower outputs for one model.
 
@@ -84,14 +93,16 @@ class TowerCache:
         self._bytes = 0
 
     def keys(self, batch: Batch) -> list[Key] | None:
-        """The key of each image / video of a host batch (None without pixels). Hashes the patch
-        bytes where they lie (no copy)."""
+        """The key of each image / video of a host batch, or of one serialized pair (the same
+        fields; None without pixels). Hashes the patch bytes where they lie (no copy)."""
         units = _units(batch)
         if not units:
             return None
         keys = []
         for kind, patches, grid in units:
-            digest = hashlib.blake2b(patches.detach().cpu().contiguous().numpy().data, digest_size=16).hexdigest()
+            # SHA-256, not BLAKE2: with the SHA extensions of current x86 CPUs it hashes a page's
+            # 9.6 MB of float32 patches in 9.5 ms, BLAKE2b in 22 ms (docs/benchmarks.md, round 4)
+            digest = hashlib.sha256(patches.detach().cpu().contiguous().numpy().data).hexdigest()[:32]
             keys.append((self.namespace, str(patches.dtype), kind, tuple(grid[0].tolist()), digest))
         return keys
 
@@ -104,6 +115,12 @@ class TowerCache:
         missing = [i for i, entry in enumerate(found) if entry is None]
         self._hits += len(keys) - len(missing)
         self._misses += len(missing)
+        if len(missing) == len(keys):  # nothing kept: the tower on the batch itself, its output handed on as is
+            self._calls += 1
+            vision = backbone.encode_vision(batch)
+            for key, entry in zip(keys, _per_unit(vision)):
+                self._keep(key, entry)
+            return vision
         if missing:  # only then read the device batch's grids (a host sync per image on CUDA)
             units = _units(batch)
             fresh = self._run_tower(backbone, batch, [units[i] for i in missing])
@@ -121,7 +138,7 @@ class TowerCache:
         )
 
     def _run_tower(self, backbone, batch: Batch, units) -> list[tuple[torch.Tensor, tuple[torch.Tensor, ...]]]:
-        """The tower on `units` only (images first, as given), split back per image / video."""
+        """The tower on `units` only (images first, as given), split back per image / video (views)."""
         images = [(p, g) for kind, p, g in units if kind == "image"]
         videos = [(p, g) for kind, p, g in units if kind == "video"]
         sub = replace(
@@ -132,22 +149,46 @@ class TowerCache:
             video_grid_thw=torch.cat([g for _, g in videos]) if videos else None,
         )
         self._calls += 1
-        vision = backbone.encode_vision(sub)
-        out, start = [], 0
-        for size in vision.sizes:
-            # clones: a slice would hold the whole batch's features alive in the cache
-            out.append((vision.merged[start : start + size].clone(),
-                        tuple(level[start : start + size].clone() for level in vision.deepstack)))
-            start += size
-        return out
+        return _per_unit(backbone.encode_vision(sub))
 
     def _keep(self, key: Key, entry) -> None:
+        """Keep one unit's features (views into a tower call's output): cloned only when kept, so
+        an entry never holds a whole batch's features alive."""
         merged, deepstack = entry
         size = merged.numel() * merged.element_size() + sum(d.numel() * d.element_size() for d in deepstack)
         if size > self.max_bytes or key in self._entries:
             return
-        self._entries[key] = entry
+        self._entries[key] = (merged.clone(), tuple(d.clone() for d in deepstack))
         self._bytes += size
         while self._bytes > self.max_bytes:
             _, (old, old_deep) = self._entries.popitem(last=False)
             self._bytes -= old.numel() * old.element_size() + sum(d.numel() * d.element_size() for d in old_deep)
+
+
+class RowKeys:
+    """Each pair's keys, hashed as the prep workers serialize it (`hashing`), so the hash of a
+    page's patches (~10 ms) is not the model thread's; `of_batch` assembles a batch's keys."""
+
+    def __init__(self, cache: TowerCache) -> None:
+        self.cache = cache
+        self._rows: dict[int, list[Key]] = {}
+
+    def hashing(self, serialize):
+        """`serialize(index)`, also keeping the pair's keys under its index."""
+
+        def run(index: int):
+            pair = serialize(index)
+            self._rows[index] = self.cache.keys(pair) or []
+            return pair
+
+        return run
+
+    def of_batch(self, host_batch: Batch) -> list[Key] | None:
+        """The batch's keys in the tower's order (every row's images, then every row's videos, as
+        `collate` lays them out); hashed here for a row the workers did not key."""
+        if not all(row in self._rows for row in host_batch.rows):
+            return self.cache.keys(host_batch)
+        per_row = [self._rows.pop(row) for row in host_batch.rows]
+        keys = [key for row in per_row for key in row if key[2] == "image"]
+        keys += [key for row in per_row for key in row if key[2] == "video"]
+        return keys or None

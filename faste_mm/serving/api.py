@@ -31,7 +31,7 @@ from faste_mm.serving.engine import (CollectionChangedError, NoCollectionError, 
 from faste_mm.serving.inputs import (EmbeddingRequest, SearchRequest, decode_image_bytes, decode_image_url,
                                      embedding_items, encode_vector)
 from faste_mm.serving.metrics import LATENCY_BUCKETS_S
-from faste_mm.serving.rerank import add_rerank_routes, rerank_search_hits, search_rerank_top
+from faste_mm.serving.rerank import add_rerank_routes, rerank_search_hits, search_rerank_top, with_search_top
 from faste_mm.serving.security import is_allowed_host, is_cross_site
 from faste_mm.serving.thumbnails import NoThumbnailError, default_cache_dir, has_thumbnail, thumbnail
 
@@ -87,7 +87,7 @@ def create_app(engine: ServeEngine) -> FastAPI:
 
     @app.get("/info", dependencies=[auth])
     def info() -> dict:
-        return engine.info()
+        return with_search_top(engine.info())
 
     @app.get("/metrics", dependencies=[auth])
     def metrics() -> PlainTextResponse:

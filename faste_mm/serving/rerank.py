@@ -86,9 +86,6 @@ class HitsPayload:
 
 # /search's hits re-scored when the request names no rerank_top (as `faste-mm search --rerank`)
 SEARCH_RERANK_TOP = 50
-# The batcher's weight of one reranked hit: counting its tokens exactly would read every hit's
-# file twice (here and on the model thread); the weight only orders the queue.
-HIT_WEIGHT_TOKENS = 512
 
 
 def search_rerank_top(engine: ServeEngine, rerank_top: int | None, query: str | None, image, item_id: int | None) -> int:
@@ -99,11 +96,35 @@ def search_rerank_top(engine: ServeEngine, rerank_top: int | None, query: str | 
     return SEARCH_RERANK_TOP if rerank_top is None else rerank_top
 
 
+def with_search_top(info: dict) -> dict:
+    """/info with the reranker's `search_top`: how many hits a /search with `rerank` and no
+    `rerank_top` re-scores (the page's toggle says it; one number, here)."""
+    if info.get("reranker") is None:
+        return info
+    return {**info, "reranker": {**info["reranker"], "search_top": SEARCH_RERANK_TOP}}
+
+
 def rerank_search_hits(engine: ServeEngine, query: str | None, image, hits: list, k: int) -> list:
     """The best `k` of `hits` by the reranker, with both scores (`retrieval.rerank_hits`), on the
-    model thread; equals `Retriever.search(..., rerank=reranker)` on the same hits."""
-    payload = HitsPayload(Item(text=query or None, image=image), list(hits), k)
-    return engine.batcher.submit("rerank", payload, HIT_WEIGHT_TOKENS * max(1, len(hits))).result()
+    model thread; equals `Retriever.search(..., rerank=reranker)` on the same hits. The pairs'
+    prompt tokens count against --max-request-tokens as /v1/rerank's do (RequestTooLargeError);
+    a hit whose file cannot be read again counts nothing (it is not scored, and is kept after
+    the scored ones). Counting reads each hit's file here and again on the model thread, as
+    /v1/rerank decodes its documents twice: the limit is checked before the model is busy."""
+    item = Item(text=query or None, image=image)
+    reranker = _reranker(engine, None)
+    try:
+        prepared = reranker.prepare_query(item)
+    except FasteError as error:
+        raise InputError(str(error)) from None
+    total = 0
+    for hit in hits:
+        try:
+            total += reranker.serializer(prepared, stored_item(hit.uri, hit.page)).length
+        except Exception:  # noqa: BLE001 - unreadable now: rerank_hits reports it and keeps the hit unscored
+            continue
+    _check_tokens(engine, total, f"reranking {len(hits)} hits (rerank_top)", "lower rerank_top")
+    return engine.batcher.submit("rerank", HitsPayload(item, list(hits), k), max(1, total)).result()
 
 
 def request_item(value: Multimodal, where: str, allow_remote: bool) -> Item:
@@ -204,10 +225,15 @@ def _count_pair_tokens(engine: ServeEngine, reranker, query: Item, documents: li
             raise InputError(f"documents[{index}]: {error}") from None
         except Exception as error:  # the processor's own errors: still this input's fault
             raise InputError(f"documents[{index}]: cannot be serialized ({type(error).__name__}: {error})") from None
-    if total > engine.config.max_request_tokens:
-        raise RequestTooLargeError(f"the request has {total} prompt tokens over its pairs; the limit is "
-                                   f"{engine.config.max_request_tokens} (--max-request-tokens); split it")
+    _check_tokens(engine, total, "the request", "split it")
     return total
+
+
+def _check_tokens(engine: ServeEngine, total: int, what: str, advice: str) -> None:
+    """RequestTooLargeError (HTTP 413) when the pairs of one request are over --max-request-tokens."""
+    if total > engine.config.max_request_tokens:
+        raise RequestTooLargeError(f"{what} has {total} prompt tokens over its pairs; the limit is "
+                                   f"{engine.config.max_request_tokens} (--max-request-tokens); {advice}")
 
 
 def _jsonable(raw):

@@ -59,7 +59,9 @@ async function loadInfo() {
     plan.textContent = `plan: ${col.plan}`;
     $("collection").append(name, detail, plan);
     $("rerank-toggle").hidden = !info.reranker;  // only a server started with --rerank can rerank
-    if (info.reranker) $("rerank-toggle").title = `Re-score the top 50 hits with ${shortModel(info.reranker.model)}`;
+    if (info.reranker) {  // the depth the server reranks a search to (/info), not a number of the page's own
+      $("rerank-toggle").title = `Re-score the top ${info.reranker.search_top} hits with ${shortModel(info.reranker.model)}`;
+    }
     if (col.items === 0) {
       showBanner(`The collection "${col.name}" is empty. Index some files first: faste-mm index ./photos -c ${col.name}`, "info");
     }
