@@ -20,9 +20,9 @@ import argparse
 import os
 import re
 import tempfile
-import time
 from collections import Counter
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +37,7 @@ from faste_mm.model.reranker import Reranker
 from faste_mm.model.tower_cache import DEFAULT_TOWER_CACHE_BYTES
 from faste_mm.tools.bench import device_name
 from faste_mm.tools.bench_inputs import make_inputs
+from faste_mm.tools.bench_rounds import mirrored_rounds
 from faste_mm.tools.shapes import SHAPES, build_config, build_qwen3_vl_processor, qwen_tokenizer_dir
 
 QUERY = "which report gives the invoice total for the city bicycle summary"
@@ -81,21 +82,6 @@ def official_scores(lm, reranker: Reranker, documents: list, batch_size: int) ->
             hidden = lm.model(**on).last_hidden_state[:, -1]
         out.append(torch.sigmoid(hidden.float() @ direction.float().to(lm.device)))
     return torch.cat(out).cpu().numpy()
-
-
-def timed_rounds(settings: list, rounds: int, run) -> dict:
-    """Each setting once per round, the order reversed every other round (A B C, C B A, ...), and
-    the mean of its rounds kept: on a shared machine whose load drifts, a fixed order with the
-    fastest round favours whichever settings run late (the first version of this script did);
-    an even number of mirrored rounds cancels a linear drift. Returns {name: (seconds, output)}."""
-    times: dict = {name: [] for name, _ in settings}
-    outputs: dict = {}
-    for round_index in range(rounds):
-        for name, reranker in settings if round_index % 2 == 0 else settings[::-1]:
-            started = time.perf_counter()
-            outputs[name] = run(reranker)
-            times[name].append(time.perf_counter() - started)
-    return {name: (sum(times[name]) / len(times[name]), outputs[name]) for name, _ in settings}
 
 
 def main() -> None:
@@ -185,10 +171,12 @@ def main() -> None:
                 result = reranker.score(QUERY, documents)
                 return result.scores, result.stats
 
-            best = timed_rounds(settings, args.repeats, run)
-            reference, full_s, official_s = best[FULL][1][0], best[FULL][0], best[OFFICIAL][0]
+            # the mean of mirrored rounds (an even count cancels a linear load drift); no extra warm-up
+            timed = mirrored_rounds({name: partial(run, rr) for name, rr in settings}, args.repeats, warmup=0,
+                                    device=full.backbone.device)
+            reference, full_s, official_s = timed[FULL].output[0], timed[FULL].mean, timed[OFFICIAL].mean
             for name, _ in settings:
-                seconds, (scores, stats) = best[name]
+                seconds, (scores, stats) = timed[name].mean, timed[name].output
                 print(f"| {top} | {name} | {seconds:.2f} | {top / seconds:.2f} | {full_s / seconds:.2f}x | "
                       f"{official_s / seconds:.2f}x | {float(np.max(np.abs(scores - reference))):.1e} | {describe(stats)} |")
         print(f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())} at end")
