@@ -9,13 +9,16 @@ import subprocess
 import sys
 import textwrap
 
+import faiss
 import numpy as np
 import pytest
 
-from faste_mm.indexers import Collection, ItemRecord, Manifest, SearchFilter
+from faste_mm.indexers import Collection, ItemRecord, Manifest, SearchFilter, match_scan
+from faste_mm.indexers.quantization import encode_binary, hamming_to_score
 from faste_mm.indexers.store import MetaStore
 
 D = 16
+D_BITS = D  # a binary index's width in bits
 
 
 def unit(n: int, seed: int) -> np.ndarray:
@@ -89,31 +92,77 @@ def test_a_writer_sees_its_own_commits_and_forgets_what_it_rolled_back(tmp_path)
     store.close()
 
 
-@pytest.mark.parametrize("index_type, vectors, in_ram", [
-    ("Flat", "float32", True), ("HNSW32", "float32", True), ("SQ8", "int8", False), ("BFlat", "binary", False)])
-def test_a_selective_filter_is_brute_force_over_its_matches(tmp_path, monkeypatch, index_type, vectors, in_ram):
-    n = 3000  # the filter keeps 1%: under `search.filter_is_selective`'s share
+def filtered_collection(root, index_type: str, vectors: str, n: int = 3000):
+    """n items in `bucket` i % 100 (a filter on one keeps 1%: under `search.filter_is_selective`'s
+    share), two of bucket 0 deleted (tombstones among the matches): (collection, the live matches)."""
     x = unit(n, 1)
-    col = Collection.create(tmp_path / "c", Manifest(model_id="m", dim=D, index_type=index_type, vectors=vectors))
+    col = Collection.create(root, Manifest(model_id="m", dim=D, index_type=index_type, vectors=vectors))
     col.add(x, [ItemRecord(uri=f"/d/{i}", modality="text", metadata={"bucket": i % 100}) for i in range(n)])
-    col.delete([100, 500])  # tombstones among the matches
+    col.delete([100, 500])
     assert col.rebuild_index() == index_type
-    where = SearchFilter(where={"bucket": 0})
+    return col, np.array([i for i in range(0, n, 100) if i not in (100, 500)])
+
+
+BUCKET_0 = SearchFilter(where={"bucket": 0})
+
+
+@pytest.mark.parametrize("index_type, vectors, in_ram", [
+    ("Flat", "float32", True), ("HNSW32", "float32", True), ("IVF16,Flat", "float32", False),
+    ("SQ8", "int8", False), ("BFlat", "binary", False)])
+def test_a_selective_filter_is_brute_force_over_its_matches(tmp_path, monkeypatch, index_type, vectors, in_ram):
+    """Exact where the index scores as the parts do (Flat and HNSW from RAM, IVF Flat with every list
+    scanned under a selector), and for quantized codes whenever the rescored candidates cover every
+    match (rescore 10 x k = 100 > 28 matches): every match was scored, none missed."""
+    col, allowed = filtered_collection(tmp_path / "c", index_type, vectors)
     queries = unit(6, 2)
-    allowed = np.array([i for i in range(0, n, 100) if i not in (100, 500)])
-    stored = col.vectors(allowed)  # what the parts hold, decoded
-    truth = queries @ stored.T
+    truth = queries @ col.vectors(allowed).T  # what the parts hold, decoded
     order = np.argsort(-truth, axis=1, kind="stable")[:, :10]
 
     assert (col._index.exact_fetch(allowed) is not None) == in_ram
-    scores, ids = col.search(queries, k=10, where=where)
+    scores, ids = col.search(queries, k=10, where=BUCKET_0, rescore=None if vectors == "float32" else 10)
     np.testing.assert_array_equal(ids, allowed[order])
-    np.testing.assert_allclose(scores, np.take_along_axis(truth, order, axis=1), rtol=0, atol=1e-6)
+    np.testing.assert_allclose(scores, np.take_along_axis(truth, order, axis=1), rtol=0, atol=1e-5)
 
-    monkeypatch.setattr(type(col._index), "exact_fetch", lambda self, ids: None)  # read from the parts instead
-    disk_scores, disk_ids = col.search(queries, k=10, where=where)
+    # Read from the parts instead (the path of an index that can do neither): the same hits.
+    monkeypatch.setattr(type(col._index), "exact_fetch", lambda self, ids: None)
+    monkeypatch.setattr(type(col._index), "search_matches", lambda self, *a: None)
+    disk_scores, disk_ids = col.search(queries, k=10, where=BUCKET_0)
     np.testing.assert_array_equal(disk_ids, ids)
-    np.testing.assert_allclose(disk_scores, scores, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(disk_scores, scores, rtol=0, atol=1e-5)
+    col.close()
+
+
+@pytest.mark.parametrize("index_type, vectors", [
+    ("SQ8", "int8"), ("BFlat", "binary"), ("HNSW32_SQ8", "int8"), ("IVF16,SQ8", "float32"), ("IVF16,Flat", "float32")])
+def test_the_matches_are_scored_by_the_index_codes_under_a_selector(tmp_path, index_type, vectors):
+    """`search_matches` returns the best of the matches by the index's own scores, exactly those an
+    exhaustive search without a selector gives them (every IVF list probed; an HNSW graph's storage
+    scanned); a quantized index's filtered hits are its candidates among the matches, rescored."""
+    col, allowed = filtered_collection(tmp_path / "c", index_type, vectors)
+    queries = unit(6, 2)
+    col.search(queries[:1], k=1)  # loads the index
+    derived = col._index
+    scores, ids = derived.search_matches(queries, allowed, 12)
+    assert np.isin(ids, allowed).all() and (ids >= 0).all()
+
+    # The reference: FAISS's scores of every row, no selector, kept to the matches' rows in numpy.
+    matcher = match_scan.match_scan(derived.index)
+    everything = faiss.SearchParametersIVF(nprobe=matcher.core.nlist) if matcher.centroids is not None else None
+    q = encode_binary(queries) if vectors == "binary" else queries
+    D, rows = matcher.core.search(q, matcher.core.ntotal, params=everything)
+    row_ids = faiss.vector_to_array(derived.index.id_map)[rows]
+    if vectors == "binary":
+        D = hamming_to_score(D, D_BITS)
+    for r in range(len(queries)):
+        best = np.sort(D[r][np.isin(row_ids[r], allowed)])[::-1][:12]
+        np.testing.assert_allclose(scores[r], best, rtol=0, atol=1e-5)  # scores: ties may order ids either way
+
+    # The collection's filtered search: those candidates (k x its default rescore) rescored exactly.
+    truth = queries @ col.vectors(allowed).T
+    hit_scores, hit_ids = col.search(queries, k=5, where=BUCKET_0)
+    assert np.isin(hit_ids, allowed).all() and (hit_ids >= 0).all()
+    exact = np.take_along_axis(truth, np.searchsorted(allowed, hit_ids), axis=1)
+    np.testing.assert_allclose(hit_scores, exact, rtol=0, atol=1e-5)
     col.close()
 
 
