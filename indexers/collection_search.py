@@ -99,10 +99,7 @@ def dense_hits(derived: DerivedIndex, store: MetaStore, queries: np.ndarray, k: 
                                    rescores(derived.factory, stored_precision) and rescore != 0)
         scores, ids = _filtered_hits(derived, queries, k_index, search_index, allowed, fetch)
     elif store.n_tombstoned_vectors() == 0:  # every vector in the index is live: its hits as they are
-        k_fetch = min(index.ntotal, k_index)
-        scores, ids = search_index(queries, k_fetch)
-        if k_fetch < k_index:
-            scores, ids = search.top_k(scores, ids, k_index)  # pads to k_index
+        scores, ids = live_hits(derived, queries, k_index, nprobe, ef_search)
     else:
         # Over-fetch past the tombstones; then grow 4x for queries still short of k.
         def is_live(found: np.ndarray) -> np.ndarray:
@@ -114,6 +111,18 @@ def dense_hits(derived: DerivedIndex, store: MetaStore, queries: np.ndarray, k: 
     if rescores(derived.factory, stored_precision) and rescore != 0:
         return search.rescore(queries, ids, k, fetch)
     return scores, ids
+
+
+def live_hits(derived: DerivedIndex, queries: np.ndarray, k: int, nprobe: int | None,
+              ef_search: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """The index's own top k, for an index every vector of which is live (no tombstone in it):
+    (scores, ids) [q, k], padded past its size. Reads nothing from SQLite."""
+    ntotal = derived.index.ntotal
+    if ntotal == 0 or len(queries) == 0:
+        return search.empty_hits(len(queries), k)
+    if k <= ntotal:
+        return derived.search(queries, k, nprobe, ef_search)
+    return search.top_k(*derived.search(queries, ntotal, nprobe, ef_search), k)  # pads to k
 
 
 def _selective_hits(derived: DerivedIndex, queries: np.ndarray, k: int, k_index: int, allowed: np.ndarray,

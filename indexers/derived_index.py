@@ -118,15 +118,13 @@ class DerivedIndex:
         allowed: item ids [n] int64 the hits must come from (needs `can_select`): FAISS skips
         every other id while it searches, so an approximate index still fills k slots from them
         when it reaches them (see `Collection.search` for the rows it does not fill)."""
-        on_gpu = not self.can_select
-        if on_gpu:
-            params = None
-        elif allowed is None:  # the same few objects every call: made once per index state
-            key = (k, nprobe, ef_search)
-            if key not in self._params:
-                self._params[key] = faiss_index.search_parameters(self.index, k, nprobe, ef_search)
-            params = self._params[key]
-        else:  # a fresh object: the selector must not stay on one shared by later searches
+        if allowed is None:  # the same few objects every call: made once per index state
+            params = self._params.get((k, nprobe, ef_search), False)
+            if params is False:
+                params = self._params[(k, nprobe, ef_search)] = \
+                    faiss_index.search_parameters(self.index, k, nprobe, ef_search) if self.can_select else None
+        else:
+            on_gpu = not self.can_select  # a fresh object: the selector must not stay on one shared by later searches
             assert not on_gpu, "GPU indexes take no id selector; the caller over-fetches instead"
             params = faiss_index.search_parameters(self.index, k, nprobe, ef_search) or faiss.SearchParameters()
             selector = faiss.IDSelectorBatch(np.ascontiguousarray(allowed, dtype=np.int64))
@@ -136,7 +134,9 @@ class DerivedIndex:
             D = hamming_to_score(D, self.dim)
         else:
             D, I = self._search_copy.search(np.ascontiguousarray(queries), k, params=params)
-        return np.where(I >= 0, D, -np.inf).astype(np.float32), I
+        if I.min(initial=0) < 0:  # FAISS pads with -1 and its own sentinel distance
+            D = np.where(I >= 0, D, -np.inf)
+        return D.astype(np.float32, copy=False), I
 
     def exact_fetch(self, ids: np.ndarray) -> Callable[[np.ndarray], np.ndarray] | None:
         """A reader of stored vectors (some of `ids` [n], sorted -> float32 [m, d]) from the index's own

@@ -182,3 +182,40 @@ def test_the_version_a_snapshot_reports_is_the_one_its_reads_see(tmp_path):
     assert reader.parts() == [(0, 3), (1, 2)] and reader.counts()["ok"] == 5
     writer.close()
     reader.close()
+
+
+def test_an_unchanged_collection_is_searched_without_a_transaction(tmp_path, monkeypatch):
+    """An unfiltered search that needs no SQL (no tombstone in the index, no rescoring) skips the
+    snapshot while the file's version is the last snapshot's; any change, a writer's own included,
+    sends the next search through a snapshot again, which sees it."""
+    x = unit(200, 0)
+    col = Collection.create(tmp_path / "c", Manifest(model_id="m", dim=D, index_type="HNSW32"))
+    col.add(x[:100], records(0, 100))
+    snapshots = []
+    real = type(col._store).read_snapshot
+    monkeypatch.setattr(type(col._store), "read_snapshot", lambda self: (snapshots.append(1), real(self))[1])
+
+    def searched_in_snapshot(queries, **kw) -> tuple[np.ndarray, bool]:
+        before = len(snapshots)
+        ids = col.search(queries, k=1, **kw)[1]
+        return ids[:, 0], len(snapshots) > before
+
+    assert searched_in_snapshot(x[:1]) == (0, True)  # the first: a snapshot, remembered
+    assert searched_in_snapshot(x[1:2]) == (1, False)
+    col.add(x[100:], records(100, 100))  # the writer's own commit moves its row count
+    assert searched_in_snapshot(x[150:151]) == (150, True)
+    assert searched_in_snapshot(x[150:151]) == (150, False)
+    col.delete([150])  # a tombstone in the index: every search reads the live ids
+    assert searched_in_snapshot(x[150:151])[0] != 150
+    found, in_snapshot = searched_in_snapshot(x[150:151])
+    assert found != 150 and in_snapshot
+    assert searched_in_snapshot(x[2:3], where=SearchFilter(where={"tag": "old"}))[1]  # a filter reads its ids
+    col.close()
+
+    sq8 = Collection.create(tmp_path / "q", Manifest(model_id="m", dim=D, index_type="SQ8", vectors="int8"))
+    sq8.add(x, records(0, 200))
+    col = sq8
+    monkeypatch.setattr(type(col._store), "read_snapshot", lambda self: (snapshots.append(1), real(self))[1])
+    assert searched_in_snapshot(x[:1])[1] and searched_in_snapshot(x[:1])[1]  # rescoring reads the parts' rows
+    assert searched_in_snapshot(x[:1], rescore=0)[1] is False  # the index's own scores: none
+    sq8.close()
