@@ -13,7 +13,7 @@ import faiss
 import numpy as np
 import pytest
 
-from faste_mm.indexers import Collection, ItemRecord, Manifest, SearchFilter, match_scan
+from faste_mm.indexers import Collection, ItemRecord, Manifest, SearchFilter, match_scan, search
 from faste_mm.indexers.quantization import encode_binary, hamming_to_score
 from faste_mm.indexers.store import MetaStore
 
@@ -219,3 +219,18 @@ def test_an_unchanged_collection_is_searched_without_a_transaction(tmp_path, mon
     assert searched_in_snapshot(x[:1])[1] and searched_in_snapshot(x[:1])[1]  # rescoring reads the parts' rows
     assert searched_in_snapshot(x[:1], rescore=0)[1] is False  # the index's own scores: none
     sq8.close()
+
+
+@pytest.mark.parametrize("rescore, depth", [(1, 9), (2, 10), (0, 5)])
+def test_a_selective_filter_rescores_a_share_of_its_matches(tmp_path, monkeypatch, rescore, depth):
+    """Coarse codes rank a filter's matches worse than an unfiltered search's neighbours: at least
+    `FILTER_RESCORE_SHARE` of the 28 matches (9) are rescored, or k x rescore when more; none with
+    rescore 0 (the index's own top k)."""
+    col, allowed = filtered_collection(tmp_path / "c", "BFlat", "binary")
+    asked = []
+    real = type(col._index).search_matches
+    monkeypatch.setattr(type(col._index), "search_matches",
+                        lambda self, q, a, k: (asked.append(k), real(self, q, a, k))[1])
+    col.search(unit(2, 3), k=5, where=BUCKET_0, rescore=rescore)
+    assert asked == [depth] and search.FILTER_RESCORE_SHARE == 0.3
+    col.close()
