@@ -134,14 +134,14 @@ def _selective_hits(derived: DerivedIndex, queries: np.ndarray, k: int, k_index:
     - an index whose codes FAISS can score under an id selector (SQ8, BFlat, an HNSW graph's SQ storage,
       IVF Flat or SQ with every list probed): its best candidates among the matches, rescored from the
       stored copy where the codes are coarser (IVF Flat's are not: exact), `k_index` of them or the
-      precision's `search.FILTER_RESCORE_SHARE` of the matches, whichever is more;
+      precision's `search.FILTER_RESCORE_SHARE` of the matches, whichever is more (all of a few);
     - otherwise exactly over the stored vectors of all the matches, read from the parts (at 1M x 512,
       10,000 float16 rows: ~35 ms, where the scan under a selector takes 2-4 ms plus the rescoring)."""
     in_ram = derived.exact_fetch(allowed)
     if in_ram is not None:
         return search.exact_search(queries, allowed, k, in_ram)
-    share = search.FILTER_RESCORE_SHARE.get(faiss_index.factory_precision(derived.factory or "Flat"), 0.0)
-    depth = max(k_index, math.ceil(share * len(allowed))) if rescoring else k
+    share, every_below = search.FILTER_RESCORE_SHARE.get(faiss_index.factory_precision(derived.factory or "Flat"), (0.0, 0))
+    depth = max(k_index, math.ceil(share * len(allowed)), min(len(allowed), every_below)) if rescoring else k
     found = derived.search_matches(queries, allowed, depth)
     if found is None:
         return search.exact_search(queries, allowed, k, fetch)

@@ -221,17 +221,20 @@ def test_an_unchanged_collection_is_searched_without_a_transaction(tmp_path, mon
     sq8.close()
 
 
-@pytest.mark.parametrize("index_type, vectors, rescore, depth", [
-    ("BFlat", "binary", 1, 9), ("BFlat", "binary", 2, 10), ("BFlat", "binary", 0, 5), ("SQ8", "int8", 1, 5)])
-def test_a_selective_filter_rescores_a_share_of_its_matches(tmp_path, monkeypatch, index_type, vectors, rescore, depth):
-    """Coarse codes rank a filter's matches worse than an unfiltered search's neighbours: at least
-    `FILTER_RESCORE_SHARE` (binary: 0.3) of the 28 matches (9) are rescored, or k x rescore when more; none with
-    rescore 0 (the index's own top k); int8 codes rank well enough without a share."""
+@pytest.mark.parametrize("index_type, vectors, every_below, rescore, depth", [
+    ("BFlat", "binary", 2000, 1, 28), ("BFlat", "binary", 10, 1, 10), ("BFlat", "binary", 0, 1, 9),
+    ("BFlat", "binary", 0, 2, 10), ("BFlat", "binary", 2000, 0, 5), ("SQ8", "int8", 2000, 1, 5)])
+def test_a_selective_filter_rescores_a_share_of_its_matches(tmp_path, monkeypatch, index_type, vectors, every_below,
+                                                             rescore, depth):
+    """Sign bits rank a filter's matches worse than an unfiltered search's neighbours: of the 28
+    matches, every one below `every_below`, else at least the share (0.3: 9) or k x rescore when more;
+    none with rescore 0 (the index's own top k); int8 codes rank well enough without a share."""
+    monkeypatch.setitem(search.FILTER_RESCORE_SHARE, "binary", (0.3, every_below))
     col, allowed = filtered_collection(tmp_path / "c", index_type, vectors)
     asked = []
     real = type(col._index).search_matches
     monkeypatch.setattr(type(col._index), "search_matches",
                         lambda self, q, a, k: (asked.append(k), real(self, q, a, k))[1])
     col.search(unit(2, 3), k=5, where=BUCKET_0, rescore=rescore)
-    assert asked == [depth] and search.FILTER_RESCORE_SHARE["binary"] == 0.3
+    assert asked == [depth]
     col.close()
