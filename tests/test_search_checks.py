@@ -133,7 +133,8 @@ def test_a_selective_filter_is_brute_force_over_its_matches(tmp_path, monkeypatc
 
 
 @pytest.mark.parametrize("index_type, vectors", [
-    ("SQ8", "int8"), ("BFlat", "binary"), ("HNSW32_SQ8", "int8"), ("IVF16,SQ8", "float32"), ("IVF16,Flat", "float32")])
+    ("SQ8", "int8"), ("BFlat", "binary"), ("HNSW32_SQ8", "int8"), ("IVF16,SQ8", "float32"), ("IVF16,Flat", "float32"),
+    ("IVF16_HNSW32,SQ8", "float32")])
 def test_the_matches_are_scored_by_the_index_codes_under_a_selector(tmp_path, index_type, vectors):
     """`search_matches` returns the best of the matches by the index's own scores, exactly those an
     exhaustive search without a selector gives them (every IVF list probed; an HNSW graph's storage
