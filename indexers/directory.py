@@ -119,6 +119,7 @@ class HeldGeneration:
 
     def __init__(self, root: Path) -> None:
         self.path = root / GENERATION_NAME
+        self._path_str = os.fspath(self.path)
         self.token: str | None = None
         self._inode: tuple[int, int] | None = None
         try:
@@ -133,7 +134,7 @@ class HeldGeneration:
     def is_current(self) -> bool:
         """Whether `root` still holds the token file read (or, holding none, still has none)."""
         try:
-            st = os.stat(self.path, follow_symlinks=False)
+            st = os.stat(self._path_str, follow_symlinks=False)  # a str: a Path's __fspath__ costs ~10% of it
         except OSError:
             return self._inode is None
         return (st.st_dev, st.st_ino) == self._inode

@@ -258,6 +258,21 @@ def raw_faiss(col: Collection):
     return lambda q: inner.search(np.ascontiguousarray(q), K, params=params)[1]
 
 
+def contender_groups(contenders: dict, interleave: str) -> list[dict]:
+    """The contenders timed together, interleaved query by query: "all", every one of them (each
+    search then follows other configurations' searches, e.g. a Flat index's 800 MB scan, which
+    evict the CPU caches: a fixed cost of ~0.25 ms shows); "config", each configuration with its own
+    `rescore 0` and `raw-faiss` rows, one configuration after another (searches back to back on one
+    collection, as a server answers them)."""
+    if interleave == "all":
+        return [contenders]
+    groups: dict[str, dict] = {}
+    for name, run in contenders.items():
+        base = name[len("raw-faiss "):] if name.startswith("raw-faiss ") else name.split(" ")[0]
+        groups.setdefault(base, {})[name] = run
+    return list(groups.values())
+
+
 def build_all(args, data: Data, words: Words, names: list[str], results: dict, workdir: Path,
               rss: RssPeak) -> tuple[dict, dict | None, int]:
     """Add every chunk to every collection (and LanceDB), then build each index: the add and
@@ -382,11 +397,13 @@ def run(args) -> list[dict]:
     log(f"  searching ({time.strftime('%H:%M:%S')})")
     one = Timer()
     timed = min(args.timed_queries or len(queries), len(queries))
-    one.rounds(single, [queries[i:i + 1] for i in range(timed)])
-    log(f"  single done ({time.strftime('%H:%M:%S')})")
     batch = Timer()
     starts = list(range(0, len(queries) - BATCH + 1, BATCH))[:args.batches]
-    batch.rounds(single, [queries[s:s + BATCH] for s in starts], keep_found=False)
+    for group in contender_groups(single, args.interleave):
+        one.rounds(group, [queries[i:i + 1] for i in range(timed)])
+    log(f"  single done ({time.strftime('%H:%M:%S')})")
+    for group in contender_groups(single, args.interleave):
+        batch.rounds(group, [queries[s:s + BATCH] for s in starts], keep_found=False)
     log(f"  batches done ({time.strftime('%H:%M:%S')})")
     filt = Timer()
     n_filtered = min(args.timed_filtered or args.filtered_queries, args.filtered_queries)
@@ -407,6 +424,7 @@ def run(args) -> list[dict]:
             config = name.split(" ")[-1] if name.startswith("raw-faiss") else name.split(" ")[0]
             row = {"config": name, "factory": results[config]["factory"], "n": data.n, "dim": data.dim}
         found = one.hits(name)  # a new collection's ids are its rows' positions (0, 1, ...)
+        row["interleave"] = args.interleave
         row.update({"recall_at_10": round(recall(found, truth[:timed]), 4), "p50_ms": one.ms(name, 50), "p99_ms": one.ms(name, 99),
                     "batch32_p50_ms": batch.ms(name, 50), "batch32_p99_ms": batch.ms(name, 99)})
         if name in filtered:
@@ -432,7 +450,7 @@ def log(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-COLUMNS = [("config", "configuration"), ("factory", "index"), ("recall_at_10", "recall@10"),
+COLUMNS = [("config", "configuration"), ("factory", "index"), ("interleave", "interleaved"), ("recall_at_10", "recall@10"),
            ("p50_ms", "p50 ms"), ("p50_ms_x_raw", "p50 x raw FAISS"), ("p99_ms", "p99 ms"),
            ("batch32_p50_ms", "batch-32 p50 ms"), ("batch32_p50_ms_x_raw", "batch-32 x raw FAISS"),
            ("batch32_p99_ms", "batch-32 p99 ms"), ("filtered_1pct_p50_ms", "1% filter p50 ms"),
@@ -497,6 +515,10 @@ def main() -> None:
                         help="FAISS OpenMP threads for searches (default 1: on a shared, loaded machine an "
                              "OpenMP barrier waiting for a descheduled thread costs ~70 ms a search)")
     parser.add_argument("--build-threads", type=int, default=2, help="FAISS OpenMP threads for index builds")
+    parser.add_argument("--interleave", choices=("all", "config"), default="all",
+                        help="time single queries and batches with every contender interleaved (all), or each "
+                             "configuration with its own rescore-0 and raw-FAISS rows, one configuration after "
+                             "another (config: back to back on one collection, as a server searches)")
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--keep-workdir", action="store_true", help="keep the collections (for --reuse)")
     parser.add_argument("--reuse", action="store_true",
