@@ -1,5 +1,6 @@
 """What a store remembers between searches of an unchanged file: the counters every search checks
-(state, parts, tombstone count) and the ids of recent `where` filters. Receives the store's version
+(state, parts, tombstone count), the ids of recent `where` filters and the row locations of
+recently rescored id sets. Receives the store's version
 (`MetaStore.version`, which moves whenever any connection may have changed the file) and the reads;
 hands back the value read under the current version, reading again only after the version moved.
 """
@@ -8,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Hashable
 
-# `where` filters whose matching ids are remembered while the file is unchanged (the most recent).
+# Values of one kind (a `where` filter's matching ids, a rescored id set's row locations) remembered
+# while the file is unchanged: the most recently used of each kind.
 FILTERS_REMEMBERED = 8
 
 
@@ -29,13 +31,13 @@ class Remembered:
             self._values[name] = read()
         return self._values[name]
 
-    def filter_ids(self, key: Hashable, read: Callable[[], Any]) -> Any:
-        """`get` for a filter's matching ids; only the FILTERS_REMEMBERED most recently used filters are kept."""
-        name = ("filter", key)
+    def recent(self, kind: str, key: Hashable, read: Callable[[], Any]) -> Any:
+        """`get` for a value of `kind`; only the FILTERS_REMEMBERED most recently used of each kind are kept."""
+        name = (kind, key)
         value = self.get(name, read)
         self._values[name] = self._values.pop(name)  # the newest use last: least recently used out first
-        filters = [kept for kept in self._values if isinstance(kept, tuple) and kept[0] == "filter"]
-        for oldest in filters[:-FILTERS_REMEMBERED]:
+        same = [kept for kept in self._values if isinstance(kept, tuple) and kept[0] == kind]
+        for oldest in same[:-FILTERS_REMEMBERED]:
             del self._values[oldest]
         return value
 

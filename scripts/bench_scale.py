@@ -407,7 +407,10 @@ def run(args) -> list[dict]:
     log(f"  batches done ({time.strftime('%H:%M:%S')})")
     filt = Timer()
     n_filtered = min(args.timed_filtered or args.filtered_queries, args.filtered_queries)
-    filt.rounds(filtered, [queries[i:i + 1] for i in range(n_filtered)])
+    # "config": each filtered contender alone, back to back (a server answering filtered queries; the
+    # uncached row forgets what it remembered each time); "all": every one interleaved, as before
+    for group in [filtered] if args.interleave == "all" else [{name: run} for name, run in filtered.items()]:
+        filt.rounds(group, [queries[i:i + 1] for i in range(n_filtered)])
     lex = Timer()
     if texts:
         query_texts = [words.query(int(picks[i]), i) for i in range(n_filtered)]

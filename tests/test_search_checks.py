@@ -239,3 +239,22 @@ def test_a_selective_filter_rescores_a_share_of_its_matches(tmp_path, monkeypatc
     col.search(unit(2, 3), k=5, where=BUCKET_0, rescore=rescore)
     assert asked == [depth]
     col.close()
+
+
+def test_the_row_locations_of_a_rescored_filter_are_remembered_until_the_file_changes(tmp_path):
+    """A selective filter's matches are all rescored at every search with it: their part/row
+    locations are read once while the file is unchanged, and again after any commit (a new
+    match is then found and rescored from its own row)."""
+    col, allowed = filtered_collection(tmp_path / "c", "BFlat", "binary")
+    reads = []
+    col._store.db.set_trace_callback(lambda sql: reads.append(sql) if "SELECT id, part, row" in sql else None)
+    queries = unit(3, 4)
+    first = col.search(queries, k=5, where=BUCKET_0)
+    assert len(reads) == 1
+    again = col.search(queries, k=5, where=BUCKET_0)
+    assert len(reads) == 1 and np.array_equal(first[1], again[1]) and np.array_equal(first[0], again[0])
+    new = queries[:1] / np.linalg.norm(queries[:1])  # the first query itself, in bucket 0: its best hit
+    col.add(new, [ItemRecord(uri="/d/new", modality="text", metadata={"bucket": 0})])
+    after = col.search(queries[:1], k=5, where=BUCKET_0)
+    assert len(reads) == 2 and after[1][0, 0] == 3000
+    col.close()
