@@ -205,7 +205,7 @@ def run_with_prefix(backbone, cache: PrefixCache, batch: Batch, policy, kernel: 
     returns (readout [B], BatchTrace) with the shapes of whole pairs in the trace's token counts.
 
     The policy is asked with whole pairs (`join`), so FastE's alignment and ranking see exactly
-    what they see without reuse; `policy.keeps_prefix` (protect="query") keeps the prefix
+    what they see without reuse; a policy that `keeps_prefix` (protect="query") keeps the prefix
     cached after the trigger, otherwise the rows go on as whole pairs."""
     started = time.perf_counter()
     vision = encode_vision(batch)
@@ -215,7 +215,6 @@ def run_with_prefix(backbone, cache: PrefixCache, batch: Batch, policy, kernel: 
     shared = cache.length
     config = policy.config if policy.compresses else None
     first = first_asked_layer(config, len(backbone.layers))
-    keeps_prefix = getattr(policy, "keeps_prefix", False)
     prefix_tokens = state.lengths - 1 + shared
     kept_prefix = prefix_tokens
     padded_lengths: list[int] = []
@@ -234,12 +233,11 @@ def run_with_prefix(backbone, cache: PrefixCache, batch: Batch, policy, kernel: 
                 pairs = pairs.gather(decision.plan.index, decision.plan.lengths)
                 kept_prefix = decision.plan.lengths - 1
                 trigger_layer = layer
-                if keeps_prefix:  # the plan starts with the S prefix slots of every row
+                if policy.keeps_prefix:  # the plan starts with the S prefix slots of every row
                     state = split(pairs, shared)
                 else:  # on as whole pairs, laid out as run_decoder lays out compressed rows
                     width = int(pairs.hidden.shape[1])
-                    packed = kernel if kernel is not None and backbone.can_pack(width) else None
-                    state, masks = compressed_layout(backbone, pairs, packed)
+                    state, masks, packed = compressed_layout(backbone, pairs, kernel)
                     whole = (masks, packed)
         if whole is None:
             padded_lengths.append(shared + int(state.hidden.shape[1]))

@@ -76,8 +76,7 @@ def run_decoder(
                 kept_prefix = decision.plan.lengths - 1
                 trigger_layer = layer
                 width = int(state.hidden.shape[1])
-                packed = kernel if kernel is not None and backbone.can_pack(width) else None
-                state, masks = compressed_layout(backbone, state, packed)
+                state, masks, packed = compressed_layout(backbone, state, kernel)
         padded_lengths.append(width)
         state = step_layer(backbone, layer, state, masks, packed)
     embeddings = readout(backbone, state.readout_hidden())
@@ -125,8 +124,9 @@ def step_layer(backbone, layer: int, state, masks, kernel: PackedKernel | None):
 
 
 def compressed_layout(backbone, state: DecoderState, kernel: PackedKernel | None):
-    """A just-compressed state as the remaining layers take it: padded, with its 4-D masks
-    rebuilt (only here, from the gathered 2-D mask), or packed for `kernel` (no masks)."""
-    if kernel is None:
-        return state, backbone.attention_masks(state)
-    return state.pack(), None
+    """A just-compressed state as the remaining layers take it: (state, masks, the kernel they run
+    with). Packed for `kernel` when the backbone can pack rows that wide (no masks), else padded
+    with its 4-D masks rebuilt (only here, from the gathered 2-D mask) and no kernel."""
+    if kernel is None or not backbone.can_pack(int(state.hidden.shape[1])):
+        return state, backbone.attention_masks(state), None
+    return state.pack(), None, kernel
