@@ -7,7 +7,7 @@ writes; it composes `opening` (create/open checks), `store` (SQLite, all SQL), `
 `collection_search` (the read path of one snapshot), `scan_plan`, `compaction`, `manifest` and
 `directory` (which files are ours, the one-writer flock, erase).
 """
-# Size: ~530 lines, over the ~450 of issue 22: the work lives in the stage modules named above; what stays is
+# Size: ~600 lines, over the ~450 of issue 22: the work lives in the stage modules named above; what stays is
 # the public surface (about 35 short methods whose docstrings are the collection's API reference) and the
 # writer's open state they share. Splitting the surface itself would spread one object's contract over files.
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
 
@@ -36,6 +37,17 @@ from faste_mm.indexers.stored_vectors import MappedParts, iter_live
 from faste_mm.indexers.writes import check_failures, store_chunk
 
 log = logging.getLogger(__name__)
+
+@dataclass(frozen=True, slots=True, eq=False)
+class _PlainSnapshot:
+    """What an unfiltered snapshot found (`Collection._unchanged_search` may skip the next one while
+    the store, its version and the index object are these): the index current, no tombstoned vector."""
+
+    store: MetaStore
+    version: tuple[int, int]
+    index: object  # the FAISS index object searched
+    rescores: bool  # whether that index's default search rescores (then it reads SQLite)
+
 
 class Collection:
     """A searchable store of embedding vectors and their item records.
@@ -62,9 +74,8 @@ class Collection:
         self._generation = directory.HeldGeneration(root)
         self._expect: Manifest | None = None  # a reader's `open(expect=...)`, checked again on reload
         self._current_for: tuple | None = None  # (store, version, index) `_current_index` last checked
-        # (store, version, index, whether it rescores): the last unfiltered snapshot found that index current
-        # and no tombstoned vector in it (`_unchanged_search`)
-        self._plain_at: tuple | None = None
+        # the last unfiltered snapshot that found its index current and no tombstoned vector in it
+        self._plain_at: _PlainSnapshot | None = None
 
     # ---- lifecycle -------------------------------------------------------------------------
     @classmethod
@@ -368,12 +379,12 @@ class Collection:
         docs/benchmarks.md). A commit landing during the FAISS search is as if it came after, as for a
         search in a snapshot. None when it cannot (the caller searches in a snapshot)."""
         plain = self._plain_at
-        if plain is None or plain[0] is not self._store or plain[2] is not self._index.index \
-                or (plain[3] and rescore != 0) or self._store.db.in_transaction:
+        if plain is None or plain.store is not self._store or plain.index is not self._index.index \
+                or (plain.rescores and rescore != 0) or self._store.db.in_transaction:
             return None
         if rescore is not None and (not isinstance(rescore, int) or rescore < 0):
             return None  # the snapshot's path words the error
-        if self._store.version() != plain[1]:
+        if self._store.version() != plain.version:
             return None
         return collection_search.live_hits(self._index, queries, k, nprobe, ef_search)
 
@@ -487,8 +498,8 @@ class Collection:
         found = collection_search.dense_hits(self._index, self._store, queries, k, nprobe, ef_search, where, rescore,
                                              self._manifest.stored_precision, self.vectors)
         if (where is None or where.is_empty) and self._store.n_tombstoned_vectors() == 0:
-            self._plain_at = (self._store, self._store.version(), index,
-                              collection_search.rescores(self._index.factory, self._manifest.stored_precision))
+            self._plain_at = _PlainSnapshot(self._store, self._store.version(), index,
+                                            collection_search.rescores(self._index.factory, self._manifest.stored_precision))
         return found
 
     # ---- index maintenance -----------------------------------------------------------------
