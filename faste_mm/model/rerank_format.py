@@ -130,6 +130,29 @@ class VLPairSerializer:
         encoded = self._encode(prefix, [image] if image is not None else [], [video] if video is not None else [])
         return replace(prepared, protected=int(encoded["input_ids"].shape[1]))
 
+    def planned_size(self, query: PreparedQuery, document: Item) -> tuple[int, int] | None:
+        """(tokens, pixel bytes) `self(query, document)` gives an image or page document, without
+        rendering it: the pair prompt tokenized with a placeholder per image, each placeholder
+        counted as its image's tokens (the document's at `resized_size`, from the file header or
+        the PDF page box; the query's from its resized image), then the official truncation's
+        length: all special tokens (the image tokens among them) and max_length others, plus the
+        tail. Lets the batcher plan a query's batches and the server count a request's tokens
+        before any page is rendered. None for text documents (as cheap to serialize as to count)
+        and where the pair holds a video (counting needs the container)."""
+        if not document.has_image or document.has_video or query.video is not None:
+            return None
+        placeholder = "planned"  # the template writes the image's placeholder; the object is not read
+        user = self.query_content(query) + self._part(DOCUMENT_LABEL, document, placeholder, None)
+        ids = torch.tensor(self.processor.tokenizer(self._render(user, generation_prompt=True))["input_ids"])
+        sizes = ([query.image.size] if query.image is not None else []) + [self.media.resized_size(document)]
+        plans = [self.media.image_plan(width, height) for width, height in sizes]
+        expanded = sum(tokens for tokens, _ in plans) - len(plans)  # each placeholder becomes its image's tokens
+        length = ids.shape[0] + expanded
+        if length - KEPT_TAIL > self.config.max_length:
+            special = int(torch.isin(ids[:-KEPT_TAIL], self.special_ids).sum()) + expanded
+            length = max(self.config.max_length, special) + KEPT_TAIL
+        return length, sum(nbytes for _, nbytes in plans)
+
     def __call__(self, query: PreparedQuery, document: Item) -> Serialized:
         image, video = self._media(document)
         user = self.query_content(query) + self._part(DOCUMENT_LABEL, document, image, video)
@@ -169,6 +192,10 @@ class TextPairSerializer:
         prepared = PreparedQuery(query, (instruction or "").strip() or self.default_instruction, None, None, 0)
         protected = len(self.prefix_ids) + len(self.tokenizer(self.query_text(prepared))["input_ids"])
         return replace(prepared, protected=protected)
+
+    def planned_size(self, query: PreparedQuery, document: Item) -> None:
+        """None: a text pair is as cheap to serialize as to count."""
+        return None
 
     def __call__(self, query: PreparedQuery, document: Item) -> Serialized:
         if document.has_image or document.has_video:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Callable, Iterable, Literal
 
 import numpy as np
@@ -29,6 +29,7 @@ from faste_mm.model.prefix_reuse import (PrefixCache, PrefixMismatch, cut_pair, 
 from faste_mm.model.rerank_format import PreparedQuery, TextPairSerializer, VLPairSerializer, rerank_serializer_config
 from faste_mm.model.rerank_explain import Explanation, explain_pair
 from faste_mm.model.rerank_policy import AttentionProbe, ProtectedFastE
+from faste_mm.model.rerank_results import Ranking, RerankResult, RerankStats
 from faste_mm.model.runner import BatchTrace, run_decoder, settle_kernel
 from faste_mm.model.serialization import SerializerConfig
 from faste_mm.model.tower_cache import DEFAULT_TOWER_CACHE_BYTES, RowKeys, TowerCache
@@ -51,86 +52,6 @@ class YesNoHead:
     def __call__(self, backbone, hidden_readout: torch.Tensor) -> torch.Tensor:
         normed = backbone.final_norm(hidden_readout).float()  # [B, H]
         return torch.sigmoid(normed @ self.direction)  # [B]
-
-
-@dataclass(frozen=True, slots=True)
-class RerankStats:
-    """What one `score` call cost: pairs, prefix tokens before/after FastE, FLOPs, seconds."""
-
-    n_pairs: int
-    n_failed: int
-    fast_e: dict | None
-    protect: str
-    protected_tokens: int  # sum of P_i (instruction + query positions) over the scored pairs
-    prefix_tokens: int
-    kept_prefix_tokens: int
-    flops_full: int
-    flops_realised: int
-    serialize_s: float
-    forward_s: float
-    total_s: float
-    batches: list[BatchTrace] = field(default_factory=list)
-    prefix_reused: int = 0  # shared prefix tokens computed once for this query (0: no reuse)
-    prefix_s: float = 0.0  # seconds computing them
-
-    @property
-    def flops_reduction(self) -> float:
-        return 1.0 - self.flops_realised / self.flops_full if self.flops_full else 0.0
-
-    def to_dict(self) -> dict:
-        data = asdict(self)
-        data["flops_reduction"] = self.flops_reduction
-        return data
-
-
-@dataclass(frozen=True, slots=True)
-class RankedDocument:
-    """One scored candidate: `index` is its position in the documents given (a PDF's pages share
-    it), `row` its row among the expanded documents."""
-
-    index: int
-    row: int
-    score: float
-    item: Item
-
-    def to_dict(self) -> dict:
-        return {"index": self.index, "row": self.row, "score": self.score, "item": self.item.describe()}
-
-
-@dataclass(frozen=True, slots=True)
-class RerankResult:
-    """scores: float32 [n] in the order of the expanded documents (a PDF contributes a row per
-    page), each in (0, 1); NaN where the candidate failed (`ok` False, reason in `failures`)."""
-
-    scores: np.ndarray
-    items: list[Item]
-    sources: list[int]
-    ok: np.ndarray
-    failures: list[Failure] = field(default_factory=list)
-    stats: RerankStats | None = None
-
-    def ranked(self, top_n: int | None = None) -> list[RankedDocument]:
-        """Scored candidates, best first (ties keep input order); at most `top_n`."""
-        if top_n is not None and top_n < 0:
-            raise ConfigError(f"top_n must be >= 0 or None, got {top_n}")
-        rows = [row for row in np.argsort(-self.scores, kind="stable").tolist() if self.ok[row]]
-        return [RankedDocument(self.sources[r], r, float(self.scores[r]), self.items[r]) for r in rows[:top_n]]
-
-
-@dataclass(frozen=True, slots=True)
-class Ranking:
-    """`Reranker.rerank`: the best candidates first, the candidates that failed, the stats."""
-
-    results: list[RankedDocument]
-    failures: list[Failure]
-    stats: RerankStats | None = None
-
-    def to_dict(self) -> dict:
-        return {
-            "results": [r.to_dict() for r in self.results],
-            "failures": [asdict(f) for f in self.failures],
-            "stats": None if self.stats is None else self.stats.to_dict(),
-        }
 
 
 class Reranker:
@@ -284,8 +205,10 @@ class Reranker:
         tally.prefix_s = time.perf_counter() - tick
         if prefix is not None:  # pairs that do not start with the prefix (truncated queries) go on whole
             todo = self._score_pairs(todo, lambda i: cut_pair(self.serialize_pair(prepared, items[i]), prefix),
+                                     lambda i: self._planned(prepared, items[i], prefix.length),
                                      items, sources, tally, on_error, progress, prefix)
-        self._score_pairs(todo, lambda i: self.serialize_pair(prepared, items[i]), items, sources, tally, on_error, progress)
+        self._score_pairs(todo, lambda i: self.serialize_pair(prepared, items[i]), lambda i: self._planned(prepared, items[i]),
+                          items, sources, tally, on_error, progress)
         failures.sort(key=lambda f: f.index)
         if failures:
             log.info("scored %d candidates, skipped %d", int(ok.sum()), len(failures))
@@ -305,16 +228,30 @@ class Reranker:
                               self._vision(None))
         return cache if reusable(cache, self.fast_e, self.protect == "query", num_layers) else None
 
-    def _score_pairs(self, todo, serialize, items, sources, tally: "_Tally", on_error, progress, prefix=None) -> list[int]:
-        """Score the pairs `todo` (whole, or document parts after `prefix`) into `tally`; returns
-        the rows that did not start with the prefix (to be scored whole)."""
+    def _planned(self, prepared: PreparedQuery, item: Item, shared: int = 0) -> tuple[int, int] | None:
+        """(tokens, pixel bytes) of the pair, less the `shared` prefix tokens run once per query,
+        without rendering its image or page; None where only serializing can tell."""
+        planned = self.serializer.planned_size(prepared, item)
+        return None if planned is None else (planned[0] - shared, planned[1])
+
+    def pair_tokens(self, prepared: PreparedQuery, item: Item) -> int:
+        """The prompt tokens of one pair as the model sees them: counted from the image header or
+        the page box where it can (nothing rendered), else serialized (the server's request limits)."""
+        planned = self.serializer.planned_size(prepared, item)
+        return planned[0] if planned is not None else self.serializer(prepared, item).length
+
+    def _score_pairs(self, todo, serialize, measure, items, sources, tally: "_Tally", on_error, progress,
+                     prefix=None) -> list[int]:
+        """Score the pairs `todo` (whole, or document parts after `prefix`) into `tally`, batches
+        planned from `measure` (so the first batch waits only for its own pages); returns the rows
+        that did not start with the prefix (to be scored whole)."""
         whole: list[int] = []
         pin = self.backbone.device.type == "cuda"
         shared = 0 if prefix is None else prefix.length  # batches planned on whole pairs: the same as without reuse
         row_keys = None if self.tower_cache is None else RowKeys(self.tower_cache)
         serialize = serialize if row_keys is None else row_keys.hashing(serialize)  # keys hashed in the prep workers
         for element in prefetch_batches(todo, serialize, self.batching, self.loaded.pad_token_id, pin, tally.timer,
-                                        planned_extra=shared):
+                                        measure, planned_extra=shared):
             if isinstance(element, ItemError):
                 if isinstance(element.error, PrefixMismatch):
                     whole.append(element.index)

@@ -212,14 +212,18 @@ class VLSerializer:
         (as cheap to serialize as to count) and video (counting needs the container)."""
         if not item.has_image or item.has_video:
             return None
-        width, height = self.resized_size(item)
+        n_image, nbytes = self.image_plan(*self.resized_size(item))
+        n_text = len(self.processor.tokenizer(self.render_prompt(item, instruction))["input_ids"])
+        # the placeholder becomes the image tokens
+        return min(n_text - 1 + n_image, self.config.max_length), nbytes
+
+    def image_plan(self, width: int, height: int) -> tuple[int, int]:
+        """(merged visual tokens, bytes of the float32 patches) of an image already resized to
+        width x height: (h/16) * (w/16) patches of 3 * temporal_patch_size * 16 * 16 floats, 2x2 merged."""
         image_processor = self.processor.image_processor
         n_patches = (height // image_processor.patch_size) * (width // image_processor.patch_size)
-        n_image = n_patches // image_processor.merge_size**2
-        n_text = len(self.processor.tokenizer(self.render_prompt(item, instruction))["input_ids"])
         patch_floats = 3 * image_processor.temporal_patch_size * image_processor.patch_size**2
-        # the placeholder becomes the image tokens
-        return min(n_text - 1 + n_image, self.config.max_length), n_patches * patch_floats * 4
+        return n_patches // image_processor.merge_size**2, n_patches * patch_floats * 4
 
     def __call__(self, item: Item, instruction: str | None) -> Serialized:
         # qwen-vl-utils' fetch_video: sampled frames, resized; the processor then neither

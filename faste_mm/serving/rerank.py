@@ -109,8 +109,8 @@ def rerank_search_hits(engine: ServeEngine, query: str | None, image, hits: list
     model thread; equals `Retriever.search(..., rerank=reranker)` on the same hits. The pairs'
     prompt tokens count against --max-request-tokens as /v1/rerank's do (RequestTooLargeError);
     a hit whose file cannot be read again counts nothing (it is not scored, and is kept after
-    the scored ones). Counting reads each hit's file here and again on the model thread, as
-    /v1/rerank decodes its documents twice: the limit is checked before the model is busy."""
+    the scored ones). Counting reads each hit's image header or page box, nothing rendered
+    (`Reranker.pair_tokens`): the limit is checked before the model is busy."""
     item = Item(text=query or None, image=image)
     reranker = _reranker(engine, None)
     try:
@@ -120,7 +120,7 @@ def rerank_search_hits(engine: ServeEngine, query: str | None, image, hits: list
     total = 0
     for hit in hits:
         try:
-            total += reranker.serializer(prepared, stored_item(hit.uri, hit.page)).length
+            total += reranker.pair_tokens(prepared, stored_item(hit.uri, hit.page))
         except Exception:  # noqa: BLE001 - unreadable now: rerank_hits reports it and keeps the hit unscored
             continue
     _check_tokens(engine, total, f"reranking {len(hits)} hits (rerank_top)", "lower rerank_top")
@@ -211,8 +211,9 @@ def _reranker(engine: ServeEngine, model: str | None):
 
 
 def _count_pair_tokens(engine: ServeEngine, reranker, query: Item, documents: list[Item], instruction: str | None) -> int:
-    """Prompt tokens of every pair as the model will see them (decoding the images, so a bad one
-    fails here, named); RequestTooLargeError over the per-request limit."""
+    """Prompt tokens of every pair as the model will see them (`Reranker.pair_tokens`: a request's
+    images are already decoded; an unreadable one fails here, named); RequestTooLargeError over the
+    per-request limit."""
     try:
         prepared = reranker.prepare_query(query, instruction)
     except FasteError as error:
@@ -220,7 +221,7 @@ def _count_pair_tokens(engine: ServeEngine, reranker, query: Item, documents: li
     total = 0
     for index, document in enumerate(documents):
         try:
-            total += reranker.serializer(prepared, document).length
+            total += reranker.pair_tokens(prepared, document)
         except FasteError as error:
             raise InputError(f"documents[{index}]: {error}") from None
         except Exception as error:  # the processor's own errors: still this input's fault

@@ -1,0 +1,89 @@
+"""A reranker's pairs are counted before they are rendered: `planned_size` equals the serialized
+pair (official truncation included), so a query's first batch waits only for its own pages and the
+server counts a request's tokens from image headers and page boxes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from faste_mm import BatchingConfig, Item
+from faste_mm.model.rerank_format import rerank_serializer_config
+from faste_mm.model.reranker import Reranker
+
+from .rerank_fixtures import ONE_BATCH, reranker_dirs, text_reranker, vl_reranker  # noqa: F401
+
+
+def _documents(image_dir) -> list[Item]:
+    return [
+        Item(image=image_dir / "doc.pdf", page=1, max_pixels=60_000),
+        Item(image=image_dir / "doc.pdf", page=2, text="a landscape page with a caption"),
+        Item(image=image_dir / "red.png"),
+        Item(image=image_dir / "green_rgba.png", text="words " * 90),
+        Item(image=Image.new("RGB", (50, 700), (9, 9, 9)), text="a tall strip"),
+    ]
+
+
+@pytest.mark.parametrize("max_length", [8192, 300, 40])  # 300 and 40 truncate; at 40 the image tokens alone exceed it
+@pytest.mark.parametrize("query", ["text", "image"])
+def test_planned_size_equals_the_serialized_pair(vl_reranker, image_dir, max_length, query):
+    reranker = Reranker(vl_reranker.loaded, serializer=rerank_serializer_config(max_length), batching=ONE_BATCH)
+    asked = "which page is landscape? " * 12 if query == "text" else Item(image=image_dir / "gray.jpg", text="like this")
+    prepared = reranker.prepare_query(asked)
+    truncated = 0
+    for document in _documents(image_dir):
+        pair = reranker.serializer(prepared, document)
+        assert reranker.serializer.planned_size(prepared, document) == (pair.length, pair.pixel_values.numel() * 4), document
+        assert reranker.pair_tokens(prepared, document) == pair.length
+        truncated += pair.truncated
+    assert (truncated > 0) == (max_length < 8192)
+
+
+def test_text_and_video_pairs_are_serialized_to_be_counted(vl_reranker, text_reranker, tmp_path):
+    from .test_video import write_video
+
+    prepared = vl_reranker.prepare_query("a moving bar")
+    clip = write_video(tmp_path / "clip.mp4", 4, 5)
+    for document in (Item(text="only words"), Item(video=clip)):
+        assert vl_reranker.serializer.planned_size(prepared, document) is None
+        assert vl_reranker.pair_tokens(prepared, document) == vl_reranker.serializer(prepared, document).length
+    prepared = text_reranker.prepare_query("a query")
+    assert text_reranker.serializer.planned_size(prepared, Item(text="a passage")) is None
+    assert text_reranker.pair_tokens(prepared, Item(text="a passage")) == text_reranker.serializer(prepared, Item(text="a passage")).length
+
+
+@pytest.mark.parametrize("prefix_reuse", [False, True])
+def test_the_first_batch_waits_only_for_its_own_pages(vl_reranker, image_dir, monkeypatch, prefix_reuse):
+    """Pages are rendered batch by batch: when the first batch is scored only its pages were
+    serialized (not the first chunk's 16), and the scores equal a reranker that serializes to plan."""
+    pages = [Item(image=image_dir / "doc.pdf", page=1 + i % 2, max_pixels=60_000) for i in range(20)]
+    in_caller = BatchingConfig(batch_tokens=700, workers=0)  # ~3 pairs a batch, serialized in this thread
+    reranker = Reranker(vl_reranker.loaded, batching=in_caller, prefix_reuse=prefix_reuse, tower_cache_bytes=0)
+    seen = []
+    monkeypatch.setattr(reranker, "serializer", _Counting(reranker.serializer, seen))
+    at_first_batch = []
+    result = reranker.score("which page is landscape?", pages, progress=lambda n: at_first_batch.append((n, len(seen))))
+    first_size, serialized_by_then = at_first_batch[0]
+    assert 1 <= first_size < 16 and serialized_by_then == first_size
+    assert len(at_first_batch) > 2 and len(seen) == len(pages)  # each page rendered once, several batches
+
+    unplanned = Reranker(vl_reranker.loaded, batching=in_caller, prefix_reuse=prefix_reuse, tower_cache_bytes=0)
+    monkeypatch.setattr(unplanned.serializer, "planned_size", lambda *args: None)
+    np.testing.assert_allclose(result.scores, unplanned.score("which page is landscape?", pages).scores, atol=1e-6)
+
+
+class _Counting:
+    """The reranker's pair serializer, recording each pair it serializes (the query's own
+    serialization for the prefix is an empty-text pair, not counted)."""
+
+    def __init__(self, inner, seen: list) -> None:
+        self._inner, self._seen = inner, seen
+
+    def __call__(self, query, document):
+        if document.has_image:
+            self._seen.append(document)
+        return self._inner(query, document)
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
