@@ -18,6 +18,7 @@ from PIL import Image
 
 from faste_mm.errors import InputError
 from faste_mm.model.items import Item
+from faste_mm.model.resized_images import ResizedImages
 from faste_mm.model.serialization import SerializerConfig, Serialized, VLSerializer, _handled_truncation, bare_video_pads
 from faste_mm.model.video import VideoFrames, read_video
 
@@ -71,16 +72,20 @@ class VLPairSerializer:
     """Qwen3-VL-Reranker pairs over the processor: images and videos are resized exactly as
     the embedder's serializer does (qwen-vl-utils), with the reranker's pixel budget."""
 
-    def __init__(self, processor, config: SerializerConfig) -> None:
+    def __init__(self, processor, config: SerializerConfig, resized: ResizedImages | None = None) -> None:
         self.processor = processor
         self.media = VLSerializer(processor, config)  # image resize and pixel bounds, shared with embedding
         self.config = config
         self.special_ids = torch.tensor(sorted(processor.tokenizer.all_special_ids))
         self.default_instruction = VL_DEFAULT_INSTRUCTION
+        self.resized = resized  # files' resized images across queries (None: resized every time)
 
     def _media(self, item: Item) -> tuple[Image.Image | None, VideoFrames | None]:
         video = read_video(item.video, self.config.video, max_tokens=self.config.max_length) if item.has_video else None
-        image = self.media.prepare_image(item) if item.has_image else None
+        image = None
+        if item.has_image:
+            prepare = lambda: self.media.prepare_image(item)  # noqa: E731
+            image = prepare() if self.resized is None else self.resized.get(item, self.media.pixel_bounds(item), prepare)
         return image, video
 
     @staticmethod

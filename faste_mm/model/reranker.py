@@ -31,6 +31,7 @@ from faste_mm.model.rerank_explain import Explanation, explain_pair
 from faste_mm.model.rerank_policy import AttentionProbe, ProtectedFastE
 from faste_mm.model.rerank_results import Ranking, RerankResult, RerankStats
 from faste_mm.model.runner import BatchTrace, run_decoder, settle_kernel
+from faste_mm.model.resized_images import ResizedImages
 from faste_mm.model.serialization import SerializerConfig
 from faste_mm.model.tower_cache import DEFAULT_TOWER_CACHE_BYTES, RowKeys, TowerCache
 from faste_mm.model.unpadded import Unpadded
@@ -87,17 +88,20 @@ class Reranker:
         if protect == "query" and self.fast_e is not None and self.fast_e.ranking != "readout":
             raise ConfigError(f"protect='query' keeps the query by FastE's readout ranking; ranking "
                               f"{self.fast_e.ranking!r} cannot be combined with it (use protect='none')")
+        # candidates' tower features across queries (docs/rerank.md); 0 bytes turns it off
+        cache = TowerCache(tower_cache_bytes, f"{loaded.model_id}|{self.backbone.dtype}")
+        self.tower_cache = cache if tower_cache_bytes and loaded.is_multimodal else None
+        # with it, candidates' resized images too: a quarter of its bytes holds the images of more
+        # pages than it holds features (~4 MB against ~21 MB a page at the 2B shape)
+        self.resized_images = None if self.tower_cache is None else ResizedImages(tower_cache_bytes // 4)
         config = serializer or rerank_serializer_config(self.family.max_length)
-        pairs = VLPairSerializer if loaded.is_multimodal else TextPairSerializer
-        self.serializer = pairs(loaded.preprocessor, config)
+        self.serializer = (VLPairSerializer(loaded.preprocessor, config, self.resized_images) if loaded.is_multimodal
+                           else TextPairSerializer(loaded.preprocessor, config))
         self.head = YesNoHead(loaded.yes_minus_no.to(self.backbone.device))
         self.unpadded = Unpadded(self.batching.unpadded, self.backbone.device, self.backbone.dtype)
         # None: where it is exact at every layer (full forward, protect="query"); plain FastE
         # reuses only up to its trigger, which measured no faster (docs/benchmarks.md, round 3)
         self.prefix_reuse = (self.fast_e is None or protect == "query") if prefix_reuse is None else bool(prefix_reuse)
-        # candidates' tower features across queries (docs/rerank.md); 0 bytes turns it off
-        cache = TowerCache(tower_cache_bytes, f"{loaded.model_id}|{self.backbone.dtype}")
-        self.tower_cache = cache if tower_cache_bytes and loaded.is_multimodal else None
 
     @classmethod
     def from_pretrained(
@@ -127,7 +131,8 @@ class Reranker:
         system + instruction + query states once per query and run only each pair's document part
         (same scores; docs/rerank.md "Prefix reuse"); None: on for the full forward and protect
         "query", off for plain FastE (reused only up to its trigger there). tower_cache_bytes: keep candidates' vision
-        tower features across queries up to this many bytes (default 1 GiB; 0 turns it off).
+        tower features across queries up to this many bytes (default 1 GiB; 0 turns it off), and their
+        files' resized images up to a quarter of that (`resized_images`: no page rendered twice).
         Raises ModelLoadError (an embedding model is refused, naming both) and ConfigError.
         """
         if fast_e is None:

@@ -1,6 +1,8 @@
-"""A reranker's pairs are counted before they are rendered: `planned_size` equals the serialized
-pair (official truncation included), so a query's first batch waits only for its own pages and the
-server counts a request's tokens from image headers and page boxes."""
+"""A reranker's preprocessing of candidates: pairs are counted before they are rendered
+(`planned_size` equals the serialized pair, official truncation included), so a query's first batch
+waits only for its own pages and the server counts a request's tokens from image headers and page
+boxes; and a file's resized image is kept across queries (`ResizedImages`), so a later query over
+the same pages renders none of them."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from PIL import Image
 from faste_mm import BatchingConfig, Item
 from faste_mm.model.rerank_format import rerank_serializer_config
 from faste_mm.model.reranker import Reranker
+from faste_mm.model.resized_images import ResizedImages
 
 from .rerank_fixtures import ONE_BATCH, reranker_dirs, text_reranker, vl_reranker  # noqa: F401
 
@@ -87,3 +90,47 @@ class _Counting:
 
     def __getattr__(self, name):
         return getattr(self._inner, name)
+
+
+def _counting_resizes(reranker, monkeypatch) -> list:
+    resized, prepare = [], reranker.serializer.media.prepare_image
+    monkeypatch.setattr(reranker.serializer.media, "prepare_image", lambda item: resized.append(item) or prepare(item))
+    return resized
+
+
+def test_a_later_query_over_the_same_files_resizes_none_of_them(vl_reranker, image_dir, tmp_path, monkeypatch):
+    photo = tmp_path / "photo.png"
+    Image.new("RGB", (120, 80), (10, 200, 30)).save(photo)
+    documents = [Item(image=image_dir / "doc.pdf", page=1, max_pixels=60_000), Item(image=image_dir / "doc.pdf", page=2, max_pixels=60_000),
+                 Item(image=photo, text="green"), Item(image=Image.new("RGB", (64, 64)), text="in memory")]
+    reranker = Reranker(vl_reranker.loaded, batching=ONE_BATCH)
+    plain = Reranker(vl_reranker.loaded, batching=ONE_BATCH, tower_cache_bytes=0)
+    assert plain.resized_images is None
+    resized = _counting_resizes(reranker, monkeypatch)
+    first = reranker.score("a green photo", documents).scores
+    assert len(resized) == 4
+    second = reranker.score("which page is landscape?", documents).scores
+    assert resized[4:] == [documents[3]]  # only the in-memory image, which has no file identity
+    np.testing.assert_allclose(second, plain.score("which page is landscape?", documents).scores, atol=1e-6)
+    np.testing.assert_allclose(first, plain.score("a green photo", documents).scores, atol=1e-6)
+
+    Image.new("RGB", (96, 160), (200, 10, 10)).save(photo)  # rewritten: another size and modification time
+    rewritten = reranker.score("a green photo", documents).scores
+    assert resized[5:] == [documents[2], documents[3]]
+    np.testing.assert_allclose(rewritten, plain.score("a green photo", documents).scores, atol=1e-6)
+    assert abs(rewritten[2] - first[2]) > 1e-6
+
+
+def test_resized_images_are_bounded_by_bytes_least_recently_used_out_first(tmp_path):
+    paths = []
+    for index in range(3):
+        paths.append(tmp_path / f"{index}.png")
+        Image.new("RGB", (10, 10), (index, 0, 0)).save(paths[-1])
+    kept = ResizedImages(max_bytes=2 * 10 * 10 * 3)  # two 10 x 10 RGB images
+    made = []
+    get = lambda i: kept.get(Item(image=paths[i]), (1, 100), lambda: made.append(i) or Image.open(paths[i]).convert("RGB"))  # noqa: E731
+    for index in (0, 1, 0, 2, 0, 1):
+        get(index)
+    assert made == [0, 1, 2, 1]  # 1 was least recently used when 2 came
+    assert kept.nbytes == 600 and (kept.hits, kept.misses) == (2, 4)
+    assert ResizedImages(max_bytes=10).get(Item(image=paths[0]), (1, 100), lambda: Image.new("RGB", (10, 10))).size == (10, 10)
