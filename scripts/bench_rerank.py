@@ -99,7 +99,7 @@ def main() -> None:
                         "fixed rows are labelled 'fixed@L'")
     parser.add_argument("--prefix-reuse", default="off,on", help="prefix reuse modes run at each setting (off, on)")
     parser.add_argument("--tower-cache", default="off", help="tower cache modes for image inputs: off (no cache), "
-                        "cold (emptied before every query), warm (filled by an untimed query first); comma-separated")
+                        "cold (emptied before every query), warm (filled by an untimed query first; the candidates' resized images are kept with it); comma-separated")
     parser.add_argument("--max-pixels", type=int, default=None, help="image / page pixel budget of every setting "
                         "(default: the official reranker's 1,310,720); smaller budgets make page runs fit a CPU")
     parser.add_argument("--drop", default=None, help="a regular expression: settings whose name it matches are not run")
@@ -148,10 +148,12 @@ def main() -> None:
             settings = [(name, rr) for name, rr in settings if name in (OFFICIAL, FULL) or not re.search(args.drop, name)]
         full.score(QUERY, all_documents[:2])  # untimed warm-up: lazy kernel set-up is no setting's cost
         warm = [rr for name, rr in settings if name.endswith("cache=warm")]
-        if warm:  # another query over the same candidates fills one tower cache, shared by the warm settings
+        if warm:  # another query over the same candidates fills one tower cache (and the resized images kept
+            # with it), shared by the warm settings
             warm[0].score("an earlier query about the same candidates", all_documents[: max(tops)])
             for rr in warm[1:]:
                 rr.tower_cache = warm[0].tower_cache
+                rr.resized_images = rr.serializer.resized = warm[0].resized_images
         print(f"device: {device_name(full.backbone.device)}, {cpu_model()}; torch {torch.__version__}; dtype "
               f"{full.backbone.dtype} ({args.dtype}); shape {args.shape} x{args.scale}; inputs {args.inputs}; "
               f"max_pixels {full.serializer.config.max_pixels}; query {len(QUERY.split())} words; mean of {args.repeats} mirrored rounds; load average "
@@ -166,8 +168,9 @@ def main() -> None:
             def run(reranker, documents=documents):
                 if reranker is None:
                     return official_scores(lm, full, documents, args.official_batch), None
-                if cold[id(reranker)]:  # a cold cache: every candidate's tower runs (and is hashed and kept)
+                if cold[id(reranker)]:  # a cold cache: every candidate is resized and its tower runs (hashed and kept)
                     reranker.tower_cache.clear()
+                    reranker.resized_images.clear()
                 result = reranker.score(QUERY, documents)
                 return result.scores, result.stats
 
