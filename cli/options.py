@@ -20,7 +20,9 @@ from faste_mm.retrieval.profile import DEFAULT_MODEL, DOCUMENT_R_MAX
 if TYPE_CHECKING:
     from faste_mm.model.faste import FastEConfig
 
-DEFAULT_BATCH_TOKENS = 16384
+DEFAULT_BATCH_TOKENS = None  # by device: model/batching.BATCH_TOKENS (a test keeps the help's numbers equal; no torch here)
+CPU_BATCH_TOKENS, GPU_BATCH_TOKENS = 4096, 16384
+SERVE_MERGE_TOKENS = 16384  # serve: what concurrent requests are merged up to when --batch-tokens is not given
 SWEEP_R_MAX = (0.0, 0.3, 0.5, 0.7)  # eval and bench: the paper's removal ratios
 
 
@@ -55,10 +57,11 @@ TriggerLayer = Annotated[Optional[int], typer.Option(
     "--trigger-layer", envvar="FASTE_MM_TRIGGER_LAYER", min=0, show_default=False,
     help="Compress right before this layer instead of FastE's alignment trigger (fixed-layer ablation; "
          "eval: the layer of its 'fixed' baseline). Default: none (eval: half the depth).")]
-BatchTokens = Annotated[int, typer.Option(
+BatchTokens = Annotated[Optional[int], typer.Option(
     "--batch-tokens", envvar="FASTE_MM_BATCH_TOKENS", min=1, show_default=False,
     help=f"Padded tokens per model batch (serve: also what concurrent requests are merged up to). "
-         f"Default {DEFAULT_BATCH_TOKENS}.")]
+         f"Default by device: {CPU_BATCH_TOKENS} on a CPU (smaller batches stay in its caches), "
+         f"{GPU_BATCH_TOKENS} on a GPU (serve merges requests up to {SERVE_MERGE_TOKENS}).")]
 Unpadded = Annotated[str, typer.Option(
     "--unpadded", envvar="FASTE_MM_UNPADDED", show_default=False,
     help="Layers after FastE compression: auto (CUDA: fastest of padded / flash-attn / torch-nested on a "

@@ -14,7 +14,7 @@ import typer
 from rich.markup import escape
 
 from faste_mm.cli.common import fail, setup_logging, stderr
-from faste_mm.cli.options import (DEFAULT_BATCH_TOKENS, DEFAULT_MODEL, BatchTokens, CollectionOption, Debug, Device, Dtype,
+from faste_mm.cli.options import (DEFAULT_BATCH_TOKENS, DEFAULT_MODEL, SERVE_MERGE_TOKENS, BatchTokens, CollectionOption, Debug, Device, Dtype,
                                   MaxPixels, Model, RMax, Threshold, TriggerLayer, Unpadded, VisualTokens, WarmupLayer,
                                   fast_e_config, one_ratio)
 from faste_mm.cli.options import RERANK_TOWER_CACHE_MB, Rerank, RerankProtect, RerankRMax, RerankTowerCacheMb
@@ -89,7 +89,7 @@ def serve_command(
                         trigger_layer=trigger_layer,
                         max_pixels=pixel_budget(max_pixels, visual_tokens, names=("--max-pixels", "--visual-tokens")))
         fast_e = fast_e_config(settings["r_max"] or 0.0, warmup_layer, threshold, trigger_layer)
-        config = ServeConfig(api_key=api_key, batching=BatcherConfig(batch_tokens, max_wait_ms, max_queue),
+        config = ServeConfig(api_key=api_key, batching=BatcherConfig(batch_tokens or SERVE_MERGE_TOKENS, max_wait_ms, max_queue),
                              max_body_bytes=max_body_bytes, max_request_tokens=max_request_tokens,
                              allow_remote_images=allow_remote_images,
                              fast_e=None if fast_e.r_max == 0 and trigger_layer is None else fast_e,

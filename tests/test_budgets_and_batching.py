@@ -225,17 +225,24 @@ def test_fastv_scores_equal_a_naive_full_attention_matrix_per_row(vl_embedder, m
             assert torch.isinf(got[b, length - 1 :]).all()  # readout and padding never ranked
 
 
-def test_batch_bytes_follows_the_models_device_unless_given():
-    """None: 96 MiB on a CPU (host memory), 512 MiB on CUDA (larger page batches for the GPU);
-    a value the caller gives is kept on every device, and the embedder resolves its own."""
-    from faste_mm.model.batching import BATCH_BYTES
+def test_batch_tokens_and_bytes_follow_the_models_device_unless_given():
+    """None: 4,096 tokens and 96 MiB on a CPU (its caches, host memory), 16,384 tokens and 512 MiB
+    on CUDA (larger batches for the GPU); a value the caller gives is kept on every device; the
+    CLI's help states the same numbers."""
+    from faste_mm.cli.options import CPU_BATCH_TOKENS, DEFAULT_BATCH_TOKENS, GPU_BATCH_TOKENS
+    from faste_mm.model.batching import BATCH_BYTES, BATCH_TOKENS
 
     default = BatchingConfig()
     assert default.batch_bytes is None and default.byte_budget == BATCH_BYTES["cpu"] == 96 * 2**20
-    assert default.for_device(torch.device("cpu")).batch_bytes == 96 * 2**20
-    assert default.for_device(torch.device("cuda", 0)).batch_bytes == 512 * 2**20
-    given = BatchingConfig(batch_bytes=2**20)
-    assert given.for_device(torch.device("cuda")).batch_bytes == 2**20
+    assert default.batch_tokens is DEFAULT_BATCH_TOKENS is None and default.token_budget == BATCH_TOKENS["cpu"] == 4096
+    on_cpu, on_cuda = default.for_device(torch.device("cpu")), default.for_device(torch.device("cuda", 0))
+    assert (on_cpu.batch_tokens, on_cpu.batch_bytes) == (4096, 96 * 2**20)
+    assert (on_cuda.batch_tokens, on_cuda.batch_bytes) == (16384, 512 * 2**20)
+    assert (CPU_BATCH_TOKENS, GPU_BATCH_TOKENS) == (BATCH_TOKENS["cpu"], BATCH_TOKENS["cuda"])
+    given = BatchingConfig(batch_bytes=2**20, batch_tokens=999)
+    assert (given.for_device(torch.device("cuda")).batch_bytes, given.for_device(torch.device("cuda")).batch_tokens) == (2**20, 999)
+    with pytest.raises(ConfigError, match="batch_tokens"):
+        BatchingConfig(batch_tokens=0)
     page_bytes, page_tokens = 31_457_280, 1_292  # a reranker's page at 1,310,720 px
     on_gpu = plan_batches([page_tokens] * 20, default.for_device(torch.device("cuda")), [page_bytes] * 20)
     assert [len(b) for b in on_gpu] == [12, 8]  # the token budget, not the bytes, bounds it

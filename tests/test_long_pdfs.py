@@ -87,11 +87,11 @@ def test_planned_token_counts_equal_the_serialized_lengths(small_pages, tmp_path
 
 
 def test_batches_of_large_pages_are_bounded_in_bytes_not_only_in_tokens():
-    """Pages near the default pixel cap (~1,800 tokens, 44 MB of float32 patches each): the token
-    budget alone would put 9 in a batch; batch_bytes keeps a batch's planned bytes within it
-    (2 pages at the default), and an item larger than the bound still gets a batch of its own."""
+    """Pages near the default pixel cap (~1,800 tokens, 44 MB of float32 patches each): a GPU's
+    token budget alone would put 9 in a batch; batch_bytes keeps a batch's planned bytes within it
+    (2 pages at the CPU's default), and an item larger than the bound still gets a batch of its own."""
     page_bytes, page_tokens = 44_236_800, 1_812
-    config = BatchingConfig()
+    config = BatchingConfig(batch_tokens=16384)
     batches = plan_batches([page_tokens] * 9, config, [page_bytes] * 9)
     assert [len(b) for b in batches] == [2, 2, 2, 2, 1]
     assert all(len(b) * page_bytes <= config.byte_budget for b in batches)

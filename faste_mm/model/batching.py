@@ -23,11 +23,18 @@ UNPADDED_MODES = ("auto", "off", "flash-attn", "torch-nested", "segments")
 # pages in 3-page batches ran the reranker's forward in 0.87 s, in a 12-page batch 0.65 s
 # (docs/benchmarks.md, "GPU runs"), and the token budget still caps a batch of pages at ~9-12.
 BATCH_BYTES = {"cpu": 96 * 2**20, "cuda": 512 * 2**20}
+# Padded tokens per batch when BatchingConfig.batch_tokens is None, by device type. A CPU runs a
+# layer faster per token in smaller batches (its activations stay in cache): 4,096-token batches
+# embedded 1,000-token texts 1.09x faster than 16,384 (2B shape x0.125), a real-width 2B layer ran
+# 1.1x faster per token in bfloat16, photos within 3% (docs/benchmarks.md, "CPU batch size"); a GPU
+# wants the large batches.
+BATCH_TOKENS = {"cpu": 4096, "cuda": 16384}
 
 
 @dataclass(frozen=True, slots=True)
 class BatchingConfig:
-    """batch_tokens bounds batch_size * padded_length; max_batch_size bounds the rows of a batch;
+    """batch_tokens bounds batch_size * padded_length (None: `BATCH_TOKENS` for the model's device,
+    4,096 on a CPU, 16,384 on CUDA); max_batch_size bounds the rows of a batch;
     batch_bytes bounds the bytes of a batch's tensors (a page near the pixel cap is ~44 MB of
     float32 patches; None: `BATCH_BYTES` for the model's device, 96 MiB = 2 such pages on a CPU,
     512 MiB on CUDA; an item larger than it is a batch of its own), planned before any page is
@@ -47,7 +54,7 @@ class BatchingConfig:
     the fastest of padded / flash-attn / torch-nested on a trial batch; "segments" on a CPU),
     "off" (padded), or a kernel by name."""
 
-    batch_tokens: int = 16384
+    batch_tokens: int | None = None
     max_batch_size: int = 64
     batch_bytes: int | None = None
     chunk_items: int = 256
@@ -57,15 +64,21 @@ class BatchingConfig:
     unpadded: str = "auto"
 
     @property
+    def token_budget(self) -> int:
+        """batch_tokens, or the CPU's default where the device is not known (plan_batches alone)."""
+        return BATCH_TOKENS["cpu"] if self.batch_tokens is None else self.batch_tokens
+
+    @property
     def byte_budget(self) -> int:
         """batch_bytes, or the CPU's default where the device is not known (plan_batches alone)."""
         return BATCH_BYTES["cpu"] if self.batch_bytes is None else self.batch_bytes
 
     def for_device(self, device: torch.device) -> "BatchingConfig":
-        """This config with batch_bytes None resolved for `device` (what a model's stages use)."""
-        if self.batch_bytes is not None:
-            return self
-        return replace(self, batch_bytes=BATCH_BYTES.get(device.type, BATCH_BYTES["cpu"]))
+        """This config with batch_tokens / batch_bytes None resolved for `device` (what a model's
+        stages use)."""
+        kind = device.type if device.type in BATCH_BYTES else "cpu"
+        return replace(self, batch_tokens=BATCH_TOKENS[kind] if self.batch_tokens is None else self.batch_tokens,
+                       batch_bytes=BATCH_BYTES[kind] if self.batch_bytes is None else self.batch_bytes)
 
     @property
     def worker_threads(self) -> int:
@@ -74,8 +87,8 @@ class BatchingConfig:
         return self.workers if self.workers is not None else min(8, os.cpu_count() or 1)
 
     def __post_init__(self) -> None:
-        if self.batch_tokens < 1:
-            raise ConfigError(f"BatchingConfig.batch_tokens must be >= 1, got {self.batch_tokens}")
+        if self.batch_tokens is not None and (not isinstance(self.batch_tokens, int) or self.batch_tokens < 1):
+            raise ConfigError(f"BatchingConfig.batch_tokens must be an int >= 1 or None, got {self.batch_tokens!r}")
         if self.max_batch_size < 1:
             raise ConfigError(f"BatchingConfig.max_batch_size must be >= 1, got {self.max_batch_size}")
         if self.batch_bytes is not None and (not isinstance(self.batch_bytes, int) or self.batch_bytes < 1):
@@ -142,7 +155,7 @@ def plan_batches(lengths: list[int], config: BatchingConfig, sizes: list[int] | 
     for index in order:
         longest = lengths[current[0]] if current else lengths[index]
         size = 0 if sizes is None else sizes[index]
-        fits = ((len(current) + 1) * longest <= config.batch_tokens and len(current) < config.max_batch_size
+        fits = ((len(current) + 1) * longest <= config.token_budget and len(current) < config.max_batch_size
                 and held + size <= config.byte_budget)
         if current and not fits:
             batches.append(current)
