@@ -59,7 +59,9 @@ case $step in
         bench --shape $shape --inputs image:1280x960 --n $n_images --r-max 0.5 --unpadded auto \
             --out "$out/vl$step-images-1280x960.json"   # images/s at the default pixel cap, full and FastE
         bench --shape $shape --inputs video:30 --n 4 --r-max 0.5,0.7 --trigger-layer 10 --unpadded auto \
-            --out "$out/vl$step-video-30s.json" ;;
+            --out "$out/vl$step-video-30s.json"
+        python3 scripts/bench_batch_tokens.py --device cuda --scale 1 --shape $shape --inputs text:1000 --n 128 \
+            --budgets 16384,32768,8192 | tee "$out/vl$step-batch-tokens.txt" ;;   # BATCH_TOKENS["cuda"]
     peers)
         python3 scripts/bench_peers.py --device cuda --scale-hidden 1 --photos 64 --pages 16 --texts 64 --repeats 3 \
             --batch-size 16 --out "$out/peers-2b.json" ;;
