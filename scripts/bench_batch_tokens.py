@@ -4,7 +4,11 @@ kept. What chose `BATCH_TOKENS` (model/batching.py): 4,096 on a CPU, 16,384 on C
 
     python scripts/bench_batch_tokens.py --inputs text:1000 --n 48 --threads 1
     python scripts/bench_batch_tokens.py --inputs text:1000 --n 32 --reranker --threads 1
+    python scripts/bench_batch_tokens.py --inputs text:1000 --n 16 --scale 1 --layers 4 --dtype bfloat16 --threads 1
     python scripts/bench_batch_tokens.py --inputs text:1000 --n 256 --device cuda --scale 1.0
+
+`--layers N` keeps the real width with fewer decoder layers (the per-token cost of a layer is what
+the budget changes), so the real 2B width fits a CPU run.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import argparse
 import os
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -33,7 +38,9 @@ def main() -> None:
     parser.add_argument("--budgets", default="16384,8192,4096,2048", help="batch_tokens values, comma-separated; the first is the base")
     parser.add_argument("--shape", default="qwen3-vl-embedding-2b")
     parser.add_argument("--scale", type=float, default=0.125, help="width scale (1.0: the real width)")
+    parser.add_argument("--layers", type=int, default=None, help="decoder layers (default the shape's; embedder only)")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="auto", help="auto, float32 or bfloat16")
     parser.add_argument("--reranker", action="store_true", help="the reranker (the shape plus an LM head) instead of the embedder")
     parser.add_argument("--repeats", type=int, default=2, help="mirrored rounds (even)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (1 on a shared CPU)")
@@ -54,15 +61,17 @@ def main() -> None:
             from faste_mm.model.reranker import Reranker
 
             build_reranker_shape(path, args.shape, args.scale)
-            models = {b: Reranker.from_pretrained(str(path), device=args.device, tower_cache_bytes=0, prefix_reuse=False,
+            models = {b: Reranker.from_pretrained(str(path), device=args.device, dtype=args.dtype, tower_cache_bytes=0, prefix_reuse=False,
                                                   batching=BatchingConfig(batch_tokens=b, workers=1)) for b in budgets}
             run = lambda model: model.score(QUERY, inputs)  # noqa: E731
         else:
             from transformers import Qwen3VLModel
 
-            Qwen3VLModel(build_config(SHAPES[args.shape], args.scale)).eval().save_pretrained(path)
+            preset = SHAPES[args.shape] if args.layers is None else replace(SHAPES[args.shape], layers=args.layers)
+            Qwen3VLModel(build_config(preset, args.scale)).eval().save_pretrained(path)
             build_qwen3_vl_processor(tokenizer).save_pretrained(path)
-            models = {b: Embedder.from_pretrained(str(path), device=args.device, batching=BatchingConfig(batch_tokens=b, workers=1))
+            models = {b: Embedder.from_pretrained(str(path), device=args.device, dtype=args.dtype,
+                                                  batching=BatchingConfig(batch_tokens=b, workers=1))
                       for b in budgets}
             run = lambda model: model.encode(inputs)  # noqa: E731
         first = models[budgets[0]]
@@ -71,7 +80,7 @@ def main() -> None:
         timed = mirrored_rounds({str(b): (lambda m=m: run(m)) for b, m in models.items()}, args.repeats, warmup=0,
                                 device=first.backbone.device)
         print(f"device: {device_name(first.backbone.device)}; torch {torch.__version__}; dtype {first.backbone.dtype}; "
-              f"{'reranker' if args.reranker else 'embedder'} {args.shape} x{args.scale}; inputs {args.inputs} x{args.n}; "
+              f"{'reranker' if args.reranker else 'embedder'} {args.shape} x{args.scale} ({args.layers or 'all'} layers); inputs {args.inputs} x{args.n}; "
               f"mean of {args.repeats} mirrored rounds; load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
         print("| batch_tokens | s | items/s | vs " + str(budgets[0]) + " |\n|---|---|---|---|")
         base = timed[str(budgets[0])].mean
