@@ -26,7 +26,7 @@ BATCH_BYTES = {"cpu": 96 * 2**20, "cuda": 512 * 2**20}
 # Padded tokens per batch when BatchingConfig.batch_tokens is None, by device type. A CPU runs a
 # layer faster per token in smaller batches (its activations stay in cache): 4,096-token batches
 # embedded 1,000-token texts 1.09x faster than 16,384 (2B shape x0.125), a real-width 2B layer ran
-# 1.1x faster per token in bfloat16, photos within 3% (docs/benchmarks.md, "CPU batch size"); a GPU
+# 1.1x faster per token in bfloat16, photos within 3% (docs/benchmarks.md, round 5 of "Reranking"); a GPU
 # wants the large batches.
 BATCH_TOKENS = {"cpu": 4096, "cuda": 16384}
 
