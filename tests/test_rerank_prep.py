@@ -134,3 +134,17 @@ def test_resized_images_are_bounded_by_bytes_least_recently_used_out_first(tmp_p
     assert made == [0, 1, 2, 1]  # 1 was least recently used when 2 came
     assert kept.nbytes == 600 and (kept.hits, kept.misses) == (2, 4)
     assert ResizedImages(max_bytes=10).get(Item(image=paths[0]), (1, 100), lambda: Image.new("RGB", (10, 10))).size == (10, 10)
+
+
+def test_bytes_lru_makes_a_value_only_when_it_keeps_it_and_a_get_refreshes_it():
+    from faste_mm.model.bytes_lru import BytesLRU
+
+    lru, made = BytesLRU(max_bytes=10), []
+    make = lambda value: lambda: made.append(value) or value  # noqa: E731
+    lru.keep("a", 4, make("a"))
+    lru.keep("a", 4, make("again"))  # kept already
+    lru.keep("huge", 11, make("huge"))  # over the bound alone
+    lru.keep("b", 4, make("b"))
+    assert lru.get("a") == "a"  # now the most recently used: "b" goes first
+    lru.keep("c", 4, make("c"))
+    assert made == ["a", "b", "c"] and lru.get("b") is None and list(lru.values()) == ["a", "c"] and lru.nbytes == 8

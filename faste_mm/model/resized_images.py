@@ -6,24 +6,23 @@ file, so a later query over the same candidates starts from the resized image.
 
 Key: the resolved path, the PDF page, the file's modification time (ns) and size, and the pixel
 bounds of the resize: a rewritten file is read again. In-memory images (`Item(image=PIL.Image)`)
-have no such identity and are not kept. Bounded by bytes (least recently used out first); shared
-by the preprocessing threads, so every change is under a lock.
+have no such identity and are not kept. Bounded by bytes (least recently used out first), shared
+by the preprocessing threads (`BytesLRU` is thread-safe).
 """
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from pathlib import Path
 from typing import Callable
 
 from PIL import Image
 
+from faste_mm.model.bytes_lru import BytesLRU
 from faste_mm.model.items import Item
 
 
 class ResizedImages:
-    """A bytes-bounded LRU of resized images keyed by file identity and pixel bounds.
+    """A bytes-bounded LRU (`BytesLRU`) of resized images keyed by file identity and pixel bounds.
 
     Example:
         >>> kept = ResizedImages(256 << 20)
@@ -31,47 +30,28 @@ class ResizedImages:
     """
 
     def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self._entries: OrderedDict[tuple, Image.Image] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
-        self.hits = self.misses = 0
+        self._images = BytesLRU(max_bytes)
+        self.hits = self.misses = 0  # counters for stats (updated without a lock: approximate under threads)
 
     def get(self, item: Item, bounds: tuple[int, int], prepare: Callable[[], Image.Image]) -> Image.Image:
         """The item's resized image: kept, or `prepare()`d and kept (its errors pass through)."""
         key = _identity(item, bounds)
-        if key is not None:
-            with self._lock:
-                image = self._entries.get(key)
-                if image is not None:
-                    self._entries.move_to_end(key)
-                    self.hits += 1
-                    return image
+        image = None if key is None else self._images.get(key)
+        if image is not None:
+            self.hits += 1
+            return image
         image = prepare()
         if key is not None:
-            self._keep(key, image)
+            self.misses += 1
+            self._images.keep(key, image.width * image.height * len(image.getbands()), lambda: image)
         return image
 
-    def _keep(self, key: tuple, image: Image.Image) -> None:
-        size = _nbytes(image)
-        with self._lock:
-            self.misses += 1
-            if size > self.max_bytes or key in self._entries:
-                return
-            self._entries[key] = image
-            self._bytes += size
-            while self._bytes > self.max_bytes:
-                _, old = self._entries.popitem(last=False)
-                self._bytes -= _nbytes(old)
-
     def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()
-            self._bytes = 0
+        self._images.clear()
 
     @property
     def nbytes(self) -> int:
-        return self._bytes
+        return self._images.nbytes
 
 
 def _identity(item: Item, bounds: tuple[int, int]) -> tuple | None:
@@ -86,6 +66,3 @@ def _identity(item: Item, bounds: tuple[int, int]) -> tuple | None:
         return None
     return str(path), (item.page or 1) if item.is_pdf else None, stat.st_mtime_ns, stat.st_size, bounds
 
-
-def _nbytes(image: Image.Image) -> int:
-    return image.width * image.height * len(image.getbands())

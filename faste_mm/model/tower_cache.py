@@ -12,7 +12,6 @@ Bounded by bytes (least recently used out first); an entry larger than the bound
 from __future__ import annotations
 
 import hashlib
-from collections import OrderedDict
 from dataclasses import dataclass, replace
 
 import torch
@@ -20,6 +19,7 @@ import torch
 from faste_mm.errors import ConfigError
 from faste_mm.model.backbones.vision_tower import VisionFeatures
 from faste_mm.model.batching import Batch
+from faste_mm.model.bytes_lru import BytesLRU
 
 # 1 GiB: about 50 pages at the 2B shape in bfloat16 (1,280 visual tokens x 2,048 x 4 levels x 2 bytes
 # = 21 MB each; 100 in float32 photos of 640x480). Settable per reranker (tower_cache_bytes).
@@ -81,16 +81,14 @@ class TowerCache:
             raise ConfigError(f"tower_cache_bytes must be an int >= 0 (bytes; 0 turns the cache off), got {max_bytes!r}")
         self.max_bytes = max_bytes
         self.namespace = namespace
-        self._entries: OrderedDict[Key, tuple[torch.Tensor, tuple[torch.Tensor, ...]]] = OrderedDict()
-        self._bytes = 0
+        self._entries = BytesLRU(max_bytes)  # key -> (merged, deepstack levels)
         self._hits = self._misses = self._calls = 0
 
     def stats(self) -> CacheStats:
-        return CacheStats(self._hits, self._misses, self._calls, len(self._entries), self._bytes)
+        return CacheStats(self._hits, self._misses, self._calls, len(self._entries), self._entries.nbytes)
 
     def clear(self) -> None:
         self._entries.clear()
-        self._bytes = 0
 
     def keys(self, batch: Batch) -> list[Key] | None:
         """The key of each image / video of a host batch, or of one serialized pair (the same
@@ -127,9 +125,6 @@ class TowerCache:
             for i, entry in zip(missing, fresh):
                 found[i] = entry
                 self._keep(keys[i], entry)
-        for key in keys:
-            if key in self._entries:
-                self._entries.move_to_end(key)
         levels = len(found[0][1])
         return VisionFeatures(
             merged=torch.cat([merged for merged, _ in found]),
@@ -156,13 +151,7 @@ class TowerCache:
         an entry never holds a whole batch's features alive."""
         merged, deepstack = entry
         size = merged.numel() * merged.element_size() + sum(d.numel() * d.element_size() for d in deepstack)
-        if size > self.max_bytes or key in self._entries:
-            return
-        self._entries[key] = (merged.clone(), tuple(d.clone() for d in deepstack))
-        self._bytes += size
-        while self._bytes > self.max_bytes:
-            _, (old, old_deep) = self._entries.popitem(last=False)
-            self._bytes -= old.numel() * old.element_size() + sum(d.numel() * d.element_size() for d in old_deep)
+        self._entries.keep(key, size, lambda: (merged.clone(), tuple(d.clone() for d in deepstack)))
 
 
 class RowKeys:
