@@ -107,10 +107,8 @@ def evaluate_rerank(
         candidate_items = task.candidate_items()
         for ratio in r_max:
             for mode in (("none",) if ratio == 0 else protect):
-                setting = Reranker(reranker.loaded, fast_e=FastEConfig(r_max=ratio), protect=mode, batching=reranker.batching,
-                                   tower_cache_bytes=0)
-                setting.tower_cache = reranker.tower_cache  # one cache for every setting: the same candidates' towers
-
+                # one tower cache (and resized images) for every setting: the same candidates
+                setting = reranker.variant(fast_e=FastEConfig(r_max=ratio), protect=mode)
                 progress.start(f"{task.spec.subset} rerank r={ratio} {mode}", len(task.queries))
                 after, pairs, prefix, kept, started = [], 0, 0, 0, time.perf_counter()
                 for query, ids, order in zip(task.query_items(), lists, orders):

@@ -128,6 +128,9 @@ def main() -> None:
         all_documents = make_inputs(args.inputs, max(tops), Path(tmp) / "inputs", AutoTokenizer.from_pretrained(str(qwen_tokenizer_dir())))
         settings = [(OFFICIAL, None), (FULL, full)]
         caches = args.tower_cache.split(",")
+        # the warm settings are variants of one reranker: one tower cache (and the resized images kept with it),
+        # filled below by another query over the same candidates
+        warm_base = Reranker(full.loaded, batching=full.batching, serializer=full.serializer.config, prefix_reuse=False)
         for r_max in [0.0] + [float(r) for r in args.r_max.split(",")]:
             for protect, trigger in [("none", "adaptive")] if r_max == 0 else [
                     (p, t) for p in args.protect.split(",") for t in args.trigger_layer.split(",")]:
@@ -136,9 +139,13 @@ def main() -> None:
                     for cache in caches:
                         if r_max == 0 and reuse == "off" and cache == "off":
                             continue  # FULL itself
-                        rr = Reranker(full.loaded, fast_e=FastEConfig(r_max=r_max, trigger_layer=fixed), protect=protect,
-                                      batching=full.batching, serializer=full.serializer.config, prefix_reuse=reuse == "on",
-                                      tower_cache_bytes=0 if cache == "off" else DEFAULT_TOWER_CACHE_BYTES)
+                        fast_e = FastEConfig(r_max=r_max, trigger_layer=fixed)
+                        if cache == "warm":
+                            rr = warm_base.variant(fast_e=fast_e, protect=protect, prefix_reuse=reuse == "on")
+                        else:
+                            rr = Reranker(full.loaded, fast_e=fast_e, protect=protect, batching=full.batching,
+                                          serializer=full.serializer.config, prefix_reuse=reuse == "on",
+                                          tower_cache_bytes=0 if cache == "off" else DEFAULT_TOWER_CACHE_BYTES)
                         name = "full" if r_max == 0 else f"FastE r={r_max}" + ("" if fixed is None else f" fixed@{fixed}")
                         name += " protect=query" if protect == "query" else ""
                         name += " +reuse" if reuse == "on" else ""
@@ -147,13 +154,8 @@ def main() -> None:
         if args.drop:
             settings = [(name, rr) for name, rr in settings if name in (OFFICIAL, FULL) or not re.search(args.drop, name)]
         full.score(QUERY, all_documents[:2])  # untimed warm-up: lazy kernel set-up is no setting's cost
-        warm = [rr for name, rr in settings if name.endswith("cache=warm")]
-        if warm:  # another query over the same candidates fills one tower cache (and the resized images kept
-            # with it), shared by the warm settings
-            warm[0].score("an earlier query about the same candidates", all_documents[: max(tops)])
-            for rr in warm[1:]:
-                rr.tower_cache = warm[0].tower_cache
-                rr.resized_images = rr.serializer.resized = warm[0].resized_images
+        if any(name.endswith("cache=warm") for name, _ in settings):
+            warm_base.score("an earlier query about the same candidates", all_documents[: max(tops)])
         print(f"device: {device_name(full.backbone.device)}, {cpu_model()}; torch {torch.__version__}; dtype "
               f"{full.backbone.dtype} ({args.dtype}); shape {args.shape} x{args.scale}; inputs {args.inputs}; "
               f"max_pixels {full.serializer.config.max_pixels}; query {len(QUERY.split())} words; mean of {args.repeats} mirrored rounds; load average "

@@ -141,6 +141,17 @@ class Reranker:
         return cls(loaded, fast_e=fast_e, protect=protect, batching=batching, serializer=serializer,
                    prefix_reuse=prefix_reuse, tower_cache_bytes=tower_cache_bytes)
 
+    def variant(self, *, fast_e: FastEConfig | None = None, protect: Protect = "none",
+                prefix_reuse: bool | None = None) -> "Reranker":
+        """Another setting (FastE, protect, prefix reuse) of this reranker: the same loaded model,
+        batching and serializer, and the same caches (tower features, resized images), so settings
+        compared over the same candidates (the evaluators, the benchmarks) pay for each candidate's
+        tower and resize once."""
+        other = Reranker(self.loaded, fast_e=fast_e, protect=protect, batching=self.batching,
+                         serializer=self.serializer.config, prefix_reuse=prefix_reuse, tower_cache_bytes=0)
+        other.serializer, other.tower_cache, other.resized_images = self.serializer, self.tower_cache, self.resized_images
+        return other
+
     @property
     def model_id(self) -> str:
         return self.loaded.model_id
