@@ -17,6 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))  # bench_rerank's shape and official path
 from bench_rerank import QUERY, build_reranker_shape, official_scores  # noqa: E402
+from faste_mm.model.batching import BATCH_BYTES
 from faste_mm.model.faste import FastEConfig
 from faste_mm.model.reranker import Reranker
 from faste_mm.tools.bench_inputs import make_inputs
@@ -32,7 +33,7 @@ def main() -> None:
         docs = make_inputs("page:1240x1754", n, Path(tmp) / "in", AutoTokenizer.from_pretrained(str(qwen_tokenizer_dir())))
         full = Reranker.from_pretrained(str(path), device=device, dtype="bfloat16", prefix_reuse=False, tower_cache_bytes=0)
         print("defaults:", full.batching)
-        small = Reranker(full.loaded, batching=replace(full.batching, batch_bytes=96 * 2**20), prefix_reuse=False, tower_cache_bytes=0)
+        small = Reranker(full.loaded, batching=replace(full.batching, batch_bytes=BATCH_BYTES["cpu"]), prefix_reuse=False, tower_cache_bytes=0)
         r5 = Reranker(full.loaded, fast_e=FastEConfig(r_max=0.5), batching=full.batching, tower_cache_bytes=0)
         lm = Qwen3VLForConditionalGeneration.from_pretrained(str(path), dtype=full.backbone.dtype).to(full.backbone.device).eval()
         full.score(QUERY, docs[:2]); official_scores(lm, full, docs[:2], 8)
