@@ -27,6 +27,7 @@ from faste_mm.indexers import (collection_search, directory, faiss_index, index_
 from faste_mm.indexers.compaction import compact_parts
 from faste_mm.indexers.crash_points import crash_point
 from faste_mm.indexers.derived_index import DerivedIndex, max_part
+from faste_mm.indexers.facts import ItemFacts
 from faste_mm.indexers.filters import SearchFilter
 from faste_mm.indexers.manifest import Manifest, read_manifest, write_manifest
 from faste_mm.indexers.records import CollectionInfo, FileStat, ItemRecord, ScanPlan, Status, check_rows
@@ -464,6 +465,19 @@ class Collection:
     def _in_snapshot(self, run: Callable[[], tuple], records: bool = True) -> tuple:
         """`run()` and the records of the ids found, in one snapshot (`collection_search.in_snapshot`)."""
         return collection_search.in_snapshot(self._store, self.root, run, retry=not self.writable, records=records)
+
+    def records_without_facts(self, uris: Sequence[str]) -> list[ItemRecord]:
+        """Live records of `uris` that have no facts yet (stored before schema 6) or facts an older
+        extractor wrote (`facts.FACTS_VERSION`): what a re-scan fills without re-embedding."""
+        self._follow_reindex()
+        return self._store.records_without_facts(list(uris))
+
+    def set_facts(self, pairs: Sequence[tuple[ItemRecord, ItemFacts]]) -> None:
+        """Give live items (records with their id, as read) these facts, and their lexical rows the
+        facts' words, in one transaction; no vector is read or written."""
+        self._require_writable("store item facts")
+        with self._store.transaction():
+            self._store.set_facts(pairs)
 
     def items_without_text(self) -> list[ItemRecord]:
         """Live items the lexical index knows only by name and metadata (stored before it existed)."""

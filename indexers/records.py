@@ -19,6 +19,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from faste_mm.errors import ConfigError, InputError
+from faste_mm.indexers.facts import ItemFacts
 
 
 
@@ -49,6 +50,8 @@ class ItemRecord:
     `id`, `status`, `added_at` are filled in by the collection; `error` is set on failed rows.
     `text`: the item's own words for lexical search (a text file's text, the text of an image+text
     item, a PDF page's text layer); written to the lexical index with the row, not read back.
+    `facts`: typed metadata read from the file (date taken, camera, place...: `ItemFacts`), kept
+    beside the row and fed to the lexical index; None when none was read.
     """
 
     uri: str
@@ -63,6 +66,7 @@ class ItemRecord:
     status: Status = Status.OK
     added_at: float | None = None
     text: str | None = None
+    facts: ItemFacts | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.uri, str) or not self.uri:
@@ -81,6 +85,7 @@ class ItemRecord:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["metadata"] = dict(self.metadata) if self.metadata is not None else None
+        d["facts"] = self.facts.to_dict() if self.facts is not None else None
         del d["text"]  # input for the lexical index only (never read back)
         return d
 

@@ -19,6 +19,8 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 import numpy as np
 
 from faste_mm.errors import CollectionError, InputError
+from faste_mm.indexers import facts as item_facts
+from faste_mm.indexers.facts import ItemFacts
 from faste_mm.indexers.filters import SearchFilter, sql_conditions
 from faste_mm.indexers.records import FileStat, ItemRecord, Status
 from faste_mm.indexers.remembered import Remembered
@@ -54,12 +56,18 @@ def metadata_words(metadata: Mapping[str, Any] | None) -> str | None:
     return to_db(" ".join(words)) or None
 
 
-def _row_to_record(row: Sequence[Any]) -> ItemRecord:
+def lexical_meta(metadata: Mapping[str, Any] | None, facts: ItemFacts | None) -> str | None:
+    """The `meta` column of an item's lexical row: its metadata values, then its facts' words."""
+    words = " ".join(w for w in (metadata_words(metadata), to_db(facts.words()) if facts else None) if w)
+    return words or None
+
+
+def _row_to_record(row: Sequence[Any], facts: ItemFacts | None = None) -> ItemRecord:
     (id_, uri, page, modality, size, mtime, chash, status, error, added_at, meta, _part,
      _row) = row
     return ItemRecord(uri=from_db(uri), modality=modality, page=page, size=size, mtime=mtime,
                       content_hash=chash, metadata=json.loads(meta) if meta else None,
-                      error=from_db(error), id=id_, status=status, added_at=added_at)
+                      error=from_db(error), id=id_, status=status, added_at=added_at, facts=facts)
 
 
 @translate_errors
@@ -71,6 +79,7 @@ class MetaStore:
         self.path = root / DB_NAME
         self.writable = writable
         self._meta_index: bool | None = None  # whether items_meta exists (`has_meta_index`)
+        self._facts_table: bool | None = None  # whether item_facts exists (`has_facts`)
         # The counters a search checks, read once per `version`: one PRAGMA a search on an unchanged file.
         self._remembered = Remembered(self.version)
         self._snapshot_version: int | None = None  # data_version of the open read snapshot
@@ -253,8 +262,45 @@ class MetaStore:
              for row, (i, r) in enumerate(zip(ids, records))])
         if status == Status.OK:
             self.db.executemany("INSERT INTO items_fts (rowid, body, name, meta) VALUES (?, ?, ?, ?)",
-                                [(int(i), to_db(r.text), to_db(r.uri), metadata_words(r.metadata))
+                                [(int(i), to_db(r.text), to_db(r.uri), lexical_meta(r.metadata, r.facts))
                                  for i, r in zip(ids, records)])
+            self._insert_facts([(int(i), r.facts) for i, r in zip(ids, records) if r.facts is not None])
+
+    def _insert_facts(self, pairs: Sequence[tuple[int, ItemFacts]]) -> None:
+        if pairs:
+            marks = ", ".join("?" * (2 + len(item_facts.COLUMNS)))
+            self.db.executemany(f"INSERT OR REPLACE INTO item_facts (id, version, {', '.join(item_facts.COLUMNS)}) "
+                                f"VALUES ({marks})", [item_facts.to_row(i, f) for i, f in pairs])
+
+    def set_facts(self, pairs: Sequence[tuple[ItemRecord, ItemFacts]]) -> None:
+        """Give live items (records as read, with their id and metadata) these facts, and their lexical
+        rows the facts' words: a re-scan filling the facts of items stored before, no vector touched."""
+        self._insert_facts([(int(r.id), f) for r, f in pairs])
+        self.db.executemany("UPDATE items_fts SET meta = ? WHERE rowid = ?",
+                            [(lexical_meta(r.metadata, f), int(r.id)) for r, f in pairs])
+
+    def facts(self, ids: Sequence[int]) -> dict[int, ItemFacts]:
+        """{id: facts} of the items among `ids` that have them (none in a file older than schema 6)."""
+        if not self.has_facts():
+            return {}
+        rows = self.db.execute(f"SELECT id, {', '.join(item_facts.COLUMNS)} FROM item_facts "
+                               "WHERE id IN (SELECT value FROM json_each(?))", (id_list(ids),)).fetchall()
+        return {row[0]: item_facts.from_row(row[1:]) for row in rows}
+
+    def records_without_facts(self, uris: Sequence[str]) -> list[ItemRecord]:
+        """Live records of `uris` with no facts, or facts an older extractor wrote (FACTS_VERSION)."""
+        rows = self.db.execute(
+            f"SELECT {', '.join('items.' + c.strip() for c in _ITEM_COLUMNS.split(','))} FROM items "
+            "LEFT JOIN item_facts AS f ON f.id = items.id WHERE items.status = 'ok' AND "
+            "items.uri IN (SELECT value FROM json_each(?)) AND (f.id IS NULL OR f.version < ?) ORDER BY items.id",
+            (json.dumps([to_db(u) for u in uris]), item_facts.FACTS_VERSION)).fetchall()
+        return [_row_to_record(r) for r in rows]
+
+    def has_facts(self) -> bool:
+        """Whether the file has schema 6's facts table (a reader of an older file has none)."""
+        if self._facts_table is None:
+            self._facts_table = self.db.execute("SELECT 1 FROM sqlite_master WHERE name = 'item_facts'").fetchone() is not None
+        return self._facts_table
 
     def purge_tombstones(self) -> None:
         """Delete the tombstoned rows (`compact`, once their vectors are gone from the new parts)."""
@@ -284,7 +330,8 @@ class MetaStore:
         # json_each takes the whole id list as ONE bound parameter (no variable-count limit).
         rows = self.db.execute(f"SELECT {_ITEM_COLUMNS} FROM items WHERE id IN (SELECT value FROM json_each(?))",
                                (id_list(ids),)).fetchall()
-        return {row[0]: _row_to_record(row) for row in rows}
+        facts = self.facts([row[0] for row in rows])
+        return {row[0]: _row_to_record(row, facts.get(row[0])) for row in rows}
 
     def vector_locations(self, ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(ids, parts, rows) int64 arrays, sorted by id, of `ids` with a stored vector (any status).

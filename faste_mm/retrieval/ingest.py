@@ -8,6 +8,7 @@ Receives a scan, a Collection and a document encoder; hands back counts to the r
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
@@ -16,10 +17,12 @@ import numpy as np
 from faste_mm.errors import CollectionError, ConfigError, InputError, ModelLoadError
 from faste_mm.indexers import Collection, ItemRecord, content_hash
 from faste_mm.indexers.crash_points import crash_point
+from faste_mm.indexers.facts import issue_counts
 from faste_mm.kinds import KINDS, SUPPORTED_SUFFIXES
 from faste_mm.model.items import Item, count_pdf_pages
 from faste_mm.retrieval.decoders import document_input
 from faste_mm.retrieval.lexical import item_text, source_text
+from faste_mm.retrieval.photo_metadata import read_facts
 from faste_mm.retrieval.scanning import Scan, ScannedFile, is_under_any
 
 if TYPE_CHECKING:  # annotations only: scanning and planning load no model code
@@ -51,6 +54,8 @@ class IngestTally:
     failures: list[IndexFailure] = field(default_factory=list)
     tower_s: float = 0.0  # model seconds in the vision tower
     decoder_s: float = 0.0  # model seconds in the decoder
+    metadata_issues: Counter = field(default_factory=Counter)  # reason -> files whose field it emptied
+    facts_filled: int = 0  # items of unchanged files given their facts (no re-embedding)
 
     def merge(self, other: "IngestTally") -> None:
         """Add the totals of a committed chunk (every field, so a new total cannot be left out)."""
@@ -346,6 +351,7 @@ def commit_chunk(col: Collection, prepared: PreparedChunk, changed: frozenset[st
     stacked = np.concatenate(vectors) if vectors else np.empty((0, col.manifest.dim), dtype=np.float32)
     col.commit(stacked, records, failures, replace_uris=stale)
     tally.failures.extend(IndexFailure(r.uri, r.page, r.error) for r in failures)
+    tally.metadata_issues.update(issue_counts({r.uri: r.facts for r in records}.values()))
 
 
 def _read_files(files: Sequence[ScannedFile]) -> tuple[list[tuple[ScannedFile, dict, object]], list[ItemRecord]]:
@@ -362,6 +368,7 @@ def _read_files(files: Sequence[ScannedFile]) -> tuple[list[tuple[ScannedFile, d
         try:
             base["content_hash"] = content_hash(f.path)
             value = document_input(f.path, f.kind)  # the kind's decoder (faste_mm.retrieval.decoders)
+            base["facts"] = read_facts(f.path, f.kind, f.stat.mtime)  # never raises for what the file holds
         except InputError as error:
             failures.append(ItemRecord(**base, error=str(error)))
             continue

@@ -4,12 +4,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import numpy as np
 
 from faste_mm.errors import ConfigError
+from faste_mm.indexers.facts import ItemFacts
 from faste_mm.model.flops import removed_share, tower_share
 from faste_mm.retrieval.ingest import IndexFailure
 from faste_mm.retrieval.scanning import ScanFilter
@@ -120,6 +121,10 @@ class IndexReport:
     excluded: int = 0
     tower_s: float = 0.0  # model seconds in the vision tower (images, pages, videos)
     decoder_s: float = 0.0  # model seconds in the decoder
+    # Items of unchanged files whose facts (date, camera, place...) this run read, without embedding.
+    facts_filled: int = 0
+    # Why a metadata field was left empty (hostile or broken value) -> how many files.
+    metadata_issues: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def prefix_removal(self) -> float:
@@ -133,6 +138,7 @@ class IndexReport:
     def to_dict(self) -> dict[str, Any]:
         d = {name: getattr(self, name) for name in self.__dataclass_fields__}
         d["failures"] = [f.to_dict() for f in self.failures]
+        d["metadata_issues"] = dict(self.metadata_issues)
         d["prefix_removal"] = self.prefix_removal
         d["tower_share"] = self.tower_share
         return d
@@ -170,7 +176,7 @@ class RemoveReport:
 @dataclass(frozen=True, slots=True)
 class Hit:
     """One search result: item id, score, source uri, 1-based PDF page (None otherwise), the item's
-    metadata, and which side of the search found it (`found_by`: "dense", "lexical" or "both").
+    metadata and facts, and which side of the search found it (`found_by`: "dense", "lexical" or "both").
     The score is the inner product (cosine, vectors are unit-norm) in dense mode, -BM25 in lexical
     mode and the fused reciprocal-rank score in hybrid mode."""
 
@@ -181,10 +187,12 @@ class Hit:
     metadata: Mapping[str, Any] | None = None
     found_by: str = "dense"  # which side found it: "dense", "lexical" or "both" (hybrid search)
     rerank_score: float | None = None  # the reranker's score, when the search reranked (retrieval.rerank_hits)
+    facts: ItemFacts | None = None  # what the file says about itself (date taken, camera, place...)
 
     def to_dict(self) -> dict[str, Any]:
         data = {"id": self.id, "score": self.score, "uri": self.uri, "page": self.page,
-                "metadata": dict(self.metadata) if self.metadata is not None else None, "found_by": self.found_by}
+                "metadata": dict(self.metadata) if self.metadata is not None else None, "found_by": self.found_by,
+                "facts": self.facts.to_dict() if self.facts is not None else None}
         if self.rerank_score is not None:
             data["rerank_score"] = self.rerank_score
         return data
