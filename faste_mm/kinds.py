@@ -51,18 +51,22 @@ UNSUPPORTED = "unsupported"  # the kind of any other file (recorded as a failure
 
 @dataclass(frozen=True, slots=True)
 class Plugin:
-    """A Pillow plugin some image suffixes need: `module`'s function `register` adds the opener;
-    `extra` says how to install it."""
+    """A Pillow plugin some image suffixes need: `module`'s function `register` adds the opener
+    (None: Pillow registers it itself, and `feature` names its codec in `PIL.features`); `extra`
+    says how to install it."""
 
     suffixes: frozenset[str]
     module: str
-    register: str
+    register: str | None
     extra: str
+    feature: str | None = None
 
 
 # iPhone photos are HEIC (HEVC in HEIF); pillow-heif (libheif) reads them with their EXIF and XMP.
 # AVIF: Pillow >= 11.2 reads it itself where its wheel has libavif (checked when an AVIF opens).
-PLUGINS = (Plugin(frozenset({".heic", ".heif"}), "pillow_heif", "register_heif_opener", "pip install 'faste-mm[photos]' (pillow-heif)"),)
+PLUGINS = (Plugin(frozenset({".heic", ".heif"}), "pillow_heif", "register_heif_opener",
+                  "pip install 'faste-mm[photos]' (pillow-heif)"),
+           Plugin(frozenset({".avif"}), "PIL.AvifImagePlugin", None, "pip install -U 'pillow>=11.2'", feature="avif"))
 
 FILTER_TYPES: dict[str, tuple[str, ...]] = {kind.filter_type: kind.matches for kind in KINDS.values()}
 SUPPORTED_SUFFIXES = ", ".join(sorted(s for kind in KINDS.values() for s in kind.suffixes))

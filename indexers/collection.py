@@ -27,6 +27,7 @@ from faste_mm.indexers import (collection_search, directory, faiss_index, index_
 from faste_mm.indexers.compaction import compact_parts
 from faste_mm.indexers.crash_points import crash_point
 from faste_mm.indexers.derived_index import DerivedIndex, max_part
+from faste_mm.indexers import fact_rows
 from faste_mm.indexers.facts import ItemFacts
 from faste_mm.indexers.filters import SearchFilter
 from faste_mm.indexers.manifest import Manifest, read_manifest, write_manifest
@@ -477,7 +478,7 @@ class Collection:
         facts' words, in one transaction; no vector is read or written."""
         self._require_writable("store item facts")
         with self._store.transaction():
-            self._store.set_facts(pairs)
+            fact_rows.set_facts(self._store.db, pairs)
 
     def items_without_text(self) -> list[ItemRecord]:
         """Live items the lexical index knows only by name and metadata (stored before it existed)."""

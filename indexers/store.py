@@ -14,12 +14,13 @@ import sqlite3
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
 from faste_mm.errors import CollectionError, InputError
-from faste_mm.indexers import facts as item_facts
+from faste_mm.indexers import fact_rows
+from faste_mm.indexers.fact_rows import lexical_meta
 from faste_mm.indexers.facts import ItemFacts
 from faste_mm.indexers.filters import SearchFilter, sql_conditions
 from faste_mm.indexers.records import FileStat, ItemRecord, Status
@@ -33,33 +34,6 @@ log = logging.getLogger(__name__)
 MAX_BOUND_PARAMS = 500
 _ITEM_COLUMNS = ("id, uri, page, modality, size, mtime, content_hash, status, error, added_at, "
                  "metadata, part, row")
-
-
-def metadata_words(metadata: Mapping[str, Any] | None) -> str | None:
-    """The values of a metadata dict (nested ones too) as one space-separated text for the lexical
-    index; None when there are none."""
-    if not metadata:
-        return None
-    words: list[str] = []
-
-    def walk(value: Any) -> None:
-        if isinstance(value, Mapping):
-            for v in value.values():
-                walk(v)
-        elif isinstance(value, (list, tuple)):
-            for v in value:
-                walk(v)
-        elif value is not None:
-            words.append(value if isinstance(value, str) else json.dumps(value))
-
-    walk(metadata)
-    return to_db(" ".join(words)) or None
-
-
-def lexical_meta(metadata: Mapping[str, Any] | None, facts: ItemFacts | None) -> str | None:
-    """The `meta` column of an item's lexical row: its metadata values, then its facts' words."""
-    words = " ".join(w for w in (metadata_words(metadata), to_db(facts.words()) if facts else None) if w)
-    return words or None
 
 
 def _row_to_record(row: Sequence[Any], facts: ItemFacts | None = None) -> ItemRecord:
@@ -79,7 +53,7 @@ class MetaStore:
         self.path = root / DB_NAME
         self.writable = writable
         self._meta_index: bool | None = None  # whether items_meta exists (`has_meta_index`)
-        self._facts_table: bool | None = None  # whether item_facts exists (`has_facts`)
+        self._facts_table = False  # whether item_facts exists (`has_facts`; once seen, for good)
         # The counters a search checks, read once per `version`: one PRAGMA a search on an unchanged file.
         self._remembered = Remembered(self.version)
         self._snapshot_version: int | None = None  # data_version of the open read snapshot
@@ -264,42 +238,20 @@ class MetaStore:
             self.db.executemany("INSERT INTO items_fts (rowid, body, name, meta) VALUES (?, ?, ?, ?)",
                                 [(int(i), to_db(r.text), to_db(r.uri), lexical_meta(r.metadata, r.facts))
                                  for i, r in zip(ids, records)])
-            self._insert_facts([(int(i), r.facts) for i, r in zip(ids, records) if r.facts is not None])
-
-    def _insert_facts(self, pairs: Sequence[tuple[int, ItemFacts]]) -> None:
-        if pairs:
-            marks = ", ".join("?" * (2 + len(item_facts.COLUMNS)))
-            self.db.executemany(f"INSERT OR REPLACE INTO item_facts (id, version, {', '.join(item_facts.COLUMNS)}) "
-                                f"VALUES ({marks})", [item_facts.to_row(i, f) for i, f in pairs])
-
-    def set_facts(self, pairs: Sequence[tuple[ItemRecord, ItemFacts]]) -> None:
-        """Give live items (records as read, with their id and metadata) these facts, and their lexical
-        rows the facts' words: a re-scan filling the facts of items stored before, no vector touched."""
-        self._insert_facts([(int(r.id), f) for r, f in pairs])
-        self.db.executemany("UPDATE items_fts SET meta = ? WHERE rowid = ?",
-                            [(lexical_meta(r.metadata, f), int(r.id)) for r, f in pairs])
+            fact_rows.insert_facts(self.db, [(int(i), r.facts) for i, r in zip(ids, records) if r.facts is not None])
 
     def facts(self, ids: Sequence[int]) -> dict[int, ItemFacts]:
         """{id: facts} of the items among `ids` that have them (none in a file older than schema 6)."""
-        if not self.has_facts():
-            return {}
-        rows = self.db.execute(f"SELECT id, {', '.join(item_facts.COLUMNS)} FROM item_facts "
-                               "WHERE id IN (SELECT value FROM json_each(?))", (id_list(ids),)).fetchall()
-        return {row[0]: item_facts.from_row(row[1:]) for row in rows}
+        return fact_rows.facts_of(self.db, ids) if self.has_facts() else {}
 
     def records_without_facts(self, uris: Sequence[str]) -> list[ItemRecord]:
         """Live records of `uris` with no facts, or facts an older extractor wrote (FACTS_VERSION)."""
-        rows = self.db.execute(
-            f"SELECT {', '.join('items.' + c.strip() for c in _ITEM_COLUMNS.split(','))} FROM items "
-            "LEFT JOIN item_facts AS f ON f.id = items.id WHERE items.status = 'ok' AND "
-            "items.uri IN (SELECT value FROM json_each(?)) AND (f.id IS NULL OR f.version < ?) ORDER BY items.id",
-            (json.dumps([to_db(u) for u in uris]), item_facts.FACTS_VERSION)).fetchall()
-        return [_row_to_record(r) for r in rows]
+        columns = ", ".join("items." + c.strip() for c in _ITEM_COLUMNS.split(","))
+        return [_row_to_record(r) for r in fact_rows.rows_without_facts(self.db, columns, uris)]
 
     def has_facts(self) -> bool:
         """Whether the file has schema 6's facts table (a reader of an older file has none)."""
-        if self._facts_table is None:
-            self._facts_table = self.db.execute("SELECT 1 FROM sqlite_master WHERE name = 'item_facts'").fetchone() is not None
+        self._facts_table = self._facts_table or self.db.execute("SELECT 1 FROM sqlite_master WHERE name = 'item_facts'").fetchone() is not None
         return self._facts_table
 
     def purge_tombstones(self) -> None:

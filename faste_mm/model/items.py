@@ -194,7 +194,7 @@ def register_image_plugins() -> None:
     one is reported by `_open_image` when a file needs it)."""
     with _plugins_lock:
         for plugin in PLUGINS:
-            if plugin.module in _plugins_tried:
+            if plugin.register is None or plugin.module in _plugins_tried:
                 continue
             _plugins_tried.add(plugin.module)
             try:
@@ -209,13 +209,15 @@ def missing_plugin(path: Path) -> str | None:
     Pillow's AVIF support), or None when nothing is missing."""
     suffix = path.suffix.lower()
     for plugin in PLUGINS:
-        if suffix in plugin.suffixes and not _importable(plugin.module):
-            return f"{suffix[1:].upper()} photos need the {plugin.module} plugin: {plugin.extra}"
-    if suffix == ".avif":
-        from PIL import features
+        if suffix not in plugin.suffixes:
+            continue
+        if plugin.feature is not None:
+            from PIL import features
 
-        if not features.check("avif"):
-            return "AVIF images need a Pillow built with AVIF (pip install -U 'pillow>=11.2')"
+            if not features.check(plugin.feature):
+                return f"{suffix[1:].upper()} images need a Pillow built with {plugin.feature}: {plugin.extra}"
+        elif not _importable(plugin.module):
+            return f"{suffix[1:].upper()} photos need the {plugin.module} plugin: {plugin.extra}"
     return None
 
 

@@ -8,9 +8,8 @@ Receives a scan, a Collection and a document encoder; hands back counts to the r
 from __future__ import annotations
 
 import logging
-from collections import Counter
-from dataclasses import asdict, dataclass, field, fields, replace
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
@@ -22,52 +21,14 @@ from faste_mm.kinds import KINDS, SUPPORTED_SUFFIXES
 from faste_mm.model.items import Item, count_pdf_pages
 from faste_mm.retrieval.decoders import document_input
 from faste_mm.retrieval.lexical import item_text, source_text
+from faste_mm.retrieval.ingest_tally import IndexFailure, IngestTally  # (importers find them here too)
 from faste_mm.retrieval.photo_metadata import read_facts
 from faste_mm.retrieval.scanning import Scan, ScannedFile, is_under_any
 
 if TYPE_CHECKING:  # annotations only: scanning and planning load no model code
-    from faste_mm.model.embedder import EmbedResult, EmbedStats
+    from faste_mm.model.embedder import EmbedResult
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class IndexFailure:
-    """A file (or PDF page) that could not be indexed, and why."""
-
-    uri: str
-    page: int | None
-    error: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass
-class IngestTally:
-    """Running totals of one index call (mutable on purpose: updated chunk by chunk)."""
-
-    embedded: int = 0
-    reused: int = 0
-    prefix_tokens: int = 0
-    kept_prefix_tokens: int = 0
-    failures: list[IndexFailure] = field(default_factory=list)
-    tower_s: float = 0.0  # model seconds in the vision tower
-    decoder_s: float = 0.0  # model seconds in the decoder
-    metadata_issues: Counter = field(default_factory=Counter)  # reason -> files whose field it emptied
-    facts_filled: int = 0  # items of unchanged files given their facts (no re-embedding)
-
-    def merge(self, other: "IngestTally") -> None:
-        """Add the totals of a committed chunk (every field, so a new total cannot be left out)."""
-        for name in (f.name for f in fields(self)):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
-
-    def add_stats(self, stats: EmbedStats | None) -> None:
-        if stats is not None:
-            self.prefix_tokens += stats.prefix_tokens
-            self.kept_prefix_tokens += stats.kept_prefix_tokens
-            self.tower_s += stats.tower_s
-            self.decoder_s += stats.decoder_s
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,75 @@
+"""The rows of schema 6's `item_facts` table (one per live item that has facts) and the words an
+item gives the lexical index's `meta` column (its metadata values, then its facts' words).
+Receives a connection inside `store.MetaStore`'s transaction; every statement binds its values.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+from faste_mm.indexers import facts as item_facts
+from faste_mm.indexers.facts import ItemFacts
+from faste_mm.indexers.schema import id_list, to_db
+
+if TYPE_CHECKING:
+    from faste_mm.indexers.records import ItemRecord
+
+
+def metadata_words(metadata: Mapping[str, Any] | None) -> str | None:
+    """The values of a metadata dict (nested ones too) as one space-separated text for the lexical
+    index; None when there are none."""
+    if not metadata:
+        return None
+    words: list[str] = []
+
+    def walk(value: Any) -> None:
+        if isinstance(value, Mapping):
+            for v in value.values():
+                walk(v)
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                walk(v)
+        elif value is not None:
+            words.append(value if isinstance(value, str) else json.dumps(value))
+
+    walk(metadata)
+    return to_db(" ".join(words)) or None
+
+
+def lexical_meta(metadata: Mapping[str, Any] | None, facts: ItemFacts | None) -> str | None:
+    """The `meta` column of an item's lexical row: its metadata values, then its facts' words."""
+    words = " ".join(w for w in (metadata_words(metadata), to_db(facts.words()) if facts else None) if w)
+    return words or None
+
+
+def insert_facts(db: sqlite3.Connection, pairs: Sequence[tuple[int, ItemFacts]]) -> None:
+    """Write (or replace) the facts row of each (item id, facts)."""
+    if pairs:
+        marks = ", ".join("?" * (2 + len(item_facts.COLUMNS)))
+        db.executemany(f"INSERT OR REPLACE INTO item_facts (id, version, {', '.join(item_facts.COLUMNS)}) "
+                       f"VALUES ({marks})", [item_facts.to_row(i, f) for i, f in pairs])
+
+
+def set_facts(db: sqlite3.Connection, pairs: Sequence[tuple["ItemRecord", ItemFacts]]) -> None:
+    """Give live items (records as read, with id and metadata) these facts, and their lexical rows
+    the facts' words: a re-scan filling the facts of items stored before, no vector touched."""
+    insert_facts(db, [(int(r.id), f) for r, f in pairs])
+    db.executemany("UPDATE items_fts SET meta = ? WHERE rowid = ?",
+                   [(lexical_meta(r.metadata, f), int(r.id)) for r, f in pairs])
+
+
+def facts_of(db: sqlite3.Connection, ids: Sequence[int]) -> dict[int, ItemFacts]:
+    """{id: facts} of the items among `ids` that have a facts row."""
+    rows = db.execute(f"SELECT id, {', '.join(item_facts.COLUMNS)} FROM item_facts "
+                      "WHERE id IN (SELECT value FROM json_each(?))", (id_list(ids),)).fetchall()
+    return {row[0]: item_facts.from_row(row[1:]) for row in rows}
+
+
+def rows_without_facts(db: sqlite3.Connection, columns: str, uris: Sequence[str]) -> list[tuple]:
+    """The `columns` of the live items of `uris` with no facts row, or one an older extractor wrote."""
+    return db.execute(
+        f"SELECT {columns} FROM items LEFT JOIN item_facts AS f ON f.id = items.id WHERE items.status = 'ok' "
+        "AND items.uri IN (SELECT value FROM json_each(?)) AND (f.id IS NULL OR f.version < ?) ORDER BY items.id",
+        (json.dumps([to_db(u) for u in uris]), item_facts.FACTS_VERSION)).fetchall()
