@@ -31,6 +31,10 @@ def index_command(
                                            help="Record a default reranker (hub id or folder, e.g. Qwen/Qwen3-VL-Reranker-2B) "
                                                 "that search and serve use for a second stage; set when the collection is "
                                                 "created or re-indexed. Default: none."),
+    min_score: Optional[float] = typer.Option(None, "--min-score", envvar="FASTE_MM_MIN_SCORE", show_default=False,
+                                              help="Record the searches' default minimum score, a cosine -1..1 (hits "
+                                                   "below it are dropped; search --min-score overrides it); set when "
+                                                   "the collection is created or re-indexed. Default: none."),
     dim: Optional[int] = typer.Option(None, "--dim", envvar="FASTE_MM_DIM", min=1,
                                       help="Matryoshka: store only the first DIM dimensions of each vector, "
                                            "re-normalised (e.g. 512: 4x smaller index, faster search, some "
@@ -140,7 +144,7 @@ def index_command(
         retriever = Retriever.for_collection(
             root, model, device=device, dtype=dtype, batching=BatchingConfig(batch_tokens=batch_tokens, unpadded=unpadded),
             reindex=reindex, loading=watch.loading, trigger_layer=trigger_layer, dim=dim, vectors=vectors, keep=keep,
-            reranker=reranker, **settings,
+            reranker=reranker, min_score=min_score, **settings,
             video={name: value for name, value in video.items() if value is not None} or None)
         pending = lambda: retriever.pending(paths, options)  # noqa: E731
         with retriever, watch:

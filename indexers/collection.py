@@ -406,7 +406,8 @@ class Collection:
 
     def find(self, k: int, *, queries: np.ndarray | None = None, texts: Sequence[str] | None = None,
              mode: str = "dense", where: SearchFilter | None = None, nprobe: int | None = None,
-             ef_search: int | None = None, rescore: int | None = None, lexical_syntax: bool = False) -> search.Found:
+             ef_search: int | None = None, rescore: int | None = None, lexical_syntax: bool = False,
+             min_score: float | None = None) -> search.Found:
         """Search by vectors (mode "dense", = `search_records`), by words (mode "lexical": BM25 over
         the items' text, file names, path words and metadata values; needs no vectors) or by both
         (mode "hybrid": reciprocal-rank fusion of the two lists, each `search.hybrid_depth(k)` deep; the
@@ -416,6 +417,7 @@ class Collection:
         as plain words unless `lexical_syntax` (FTS5 syntax: AND, OR, NOT, "phrases", prefix*; an
         invalid expression raises InputError); where filters both sides. Returns `search.Found`,
         whose `sources` say which side found each hit. Read from one snapshot, as `search_records`.
+        min_score: dense hits scoring below this cosine are dropped (dense and hybrid modes).
         """
         if mode not in search.MODES:
             raise ConfigError(f"search mode must be one of {search.MODES}, got {mode!r}")
@@ -444,7 +446,7 @@ class Collection:
                 mode, k,
                 lambda: self._search_snapshot(queries, depth, nprobe, ef_search, where, dense_rescore()),
                 lambda: collection_search.lexical_hits(self._store, self.root, list(texts), depth, where,
-                                                       lexical_syntax))
+                                                       lexical_syntax), min_score)
 
         scores, ids, sources, records = self._in_snapshot(run)
         return search.Found(scores, ids, sources, records)

@@ -128,6 +128,15 @@ class ItemFacts:
         return d
 
 
+def facts_from_dict(d: Mapping[str, Any] | None) -> ItemFacts | None:
+    """Inverse of `ItemFacts.to_dict` (a hit's JSON from a server); None for None."""
+    if d is None:
+        return None
+    names = {f.name for f in fields(ItemFacts)}
+    values = {k: v for k, v in d.items() if k in names and k != "taken"}
+    return ItemFacts(**values, taken=d.get("taken_unix"))
+
+
 def _check(ok: bool, name: str, value: object, valid: str) -> None:
     if not ok:
         raise InputError(f"ItemFacts.{name} = {value!r:.60}: must be {valid}")

@@ -312,7 +312,7 @@ class MetaStore:
 
         A metadata value matches only a JSON value of its own kind (json_type), so "2024" never matches
         2024 and True never 1; int and float compare by value (`items_meta` where the file has it)."""
-        clauses, params = sql_conditions(where, self.has_meta_index())
+        clauses, params = sql_conditions(where, self.has_meta_index(), self.has_facts())
 
         def read() -> np.ndarray:
             rows = self.db.execute(f"SELECT id FROM items WHERE {' AND '.join(clauses)} ORDER BY id", params).fetchall()
@@ -333,7 +333,7 @@ class MetaStore:
         """The k best live items for an FTS5 `match` expression by BM25 (body weighted 1, name and
         metadata 0.5): [(id, score)], best first, score = -bm25 (higher is better). `where` filters
         as `filtered_ids` does. InputError for a malformed expression."""
-        clauses, params = sql_conditions(where or SearchFilter(), self.has_meta_index())
+        clauses, params = sql_conditions(where or SearchFilter(), self.has_meta_index(), self.has_facts())
         try:
             rows = self.db.execute(
                 "SELECT f.rowid, -bm25(items_fts, 1.0, 0.5, 0.5) AS score FROM items_fts AS f "

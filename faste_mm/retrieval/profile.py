@@ -93,6 +93,8 @@ class CollectionProfile:
     reranker: the default reranker of searches (hub id or folder; None = no second stage); it
         changes no vector, so it is informational: set when the collection is created or re-indexed.
     receipt: what `faste-mm plan` measured for these settings (`index --plan`), None = not measured.
+    min_score: the searches' default minimum score (a cosine in [-1, 1]; hits below it are dropped),
+        None = keep every hit; informational like `reranker` (it changes no vector).
     """
 
     model_id: str = _setting(DEFAULT_MODEL, "model_id", "--model")
@@ -113,6 +115,7 @@ class CollectionProfile:
     keep: str = _setting("float", "vectors.keep", "--keep", missing="float")
     reranker: str | None = _setting(None, "reranker", "--reranker", missing=None, refuse=False)
     receipt: PlanReceipt | None = _setting(None, "receipt", "--plan", missing=None, refuse=False)
+    min_score: float | None = _setting(None, "search.min_score", "--min-score", missing=None, refuse=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.model_id, str) or not self.model_id:
@@ -137,6 +140,10 @@ class CollectionProfile:
             raise ConfigError(f"CollectionProfile.trigger_layer must be >= 0, got {self.trigger_layer}")
         if self.reranker is not None and (not isinstance(self.reranker, str) or not self.reranker.strip()):
             raise ConfigError(f"CollectionProfile.reranker must be a hub id or folder (or None), got {self.reranker!r}")
+        if self.min_score is not None and (isinstance(self.min_score, bool) or not isinstance(self.min_score, (int, float))
+                                           or not -1.0 <= self.min_score <= 1.0):
+            raise ConfigError(f"CollectionProfile.min_score {self.min_score!r}: a minimum cosine between -1 and 1 "
+                              f"(e.g. 0.3), or None")
         if isinstance(self.receipt, Mapping):  # as read from JSON
             object.__setattr__(self, "receipt", PlanReceipt.from_dict(self.receipt))
         if self.receipt is not None and not isinstance(self.receipt, PlanReceipt):

@@ -111,8 +111,8 @@ def _read(path: Path) -> ServerAddress | None:
 
 
 def search_via_server(address: ServerAddress, root: str | os.PathLike, query: str, k: int,
-                      where: Mapping[str, Any] | None = None, types: Sequence[str] = (),
-                      path: str | None = None) -> list[dict] | None:
+                      where: Mapping[str, Any] | Sequence[str] | None = None, types: Sequence[str] = (),
+                      path: str | None = None, order: Mapping[str, Any] | None = None) -> list[dict] | None:
     """The hits (`Hit.to_dict()` fields) of a text search by the server, or None when it cannot
     answer for `root` (not reachable, another collection, an error): the caller searches itself."""
     info = _request(address, "info")
@@ -120,12 +120,13 @@ def search_via_server(address: ServerAddress, root: str | os.PathLike, query: st
     if served is None or os.path.realpath(served) != os.path.realpath(root):
         log.debug("server %s does not serve %s (it serves %s)", address.url, root, served)
         return None
-    body: dict[str, Any] = {"query": query, "k": k, "where": dict(where or {}) or None,
-                            "type": list(types) or None, "path": path}
+    body: dict[str, Any] = {"query": query, "k": k, "type": list(types) or None, "path": path,
+                            "where": (dict(where) if isinstance(where, Mapping) else list(where)) if where else None,
+                            **{name: value for name, value in (order or {}).items() if value is not None}}
     answer = _request(address, "search", body)
     if answer is None:
         return None
-    fields = ("id", "score", "uri", "page", "metadata")
+    fields = ("id", "score", "uri", "page", "metadata", "facts")
     return [{name: hit[name] for name in fields} for hit in answer["hits"]]
 
 

@@ -69,15 +69,21 @@ class EmbeddingRequest(BaseModel):
 class SearchRequest(BaseModel):
     """POST /search as JSON: a text `query`, an `image` (data: URL), or the `id` of an indexed
     item ("more like this"); `k` results; the filters of `Retriever.search`: `where` (metadata
-    key -> value), `type` (image|pdf|text|video, or a list) and `path` (a glob); `mode` dense |
-    lexical | hybrid and `rescore` (candidates per hit to rescore) as `Retriever.search` takes them."""
+    key -> value, or condition strings: "taken>=2024-05-01", "camera~pixel", "has:gps", "tag=x"),
+    `since`/`until` (dates), `type` (image|pdf|text|video, or a list) and `path` (a glob); `mode`
+    dense | lexical | hybrid, `rescore` (candidates per hit to rescore), `min_score` (a cosine) and
+    `sort` (relevance | date | -date) as `Retriever.search` takes them."""
 
     model_config = ConfigDict(extra="forbid")
     query: str | None = None
     image: str | None = None
     id: int | None = Field(default=None, ge=0, le=2**63 - 1)  # item ids are SQLite's 64-bit integers
     k: int = Field(default=10, ge=1, le=1000)
-    where: dict[str, str | int | float | bool] | None = None
+    where: dict[str, str | int | float | bool] | list[str] | None = None
+    since: str | None = None
+    until: str | None = None
+    sort: Literal["relevance", "date", "-date"] = "relevance"
+    min_score: float | None = None  # checked by result_order.check_min_score (the message names the range)
     type: str | list[str] | None = None
     path: str | None = None
     mode: Literal["dense", "lexical", "hybrid"] = "dense"
