@@ -428,7 +428,7 @@ class Retriever:
         items = [querying.as_query(q, i) for i, q in enumerate(queries)]
         texts = querying.query_texts(items, mode)
         col = self._open_reader(check_model=mode != "lexical")
-        if min_score is None:
+        if min_score is None and self._reader_profile is not None:  # (lexical mode reads no profile: no cosine)
             min_score = self._reader_profile.min_score
         vectors = None if mode == "lexical" else self._embed_queries(items, instruction)
         found = col.find(k, queries=vectors, texts=texts, mode=mode, where=search_filter, rescore=rescore,
