@@ -20,6 +20,7 @@ from faste_mm.cli.collection_commands import compact_command, info_command, rebu
 from faste_mm.cli.embed import embed
 from faste_mm.cli.export import export_command
 from faste_mm.cli.index_command import index_command
+from faste_mm.cli.mcp_command import mcp_command
 from faste_mm.cli.eval import eval_command
 from faste_mm.cli.plan import plan_command
 from faste_mm.cli.rerank import rerank_command
@@ -128,7 +129,7 @@ for _name, _command in (("index", index_command), ("search", search_command), ("
                         ("remove", remove_command), ("compact", compact_command),
                         ("rebuild-index", rebuild_index_command), ("export", export_command), ("embed", embed),
                         ("eval", eval_command), ("bench", bench_command), ("calibrate", calibrate_command),
-                        ("serve", serve_command), ("plan", plan_command), ("rerank", rerank_command)):
+                        ("serve", serve_command), ("mcp", mcp_command), ("plan", plan_command), ("rerank", rerank_command)):
     app.command(_name, cls=_Command)(_command)
 
 

@@ -302,6 +302,12 @@ class MetaStore:
         digest = hashlib.blake2b(wanted.tobytes(), digest_size=16).digest()  # kept once asked twice: not one-off sets
         return self._remembered.recent("locations", digest, read) if self._remembered.seen("asked", digest) else read()
 
+    def live_records_after(self, after_id: int, limit: int) -> list[ItemRecord]:
+        """Up to `limit` live records with id > `after_id`, in id order (a paged listing)."""
+        rows = self.db.execute(f"SELECT {_ITEM_COLUMNS} FROM items WHERE status = 'ok' AND id > ? ORDER BY id LIMIT ?",
+                               (int(after_id), int(limit))).fetchall()
+        return [_row_to_record(row) for row in rows]
+
     def live_ids(self, ids: Iterable[int]) -> set[int]:
         """The subset of `ids` whose status is 'ok' (used to filter tombstones from search)."""
         rows = self.db.execute("SELECT id FROM items WHERE status = 'ok' AND id IN (SELECT value FROM json_each(?))",
