@@ -20,7 +20,7 @@ from faste_mm import Embedder, FastEConfig, Hit, InputError, Item, Retriever
 from faste_mm.errors import CollectionError, ConfigError, FasteError
 from faste_mm.indexers import SearchFilter
 from faste_mm.retrieval.profile import QUERY_INSTRUCTION, CollectionProfile, read_profile
-from faste_mm.serving.batcher import Batcher, BatcherConfig
+from faste_mm.serving.batcher import Batcher, BatcherConfig, run_tasks
 from faste_mm.serving.inputs import truncate_dimensions
 from faste_mm.serving.mcp_paths import IndexRoots
 from faste_mm.serving.metrics import BATCH_SIZE_BUCKETS, Metrics, describe_server_metrics
@@ -157,6 +157,7 @@ class ServeEngine:
             runners["search"] = self._run_search
         if reranker is not None:
             runners["rerank"] = self._run_rerank
+        runners["task"] = run_tasks  # other work on the model (the MCP index tool): `on_model_thread`
         self.batcher = Batcher(runners, self.config.batching, self.metrics)
         self._reader = None  # the model thread's own read-only collection (more-like-this)
         self._local = threading.local()
@@ -173,6 +174,11 @@ class ServeEngine:
 
     def close(self) -> None:
         self.batcher.close()
+
+    def on_model_thread(self, task):
+        """Run `task()` on the model thread, between batches (a torch model runs in one thread
+        at a time); returns the Future of its result."""
+        return self.batcher.submit("task", task, 1)
 
     def __enter__(self) -> "ServeEngine":
         return self.start()

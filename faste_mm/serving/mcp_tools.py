@@ -12,6 +12,7 @@ allowed with --allow-index; stored files are read back only through the paths se
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -319,14 +320,25 @@ class McpTools:
 
         paths = [self.roots.check(path) for path in args.paths]  # all refused before anything is read
         engine = self.slot.get()
+        updates: queue.SimpleQueue = queue.SimpleQueue()
 
-        def report(state) -> None:
-            if progress is not None:
-                progress(float(state.files_done), float(state.files_total),
-                         f"{state.files_done}/{state.files_total} files, {state.embedded} embedded")
+        def report(state) -> None:  # on the model thread: handed to this thread, which may talk to the client
+            updates.put((float(state.files_done), float(state.files_total),
+                         f"{state.files_done}/{state.files_total} files, {state.embedded} embedded"))
 
-        with self._index_lock:
-            done = Retriever(engine.embedder, collection=self.collection).index(paths, progress=report)
+        with self._index_lock:  # the model runs in one thread: the index run is queued like a search
+            future = engine.on_model_thread(lambda: Retriever(engine.embedder, collection=self.collection)
+                                            .index(paths, progress=report))
+            while True:
+                try:
+                    update = updates.get(timeout=0.1)
+                except queue.Empty:
+                    if future.done() and updates.empty():
+                        break
+                    continue
+                if progress is not None:
+                    progress(*update)
+            done = future.result()
         return ToolAnswer(IndexOut(report=done.to_dict()),
                           f"indexed {done.files_scanned} files into {self.collection}: {done.embedded} embedded, "
                           f"{done.reused} reused, {done.unchanged} unchanged, {done.removed} removed, "
