@@ -115,7 +115,7 @@ class CollectionSearch:
             name = self._rerank or read_profile(self.retriever.collection).reranker
             if name is None:
                 return None
-            from faste_mm.model.reranker import Reranker
+            from faste_mm.model.rerank.reranker import Reranker
 
             self._reranker = Reranker.from_pretrained(name, device=self.device)
         return self._reranker

@@ -1,5 +1,5 @@
 """The explain tool's picture: the reranker readout's attention over an item's visual tokens
-(`model.rerank_explain.VisualMap`, as /explain returns it) laid over the item's preview, so an
+(`model.rerank.explain.VisualMap`, as /explain returns it) laid over the item's preview, so an
 assistant sees where the reranker looked (attention, not attribution).
 
 Receives an item record and one visual map as a dict (`grid` [h/2, w/2] weights, `size`);
