@@ -12,7 +12,7 @@ from typing import Iterable
 
 import numpy as np
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 # Readers accept files this old: the migrations after it only add tables a reader can do without
 # (exclusions, the lexical index, the metadata index) or escape a character no real name holds (see ESC).
 READABLE_FROM_VERSION = 1
@@ -176,6 +176,16 @@ def fill_meta_index(db: sqlite3.Connection) -> None:
                f"AND e.type IN {META_KINDS}")
 
 
+def _migrate_5_to_6(db: sqlite3.Connection) -> None:
+    # The identity (device, inode) of each indexed file, by uri: a file read again at request
+    # time (thumbnails, explain, rerank) must still be the one indexed, not something planted
+    # under its name (retrieval.stored_files). Files indexed before have none until the next
+    # `index` records it; readers of an older file see none.
+    db.execute("CREATE TABLE IF NOT EXISTS file_identity (uri TEXT PRIMARY KEY, dev INTEGER NOT NULL, "
+               "ino INTEGER NOT NULL)")
+
+
 # MIGRATIONS[v] upgrades schema version v to v + 1.
-MIGRATIONS = {0: _migrate_0_to_1, 1: _migrate_1_to_2, 2: _migrate_2_to_3, 3: _migrate_3_to_4, 4: _migrate_4_to_5}
+MIGRATIONS = {0: _migrate_0_to_1, 1: _migrate_1_to_2, 2: _migrate_2_to_3, 3: _migrate_3_to_4, 4: _migrate_4_to_5,
+              5: _migrate_5_to_6}
 assert len(MIGRATIONS) == SCHEMA_VERSION

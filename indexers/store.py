@@ -54,12 +54,17 @@ def metadata_words(metadata: Mapping[str, Any] | None) -> str | None:
     return to_db(" ".join(words)) or None
 
 
+# A record's columns as read: the item's, then its file's identity (schema 6; NULL before).
+_IDENTITY_COLUMNS = ("(SELECT dev FROM file_identity AS f WHERE f.uri = items.uri), "
+                     "(SELECT ino FROM file_identity AS f WHERE f.uri = items.uri)")
+
+
 def _row_to_record(row: Sequence[Any]) -> ItemRecord:
     (id_, uri, page, modality, size, mtime, chash, status, error, added_at, meta, _part,
-     _row) = row
+     _row, dev, ino) = row
     return ItemRecord(uri=from_db(uri), modality=modality, page=page, size=size, mtime=mtime,
                       content_hash=chash, metadata=json.loads(meta) if meta else None,
-                      error=from_db(error), id=id_, status=status, added_at=added_at)
+                      error=from_db(error), id=id_, status=status, added_at=added_at, dev=dev, ino=ino)
 
 
 @translate_errors
@@ -71,6 +76,7 @@ class MetaStore:
         self.path = root / DB_NAME
         self.writable = writable
         self._meta_index: bool | None = None  # whether items_meta exists (`has_meta_index`)
+        self._record_columns: str | None = None  # `record_columns`: with the identity table or without
         # The counters a search checks, read once per `version`: one PRAGMA a search on an unchanged file.
         self._remembered = Remembered(self.version)
         self._snapshot_version: int | None = None  # data_version of the open read snapshot
@@ -251,6 +257,7 @@ class MetaStore:
               to_db(r.error), now, json.dumps(dict(r.metadata)) if r.metadata is not None else None,
               part, row if part is not None else None)
              for row, (i, r) in enumerate(zip(ids, records))])
+        self.set_identities([(r.uri, r.dev, r.ino) for r in records if r.ino is not None])
         if status == Status.OK:
             self.db.executemany("INSERT INTO items_fts (rowid, body, name, meta) VALUES (?, ?, ?, ?)",
                                 [(int(i), to_db(r.text), to_db(r.uri), metadata_words(r.metadata))
@@ -259,6 +266,7 @@ class MetaStore:
     def purge_tombstones(self) -> None:
         """Delete the tombstoned rows (`compact`, once their vectors are gone from the new parts)."""
         self.db.execute("DELETE FROM items WHERE status = 'deleted'")
+        self.db.execute("DELETE FROM file_identity WHERE uri NOT IN (SELECT uri FROM items)")
 
     def tombstone_ids(self, ids: Sequence[int]) -> int:
         cur = self.db.executemany(
@@ -274,15 +282,23 @@ class MetaStore:
             "UPDATE items SET status = 'deleted' WHERE uri = ? AND status = 'ok'", params)
         return cur.rowcount
 
+    def set_identities(self, identities: Sequence[tuple[str, int, int]], keep: bool = False) -> None:
+        """Record (uri, dev, ino) of indexed files (`ItemRecord.dev`), replacing what a uri had
+        (keep: only for uris that have none)."""
+        self.db.executemany(f"INSERT OR {'IGNORE' if keep else 'REPLACE'} INTO file_identity (uri, dev, ino) "
+                            "VALUES (?, ?, ?)",
+                            [(to_db(uri), int(dev), int(ino)) for uri, dev, ino in identities])
+
     def set_file_stats(self, stats: Sequence[FileStat]) -> None:
         """Give the ok rows of each file its (size, mtime): the last page range of a PDF
         committed range by range marks the file complete (ingest's `_is_partial`)."""
         self.db.executemany("UPDATE items SET size = ?, mtime = ? WHERE uri = ? AND status = 'ok'",
                             [(s.size, s.mtime, to_db(s.uri)) for s in stats])
+        self.set_identities([(s.uri, s.dev, s.ino) for s in stats if s.ino is not None])
 
     def records(self, ids: Sequence[int]) -> dict[int, ItemRecord]:
         # json_each takes the whole id list as ONE bound parameter (no variable-count limit).
-        rows = self.db.execute(f"SELECT {_ITEM_COLUMNS} FROM items WHERE id IN (SELECT value FROM json_each(?))",
+        rows = self.db.execute(f"SELECT {self.record_columns()} FROM items WHERE id IN (SELECT value FROM json_each(?))",
                                (id_list(ids),)).fetchall()
         return {row[0]: _row_to_record(row) for row in rows}
 
@@ -324,6 +340,15 @@ class MetaStore:
         # remembered (the few most recent): a served collection is searched with the same few filters
         return self._remembered.recent("filter", (" AND ".join(clauses), json.dumps(params)), read)
 
+    def record_columns(self) -> str:
+        """What a record is read from (`_row_to_record`): a reader of a file older than schema 6
+        has no identity table and reads NULL identities."""
+        if self._record_columns is None:
+            has = self.db.execute("SELECT 1 FROM sqlite_master WHERE name = 'file_identity'").fetchone() is not None
+            items = ", ".join("items." + c.strip() for c in _ITEM_COLUMNS.split(","))
+            self._record_columns = f"{items}, {_IDENTITY_COLUMNS if has else 'NULL, NULL'}"
+        return self._record_columns
+
     def has_meta_index(self) -> bool:
         """Whether the file has schema 5's metadata index (a reader of an older file scans instead)."""
         if self._meta_index is None:
@@ -358,7 +383,7 @@ class MetaStore:
     def items_without_text(self) -> list[ItemRecord]:
         """Live records whose lexical row has no body (stored before the lexical index existed)."""
         rows = self.db.execute(
-            f"SELECT {', '.join('items.' + c.strip() for c in _ITEM_COLUMNS.split(','))} FROM items "
+            f"SELECT {self.record_columns()} FROM items "
             "JOIN items_fts ON items_fts.rowid = items.id WHERE items.status = 'ok' AND items_fts.body IS NULL "
             "ORDER BY items.id").fetchall()
         return [_row_to_record(r) for r in rows]
@@ -374,7 +399,7 @@ class MetaStore:
         self.db.executemany("UPDATE items_fts SET body = ? WHERE rowid = ?", [(to_db(t), int(i)) for i, t in texts])
 
     def records_where_status(self, status: str) -> list[ItemRecord]:
-        rows = self.db.execute(f"SELECT {_ITEM_COLUMNS} FROM items WHERE status = ? ORDER BY id",
+        rows = self.db.execute(f"SELECT {self.record_columns()} FROM items WHERE status = ? ORDER BY id",
                                (status,)).fetchall()
         return [_row_to_record(r) for r in rows]
 
@@ -386,7 +411,7 @@ class MetaStore:
         for start in range(0, len(unique), MAX_BOUND_PARAMS):
             chunk = unique[start:start + MAX_BOUND_PARAMS]
             rows = self.db.execute(
-                f"SELECT {_ITEM_COLUMNS} FROM items WHERE status = 'ok' "
+                f"SELECT {self.record_columns()} FROM items WHERE status = 'ok' "
                 f"AND content_hash IN ({', '.join('?' * len(chunk))}) ORDER BY id", chunk).fetchall()
             for row in rows:
                 record = _row_to_record(row)
