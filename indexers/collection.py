@@ -24,6 +24,7 @@ import numpy as np
 from faste_mm.errors import CollectionError, ConfigError, InputError
 from faste_mm.indexers import (collection_search, directory, faiss_index, index_upkeep, opening, parts,
                                quantization, search)
+from faste_mm.indexers import file_identity
 from faste_mm.indexers.compaction import compact_parts
 from faste_mm.indexers.crash_points import crash_point
 from faste_mm.indexers.derived_index import DerivedIndex, max_part
@@ -274,7 +275,7 @@ class Collection:
         rows = [(s.uri, s.dev, s.ino) for s in stats if s.ino is not None]
         if rows:
             with self._store.transaction():
-                self._store.set_identities(rows, keep=True)
+                file_identity.set_identities(self._store.db, rows, keep=True)
 
     def exclude(self, uris: Iterable[str]) -> None:
         """Record removed paths (files or folders, as stored uris) that scans of a folder above

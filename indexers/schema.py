@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
-from typing import Iterable
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 
@@ -88,6 +88,27 @@ def from_db(text: str | None) -> str | None:
     if text is None or ESC not in text:
         return text
     return ESCAPED.sub(lambda m: ESC if m.group(1) == ESC else chr(0xDC00 + int(m.group(1), 16)), text)
+
+
+def metadata_words(metadata: Mapping[str, Any] | None) -> str | None:
+    """The values of a metadata dict (nested ones too) as one space-separated text for the lexical
+    index; None when there are none."""
+    if not metadata:
+        return None
+    words: list[str] = []
+
+    def walk(value: Any) -> None:
+        if isinstance(value, Mapping):
+            for v in value.values():
+                walk(v)
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                walk(v)
+        elif value is not None:
+            words.append(value if isinstance(value, str) else json.dumps(value))
+
+    walk(metadata)
+    return to_db(" ".join(words)) or None
 
 
 def _migrate_1_to_2(db: sqlite3.Connection) -> None:

@@ -19,10 +19,12 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 import numpy as np
 
 from faste_mm.errors import CollectionError, InputError
+from faste_mm.indexers import file_identity
 from faste_mm.indexers.filters import SearchFilter, sql_conditions
 from faste_mm.indexers.records import FileStat, ItemRecord, Status
 from faste_mm.indexers.remembered import Remembered
-from faste_mm.indexers.schema import MIGRATIONS, READABLE_FROM_VERSION, SCHEMA_VERSION, from_db, id_list, to_db
+from faste_mm.indexers.schema import (MIGRATIONS, READABLE_FROM_VERSION, SCHEMA_VERSION, from_db, id_list,
+                                     metadata_words, to_db)
 from faste_mm.indexers.database_file import DB_NAME, damaged_database, translate_errors
 
 log = logging.getLogger(__name__)
@@ -31,32 +33,6 @@ log = logging.getLogger(__name__)
 MAX_BOUND_PARAMS = 500
 _ITEM_COLUMNS = ("id, uri, page, modality, size, mtime, content_hash, status, error, added_at, "
                  "metadata, part, row")
-
-
-def metadata_words(metadata: Mapping[str, Any] | None) -> str | None:
-    """The values of a metadata dict (nested ones too) as one space-separated text for the lexical
-    index; None when there are none."""
-    if not metadata:
-        return None
-    words: list[str] = []
-
-    def walk(value: Any) -> None:
-        if isinstance(value, Mapping):
-            for v in value.values():
-                walk(v)
-        elif isinstance(value, (list, tuple)):
-            for v in value:
-                walk(v)
-        elif value is not None:
-            words.append(value if isinstance(value, str) else json.dumps(value))
-
-    walk(metadata)
-    return to_db(" ".join(words)) or None
-
-
-# A record's columns as read: the item's, then its file's identity (schema 6; NULL before).
-_IDENTITY_COLUMNS = ("(SELECT dev FROM file_identity AS f WHERE f.uri = items.uri), "
-                     "(SELECT ino FROM file_identity AS f WHERE f.uri = items.uri)")
 
 
 def _row_to_record(row: Sequence[Any]) -> ItemRecord:
@@ -257,7 +233,7 @@ class MetaStore:
               to_db(r.error), now, json.dumps(dict(r.metadata)) if r.metadata is not None else None,
               part, row if part is not None else None)
              for row, (i, r) in enumerate(zip(ids, records))])
-        self.set_identities([(r.uri, r.dev, r.ino) for r in records if r.ino is not None])
+        file_identity.set_identities(self.db, [(r.uri, r.dev, r.ino) for r in records if r.ino is not None])
         if status == Status.OK:
             self.db.executemany("INSERT INTO items_fts (rowid, body, name, meta) VALUES (?, ?, ?, ?)",
                                 [(int(i), to_db(r.text), to_db(r.uri), metadata_words(r.metadata))
@@ -266,7 +242,7 @@ class MetaStore:
     def purge_tombstones(self) -> None:
         """Delete the tombstoned rows (`compact`, once their vectors are gone from the new parts)."""
         self.db.execute("DELETE FROM items WHERE status = 'deleted'")
-        self.db.execute("DELETE FROM file_identity WHERE uri NOT IN (SELECT uri FROM items)")
+        file_identity.drop_orphans(self.db)
 
     def tombstone_ids(self, ids: Sequence[int]) -> int:
         cur = self.db.executemany(
@@ -282,19 +258,12 @@ class MetaStore:
             "UPDATE items SET status = 'deleted' WHERE uri = ? AND status = 'ok'", params)
         return cur.rowcount
 
-    def set_identities(self, identities: Sequence[tuple[str, int, int]], keep: bool = False) -> None:
-        """Record (uri, dev, ino) of indexed files (`ItemRecord.dev`), replacing what a uri had
-        (keep: only for uris that have none)."""
-        self.db.executemany(f"INSERT OR {'IGNORE' if keep else 'REPLACE'} INTO file_identity (uri, dev, ino) "
-                            "VALUES (?, ?, ?)",
-                            [(to_db(uri), int(dev), int(ino)) for uri, dev, ino in identities])
-
     def set_file_stats(self, stats: Sequence[FileStat]) -> None:
         """Give the ok rows of each file its (size, mtime): the last page range of a PDF
         committed range by range marks the file complete (ingest's `_is_partial`)."""
         self.db.executemany("UPDATE items SET size = ?, mtime = ? WHERE uri = ? AND status = 'ok'",
                             [(s.size, s.mtime, to_db(s.uri)) for s in stats])
-        self.set_identities([(s.uri, s.dev, s.ino) for s in stats if s.ino is not None])
+        file_identity.set_identities(self.db, [(s.uri, s.dev, s.ino) for s in stats if s.ino is not None])
 
     def records(self, ids: Sequence[int]) -> dict[int, ItemRecord]:
         # json_each takes the whole id list as ONE bound parameter (no variable-count limit).
@@ -341,12 +310,10 @@ class MetaStore:
         return self._remembered.recent("filter", (" AND ".join(clauses), json.dumps(params)), read)
 
     def record_columns(self) -> str:
-        """What a record is read from (`_row_to_record`): a reader of a file older than schema 6
-        has no identity table and reads NULL identities."""
+        """What a record is read from (`_row_to_record`): the item's columns, its file's identity."""
         if self._record_columns is None:
-            has = self.db.execute("SELECT 1 FROM sqlite_master WHERE name = 'file_identity'").fetchone() is not None
-            items = ", ".join("items." + c.strip() for c in _ITEM_COLUMNS.split(","))
-            self._record_columns = f"{items}, {_IDENTITY_COLUMNS if has else 'NULL, NULL'}"
+            self._record_columns = f"{', '.join('items.' + c.strip() for c in _ITEM_COLUMNS.split(','))}, " \
+                                   f"{file_identity.identity_columns(self.db)}"
         return self._record_columns
 
     def has_meta_index(self) -> bool:

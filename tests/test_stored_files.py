@@ -6,7 +6,6 @@ folders) or to an outside image is refused with an answer that reveals nothing o
 from __future__ import annotations
 
 import os
-import sqlite3
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 from faste_mm import BatchingConfig, Embedder, Retriever  # noqa: E402
 from faste_mm.indexers import Collection  # noqa: E402
 from faste_mm.serving import ServeConfig, ServeEngine, create_app  # noqa: E402
+from tests.old_schemas import downgrade
 from tests.serve_fixtures import scene_image  # noqa: E402
 from tests.test_retriever_scanning import tiny_vl_dir  # noqa: E402
 
@@ -127,11 +127,10 @@ def test_retriever_rerank_does_not_read_a_planted_link(embedder, vl_reranker, in
 
 
 def test_collection_without_identities_refuses_links_and_reindex_records_them(embedder, vl_reranker, indexed):
-    """A collection indexed before identities were recorded: a link is still refused (its path
-    no longer resolves to the stored one); a re-index records the identities."""
+    """A schema-5 collection (indexed before identities were recorded): a link is still refused
+    (its path no longer resolves to the stored one); the next `index` migrates it and records them."""
     col = indexed / "col"
-    with sqlite3.connect(col / "meta.sqlite") as db:
-        db.execute("DELETE FROM file_identity")
+    downgrade(col, 5)
     ids = _ids(col)
     assert all(r.ino is None for r in _records(col).values())
     _plant_link(indexed / "shared" / "notes" / "t2.txt", str(indexed / "private.txt"))
