@@ -295,6 +295,11 @@ class MetaStore:
                                (int(after_id), int(limit))).fetchall()
         return [_row_to_record(row) for row in rows]
 
+    def live_ids_of(self, uri: str) -> list[int]:
+        """Ids of the live items of one file (its pages), in id order."""
+        return [r[0] for r in self.db.execute("SELECT id FROM items WHERE status = 'ok' AND uri = ? ORDER BY id",
+                                              (to_db(uri),))]
+
     def live_ids(self, ids: Iterable[int]) -> set[int]:
         """The subset of `ids` whose status is 'ok' (used to filter tombstones from search)."""
         rows = self.db.execute("SELECT id FROM items WHERE status = 'ok' AND id IN (SELECT value FROM json_each(?))",

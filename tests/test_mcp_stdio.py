@@ -178,3 +178,20 @@ def test_a_model_that_cannot_load_answers_with_the_cli_message(tmp_path):
         message = error_text(session.call_tool("search", {"query": "a note"}))
         assert message.split(";")[0] in " ".join(cli.output.split())
         assert not session.call_tool("info", {}).is_error  # what needs no model still answers
+
+
+def test_a_replaced_indexed_file_is_not_read_by_search_or_get_item(tmp_path, world):
+    from faste_mm.indexers import Collection
+    from faste_mm.retrieval.stored_files import ReplacedFileError
+    from faste_mm.serving.mcp_paths import IndexRoots, query_image_file
+    from faste_mm.serving.mcp_tools import EngineSlot, GetItemArgs, McpTools
+
+    picture = shutil.copy(next(world["gallery"].glob("*.png")), tmp_path / "victim.png")
+    Retriever(world["embedder"], collection=tmp_path / "col").index([picture])
+    os.replace(shutil.copy(sorted(world["gallery"].glob("*.png"))[-1], tmp_path / "other.png"), picture)  # new inode
+    with Collection.open(tmp_path / "col") as col:
+        with pytest.raises(ReplacedFileError, match="victim.png"):
+            query_image_file(str(picture), col, IndexRoots())
+    tools = McpTools(tmp_path / "col", EngineSlot(engine=object()), IndexRoots())
+    answer = tools.get_item(GetItemArgs(id=0))
+    assert answer.pictures == [] and "no picture" in answer.summary and answer.result.uri == str(picture)

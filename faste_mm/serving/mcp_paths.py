@@ -18,7 +18,6 @@ from pathlib import Path
 from faste_mm.errors import ConfigError, InputError
 from faste_mm.kinds import kind_name
 
-SYSTEM_TREES = (Path("/proc"), Path("/sys"), Path("/dev"))  # files that are not files: never read
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,16 +74,20 @@ def query_image_file(given: str, collection, roots: IndexRoots):
         raise InputError("search: `image` takes the path of an indexed image file or a data: URL; URLs are not "
                          "fetched")
     resolved = _resolved(given, "search: image")
-    indexed = str(resolved) in collection.live_uris(under=str(resolved))
-    if not indexed and not roots.allows(resolved):
+    ids = collection.live_ids_of(str(resolved))
+    if not ids and not roots.allows(resolved):
         raise InputError(f"search: image {given[:200]} is not a file of the collection {collection.root}; give "
                          f"the path of an indexed image (search results' uri), more_like_this with its id, or the "
                          f"picture as a data: URL")
-    if not stat.S_ISREG(os.stat(resolved).st_mode):
-        raise InputError(f"search: image {given[:200]} is not a regular file")
     if kind_name(resolved) != "image":
         raise InputError(f"search: image {given[:200]} is a {kind_name(resolved)} file, not an image; use "
                          f"more_like_this with its id to find items like it")
+    if ids:  # an indexed file: read only while it is the file indexed (as thumbnails and rerank read it)
+        from faste_mm.retrieval.stored_files import stored_path
+
+        resolved = stored_path(collection.get(ids[:1])[0])
+    elif not stat.S_ISREG(os.stat(resolved).st_mode):
+        raise InputError(f"search: image {given[:200]} is not a regular file")
     return load_image(Item(image=resolved), max_pixels=64_000_000)
 
 
@@ -101,4 +104,6 @@ def _resolved(given: str, what: str) -> Path:
 
 
 def _under_system_tree(path: Path) -> bool:
-    return any(path == tree or path.is_relative_to(tree) for tree in SYSTEM_TREES)
+    from faste_mm.retrieval.stored_files import is_system_path  # the one list of trees never read
+
+    return is_system_path(str(path))

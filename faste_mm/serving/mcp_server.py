@@ -30,7 +30,8 @@ from faste_mm.errors import FasteError
 from faste_mm.serving.mcp_tools import (ITEM_URI, PREVIEW_PX, ExplainArgs, ExplainOut, GetItemArgs, IndexArgs, IndexOut,
                                         InfoArgs, InfoOut, ItemOut, McpTools, MoreLikeThisArgs, SearchArgs, SearchOut,
                                         ToolAnswer)
-from faste_mm.serving.thumbnails import NoThumbnailError, has_thumbnail, preview
+from faste_mm.errors import InputError
+from faste_mm.serving.thumbnails import has_thumbnail, preview
 
 log = logging.getLogger(__name__)
 
@@ -206,7 +207,7 @@ def _read_item(tools: McpTools, uri: str) -> types.ReadResourceResult:
             data = preview(tools.record(item.id), PREVIEW_PX)
             contents.append(types.BlobResourceContents(uri=uri, mime_type="image/jpeg",
                                                        blob=base64.b64encode(data).decode("ascii")))
-        except NoThumbnailError as error:
+        except InputError as error:  # gone, or no longer the file indexed: the metadata alone
             log.warning("%s", error)
     return types.ReadResourceResult(contents=contents)
 

@@ -25,7 +25,7 @@ from faste_mm.indexers import SearchFilter
 from faste_mm.indexers.filters import INT64_MAX
 from faste_mm.kinds import kind_name
 from faste_mm.serving.mcp_paths import IndexRoots, query_image_file
-from faste_mm.serving.thumbnails import NoThumbnailError, has_thumbnail, jpeg, preview, thumbnail
+from faste_mm.serving.thumbnails import has_thumbnail, jpeg, preview, thumbnail
 
 log = logging.getLogger(__name__)
 
@@ -274,14 +274,14 @@ class McpTools:
                       size=record.size, mtime=record.mtime, text=None if text is None else text[:MAX_TEXT_CHARS],
                       text_truncated=text is not None and len(text) > MAX_TEXT_CHARS,
                       resource=ITEM_URI.format(id=record.id))
-        pictures = []
+        pictures, note = [], ""
         if args.preview and has_thumbnail(record.uri, record.page):
             try:
                 pictures.append((_label(record), preview(record, PREVIEW_PX)))
-            except NoThumbnailError as error:
-                log.warning("%s", error)
+            except InputError as error:  # gone, or no longer the file indexed: the item without its picture
+                note = f"; no picture: {error}"
         where = "" if record.page is None else f" page {record.page}"
-        return ToolAnswer(out, f"item {record.id}: {record.uri}{where} ({out.kind})", pictures,
+        return ToolAnswer(out, f"item {record.id}: {record.uri}{where} ({out.kind}){note}", pictures,
                           [(record.id, out.name, record.uri)])
 
     def explain(self, args: ExplainArgs, progress: Progress | None = None) -> ToolAnswer:
@@ -358,7 +358,7 @@ class McpTools:
                 try:
                     small = jpeg(_open_jpeg(thumbnail(self.record(hit.id), cache)), HIT_THUMBNAIL_PX)
                     pictures.append((f"{rank}. {_label_of(hit.id, hit.uri, hit.page)}", small))
-                except (NoThumbnailError, InputError) as error:  # gone since indexing: the hit stays, unpictured
+                except InputError as error:  # gone, or not the file indexed: the hit stays, unpictured
                     log.warning("%s", error)
         result = SearchOut(collection=str(self.collection), k=k, mode=mode, reranked_by=reranked_by, hits=out)
         lines = [f"{h.rank}. {h.uri}{'' if h.page is None else f' (page {h.page})'}  score {h.score:.4f}  id {h.id}"
