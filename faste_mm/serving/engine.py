@@ -157,7 +157,7 @@ class ServeEngine:
             runners["search"] = self._run_search
         if reranker is not None:
             runners["rerank"] = self._run_rerank
-        runners["task"] = run_tasks  # other work on the model (the MCP index tool): `on_model_thread`
+        runners["task"] = run_tasks  # other work on the model thread (the MCP index tool)
         self.batcher = Batcher(runners, self.config.batching, self.metrics)
         self._reader = None  # the model thread's own read-only collection (more-like-this)
         self._local = threading.local()
@@ -174,11 +174,6 @@ class ServeEngine:
 
     def close(self) -> None:
         self.batcher.close()
-
-    def on_model_thread(self, task):
-        """Run `task()` on the model thread, between batches (a torch model runs in one thread
-        at a time); returns the Future of its result."""
-        return self.batcher.submit("task", task, 1)
 
     def __enter__(self) -> "ServeEngine":
         return self.start()

@@ -327,8 +327,8 @@ class McpTools:
                          f"{state.files_done}/{state.files_total} files, {state.embedded} embedded"))
 
         with self._index_lock:  # the model runs in one thread: the index run is queued like a search
-            future = engine.on_model_thread(lambda: Retriever(engine.embedder, collection=self.collection)
-                                            .index(paths, progress=report))
+            future = engine.batcher.submit("task", lambda: Retriever(engine.embedder, collection=self.collection)
+                                           .index(paths, progress=report), 1)
             while True:
                 try:
                     update = updates.get(timeout=0.1)
