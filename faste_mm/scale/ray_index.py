@@ -124,8 +124,10 @@ def _ray_output(shown: bool):
     levels = [logger.level for logger in loggers]
     for logger in loggers:
         logger.setLevel(logging.ERROR)
-    # read by Ray's core worker when this process joins Ray (ray.init), not later
+    # read by Ray's core worker when this process joins Ray (ray.init), not later; the C++ core
+    # worker writes its own "E ... core_worker.cc" lines straight to stderr below FATAL
     os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
+    os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")
     try:
         yield
     finally:
@@ -265,8 +267,9 @@ def _connect(ray, options: RayOptions) -> bool:
     try:
         # the workers' own output (actor warnings, their logs) reaches this terminal only with --debug
         debug = log.isEnabledFor(logging.DEBUG)
+        # ERROR: ray.init's own warnings (token authentication on by default) are not ours to print
         ray.init(address=address, include_dashboard=False, log_to_driver=debug,
-                 logging_level=logging.DEBUG if debug else logging.WARNING)
+                 logging_level=logging.DEBUG if debug else logging.ERROR)
     except (ConnectionError, RuntimeError, ValueError) as error:
         raise ConfigError(f"cannot join the Ray cluster at {options.address!r} ({error}); start it with "
                           f"`ray start --head` (then `ray start --address HEAD:6379` on the other nodes) "
