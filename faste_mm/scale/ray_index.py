@@ -124,10 +124,8 @@ def _ray_output(shown: bool):
     levels = [logger.level for logger in loggers]
     for logger in loggers:
         logger.setLevel(logging.ERROR)
-    # read by Ray's core worker when this process joins Ray (ray.init), not later; the C++ core
-    # worker writes its own "E ... core_worker.cc" lines straight to stderr below FATAL
+    # read by Ray's core worker when this process joins Ray (ray.init), not later
     os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
-    os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")
     try:
         yield
     finally:
