@@ -19,6 +19,7 @@ from faste_mm.cli.options import (DEFAULT_BATCH_TOKENS, DEFAULT_MODEL, SERVE_MER
 from faste_mm.cli.setting_flags import FLAG_OF_FIELD, GivenFlags, on_serve, takes_settings
 from faste_mm.cli.options import RERANK_TOWER_CACHE_MB, Rerank, RerankProtect, RerankRMax, RerankTowerCacheMb
 from faste_mm.errors import ConfigError, FasteError
+from faste_mm.retrieval.profile import CollectionProfile
 
 SERVE_INSTALL = "pip install 'faste-mm[serve]'"
 
@@ -80,6 +81,7 @@ def serve_command(
         # collection's own settings, and a given one that differs is refused
         given = settings.settings()
         model, revision = given.pop("model_id", None), given.pop("model_revision", None)
+        CollectionProfile.resolve(None, **given)  # checks each value (named by its flag) before anything loads
         trigger_layer = given.get("trigger_layer")
         fast_e = fast_e_config(given.get("r_max") or 0.0, given.get("warmup_layer"), given.get("threshold"),
                                trigger_layer)

@@ -28,11 +28,11 @@ FLAG_OF_FIELD = {
 }
 
 
-def setting_option(flag: Flag | str) -> Any:
-    """One declared flag (or its name) as a typer option type: its value type, FASTE_MM_* variable,
-    bounds and help; not given = None."""
+def setting_option(flag: Flag | str, parsed_as: type | None = None) -> Any:
+    """One declared flag (or its name) as a typer option type: its value type (or `parsed_as`: --r-max
+    as text for the sweeps of eval, bench and plan), FASTE_MM_* variable, bounds and help; not given = None."""
     flag = FLAGS[flag] if isinstance(flag, str) else flag
-    return Annotated[Optional[flag.type], typer.Option(flag.name, envvar=flag.envvar, help=flag.help, min=flag.min,
+    return Annotated[Optional[parsed_as or flag.type], typer.Option(flag.name, envvar=flag.envvar, help=flag.help, min=flag.min,
                                                        max=flag.max, show_default=False)]
 
 
@@ -96,3 +96,28 @@ def on_serve(name: str, declared: Setting) -> bool:
     """`faste-mm serve` takes the settings vectors depend on (`refuse`): checked against a served
     collection (a different one is refused), applied to an embeddings-only server where they can be."""
     return declared.refuse
+
+
+def settings_table() -> str:
+    """The manual's table of collection settings (docs/collections.md "Settings"), generated from
+    the declarations: Python keyword, CLI flags, default, whether a different value is refused,
+    and the help line. `python -m faste_mm.cli.setting_flags` prints it."""
+    defaults = CollectionProfile()
+    rows = ["| setting (Python keyword) | flags (index, serve) | default | on an existing collection | what it is |",
+            "|---|---|---|---|---|"]
+    for name, declared in SETTINGS.items():
+        if not (declared.keyword or declared.flags):
+            continue
+        keyword = f"`{name}`" if declared.keyword else f"`{name}` (`{'model' if name == 'model_id' else 'revision'}=`)"
+        flags = ", ".join(f"`{flag.name}`" for flag in declared.flags) or f"`{declared.flag}` (index)"
+        if declared.flags and not on_serve(name, declared):
+            flags += " (index only)"
+        default = getattr(defaults, name)
+        shown = "the defaults of VideoConfig" if name == "video" else "none" if default is None else f"`{default}`"
+        kept = "a different value is refused" if declared.refuse else "the collection's is kept"
+        rows.append(f"| {keyword} | {flags} | {shown} | {kept} | {declared.help.replace('|', '/')} |")
+    return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":
+    print(settings_table(), end="")

@@ -47,7 +47,9 @@ DOCUMENT_INSTRUCTION = "Represent the user's input."
 # vision-language models (Retriever.search, serve, eval's default); text models use their own.
 QUERY_INSTRUCTION = "Retrieve images or text relevant to the user's query."
 
-_DOC_MODEL = f"Hub id or local model directory. Default: a collection's own model, else {DEFAULT_MODEL}."
+_DOC_MODEL = (f"Hub id or local model directory. Default: a collection's own model (index, serve -c), else "
+              f"{DEFAULT_MODEL}.")
+SWEEP_R_MAX = (0.0, 0.3, 0.5, 0.7)  # eval, bench and plan: the paper's removal ratios
 
 
 def _is_int(minimum: int) -> Callable[[Any], bool]:
@@ -133,9 +135,11 @@ class CollectionProfile:
         "tokens removed, 0 <= r < 1 (0 = full forward); queries always run the full forward.",
         valid=_is_ratio, rule="in [0, 1) (0 = full forward)", missing=0.0,
         flags=(Flag("--r-max", float, f"FastE r_max: the largest share of prefix tokens removed from each "
-                                      f"document, 0 <= r < 1 (0 = full forward). Default: a collection's own; "
-                                      f"{DOCUMENT_R_MAX:g} for a new collection; 0 for serve without -c.",
-                    min=0.0, max=1.0),))
+                                      f"document, 0 <= r < 1 (0 = full forward); eval, bench and plan sweep several, "
+                                      f"comma-separated. Default: a collection's own (index, serve -c); "
+                                      f"{DOCUMENT_R_MAX:g} for new collections, embed and calibrate (0 for embed "
+                                      f"--instruction: queries); 0 for serve without -c; "
+                                      f"{','.join(f'{r:g}' for r in SWEEP_R_MAX)} for eval, bench and plan."),))
     warmup_layer: int | None = setting(
         None, "fast_e.warmup_layer", "--warmup-layer", "FastE warm-up layer l_w: no alignment check before "
         "it; None = the backbone's.", valid=_is_int(0), rule=">= 0", missing=None,
@@ -148,7 +152,8 @@ class CollectionProfile:
         flags=(Flag("--threshold", float, "FastE theta: the readout/prefix cosine that triggers compression, "
                                           "-1..1. Default: a collection's own, else the model's saved calibration "
                                           "(faste-mm calibrate --save), else the backbone's (0.70 for "
-                                          "Qwen3-VL-Embedding).", min=-1.0, max=1.0),))
+                                          "Qwen3-VL-Embedding). calibrate: check this theta only.",
+                    min=-1.0, max=1.0),))
     threshold_source: str | None = setting(None, "fast_e.threshold_source", "threshold source",
                                            "Where theta came from (given, a calibration, the backbone default).",
                                            keyword=False, missing=None, refuse=False)
@@ -157,7 +162,8 @@ class CollectionProfile:
         "alignment trigger (the fixed-layer ablation); None = FastE's trigger.", valid=_is_int(0), rule=">= 0",
         missing=None,
         flags=(Flag("--trigger-layer", int, "Compress right before this layer instead of FastE's alignment "
-                                            "trigger (fixed-layer ablation). Default: none.", min=0),))
+                                            "trigger (fixed-layer ablation; eval: the layer of its 'fixed' "
+                                            "baseline). Default: none (eval: half the depth).", min=0),))
     vectors: str = setting(
         "float32", "vectors.precision", "--vectors", "Precision of the index in RAM: float32, float16, int8 "
         "(8-bit codes, 1/4 the RAM) or binary (sign bits, 1/32; dim a multiple of 8).",
