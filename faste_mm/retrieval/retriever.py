@@ -426,7 +426,7 @@ class Retriever:
             return self.search_batch([item], k=k, **options)[0]
         check_reranker(rerank, rerank_top)
         hits = self.search_batch([item], k=max(k, rerank_top), **options)[0]
-        return rerank_hits(rerank, item, hits, k)
+        return rerank_hits(rerank, item, hits, k, self._open_reader().records([hit.id for hit in hits]))
 
     def _search_reranker(self, rerank: Any) -> Any:
         """The reranker of a search: `rerank` itself, none for False, and for None the collection's
