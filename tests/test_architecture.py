@@ -123,6 +123,17 @@ def test_imports_point_one_way(graph, layer, forbidden):
     assert wrong == []
 
 
+def test_no_library_layer_imports_the_bench_tool(graph):
+    """faste_mm.bench is a front end like the CLI (issue 34): it may use every layer, none uses it
+    (the CLI registers its suites); only its `python -m` entry calls the CLI app."""
+    library = {"model", "indexers", "retrieval", "scale", "tools", "datasets", "serving", "errors", "integrations"}
+    wrong = sorted(f"{module} -> {target}" for module, targets in graph.items() if _layer(module) in library
+                   for target in targets if _layer(target) == "bench")
+    assert wrong == []
+    assert sorted(f"{module} -> {target}" for module, targets in graph.items() if _layer(module) == "bench"
+                  for target in targets if _layer(target) == "cli") == ["faste_mm.bench.__main__ -> faste_mm.cli.app"]
+
+
 def test_no_import_cycles(graph):
     """Tarjan's strongly connected components over every import edge: each must be one module."""
     index: dict[str, int] = {}
