@@ -3,7 +3,7 @@ collection for a fixed time (and at most a fixed number of requests) on loopback
 server's resident memory is sampled; reports answers by status, requests/s, latency percentiles
 and whether memory stayed flat (the median RSS of the last tenth of the run against the first).
 
-    python scripts/bench_serve_load.py --clients 64 --seconds 30 --out docs/bench/serve-load.json
+    faste-mm bench serve-load --clients 64 --seconds 30 --out docs/bench/serve-load.json
 
 The server runs as its own process (`faste-mm serve -c DIR --port 0`) on a tiny random-weight
 model and generated images unless --model/--collection name real ones. Traffic goes only to
@@ -15,8 +15,6 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -26,23 +24,25 @@ from pathlib import Path
 
 import numpy as np
 
+from faste_mm.bench.schema import SuiteRun
+from faste_mm.errors import ConfigError
+
 QUERIES = ("a red bicycle", "sunset over the sea", "a quarterly report", "forest at dawn", "a cat on a sofa",
            "snow on the mountains", "an invoice from march", "city lights at night")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--clients", type=int, default=64)
-    parser.add_argument("--seconds", type=float, default=30.0, help="length of the load phase")
-    parser.add_argument("--max-requests", type=int, default=20_000, help="stop after this many requests in all")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--clients", type=int, default=64, help="concurrent clients (default 64)")
+    parser.add_argument("--seconds", type=float, default=30.0, help="length of the load phase (default 30)")
+    parser.add_argument("--max-requests", type=int, default=20_000, help="stop after this many requests in all (default 20,000)")
     parser.add_argument("--model", help="model directory (default: a tiny random-weight Qwen3-VL)")
     parser.add_argument("--collection", help="collection directory (default: 24 generated images)")
-    parser.add_argument("--threads", type=int, default=1, help="the server's --threads")
-    parser.add_argument("--out", type=Path, help="write the report as JSON here")
-    args = parser.parse_args()
-    if args.clients < 1 or args.seconds <= 0 or args.max_requests < 1:
-        parser.error("--clients, --seconds and --max-requests must be positive")
+    parser.add_argument("--threads", type=int, default=1, help="the server's --threads (default 1)")
 
+
+def run(args: argparse.Namespace) -> SuiteRun:
+    if args.clients < 1 or args.seconds <= 0 or args.max_requests < 1:
+        raise ConfigError("--clients, --seconds and --max-requests must be positive")
     with tempfile.TemporaryDirectory(prefix="faste-mm-load-") as workdir:
         collection = Path(args.collection) if args.collection else _make_collection(Path(workdir), args.model)
         server, port = _start_server(collection, args.threads)
@@ -51,13 +51,15 @@ def main() -> None:
         finally:
             server.terminate()
             server.wait(timeout=60)
-    report.update({"clients": args.clients, "collection": str(args.collection or "generated (24 images)"),
-                   "machine": f"{platform.machine()} {os.cpu_count()} CPUs, Python {platform.python_version()}"})
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    params = {"clients": args.clients, "seconds": args.seconds, "max_requests": args.max_requests,
+              "collection": str(args.collection or "generated (24 images)"), "server_threads": args.threads}
+    r = report
+    text = "\n".join(["| clients | requests | req/s | p50 ms | p95 ms | p99 ms | RSS MB first / last tenth (max) | memory flat |",
+                      "|---:|---:|---:|---:|---:|---:|---|---|",
+                      f"| {args.clients} | {r['requests']} | {r['requests_per_s']} | {r['latency_ms']['p50']} | {r['latency_ms']['p95']} | "
+                      f"{r['latency_ms']['p99']} | {r['rss_mib']['first_tenth_median']} / {r['rss_mib']['last_tenth_median']} "
+                      f"({r['rss_mib']['max']}) | {r['memory_flat']} |"])
+    return SuiteRun([report], params, "cpu (the server's)", text=text)
 
 
 def _make_collection(workdir: Path, model: str | None) -> Path:
@@ -84,7 +86,7 @@ def _start_server(collection: Path, threads: int) -> tuple[subprocess.Popen, int
     line = server.stdout.readline()  # printed once the model is loaded and the socket listens
     if not line.startswith("serving on http://127.0.0.1:"):
         server.kill()
-        raise SystemExit(f"the server did not start: {line!r}")
+        raise ConfigError(f"the server did not start: {line!r}")
     return server, int(line.rsplit(":", 1)[1].strip().rstrip("/"))
 
 
@@ -155,6 +157,3 @@ def _load(pid: int, port: int, args) -> dict:
         "memory_flat": last <= first * 1.10,  # within 10% of where the load began
     }
 
-
-if __name__ == "__main__":
-    main()
