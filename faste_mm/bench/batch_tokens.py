@@ -22,7 +22,7 @@ import torch
 
 from faste_mm import BatchingConfig, Embedder
 from faste_mm.bench.inputs import make_inputs
-from faste_mm.bench.options import add_device, add_inputs, add_rounds, add_shape, add_threads, apply_threads, ints
+from faste_mm.bench.options import add_device, add_inputs, add_model, add_rounds, add_shape, add_threads, apply_threads, ints
 from faste_mm.bench.rounds import mirrored_rounds
 from faste_mm.bench.schema import SuiteRun
 from faste_mm.model.backbones.machine import device_name
@@ -36,6 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--budgets", default="16384,8192,4096,2048",
                         help="batch_tokens values, comma-separated; the first is the base (default 16384,8192,4096,2048)")
     add_shape(parser, scale=0.125)
+    add_model(parser, "model (an embedder, or a reranker with --reranker)")
     parser.add_argument("--layers", type=int, default=None, help="decoder layers (default the shape's; embedder only)")
     add_device(parser)
     parser.add_argument("--reranker", action="store_true", help="the reranker (the shape plus an LM head) instead of the embedder")
@@ -57,16 +58,19 @@ def run(args: argparse.Namespace) -> SuiteRun:
             from faste_mm.bench.rerank import build_reranker_shape
             from faste_mm.model.reranker import Reranker
 
-            build_reranker_shape(path, args.shape, args.scale_hidden)
+            path = args.model or build_reranker_shape(path, args.shape, args.scale_hidden)
             models = {b: Reranker.from_pretrained(str(path), device=args.device, dtype=args.dtype, tower_cache_bytes=0, prefix_reuse=False,
                                                   batching=BatchingConfig(batch_tokens=b, workers=1)) for b in budgets}
             call = lambda model: model.score(QUERY, inputs)  # noqa: E731
         else:
             from transformers import Qwen3VLModel
 
-            preset = SHAPES[args.shape] if args.layers is None else replace(SHAPES[args.shape], layers=args.layers)
-            Qwen3VLModel(build_config(preset, args.scale_hidden)).eval().save_pretrained(path)
-            build_qwen3_vl_processor(tokenizer).save_pretrained(path)
+            if args.model is not None:
+                path = args.model
+            else:
+                preset = SHAPES[args.shape] if args.layers is None else replace(SHAPES[args.shape], layers=args.layers)
+                Qwen3VLModel(build_config(preset, args.scale_hidden)).eval().save_pretrained(path)
+                build_qwen3_vl_processor(tokenizer).save_pretrained(path)
             models = {b: Embedder.from_pretrained(str(path), device=args.device, dtype=args.dtype,
                                                   batching=BatchingConfig(batch_tokens=b, workers=1))
                       for b in budgets}

@@ -41,7 +41,7 @@ def run_suite(suite: str, argv: list[str], prog: str | None = None) -> BenchResu
         parser.error(f"--out {args.out}: folder {args.out.parent} does not exist; create it first")
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    begun = start([prog or f"faste-mm bench {suite}", *argv])
+    begun = start(argv, prog or f"faste-mm bench {suite}")
     try:
         run = importlib.import_module(SUITES[suite][0]).run(args)
     except FasteError as error:

@@ -18,6 +18,12 @@ def add_shape(parser: argparse.ArgumentParser, scale: float = 0.25, shape: str =
                         help=f"shrink the shape's widths by this factor, layers and heads kept (default {scale:g}; 1 = the real width)")
 
 
+def add_model(parser: argparse.ArgumentParser, what: str = "embedding model") -> None:
+    """--model: a local checkpoint directory to measure instead of building --shape."""
+    parser.add_argument("--model", type=Path, default=None,
+                        help=f"a local {what} directory to measure instead of building --shape (default: build it)")
+
+
 def add_device(parser: argparse.ArgumentParser, dtype: bool = True) -> None:
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     if dtype:

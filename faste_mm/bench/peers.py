@@ -309,7 +309,7 @@ def plan_setting(args) -> tuple[str, str, dict]:
 
 def tables(report: dict) -> str:
     lines = []
-    """Markdown tables for docs/benchmarks.md."""
+    """The peers and tower tables in Markdown."""
     lines.append(f"\n{report['device']}; {report['shape']} at scale-hidden {report['scale_hidden']}; faste-mm auto dtype: "
           f"{report['faste_mm_auto_dtype']['dtype']} ({report['faste_mm_auto_dtype']['reason']}); official dtype: {report['official_dtype']}; "
           f"torch threads {report['threads']}; plan peer: {report['plan_setting']}\n")

@@ -26,7 +26,7 @@ import torch
 
 from faste_mm import BatchingConfig, Embedder
 from faste_mm.bench.inputs import make_inputs
-from faste_mm.bench.options import add_rounds, add_shape, add_threads, apply_threads, ints, names
+from faste_mm.bench.options import add_model, add_rounds, add_shape, add_threads, apply_threads, ints, names
 from faste_mm.bench.rounds import mirrored_rounds
 from faste_mm.bench.schema import SuiteRun
 from faste_mm.model.backbones.machine import device_name
@@ -36,6 +36,7 @@ from faste_mm.tools.shapes import build_shape_model
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_shape(parser, scale=0.25)
+    add_model(parser)
     parser.add_argument("--n", type=int, default=4, help="items per kind (default 4)")
     parser.add_argument("--photo", default="640x480", help="photo size WxH (default 640x480)")
     parser.add_argument("--page", default="1240x1754", help="page size WxH (default 1240x1754)")
@@ -52,7 +53,7 @@ def run(args: argparse.Namespace) -> SuiteRun:
     caps = ints(args.max_pixels)
     rows = []
     with tempfile.TemporaryDirectory(prefix="faste-mm-pixels-") as work:
-        path = build_shape_model(args.shape, Path(work) / "model", args.scale_hidden, torch.bfloat16)
+        path = args.model or build_shape_model(args.shape, Path(work) / "model", args.scale_hidden, torch.bfloat16)
         bases = {dtype: Embedder.from_pretrained(str(path), device="cpu", dtype=dtype,
                                                  batching=BatchingConfig(batch_tokens=1 << 16))
                  for dtype in names(args.dtypes)}
@@ -82,7 +83,7 @@ def run(args: argparse.Namespace) -> SuiteRun:
                              "x_first_cap": seconds[dtype, caps[0]] / seconds[dtype, cap],
                              "x_float32": seconds[fp32, cap] / seconds[dtype, cap] if fp32 else None})
         device = device_name(any_base.backbone.device)
-    params = {"shape": args.shape, "scale_hidden": args.scale_hidden, "n": args.n, "max_pixels": caps,
+    params = {"model": str(args.model) if args.model else None, "shape": args.shape, "scale_hidden": args.scale_hidden, "n": args.n, "max_pixels": caps,
               "dtypes": dtype_names, "auto_reason": any_base.dtype_choice.reason, "repeats": args.repeats}
     return SuiteRun(rows, params, device, "/".join(sorted(set(dtype_names.values()))), text=_table(rows))
 

@@ -13,7 +13,7 @@ import tempfile
 import time
 
 from faste_mm import Embedder, Item
-from faste_mm.bench.options import ints
+from faste_mm.bench.options import floats
 from faste_mm.bench.schema import SuiteRun
 from faste_mm.serving import ServeConfig, ServeEngine
 from faste_mm.testing import build_tiny_model
@@ -21,7 +21,7 @@ from faste_mm.testing import build_tiny_model
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="model directory (default: a tiny Qwen3-VL built in a temp dir)")
-    parser.add_argument("--mib", default="1,2", help="query sizes in MiB, comma-separated (default 1,2)")
+    parser.add_argument("--mib", default="1,2", help="query sizes in MiB (fractions allowed), comma-separated (default 1,2)")
 
 
 def run(args: argparse.Namespace) -> SuiteRun:
@@ -31,8 +31,8 @@ def run(args: argparse.Namespace) -> SuiteRun:
         embedder = Embedder.from_pretrained(model, device="cpu")
         engine = ServeEngine(embedder, None, ServeConfig(max_request_tokens=1 << 30))
         words = "the quick brown fox jumps over the lazy dog near a red barn at dawn".split()
-        for mib in ints(args.mib):
-            text = " ".join(words[i % len(words)] for i in range(mib << 18))[: mib << 20]
+        for mib in floats(args.mib):
+            text = " ".join(words[i % len(words)] for i in range(int(mib * 2**18)))[: int(mib * 2**20)]
             started = time.perf_counter()
             whole = embedder.serializer(Item(text=text), None)
             before = time.perf_counter() - started
@@ -46,4 +46,4 @@ def run(args: argparse.Namespace) -> SuiteRun:
     text = "\n".join(["| query | whole text s | bounded s | chars tokenized | tokens | same tokens |", "|---|---:|---:|---:|---:|---|",
                       *(f"| {r['mib']} MiB ({r['chars']} chars) | {r['whole_text_s']:.2f} | {r['bounded_s']:.3f} | "
                         f"{r['chars_tokenized']} | {r['tokens']} | {r['same_tokens']} |" for r in rows)])
-    return SuiteRun(rows, {"model": args.model or "tiny qwen3_vl (random weights)", "mib": ints(args.mib)}, "cpu", text=text)
+    return SuiteRun(rows, {"model": args.model or "tiny qwen3_vl (random weights)", "mib": floats(args.mib)}, "cpu", text=text)

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from faste_mm.bench.options import add_rounds, add_shape, add_threads, names
+from faste_mm.bench.options import add_model, add_rounds, add_shape, add_threads, names
 from faste_mm.bench.schema import SuiteRun
 
 log = logging.getLogger(__name__)
@@ -72,6 +72,7 @@ def timed_index(model_dir: Path, images: Path, collection: Path, args, ray_optio
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_shape(parser, scale=0.25)
+    add_model(parser)
     parser.add_argument("--n", type=int, default=48, help="images (default 48)")
     parser.add_argument("--size", type=int, default=256, help="image side, pixels (default 256)")
     parser.add_argument("--max-pixels", type=int, default=256 * 256, help="pixel cap (default 65,536)")
@@ -99,7 +100,7 @@ def run(args: argparse.Namespace) -> SuiteRun:
     from faste_mm.tools.shapes import build_shape_model
 
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-ray-"))
-    model_dir = work / f"{args.shape}-{args.scale_hidden}"
+    model_dir = args.model or work / f"{args.shape}-{args.scale_hidden}"
     if not (model_dir / "config.json").exists():
         build_shape_model(args.shape, model_dir, args.scale_hidden)
     images = make_images(work / f"images-{args.n}-{args.size}", args.n, args.size)

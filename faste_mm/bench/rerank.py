@@ -35,7 +35,7 @@ from faste_mm.model.rerank_format import rerank_serializer_config
 from faste_mm.model.reranker import Reranker
 from faste_mm.model.tower_cache import DEFAULT_TOWER_CACHE_BYTES
 from faste_mm.bench.inputs import make_inputs
-from faste_mm.bench.options import add_device, add_inputs, add_rounds, add_shape, add_threads, apply_threads, ints
+from faste_mm.bench.options import add_device, add_inputs, add_model, add_rounds, add_shape, add_threads, apply_threads, ints
 from faste_mm.bench.rounds import mirrored_rounds
 from faste_mm.bench.schema import SuiteRun
 from faste_mm.model.backbones.machine import device_name
@@ -89,6 +89,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_inputs(parser, "text:600")
     parser.add_argument("--top", default="20", help="candidates per query, comma-separated (default 20)")
     add_shape(parser, scale=0.125)
+    add_model(parser, "reranker (Qwen3-VL with its LM head)")
     add_device(parser)
     parser.add_argument("--r-max", default="0.3,0.5,0.7", help="FastE settings (comma-separated; default 0.3,0.5,0.7)")
     parser.add_argument("--protect", default="none,query", help="protect modes run at each r_max (default none,query)")
@@ -111,7 +112,7 @@ def run(args: argparse.Namespace) -> SuiteRun:
     tops = ints(args.top)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        path = build_reranker_shape(Path(tmp) / f"{args.shape}-reranker", args.shape, args.scale_hidden)
+        path = args.model or build_reranker_shape(Path(tmp) / f"{args.shape}-reranker", args.shape, args.scale_hidden)
         serializer = None
         if args.max_pixels is not None:
             serializer = replace(rerank_serializer_config(RERANK_FAMILIES["qwen3_vl"].max_length), max_pixels=args.max_pixels)

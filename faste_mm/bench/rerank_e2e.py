@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from faste_mm.bench.inputs import make_inputs
-from faste_mm.bench.options import add_rounds, add_shape
+from faste_mm.bench.options import add_model, add_rounds, add_shape
 from faste_mm.bench.rerank import QUERY, build_reranker_shape, official_scores
 from faste_mm.bench.rounds import mirrored_rounds
 from faste_mm.bench.schema import SuiteRun
@@ -31,6 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cuda", help="cuda (default) or cpu")
     parser.add_argument("--dtype", default="bfloat16", help="every path's dtype (default bfloat16)")
     add_shape(parser, scale=1.0)
+    add_model(parser, "reranker (Qwen3-VL with its LM head)")
     parser.add_argument("--pages", type=int, default=20, help="candidate pages per query (default 20)")
     parser.add_argument("--page", default="1240x1754", help="page size WxH (default 1240x1754)")
     add_rounds(parser, default=4)
@@ -40,7 +41,7 @@ def run(args: argparse.Namespace) -> SuiteRun:
     from transformers import AutoTokenizer, Qwen3VLForConditionalGeneration
 
     with tempfile.TemporaryDirectory() as tmp:
-        path = build_reranker_shape(Path(tmp) / "rr", args.shape, args.scale_hidden)
+        path = args.model or build_reranker_shape(Path(tmp) / "rr", args.shape, args.scale_hidden)
         docs = make_inputs(f"page:{args.page}", args.pages, Path(tmp) / "in", AutoTokenizer.from_pretrained(str(qwen_tokenizer_dir())))
         full = Reranker.from_pretrained(str(path), device=args.device, dtype=args.dtype, prefix_reuse=False, tower_cache_bytes=0)
         small = Reranker(full.loaded, batching=replace(full.batching, batch_bytes=BATCH_BYTES["cpu"]), prefix_reuse=False, tower_cache_bytes=0)

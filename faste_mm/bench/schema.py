@@ -82,11 +82,13 @@ class BenchResult:
         return asdict(self)
 
 
-def start(argv: list[str] | None = None) -> Start:
-    """Record the start of a run: the time, the load average and the command line."""
-    argv = sys.argv if argv is None else argv
-    return Start(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), time.perf_counter(), _load(),
-                 shlex.join([Path(argv[0]).name, *argv[1:]]) if argv else "")
+def start(args: list[str] | None = None, prog: str | None = None) -> Start:
+    """Record the start of a run: the time, the load average and the command line (`prog` and
+    its `args`; default: this process's own, sys.argv)."""
+    if args is None:
+        prog, args = Path(sys.argv[0]).name, sys.argv[1:]
+    command = " ".join(part for part in (prog, shlex.join(args)) if part)
+    return Start(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), time.perf_counter(), _load(), command)
 
 
 def finish(suite: str, begun: Start, run: SuiteRun) -> BenchResult:

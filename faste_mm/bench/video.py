@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from faste_mm.bench.options import add_rounds, add_shape
+from faste_mm.bench.options import add_model, add_rounds, add_shape
 from faste_mm.bench.schema import SuiteRun
 
 log = logging.getLogger(__name__)
@@ -33,6 +33,7 @@ def _min_time(fn, rounds: list[float]) -> None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seconds", type=float, nargs="+", default=[30, 120], help="clip lengths in seconds (default 30 120)")
     add_shape(parser, scale=0.25)
+    add_model(parser)
     add_rounds(parser, default=3)
     parser.add_argument("--trigger-layer", type=int, default=10, help="FastE's fixed trigger layer (default 10)")
 
@@ -50,7 +51,7 @@ def run(args: argparse.Namespace) -> SuiteRun:
 
     report = {"clips": {}}
     with tempfile.TemporaryDirectory() as workdir:
-        model = build_shape_model(args.shape, Path(workdir) / "model", args.scale_hidden, torch.float32)
+        model = args.model or build_shape_model(args.shape, Path(workdir) / "model", args.scale_hidden, torch.float32)
         emb = Embedder.from_pretrained(str(model), device="cpu", batching=BatchingConfig(workers=0))
         backbone, layers = emb.backbone, emb.backbone.shape.num_layers
         for seconds in args.seconds:
@@ -102,7 +103,7 @@ def run(args: argparse.Namespace) -> SuiteRun:
                       "|---|---:|---:|---|---:|---:|---:|---:|",
                       *(f"| {r['clip']} | {r['frames']} | {r['tokens']} | {r['setting']} | {r['forward_s_min']:.3f} | "
                         f"{r['e2e_s_min']:.3f} | {r['decode_share_of_e2e']:.0%} | {r['flops_reduction_with_vision']:.1%} |" for r in rows)])
-    params = {"shape": args.shape, "scale_hidden": args.scale_hidden, "trigger_layer": args.trigger_layer,
+    params = {"model": str(args.model) if args.model else None, "shape": args.shape, "scale_hidden": args.scale_hidden, "trigger_layer": args.trigger_layer,
               "repeats": args.repeats, "seconds": args.seconds, "statistic": "minimum over interleaved rounds"}
     return SuiteRun(rows, params, "cpu", "float32", text=text)
 
