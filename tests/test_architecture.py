@@ -131,7 +131,7 @@ def test_no_library_layer_imports_the_bench_tool(graph):
                    for target in targets if _layer(target) == "bench")
     assert wrong == []
     assert sorted(f"{module} -> {target}" for module, targets in graph.items() if _layer(module) == "bench"
-                  for target in targets if _layer(target) == "cli") == ["faste_mm.bench.__main__ -> faste_mm.cli.app"]
+                  for target in targets if _layer(target) == "cli") == ["faste_mm.bench.__main__ -> faste_mm.cli.bench"]
 
 
 def test_no_import_cycles(graph):

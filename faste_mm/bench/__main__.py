@@ -2,7 +2,7 @@
 
 import sys
 
-from faste_mm.cli.app import app
+from faste_mm.cli.bench import bench_app
 
 if __name__ == "__main__":
-    app(["bench", *sys.argv[1:]], prog_name="python -m faste_mm.bench")
+    bench_app()(sys.argv[1:], prog_name="python -m faste_mm.bench")

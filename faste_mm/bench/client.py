@@ -18,15 +18,13 @@ import argparse
 import json
 import logging
 import os
-import shutil
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
-from faste_mm.bench.options import add_rounds
+from faste_mm.bench.options import add_rounds, faste_mm_command
 from faste_mm.bench.rounds import mirrored_rounds
 from faste_mm.bench.schema import SuiteRun
 from faste_mm.errors import ConfigError
@@ -48,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> SuiteRun:
     if args.repeats < 1 or args.k < 1:
         raise ConfigError(f"--repeats and -k must be >= 1, got {args.repeats} and {args.k}")
-    command = _executable(args.faste_mm)
+    command = faste_mm_command(args.faste_mm)
     with tempfile.TemporaryDirectory(prefix="faste-mm-bench-client-") as workdir:
         collection = args.collection or _make_collection(Path(workdir), args.images)
         server, url = _start_server(command, collection)
@@ -74,14 +72,6 @@ def run(args: argparse.Namespace) -> SuiteRun:
               "query": args.query, "k": args.k, "repeats": args.repeats, "command": command,
               "no_server_over_server": round(local_s / server_s, 2)}
     return SuiteRun(rows, params, device="cpu (the server's and the --no-server process's)", text=_table(rows, params))
-
-
-def _executable(given: str | None) -> list[str]:
-    if given:
-        return [given]
-    beside = Path(sys.executable).with_name("faste-mm")
-    return [str(beside)] if beside.exists() else [shutil.which("faste-mm") or sys.executable, *(
-        [] if shutil.which("faste-mm") else ["-m", "faste_mm.cli.app"])]
 
 
 def _make_collection(workdir: Path, n: int) -> Path:

@@ -5,6 +5,8 @@ help, and a suite adds the ones it takes (`add_shape(parser)`, ...). The entry p
 from __future__ import annotations
 
 import argparse
+import shutil
+import sys
 from pathlib import Path
 
 from faste_mm.tools.shapes import SHAPES
@@ -73,3 +75,16 @@ def floats(text: str) -> list[float]:
 
 def names(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def faste_mm_command(given: str | None = None) -> list[str]:
+    """The command that runs faste-mm in a new process: `given`, else the faste-mm beside this
+    Python (its venv's, whether or not the venv is on PATH), else the one on PATH, else this
+    Python with -m."""
+    if given:
+        return [given]
+    beside = Path(sys.executable).with_name("faste-mm")
+    if beside.exists():
+        return [str(beside)]
+    found = shutil.which("faste-mm")
+    return [found] if found else [sys.executable, "-m", "faste_mm.cli.app"]

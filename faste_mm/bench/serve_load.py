@@ -36,7 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seconds", type=float, default=30.0, help="length of the load phase (default 30)")
     parser.add_argument("--max-requests", type=int, default=20_000, help="stop after this many requests in all (default 20,000)")
     parser.add_argument("--model", help="model directory (default: a tiny random-weight Qwen3-VL)")
-    parser.add_argument("--collection", help="collection directory (default: 24 generated images)")
+    parser.add_argument("--collection", help="collection directory (default: --images generated images)")
+    parser.add_argument("--images", type=int, default=24, help="generated images without --collection (default 24)")
     parser.add_argument("--threads", type=int, default=1, help="the server's --threads (default 1)")
 
 
@@ -44,7 +45,7 @@ def run(args: argparse.Namespace) -> SuiteRun:
     if args.clients < 1 or args.seconds <= 0 or args.max_requests < 1:
         raise ConfigError("--clients, --seconds and --max-requests must be positive")
     with tempfile.TemporaryDirectory(prefix="faste-mm-load-") as workdir:
-        collection = Path(args.collection) if args.collection else _make_collection(Path(workdir), args.model)
+        collection = Path(args.collection) if args.collection else _make_collection(Path(workdir), args.model, args.images)
         server, port = _start_server(collection, args.threads)
         try:
             report = _load(server.pid, port, args)
@@ -52,7 +53,7 @@ def run(args: argparse.Namespace) -> SuiteRun:
             server.terminate()
             server.wait(timeout=60)
     params = {"clients": args.clients, "seconds": args.seconds, "max_requests": args.max_requests,
-              "collection": str(args.collection or "generated (24 images)"), "server_threads": args.threads}
+              "collection": str(args.collection or f"generated ({args.images} images)"), "server_threads": args.threads}
     r = report
     text = "\n".join(["| clients | requests | req/s | p50 ms | p95 ms | p99 ms | RSS MB first / last tenth (max) | memory flat |",
                       "|---:|---:|---:|---:|---:|---:|---|---|",
@@ -62,7 +63,7 @@ def run(args: argparse.Namespace) -> SuiteRun:
     return SuiteRun([report], params, "cpu (the server's)", text=text)
 
 
-def _make_collection(workdir: Path, model: str | None) -> Path:
+def _make_collection(workdir: Path, model: str | None, n: int = 24) -> Path:
     from faste_mm import Retriever
     from faste_mm.retrieval.model_spec import ModelSpec
     from faste_mm.testing import build_tiny_model
@@ -72,7 +73,7 @@ def _make_collection(workdir: Path, model: str | None) -> Path:
     images = workdir / "images"
     images.mkdir()
     rng = np.random.default_rng(0)
-    for i in range(24):
+    for i in range(n):
         Image.fromarray(rng.integers(0, 256, (48, 64, 3), dtype=np.uint8)).save(images / f"{i:02d}.png")
     with Retriever(ModelSpec(model, device="cpu"), collection=workdir / "col", r_max=0.5) as retriever:
         retriever.index([images])
@@ -132,6 +133,7 @@ def _load(pid: int, port: int, args) -> dict:
             n += 1
         connection.close()
 
+    rss.append((0.0, _rss_bytes(pid)))  # the first and (below) last samples: a short run has both ends
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     started = time.monotonic()
@@ -143,6 +145,7 @@ def _load(pid: int, port: int, args) -> dict:
     elapsed = time.monotonic() - started
     stop.set()
     sampler.join()
+    rss.append((elapsed, _rss_bytes(pid)))
     values = np.array([value for _, value in rss], dtype=np.float64)
     tenth = max(1, len(values) // 10)
     first, last = float(np.median(values[:tenth])), float(np.median(values[-tenth:]))

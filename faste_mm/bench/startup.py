@@ -9,13 +9,13 @@ each run in a new process several times (median, min, max), as a person typing t
 from __future__ import annotations
 
 import argparse
-import shutil
 import statistics
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
+from faste_mm.bench.options import faste_mm_command
 from faste_mm.bench.schema import SuiteRun
 from faste_mm.errors import ConfigError
 
@@ -46,8 +46,8 @@ def _time(argv: list[str], repeats: int) -> dict:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--faste-mm", dest="faste_mm", default=shutil.which("faste-mm") or "faste-mm",
-                        help="the executable to time (default: faste-mm on PATH)")
+    parser.add_argument("--faste-mm", dest="faste_mm", default=None,
+                        help="the executable to time (default: the faste-mm beside this Python, else on PATH)")
     parser.add_argument("--repeats", type=int, default=7, help="runs per command (default 7)")
 
 
@@ -55,8 +55,9 @@ def run(args: argparse.Namespace) -> SuiteRun:
     with tempfile.TemporaryDirectory() as tmp:
         col = _collection(Path(tmp))
         commands = {"--help": ["--help"], "--version": ["--version"], "info": ["info", "-c", str(col)]}
-        rows = [{"command": name, **_time([args.faste_mm, *rest], args.repeats)} for name, rest in commands.items()]
+        executable = faste_mm_command(args.faste_mm)
+        rows = [{"command": name, **_time([*executable, *rest], args.repeats)} for name, rest in commands.items()]
     text = "\n".join(["| command | median s | min s | max s | runs |", "|---|---:|---:|---:|---:|",
                       *(f"| faste-mm {r['command']} | {r['median_s']:.3f} | {r['min_s']:.3f} | {r['max_s']:.3f} | {r['runs']} |"
                         for r in rows)])
-    return SuiteRun(rows, {"executable": args.faste_mm, "repeats": args.repeats}, "cpu", text=text)
+    return SuiteRun(rows, {"executable": executable, "repeats": args.repeats}, "cpu", text=text)
