@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> SuiteRun:
         inputs = make_inputs(args.inputs, args.n, Path(tmp) / "inputs", tokenizer)
         if args.reranker:
             from faste_mm.bench.rerank import build_reranker_shape
-            from faste_mm.model.reranker import Reranker
+            from faste_mm.model.rerank.reranker import Reranker
 
             path = args.model or build_reranker_shape(path, args.shape, args.scale_hidden)
             models = {b: Reranker.from_pretrained(str(path), device=args.device, dtype=args.dtype, tower_cache_bytes=0, prefix_reuse=False,

@@ -23,7 +23,7 @@ from faste_mm.bench.schema import SuiteRun
 from faste_mm.model.backbones.machine import device_name
 from faste_mm.model.batching import BATCH_BYTES
 from faste_mm.model.faste import FastEConfig
-from faste_mm.model.reranker import Reranker
+from faste_mm.model.rerank.reranker import Reranker
 from faste_mm.tools.shapes import qwen_tokenizer_dir
 
 
