@@ -198,3 +198,15 @@ def test_faste_mm_bench_runs_a_suite_and_lists_them_all():
     assert listed.exit_code == 0 and all(suite in listed.stdout for suite in SUITES)
     helped = CliRunner().invoke(app, ["bench", "search", "--help"])
     assert helped.exit_code == 0 and "--index-type" in helped.stdout and "--out" in helped.stdout
+
+
+def test_the_plots_draw_from_committed_results_and_refuse_other_json(tmp_path):
+    from faste_mm.bench.plots import speedup_plot
+    from faste_mm.errors import ConfigError
+
+    committed = Path(__file__).resolve().parents[1] / "docs" / "bench" / "cpu_qwen3-embedding-0.6b_scale0.5_text1000.json"
+    assert speedup_plot([committed], tmp_path / "speedup.png").read_bytes()[:4] == b"\x89PNG"
+    other = tmp_path / "other.json"
+    other.write_text('{"hits": []}')
+    with pytest.raises(ConfigError, match="other.json: neither a faste-mm bench result"):
+        speedup_plot([other], tmp_path / "no.png")
