@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import signal
 import sys
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -40,6 +41,10 @@ def serve_command(
         help="Another name clients reach the server by (repeatable; the variable takes names separated by "
              "spaces). Requests naming any other Host get 403 (DNS rebinding). Always answered: localhost, "
              "127.0.0.1, [::1] and --host. '*' answers any name (behind a proxy that checks it)."),
+    allow_index: Optional[list[Path]] = typer.Option(
+        None, "--allow-index", envvar="FASTE_MM_ALLOW_INDEX",
+        help="A folder under which the MCP index tool (/mcp) may add and update files (repeatable). Default: "
+             "none, the index tool refuses everything."),
     batch_tokens: BatchTokens = DEFAULT_BATCH_TOKENS,
     max_wait_ms: float = typer.Option(5.0, "--max-wait-ms", envvar="FASTE_MM_MAX_WAIT_MS", min=0,
                                       help="Longest a request waits for others to join its batch, in ms (default 5)."),
@@ -93,7 +98,7 @@ def serve_command(
                              max_body_bytes=max_body_bytes, max_request_tokens=max_request_tokens,
                              allow_remote_images=allow_remote_images,
                              fast_e=None if fast_e.r_max == 0 and trigger_layer is None else fast_e,
-                             allowed_hosts=host_names(host, allowed_host or ()))
+                             allowed_hosts=host_names(host, allowed_host or ()), index_roots=tuple(allow_index or ()))
         if threads is not None:
             import torch
 
@@ -136,11 +141,13 @@ def _require_serve_extra() -> None:
 
 def _load_engine(collection, model, device, dtype, batch_tokens, unpadded, config, settings, reranker_for):
     from faste_mm import BatchingConfig, Embedder
+    from faste_mm.cli.progress import quiet_transformers
     from faste_mm.model.serialization import SerializerConfig
     from faste_mm.retrieval.maintenance import collection_path
     from faste_mm.retrieval.retriever import Retriever
     from faste_mm.serving import ServeEngine
 
+    quiet_transformers()  # our "loading ..." line instead of transformers' per-weight bar
     batching = BatchingConfig(batch_tokens=batch_tokens, unpadded=unpadded)
     if collection is None and model is not None:
         stderr.print(f"loading {model} (embeddings only: --model without -c)")

@@ -345,6 +345,17 @@ class Collection:
         self._follow_reindex()
         return self._store.live_ids([int(i) for i in ids])
 
+    def live_records(self, after_id: int = -1, limit: int = 100) -> list[ItemRecord]:
+        """A page of live items: up to `limit` records with id > `after_id`, in id order (an
+        MCP client lists a collection's items page by page, the last id as its cursor)."""
+        self._follow_reindex()
+        return self._store.live_records_after(after_id, limit)
+
+    def live_ids_of(self, uri: str) -> list[int]:
+        """Ids of the live items whose uri is `uri` (a file's pages), in id order."""
+        self._follow_reindex()
+        return self._store.live_ids_of(uri)
+
     def failures(self) -> list[ItemRecord]:
         """Items recorded by `add_failures` and not since replaced, oldest first."""
         return self._store.records_where_status(Status.FAILED)
