@@ -113,7 +113,8 @@ def search_command(
                                                                  rerank_protect, device, rerank_tower_cache_mb)
                 hits = retriever.search(query, image=image, video=video, k=k, instruction=instruction,
                                         where=conditions, type=kind or None, path=path, mode=mode, rescore=rescore,
-                                        lexical_syntax=lexical_syntax, rerank=reranker, rerank_top=rerank_top)
+                                        lexical_syntax=lexical_syntax, rerank=False if reranker is None else reranker,
+                                        rerank_top=rerank_top)
                 root = retriever.collection
     except FasteError as error:
         fail(error, debug)

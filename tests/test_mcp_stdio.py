@@ -128,6 +128,9 @@ def test_index_is_refused_outside_the_allowed_roots_and_reports_progress_inside(
     assert report["embedded"] == 1 and updates and updates[-1][0] == updates[-1][1] == 1
     again = check_structured(tools, "index", client.call("index", {"paths": [str(world["inbox"] / "new-scene.png")]}))
     assert again["report"]["embedded"] == 0 and again["report"]["unchanged"] == 1  # idempotent, as annotated
+    new = check_structured(tools, "search", client.call("search", {"image": str(world["inbox"] / "new-scene.png"),
+                                                                   "k": 1}))
+    assert new["hits"][0]["uri"] == str((world["inbox"] / "new-scene.png").resolve())  # the server searches it now
 
 
 def test_resources_list_and_read_items(client):
