@@ -9,30 +9,35 @@ from faste_mm.cli.common import stderr
 
 
 def search_through_server(collection: str | None, query: str, k: int, where: list[str], types: list[str],
-                          path: str | None, debug: bool, order: dict | None = None) -> tuple[Path, list] | None:
+                          path: str | None, rerank: bool, debug: bool, order: dict | None = None) -> tuple[Path, list] | None:
     """(collection root, hits) from the server announced in the collection, or None (no live
-    server for it, or it could not answer: the caller loads the model). With --debug, says which."""
-    from faste_mm.indexers import SearchFilter
+    server for it, it could not answer, or -- with `rerank` -- the collection records a reranker:
+    the caller loads the model). With --debug, says which. `where`: the --where strings, sent as
+    given (the server parses them as this search would); `order`: since, until, sort, min_score.
+
+    The thin client: every module imported here is light (no torch, transformers, FAISS or
+    numpy), so a search answered by the server costs a Python start-up and one HTTP round trip.
+    """
     from faste_mm.indexers.facts import facts_from_dict
-    from faste_mm.indexers.filters import parse_where
-    from faste_mm.retrieval.maintenance import collection_path
-    from faste_mm.retrieval.results import Hit
+    from faste_mm.indexers.filters import SearchFilter, parse_where
+    from faste_mm.retrieval.hits import Hit
+    from faste_mm.retrieval.locations import collection_path
     from faste_mm.serving.discovery import find_server, search_via_server
 
     root = collection_path(collection)
     # Checked here (a bad filter is the user's error either way); a relative path glob is made
     # absolute against this shell's folder, not the server's.
-    # `where` goes as the strings given: the server parses them as this search would.
     metadata, facts = parse_where(where)
     checked = SearchFilter(where=metadata, types=tuple(types), path=path, facts=facts)
     address = find_server(root) if k <= 1000 else None  # the server answers at most 1000 hits
     rows = None if address is None else search_via_server(address, root, query, k, list(where), checked.types,
-                                                          checked.path, order)
+                                                          checked.path, rerank=rerank, order=order)
     if debug:
         stderr.print(f"search: through the server at {address.url} (pid {address.pid})" if rows is not None else
                      "search: loading the model here (" + ("no running faste-mm serve for this collection)"
                                                           if address is None else
-                                                          f"the server at {address.url} did not answer for it)"),
+                                                          f"the server at {address.url} did not answer for it, or the "
+                                                          "collection's reranker runs here)"),
                      highlight=False, markup=False)
     if rows is None:
         return None

@@ -1,4 +1,4 @@
-"""The rows of schema 6's `item_facts` table (one per live item that has facts) and the words an
+"""The rows of schema 7's `item_facts` table (one per live item that has facts) and the words an
 item gives the lexical index's `meta` column (its metadata values, then its facts' words).
 Receives a connection inside `store.MetaStore`'s transaction; every statement binds its values.
 """
@@ -11,31 +11,10 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from faste_mm.indexers import facts as item_facts
 from faste_mm.indexers.facts import ItemFacts
-from faste_mm.indexers.schema import id_list, to_db
+from faste_mm.indexers.schema import id_list, metadata_words, to_db
 
 if TYPE_CHECKING:
     from faste_mm.indexers.records import ItemRecord
-
-
-def metadata_words(metadata: Mapping[str, Any] | None) -> str | None:
-    """The values of a metadata dict (nested ones too) as one space-separated text for the lexical
-    index; None when there are none."""
-    if not metadata:
-        return None
-    words: list[str] = []
-
-    def walk(value: Any) -> None:
-        if isinstance(value, Mapping):
-            for v in value.values():
-                walk(v)
-        elif isinstance(value, (list, tuple)):
-            for v in value:
-                walk(v)
-        elif value is not None:
-            words.append(value if isinstance(value, str) else json.dumps(value))
-
-    walk(metadata)
-    return to_db(" ".join(words)) or None
 
 
 def lexical_meta(metadata: Mapping[str, Any] | None, facts: ItemFacts | None) -> str | None:

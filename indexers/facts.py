@@ -1,7 +1,7 @@
 """An item's facts: the typed metadata read from its file at scan time (date taken, camera, lens,
 GPS and place, pixel size, title, description, keywords, rating, author, duration). Plain data
 and its SQL row; `faste_mm.retrieval.photo_metadata` reads them from files, `store.MetaStore`
-keeps them in the `item_facts` table (schema 6), filters compare them (`filters`).
+keeps them in the `item_facts` table (schema 7), filters compare them (`filters`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any, Mapping, Sequence
 from faste_mm.errors import InputError
 
 # Which extractor wrote a facts row: a re-scan re-reads the files of rows written by an older one
-# (and of items stored before schema 6, which have no row) without re-embedding them.
+# (and of items stored before schema 7, which have no row) without re-embedding them.
 FACTS_VERSION = 1
 # Where `taken` came from; "mtime": no date in the file, its modification time stands in.
 TAKEN_SOURCES = ("exif", "xmp", "iptc", "pdf", "video", "mtime")

@@ -124,7 +124,7 @@ def json_path(key: str) -> str:
 def sql_conditions(where: SearchFilter, indexed: bool, has_facts: bool = True) -> tuple[list[str], list[Any]]:
     """SQL conditions on `items` (and their bound parameters) of a live item meeting `where`;
     `indexed`: the file has schema 5's metadata index `items_meta` (else json_extract on each row);
-    `has_facts`: it has schema 6's `item_facts` (else a condition on facts is a CollectionError)."""
+    `has_facts`: it has schema 7's `item_facts` (else a condition on facts is a CollectionError)."""
     clauses, params = ["items.status = 'ok'"], []
     if where.facts and not has_facts:
         raise CollectionError(f"the collection predates item facts (date taken, camera, place...), so it cannot "

@@ -4,6 +4,8 @@ Receives item records and part numbers from `Collection`; hands back rows, count
 counters (next id, next part, epoch). Every statement uses bound parameters. Schema changes are
 stepwise migrations (`schema`); a file newer than this code is refused with upgrade advice.
 """
+# Size: ~460 lines: every SQL statement over meta.sqlite lives here, one short method each, so the
+# file's whole vocabulary is read in one place.
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from faste_mm.errors import CollectionError, InputError
 from faste_mm.indexers import fact_rows
 from faste_mm.indexers.fact_rows import lexical_meta
 from faste_mm.indexers.facts import ItemFacts
+from faste_mm.indexers import file_identity
 from faste_mm.indexers.filters import SearchFilter, sql_conditions
 from faste_mm.indexers.records import FileStat, ItemRecord, Status
 from faste_mm.indexers.remembered import Remembered
@@ -38,10 +41,11 @@ _ITEM_COLUMNS = ("id, uri, page, modality, size, mtime, content_hash, status, er
 
 def _row_to_record(row: Sequence[Any], facts: ItemFacts | None = None) -> ItemRecord:
     (id_, uri, page, modality, size, mtime, chash, status, error, added_at, meta, _part,
-     _row) = row
+     _row, dev, ino) = row
     return ItemRecord(uri=from_db(uri), modality=modality, page=page, size=size, mtime=mtime,
                       content_hash=chash, metadata=json.loads(meta) if meta else None,
-                      error=from_db(error), id=id_, status=status, added_at=added_at, facts=facts)
+                      error=from_db(error), id=id_, status=status, added_at=added_at, dev=dev, ino=ino,
+                      facts=facts)
 
 
 @translate_errors
@@ -54,6 +58,7 @@ class MetaStore:
         self.writable = writable
         self._meta_index: bool | None = None  # whether items_meta exists (`has_meta_index`)
         self._facts_table = False  # whether item_facts exists (`has_facts`; once seen, for good)
+        self._record_columns: str | None = None  # `record_columns`: with the identity table or without
         # The counters a search checks, read once per `version`: one PRAGMA a search on an unchanged file.
         self._remembered = Remembered(self.version)
         self._snapshot_version: int | None = None  # data_version of the open read snapshot
@@ -234,6 +239,7 @@ class MetaStore:
               to_db(r.error), now, json.dumps(dict(r.metadata)) if r.metadata is not None else None,
               part, row if part is not None else None)
              for row, (i, r) in enumerate(zip(ids, records))])
+        file_identity.set_identities(self.db, [(r.uri, r.dev, r.ino) for r in records if r.ino is not None])
         if status == Status.OK:
             self.db.executemany("INSERT INTO items_fts (rowid, body, name, meta) VALUES (?, ?, ?, ?)",
                                 [(int(i), to_db(r.text), to_db(r.uri), lexical_meta(r.metadata, r.facts))
@@ -241,22 +247,22 @@ class MetaStore:
             fact_rows.insert_facts(self.db, [(int(i), r.facts) for i, r in zip(ids, records) if r.facts is not None])
 
     def facts(self, ids: Sequence[int]) -> dict[int, ItemFacts]:
-        """{id: facts} of the items among `ids` that have them (none in a file older than schema 6)."""
+        """{id: facts} of the items among `ids` that have them (none in a file older than schema 7)."""
         return fact_rows.facts_of(self.db, ids) if self.has_facts() else {}
 
     def records_without_facts(self, uris: Sequence[str]) -> list[ItemRecord]:
         """Live records of `uris` with no facts, or facts an older extractor wrote (FACTS_VERSION)."""
-        columns = ", ".join("items." + c.strip() for c in _ITEM_COLUMNS.split(","))
-        return [_row_to_record(r) for r in fact_rows.rows_without_facts(self.db, columns, uris)]
+        return [_row_to_record(r) for r in fact_rows.rows_without_facts(self.db, self.record_columns(), uris)]
 
     def has_facts(self) -> bool:
-        """Whether the file has schema 6's facts table (a reader of an older file has none)."""
+        """Whether the file has schema 7's facts table (a reader of an older file has none)."""
         self._facts_table = self._facts_table or self.db.execute("SELECT 1 FROM sqlite_master WHERE name = 'item_facts'").fetchone() is not None
         return self._facts_table
 
     def purge_tombstones(self) -> None:
         """Delete the tombstoned rows (`compact`, once their vectors are gone from the new parts)."""
         self.db.execute("DELETE FROM items WHERE status = 'deleted'")
+        file_identity.drop_orphans(self.db)
 
     def tombstone_ids(self, ids: Sequence[int]) -> int:
         cur = self.db.executemany(
@@ -277,10 +283,11 @@ class MetaStore:
         committed range by range marks the file complete (ingest's `_is_partial`)."""
         self.db.executemany("UPDATE items SET size = ?, mtime = ? WHERE uri = ? AND status = 'ok'",
                             [(s.size, s.mtime, to_db(s.uri)) for s in stats])
+        file_identity.set_identities(self.db, [(s.uri, s.dev, s.ino) for s in stats if s.ino is not None])
 
     def records(self, ids: Sequence[int]) -> dict[int, ItemRecord]:
         # json_each takes the whole id list as ONE bound parameter (no variable-count limit).
-        rows = self.db.execute(f"SELECT {_ITEM_COLUMNS} FROM items WHERE id IN (SELECT value FROM json_each(?))",
+        rows = self.db.execute(f"SELECT {self.record_columns()} FROM items WHERE id IN (SELECT value FROM json_each(?))",
                                (id_list(ids),)).fetchall()
         facts = self.facts([row[0] for row in rows])
         return {row[0]: _row_to_record(row, facts.get(row[0])) for row in rows}
@@ -300,6 +307,17 @@ class MetaStore:
 
         digest = hashlib.blake2b(wanted.tobytes(), digest_size=16).digest()  # kept once asked twice: not one-off sets
         return self._remembered.recent("locations", digest, read) if self._remembered.seen("asked", digest) else read()
+
+    def live_records_after(self, after_id: int, limit: int) -> list[ItemRecord]:
+        """Up to `limit` live records with id > `after_id`, in id order (a paged listing)."""
+        rows = self.db.execute(f"SELECT {self.record_columns()} FROM items WHERE status = 'ok' AND id > ? ORDER BY id "
+                               f"LIMIT ?", (int(after_id), int(limit))).fetchall()
+        return [_row_to_record(row) for row in rows]
+
+    def live_ids_of(self, uri: str) -> list[int]:
+        """Ids of the live items of one file (its pages), in id order."""
+        return [r[0] for r in self.db.execute("SELECT id FROM items WHERE status = 'ok' AND uri = ? ORDER BY id",
+                                              (to_db(uri),))]
 
     def live_ids(self, ids: Iterable[int]) -> set[int]:
         """The subset of `ids` whose status is 'ok' (used to filter tombstones from search)."""
@@ -322,6 +340,13 @@ class MetaStore:
 
         # remembered (the few most recent): a served collection is searched with the same few filters
         return self._remembered.recent("filter", (" AND ".join(clauses), json.dumps(params)), read)
+
+    def record_columns(self) -> str:
+        """What a record is read from (`_row_to_record`): the item's columns, its file's identity."""
+        if self._record_columns is None:
+            self._record_columns = f"{', '.join('items.' + c.strip() for c in _ITEM_COLUMNS.split(','))}, " \
+                                   f"{file_identity.identity_columns(self.db)}"
+        return self._record_columns
 
     def has_meta_index(self) -> bool:
         """Whether the file has schema 5's metadata index (a reader of an older file scans instead)."""
@@ -357,7 +382,7 @@ class MetaStore:
     def items_without_text(self) -> list[ItemRecord]:
         """Live records whose lexical row has no body (stored before the lexical index existed)."""
         rows = self.db.execute(
-            f"SELECT {', '.join('items.' + c.strip() for c in _ITEM_COLUMNS.split(','))} FROM items "
+            f"SELECT {self.record_columns()} FROM items "
             "JOIN items_fts ON items_fts.rowid = items.id WHERE items.status = 'ok' AND items_fts.body IS NULL "
             "ORDER BY items.id").fetchall()
         return [_row_to_record(r) for r in rows]
@@ -373,7 +398,7 @@ class MetaStore:
         self.db.executemany("UPDATE items_fts SET body = ? WHERE rowid = ?", [(to_db(t), int(i)) for i, t in texts])
 
     def records_where_status(self, status: str) -> list[ItemRecord]:
-        rows = self.db.execute(f"SELECT {_ITEM_COLUMNS} FROM items WHERE status = ? ORDER BY id",
+        rows = self.db.execute(f"SELECT {self.record_columns()} FROM items WHERE status = ? ORDER BY id",
                                (status,)).fetchall()
         return [_row_to_record(r) for r in rows]
 
@@ -385,7 +410,7 @@ class MetaStore:
         for start in range(0, len(unique), MAX_BOUND_PARAMS):
             chunk = unique[start:start + MAX_BOUND_PARAMS]
             rows = self.db.execute(
-                f"SELECT {_ITEM_COLUMNS} FROM items WHERE status = 'ok' "
+                f"SELECT {self.record_columns()} FROM items WHERE status = 'ok' "
                 f"AND content_hash IN ({', '.join('?' * len(chunk))}) ORDER BY id", chunk).fetchall()
             for row in rows:
                 record = _row_to_record(row)

@@ -8,6 +8,7 @@ import itertools
 
 import numpy as np
 
+from faste_mm.indexers.schema import SCHEMA_VERSION
 from faste_mm.indexers import Collection, ItemRecord, Manifest, SearchFilter
 from faste_mm.indexers.schema import SCHEMA_VERSION
 

@@ -1,6 +1,6 @@
 """Facts read at scan time without a model (retrieval/photo_metadata.py): EXIF, XMP, IPTC, a PDF's
 info, a video's tags, offline place names; hostile values leave a field empty with a counted reason;
-stored typed (schema 6) and searchable by words; a re-scan fills an older collection's facts
+stored typed (schema 7) and searchable by words; a re-scan fills an older collection's facts
 without embedding anything."""
 
 from __future__ import annotations
@@ -186,7 +186,7 @@ def test_a_rescan_of_an_older_collection_fills_the_facts_without_embedding(tmp_p
     Retriever(embedder, collection=col_dir, r_max=0.0).index([root])
     with Collection.open(col_dir) as col:
         before = {r.uri: v.tobytes() for records, vectors in col.iter_live() for r, v in zip(records, vectors)}
-    downgrade(col_dir, 5)  # as a collection made before the facts existed
+    downgrade(col_dir, 6)  # as a collection made before the facts existed
     with Collection.open(col_dir) as reader:  # an old file stays readable: records without facts
         assert all(r.facts is None for records, _ in reader.iter_live() for r in records)
 

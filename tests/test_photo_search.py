@@ -126,7 +126,7 @@ def test_a_malformed_condition_is_a_config_error_naming_the_value_and_the_valid_
 def test_a_reader_of_a_collection_older_than_the_facts_is_told_to_index_again(tmp_path):
     with Collection.create(tmp_path / "c", Manifest(model_id="m", dim=D)) as col:
         col.add(np.eye(D, dtype=np.float32)[:1], [ItemRecord(uri="/a.jpg", modality="image", facts=_facts(1))])
-    downgrade(tmp_path / "c", 5)
+    downgrade(tmp_path / "c", 6)
     with Collection.open(tmp_path / "c") as reader:
         with pytest.raises(CollectionError, match="faste-mm index"):
             reader.search(np.eye(D, dtype=np.float32)[:1], 1, where=SearchFilter(facts=("has:gps",)))

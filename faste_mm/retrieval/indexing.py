@@ -36,6 +36,9 @@ def index_collection(col: Collection, profile: CollectionProfile, scan: Scan, op
         scan = honour_exclusions(col, scan)  # paths removed earlier stay out of folder scans
         plan = plan_update(col, scan, options.retry_failed)
         col.delete_uris(plan.vanished)
+        # Files indexed before identities were recorded get theirs now (retrieval.stored_files).
+        todo = {f.uri for f in plan.todo}
+        col.fill_identities([f.stat for f in scan.files() if f.uri not in todo])
         if scan.missing:
             record_missing(col, scan.missing, tally)
         done = 0
@@ -72,7 +75,7 @@ FACTS_CHUNK_FILES = 256
 
 
 def fill_facts(col: Collection, scan: Scan, plan: UpdatePlan, tally: IngestTally) -> None:
-    """Read the facts of the scan's unchanged files whose items have none (stored before schema 6,
+    """Read the facts of the scan's unchanged files whose items have none (stored before schema 7,
     or by an older extractor) and store them with the items: no model, no vector touched."""
     todo = {f.uri for f in plan.todo}
     unchanged = [f for f in scan.files() if f.uri not in todo and f.kind != "unsupported"]
