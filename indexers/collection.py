@@ -638,4 +638,5 @@ class Collection:
             index_type=self._manifest.index_type,
             index_factory=self._index.factory or saved.index_factory,
             index_is_current=(saved.index_epoch, saved.index_max_part) == key,
-            size_bytes=size, failures=tuple(self.failures()), exclusions=tuple(self.exclusions()))
+            size_bytes=size, failures=tuple(self.failures()), exclusions=tuple(self.exclusions()),
+            facts=fact_rows.summary(self._store.db) if self._store.has_facts() else {})

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from faste_mm.indexers import facts as item_facts
@@ -52,3 +53,16 @@ def rows_without_facts(db: sqlite3.Connection, columns: str, uris: Sequence[str]
         f"SELECT {columns} FROM items LEFT JOIN item_facts AS f ON f.id = items.id WHERE items.status = 'ok' "
         "AND items.uri IN (SELECT value FROM json_each(?)) AND (f.id IS NULL OR f.version < ?) ORDER BY items.id",
         (json.dumps([to_db(u) for u in uris]), item_facts.FACTS_VERSION)).fetchall()
+
+
+def summary(db: sqlite3.Connection) -> dict[str, Any]:
+    """What `info` says of the live items' facts: how many have facts, a date from the file (not its
+    mtime), a GPS position, keywords; the first and last date taken (UTC ISO 8601, or None)."""
+    row = db.execute(
+        "SELECT count(*), sum(taken_source IS NOT NULL AND taken_source != 'mtime'), sum(lat IS NOT NULL), "
+        "sum(keywords != '[]'), min(CASE WHEN taken_source != 'mtime' THEN taken END), "
+        "max(CASE WHEN taken_source != 'mtime' THEN taken END) "
+        "FROM item_facts JOIN items ON items.id = item_facts.id WHERE items.status = 'ok'").fetchone()
+    iso = lambda t: None if t is None else datetime.fromtimestamp(t, timezone.utc).isoformat()  # noqa: E731
+    return {"items": row[0], "dated": row[1] or 0, "with_gps": row[2] or 0, "with_keywords": row[3] or 0,
+            "taken_first": iso(row[4]), "taken_last": iso(row[5])}

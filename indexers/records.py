@@ -161,9 +161,11 @@ class CollectionInfo:
     exclusions: tuple[str, ...] = field(default=())
     vectors: str = "float32"  # index precision (Manifest.vectors)
     keep: str = "float"  # copy kept on disk for rescoring (Manifest.keep)
+    facts: Mapping[str, Any] = field(default_factory=dict)  # the items' facts in numbers (fact_rows.summary)
 
     def to_dict(self) -> dict[str, Any]:
         d = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        d["facts"] = dict(self.facts)
         d["failures"] = [r.to_dict() for r in self.failures]
         d["exclusions"] = list(self.exclusions)
         return d

@@ -211,3 +211,16 @@ def test_an_old_mtime_is_kept_as_the_date_of_a_file_without_one(tmp_path):
     path = make_photo(tmp_path / "p.jpg")
     os.utime(path, (1_500_000_000, 1_500_000_000))
     assert read_facts(path, "image", os.stat(path).st_mtime).taken == 1_500_000_000
+
+
+def test_info_counts_the_facts_and_the_cli_shows_them(indexed):
+    retriever, _, _ = indexed
+    facts = retriever.info().facts
+    assert (facts["items"], facts["dated"], facts["with_gps"], facts["with_keywords"]) == (3, 1, 1, 1)
+    assert facts["taken_first"] == facts["taken_last"] == "2024-05-01T13:03:00+00:00"
+    from typer.testing import CliRunner
+
+    from faste_mm.cli.app import app
+
+    shown = CliRunner().invoke(app, ["info", "-c", str(retriever.collection)])
+    assert shown.exit_code == 0 and "1 dated (2024-05-01 .. 2024-05-01), 1 with GPS" in " ".join(shown.stdout.split())
