@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 from faste_mm.errors import ConfigError
 from faste_mm.indexers.fact_filters import FactCondition, date_period
 from faste_mm.indexers.filters import SearchFilter, parse_where
-from faste_mm.retrieval.results import Hit
+from faste_mm.retrieval.hits import Hit
 
 SORTS = ("relevance", "date", "-date")  # "date": oldest first, "-date": newest first
 

@@ -22,8 +22,8 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
 from faste_mm.errors import ConfigError, FasteError, InputError
-from faste_mm.indexers import SearchFilter
 from faste_mm.retrieval import result_order
+from faste_mm.serving.inputs import ORDER_FIELDS, float_field, search_options
 from faste_mm.indexers.filters import INT64_MAX
 from faste_mm.kinds import kind_name
 from faste_mm.serving.batcher import QueueFullError
@@ -202,10 +202,10 @@ async def _search_fields(request: Request, engine: ServeEngine):
     content_type = request.headers.get("content-type", "")
     if content_type.startswith("multipart/form-data") or content_type.startswith("application/x-www-form-urlencoded"):
         form = await request.form()
-        unknown = set(form.keys()) - {"q", "k", "id", "image", "mode", "rerank", "rerank_top", *_ORDER_FIELDS}
+        unknown = set(form.keys()) - {"q", "k", "id", "image", "mode", "rerank", "rerank_top", *ORDER_FIELDS}
         if unknown:
             raise InputError(f"unknown form fields {sorted(unknown)}; the search form takes q, k, id, mode, rerank, "
-                             f"rerank_top, {', '.join(_ORDER_FIELDS)} and image")
+                             f"rerank_top, {', '.join(ORDER_FIELDS)} and image")
         image = None
         upload = form.get("image")
         if upload is not None and not isinstance(upload, str):
@@ -219,9 +219,9 @@ async def _search_fields(request: Request, engine: ServeEngine):
         rerank_top = _int_field(form.get("rerank_top"), "rerank_top")
         if rerank_top is not None and not 1 <= rerank_top <= 1000:
             raise InputError(f"form field 'rerank_top' must be in 1..1000, got {rerank_top}")
-        given = {name: str(form.get(name) or "").strip() or None for name in _ORDER_FIELDS}
-        where, order = _order(None, given["since"], given["until"], given["sort"] or "relevance",
-                              _float_field(given["min_score"], "min_score"))
+        given = {name: str(form.get(name) or "").strip() or None for name in ORDER_FIELDS}
+        where, order = search_options(None, given["since"], given["until"], given["sort"] or "relevance",
+                              float_field(given["min_score"], "min_score"))
         return (query, image, _int_field(form.get("id"), "id"), 10 if k is None else k, where, mode, None,
                 rerank, rerank_top, order)
     try:
@@ -235,32 +235,10 @@ async def _search_fields(request: Request, engine: ServeEngine):
     image = None
     if body.image is not None:
         image = await run_in_threadpool(decode_image_url, body.image, "image", engine.config.allow_remote_images)
-    where, order = _order(body, body.since, body.until, body.sort, body.min_score)
+    where, order = search_options(body, body.since, body.until, body.sort, body.min_score)
     return ((body.query or "").strip() or None, image, body.id, body.k, where, body.mode, body.rescore, body.rerank,
             body.rerank_top, order)
 
-
-_ORDER_FIELDS = ("since", "until", "sort", "min_score")
-
-
-def _order(body: SearchRequest | None, since: str | None, until: str | None, sort: str,
-           min_score: float | None) -> tuple[SearchFilter, tuple[str, float | None]]:
-    """The SearchFilter and (sort, min_score) of a request; InputError (400) naming a bad value."""
-    try:  # a filter the collection cannot apply: the client's mistake
-        where = result_order.search_filter(None if body is None else body.where, None if body is None else body.type,
-                                           None if body is None else body.path, since, until)
-        return where, (result_order.check_sort(sort), result_order.check_min_score(min_score))
-    except ConfigError as error:
-        raise InputError(str(error)) from None
-
-
-def _float_field(value: str | None, name: str) -> float | None:
-    if value is None:
-        return None
-    try:
-        return float(value)
-    except ValueError:
-        raise InputError(f"form field {name!r} must be a number, got {value[:40]!r}") from None
 
 
 def _int_field(value, name: str) -> int | None:

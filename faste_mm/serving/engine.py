@@ -305,10 +305,8 @@ class ServeEngine:
     def search(self, query: str | None = None, image=None, item_id: int | None = None, k: int = 10,
                where: SearchFilter | None = None, mode: str = "dense", rescore: int | None = None,
                min_score: float | None = None) -> list[Hit]:
-        """Top-k hits for a text and/or a PIL image (as `Retriever.search`, in `mode` dense, lexical
-        or hybrid), or for the stored vector of item `item_id` ("more like this"; the item itself is
-        left out), among the items `where` admits (all of them when None), none scoring under `min_score`
-        (None: the collection's default, if any)."""
+        """Top-k hits for a text and/or a PIL image (as `Retriever.search`: `mode`, `where`, `min_score`; None: the
+        collection's), or for the stored vector of item `item_id` ("more like this", the item itself left out)."""
         where = where or SearchFilter()
         if self.retriever is None:
             raise NoCollectionError("this server has no collection; start it with `faste-mm serve -c NAME|DIR` "
@@ -320,8 +318,7 @@ class ServeEngine:
         if item_id is not None:
             if query is not None or image is not None:
                 raise InputError("give either `id` (more like this) or a query text/image, not both")
-            return self.batcher.submit("search", _SearchPayload(None, int(item_id), k, where, min_score=min_score),
-                                       1).result()
+            return self.batcher.submit("search", _SearchPayload(None, int(item_id), k, where, min_score=min_score), 1).result()
         if not query and image is None:
             raise InputError("give a query text (`query`, form field `q`), an image, or an item `id`")
         if mode not in ("dense", "lexical", "hybrid"):
@@ -329,8 +326,8 @@ class ServeEngine:
         if mode == "lexical":  # words only: nothing to embed (one slot of the batch)
             if not query:
                 raise InputError("lexical search needs a query text (`query`, form field `q`)")
-            return self.batcher.submit("search", _SearchPayload(Item(text=query), None, k, where, mode, rescore,
-                                                                min_score), 1).result()
+            payload = _SearchPayload(Item(text=query), None, k, where, mode, rescore, min_score)
+            return self.batcher.submit("search", payload, 1).result()
         measured = self.measure([Item(text=query or None, image=image)], "query")
         return self.batcher.submit("search", _SearchPayload(measured.items[0], None, k, where, mode, rescore, min_score),
                                    measured.tokens).result()
@@ -377,11 +374,10 @@ class ServeEngine:
         col = self._model_thread_reader()
         if item_id not in col.live_ids([item_id]):
             raise UnknownItemError(f"id {item_id}: no such item in the collection {self.collection}")
-        if min_score is None:
-            min_score = self.profile.min_score if self.profile is not None else None
+        min_score = min_score if min_score is not None or self.profile is None else self.profile.min_score
         scores, ids = col.search(col.vectors([item_id]), k + 1, where=where)
-        pairs = [(float(s), int(i)) for s, i in zip(scores[0], ids[0]) if i >= 0 and int(i) != item_id
-                 and (min_score is None or s >= min_score)][:k]
+        floor = -np.inf if min_score is None else min_score
+        pairs = [(float(s), int(i)) for s, i in zip(scores[0], ids[0]) if i >= 0 and int(i) != item_id and s >= floor][:k]
         records = dict(zip([i for _, i in pairs], col.get([i for _, i in pairs])))
         return [Hit(i, s, records[i].uri, records[i].page, records[i].metadata, facts=records[i].facts) for s, i in pairs]
 

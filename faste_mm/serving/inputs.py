@@ -23,7 +23,9 @@ from PIL import Image
 from pydantic import BaseModel, ConfigDict, Field
 
 from faste_mm import Item
-from faste_mm.errors import InputError
+from faste_mm.errors import ConfigError, InputError
+from faste_mm.indexers.filters import SearchFilter
+from faste_mm.retrieval import result_order
 
 InputType = Literal["query", "document"]
 MAX_IMAGE_PIXELS = 64_000_000  # decompression-bomb guard for images sent over HTTP
@@ -236,3 +238,26 @@ def encode_vector(vector: np.ndarray, encoding_format: str) -> list[float] | str
     if encoding_format == "base64":
         return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
     return [float(x) for x in vector]
+
+
+ORDER_FIELDS = ("since", "until", "sort", "min_score")
+
+
+def search_options(body: SearchRequest | None, since: str | None, until: str | None, sort: str,
+           min_score: float | None) -> tuple[SearchFilter, tuple[str, float | None]]:
+    """The SearchFilter and (sort, min_score) of a request; InputError (400) naming a bad value."""
+    try:  # a filter the collection cannot apply: the client's mistake
+        where = result_order.search_filter(None if body is None else body.where, None if body is None else body.type,
+                                           None if body is None else body.path, since, until)
+        return where, (result_order.check_sort(sort), result_order.check_min_score(min_score))
+    except ConfigError as error:
+        raise InputError(str(error)) from None
+
+
+def float_field(value: str | None, name: str) -> float | None:
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        raise InputError(f"form field {name!r} must be a number, got {value[:40]!r}") from None

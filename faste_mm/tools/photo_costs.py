@@ -17,9 +17,9 @@ from PIL import Image
 from faste_mm.indexers.collection import Collection
 from faste_mm.indexers.facts import ItemFacts
 from faste_mm.indexers.filters import SearchFilter
-from faste_mm.indexers.manifest import Manifest
 from faste_mm.indexers.records import ItemRecord, content_hash
 from faste_mm.retrieval.photo_metadata import read_facts
+from faste_mm.retrieval.profile import CollectionProfile
 
 _XMP = ('<x:xmpmeta xmlns:x="adobe:ns:meta/"><rdf:RDF xmlns:rdf="http://www.w3.org/1999/02/22-rdf-syntax-ns#">'
         '<rdf:Description xmlns:dc="http://purl.org/dc/elements/1.1/" xmlns:xmp="http://ns.adobe.com/xap/1.0/" '
@@ -64,7 +64,7 @@ def dated_collection(root: Path, n: int, dim: int, seed: int = 0) -> Collection:
     rng = np.random.default_rng(seed)
     start = datetime(2015, 1, 1, tzinfo=timezone.utc).timestamp()
     span = datetime(2025, 1, 1, tzinfo=timezone.utc).timestamp() - start
-    col = Collection.create(root, Manifest(model_id="bench", dim=dim, vector_dtype="float16"))
+    col = Collection.create(root, CollectionProfile(model_id="bench", dim=dim, model_dim=dim, r_max=0.0).to_manifest())
     for first in range(0, n, 8192):
         count = min(8192, n - first)
         vectors = rng.standard_normal((count, dim)).astype(np.float32)
