@@ -25,6 +25,8 @@ SHELL_TAGS = {"bash", "sh", "shell", "console"}
 RUN_TAGS = SHELL_TAGS | {"python"}
 _FENCE = re.compile(r"^(?P<indent>\s*)(?P<fence>```+|~~~+)\s*(?P<tag>[\w+-]*)")
 _SKIP = re.compile(r"^\s*<!--\s*skip:\s*(?P<reason>.+?)\s*-->\s*$")
+# Pages of benchmark commands and their recorded runs: every block there is a long benchmark.
+BENCHMARK_PAGES = {"benchmarks.md", "benchmarks-log.md", "performance.md"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,8 +68,10 @@ def extract(path: Path) -> list[Block]:
         body = [line[indent:] if line[:indent].strip() == "" else line for line in lines[i + 1:end]]
         previous = next((lines[j] for j in range(i - 1, -1, -1) if lines[j].strip()), "")
         skip = _SKIP.match(previous)
-        blocks.append(Block(path, i + 1, opening["tag"].lower(), "\n".join(body) + "\n",
-                            skip["reason"] if skip else None))
+        reason = skip["reason"] if skip else None
+        if reason is None and path.name in BENCHMARK_PAGES and opening["tag"].lower() in RUN_TAGS:
+            reason = "long benchmark (a benchmark page: its commands reproduce recorded runs)"
+        blocks.append(Block(path, i + 1, opening["tag"].lower(), "\n".join(body) + "\n", reason))
         i = end + 1
     return blocks
 
@@ -79,10 +83,17 @@ def shell_script(block: Block) -> str:
     return "\n".join(line[2:] for line in block.code.split("\n") if line.startswith("$ ")) + "\n"
 
 
+# Values a tiny model (64 dimensions) cannot take, scaled down for it; the docs keep the real ones.
+TINY_VALUES = {"--dim 512": "--dim 32", "dim=512": "dim=32"}
+
+
 def substitute(code: str, models: dict[str, Path]) -> str:
-    """The block with each hub id replaced by its tiny stand-in's folder."""
+    """The block with each hub id replaced by its tiny stand-in's folder and each of
+    `TINY_VALUES` by the value the tiny model takes."""
     for hub_id, folder in models.items():
         code = code.replace(hub_id, str(folder))
+    for real, tiny in TINY_VALUES.items():
+        code = code.replace(real, tiny)
     return code
 
 

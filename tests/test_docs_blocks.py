@@ -149,8 +149,14 @@ def test_extract_reads_tags_indented_fences_and_skip_markers(tmp_path):
 
 def test_hub_ids_are_replaced_by_their_stand_ins():
     models = {"Qwen/Qwen3-VL-Embedding-2B": Path("/m/vl"), "Qwen/Qwen3-VL-Reranker-2B": Path("/m/rr")}
-    code = 'Embedder.from_pretrained("Qwen/Qwen3-VL-Embedding-2B"); --rerank Qwen/Qwen3-VL-Reranker-2B'
-    assert substitute(code, models) == 'Embedder.from_pretrained("/m/vl"); --rerank /m/rr'
+    code = 'Embedder.from_pretrained("Qwen/Qwen3-VL-Embedding-2B", dim=512); --rerank Qwen/Qwen3-VL-Reranker-2B --dim 512'
+    assert substitute(code, models) == 'Embedder.from_pretrained("/m/vl", dim=32); --rerank /m/rr --dim 32'
+
+
+def test_benchmark_pages_skip_their_blocks_as_long_benchmarks(tmp_path):
+    doc = ROOT / "docs" / "benchmarks.md"
+    blocks = [b for b in extract(doc) if b.tag in ("bash", "python")]
+    assert blocks and all(b.skip and "long benchmark" in b.skip for b in blocks)
 
 
 def test_the_sandbox_holds_the_files_the_docs_name(tmp_path):
