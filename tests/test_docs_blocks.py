@@ -165,3 +165,16 @@ def test_the_sandbox_holds_the_files_the_docs_name(tmp_path):
                  work / "report.pdf", work / "clip.mp4"):
         assert path.exists(), path
     assert shutil.which("bash")
+
+
+def test_readme_is_a_front_page_whose_test_command_is_what_ci_runs():
+    """STYLE.md 9b: at most 250 lines; its test command is .ci/run's last line, verbatim, after
+    the same torch/torchvision pin."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    ci_lines = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line.strip()]
+    assert len(readme.splitlines()) <= 250, f"README.md has {len(readme.splitlines())} lines; move detail to docs/"
+    pin = next(line.strip() for line in ci_lines if "pip install" in line and "torch==" in line)
+    test_command = next(b.code.strip() for b in extract(ROOT / "README.md") if "pytest" in b.code)
+    assert test_command.endswith(ci_lines[-1].strip()), (test_command, ci_lines[-1])
+    pinned = pin.split("install -q ")[-1]  # "torch==2.14.1 torchvision==0.29.1"
+    assert test_command.startswith(f"pip install {pinned} && "), (test_command, pinned)
