@@ -44,7 +44,7 @@ def stored_item(uri: str, page: int | None) -> Item:
 def check_reranker(reranker: object, rerank_top: int) -> None:
     """ConfigError when `rerank=` is not a Reranker (an Embedder, a model name...), naming both,
     or `rerank_top` is below 1."""
-    from faste_mm.model.reranker import Reranker
+    from faste_mm.model.rerank.reranker import Reranker
 
     if not isinstance(rerank_top, int) or rerank_top < 1:
         raise ConfigError(f"rerank_top must be an int >= 1 (hits re-scored), got {rerank_top!r}")
