@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from PIL import Image
+from PIL import Image, ImageDraw
 
 from tests.serve_fixtures import make_gallery, scene_image
 
@@ -110,28 +110,46 @@ def _write_video(path: Path, seconds: float = 2, fps: int = 4, size: tuple[int, 
         container.mux(stream.encode())
 
 
+def _one_page_pdf(path: Path) -> Path:
+    """A one-page report (a title bar and lines of "text"). One page, because a page is embedded
+    at the pixel cap (1,800 visual tokens): the tower's cost, even for a tiny model."""
+    page = Image.new("RGB", (400, 520), "white")
+    draw = ImageDraw.Draw(page)
+    draw.rectangle((32, 32, 368, 58), fill=(79, 70, 229))
+    for row in range(14):
+        draw.rectangle((32, 84 + row * 26, 368 - (row * 37) % 120, 93 + row * 26), fill=(200, 204, 214))
+    page.save(path, "PDF", resolution=144)
+    return path
+
+
+def _photos(root: Path, n: int) -> Path:
+    """`n` generated scenes (no PDF) in `root`."""
+    make_gallery(root, n=n)
+    (root / "report.pdf").unlink()
+    return root
+
+
 def make_sandbox(root: Path) -> tuple[Path, Path]:
-    """(home, work): the files the documented commands name. Small: a few images, a 2-page PDF,
-    notes, a 2-second clip."""
+    """(home, work): the files the documented commands name (docs/contributing.md lists them).
+    Small on purpose: a few 160x120 images, one-page PDFs, notes, a 2-second clip."""
     home, work = root / "home", root / "work"
-    make_gallery(home / "Pictures", n=4)
-    (home / "Pictures" / "report.pdf").rename(home / "report.pdf")
-    papers = home / "papers"
-    papers.mkdir(parents=True)
-    (home / "report.pdf").rename(papers / "report.pdf")
-    (papers / "notes.md").write_text("# Notes\n\nThe invoice INV-2024-001 from Müller: total amount 120 EUR.\n")
-    (home / "scans").mkdir()
-    make_gallery(home / "scans", n=1)
+    _photos(home / "Pictures", 4)
+    (home / "papers").mkdir(parents=True)
+    _one_page_pdf(home / "papers" / "report.pdf")
+    (home / "papers" / "notes.md").write_text("# Notes\n\nThe invoice INV-2024-001 from Müller: total amount 120 EUR.\n")
+    _one_page_pdf((home / "scans").mkdir() or home / "scans" / "scan-1.pdf")
+    scene_image(home / "scans" / "receipt.png", 7)
     work.mkdir(parents=True)
-    for folder, n in (("images", 2), ("photos", 3), ("docs", 1)):
-        make_gallery(work / folder, n=n)
+    _photos(work / "images", 2)
+    _photos(work / "photos", 3)
     (work / "photos" / "day2").mkdir()
     scene_image(work / "photos" / "day2" / "harbour.png", 11)
+    (work / "docs").mkdir()
+    _one_page_pdf(work / "docs" / "invoice.pdf")
     (work / "docs" / "notes.txt").write_text("a red bicycle leaning on a wall, and the invoice total for March\n")
-    for name, seed in (("query.jpg", 2), ("photo.jpg", 3), ("cat.png", 4), ("scan.png", 5), ("page.png", 6)):
+    for name, seed in (("query.jpg", 2), ("photo.jpg", 3), ("cat.png", 4), ("scan.png", 5), ("page.png", 6), ("x.png", 8)):
         scene_image(work / name, seed)
-    (work / "images" / "report.pdf").rename(work / "report.pdf")
-    Image.open(work / "photo.jpg").save(work / "x.png")
+    _one_page_pdf(work / "report.pdf")
     (work / "notes.txt").write_text("notes about a red bicycle and a quarterly report\n")
     (work / "my-queries.txt").write_text("a red bicycle\nthe invoice total\n")
     _write_video(work / "clip.mp4")
