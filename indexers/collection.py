@@ -24,6 +24,7 @@ import numpy as np
 from faste_mm.errors import CollectionError, ConfigError, InputError
 from faste_mm.indexers import (collection_search, directory, faiss_index, index_upkeep, opening, parts,
                                quantization, search)
+from faste_mm.indexers import file_identity
 from faste_mm.indexers.compaction import compact_parts
 from faste_mm.indexers.crash_points import crash_point
 from faste_mm.indexers.derived_index import DerivedIndex, max_part
@@ -267,6 +268,15 @@ class Collection:
         crash_point("delete-after-commit")
         return changed
 
+    def fill_identities(self, stats: Iterable[FileStat]) -> None:
+        """Record the identity (dev, ino) of indexed files that have none yet (indexed before
+        identities were recorded); a file's recorded identity is kept."""
+        self._require_writable("record file identities")
+        rows = [(s.uri, s.dev, s.ino) for s in stats if s.ino is not None]
+        if rows:
+            with self._store.transaction():
+                file_identity.set_identities(self._store.db, rows, keep=True)
+
     def exclude(self, uris: Iterable[str]) -> None:
         """Record removed paths (files or folders, as stored uris) that scans of a folder above
         them must skip from now on (`exclusions`); recording one twice is harmless."""
@@ -301,6 +311,11 @@ class Collection:
                                   f"{' ...' if len(missing) > 10 else ''}")
         return [found[i] for i in ids]
 
+    def records(self, ids: Iterable[int]) -> dict[int, ItemRecord]:
+        """{id: record} of those `ids` that have a row (any status); unknown ids are left out."""
+        self._follow_reindex()
+        return self._store.records([int(i) for i in ids])
+
     def vectors(self, ids: Iterable[int]) -> np.ndarray:
         """Stored vectors [n, dim] float32 for item ids (e.g. to copy a duplicate's vector
         instead of re-embedding it; decoded from 8-bit or binary codes when the parts keep those).
@@ -329,6 +344,17 @@ class Collection:
         """The subset of `ids` that are live (searchable) items."""
         self._follow_reindex()
         return self._store.live_ids([int(i) for i in ids])
+
+    def live_records(self, after_id: int = -1, limit: int = 100) -> list[ItemRecord]:
+        """A page of live items: up to `limit` records with id > `after_id`, in id order (an
+        MCP client lists a collection's items page by page, the last id as its cursor)."""
+        self._follow_reindex()
+        return self._store.live_records_after(after_id, limit)
+
+    def live_ids_of(self, uri: str) -> list[int]:
+        """Ids of the live items whose uri is `uri` (a file's pages), in id order."""
+        self._follow_reindex()
+        return self._store.live_ids_of(uri)
 
     def failures(self) -> list[ItemRecord]:
         """Items recorded by `add_failures` and not since replaced, oldest first."""
@@ -376,7 +402,7 @@ class Collection:
         when the file's version is still that of the last unfiltered snapshot, which found this index
         current and no tombstoned vector in it: one PRAGMA instead of BEGIN, PRAGMA, COMMIT and the
         snapshot's bookkeeping (~0.05 ms of a 0.5 ms HNSW search after other work evicted the caches,
-        docs/benchmarks.md). A commit landing during the FAISS search is as if it came after, as for a
+        docs/benchmarks-log.md). A commit landing during the FAISS search is as if it came after, as for a
         search in a snapshot. None when it cannot (the caller searches in a snapshot)."""
         plain = self._plain_at
         if plain is None or plain.store is not self._store or plain.index is not self._index.index \

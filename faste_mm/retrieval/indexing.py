@@ -34,6 +34,9 @@ def index_collection(col: Collection, profile: CollectionProfile, scan: Scan, op
         scan = honour_exclusions(col, scan)  # paths removed earlier stay out of folder scans
         plan = plan_update(col, scan, options.retry_failed)
         col.delete_uris(plan.vanished)
+        # Files indexed before identities were recorded get theirs now (retrieval.stored_files).
+        todo = {f.uri for f in plan.todo}
+        col.fill_identities([f.stat for f in scan.files() if f.uri not in todo])
         if scan.missing:
             record_missing(col, scan.missing, tally)
         done = 0
