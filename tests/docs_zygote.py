@@ -1,8 +1,9 @@
 """A warm process that forks one child per documented command, so the docs' code blocks run
 through the real CLI without paying torch's and transformers' import (~4 s of CPU) per command.
 
-`python -m tests.docs_zygote SOCKET MODEL_DIR`: imports the CLI and the library, loads MODEL_DIR
-once (transformers imports its model classes lazily), prints "ready", then answers on the Unix
+`python -m tests.docs_zygote SOCKET MODEL_DIR...`: imports the CLI and the library, loads each
+model once (transformers imports its model classes lazily; tokenizers are parsed once, see
+`_cache_tokenizers`), prints "ready", then answers on the Unix
 socket SOCKET. A request is a length-prefixed JSON header sent with the client's stdin, stdout
 and stderr descriptors (SCM_RIGHTS):
 
@@ -24,6 +25,7 @@ import signal
 import socket
 import sys
 import traceback
+from pathlib import Path
 
 SHIM = """#!{python} -S
 import json, os, socket, sys
@@ -106,17 +108,38 @@ def _child(conn: socket.socket, request: dict, fds: list[int]) -> None:
     conn.close()
 
 
-def _warm_up(model_dir: str) -> None:
-    """Import what a command imports and load the model once: the children start warm."""
+def _cache_tokenizers() -> None:
+    """Parse each tokenizer once: the real Qwen tokenizer's 11 MB of JSON is ~1 s of CPU per load,
+    more than the rest of a tiny command. The first load (here, in the zygote) is the real one;
+    children get the parsed object by fork. Everything else about loading stays real."""
+    from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
+    load = PreTrainedTokenizerBase.from_pretrained.__func__
+    parsed: dict = {}
+
+    def from_pretrained(cls, path, *args, **kwargs):
+        key = (cls, str(path), repr(args), repr(sorted(kwargs.items())))
+        if key not in parsed:
+            parsed[key] = load(cls, path, *args, **kwargs)
+        return parsed[key]
+
+    PreTrainedTokenizerBase.from_pretrained = classmethod(from_pretrained)
+
+
+def _warm_up(model_dirs: list[str]) -> None:
+    """Import what a command imports and load each model once: the children start warm."""
     import faiss  # noqa: F401
     import torch
 
     torch.set_num_threads(1)
     import faste_mm.cli.app  # noqa: F401
     import faste_mm.retrieval.retriever  # noqa: F401
-    from faste_mm import Embedder
+    from faste_mm import Embedder, Reranker
 
-    Embedder.from_pretrained(model_dir, device="cpu")
+    _cache_tokenizers()
+    for model_dir in model_dirs:
+        loader = Reranker if "reranker" in Path(model_dir).name else Embedder
+        loader.from_pretrained(model_dir, device="cpu")
 
 
 def _reap(*_) -> None:
@@ -127,8 +150,8 @@ def _reap(*_) -> None:
         pass
 
 
-def serve(path: str, model_dir: str) -> None:
-    _warm_up(model_dir)
+def serve(path: str, model_dirs: list[str]) -> None:
+    _warm_up(model_dirs)
     signal.signal(signal.SIGCHLD, _reap)  # waited for, so their CPU time counts as the test's
     server = socket.socket(socket.AF_UNIX)
     server.bind(path)
@@ -153,4 +176,4 @@ def serve(path: str, model_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1], sys.argv[2])
+    serve(sys.argv[1], sys.argv[2:])

@@ -56,7 +56,8 @@ def zygote(tmp_path_factory, stand_ins):
                TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1", FASTE_MM_DEVICE="cpu",
                FASTE_MM_MODEL=str(stand_ins["Qwen/Qwen3-VL-Embedding-2B"]), FASTE_MM_DOCS_SOCKET=str(sock),
                PATH=f"{shim_dir}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
-    process = subprocess.Popen([sys.executable, "-m", "tests.docs_zygote", str(sock), env["FASTE_MM_MODEL"]],
+    process = subprocess.Popen([sys.executable, "-m", "tests.docs_zygote", str(sock),
+                                *map(str, dict.fromkeys(stand_ins.values()))],
                                cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     ready = process.stdout.readline()
     if ready.strip() != "ready":
@@ -115,7 +116,7 @@ def test_every_block_of_the_document_runs(path, zygote, stand_ins, tmp_path):
                     output = (tmp_path / "python.log").read_text(errors="replace")
                     pytest.fail(_failure(block, code, f"{output[-2000:]}\n{error}"), pytrace=False)
             else:
-                done = subprocess.run(["bash", "-euo", "pipefail", "-c", code], cwd=work, env=env,
+                done = subprocess.run(["bash", "-euo", "pipefail", "-c", code], cwd=work, env=env, stdin=subprocess.DEVNULL,
                                       capture_output=True, text=True, timeout=600)
                 if done.returncode != 0:
                     pytest.fail(_failure(block, code, f"exit {done.returncode}\n{done.stdout[-1500:]}\n{done.stderr}"),
@@ -145,6 +146,8 @@ def test_extract_reads_tags_indented_fences_and_skip_markers(tmp_path):
         ("bash", 3, None), ("python", 8, "needs CUDA"), ("python", 13, None), ("json", 17, None), ("console", 21, None)]
     assert blocks[2].code == "x = 1\n" and not blocks[3].runs and not blocks[1].runs
     assert shell_script(blocks[4]) == "faste-mm info\n"
+    pip = Block(doc, 1, "bash", "pip install 'faste-mm[serve]'\nfaste-mm serve --help\n", None)
+    assert shell_script(pip) == "faste-mm serve --help\n"
 
 
 def test_hub_ids_are_replaced_by_their_stand_ins():
