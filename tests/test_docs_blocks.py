@@ -157,7 +157,7 @@ def test_hub_ids_are_replaced_by_their_stand_ins():
 
 
 def test_benchmark_pages_skip_their_blocks_as_long_benchmarks(tmp_path):
-    doc = ROOT / "docs" / "benchmarks.md"
+    doc = ROOT / "docs" / "benchmarks-log.md"
     blocks = [b for b in extract(doc) if b.tag in ("bash", "python")]
     assert blocks and all(b.skip and "long benchmark" in b.skip for b in blocks)
 
