@@ -17,6 +17,7 @@ from typer.core import TyperCommand, TyperGroup
 from faste_mm.cli.bench import bench_command
 from faste_mm.cli.calibrate import calibrate_command
 from faste_mm.cli.collection_commands import compact_command, info_command, rebuild_index_command, remove_command
+from faste_mm.cli.duplicates_command import duplicates_command
 from faste_mm.cli.embed import embed
 from faste_mm.cli.export import export_command
 from faste_mm.cli.index_command import index_command
@@ -128,7 +129,8 @@ for _name, _command in (("index", index_command), ("search", search_command), ("
                         ("remove", remove_command), ("compact", compact_command),
                         ("rebuild-index", rebuild_index_command), ("export", export_command), ("embed", embed),
                         ("eval", eval_command), ("bench", bench_command), ("calibrate", calibrate_command),
-                        ("serve", serve_command), ("plan", plan_command), ("rerank", rerank_command)):
+                        ("serve", serve_command), ("plan", plan_command), ("rerank", rerank_command),
+                        ("duplicates", duplicates_command)):
     app.command(_name, cls=_Command)(_command)
 
 

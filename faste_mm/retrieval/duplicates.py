@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -98,11 +99,19 @@ def check_threshold(threshold: object) -> float:
     return float(threshold)
 
 
+def collection_duplicates(root: str | os.PathLike, threshold: float = DEFAULT_THRESHOLD, *,
+                          near: bool = True) -> DuplicateReport:
+    """`find_duplicates` of the collection at `root`, opened read-only (no model, no writer lock)."""
+    check_threshold(threshold)  # before the collection is opened
+    with Collection.open(Path(root)) as col:
+        return find_duplicates(col, threshold, near=near)
+
+
 def find_duplicates(col: Collection, threshold: float = DEFAULT_THRESHOLD, *, near: bool = True) -> DuplicateReport:
     """Group `col`'s live items that duplicate each other (see the module docstring).
 
     threshold: cosine in (0, 1] at or above which two items are near-duplicates.
-    near: False reports exact copies only (no vector is read).
+    near: False reports exact copies only (no range search).
     Items of one file (pages of one PDF) never form a group by themselves.
     """
     threshold = check_threshold(threshold)

@@ -33,6 +33,8 @@ from faste_mm.model.video import VideoConfig
 from faste_mm.retrieval import collection_settings, maintenance, querying
 from faste_mm.retrieval.collection_settings import checked_profile, new_profile, open_for_writing, recreate
 from faste_mm.retrieval.documents import CollectionDocuments, add_documents
+from faste_mm.retrieval.duplicates import DEFAULT_THRESHOLD as DEFAULT_DUPLICATE_THRESHOLD
+from faste_mm.retrieval.duplicates import DuplicateReport, collection_duplicates
 from faste_mm.retrieval.executors import IngestExecutor, LocalExecutor, ModelSource
 from faste_mm.retrieval.export import ExportReport
 from faste_mm.retrieval.export import export as export_collection
@@ -362,6 +364,14 @@ class Retriever:
     def info(self) -> CollectionInfo:
         with Collection.open(self.collection) as col:
             return col.info()
+
+    def duplicates(self, threshold: float = DEFAULT_DUPLICATE_THRESHOLD, *, near: bool = True) -> DuplicateReport:
+        """Groups of items that duplicate each other: exact copies (same content hash) and, with
+        `near`, near-duplicates whose vectors score >= `threshold` (cosine in (0, 1]) by range search over
+        the collection's index; largest group first, each with a suggested keeper (largest resolution,
+        then earliest date). Loads no model and never deletes anything (`faste_mm.retrieval.duplicates`).
+        Raises ConfigError for a threshold outside (0, 1], CollectionError when there is no collection."""
+        return collection_duplicates(self.collection, threshold, near=near)
 
     def export(self, path: str | os.PathLike) -> ExportReport:
         """Write the collection's live items and vectors to a Parquet file (a path or "parquet:FILE")
