@@ -26,6 +26,7 @@ from faste_mm.cli.plan import plan_command
 from faste_mm.cli.rerank import rerank_command
 from faste_mm.cli.search_command import search_command
 from faste_mm.cli.serve import serve_command
+from faste_mm.cli.watch_command import watch_command
 
 # typer's labels for a parameter's type, as `--help` shows them in its type column; a range
 # ("int range [x>=1]") gets its type's label: the help text states the range, and a narrow type
@@ -130,7 +131,7 @@ for _name, _command in (("index", index_command), ("search", search_command), ("
                         ("rebuild-index", rebuild_index_command), ("export", export_command), ("embed", embed),
                         ("eval", eval_command), ("bench", bench_command), ("calibrate", calibrate_command),
                         ("serve", serve_command), ("plan", plan_command), ("rerank", rerank_command),
-                        ("duplicates", duplicates_command)):
+                        ("duplicates", duplicates_command), ("watch", watch_command)):
     app.command(_name, cls=_Command)(_command)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -18,22 +19,28 @@ from faste_mm.retrieval.executors import IngestExecutor, IngestJob, ModelSource
 from faste_mm.retrieval.ingest import IngestTally, UpdatePlan, plan_update, record_missing
 from faste_mm.retrieval.profile import CollectionProfile
 from faste_mm.retrieval.results import IndexOptions, IndexProgress, IndexReport
-from faste_mm.retrieval.scanning import Scan, honour_exclusions
+from faste_mm.retrieval.scanning import Scan, ScannedFile, honour_exclusions
 
 log = logging.getLogger(__name__)
 
 
 def index_collection(col: Collection, profile: CollectionProfile, scan: Scan, options: IndexOptions,
                      encode: CollectionDocuments, model: ModelSource, executor: IngestExecutor,
-                     progress: Callable[[IndexProgress], None] | None, started: float) -> IndexReport:
+                     progress: Callable[[IndexProgress], None] | None, started: float,
+                     ready: Callable[[ScannedFile], bool] | None = None) -> IndexReport:
     """Bring `col` (opened for writing; closed here, which saves index.faiss) up to date with `scan`.
-    `started`: perf_counter() when the call began (the report's seconds count from it)."""
+    `started`: perf_counter() when the call began (the report's seconds count from it).
+    ready: which of the new and changed files to embed now (None: all); the others keep their
+    old rows, if any, for a later run (`faste_mm.retrieval.watching` waits for files still being
+    written). Vanished files are removed after the new ones are committed, so a file moved or
+    renamed lends its vectors to its new path (same content) instead of being embedded again."""
     tally = IngestTally()
     root = Path(col.root)
     with col:
         scan = honour_exclusions(col, scan)  # paths removed earlier stay out of folder scans
         plan = plan_update(col, scan, options.retry_failed)
-        col.delete_uris(plan.vanished)
+        if ready is not None:
+            plan = hold_back(plan, ready)
         if scan.missing:
             record_missing(col, scan.missing, tally)
         done = 0
@@ -49,6 +56,7 @@ def index_collection(col: Collection, profile: CollectionProfile, scan: Scan, op
         report_progress()
         executor.run(IngestJob(col, plan, profile, model, encode, options.chunk_files, tally,
                                files_committed, chunk_pages=options.chunk_pages))
+        col.delete_uris(plan.vanished)  # after: their content was a donor for moved files above
         if options.index_type is not None and options.index_type != col.manifest.index_type:
             col.rebuild_index(options.index_type)
     factory = col.manifest.index_factory  # as saved by close(), which brought index.faiss up to date
@@ -60,6 +68,18 @@ def index_collection(col: Collection, profile: CollectionProfile, scan: Scan, op
                        len(tally.failures), tuple(tally.failures), tally.prefix_tokens,
                        tally.kept_prefix_tokens, seconds, factory, scan.n_excluded,
                        tower_s=tally.tower_s, decoder_s=tally.decoder_s)
+
+
+def hold_back(plan: UpdatePlan, ready: Callable[[ScannedFile], bool]) -> UpdatePlan:
+    """`plan` with only the files `ready` admits to embed; the others count as unchanged this run.
+    While any file is held back, vanished files are kept too: a file moved across folders or
+    filesystems (copied, then deleted) still lends its vectors when its copy is ready."""
+    todo = tuple(f for f in plan.todo if ready(f))
+    kept = {f.uri for f in todo}
+    is_held = len(todo) < len(plan.todo)
+    return replace(plan, todo=todo, changed=frozenset(u for u in plan.changed if u in kept),
+                   n_unchanged=plan.n_unchanged + len(plan.todo) - len(todo),
+                   vanished=() if is_held else plan.vanished)
 
 
 def _progress_reporter(progress: Callable[[IndexProgress], None] | None, encode: CollectionDocuments,

@@ -46,7 +46,7 @@ from faste_mm.retrieval.profile import QUERY_INSTRUCTION, CollectionProfile, exi
 from faste_mm.retrieval.receipt import PlanReceipt
 from faste_mm.retrieval.rerank_hits import check_reranker, rerank_hits
 from faste_mm.retrieval.results import AddReport, Hit, IndexOptions, IndexProgress, IndexReport, RemoveReport
-from faste_mm.retrieval.scanning import ScanFilter, scan_paths
+from faste_mm.retrieval.scanning import Scan, ScanFilter, ScannedFile, scan_paths
 
 log = logging.getLogger(__name__)
 
@@ -285,17 +285,28 @@ class Retriever:
         if executor is not None and not isinstance(executor, IngestExecutor):
             raise ConfigError(f"index: executor must have a run(job) method (an IngestExecutor such as "
                               f"faste_mm.scale.RayExecutor), got {executor!r}")
-        executor = executor or LocalExecutor()
         started = time.perf_counter()
-        root = self._target(collection)
+        self._target(collection)
         scan = scan_paths(paths, ScanFilter(options.exclude, options.include_hidden))
+        return self.index_scan(scan, options, progress, executor, started=started)
+
+    def index_scan(self, scan: Scan, options: IndexOptions | None = None,
+                   progress: Callable[[IndexProgress], None] | None = None, executor: IngestExecutor | None = None,
+                   ready: Callable[[ScannedFile], bool] | None = None, started: float | None = None) -> IndexReport:
+        """`index` of a `Scan` already made (`scanning.scan_paths`): a folder watcher scans first
+        to see whether anything changed. ready: which new or changed files to embed now (None: all;
+        see `indexing.index_collection`). started: perf_counter() of the call (default now)."""
+        options = options or IndexOptions()
+        executor = executor or LocalExecutor()
+        started = time.perf_counter() if started is None else started
+        root = self.collection
         self.close()
         if options.reindex:
             col, profile = self._erase_for_reindex(root, options.index_type or "auto")
         else:
             col, profile = self._open_for_writing(root, options.index_type or "auto")
         return index_collection(col, profile, scan, options, CollectionDocuments(self._embedder_for, col, profile),
-                                self._model_source(), executor, progress, started)
+                                self._model_source(), executor, progress, started, ready)
 
     def pending(self, paths: Iterable[str | os.PathLike], options: IndexOptions | None = None) -> int:
         """How many files `index(paths, options=options)` would embed (or reuse) now: the new
