@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import signal
 import sys
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -70,6 +71,13 @@ def serve_command(
     rerank_r_max: RerankRMax = "0",
     rerank_protect: RerankProtect = "none",
     rerank_tower_cache_mb: RerankTowerCacheMb = RERANK_TOWER_CACHE_MB,
+    watch: Optional[list[Path]] = typer.Option(
+        None, "--watch", envvar="FASTE_MM_WATCH", show_default=False,
+        help="Keep the collection in sync with this folder while serving (repeatable): new and changed files "
+             "indexed, deleted ones removed, as `faste-mm watch` does; a few files per poll on the model "
+             "thread, so searches are answered meanwhile. Needs -c or the default collection."),
+    watch_interval: float = typer.Option(5.0, "--watch-interval", envvar="FASTE_MM_WATCH_INTERVAL", min=0.01,
+                                         help="Seconds between polls of --watch folders (default 5)."),
     debug: Debug = False,
 ) -> None:
     """Serve embeddings (OpenAI-compatible /v1/embeddings), search and a search page at / (the
@@ -103,7 +111,8 @@ def serve_command(
         def reranker_for(root):  # --rerank, else the collection's; /v1/rerank and /explain share the model thread
             return load_reranker(rerank, root, rerank_r_max, rerank_protect, device, rerank_tower_cache_mb)
 
-        engine = _load_engine(collection, model, device, dtype, batch_tokens, unpadded, config, settings, reranker_for)
+        engine = _load_engine(collection, model, device, dtype, batch_tokens, unpadded, config, settings, reranker_for,
+                              (watch or [], watch_interval))
     except FasteError as error:
         fail(error, debug)
     _run(engine, host, port, api_key)
@@ -134,7 +143,8 @@ def _require_serve_extra() -> None:
         raise typer.Exit(1)
 
 
-def _load_engine(collection, model, device, dtype, batch_tokens, unpadded, config, settings, reranker_for):
+def _load_engine(collection, model, device, dtype, batch_tokens, unpadded, config, settings, reranker_for,
+                 watch=((), 5.0)):
     from faste_mm import BatchingConfig, Embedder
     from faste_mm.model.serialization import SerializerConfig
     from faste_mm.retrieval.maintenance import collection_path
@@ -143,6 +153,8 @@ def _load_engine(collection, model, device, dtype, batch_tokens, unpadded, confi
 
     batching = BatchingConfig(batch_tokens=batch_tokens, unpadded=unpadded)
     if collection is None and model is not None:
+        if watch[0]:
+            raise ConfigError("--watch keeps a collection in sync: give -c NAME|DIR (not --model alone)")
         stderr.print(f"loading {model} (embeddings only: --model without -c)")
         budget = settings["max_pixels"]
         serializer = None if budget is None else SerializerConfig(max_pixels=budget)
@@ -161,7 +173,21 @@ def _load_engine(collection, model, device, dtype, batch_tokens, unpadded, confi
     retriever = Retriever.for_collection(root, model, device=device, dtype=dtype, batching=batching, **settings)
     stderr.print(f"loading {retriever.model_id} for collection {root}")
     retriever.embedder  # load now: the first request must not wait for it
-    return ServeEngine(retriever.embedder, retriever, config, reranker=reranker_for(root))
+    return ServeEngine(retriever.embedder, retriever, config, reranker=reranker_for(root),
+                       watcher=_watcher(retriever, *watch))
+
+
+def _watcher(retriever, paths, interval_s: float):
+    """serve --watch: a FolderWatcher over the served collection with the loaded model (None without --watch)."""
+    if not paths:
+        return None
+    from faste_mm.retrieval.retriever import Retriever
+    from faste_mm.retrieval.watching import FolderWatcher, WatchOptions
+    from faste_mm.serving.folder_sync import SERVE_SYNC_FILES
+
+    stderr.print(f"watching {', '.join(str(p) for p in paths)} every {interval_s:g} s", highlight=False)
+    return FolderWatcher(Retriever(retriever.embedder, collection=retriever.collection), paths,
+                         WatchOptions(interval_s=interval_s, max_files=SERVE_SYNC_FILES))
 
 
 def _exit_on_signal(signum: int, frame) -> None:

@@ -164,3 +164,26 @@ def test_watch_json_is_the_collections_own_file(watched):
     assert json.loads((retriever.collection / "watch.json").read_text())["files"] == 2
     assert Collection.erase(retriever.collection)  # erase removes it with the rest
     assert not retriever.collection.exists()
+
+
+def test_serve_watch_syncs_on_the_model_thread_and_info_shows_it(embedder, tmp_path):
+    pytest.importorskip("fastapi", reason="needs the serve extra")
+    from fastapi.testclient import TestClient
+
+    from faste_mm.serving import ServeConfig, ServeEngine, create_app
+
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    scene_image(folder / "harbour.png", 3)
+    seed = Retriever(embedder, collection=tmp_path / "col", r_max=0.5)
+    seed.index([folder])  # the served collection exists before serve starts
+    scene_image(folder / "lighthouse.png", 6)
+    watcher = FolderWatcher(Retriever(embedder, collection=seed.collection), [folder],
+                            WatchOptions(interval_s=3600, settle_polls=1, max_files=8))
+    engine = ServeEngine(embedder, Retriever(embedder, collection=seed.collection), ServeConfig(), watcher=watcher)
+    with TestClient(create_app(engine), base_url="http://127.0.0.1:8000") as client:
+        engine.batcher_submit_sync()  # one poll on the model thread (after or besides the loop's first)
+        hits = client.post("/search", json={"query": "lighthouse", "mode": "lexical", "k": 5}).json()["hits"]
+        assert [os.path.basename(h["uri"]) for h in hits] == ["lighthouse.png"]
+        watch = client.get("/info").json()["collection"]["watch"]
+        assert watch["in_sync"] and watch["paths"] == [str(folder)]

@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 # watch.json is rewritten when a poll changes something, else at most this often (the "last sync"
 # time `info` shows is this fresh while idle; an idle poll writes nothing in between).
 STATUS_REFRESH_S = 60.0
+# ... and during a sync, with its progress, at most this often.
+PROGRESS_REFRESH_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,6 +195,8 @@ class FolderWatcher:
         self.progress = progress
         if self._progress is not None:
             self._progress(progress)
+        if time.time() - self._status_written >= PROGRESS_REFRESH_S:  # a long sync shows its progress in info
+            self._write_status(time.time())
 
     def _finish(self, report: SyncReport) -> SyncReport:
         previous, self.last = self.last, report
@@ -200,16 +204,16 @@ class FolderWatcher:
             log.warning("watch: %s", report.error)
         changed = previous is None or not report.is_idle or (previous.waiting, previous.error) != (0, None)
         if changed or report.at - self._status_written >= STATUS_REFRESH_S:
-            self._write_status(report)
+            self._write_status(report.at)
         return report
 
     def status(self) -> dict[str, Any]:
         """What `info` and /info show: the watched paths, the last poll, the sync in progress."""
         return watch_status(self.paths, self.options, self.last, self.progress)
 
-    def _write_status(self, report: SyncReport) -> None:
+    def _write_status(self, at: float) -> None:
         """watch.json in the collection folder (atomic; advisory, so a failure is only logged)."""
-        self._status_written = report.at
+        self._status_written = at
         payload = json.dumps(self.status()).encode()
         try:
             atomic_write(Path(self.retriever.collection) / WATCH_FILE, lambda f: f.write(payload))
@@ -240,6 +244,19 @@ def read_watch_status(root: str | os.PathLike) -> dict[str, Any] | None:
         return json.loads(path.read_bytes())
     except (OSError, ValueError):
         return None
+
+
+def describe_watch(status: dict[str, Any] | None, now: float | None = None) -> str:
+    """One line for `info`: the watched paths, the last poll and what it left ("-" when never watched)."""
+    if not status:
+        return "-"
+    ago = (time.time() if now is None else now) - (status.get("last_poll_at") or 0)
+    state = ("in sync" if status.get("in_sync") else f"not synced: {status['error']}" if status.get("error")
+             else f"{status.get('waiting') or 0} files being written")
+    syncing = status.get("syncing")
+    if syncing:
+        state = f"syncing {syncing['files_done']}/{syncing['files_total']} files"
+    return f"{', '.join(status.get('paths', []))}: {state}, last poll {ago:.0f} s ago (pid {status.get('pid')})"
 
 
 def _without_empty_roots(scan: Scan) -> tuple[Scan, tuple[str, ...]]:

@@ -29,7 +29,7 @@ from faste_mm.serving.metrics import BATCH_SIZE_BUCKETS, Metrics
 
 log = logging.getLogger(__name__)
 
-KINDS = ("query", "document", "search", "rerank")
+KINDS = ("query", "document", "search", "rerank", "sync")  # sync: one poll of `serve --watch`
 
 # A runner embeds (or searches) one merged batch: payloads in, one result per payload out, in
 # order. A result that is an Exception fails only its own job; when the runner raises on a merged

@@ -20,7 +20,9 @@ from faste_mm import Embedder, FastEConfig, Hit, InputError, Item, Retriever
 from faste_mm.errors import CollectionError, ConfigError, FasteError
 from faste_mm.indexers import SearchFilter
 from faste_mm.retrieval.profile import QUERY_INSTRUCTION, CollectionProfile, read_profile
+from faste_mm.retrieval.watching import read_watch_status
 from faste_mm.serving.batcher import Batcher, BatcherConfig
+from faste_mm.serving.folder_sync import WatchLoop
 from faste_mm.serving.inputs import truncate_dimensions
 from faste_mm.serving.metrics import BATCH_SIZE_BUCKETS, Metrics, describe_server_metrics
 from faste_mm.serving.reindex_watch import ReindexWatch
@@ -131,7 +133,8 @@ class ServeEngine:
     """Owns the model thread. Use as a context manager, or call `start()` / `close()`."""
 
     def __init__(self, embedder: Embedder, retriever: Retriever | None = None,
-                 config: ServeConfig | None = None, metrics: Metrics | None = None, reranker=None) -> None:
+                 config: ServeConfig | None = None, metrics: Metrics | None = None, reranker=None,
+                 watcher=None) -> None:
         self.embedder = embedder
         self._loaded = embedder  # the weights as loaded (`embedder` follows a re-index's pixel settings)
         self.reranker = reranker  # a faste_mm.Reranker for /v1/rerank (serving.rerank), or None
@@ -153,6 +156,12 @@ class ServeEngine:
             runners["search"] = self._run_search
         if reranker is not None:
             runners["rerank"] = self._run_rerank
+        # serve --watch: a faste_mm.retrieval.watching.FolderWatcher whose polls run on the model thread
+        # (one torch model, one thread), a few files each, so searches are answered between them
+        self.watcher = watcher
+        self._watch_loop = None if watcher is None else WatchLoop(watcher, self.batcher_submit_sync)
+        if watcher is not None:
+            runners["sync"] = lambda payloads: [self.watcher.sync_once() for _ in payloads]
         self.batcher = Batcher(runners, self.config.batching, self.metrics)
         self._reader = None  # the model thread's own read-only collection (more-like-this)
         self._local = threading.local()
@@ -165,10 +174,18 @@ class ServeEngine:
 
     def start(self) -> "ServeEngine":
         self.batcher.start()
+        if self._watch_loop is not None:
+            self._watch_loop.start()
         return self
 
     def close(self) -> None:
+        if self._watch_loop is not None:
+            self._watch_loop.stop()
         self.batcher.close()
+
+    def batcher_submit_sync(self):
+        """One watcher poll, run on the model thread (blocks the calling thread until done)."""
+        return self.batcher.submit("sync", None, 1).result()
 
     def __enter__(self) -> "ServeEngine":
         return self.start()
@@ -411,7 +428,8 @@ class ServeEngine:
                           "failed": info.n_failed, "deleted": info.n_deleted, "index": info.index_factory,
                           "model": profile.model_id, "dim": profile.dim, "max_pixels": profile.max_pixels,
                           "r_max": profile.r_max, "plan": receipt_summary(profile.receipt),
-                          "searchable": self._model_changed is None}
+                          "searchable": self._model_changed is None,
+                          "watch": self.watcher.status() if self.watcher is not None else read_watch_status(self.collection)}
             if self._model_changed is not None:
                 collection["refused"] = f"re-indexed with another model ({self._model_changed}); restart the server"
         fast_e = self.embedder.resolve_fast_e(self.document_fast_e)
