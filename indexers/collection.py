@@ -22,7 +22,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 import numpy as np
 
 from faste_mm.errors import CollectionError, ConfigError, InputError
-from faste_mm.indexers import (collection_search, directory, faiss_index, index_upkeep, opening, parts,
+from faste_mm.indexers import (collection_search, directory, faiss_index, index_upkeep, ocr_rows, opening, parts,
                                quantization, search)
 from faste_mm.indexers.compaction import compact_parts
 from faste_mm.indexers.crash_points import crash_point
@@ -485,6 +485,14 @@ class Collection:
         """The lexical text stored for these items ({id: text}; items without text are absent)."""
         return self._store.texts([int(i) for i in ids]) if self._store.has_lexical_index() else {}
 
+    def items_without_ocr(self, modalities: Sequence[str]) -> list[ItemRecord]:
+        """Live items of these modalities with no lexical text yet (OCR reads them; `retrieval.ocr`)."""
+        return ocr_rows.items_without_body(self._store, modalities)
+
+    def texts_by_content(self, keys: Sequence[tuple[str, int | None]]) -> dict[tuple[str, int | None], str]:
+        """{(content hash, page): text} of live items with that content that have text (read once)."""
+        return ocr_rows.texts_by_content(self._store, keys) if keys else {}
+
     def set_texts(self, texts: Sequence[tuple[int, str]]) -> None:
         """Give live items their text in the lexical index: [(id, text)] (`rebuild-index` fills
         in the items of `items_without_text` from their files), in one transaction."""
@@ -528,9 +536,9 @@ class Collection:
 
     def update_settings(self, **changes) -> None:
         """Record settings that leave stored vectors comparable (FastE's threshold for new
-        documents); model, dim, instruction and pixel bounds are fixed for a collection."""
+        documents, OCR); model, dim, instruction and pixel bounds are fixed for a collection."""
         self._require_writable("change its settings")
-        fixed = sorted(set(changes) - {"fast_e"})
+        fixed = sorted(set(changes) - {"fast_e", "ocr"})
         if fixed:
             raise CollectionError(f"{self.root}: {', '.join(fixed)} cannot change in place; re-index with --reindex")
         self._manifest = self._manifest.replace(**changes)

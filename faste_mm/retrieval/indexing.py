@@ -17,6 +17,7 @@ from faste_mm.model.runner import BatchTrace
 from faste_mm.retrieval.documents import CollectionDocuments
 from faste_mm.retrieval.executors import IngestExecutor, IngestJob, ModelSource
 from faste_mm.retrieval.ingest import IngestTally, UpdatePlan, plan_update, record_missing
+from faste_mm.retrieval.ocr import OcrEngine, OcrTally, read_text_in_images
 from faste_mm.retrieval.profile import CollectionProfile
 from faste_mm.retrieval.results import IndexOptions, IndexProgress, IndexReport
 from faste_mm.retrieval.scanning import Scan, ScannedFile, honour_exclusions
@@ -27,13 +28,15 @@ log = logging.getLogger(__name__)
 def index_collection(col: Collection, profile: CollectionProfile, scan: Scan, options: IndexOptions,
                      encode: CollectionDocuments, model: ModelSource, executor: IngestExecutor,
                      progress: Callable[[IndexProgress], None] | None, started: float,
-                     ready: Callable[[ScannedFile], bool] | None = None) -> IndexReport:
+                     ready: Callable[[ScannedFile], bool] | None = None, ocr: OcrEngine | None = None) -> IndexReport:
     """Bring `col` (opened for writing; closed here, which saves index.faiss) up to date with `scan`.
     `started`: perf_counter() when the call began (the report's seconds count from it).
     ready: which of the new and changed files to embed now (None: all); the others keep their
     old rows, if any, for a later run (`faste_mm.retrieval.watching` waits for files still being
     written). Vanished files are removed after the new ones are committed, so a file moved or
-    renamed lends its vectors to its new path (same content) instead of being embedded again."""
+    renamed lends its vectors to its new path (same content) instead of being embedded again.
+    ocr: the engine reading the text inside images and scanned pages (`retrieval.ocr`; None: none
+    read), after the files are committed."""
     tally = IngestTally()
     root = Path(col.root)
     with col:
@@ -57,6 +60,7 @@ def index_collection(col: Collection, profile: CollectionProfile, scan: Scan, op
         executor.run(IngestJob(col, plan, profile, model, encode, options.chunk_files, tally,
                                files_committed, chunk_pages=options.chunk_pages))
         col.delete_uris(plan.vanished)  # after: their content was a donor for moved files above
+        read = OcrTally() if ocr is None else read_text_in_images(col, ocr)
         if options.index_type is not None and options.index_type != col.manifest.index_type:
             col.rebuild_index(options.index_type)
     factory = col.manifest.index_factory  # as saved by close(), which brought index.faiss up to date
@@ -67,7 +71,7 @@ def index_collection(col: Collection, profile: CollectionProfile, scan: Scan, op
                        len(plan.vanished),
                        len(tally.failures), tuple(tally.failures), tally.prefix_tokens,
                        tally.kept_prefix_tokens, seconds, factory, scan.n_excluded,
-                       tower_s=tally.tower_s, decoder_s=tally.decoder_s)
+                       tower_s=tally.tower_s, decoder_s=tally.decoder_s, ocr_read=read.read, ocr_s=read.seconds)
 
 
 def hold_back(plan: UpdatePlan, ready: Callable[[ScannedFile], bool]) -> UpdatePlan:

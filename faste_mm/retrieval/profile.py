@@ -93,6 +93,9 @@ class CollectionProfile:
     reranker: the default reranker of searches (hub id or folder; None = no second stage); it
         changes no vector, so it is informational: set when the collection is created or re-indexed.
     receipt: what `faste-mm plan` measured for these settings (`index --plan`), None = not measured.
+    ocr: read the text inside images and scanned PDF pages (OCR, faste_mm.retrieval.ocr) into the
+        lexical index at index time; it changes no vector, so `index --ocr` / `--no-ocr` switches it
+        on an existing collection (its images are read at that run, nothing is re-embedded).
     """
 
     model_id: str = _setting(DEFAULT_MODEL, "model_id", "--model")
@@ -113,6 +116,7 @@ class CollectionProfile:
     keep: str = _setting("float", "vectors.keep", "--keep", missing="float")
     reranker: str | None = _setting(None, "reranker", "--reranker", missing=None, refuse=False)
     receipt: PlanReceipt | None = _setting(None, "receipt", "--plan", missing=None, refuse=False)
+    ocr: bool = _setting(False, "ocr", "--ocr", missing=False, refuse=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.model_id, str) or not self.model_id:
@@ -137,6 +141,8 @@ class CollectionProfile:
             raise ConfigError(f"CollectionProfile.trigger_layer must be >= 0, got {self.trigger_layer}")
         if self.reranker is not None and (not isinstance(self.reranker, str) or not self.reranker.strip()):
             raise ConfigError(f"CollectionProfile.reranker must be a hub id or folder (or None), got {self.reranker!r}")
+        if not isinstance(self.ocr, bool):
+            raise ConfigError(f"CollectionProfile.ocr must be True or False, got {self.ocr!r}")
         if isinstance(self.receipt, Mapping):  # as read from JSON
             object.__setattr__(self, "receipt", PlanReceipt.from_dict(self.receipt))
         if self.receipt is not None and not isinstance(self.receipt, PlanReceipt):
@@ -229,7 +235,7 @@ class CollectionProfile:
             return {}
         return {"model_id": self.model_id, "model_revision": self.model_revision, "r_max": self.r_max,
                 "dim": self.dim, "max_pixels": self.max_pixels, "video": self.video,
-                "vectors": self.vectors, "keep": self.keep}
+                "vectors": self.vectors, "keep": self.keep, "ocr": self.ocr}
 
     # ---- what the model layer needs ---------------------------------------------------------
     @property

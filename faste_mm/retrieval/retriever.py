@@ -41,6 +41,7 @@ from faste_mm.retrieval.export import export as export_collection
 from faste_mm.retrieval.indexing import index_collection
 from faste_mm.retrieval.maintenance import collection_path
 from faste_mm.retrieval.model_spec import ModelSpec, model_source
+from faste_mm.retrieval.ocr import OcrEngine
 from faste_mm.retrieval.ingest import plan_update
 from faste_mm.retrieval.profile import QUERY_INSTRUCTION, CollectionProfile, existing_profile, read_profile
 from faste_mm.retrieval.receipt import PlanReceipt
@@ -81,6 +82,8 @@ class Retriever:
         vectors: precision of the index in RAM, "float32" (default), "float16", "int8" (8-bit codes)
         or "binary" (sign bits); keep: the copy kept on disk to rescore with, "float" (default),
         "int8" or "none" (see README "Large collections").
+        ocr: read the text inside images and scanned PDF pages into the lexical index when indexing
+            (needs faste-mm[ocr]); given on an existing collection, it switches OCR on (or off) for it.
     """
 
     def __init__(self, model: Embedder | ModelSpec, *, collection: str | os.PathLike | None = None,
@@ -88,10 +91,11 @@ class Retriever:
                  threshold: float | None = None, dim: int | None = None, warmup_layer: int | None = None,
                  trigger_layer: int | None = None, video: VideoConfig | Mapping[str, Any] | None = None,
                  max_pixels: int | None = None, receipt: PlanReceipt | None = None,
-                 vectors: str | None = None, keep: str | None = None, reranker: str | None = None) -> None:
+                 vectors: str | None = None, keep: str | None = None, reranker: str | None = None,
+                 ocr: bool | None = None) -> None:
         given = dict(r_max=r_max, threshold=threshold, dim=dim, warmup_layer=warmup_layer,
                      trigger_layer=trigger_layer, video=video, max_pixels=max_pixels, receipt=receipt,
-                     vectors=vectors, keep=keep, reranker=reranker)
+                     vectors=vectors, keep=keep, reranker=reranker, ocr=ocr)
         self._given = {name: value for name, value in given.items() if value is not None}
         CollectionProfile.resolve(None, **self._given)  # validates every value with a ConfigError
         check_choices(vectors, keep)  # the pair is checked with the collection's values when its manifest is made
@@ -104,6 +108,7 @@ class Retriever:
         self._reader: Collection | None = None
         self._reader_profile: CollectionProfile | None = None
         self._adapted: Embedder | None = None  # the embedder with a collection's pixel settings
+        self._ocr = OcrEngine()  # loads its models on the first image it reads
 
     @classmethod
     def from_pretrained(cls, model: str | os.PathLike, r_max: float | None = None, *,
@@ -305,8 +310,12 @@ class Retriever:
             col, profile = self._erase_for_reindex(root, options.index_type or "auto")
         else:
             col, profile = self._open_for_writing(root, options.index_type or "auto")
+        if self._given.get("ocr", profile.ocr) != profile.ocr:  # OCR changes no vector: switched in place
+            col.update_settings(ocr=self._given["ocr"])
+            profile = dataclasses.replace(profile, ocr=self._given["ocr"])
         return index_collection(col, profile, scan, options, CollectionDocuments(self._embedder_for, col, profile),
-                                self._model_source(), executor, progress, started, ready)
+                                self._model_source(), executor, progress, started, ready,
+                                self._ocr if profile.ocr else None)
 
     def pending(self, paths: Iterable[str | os.PathLike], options: IndexOptions | None = None) -> int:
         """How many files `index(paths, options=options)` would embed (or reuse) now: the new

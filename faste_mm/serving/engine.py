@@ -156,10 +156,8 @@ class ServeEngine:
             runners["search"] = self._run_search
         if reranker is not None:
             runners["rerank"] = self._run_rerank
-        # serve --watch: a faste_mm.retrieval.watching.FolderWatcher whose polls run on the model thread
-        # (one torch model, one thread), a few files each, so searches are answered between them
-        self.watcher = watcher
-        self._watch_loop = None if watcher is None else WatchLoop(watcher, self.batcher_submit_sync)
+        # serve --watch: a FolderWatcher (retrieval.watching) whose polls run on the model thread (serving.folder_sync)
+        self.watcher, self._watch_loop = watcher, None if watcher is None else WatchLoop(watcher, self.batcher_submit_sync)
         if watcher is not None:
             runners["sync"] = lambda payloads: [self.watcher.sync_once() for _ in payloads]
         self.batcher = Batcher(runners, self.config.batching, self.metrics)
