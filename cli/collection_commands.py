@@ -164,7 +164,7 @@ def load_reranker(model: str | None, root: Path, r_max: str, protect: str, devic
     model = model or (read_profile(root).reranker if root is not None else None)
     if model is None:
         return None
-    from faste_mm.model.reranker import Reranker
+    from faste_mm.model.rerank.reranker import Reranker
 
     with Progress().loading(model):
         return Reranker.from_pretrained(model, r_max=one_ratio(r_max) or 0.0, protect=protect, device=device,

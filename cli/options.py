@@ -147,7 +147,7 @@ RerankProtect = Annotated[str, typer.Option(
     "--rerank-protect", envvar="FASTE_MM_RERANK_PROTECT", show_default=False,
     help="none | query (eval also: both): FastE on the reranker may evict the query (none) or never does (query). "
          "Default none.")]
-RERANK_TOWER_CACHE_MB = 1024  # model/tower_cache.DEFAULT_TOWER_CACHE_BYTES in MiB (a test keeps them equal; no torch here)
+RERANK_TOWER_CACHE_MB = 1024  # model/rerank/tower_cache.DEFAULT_TOWER_CACHE_BYTES in MiB (a test keeps them equal; no torch here)
 RerankTowerCacheMb = Annotated[int, typer.Option(
     "--rerank-tower-cache-mb", envvar="FASTE_MM_RERANK_TOWER_CACHE_MB", min=0, show_default=False,
     help=f"The reranker's tower cache: candidate images' and pages' vision features kept across queries (a second "

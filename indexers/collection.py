@@ -24,6 +24,7 @@ import numpy as np
 from faste_mm.errors import CollectionError, ConfigError, InputError
 from faste_mm.indexers import (collection_search, directory, faiss_index, index_upkeep, ocr_rows, opening, parts,
                                quantization, search)
+from faste_mm.indexers import file_identity
 from faste_mm.indexers.compaction import compact_parts
 from faste_mm.indexers.crash_points import crash_point
 from faste_mm.indexers.derived_index import DerivedIndex, max_part
@@ -267,6 +268,15 @@ class Collection:
         crash_point("delete-after-commit")
         return changed
 
+    def fill_identities(self, stats: Iterable[FileStat]) -> None:
+        """Record the identity (dev, ino) of indexed files that have none yet (indexed before
+        identities were recorded); a file's recorded identity is kept."""
+        self._require_writable("record file identities")
+        rows = [(s.uri, s.dev, s.ino) for s in stats if s.ino is not None]
+        if rows:
+            with self._store.transaction():
+                file_identity.set_identities(self._store.db, rows, keep=True)
+
     def exclude(self, uris: Iterable[str]) -> None:
         """Record removed paths (files or folders, as stored uris) that scans of a folder above
         them must skip from now on (`exclusions`); recording one twice is harmless."""
@@ -300,6 +310,11 @@ class Collection:
             raise CollectionError(f"{self.root}: no item with id {missing[:10]}"
                                   f"{' ...' if len(missing) > 10 else ''}")
         return [found[i] for i in ids]
+
+    def records(self, ids: Iterable[int]) -> dict[int, ItemRecord]:
+        """{id: record} of those `ids` that have a row (any status); unknown ids are left out."""
+        self._follow_reindex()
+        return self._store.records([int(i) for i in ids])
 
     def vectors(self, ids: Iterable[int]) -> np.ndarray:
         """Stored vectors [n, dim] float32 for item ids (e.g. to copy a duplicate's vector

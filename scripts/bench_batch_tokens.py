@@ -58,7 +58,7 @@ def main() -> None:
         if args.reranker:
             sys.path.insert(0, str(Path(__file__).parent))
             from bench_rerank import build_reranker_shape
-            from faste_mm.model.reranker import Reranker
+            from faste_mm.model.rerank.reranker import Reranker
 
             build_reranker_shape(path, args.shape, args.scale)
             models = {b: Reranker.from_pretrained(str(path), device=args.device, dtype=args.dtype, tower_cache_bytes=0, prefix_reuse=False,

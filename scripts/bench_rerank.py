@@ -32,9 +32,9 @@ from faste_mm.model.backbones.registry import RERANK_FAMILIES
 from faste_mm.model.batching import BatchingConfig
 from faste_mm.model.faste import FastEConfig
 from faste_mm.model.items import expand_items
-from faste_mm.model.rerank_format import rerank_serializer_config
-from faste_mm.model.reranker import Reranker
-from faste_mm.model.tower_cache import DEFAULT_TOWER_CACHE_BYTES
+from faste_mm.model.rerank.pair_format import rerank_serializer_config
+from faste_mm.model.rerank.reranker import Reranker
+from faste_mm.model.rerank.tower_cache import DEFAULT_TOWER_CACHE_BYTES
 from faste_mm.tools.bench import device_name
 from faste_mm.tools.bench_inputs import make_inputs
 from faste_mm.tools.bench_rounds import mirrored_rounds

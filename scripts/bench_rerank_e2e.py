@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).parent))  # bench_rerank's shape and offic
 from bench_rerank import QUERY, build_reranker_shape, official_scores  # noqa: E402
 from faste_mm.model.batching import BATCH_BYTES
 from faste_mm.model.faste import FastEConfig
-from faste_mm.model.reranker import Reranker
+from faste_mm.model.rerank.reranker import Reranker
 from faste_mm.tools.bench_inputs import make_inputs
 from faste_mm.tools.bench_rounds import mirrored_rounds
 from faste_mm.tools.shapes import qwen_tokenizer_dir

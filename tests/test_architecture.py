@@ -123,6 +123,21 @@ def test_imports_point_one_way(graph, layer, forbidden):
     assert wrong == []
 
 
+def test_the_embedding_core_never_imports_the_reranker_wing(graph):
+    """faste_mm.model is the embedding core; faste_mm.model.rerank builds on it, never the reverse."""
+    wing = "faste_mm.model.rerank"
+    in_wing = lambda module: module == wing or module.startswith(wing + ".")  # noqa: E731
+    assert any(in_wing(m) for m in graph) and "faste_mm.model.rerank.reranker" in graph
+    wrong = sorted(
+        f"{module} -> {target}"
+        for module, targets in graph.items()
+        if _layer(module) == "model" and not in_wing(module)
+        for target in targets
+        if in_wing(target)
+    )
+    assert wrong == []
+
+
 def test_no_import_cycles(graph):
     """Tarjan's strongly connected components over every import edge: each must be one module."""
     index: dict[str, int] = {}

@@ -42,6 +42,9 @@ def index_collection(col: Collection, profile: CollectionProfile, scan: Scan, op
     with col:
         scan = honour_exclusions(col, scan)  # paths removed earlier stay out of folder scans
         plan = plan_update(col, scan, options.retry_failed)
+        # Files indexed before identities were recorded get theirs now (retrieval.stored_files).
+        todo = {f.uri for f in plan.todo}
+        col.fill_identities([f.stat for f in scan.files() if f.uri not in todo])
         if ready is not None:
             plan = hold_back(plan, ready)
         if scan.missing:

@@ -432,7 +432,7 @@ class Retriever:
             return self.search_batch([item], k=k, **options)[0]
         check_reranker(rerank, rerank_top)
         hits = self.search_batch([item], k=max(k, rerank_top), **options)[0]
-        return rerank_hits(rerank, item, hits, k)
+        return rerank_hits(rerank, item, hits, k, self._open_reader().records([hit.id for hit in hits]))
 
     def search_batch(self, queries: Sequence[object], k: int = 10, instruction: str | None = None,
                      where: Mapping[str, Any] | None = None, type: str | Sequence[str] | None = None,

@@ -35,6 +35,7 @@ from faste_mm.serving.inputs import (EmbeddingRequest, SearchRequest, decode_ima
 from faste_mm.serving.metrics import LATENCY_BUCKETS_S
 from faste_mm.serving.rerank import add_rerank_routes, rerank_search_hits, search_rerank_top, with_search_top
 from faste_mm.serving.security import is_allowed_host, is_cross_site
+from faste_mm.retrieval.stored_files import GoneFileError, ReplacedFileError
 from faste_mm.serving.thumbnails import NoThumbnailError, default_cache_dir, has_thumbnail, thumbnail
 
 log = logging.getLogger(__name__)
@@ -382,6 +383,7 @@ def _validation_message(error) -> str:
 
 def _add_error_handlers(app: FastAPI) -> None:
     status_of = ((UnknownItemError, 404), (NoThumbnailError, 404), (NoCollectionError, 404), (CollectionChangedError, 409),
+                 (GoneFileError, 404), (ReplacedFileError, 409),
                  (RequestTooLargeError, 413), (QueueFullError, 503), (InputError, 400), (ConfigError, 400))
 
     @app.exception_handler(FasteError)

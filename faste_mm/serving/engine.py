@@ -399,6 +399,17 @@ class ServeEngine:
     def record(self, item_id: int):
         """The live record of `item_id` (for thumbnails), read in the calling thread with that
         thread's own read-only connection. UnknownItemError if it is not a live item."""
+        col = self._thread_reader()
+        if item_id not in col.live_ids([item_id]):
+            raise UnknownItemError(f"id {item_id}: no such item in the collection")
+        return col.get([item_id])[0]
+
+    def records(self, ids: list[int]) -> dict:
+        """{id: ItemRecord} of those `ids` in the collection (a rerank reads their files back)."""
+        return self._thread_reader().records(ids)
+
+    def _thread_reader(self):
+        """The calling thread's own read-only connection to the collection."""
         from faste_mm.indexers import Collection
 
         if self.collection is None:
@@ -406,9 +417,7 @@ class ServeEngine:
         col = getattr(self._local, "col", None)
         if col is None:
             col = self._local.col = Collection.open(self.collection)
-        if item_id not in col.live_ids([item_id]):
-            raise UnknownItemError(f"id {item_id}: no such item in the collection")
-        return col.get([item_id])[0]
+        return col
 
     # ---- info ------------------------------------------------------------------------------
     def info(self) -> dict:

@@ -26,6 +26,7 @@ from PIL import Image, ImageOps
 
 from faste_mm.errors import FasteError, InputError
 from faste_mm.kinds import KINDS, kind_name
+from faste_mm.retrieval.stored_files import GoneFileError, stored_path
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,9 @@ def thumbnail(record, cache_dir: Path) -> bytes:
     when `cache_dir` is not a folder of this user."""
     if not has_thumbnail(record.uri, record.page):
         raise NoThumbnailError(f"id {record.id}: a {record.modality} item has no thumbnail")
-    key = hashlib.sha256(f"{record.uri}\0{record.page}\0{record.size}\0{record.mtime}".encode()).hexdigest()[:16]
+    stored_path(record)  # a cached thumbnail is served only while the file is the one indexed
+    key = hashlib.sha256(f"{record.uri}\0{record.page}\0{record.size}\0{record.mtime}\0{record.dev}\0{record.ino}"
+                         .encode()).hexdigest()[:16]
     _own_folder(cache_dir)
     path = cache_dir / f"{record.id}-{key}.jpg"
     cached = _read_own_file(path)
@@ -121,10 +124,11 @@ def _render(record) -> Image.Image:
     from faste_mm import Item
     from faste_mm.model.items import load_image
 
-    source = Path(record.uri)
-    if not source.is_file():
-        raise NoThumbnailError(f"id {record.id}: its file {source} is gone; re-index the collection")
-    rule = KINDS[kind_name(source)].thumbnail
+    try:  # only the file that was indexed (a link planted since is refused: retrieval.stored_files)
+        source = stored_path(record)
+    except GoneFileError as error:
+        raise NoThumbnailError(str(error)) from None
+    rule = KINDS[kind_name(record.uri)].thumbnail
     if rule == "frame":
         return _video_frame(record.id, source)
     item = Item(image=source, page=record.page if rule == "page" else None)

@@ -19,7 +19,7 @@ import torch
 from faste_mm.errors import ConfigError
 from faste_mm.model.backbones.vision_tower import VisionFeatures
 from faste_mm.model.batching import Batch
-from faste_mm.model.bytes_lru import BytesLRU
+from faste_mm.model.rerank.bytes_lru import BytesLRU
 
 # 1 GiB: about 50 pages at the 2B shape in bfloat16 (1,280 visual tokens x 2,048 x 4 levels x 2 bytes
 # = 21 MB each; 100 in float32 photos of 640x480). Settable per reranker (tower_cache_bytes).

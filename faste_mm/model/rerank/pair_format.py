@@ -18,7 +18,7 @@ from PIL import Image
 
 from faste_mm.errors import InputError
 from faste_mm.model.items import Item
-from faste_mm.model.resized_images import ResizedImages
+from faste_mm.model.rerank.resized_images import ResizedImages
 from faste_mm.model.serialization import SerializerConfig, Serialized, VLSerializer, _handled_truncation, bare_video_pads
 from faste_mm.model.video import VideoFrames, read_video
 

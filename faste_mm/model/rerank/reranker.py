@@ -1,5 +1,5 @@
 """The public reranking API. `Reranker` composes the stages for (query, document) pairs:
-expand documents -> pair serialization (rerank_format) -> length-sorted batches -> the runner
+expand documents -> pair serialization (pair_format) -> length-sorted batches -> the runner
 with a policy (full, FastE, or FastE protecting the query) -> the score of each pair's last
 token, sigmoid((W[yes] - W[no]) . Norm(h_last)), in input order, with failures and stats.
 """
@@ -17,23 +17,23 @@ import torch
 
 from faste_mm.errors import ConfigError, InputError
 from faste_mm.model.ablations import Full, policy_for
-from faste_mm.model.backbones.rerank_loading import LoadedReranker, load_reranker
+from faste_mm.model.rerank.loading import LoadedReranker, load_reranker
 from faste_mm.model.batching import BatchingConfig, collate
 from faste_mm.model.embedder import item_failure, one_or_many
 from faste_mm.model.faste import FastEConfig, ThresholdTrigger
 from faste_mm.model.flops import batch_flops, full_batch_flops
 from faste_mm.model.items import Failure, Item, expand_items
 from faste_mm.model.prefetch import ItemError, PrepTimer, prefetch_batches
-from faste_mm.model.prefix_reuse import (PrefixCache, PrefixMismatch, cut_pair, encode_prefix, first_asked_layer, prefix_of,
+from faste_mm.model.rerank.prefix_reuse import (PrefixCache, PrefixMismatch, cut_pair, encode_prefix, first_asked_layer, prefix_of,
                                          reusable, run_with_prefix, with_protected)
-from faste_mm.model.rerank_format import PreparedQuery, TextPairSerializer, VLPairSerializer, rerank_serializer_config
-from faste_mm.model.rerank_explain import Explanation, explain_pair
-from faste_mm.model.rerank_policy import AttentionProbe, ProtectedFastE
-from faste_mm.model.rerank_results import Ranking, RerankResult, RerankStats
+from faste_mm.model.rerank.pair_format import PreparedQuery, TextPairSerializer, VLPairSerializer, rerank_serializer_config
+from faste_mm.model.rerank.explain import Explanation, explain_pair
+from faste_mm.model.rerank.policy import AttentionProbe, ProtectedFastE
+from faste_mm.model.rerank.results import Ranking, RerankResult, RerankStats
 from faste_mm.model.runner import BatchTrace, run_decoder, settle_kernel
-from faste_mm.model.resized_images import ResizedImages
+from faste_mm.model.rerank.resized_images import ResizedImages
 from faste_mm.model.serialization import SerializerConfig
-from faste_mm.model.tower_cache import DEFAULT_TOWER_CACHE_BYTES, RowKeys, TowerCache
+from faste_mm.model.rerank.tower_cache import DEFAULT_TOWER_CACHE_BYTES, RowKeys, TowerCache
 from faste_mm.model.unpadded import Unpadded
 
 log = logging.getLogger(__name__)
@@ -327,7 +327,7 @@ class Reranker:
         """Where the reranker's readout looked in one document: its attention over the pair's
         prefix (FastE's ranking quantity) before `layer`, by default the layer FastE's alignment
         trigger picks for this pair (this reranker's l_w and theta, or the family's). Mapped to
-        image / video patches and text spans (`rerank_explain`: the sum rule). The full forward
+        image / video patches and text spans (`explain`: the sum rule). The full forward
         runs; the score is the exact one. Attention, not attribution. InputError naming the
         document when it cannot be read."""
         num_layers = self.backbone.shape.num_layers

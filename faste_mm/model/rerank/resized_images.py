@@ -17,7 +17,7 @@ from typing import Callable
 
 from PIL import Image
 
-from faste_mm.model.bytes_lru import BytesLRU
+from faste_mm.model.rerank.bytes_lru import BytesLRU
 from faste_mm.model.items import Item
 
 
