@@ -20,7 +20,6 @@ from faste_mm import Embedder, FastEConfig, Hit, InputError, Item, Retriever
 from faste_mm.errors import CollectionError, ConfigError, FasteError
 from faste_mm.indexers import SearchFilter
 from faste_mm.retrieval.profile import QUERY_INSTRUCTION, CollectionProfile, read_profile
-from faste_mm.retrieval.watching import read_watch_status
 from faste_mm.serving.batcher import Batcher, BatcherConfig
 from faste_mm.serving.folder_sync import WatchLoop
 from faste_mm.serving.inputs import truncate_dimensions
@@ -133,8 +132,7 @@ class ServeEngine:
     """Owns the model thread. Use as a context manager, or call `start()` / `close()`."""
 
     def __init__(self, embedder: Embedder, retriever: Retriever | None = None,
-                 config: ServeConfig | None = None, metrics: Metrics | None = None, reranker=None,
-                 watcher=None) -> None:
+                 config: ServeConfig | None = None, metrics: Metrics | None = None, reranker=None, watcher=None) -> None:
         self.embedder = embedder
         self._loaded = embedder  # the weights as loaded (`embedder` follows a re-index's pixel settings)
         self.reranker = reranker  # a faste_mm.Reranker for /v1/rerank (serving.rerank), or None
@@ -156,11 +154,10 @@ class ServeEngine:
             runners["search"] = self._run_search
         if reranker is not None:
             runners["rerank"] = self._run_rerank
-        # serve --watch: a FolderWatcher (retrieval.watching) whose polls run on the model thread (serving.folder_sync)
-        self.watcher, self._watch_loop = watcher, None if watcher is None else WatchLoop(watcher, self.batcher_submit_sync)
-        if watcher is not None:
-            runners["sync"] = lambda payloads: [self.watcher.sync_once() for _ in payloads]
+        if watcher is not None:  # serve --watch: its polls run on the model thread (serving.folder_sync)
+            runners["sync"] = lambda payloads: [watcher.sync_once() for _ in payloads]
         self.batcher = Batcher(runners, self.config.batching, self.metrics)
+        self._watch_loop = WatchLoop(watcher, self.batcher)
         self._reader = None  # the model thread's own read-only collection (more-like-this)
         self._local = threading.local()
 
@@ -172,18 +169,13 @@ class ServeEngine:
 
     def start(self) -> "ServeEngine":
         self.batcher.start()
-        if self._watch_loop is not None:
-            self._watch_loop.start()
+        self._watch_loop.start()
         return self
 
     def close(self) -> None:
-        if self._watch_loop is not None:
-            self._watch_loop.stop()
+        self._watch_loop.stop()
         self.batcher.close()
 
-    def batcher_submit_sync(self):
-        """One watcher poll, run on the model thread (blocks the calling thread until done)."""
-        return self.batcher.submit("sync", None, 1).result()
 
     def __enter__(self) -> "ServeEngine":
         return self.start()
@@ -436,7 +428,7 @@ class ServeEngine:
                           "model": profile.model_id, "dim": profile.dim, "max_pixels": profile.max_pixels,
                           "r_max": profile.r_max, "plan": receipt_summary(profile.receipt),
                           "searchable": self._model_changed is None,
-                          "watch": self.watcher.status() if self.watcher is not None else read_watch_status(self.collection)}
+                          "watch": self._watch_loop.status(self.collection)}
             if self._model_changed is not None:
                 collection["refused"] = f"re-indexed with another model ({self._model_changed}); restart the server"
         fast_e = self.embedder.resolve_fast_e(self.document_fast_e)

@@ -9,9 +9,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Callable
-
-from faste_mm.retrieval.watching import FolderWatcher, SyncReport
+from faste_mm.retrieval.watching import FolderWatcher, SyncReport, read_watch_status
+from faste_mm.serving.batcher import Batcher
 
 log = logging.getLogger(__name__)
 
@@ -20,16 +19,21 @@ SERVE_SYNC_FILES = 8
 
 
 class WatchLoop:
-    """Polls `watcher` through `sync` (a poll on the model thread) until stopped."""
+    """Polls `watcher` until stopped, each poll a "sync" job of `batcher` (run on the model thread);
+    without a watcher (serve without --watch) it does nothing."""
 
-    def __init__(self, watcher: FolderWatcher, sync: Callable[[], SyncReport]) -> None:
+    def __init__(self, watcher: FolderWatcher | None, batcher: Batcher) -> None:
         self.watcher = watcher
-        self._sync = sync
+        self._batcher = batcher
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
+    def status(self, collection) -> dict | None:
+        """The watcher's state for /info; without one, what a `faste-mm watch` process wrote (watch.json)."""
+        return self.watcher.status() if self.watcher is not None else read_watch_status(collection)
+
     def start(self) -> None:
-        if self._thread is None:
+        if self._thread is None and self.watcher is not None:
             self._thread = threading.Thread(target=self._run, name="faste-mm-watch", daemon=True)
             self._thread.start()
 
@@ -39,6 +43,10 @@ class WatchLoop:
             self._thread.join(timeout_s)
             self._thread = None
 
+    def sync(self) -> SyncReport:
+        """One poll on the model thread; blocks the calling thread until it is done."""
+        return self._batcher.submit("sync", None, 1).result()
+
     def _run(self) -> None:
         self.watcher.run(self._stop, sync=self._poll)
 
@@ -46,7 +54,7 @@ class WatchLoop:
         """One poll; a failure (the server shutting down, a damaged collection) is logged and reported,
         and the next poll tries again: the server keeps answering searches."""
         try:
-            return self._sync()
+            return self.sync()
         except Exception as error:  # noqa: BLE001 - reported in /info, retried next poll
             if not self._stop.is_set():
                 log.error("watch: poll failed: %s: %s", type(error).__name__, error)
