@@ -64,7 +64,8 @@ def _collection(tmp_path, x: np.ndarray, vectors: str = "float32", index_type: s
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-@pytest.mark.parametrize("vectors,index_type", [("float32", "Flat"), ("float32", "IVF4,Flat"), ("binary", "BFlat")])
+@pytest.mark.parametrize("vectors,index_type", [("float32", "Flat"), ("float32", "IVF4,Flat"), ("float32", "SQ8"),
+                                                ("binary", "BFlat")])
 def test_near_duplicate_groups_equal_the_brute_force_reference(tmp_path, seed, vectors, index_type):
     x = _clustered_vectors(seed)
     threshold = 0.9

@@ -27,6 +27,8 @@ log = logging.getLogger(__name__)
 DEFAULT_THRESHOLD = 0.95
 # Live vectors sent to one range search (bounded memory: one chunk of queries and its matches).
 QUERY_CHUNK_ROWS = 4096
+# Stored vectors multiplied with one chunk of queries at a time by a flat scan ([4096, 16384] scores).
+SCAN_BLOCK_ROWS = 16_384
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,13 +118,13 @@ def find_duplicates(col: Collection, threshold: float = DEFAULT_THRESHOLD, *, ne
     """
     threshold = check_threshold(threshold)
     started = time.perf_counter()
-    records: dict[int, ItemRecord] = {}
-    edges: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-    for chunk_ids, vectors in _query_chunks(col, records):
-        if near:
-            edges.append(_near_pairs(col, chunk_ids, vectors, threshold))
-    edges.append(_exact_pairs(records.values()))
+    records = {r.id: r for chunk, _ in col.iter_live(QUERY_CHUNK_ROWS) for r in chunk}
     ids = np.array(sorted(records), dtype=np.int64)
+    edges: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    for start in range(0, len(ids) if near else 0, QUERY_CHUNK_ROWS):
+        chunk_ids = ids[start:start + QUERY_CHUNK_ROWS]
+        edges.append(_near_pairs(col, ids, chunk_ids, col.vectors(chunk_ids), threshold))
+    edges.append(_exact_pairs(records.values()))
     first, second, scores = (np.concatenate(parts) for parts in zip(*edges))
     live = np.isin(second, ids)  # a tombstoned vector still in the index is no duplicate
     first, second, scores = first[live], second[live], scores[live]
@@ -135,37 +137,15 @@ def find_duplicates(col: Collection, threshold: float = DEFAULT_THRESHOLD, *, ne
     return DuplicateReport(tuple(groups), len(ids), threshold, seconds)
 
 
-def _query_chunks(col: Collection, records: dict[int, ItemRecord]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """The live items' (ids [q] ascending, vectors [q, d]) about QUERY_CHUNK_ROWS at a time (parts
-    are small: one range search per part would cost a call per 64 files); fills `records`."""
-    ids: list[np.ndarray] = []
-    vectors: list[np.ndarray] = []
-    n = 0
-    for chunk_records, chunk_vectors in col.iter_live(QUERY_CHUNK_ROWS):
-        records.update((r.id, r) for r in chunk_records)
-        ids.append(np.array([r.id for r in chunk_records], dtype=np.int64))
-        vectors.append(chunk_vectors)
-        n += len(chunk_records)
-        if n >= QUERY_CHUNK_ROWS:
-            yield _sorted_by_id(ids, vectors)
-            ids, vectors, n = [], [], 0
-    if n:
-        yield _sorted_by_id(ids, vectors)
-
-
-def _sorted_by_id(ids: list[np.ndarray], vectors: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    stacked_ids = np.concatenate(ids)
-    order = np.argsort(stacked_ids)
-    return stacked_ids[order], np.concatenate(vectors)[order]
-
-
-def _near_pairs(col: Collection, ids: np.ndarray, vectors: np.ndarray, threshold: float) -> tuple[np.ndarray, ...]:
+def _near_pairs(col: Collection, live: np.ndarray, ids: np.ndarray, vectors: np.ndarray,
+                threshold: float) -> tuple[np.ndarray, ...]:
     """(first ids, second ids, cosines) of the pairs scoring >= threshold with one chunk of queries
-    (`ids` [q] ascending, `vectors` [q, d]), each pair once (first < second); the scores are read
-    again from the stored vectors, so they are exact whatever codes the index holds."""
+    (`ids` [q] ascending, `vectors` [q, d]; `live`: every live id, ascending), each pair once
+    (first < second); the scores are read again from the stored vectors, so they are exact whatever
+    codes the index holds."""
     found = col.range_search(vectors, threshold)
-    if found is None:  # a binary index: an exact scan of the stored vectors instead
-        queries, matches = _flat_pairs(col, ids, vectors, threshold)
+    if found is None:  # a flat or binary index: an exact scan of the stored vectors (BLAS) instead
+        queries, matches = _flat_pairs(col, live, ids, vectors, threshold)
     else:
         lims, _, matches = found
         queries = np.repeat(ids, np.diff(lims.astype(np.int64)))
@@ -182,14 +162,17 @@ def _near_pairs(col: Collection, ids: np.ndarray, vectors: np.ndarray, threshold
     return queries[keep], matches[keep], scores[keep].astype(np.float32)
 
 
-def _flat_pairs(col: Collection, ids: np.ndarray, vectors: np.ndarray, threshold: float) -> tuple[np.ndarray, ...]:
-    """(query ids, matching ids) scoring >= threshold over every live stored vector, one chunk of
-    them at a time (a [q, chunk] product, never the whole matrix)."""
+def _flat_pairs(col: Collection, live: np.ndarray, ids: np.ndarray, vectors: np.ndarray,
+                threshold: float) -> tuple[np.ndarray, ...]:
+    """(query ids, matching ids) scoring >= threshold over every live stored vector (`live` ids), one
+    block of them at a time: a [q, block] product by BLAS, never the whole matrix. Only blocks at or
+    after the queries' first id are scanned (each pair is kept once, first < second)."""
     queries, matches = [np.empty(0, dtype=np.int64)], [np.empty(0, dtype=np.int64)]
-    for chunk_records, stored in col.iter_live(QUERY_CHUNK_ROWS):
-        rows, cols = np.nonzero(vectors @ stored.T >= threshold)
+    for start in range(int(np.searchsorted(live, ids[0])), len(live), SCAN_BLOCK_ROWS):
+        block = live[start:start + SCAN_BLOCK_ROWS]
+        rows, cols = np.nonzero(vectors @ col.vectors(block).T >= threshold)
         queries.append(ids[rows])
-        matches.append(np.array([r.id for r in chunk_records], dtype=np.int64)[cols])
+        matches.append(block[cols])
     return np.concatenate(queries), np.concatenate(matches)
 
 
