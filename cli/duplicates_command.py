@@ -10,7 +10,7 @@ from enum import Enum
 import typer
 from rich.table import Table
 
-from faste_mm.cli.common import fail, markup_safe, print_json, setup_logging, stderr, stdout
+from faste_mm.cli.common import fail, markup_safe, print_json, setup_logging, stderr, stdout, usage_error
 from faste_mm.cli.options import CollectionOption, Debug
 from faste_mm.errors import FasteError
 
@@ -45,6 +45,8 @@ def duplicates_command(
     from faste_mm.retrieval.maintenance import collection_path
 
     setup_logging(debug)
+    if not 0.0 < threshold <= 1.0:  # the library says the same in Python words
+        usage_error(f"--threshold is a cosine in (0, 1] (1 = identical vectors only), got {threshold:g}")
     try:
         report = collection_duplicates(collection_path(collection), threshold, near=not exact)
     except FasteError as error:

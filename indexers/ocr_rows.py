@@ -10,16 +10,14 @@ from typing import Sequence
 
 from faste_mm.indexers.records import ItemRecord
 from faste_mm.indexers.schema import from_db
-from faste_mm.indexers.store import _ITEM_COLUMNS, MetaStore, _row_to_record
-
-_QUALIFIED = ", ".join("items." + c.strip() for c in _ITEM_COLUMNS.split(","))
+from faste_mm.indexers.store import MetaStore, _row_to_record
 
 
 def items_without_body(store: MetaStore, modalities: Sequence[str]) -> list[ItemRecord]:
     """Live records of these modalities whose lexical row has no body yet, in id order (OCR's work
     list: an image or a scanned page; an item read with no text found has the empty body)."""
     rows = store.db.execute(
-        f"SELECT {_QUALIFIED} FROM items JOIN items_fts ON items_fts.rowid = items.id WHERE items.status = 'ok' "
+        f"SELECT {store.record_columns()} FROM items JOIN items_fts ON items_fts.rowid = items.id WHERE items.status = 'ok' "
         "AND items.modality IN (SELECT value FROM json_each(?)) AND items_fts.body IS NULL ORDER BY items.id",
         (json.dumps(list(modalities)),)).fetchall()
     return [_row_to_record(r) for r in rows]

@@ -70,7 +70,7 @@ def test_cli_formats_paths_json_and_table(indexed):
 def test_cli_refuses_a_bad_threshold_naming_it(indexed):
     retriever, _ = indexed
     result = runner.invoke(app, ["duplicates", "-c", str(retriever.collection), "--threshold", "1.5"])
-    assert result.exit_code == 1 and "threshold" in result.stderr and "1.5" in result.stderr
+    assert result.exit_code == 2 and "--threshold" in result.stderr and "1.5" in result.stderr
 
 
 def test_http_duplicates_and_a_bad_threshold(embedder, indexed):
