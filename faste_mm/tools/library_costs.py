@@ -48,11 +48,18 @@ def _blank():
     return Image.new("RGB", (64, 64), "white")
 
 
+def _synthetic(dim: int):
+    """The profile of a collection of synthetic vectors (no model: nothing is ever embedded)."""
+    from faste_mm.retrieval.profile import CollectionProfile
+
+    return CollectionProfile(model_id="bench/synthetic", dim=dim, model_dim=dim, r_max=0.0)
+
+
 def duplicates_cost(root: Path, n: int = 100_000, dim: int = 256, index_type: str = "auto",
                     share_duplicated: float = 0.05, threshold: float = 0.95, seed: int = 0) -> dict[str, Any]:
     """Seconds of `find_duplicates` over a collection of `n` synthetic unit vectors of width `dim`, a
     `share_duplicated` of them near copies (noise 0.01) of another; the index is built before timing."""
-    from faste_mm.indexers import Collection, ItemRecord, Manifest
+    from faste_mm.indexers import Collection, ItemRecord
     from faste_mm.retrieval.duplicates import find_duplicates
 
     rng = np.random.default_rng(seed)
@@ -60,7 +67,7 @@ def duplicates_cost(root: Path, n: int = 100_000, dim: int = 256, index_type: st
     copies = rng.choice(n, int(n * share_duplicated), replace=False)
     x[copies] = x[rng.integers(0, n, len(copies))] + rng.normal(scale=0.05, size=(len(copies), dim)).astype(np.float32)
     x /= np.linalg.norm(x, axis=1, keepdims=True)
-    with Collection.create(root, Manifest(model_id="bench/synthetic", dim=dim, index_type=index_type)) as col:
+    with Collection.create(root, _synthetic(dim).to_manifest(index_type)) as col:
         for start in range(0, n, 10_000):
             col.add(x[start:start + 10_000], [ItemRecord(uri=f"/bench/{i:07d}.jpg", modality="image")
                                               for i in range(start, min(start + 10_000, n))])
@@ -81,7 +88,7 @@ def watch_idle_cpu(folder: Path, root: Path, n_files: int = 10_000, idle_s: floa
     """CPU seconds a `FolderWatcher` spends over `idle_s` of wall time watching `n_files` files that
     are all indexed already (a collection of synthetic vectors matching the folder: no model loads),
     polling every `interval_s`; and the CPU of one idle poll."""
-    from faste_mm.indexers import Collection, FileStat, ItemRecord, Manifest
+    from faste_mm.indexers import Collection, FileStat, ItemRecord
     from faste_mm.retrieval.retriever import Retriever
     from faste_mm.retrieval.watching import FolderWatcher, WatchOptions
 
@@ -91,7 +98,7 @@ def watch_idle_cpu(folder: Path, root: Path, n_files: int = 10_000, idle_s: floa
         sub.mkdir(exist_ok=True)
         (sub / f"{i:06d}.jpg").write_bytes(b"\xff\xd8" + i.to_bytes(4, "little"))
     dim = 8
-    with Collection.create(root, Manifest(model_id="bench/none", dim=dim)) as col:
+    with Collection.create(root, _synthetic(dim).to_manifest()) as col:
         stats = [FileStat.of(p) for p in sorted(folder.rglob("*.jpg"))]
         vectors = np.eye(dim, dtype=np.float32)[np.arange(len(stats)) % dim]
         col.add(vectors, [ItemRecord(uri=s.uri, modality="image", size=s.size, mtime=s.mtime) for s in stats])
