@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterable
 
 from faste_mm.errors import CollectionError, ConfigError
 from faste_mm.indexers.atomic_files import atomic_write
-from faste_mm.indexers.directory import WATCH_FILE
+from faste_mm.indexers.file_names import WATCH_FILE
 from faste_mm.retrieval.results import IndexOptions, IndexProgress, IndexReport
 from faste_mm.retrieval.scanning import Scan, ScanFilter, ScannedFile, scan_paths
 

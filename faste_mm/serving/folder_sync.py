@@ -1,5 +1,5 @@
 """`serve --watch`: the thread that keeps the served collection in sync with folders. Each poll of
-its `FolderWatcher` (faste_mm.retrieval.watching) runs on the engine's model thread, as a "sync" job
+its `FolderWatcher` (faste_mm.retrieval.watching) runs on the engine's model thread, as a "task" job
 of the batcher (one torch model is never run from two threads), a few files at a time, so searches
 are answered between polls. Receives the watcher and the engine's way to run a poll.
 """
@@ -19,7 +19,7 @@ SERVE_SYNC_FILES = 8
 
 
 class WatchLoop:
-    """Polls `watcher` until stopped, each poll a "sync" job of `batcher` (run on the model thread);
+    """Polls `watcher` until stopped, each poll a "task" job of `batcher` (run on the model thread);
     without a watcher (serve without --watch) it does nothing."""
 
     def __init__(self, watcher: FolderWatcher | None, batcher: Batcher) -> None:
@@ -45,7 +45,7 @@ class WatchLoop:
 
     def sync(self) -> SyncReport:
         """One poll on the model thread; blocks the calling thread until it is done."""
-        return self._batcher.submit("sync", None, 1).result()
+        return self._batcher.submit("task", self.watcher.sync_once, 1).result()
 
     def _run(self) -> None:
         self.watcher.run(self._stop, sync=self._poll)
