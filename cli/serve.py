@@ -112,11 +112,11 @@ def serve_command(
             return load_reranker(rerank, root, rerank_r_max, rerank_protect, device, rerank_tower_cache_mb)
 
         engine = _load_engine(collection, model, revision, device, dtype, batch_tokens, unpadded, config, given,
-                              reranker_for,
-                              (watch or [], watch_interval))
+                              reranker_for, (watch or [], watch_interval))
+        loop = _watch_loop(engine, watch or [], watch_interval)
     except FasteError as error:
         fail(error, debug)
-    _run(engine, host, port, api_key)
+    _run(engine, host, port, api_key, loop)
 
 
 # The `serve` extra's packages, by import name (python-multipart imports as python_multipart,
@@ -176,21 +176,22 @@ def _load_engine(collection, model, revision, device, dtype, batch_tokens, unpad
                                          batching=batching, **settings)
     stderr.print(f"loading {retriever.model_id} for collection {root}")
     retriever.embedder  # load now: the first request must not wait for it
-    return ServeEngine(retriever.embedder, retriever, config, reranker=reranker_for(root),
-                       watcher=_watcher(retriever, *watch))
+    return ServeEngine(retriever.embedder, retriever, config, reranker=reranker_for(root))
 
 
-def _watcher(retriever, paths, interval_s: float):
-    """serve --watch: a FolderWatcher over the served collection with the loaded model (None without --watch)."""
+def _watch_loop(engine, paths, interval_s: float):
+    """serve --watch: a loop polling a FolderWatcher over the served collection, with the loaded model,
+    on the engine's model thread (None without --watch); `_run` starts and stops it."""
     if not paths:
         return None
     from faste_mm.retrieval.retriever import Retriever
     from faste_mm.retrieval.watching import FolderWatcher, WatchOptions
-    from faste_mm.serving.folder_sync import SERVE_SYNC_FILES
+    from faste_mm.serving.folder_sync import SERVE_SYNC_FILES, WatchLoop
 
     stderr.print(f"watching {', '.join(str(p) for p in paths)} every {interval_s:g} s", highlight=False)
-    return FolderWatcher(Retriever(retriever.embedder, collection=retriever.collection), paths,
-                         WatchOptions(interval_s=interval_s, max_files=SERVE_SYNC_FILES))
+    watcher = FolderWatcher(Retriever(engine.embedder, collection=engine.collection), paths,
+                            WatchOptions(interval_s=interval_s, max_files=SERVE_SYNC_FILES))
+    return WatchLoop(watcher, engine.batcher)
 
 
 def _embeddings_only_serializer(settings: dict):
@@ -219,7 +220,7 @@ def _exit_on_signal(signum: int, frame) -> None:
     raise SystemExit(128 + signum)
 
 
-def _run(engine, host: str, port: int, api_key: str | None) -> None:
+def _run(engine, host: str, port: int, api_key: str | None, watch_loop=None) -> None:
     import socket
     from contextlib import nullcontext
 
@@ -254,4 +255,10 @@ def _run(engine, host: str, port: int, api_key: str | None) -> None:
         # stdout: scripts and tests read the URL from here; everything else is on stderr.
         sys.stdout.write(f"serving on http://{shown}:{bound}/\n")
         sys.stdout.flush()
-        server.run(sockets=[sock])
+        if watch_loop is not None:  # serve --watch: polls run as tasks of the model thread
+            watch_loop.start()
+        try:
+            server.run(sockets=[sock])
+        finally:
+            if watch_loop is not None:
+                watch_loop.stop(timeout_s=5.0)

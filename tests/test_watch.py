@@ -171,6 +171,7 @@ def test_serve_watch_syncs_on_the_model_thread_and_info_shows_it(embedder, tmp_p
     from fastapi.testclient import TestClient
 
     from faste_mm.serving import ServeConfig, ServeEngine, create_app
+    from faste_mm.serving.folder_sync import WatchLoop
 
     folder = tmp_path / "photos"
     folder.mkdir()
@@ -180,9 +181,10 @@ def test_serve_watch_syncs_on_the_model_thread_and_info_shows_it(embedder, tmp_p
     scene_image(folder / "lighthouse.png", 6)
     watcher = FolderWatcher(Retriever(embedder, collection=seed.collection), [folder],
                             WatchOptions(interval_s=3600, settle_polls=1, max_files=8))
-    engine = ServeEngine(embedder, Retriever(embedder, collection=seed.collection), ServeConfig(), watcher=watcher)
+    engine = ServeEngine(embedder, Retriever(embedder, collection=seed.collection), ServeConfig())
+    loop = WatchLoop(watcher, engine.batcher)
     with TestClient(create_app(engine), base_url="http://127.0.0.1:8000") as client:
-        engine.batcher.submit("task", watcher.sync_once, 1).result()  # one poll on the model thread (after or besides the loop's first)
+        loop.sync()  # one poll, run as a task of the model thread
         hits = client.post("/search", json={"query": "lighthouse", "mode": "lexical", "k": 5}).json()["hits"]
         assert [os.path.basename(h["uri"]) for h in hits] == ["lighthouse.png"]
         watch = client.get("/info").json()["collection"]["watch"]

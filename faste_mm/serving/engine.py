@@ -20,8 +20,8 @@ from faste_mm import Embedder, FastEConfig, Hit, InputError, Item, Retriever
 from faste_mm.errors import CollectionError, ConfigError, FasteError
 from faste_mm.indexers import SearchFilter
 from faste_mm.retrieval.profile import QUERY_INSTRUCTION, CollectionProfile, read_profile
+from faste_mm.retrieval.watching import read_watch_status
 from faste_mm.serving.batcher import Batcher, BatcherConfig, run_tasks
-from faste_mm.serving.folder_sync import WatchLoop
 from faste_mm.serving.inputs import truncate_dimensions
 from faste_mm.serving.mcp_paths import IndexRoots
 from faste_mm.serving.metrics import BATCH_SIZE_BUCKETS, Metrics, describe_server_metrics
@@ -136,7 +136,7 @@ class ServeEngine:
     """Owns the model thread. Use as a context manager, or call `start()` / `close()`."""
 
     def __init__(self, embedder: Embedder, retriever: Retriever | None = None,
-                 config: ServeConfig | None = None, metrics: Metrics | None = None, reranker=None, watcher=None) -> None:
+                 config: ServeConfig | None = None, metrics: Metrics | None = None, reranker=None) -> None:
         self.embedder = embedder
         self._loaded = embedder  # the weights as loaded (`embedder` follows a re-index's pixel settings)
         self.reranker = reranker  # a faste_mm.Reranker for /v1/rerank (serving.rerank), or None
@@ -160,7 +160,6 @@ class ServeEngine:
             runners["rerank"] = self._run_rerank
         runners["task"] = run_tasks  # other work on the model thread (the MCP index tool)
         self.batcher = Batcher(runners, self.config.batching, self.metrics)
-        self._watch_loop = WatchLoop(watcher, self.batcher)
         self._reader = None  # the model thread's own read-only collection (more-like-this)
         self._local = threading.local()
 
@@ -172,13 +171,10 @@ class ServeEngine:
 
     def start(self) -> "ServeEngine":
         self.batcher.start()
-        self._watch_loop.start()
         return self
 
     def close(self) -> None:
-        self._watch_loop.stop()
         self.batcher.close()
-
 
     def __enter__(self) -> "ServeEngine":
         return self.start()
@@ -432,7 +428,7 @@ class ServeEngine:
                           "r_max": profile.r_max, "reranker": profile.reranker,
                           "plan": receipt_summary(profile.receipt),
                           "searchable": self._model_changed is None,
-                          "watch": self._watch_loop.status(self.collection)}
+                          "watch": read_watch_status(self.collection)}  # serve --watch or faste-mm watch
             if self._model_changed is not None:
                 collection["refused"] = f"re-indexed with another model ({self._model_changed}); restart the server"
         fast_e = self.embedder.resolve_fast_e(self.document_fast_e)
