@@ -55,11 +55,14 @@ def quantize_linear(module: torch.nn.Module) -> torch.nn.Module:
     torch.backends.quantized.engine = engine()  # process-wide in torch: the packed weights depend on it
     with warnings.catch_warnings():  # torch.ao's deprecation notice: it stays the one CPU int8 path in torch
         warnings.simplefilter("ignore")
-        from torch.ao.quantization import quantize_dynamic
+        from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
+        # per output channel: on all-MiniLM-L6-v2's real weights per-tensor scales gave cosine
+        # 0.94-0.96 to float32, per-channel 0.97-0.98 (activations are per tensor either way)
+        spec = {torch.nn.Linear: per_channel_dynamic_qconfig}
         if isinstance(module, torch.nn.Linear):
-            return quantize_dynamic(torch.nn.Sequential(module), {torch.nn.Linear}, dtype=torch.qint8, inplace=True)[0]
-        return quantize_dynamic(module, {torch.nn.Linear}, dtype=torch.qint8, inplace=True)
+            return quantize_dynamic(torch.nn.Sequential(module), spec, dtype=torch.qint8, inplace=True)[0]
+        return quantize_dynamic(module, spec, dtype=torch.qint8, inplace=True)
 
 
 def quantize_model(model: torch.nn.Module) -> int:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch.nn.functional import scaled_dot_product_attention
 
-from faste_mm.model.kernel_choice import KernelTrials, TrialCache, machine_key, requested_attention_dtype
+from faste_mm.model.kernel_choice import KernelTrials, TrialCache, machine_key, read_cpu_flags, requested_attention_dtype
 
 TOWER_ATTENTION = ("auto", "flash-attn", "sdpa")
 
@@ -132,7 +132,6 @@ class PackedVisionTower:
         else "auto") attends in whichever of float32 and the model's dtype a trial measures faster
         (`kernel_choice`); "float32" or "bfloat16" forces it. `trials` is injectable for tests."""
         from transformers.vision_utils import get_vision_interpolation_indices_and_weights, get_vision_position_ids
-        from faste_mm.model.backbones.loading import read_cpu_flags
 
         self.visual = visual
         self._interpolation = get_vision_interpolation_indices_and_weights
