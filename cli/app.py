@@ -14,17 +14,20 @@ import typer
 from rich.markup import escape
 from typer.core import TyperCommand, TyperGroup
 
-from faste_mm.cli.bench import bench_command
+from faste_mm.cli.bench import bench_app
 from faste_mm.cli.calibrate import calibrate_command
 from faste_mm.cli.collection_commands import compact_command, info_command, rebuild_index_command, remove_command
+from faste_mm.cli.duplicates_command import duplicates_command
 from faste_mm.cli.embed import embed
 from faste_mm.cli.export import export_command
 from faste_mm.cli.index_command import index_command
+from faste_mm.cli.mcp_command import mcp_command
 from faste_mm.cli.eval import eval_command
 from faste_mm.cli.plan import plan_command
 from faste_mm.cli.rerank import rerank_command
 from faste_mm.cli.search_command import search_command
 from faste_mm.cli.serve import serve_command
+from faste_mm.cli.watch_command import watch_command
 
 # typer's labels for a parameter's type, as `--help` shows them in its type column; a range
 # ("int range [x>=1]") gets its type's label: the help text states the range, and a narrow type
@@ -47,7 +50,10 @@ def _tidy_help(params: list, ctx) -> None:
             label = _RANGE_RE.sub(r"\1", label.removeprefix("list[").removesuffix("]"))
             label = _TYPE_LABELS.get(label, label)
             if param.param_type_name == "argument":
-                param.metavar = param.name.upper()  # its name column and usage: "{PATHS}..."
+                param.metavar = param.name.upper()  # its name column
+                # typer's usage line shows a required argument as "{PATHS}...": click's "PATHS..."
+                usage = param.name.upper() + ("..." if param.nargs != 1 else "")
+                param._usage_display_name = lambda usage=usage if param.required else f"[{usage}]": usage
                 # typer shows an argument's type in a column of its own whatever the metavar: this
                 # command object is built for this one help page, so blank it here.
                 param.display_type_rich = lambda ctx: None
@@ -104,6 +110,14 @@ class _Group(TyperGroup):
             super().format_help(ctx, formatter)
 
 
+def _summary(docstring: str | None) -> str:
+    """A command's line in the root `--help`: its docstring's first sentence on one line (the whole
+    first paragraph, with its hard line breaks, wrapped the command table early)."""
+    paragraph = " ".join((docstring or "").strip().split("\n\n")[0].split())
+    sentence = re.split(r"(?<=\.)\s(?=[A-Z])", paragraph, maxsplit=1)[0]
+    return sentence.rstrip(".")
+
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, cls=_Group,
                   help="Multimodal retrieval with Qwen3-VL-Embedding and FastE.")
 
@@ -127,9 +141,12 @@ def _root(
 for _name, _command in (("index", index_command), ("search", search_command), ("info", info_command),
                         ("remove", remove_command), ("compact", compact_command),
                         ("rebuild-index", rebuild_index_command), ("export", export_command), ("embed", embed),
-                        ("eval", eval_command), ("bench", bench_command), ("calibrate", calibrate_command),
-                        ("serve", serve_command), ("plan", plan_command), ("rerank", rerank_command)):
-    app.command(_name, cls=_Command)(_command)
+                        ("eval", eval_command), ("calibrate", calibrate_command),
+                        ("serve", serve_command), ("mcp", mcp_command), ("plan", plan_command), ("rerank", rerank_command),
+                        ("duplicates", duplicates_command), ("watch", watch_command)):
+    app.command(_name, cls=_Command, short_help=_summary(_command.__doc__))(_command)
+app.add_typer(bench_app(), name="bench", cls=_Group,  # the model suite, and every other suite a subcommand
+              short_help="Measure speed: the model suite, or one of faste-mm bench SUITE (peers, rerank, scale, client, ...)")
 
 
 def main() -> None:

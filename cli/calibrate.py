@@ -113,7 +113,7 @@ def calibrate_command(
 def _calibrate_reranker(model, paths, queries, r_max, warmup_layer, threshold, trigger_layer, target, top_k, protect,
                         sample, save, out, device, dtype, batching, output, debug) -> None:
     """`calibrate --rerank`: theta for the reranker on every (--query, document of PATHs) pair."""
-    from faste_mm.model.reranker import PROTECT_MODES, Reranker
+    from faste_mm.model.rerank.reranker import PROTECT_MODES, Reranker
     from faste_mm.tools.rerank_calibration import RerankCalibrationConfig, calibrate_reranker
 
     try:

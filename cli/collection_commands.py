@@ -28,6 +28,7 @@ def info_command(
     from faste_mm.retrieval.maintenance import collection_path
     from faste_mm.retrieval.profile import CollectionProfile
     from faste_mm.retrieval.receipt import receipt_summary
+    from faste_mm.retrieval.watching import describe_watch, read_watch_status
 
     setup_logging(debug)
     try:
@@ -38,7 +39,8 @@ def info_command(
             settings["vectors"]["int8_ranges"] = "calibrated" if col.manifest.int8_ranges is not None else None
     except FasteError as error:
         fail(error, debug)
-    payload = {**info.to_dict(), "settings": settings, "plan": receipt_summary(profile.receipt)}
+    watch = read_watch_status(info.path)
+    payload = {**info.to_dict(), "settings": settings, "plan": receipt_summary(profile.receipt), "watch": watch}
     if output is Format.json:
         print_json(payload)
         return
@@ -59,6 +61,7 @@ def info_command(
                         ("items", info.n_ok), ("failed", info.n_failed), ("deleted (until compact)", info.n_deleted),
                         ("index type", info.index_type), ("index", info.index_factory or "-"),
                         ("reranker (search)", profile.reranker or "-"),
+                        ("watch (faste-mm watch)", describe_watch(watch)),
                         ("size on disk", f"{info.size_bytes / 2**20:.2f} MiB")):
         table.add_row(name, markup_safe(value))
     stdout.print(table)
@@ -140,18 +143,6 @@ def rebuild_index_command(
     stdout.print(factory, highlight=False)
 
 
-def collection_reranker(collection: str | None) -> str | None:
-    """The collection's default reranker (index --reranker), None when it has none or cannot be read
-    here (the local search then says why)."""
-    from faste_mm.retrieval.maintenance import collection_path
-    from faste_mm.retrieval.profile import read_profile
-
-    try:
-        return read_profile(collection_path(collection)).reranker
-    except FasteError:
-        return None
-
-
 def load_reranker(model: str | None, root: Path, r_max: str, protect: str, device: str,
                   tower_cache_mb: int = RERANK_TOWER_CACHE_MB):
     """The reranker of `search` and `serve`: --rerank, else the collection's (index --reranker), else None;
@@ -161,7 +152,7 @@ def load_reranker(model: str | None, root: Path, r_max: str, protect: str, devic
     model = model or (read_profile(root).reranker if root is not None else None)
     if model is None:
         return None
-    from faste_mm.model.reranker import Reranker
+    from faste_mm.model.rerank.reranker import Reranker
 
     with Progress().loading(model):
         return Reranker.from_pretrained(model, r_max=one_ratio(r_max) or 0.0, protect=protect, device=device,

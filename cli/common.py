@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import sys
 from typing import NoReturn
@@ -13,6 +14,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from faste_mm.cli.setting_flags import FLAG_OF_FIELD
 from faste_mm.errors import ConfigError, FasteError
 
 class _ResultConsole(Console):
@@ -63,6 +65,13 @@ def setup_logging(debug: bool, level: int = logging.WARNING) -> None:
     handler = _StderrHandler()
     handler.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
     logging.basicConfig(level=logging.DEBUG if debug else level, handlers=[handler], force=True)
+    # Third-party chatter stays off the terminal unless --debug: the hub client's per-retry
+    # warnings (its own handler printed each twice, once more through ours), LanceDB's Rust WARN
+    # lines (read from LANCEDB_LOG when lancedb loads; a user's own setting wins).
+    hub = logging.getLogger("huggingface_hub")
+    hub.propagate = False
+    hub.setLevel(logging.DEBUG if debug else logging.ERROR)
+    os.environ.setdefault("LANCEDB_LOG", "info" if debug else "error")
 
 
 # Config fields as the CLI spells them: a ConfigError raised by a library dataclass names the
@@ -74,12 +83,9 @@ _FLAGS = {
     "IndexOptions.chunk_files": "--chunk-files", "IndexOptions.chunk_pages": "--chunk-pages",
     "ScanFilter.exclude": "--exclude",
     "index_type": "--index-type", "ServeConfig.api_key": "--api-key",
-    "CollectionProfile.r_max": "--r-max", "CollectionProfile.threshold": "--threshold",
-    "CollectionProfile.warmup_layer": "--warmup-layer", "CollectionProfile.trigger_layer": "--trigger-layer",
-    "CollectionProfile.dim": "--dim", "VideoConfig.fps": "--video-fps", "VideoConfig.max_frames": "--video-max-frames",
     "PlanConfig.dtypes": "--dtype", "PlanConfig.target": "--target", "PlanConfig.p5_floor": "--p5-floor",
     "PlanConfig.max_pixels": "--max-pixels",
-    "VideoConfig.max_pixels": "--video-max-pixels",
+    **FLAG_OF_FIELD,  # the collection settings' fields, from their declarations
 }
 _FLAG_RE = re.compile("|".join(rf"\b{re.escape(name)}\b" for name in _FLAGS))
 # Any other config field is set by the flag of its name: `BenchConfig.repeats` -> --repeats.

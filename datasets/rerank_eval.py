@@ -21,7 +21,7 @@ from faste_mm.datasets.protocol import full_forward_vectors
 from faste_mm.errors import ConfigError
 from faste_mm.model.embedder import Embedder
 from faste_mm.model.faste import FastEConfig
-from faste_mm.model.reranker import PROTECT_MODES, Reranker
+from faste_mm.model.rerank.reranker import PROTECT_MODES, Reranker
 
 RERANK_K = (1, 5, 10)
 RERANK_NDCG_K = 5

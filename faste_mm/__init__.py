@@ -21,9 +21,9 @@ _EXPORTS = {
     "EmbedStats": "faste_mm.model.embedder",
     "Failure": "faste_mm.model.items",
     "Item": "faste_mm.model.items",
-    "Ranking": "faste_mm.model.rerank_results",
-    "RerankResult": "faste_mm.model.rerank_results",
-    "Reranker": "faste_mm.model.reranker",
+    "Ranking": "faste_mm.model.rerank.results",
+    "RerankResult": "faste_mm.model.rerank.results",
+    "Reranker": "faste_mm.model.rerank.reranker",
     "SerializerConfig": "faste_mm.model.serialization",
     "TextPrompt": "faste_mm.model.serialization",
     "AddReport": "faste_mm.retrieval.results",
@@ -60,8 +60,8 @@ if TYPE_CHECKING:  # for type checkers and IDEs only; never executed
     from faste_mm.model.embedder import EmbedResult, Embedder, EmbedStats
     from faste_mm.model.faste import FastEConfig
     from faste_mm.model.items import Failure, Item
-    from faste_mm.model.rerank_results import Ranking, RerankResult
-    from faste_mm.model.reranker import Reranker
+    from faste_mm.model.rerank.results import Ranking, RerankResult
+    from faste_mm.model.rerank.reranker import Reranker
     from faste_mm.model.serialization import SerializerConfig, TextPrompt
     from faste_mm.retrieval.results import AddReport, Hit, IndexReport, RemoveReport
     from faste_mm.retrieval.retriever import Retriever

@@ -22,8 +22,9 @@ from typing import Callable, Iterable, Iterator, Sequence
 import numpy as np
 
 from faste_mm.errors import CollectionError, ConfigError, InputError
-from faste_mm.indexers import (collection_search, directory, faiss_index, index_upkeep, opening, parts,
+from faste_mm.indexers import (collection_search, directory, faiss_index, index_upkeep, ocr_rows, opening, parts,
                                quantization, search)
+from faste_mm.indexers import file_identity
 from faste_mm.indexers.compaction import compact_parts
 from faste_mm.indexers.crash_points import crash_point
 from faste_mm.indexers.derived_index import DerivedIndex, max_part
@@ -267,6 +268,15 @@ class Collection:
         crash_point("delete-after-commit")
         return changed
 
+    def fill_identities(self, stats: Iterable[FileStat]) -> None:
+        """Record the identity (dev, ino) of indexed files that have none yet (indexed before
+        identities were recorded); a file's recorded identity is kept."""
+        self._require_writable("record file identities")
+        rows = [(s.uri, s.dev, s.ino) for s in stats if s.ino is not None]
+        if rows:
+            with self._store.transaction():
+                file_identity.set_identities(self._store.db, rows, keep=True)
+
     def exclude(self, uris: Iterable[str]) -> None:
         """Record removed paths (files or folders, as stored uris) that scans of a folder above
         them must skip from now on (`exclusions`); recording one twice is harmless."""
@@ -301,6 +311,11 @@ class Collection:
                                   f"{' ...' if len(missing) > 10 else ''}")
         return [found[i] for i in ids]
 
+    def records(self, ids: Iterable[int]) -> dict[int, ItemRecord]:
+        """{id: record} of those `ids` that have a row (any status); unknown ids are left out."""
+        self._follow_reindex()
+        return self._store.records([int(i) for i in ids])
+
     def vectors(self, ids: Iterable[int]) -> np.ndarray:
         """Stored vectors [n, dim] float32 for item ids (e.g. to copy a duplicate's vector
         instead of re-embedding it; decoded from 8-bit or binary codes when the parts keep those).
@@ -314,6 +329,19 @@ class Collection:
         vectors [n, dim] float32). Memory stays bounded by one chunk whatever the collection's
         size (parts are memory-mapped), for exporting a collection to other stores."""
         return iter_live(self.root, self._store, self._codec(), chunk_rows)
+
+    def range_search(self, queries: np.ndarray, min_score: float) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """Every indexed vector scoring >= `min_score` (inner product) with each query, by FAISS range
+        search over the derived index (an approximate index may miss some; quantized codes give
+        approximate scores): (lims [q + 1] int64, scores [m] float32, ids [m] int64), query i's matches
+        at lims[i]:lims[i + 1]. Tombstoned items may be among them (`live_ids` tells). None for a flat
+        index (FAISS range-searches it pair by pair, ~10x slower than a BLAS product of the stored
+        vectors) and a binary one (Hamming distances are not scores): the caller scans the vectors."""
+        queries = self._check_search(queries, 1)
+        index = self._current_index()
+        if faiss_index.is_binary(index) or faiss_index.is_flat(index):
+            return None
+        return index.range_search(np.ascontiguousarray(queries), float(min_score))
 
     def find_by_hashes(self, content_hashes: Iterable[str]) -> dict[str, list[ItemRecord]]:
         """Live items whose source file has one of these sha256 (see `records.content_hash`), in a
@@ -329,6 +357,17 @@ class Collection:
         """The subset of `ids` that are live (searchable) items."""
         self._follow_reindex()
         return self._store.live_ids([int(i) for i in ids])
+
+    def live_records(self, after_id: int = -1, limit: int = 100) -> list[ItemRecord]:
+        """A page of live items: up to `limit` records with id > `after_id`, in id order (an
+        MCP client lists a collection's items page by page, the last id as its cursor)."""
+        self._follow_reindex()
+        return self._store.live_records_after(after_id, limit)
+
+    def live_ids_of(self, uri: str) -> list[int]:
+        """Ids of the live items whose uri is `uri` (a file's pages), in id order."""
+        self._follow_reindex()
+        return self._store.live_ids_of(uri)
 
     def failures(self) -> list[ItemRecord]:
         """Items recorded by `add_failures` and not since replaced, oldest first."""
@@ -376,7 +415,7 @@ class Collection:
         when the file's version is still that of the last unfiltered snapshot, which found this index
         current and no tombstoned vector in it: one PRAGMA instead of BEGIN, PRAGMA, COMMIT and the
         snapshot's bookkeeping (~0.05 ms of a 0.5 ms HNSW search after other work evicted the caches,
-        docs/benchmarks.md). A commit landing during the FAISS search is as if it came after, as for a
+        docs/benchmarks-log.md). A commit landing during the FAISS search is as if it came after, as for a
         search in a snapshot. None when it cannot (the caller searches in a snapshot)."""
         plain = self._plain_at
         if plain is None or plain.store is not self._store or plain.index is not self._index.index \
@@ -473,6 +512,14 @@ class Collection:
         """The lexical text stored for these items ({id: text}; items without text are absent)."""
         return self._store.texts([int(i) for i in ids]) if self._store.has_lexical_index() else {}
 
+    def items_without_ocr(self, modalities: Sequence[str]) -> list[ItemRecord]:
+        """Live items of these modalities with no lexical text yet (OCR reads them; `retrieval.ocr`)."""
+        return ocr_rows.items_without_body(self._store, modalities)
+
+    def texts_by_content(self, keys: Sequence[tuple[str, int | None]]) -> dict[tuple[str, int | None], str]:
+        """{(content hash, page): text} of live items with that content that have text (read once)."""
+        return ocr_rows.texts_by_content(self._store, keys) if keys else {}
+
     def set_texts(self, texts: Sequence[tuple[int, str]]) -> None:
         """Give live items their text in the lexical index: [(id, text)] (`rebuild-index` fills
         in the items of `items_without_text` from their files), in one transaction."""
@@ -516,9 +563,9 @@ class Collection:
 
     def update_settings(self, **changes) -> None:
         """Record settings that leave stored vectors comparable (FastE's threshold for new
-        documents); model, dim, instruction and pixel bounds are fixed for a collection."""
+        documents, OCR); model, dim, instruction and pixel bounds are fixed for a collection."""
         self._require_writable("change its settings")
-        fixed = sorted(set(changes) - {"fast_e"})
+        fixed = sorted(set(changes) - {"fast_e", "ocr"})
         if fixed:
             raise CollectionError(f"{self.root}: {', '.join(fixed)} cannot change in place; re-index with --reindex")
         self._manifest = self._manifest.replace(**changes)

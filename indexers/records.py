@@ -47,6 +47,9 @@ class ItemRecord:
     `uri` and `page` identify the item ((uri, page) is unique among live rows); `size`/`mtime`
     are the source file's stat used by incremental scans; `metadata` is any JSON-serialisable dict.
     `id`, `status`, `added_at` are filled in by the collection; `error` is set on failed rows.
+    `dev`/`ino`: the identity (device, inode) of the file read when it was indexed; a reader at
+    request time reads it again only while it is the same file (`retrieval.stored_files`). None
+    for items without a file, and for files indexed before identities were recorded.
     `text`: the item's own words for lexical search (a text file's text, the text of an image+text
     item, a PDF page's text layer); written to the lexical index with the row, not read back.
     """
@@ -63,6 +66,8 @@ class ItemRecord:
     status: Status = Status.OK
     added_at: float | None = None
     text: str | None = None
+    dev: int | None = None
+    ino: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.uri, str) or not self.uri:
@@ -87,11 +92,14 @@ class ItemRecord:
 
 @dataclass(frozen=True, slots=True)
 class FileStat:
-    """What an incremental scan compares: a file's uri, size in bytes and mtime in seconds."""
+    """What an incremental scan compares: a file's uri, size in bytes and mtime in seconds; and
+    its identity (device, inode: of the file a link leads to), recorded with its items."""
 
     uri: str
     size: int
     mtime: float
+    dev: int | None = None
+    ino: int | None = None
 
     def __post_init__(self) -> None:
         if not self.uri:
@@ -106,7 +114,7 @@ class FileStat:
         """Stat a file on disk; the uri is its resolved absolute path."""
         p = Path(path).resolve()
         st = p.stat()
-        return cls(uri=str(p), size=st.st_size, mtime=st.st_mtime)
+        return cls(uri=str(p), size=st.st_size, mtime=st.st_mtime, dev=st.st_dev, ino=st.st_ino)
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,11 +8,11 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
-from typing import Iterable
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 # Readers accept files this old: the migrations after it only add tables a reader can do without
 # (exclusions, the lexical index, the metadata index) or escape a character no real name holds (see ESC).
 READABLE_FROM_VERSION = 1
@@ -88,6 +88,27 @@ def from_db(text: str | None) -> str | None:
     if text is None or ESC not in text:
         return text
     return ESCAPED.sub(lambda m: ESC if m.group(1) == ESC else chr(0xDC00 + int(m.group(1), 16)), text)
+
+
+def metadata_words(metadata: Mapping[str, Any] | None) -> str | None:
+    """The values of a metadata dict (nested ones too) as one space-separated text for the lexical
+    index; None when there are none."""
+    if not metadata:
+        return None
+    words: list[str] = []
+
+    def walk(value: Any) -> None:
+        if isinstance(value, Mapping):
+            for v in value.values():
+                walk(v)
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                walk(v)
+        elif value is not None:
+            words.append(value if isinstance(value, str) else json.dumps(value))
+
+    walk(metadata)
+    return to_db(" ".join(words)) or None
 
 
 def _migrate_1_to_2(db: sqlite3.Connection) -> None:
@@ -176,6 +197,16 @@ def fill_meta_index(db: sqlite3.Connection) -> None:
                f"AND e.type IN {META_KINDS}")
 
 
+def _migrate_5_to_6(db: sqlite3.Connection) -> None:
+    # The identity (device, inode) of each indexed file, by uri: a file read again at request
+    # time (thumbnails, explain, rerank) must still be the one indexed, not something planted
+    # under its name (retrieval.stored_files). Files indexed before have none until the next
+    # `index` records it; readers of an older file see none.
+    db.execute("CREATE TABLE IF NOT EXISTS file_identity (uri TEXT PRIMARY KEY, dev INTEGER NOT NULL, "
+               "ino INTEGER NOT NULL)")
+
+
 # MIGRATIONS[v] upgrades schema version v to v + 1.
-MIGRATIONS = {0: _migrate_0_to_1, 1: _migrate_1_to_2, 2: _migrate_2_to_3, 3: _migrate_3_to_4, 4: _migrate_4_to_5}
+MIGRATIONS = {0: _migrate_0_to_1, 1: _migrate_1_to_2, 2: _migrate_2_to_3, 3: _migrate_3_to_4, 4: _migrate_4_to_5,
+              5: _migrate_5_to_6}
 assert len(MIGRATIONS) == SCHEMA_VERSION

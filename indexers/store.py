@@ -4,6 +4,8 @@ Receives item records and part numbers from `Collection`; hands back rows, count
 counters (next id, next part, epoch). Every statement uses bound parameters. Schema changes are
 stepwise migrations (`schema`); a file newer than this code is refused with upgrade advice.
 """
+# Size: ~460 lines: every SQL statement over meta.sqlite lives here, one short method each, so the
+# file's whole vocabulary is read in one place.
 
 from __future__ import annotations
 
@@ -19,10 +21,12 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 import numpy as np
 
 from faste_mm.errors import CollectionError, InputError
+from faste_mm.indexers import file_identity
 from faste_mm.indexers.filters import SearchFilter, sql_conditions
 from faste_mm.indexers.records import FileStat, ItemRecord, Status
 from faste_mm.indexers.remembered import Remembered
-from faste_mm.indexers.schema import MIGRATIONS, READABLE_FROM_VERSION, SCHEMA_VERSION, from_db, id_list, to_db
+from faste_mm.indexers.schema import (MIGRATIONS, READABLE_FROM_VERSION, SCHEMA_VERSION, from_db, id_list,
+                                     metadata_words, to_db)
 from faste_mm.indexers.database_file import DB_NAME, damaged_database, translate_errors
 
 log = logging.getLogger(__name__)
@@ -33,33 +37,12 @@ _ITEM_COLUMNS = ("id, uri, page, modality, size, mtime, content_hash, status, er
                  "metadata, part, row")
 
 
-def metadata_words(metadata: Mapping[str, Any] | None) -> str | None:
-    """The values of a metadata dict (nested ones too) as one space-separated text for the lexical
-    index; None when there are none."""
-    if not metadata:
-        return None
-    words: list[str] = []
-
-    def walk(value: Any) -> None:
-        if isinstance(value, Mapping):
-            for v in value.values():
-                walk(v)
-        elif isinstance(value, (list, tuple)):
-            for v in value:
-                walk(v)
-        elif value is not None:
-            words.append(value if isinstance(value, str) else json.dumps(value))
-
-    walk(metadata)
-    return to_db(" ".join(words)) or None
-
-
 def _row_to_record(row: Sequence[Any]) -> ItemRecord:
     (id_, uri, page, modality, size, mtime, chash, status, error, added_at, meta, _part,
-     _row) = row
+     _row, dev, ino) = row
     return ItemRecord(uri=from_db(uri), modality=modality, page=page, size=size, mtime=mtime,
                       content_hash=chash, metadata=json.loads(meta) if meta else None,
-                      error=from_db(error), id=id_, status=status, added_at=added_at)
+                      error=from_db(error), id=id_, status=status, added_at=added_at, dev=dev, ino=ino)
 
 
 @translate_errors
@@ -71,6 +54,7 @@ class MetaStore:
         self.path = root / DB_NAME
         self.writable = writable
         self._meta_index: bool | None = None  # whether items_meta exists (`has_meta_index`)
+        self._record_columns: str | None = None  # `record_columns`: with the identity table or without
         # The counters a search checks, read once per `version`: one PRAGMA a search on an unchanged file.
         self._remembered = Remembered(self.version)
         self._snapshot_version: int | None = None  # data_version of the open read snapshot
@@ -251,6 +235,7 @@ class MetaStore:
               to_db(r.error), now, json.dumps(dict(r.metadata)) if r.metadata is not None else None,
               part, row if part is not None else None)
              for row, (i, r) in enumerate(zip(ids, records))])
+        file_identity.set_identities(self.db, [(r.uri, r.dev, r.ino) for r in records if r.ino is not None])
         if status == Status.OK:
             self.db.executemany("INSERT INTO items_fts (rowid, body, name, meta) VALUES (?, ?, ?, ?)",
                                 [(int(i), to_db(r.text), to_db(r.uri), metadata_words(r.metadata))
@@ -259,6 +244,7 @@ class MetaStore:
     def purge_tombstones(self) -> None:
         """Delete the tombstoned rows (`compact`, once their vectors are gone from the new parts)."""
         self.db.execute("DELETE FROM items WHERE status = 'deleted'")
+        file_identity.drop_orphans(self.db)
 
     def tombstone_ids(self, ids: Sequence[int]) -> int:
         cur = self.db.executemany(
@@ -279,10 +265,11 @@ class MetaStore:
         committed range by range marks the file complete (ingest's `_is_partial`)."""
         self.db.executemany("UPDATE items SET size = ?, mtime = ? WHERE uri = ? AND status = 'ok'",
                             [(s.size, s.mtime, to_db(s.uri)) for s in stats])
+        file_identity.set_identities(self.db, [(s.uri, s.dev, s.ino) for s in stats if s.ino is not None])
 
     def records(self, ids: Sequence[int]) -> dict[int, ItemRecord]:
         # json_each takes the whole id list as ONE bound parameter (no variable-count limit).
-        rows = self.db.execute(f"SELECT {_ITEM_COLUMNS} FROM items WHERE id IN (SELECT value FROM json_each(?))",
+        rows = self.db.execute(f"SELECT {self.record_columns()} FROM items WHERE id IN (SELECT value FROM json_each(?))",
                                (id_list(ids),)).fetchall()
         return {row[0]: _row_to_record(row) for row in rows}
 
@@ -301,6 +288,17 @@ class MetaStore:
 
         digest = hashlib.blake2b(wanted.tobytes(), digest_size=16).digest()  # kept once asked twice: not one-off sets
         return self._remembered.recent("locations", digest, read) if self._remembered.seen("asked", digest) else read()
+
+    def live_records_after(self, after_id: int, limit: int) -> list[ItemRecord]:
+        """Up to `limit` live records with id > `after_id`, in id order (a paged listing)."""
+        rows = self.db.execute(f"SELECT {self.record_columns()} FROM items WHERE status = 'ok' AND id > ? ORDER BY id "
+                               f"LIMIT ?", (int(after_id), int(limit))).fetchall()
+        return [_row_to_record(row) for row in rows]
+
+    def live_ids_of(self, uri: str) -> list[int]:
+        """Ids of the live items of one file (its pages), in id order."""
+        return [r[0] for r in self.db.execute("SELECT id FROM items WHERE status = 'ok' AND uri = ? ORDER BY id",
+                                              (to_db(uri),))]
 
     def live_ids(self, ids: Iterable[int]) -> set[int]:
         """The subset of `ids` whose status is 'ok' (used to filter tombstones from search)."""
@@ -323,6 +321,13 @@ class MetaStore:
 
         # remembered (the few most recent): a served collection is searched with the same few filters
         return self._remembered.recent("filter", (" AND ".join(clauses), json.dumps(params)), read)
+
+    def record_columns(self) -> str:
+        """What a record is read from (`_row_to_record`): the item's columns, its file's identity."""
+        if self._record_columns is None:
+            self._record_columns = f"{', '.join('items.' + c.strip() for c in _ITEM_COLUMNS.split(','))}, " \
+                                   f"{file_identity.identity_columns(self.db)}"
+        return self._record_columns
 
     def has_meta_index(self) -> bool:
         """Whether the file has schema 5's metadata index (a reader of an older file scans instead)."""
@@ -358,7 +363,7 @@ class MetaStore:
     def items_without_text(self) -> list[ItemRecord]:
         """Live records whose lexical row has no body (stored before the lexical index existed)."""
         rows = self.db.execute(
-            f"SELECT {', '.join('items.' + c.strip() for c in _ITEM_COLUMNS.split(','))} FROM items "
+            f"SELECT {self.record_columns()} FROM items "
             "JOIN items_fts ON items_fts.rowid = items.id WHERE items.status = 'ok' AND items_fts.body IS NULL "
             "ORDER BY items.id").fetchall()
         return [_row_to_record(r) for r in rows]
@@ -374,7 +379,7 @@ class MetaStore:
         self.db.executemany("UPDATE items_fts SET body = ? WHERE rowid = ?", [(to_db(t), int(i)) for i, t in texts])
 
     def records_where_status(self, status: str) -> list[ItemRecord]:
-        rows = self.db.execute(f"SELECT {_ITEM_COLUMNS} FROM items WHERE status = ? ORDER BY id",
+        rows = self.db.execute(f"SELECT {self.record_columns()} FROM items WHERE status = ? ORDER BY id",
                                (status,)).fetchall()
         return [_row_to_record(r) for r in rows]
 
@@ -386,7 +391,7 @@ class MetaStore:
         for start in range(0, len(unique), MAX_BOUND_PARAMS):
             chunk = unique[start:start + MAX_BOUND_PARAMS]
             rows = self.db.execute(
-                f"SELECT {_ITEM_COLUMNS} FROM items WHERE status = 'ok' "
+                f"SELECT {self.record_columns()} FROM items WHERE status = 'ok' "
                 f"AND content_hash IN ({', '.join('?' * len(chunk))}) ORDER BY id", chunk).fetchall()
             for row in rows:
                 record = _row_to_record(row)

@@ -12,6 +12,7 @@ ADDED_BY = {
     4: ("DROP TABLE items_fts", "DROP TRIGGER items_fts_tombstone", "DROP TRIGGER items_fts_delete"),  # lexical index
     5: ("DROP TABLE items_meta", "DROP TRIGGER items_meta_insert", "DROP TRIGGER items_meta_tombstone",
         "DROP TRIGGER items_meta_delete"),  # metadata index (its id index goes with the table)
+    6: ("DROP TABLE file_identity",),  # the identities of indexed files (retrieval.stored_files)
 }
 
 

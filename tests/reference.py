@@ -176,7 +176,7 @@ def naive_readout(layers, norm, samples: list[_Sample], *, r_max=None, warmup=0,
 
 
 # -- the official reranker formats, written from the official code and model card, independent
-# of faste_mm.model.rerank_format --
+# of faste_mm.model.rerank.pair_format --
 
 SYSTEM = ('Judge whether the Document meets the requirements based on the Query and the Instruct provided. '
           'Note that the answer can only be "yes" or "no".')

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from faste_mm import BatchingConfig
-from faste_mm.model.reranker import Reranker
+from faste_mm.model.rerank.reranker import Reranker
 from faste_mm.testing import build_tiny_model
 
 ONE_BATCH = BatchingConfig(batch_tokens=1 << 20)

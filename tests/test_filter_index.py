@@ -8,6 +8,7 @@ import itertools
 
 import numpy as np
 
+from faste_mm.indexers.schema import SCHEMA_VERSION
 from faste_mm.indexers import Collection, ItemRecord, Manifest, SearchFilter
 
 from tests.old_schemas import downgrade
@@ -113,7 +114,7 @@ def test_migration_from_schema_4_fills_the_index_and_a_schema_4_reader_scans(tmp
         assert not reader._store.has_meta_index()
         assert reader._store.filtered_ids(SearchFilter(where={"s": "a"})).tolist() == want["s"]
     with Collection.open(root, writable=True) as col:
-        assert col._store.db.execute("SELECT version FROM schema_version").fetchone()[0] == 5
+        assert col._store.db.execute("SELECT version FROM schema_version").fetchone()[0] == SCHEMA_VERSION
         assert {w: by_index(col, SearchFilter(where={w: v})) for w, v in [("s", "a"), ("n", 2), ("b", False)]} == want
         assert assert_index_equals_scan(col) > 20
         col.add(unit(np.random.default_rng(3), 1), [ItemRecord(uri="/new", modality="text", metadata={"s": "a"})])

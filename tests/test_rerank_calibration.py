@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from faste_mm.cli.app import app
 from faste_mm.errors import ConfigError
 from faste_mm.model.faste import FastEConfig
-from faste_mm.model.reranker import Reranker
+from faste_mm.model.rerank.reranker import Reranker
 from faste_mm.tools.rerank_calibration import RerankCalibrationConfig, calibrate_reranker, top_k_agreement
 
 from tests.rerank_fixtures import reranker_dirs, text_reranker  # noqa: F401  (fixtures)

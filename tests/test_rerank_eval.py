@@ -55,7 +55,7 @@ def test_eval_cli_reranks_and_reports_before_and_after(eval_model_dir, eval_data
 
 
 def test_rerank_command_prints_candidates_best_first_equal_to_the_python_api(reranker_dirs, vl_reranker, image_dir):
-    from faste_mm.model.reranker import Reranker
+    from faste_mm.model.rerank.reranker import Reranker
 
     model = str(reranker_dirs["qwen3_vl_reranker"])
     args = ["rerank", "red things", str(image_dir / "red.png"), "--text", "a red bicycle", "--text", "short",

@@ -11,9 +11,9 @@ import pytest
 from PIL import Image
 
 from faste_mm import BatchingConfig, Item
-from faste_mm.model.rerank_format import rerank_serializer_config
-from faste_mm.model.reranker import Reranker
-from faste_mm.model.resized_images import ResizedImages
+from faste_mm.model.rerank.pair_format import rerank_serializer_config
+from faste_mm.model.rerank.reranker import Reranker
+from faste_mm.model.rerank.resized_images import ResizedImages
 
 from .rerank_fixtures import ONE_BATCH, reranker_dirs, text_reranker, vl_reranker  # noqa: F401
 
@@ -138,7 +138,7 @@ def test_resized_images_are_bounded_by_bytes_least_recently_used_out_first(tmp_p
 
 
 def test_bytes_lru_makes_a_value_only_when_it_keeps_it_and_a_get_refreshes_it():
-    from faste_mm.model.bytes_lru import BytesLRU
+    from faste_mm.model.rerank.bytes_lru import BytesLRU
 
     lru, made = BytesLRU(max_bytes=10), []
     make = lambda value: lambda: made.append(value) or value  # noqa: E731

@@ -10,9 +10,9 @@ import pytest
 from faste_mm import Item
 from faste_mm.errors import ConfigError
 from faste_mm.model.faste import FastEConfig
-from faste_mm.model.rerank_format import rerank_serializer_config
-from faste_mm.model.reranker import Reranker
-from faste_mm.model.tower_cache import TowerCache
+from faste_mm.model.rerank.pair_format import rerank_serializer_config
+from faste_mm.model.rerank.reranker import Reranker
+from faste_mm.model.rerank.tower_cache import TowerCache
 
 from .rerank_fixtures import ONE_BATCH, reranker_dirs, text_reranker, vl_reranker  # noqa: F401
 
@@ -155,7 +155,7 @@ def test_bad_tower_cache_sizes_are_named():
 def test_whole_pairs_are_laid_out_once_per_batch_before_the_trigger(vl_reranker, monkeypatch):
     """Plain FastE asks at every layer from l_w on; the joined rows' positions and masks do not
     change before the trigger, so they are built once per batch (then only the hidden states)."""
-    import faste_mm.model.prefix_reuse as prefix_reuse
+    import faste_mm.model.rerank.prefix_reuse as prefix_reuse
 
     built: list[int] = []
     real = prefix_reuse.DecoderState

@@ -10,6 +10,7 @@ from PIL import Image
 
 from faste_mm import Embedder, Item, Retriever
 from faste_mm.errors import ConfigError
+from faste_mm.indexers import Collection
 from faste_mm.retrieval.rerank_hits import hit_item
 
 from tests.eval_fixtures import eval_model_dir  # noqa: F401  (fixtures)
@@ -28,9 +29,19 @@ def retriever(eval_model_dir, tmp_path_factory):
     return retriever
 
 
+def _records(retriever, hits) -> dict:
+    """The hits' stored records by id (what a rerank reads their files back by)."""
+    from dataclasses import replace
+
+    with Collection.open(retriever.collection) as col:
+        records = col.records([hit.id for hit in hits])
+    return {hit.id: replace(records[hit.id], uri=hit.uri) for hit in hits}  # a hit "moved" keeps its new uri
+
+
 def test_search_with_rerank_equals_reranking_the_top_n_by_hand(retriever, vl_reranker):
     first = retriever.search("red", k=4)
-    expected = vl_reranker.rerank("red", [hit_item(hit) for hit in first], top_n=2).results
+    records = _records(retriever, first)
+    expected = vl_reranker.rerank("red", [hit_item(hit, records) for hit in first], top_n=2).results
     got = retriever.search("red", k=2, rerank=vl_reranker, rerank_top=4)
     assert [hit.id for hit in got] == [first[r.index].id for r in expected]
     assert [hit.rerank_score for hit in got] == pytest.approx([r.score for r in expected], abs=1e-6)
@@ -45,7 +56,7 @@ def test_a_hit_whose_file_is_gone_is_kept_after_the_reranked_ones(retriever, vl_
 
     hits = retriever.search("red", k=3)
     gone = [replace(hits[0], uri=str(tmp_path / "moved.png"))] + hits[1:]
-    got = rerank_hits(vl_reranker, Item(text="red"), gone, k=3)
+    got = rerank_hits(vl_reranker, Item(text="red"), gone, k=3, records=_records(retriever, gone))
     assert got[-1].uri.endswith("moved.png") and got[-1].rerank_score is None
     assert all(hit.rerank_score is not None for hit in got[:-1])
 
@@ -83,6 +94,14 @@ def test_index_records_a_default_reranker_that_info_shows_and_search_uses(eval_m
     assert [h["rerank_score"] for h in hits] == pytest.approx([h.rerank_score for h in expected], abs=1e-6)
     plain = runner.invoke(app, ["search", "red", "-c", col, "-k", "2", "--no-rerank", "--device", "cpu", "--format", "json"])
     assert all("rerank_score" not in h for h in json.loads(plain.stdout)["hits"])
+    # the library honours the collection's reranker exactly as the CLI does; rerank=False opts out
+    with Retriever.open(col, device="cpu") as retriever:
+        library = retriever.search("red", k=2, rerank_top=3)
+        unranked = retriever.search("red", k=2, rerank=False)
+    assert [h.id for h in library] == [h["id"] for h in hits]
+    assert [h.rerank_score for h in library] == pytest.approx([h["rerank_score"] for h in hits], abs=1e-6)
+    assert [h.id for h in unranked] == [h["id"] for h in json.loads(plain.stdout)["hits"]]
+    assert all(h.rerank_score is None for h in unranked)
     from faste_mm.cli.collection_commands import load_reranker
 
     served = load_reranker(None, tmp_path / "col", "0", "none", "cpu")  # `serve -c` picks the collection's reranker
@@ -112,7 +131,7 @@ def test_serve_search_with_rerank_equals_retriever_search_and_explains_by_item_i
     assert [h["score"] for h in body["hits"]] == pytest.approx([h.score for h in expected], abs=1e-6)  # both scores
     assert plain["rerank"] is None and "rerank_score" not in plain["hits"][0]
     assert why.status_code == 200, why.text
-    reference = vl_reranker.explain("red", hit_item(expected[0]))
+    reference = vl_reranker.explain("red", hit_item(expected[0], _records(retriever, expected)))
     assert why.json()["score"] == pytest.approx(reference.score, abs=1e-6) and "not attribution" in why.json()["label"]
     assert more_like.status_code == 400 and "more like this" in more_like.json()["error"]["message"]
     assert both.status_code == 400 and "document_id" in both.json()["error"]["message"]

@@ -109,10 +109,14 @@ def test_search_with_rerank_is_bounded_by_max_request_tokens_like_v1_rerank(embe
     from faste_mm import Retriever
     from faste_mm.retrieval.rerank_hits import hit_item
 
+    from faste_mm.indexers import Collection
+
     with Retriever(embedder, collection=collection_engine_parts, r_max=0.0) as retriever:
         hits = retriever.search("red", k=4)
+    with Collection.open(collection_engine_parts) as col:
+        records = col.records([hit.id for hit in hits])
     prepared = vl_reranker.prepare_query(Item(text="red"))
-    total = sum(vl_reranker.serializer(prepared, hit_item(hit)).length for hit in hits)  # the pairs the model sees
+    total = sum(vl_reranker.serializer(prepared, hit_item(hit, records)).length for hit in hits)  # the pairs the model sees
     request = {"query": "red", "k": 2, "rerank": True, "rerank_top": 4}
     with _search_client(embedder, collection_engine_parts, vl_reranker, max_request_tokens=total - 1) as client:
         over = client.post("/search", json=request)

@@ -261,7 +261,7 @@ class FastE:
     """
 
     compresses = True  # the runner's unpadded-kernel trial only matters for policies that compress
-    keeps_prefix = False  # a trigger may evict any prefix position (rerank_policy.ProtectedFastE keeps the query)
+    keeps_prefix = False  # a trigger may evict any prefix position (rerank.policy.ProtectedFastE keeps the query)
 
     def __init__(self, config: FastEConfig, num_layers: int, scorer: Scorer = readout_scores) -> None:
         if config.warmup_layer is None or config.threshold is None:

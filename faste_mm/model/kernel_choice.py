@@ -13,7 +13,6 @@ import hashlib
 import json
 import logging
 import os
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -74,22 +73,6 @@ class KernelChoice:
 
     def to_dict(self) -> dict:
         return {**asdict(self), "speedup": self.speedup, "text": self.describe()}
-
-
-def read_cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
-    """The CPU's feature flags from /proc/cpuinfo ("flags" on x86, "Features" on ARM); empty
-    where there is no such file (macOS, Windows): bfloat16 is then never chosen by "auto"."""
-    if not sys.platform.startswith("linux"):
-        return frozenset()
-    try:
-        text = cpuinfo.read_text(errors="replace")
-    except OSError:
-        return frozenset()
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
-            return frozenset(value.split())
-    return frozenset()
 
 
 def machine_key(cpu_flags: frozenset[str], torch_version: str = torch.__version__) -> str:

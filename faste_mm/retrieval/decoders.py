@@ -13,7 +13,7 @@ from __future__ import annotations
 import codecs
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, BinaryIO, Callable, Sequence
 
 from faste_mm.errors import FasteError, InputError
 from faste_mm.indexers.records import open_regular
@@ -45,17 +45,24 @@ def read_text_file(path: Path) -> str:
     InputError for empty or non-UTF-8 files."""
     try:
         with open_regular(path) as f:  # never blocks on a file swapped for a FIFO
-            data = f.read(TEXT_READ_BYTES)
-        # final=False: a character cut at the read limit is dropped, not an error.
-        text = codecs.getincrementaldecoder("utf-8-sig")().decode(data, final=len(data) < TEXT_READ_BYTES)
-    except UnicodeDecodeError as error:
-        raise InputError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start}); "
-                         f"convert it to UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
+            return read_text(f, str(path))
     except OSError as error:
         raise InputError(f"{path}: cannot read the file ({error.strerror or error}); check that it "
                          f"exists and that you may read it") from None
+
+
+def read_text(f: BinaryIO, name: str) -> str:
+    """The text of an open text file (`read_text_file`; `retrieval.stored_files` reads a stored
+    one from its checked descriptor). InputError naming `name` for empty or non-UTF-8 files."""
+    data = f.read(TEXT_READ_BYTES)
+    try:
+        # final=False: a character cut at the read limit is dropped, not an error.
+        text = codecs.getincrementaldecoder("utf-8-sig")().decode(data, final=len(data) < TEXT_READ_BYTES)
+    except UnicodeDecodeError as error:
+        raise InputError(f"{name}: not UTF-8 text ({error.reason} at byte {error.start}); "
+                         f"convert it to UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
     if not text.strip():
-        raise InputError(f"{path}: file is empty (no text); remove it or add text")
+        raise InputError(f"{name}: file is empty (no text); remove it or add text")
     return text
 
 

@@ -120,9 +120,9 @@ def add_documents(col: Collection, encode: CollectionDocuments, items: Sequence[
 
 def add_record(item: Item, uri: str | None, metadata: Mapping[str, Any] | None, error: str | None) -> ItemRecord:
     """The record `add` stores for one row: an item, or (with `error`) a failure."""
-    size, mtime = _file_stat(item)
+    size, mtime, dev, ino = _file_stat(item)
     return ItemRecord(uri=uri if uri is not None else _default_uri(item, metadata), modality=_modality(item), page=item.page,
-                      size=size, mtime=mtime, metadata=metadata, error=error)
+                      size=size, mtime=mtime, metadata=metadata, error=error, dev=dev, ino=ino)
 
 
 def refuse_repeated_rows(records: Sequence[ItemRecord], sources: Sequence[int]) -> None:
@@ -179,12 +179,13 @@ def _default_uri(item: Item, metadata: Mapping[str, Any] | None = None) -> str:
     return "item:" + h.hexdigest()[:16]
 
 
-def _file_stat(item: Item) -> tuple[int | None, float | None]:
+def _file_stat(item: Item) -> tuple[int | None, float | None, int | None, int | None]:
+    """(size, mtime, dev, ino) of an item that is one file, else Nones."""
     only_file = (item.video if item.image is None else item.image if item.video is None else None)
     if isinstance(only_file, (str, Path)) and not item.text:
         try:
             st = Path(only_file).stat()
         except OSError:  # a missing file is a failed row (on_error="skip"); it has no stat
-            return None, None
-        return st.st_size, st.st_mtime
-    return None, None
+            return None, None, None, None
+        return st.st_size, st.st_mtime, st.st_dev, st.st_ino
+    return None, None, None, None

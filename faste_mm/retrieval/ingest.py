@@ -354,7 +354,7 @@ def _read_files(files: Sequence[ScannedFile]) -> tuple[list[tuple[ScannedFile, d
     readable: list[tuple[ScannedFile, dict, object]] = []
     failures: list[ItemRecord] = []
     for f in files:
-        base = dict(uri=f.uri, modality=f.modality, size=f.stat.size, mtime=f.stat.mtime)
+        base = dict(uri=f.uri, modality=f.modality, size=f.stat.size, mtime=f.stat.mtime, dev=f.stat.dev, ino=f.stat.ino)
         if f.kind == "unsupported":
             failures.append(ItemRecord(**base, error=f"{f.path}: unsupported file type "
                                        f"{f.path.suffix or '(none)'!r}; supported: {SUPPORTED_SUFFIXES}"))

@@ -1,5 +1,6 @@
 """The second stage of a search: the embedding search's top-N hits read back from their files
-and re-scored by a `Reranker` against the query; the best k come back with both scores.
+(only while each is the file that was indexed: `retrieval.stored_files`) and re-scored by a
+`Reranker` against the query; the best k come back with both scores.
 
 Receives `Hit`s (best first by cosine) and the query `Item`; hands on `Hit`s with
 `rerank_score` set, best first by it. A hit whose content cannot be read again (a moved file, a
@@ -11,40 +12,32 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from pathlib import Path
+from typing import Any, Mapping
 
 import numpy as np
 
 from faste_mm.errors import ConfigError, InputError
 from faste_mm.model.items import Item
-from faste_mm.kinds import UNSUPPORTED, kind_name
-from faste_mm.retrieval.decoders import query_item
 from faste_mm.retrieval.results import Hit
+from faste_mm.retrieval.stored_files import stored_item
 
 log = logging.getLogger(__name__)
 
 
-def hit_item(hit: Hit) -> Item:
-    """The item a hit was made from, read back from its uri by its kind's decoder (an image, a
-    PDF page, a video, a text file). InputError (naming the uri) when there is nothing to read."""
-    return stored_item(hit.uri, hit.page)
-
-
-def stored_item(uri: str, page: int | None) -> Item:
-    """The item of a collection row (uri, page) read back from its file (`hit_item`; the server's
-    /explain by item id)."""
-    path = Path(uri)
-    kind = kind_name(path)
-    if kind == UNSUPPORTED or not path.is_file():
-        raise InputError(f"{uri}: no file to rerank (moved, or an item added from Python whose "
-                         f"content the collection does not keep)")
-    return query_item(path, kind, page)
+def hit_item(hit: Hit, records: Mapping[int, object]) -> Item:
+    """The item a hit was made from, read back from its file (`retrieval.stored_files`: only while
+    it is the file that was indexed). `records`: the hits' `ItemRecord`s by id. InputError
+    (naming the item) when there is nothing to read."""
+    record = records.get(hit.id)
+    if record is None:
+        raise InputError(f"id {hit.id}: no longer in the collection")
+    return stored_item(record)
 
 
 def check_reranker(reranker: object, rerank_top: int) -> None:
     """ConfigError when `rerank=` is not a Reranker (an Embedder, a model name...), naming both,
     or `rerank_top` is below 1."""
-    from faste_mm.model.reranker import Reranker
+    from faste_mm.model.rerank.reranker import Reranker
 
     if not isinstance(rerank_top, int) or rerank_top < 1:
         raise ConfigError(f"rerank_top must be an int >= 1 (hits re-scored), got {rerank_top!r}")
@@ -57,14 +50,23 @@ def check_reranker(reranker: object, rerank_top: int) -> None:
     raise ConfigError(f"rerank= must be a faste_mm.Reranker (Reranker.from_pretrained(...)), got {what}")
 
 
-def rerank_hits(reranker, query: Item, hits: list[Hit], k: int) -> list[Hit]:
-    """Rerank `hits` (the embedding top-N, best first) for `query`; the best `k` with both scores."""
+def load_collection_reranker(name: str, device: str) -> Any:
+    """The reranker a collection records (`index --reranker`), loaded as `faste-mm search` loads
+    it: the exact score (r_max 0, nothing protected) and the default tower cache, on `device`."""
+    from faste_mm.model.rerank.reranker import Reranker
+
+    return Reranker.from_pretrained(name, device=device)
+
+
+def rerank_hits(reranker, query: Item, hits: list[Hit], k: int, records: Mapping[int, object]) -> list[Hit]:
+    """Rerank `hits` (the embedding top-N, best first) for `query`; the best `k` with both scores.
+    records: the hits' `ItemRecord`s by id (`Collection.get`), whose files are read back."""
     if k < 1:
         raise ConfigError(f"k must be >= 1, got {k}")
     items, readable = [], []
     for position, hit in enumerate(hits):
         try:
-            items.append(hit_item(hit))
+            items.append(hit_item(hit, records))
             readable.append(position)
         except InputError as error:
             log.warning("not reranked: %s", error)

@@ -253,7 +253,8 @@ def _walked_stat(root: Path, path: Path, relative: str) -> FileStat:
     resolved = FileStat.of(path)
     if _is_under(resolved.uri, str(root)):
         return resolved
-    return FileStat(uri=str(root / relative), size=resolved.size, mtime=resolved.mtime)
+    return FileStat(uri=str(root / relative), size=resolved.size, mtime=resolved.mtime, dev=resolved.dev,
+                    ino=resolved.ino)
 
 
 def _log_walk_error(error: OSError) -> None:

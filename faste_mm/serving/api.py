@@ -1,5 +1,5 @@
 """The HTTP API (FastAPI): OpenAI-compatible /v1/embeddings with vLLM's chat extension, /search,
-/thumbnails/{id}, /health, /info, /metrics, and the search page at / with its local assets.
+/thumbnails/{id}, /duplicates, /health, /info, /metrics, and the search page at / with its local assets.
 
 Receives HTTP requests; hands their items to the `ServeEngine` and renders its answers as
 JSON. Errors are JSON in OpenAI's shape, {"error": {"message", "type", "code"}}: 400 bad input,
@@ -25,6 +25,8 @@ from faste_mm.errors import ConfigError, FasteError, InputError
 from faste_mm.indexers import SearchFilter
 from faste_mm.indexers.filters import INT64_MAX
 from faste_mm.kinds import kind_name
+from faste_mm.retrieval.duplicates import DEFAULT_THRESHOLD as DEFAULT_DUPLICATE_THRESHOLD
+from faste_mm.retrieval.duplicates import collection_duplicates
 from faste_mm.serving.batcher import QueueFullError
 from faste_mm.serving.engine import (CollectionChangedError, NoCollectionError, RequestTooLargeError, ServeEngine,
                                      UnknownItemError)
@@ -33,6 +35,7 @@ from faste_mm.serving.inputs import (EmbeddingRequest, SearchRequest, decode_ima
 from faste_mm.serving.metrics import LATENCY_BUCKETS_S
 from faste_mm.serving.rerank import add_rerank_routes, rerank_search_hits, search_rerank_top, with_search_top
 from faste_mm.serving.security import is_allowed_host, is_cross_site
+from faste_mm.retrieval.stored_files import GoneFileError, ReplacedFileError
 from faste_mm.serving.thumbnails import NoThumbnailError, default_cache_dir, has_thumbnail, thumbnail
 
 log = logging.getLogger(__name__)
@@ -57,11 +60,17 @@ def create_app(engine: ServeEngine) -> FastAPI:
     """
     from contextlib import asynccontextmanager
 
+    mcp_manager = _mcp_endpoint(engine)  # /mcp: the MCP tools over this engine (serving/mcp_server.py)
+
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         engine.start()
         try:
-            yield
+            if mcp_manager is None:
+                yield
+            else:
+                async with mcp_manager[1].run():
+                    yield
         finally:
             engine.close()
 
@@ -126,7 +135,18 @@ def create_app(engine: ServeEngine) -> FastAPI:
             "hits": [_hit_json(rank, hit) for rank, hit in enumerate(hits, 1)],
         }
 
+    @app.get("/duplicates", dependencies=[auth])
+    async def duplicates(threshold: float = DEFAULT_DUPLICATE_THRESHOLD, exact: bool = False) -> dict:
+        # read-only, no model: a handler thread opens the collection itself (retrieval/duplicates.py)
+        if engine.collection is None:
+            raise NoCollectionError("this server has no collection; start it with `faste-mm serve -c NAME|DIR`")
+        report = await run_in_threadpool(collection_duplicates, engine.collection, threshold, near=not exact)
+        return report.to_dict()
+
     add_rerank_routes(app, engine, auth)  # /v1/rerank, /rerank, /explain (serving/rerank.py)
+    if mcp_manager is not None:  # an ASGI app of its own: the key is checked here, the Host by _GuardMiddleware
+        app.add_route("/mcp", _KeyRequired(mcp_manager[0], engine.config.api_key), methods=["GET", "POST", "DELETE"],
+                      include_in_schema=False)
 
     @app.get("/thumbnails/{item_id}", dependencies=[auth])
     def thumbnails(item_id: str) -> Response:
@@ -139,6 +159,37 @@ def create_app(engine: ServeEngine) -> FastAPI:
                         headers={"Cache-Control": "private, max-age=3600"})
 
     return app
+
+
+def _mcp_endpoint(engine: ServeEngine):
+    """(ASGI app, session manager) of the MCP streamable HTTP transport over `engine`, or None
+    without a collection or without the `mcp` extra (then /mcp is an unknown route)."""
+    if engine.collection is None:
+        return None
+    try:
+        from faste_mm.serving.mcp_server import http_endpoint
+    except ImportError:
+        log.info("no /mcp: the MCP SDK is not installed (pip install 'faste-mm[mcp]')")
+        return None
+    from faste_mm.serving.mcp_paths import IndexRoots
+    from faste_mm.serving.mcp_tools import EngineSlot, McpTools
+
+    return http_endpoint(McpTools(engine.collection, EngineSlot(engine=engine), IndexRoots(engine.config.index_roots)))
+
+
+class _KeyRequired:
+    """The API key check of the data routes (`_require_key`) for a mounted ASGI app (/mcp)."""
+
+    def __init__(self, app, api_key: str | None) -> None:
+        self.app = app
+        self.check = _require_key(api_key)
+
+    async def __call__(self, scope, receive, send):
+        try:
+            self.check(Request(scope))
+        except HTTPException as error:
+            return await _error_response(error.status_code, error.detail)(scope, receive, send)
+        return await self.app(scope, receive, send)
 
 
 # ---- request pieces --------------------------------------------------------------------------
@@ -372,6 +423,7 @@ def _validation_message(error) -> str:
 
 def _add_error_handlers(app: FastAPI) -> None:
     status_of = ((UnknownItemError, 404), (NoThumbnailError, 404), (NoCollectionError, 404), (CollectionChangedError, 409),
+                 (GoneFileError, 404), (ReplacedFileError, 409),
                  (RequestTooLargeError, 413), (QueueFullError, 503), (InputError, 400), (ConfigError, 400))
 
     @app.exception_handler(FasteError)

@@ -20,7 +20,8 @@ from starlette.concurrency import run_in_threadpool
 
 from faste_mm import InputError, Item
 from faste_mm.errors import FasteError
-from faste_mm.retrieval.rerank_hits import rerank_hits, stored_item
+from faste_mm.retrieval.rerank_hits import hit_item, rerank_hits
+from faste_mm.retrieval.stored_files import stored_item
 from faste_mm.serving.engine import RequestTooLargeError, ServeEngine
 from faste_mm.serving.inputs import ContentPart, decode_image_url, parts_item
 
@@ -79,9 +80,10 @@ class HitsPayload:
     query: Item
     hits: list
     k: int
+    records: dict  # the hits' ItemRecords by id (their files are read back, checked)
 
     def run(self, reranker):
-        return rerank_hits(reranker, self.query, self.hits, self.k)
+        return rerank_hits(reranker, self.query, self.hits, self.k, self.records)
 
 
 # /search's hits re-scored when the request names no rerank_top (as `faste-mm search --rerank`)
@@ -117,14 +119,15 @@ def rerank_search_hits(engine: ServeEngine, query: str | None, image, hits: list
         prepared = reranker.prepare_query(item)
     except FasteError as error:
         raise InputError(str(error)) from None
+    records = engine.records([hit.id for hit in hits])
     total = 0
     for hit in hits:
         try:
-            total += reranker.pair_tokens(prepared, stored_item(hit.uri, hit.page))
+            total += reranker.pair_tokens(prepared, hit_item(hit, records))
         except Exception:  # noqa: BLE001 - unreadable now: rerank_hits reports it and keeps the hit unscored
             continue
     _check_tokens(engine, total, f"reranking {len(hits)} hits (rerank_top)", "lower rerank_top")
-    return engine.batcher.submit("rerank", HitsPayload(item, list(hits), k), max(1, total)).result()
+    return engine.batcher.submit("rerank", HitsPayload(item, list(hits), k, records), max(1, total)).result()
 
 
 def request_item(value: Multimodal, where: str, allow_remote: bool) -> Item:
@@ -191,8 +194,7 @@ def explain(engine: ServeEngine, body: ExplainRequest) -> dict:
         raise InputError("give the `document` to explain, or the `document_id` of an item in the collection (one of them)")
     query = request_item(body.query, "query", allow)
     if body.document_id is not None:  # the search page's "why this result": the item's own file
-        record = engine.record(body.document_id)
-        document = stored_item(record.uri, record.page)
+        document = stored_item(engine.record(body.document_id))  # only the file indexed (stored_files)
     else:
         document = request_item(body.document, "document", allow)
     tokens = _count_pair_tokens(engine, reranker, query, [document], body.instruction)

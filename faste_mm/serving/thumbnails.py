@@ -26,6 +26,7 @@ from PIL import Image, ImageOps
 
 from faste_mm.errors import FasteError, InputError
 from faste_mm.kinds import KINDS, kind_name
+from faste_mm.retrieval.stored_files import GoneFileError, stored_path
 
 log = logging.getLogger(__name__)
 
@@ -62,26 +63,42 @@ def thumbnail(record, cache_dir: Path) -> bytes:
     when `cache_dir` is not a folder of this user."""
     if not has_thumbnail(record.uri, record.page):
         raise NoThumbnailError(f"id {record.id}: a {record.modality} item has no thumbnail")
-    key = hashlib.sha256(f"{record.uri}\0{record.page}\0{record.size}\0{record.mtime}".encode()).hexdigest()[:16]
+    stored_path(record)  # a cached thumbnail is served only while the file is the one indexed
+    key = hashlib.sha256(f"{record.uri}\0{record.page}\0{record.size}\0{record.mtime}\0{record.dev}\0{record.ino}"
+                         .encode()).hexdigest()[:16]
     _own_folder(cache_dir)
     path = cache_dir / f"{record.id}-{key}.jpg"
     cached = _read_own_file(path)
     if cached is not None:
         return cached
-    image = _render(record)
+    encoded = jpeg(_render(record), THUMBNAIL_PX)
+    with tempfile.NamedTemporaryFile(dir=cache_dir, suffix=".tmp", delete=False) as tmp:  # O_EXCL, 0600
+        tmp.write(encoded)
+    # Atomic: a concurrent reader sees the whole file or none; a link planted under the name is
+    # replaced itself (rename never writes through a link).
+    os.replace(tmp.name, path)
+    return encoded
+
+
+def preview(record, longest_px: int) -> bytes:
+    """A JPEG of one item record at most `longest_px` on its longest side, rendered now and not
+    cached (an assistant's larger look at one item: `faste_mm.serving.mcp_tools` get_item).
+    A PDF page is rendered near that size. Raises NoThumbnailError as `thumbnail` does."""
+    if not has_thumbnail(record.uri, record.page):
+        raise NoThumbnailError(f"id {record.id}: a {record.modality} item has no picture")
+    return jpeg(_render(record, longest_px), longest_px)
+
+
+def jpeg(image: Image.Image, longest_px: int) -> bytes:
+    """`image` upright (EXIF orientation), shrunk to at most `longest_px` a side, on white, as JPEG."""
     image = ImageOps.exif_transpose(image)
-    image.thumbnail((THUMBNAIL_PX, THUMBNAIL_PX), Image.Resampling.LANCZOS)
+    image.thumbnail((longest_px, longest_px), Image.Resampling.LANCZOS)
     if image.mode != "RGB":  # JPEG has no alpha: paste on white, as the model sees it
         background = Image.new("RGB", image.size, (255, 255, 255))
         background.paste(image, mask=image.convert("RGBA").split()[-1])
         image = background
     encoded = io.BytesIO()
     image.save(encoded, "JPEG", quality=JPEG_QUALITY, optimize=True)
-    with tempfile.NamedTemporaryFile(dir=cache_dir, suffix=".tmp", delete=False) as tmp:  # O_EXCL, 0600
-        tmp.write(encoded.getvalue())
-    # Atomic: a concurrent reader sees the whole file or none; a link planted under the name is
-    # replaced itself (rename never writes through a link).
-    os.replace(tmp.name, path)
     return encoded.getvalue()
 
 
@@ -117,20 +134,21 @@ def _read_own_file(path: Path) -> bytes | None:
         return f.read()
 
 
-def _render(record) -> Image.Image:
+def _render(record, longest_px: int = THUMBNAIL_PX) -> Image.Image:
     from faste_mm import Item
     from faste_mm.model.items import load_image
 
-    source = Path(record.uri)
-    if not source.is_file():
-        raise NoThumbnailError(f"id {record.id}: its file {source} is gone; re-index the collection")
-    rule = KINDS[kind_name(source)].thumbnail
+    try:  # only the file that was indexed (a link planted since is refused: retrieval.stored_files)
+        source = stored_path(record)
+    except GoneFileError as error:
+        raise NoThumbnailError(str(error)) from None
+    rule = KINDS[kind_name(record.uri)].thumbnail
     if rule == "frame":
         return _video_frame(record.id, source)
     item = Item(image=source, page=record.page if rule == "page" else None)
     try:
         # PDF pages render near this many pixels: enough for a sharp thumbnail, no more
-        return load_image(item, max_pixels=4 * THUMBNAIL_PX * THUMBNAIL_PX)
+        return load_image(item, max_pixels=4 * longest_px * longest_px)
     except InputError as error:
         raise NoThumbnailError(f"id {record.id}: {error}") from None
 

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import torch
 from torch.nn.functional import scaled_dot_product_attention
 
-from faste_mm.model.kernel_choice import KernelTrials, TrialCache, machine_key, read_cpu_flags, requested_attention_dtype
+from faste_mm.model.backbones.machine import read_cpu_flags
+from faste_mm.model.kernel_choice import KernelTrials, TrialCache, machine_key, requested_attention_dtype
 
 TOWER_ATTENTION = ("auto", "flash-attn", "sdpa")
 
@@ -74,7 +75,7 @@ def attend_runs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, frames: Frame
         def heads_first(x: torch.Tensor) -> torch.Tensor:
             # One head-major copy: torch's CPU attention kernel reads contiguous [F, A, L, D] rows
             # faster than the strided views of the packed qkv, by more than the copy costs (4% on a
-            # page frame, docs/benchmarks.md).
+            # page frame, docs/benchmarks-log.md).
             return x[start:end].view(count, length, *x.shape[1:]).transpose(1, 2).contiguous()  # [F, A, L, D]
 
         attended = scaled_dot_product_attention(heads_first(q), heads_first(k), heads_first(v), scale=scale)
