@@ -89,7 +89,8 @@ def bench_command(
         fail(error, debug)
     params = {"model": report.model, "shape": shape, "scale_hidden": scale_hidden if shape else None,
               "inputs": report.inputs, "n": n, "repeats": repeats, "memory_kind": report.memory_kind,
-              "batching": report.batching, "dtype_reason": report.dtype.get("reason")}
+              "batching": report.batching, "dtype_reason": report.dtype.get("reason"),
+              "matmul_rates": report.matmul_rates, "check_cost": report.check_cost, "kernels": report.kernels}
     result = finish("model", begun, SuiteRun([s.to_dict() for s in report.settings], params, report.device,
                                              report.dtype.get("dtype")))
     payload = result.to_dict()
