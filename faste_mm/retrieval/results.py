@@ -121,6 +121,8 @@ class IndexReport:
     excluded: int = 0
     tower_s: float = 0.0  # model seconds in the vision tower (images, pages, videos)
     decoder_s: float = 0.0  # model seconds in the decoder
+    ocr_read: int = 0  # images and scanned pages whose text was read (OCR, `index --ocr`)
+    ocr_s: float = 0.0  # seconds spent reading them
     # Items of unchanged files whose facts (date, camera, place...) this run read, without embedding.
     facts_filled: int = 0
     # Why a metadata field was left empty (hostile or broken value) -> how many files.
