@@ -6,6 +6,8 @@ merged requests.
 
 Receives `Item`s from `serving.inputs`; hands back vectors (+ token usage) and `Hit`s.
 """
+# Size: ~450 lines: the engine owns the model thread and every request kind it serves (embed, search, more
+# like this, rerank); the request checks run in handler threads beside them.
 
 from __future__ import annotations
 
