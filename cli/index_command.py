@@ -113,6 +113,8 @@ def index_command(
         _render_index_report(report)
     for failure in report.failures:
         stderr.print(f"[yellow]skipped[/yellow] {markup_safe(failure.error)}", highlight=False)
+    for text in retriever.kernel_choices():
+        stderr.print(text, highlight=False)
 
 
 def _plan_settings(plan: str, root, model: Optional[str], given: dict, dtype: str) -> tuple[dict, str]:
@@ -179,6 +181,7 @@ def _render_index_report(report) -> None:
                         ("files removed (vanished)", report.removed),
                         ("files skipped (removed earlier)", report.excluded), ("items failed", report.failed),
                         ("prefix tokens removed", f"{report.prefix_removal:.1%}"),
+                        ("images read (OCR)", f"{report.ocr_read} in {report.ocr_s:.1f} s"),
                         ("model s: vision tower / decoder", f"{report.tower_s:.1f} / {report.decoder_s:.1f} "
                                                             f"(tower {report.tower_share:.0%})"),
                         ("index", report.index_factory or "-"), ("seconds", f"{report.seconds:.1f}")):
