@@ -165,19 +165,12 @@ def create_app(engine: ServeEngine) -> FastAPI:
 
 
 def _mcp_endpoint(engine: ServeEngine):
-    """(ASGI app, session manager) of the MCP streamable HTTP transport over `engine`, or None
-    without a collection or without the `mcp` extra (then /mcp is an unknown route)."""
-    if engine.collection is None:
-        return None
+    """/mcp's (ASGI app, session manager), or None without a collection or the `mcp` extra."""
     try:
-        from faste_mm.serving.mcp_server import http_endpoint
+        from faste_mm.serving.mcp_server import serve_endpoint
     except ImportError:
-        log.info("no /mcp: the MCP SDK is not installed (pip install 'faste-mm[mcp]')")
         return None
-    from faste_mm.serving.mcp_paths import IndexRoots
-    from faste_mm.serving.mcp_tools import EngineSlot, McpTools
-
-    return http_endpoint(McpTools(engine.collection, EngineSlot(engine=engine), IndexRoots(engine.config.index_roots)))
+    return None if engine.collection is None else serve_endpoint(engine)
 
 
 class _KeyRequired:
