@@ -65,3 +65,64 @@ def test_rerank_of_a_replaced_image_of_the_same_size_and_mtime_is_scored_afresh(
     expected = vl_reranker.score("a red square", [copy]).scores[0]  # the new picture under a name never cached
     assert expected != pytest.approx(first, abs=1e-6)
     assert vl_reranker.score("a red square", [photo]).scores[0] == pytest.approx(expected, abs=1e-6)
+
+
+# ---- item 5: rerank and explain inputs are bounded before they are tokenized --------------------
+FIVE_MB = "word " * 1_000_000
+
+
+@pytest.fixture()
+def tokenized_lengths(vl_reranker, monkeypatch) -> list[int]:
+    """The length of every text the reranker's tokenizer is handed (recorded, then tokenized)."""
+    tokenizer_type = type(vl_reranker.serializer.processor.tokenizer)
+    original = tokenizer_type.__call__
+    lengths: list[int] = []
+
+    def recording(self, text=None, *args, **kwargs):
+        texts = [text] if isinstance(text, str) else [t for t in (text or []) if isinstance(t, str)]
+        lengths.extend(len(t) for t in texts)
+        return original(self, text, *args, **kwargs)
+
+    monkeypatch.setattr(tokenizer_type, "__call__", recording)
+    return lengths
+
+
+@pytest.fixture(scope="module")
+def rerank_client(model, vl_reranker):
+    from fastapi.testclient import TestClient
+
+    from faste_mm import Embedder
+    from faste_mm.serving import ServeConfig, ServeEngine, create_app
+
+    engine = ServeEngine(Embedder.from_pretrained(model, device="cpu"), None, ServeConfig(), reranker=vl_reranker)
+    with TestClient(create_app(engine), base_url="http://127.0.0.1:8000") as client:
+        yield client
+
+
+def test_rerank_of_a_5mb_document_tokenizes_only_what_the_model_sees(rerank_client, vl_reranker, tokenized_lengths):
+    response = rerank_client.post("/v1/rerank", json={"query": "words", "documents": [FIVE_MB, "a short one"]})
+    assert response.status_code == 200, response.text[:300]
+    assert max(tokenized_lengths) < len(FIVE_MB) // 10
+    cut = FIVE_MB[: len(FIVE_MB) // 8]  # still far more than the model keeps: the same pair
+    expected = vl_reranker.score("words", [cut, "a short one"]).scores
+    scores = {r["index"]: r["relevance_score"] for r in response.json()["results"]}
+    assert [scores[0], scores[1]] == pytest.approx(expected.tolist(), abs=1e-6)
+
+
+def test_explain_with_a_5mb_query_tokenizes_only_what_the_model_sees(rerank_client, tokenized_lengths):
+    response = rerank_client.post("/explain", json={"query": FIVE_MB, "document": "a short document"})
+    assert response.status_code == 200, response.text[:300]
+    assert max(tokenized_lengths) < len(FIVE_MB) // 10
+
+
+def test_rerank_over_the_token_limit_is_413_naming_it(model, vl_reranker):
+    from fastapi.testclient import TestClient
+
+    from faste_mm import Embedder
+    from faste_mm.serving import ServeConfig, ServeEngine, create_app
+
+    engine = ServeEngine(Embedder.from_pretrained(model, device="cpu"), None, ServeConfig(max_request_tokens=4096),
+                         reranker=vl_reranker)
+    with TestClient(create_app(engine), base_url="http://127.0.0.1:8000") as client:
+        response = client.post("/v1/rerank", json={"query": "words", "documents": [FIVE_MB]})
+    assert response.status_code == 413 and "--max-request-tokens" in response.json()["error"]["message"]
