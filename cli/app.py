@@ -47,7 +47,10 @@ def _tidy_help(params: list, ctx) -> None:
             label = _RANGE_RE.sub(r"\1", label.removeprefix("list[").removesuffix("]"))
             label = _TYPE_LABELS.get(label, label)
             if param.param_type_name == "argument":
-                param.metavar = param.name.upper()  # its name column and usage: "{PATHS}..."
+                param.metavar = param.name.upper()  # its name column
+                # typer's usage line shows a required argument as "{PATHS}...": click's "PATHS..."
+                usage = param.name.upper() + ("..." if param.nargs != 1 else "")
+                param._usage_display_name = lambda usage=usage if param.required else f"[{usage}]": usage
                 # typer shows an argument's type in a column of its own whatever the metavar: this
                 # command object is built for this one help page, so blank it here.
                 param.display_type_rich = lambda ctx: None
@@ -104,6 +107,14 @@ class _Group(TyperGroup):
             super().format_help(ctx, formatter)
 
 
+def _summary(docstring: str | None) -> str:
+    """A command's line in the root `--help`: its docstring's first sentence on one line (the whole
+    first paragraph, with its hard line breaks, wrapped the command table early)."""
+    paragraph = " ".join((docstring or "").strip().split("\n\n")[0].split())
+    sentence = re.split(r"(?<=\.)\s(?=[A-Z])", paragraph, maxsplit=1)[0]
+    return sentence.rstrip(".")
+
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, cls=_Group,
                   help="Multimodal retrieval with Qwen3-VL-Embedding and FastE.")
 
@@ -129,7 +140,7 @@ for _name, _command in (("index", index_command), ("search", search_command), ("
                         ("rebuild-index", rebuild_index_command), ("export", export_command), ("embed", embed),
                         ("eval", eval_command), ("bench", bench_command), ("calibrate", calibrate_command),
                         ("serve", serve_command), ("plan", plan_command), ("rerank", rerank_command)):
-    app.command(_name, cls=_Command)(_command)
+    app.command(_name, cls=_Command, short_help=_summary(_command.__doc__))(_command)
 
 
 def main() -> None:

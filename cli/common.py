@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import sys
 from typing import NoReturn
@@ -63,6 +64,13 @@ def setup_logging(debug: bool, level: int = logging.WARNING) -> None:
     handler = _StderrHandler()
     handler.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
     logging.basicConfig(level=logging.DEBUG if debug else level, handlers=[handler], force=True)
+    # Third-party chatter stays off the terminal unless --debug: the hub client's per-retry
+    # warnings (its own handler printed each twice, once more through ours), LanceDB's Rust WARN
+    # lines (read from LANCEDB_LOG when lancedb loads; a user's own setting wins).
+    hub = logging.getLogger("huggingface_hub")
+    hub.propagate = False
+    hub.setLevel(logging.DEBUG if debug else logging.ERROR)
+    os.environ.setdefault("LANCEDB_LOG", "info" if debug else "error")
 
 
 # Config fields as the CLI spells them: a ConfigError raised by a library dataclass names the

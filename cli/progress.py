@@ -74,7 +74,7 @@ class Progress:
             # A short bar, then the label and the numbers that matter first (count, elapsed, ETA),
             # the rates after them; at any width the text folds onto a second line, never "…".
             self._bar = RichProgress(BarColumn(bar_width=_BAR_WIDTH),
-                                     TextColumn("{task.description}: {task.fields[line]}",
+                                     TextColumn("{task.fields[line]}",
                                                 table_column=Column(ratio=1, overflow="fold")),
                                      console=self._console, transient=True, expand=True)
             self._bar.start()
@@ -92,7 +92,7 @@ class Progress:
         self._started = time.monotonic()
         self._printed = float("-inf")
         if self._bar is not None:
-            self._task = self._bar.add_task(escape(label), total=total, line="")
+            self._task = self._bar.add_task(escape(label), total=total, line=escape(label))
 
     def advance(self, n: float = 1, detail: str = "") -> None:
         self.update(self._done + n, detail=detail)
@@ -106,8 +106,9 @@ class Progress:
         line = self.line(detail, share)
         if self._bar is not None:
             shown = done if share is None or not self._total else share * self._total  # per batch, not per commit
-            self._bar.update(self._task, completed=shown, total=self._total,
-                             line=escape(self.line(detail, share, numbers_first=True)), refresh=True)
+            text = _packed(f"{self._label}: {self.line(detail, share, numbers_first=True)}",
+                           self._console.width - _BAR_WIDTH - 1)
+            self._bar.update(self._task, completed=shown, total=self._total, line=escape(text), refresh=True)
             return
         now = time.monotonic()
         finished = self._total is not None and done >= self._total
@@ -149,6 +150,19 @@ class Progress:
         self.load_s += seconds
         self._started += seconds
         self.status(f"loaded model {name} in {seconds:.1f} s")
+
+
+def _packed(text: str, width: int) -> str:
+    """`text`'s groups (separated by two spaces: "16 items", "elapsed 0:02") packed into lines of
+    at most `width` columns. rich wraps at any space, which at 80 columns left "16" at the end of
+    one line and "items" on the next; a group longer than a line is left to rich's fold."""
+    lines: list[str] = []
+    for group in text.split("  "):
+        if lines and len(lines[-1]) + 2 + len(group) <= width:
+            lines[-1] += "  " + group
+        else:
+            lines.append(group)
+    return "\n".join(lines)
 
 
 def quiet_transformers() -> None:

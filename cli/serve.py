@@ -136,11 +136,13 @@ def _require_serve_extra() -> None:
 
 def _load_engine(collection, model, device, dtype, batch_tokens, unpadded, config, settings, reranker_for):
     from faste_mm import BatchingConfig, Embedder
+    from faste_mm.cli.progress import quiet_transformers
     from faste_mm.model.serialization import SerializerConfig
     from faste_mm.retrieval.maintenance import collection_path
     from faste_mm.retrieval.retriever import Retriever
     from faste_mm.serving import ServeEngine
 
+    quiet_transformers()  # our "loading ..." line instead of transformers' per-weight bar
     batching = BatchingConfig(batch_tokens=batch_tokens, unpadded=unpadded)
     if collection is None and model is not None:
         stderr.print(f"loading {model} (embeddings only: --model without -c)")

@@ -179,6 +179,20 @@ def test_the_live_bar_keeps_its_bar_count_elapsed_and_eta_at_80_columns():
         assert word in screen
 
 
+@pytest.mark.parametrize("columns", [60, 72, 80, 81, 90, 100])
+def test_the_live_bar_never_splits_a_number_from_its_unit(columns):
+    # "16 items" once straddled the wrap at 80 columns: "... 16" / "items ...". Each group the line
+    # is made of (two spaces apart) must stay on one screen line at every width.
+    rates = "16 items  1.3 items/s  205 tok/s  removed 50%  tower 19%"
+    console = _terminal(columns)
+    with Progress(console, live=True) as progress:
+        progress.start("indexing", 21, unit="files committed")
+        progress.update(16, detail=rates, share=0.7)
+    lines = [line.strip() for line in _screen(console).splitlines()]
+    for group in ["16/21 files committed", *rates.split("  ")]:
+        assert any(group in line for line in lines), (group, lines)
+
+
 def test_a_warning_logged_while_the_bar_is_live_prints_above_it_not_into_it():
     import logging
 

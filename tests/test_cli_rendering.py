@@ -38,3 +38,18 @@ def test_the_ray_help_names_its_extra():
     for columns in ("80", "200"):
         shown = runner.invoke(app, ["index", "--help"], env={"COLUMNS": columns}).stdout
         assert "faste-mm[ray]" in shown, shown
+
+
+def test_the_root_help_lists_each_command_by_its_first_sentence_filled_to_the_width():
+    # The command table once showed each docstring's first paragraph with its hard line breaks:
+    # rows wrapped early ("a search page at / (the" / "default collection ...") at 80 columns.
+    shown = runner.invoke(app, ["--help"], env={"COLUMNS": "80"}).stdout
+    rows = [line.strip("│ ").rstrip() for line in shown.splitlines() if line.startswith("│")]
+    table = rows[[i for i, row in enumerate(rows) if row.startswith("index ")][0]:]
+    inner = max(len(line) for line in shown.splitlines()) - 4
+    for row, following in zip(table, table[1:]):
+        name, _, text = following.partition(" ")
+        if name in _GROUP.commands:
+            continue  # the next command's row
+        assert len(row) + 1 + len(following.split()[0]) > inner - 15, (row, following)
+    assert "index [OPTIONS] PATHS...\n" in runner.invoke(app, ["index", "--help"]).stdout

@@ -293,5 +293,8 @@ def test_the_python_api_applies_a_row_and_keeps_its_receipt(vl_embedder, report,
     profile = read_profile(tmp_path / "col")
     assert (profile.max_pixels, profile.r_max, profile.threshold) == (SMALL, 0.5, report.candidates[row].threshold)
     assert profile.receipt == report.receipt(row) and "faste-mm plan" in profile.threshold_source
+    # theta is the backbone's default the plan measured, not a value the plan found (it says so)
+    planned = report.candidates[row].threshold_source
+    assert planned.startswith("backbone default") and profile.threshold_source.startswith(planned)
     with pytest.raises(ConfigError, match="measured with someone/else"):
         replace(report, model_id="someone/else").check_model(vl_embedder.model_id)

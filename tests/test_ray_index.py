@@ -232,6 +232,8 @@ def test_sigkilled_driver_resumes_without_embedding_twice(ray_cluster, model_dir
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
     # Ray's own output stays off the terminal without --debug (no execution banner, no actor logs)
     assert "Traceback" not in proc.stderr and "streaming_executor" not in proc.stderr, proc.stderr[-3000:]
+    # nor the warnings of Ray's Python loggers ("2026-... WARNING file.py:85 -- Token authentication ...")
+    assert not re.search(r"^\d{4}-\d\d-\d\d [\d:,]+\s+(WARNING|INFO) ", proc.stderr, re.MULTILINE), proc.stderr[-3000:]
     before, _ = _rows(collection)
     assert 0 < len(before)
 

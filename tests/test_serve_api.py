@@ -158,6 +158,12 @@ def test_the_openai_client_talks_to_the_server(plain, embedder):
     result = client.embeddings.create(model=embedder.model_id, input=TEXTS[:2])
     np.testing.assert_allclose(np.array([d.embedding for d in result.data]), embedder.encode(TEXTS[:2]).embeddings,
                                atol=1e-6)
+    # the OpenAI client will not send a request without `model` (docs/serve.md says so): "faste-mm"
+    # names whatever model the server serves, so client code need not know the hub id
+    with pytest.raises(TypeError, match="model"):
+        client.embeddings.create(input=TEXTS[:2])
+    alias = client.embeddings.create(model="faste-mm", input=TEXTS[:2])
+    assert [d.embedding for d in alias.data] == [d.embedding for d in result.data]
 
 
 # ---- /search equals Retriever.search ----------------------------------------------------------

@@ -271,7 +271,10 @@ class CollectionProfile:
                               f"choose a dim between 1 and {embedder.dim}")
         if loaded.r_max == 0:
             return replace(loaded, warmup_layer=None, threshold=None, threshold_source=None, trigger_layer=None)
-        given = "given (--threshold)" if loaded.receipt is None else f"as measured by faste-mm plan ({loaded.receipt.created})"
+        given = "given (--threshold)"
+        if loaded.receipt is not None:  # the plan measured this theta; it came from where the plan took it
+            planned = loaded.receipt.threshold_source or "the plan's setting"
+            given = f"{planned}; its fidelity measured by faste-mm plan ({loaded.receipt.created})"
         threshold, source = loaded.threshold, given
         if threshold is None:
             if calibration is not None and calibration.threshold is not None:

@@ -41,12 +41,14 @@ class PlanReceipt:
     device: str
     created: str
     model_id: str
+    threshold_source: str | None = None
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "PlanReceipt":
         """From manifest JSON or a plan; ConfigError naming unknown or missing keys."""
         names = [f.name for f in dataclasses.fields(cls)]
-        if not isinstance(data, Mapping) or set(data) != set(names):
+        optional = {"threshold_source"}  # added after receipts were first written
+        if not isinstance(data, Mapping) or not set(names) - optional <= set(data) <= set(names):
             given = sorted(data) if isinstance(data, Mapping) else type(data).__name__
             raise ConfigError(f"a plan receipt needs exactly the keys {names}, got {given}")
         return cls(**data)

@@ -265,8 +265,9 @@ def _connect(ray, options: RayOptions) -> bool:
     try:
         # the workers' own output (actor warnings, their logs) reaches this terminal only with --debug
         debug = log.isEnabledFor(logging.DEBUG)
+        # ERROR: ray.init's own warnings (token authentication on by default) are not ours to print
         ray.init(address=address, include_dashboard=False, log_to_driver=debug,
-                 logging_level=logging.DEBUG if debug else logging.WARNING)
+                 logging_level=logging.DEBUG if debug else logging.ERROR)
     except (ConnectionError, RuntimeError, ValueError) as error:
         raise ConfigError(f"cannot join the Ray cluster at {options.address!r} ({error}); start it with "
                           f"`ray start --head` (then `ray start --address HEAD:6379` on the other nodes) "

@@ -114,7 +114,7 @@ class PlanReport:
                            agreement=chosen.agreement, query_agreement=chosen.query_agreement,
                            mean_cos=chosen.mean_cos, p5_cos=chosen.p5_cos, speedup=chosen.speedup,
                            flops_speedup=chosen.flops_speedup, device=self.device, created=self.created,
-                           model_id=self.model_id)
+                           model_id=self.model_id, threshold_source=chosen.threshold_source)
 
     def settings(self, index: int | None = None) -> dict[str, Any]:
         """Row `index` (None: the recommendation) as the collection settings `Retriever` and

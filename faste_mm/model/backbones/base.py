@@ -78,7 +78,7 @@ class Backbone:
             config=self.text_config,
             inputs_embeds=state.hidden,
             attention_mask=state.valid,
-            past_key_values=None,
+            cache=None,  # transformers >= 5.24 (past_key_values is deprecated there, removed in 5.40)
             position_ids=None,  # gapped ids after compression would read as packed sequences
         )
         masks: dict[str, torch.Tensor | None] = {}

@@ -151,15 +151,52 @@ def check_local_path(name_or_path: str | os.PathLike) -> None:
                              f"hub id such as Qwen/Qwen3-VL-Embedding-2B")
 
 
-def load_config(name_or_path: str, revision: str | None):
-    """The checkpoint's transformers config; ModelLoadError naming the model and the fix."""
+def hub_unreachable(name_or_path: str) -> str | None:
+    """For a hub id: why the hub cannot be asked (offline mode, or its host refuses or does not
+    resolve), else None. Checked once, in a few seconds: asked anyway, the hub client retries
+    every request five times with back-off (over a minute) before the cache is even looked at."""
+    import socket
+    from urllib.parse import urlsplit
+
+    from huggingface_hub import constants
+
+    if Path(name_or_path).expanduser().is_dir():
+        return None
+    if constants.HF_HUB_OFFLINE:
+        return "HF_HUB_OFFLINE is set"
+    url = urlsplit(constants.ENDPOINT)
+    host, port = url.hostname or "huggingface.co", url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((host, port), timeout=_HUB_CONNECT_S).close()
+    except OSError as error:
+        return f"{host} cannot be reached from this machine ({error.strerror or error})"
+    return None
+
+
+_HUB_CONNECT_S = 5.0
+
+
+def offline_error(name_or_path: str, why: str) -> ModelLoadError:
+    """The model is neither reachable nor in the local cache: say so once, and how to use a copy."""
+    get = f"where there is internet, `hf download {name_or_path} --local-dir DIR`, and copy DIR here"
+    return ModelLoadError(f"{name_or_path}: cannot download the model: {why}, and it is not in the local "
+                          f"Hugging Face cache", hint=f"{get}; then load it with from_pretrained(DIR)",
+                          cli_hint=f"{get}; then pass --model DIR")
+
+
+def load_config(name_or_path: str, revision: str | None, offline: str | None = None):
+    """The checkpoint's transformers config; ModelLoadError naming the model and the fix.
+    offline: why the hub cannot be asked (`hub_unreachable`): only the local cache is read."""
     from transformers import AutoConfig
 
     try:
-        return AutoConfig.from_pretrained(name_or_path, revision=revision)
+        return AutoConfig.from_pretrained(name_or_path, revision=revision, local_files_only=offline is not None)
     except (OSError, ValueError) as error:
+        if offline is not None:
+            raise offline_error(name_or_path, offline) from None
+        reason = " ".join(str(error).split())  # one line: the hub's message carries newlines
         raise ModelLoadError(
-            f"{name_or_path}: cannot load the model config ({error}). Check the hub id or local "
+            f"{name_or_path}: cannot load the model config ({reason}). Check the hub id or local "
             "directory; without internet, pass a local directory that holds the downloaded model."
         ) from None
 
@@ -188,7 +225,8 @@ def load_model(
     serializer_config = serializer or SerializerConfig()
     name_or_path = os.fspath(name_or_path)  # a hub id or a folder, str or path alike
     check_local_path(name_or_path)
-    config = load_config(name_or_path, revision)
+    offline = hub_unreachable(name_or_path)
+    config = load_config(name_or_path, revision, offline)
     family = family_for(config.model_type, name_or_path)  # refuse unsupported models before downloading weights
     if declared_role(name_or_path, getattr(config, "architectures", None)) == "reranker":
         raise ModelLoadError(f"{name_or_path}: this is a reranker, not an embedding model; load it as the reranker "
@@ -196,12 +234,14 @@ def load_model(
                              f"Qwen/Qwen3-VL-Embedding-2B")
     dtype_choice = choose_dtype(dtype, torch_device, checkpoint_dtype(config))
     log.info("%s runs in %s", name_or_path, dtype_choice.describe())
-    kwargs = dict(revision=revision, dtype=dtype_choice.dtype, attn_implementation=attn_implementation)
+    kwargs = dict(revision=revision, dtype=dtype_choice.dtype, attn_implementation=attn_implementation,
+                  local_files_only=offline is not None)
     try:
         import transformers
 
         model_class, preprocessor_class = (getattr(transformers, name) for name in family.hf_classes)
-        preprocessor = preprocessor_class.from_pretrained(name_or_path, revision=revision)
+        preprocessor = preprocessor_class.from_pretrained(name_or_path, revision=revision,
+                                                          local_files_only=offline is not None)
         model = model_class.from_pretrained(name_or_path, **kwargs)
     except Exception as error:  # noqa: BLE001 - a damaged file raises whatever its reader raises
         raise weights_error(name_or_path, error) from None

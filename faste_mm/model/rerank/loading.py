@@ -14,8 +14,8 @@ import torch
 
 from faste_mm.errors import ModelLoadError
 from faste_mm.model.backbones.base import Backbone
-from faste_mm.model.backbones.loading import (check_local_path, checkpoint_dtype, choose_dtype, load_config, resolve_device,
-                                              weights_error)
+from faste_mm.model.backbones.loading import (check_local_path, checkpoint_dtype, choose_dtype, hub_unreachable, load_config,
+                                              resolve_device, weights_error)
 from faste_mm.model.backbones.registry import RerankFamily, declared_role, family_for, rerank_family_for
 
 log = logging.getLogger(__name__)
@@ -51,7 +51,8 @@ def load_reranker(
     choose_dtype(dtype, torch_device)  # an unknown name fails before anything is read
     name_or_path = os.fspath(name_or_path)
     check_local_path(name_or_path)
-    config = load_config(name_or_path, revision)
+    offline = hub_unreachable(name_or_path)
+    config = load_config(name_or_path, revision, offline)
     family = rerank_family_for(config.model_type, name_or_path)
     if declared_role(name_or_path, getattr(config, "architectures", None)) == "embedding model":
         raise ModelLoadError(f"{name_or_path}: this is an embedding model, not a reranker; use it as the embedding "
@@ -63,9 +64,11 @@ def load_reranker(
         import transformers
 
         preprocessor_class = transformers.AutoProcessor if config.model_type == "qwen3_vl" else transformers.AutoTokenizer
-        preprocessor = preprocessor_class.from_pretrained(name_or_path, revision=revision)
+        preprocessor = preprocessor_class.from_pretrained(name_or_path, revision=revision,
+                                                          local_files_only=offline is not None)
         model = getattr(transformers, family.head_class).from_pretrained(
-            name_or_path, revision=revision, dtype=dtype_choice.dtype, attn_implementation=attn_implementation
+            name_or_path, revision=revision, dtype=dtype_choice.dtype, attn_implementation=attn_implementation,
+            local_files_only=offline is not None,
         )
     except Exception as error:  # noqa: BLE001 - damaged files raise whatever their reader raises
         raise weights_error(name_or_path, error) from None
