@@ -126,3 +126,23 @@ def test_rerank_over_the_token_limit_is_413_naming_it(model, vl_reranker):
     with TestClient(create_app(engine), base_url="http://127.0.0.1:8000") as client:
         response = client.post("/v1/rerank", json={"query": "words", "documents": [FIVE_MB]})
     assert response.status_code == 413 and "--max-request-tokens" in response.json()["error"]["message"]
+
+
+# ---- item 7: one Retriever shared by threads --------------------------------------------------
+def test_a_retriever_is_shared_by_threads(model, tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from faste_mm import Embedder, Retriever
+    from tests.serve_fixtures import make_gallery
+
+    retriever = Retriever(Embedder.from_pretrained(model, device="cpu"), collection=tmp_path / "col")
+    retriever.index([make_gallery(tmp_path / "gallery", n=4)])
+    queries = ["sunset", "forest", "ocean", "desert"] * 3
+    expected = [[(h.id, h.score) for h in retriever.search(q, k=3)] for q in queries[:4]]
+    with ThreadPoolExecutor(4) as pool:  # the reader was opened on this thread; each worker uses it
+        found = list(pool.map(lambda q: [(h.id, h.score) for h in retriever.search(q, k=3)], queries))
+    assert found == expected * 3
+    fresh = Retriever(Embedder.from_pretrained(model, device="cpu"), collection=tmp_path / "col")
+    with ThreadPoolExecutor(1) as pool:  # opened on a worker thread, then used on this one
+        pool.submit(fresh.search, "sunset").result()
+    assert [(h.id, h.score) for h in fresh.search("sunset", k=3)] == expected[0]
