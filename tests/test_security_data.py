@@ -146,3 +146,49 @@ def test_a_retriever_is_shared_by_threads(model, tmp_path):
     with ThreadPoolExecutor(1) as pool:  # opened on a worker thread, then used on this one
         pool.submit(fresh.search, "sunset").result()
     assert [(h.id, h.score) for h in fresh.search("sunset", k=3)] == expected[0]
+
+
+# ---- item 2: a killed re-export keeps the previous LanceDB table -------------------------------
+def _rows_collection(root: Path, n: int, seed: int) -> None:
+    """A collection of `n` rows in parts of 100 (one exported batch each), uris f{seed}-{i}."""
+    import numpy as np
+
+    from faste_mm.indexers import Collection, ItemRecord, Manifest
+
+    x = np.random.default_rng(seed).standard_normal((n, 16)).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    with Collection.create(root, Manifest(model_id="m", dim=16)) as col:
+        for start in range(0, n, 100):
+            col.add(x[start:start + 100], [ItemRecord(uri=f"/docs/f{seed}-{i}.txt", modality="text")
+                                           for i in range(start, start + 100)])
+
+
+def _export_cli(collection: Path, to: str, crash_at: str | None = None) -> "subprocess.CompletedProcess":
+    import os
+    import subprocess
+    import sys
+
+    from faste_mm.indexers.crash_points import CRASH_ENV
+
+    env = {k: v for k, v in os.environ.items() if k != CRASH_ENV}
+    if crash_at is not None:
+        env[CRASH_ENV] = crash_at
+    return subprocess.run([sys.executable, "-m", "faste_mm.cli.app", "export", "-c", str(collection), "--to", to],
+                          capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_a_killed_reexport_to_lancedb_keeps_the_previous_table(tmp_path):
+    import lancedb
+
+    _rows_collection(tmp_path / "old", 300, seed=1)
+    _rows_collection(tmp_path / "new", 500, seed=2)
+    to = f"lancedb:{tmp_path / 'db'}/items"
+    assert _export_cli(tmp_path / "old", to).returncode == 0
+    killed = _export_cli(tmp_path / "new", to, crash_at="export-after-batch#3")
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    table = lancedb.connect(str(tmp_path / "db")).open_table("items")
+    uris = table.to_arrow().column("uri").to_pylist()
+    assert len(uris) == 300 and all("/f1-" in uri for uri in uris)  # the old table, whole
+    done = _export_cli(tmp_path / "new", to)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert lancedb.connect(str(tmp_path / "db")).open_table("items").count_rows() == 500

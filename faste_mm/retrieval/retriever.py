@@ -7,7 +7,7 @@ Receives paths, texts, images and queries; hands back the records of `faste_mm.r
 imports: collection_settings (the profile), indexing + ingest + scanning, documents (add),
 querying (search), model_spec (loading on first use).
 """
-# Size: ~470 lines: the public facade, ~30 methods of a few lines each delegating to the modules above;
+# Size: ~490 lines: the public facade, ~30 methods of a few lines each delegating to the modules above;
 # most of its lines are the API's docstrings.
 
 from __future__ import annotations
