@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from faste_mm.cli.setting_flags import FLAG_OF_FIELD
 from faste_mm.errors import ConfigError, FasteError
 
 class _ResultConsole(Console):
@@ -82,12 +83,9 @@ _FLAGS = {
     "IndexOptions.chunk_files": "--chunk-files", "IndexOptions.chunk_pages": "--chunk-pages",
     "ScanFilter.exclude": "--exclude",
     "index_type": "--index-type", "ServeConfig.api_key": "--api-key",
-    "CollectionProfile.r_max": "--r-max", "CollectionProfile.threshold": "--threshold",
-    "CollectionProfile.warmup_layer": "--warmup-layer", "CollectionProfile.trigger_layer": "--trigger-layer",
-    "CollectionProfile.dim": "--dim", "VideoConfig.fps": "--video-fps", "VideoConfig.max_frames": "--video-max-frames",
     "PlanConfig.dtypes": "--dtype", "PlanConfig.target": "--target", "PlanConfig.p5_floor": "--p5-floor",
     "PlanConfig.max_pixels": "--max-pixels",
-    "VideoConfig.max_pixels": "--video-max-pixels",
+    **FLAG_OF_FIELD,  # the collection settings' fields, from their declarations
 }
 _FLAG_RE = re.compile("|".join(rf"\b{re.escape(name)}\b" for name in _FLAGS))
 # Any other config field is set by the flag of its name: `BenchConfig.repeats` -> --repeats.

@@ -13,38 +13,16 @@ from rich.table import Table
 
 from faste_mm.cli.common import fail, markup_safe, print_json, setup_logging, stderr, stdout, usage_error
 from faste_mm.cli.options import (DEFAULT_BATCH_TOKENS, BatchTokens, CollectionOption, Debug, Device, Dtype, Format,
-                                  MaxPixels, Model, OutputFormat, RMax, Threshold, TriggerLayer, Unpadded, VisualTokens,
-                                  WarmupLayer, one_ratio)
+                                  OutputFormat, Unpadded)
+from faste_mm.cli.setting_flags import GivenFlags, on_index, takes_settings
 from faste_mm.cli.progress import Progress
 from faste_mm.errors import FasteError
 
 
+@takes_settings(on_index)
 def index_command(
     paths: list[Path] = typer.Argument(..., help="Files and folders to index (folders are walked recursively)."),
     collection: CollectionOption = None,
-    model: Model = None,
-    r_max: RMax = None,
-    warmup_layer: WarmupLayer = None,
-    threshold: Threshold = None,
-    trigger_layer: TriggerLayer = None,
-    reranker: Optional[str] = typer.Option(None, "--reranker", envvar="FASTE_MM_RERANKER", show_default=False,
-                                           help="Record a default reranker (hub id or folder, e.g. Qwen/Qwen3-VL-Reranker-2B) "
-                                                "that search and serve use for a second stage; set when the collection is "
-                                                "created or re-indexed. Default: none."),
-    dim: Optional[int] = typer.Option(None, "--dim", envvar="FASTE_MM_DIM", min=1,
-                                      help="Matryoshka: store only the first DIM dimensions of each vector, "
-                                           "re-normalised (e.g. 512: 4x smaller index, faster search, some "
-                                           "quality lost); queries are truncated the same way. Default: the "
-                                           "collection's, the model's full width for a new one."),
-    vectors: Optional[str] = typer.Option(None, "--vectors", envvar="FASTE_MM_VECTORS",
-                                          help="Precision of the index in RAM: float32 | float16 | int8 (8-bit "
-                                               "codes, 1/4 the RAM) | binary (sign bits, 1/32; dim a multiple of "
-                                               "8); searches rescore candidates from the copy kept on disk. "
-                                               "Default: the collection's, float32 for a new one."),
-    keep: Optional[str] = typer.Option(None, "--keep", envvar="FASTE_MM_KEEP",
-                                       help="Copy kept on disk to rescore with: float (default) | int8 (8-bit "
-                                            "codes, with --vectors binary) | none (smallest; results "
-                                            "unrescored). Default: the collection's, float for a new one."),
     batch_tokens: BatchTokens = DEFAULT_BATCH_TOKENS,
     unpadded: Unpadded = "auto",
     chunk_files: int = typer.Option(64, "--chunk-files", envvar="FASTE_MM_CHUNK_FILES",
@@ -83,39 +61,21 @@ def index_command(
     ship_bytes: bool = typer.Option(False, "--ship-bytes", envvar="FASTE_MM_RAY_SHIP_BYTES",
                                     help="With --ray: read files on this machine and ship their bytes through "
                                          "Ray's object store (nodes without shared storage)."),
-    video_fps: Optional[float] = typer.Option(None, "--video-fps", envvar="FASTE_MM_VIDEO_FPS",
-                                              help="Video frames sampled per second. Default: the collection's, "
-                                                   "1 (the official embedder's) for a new one."),
-    video_max_frames: Optional[int] = typer.Option(None, "--video-max-frames", envvar="FASTE_MM_VIDEO_MAX_FRAMES",
-                                                   help="At most this many frames per video. Default: the "
-                                                        "collection's, 64 for a new one."),
-    video_max_pixels: Optional[int] = typer.Option(None, "--video-max-pixels", envvar="FASTE_MM_VIDEO_MAX_PIXELS",
-                                                   help="Pixels per video frame at most (32x32 px = one visual "
-                                                        "token per frame pair). Default: the collection's, "
-                                                        "786432 for a new one."),
-    max_pixels: MaxPixels = None,
-    visual_tokens: VisualTokens = None,
     plan: Optional[str] = typer.Option(None, "--plan", envvar="FASTE_MM_PLAN",
                                        help="plan.json from faste-mm plan (or plan.json:ROW): index with its "
                                             "recommendation (or that row): pixel cap, r_max, theta and dtype; a NEW "
                                             "collection keeps the measured fidelity as its receipt (see info)."),
     debug: Debug = False,
+    settings: GivenFlags = GivenFlags({}),
 ) -> None:
     """Index images, videos (mp4, mov, webm, mkv, avi), PDFs (page by page) and .txt/.md files; only new or
     changed files are embedded."""
     from faste_mm.model.batching import BatchingConfig
-    from faste_mm.model.serialization import pixel_budget
     from faste_mm.retrieval.maintenance import collection_path
     from faste_mm.retrieval.results import IndexOptions
     from faste_mm.retrieval.retriever import Retriever
 
-    from faste_mm.indexers.quantization import KEEPS, PRECISIONS
-
     setup_logging(debug)
-    if vectors is not None and vectors not in PRECISIONS:
-        usage_error(f"--vectors must be one of {', '.join(PRECISIONS)}, got {vectors!r}")
-    if keep is not None and keep not in KEEPS:
-        usage_error(f"--keep must be one of {', '.join(KEEPS)}, got {keep!r}")
     watch, pending = _IndexWatch(), None
     try:
         root = collection_path(collection)
@@ -131,17 +91,15 @@ def index_command(
             usage_error("--workers, --gpus-per-worker and --ship-bytes need --ray auto (or --ray ADDRESS)")
         # Settings not given are the collection's (so `faste-mm index more/` just works), else the
         # defaults; a given one that differs from the collection's is refused (see CollectionProfile).
-        video = {"fps": video_fps, "max_frames": video_max_frames, "max_pixels": video_max_pixels}
-        budget = pixel_budget(max_pixels, visual_tokens, names=("--max-pixels", "--visual-tokens"))
-        settings = dict(r_max=one_ratio(r_max), warmup_layer=warmup_layer, threshold=threshold, max_pixels=budget)
+        # The flags are the declared settings' (cli/setting_flags.py); resolved once, in for_collection.
+        given = settings.settings()
+        model, revision = given.pop("model_id", None), given.pop("model_revision", None)
         if plan is not None:
-            settings, dtype = _plan_settings(plan, root, model, {**settings, "trigger_layer": trigger_layer}, dtype)
-            trigger_layer = settings.pop("trigger_layer", None)  # a plan row measured at a fixed layer keeps it
+            given, dtype = _plan_settings(plan, root, model, given, dtype)
         retriever = Retriever.for_collection(
-            root, model, device=device, dtype=dtype, batching=BatchingConfig(batch_tokens=batch_tokens, unpadded=unpadded),
-            reindex=reindex, loading=watch.loading, trigger_layer=trigger_layer, dim=dim, vectors=vectors, keep=keep,
-            reranker=reranker, **settings,
-            video={name: value for name, value in video.items() if value is not None} or None)
+            root, model, revision=revision, device=device, dtype=dtype,
+            batching=BatchingConfig(batch_tokens=batch_tokens, unpadded=unpadded), reindex=reindex,
+            loading=watch.loading, **given)
         pending = lambda: retriever.pending(paths, options)  # noqa: E731
         with retriever, watch:
             report = retriever.index(paths, options=options, progress=watch.report, executor=executor)
@@ -158,18 +116,20 @@ def index_command(
 
 
 def _plan_settings(plan: str, root, model: Optional[str], given: dict, dtype: str) -> tuple[dict, str]:
-    """--plan: the chosen row's collection settings and dtype, refused when other flags set them
-    too or when the plan was measured with another model than this index uses."""
+    """--plan: the chosen row's collection settings (over the other settings given) and dtype,
+    refused when other flags set them too or when the plan was measured with another model than
+    this index uses."""
     from faste_mm.retrieval.profile import DEFAULT_MODEL, existing_profile
     from faste_mm.tools.plan_report import load_plan
 
-    if any(value is not None for value in given.values()) or dtype != "auto":
+    report, row = load_plan(plan)
+    chosen = report.settings(row)
+    if dtype != "auto" or set(given) & {*chosen, "r_max", "warmup_layer", "threshold", "trigger_layer"}:
         usage_error("--plan sets the pixel budget, FastE (--r-max, --threshold, ...) and --dtype from the plan; "
                "give --plan or those flags")
-    report, row = load_plan(plan)
     existing = existing_profile(root)
     report.check_model(model or (existing.model_id if existing else DEFAULT_MODEL), f"--plan {plan}")
-    return report.settings(row), report.row(row).dtype
+    return {**given, **chosen}, report.row(row).dtype
 
 
 def _interrupted(watch: "_IndexWatch", pending, reindex: bool) -> NoReturn:

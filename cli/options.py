@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 
 from faste_mm.errors import ConfigError
-from faste_mm.retrieval.profile import DEFAULT_MODEL, DOCUMENT_R_MAX
+from faste_mm.cli.setting_flags import setting_option
+from faste_mm.retrieval.profile import DEFAULT_MODEL, DOCUMENT_R_MAX, SWEEP_R_MAX
 
 if TYPE_CHECKING:
     from faste_mm.model.faste import FastEConfig
@@ -23,7 +24,6 @@ if TYPE_CHECKING:
 DEFAULT_BATCH_TOKENS = None  # by device: model/batching.BATCH_TOKENS (a test keeps the help's numbers equal; no torch here)
 CPU_BATCH_TOKENS, GPU_BATCH_TOKENS = 4096, 16384
 SERVE_MERGE_TOKENS = 16384  # serve: what concurrent requests are merged up to when --batch-tokens is not given
-SWEEP_R_MAX = (0.0, 0.3, 0.5, 0.7)  # eval and bench: the paper's removal ratios
 
 
 class Format(str, Enum):
@@ -33,30 +33,13 @@ class Format(str, Enum):
     json = "json"
 
 
-Model = Annotated[Optional[str], typer.Option(
-    "--model", envvar="FASTE_MM_MODEL", show_default=False,
-    help=f"Hub id or local model directory. Default: a collection's own model (index, serve -c), else "
-         f"{DEFAULT_MODEL}.")]
-RMax = Annotated[Optional[str], typer.Option(
-    "--r-max", envvar="FASTE_MM_R_MAX", show_default=False,
-    help=f"FastE r_max: the largest share of prefix tokens removed from each document, 0 <= r < 1 "
-         f"(0 = full forward); eval, bench and plan sweep several, comma-separated. Default: a collection's own "
-         f"(index, serve -c); {DOCUMENT_R_MAX:g} for new collections, embed and calibrate (0 for embed "
-         f"--instruction: queries); 0 for serve without -c; {','.join(f'{r:g}' for r in SWEEP_R_MAX)} for eval, "
-         f"bench and plan.")]
-WarmupLayer = Annotated[Optional[int], typer.Option(
-    "--warmup-layer", envvar="FASTE_MM_WARMUP_LAYER", min=0, show_default=False,
-    help="FastE warm-up layer l_w: no alignment check before this layer. Default: a collection's own, else "
-         "the backbone's (8).")]
-Threshold = Annotated[Optional[float], typer.Option(
-    "--threshold", envvar="FASTE_MM_THRESHOLD", show_default=False, min=-1.0, max=1.0,
-    help="FastE theta: the readout/prefix cosine that triggers compression, -1..1. Default: a collection's "
-         "own, else the model's saved calibration (faste-mm calibrate --save), else the backbone's (0.70 for "
-         "Qwen3-VL-Embedding). calibrate: check this theta only.")]
-TriggerLayer = Annotated[Optional[int], typer.Option(
-    "--trigger-layer", envvar="FASTE_MM_TRIGGER_LAYER", min=0, show_default=False,
-    help="Compress right before this layer instead of FastE's alignment trigger (fixed-layer ablation; "
-         "eval: the layer of its 'fixed' baseline). Default: none (eval: half the depth).")]
+# The flags that are collection settings are declared with them (CollectionProfile, cli/setting_flags.py);
+# the commands that embed without a collection (embed, eval, bench, calibrate, plan) take the same ones.
+Model = setting_option("--model")
+RMax = setting_option("--r-max", str)  # eval, bench and plan sweep: comma-separated ratios (`ratios`, `one_ratio`)
+WarmupLayer = setting_option("--warmup-layer")
+Threshold = setting_option("--threshold")
+TriggerLayer = setting_option("--trigger-layer")
 BatchTokens = Annotated[Optional[int], typer.Option(
     "--batch-tokens", envvar="FASTE_MM_BATCH_TOKENS", min=1, show_default=False,
     help=f"Padded tokens per model batch (serve: also what concurrent requests are merged up to). "
@@ -70,14 +53,8 @@ Unpadded = Annotated[str, typer.Option(
 Device = Annotated[str, typer.Option(
     "--device", envvar="FASTE_MM_DEVICE", show_default=False,
     help="auto (CUDA when available) | cpu | cuda | cuda:N. Default auto.")]
-MaxPixels = Annotated[Optional[int], typer.Option(
-    "--max-pixels", envvar="FASTE_MM_MAX_PIXELS", min=4096, show_default=False,
-    help="Resize each image and PDF page (and image queries) to at most this many pixels. Default: a "
-         "collection's own, else 1843200 (the official cap: 1,800 visual tokens).")]
-VisualTokens = Annotated[Optional[int], typer.Option(
-    "--visual-tokens", envvar="FASTE_MM_VISUAL_TOKENS", min=4, show_default=False,
-    help="The same budget in merged visual tokens: N means --max-pixels N x 1024 (980 = 1003520 px); give "
-         "one of the two.")]
+MaxPixels = setting_option("--max-pixels")
+VisualTokens = setting_option("--visual-tokens")
 Dtype = Annotated[str, typer.Option(
     "--dtype", envvar="FASTE_MM_DTYPE", show_default=False,
     help="Model weights and compute: auto (bfloat16 on CUDA and on CPUs with native bf16, else float32) | float32 | "

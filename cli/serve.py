@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import signal
 import sys
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -15,17 +16,18 @@ from rich.markup import escape
 
 from faste_mm.cli.common import fail, setup_logging, stderr
 from faste_mm.cli.options import (DEFAULT_BATCH_TOKENS, DEFAULT_MODEL, SERVE_MERGE_TOKENS, BatchTokens, CollectionOption, Debug, Device, Dtype,
-                                  MaxPixels, Model, RMax, Threshold, TriggerLayer, Unpadded, VisualTokens, WarmupLayer,
-                                  fast_e_config, one_ratio)
+                                  Unpadded, fast_e_config)
+from faste_mm.cli.setting_flags import FLAG_OF_FIELD, GivenFlags, on_serve, takes_settings
 from faste_mm.cli.options import RERANK_TOWER_CACHE_MB, Rerank, RerankProtect, RerankRMax, RerankTowerCacheMb
 from faste_mm.errors import ConfigError, FasteError
+from faste_mm.retrieval.profile import CollectionProfile
 
 SERVE_INSTALL = "pip install 'faste-mm[serve]'"
 
 
+@takes_settings(on_serve)
 def serve_command(
     collection: CollectionOption = None,
-    model: Model = None,
     host: str = typer.Option("127.0.0.1", "--host", envvar="FASTE_MM_HOST",
                              help="Address to bind (default 127.0.0.1). Any non-loopback address needs "
                                   "--api-key or --insecure."),
@@ -40,6 +42,10 @@ def serve_command(
         help="Another name clients reach the server by (repeatable; the variable takes names separated by "
              "spaces). Requests naming any other Host get 403 (DNS rebinding). Always answered: localhost, "
              "127.0.0.1, [::1] and --host. '*' answers any name (behind a proxy that checks it)."),
+    allow_index: Optional[list[Path]] = typer.Option(
+        None, "--allow-index", envvar="FASTE_MM_ALLOW_INDEX",
+        help="A folder under which the MCP index tool (/mcp) may add and update files (repeatable). Default: "
+             "none, the index tool refuses everything."),
     batch_tokens: BatchTokens = DEFAULT_BATCH_TOKENS,
     max_wait_ms: float = typer.Option(5.0, "--max-wait-ms", envvar="FASTE_MM_MAX_WAIT_MS", min=0,
                                       help="Longest a request waits for others to join its batch, in ms (default 5)."),
@@ -50,10 +56,6 @@ def serve_command(
                                            min=1, help="Prompt tokens one request may carry; 413 above (default 65536)."),
     max_body_bytes: int = typer.Option(16 << 20, "--max-body-bytes", envvar="FASTE_MM_MAX_BODY_BYTES", min=1,
                                        help="Largest request body in bytes; 413 above (default 16 MiB)."),
-    r_max: RMax = None,
-    warmup_layer: WarmupLayer = None,
-    threshold: Threshold = None,
-    trigger_layer: TriggerLayer = None,
     allow_remote_images: bool = typer.Option(False, "--allow-remote-images", envvar="FASTE_MM_ALLOW_REMOTE_IMAGES",
                                              help="Fetch http(s) image URLs (off by default: SSRF risk); data: "
                                                   "URLs and uploads always work."),
@@ -64,13 +66,12 @@ def serve_command(
                                                "torch's (one per core). On a busy shared CPU, 1 avoids threads "
                                                "waiting on each other."),
     unpadded: Unpadded = "auto",
-    max_pixels: MaxPixels = None,
-    visual_tokens: VisualTokens = None,
     rerank: Rerank = None,
     rerank_r_max: RerankRMax = "0",
     rerank_protect: RerankProtect = "none",
     rerank_tower_cache_mb: RerankTowerCacheMb = RERANK_TOWER_CACHE_MB,
     debug: Debug = False,
+    settings: GivenFlags = GivenFlags({}),
 ) -> None:
     """Serve embeddings (OpenAI-compatible /v1/embeddings), search and a search page at / (the
     default collection unless -c names another; --model alone: embeddings only)."""
@@ -83,17 +84,17 @@ def serve_command(
         setup_logging(debug, logging.INFO)
         # FastE for an embeddings-only server's documents (default: the full forward); with -c the
         # collection's own settings, and a given one that differs is refused
-        from faste_mm.model.serialization import pixel_budget
-
-        settings = dict(r_max=one_ratio(r_max), warmup_layer=warmup_layer, threshold=threshold,
-                        trigger_layer=trigger_layer,
-                        max_pixels=pixel_budget(max_pixels, visual_tokens, names=("--max-pixels", "--visual-tokens")))
-        fast_e = fast_e_config(settings["r_max"] or 0.0, warmup_layer, threshold, trigger_layer)
+        given = settings.settings()
+        model, revision = given.pop("model_id", None), given.pop("model_revision", None)
+        CollectionProfile.resolve(None, **given)  # checks each value (named by its flag) before anything loads
+        trigger_layer = given.get("trigger_layer")
+        fast_e = fast_e_config(given.get("r_max") or 0.0, given.get("warmup_layer"), given.get("threshold"),
+                               trigger_layer)
         config = ServeConfig(api_key=api_key, batching=BatcherConfig(batch_tokens or SERVE_MERGE_TOKENS, max_wait_ms, max_queue),
                              max_body_bytes=max_body_bytes, max_request_tokens=max_request_tokens,
                              allow_remote_images=allow_remote_images,
                              fast_e=None if fast_e.r_max == 0 and trigger_layer is None else fast_e,
-                             allowed_hosts=host_names(host, allowed_host or ()))
+                             allowed_hosts=host_names(host, allowed_host or ()), index_roots=tuple(allow_index or ()))
         if threads is not None:
             import torch
 
@@ -103,7 +104,8 @@ def serve_command(
         def reranker_for(root):  # --rerank, else the collection's; /v1/rerank and /explain share the model thread
             return load_reranker(rerank, root, rerank_r_max, rerank_protect, device, rerank_tower_cache_mb)
 
-        engine = _load_engine(collection, model, device, dtype, batch_tokens, unpadded, config, settings, reranker_for)
+        engine = _load_engine(collection, model, revision, device, dtype, batch_tokens, unpadded, config, given,
+                              reranker_for)
     except FasteError as error:
         fail(error, debug)
     _run(engine, host, port, api_key)
@@ -134,7 +136,7 @@ def _require_serve_extra() -> None:
         raise typer.Exit(1)
 
 
-def _load_engine(collection, model, device, dtype, batch_tokens, unpadded, config, settings, reranker_for):
+def _load_engine(collection, model, revision, device, dtype, batch_tokens, unpadded, config, settings, reranker_for):
     from faste_mm import BatchingConfig, Embedder
     from faste_mm.cli.progress import quiet_transformers
     from faste_mm.model.serialization import SerializerConfig
@@ -145,10 +147,9 @@ def _load_engine(collection, model, device, dtype, batch_tokens, unpadded, confi
     quiet_transformers()  # our "loading ..." line instead of transformers' per-weight bar
     batching = BatchingConfig(batch_tokens=batch_tokens, unpadded=unpadded)
     if collection is None and model is not None:
+        serializer = _embeddings_only_serializer(settings)
         stderr.print(f"loading {model} (embeddings only: --model without -c)")
-        budget = settings["max_pixels"]
-        serializer = None if budget is None else SerializerConfig(max_pixels=budget)
-        return ServeEngine(Embedder.from_pretrained(model, device=device, dtype=dtype,
+        return ServeEngine(Embedder.from_pretrained(model, device=device, dtype=dtype, revision=revision,
                                                     batching=batching, serializer=serializer), None, config,
                            reranker=reranker_for(None))
     from faste_mm.retrieval.profile import existing_profile
@@ -160,10 +161,33 @@ def _load_engine(collection, model, device, dtype, batch_tokens, unpadded, confi
                           f"{f' -c {collection}' if collection else ''}), name another with -c, or serve "
                           f"embeddings only with --model MODEL")
     # the collection's profile names the model, pixel budget and FastE; a different one given is refused
-    retriever = Retriever.for_collection(root, model, device=device, dtype=dtype, batching=batching, **settings)
+    retriever = Retriever.for_collection(root, model, revision=revision, device=device, dtype=dtype,
+                                         batching=batching, **settings)
     stderr.print(f"loading {retriever.model_id} for collection {root}")
     retriever.embedder  # load now: the first request must not wait for it
     return ServeEngine(retriever.embedder, retriever, config, reranker=reranker_for(root))
+
+
+def _embeddings_only_serializer(settings: dict):
+    """The serializer of an embeddings-only server (--model without -c) with the pixel and video
+    settings given (None: the model's defaults); a setting of a collection's stored vectors (--dim,
+    --vectors, ...) given without -c is a ConfigError naming it."""
+    from dataclasses import replace
+
+    from faste_mm.model.serialization import SerializerConfig
+    from faste_mm.retrieval.profile import CollectionProfile, setting_of
+
+    stored = sorted(FLAG_OF_FIELD[f"CollectionProfile.{name}"] for name in settings
+                    if not setting_of(name).key.startswith(("serializer.", "fast_e.")))
+    if stored:
+        raise ConfigError(f"{', '.join(stored)} describe a collection's vectors; serve a collection with -c, or "
+                          f"leave them out for an embeddings-only server")
+    pixels = {name: settings[name] for name in settings if setting_of(name).key.startswith("serializer.")}
+    if not pixels:
+        return None
+    profile = CollectionProfile.resolve(None, **pixels)  # checks the values and fills a partial video
+    return replace(SerializerConfig(), min_pixels=profile.min_pixels, max_pixels=profile.max_pixels,
+                   video=profile.video)
 
 
 def _exit_on_signal(signum: int, frame) -> None:

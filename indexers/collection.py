@@ -345,6 +345,17 @@ class Collection:
         self._follow_reindex()
         return self._store.live_ids([int(i) for i in ids])
 
+    def live_records(self, after_id: int = -1, limit: int = 100) -> list[ItemRecord]:
+        """A page of live items: up to `limit` records with id > `after_id`, in id order (an
+        MCP client lists a collection's items page by page, the last id as its cursor)."""
+        self._follow_reindex()
+        return self._store.live_records_after(after_id, limit)
+
+    def live_ids_of(self, uri: str) -> list[int]:
+        """Ids of the live items whose uri is `uri` (a file's pages), in id order."""
+        self._follow_reindex()
+        return self._store.live_ids_of(uri)
+
     def failures(self) -> list[ItemRecord]:
         """Items recorded by `add_failures` and not since replaced, oldest first."""
         return self._store.records_where_status(Status.FAILED)
@@ -391,7 +402,7 @@ class Collection:
         when the file's version is still that of the last unfiltered snapshot, which found this index
         current and no tombstoned vector in it: one PRAGMA instead of BEGIN, PRAGMA, COMMIT and the
         snapshot's bookkeeping (~0.05 ms of a 0.5 ms HNSW search after other work evicted the caches,
-        docs/benchmarks.md). A commit landing during the FAISS search is as if it came after, as for a
+        docs/benchmarks-log.md). A commit landing during the FAISS search is as if it came after, as for a
         search in a snapshot. None when it cannot (the caller searches in a snapshot)."""
         plain = self._plain_at
         if plain is None or plain.store is not self._store or plain.index is not self._index.index \

@@ -4,6 +4,8 @@ Receives item records and part numbers from `Collection`; hands back rows, count
 counters (next id, next part, epoch). Every statement uses bound parameters. Schema changes are
 stepwise migrations (`schema`); a file newer than this code is refused with upgrade advice.
 """
+# Size: ~460 lines: every SQL statement over meta.sqlite lives here, one short method each, so the
+# file's whole vocabulary is read in one place.
 
 from __future__ import annotations
 
@@ -288,6 +290,17 @@ class MetaStore:
 
         digest = hashlib.blake2b(wanted.tobytes(), digest_size=16).digest()  # kept once asked twice: not one-off sets
         return self._remembered.recent("locations", digest, read) if self._remembered.seen("asked", digest) else read()
+
+    def live_records_after(self, after_id: int, limit: int) -> list[ItemRecord]:
+        """Up to `limit` live records with id > `after_id`, in id order (a paged listing)."""
+        rows = self.db.execute(f"SELECT {self.record_columns()} FROM items WHERE status = 'ok' AND id > ? ORDER BY id "
+                               f"LIMIT ?", (int(after_id), int(limit))).fetchall()
+        return [_row_to_record(row) for row in rows]
+
+    def live_ids_of(self, uri: str) -> list[int]:
+        """Ids of the live items of one file (its pages), in id order."""
+        return [r[0] for r in self.db.execute("SELECT id FROM items WHERE status = 'ok' AND uri = ? ORDER BY id",
+                                              (to_db(uri),))]
 
     def live_ids(self, ids: Iterable[int]) -> set[int]:
         """The subset of `ids` whose status is 'ok' (used to filter tombstones from search)."""

@@ -18,7 +18,7 @@ from faste_mm.errors import CollectionError, ConfigError, ModelLoadError
 from faste_mm.indexers import Collection
 from faste_mm.indexers.manifest import Manifest
 from faste_mm.model.video import VideoConfig
-from faste_mm.retrieval.collection_settings import for_collection, retriever_settings
+from faste_mm.retrieval.collection_settings import for_collection
 from faste_mm.retrieval.profile import DOCUMENT_R_MAX, CollectionProfile, read_profile, setting_of
 from faste_mm.retrieval.receipt import PlanReceipt
 from faste_mm.retrieval.retriever import Retriever
@@ -76,23 +76,22 @@ def test_every_profile_field_round_trips_through_the_manifest_and_is_compared_on
         CollectionProfile(), **{name: SAMPLES[name]})
 
 
-def test_for_collection_hands_the_retriever_every_setting_given_and_a_reindex_carries_them(tmp_path):
-    names = retriever_settings()  # read from the profile's fields
-    assert {"r_max", "warmup_layer", "threshold", "trigger_layer", "dim", "vectors", "keep"} <= set(names)
-    assert set(names) <= set(inspect.signature(Retriever.__init__).parameters)  # each is a keyword of it
-    assert not {"model_id", "model_revision", "min_pixels", "max_pixels", "video"} & set(names)  # in its ModelSpec
+def test_for_collection_resolves_the_given_settings_once_and_a_reindex_carries_the_collections(tmp_path):
+    names = Retriever.SETTINGS  # read from the profile's declarations
+    assert {"r_max", "warmup_layer", "threshold", "trigger_layer", "dim", "vectors", "keep", "video",
+            "max_pixels", "reranker"} <= set(names)
+    assert not {"model_id", "model_revision", "model_dim", "threshold_source"} & set(names)  # model= / not given
     given = {name: SAMPLES[name] for name in names}
-    assert for_collection(tmp_path / "new", None, None, False, given)[1] == given
+    assert for_collection(tmp_path / "new", None, None, False, given) == dataclasses.replace(CollectionProfile(), **given)
     retriever = Retriever.for_collection(tmp_path / "new", "org/never-loaded", **given)
     assert retriever.r_max == SAMPLES["r_max"]
-    # --reindex: the settings carried over from the collection are given to the retriever
+    # --reindex: the given settings over the ones carried over from the collection
     existing = _stored(r_max=0.3, dim=4, vectors="float16", keep="none", reranker="org/reranker")
     Collection.create(tmp_path / "col", existing.to_manifest()).close()
-    chosen = for_collection(tmp_path / "col", None, None, True, {"threshold": 0.5})[1]
-    carried = {name: value for name, value in existing.carried_over().items() if name in names}
-    assert chosen == dict.fromkeys(names) | carried | {"threshold": 0.5}
-    assert (chosen["r_max"], chosen["dim"], chosen["vectors"], chosen["keep"]) == (0.3, 4, "float16", "none")
-    assert chosen["reranker"] is None  # informational: not carried over
+    resolved = for_collection(tmp_path / "col", None, None, True, {"threshold": 0.5})
+    assert (resolved.r_max, resolved.dim, resolved.vectors, resolved.keep, resolved.threshold) == (
+        0.3, 4, "float16", "none", 0.5)
+    assert resolved.reranker is None  # informational: not carried over
 
 
 def test_a_full_forward_collection_records_no_fast_e_and_reads_r_max_zero():

@@ -94,6 +94,14 @@ def test_index_records_a_default_reranker_that_info_shows_and_search_uses(eval_m
     assert [h["rerank_score"] for h in hits] == pytest.approx([h.rerank_score for h in expected], abs=1e-6)
     plain = runner.invoke(app, ["search", "red", "-c", col, "-k", "2", "--no-rerank", "--device", "cpu", "--format", "json"])
     assert all("rerank_score" not in h for h in json.loads(plain.stdout)["hits"])
+    # the library honours the collection's reranker exactly as the CLI does; rerank=False opts out
+    with Retriever.open(col, device="cpu") as retriever:
+        library = retriever.search("red", k=2, rerank_top=3)
+        unranked = retriever.search("red", k=2, rerank=False)
+    assert [h.id for h in library] == [h["id"] for h in hits]
+    assert [h.rerank_score for h in library] == pytest.approx([h["rerank_score"] for h in hits], abs=1e-6)
+    assert [h.id for h in unranked] == [h["id"] for h in json.loads(plain.stdout)["hits"]]
+    assert all(h.rerank_score is None for h in unranked)
     from faste_mm.cli.collection_commands import load_reranker
 
     served = load_reranker(None, tmp_path / "col", "0", "none", "cpu")  # `serve -c` picks the collection's reranker

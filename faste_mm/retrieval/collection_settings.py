@@ -18,9 +18,10 @@ from faste_mm.indexers.faiss_index import validate_factory
 from faste_mm.indexers.manifest import settings_mismatch
 from faste_mm.model.backbones.loading import check_local_path
 from faste_mm.model.embedder import Embedder
+from faste_mm.model.serialization import SerializerConfig
 from faste_mm.model.video import VideoConfig
 from faste_mm.retrieval.calibrations import load_calibration
-from faste_mm.retrieval.profile import CollectionProfile, existing_profile, setting_of
+from faste_mm.retrieval.profile import CollectionProfile, existing_profile
 
 
 def resolve_at(root: Path, existing: CollectionProfile | None, given: Mapping[str, Any],
@@ -47,40 +48,42 @@ def checked_profile(existing: CollectionProfile, root: Path, request: Mapping[st
     return profile
 
 
-def new_profile(embedder: Embedder, request: Mapping[str, Any],
-                carried: Mapping[str, Any] | None = None) -> CollectionProfile:
-    """The profile of a new collection: the requested settings over `carried` (a re-indexed
-    collection's, see `CollectionProfile.carried_over`), over the loaded model's pixel and
-    video settings, over the defaults; completed with the model."""
+def requested_profile(request: Mapping[str, Any], loaded: SerializerConfig | None,
+                      carried: Mapping[str, Any] | None = None) -> CollectionProfile:
+    """The profile of a new collection before the model completes it: the requested settings over
+    `carried` (a re-indexed collection's, see `CollectionProfile.carried_over`), over the model's
+    pixel and video settings (`loaded`, its serializer's; None = the defaults), over the defaults."""
     given = {name: value for name, value in request.items() if value is not None}
-    loaded = {}
-    if embedder.family.is_multimodal:
-        config = embedder.serializer.config
-        loaded = dict(min_pixels=config.min_pixels, max_pixels=config.max_pixels, video=config.video)
-    settings = {**loaded, **(carried or {}), **given}
+    base = {} if loaded is None else dict(min_pixels=loaded.min_pixels, max_pixels=loaded.max_pixels,
+                                          video=loaded.video)
+    settings = {**base, **(carried or {}), **given}
     if isinstance(given.get("video"), Mapping):  # some video fields given: over the others' video
-        settings["video"] = dataclasses.replace({**loaded, **(carried or {})}.get("video", VideoConfig()),
+        settings["video"] = dataclasses.replace({**base, **(carried or {})}.get("video", VideoConfig()),
                                                 **given["video"])
-    profile = CollectionProfile.resolve(None, **settings)
+    return CollectionProfile.resolve(None, **settings)
+
+
+def completed_profile(profile: CollectionProfile, embedder: Embedder) -> CollectionProfile:
+    """A new collection's resolved `profile` completed with the loaded model: its id, revision and
+    width, and theta from the user, else the model's saved calibration, else the backbone's."""
     calibration = None
     if profile.r_max > 0 and profile.threshold is None:  # theta: the model's saved calibration, if any
         calibration = load_calibration(embedder.model_id, embedder.loaded.revision)
     return profile.completed(embedder, calibration)
 
 
-def open_for_writing(root: Path, index_type: str, existing: CollectionProfile | None,
-                     checked: Callable[[CollectionProfile], CollectionProfile],
-                     new: Callable[[], CollectionProfile]) -> tuple[Collection, CollectionProfile]:
-    """The collection to write into, and its profile. A new one is created with `new()`, which
-    needs the model (its dim and revision go into the manifest); an existing one is opened without
-    loading it, refusing at once (`checked`) given settings or a model id or revision that differ
-    (the rest is checked when the model loads, see `CollectionDocuments`) and an index type FAISS
-    cannot build (else found only after every file is embedded)."""
-    if existing is not None:
-        validate_factory(index_type, checked(existing).dim)
+def open_for_writing(root: Path, index_type: str, existing: bool, profile: CollectionProfile,
+                     complete: Callable[[CollectionProfile], CollectionProfile]) -> tuple[Collection, CollectionProfile]:
+    """The collection to write into, and its profile, from the `profile` resolved for it once
+    (an existing collection's after checking the request against it, or a new one's request).
+    A new one is created with `complete(profile)`, which needs the model (its dim and revision go
+    into the manifest); an existing one is opened without loading it, refusing at once an index
+    type FAISS cannot build (else found only after every file is embedded)."""
+    if existing:
+        validate_factory(index_type, profile.dim)
         col = Collection.open(root, writable=True)
         return col, CollectionProfile.from_manifest(col.manifest)
-    col = Collection.create(root, new().to_manifest(index_type), exist_ok=True)
+    col = Collection.create(root, complete(profile).to_manifest(index_type), exist_ok=True)
     return col, CollectionProfile.from_manifest(col.manifest)
 
 
@@ -95,30 +98,18 @@ def recreate(root: Path, index_type: str, profile: CollectionProfile) -> tuple[C
 
 
 def for_collection(root: Path, model: str | os.PathLike | None, revision: str | None, reindex: bool,
-                   settings: Mapping[str, Any]) -> tuple[CollectionProfile, dict[str, Any]]:
-    """What `Retriever.for_collection` needs: the profile of the collection at `root` under the
-    defaults rule (its values, else the given ones, else the defaults; with `reindex`, the given
-    ones over its values carried over), and the settings it was given (`retriever_settings`; None
-    where not given) for the retriever to check later collections against."""
+                   settings: Mapping[str, Any]) -> CollectionProfile:
+    """The profile `Retriever.for_collection` hands its retriever, resolved once: the collection
+    at `root`'s under the defaults rule (its values, else the given ones, else the defaults; with
+    `reindex`, the given ones over its values carried over). Raises CollectionError when a given
+    setting differs from the collection's."""
     existing = existing_profile(root)
-    given = dict(settings)
+    given = {name: value for name, value in settings.items() if value is not None}
     if model is not None:
         given.update(model_id=model, model_revision=revision)
     if reindex and existing is not None:
-        given = {**existing.carried_over(model), **{k: v for k, v in given.items() if v is not None}}
-        existing = None
-    profile = resolve_at(root, existing, given, model)
-    return profile, {name: given.get(name) for name in retriever_settings()}
-
-
-def retriever_settings() -> list[str]:
-    """The profile settings a `Retriever` keeps as given (each is one of its keywords): every one a
-    user sets with a flag, read from the profile's fields (a new one needs no edit here), but the
-    model and the serializer's (pixels, video), which travel in its `ModelSpec`."""
-    spec_carried = {"model_id", "model_revision"}
-    return [f.name for f in dataclasses.fields(CollectionProfile)
-            if setting_of(f.name).flag.startswith("--") and f.name not in spec_carried
-            and not setting_of(f.name).key.startswith("serializer.")]
+        return requested_profile(given, None, existing.carried_over(model))
+    return resolve_at(root, existing, given, model)
 
 
 def adapted_embedder(embedder: Embedder, profile: CollectionProfile, adapted: Embedder | None) -> Embedder:

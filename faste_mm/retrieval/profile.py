@@ -11,23 +11,25 @@ defaults) and the indexers' `Manifest` (the stored form), and `retrieval` is the
 may import both. Nothing here imports torch (nor, until a manifest is read, FAISS): the CLI reads
 the documented defaults at start-up, and `info` and `serve`'s checks read profiles cheaply.
 
-Adding a setting is ONE change: a field below whose metadata (`_setting(...)`) names its
-manifest key (dotted JSON path), the flag that sets it, the value of collections that predate it,
-and whether a different user value on an existing collection is refused. `from_manifest`,
-`to_manifest`, `conflicts` and `resolve` read that table; the CLI adds the flag.
+Adding a setting is ONE change: a field below declared with `setting(...)`
+(faste_mm/retrieval/setting.py): its manifest key (dotted JSON path), its words and CLI flags, its
+check, its help, the value of collections that predate it, and whether a different user value on
+an existing collection is refused. The stored form, `conflicts`, `resolve`, the keywords of
+`Retriever`, the flags of `faste-mm index` and `serve` and the manual's table all read it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from faste_mm.errors import CollectionError, ConfigError
 from faste_mm.model.video import VideoConfig
 from faste_mm.retrieval.receipt import PlanReceipt
+from faste_mm.retrieval.setting import ABSENT, Flag, Setting, get_key, put_key, setting, settings_of
 
 if TYPE_CHECKING:  # the indexers package loads FAISS: imported where a manifest is read or made
     from faste_mm.indexers.manifest import Manifest
@@ -45,102 +47,166 @@ DOCUMENT_INSTRUCTION = "Represent the user's input."
 # vision-language models (Retriever.search, serve, eval's default); text models use their own.
 QUERY_INSTRUCTION = "Retrieve images or text relevant to the user's query."
 
-_ABSENT = object()
+_DOC_MODEL = (f"Hub id or local model directory. Default: a collection's own model (index, serve -c), else "
+              f"{DEFAULT_MODEL}.")
+SWEEP_R_MAX = (0.0, 0.3, 0.5, 0.7)  # eval, bench and plan: the paper's removal ratios
 
 
-@dataclass(frozen=True, slots=True)
-class Setting:
-    """How one profile field is stored and checked.
-
-    key: where it lives in manifest.json, a dotted path ("serializer.max_pixels").
-    flag: what sets it, named in messages (the CLI flag; the Python keyword is the field name).
-    missing: its value in a manifest written before the field existed; _ABSENT = the field's default.
-    refuse: a user value that differs from an existing collection's is refused (vectors made
-        with it would not be comparable); False: informational, the collection's value is kept.
-    """
-
-    key: str
-    flag: str
-    missing: Any = _ABSENT
-    refuse: bool = True
+def _is_int(minimum: int) -> Callable[[Any], bool]:
+    return lambda value: isinstance(value, int) and not isinstance(value, bool) and value >= minimum
 
 
-def _setting(default: Any, key: str, flag: str, *, missing: Any = _ABSENT, refuse: bool = True,
-             factory: Any = None) -> Any:
-    meta = {"setting": Setting(key, flag, missing, refuse)}
-    if factory is not None:
-        return field(default_factory=factory, metadata=meta)
-    return field(default=default, metadata=meta)
+def _is_text(value: Any) -> bool:
+    return isinstance(value, str) and bool(value.strip())
+
+
+def _is_ratio(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 <= value < 1.0
+
+
+def _is_cosine(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and -1.0 <= value <= 1.0
+
+
+# The choices of `vectors` and `keep`: faste_mm.indexers.quantization's PRECISIONS and KEEPS (a test
+# keeps them equal; the indexers package loads FAISS, which reading a profile must not).
+PRECISIONS = ("float32", "float16", "int8", "binary")
+KEEPS = ("float", "int8", "none")
 
 
 @dataclass(frozen=True, slots=True)
 class CollectionProfile:
     """Everything that decides how a collection's items and queries are embedded and stored.
 
-    model_id / model_revision: the embedding model (hub id, or a local folder's absolute path).
-    dim: stored width; None = the model's full width (filled in when the model loads).
-        dim < model_dim: Matryoshka vectors (first `dim` dimensions, re-normalised).
+    Each field is one setting, declared once with `setting(...)` (faste_mm.retrieval.setting):
+    its manifest key, the words and flags that set it, its check and its help; the docstring of
+    each is its `help` (docs/collections.md "Settings" lists them all).
     model_dim: the model's own width, recorded when the collection is created.
-    document_instruction: the instruction documents are serialized with.
-    min_pixels / max_pixels: image pixel bounds (smart resize), per image and PDF page.
-    video: frame sampling and per-frame pixel budget of videos (`VideoConfig`, its defaults).
-    r_max, warmup_layer, threshold, trigger_layer: FastE for documents (paper: r_max, l_w, theta;
-        trigger_layer = fixed-layer ablation); r_max 0 = full forward; None = backbone default.
     threshold_source: where theta came from (a calibration, --threshold, the backbone default).
-    vectors / keep: precision of the index in RAM ("float32", "float16", "int8", "binary") and the
-        copy kept on disk for rescoring ("float", "int8", "none"); see faste_mm.indexers.quantization
-        (checked there when the manifest is made).
-    reranker: the default reranker of searches (hub id or folder; None = no second stage); it
-        changes no vector, so it is informational: set when the collection is created or re-indexed.
     receipt: what `faste-mm plan` measured for these settings (`index --plan`), None = not measured.
     """
 
-    model_id: str = _setting(DEFAULT_MODEL, "model_id", "--model")
-    model_revision: str | None = _setting(None, "model_revision", "--revision")
-    dim: int | None = _setting(None, "dim", "--dim")
-    model_dim: int | None = _setting(None, "model_dim", "the model's width")
-    document_instruction: str = _setting(DOCUMENT_INSTRUCTION, "document_instruction", "document instruction")
-    min_pixels: int = _setting(4096, "serializer.min_pixels", "--min-pixels")
-    max_pixels: int = _setting(1_843_200, "serializer.max_pixels", "--max-pixels")
-    video: VideoConfig = _setting(None, "serializer.video", "--video-*", factory=VideoConfig)
-    r_max: float = _setting(DOCUMENT_R_MAX, "fast_e.r_max", "--r-max", missing=0.0)
-    warmup_layer: int | None = _setting(None, "fast_e.warmup_layer", "--warmup-layer", missing=None)
-    threshold: float | None = _setting(None, "fast_e.threshold", "--threshold", missing=None)
-    threshold_source: str | None = _setting(None, "fast_e.threshold_source", "threshold source",
-                                            missing=None, refuse=False)
-    trigger_layer: int | None = _setting(None, "fast_e.trigger_layer", "--trigger-layer", missing=None)
-    vectors: str = _setting("float32", "vectors.precision", "--vectors", missing="float32")
-    keep: str = _setting("float", "vectors.keep", "--keep", missing="float")
-    reranker: str | None = _setting(None, "reranker", "--reranker", missing=None, refuse=False)
-    receipt: PlanReceipt | None = _setting(None, "receipt", "--plan", missing=None, refuse=False)
+    model_id: str = setting(
+        DEFAULT_MODEL, "model_id", "--model", "The embedding model: a hub id, or a local folder (recorded "
+        "by its absolute path).", keyword=False, valid=_is_text, rule="a non-empty string",
+        flags=(Flag("--model", str, _DOC_MODEL),))
+    model_revision: str | None = setting(
+        None, "model_revision", "--revision", "The model's hub revision (commit, branch or tag); None = main.",
+        keyword=False, flags=(Flag("--revision", str, "The model's hub revision (commit, branch or tag). Default: "
+                                                      "a collection's own, else the hub's main."),))
+    dim: int | None = setting(
+        None, "dim", "--dim", "Matryoshka width: documents and queries keep their first `dim` dimensions, "
+        "re-normalised (smaller index, faster search, some quality lost); None = the model's full width.",
+        valid=_is_int(1), rule="None (the model's width) or an int >= 1",
+        flags=(Flag("--dim", int, "Matryoshka: store only the first DIM dimensions of each vector, re-normalised "
+                                  "(e.g. 512: 4x smaller index, faster search, some quality lost); queries are "
+                                  "truncated the same way. Default: the collection's, the model's full width for "
+                                  "a new one.", min=1),))
+    model_dim: int | None = setting(None, "model_dim", "the model's width", "The model's own width, recorded "
+                                    "when the collection is created.", keyword=False)
+    document_instruction: str = setting(DOCUMENT_INSTRUCTION, "document_instruction", "document instruction",
+                                        "The instruction documents are serialized with.", keyword=False)
+    min_pixels: int = setting(
+        4096, "serializer.min_pixels", "--min-pixels", "Smallest image and page size in pixels (smart resize "
+        "scales a smaller one up).", valid=_is_int(1), rule="an int >= 1",
+        flags=(Flag("--min-pixels", int, "Resize each image and PDF page to at least this many pixels. Default: "
+                                         "a collection's own, else 4096.", min=1),))
+    max_pixels: int = setting(
+        1_843_200, "serializer.max_pixels", "--max-pixels", "Image and page budget: each is resized to at most "
+        "this many pixels (N visual tokens = N x 1024 px); image queries are resized the same way.",
+        valid=_is_int(1), rule="an int >= 1",
+        flags=(Flag("--max-pixels", int, "Resize each image and PDF page (and image queries) to at most this many "
+                                         "pixels. Default: a collection's own, else 1843200 (the official cap: "
+                                         "1,800 visual tokens).", min=4096),
+               Flag("--visual-tokens", int, "The same budget in merged visual tokens: N means --max-pixels N x 1024 "
+                                            "(980 = 1003520 px); give one of the two.", unit=1024, min=4)))
+    video: VideoConfig = setting(
+        None, "serializer.video", "--video-*", "Videos' frame sampling and per-frame pixel budget (`VideoConfig`; "
+        "a mapping of some of its fields, e.g. {\"fps\": 2.0}, sets just those).", factory=VideoConfig,
+        flags=(Flag("--video-fps", float, "Video frames sampled per second. Default: the collection's, 1 (the "
+                                          "official embedder's) for a new one.", part="fps"),
+               Flag("--video-max-frames", int, "At most this many frames per video. Default: the collection's, "
+                                               "64 for a new one.", part="max_frames"),
+               Flag("--video-max-pixels", int, "Pixels per video frame at most (32x32 px = one visual token per "
+                                               "frame pair). Default: the collection's, 786432 for a new one.",
+                    part="max_pixels")))
+    r_max: float = setting(
+        DOCUMENT_R_MAX, "fast_e.r_max", "--r-max", "FastE r_max for documents: the largest share of prefix "
+        "tokens removed, 0 <= r < 1 (0 = full forward); queries always run the full forward.",
+        valid=_is_ratio, rule="in [0, 1) (0 = full forward)", missing=0.0,
+        flags=(Flag("--r-max", float, f"FastE r_max: the largest share of prefix tokens removed from each "
+                                      f"document, 0 <= r < 1 (0 = full forward); eval, bench and plan sweep several, "
+                                      f"comma-separated. Default: a collection's own (index, serve -c); "
+                                      f"{DOCUMENT_R_MAX:g} for new collections, embed and calibrate (0 for embed "
+                                      f"--instruction: queries); 0 for serve without -c; "
+                                      f"{','.join(f'{r:g}' for r in SWEEP_R_MAX)} for eval, bench and plan."),))
+    warmup_layer: int | None = setting(
+        None, "fast_e.warmup_layer", "--warmup-layer", "FastE warm-up layer l_w: no alignment check before "
+        "it; None = the backbone's.", valid=_is_int(0), rule=">= 0", missing=None,
+        flags=(Flag("--warmup-layer", int, "FastE warm-up layer l_w: no alignment check before this layer. "
+                                           "Default: a collection's own, else the backbone's (8).", min=0),))
+    threshold: float | None = setting(
+        None, "fast_e.threshold", "--threshold", "FastE theta: the readout/prefix cosine that triggers "
+        "compression; None = the model's saved calibration, else the backbone's.",
+        valid=_is_cosine, rule="a cosine in [-1, 1]", missing=None,
+        flags=(Flag("--threshold", float, "FastE theta: the readout/prefix cosine that triggers compression, "
+                                          "-1..1. Default: a collection's own, else the model's saved calibration "
+                                          "(faste-mm calibrate --save), else the backbone's (0.70 for "
+                                          "Qwen3-VL-Embedding). calibrate: check this theta only.",
+                    min=-1.0, max=1.0),))
+    threshold_source: str | None = setting(None, "fast_e.threshold_source", "threshold source",
+                                           "Where theta came from (given, a calibration, the backbone default).",
+                                           keyword=False, missing=None, refuse=False)
+    trigger_layer: int | None = setting(
+        None, "fast_e.trigger_layer", "--trigger-layer", "Compress right before this layer instead of FastE's "
+        "alignment trigger (the fixed-layer ablation); None = FastE's trigger.", valid=_is_int(0), rule=">= 0",
+        missing=None,
+        flags=(Flag("--trigger-layer", int, "Compress right before this layer instead of FastE's alignment "
+                                            "trigger (fixed-layer ablation; eval: the layer of its 'fixed' "
+                                            "baseline). Default: none (eval: half the depth).", min=0),))
+    vectors: str = setting(
+        "float32", "vectors.precision", "--vectors", "Precision of the index in RAM: float32, float16, int8 "
+        "(8-bit codes, 1/4 the RAM) or binary (sign bits, 1/32; dim a multiple of 8).",
+        valid=lambda value: value in PRECISIONS, rule=f"one of {PRECISIONS}", missing="float32",
+        flags=(Flag("--vectors", str, "Precision of the index in RAM: float32 | float16 | int8 (8-bit codes, 1/4 "
+                                      "the RAM) | binary (sign bits, 1/32; dim a multiple of 8); searches rescore "
+                                      "candidates from the copy kept on disk. Default: the collection's, float32 "
+                                      "for a new one."),))
+    keep: str = setting(
+        "float", "vectors.keep", "--keep", "The copy kept on disk to rescore with: float, int8 (with binary "
+        "vectors) or none (smallest; results unrescored).",
+        valid=lambda value: value in KEEPS, rule=f"one of {KEEPS}", missing="float",
+        flags=(Flag("--keep", str, "Copy kept on disk to rescore with: float (default) | int8 (8-bit codes, with "
+                                   "--vectors binary) | none (smallest; results unrescored). Default: the "
+                                   "collection's, float for a new one."),))
+    reranker: str | None = setting(
+        None, "reranker", "--reranker", "The collection's reranker (hub id or folder): searches rerank their "
+        "top hits with it unless told not to. Changes no vector: set when created or re-indexed.",
+        valid=_is_text, rule="a hub id or folder (or None)", missing=None, refuse=False,
+        flags=(Flag("--reranker", str, "Record a default reranker (hub id or folder, e.g. "
+                                       "Qwen/Qwen3-VL-Reranker-2B) that search and serve use for a second stage; "
+                                       "set when the collection is created or re-indexed. Default: none."),))
+    receipt: PlanReceipt | None = setting(None, "receipt", "--plan", "What `faste-mm plan` measured for these "
+                                          "settings (PlanReceipt; on the command line `index --plan`).",
+                                          missing=None, refuse=False)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.model_id, str) or not self.model_id:
-            raise ConfigError(f"CollectionProfile.model_id must be a non-empty string, got {self.model_id!r}")
-        if self.dim is not None and (isinstance(self.dim, bool) or not isinstance(self.dim, int) or self.dim < 1):
-            raise ConfigError(f"CollectionProfile.dim must be None (the model's width) or an int >= 1, got {self.dim!r}")
-        if not 1 <= self.min_pixels <= self.max_pixels:
-            raise ConfigError(f"CollectionProfile: need 1 <= min_pixels <= max_pixels, got {self.min_pixels} "
-                              f"and {self.max_pixels}")
         if isinstance(self.video, Mapping):  # as read from JSON; unknown keys are a ConfigError
             object.__setattr__(self, "video", _video(self.video))
         if not isinstance(self.video, VideoConfig):
             raise ConfigError(f"CollectionProfile.video must be a VideoConfig, got {type(self.video).__name__}")
-        if not isinstance(self.r_max, (int, float)) or not 0.0 <= self.r_max < 1.0:
-            raise ConfigError(f"CollectionProfile.r_max must be in [0, 1) (0 = full forward), got {self.r_max!r}")
-        object.__setattr__(self, "r_max", float(self.r_max))
-        if self.warmup_layer is not None and self.warmup_layer < 0:
-            raise ConfigError(f"CollectionProfile.warmup_layer must be >= 0, got {self.warmup_layer}")
-        if self.threshold is not None and not -1.0 <= self.threshold <= 1.0:
-            raise ConfigError(f"CollectionProfile.threshold is a cosine in [-1, 1], got {self.threshold}")
-        if self.trigger_layer is not None and self.trigger_layer < 0:
-            raise ConfigError(f"CollectionProfile.trigger_layer must be >= 0, got {self.trigger_layer}")
-        if self.reranker is not None and (not isinstance(self.reranker, str) or not self.reranker.strip()):
-            raise ConfigError(f"CollectionProfile.reranker must be a hub id or folder (or None), got {self.reranker!r}")
         if isinstance(self.receipt, Mapping):  # as read from JSON
             object.__setattr__(self, "receipt", PlanReceipt.from_dict(self.receipt))
         if self.receipt is not None and not isinstance(self.receipt, PlanReceipt):
             raise ConfigError(f"CollectionProfile.receipt must be a PlanReceipt or None, got {type(self.receipt).__name__}")
+        if self.model_id is None:
+            raise ConfigError("CollectionProfile.model_id must be a non-empty string, got None")
+        for name, declared in settings_of(CollectionProfile).items():
+            declared.check("CollectionProfile", name, getattr(self, name))
+        if not self.min_pixels <= self.max_pixels:
+            raise ConfigError(f"CollectionProfile: need 1 <= min_pixels <= max_pixels, got {self.min_pixels} "
+                              f"and {self.max_pixels}")
+        object.__setattr__(self, "r_max", float(self.r_max))
 
     # ---- the stored form -----------------------------------------------------------------
     @classmethod
@@ -150,11 +216,11 @@ class CollectionProfile:
         stored = manifest.to_dict()
         values = {}
         for f in fields(cls):
-            setting = _setting_of(f)
-            value = _get(stored, setting.key)
-            if value is _ABSENT or (value is None and f.name == "video"):
+            setting = _declared(f)
+            value = get_key(stored, setting.key)
+            if value is ABSENT or (value is None and f.name == "video"):
                 value = setting.missing
-            if value is not _ABSENT:
+            if value is not ABSENT:
                 values[f.name] = value
         if values.get("model_dim") is None:  # collections from before Matryoshka stored the full width
             values["model_dim"] = manifest.dim
@@ -175,7 +241,7 @@ class CollectionProfile:
         stored = base.to_dict() if base is not None else {"index": {"type": index_type}}
         for f in fields(self):
             value = getattr(self, f.name)
-            _put(stored, _setting_of(f).key, value.to_dict() if isinstance(value, (VideoConfig, PlanReceipt)) else value)
+            put_key(stored, _declared(f).key, value.to_dict() if isinstance(value, (VideoConfig, PlanReceipt)) else value)
         if self.r_max == 0:  # the full forward: the manifest records no FastE settings
             stored["fast_e"] = None
         return Manifest.from_dict(stored)
@@ -185,7 +251,7 @@ class CollectionProfile:
         """Every refusing setting in which `other` (the request) differs from this profile (the
         collection's), in words naming the setting, the collection's value and the requested one."""
         return [_conflict(f, getattr(self, f.name), getattr(other, f.name))
-                for f in fields(self) if _setting_of(f).refuse and getattr(self, f.name) != getattr(other, f.name)]
+                for f in fields(self) if _declared(f).refuse and getattr(self, f.name) != getattr(other, f.name)]
 
     @classmethod
     def resolve(cls, collection: "CollectionProfile | None", **given: Any) -> "CollectionProfile":
@@ -324,10 +390,10 @@ def flag_of(name: str) -> str:
 
 def setting_of(name: str) -> Setting:
     """How profile field `name` is stored and checked (its manifest key, flag, ...)."""
-    return _setting_of(CollectionProfile.__dataclass_fields__[name])
+    return _declared(CollectionProfile.__dataclass_fields__[name])
 
 
-def _setting_of(f: dataclasses.Field) -> Setting:
+def _declared(f: dataclasses.Field) -> Setting:
     return f.metadata["setting"]
 
 
@@ -336,7 +402,7 @@ def _conflict(f: dataclasses.Field, ours: Any, theirs: Any) -> str:
         ours, theirs = ours.to_dict(), theirs.to_dict()
         changed = [k for k in ours if ours[k] != theirs[k]]
         ours, theirs = ({k: d[k] for k in changed} for d in (ours, theirs))
-    return f"{f.name} ({_setting_of(f).flag}): collection has {ours!r}, request has {theirs!r}"
+    return f"{f.name} ({_declared(f).flag}): collection has {ours!r}, request has {theirs!r}"
 
 
 def _video(values: Mapping[str, Any]) -> VideoConfig:
@@ -345,22 +411,3 @@ def _video(values: Mapping[str, Any]) -> VideoConfig:
     if unknown:
         raise ConfigError(f"video settings have unknown keys {unknown}; valid keys are {names}")
     return VideoConfig(**values)
-
-
-def _get(stored: Mapping[str, Any], key: str) -> Any:
-    node: Any = stored
-    for part in key.split("."):
-        if not isinstance(node, Mapping) or part not in node:
-            return _ABSENT
-        node = node[part]
-    return node
-
-
-def _put(stored: dict[str, Any], key: str, value: Any) -> None:
-    *path, last = key.split(".")
-    node = stored
-    for part in path:
-        if not isinstance(node.get(part), dict):
-            node[part] = {}
-        node = node[part]
-    node[last] = value

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from typing import Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -48,6 +48,14 @@ def check_reranker(reranker: object, rerank_top: int) -> None:
         raise ConfigError(f"rerank= got an Embedder ({getattr(reranker, 'model_id', '?')}), an embedding model; "
                           f"give a Reranker: Reranker.from_pretrained('Qwen/Qwen3-VL-Reranker-2B')")
     raise ConfigError(f"rerank= must be a faste_mm.Reranker (Reranker.from_pretrained(...)), got {what}")
+
+
+def load_collection_reranker(name: str, device: str) -> Any:
+    """The reranker a collection records (`index --reranker`), loaded as `faste-mm search` loads
+    it: the exact score (r_max 0, nothing protected) and the default tower cache, on `device`."""
+    from faste_mm.model.rerank.reranker import Reranker
+
+    return Reranker.from_pretrained(name, device=device)
 
 
 def rerank_hits(reranker, query: Item, hits: list[Hit], k: int, records: Mapping[int, object]) -> list[Hit]:

@@ -30,9 +30,10 @@ from faste_mm.indexers.quantization import check_choices
 from faste_mm.model.batching import BatchingConfig
 from faste_mm.model.embedder import Embedder, EmbedResult, OnError, one_or_many
 from faste_mm.model.items import Item
-from faste_mm.model.video import VideoConfig
+from faste_mm.model.serialization import SerializerConfig
 from faste_mm.retrieval import collection_settings, maintenance, querying
-from faste_mm.retrieval.collection_settings import checked_profile, new_profile, open_for_writing, recreate
+from faste_mm.retrieval.collection_settings import (checked_profile, completed_profile, open_for_writing, recreate,
+                                                    requested_profile)
 from faste_mm.retrieval.documents import CollectionDocuments, add_documents
 from faste_mm.retrieval.executors import IngestExecutor, LocalExecutor, ModelSource
 from faste_mm.retrieval.export import ExportReport
@@ -42,8 +43,8 @@ from faste_mm.retrieval.maintenance import collection_path
 from faste_mm.retrieval.model_spec import ModelSpec, model_source
 from faste_mm.retrieval.ingest import plan_update
 from faste_mm.retrieval.profile import QUERY_INSTRUCTION, CollectionProfile, existing_profile, read_profile
-from faste_mm.retrieval.receipt import PlanReceipt
-from faste_mm.retrieval.rerank_hits import check_reranker, rerank_hits
+from faste_mm.retrieval.setting import given_settings, keywords_of
+from faste_mm.retrieval.rerank_hits import check_reranker, load_collection_reranker, rerank_hits
 from faste_mm.retrieval.results import AddReport, Hit, IndexOptions, IndexProgress, IndexReport, RemoveReport
 from faste_mm.retrieval.scanning import ScanFilter, scan_paths
 
@@ -66,41 +67,34 @@ class Retriever:
     model: a loaded `Embedder`, or a `ModelSpec` loaded on first use (so info/remove/compact
         never load weights). query_instruction: None = DEFAULT_QUERY_INSTRUCTION for
         vision-language models, the model's own default query task for text models.
-    r_max, warmup_layer, threshold, trigger_layer, dim, video: collection settings (see
-        `CollectionProfile`). Each follows the defaults rule: an existing collection's own value,
-        else the one given here, else the documented default (r_max 0.5, theta from the model's
-        saved calibration or the backbone, the model's full width, VideoConfig()). A given value
-        that differs from an existing collection's is refused (CollectionError naming it).
-        dim: Matryoshka width: documents and queries keep their first `dim` dimensions,
-        re-normalised (smaller index, faster search, some quality lost).
+    settings: the collection settings, keywords named by `SETTINGS` (read from `CollectionProfile`'s
+        declarations: r_max, warmup_layer, threshold, trigger_layer, dim, min_pixels, max_pixels,
+        video, vectors, keep, reranker, receipt; docs/collections.md "Settings" explains each). Each
+        follows the defaults rule: an existing collection's own value, else the one given here, else
+        the documented default. A given value that differs from an existing collection's is refused
+        (CollectionError naming it); an unknown keyword is a ConfigError listing the valid ones.
         video: a VideoConfig, or a mapping of some of its fields ({"fps": 2.0}).
-        max_pixels: the image and page budget: each is resized to at most this many pixels
-            (N visual tokens = N x 1024 px, `faste_mm.model.serialization.pixel_budget`); image
-            queries of the collection are resized the same way. Default 1,843,200 (official).
-        receipt: what `faste-mm plan` measured for these settings (`PlanReport.receipt(row)`),
-            recorded by a NEW collection and shown by info; None = not measured.
-        vectors: precision of the index in RAM, "float32" (default), "float16", "int8" (8-bit codes)
-        or "binary" (sign bits); keep: the copy kept on disk to rescore with, "float" (default),
-        "int8" or "none" (see README "Large collections").
+        receipt: what `faste-mm plan` measured (`PlanReport.receipt(row)`), recorded by a NEW collection.
     """
 
+    SETTINGS: tuple[str, ...] = keywords_of(CollectionProfile)
+
     def __init__(self, model: Embedder | ModelSpec, *, collection: str | os.PathLike | None = None,
-                 r_max: float | None = None, query_instruction: str | None = None,
-                 threshold: float | None = None, dim: int | None = None, warmup_layer: int | None = None,
-                 trigger_layer: int | None = None, video: VideoConfig | Mapping[str, Any] | None = None,
-                 max_pixels: int | None = None, receipt: PlanReceipt | None = None,
-                 vectors: str | None = None, keep: str | None = None, reranker: str | None = None) -> None:
-        given = dict(r_max=r_max, threshold=threshold, dim=dim, warmup_layer=warmup_layer,
-                     trigger_layer=trigger_layer, video=video, max_pixels=max_pixels, receipt=receipt,
-                     vectors=vectors, keep=keep, reranker=reranker)
-        self._given = {name: value for name, value in given.items() if value is not None}
-        CollectionProfile.resolve(None, **self._given)  # validates every value with a ConfigError
-        check_choices(vectors, keep)  # the pair is checked with the collection's values when its manifest is made
+                 query_instruction: str | None = None, **settings: Any) -> None:
+        given = given_settings(CollectionProfile, settings, "Retriever")
+        CollectionProfile.resolve(None, **given)  # checks every value (ConfigError naming it) before any work
+        self._setup(model, collection_path(collection), query_instruction, given)
+
+    def _setup(self, model: Embedder | ModelSpec, collection: Path, query_instruction: str | None,
+               given: dict[str, Any], resolved: tuple[bool, CollectionProfile] | None = None) -> None:
+        """The constructor's work. resolved: the profile `for_collection` resolved for `collection`
+        (reindex or not, and the profile), so an index run resolves its settings once."""
+        self._given = given
         self._embedder = model if isinstance(model, Embedder) else None
         self._spec = model if isinstance(model, ModelSpec) else None
         if self._embedder is None and self._spec is None:
             raise ConfigError(f"Retriever model must be an Embedder or a ModelSpec, got {type(model).__name__}")
-        self.collection = collection_path(collection)
+        self.collection = collection
         self.query_instruction = query_instruction
         self._reader: Collection | None = None
         self._reader_profile: CollectionProfile | None = None
@@ -108,21 +102,23 @@ class Retriever:
         # connection, FAISS index, caches) and the model; each uses all cores on its own anyway.
         self._lock = threading.RLock()
         self._adapted: Embedder | None = None  # the embedder with a collection's pixel settings
+        self._resolved: dict[tuple[Path, bool, bool], CollectionProfile] = {}
+        if resolved is not None:
+            reindex, profile = resolved
+            self._resolved[(collection, reindex, existing_profile(collection) is not None)] = profile
+        self._collection_reranker: tuple[str, Any] | None = None  # (name, Reranker): loaded when a search needs it
 
     @classmethod
     def from_pretrained(cls, model: str | os.PathLike, r_max: float | None = None, *,
                         collection: str | os.PathLike | None = None, device: str = "auto", dtype: str = "auto",
                         revision: str | None = None, batching: BatchingConfig | None = None,
-                        query_instruction: str | None = None, threshold: float | None = None,
-                        dim: int | None = None, warmup_layer: int | None = None,
-                        trigger_layer: int | None = None, max_pixels: int | None = None,
-                        receipt: PlanReceipt | None = None, vectors: str | None = None,
-                        keep: str | None = None) -> "Retriever":
-        """Load `model` (hub id or local directory) now. Raises ModelLoadError."""
+                        query_instruction: str | None = None, **settings: Any) -> "Retriever":
+        """Load `model` (hub id or local directory) now; `settings` as for `Retriever` (`SETTINGS`).
+        Raises ModelLoadError, ConfigError for an unknown or invalid setting."""
+        given = given_settings(CollectionProfile, {**settings, "r_max": r_max}, "Retriever.from_pretrained")
+        CollectionProfile.resolve(None, **given)  # before the model loads
         spec = ModelSpec(model, revision, device, dtype, batching)
-        return cls(spec.load(), collection=collection, r_max=r_max, query_instruction=query_instruction,
-                   threshold=threshold, dim=dim, warmup_layer=warmup_layer, trigger_layer=trigger_layer,
-                   max_pixels=max_pixels, receipt=receipt, vectors=vectors, keep=keep)
+        return cls(spec.load(), collection=collection, query_instruction=query_instruction, **given)
 
     @classmethod
     def for_collection(cls, collection: str | os.PathLike | None = None, model: str | os.PathLike | None = None, *,
@@ -133,31 +129,35 @@ class Retriever:
         """A retriever for `collection`, existing or not, with the model loaded when first needed.
 
         Every setting follows the defaults rule (see `CollectionProfile.resolve`): the
-        collection's, else the one given (`model`, `revision`, and `settings`: r_max,
-        warmup_layer, threshold, trigger_layer, dim, video, vectors, keep), else the documented default
-        (`DEFAULT_MODEL`, r_max 0.5, ...). Raises CollectionError at once when a given setting
-        differs from the existing collection's, ConfigError for an unknown or invalid setting.
+        collection's, else the one given (`model`, `revision`, and `settings`, the keywords of
+        `SETTINGS`), else the documented default (`DEFAULT_MODEL`, r_max 0.5, ...). The profile is
+        resolved here once and kept for the run. Raises CollectionError at once when a given
+        setting differs from the existing collection's, ConfigError for an unknown or invalid setting.
         loading: see `ModelSpec.loading`.
         reindex: the collection is about to be rebuilt (`IndexOptions(reindex=True)`): given
             settings replace its own, the others are carried over (`CollectionProfile.carried_over`).
         """
         root = collection_path(collection)
-        profile, chosen = collection_settings.for_collection(root, model, revision, reindex, settings)
+        given = given_settings(CollectionProfile, settings, "Retriever.for_collection")
+        profile = collection_settings.for_collection(root, model, revision, reindex, given)
         spec = ModelSpec(profile.model_id, profile.model_revision, device, dtype, batching, profile.serializer(),
                          loading)
-        return cls(spec, collection=root, query_instruction=query_instruction, video=profile.video,
-                   **{**{k: v for k, v in settings.items() if k != "video"}, **chosen})
+        retriever = cls.__new__(cls)
+        retriever._setup(spec, root, query_instruction, given, (reindex, profile))
+        return retriever
 
     @classmethod
     def open(cls, collection: str | os.PathLike | None = None, *, device: str = "auto", dtype: str = "auto",
-             batching: BatchingConfig | None = None, query_instruction: str | None = None) -> "Retriever":
+             batching: BatchingConfig | None = None, query_instruction: str | None = None,
+             **settings: Any) -> "Retriever":
         """A retriever for an existing collection, with its profile: the model, revision, pixel,
-        video, FastE and dim settings of its manifest (the model loaded when first needed).
-        Raises CollectionError when there is no collection."""
+        video, FastE, dim and reranker settings of its manifest (the model loaded when first
+        needed). `settings` (`SETTINGS`) are checked against the collection's: one that differs
+        is refused. Raises CollectionError when there is no collection."""
         root = collection_path(collection)
         read_profile(root)  # CollectionError naming the folder when it is not a collection
         return cls.for_collection(root, device=device, dtype=dtype, batching=batching,
-                                  query_instruction=query_instruction)
+                                  query_instruction=query_instruction, **settings)
 
     @property
     def embedder(self) -> Embedder:
@@ -166,7 +166,7 @@ class Retriever:
         if self._embedder is None:
             spec = self._spec
             if spec.serializer is None:
-                settings = self._existing() or CollectionProfile.resolve(None, **self._given)
+                settings = self._existing() or self._resolve(self.collection)[1]
                 spec = dataclasses.replace(spec, serializer=settings.serializer())
             self._embedder = spec.load()
         return self._embedder
@@ -206,14 +206,16 @@ class Retriever:
     def r_max(self) -> float:
         """FastE's r_max for this retriever's documents: the collection's, else the one given,
         else the default (see `profile`; reading it loads no model)."""
-        return (self._existing() or CollectionProfile.resolve(None, **self._given)).r_max
+        return (self._existing() or self._resolve(self.collection)[1]).r_max
 
     def profile(self) -> CollectionProfile:
         """The settings this retriever embeds its collection's documents with: the existing
         collection's (CollectionError when a setting given to this retriever differs), else the
         given ones over the documented defaults, completed with the model (which this loads)."""
         existing = self._existing()
-        return self._new_profile() if existing is None else self._checked(existing, self.collection)
+        if existing is None:
+            return completed_profile(self._resolve(self.collection)[1], self.embedder)
+        return self._checked(existing, self.collection)
 
     def _request(self) -> dict[str, Any]:
         """The settings given to this retriever, with its model's id (and revision, if known)."""
@@ -229,9 +231,29 @@ class Retriever:
         return checked_profile(existing, root, self._request(), self._embedder,
                                None if self._spec is None else self._spec.model_id)
 
-    def _new_profile(self, carried: Mapping[str, Any] | None = None) -> CollectionProfile:
-        """The profile of a new collection (`collection_settings.new_profile`; loads the model)."""
-        return new_profile(self.embedder, self._request(), carried)
+    def _resolve(self, root: Path, reindex: bool = False) -> tuple[bool, CollectionProfile]:
+        """(whether the collection at `root` exists, the profile this retriever writes it with),
+        resolved once per collection and state (`for_collection` hands its own in): an existing
+        collection's after checking the given settings against it; else, or when it is about to
+        be rebuilt (`reindex`), the given settings over the ones carried over
+        (`CollectionProfile.carried_over`) over the model's serializer's over the defaults, still
+        to be completed with the model (`completed_profile`). Raises CollectionError."""
+        existing = existing_profile(root)
+        key = (root, reindex, existing is not None)
+        if key not in self._resolved:
+            if existing is not None and not reindex:
+                self._resolved[key] = self._checked(existing, root)
+            else:
+                carried = None if existing is None else existing.carried_over(self._request()["model_id"])
+                self._resolved[key] = requested_profile(self._request(), self._loaded_serializer(), carried)
+        return existing is not None, self._resolved[key]
+
+    def _loaded_serializer(self) -> SerializerConfig | None:
+        """The pixel and video settings the model serializes with (None: a text model, or a model
+        not loaded yet without its own: the defaults)."""
+        if self._embedder is not None:
+            return self._embedder.serializer.config if self._embedder.family.is_multimodal else None
+        return self._spec.serializer
 
     def _model_source(self) -> ModelSource:
         """The model this retriever embeds with, as another process (a Ray worker) loads it."""
@@ -250,8 +272,8 @@ class Retriever:
 
     def _open_for_writing(self, root: Path, index_type: str) -> tuple[Collection, CollectionProfile]:
         """The collection to write into, and its profile (`collection_settings.open_for_writing`)."""
-        return open_for_writing(root, index_type, existing_profile(root), lambda existing: self._checked(existing, root),
-                                self._new_profile)
+        exists, profile = self._resolve(root)
+        return open_for_writing(root, index_type, exists, profile, lambda new: completed_profile(new, self.embedder))
 
     def _erase_for_reindex(self, root: Path, index_type: str) -> tuple[Collection, CollectionProfile]:
         """Erase the collection for `index --reindex` and create it again with this retriever's
@@ -259,9 +281,7 @@ class Retriever:
         nothing that follows can refuse: the model loads (re-indexing embeds everything anyway)
         before `collection_settings.recreate`. Raises ModelLoadError, ConfigError or
         CollectionError with the collection untouched."""
-        existing = self._existing()
-        profile = self._new_profile(None if existing is None else existing.carried_over(self._request()["model_id"]))
-        return recreate(root, index_type, profile)
+        return recreate(root, index_type, completed_profile(self._resolve(root, reindex=True)[1], self.embedder))
 
     # ---- indexing --------------------------------------------------------------------------
     def index(self, paths: Iterable[str | os.PathLike], collection: str | os.PathLike | None = None,
@@ -380,14 +400,17 @@ class Retriever:
                k: int = 10, instruction: str | None = None, where: Mapping[str, Any] | None = None,
                type: str | Sequence[str] | None = None, path: str | None = None,
                video: str | os.PathLike | None = None, mode: str = "dense", rescore: int | None = None,
-               lexical_syntax: bool = False, rerank=None, rerank_top: int = 50) -> list[Hit]:
+               lexical_syntax: bool = False, rerank: Any = None, rerank_top: int = 50) -> list[Hit]:
         """Top-k items for a text, an image, a video, or a combination. An image or a video alone
         is a query by example: it is embedded exactly like a document (so an indexed file finds
         itself with score ~1) unless `instruction` is given.
 
-        rerank: a `faste_mm.Reranker`: the top `rerank_top` hits (at least k) are read back from
-        their files and re-scored with the query; the best k come back ordered by it, each with
-        `score` (cosine) and `rerank_score` (retrieval/rerank_hits.py).
+        rerank: None (default): the collection's reranker when it records one (`reranker=` when it was
+        indexed, `faste-mm index --reranker`; loaded once on this retriever's device, as `faste-mm
+        search` loads it), else no second stage; False: no second stage; a `faste_mm.Reranker`: that
+        one. The top `rerank_top` hits (at least k) are read back from their files and re-scored
+        with the query; the best k come back ordered by it, each with `score` (cosine) and
+        `rerank_score` (retrieval/rerank_hits.py).
 
         Filters (all must hold; k hits come back whenever k items match, whatever the index):
         where: metadata key -> value, e.g. {"tag": "invoice"} (values of `add(metadata=...)`);
@@ -405,12 +428,28 @@ class Retriever:
         item = Item(text=query, image=image, video=video)
         options = dict(instruction=instruction, where=where, type=type, path=path, mode=mode, rescore=rescore,
                        lexical_syntax=lexical_syntax)
+        rerank = self._search_reranker(rerank)
         if rerank is None:
             return self.search_batch([item], k=k, **options)[0]
         check_reranker(rerank, rerank_top)
         with self._lock:
             hits = self.search_batch([item], k=max(k, rerank_top), **options)[0]
             return rerank_hits(rerank, item, hits, k, self._open_reader().records([hit.id for hit in hits]))
+
+    def _search_reranker(self, rerank: Any) -> Any:
+        """The reranker of a search: `rerank` itself, none for False, and for None the collection's
+        (loaded on first use and kept). CollectionError when there is no collection."""
+        if rerank is False:
+            return None
+        if rerank is not None:
+            return rerank
+        name = read_profile(self.collection).reranker
+        if name is None:
+            return None
+        if self._collection_reranker is None or self._collection_reranker[0] != name:
+            device = self._spec.device if self._spec is not None else str(self._embedder.backbone.device)
+            self._collection_reranker = (name, load_collection_reranker(name, device))
+        return self._collection_reranker[1]
 
     def search_batch(self, queries: Sequence[object], k: int = 10, instruction: str | None = None,
                      where: Mapping[str, Any] | None = None, type: str | Sequence[str] | None = None,

@@ -58,11 +58,17 @@ def create_app(engine: ServeEngine) -> FastAPI:
     """
     from contextlib import asynccontextmanager
 
+    mcp_manager = _mcp_endpoint(engine)  # /mcp: the MCP tools over this engine (serving/mcp_server.py)
+
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         engine.start()
         try:
-            yield
+            if mcp_manager is None:
+                yield
+            else:
+                async with mcp_manager[1].run():
+                    yield
         finally:
             engine.close()
 
@@ -128,6 +134,9 @@ def create_app(engine: ServeEngine) -> FastAPI:
         }
 
     add_rerank_routes(app, engine, auth)  # /v1/rerank, /rerank, /explain (serving/rerank.py)
+    if mcp_manager is not None:  # an ASGI app of its own: the key is checked here, the Host by _GuardMiddleware
+        app.add_route("/mcp", _KeyRequired(mcp_manager[0], engine.config.api_key), methods=["GET", "POST", "DELETE"],
+                      include_in_schema=False)
 
     @app.get("/thumbnails/{item_id}", dependencies=[auth])
     def thumbnails(item_id: str) -> Response:
@@ -140,6 +149,37 @@ def create_app(engine: ServeEngine) -> FastAPI:
                         headers={"Cache-Control": "private, max-age=3600"})
 
     return app
+
+
+def _mcp_endpoint(engine: ServeEngine):
+    """(ASGI app, session manager) of the MCP streamable HTTP transport over `engine`, or None
+    without a collection or without the `mcp` extra (then /mcp is an unknown route)."""
+    if engine.collection is None:
+        return None
+    try:
+        from faste_mm.serving.mcp_server import http_endpoint
+    except ImportError:
+        log.info("no /mcp: the MCP SDK is not installed (pip install 'faste-mm[mcp]')")
+        return None
+    from faste_mm.serving.mcp_paths import IndexRoots
+    from faste_mm.serving.mcp_tools import EngineSlot, McpTools
+
+    return http_endpoint(McpTools(engine.collection, EngineSlot(engine=engine), IndexRoots(engine.config.index_roots)))
+
+
+class _KeyRequired:
+    """The API key check of the data routes (`_require_key`) for a mounted ASGI app (/mcp)."""
+
+    def __init__(self, app, api_key: str | None) -> None:
+        self.app = app
+        self.check = _require_key(api_key)
+
+    async def __call__(self, scope, receive, send):
+        try:
+            self.check(Request(scope))
+        except HTTPException as error:
+            return await _error_response(error.status_code, error.detail)(scope, receive, send)
+        return await self.app(scope, receive, send)
 
 
 # ---- request pieces --------------------------------------------------------------------------

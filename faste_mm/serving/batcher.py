@@ -29,7 +29,7 @@ from faste_mm.serving.metrics import BATCH_SIZE_BUCKETS, Metrics
 
 log = logging.getLogger(__name__)
 
-KINDS = ("query", "document", "search", "rerank")
+KINDS = ("query", "document", "search", "rerank", "task")  # task: other work on the model thread (a callable: `run_tasks`)
 
 # A runner embeds (or searches) one merged batch: payloads in, one result per payload out, in
 # order. A result that is an Exception fails only its own job; when the runner raises on a merged
@@ -219,3 +219,14 @@ class Batcher:
             job.future.set_exception(value)
         else:
             job.future.set_result(value)
+
+
+def run_tasks(tasks: list) -> list[object]:
+    """The "task" runner: each queued callable's result, or its exception (that task's alone)."""
+    out: list[object] = []
+    for task in tasks:
+        try:
+            out.append(task())
+        except Exception as error:  # noqa: BLE001 - handed to that task's Future
+            out.append(error)
+    return out

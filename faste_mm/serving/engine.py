@@ -20,8 +20,9 @@ from faste_mm import Embedder, FastEConfig, Hit, InputError, Item, Retriever
 from faste_mm.errors import CollectionError, ConfigError, FasteError
 from faste_mm.indexers import SearchFilter
 from faste_mm.retrieval.profile import QUERY_INSTRUCTION, CollectionProfile, read_profile
-from faste_mm.serving.batcher import Batcher, BatcherConfig
+from faste_mm.serving.batcher import Batcher, BatcherConfig, run_tasks
 from faste_mm.serving.inputs import truncate_dimensions
+from faste_mm.serving.mcp_paths import IndexRoots
 from faste_mm.serving.metrics import BATCH_SIZE_BUCKETS, Metrics, describe_server_metrics
 from faste_mm.serving.reindex_watch import ReindexWatch
 from faste_mm.serving.security import LOOPBACK_HOSTS, check_allowed_hosts
@@ -67,6 +68,7 @@ class ServeConfig:
     thumbnail_dir: where thumbnails are cached; None = beside the collection.
     allowed_hosts: the Host header names answered (others get 403: DNS rebinding); "*" = any.
         `security.host_names(bind_host, extra)` gives loopback + the bound address + extra.
+    index_roots: folders under which the MCP `index` tool (/mcp) may read (--allow-index); none by default.
     """
 
     api_key: str | None = None
@@ -78,6 +80,7 @@ class ServeConfig:
     fast_e: FastEConfig | None = None
     thumbnail_dir: Path | None = None
     allowed_hosts: tuple[str, ...] = LOOPBACK_HOSTS
+    index_roots: tuple[Path, ...] = ()
 
     def __post_init__(self) -> None:
         if self.api_key is not None and not self.api_key.strip():
@@ -89,6 +92,7 @@ class ServeConfig:
         if self.fast_e is not None and not isinstance(self.fast_e, FastEConfig):
             raise ConfigError(f"ServeConfig.fast_e must be a FastEConfig or None, got {type(self.fast_e).__name__}")
         object.__setattr__(self, "allowed_hosts", check_allowed_hosts(self.allowed_hosts))
+        object.__setattr__(self, "index_roots", IndexRoots.of(self.index_roots).roots)
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +157,7 @@ class ServeEngine:
             runners["search"] = self._run_search
         if reranker is not None:
             runners["rerank"] = self._run_rerank
+        runners["task"] = run_tasks  # other work on the model thread (the MCP index tool)
         self.batcher = Batcher(runners, self.config.batching, self.metrics)
         self._reader = None  # the model thread's own read-only collection (more-like-this)
         self._local = threading.local()
@@ -419,7 +424,8 @@ class ServeEngine:
             collection = {"path": str(self.collection), "name": self.collection.name, "items": info.n_ok,
                           "failed": info.n_failed, "deleted": info.n_deleted, "index": info.index_factory,
                           "model": profile.model_id, "dim": profile.dim, "max_pixels": profile.max_pixels,
-                          "r_max": profile.r_max, "plan": receipt_summary(profile.receipt),
+                          "r_max": profile.r_max, "reranker": profile.reranker,
+                          "plan": receipt_summary(profile.receipt),
                           "searchable": self._model_changed is None}
             if self._model_changed is not None:
                 collection["refused"] = f"re-indexed with another model ({self._model_changed}); restart the server"

@@ -71,20 +71,34 @@ def thumbnail(record, cache_dir: Path) -> bytes:
     cached = _read_own_file(path)
     if cached is not None:
         return cached
-    image = _render(record)
+    encoded = jpeg(_render(record), THUMBNAIL_PX)
+    with tempfile.NamedTemporaryFile(dir=cache_dir, suffix=".tmp", delete=False) as tmp:  # O_EXCL, 0600
+        tmp.write(encoded)
+    # Atomic: a concurrent reader sees the whole file or none; a link planted under the name is
+    # replaced itself (rename never writes through a link).
+    os.replace(tmp.name, path)
+    return encoded
+
+
+def preview(record, longest_px: int) -> bytes:
+    """A JPEG of one item record at most `longest_px` on its longest side, rendered now and not
+    cached (an assistant's larger look at one item: `faste_mm.serving.mcp_tools` get_item).
+    A PDF page is rendered near that size. Raises NoThumbnailError as `thumbnail` does."""
+    if not has_thumbnail(record.uri, record.page):
+        raise NoThumbnailError(f"id {record.id}: a {record.modality} item has no picture")
+    return jpeg(_render(record, longest_px), longest_px)
+
+
+def jpeg(image: Image.Image, longest_px: int) -> bytes:
+    """`image` upright (EXIF orientation), shrunk to at most `longest_px` a side, on white, as JPEG."""
     image = ImageOps.exif_transpose(image)
-    image.thumbnail((THUMBNAIL_PX, THUMBNAIL_PX), Image.Resampling.LANCZOS)
+    image.thumbnail((longest_px, longest_px), Image.Resampling.LANCZOS)
     if image.mode != "RGB":  # JPEG has no alpha: paste on white, as the model sees it
         background = Image.new("RGB", image.size, (255, 255, 255))
         background.paste(image, mask=image.convert("RGBA").split()[-1])
         image = background
     encoded = io.BytesIO()
     image.save(encoded, "JPEG", quality=JPEG_QUALITY, optimize=True)
-    with tempfile.NamedTemporaryFile(dir=cache_dir, suffix=".tmp", delete=False) as tmp:  # O_EXCL, 0600
-        tmp.write(encoded.getvalue())
-    # Atomic: a concurrent reader sees the whole file or none; a link planted under the name is
-    # replaced itself (rename never writes through a link).
-    os.replace(tmp.name, path)
     return encoded.getvalue()
 
 
@@ -120,7 +134,7 @@ def _read_own_file(path: Path) -> bytes | None:
         return f.read()
 
 
-def _render(record) -> Image.Image:
+def _render(record, longest_px: int = THUMBNAIL_PX) -> Image.Image:
     from faste_mm import Item
     from faste_mm.model.items import load_image
 
@@ -134,7 +148,7 @@ def _render(record) -> Image.Image:
     item = Item(image=source, page=record.page if rule == "page" else None)
     try:
         # PDF pages render near this many pixels: enough for a sharp thumbnail, no more
-        return load_image(item, max_pixels=4 * THUMBNAIL_PX * THUMBNAIL_PX)
+        return load_image(item, max_pixels=4 * longest_px * longest_px)
     except InputError as error:
         raise NoThumbnailError(f"id {record.id}: {error}") from None
 
