@@ -14,6 +14,8 @@ from typing import Callable
 
 import numpy as np
 
+from faste_mm.errors import InputError
+
 from faste_mm.indexers.records import ItemRecord
 
 # Search a quantized index for k x this many candidates, then rescore them exactly from the stored
@@ -57,6 +59,20 @@ def hybrid_depth(k: int) -> int:
     past k on one side that the other side ranks high (5k, at least 50: Elasticsearch's default
     rank window of RRF is max(50, k) too)."""
     return max(50, 5 * k)
+
+
+def check_query_text(text: str, nul: bool = True) -> None:
+    """InputError for a query text that cannot be searched: an unpaired surrogate (not Unicode: it
+    has no UTF-8 form, no tokenizer or SQLite takes it) or, for the lexical index (`nul`), a NUL
+    character (FTS5 reads the text up to it), naming its position."""
+    position = text.find("\0") if nul else -1
+    if position >= 0:
+        raise InputError(f"the query text holds a NUL character (\\x00) at position {position}; remove it")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise InputError(f"the query text holds an unpaired surrogate ({text[error.start]!a}) at position "
+                         f"{error.start}, which is not a Unicode character; send valid UTF-8 text") from None
 
 
 def fts_query(text: str) -> str:

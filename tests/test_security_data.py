@@ -192,3 +192,42 @@ def test_a_killed_reexport_to_lancedb_keeps_the_previous_table(tmp_path):
     done = _export_cli(tmp_path / "new", to)
     assert done.returncode == 0, done.stderr[-2000:]
     assert lancedb.connect(str(tmp_path / "db")).open_table("items").count_rows() == 500
+
+
+# ---- item 8: odd query texts and table names get a clear error, not a traceback ----------------
+@pytest.fixture(scope="module")
+def lexical_client(model, tmp_path_factory):
+    from fastapi.testclient import TestClient
+
+    from faste_mm import Embedder, Retriever
+    from faste_mm.serving import ServeConfig, ServeEngine, create_app
+
+    base = tmp_path_factory.mktemp("lexical")
+    (base / "notes").mkdir()
+    (base / "notes" / "minutes.txt").write_text("minutes of the garden committee")
+    embedder = Embedder.from_pretrained(model, device="cpu")
+    Retriever(embedder, collection=base / "col").index([base / "notes"])
+    engine = ServeEngine(embedder, Retriever(embedder, collection=base / "col"), ServeConfig())
+    with TestClient(create_app(engine), base_url="http://127.0.0.1:8000", raise_server_exceptions=False) as client:
+        yield client
+
+
+@pytest.mark.parametrize("query, named", [("garden\u0000committee", "NUL character"),
+                                          ("garden \ud800", "unpaired surrogate")], ids=["nul", "surrogate"])
+@pytest.mark.parametrize("mode", ["lexical", "hybrid"])
+def test_a_query_sqlite_cannot_hold_is_a_400_saying_what_to_remove(lexical_client, query, named, mode):
+    response = lexical_client.post("/search", content=json.dumps({"query": query, "mode": mode}),
+                                   headers={"content-type": "application/json"})
+    assert response.status_code == 400, response.text[:300]
+    message = response.json()["error"]["message"]
+    assert named in message and "lexical syntax" not in message
+
+
+@pytest.mark.parametrize("table", ["my table", "a;b", "..", "x" * 300, ".hidden"])
+def test_an_odd_lancedb_table_name_is_refused_naming_the_rule(tmp_path, table):
+    _rows_collection(tmp_path / "c", 100, seed=3)
+    result = runner.invoke(app, ["export", "-c", str(tmp_path / "c"), "--to", f"lancedb:{tmp_path / 'db'}/{table}"])
+    assert result.exit_code != 0
+    assert "not a LanceDB table name" in result.stderr and "letters, digits" in result.stderr
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert not (tmp_path / "db").exists() or not any((tmp_path / "db").iterdir())

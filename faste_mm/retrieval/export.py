@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -80,7 +81,21 @@ class ExportTarget:
             return cls("parquet", path)
         if path.is_dir() and not path.name.endswith(".lance"):
             return cls("lancedb", path, DEFAULT_LANCEDB_TABLE)
-        return cls("lancedb", path.parent, path.name.removesuffix(".lance"))
+        return cls("lancedb", path.parent, check_table_name(path.name.removesuffix(".lance"), text))
+
+
+# LanceDB's own rule for table names (letters, digits, _ - .), kept to names that are one plain
+# file name: no "..", at most 128 characters.
+_TABLE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}")
+
+
+def check_table_name(name: str, target: str) -> str:
+    """`name` if LanceDB can name a table so; ConfigError naming the rule otherwise."""
+    if _TABLE_NAME.fullmatch(name) and ".." not in name:
+        return name
+    raise ConfigError(f"export target {target[:200]!r}: {name[:60]!r}{'...' if len(name) > 60 else ''} is not a "
+                      f"LanceDB table name; use 1-128 letters, digits, '_', '-' or '.' (not starting with '.' or "
+                      f"'-', no '..'), e.g. lancedb:DIR/photos")
 
 
 def export(root: Path, to: str | ExportTarget, chunk_rows: int = EXPORT_CHUNK_ROWS,

@@ -19,6 +19,7 @@ import numpy as np
 from faste_mm import Embedder, FastEConfig, Hit, InputError, Item, Retriever
 from faste_mm.errors import CollectionError, ConfigError, FasteError
 from faste_mm.indexers import SearchFilter
+from faste_mm.indexers.search import check_query_text
 from faste_mm.retrieval.profile import QUERY_INSTRUCTION, CollectionProfile, read_profile
 from faste_mm.serving.batcher import Batcher, BatcherConfig, run_tasks
 from faste_mm.serving.inputs import truncate_dimensions
@@ -322,6 +323,8 @@ class ServeEngine:
             raise InputError("give a query text (`query`, form field `q`), an image, or an item `id`")
         if mode not in ("dense", "lexical", "hybrid"):
             raise InputError(f"mode must be dense, lexical or hybrid, got {str(mode)[:40]!r}")
+        if query:
+            check_query_text(query, nul=mode != "dense")  # a NUL byte, a lone surrogate: named, before any work
         if mode == "lexical":  # words only: nothing to embed (one slot of the batch)
             if not query:
                 raise InputError("lexical search needs a query text (`query`, form field `q`)")
