@@ -44,11 +44,11 @@ def run_suite(suite: str, argv: list[str], prog: str | None = None) -> BenchResu
     begun = start(argv, prog or f"faste-mm bench {suite}")
     try:
         run = importlib.import_module(SUITES[suite][0]).run(args)
+        result = finish(suite, begun, run)
+        write(result, args.out)
     except FasteError as error:
         sys.stderr.write(f"Error: {error}\n")
         raise SystemExit(1) from None
-    result = finish(suite, begun, run)
-    write(result, args.out)
     if args.output == "json":
         sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n")
     else:

@@ -121,6 +121,8 @@ class IndexReport:
     excluded: int = 0
     tower_s: float = 0.0  # model seconds in the vision tower (images, pages, videos)
     decoder_s: float = 0.0  # model seconds in the decoder
+    ocr_read: int = 0  # images and scanned pages whose text was read (OCR, `index --ocr`)
+    ocr_s: float = 0.0  # seconds spent reading them
 
     @property
     def prefix_removal(self) -> float:
