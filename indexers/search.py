@@ -63,8 +63,8 @@ def hybrid_depth(k: int) -> int:
 
 def check_query_text(text: str, nul: bool = True) -> None:
     """InputError for a query text that cannot be searched: an unpaired surrogate (not Unicode: it
-    has no UTF-8 form, no tokenizer or SQLite takes it) or, for the lexical index (`nul`), a NUL
-    character (FTS5 reads the text up to it), naming its position."""
+    has no UTF-8 form, no tokenizer or SQLite takes it) or, in an FTS5 expression (`nul`), a NUL
+    character (FTS5 reads the text up to it; plain words split at it), naming its position."""
     position = text.find("\0") if nul else -1
     if position >= 0:
         raise InputError(f"the query text holds a NUL character (\\x00) at position {position}; remove it")
@@ -80,7 +80,7 @@ def fts_query(text: str) -> str:
     chunk holding a letter or digit becomes a quoted phrase (quotes doubled), joined by OR, so
     quotes, asterisks, colons, parentheses and operators are searched as the words they hold
     ("INV-2024-001" is the phrase inv 2024 001). Empty when the text holds no word."""
-    chunks = [c for c in text.split() if re.search(r"\w", c)]
+    chunks = [c for c in text.replace("\0", " ").split() if re.search(r"\w", c)]  # FTS5 stops at a NUL
     return " OR ".join('"' + c.replace('"', '""') + '"' for c in chunks)
 
 

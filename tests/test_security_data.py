@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -212,15 +213,29 @@ def lexical_client(model, tmp_path_factory):
         yield client
 
 
-@pytest.mark.parametrize("query, named", [("garden\u0000committee", "NUL character"),
-                                          ("garden \ud800", "unpaired surrogate")], ids=["nul", "surrogate"])
 @pytest.mark.parametrize("mode", ["lexical", "hybrid"])
-def test_a_query_sqlite_cannot_hold_is_a_400_saying_what_to_remove(lexical_client, query, named, mode):
-    response = lexical_client.post("/search", content=json.dumps({"query": query, "mode": mode}),
+def test_a_nul_byte_in_a_query_separates_words_and_a_lone_surrogate_is_a_400(lexical_client, mode):
+    def search(query: str):
+        return lexical_client.post("/search", content=json.dumps({"query": query, "mode": mode}),
                                    headers={"content-type": "application/json"})
-    assert response.status_code == 400, response.text[:300]
-    message = response.json()["error"]["message"]
-    assert named in message and "lexical syntax" not in message
+
+    nul = search("garden\u0000committee")
+    assert nul.status_code == 200, nul.text[:300]
+    assert [Path(h["uri"]).name for h in nul.json()["hits"]] == ["minutes.txt"]
+    surrogate = search("garden \ud800")
+    assert surrogate.status_code == 400, surrogate.text[:300]
+    message = surrogate.json()["error"]["message"]
+    assert "unpaired surrogate" in message and "position 7" in message and "lexical syntax" not in message
+
+
+def test_a_nul_byte_in_an_fts5_expression_is_named(tmp_path):
+    from faste_mm.errors import InputError
+    from faste_mm.indexers import Collection, ItemRecord, Manifest
+
+    with Collection.create(tmp_path / "c", Manifest(model_id="m", dim=4)) as col:
+        col.add(np.eye(4, dtype=np.float32)[:1], [ItemRecord(uri="/n.txt", modality="text", text="garden")])
+        with pytest.raises(InputError, match="NUL character"):
+            col.find(3, texts=["garden\x00x"], mode="lexical", lexical_syntax=True)
 
 
 @pytest.mark.parametrize("table", ["my table", "a;b", "..", "x" * 300, ".hidden"])
