@@ -440,7 +440,7 @@ class Retriever:
         values; loads no model) or "hybrid" (both, fused by reciprocal rank); each Hit's `found_by`
         says which side found it. The query text is searched as plain words unless `lexical_syntax`.
         rescore: candidates per hit a quantized index returns for exact rescoring (None: the
-        precision's default, 0: none; see README "Large collections").
+        precision's default, 0: none; see docs/search.md, "Large collections").
         Raises InputError if nothing is given, ConfigError for a bad filter."""
         if query is None and image is None and video is None:
             raise InputError("search: give a query text, an image, a video, or a combination")
