@@ -169,6 +169,11 @@ class Retriever:
             self._embedder = spec.load()
         return self._embedder
 
+    def kernel_choices(self) -> list[str]:
+        """The CPU kernel choices the model settled in this process (`Embedder.kernel_choices`);
+        empty when no model was loaded here (a Ray run, or nothing to embed)."""
+        return self._embedder.kernel_choices() if self._embedder is not None else []
+
     def _embedder_for(self, profile: CollectionProfile) -> Embedder:
         """The embedder serializing with `profile`'s pixel and video settings: the loaded one,
         or the same weights with the profile's serializer (`Embedder.with_serializer`)."""
