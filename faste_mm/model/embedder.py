@@ -57,6 +57,7 @@ class EmbedStats:
     tower_s: float = 0.0  # of forward_s: seconds in the vision tower
     decoder_s: float = 0.0  # of forward_s: seconds in the decoder (embeddings to pooled vectors)
     dtype: dict = field(default_factory=dict)  # DtypeChoice.to_dict(): the dtype the model ran in, and why
+    kernels: list[str] = field(default_factory=list)  # kernel_choice verdicts, e.g. "tower attention: bfloat16, measured 2.6x ..."
 
     @property
     def prefix_removal(self) -> float:
@@ -119,6 +120,7 @@ class EmbedStats:
             "tower_time_share": self.tower_time_share,
             "tower_flops_share": self.tower_flops_share,
             "dtype": self.dtype,
+            "kernels": self.kernels,
             "total_s": self.total_s,
             "shape": self.shape.to_dict(),
             "batches": [trace.to_dict() for trace in self.batches],
@@ -391,7 +393,13 @@ class Embedder:
             tower_s=sum(t.tower_s for t in traces),
             decoder_s=sum(t.decoder_s for t in traces),
             dtype=self.loaded.dtype_choice.to_dict(),
+            kernels=self.kernel_choices(),
         )
+
+    def kernel_choices(self) -> list[str]:
+        """The CPU kernel choices settled so far (`kernel_choice.KernelTrials`), in words."""
+        tower = getattr(self.backbone, "tower", None)
+        return tower.trials.describe() if tower is not None else []
 
     def _vision_flops(self, traces) -> int:
         vision = self.backbone.vision_shape

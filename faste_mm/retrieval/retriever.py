@@ -175,6 +175,11 @@ class Retriever:
             self._embedder = spec.load()
         return self._embedder
 
+    def kernel_choices(self) -> list[str]:
+        """The CPU kernel choices the model settled in this process (`Embedder.kernel_choices`);
+        empty when no model was loaded here (a Ray run, or nothing to embed)."""
+        return self._embedder.kernel_choices() if self._embedder is not None else []
+
     def _embedder_for(self, profile: CollectionProfile) -> Embedder:
         """The embedder serializing with `profile`'s pixel and video settings: the loaded one,
         or the same weights with the profile's serializer (`Embedder.with_serializer`)."""
@@ -447,7 +452,7 @@ class Retriever:
         values; loads no model) or "hybrid" (both, fused by reciprocal rank); each Hit's `found_by`
         says which side found it. The query text is searched as plain words unless `lexical_syntax`.
         rescore: candidates per hit a quantized index returns for exact rescoring (None: the
-        precision's default, 0: none; see README "Large collections").
+        precision's default, 0: none; see docs/search.md, "Large collections").
         Raises InputError if nothing is given, ConfigError for a bad filter."""
         if query is None and image is None and video is None:
             raise InputError("search: give a query text, an image, a video, or a combination")
