@@ -25,9 +25,8 @@ from faste_mm.errors import ConfigError, FasteError, InputError
 from faste_mm.indexers import SearchFilter
 from faste_mm.indexers.filters import INT64_MAX
 from faste_mm.kinds import kind_name
-from faste_mm.retrieval.duplicates import DEFAULT_THRESHOLD as DEFAULT_DUPLICATE_THRESHOLD
-from faste_mm.retrieval.duplicates import collection_duplicates
 from faste_mm.serving.batcher import QueueFullError
+from faste_mm.serving.duplicates_route import add_duplicates_route
 from faste_mm.serving.engine import (CollectionChangedError, NoCollectionError, RequestTooLargeError, ServeEngine,
                                      UnknownItemError)
 from faste_mm.serving.inputs import (EmbeddingRequest, SearchRequest, decode_image_bytes, decode_image_url,
@@ -137,14 +136,7 @@ def create_app(engine: ServeEngine) -> FastAPI:
             "hits": [{**_hit_json(rank, hit), "snippet": snippets.get(hit.id)} for rank, hit in enumerate(hits, 1)],
         }
 
-    @app.get("/duplicates", dependencies=[auth])
-    async def duplicates(threshold: float = DEFAULT_DUPLICATE_THRESHOLD, exact: bool = False) -> dict:
-        # read-only, no model: a handler thread opens the collection itself (retrieval/duplicates.py)
-        if engine.collection is None:
-            raise NoCollectionError("this server has no collection; start it with `faste-mm serve -c NAME|DIR`")
-        report = await run_in_threadpool(collection_duplicates, engine.collection, threshold, near=not exact)
-        return report.to_dict()
-
+    add_duplicates_route(app, engine, auth)  # GET /duplicates (serving/duplicates_route.py)
     add_rerank_routes(app, engine, auth)  # /v1/rerank, /rerank, /explain (serving/rerank.py)
     add_preview_routes(app, engine, auth)  # /previews/{id}: the page's larger look (serving/previews.py)
     if mcp_manager is not None:  # an ASGI app of its own: the key is checked here, the Host by _GuardMiddleware
