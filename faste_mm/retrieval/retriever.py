@@ -7,7 +7,7 @@ Receives paths, texts, images and queries; hands back the records of `faste_mm.r
 imports: collection_settings (the profile), indexing + ingest + scanning, documents (add),
 querying (search), model_spec (loading on first use).
 """
-# Size: ~470 lines: the public facade, ~30 methods of a few lines each delegating to the modules above;
+# Size: ~490 lines: the public facade, ~30 methods of a few lines each delegating to the modules above;
 # most of its lines are the API's docstrings.
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import threading
 import time
 from datetime import date
 from pathlib import Path
@@ -65,6 +66,8 @@ class Retriever:
         >>> r.index(["./images", "report.pdf"], collection="./my-collection")
         >>> r.search("a red bicycle", k=10)  # [Hit(id=.., score=.., uri=.., page=.., metadata=..)]
 
+    Safe to share across threads (a web app's workers): searches run one at a time.
+
     model: a loaded `Embedder`, or a `ModelSpec` loaded on first use (so info/remove/compact
         never load weights). query_instruction: None = DEFAULT_QUERY_INSTRUCTION for
         vision-language models, the model's own default query task for text models.
@@ -99,6 +102,9 @@ class Retriever:
         self.query_instruction = query_instruction
         self._reader: Collection | None = None
         self._reader_profile: CollectionProfile | None = None
+        # One search at a time: threads (a web app's workers) share the reader (its SQLite
+        # connection, FAISS index, caches) and the model; each uses all cores on its own anyway.
+        self._lock = threading.RLock()
         self._adapted: Embedder | None = None  # the embedder with a collection's pixel settings
         self._resolved: dict[tuple[Path, bool, bool], CollectionProfile] = {}
         if resolved is not None:
@@ -188,10 +194,11 @@ class Retriever:
         return existing_profile(self.collection)
 
     def close(self) -> None:
-        if self._reader is not None:
-            self._reader.close()
-            self._reader = None
-            self._reader_profile = None
+        with self._lock:
+            if self._reader is not None:
+                self._reader.close()
+                self._reader = None
+                self._reader_profile = None
 
     def __enter__(self) -> "Retriever":
         return self
@@ -466,8 +473,9 @@ class Retriever:
             return self.search_batch([item], k=k, sort=sort, **options)[0]
         check_reranker(rerank, rerank_top)
         result_order.check_sort(sort)
-        hits = self.search_batch([item], k=max(k, rerank_top), **options)[0]
-        reranked = rerank_hits(rerank, item, hits, k, self._open_reader().records([hit.id for hit in hits]))
+        with self._lock:
+            hits = self.search_batch([item], k=max(k, rerank_top), **options)[0]
+            reranked = rerank_hits(rerank, item, hits, k, self._open_reader().records([hit.id for hit in hits]))
         return result_order.sort_hits(reranked, sort)
 
     def _search_reranker(self, rerank: Any) -> Any:
@@ -498,12 +506,13 @@ class Retriever:
         search_filter = result_order.search_filter(where, type, path, since, until)
         items = [querying.as_query(q, i) for i, q in enumerate(queries)]
         texts = querying.query_texts(items, mode)
-        col = self._open_reader(check_model=mode != "lexical")
-        if min_score is None and self._reader_profile is not None:  # (lexical mode reads no profile: no cosine)
-            min_score = self._reader_profile.min_score
-        vectors = None if mode == "lexical" else self._embed_queries(items, instruction)
-        found = col.find(k, queries=vectors, texts=texts, mode=mode, where=search_filter, rescore=rescore,
-                         lexical_syntax=lexical_syntax, min_score=min_score)  # hits and records of one snapshot
+        with self._lock:
+            col = self._open_reader(check_model=mode != "lexical")
+            if min_score is None and self._reader_profile is not None:  # (lexical mode reads no profile: no cosine)
+                min_score = self._reader_profile.min_score
+            vectors = None if mode == "lexical" else self._embed_queries(items, instruction)
+            found = col.find(k, queries=vectors, texts=texts, mode=mode, where=search_filter, rescore=rescore,
+                             lexical_syntax=lexical_syntax, min_score=min_score)  # hits and records of one snapshot
         return [result_order.sort_hits(hits, sort) for hits in querying.hits(found)]
 
     def _embed_queries(self, items: list[Item], instruction: str | None) -> np.ndarray:
@@ -529,8 +538,9 @@ class Retriever:
         """Documents as `index` and `add` embed them into this collection: its model, pixel
         bounds and FastE settings, so the vectors compare with the stored ones. Raises
         CollectionError when the collection does not exist or the model differs from it."""
-        self._open_reader()
-        profile = self._reader_profile
+        with self._lock:
+            self._open_reader()
+            profile = self._reader_profile
         return self._embedder_for(profile).encode_documents(documents, fast_e=profile.fast_e(), dim=profile.dim,
                                                             on_error=on_error)
 
