@@ -19,8 +19,8 @@ import pytest
 
 from faste_mm import BatchingConfig, Embedder, Retriever
 from faste_mm.testing import build_tiny_model
-from tests.serve_fixtures import make_gallery, scene_image
-from tests.test_retriever_scanning import tiny_vl_dir
+from tests.helpers.serve_fixtures import make_gallery, scene_image
+from tests.helpers.inputs import tiny_vl_dir
 
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if os.path.exists("/usr/bin/chromium") else None)
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")

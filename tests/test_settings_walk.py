@@ -20,7 +20,7 @@ from faste_mm.retrieval.receipt import PlanReceipt
 from faste_mm.retrieval.retriever import Retriever
 from faste_mm.retrieval.setting import settings_of
 
-from tests.test_retriever_scanning import noise_image
+from tests.helpers.inputs import noise_image
 
 runner = CliRunner()
 
