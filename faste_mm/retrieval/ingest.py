@@ -17,6 +17,7 @@ from faste_mm.errors import CollectionError, ConfigError, InputError, ModelLoadE
 from faste_mm.indexers import Collection, ItemRecord, content_hash
 from faste_mm.indexers.crash_points import crash_point
 from faste_mm.kinds import KINDS, SUPPORTED_SUFFIXES
+from faste_mm.model.cost import CostTally
 from faste_mm.model.items import Item, count_pdf_pages
 from faste_mm.retrieval.decoders import document_input
 from faste_mm.retrieval.lexical import item_text, source_text
@@ -46,11 +47,8 @@ class IngestTally:
 
     embedded: int = 0
     reused: int = 0
-    prefix_tokens: int = 0
-    kept_prefix_tokens: int = 0
     failures: list[IndexFailure] = field(default_factory=list)
-    tower_s: float = 0.0  # model seconds in the vision tower
-    decoder_s: float = 0.0  # model seconds in the decoder
+    cost: CostTally = field(default_factory=CostTally)  # prefix tokens, tower and decoder seconds
 
     def merge(self, other: "IngestTally") -> None:
         """Add the totals of a committed chunk (every field, so a new total cannot be left out)."""
@@ -59,10 +57,7 @@ class IngestTally:
 
     def add_stats(self, stats: EmbedStats | None) -> None:
         if stats is not None:
-            self.prefix_tokens += stats.prefix_tokens
-            self.kept_prefix_tokens += stats.kept_prefix_tokens
-            self.tower_s += stats.tower_s
-            self.decoder_s += stats.decoder_s
+            self.cost = self.cost + stats
 
 
 @dataclass(frozen=True, slots=True)
