@@ -14,7 +14,7 @@ import typer
 from rich.markup import escape
 from typer.core import TyperCommand, TyperGroup
 
-from faste_mm.cli.bench import bench_command
+from faste_mm.cli.bench import bench_app
 from faste_mm.cli.calibrate import calibrate_command
 from faste_mm.cli.collection_commands import compact_command, info_command, rebuild_index_command, remove_command
 from faste_mm.cli.embed import embed
@@ -139,9 +139,11 @@ def _root(
 for _name, _command in (("index", index_command), ("search", search_command), ("info", info_command),
                         ("remove", remove_command), ("compact", compact_command),
                         ("rebuild-index", rebuild_index_command), ("export", export_command), ("embed", embed),
-                        ("eval", eval_command), ("bench", bench_command), ("calibrate", calibrate_command),
+                        ("eval", eval_command), ("calibrate", calibrate_command),
                         ("serve", serve_command), ("mcp", mcp_command), ("plan", plan_command), ("rerank", rerank_command)):
     app.command(_name, cls=_Command, short_help=_summary(_command.__doc__))(_command)
+app.add_typer(bench_app(), name="bench", cls=_Group,  # the model suite, and every other suite a subcommand
+              short_help="Measure speed: the model suite, or one of faste-mm bench SUITE (peers, rerank, scale, client, ...)")
 
 
 def main() -> None:

@@ -1,5 +1,7 @@
-"""`faste-mm bench`: FastE against the full forward (and optionally HF / sentence-transformers)
-on the same inputs; prints a table (or --format json) and writes JSON with --out."""
+"""`faste-mm bench [SUITE]`: the one benchmark entry point (faste_mm.bench). With no suite (or
+`model`): FastE against the full forward (and optionally HF / sentence-transformers) on the same
+inputs; prints a table (or --format json) and writes JSON with --out. Every other suite is a
+subcommand whose arguments go to its own parser (`faste_mm.bench.entry`); all write one schema."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from faste_mm.errors import ConfigError, FasteError
 
 
 def bench_command(
+    ctx: typer.Context,
     model: Model = None,
     shape: Optional[str] = typer.Option(None, envvar="FASTE_MM_SHAPE", help="Random-weight real architecture: qwen3-vl-embedding-2b | qwen3-vl-embedding-8b | qwen3-embedding-0.6b | qwen3-embedding-4b."),
     scale_hidden: float = typer.Option(1.0, envvar="FASTE_MM_SCALE_HIDDEN", help="Shrink widths of --shape by this factor (layers and heads kept), e.g. 0.25 on a CPU."),
@@ -39,10 +42,14 @@ def bench_command(
     out: Optional[Path] = typer.Option(None, "--out", "-o", envvar="FASTE_MM_BENCH_OUT", help="Also write the report as JSON to this file."),
     debug: Debug = False,
 ) -> None:
-    """Measure speed, memory and FLOPs of FastE settings against the full forward."""
+    """Measure speed, memory and FLOPs of FastE settings against the full forward (the model suite);
+    `faste-mm bench SUITE --help` for the other suites."""
+    if ctx.invoked_subcommand is not None:  # `faste-mm bench SUITE ...`: the suite runs, not this
+        return
     from faste_mm import BatchingConfig, Embedder
-    from faste_mm.tools.bench import BenchConfig, run_bench
-    from faste_mm.tools.bench_inputs import make_inputs
+    from faste_mm.bench.schema import SuiteRun, describe, finish, start
+    from faste_mm.bench.model import BenchConfig, run_bench
+    from faste_mm.bench.inputs import make_inputs
     from faste_mm.model.backbones.loading import resolve_device, resolve_dtype
     from faste_mm.tools.shapes import build_shape_model
 
@@ -60,6 +67,7 @@ def bench_command(
             unpadded=tuple(u.strip() for u in unpadded.split(",") if u.strip()),
         )
         _check_before_loading(n, scale_hidden, config, trigger_layer, threshold)
+        begun = start()
         batching = BatchingConfig(batch_tokens=batch_tokens, workers=workers)
         with tempfile.TemporaryDirectory(prefix="faste-mm-bench-") as workdir:
             if shape is not None:
@@ -77,7 +85,12 @@ def bench_command(
                 report = run_bench(embedder, items, config, label, progress=progress)
     except FasteError as error:
         fail(error, debug)
-    payload = report.to_dict()
+    params = {"model": report.model, "shape": shape, "scale_hidden": scale_hidden if shape else None,
+              "inputs": report.inputs, "n": n, "repeats": repeats, "memory_kind": report.memory_kind,
+              "batching": report.batching, "dtype_reason": report.dtype.get("reason")}
+    result = finish("model", begun, SuiteRun([s.to_dict() for s in report.settings], params, report.device,
+                                             report.dtype.get("dtype")))
+    payload = result.to_dict()
     if out is not None:
         try:
             out.write_text(json.dumps(payload, indent=2))
@@ -88,6 +101,32 @@ def bench_command(
         stdout.print_json(json.dumps(payload))
     else:
         _render(report)
+    stderr.print(describe(result), highlight=False, markup=False)
+
+
+def _suite_command(suite: str):
+    """A subcommand that hands its arguments, unparsed, to the suite's own parser."""
+    def command(ctx: typer.Context) -> None:
+        from faste_mm.bench.entry import run_suite
+
+        run_suite(suite, list(ctx.args), prog=f"faste-mm bench {suite}")
+    return command
+
+
+def bench_app() -> typer.Typer:
+    """`faste-mm bench`: the model suite as the group's own options, each suite a subcommand
+    (`model` too: `faste-mm bench model ...` equals `faste-mm bench ...`)."""
+    from faste_mm.bench import SUITES
+
+    group = typer.Typer(add_completion=False)
+    group.callback(invoke_without_command=True)(bench_command)
+    group.command("model", help=SUITES["model"][1] + ".")(bench_command)
+    passthrough = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
+    for suite, (_, summary) in SUITES.items():
+        if suite != "model":
+            group.command(suite, help=summary + " (--help: its options).", context_settings=passthrough,
+                          add_help_option=False)(_suite_command(suite))
+    return group
 
 
 def _check_before_loading(n: int, scale_hidden: float, config, trigger_layer, threshold) -> None:

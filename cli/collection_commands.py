@@ -140,18 +140,6 @@ def rebuild_index_command(
     stdout.print(factory, highlight=False)
 
 
-def collection_reranker(collection: str | None) -> str | None:
-    """The collection's default reranker (index --reranker), None when it has none or cannot be read
-    here (the local search then says why)."""
-    from faste_mm.retrieval.maintenance import collection_path
-    from faste_mm.retrieval.profile import read_profile
-
-    try:
-        return read_profile(collection_path(collection)).reranker
-    except FasteError:
-        return None
-
-
 def load_reranker(model: str | None, root: Path, r_max: str, protect: str, device: str,
                   tower_cache_mb: int = RERANK_TOWER_CACHE_MB):
     """The reranker of `search` and `serve`: --rerank, else the collection's (index --reranker), else None;

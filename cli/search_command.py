@@ -18,7 +18,7 @@ from rich.table import Table
 from faste_mm.cli.common import fail, markup_safe, print_json, setup_logging, stdout, usage_error
 from faste_mm.cli.options import CollectionOption, Debug, Device
 from faste_mm.cli.options import RERANK_TOWER_CACHE_MB, Rerank, RerankProtect, RerankRMax, RerankTop, RerankTowerCacheMb
-from faste_mm.cli.collection_commands import collection_reranker, load_reranker
+from faste_mm.cli.collection_commands import load_reranker
 from faste_mm.cli.progress import quiet_transformers
 from faste_mm.errors import FasteError
 
@@ -79,16 +79,18 @@ def search_command(
 ) -> None:
     """Search a collection by text, image and/or video; the model is the one the collection was built with.
     A text search asks the collection's running `faste-mm serve`, if any, instead of loading the model."""
+    # The thin client: up to the server's answer this path imports no torch, transformers or FAISS
+    # (the Retriever and the search modes' module load only for a search run here).
     from faste_mm.cli.server_search import search_through_server
-    from faste_mm.retrieval.retriever import Retriever
-
-    from faste_mm.indexers.search import MODES
 
     setup_logging(debug)
     if query is None and image is None and video is None:
         usage_error("give a QUERY text, --image PATH, --video PATH, or a combination")
-    if mode not in MODES:
-        usage_error(f"--mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if mode != "dense":  # only a dense search may go to the server: the others check here
+        from faste_mm.indexers.search import MODES
+
+        if mode not in MODES:
+            usage_error(f"--mode must be one of {', '.join(MODES)}, got {mode!r}")
     conditions = _parse_where(where)
     try:
         served = None
@@ -96,11 +98,14 @@ def search_command(
         # instruction search runs here (a collection with a default reranker reranks unless --no-rerank).
         local_only = (image is not None or video is not None or instruction is not None or rerank is not None
                       or mode != "dense" or rescore is not None or lexical_syntax)
-        if not no_server and not local_only and (no_rerank or collection_reranker(collection) is None):
-            served = search_through_server(collection, query, k, conditions, kind, path, debug)
+        # (the server's /info says whether the collection records a reranker: no manifest read here)
+        if not no_server and not local_only:
+            served = search_through_server(collection, query, k, conditions, kind, path, not no_rerank, debug)
         if served is not None:
             root, hits = served
         else:
+            from faste_mm.retrieval.retriever import Retriever
+
             with Retriever.open(collection, device=device) as retriever:
                 if mode != "lexical":  # lexical search loads no model
                     quiet_transformers()  # the model loads in search(): no per-weight bar on stderr

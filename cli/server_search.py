@@ -9,12 +9,17 @@ from faste_mm.cli.common import stderr
 
 
 def search_through_server(collection: str | None, query: str, k: int, where: dict, types: list[str],
-                          path: str | None, debug: bool) -> tuple[Path, list] | None:
+                          path: str | None, rerank: bool, debug: bool) -> tuple[Path, list] | None:
     """(collection root, hits) from the server announced in the collection, or None (no live
-    server for it, or it could not answer: the caller loads the model). With --debug, says which."""
-    from faste_mm.indexers import SearchFilter
-    from faste_mm.retrieval.maintenance import collection_path
-    from faste_mm.retrieval.results import Hit
+    server for it, it could not answer, or -- with `rerank` -- the collection records a reranker:
+    the caller loads the model). With --debug, says which.
+
+    The thin client: every module imported here is light (no torch, transformers, FAISS or
+    numpy), so a search answered by the server costs a Python start-up and one HTTP round trip.
+    """
+    from faste_mm.indexers.filters import SearchFilter
+    from faste_mm.retrieval.hits import Hit
+    from faste_mm.retrieval.locations import collection_path
     from faste_mm.serving.discovery import find_server, search_via_server
 
     root = collection_path(collection)
@@ -23,12 +28,13 @@ def search_through_server(collection: str | None, query: str, k: int, where: dic
     checked = SearchFilter(where=where, types=tuple(types), path=path)
     address = find_server(root) if k <= 1000 else None  # the server answers at most 1000 hits
     rows = None if address is None else search_via_server(address, root, query, k, checked.where, checked.types,
-                                                          checked.path)
+                                                          checked.path, rerank=rerank)
     if debug:
         stderr.print(f"search: through the server at {address.url} (pid {address.pid})" if rows is not None else
                      "search: loading the model here (" + ("no running faste-mm serve for this collection)"
                                                           if address is None else
-                                                          f"the server at {address.url} did not answer for it)"),
+                                                          f"the server at {address.url} did not answer for it, or the "
+                                                          "collection's reranker runs here)"),
                      highlight=False, markup=False)
     if rows is None:
         return None

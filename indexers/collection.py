@@ -402,7 +402,7 @@ class Collection:
         when the file's version is still that of the last unfiltered snapshot, which found this index
         current and no tombstoned vector in it: one PRAGMA instead of BEGIN, PRAGMA, COMMIT and the
         snapshot's bookkeeping (~0.05 ms of a 0.5 ms HNSW search after other work evicted the caches,
-        docs/benchmarks.md). A commit landing during the FAISS search is as if it came after, as for a
+        docs/benchmarks-log.md). A commit landing during the FAISS search is as if it came after, as for a
         search in a snapshot. None when it cannot (the caller searches in a snapshot)."""
         plain = self._plain_at
         if plain is None or plain.store is not self._store or plain.index is not self._index.index \

@@ -19,6 +19,7 @@ from faste_mm.indexers.atomic_files import TMP_SUFFIX, atomic_write, fsync_dir
 from faste_mm.indexers.crash_points import crash_point
 from faste_mm.indexers.manifest import MANIFEST_NAME, Manifest, read_manifest
 from faste_mm.indexers.database_file import DB_NAME, count_items
+from faste_mm.indexers.file_names import SERVER_FILE
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +29,6 @@ LOCK_NAME = "collection.lock"
 GENERATION_NAME = "generation"
 _DB_FILES = (DB_NAME, DB_NAME + "-wal", DB_NAME + "-shm")
 # Written by `faste-mm serve` while it serves the collection (faste_mm.serving.discovery).
-SERVER_FILE = "server.json"
 OWN_FILES = frozenset({*_DB_FILES, parts.VECTORS_DIR, LOCK_NAME, MANIFEST_NAME, faiss_index.INDEX_NAME,
                        GENERATION_NAME, SERVER_FILE})
 # `erase` first renames manifest.json to this name: from then on the directory is no longer a

@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 INDEX_NAME = "index.faiss"
 
-# Below this size `auto` searches exactly. Measured on 2 CPU cores at d=2048 (docs/benchmarks.md):
+# Below this size `auto` searches exactly. Measured on 2 CPU cores at d=2048 (docs/benchmarks-log.md):
 # a Flat scan costs ~0.6 ms per 1k vectors per single query, so 50k vectors stay near 30 ms with
 # no build cost, whereas HNSW32 needs ~0.5 ms of build time per vector (~25 s at 50k) and is
 # approximate. Batched queries use BLAS and are far cheaper per query than that.
@@ -46,7 +46,7 @@ _TRAIN_POINTS_PER_CENTROID = 64
 _PQ_MIN_TRAIN = 39 * 256
 DEFAULT_EF_SEARCH = 128
 # A binary flat scan reads d/8 bytes per vector (256 at d=2048): 32x less than a float Flat scan, so
-# it stays exact to 16x FLAT_MAX_VECTORS before BIVF's approximate probing pays (docs/benchmarks.md).
+# it stays exact to 16x FLAT_MAX_VECTORS before BIVF's approximate probing pays (docs/benchmarks-log.md).
 BINARY_FLAT_MAX_VECTORS = 16 * FLAT_MAX_VECTORS
 
 
@@ -288,7 +288,7 @@ def reserve(index, n: int) -> bool:
     """Allocate the codes of `n` vectors up front in an empty flat-codes index (Flat, SQ8, SQfp16:
     one array of n x code_size bytes). Filled chunk by chunk, that array grows by doubling, and the
     doubling from 4 to 8 GB holds both copies at once: 12 GB at the peak for a million float32
-    2048-d vectors instead of 8 (docs/benchmarks.md). Growing it to n and back to 0 keeps its
+    2048-d vectors instead of 8 (docs/benchmarks-log.md). Growing it to n and back to 0 keeps its
     capacity (std::vector). Returns whether it did (other index kinds grow their own structures)."""
     core = faiss.downcast_index(index.index) if isinstance(index, faiss.IndexIDMap2) else index
     if is_binary(index) or not isinstance(core, faiss.IndexFlatCodes) or core.ntotal or n <= 0:

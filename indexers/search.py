@@ -17,7 +17,7 @@ import numpy as np
 from faste_mm.indexers.records import ItemRecord
 
 # Search a quantized index for k x this many candidates, then rescore them exactly from the stored
-# copy, per index precision (measured by scripts/bench_scale.py, see docs/benchmarks.md: the
+# copy, per index precision (measured by scripts/bench_scale.py, see docs/benchmarks-log.md: the
 # smallest factor of 5/10/20/40 reaching recall@10 >= 0.95 on clustered 100k x 2048 vectors:
 # binary 10 -> 0.89, 20 -> 1.00; int8 2 -> 0.999. PQ's 4 is not measured here).
 DEFAULT_RESCORE = {"binary": 20, "pq": 4, "int8": 2, "float16": 1, "float32": 1}
@@ -146,7 +146,7 @@ def rescore(queries: np.ndarray, candidates: np.ndarray, k: int, fetch: FetchFn)
     # Each query against its own c candidates only: a batch's candidate lists barely overlap, so one
     # [q, u] product would do q times the work (32x for a batch of 32). einsum, not BLAS: a product
     # this small gains nothing from BLAS threads, and on a loaded machine waiting for a descheduled
-    # one cost 13 ms per call instead of 0.4 ms (docs/benchmarks.md).
+    # one cost 13 ms per call instead of 0.4 ms (docs/benchmarks-log.md).
     for row in range(len(queries)):
         scores[row] = np.einsum("cd,d->c", vectors[rows[row]], queries[row])
     scores = np.where(candidates >= 0, scores, -np.inf).astype(np.float32)

@@ -291,8 +291,8 @@ class MetaStore:
 
     def live_records_after(self, after_id: int, limit: int) -> list[ItemRecord]:
         """Up to `limit` live records with id > `after_id`, in id order (a paged listing)."""
-        rows = self.db.execute(f"SELECT {_ITEM_COLUMNS} FROM items WHERE status = 'ok' AND id > ? ORDER BY id LIMIT ?",
-                               (int(after_id), int(limit))).fetchall()
+        rows = self.db.execute(f"SELECT {self.record_columns()} FROM items WHERE status = 'ok' AND id > ? ORDER BY id "
+                               f"LIMIT ?", (int(after_id), int(limit))).fetchall()
         return [_row_to_record(row) for row in rows]
 
     def live_ids_of(self, uri: str) -> list[int]:

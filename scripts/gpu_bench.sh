@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The GPU issue's runs, one command per step, for a machine with one NVIDIA GPU: real shapes in
+# The GPU runs of the one benchmark tool (`faste-mm bench SUITE`, faste_mm/bench), one command per
+# step, for a machine with one NVIDIA GPU; every step writes the suites' result JSON: real shapes in
 # bfloat16 with random weights (the timings are true), FastE at r_max 0.3/0.5/0.7 with the
 # trigger forced (layer 10) and by alignment, padded vs unpadded layers after compression, the
 # peers (plain HF, sentence-transformers), images/s and pages/s, GPU FAISS, the CUDA-only tests.
@@ -16,7 +17,7 @@
 # DEVICE=cpu SCALE=0.0625 N=2 bash scripts/gpu_bench.sh quick   dry-runs the quick step on a CPU before a lease.
 #
 # Each writes its JSON reports and log to $OUT (the device tool's output folder) or ./gpu-bench-STEP.
-# Packages the machine lacks travel as wheels in .whl/ (docs/benchmarks.md, "GPU runs").
+# Packages the machine lacks travel as wheels in .whl/ (docs/benchmarks-log.md, "GPU runs").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 step=${1:?usage: gpu_bench.sh text|2b|8b|faiss|peers|rerank|quick}
@@ -60,17 +61,17 @@ case $step in
             --out "$out/vl$step-images-1280x960.json"   # images/s at the default pixel cap, full and FastE
         bench --shape $shape --inputs video:30 --n 4 --r-max 0.5,0.7 --trigger-layer 10 --unpadded auto \
             --out "$out/vl$step-video-30s.json"
-        python3 scripts/bench_batch_tokens.py --device cuda --scale 1 --shape $shape --inputs text:1000 --n 128 \
-            --budgets 16384,32768,8192 | tee "$out/vl$step-batch-tokens.txt" ;;   # BATCH_TOKENS["cuda"]
+        faste-mm bench batch-tokens --device cuda --scale-hidden 1 --shape $shape --inputs text:1000 --n 128 \
+            --budgets 16384,32768,8192 --out "$out/vl$step-batch-tokens.json" ;;   # BATCH_TOKENS["cuda"]
     peers)
-        python3 scripts/bench_peers.py --device cuda --scale-hidden 1 --photos 64 --pages 16 --texts 64 --repeats 3 \
+        faste-mm bench peers --device cuda --scale-hidden 1 --photos 64 --pages 16 --texts 64 --repeats 3 \
             --batch-size 16 --out "$out/peers-2b.json" ;;
     rerank)
-        python3 scripts/bench_rerank.py --device cuda --scale 1 --inputs text:2000 --top 20,50,100 --repeats 2 \
-            | tee "$out/rerank-2b-text.txt"
-        python3 scripts/bench_rerank.py --device cuda --scale 1 --inputs page:1240x1754 --top 20,50 --repeats 2 \
-            | tee "$out/rerank-2b-pages.txt"
-        python3 scripts/bench_rerank_e2e.py cuda 1 20 4 | tee "$out/rerank-2b-pages-e2e.txt" ;;
+        faste-mm bench rerank --device cuda --scale-hidden 1 --inputs text:2000 --top 20,50,100 --repeats 2 \
+            --out "$out/rerank-2b-text.json"
+        faste-mm bench rerank --device cuda --scale-hidden 1 --inputs page:1240x1754 --top 20,50 --repeats 2 \
+            --out "$out/rerank-2b-pages.json"
+        faste-mm bench rerank-e2e --device cuda --scale-hidden 1 --pages 20 --repeats 4 --out "$out/rerank-2b-pages-e2e.json" ;;
     quick)
         scale=${SCALE:-1} n=${N:-16}
         timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_unpadded.py tests/test_dtype_and_tower.py
@@ -81,13 +82,12 @@ b('qwen3-vl-embedding-2b', sys.argv[1], scale_hidden=float(sys.argv[2]), dtype=t
             --unpadded off,auto,torch-nested --compare hf --out "$out/quick-text.json"
         quick 100 --inputs page:1240x1754 --n "$n" --r-max 0.5 --trigger-layer 10 --unpadded auto --out "$out/quick-pages.json"
         quick 70 --inputs image:640x480 --n $((n * 4)) --r-max 0.5 --unpadded auto --out "$out/quick-photos.json"
-        timeout 100 python3 scripts/bench_rerank.py --device "$device" --dtype bfloat16 --scale "$scale" --inputs page:1240x1754 \
-            --top 20 --repeats 2 --r-max 0.5 --protect none --prefix-reuse on --tower-cache cold,warm | tee "$out/quick-rerank-pages.txt" ;;
+        timeout 100 faste-mm bench rerank --device "$device" --dtype bfloat16 --scale-hidden "$scale" --inputs page:1240x1754 \
+            --top 20 --repeats 2 --r-max 0.5 --protect none --prefix-reuse on --tower-cache cold,warm --out "$out/quick-rerank-pages.json" ;;
     faiss)
         python3 -c "import faiss; print('faiss', faiss.__version__, 'GPUs', faiss.get_num_gpus())"
         for index in Flat IVF4096,Flat; do
-            python3 -m faste_mm.indexers.bench --n 1000000 --d 2048 --index-type "$index" --queries 100 \
-                | tee "$out/faiss-$index.txt"
+            faste-mm bench search --n 1000000 --d 2048 --index-type "$index" --queries 100 --out "$out/faiss-${index//,/-}.json"
         done ;;
     *) echo "step must be text, 2b, 8b, peers, rerank, quick or faiss" >&2; exit 2 ;;
 esac

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 from typer.testing import CliRunner
 
-from faste_mm.tools.bench import BenchConfig, SettingResult, Timing, _relative_to, flops_implied_speedup
+from faste_mm.bench.model import BenchConfig, SettingResult, Timing, _relative_to, flops_implied_speedup
 from faste_mm.tools.shapes import SHAPES, build_config
 from faste_mm.cli.app import app
 from faste_mm.errors import ConfigError
@@ -69,15 +69,18 @@ def test_tiny_bench_run_writes_valid_json(tmp_path):
     result = CliRunner().invoke(app, [*args, "--out", str(out)])
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
-    names = [s["name"] for s in report["settings"]]
+    names = [s["name"] for s in report["rows"]]
     assert names == ["full", "faste r=0.5", "hf", "sentence-transformers"]
-    full, fast, hf, st = report["settings"]
+    full, fast, hf, st = report["rows"]
     assert fast["mean_trigger_layer"] == 6 and abs(fast["prefix_removal"] - 0.5) < 0.05
     assert fast["flops_implied_speedup"] == pytest.approx(1 / (1 - fast["flops_reduction"]))
     assert fast["realisation"] == pytest.approx(fast["forward_speedup"] / fast["flops_implied_speedup"])
     assert hf["max_abs_diff_vs_full"] < 1e-5 and st["max_abs_diff_vs_full"] < 1e-5  # same vectors
-    assert all(s["items"] == 4 and s["peak_memory_bytes"] > 0 for s in report["settings"])
-    assert report["memory_kind"] in ("heap_allocated", "rss") and report["device"].startswith("CPU")
+    assert all(s["items"] == 4 and s["peak_memory_bytes"] > 0 for s in report["rows"])
+    assert report["params"]["memory_kind"] in ("heap_allocated", "rss") and report["device"].startswith("CPU")
+    assert report["schema"] == "faste-mm-bench/1" and report["suite"] == "model" and report["dtype"] == "float32"
+    assert set(report["cpu_flags"]) >= {"avx2", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8"}
+    assert len(report["load_start"]) == len(report["load_end"]) == 3 and report["threads"] >= 1
 
 
 def test_bench_on_images_of_a_local_model(model_dirs, tmp_path):
@@ -85,8 +88,8 @@ def test_bench_on_images_of_a_local_model(model_dirs, tmp_path):
     result = CliRunner().invoke(app, [*args, "--trigger-layer", "2", "--repeats", "1", "--device", "cpu", "--compare", "hf", "--format", "json"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
-    assert report["settings"][2]["max_abs_diff_vs_full"] < 1e-5
-    full, fast = report["settings"][:2]
+    assert report["rows"][2]["max_abs_diff_vs_full"] < 1e-5
+    full, fast = report["rows"][:2]
     assert fast["prefix_removal"] == pytest.approx(0.3, abs=0.05)
     # images: the whole forward's implied speedup counts the vision tower FastE leaves alone
     assert 0 < full["vision_flops_share"] == fast["vision_flops_share"] < 1
@@ -106,18 +109,18 @@ def test_bench_compares_unpadded_layouts_on_variable_length_texts(model_dirs):
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
-    full, padded, packed = report["settings"]
-    assert [s["name"] for s in report["settings"]] == ["full", "faste r=0.5 [off]", "faste r=0.5 [segments]"]
+    full, padded, packed = report["rows"]
+    assert [s["name"] for s in report["rows"]] == ["full", "faste r=0.5 [off]", "faste r=0.5 [segments]"]
     assert padded["attention"] == {"padded": 1} and packed["attention"] == {"segments": 1}
     assert (padded["unpadded"], packed["unpadded"]) == ("off", "segments")
     assert abs(padded["max_abs_diff_vs_full"] - packed["max_abs_diff_vs_full"]) < 1e-5  # same vectors
-    assert report["batching"]["unpadded"] == "auto" and report["batching"]["worker_threads"] == 1
+    assert report["params"]["batching"]["unpadded"] == "auto" and report["params"]["batching"]["worker_threads"] == 1
 
 
 def test_text_length_ranges_are_drawn_within_the_bounds(tmp_path):
     from transformers import AutoTokenizer
 
-    from faste_mm.tools.bench_inputs import make_inputs
+    from faste_mm.bench.inputs import make_inputs
     from faste_mm.testing import qwen_tokenizer_dir
 
     tokenizer = AutoTokenizer.from_pretrained(str(qwen_tokenizer_dir()))
@@ -129,7 +132,7 @@ def test_text_length_ranges_are_drawn_within_the_bounds(tmp_path):
 
 
 def test_bench_refuses_bad_comparisons_specs_and_paths_before_any_timed_run(model_dirs, tmp_path, monkeypatch):
-    from faste_mm.tools import bench
+    from faste_mm.bench import model as bench
 
     measured = []
     monkeypatch.setattr(bench, "_measure", lambda *a, **k: measured.append(a[0]) or (_ for _ in ()).throw(AssertionError))

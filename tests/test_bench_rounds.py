@@ -1,4 +1,4 @@
-"""The benchmark scripts' one timing loop (faste_mm.tools.bench_rounds): order mirrored every other
+"""The benchmark scripts' one timing loop (faste_mm.bench.rounds): order mirrored every other
 round, warm-ups untimed, each timed call's seconds and output kept, and a CUDA device synchronised
 around each timed call. A counting clock stands in for time (no timed tests)."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from faste_mm.tools import bench_rounds
-from faste_mm.tools.bench_rounds import Timed, mirrored_rounds
+from faste_mm.bench import rounds as bench_rounds
+from faste_mm.bench.rounds import Timed, mirrored_rounds
 
 
 class _Clock:

@@ -98,6 +98,33 @@ def test_search_through_the_server_equals_a_local_search(server, filters):
     _same_hits(served, local)
 
 
+def test_the_table_through_the_server_equals_the_local_table(server):
+    _, root = server
+    env = {"XDG_DATA_HOME": str(root.parents[2]), "FASTE_MM_DEVICE": "cpu"}
+    served = runner.invoke(app, ["search", "a picnic by the lake", "-k", "4"], env=env)
+    local = runner.invoke(app, ["search", "a picnic by the lake", "-k", "4", "--no-server"], env=env)
+    assert served.exit_code == 0 and local.exit_code == 0, (served.stderr, local.stderr)
+    assert "4 results" in served.stdout and served.stdout == local.stdout
+
+
+def test_a_search_through_the_server_imports_no_torch_transformers_or_faiss(server, tmp_path):
+    """The thin client: from the command to the HTTP call, only light modules (issue 34)."""
+    _, root = server
+    loaded = tmp_path / "loaded.json"
+    code = ("import json, sys\nfrom faste_mm.cli.app import main\n"
+            "sys.argv = ['faste-mm', 'search', 'a sunset over the sea', '-k', '3', '--format', 'json', '--debug']\n"
+            "try:\n    main()\nexcept SystemExit as done:\n    assert not done.code, done.code\n"
+            f"open({str(loaded)!r}, 'w').write(json.dumps(sorted(sys.modules)))\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(root.parents[2]),
+                            timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "through the server at http://127.0.0.1:" in result.stderr
+    assert json.loads(result.stdout)["hits"]
+    modules = set(json.loads(loaded.read_text()))
+    assert {"faste_mm.cli.search_command", "faste_mm.serving.discovery"} <= modules  # the check sees imports
+    assert [m for m in modules if m.split(".")[0] in ("torch", "transformers", "faiss")] == []
+
+
 def test_a_stale_or_foreign_announcement_is_ignored_and_the_model_loads_here(server, tmp_path):
     _, root = server
     data_home = root.parents[2]

@@ -59,6 +59,8 @@ def test_the_tools_answer_over_http_with_the_key(world):
         assert [h["id"] for h in found["hits"]] == [h.id for h in reference]
         assert "may not index anything" in error_text(session.call("index", {"paths": [str(world["col"])]}))
         assert "at most" in error_text(session.call("search", {"query": "x" * 20_000}))
+        assert "has no reranker" in error_text(session.call("explain", {"query": "a forest", "id": 0}))
+        assert "has no reranker" in error_text(session.call("search", {"query": "a forest", "rerank": True}))
         assert not session.call("info").is_error  # still serving after the refusals
 
 

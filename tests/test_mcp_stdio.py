@@ -128,6 +128,9 @@ def test_index_is_refused_outside_the_allowed_roots_and_reports_progress_inside(
     assert report["embedded"] == 1 and updates and updates[-1][0] == updates[-1][1] == 1
     again = check_structured(tools, "index", client.call("index", {"paths": [str(world["inbox"] / "new-scene.png")]}))
     assert again["report"]["embedded"] == 0 and again["report"]["unchanged"] == 1  # idempotent, as annotated
+    new = check_structured(tools, "search", client.call("search", {"image": str(world["inbox"] / "new-scene.png"),
+                                                                   "k": 1}))
+    assert new["hits"][0]["uri"] == str((world["inbox"] / "new-scene.png").resolve())  # the server searches it now
 
 
 def test_resources_list_and_read_items(client):
@@ -195,3 +198,38 @@ def test_a_replaced_indexed_file_is_not_read_by_search_or_get_item(tmp_path, wor
     tools = McpTools(tmp_path / "col", EngineSlot(engine=object()), IndexRoots())
     answer = tools.get_item(GetItemArgs(id=0))
     assert answer.pictures == [] and "no picture" in answer.summary and answer.result.uri == str(picture)
+
+
+def test_the_engine_loads_once_a_tool_before_it_is_ready_waits_and_a_failed_load_is_tried_again():
+    import threading
+
+    from faste_mm.errors import ModelLoadError
+    from faste_mm.serving.mcp_tools import EngineSlot
+
+    entered, release, loads = threading.Event(), threading.Event(), []
+
+    class _Engine:
+        def start(self):
+            return self
+
+    def load():
+        loads.append(1)
+        if len(loads) == 1:
+            raise ModelLoadError("no such model: try again")
+        entered.set()
+        release.wait()
+        return _Engine()
+
+    slot = EngineSlot(load)
+    with pytest.raises(ModelLoadError, match="no such model"):
+        slot.get()
+    got = []
+    waiting = [threading.Thread(target=lambda: got.append(slot.get())) for _ in range(2)]
+    for thread in waiting:
+        thread.start()
+    entered.wait()
+    assert got == [] and all(thread.is_alive() for thread in waiting)  # both wait for the one load
+    release.set()
+    for thread in waiting:
+        thread.join()
+    assert len(loads) == 2 and got[0] is got[1]

@@ -246,7 +246,7 @@ def test_text_only_models_refuse_videos(text_embedders, video_dir):
 
 
 def test_bench_video_input_is_a_decodable_clip_of_the_asked_length(tmp_path):
-    from faste_mm.tools.bench_inputs import make_inputs
+    from faste_mm.bench.inputs import make_inputs
     from faste_mm.errors import ConfigError
     clips = make_inputs("video:2@64x48", 3, tmp_path, None)
     assert len(clips) == 3 and len(set(clips)) == 1

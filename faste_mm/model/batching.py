@@ -21,12 +21,12 @@ UNPADDED_MODES = ("auto", "off", "flash-attn", "torch-nested", "segments")
 # A batch's tensor bytes when BatchingConfig.batch_bytes is None, by device type. Host memory
 # bounds a CPU run (2 pages at the pixel cap); a GPU is fed larger image batches: on an H200, 20
 # pages in 3-page batches ran the reranker's forward in 0.87 s, in a 12-page batch 0.65 s
-# (docs/benchmarks.md, "GPU runs"), and the token budget still caps a batch of pages at ~9-12.
+# (docs/benchmarks-log.md, "GPU runs"), and the token budget still caps a batch of pages at ~9-12.
 BATCH_BYTES = {"cpu": 96 * 2**20, "cuda": 512 * 2**20}
 # Padded tokens per batch when BatchingConfig.batch_tokens is None, by device type. A CPU runs a
 # layer faster per token in smaller batches (its activations stay in cache): 4,096-token batches
 # embedded 1,000-token texts 1.09x faster than 16,384 (2B shape x0.125), a real-width 2B layer ran
-# 1.1x faster per token in bfloat16, photos within 3% (docs/benchmarks.md, round 5 of "Reranking"); a GPU
+# 1.1x faster per token in bfloat16, photos within 3% (docs/benchmarks-log.md, round 5 of "Reranking"); a GPU
 # wants the large batches.
 BATCH_TOKENS = {"cpu": 4096, "cuda": 16384}
 

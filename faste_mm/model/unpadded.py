@@ -13,7 +13,7 @@ first compressed batch (`runner.settle_kernel`, before the batch's real forward)
 padded and once per available CUDA kernel (each after a warm-up run), keeps the fastest whose
 vectors agree with the padded ones, and records the timings; every later batch uses that choice. "auto" on a CPU is "segments" without a
 trial: measured there it matched the padded layers within noise on equal lengths and was up to
-18% faster on mixed lengths (docs/benchmarks.md): it skips the padding, and CPU SDPA runs faster
+18% faster on mixed lengths (docs/benchmarks-log.md): it skips the padding, and CPU SDPA runs faster
 causal than masked.
 """
 

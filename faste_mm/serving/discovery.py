@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
-from faste_mm.indexers.directory import SERVER_FILE
+from faste_mm.indexers.file_names import SERVER_FILE
 
 log = logging.getLogger(__name__)
 
@@ -112,13 +112,19 @@ def _read(path: Path) -> ServerAddress | None:
 
 def search_via_server(address: ServerAddress, root: str | os.PathLike, query: str, k: int,
                       where: Mapping[str, Any] | None = None, types: Sequence[str] = (),
-                      path: str | None = None) -> list[dict] | None:
+                      path: str | None = None, *, rerank: bool = True) -> list[dict] | None:
     """The hits (`Hit.to_dict()` fields) of a text search by the server, or None when it cannot
-    answer for `root` (not reachable, another collection, an error): the caller searches itself."""
+    answer for `root` (not reachable, another collection, an error) or, with `rerank`, when the
+    collection records a reranker (the caller's own search reranks with it): the caller searches
+    itself. The server's /info says which reranker, so the client reads no manifest here."""
     info = _request(address, "info")
-    served = None if info is None else (info.get("collection") or {}).get("path")
+    collection = {} if info is None else (info.get("collection") or {})
+    served = collection.get("path")
     if served is None or os.path.realpath(served) != os.path.realpath(root):
         log.debug("server %s does not serve %s (it serves %s)", address.url, root, served)
+        return None
+    if rerank and collection.get("reranker", "unknown") is not None:
+        log.debug("%s reranks with %s: the search runs here", root, collection.get("reranker", "(an older server)"))
         return None
     body: dict[str, Any] = {"query": query, "k": k, "where": dict(where or {}) or None,
                             "type": list(types) or None, "path": path}

@@ -424,7 +424,8 @@ class ServeEngine:
             collection = {"path": str(self.collection), "name": self.collection.name, "items": info.n_ok,
                           "failed": info.n_failed, "deleted": info.n_deleted, "index": info.index_factory,
                           "model": profile.model_id, "dim": profile.dim, "max_pixels": profile.max_pixels,
-                          "r_max": profile.r_max, "plan": receipt_summary(profile.receipt),
+                          "r_max": profile.r_max, "reranker": profile.reranker,
+                          "plan": receipt_summary(profile.receipt),
                           "searchable": self._model_changed is None}
             if self._model_changed is not None:
                 collection["refused"] = f"re-indexed with another model ({self._model_changed}); restart the server"

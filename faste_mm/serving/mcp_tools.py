@@ -252,9 +252,8 @@ class McpTools:
         image = None if args.image is None else query_image_file(args.image, self.reader(), self.roots)
         engine = self.slot.get()
         fetch = max(args.k, SEARCH_RERANK_TOP) if args.rerank else args.k
-        if args.rerank and engine.reranker is None:
-            raise InputError("search: this server has no reranker; start it with --rerank MODEL, or give the "
-                             "collection one (faste-mm index --rerank MODEL)")
+        if args.rerank:
+            _need_reranker(engine, "search")
         hits = engine.search(query, image, None, fetch, args.search_filter(), args.mode)
         if args.rerank:
             hits = rerank_search_hits(engine, query, image, hits, args.k)
@@ -289,7 +288,7 @@ class McpTools:
         from faste_mm.serving.rerank import ExplainRequest, explain
 
         record = self.record(args.id)
-        engine = self.slot.get()
+        engine = _need_reranker(self.slot.get(), "explain")
         why = explain(engine, ExplainRequest(query=args.query, document_id=args.id, layer=args.layer))
         spans = sorted(why["text"], key=lambda span: -span["weight"])[:20]
         out = ExplainOut(id=record.id, uri=record.uri, page=record.page, score=why["score"], layer=why["layer"],
@@ -364,6 +363,13 @@ class McpTools:
         lines = [f"{h.rank}. {h.uri}{'' if h.page is None else f' (page {h.page})'}  score {h.score:.4f}  id {h.id}"
                  for h in out]
         return ToolAnswer(result, "\n".join([f"{len(out)} results", *lines]), pictures, links)
+
+
+def _need_reranker(engine, tool: str):
+    if engine.reranker is None:
+        raise InputError(f"{tool}: this server has no reranker; its user starts it with --rerank MODEL (faste-mm mcp "
+                         f"or serve), or gives the collection one (faste-mm index --reranker MODEL)")
+    return engine
 
 
 def _thumbnail_dir(slot: EngineSlot, collection: Path) -> Path:

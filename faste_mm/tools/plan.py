@@ -32,7 +32,7 @@ from faste_mm.model.items import Item, as_item, count_pdf_pages, expand_items
 from faste_mm.model.serialization import OFFICIAL_MAX_PIXELS, pixel_budget
 from faste_mm.retrieval.decoders import document_input
 from faste_mm.retrieval.scanning import ScanFilter, scan_paths
-from faste_mm.tools.bench import device_name
+from faste_mm.model.backbones.machine import device_name
 from faste_mm.tools.plan_report import CandidateResult, PlanReport, pareto_front, recommend
 
 if TYPE_CHECKING:  # annotations only: importing faste_mm.datasets loads the hub and parquet readers

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -17,6 +16,7 @@ from faste_mm.model.backbones.base import Backbone
 from faste_mm.model.backbones.registry import Family, declared_role, family_for
 from faste_mm.errors import ConfigError, ModelLoadError
 from faste_mm.model.serialization import SerializerConfig, TextPrompt, TextSerializer, VLSerializer
+from faste_mm.model.backbones.machine import read_cpu_flags  # noqa: F401 (choose_dtype's default; tests patch it here)
 
 log = logging.getLogger(__name__)
 
@@ -72,22 +72,6 @@ def resolve_device(device: str | torch.device) -> torch.device:
     if resolved.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"device {device!r} requested but no CUDA GPU is available; use device='cpu'")
     return resolved
-
-
-def read_cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
-    """The CPU's feature flags from /proc/cpuinfo ("flags" on x86, "Features" on ARM); empty
-    where there is no such file (macOS, Windows): bfloat16 is then never chosen by "auto"."""
-    if not sys.platform.startswith("linux"):
-        return frozenset()
-    try:
-        text = cpuinfo.read_text(errors="replace")
-    except OSError:
-        return frozenset()
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
-            return frozenset(value.split())
-    return frozenset()
 
 
 def choose_dtype(

@@ -72,7 +72,7 @@ def attend_runs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, frames: Frame
         def heads_first(x: torch.Tensor) -> torch.Tensor:
             # One head-major copy: torch's CPU attention kernel reads contiguous [F, A, L, D] rows
             # faster than the strided views of the packed qkv, by more than the copy costs (4% on a
-            # page frame, docs/benchmarks.md).
+            # page frame, docs/benchmarks-log.md).
             return x[start:end].view(count, length, *x.shape[1:]).transpose(1, 2).contiguous()  # [F, A, L, D]
 
         attended = scaled_dot_product_attention(heads_first(q), heads_first(k), heads_first(v), scale=scale)
@@ -164,7 +164,7 @@ class PackedVisionTower:
         qk = rotate_qk(qkv[:, :2], cos, sin)  # [N, 2, A, D] float32
         # On a CPU torch's attention kernel is no faster in bfloat16 and at the tower's 16-64-wide
         # heads several times slower on a page's one long frame (measured 4.5x end to end on a
-        # page at the cap, docs/benchmarks.md): attend in float32 there (q/k are float32 already),
+        # page at the cap, docs/benchmarks-log.md): attend in float32 there (q/k are float32 already),
         # as the GPU kernels attend in the model's dtype.
         dtype = torch.float32 if x.device.type == "cpu" else x.dtype
         q, k = qk.to(dtype).unbind(1)  # [N, A, D] each

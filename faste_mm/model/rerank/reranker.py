@@ -101,7 +101,7 @@ class Reranker:
         self.head = YesNoHead(loaded.yes_minus_no.to(self.backbone.device))
         self.unpadded = Unpadded(self.batching.unpadded, self.backbone.device, self.backbone.dtype)
         # None: where it is exact at every layer (full forward, protect="query"); plain FastE
-        # reuses only up to its trigger, which measured no faster (docs/benchmarks.md, round 3)
+        # reuses only up to its trigger, which measured no faster (docs/benchmarks-log.md, round 3)
         self.prefix_reuse = (self.fast_e is None or protect == "query") if prefix_reuse is None else bool(prefix_reuse)
 
     @classmethod

@@ -1,6 +1,6 @@
 """Resized images of files kept across queries. A reranker serializes every candidate page or photo
 again for each query; with the tower cache warm its vision features are not recomputed, yet the page
-would still be rendered and resized (about 80% of a page pair's preprocessing, docs/benchmarks.md)
+would still be rendered and resized (about 80% of a page pair's preprocessing, docs/benchmarks-log.md)
 only to be patched and hashed into the tower cache's key. This keeps `prepare_image`'s result per
 file, so a later query over the same candidates starts from the resized image.
 

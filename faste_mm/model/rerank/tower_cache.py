@@ -99,7 +99,7 @@ class TowerCache:
         keys = []
         for kind, patches, grid in units:
             # SHA-256, not BLAKE2: with the SHA extensions of current x86 CPUs it hashes a page's
-            # 9.6 MB of float32 patches in 9.5 ms, BLAKE2b in 22 ms (docs/benchmarks.md, round 4)
+            # 9.6 MB of float32 patches in 9.5 ms, BLAKE2b in 22 ms (docs/benchmarks-log.md, round 4)
             digest = hashlib.sha256(patches.detach().cpu().contiguous().numpy().data).hexdigest()[:32]
             keys.append((self.namespace, str(patches.dtype), kind, tuple(grid[0].tolist()), digest))
         return keys

@@ -8,10 +8,11 @@ batching). Each collection is created first with the page pixel cap `--max-pixel
 image budget than the default 1,843,200 keeps 2,000 pages within minutes on a CPU; the bytes a
 batch holds are the same per token either way), then indexed by the measured process.
 
-    python scripts/bench_pdf_memory.py --pages 1 100 2000 --max-pixels 65536 --json out.json
-    python scripts/bench_pdf_memory.py --pages 1 25 100 --max-pixels 1843200 --text   # pages of text
+    faste-mm bench pdf-memory --pages 1 100 2000 --max-pixels 65536 --out out.json
+    faste-mm bench pdf-memory --pages 1 25 100 --max-pixels 1843200 --text   # pages of text
     # another checkout's code (e.g. main, exported with git archive) in the measured process:
-    python scripts/bench_pdf_memory.py --pages 1 100 --source /tmp/main-src
+    faste-mm bench pdf-memory --pages 1 100 --source /tmp/main-src
+    faste-mm bench pdf-memory --pages 1 100 --index-option=--batch-tokens --index-option=2048   # more index options
 """
 
 from __future__ import annotations
@@ -19,13 +20,18 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
-import platform
+import logging
 import os
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from faste_mm.bench.schema import SuiteRun
+from faste_mm.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 
 def blank_pdf(path: Path, pages: int) -> Path:
@@ -61,16 +67,6 @@ def text_pdf(path: Path, pages: int) -> Path:
     return path
 
 
-def machine() -> dict:
-    """CPU model, cores, torch version and load average, recorded beside the numbers."""
-    import torch
-
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
-    return {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__,
-            "load_average": [round(x, 1) for x in os.getloadavg()]}
-
-
 def new_collection(root: Path, model: Path, max_pixels: int, workdir: Path) -> None:
     """Create a collection whose pages are embedded at `max_pixels` (indexing one small image)."""
     from PIL import Image
@@ -96,26 +92,26 @@ def measure(pdf: Path, collection: Path, source: Path | None, extra: list[str]) 
     proc = subprocess.run(command, env=env, capture_output=True, text=True)
     wall_s = time.perf_counter() - started
     if proc.returncode != 0:
-        raise SystemExit(f"index failed ({proc.returncode}): {proc.stderr[-3000:]}")
+        raise ConfigError(f"faste-mm index failed ({proc.returncode}): {proc.stderr[-3000:]}")
     peak_kb = int(proc.stderr.strip().splitlines()[-1])
     report = json.loads(proc.stdout)
     return {"peak_rss_mb": round(peak_kb / 1024), "wall_s": round(wall_s, 1), "embedded": report["embedded"]}
 
 
-def main() -> None:
-    from faste_mm.testing import build_tiny_model
-
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--pages", type=int, nargs="+", default=[1, 100, 2000])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--pages", type=int, nargs="+", default=[1, 100, 2000], help="page counts (default 1 100 2000)")
     parser.add_argument("--max-pixels", type=int, default=65536, help="pixel cap of the pages (default 65536)")
     parser.add_argument("--text", action="store_true", help="pages of text instead of blank pages")
     parser.add_argument("--source", type=Path, help="put this checkout first on the child's PYTHONPATH")
-    parser.add_argument("--json", type=Path)
-    parser.add_argument("extra", nargs="*", help="more `faste-mm index` options, after --")
-    args = parser.parse_args()
+    parser.add_argument("--index-option", dest="extra", action="append", default=[],
+                        help="one more `faste-mm index` option word (repeatable)")
+
+
+def run(args: argparse.Namespace) -> SuiteRun:
+    from faste_mm.testing import build_tiny_model
+
     cases = {}
     make_pdf, kind = (text_pdf, "text") if args.text else (blank_pdf, "blank")
-    before = machine()
     with tempfile.TemporaryDirectory() as folder:
         workdir = Path(folder)
         model = build_tiny_model(workdir / "model", "qwen3_vl")
@@ -124,17 +120,11 @@ def main() -> None:
             new_collection(collection, model, args.max_pixels, workdir)
             cases[pages] = measure(make_pdf(workdir / f"{kind}-{pages}.pdf", pages), collection, args.source,
                                    args.extra)
-            print(f"{pages:>5} pages: peak RSS {cases[pages]['peak_rss_mb']} MB, {cases[pages]['wall_s']} s",
-                  file=sys.stderr)
+            log.info("%5d pages: peak RSS %s MB, %s s", pages, cases[pages]["peak_rss_mb"], cases[pages]["wall_s"])
     first = cases[args.pages[0]]["peak_rss_mb"]
-    report = {"pages_kind": kind, "max_pixels": args.max_pixels, "machine_before": before, "machine_after": machine(),
-              "source": str(args.source) if args.source else "this checkout",
-              "index_options": args.extra, "cases": cases,
-              "ratio_to_first": {p: round(c["peak_rss_mb"] / first, 2) for p, c in cases.items()}}
-    print(json.dumps(report, indent=2))
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=2))
-
-
-if __name__ == "__main__":
-    main()
+    rows = [{"pages": p, **c, "ratio_to_first": round(c["peak_rss_mb"] / first, 2)} for p, c in cases.items()]
+    params = {"pages_kind": kind, "max_pixels": args.max_pixels, "source": str(args.source) if args.source else "this checkout",
+              "index_options": args.extra, "model": "tiny qwen3_vl (random weights)"}
+    text = "\n".join(["| pages | peak RSS MB | wall s | embedded | x first |", "|---:|---:|---:|---:|---:|",
+                      *(f"| {r['pages']} | {r['peak_rss_mb']} | {r['wall_s']} | {r['embedded']} | {r['ratio_to_first']} |" for r in rows)])
+    return SuiteRun(rows, params, "cpu", text=text)

@@ -11,14 +11,15 @@ items/s is measured in the steady state, from the first commit to the last (mode
 actor start-up excluded, they are reported apart as "first commit s"); wall s is the whole call.
 Efficiency = (items/s with 2 actors / items/s with 1) / 2.
 
-    python scripts/bench_ray.py --n 32 --repeats 1 --threads 1 --overhead-cpus 1 \
-        --runs plain,ray-1,ray-scale-2 --json docs/bench/ray-cpu.json
+    faste-mm bench ray --n 32 --repeats 1 --threads 1 --overhead-cpus 1 \
+        --runs plain,ray-1,ray-scale-2 --out docs/bench/ray-cpu.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import shutil
 import statistics
 import tempfile
@@ -27,6 +28,11 @@ from pathlib import Path
 
 import numpy as np
 from PIL import Image
+
+from faste_mm.bench.options import add_model, add_rounds, add_shape, add_threads, names
+from faste_mm.bench.schema import SuiteRun
+
+log = logging.getLogger(__name__)
 
 
 def make_images(root: Path, n: int, size: int) -> Path:
@@ -64,39 +70,37 @@ def timed_index(model_dir: Path, images: Path, collection: Path, args, ray_optio
             "prefix_removal": report.prefix_removal}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shape", default="qwen3-vl-embedding-2b")
-    parser.add_argument("--scale-hidden", type=float, default=0.25)
-    parser.add_argument("--n", type=int, default=48, help="images")
-    parser.add_argument("--size", type=int, default=256, help="image side, pixels")
-    parser.add_argument("--max-pixels", type=int, default=256 * 256)
-    parser.add_argument("--r-max", type=float, default=0.5)
-    parser.add_argument("--chunk-files", type=int, default=8)
-    parser.add_argument("--files-per-call", type=int, default=8)
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--gpus-per-worker", type=float, default=0.0)
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch threads of the plain run (this process); default torch's own")
-    parser.add_argument("--overhead-cpus", type=float, default=2.0, help="CPUs of the 1-actor overhead run")
-    parser.add_argument("--ray-cpus", type=int, default=4, help="logical CPUs of the local Ray")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--runs", default="plain,ray-1,ray-scale-1,ray-scale-2")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_shape(parser, scale=0.25)
+    add_model(parser)
+    parser.add_argument("--n", type=int, default=48, help="images (default 48)")
+    parser.add_argument("--size", type=int, default=256, help="image side, pixels (default 256)")
+    parser.add_argument("--max-pixels", type=int, default=256 * 256, help="pixel cap (default 65,536)")
+    parser.add_argument("--r-max", type=float, default=0.5, help="FastE r_max (default 0.5)")
+    parser.add_argument("--chunk-files", type=int, default=8, help="files per committed chunk (default 8)")
+    parser.add_argument("--files-per-call", type=int, default=8, help="files per Ray call (default 8)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    parser.add_argument("--gpus-per-worker", type=float, default=0.0, help="GPUs per Ray actor (default 0)")
+    add_threads(parser)
+    parser.add_argument("--overhead-cpus", type=float, default=2.0, help="CPUs of the 1-actor overhead run (default 2)")
+    parser.add_argument("--ray-cpus", type=int, default=4, help="logical CPUs of the local Ray (default 4)")
+    add_rounds(parser, default=3)
+    parser.add_argument("--runs", default="plain,ray-1,ray-scale-1,ray-scale-2", help="runs, comma-separated (default all four)")
     parser.add_argument("--work", type=Path, default=None, help="folder for the model and images (kept)")
-    parser.add_argument("--json", type=Path, default=None)
-    args = parser.parse_args()
 
+
+def run(args: argparse.Namespace) -> SuiteRun:
     import ray
     import torch
 
     if args.threads is not None:  # the plain run embeds in this process
         torch.set_num_threads(args.threads)
 
-    from faste_mm.tools.shapes import build_shape_model
     from faste_mm.scale import RayOptions
+    from faste_mm.tools.shapes import build_shape_model
 
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-ray-"))
-    model_dir = work / f"{args.shape}-{args.scale_hidden}"
+    model_dir = args.model or work / f"{args.shape}-{args.scale_hidden}"
     if not (model_dir / "config.json").exists():
         build_shape_model(args.shape, model_dir, args.scale_hidden)
     images = make_images(work / f"images-{args.n}-{args.size}", args.n, args.size)
@@ -107,30 +111,34 @@ def main() -> None:
         return RayOptions(workers=workers, gpus_per_worker=gpus, cpus_per_worker=cpus,
                           files_per_call=args.files_per_call)
 
-    runs = {"plain": None, "ray-1": options(1, args.overhead_cpus),
-            "ray-scale-1": options(1, 1.0), "ray-scale-2": options(2, 1.0)}
-    chosen = args.runs.split(",")
-    results: dict[str, list[dict]] = {name: [] for name in chosen}
-    for repeat in range(args.repeats):  # interleaved, so drifting load hits every setting alike
-        for name in chosen:
-            result = timed_index(model_dir, images, work / f"col-{name}", args, runs[name])
-            results[name].append(result)
-            print(f"repeat {repeat} {name}: {json.dumps(result)}", flush=True)
+    try:
+        runs = {"plain": None, "ray-1": options(1, args.overhead_cpus),
+                "ray-scale-1": options(1, 1.0), "ray-scale-2": options(2, 1.0)}
+        chosen = names(args.runs)
+        results: dict[str, list[dict]] = {name: [] for name in chosen}
+        for repeat in range(args.repeats):  # interleaved, so drifting load hits every setting alike
+            for name in chosen:
+                result = timed_index(model_dir, images, work / f"col-{name}", args, runs[name])
+                results[name].append(result)
+                log.info("repeat %d %s: %s", repeat, name, json.dumps(result))
+    finally:
+        ray.shutdown()
+        if args.work is None:
+            shutil.rmtree(work, ignore_errors=True)
     summary = {name: {key: statistics.median(r[key] for r in rs) for key in rs[0]} for name, rs in results.items()}
+    ratios = {}
     if "plain" in summary and "ray-1" in summary:
-        summary["overhead_ray1_vs_plain"] = 1 - summary["ray-1"]["steady_items_per_s"] / summary["plain"]["steady_items_per_s"]
+        ratios["overhead_ray1_vs_plain"] = 1 - summary["ray-1"]["steady_items_per_s"] / summary["plain"]["steady_items_per_s"]
     # With --overhead-cpus 1 the overhead run is the scaling pair's 1-actor run.
     one = "ray-scale-1" if "ray-scale-1" in summary else "ray-1" if args.overhead_cpus == 1 else None
     if one in summary and "ray-scale-2" in summary:
         speedup = summary["ray-scale-2"]["steady_items_per_s"] / summary[one]["steady_items_per_s"]
-        summary["speedup_2_vs_1"] = speedup
-        summary["efficiency_2"] = speedup / 2
-    print(json.dumps(summary, indent=2))
-    if args.json:
-        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "runs": results,
-                                         "median": summary}, indent=2))
-    ray.shutdown()
-
-
-if __name__ == "__main__":
-    main()
+        ratios.update(speedup_2_vs_1=speedup, efficiency_2=speedup / 2)
+    rows = [{"run": name, **values, "rounds": results[name]} for name, values in summary.items()]
+    params = {"shape": args.shape, "scale_hidden": args.scale_hidden, "n": args.n, "size": args.size,
+              "max_pixels": args.max_pixels, "r_max": args.r_max, "ray_cpus": args.ray_cpus,
+              "overhead_cpus": args.overhead_cpus, "repeats": args.repeats, **ratios}
+    text = "\n".join(["| run | steady items/s | wall s | first commit s |", "|---|---:|---:|---:|",
+                      *(f"| {r['run']} | {r['steady_items_per_s']:.2f} | {r['wall_s']:.1f} | {r['first_commit_s']:.1f} |" for r in rows),
+                      "", ", ".join(f"{k} {v:.2f}" for k, v in ratios.items())])
+    return SuiteRun(rows, params, args.device, text=text)

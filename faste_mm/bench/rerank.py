@@ -3,12 +3,12 @@ left-padded pairs + the official score formula), our full forward, and FastE at 
 with and without protect="query". Random weights with a real reranker architecture (the 2B
 shape: Qwen3-VL-Embedding-2B's decoder and vision tower plus an LM head), widths scaled for a CPU.
 
-    python scripts/bench_rerank.py --inputs text:600 --top 20,50 --scale 0.125
-    python scripts/bench_rerank.py --inputs page:640x900 --top 20 --scale 0.125 --tower-cache cold,warm
+    faste-mm bench rerank --inputs text:600 --top 20,50 --scale-hidden 0.125
+    faste-mm bench rerank --inputs page:640x900 --top 20 --scale-hidden 0.125 --tower-cache cold,warm
 
 All settings run once per round, in mirrored order every other round (A..Z, Z..A), and the mean
 over rounds is kept, so a drifting load on a shared machine cancels instead of favouring the
-settings that run last. Prints a markdown table (for docs/benchmarks.md): seconds per query (all
+settings that run last. Rows (and a Markdown table): seconds per query (all
 candidates), pairs/s, speed-up over our full forward and over the official path, max |score -
 full score|, prefix kept, FastE's mean trigger layer, and the vision tower's share of the time
 (FastE leaves the tower alone: it bounds the gain on photos and pages).
@@ -17,7 +17,6 @@ full score|, prefix kept, FastE's mean trigger layer, and the vision tower's sha
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import tempfile
 from collections import Counter
@@ -35,9 +34,11 @@ from faste_mm.model.items import expand_items
 from faste_mm.model.rerank.pair_format import rerank_serializer_config
 from faste_mm.model.rerank.reranker import Reranker
 from faste_mm.model.rerank.tower_cache import DEFAULT_TOWER_CACHE_BYTES
-from faste_mm.tools.bench import device_name
-from faste_mm.tools.bench_inputs import make_inputs
-from faste_mm.tools.bench_rounds import mirrored_rounds
+from faste_mm.bench.inputs import make_inputs
+from faste_mm.bench.options import add_device, add_inputs, add_model, add_rounds, add_shape, add_threads, apply_threads, ints
+from faste_mm.bench.rounds import mirrored_rounds
+from faste_mm.bench.schema import SuiteRun
+from faste_mm.model.backbones.machine import device_name
 from faste_mm.tools.shapes import SHAPES, build_config, build_qwen3_vl_processor, qwen_tokenizer_dir
 
 QUERY = "which report gives the invoice total for the city bicycle summary"
@@ -84,38 +85,34 @@ def official_scores(lm, reranker: Reranker, documents: list, batch_size: int) ->
     return torch.cat(out).cpu().numpy()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--inputs", default="text:600", help="candidates: text:TOKENS, image:WxH or page:WxH (tools/bench_inputs)")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_inputs(parser, "text:600")
     parser.add_argument("--top", default="20", help="candidates per query, comma-separated (default 20)")
-    parser.add_argument("--shape", default="qwen3-vl-embedding-2b", help="architecture preset (tools/shapes)")
-    parser.add_argument("--scale", type=float, default=0.125, help="width scale for a CPU (default 0.125)")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda (the GPU run: scripts/gpu_bench.sh rerank)")
-    parser.add_argument("--dtype", default="auto", help="auto (bfloat16 where the CPU has native bf16), float32, bfloat16")
-    parser.add_argument("--r-max", default="0.3,0.5,0.7", help="FastE settings (comma-separated)")
-    parser.add_argument("--protect", default="none,query", help="protect modes run at each r_max")
+    add_shape(parser, scale=0.125)
+    add_model(parser, "reranker (Qwen3-VL with its LM head)")
+    add_device(parser)
+    parser.add_argument("--r-max", default="0.3,0.5,0.7", help="FastE settings (comma-separated; default 0.3,0.5,0.7)")
+    parser.add_argument("--protect", default="none,query", help="protect modes run at each r_max (default none,query)")
     parser.add_argument("--trigger-layer", default="adaptive", help="FastE's trigger at each r_max: adaptive (the "
                         "alignment trigger, Algorithm 1) and/or fixed layers, comma-separated (e.g. adaptive,8,10); "
-                        "fixed rows are labelled 'fixed@L'")
-    parser.add_argument("--prefix-reuse", default="off,on", help="prefix reuse modes run at each setting (off, on)")
+                        "fixed rows are labelled 'fixed@L' (default adaptive)")
+    parser.add_argument("--prefix-reuse", default="off,on", help="prefix reuse modes run at each setting (off, on; default both)")
     parser.add_argument("--tower-cache", default="off", help="tower cache modes for image inputs: off (no cache), "
-                        "cold (emptied before every query), warm (filled by an untimed query first; the candidates' resized images are kept with it); comma-separated")
+                        "cold (emptied before every query), warm (filled by an untimed query first; the candidates' resized images are kept with it); comma-separated (default off)")
     parser.add_argument("--max-pixels", type=int, default=None, help="image / page pixel budget of every setting "
                         "(default: the official reranker's 1,310,720); smaller budgets make page runs fit a CPU")
     parser.add_argument("--drop", default=None, help="a regular expression: settings whose name it matches are not run")
-    parser.add_argument("--official-batch", type=int, default=8, help="pairs per padded batch on the official path")
-    parser.add_argument("--repeats", type=int, default=2, help="rounds per top, mirrored order; the mean is kept (use an even number)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default torch's); 1 on a shared, "
-                        "oversubscribed CPU: two threads spin at every op's barrier there and flatten every ratio")
-    parser.add_argument("--profile", type=int, default=0, help="after the table, profile each faste-mm setting once "
-                        "(torch.profiler) and print its N most expensive ops by self CPU time")
-    args = parser.parse_args()
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    tops = [int(t) for t in args.top.split(",")]
+    parser.add_argument("--official-batch", type=int, default=8, help="pairs per padded batch on the official path (default 8)")
+    add_rounds(parser, default=2)
+    add_threads(parser)
 
+
+def run(args: argparse.Namespace) -> SuiteRun:
+    apply_threads(args)
+    tops = ints(args.top)
+    rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        path = build_reranker_shape(Path(tmp) / f"{args.shape}-reranker", args.shape, args.scale)
+        path = args.model or build_reranker_shape(Path(tmp) / f"{args.shape}-reranker", args.shape, args.scale_hidden)
         serializer = None
         if args.max_pixels is not None:
             serializer = replace(rerank_serializer_config(RERANK_FAMILIES["qwen3_vl"].max_length), max_pixels=args.max_pixels)
@@ -156,18 +153,13 @@ def main() -> None:
         full.score(QUERY, all_documents[:2])  # untimed warm-up: lazy kernel set-up is no setting's cost
         if any(name.endswith("cache=warm") for name, _ in settings):
             warm_base.score("an earlier query about the same candidates", all_documents[: max(tops)])
-        print(f"device: {device_name(full.backbone.device)}, {cpu_model()}; torch {torch.__version__}; dtype "
-              f"{full.backbone.dtype} ({args.dtype}); shape {args.shape} x{args.scale}; inputs {args.inputs}; "
-              f"max_pixels {full.serializer.config.max_pixels}; query {len(QUERY.split())} words; mean of {args.repeats} mirrored rounds; load average "
-              f"{' '.join(f'{x:.1f}' for x in os.getloadavg())} at start")
-        print("| top | setting | s / query | pairs/s | vs our full | vs official | max abs score diff vs full "
-              "| prefix kept | trigger layer | tower share | trigger layers (batches) | decoder s | prep s | model idle s |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        device, dtype = device_name(full.backbone.device), str(full.backbone.dtype).removeprefix("torch.")
+        max_pixels = full.serializer.config.max_pixels
         cold = {id(rr): name.endswith("cache=cold") for name, rr in settings}
         for top in tops:
             documents = all_documents[:top]
 
-            def run(reranker, documents=documents):
+            def score_once(reranker, documents=documents):
                 if reranker is None:
                     return official_scores(lm, full, documents, args.official_batch), None
                 if cold[id(reranker)]:  # a cold cache: every candidate is resized and its tower runs (hashed and kept)
@@ -177,67 +169,53 @@ def main() -> None:
                 return result.scores, result.stats
 
             # the mean of mirrored rounds (an even count cancels a linear load drift); no extra warm-up
-            timed = mirrored_rounds({name: partial(run, rr) for name, rr in settings}, args.repeats, warmup=0,
+            timed = mirrored_rounds({name: partial(score_once, rr) for name, rr in settings}, args.repeats, warmup=0,
                                     device=full.backbone.device)
             reference, full_s, official_s = timed[FULL].output[0], timed[FULL].mean, timed[OFFICIAL].mean
             for name, _ in settings:
                 seconds, (scores, stats) = timed[name].mean, timed[name].output
-                print(f"| {top} | {name} | {seconds:.2f} | {top / seconds:.2f} | {full_s / seconds:.2f}x | "
-                      f"{official_s / seconds:.2f}x | {float(np.max(np.abs(scores - reference))):.1e} | {describe(stats)} |")
-        print(f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())} at end")
-        if args.profile:
-            profile(settings, all_documents[: tops[0]], args.profile)
+                rows.append({"top": top, "setting": name, "s_per_query": seconds, "pairs_per_s": top / seconds,
+                             "x_full": full_s / seconds, "x_official": official_s / seconds,
+                             "max_abs_score_diff_vs_full": float(np.max(np.abs(scores - reference))), **describe(stats)})
+    params = {"inputs": args.inputs, "top": tops, "shape": args.shape, "scale_hidden": args.scale_hidden,
+              "max_pixels": max_pixels, "query_words": len(QUERY.split()), "repeats": args.repeats,
+              "official_batch": args.official_batch}
+    return SuiteRun(rows, params, device, dtype, text=_table(rows))
+
+
+def _table(rows: list[dict]) -> str:
+    lines = ["| top | setting | s / query | pairs/s | vs our full | vs official | max abs score diff vs full "
+             "| prefix kept | trigger layer | tower share | trigger layers (batches) | decoder s | prep s | model idle s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        cell = lambda key, fmt: "-" if r[key] is None else format(r[key], fmt)  # noqa: E731
+        lines.append(f"| {r['top']} | {r['setting']} | {r['s_per_query']:.2f} | {r['pairs_per_s']:.2f} | {r['x_full']:.2f}x | "
+                     f"{r['x_official']:.2f}x | {r['max_abs_score_diff_vs_full']:.1e} | {r['prefix_kept']:.0%} | "
+                     f"{cell('trigger_layer', '.1f')} | {cell('tower_share', '.0%')} | {r['trigger_histogram'] or '-'} | "
+                     f"{cell('decoder_s', '.2f')} | {cell('prep_s', '.2f')} | {cell('idle_s', '.2f')} |")
+    return "\n".join(lines)
 
 
 OFFICIAL, FULL = "official (HF forward, padded)", "faste-mm full"
 
 
-def describe(stats) -> str:
+def describe(stats) -> dict:
     """prefix kept | mean trigger layer | the vision tower's share of the forward's seconds |
     the trigger layers' histogram over batches (layer x batches; "none" where a batch never
     compressed) | the decoder's seconds (prefix included) | seconds serializing the pairs
     (decoding, resizing and patching each page: worker threads, overlapped with the model) | the
     seconds of the call the model thread spent outside the forward (waiting for the first
-    serialized batch, hashing, bookkeeping), all of the last round."""
+    serialized batch, hashing, bookkeeping), all of the last round. The official path: None."""
     if stats is None:
-        return "100% | - | - | - | - | - | -"
+        return {"prefix_kept": 1.0, "trigger_layer": None, "tower_share": None, "trigger_histogram": None,
+                "decoder_s": None, "prep_s": None, "idle_s": None}
     kept = stats.kept_prefix_tokens / stats.prefix_tokens if stats.prefix_tokens else 1.0
     triggers = [b.trigger_layer for b in stats.batches if b.trigger_layer is not None]
     tower = sum(b.tower_s for b in stats.batches)
     total = tower + sum(b.decoder_s for b in stats.batches) + stats.prefix_s
-    trigger = f"{sum(triggers) / len(triggers):.1f}" if triggers else "-"
     counts = Counter("none" if b.trigger_layer is None else b.trigger_layer for b in stats.batches)
     histogram = " ".join(f"{layer}x{n}" for layer, n in sorted(counts.items(), key=lambda kv: (kv[0] == "none", str(kv[0]).zfill(3))))
-    if stats.fast_e is None:
-        histogram = "-"
-    decoder = sum(b.decoder_s for b in stats.batches) + stats.prefix_s
-    idle = stats.total_s - stats.forward_s - stats.prefix_s
-    return (f"{100 * kept:.0f}% | {trigger} | {100 * tower / total if total else 0:.0f}% | {histogram} | {decoder:.2f} | "
-            f"{stats.serialize_s:.2f} | {idle:.2f}")
-
-
-def profile(settings, documents, n_ops: int) -> None:
-    """Where each setting's time goes: one run under torch.profiler, its top ops by self CPU time
-    (the controller's topk/softmax/gather and the repacking show up by name)."""
-    from torch.profiler import ProfilerActivity, profile as torch_profile
-
-    for name, reranker in settings:
-        if reranker is None:
-            continue
-        with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
-            reranker.score(QUERY, documents)
-        events = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
-        total = sum(e.self_cpu_time_total for e in events) / 1e6
-        print(f"\n{name}: {total:.2f} s self CPU; " + "; ".join(
-            f"{e.key} {e.self_cpu_time_total / 1e6:.2f} s ({e.count}x)" for e in events[:n_ops]))
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown CPU"
-
-
-if __name__ == "__main__":
-    main()
+    return {"prefix_kept": kept, "trigger_layer": sum(triggers) / len(triggers) if triggers else None,
+            "tower_share": tower / total if total else 0.0, "trigger_histogram": None if stats.fast_e is None else histogram,
+            "decoder_s": sum(b.decoder_s for b in stats.batches) + stats.prefix_s, "prep_s": stats.serialize_s,
+            "idle_s": stats.total_s - stats.forward_s - stats.prefix_s}

@@ -1,4 +1,4 @@
-"""`faste-mm bench`: measure FastE end to end against the full forward on the same inputs, in
+"""The model suite (`faste-mm bench`, `faste-mm bench model`): measure FastE end to end against the full forward on the same inputs, in
 the same process and order: items/s, tokens/s, forward and end-to-end time (median, min-max over
 repeats after a warm-up), peak memory, realised removal, FLOPs reduction, FLOPs-implied speedup,
 measured speedups and the realisation ratio; optionally against a plain HF forward and
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import platform
 import statistics
 import threading
 import time
@@ -20,6 +19,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 import torch
 
+from faste_mm.model.backbones.machine import device_name
 from faste_mm.model.batching import UNPADDED_MODES, BatchingConfig
 from faste_mm.model.faste import FastEConfig
 from faste_mm.model.flops import tower_share
@@ -142,12 +142,6 @@ class BenchReport:
 def flops_implied_speedup(reduction: float) -> float:
     """1 / (1 - reduction): the speedup if time were proportional to decoder FLOPs."""
     return 1.0 / (1.0 - reduction)
-
-
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return f"CPU {platform.processor() or platform.machine()} x{os.cpu_count()} (torch threads {torch.get_num_threads()})"
 
 
 def run_bench(embedder: Embedder, inputs: list, config: BenchConfig, inputs_label: str,

@@ -1,18 +1,18 @@
-"""Search benchmark for collections: build time, per-query and batched latency, recall, memory.
+"""The search suite: one collection of random vectors -- build time, per-query and batched
+latency, recall, memory (CPU FAISS, or GPU FAISS where the index type names it).
 
 Builds a temporary collection of `n` random unit vectors with the requested index type
 (default "auto") and measures it; random vectors are the hard case for approximate indexes.
-Run: python -m faste_mm.indexers.bench --n 10000 --d 2048
+
+    faste-mm bench search --n 10000 100000 --d 2048
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import resource
 import statistics
-import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -25,6 +25,7 @@ from faste_mm.indexers.collection import Collection
 from faste_mm.indexers.faiss_index import INDEX_NAME
 from faste_mm.indexers.manifest import Manifest
 from faste_mm.indexers.records import ItemRecord
+from faste_mm.bench.schema import SuiteRun
 
 _ADD_BATCH = 8192
 
@@ -130,18 +131,19 @@ def search_benchmark(n: int, d: int = 2048, k: int = 10, n_queries: int = 100,
                 f"faiss {faiss.__version__}, numpy {np.__version__}, {platform.platform()}")
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--n", type=int, nargs="+", required=True, help="collection sizes")
     parser.add_argument("--d", type=int, default=2048, help="vector width (default 2048)")
     parser.add_argument("--k", type=int, default=10, help="results per query (default 10)")
     parser.add_argument("--queries", type=int, default=100, help="queries timed (default 100)")
-    parser.add_argument("--index-type", default="auto", help="'auto' or a FAISS factory string")
-    args = parser.parse_args(argv)
-    for n in args.n:
-        result = search_benchmark(n, args.d, args.k, args.queries, args.index_type)
-        sys.stdout.write(json.dumps(result.to_dict()) + "\n")  # results on stdout, one per line
+    parser.add_argument("--index-type", default="auto", help="'auto' or a FAISS factory string (default auto)")
 
 
-if __name__ == "__main__":
-    main()
+def run(args: argparse.Namespace) -> SuiteRun:
+    rows = [search_benchmark(n, args.d, args.k, args.queries, args.index_type).to_dict() for n in args.n]
+    text = "\n".join(["| n | d | index | add s | build s | single query ms (median) | batched ms / query | recall@k | planted hit@1 | peak RSS MB |",
+                      "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+                      *(f"| {r['n']:,} | {r['d']} | {r['index_factory']} | {r['add_s']} | {r['index_build_s']} | {r['single_query_ms_median']} | "
+                        f"{r['batched_query_ms_per_query']} | {r['recall_at_k']} | {r['planted_hit_at_1']} | {r['peak_rss_bytes'] / 2**20:.0f} |" for r in rows)])
+    params = {"d": args.d, "k": args.k, "queries": args.queries, "index_type": args.index_type, "machine": rows[0]["machine"]}
+    return SuiteRun(rows, params, f"cpu ({faiss.omp_get_max_threads()} FAISS threads)", "float32", text=text)

@@ -1,4 +1,4 @@
-"""Mirrored rounds: the one timing loop of the benchmark scripts (scripts/bench_*.py). Receives
+"""Mirrored rounds: the one timing loop of the benchmark suites (faste_mm.bench). Receives
 contenders (name -> a call that does one run) and a round count; hands back each contender's
 seconds per timed round and what its calls returned.
 

@@ -18,7 +18,7 @@ plus the vision tower alone: transformers' Qwen3VLVisionModel against faste-mm's
 each kind's pixels. A random-weight model of a real shape (faste_mm.tools.shapes), stored in
 bfloat16 like the published checkpoint. Usage (a few minutes of CPU at scale 0.25):
 
-  python scripts/bench_peers.py --scale-hidden 0.25 --photos 4 --pages 2 --texts 4 --repeats 2 --out peers.json
+  faste-mm bench peers --scale-hidden 0.25 --photos 4 --pages 2 --texts 4 --repeats 2 --out peers.json
 
 At the real shape (--scale-hidden 1) `--share-weights` keeps ONE copy of the weights: the official
 path runs on faste-mm's bfloat16 model, and "faste-mm fp32" casts that model to float32 for its turn
@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import random
 import statistics
 import tempfile
@@ -42,14 +43,18 @@ import torch
 from PIL import Image, ImageDraw
 
 from faste_mm import BatchingConfig, Embedder, FastEConfig, Item
+from faste_mm.bench.inputs import make_inputs
+from faste_mm.bench.options import add_rounds, add_threads, apply_threads, names
+from faste_mm.bench.rounds import mirrored_rounds
+from faste_mm.bench.schema import SuiteRun
 from faste_mm.model.backbones.loading import choose_dtype, read_cpu_flags
+from faste_mm.model.backbones.machine import device_name
 from faste_mm.model.backbones.vision_tower import PackedVisionTower
 from faste_mm.model.serialization import SerializerConfig
 from faste_mm.model.items import expand_items
-from faste_mm.tools.bench import device_name
-from faste_mm.tools.bench_inputs import make_inputs
-from faste_mm.tools.bench_rounds import mirrored_rounds
 from faste_mm.tools.shapes import SHAPES, build_shape_model, write_sentence_transformers_layout
+
+log = logging.getLogger(__name__)
 
 DOCUMENT_R_MAX = 0.5  # `faste-mm index`'s default for documents
 
@@ -159,27 +164,28 @@ def tower_pixels(serializer, inputs: list):
     return batch["pixel_values"], batch["image_grid_thw"]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shape", default="qwen3-vl-embedding-2b", choices=[s for s in SHAPES if "vl" in s])
-    parser.add_argument("--scale-hidden", type=float, default=0.25)
-    parser.add_argument("--photos", type=int, default=4)
-    parser.add_argument("--pages", type=int, default=2)
-    parser.add_argument("--texts", type=int, default=4)
-    parser.add_argument("--text-tokens", type=int, default=1000)
-    parser.add_argument("--repeats", type=int, default=2, help="timed rounds after one warm-up round")
-    parser.add_argument("--batch-size", type=int, default=8, help="items per padded call (official, st)")
-    parser.add_argument("--peers", default="faste-mm,faste-mm fp32,faste-mm plan,official,st")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--shape", default="qwen3-vl-embedding-2b", choices=[s for s in SHAPES if "vl" in s],
+                        help="random-weight real architecture (default qwen3-vl-embedding-2b)")
+    parser.add_argument("--scale-hidden", "--scale", dest="scale_hidden", type=float, default=0.25,
+                        help="shrink the shape's widths by this factor (default 0.25; 1 = the real width)")
+    parser.add_argument("--photos", type=int, default=4, help="640x480 JPEG photos (default 4)")
+    parser.add_argument("--pages", type=int, default=2, help="one-page PDFs at the cap (default 2)")
+    parser.add_argument("--texts", type=int, default=4, help="texts (default 4)")
+    parser.add_argument("--text-tokens", type=int, default=1000, help="tokens per text (default 1000)")
+    add_rounds(parser, default=2)
+    parser.add_argument("--batch-size", type=int, default=8, help="items per padded call (official, st; default 8)")
+    parser.add_argument("--peers", default="faste-mm,faste-mm fp32,faste-mm plan,official,st", help="peers, comma-separated (default all)")
     parser.add_argument("--plan", help="plan.json[:ROW] whose setting the 'faste-mm plan' peer runs")
-    parser.add_argument("--plan-setting", default="501760,0.5", help="MAX_PIXELS,R_MAX for 'faste-mm plan' without --plan")
-    parser.add_argument("--share-weights", action="store_true", help="one copy of the weights (see above)")
-    parser.add_argument("--threads", type=int, help="torch threads for every peer (default: torch's)")
+    parser.add_argument("--plan-setting", default="501760,0.5", help="MAX_PIXELS,R_MAX for 'faste-mm plan' without --plan (default 501760,0.5)")
+    parser.add_argument("--share-weights", action="store_true", help="one copy of the weights (see the suite's docstring)")
+    add_threads(parser)
     parser.add_argument("--device", default="cpu", help="cpu or cuda (the GPU runs: scripts/gpu_bench.sh peers)")
-    parser.add_argument("--out", type=Path)
-    args = parser.parse_args()
-    peers_wanted = [p.strip() for p in args.peers.split(",") if p.strip()]
-    if args.threads:
-        torch.set_num_threads(args.threads)
+
+
+def run(args: argparse.Namespace) -> SuiteRun:
+    peers_wanted = names(args.peers)
+    apply_threads(args)
     with tempfile.TemporaryDirectory(prefix="faste-mm-peers-") as workdir:
         work = Path(workdir)
         model_dir = build_shape_model(args.shape, work / "model", args.scale_hidden, torch.bfloat16)
@@ -243,10 +249,14 @@ def main() -> None:
                     if reference in rows:
                         row[f"x_{reference}"] = row["items_per_s"] / rows[reference]["items_per_s"]
             report["kinds"][kind] = {"items": len(inputs), "peers": rows, "tower": tower_race(peers, serializer, inputs, args.repeats)}
-            print(json.dumps({kind: report["kinds"][kind]}, indent=1), flush=True)
-            if args.out:  # after every kind: a run cut short keeps what it measured
-                args.out.write_text(json.dumps(report, indent=2))
-        print_tables(report)
+            log.info("%s", json.dumps({kind: report["kinds"][kind]}, indent=1))
+    rows = [{"kind": kind, "items": data["items"], "peer": name, **row}
+            for kind, data in report["kinds"].items() for name, row in data["peers"].items()]
+    params = {key: value for key, value in report.items() if key not in ("kinds", "device")}
+    params["tower"] = {kind: data["tower"] for kind, data in report["kinds"].items()}
+    return SuiteRun(rows, params, report["device"], report["faste_mm_auto_dtype"]["dtype"], text=tables(report))
+
+
 
 
 def tower_race(peers, serializer, inputs, repeats) -> dict:
@@ -297,13 +307,14 @@ def plan_setting(args) -> tuple[str, str, dict]:
             {"fast_e": FastEConfig(r_max=float(r_max)), "max_pixels": int(cap)})
 
 
-def print_tables(report: dict) -> None:
-    """Markdown tables for docs/benchmarks.md."""
-    print(f"\n{report['device']}; {report['shape']} at scale-hidden {report['scale_hidden']}; faste-mm auto dtype: "
+def tables(report: dict) -> str:
+    lines = []
+    """The peers and tower tables in Markdown."""
+    lines.append(f"\n{report['device']}; {report['shape']} at scale-hidden {report['scale_hidden']}; faste-mm auto dtype: "
           f"{report['faste_mm_auto_dtype']['dtype']} ({report['faste_mm_auto_dtype']['reason']}); official dtype: {report['official_dtype']}; "
           f"torch threads {report['threads']}; plan peer: {report['plan_setting']}\n")
-    print("| inputs | peer | items/s | x official | x faste-mm fp32 | x st | tower s / decoder s | cos vs official (min) | cos vs faste-mm fp32 mean (min) |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    lines.append("| inputs | peer | items/s | x official | x faste-mm fp32 | x st | tower s / decoder s | cos vs official (min) | cos vs faste-mm fp32 mean (min) |")
+    lines.append("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for kind, data in report["kinds"].items():
         for name, row in data["peers"].items():
             def ratio(key):
@@ -312,14 +323,11 @@ def print_tables(report: dict) -> None:
             cos = f"{row['min_cos_vs_official']:.4f}" if "min_cos_vs_official" in row else "-"
             fp32 = (f"{row['mean_cos_vs_faste-mm fp32']:.4f} ({row['min_cos_vs_faste-mm fp32']:.4f})"
                     if "mean_cos_vs_faste-mm fp32" in row else "-")
-            print(f"| {kind} x{data['items']} | {name} | {row['items_per_s']:.3f} | {ratio('x_official')} | "
+            lines.append(f"| {kind} x{data['items']} | {name} | {row['items_per_s']:.3f} | {ratio('x_official')} | "
                   f"{ratio('x_faste-mm fp32')} | {ratio('x_st')} | {split} | {cos} | {fp32} |")
-    print("\n| inputs | dtype | transformers tower s | packed tower s | packed speedup | max abs diff |")
-    print("|---|---|---:|---:|---:|---:|")
+    lines.append("\n| inputs | dtype | transformers tower s | packed tower s | packed speedup | max abs diff |")
+    lines.append("|---|---|---:|---:|---:|---:|")
     for kind, data in report["kinds"].items():
         for dtype, row in data["tower"].items():
-            print(f"| {kind} | {dtype} | {row['transformers_s']:.3f} | {row['packed_s']:.3f} | {row['speedup']:.2f}x | {row['max_abs_diff']:.1e} |")
-
-
-if __name__ == "__main__":
-    main()
+            lines.append(f"| {kind} | {dtype} | {row['transformers_s']:.3f} | {row['packed_s']:.3f} | {row['speedup']:.2f}x | {row['max_abs_diff']:.1e} |")
+    return "\n".join(lines)

@@ -1,7 +1,7 @@
 """Wall time of CLI start-up: `faste-mm --help`, `--version` and `info` on a small collection,
 each run in a new process several times (median, min, max), as a person typing them feels it.
 
-    python scripts/bench_startup.py [--faste-mm PATH] [--repeats 7] [--json OUT]
+    faste-mm bench startup [--faste-mm PATH] [--repeats 7]
 
 --faste-mm picks the executable (e.g. another checkout's venv) to compare before and after.
 """
@@ -9,14 +9,15 @@ each run in a new process several times (median, min, max), as a person typing t
 from __future__ import annotations
 
 import argparse
-import json
-import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
+
+from faste_mm.bench.options import faste_mm_command
+from faste_mm.bench.schema import SuiteRun
+from faste_mm.errors import ConfigError
 
 
 def _collection(workdir: Path) -> Path:
@@ -40,33 +41,23 @@ def _time(argv: list[str], repeats: int) -> dict:
         done = subprocess.run(argv, capture_output=True, check=False)
         runs.append(time.perf_counter() - started)
         if done.returncode != 0:
-            raise SystemExit(f"{' '.join(argv)} exited {done.returncode}: {done.stderr.decode()[-400:]}")
+            raise ConfigError(f"{' '.join(argv)} exited {done.returncode}: {done.stderr.decode()[-400:]}")
     return {"median_s": statistics.median(runs), "min_s": min(runs), "max_s": max(runs), "runs": len(runs)}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--faste-mm", default=shutil.which("faste-mm") or "faste-mm", help="the executable to time")
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--json", type=Path, help="also write the results here")
-    args = parser.parse_args()
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--faste-mm", dest="faste_mm", default=None,
+                        help="the executable to time (default: the faste-mm beside this Python, else on PATH)")
+    parser.add_argument("--repeats", type=int, default=7, help="runs per command (default 7)")
+
+
+def run(args: argparse.Namespace) -> SuiteRun:
     with tempfile.TemporaryDirectory() as tmp:
         col = _collection(Path(tmp))
         commands = {"--help": ["--help"], "--version": ["--version"], "info": ["info", "-c", str(col)]}
-        results = {}
-        for name, rest in commands.items():
-            try:
-                results[name] = _time([args.faste_mm, *rest], args.repeats)
-            except SystemExit as error:
-                results[name] = {"error": str(error)}
-    for name, result in results.items():
-        if "error" in result:
-            print(f"{name:10s} {result['error']}", file=sys.stderr)
-        else:
-            print(f"{name:10s} median {result['median_s']:.3f} s  (min {result['min_s']:.3f}, max {result['max_s']:.3f}, {result['runs']} runs)")
-    if args.json:
-        args.json.write_text(json.dumps({"executable": args.faste_mm, "results": results}, indent=2) + "\n")
-
-
-if __name__ == "__main__":
-    main()
+        executable = faste_mm_command(args.faste_mm)
+        rows = [{"command": name, **_time([*executable, *rest], args.repeats)} for name, rest in commands.items()]
+    text = "\n".join(["| command | median s | min s | max s | runs |", "|---|---:|---:|---:|---:|",
+                      *(f"| faste-mm {r['command']} | {r['median_s']:.3f} | {r['min_s']:.3f} | {r['max_s']:.3f} | {r['runs']} |"
+                        for r in rows)])
+    return SuiteRun(rows, {"executable": executable, "repeats": args.repeats}, "cpu", text=text)

@@ -3,7 +3,7 @@ collection for a fixed time (and at most a fixed number of requests) on loopback
 server's resident memory is sampled; reports answers by status, requests/s, latency percentiles
 and whether memory stayed flat (the median RSS of the last tenth of the run against the first).
 
-    python scripts/bench_serve_load.py --clients 64 --seconds 30 --out docs/bench/serve-load.json
+    faste-mm bench serve-load --clients 64 --seconds 30 --out docs/bench/serve-load.json
 
 The server runs as its own process (`faste-mm serve -c DIR --port 0`) on a tiny random-weight
 model and generated images unless --model/--collection name real ones. Traffic goes only to
@@ -15,8 +15,6 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -26,41 +24,46 @@ from pathlib import Path
 
 import numpy as np
 
+from faste_mm.bench.schema import SuiteRun
+from faste_mm.errors import ConfigError
+
 QUERIES = ("a red bicycle", "sunset over the sea", "a quarterly report", "forest at dawn", "a cat on a sofa",
            "snow on the mountains", "an invoice from march", "city lights at night")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--clients", type=int, default=64)
-    parser.add_argument("--seconds", type=float, default=30.0, help="length of the load phase")
-    parser.add_argument("--max-requests", type=int, default=20_000, help="stop after this many requests in all")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--clients", type=int, default=64, help="concurrent clients (default 64)")
+    parser.add_argument("--seconds", type=float, default=30.0, help="length of the load phase (default 30)")
+    parser.add_argument("--max-requests", type=int, default=20_000, help="stop after this many requests in all (default 20,000)")
     parser.add_argument("--model", help="model directory (default: a tiny random-weight Qwen3-VL)")
-    parser.add_argument("--collection", help="collection directory (default: 24 generated images)")
-    parser.add_argument("--threads", type=int, default=1, help="the server's --threads")
-    parser.add_argument("--out", type=Path, help="write the report as JSON here")
-    args = parser.parse_args()
-    if args.clients < 1 or args.seconds <= 0 or args.max_requests < 1:
-        parser.error("--clients, --seconds and --max-requests must be positive")
+    parser.add_argument("--collection", help="collection directory (default: --images generated images)")
+    parser.add_argument("--images", type=int, default=24, help="generated images without --collection (default 24)")
+    parser.add_argument("--threads", type=int, default=1, help="the server's --threads (default 1)")
 
+
+def run(args: argparse.Namespace) -> SuiteRun:
+    if args.clients < 1 or args.seconds <= 0 or args.max_requests < 1:
+        raise ConfigError("--clients, --seconds and --max-requests must be positive")
     with tempfile.TemporaryDirectory(prefix="faste-mm-load-") as workdir:
-        collection = Path(args.collection) if args.collection else _make_collection(Path(workdir), args.model)
+        collection = Path(args.collection) if args.collection else _make_collection(Path(workdir), args.model, args.images)
         server, port = _start_server(collection, args.threads)
         try:
             report = _load(server.pid, port, args)
         finally:
             server.terminate()
             server.wait(timeout=60)
-    report.update({"clients": args.clients, "collection": str(args.collection or "generated (24 images)"),
-                   "machine": f"{platform.machine()} {os.cpu_count()} CPUs, Python {platform.python_version()}"})
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    params = {"clients": args.clients, "seconds": args.seconds, "max_requests": args.max_requests,
+              "collection": str(args.collection or f"generated ({args.images} images)"), "server_threads": args.threads}
+    r = report
+    text = "\n".join(["| clients | requests | req/s | p50 ms | p95 ms | p99 ms | RSS MB first / last tenth (max) | memory flat |",
+                      "|---:|---:|---:|---:|---:|---:|---|---|",
+                      f"| {args.clients} | {r['requests']} | {r['requests_per_s']} | {r['latency_ms']['p50']} | {r['latency_ms']['p95']} | "
+                      f"{r['latency_ms']['p99']} | {r['rss_mib']['first_tenth_median']} / {r['rss_mib']['last_tenth_median']} "
+                      f"({r['rss_mib']['max']}) | {r['memory_flat']} |"])
+    return SuiteRun([report], params, "cpu (the server's)", text=text)
 
 
-def _make_collection(workdir: Path, model: str | None) -> Path:
+def _make_collection(workdir: Path, model: str | None, n: int = 24) -> Path:
     from faste_mm import Retriever
     from faste_mm.retrieval.model_spec import ModelSpec
     from faste_mm.testing import build_tiny_model
@@ -70,7 +73,7 @@ def _make_collection(workdir: Path, model: str | None) -> Path:
     images = workdir / "images"
     images.mkdir()
     rng = np.random.default_rng(0)
-    for i in range(24):
+    for i in range(n):
         Image.fromarray(rng.integers(0, 256, (48, 64, 3), dtype=np.uint8)).save(images / f"{i:02d}.png")
     with Retriever(ModelSpec(model, device="cpu"), collection=workdir / "col", r_max=0.5) as retriever:
         retriever.index([images])
@@ -84,7 +87,7 @@ def _start_server(collection: Path, threads: int) -> tuple[subprocess.Popen, int
     line = server.stdout.readline()  # printed once the model is loaded and the socket listens
     if not line.startswith("serving on http://127.0.0.1:"):
         server.kill()
-        raise SystemExit(f"the server did not start: {line!r}")
+        raise ConfigError(f"the server did not start: {line!r}")
     return server, int(line.rsplit(":", 1)[1].strip().rstrip("/"))
 
 
@@ -130,6 +133,7 @@ def _load(pid: int, port: int, args) -> dict:
             n += 1
         connection.close()
 
+    rss.append((0.0, _rss_bytes(pid)))  # the first and (below) last samples: a short run has both ends
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     started = time.monotonic()
@@ -141,6 +145,7 @@ def _load(pid: int, port: int, args) -> dict:
     elapsed = time.monotonic() - started
     stop.set()
     sampler.join()
+    rss.append((elapsed, _rss_bytes(pid)))
     values = np.array([value for _, value in rss], dtype=np.float64)
     tenth = max(1, len(values) // 10)
     first, last = float(np.median(values[:tenth])), float(np.median(values[-tenth:]))
@@ -155,6 +160,3 @@ def _load(pid: int, port: int, args) -> dict:
         "memory_flat": last <= first * 1.10,  # within 10% of where the load began
     }
 
-
-if __name__ == "__main__":
-    main()

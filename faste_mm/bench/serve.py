@@ -2,7 +2,7 @@
 random-weight bench-shape model saved to disk, for each C; reports requests/s, items/s and
 p50/p95/p99 latency per C, and the batch sizes the server formed (from /metrics).
 
-    python scripts/bench_serve.py --shape qwen3-vl-embedding-2b --scale-hidden 0.25 \
+    faste-mm bench serve --shape qwen3-vl-embedding-2b --scale-hidden 0.25 \
         --concurrency 1,4,16 --requests 8 --words 60 --out docs/bench/serve-cpu.json
 
 The server runs as its own process (`faste-mm serve --model DIR --port 0`), as users run it;
@@ -13,9 +13,8 @@ the clients are threads with one keep-alive HTTP connection each. Every request 
 from __future__ import annotations
 
 import argparse
-import json
+import logging
 import os
-import platform
 import queue
 import re
 import subprocess
@@ -28,33 +27,36 @@ from pathlib import Path
 
 import numpy as np
 
+from faste_mm.bench.options import add_shape, add_threads
+from faste_mm.bench.schema import SuiteRun
+
+log = logging.getLogger(__name__)
+
 WORDS = ("retrieval embedding compression readout prefix layer token image page query document vector "
          "search index model batch attention cosine threshold budget").split()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shape", default="qwen3-vl-embedding-2b")
-    parser.add_argument("--scale-hidden", type=float, default=0.25)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_shape(parser, scale=0.25)
     parser.add_argument("--model", help="an existing model directory instead of building --shape")
-    parser.add_argument("--concurrency", default="1,4,16", help="comma-separated client counts")
-    parser.add_argument("--requests", type=int, default=8, help="requests per client")
-    parser.add_argument("--items", type=int, default=1, help="texts per request")
-    parser.add_argument("--words", type=int, default=60, help="words per text")
+    parser.add_argument("--concurrency", default="1,4,16", help="comma-separated client counts (default 1,4,16)")
+    parser.add_argument("--requests", type=int, default=8, help="requests per client (default 8)")
+    parser.add_argument("--items", type=int, default=1, help="texts per request (default 1)")
+    parser.add_argument("--words", type=int, default=60, help="words per text (default 60)")
     parser.add_argument("--input-type", default="query", choices=("query", "document"))
-    parser.add_argument("--batch-tokens", type=int, default=16384)
-    parser.add_argument("--max-wait-ms", type=float, default=5.0)
-    parser.add_argument("--threads", type=int, help="the server's --threads (torch CPU threads)")
-    parser.add_argument("--warmup", type=int, default=2, help="requests before timing (first-call costs)")
-    parser.add_argument("--out", type=Path, help="write the report as JSON here")
-    args = parser.parse_args()
+    parser.add_argument("--batch-tokens", type=int, default=16384, help="the server's --batch-tokens (default 16384)")
+    parser.add_argument("--max-wait-ms", type=float, default=5.0, help="the server's --max-wait-ms (default 5)")
+    add_threads(parser)
+    parser.add_argument("--warmup", type=int, default=2, help="requests before timing (first-call costs; default 2)")
 
+
+def run(args: argparse.Namespace) -> SuiteRun:
     with tempfile.TemporaryDirectory() as workdir:
         model = args.model
         if model is None:
             from faste_mm.tools.shapes import build_shape_model
 
-            print(f"building random-weight {args.shape} (scale {args.scale_hidden:g})", file=sys.stderr)
+            log.info("building random-weight %s (scale %g)", args.shape, args.scale_hidden)
             model = str(build_shape_model(args.shape, Path(workdir) / "model", args.scale_hidden))
         server, url = _start_server(model, args)
         try:
@@ -63,20 +65,16 @@ def main() -> None:
         finally:
             server.terminate()
             server.wait(30)
-    report = {
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "model": args.model or f"{args.shape} scale {args.scale_hidden:g} (random weights)",
-        "workload": {"requests_per_client": args.requests, "items_per_request": args.items,
-                     "words_per_item": args.words, "input_type": args.input_type},
-        "server": {"batch_tokens": args.batch_tokens, "max_wait_ms": args.max_wait_ms, "threads": args.threads},
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-                    "load_average_1m_at_end": os.getloadavg()[0]},
-        "results": rows,
-    }
-    _print_table(report)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=2) + "\n")
+    params = {"model": args.model or f"{args.shape} scale {args.scale_hidden:g} (random weights)",
+              "workload": {"requests_per_client": args.requests, "items_per_request": args.items,
+                           "words_per_item": args.words, "input_type": args.input_type},
+              "server": {"batch_tokens": args.batch_tokens, "max_wait_ms": args.max_wait_ms, "threads": args.threads}}
+    lines = ["| clients | req/s | items/s | p50 ms | p95 ms | p99 ms | mean batch |", "|---:|---:|---:|---:|---:|---:|---:|"]
+    for row in rows:
+        batch = "-" if row["mean_batch_size"] is None else f"{row['mean_batch_size']:.1f}"
+        lines.append(f"| {row['concurrency']} | {row['requests_per_s']:.2f} | {row['items_per_s']:.2f} | {row['p50_ms']:.0f} | "
+                     f"{row['p95_ms']:.0f} | {row['p99_ms']:.0f} | {batch} |")
+    return SuiteRun(rows, params, "cpu (the server's)", text="\n".join(lines))
 
 
 def _ints(text: str) -> list[int]:
@@ -132,7 +130,7 @@ def _run(url: str, concurrency: int, args) -> dict:
         "p99_ms": 1000 * float(np.percentile(latencies, 99)),
         "mean_batch_size": (after[0] - before[0]) / batches if batches else None,
     }
-    print(f"C={concurrency}: {row['requests_per_s']:.2f} req/s, p50 {row['p50_ms']:.0f} ms", file=sys.stderr)
+    log.info("C=%d: %.2f req/s, p50 %.0f ms", concurrency, row["requests_per_s"], row["p50_ms"])
     return row
 
 
@@ -153,16 +151,3 @@ def _batch_sizes(url: str) -> tuple[float, float]:
     total = sum(float(m) for m in re.findall(r"^faste_mm_batch_size_sum\{[^}]*\} (\S+)", text, re.M))
     count = sum(float(m) for m in re.findall(r"^faste_mm_batch_size_count\{[^}]*\} (\S+)", text, re.M))
     return total, count
-
-
-def _print_table(report: dict) -> None:
-    print(f"model: {report['model']}; workload: {report['workload']}")
-    print(f"{'C':>3} {'req/s':>8} {'items/s':>8} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} {'batch':>6}")
-    for row in report["results"]:
-        batch = "-" if row["mean_batch_size"] is None else f"{row['mean_batch_size']:.1f}"
-        print(f"{row['concurrency']:>3} {row['requests_per_s']:>8.2f} {row['items_per_s']:>8.2f} {row['p50_ms']:>8.0f} "
-              f"{row['p95_ms']:>8.0f} {row['p99_ms']:>8.0f} {batch:>6}")
-
-
-if __name__ == "__main__":
-    main()

@@ -4,18 +4,24 @@ load from other processes cancels instead of favouring whichever setting ran in 
 Preprocessing is timed the same way, split into PyAV decoding (+seeking) and the official resize,
 and the rest of serialization (processor, MRoPE positions).
 
-    python scripts/bench_video.py --seconds 30 120 --scale 0.25 --rounds 3 --json out.json
+    faste-mm bench video --seconds 30 120 --scale-hidden 0.25 --rounds 3 --out out.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+
+from faste_mm.bench.options import add_model, add_rounds, add_shape
+from faste_mm.bench.schema import SuiteRun
+
+log = logging.getLogger(__name__)
 
 
 def _min_time(fn, rounds: list[float]) -> None:
@@ -24,27 +30,28 @@ def _min_time(fn, rounds: list[float]) -> None:
     rounds.append(time.perf_counter() - started)
 
 
-def main() -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--seconds", type=float, nargs="+", default=[30, 120], help="clip lengths in seconds (default 30 120)")
+    add_shape(parser, scale=0.25)
+    add_model(parser)
+    add_rounds(parser, default=3)
+    parser.add_argument("--trigger-layer", type=int, default=10, help="FastE's fixed trigger layer (default 10)")
+
+
+def run(args: argparse.Namespace) -> SuiteRun:
     from faste_mm import BatchingConfig, Embedder, FastEConfig, Item
     from faste_mm.model.ablations import Full
     from faste_mm.model.faste import FastE
     from faste_mm.model.flops import batch_flops, full_batch_flops, vision_flops
     from faste_mm.model.runner import run_decoder, settle_kernel
     from faste_mm.model.video import VideoConfig, read_video
-    from faste_mm.tools.bench_inputs import make_inputs
+    from faste_mm.bench.inputs import make_inputs
     from faste_mm.tools.shapes import build_shape_model
     import faste_mm.model.video as video
 
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--seconds", type=float, nargs="+", default=[30, 120])
-    parser.add_argument("--scale", type=float, default=0.25)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--trigger-layer", type=int, default=10)
-    parser.add_argument("--json", type=Path)
-    args = parser.parse_args()
-    report = {"torch_threads": torch.get_num_threads(), "scale": args.scale, "trigger_layer": args.trigger_layer, "clips": {}}
+    report = {"clips": {}}
     with tempfile.TemporaryDirectory() as workdir:
-        model = build_shape_model("qwen3-vl-embedding-2b", Path(workdir) / "model", args.scale, torch.float32)
+        model = args.model or build_shape_model(args.shape, Path(workdir) / "model", args.scale_hidden, torch.float32)
         emb = Embedder.from_pretrained(str(model), device="cpu", batching=BatchingConfig(workers=0))
         backbone, layers = emb.backbone, emb.backbone.shape.num_layers
         for seconds in args.seconds:
@@ -59,7 +66,7 @@ def main() -> None:
             prep = {"decode_s": [], "resize_s": [], "serialize_s": []}
             traces = {}
             frames = read_video(clip, VideoConfig())
-            for _ in range(args.rounds):
+            for _ in range(args.repeats):
                 for name, policy in policies.items():
                     kernel = settle_kernel(backbone, batch, policy, emb.unpadded)
                     _min_time(lambda: traces.__setitem__(name, run_decoder(backbone, batch, policy, kernel)[1]), times[name])
@@ -89,10 +96,14 @@ def main() -> None:
                 "decode_s_min": min(prep["decode_s"]), "resize_s_min (inside decode)": min(prep["resize_s"]),
                 "serialize_s_min (decode + processor + positions)": serialize, "settings": settings,
             }
-            print(json.dumps(report["clips"][f"{seconds:g}s"], indent=1), flush=True)
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=1))
+            log.info("%s", json.dumps(report["clips"][f"{seconds:g}s"], indent=1))
+    rows = [{"clip": clip, "setting": name, **{k: v for k, v in data.items() if k != "settings"}, **values}
+            for clip, data in report["clips"].items() for name, values in data["settings"].items()]
+    text = "\n".join(["| clip | frames | tokens | setting | forward s (min) | e2e s (min) | decode share of e2e | FLOPs reduction with vision |",
+                      "|---|---:|---:|---|---:|---:|---:|---:|",
+                      *(f"| {r['clip']} | {r['frames']} | {r['tokens']} | {r['setting']} | {r['forward_s_min']:.3f} | "
+                        f"{r['e2e_s_min']:.3f} | {r['decode_share_of_e2e']:.0%} | {r['flops_reduction_with_vision']:.1%} |" for r in rows)])
+    params = {"model": str(args.model) if args.model else None, "shape": args.shape, "scale_hidden": args.scale_hidden, "trigger_layer": args.trigger_layer,
+              "repeats": args.repeats, "seconds": args.seconds, "statistic": "minimum over interleaved rounds"}
+    return SuiteRun(rows, params, "cpu", "float32", text=text)
 
-
-if __name__ == "__main__":
-    main()

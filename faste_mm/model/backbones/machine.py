@@ -1,0 +1,35 @@
+"""The machine a model runs on, described without loading torch: the CPU's feature flags
+(/proc/cpuinfo; `choose_dtype` picks bfloat16 on them) and a device's name. Every benchmark result
+records both beside its figures (faste_mm.bench.schema); `faste-mm plan` names the device too."""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from pathlib import Path
+
+
+def read_cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
+    """The CPU's feature flags from /proc/cpuinfo ("flags" on x86, "Features" on ARM); empty
+    where there is no such file (macOS, Windows): bfloat16 is then never chosen by "auto"."""
+    if not sys.platform.startswith("linux"):
+        return frozenset()
+    try:
+        text = cpuinfo.read_text(errors="replace")
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return frozenset(value.split())
+    return frozenset()
+
+
+def device_name(device) -> str:
+    """A torch device in words: the GPU's name, or the CPU's architecture, cores and torch threads."""
+    import torch  # a device was made with torch: it is loaded already
+
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"CPU {platform.processor() or platform.machine()} x{os.cpu_count()} (torch threads {torch.get_num_threads()})"

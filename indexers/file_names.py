@@ -1,0 +1,4 @@
+"""File names in a collection directory that readers without FAISS need (the thin client that
+asks a running server): kept apart from `directory`, which imports the FAISS index module."""
+
+SERVER_FILE = "server.json"  # a running `faste-mm serve` announces itself here (faste_mm.serving.discovery)

@@ -1,0 +1,212 @@
+"""The one benchmark tool (faste_mm.bench, issue 34): every suite runs at a toy size through the
+entry point and writes the one result schema (commit, command, device, CPU flags, dtype, torch,
+threads, load at start and end, params, machine, rows), to --out and --format json alike. No
+figure is asserted: these check that each suite still runs and reports, not how fast it is.
+
+The suites that start processes or servers (a model import each: 15-75 s a test on a loaded
+2-core machine) run only with FASTE_MM_BENCH_SMOKE=all; the in-process ones always run."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from faste_mm.bench import SUITES
+from faste_mm.bench.entry import run_suite
+from faste_mm.bench.schema import RECORDED_CPU_FLAGS, SCHEMA, BenchResult
+from faste_mm.cli.app import app
+from faste_mm.testing import build_tiny_model
+
+SCHEMA_FIELDS = {f.name for f in fields(BenchResult)}
+processes = pytest.mark.skipif(os.environ.get("FASTE_MM_BENCH_SMOKE") != "all",
+                               reason="starts processes or servers (slow): set FASTE_MM_BENCH_SMOKE=all")
+
+
+@pytest.fixture(autouse=True)
+def _torch_threads_restored():
+    """Suites set torch's threads (--threads): the next test gets this process's own back."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def reranker_dir(tmp_path_factory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("bench-reranker") / "rr", "qwen3_vl_reranker", num_layers=4)
+
+
+def _run(suite: str, args: list[str], tmp_path: Path, capsys) -> dict:
+    out = tmp_path / f"{suite}.json"
+    run_suite(suite, [*args, "--out", str(out), "--format", "json"])
+    printed = json.loads(capsys.readouterr().out)
+    written = json.loads(out.read_text())
+    assert printed == written
+    assert set(written) == SCHEMA_FIELDS and written["schema"] == SCHEMA and written["suite"] == suite
+    assert set(written["cpu_flags"]) == set(RECORDED_CPU_FLAGS) and all(isinstance(v, bool) for v in written["cpu_flags"].values())
+    assert len(written["load_start"]) == len(written["load_end"]) == 3 and written["cores"] >= 1
+    assert written["command"].startswith(f"faste-mm bench {suite}") and written["rows"]
+    assert isinstance(written["machine"], dict) and isinstance(written["params"], dict)
+    return written
+
+
+def test_every_suite_has_a_smoke_test_here():
+    tested = {name.removeprefix("test_").removesuffix("_suite").replace("_", "-")
+              for name in globals() if name.startswith("test_") and name.endswith("_suite")}
+    assert set(SUITES) - {"model"} == tested  # the model suite: tests/test_bench.py
+
+
+def test_search_suite(tmp_path, capsys):
+    result = _run("search", ["--n", "300", "--d", "16", "--queries", "4", "--k", "3"], tmp_path, capsys)
+    assert result["rows"][0]["n"] == 300 and 0 <= result["rows"][0]["recall_at_k"] <= 1
+
+
+def test_scale_suite(tmp_path, capsys):
+    args = ["--n", "400", "--dim", "16", "--queries", "40", "--filtered-queries", "4", "--configs", "float,binary",
+            "--no-lancedb", "--workdir", str(tmp_path / "work")]
+    result = _run("scale", args, tmp_path, capsys)
+    configs = {row["config"] for row in result["rows"]}
+    assert {"float", "binary", "binary rescore 0", "raw-faiss float"} <= configs
+
+
+def test_tower_attention_suite(tmp_path, capsys):
+    args = ["--tokens", "64", "--heads", "2", "--head-dim", "8", "--block", "32", "--threads", "1", "--repeats", "1",
+            "--tower-depth", "1"]
+    result = _run("tower-attention", args, tmp_path, capsys)
+    assert {row["piece"] for row in result["rows"]} >= {"SDPA float32", "whole tower"}
+
+
+def test_pixels_suite(tmp_path, capsys, model_dirs):
+    args = ["--model", str(model_dirs["qwen3_vl"]), "--n", "1", "--photo", "64x48", "--page", "100x140",
+            "--max-pixels", "50176,12544", "--dtypes", "float32", "--repeats", "1"]
+    result = _run("pixels", args, tmp_path, capsys)
+    assert {(row["kind"], row["max_pixels"]) for row in result["rows"]} == {
+        (kind, cap) for kind in ("photo", "page") for cap in (50176, 12544)}
+
+
+def test_batch_tokens_suite(tmp_path, capsys, model_dirs):
+    args = ["--model", str(model_dirs["qwen3_vl"]), "--inputs", "text:16", "--n", "2", "--budgets", "256,128",
+            "--repeats", "1", "--dtype", "float32"]
+    result = _run("batch-tokens", args, tmp_path, capsys)
+    assert [row["batch_tokens"] for row in result["rows"]] == [256, 128] and result["dtype"] == "float32"
+
+
+def test_rerank_suite(tmp_path, capsys, reranker_dir):
+    args = ["--model", str(reranker_dir), "--inputs", "text:16", "--top", "2", "--r-max", "0.5", "--protect", "none",
+            "--prefix-reuse", "off", "--repeats", "1", "--dtype", "float32"]
+    result = _run("rerank", args, tmp_path, capsys)
+    assert [row["setting"] for row in result["rows"]][:2] == ["official (HF forward, padded)", "faste-mm full"]
+
+
+@processes
+def test_rerank_e2e_suite(tmp_path, capsys, reranker_dir):
+    args = ["--model", str(reranker_dir), "--device", "cpu", "--dtype", "float32", "--pages", "1", "--page", "100x140",
+            "--repeats", "1"]
+    result = _run("rerank-e2e", args, tmp_path, capsys)
+    assert len(result["rows"]) == 4 and result["rows"][0]["x_official"] == pytest.approx(1.0)
+
+
+def test_video_suite(tmp_path, capsys, model_dirs):
+    args = ["--model", str(model_dirs["qwen3_vl"]), "--seconds", "1", "--repeats", "1", "--trigger-layer", "2"]
+    result = _run("video", args, tmp_path, capsys)
+    assert {row["setting"] for row in result["rows"]} == {"full", "faste r=0.5", "faste r=0.7"}
+
+
+def test_query_tokens_suite(tmp_path, capsys, model_dirs):
+    result = _run("query-tokens", ["--model", str(model_dirs["qwen3_vl"]), "--mib", "0.01"], tmp_path, capsys)
+    assert result["rows"][0]["same_tokens"] is True
+
+
+@processes
+def test_peers_suite(tmp_path, capsys):
+    args = ["--scale-hidden", "0.0625", "--photos", "1", "--pages", "0", "--texts", "1", "--text-tokens", "16",
+            "--repeats", "1", "--peers", "faste-mm,official", "--threads", "1"]
+    result = _run("peers", args, tmp_path, capsys)
+    assert {row["peer"] for row in result["rows"]} == {"faste-mm", "official"}
+
+
+def test_startup_suite(tmp_path, capsys):
+    result = _run("startup", ["--repeats", "1"], tmp_path, capsys)
+    assert [row["command"] for row in result["rows"]] == ["--help", "--version", "info"]
+
+
+@processes
+def test_pdf_memory_suite(tmp_path, capsys):
+    result = _run("pdf-memory", ["--pages", "1", "--max-pixels", "4096"], tmp_path, capsys)
+    assert result["rows"][0]["pages"] == 1 and result["rows"][0]["peak_rss_mb"] > 0
+
+
+@processes
+def test_serve_suite(tmp_path, capsys, model_dirs):
+    args = ["--model", str(model_dirs["qwen3_vl"]), "--concurrency", "1", "--requests", "1", "--words", "5",
+            "--warmup", "0", "--threads", "1"]
+    result = _run("serve", args, tmp_path, capsys)
+    assert result["rows"][0]["requests"] == 1
+
+
+@processes
+def test_serve_load_suite(tmp_path, capsys, model_dirs):
+    args = ["--model", str(model_dirs["qwen3_vl"]), "--images", "2", "--clients", "2", "--seconds", "1", "--max-requests", "4"]
+    result = _run("serve-load", args, tmp_path, capsys)
+    assert 1 <= result["rows"][0]["requests"] <= 4
+
+
+@processes
+def test_ray_suite(tmp_path, capsys, model_dirs):
+    pytest.importorskip("ray")
+    args = ["--model", str(model_dirs["qwen3_vl"]), "--n", "2", "--size", "32", "--repeats", "1", "--runs", "plain",
+            "--ray-cpus", "1", "--work", str(tmp_path / "work")]
+    result = _run("ray", args, tmp_path, capsys)
+    assert result["rows"][0]["run"] == "plain" and result["rows"][0]["items"] == 2
+
+
+@processes
+def test_client_suite(tmp_path, capsys):
+    pytest.importorskip("fastapi", reason="needs the serve extra")
+    result = _run("client", ["--images", "3", "--repeats", "1", "-k", "2"], tmp_path, capsys)
+    rows = {row["contender"]: row for row in result["rows"]}
+    assert set(rows) == {"server", "no-server", "http only (this process)"}
+    assert all(row["same_hits_as_no_server"] for row in rows.values())
+
+
+def test_a_bad_option_is_a_usage_error_naming_it(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        run_suite("search", ["--n", "10", "--frobnicate"])
+    assert exit_.value.code == 2 and "--frobnicate" in capsys.readouterr().err
+
+
+def test_a_missing_out_folder_is_refused_before_the_suite_runs(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        run_suite("search", ["--n", "10", "--out", str(tmp_path / "missing" / "r.json")])
+    assert exit_.value.code == 2 and "does not exist" in capsys.readouterr().err
+
+
+def test_a_suite_error_exits_1_with_the_message(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        run_suite("serve-load", ["--clients", "0"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 1 and "--clients" in err and "Traceback" not in err
+
+
+def test_faste_mm_bench_runs_a_suite_and_lists_them_all():
+    listed = CliRunner().invoke(app, ["bench", "--help"])
+    assert listed.exit_code == 0 and all(suite in listed.stdout for suite in SUITES)
+    helped = CliRunner().invoke(app, ["bench", "search", "--help"])
+    assert helped.exit_code == 0 and "--index-type" in helped.stdout and "--out" in helped.stdout
+
+
+def test_the_plots_draw_from_committed_results_and_refuse_other_json(tmp_path):
+    from faste_mm.bench.plots import speedup_plot
+    from faste_mm.errors import ConfigError
+
+    committed = Path(__file__).resolve().parents[1] / "docs" / "bench" / "cpu_qwen3-embedding-0.6b_scale0.5_text1000.json"
+    assert speedup_plot([committed], tmp_path / "speedup.png").read_bytes()[:4] == b"\x89PNG"
+    other = tmp_path / "other.json"
+    other.write_text('{"hits": []}')
+    with pytest.raises(ConfigError, match="other.json: neither a faste-mm bench result"):
+        speedup_plot([other], tmp_path / "no.png")
