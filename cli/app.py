@@ -17,6 +17,7 @@ from typer.core import TyperCommand, TyperGroup
 from faste_mm.cli.bench import bench_app
 from faste_mm.cli.calibrate import calibrate_command
 from faste_mm.cli.collection_commands import compact_command, info_command, rebuild_index_command, remove_command
+from faste_mm.cli.duplicates_command import duplicates_command
 from faste_mm.cli.embed import embed
 from faste_mm.cli.export import export_command
 from faste_mm.cli.index_command import index_command
@@ -26,6 +27,7 @@ from faste_mm.cli.plan import plan_command
 from faste_mm.cli.rerank import rerank_command
 from faste_mm.cli.search_command import search_command
 from faste_mm.cli.serve import serve_command
+from faste_mm.cli.watch_command import watch_command
 
 # typer's labels for a parameter's type, as `--help` shows them in its type column; a range
 # ("int range [x>=1]") gets its type's label: the help text states the range, and a narrow type
@@ -140,7 +142,8 @@ for _name, _command in (("index", index_command), ("search", search_command), ("
                         ("remove", remove_command), ("compact", compact_command),
                         ("rebuild-index", rebuild_index_command), ("export", export_command), ("embed", embed),
                         ("eval", eval_command), ("calibrate", calibrate_command),
-                        ("serve", serve_command), ("mcp", mcp_command), ("plan", plan_command), ("rerank", rerank_command)):
+                        ("serve", serve_command), ("mcp", mcp_command), ("plan", plan_command), ("rerank", rerank_command),
+                        ("duplicates", duplicates_command), ("watch", watch_command)):
     app.command(_name, cls=_Command, short_help=_summary(_command.__doc__))(_command)
 app.add_typer(bench_app(), name="bench", cls=_Group,  # the model suite, and every other suite a subcommand
               short_help="Measure speed: the model suite, or one of faste-mm bench SUITE (peers, rerank, scale, client, ...)")

@@ -28,6 +28,7 @@ def info_command(
     from faste_mm.retrieval.maintenance import collection_path
     from faste_mm.retrieval.profile import CollectionProfile
     from faste_mm.retrieval.receipt import receipt_summary
+    from faste_mm.retrieval.watching import describe_watch, read_watch_status
 
     setup_logging(debug)
     try:
@@ -38,7 +39,8 @@ def info_command(
             settings["vectors"]["int8_ranges"] = "calibrated" if col.manifest.int8_ranges is not None else None
     except FasteError as error:
         fail(error, debug)
-    payload = {**info.to_dict(), "settings": settings, "plan": receipt_summary(profile.receipt)}
+    watch = read_watch_status(info.path)
+    payload = {**info.to_dict(), "settings": settings, "plan": receipt_summary(profile.receipt), "watch": watch}
     if output is Format.json:
         print_json(payload)
         return
@@ -59,6 +61,7 @@ def info_command(
                         ("items", info.n_ok), ("failed", info.n_failed), ("deleted (until compact)", info.n_deleted),
                         ("index type", info.index_type), ("index", info.index_factory or "-"),
                         ("reranker (search)", profile.reranker or "-"),
+                        ("watch (faste-mm watch)", describe_watch(watch)),
                         ("size on disk", f"{info.size_bytes / 2**20:.2f} MiB")):
         table.add_row(name, markup_safe(value))
     stdout.print(table)

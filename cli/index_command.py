@@ -179,6 +179,7 @@ def _render_index_report(report) -> None:
                         ("files removed (vanished)", report.removed),
                         ("files skipped (removed earlier)", report.excluded), ("items failed", report.failed),
                         ("prefix tokens removed", f"{report.prefix_removal:.1%}"),
+                        ("images read (OCR)", f"{report.ocr_read} in {report.ocr_s:.1f} s"),
                         ("model s: vision tower / decoder", f"{report.tower_s:.1f} / {report.decoder_s:.1f} "
                                                             f"(tower {report.tower_share:.0%})"),
                         ("index", report.index_factory or "-"), ("seconds", f"{report.elapsed_s:.1f}")):

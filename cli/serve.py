@@ -70,6 +70,13 @@ def serve_command(
     rerank_r_max: RerankRMax = "0",
     rerank_protect: RerankProtect = "none",
     rerank_tower_cache_mb: RerankTowerCacheMb = RERANK_TOWER_CACHE_MB,
+    watch: Optional[list[Path]] = typer.Option(
+        None, "--watch", envvar="FASTE_MM_WATCH", show_default=False,
+        help="Keep the collection in sync with this folder while serving (repeatable): new and changed files "
+             "indexed, deleted ones removed, as `faste-mm watch` does; a few files per poll on the model "
+             "thread, so searches are answered meanwhile. Needs -c or the default collection."),
+    watch_interval: float = typer.Option(5.0, "--watch-interval", envvar="FASTE_MM_WATCH_INTERVAL", min=0.01,
+                                         help="Seconds between polls of --watch folders (default 5)."),
     debug: Debug = False,
     settings: GivenFlags = GivenFlags({}),
 ) -> None:
@@ -105,10 +112,11 @@ def serve_command(
             return load_reranker(rerank, root, rerank_r_max, rerank_protect, device, rerank_tower_cache_mb)
 
         engine = _load_engine(collection, model, revision, device, dtype, batch_tokens, unpadded, config, given,
-                              reranker_for)
+                              reranker_for, (watch or [], watch_interval))
+        loop = _watch_loop(engine, watch or [], watch_interval)
     except FasteError as error:
         fail(error, debug)
-    _run(engine, host, port, api_key)
+    _run(engine, host, port, api_key, loop)
 
 
 # The `serve` extra's packages, by import name (python-multipart imports as python_multipart,
@@ -136,7 +144,8 @@ def _require_serve_extra() -> None:
         raise typer.Exit(1)
 
 
-def _load_engine(collection, model, revision, device, dtype, batch_tokens, unpadded, config, settings, reranker_for):
+def _load_engine(collection, model, revision, device, dtype, batch_tokens, unpadded, config, settings, reranker_for,
+                 watch=((), 5.0)):
     from faste_mm import BatchingConfig, Embedder
     from faste_mm.cli.progress import quiet_transformers
     from faste_mm.model.serialization import SerializerConfig
@@ -147,6 +156,8 @@ def _load_engine(collection, model, revision, device, dtype, batch_tokens, unpad
     quiet_transformers()  # our "loading ..." line instead of transformers' per-weight bar
     batching = BatchingConfig(batch_tokens=batch_tokens, unpadded=unpadded)
     if collection is None and model is not None:
+        if watch[0]:
+            raise ConfigError("--watch keeps a collection in sync: give -c NAME|DIR (not --model alone)")
         serializer = _embeddings_only_serializer(settings)
         stderr.print(f"loading {model} (embeddings only: --model without -c)")
         return ServeEngine(Embedder.from_pretrained(model, device=device, dtype=dtype, revision=revision,
@@ -166,6 +177,21 @@ def _load_engine(collection, model, revision, device, dtype, batch_tokens, unpad
     stderr.print(f"loading {retriever.model_id} for collection {root}")
     retriever.embedder  # load now: the first request must not wait for it
     return ServeEngine(retriever.embedder, retriever, config, reranker=reranker_for(root))
+
+
+def _watch_loop(engine, paths, interval_s: float):
+    """serve --watch: a loop polling a FolderWatcher over the served collection, with the loaded model,
+    on the engine's model thread (None without --watch); `_run` starts and stops it."""
+    if not paths:
+        return None
+    from faste_mm.retrieval.retriever import Retriever
+    from faste_mm.retrieval.watching import FolderWatcher, WatchOptions
+    from faste_mm.serving.folder_sync import SERVE_SYNC_FILES, WatchLoop
+
+    stderr.print(f"watching {', '.join(str(p) for p in paths)} every {interval_s:g} s", highlight=False)
+    watcher = FolderWatcher(Retriever(engine.embedder, collection=engine.collection), paths,
+                            WatchOptions(interval_s=interval_s, max_files=SERVE_SYNC_FILES))
+    return WatchLoop(watcher, engine.batcher)
 
 
 def _embeddings_only_serializer(settings: dict):
@@ -194,7 +220,7 @@ def _exit_on_signal(signum: int, frame) -> None:
     raise SystemExit(128 + signum)
 
 
-def _run(engine, host: str, port: int, api_key: str | None) -> None:
+def _run(engine, host: str, port: int, api_key: str | None, watch_loop=None) -> None:
     import socket
     from contextlib import nullcontext
 
@@ -229,4 +255,10 @@ def _run(engine, host: str, port: int, api_key: str | None) -> None:
         # stdout: scripts and tests read the URL from here; everything else is on stderr.
         sys.stdout.write(f"serving on http://{shown}:{bound}/\n")
         sys.stdout.flush()
-        server.run(sockets=[sock])
+        if watch_loop is not None:  # serve --watch: polls run as tasks of the model thread
+            watch_loop.start()
+        try:
+            server.run(sockets=[sock])
+        finally:
+            if watch_loop is not None:
+                watch_loop.stop(timeout_s=5.0)

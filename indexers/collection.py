@@ -22,7 +22,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 import numpy as np
 
 from faste_mm.errors import CollectionError, ConfigError, InputError
-from faste_mm.indexers import (collection_search, directory, faiss_index, index_upkeep, opening, parts,
+from faste_mm.indexers import (collection_search, directory, faiss_index, index_upkeep, ocr_rows, opening, parts,
                                quantization, search)
 from faste_mm.indexers import file_identity
 from faste_mm.indexers.compaction import compact_parts
@@ -330,6 +330,19 @@ class Collection:
         size (parts are memory-mapped), for exporting a collection to other stores."""
         return iter_live(self.root, self._store, self._codec(), chunk_rows)
 
+    def range_search(self, queries: np.ndarray, min_score: float) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """Every indexed vector scoring >= `min_score` (inner product) with each query, by FAISS range
+        search over the derived index (an approximate index may miss some; quantized codes give
+        approximate scores): (lims [q + 1] int64, scores [m] float32, ids [m] int64), query i's matches
+        at lims[i]:lims[i + 1]. Tombstoned items may be among them (`live_ids` tells). None for a flat
+        index (FAISS range-searches it pair by pair, ~10x slower than a BLAS product of the stored
+        vectors) and a binary one (Hamming distances are not scores): the caller scans the vectors."""
+        queries = self._check_search(queries, 1)
+        index = self._current_index()
+        if faiss_index.is_binary(index) or faiss_index.is_flat(index):
+            return None
+        return index.range_search(np.ascontiguousarray(queries), float(min_score))
+
     def find_by_hashes(self, content_hashes: Iterable[str]) -> dict[str, list[ItemRecord]]:
         """Live items whose source file has one of these sha256 (see `records.content_hash`), in a
         few queries: hash -> live items in id order (hashes with no live item are absent)."""
@@ -499,6 +512,14 @@ class Collection:
         """The lexical text stored for these items ({id: text}; items without text are absent)."""
         return self._store.texts([int(i) for i in ids]) if self._store.has_lexical_index() else {}
 
+    def items_without_ocr(self, modalities: Sequence[str]) -> list[ItemRecord]:
+        """Live items of these modalities with no lexical text yet (OCR reads them; `retrieval.ocr`)."""
+        return ocr_rows.items_without_body(self._store, modalities)
+
+    def texts_by_content(self, keys: Sequence[tuple[str, int | None]]) -> dict[tuple[str, int | None], str]:
+        """{(content hash, page): text} of live items with that content that have text (read once)."""
+        return ocr_rows.texts_by_content(self._store, keys) if keys else {}
+
     def set_texts(self, texts: Sequence[tuple[int, str]]) -> None:
         """Give live items their text in the lexical index: [(id, text)] (`rebuild-index` fills
         in the items of `items_without_text` from their files), in one transaction."""
@@ -542,9 +563,9 @@ class Collection:
 
     def update_settings(self, **changes) -> None:
         """Record settings that leave stored vectors comparable (FastE's threshold for new
-        documents); model, dim, instruction and pixel bounds are fixed for a collection."""
+        documents, OCR); model, dim, instruction and pixel bounds are fixed for a collection."""
         self._require_writable("change its settings")
-        fixed = sorted(set(changes) - {"fast_e"})
+        fixed = sorted(set(changes) - {"fast_e", "ocr"})
         if fixed:
             raise CollectionError(f"{self.root}: {', '.join(fixed)} cannot change in place; re-index with --reindex")
         self._manifest = self._manifest.replace(**changes)

@@ -19,7 +19,7 @@ from faste_mm.indexers.atomic_files import TMP_SUFFIX, atomic_write, fsync_dir
 from faste_mm.indexers.crash_points import crash_point
 from faste_mm.indexers.manifest import MANIFEST_NAME, Manifest, read_manifest
 from faste_mm.indexers.database_file import DB_NAME, count_items
-from faste_mm.indexers.file_names import SERVER_FILE
+from faste_mm.indexers.file_names import SERVER_FILE, WATCH_FILE
 
 log = logging.getLogger(__name__)
 
@@ -30,13 +30,13 @@ GENERATION_NAME = "generation"
 _DB_FILES = (DB_NAME, DB_NAME + "-wal", DB_NAME + "-shm")
 # Written by `faste-mm serve` while it serves the collection (faste_mm.serving.discovery).
 OWN_FILES = frozenset({*_DB_FILES, parts.VECTORS_DIR, LOCK_NAME, MANIFEST_NAME, faiss_index.INDEX_NAME,
-                       GENERATION_NAME, SERVER_FILE})
+                       GENERATION_NAME, SERVER_FILE, WATCH_FILE})
 # `erase` first renames manifest.json to this name: from then on the directory is no longer a
 # collection, and a later `create` that finds the marker finishes the interrupted erase.
 ERASE_MARKER = MANIFEST_NAME + ".erasing" + TMP_SUFFIX
 # The temp files of the collection's atomic writes in `root` (a stranger's *.tmp is not ours).
 OWN_TEMP_FILES = frozenset({MANIFEST_NAME + TMP_SUFFIX, faiss_index.INDEX_NAME + TMP_SUFFIX,
-                            GENERATION_NAME + TMP_SUFFIX})
+                            GENERATION_NAME + TMP_SUFFIX, WATCH_FILE + TMP_SUFFIX})
 
 
 def acquire_lock(root: Path) -> int:
@@ -173,7 +173,7 @@ def _is_regular(path: Path) -> bool:
 def _remove_written_files(root: Path) -> None:
     """Unlink what a collection writes, and nothing else: its database, index, temp files and
     part files (regular files only; a link is never followed, a stranger's file never matched)."""
-    for name in (*_DB_FILES, faiss_index.INDEX_NAME, GENERATION_NAME):
+    for name in (*_DB_FILES, faiss_index.INDEX_NAME, GENERATION_NAME, WATCH_FILE):
         if _is_regular(root / name):
             (root / name).unlink()
     vectors = root / parts.VECTORS_DIR

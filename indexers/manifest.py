@@ -92,6 +92,7 @@ class Manifest:
     int8_ranges: the calibrated per-dimension ranges of 8-bit codes, set by the first add and
         fixed thereafter (None until then, and for collections without 8-bit codes).
     reranker: the collection's default reranker (hub id or folder) for searches; None = none.
+    ocr: the text inside images and scanned pages is read (OCR) into the lexical index at index time.
     receipt: what `faste-mm plan` measured for these settings (read as a `PlanReceipt` by the
         profile), None when the collection was indexed without a plan; informational.
     """
@@ -122,6 +123,7 @@ class Manifest:
     format_version: int = FORMAT_VERSION
     faste_mm_version: str = field(default_factory=_faste_mm_version)
     reranker: str | None = None
+    ocr: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.model_id, str) or not self.model_id:
@@ -221,6 +223,7 @@ class Manifest:
                         "int8_ranges": None if self.int8_ranges is None else self.int8_ranges.to_dict()},
             "reranker": self.reranker,
             "receipt": None if self.receipt is None else dict(self.receipt),
+            "ocr": self.ocr,
         }
 
     @classmethod
@@ -254,6 +257,7 @@ class Manifest:
                 keep=vectors.get("keep", "float"),
                 int8_ranges=vectors.get("int8_ranges"),
                 reranker=d.get("reranker"),
+                ocr=d.get("ocr", False),
                 receipt=d.get("receipt"),
                 format_version=d.get("format_version", FORMAT_VERSION),
                 faste_mm_version=d.get("faste_mm_version", "unknown"),

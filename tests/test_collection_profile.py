@@ -57,7 +57,7 @@ SAMPLES = dict(model_id="org/other", model_revision="abc123", dim=4, model_dim=1
                video=VideoConfig(fps=2.0), r_max=0.25, warmup_layer=2, threshold=0.6, threshold_source="given",
                trigger_layer=3, vectors="float16", keep="none", reranker="org/reranker",
                receipt=PlanReceipt(0.3, 65536, "float32", None, 8, 10, 0.9, None, 0.99, 0.95, 1.5, 1.4, "cpu",
-                                   "2026-11-26T00:00:00", "org/model"))
+                                   "2026-11-26T00:00:00", "org/model"), ocr=True)
 
 
 @pytest.mark.parametrize("name", [f.name for f in dataclasses.fields(CollectionProfile)])

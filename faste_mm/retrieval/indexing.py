@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -16,27 +17,36 @@ from faste_mm.model.runner import BatchTrace
 from faste_mm.retrieval.documents import CollectionDocuments
 from faste_mm.retrieval.executors import IngestExecutor, IngestJob, ModelSource
 from faste_mm.retrieval.ingest import IngestTally, UpdatePlan, plan_update, record_missing
+from faste_mm.retrieval.ocr import OcrEngine, OcrTally, read_text_in_images
 from faste_mm.retrieval.profile import CollectionProfile
 from faste_mm.retrieval.results import IndexOptions, IndexProgress, IndexReport
-from faste_mm.retrieval.scanning import Scan, honour_exclusions
+from faste_mm.retrieval.scanning import Scan, ScannedFile, honour_exclusions
 
 log = logging.getLogger(__name__)
 
 
 def index_collection(col: Collection, profile: CollectionProfile, scan: Scan, options: IndexOptions,
                      encode: CollectionDocuments, model: ModelSource, executor: IngestExecutor,
-                     progress: Callable[[IndexProgress], None] | None, started: float) -> IndexReport:
+                     progress: Callable[[IndexProgress], None] | None, started: float,
+                     ready: Callable[[ScannedFile], bool] | None = None, ocr: OcrEngine | None = None) -> IndexReport:
     """Bring `col` (opened for writing; closed here, which saves index.faiss) up to date with `scan`.
-    `started`: perf_counter() when the call began (the report's seconds count from it)."""
+    `started`: perf_counter() when the call began (the report's seconds count from it).
+    ready: which of the new and changed files to embed now (None: all); the others keep their
+    old rows, if any, for a later run (`faste_mm.retrieval.watching` waits for files still being
+    written). Vanished files are removed after the new ones are committed, so a file moved or
+    renamed lends its vectors to its new path (same content) instead of being embedded again.
+    ocr: the engine reading the text inside images and scanned pages (`retrieval.ocr`; None: none
+    read), after the files are committed."""
     tally = IngestTally()
     root = Path(col.root)
     with col:
         scan = honour_exclusions(col, scan)  # paths removed earlier stay out of folder scans
         plan = plan_update(col, scan, options.retry_failed)
-        col.delete_uris(plan.vanished)
         # Files indexed before identities were recorded get theirs now (retrieval.stored_files).
         todo = {f.uri for f in plan.todo}
         col.fill_identities([f.stat for f in scan.files() if f.uri not in todo])
+        if ready is not None:
+            plan = hold_back(plan, ready)
         if scan.missing:
             record_missing(col, scan.missing, tally)
         done = 0
@@ -52,6 +62,8 @@ def index_collection(col: Collection, profile: CollectionProfile, scan: Scan, op
         report_progress()
         executor.run(IngestJob(col, plan, profile, model, encode, options.chunk_files, tally,
                                files_committed, chunk_pages=options.chunk_pages))
+        col.delete_uris(plan.vanished)  # after: their content was a donor for moved files above
+        read = OcrTally() if ocr is None else read_text_in_images(col, ocr)
         if options.index_type is not None and options.index_type != col.manifest.index_type:
             col.rebuild_index(options.index_type)
     factory = col.manifest.index_factory  # as saved by close(), which brought index.faiss up to date
@@ -60,7 +72,19 @@ def index_collection(col: Collection, profile: CollectionProfile, scan: Scan, op
              root, tally.embedded, tally.reused, plan.n_unchanged, len(plan.vanished), len(tally.failures), seconds)
     return IndexReport(str(root), len(scan.files()), tally.embedded, tally.reused, plan.n_unchanged,
                        len(plan.vanished), len(tally.failures), tuple(tally.failures), seconds, factory,
-                       scan.n_excluded, **tally.cost.cost_fields())
+                       scan.n_excluded, ocr_read=read.read, ocr_s=read.seconds, **tally.cost.cost_fields())
+
+
+def hold_back(plan: UpdatePlan, ready: Callable[[ScannedFile], bool]) -> UpdatePlan:
+    """`plan` with only the files `ready` admits to embed; the others count as unchanged this run.
+    While any file is held back, vanished files are kept too: a file moved across folders or
+    filesystems (copied, then deleted) still lends its vectors when its copy is ready."""
+    todo = tuple(f for f in plan.todo if ready(f))
+    kept = {f.uri for f in todo}
+    is_held = len(todo) < len(plan.todo)
+    return replace(plan, todo=todo, changed=frozenset(u for u in plan.changed if u in kept),
+                   n_unchanged=plan.n_unchanged + len(plan.todo) - len(todo),
+                   vanished=() if is_held else plan.vanished)
 
 
 def _progress_reporter(progress: Callable[[IndexProgress], None] | None, encode: CollectionDocuments,

@@ -84,6 +84,9 @@ class CollectionProfile:
     model_dim: the model's own width, recorded when the collection is created.
     threshold_source: where theta came from (a calibration, --threshold, the backbone default).
     receipt: what `faste-mm plan` measured for these settings (`index --plan`), None = not measured.
+    ocr: read the text inside images and scanned PDF pages (OCR, faste_mm.retrieval.ocr) into the
+        lexical index at index time; it changes no vector, so `index --ocr` / `--no-ocr` switches it
+        on an existing collection (its images are read at that run, nothing is re-embedded).
     """
 
     model_id: str = setting(
@@ -189,6 +192,16 @@ class CollectionProfile:
     receipt: PlanReceipt | None = setting(None, "receipt", "--plan", "What `faste-mm plan` measured for these "
                                           "settings (PlanReceipt; on the command line `index --plan`).",
                                           missing=None, refuse=False)
+    ocr: bool = setting(
+        False, "ocr", "--ocr", "Read the text inside images and scanned PDF pages (OCR, faste_mm.retrieval.ocr) "
+        "into the lexical index at index time. Changes no vector: given for an existing collection, it switches "
+        "OCR on (its images are read at that run) or off.", valid=lambda value: isinstance(value, bool),
+        rule="True or False", missing=False, refuse=False,
+        flags=(Flag("--ocr", bool, "Read the text inside images and scanned PDF pages (OCR) into the "
+                                            "lexical index, so --mode lexical finds a plate or an invoice number "
+                                            "(seconds per image on a CPU; needs faste-mm[ocr]). Recorded by the "
+                                            "collection: switches an existing one without re-embedding. Default: "
+                                            "the collection's, off for a new one."),))
 
     def __post_init__(self) -> None:
         if isinstance(self.video, Mapping):  # as read from JSON; unknown keys are a ConfigError
@@ -295,7 +308,7 @@ class CollectionProfile:
             return {}
         return {"model_id": self.model_id, "model_revision": self.model_revision, "r_max": self.r_max,
                 "dim": self.dim, "max_pixels": self.max_pixels, "video": self.video,
-                "vectors": self.vectors, "keep": self.keep}
+                "vectors": self.vectors, "keep": self.keep, "ocr": self.ocr}
 
     # ---- what the model layer needs ---------------------------------------------------------
     @property

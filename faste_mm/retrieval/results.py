@@ -104,6 +104,8 @@ class IndexReport(CostTally):
     elapsed_s: float
     index_factory: str | None = None
     excluded: int = 0
+    ocr_read: int = 0  # images and scanned pages whose text was read (OCR, `index --ocr`)
+    ocr_s: float = 0.0  # seconds spent reading them
 
     def to_dict(self) -> dict[str, Any]:
         d = {name: getattr(self, name) for name in self.__dataclass_fields__}

@@ -33,18 +33,21 @@ from faste_mm.retrieval import collection_settings, maintenance, querying
 from faste_mm.retrieval.collection_settings import (checked_profile, completed_profile, open_for_writing, recreate,
                                                     requested_profile)
 from faste_mm.retrieval.documents import CollectionDocuments, add_documents
+from faste_mm.retrieval.duplicates import DEFAULT_THRESHOLD as DEFAULT_DUPLICATE_THRESHOLD
+from faste_mm.retrieval.duplicates import DuplicateReport, collection_duplicates
 from faste_mm.retrieval.executors import IngestExecutor, LocalExecutor, ModelSource
 from faste_mm.retrieval.export import ExportReport
 from faste_mm.retrieval.export import export as export_collection
 from faste_mm.retrieval.indexing import index_collection
 from faste_mm.retrieval.maintenance import collection_path
 from faste_mm.retrieval.model_spec import ModelSpec, model_source
+from faste_mm.retrieval.ocr import OcrEngine
 from faste_mm.retrieval.ingest import plan_update
 from faste_mm.retrieval.profile import QUERY_INSTRUCTION, CollectionProfile, existing_profile, read_profile
 from faste_mm.retrieval.setting import given_settings, keywords_of
 from faste_mm.retrieval.rerank_hits import check_reranker, load_collection_reranker, rerank_hits
 from faste_mm.retrieval.results import AddReport, Hit, IndexOptions, IndexProgress, IndexReport, RemoveReport
-from faste_mm.retrieval.scanning import ScanFilter, scan_paths
+from faste_mm.retrieval.scanning import Scan, ScanFilter, ScannedFile, scan_paths
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +103,7 @@ class Retriever:
             reindex, profile = resolved
             self._resolved[(collection, reindex, existing_profile(collection) is not None)] = profile
         self._collection_reranker: tuple[str, Any] | None = None  # (name, Reranker): loaded when a search needs it
+        self._ocr = OcrEngine()  # loads its models on the first image it reads
 
     @classmethod
     def from_pretrained(cls, model: str | os.PathLike, r_max: float | None = None, *,
@@ -302,17 +306,32 @@ class Retriever:
         if executor is not None and not isinstance(executor, IngestExecutor):
             raise ConfigError(f"index: executor must have a run(job) method (an IngestExecutor such as "
                               f"faste_mm.scale.RayExecutor), got {executor!r}")
-        executor = executor or LocalExecutor()
         started = time.perf_counter()
-        root = self._target(collection)
+        self._target(collection)
         scan = scan_paths(paths, ScanFilter(options.exclude, options.include_hidden))
+        return self.index_scan(scan, options, progress, executor, started=started)
+
+    def index_scan(self, scan: Scan, options: IndexOptions | None = None,
+                   progress: Callable[[IndexProgress], None] | None = None, executor: IngestExecutor | None = None,
+                   ready: Callable[[ScannedFile], bool] | None = None, started: float | None = None) -> IndexReport:
+        """`index` of a `Scan` already made (`scanning.scan_paths`): a folder watcher scans first
+        to see whether anything changed. ready: which new or changed files to embed now (None: all;
+        see `indexing.index_collection`). started: perf_counter() of the call (default now)."""
+        options = options or IndexOptions()
+        executor = executor or LocalExecutor()
+        started = time.perf_counter() if started is None else started
+        root = self.collection
         self.close()
         if options.reindex:
             col, profile = self._erase_for_reindex(root, options.index_type or "auto")
         else:
             col, profile = self._open_for_writing(root, options.index_type or "auto")
+        if self._given.get("ocr", profile.ocr) != profile.ocr:  # OCR changes no vector: switched in place
+            col.update_settings(ocr=self._given["ocr"])
+            profile = dataclasses.replace(profile, ocr=self._given["ocr"])
         return index_collection(col, profile, scan, options, CollectionDocuments(self._embedder_for, col, profile),
-                                self._model_source(), executor, progress, started)
+                                self._model_source(), executor, progress, started, ready,
+                                self._ocr if profile.ocr else None)
 
     def pending(self, paths: Iterable[str | os.PathLike], options: IndexOptions | None = None) -> int:
         """How many files `index(paths, options=options)` would embed (or reuse) now: the new
@@ -381,6 +400,14 @@ class Retriever:
     def info(self) -> CollectionInfo:
         with Collection.open(self.collection) as col:
             return col.info()
+
+    def duplicates(self, threshold: float = DEFAULT_DUPLICATE_THRESHOLD, *, near: bool = True) -> DuplicateReport:
+        """Groups of items that duplicate each other: exact copies (same content hash) and, with
+        `near`, near-duplicates whose vectors score >= `threshold` (cosine in (0, 1]) by range search over
+        the collection's index; largest group first, each with a suggested keeper (largest resolution,
+        then earliest date). Loads no model and never deletes anything (`faste_mm.retrieval.duplicates`).
+        Raises ConfigError for a threshold outside (0, 1], CollectionError when there is no collection."""
+        return collection_duplicates(self.collection, threshold, near=near)
 
     def export(self, path: str | os.PathLike) -> ExportReport:
         """Write the collection's live items and vectors to a Parquet file (a path or "parquet:FILE")

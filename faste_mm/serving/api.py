@@ -1,5 +1,5 @@
 """The HTTP API (FastAPI): OpenAI-compatible /v1/embeddings with vLLM's chat extension, /search,
-/thumbnails/{id}, /health, /info, /metrics, and the search page at / with its local assets.
+/thumbnails/{id}, /duplicates, /health, /info, /metrics, and the search page at / with its local assets.
 
 Receives HTTP requests; hands their items to the `ServeEngine` and renders its answers as
 JSON. Errors are JSON in OpenAI's shape, {"error": {"message", "type", "code"}}: 400 bad input,
@@ -25,6 +25,8 @@ from faste_mm.errors import ConfigError, FasteError, InputError
 from faste_mm.indexers import SearchFilter
 from faste_mm.indexers.filters import INT64_MAX
 from faste_mm.kinds import kind_name
+from faste_mm.retrieval.duplicates import DEFAULT_THRESHOLD as DEFAULT_DUPLICATE_THRESHOLD
+from faste_mm.retrieval.duplicates import collection_duplicates
 from faste_mm.serving.batcher import QueueFullError
 from faste_mm.serving.engine import (CollectionChangedError, NoCollectionError, RequestTooLargeError, ServeEngine,
                                      UnknownItemError)
@@ -132,6 +134,14 @@ def create_app(engine: ServeEngine) -> FastAPI:
             "took_ms": round(1000 * (time.perf_counter() - started), 1),
             "hits": [_hit_json(rank, hit) for rank, hit in enumerate(hits, 1)],
         }
+
+    @app.get("/duplicates", dependencies=[auth])
+    async def duplicates(threshold: float = DEFAULT_DUPLICATE_THRESHOLD, exact: bool = False) -> dict:
+        # read-only, no model: a handler thread opens the collection itself (retrieval/duplicates.py)
+        if engine.collection is None:
+            raise NoCollectionError("this server has no collection; start it with `faste-mm serve -c NAME|DIR`")
+        report = await run_in_threadpool(collection_duplicates, engine.collection, threshold, near=not exact)
+        return report.to_dict()
 
     add_rerank_routes(app, engine, auth)  # /v1/rerank, /rerank, /explain (serving/rerank.py)
     if mcp_manager is not None:  # an ASGI app of its own: the key is checked here, the Host by _GuardMiddleware

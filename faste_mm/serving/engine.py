@@ -20,6 +20,7 @@ from faste_mm import Embedder, FastEConfig, Hit, InputError, Item, Retriever
 from faste_mm.errors import CollectionError, ConfigError, FasteError
 from faste_mm.indexers import SearchFilter
 from faste_mm.retrieval.profile import QUERY_INSTRUCTION, CollectionProfile, read_profile
+from faste_mm.retrieval.watching import read_watch_status
 from faste_mm.serving.batcher import Batcher, BatcherConfig, run_tasks
 from faste_mm.serving.inputs import truncate_dimensions
 from faste_mm.serving.mcp_paths import IndexRoots
@@ -426,7 +427,8 @@ class ServeEngine:
                           "model": profile.model_id, "dim": profile.dim, "max_pixels": profile.max_pixels,
                           "r_max": profile.r_max, "reranker": profile.reranker,
                           "plan": receipt_summary(profile.receipt),
-                          "searchable": self._model_changed is None}
+                          "searchable": self._model_changed is None,
+                          "watch": read_watch_status(self.collection)}  # serve --watch or faste-mm watch
             if self._model_changed is not None:
                 collection["refused"] = f"re-indexed with another model ({self._model_changed}); restart the server"
         fast_e = self.embedder.resolve_fast_e(self.document_fast_e)

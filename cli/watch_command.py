@@ -1,0 +1,97 @@
+"""`faste-mm watch`: keep a collection in sync with folders (faste_mm.retrieval.watching): poll,
+wait for files still being written, index what changed. One JSON line per poll that changed
+something goes to stdout (or every poll with --format json); progress and warnings to stderr. The
+collection's own settings apply (it is indexed as `faste-mm index` would); Ctrl-C stops between
+commits, losing nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from faste_mm.cli.common import fail, setup_logging, stderr
+from faste_mm.cli.options import CollectionOption, Debug, Device, Dtype, Model
+from faste_mm.errors import FasteError
+
+DEFAULT_INTERVAL_S = 5.0  # = WatchOptions.interval_s (tested), a literal so --help imports no library code
+
+
+def watch_command(
+    paths: list[Path] = typer.Argument(..., help="Folders (walked recursively) and files to keep in sync."),
+    collection: CollectionOption = None,
+    model: Model = None,
+    interval: float = typer.Option(DEFAULT_INTERVAL_S, "--interval", envvar="FASTE_MM_WATCH_INTERVAL", min=0.01,
+                                   help=f"Seconds between polls. Default {DEFAULT_INTERVAL_S:g}."),
+    settle_polls: int = typer.Option(2, "--settle-polls", envvar="FASTE_MM_WATCH_SETTLE_POLLS", min=1,
+                                     help="A new or changed file is indexed once its size and mtime stayed the same "
+                                          "for this many polls (1: at once). Default 2."),
+    polls: Optional[int] = typer.Option(None, "--polls", envvar="FASTE_MM_WATCH_POLLS", min=1,
+                                        help="Stop after this many polls (scripts, cron). Default: run until Ctrl-C."),
+    events: bool = typer.Option(False, "--events", envvar="FASTE_MM_WATCH_EVENTS",
+                                help="Also wake on native file events (needs watchdog: pip install "
+                                     "'faste-mm[watch]'); polling stays the truth (NFS/SMB, inotify limits)."),
+    exclude: list[str] = typer.Option([], "--exclude", envvar="FASTE_MM_EXCLUDE",
+                                      help="Glob (fnmatch) on the path relative to a watched folder or on any name "
+                                           "in it, e.g. '*.tmp', '.sync/*'; repeatable."),
+    include_hidden: bool = typer.Option(False, "--include-hidden", envvar="FASTE_MM_INCLUDE_HIDDEN",
+                                        help="Also index files and folders whose name starts with '.'."),
+    chunk_files: int = typer.Option(64, "--chunk-files", envvar="FASTE_MM_CHUNK_FILES", min=1,
+                                    help="Files embedded and committed together (default 64)."),
+    device: Device = "auto",
+    dtype: Dtype = "auto",
+    json_lines: bool = typer.Option(False, "--json", envvar="FASTE_MM_WATCH_JSON",
+                                    help="Print every poll as a JSON line (default: only polls that changed "
+                                         "something, as a short line on stderr)."),
+    debug: Debug = False,
+) -> None:
+    """Keep a collection in sync with folders: new and changed files indexed, deleted ones removed, moved ones kept."""
+    from faste_mm.retrieval.maintenance import collection_path
+    from faste_mm.retrieval.results import IndexOptions
+    from faste_mm.retrieval.retriever import Retriever
+    from faste_mm.retrieval.watching import FolderWatcher, WatchOptions
+
+    setup_logging(debug)
+    stop = threading.Event()
+    try:
+        options = WatchOptions(interval_s=interval, settle_polls=settle_polls, events=events,
+                               index=IndexOptions(exclude=tuple(exclude), include_hidden=include_hidden,
+                                                  chunk_files=chunk_files))
+        retriever = Retriever.for_collection(collection_path(collection), model, device=device, dtype=dtype)
+        watcher = FolderWatcher(retriever, paths, options)
+        stderr.print(f"watching {', '.join(str(p) for p in watcher.paths)} for {retriever.collection} every "
+                     f"{interval:g} s (Ctrl-C stops)", highlight=False)
+
+        def on_sync(report) -> None:
+            _show(report, json_lines)
+            if polls is not None and watcher.polls >= polls:
+                stop.set()
+
+        with retriever:
+            watcher.run(stop, on_sync)
+    except FasteError as error:
+        fail(error, debug)
+    except KeyboardInterrupt:
+        stderr.print("stopped: every committed change is kept; run watch again to go on", highlight=False)
+        raise typer.Exit(130)
+
+
+def _show(report, json_lines: bool) -> None:
+    if json_lines:
+        typer.echo(json.dumps(report.to_dict()))
+    if report.error:
+        stderr.print(f"[yellow]not synced[/yellow]: {report.error}; trying again next poll", highlight=False)
+    for root in report.empty_roots:
+        stderr.print(f"[yellow]{root} holds no files[/yellow] (unmounted?): nothing under it was removed; "
+                     f"`faste-mm remove` it if you emptied it on purpose", highlight=False)
+    index = report.index
+    if index is not None and (index.embedded or index.reused or index.removed or index.failed):
+        stderr.print(f"synced: {index.embedded} embedded, {index.reused} reused, {index.removed} removed, "
+                     f"{index.failed} failed" + (f"; {report.waiting} still being written" if report.waiting else ""),
+                     highlight=False)
+        for failure in index.failures:
+            stderr.print(f"[yellow]skipped[/yellow] {failure.error}", highlight=False)
