@@ -1,5 +1,5 @@
 """The runner against references: Full vs the HF model's own last_hidden_state, and FastE vs the
-naive per-sample token-deleting reference in tests/reference.py."""
+naive per-sample token-deleting reference in tests/helpers/reference.py."""
 
 from __future__ import annotations
 
