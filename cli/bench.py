@@ -52,6 +52,7 @@ def bench_command(
     from faste_mm.bench.inputs import make_inputs
     from faste_mm.model.backbones.loading import resolve_device, resolve_dtype
     from faste_mm.tools.shapes import build_shape_model
+    import torch
 
     setup_logging(debug)
     if (model is None) == (shape is None):
@@ -74,6 +75,7 @@ def bench_command(
                 stderr.print(f"building random-weight {shape} (scale {scale_hidden:g})")
                 # saved in the dtype it will run in: an 8B model in float32 is 32 GB to write and read
                 weights_dtype = resolve_dtype(dtype, resolve_device(device))
+                weights_dtype = torch.float32 if weights_dtype == torch.int8 else weights_dtype  # quantized on load
                 model = str(build_shape_model(shape, Path(workdir) / "model", scale_hidden, weights_dtype))
             with Progress() as progress:
                 with progress.loading(model):
@@ -87,7 +89,8 @@ def bench_command(
         fail(error, debug)
     params = {"model": report.model, "shape": shape, "scale_hidden": scale_hidden if shape else None,
               "inputs": report.inputs, "n": n, "repeats": repeats, "memory_kind": report.memory_kind,
-              "batching": report.batching, "dtype_reason": report.dtype.get("reason")}
+              "batching": report.batching, "dtype_reason": report.dtype.get("reason"),
+              "matmul_rates": report.matmul_rates, "check_cost": report.check_cost, "kernels": report.kernels}
     result = finish("model", begun, SuiteRun([s.to_dict() for s in report.settings], params, report.device,
                                              report.dtype.get("dtype")))
     payload = result.to_dict()
@@ -175,8 +178,25 @@ def _render(report) -> None:
     for name, cell in rows.items():
         table.add_row(name, *(cell(s) for s in report.settings))
     stdout.print(table)
+    _render_roofline(report)
     for setting in report.settings:
         if setting.attention_trial:  # the "auto" trial settles once per layout; show where it ran
             trial = ", ".join(f"{k} {v:.4f} s" if isinstance(v, float) else f"{k} {v}" for k, v in setting.attention_trial.items())
             stdout.print(f"unpadded auto trial ({setting.name}): {trial}")
             break
+
+
+def _render_roofline(report) -> None:
+    """The machine's GEMM rates, each stage's share of them, the FastE check's cost, the kernels."""
+    if report.matmul_rates:
+        stdout.print("GEMM rate: " + ", ".join(f"{d} {r['tflops']:.3f} TFLOP/s" for d, r in report.matmul_rates.items()))
+    for s in report.settings:
+        for stage, rate in s.roofline.items():
+            stdout.print(f"{s.name} {stage}: {rate['flops'] / 1e12:.2f} TFLOP in {rate['seconds']:.2f} s = "
+                         f"{rate['tflops']:.3f} TFLOP/s, {rate['fraction']:.0%} of the measured GEMM rate")
+    if report.check_cost:
+        c = report.check_cost
+        stdout.print(f"FastE check (not firing): {c['check_s'] * 1e3:.2f} ms per monitored layer = {c['share']:.2%} of "
+                     f"layer {c['layer']} ({c['layer_s'] * 1e3:.1f} ms, {c['tokens']} tokens)")
+    for text in report.kernels:
+        stdout.print(text)

@@ -108,6 +108,7 @@ def _render_summary(summary: dict) -> None:
         ("decoder FLOPs reduction", f"{stats['flops_reduction']:.1%}"),
         ("mean trigger layer", "-" if stats["mean_trigger_layer"] is None else f"{stats['mean_trigger_layer']:.1f}"),
         ("dtype", f"{stats['dtype']['dtype']} ({stats['dtype']['reason']})"),
+        *(("kernel", text) for text in stats.get("kernels", [])),
         ("model forward (s)", f"{stats['forward_s']:.2f}"),
         ("of which vision tower (s)", f"{stats['tower_s']:.2f}"),
         ("end to end (s)", f"{stats['total_s']:.2f}"),

@@ -113,6 +113,8 @@ def index_command(
         _render_index_report(report)
     for failure in report.failures:
         stderr.print(f"[yellow]skipped[/yellow] {markup_safe(failure.error)}", highlight=False)
+    for text in retriever.kernel_choices():
+        stderr.print(text, highlight=False)
 
 
 def _plan_settings(plan: str, root, model: Optional[str], given: dict, dtype: str) -> tuple[dict, str]:

@@ -79,7 +79,9 @@ def _tools(collection, allow_index, rerank, device, dtype):
         def reranker_for(where):
             return load_reranker(rerank, where, "0", "none", device, RERANK_TOWER_CACHE_MB)
 
-        return _load_engine(str(root), None, device, dtype, None, "auto", ServeConfig(), {}, reranker_for)
+        return _load_engine(collection=str(root), model=None, revision=None, device=device, dtype=dtype,
+                            batch_tokens=None, unpadded="auto", config=ServeConfig(), settings={},
+                            reranker_for=reranker_for)
 
     stderr.print(f"faste-mm mcp: collection {root}; index tool "
                  f"{'allowed under ' + ', '.join(map(str, roots.roots)) if roots.roots else 'refuses all paths'}")

@@ -182,6 +182,7 @@ def lexical_hits(store: MetaStore, root: Path, texts: list[str], k: int, where: 
                               f"to build its lexical index (faste-mm rebuild-index)")
     scores, ids = search.empty_hits(len(texts), k)
     for row, text in enumerate(texts):
+        search.check_query_text(text, nul=syntax)  # plain words: a NUL separates words like a space
         match = text if syntax else search.fts_query(text)
         if not match.strip():
             continue

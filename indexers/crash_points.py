@@ -28,6 +28,7 @@ CRASH_POINTS = (
     "compact-after-commit",     # compact: SQLite points at the new parts, old files not unlinked
     "index-after-replace",      # save_index: index.faiss replaced, manifest not yet updated
     "erase-after-marker",       # erase (--reindex): manifest renamed to the erasing marker
+    "export-after-batch",       # export: a batch of rows handed to the writer, the export not complete
 )
 
 

@@ -182,14 +182,14 @@ def min_training_vectors(factory: str) -> int:
 def resolve_factory(index_type: str, n: int, dim: int, memory_budget_bytes: int, vectors: str = "float32") -> str:
     """The factory string to build now for a collection of `n` vectors.
 
-    An explicit factory that needs more training vectors than the collection holds falls back to
-    "Flat" (exact, so search stays correct); it is built as requested once enough vectors exist.
+    A factory that needs more training vectors than the collection holds (an explicit one, or
+    `auto`'s SQ8 for int8 vectors of an empty collection) falls back to "Flat" (exact, so search
+    stays correct: no hits when empty); it is built as resolved once enough vectors exist.
     """
-    if index_type == "auto":
-        return auto_factory(n, dim, memory_budget_bytes, vectors)
-    if _needs_training(index_type, dim) and n < min_training_vectors(index_type):
-        return "BFlat" if is_binary_factory(index_type) else "Flat"  # the collection warns when it builds this
-    return index_type
+    factory = auto_factory(n, dim, memory_budget_bytes, vectors) if index_type == "auto" else index_type
+    if _needs_training(factory, dim) and n < min_training_vectors(factory):
+        return "BFlat" if is_binary_factory(factory) else "Flat"  # the collection warns when it builds this
+    return factory
 
 
 def _new_index(factory: str, dim: int):

@@ -14,6 +14,8 @@ from typing import Callable
 
 import numpy as np
 
+from faste_mm.errors import InputError
+
 from faste_mm.indexers.records import ItemRecord
 
 # Search a quantized index for k x this many candidates, then rescore them exactly from the stored
@@ -59,12 +61,26 @@ def hybrid_depth(k: int) -> int:
     return max(50, 5 * k)
 
 
+def check_query_text(text: str, nul: bool = True) -> None:
+    """InputError for a query text that cannot be searched: an unpaired surrogate (not Unicode: it
+    has no UTF-8 form, no tokenizer or SQLite takes it) or, in an FTS5 expression (`nul`), a NUL
+    character (FTS5 reads the text up to it; plain words split at it), naming its position."""
+    position = text.find("\0") if nul else -1
+    if position >= 0:
+        raise InputError(f"the query text holds a NUL character (\\x00) at position {position}; remove it")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise InputError(f"the query text holds an unpaired surrogate ({text[error.start]!a}) at position "
+                         f"{error.start}, which is not a Unicode character; send valid UTF-8 text") from None
+
+
 def fts_query(text: str) -> str:
     """A user's words as an FTS5 expression that cannot fail to parse: each whitespace-separated
     chunk holding a letter or digit becomes a quoted phrase (quotes doubled), joined by OR, so
     quotes, asterisks, colons, parentheses and operators are searched as the words they hold
     ("INV-2024-001" is the phrase inv 2024 001). Empty when the text holds no word."""
-    chunks = [c for c in text.split() if re.search(r"\w", c)]
+    chunks = [c for c in text.replace("\0", " ").split() if re.search(r"\w", c)]  # FTS5 stops at a NUL
     return " OR ".join('"' + c.replace('"', '""') + '"' for c in chunks)
 
 

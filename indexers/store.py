@@ -68,8 +68,10 @@ class MetaStore:
             if writable:
                 self.db = sqlite3.connect(self.path, isolation_level=None)
             else:
+                # A reader may be handed between threads (a Retriever shared by a web app's workers),
+                # one at a time: its owner serializes the calls (`Retriever`'s lock).
                 self.db = sqlite3.connect(self.path.absolute().as_uri() + "?mode=ro", uri=True,
-                                          isolation_level=None)
+                                          isolation_level=None, check_same_thread=False)
         except sqlite3.Error as e:
             raise damaged_database(self.path, e) from None
         try:

@@ -90,6 +90,15 @@ def test_bench_on_images_of_a_local_model(model_dirs, tmp_path):
     report = json.loads(result.stdout)
     assert report["rows"][2]["max_abs_diff_vs_full"] < 1e-5
     full, fast = report["rows"][:2]
+    # the roofline: GEMM rates per dtype, each stage's FLOPs over its seconds against the rate
+    rates = report["params"]["matmul_rates"]
+    assert set(rates) == {"bfloat16", "float32", "int8"} and all(r["tflops"] > 0 for r in rates.values())
+    for stage in ("tower", "decoder"):
+        rate = full["roofline"][stage]
+        assert rate["tflops"] == pytest.approx(rate["flops"] / rate["seconds"] / 1e12)
+        assert rate["fraction"] == pytest.approx(rate["tflops"] / rates[report["dtype"]]["tflops"])
+    assert 0 < report["params"]["check_cost"]["share"] == pytest.approx(
+        report["params"]["check_cost"]["check_s"] / report["params"]["check_cost"]["layer_s"])
     assert fast["prefix_removal"] == pytest.approx(0.3, abs=0.05)
     # images: the whole forward's implied speedup counts the vision tower FastE leaves alone
     assert 0 < full["vision_flops_share"] == fast["vision_flops_share"] < 1
@@ -97,6 +106,8 @@ def test_bench_on_images_of_a_local_model(model_dirs, tmp_path):
     assert fast["realisation_with_vision"] == pytest.approx(fast["forward_speedup"] / fast["flops_implied_speedup_with_vision"])
     table = CliRunner().invoke(app, args + ["--trigger-layer", "2", "--repeats", "1", "--device", "cpu"])
     assert table.exit_code == 0 and "realisation, with vision" in table.stdout
+    assert "GEMM rate: bfloat16" in table.stdout and "of the measured GEMM rate" in table.stdout
+    assert "FastE check (not firing)" in table.stdout
 
 
 def test_bench_needs_exactly_one_model_source():

@@ -64,9 +64,9 @@ def test_tools_list_their_schemas_and_honest_annotations(tools):
 
 
 def test_search_by_text_equals_the_retrievers_hits_with_links_and_thumbnails(client, tools, world):
-    result = client.call("search", {"query": "a sunset over the sea", "k": 4})
+    result = client.call("search", {"query": "a sunset over the sea", "k": 4, "rerank": False})
     found = check_structured(tools, "search", result)
-    reference = Retriever(world["embedder"], collection=world["col"]).search("a sunset over the sea", k=4)
+    reference = Retriever(world["embedder"], collection=world["col"]).search("a sunset over the sea", k=4, rerank=False)
     assert [h["id"] for h in found["hits"]] == [h.id for h in reference]
     assert [h["score"] for h in found["hits"]] == pytest.approx([h.score for h in reference], abs=1e-5)
     links = [c for c in result.content if c.type == "resource_link"]
@@ -75,9 +75,17 @@ def test_search_by_text_equals_the_retrievers_hits_with_links_and_thumbnails(cli
     assert len(images_of(result)) == len(pictured) and all(max(i.size) <= 160 for i in images_of(result))
 
 
+def test_search_reranks_by_default_with_the_collections_reranker_as_the_library_does(client, tools, world):
+    found = check_structured(tools, "search", client.call("search", {"query": "a report", "k": 3}))
+    reference = Retriever(world["embedder"], collection=world["col"]).search("a report", k=3)
+    assert found["reranked_by"] is not None
+    assert [h["id"] for h in found["hits"]] == [h.id for h in reference]
+    assert [h["rerank_score"] for h in found["hits"]] == pytest.approx([h.rerank_score for h in reference], abs=1e-4)
+
+
 def test_search_by_an_indexed_image_finds_that_image_first(client, tools, world):
     image = sorted(world["gallery"].glob("*.png"))[1]
-    found = check_structured(tools, "search", client.call("search", {"image": str(image), "k": 3}))
+    found = check_structured(tools, "search", client.call("search", {"image": str(image), "k": 3, "rerank": False}))
     assert found["hits"][0]["uri"] == str(image.resolve())
     assert found["hits"][0]["score"] == pytest.approx(1.0, abs=1e-3)
 
@@ -129,7 +137,7 @@ def test_index_is_refused_outside_the_allowed_roots_and_reports_progress_inside(
     again = check_structured(tools, "index", client.call("index", {"paths": [str(world["inbox"] / "new-scene.png")]}))
     assert again["report"]["embedded"] == 0 and again["report"]["unchanged"] == 1  # idempotent, as annotated
     new = check_structured(tools, "search", client.call("search", {"image": str(world["inbox"] / "new-scene.png"),
-                                                                   "k": 1}))
+                                                                   "k": 1, "rerank": False}))
     assert new["hits"][0]["uri"] == str((world["inbox"] / "new-scene.png").resolve())  # the server searches it now
 
 

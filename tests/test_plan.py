@@ -298,3 +298,49 @@ def test_the_python_api_applies_a_row_and_keeps_its_receipt(vl_embedder, report,
     assert planned.startswith("backbone default") and profile.threshold_source.startswith(planned)
     with pytest.raises(ConfigError, match="measured with someone/else"):
         replace(report, model_id="someone/else").check_model(vl_embedder.model_id)
+
+
+# ---- hostile plan files (issue 38 item 8): a clear ConfigError, never a hang or a traceback ------
+def _hostile(report, change) -> dict:
+    data = json.loads(json.dumps(report.to_dict()))
+    change(data)
+    return data
+
+
+@pytest.mark.parametrize("change, named", [
+    (lambda d: d["candidates"][0].update(agreement=float("nan")), "NaN is not a number"),
+    (lambda d: d["candidates"][0].update(max_pixels="many"), "max_pixels"),
+    (lambda d: d["candidates"][0].update(is_reference=1), "is_reference"),
+    (lambda d: d.update(k=[3]), "PlanReport.k"),
+    (lambda d: d.update(target=float("inf")), "Infinity is not a number"),
+    (lambda d: d.update(candidates=[1, 2]), "damaged plan"),
+    (lambda d: d.update(recommended=99), "damaged plan|does not exist"),
+], ids=["nan", "str-int", "int-bool", "list-int", "inf", "rows-not-objects", "no-such-row"])
+def test_a_hostile_plan_is_refused_naming_the_value(report, tmp_path, change, named):
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(_hostile(report, change)))  # json writes NaN / Infinity as bare words
+    with pytest.raises(ConfigError, match=named):
+        load_plan(path)
+
+
+def test_a_plan_path_that_is_not_a_small_regular_file_is_refused_without_reading_it(tmp_path):
+    import os
+
+    fifo = tmp_path / "plan.fifo"
+    os.mkfifo(fifo)  # no writer: a plain read would wait forever
+    with pytest.raises(ConfigError, match="FIFO"):
+        load_plan(fifo)
+    with pytest.raises(ConfigError, match="device"):
+        load_plan("/dev/zero")
+    with pytest.raises(ConfigError, match="folder"):
+        load_plan(tmp_path)
+    big = tmp_path / "big.json"
+    big.write_bytes(b" " * (2 << 20))
+    with pytest.raises(ConfigError, match="not a plan"):
+        load_plan(big)
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ConfigError, match="nested too deeply|cannot read"):
+        load_plan(deep)
+    result = runner.invoke(app, ["index", str(tmp_path), "-c", str(tmp_path / "col"), "--plan", str(fifo)])
+    assert result.exit_code != 0 and "FIFO" in result.stderr and "Traceback" not in result.stderr

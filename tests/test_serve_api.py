@@ -30,7 +30,7 @@ from faste_mm.serving import (Batcher, BatcherConfig, QueueFullError, ServeConfi
 from faste_mm.retrieval.profile import QUERY_INSTRUCTION as VL_QUERY_INSTRUCTION  # noqa: E402
 from faste_mm.serving.engine import TEXT_CHARS_PER_TOKEN  # noqa: E402
 from faste_mm.serving.security import host_names  # noqa: E402
-from tests.helpers.serve_fixtures import make_gallery  # noqa: E402
+from tests.helpers.serve_fixtures import make_gallery, scene_image  # noqa: E402
 from tests.helpers.inputs import tiny_vl_dir  # noqa: E402
 
 TEXTS = ["a red bicycle leaning on a wall", "short", "the quick brown fox jumps over the lazy dog " * 3]
@@ -806,3 +806,26 @@ def test_forged_or_misplaced_credentials_get_401_on_every_data_route(embedder, c
                                      ("get", "/thumbnails/1", {}), ("get", "/info?api_key=s3cret", {})):
             response = getattr(c, method)(path, headers=headers, **kwargs)
             assert response.status_code == 401, (path, headers, response.status_code)
+
+
+def test_a_notes_first_lines_come_with_its_hit_and_a_larger_preview_is_served(embedder, tmp_path):
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "minutes.txt").write_text("Board minutes, 3 May\nthe invoice RE16 TGK was paid\n" + "more " * 400)
+    scene_image(notes / "lake.png", 5)
+    Retriever(embedder, collection=tmp_path / "col", r_max=0.5).index([notes])
+    with _client(embedder, tmp_path / "col") as c:
+        hits = {Path(h["uri"]).name: h for h in c.post("/search", json={"query": "minutes", "k": 5}).json()["hits"]}
+        snippet = hits["minutes.txt"]["snippet"]
+        assert snippet.startswith("Board minutes, 3 May the invoice RE16 TGK was paid") and len(snippet) <= 280
+        assert hits["lake.png"]["snippet"] is None
+        picture = c.get(f"/previews/{hits['lake.png']['id']}")
+        assert picture.status_code == 200 and picture.headers["content-type"] == "image/jpeg"
+        _error(c.get("/previews/etc"), 404, "item id")
+        _error(c.get(f"/previews/{hits['minutes.txt']['id']}"), 404, "no picture")
+        # a note swapped for a link to a file outside the indexed folder: no snippet, nothing of it sent
+        (tmp_path / "secret.txt").write_text("FASTE_MM_API_KEY=hunter2")
+        (notes / "minutes.txt").unlink()
+        (notes / "minutes.txt").symlink_to(tmp_path / "secret.txt")
+        body = c.post("/search", json={"query": "minutes", "k": 5})
+        assert body.status_code == 200 and "hunter2" not in body.text

@@ -173,3 +173,55 @@ def test_search_page_says_when_the_collection_is_empty(browser, tmp_path, server
     page.goto(url + "/")
     page.wait_for_selector("#banner:not([hidden])")
     assert "empty" in page.inner_text("#banner-text") and "faste-mm index" in page.inner_text("#banner-text")
+
+
+def test_search_page_on_a_phone_keeps_the_query_box_wide_and_every_control_shown(browser, server):
+    url, _ = server
+    page = browser.new_page(viewport={"width": 390, "height": 844})
+    page.goto(url + "/")
+    page.wait_for_selector("#collection strong")
+    query = page.locator("#q").bounding_box()
+    assert query["width"] >= 0.7 * 390, query  # it once shrank to ~90 px beside the selectors
+    for control in ("#mode", "#k", "#go"):
+        assert page.locator(control).is_visible(), control
+    brand = page.locator(".brand span").bounding_box()
+    assert brand["height"] < 30, brand  # "faste-mm" on one line
+    page.fill("#q", "a sunset over the sea")
+    page.press("#q", "Enter")
+    page.wait_for_selector(".card")
+    assert page.input_value("#q") == "a sunset over the sea"
+
+
+def test_search_page_previews_a_hit_names_a_filter_that_matches_nothing_and_shows_a_notes_lines(browser, server):
+    url, _ = server
+    page, errors = _watched_page(browser)
+    page.goto(url + "/?q=forest")
+    page.wait_for_selector(".card img")
+    # a thumbnail opens a larger preview the server renders (/previews/{id}); Esc closes it
+    page.locator(".card .thumb").first.click()
+    page.wait_for_selector("#lightbox:not([hidden])")
+    page.wait_for_function("() => { const i = document.querySelector('#lightbox-img'); "
+                           "return i.complete && i.naturalWidth > 0 && i.src.includes('/previews/'); }")
+    assert "score" in page.inner_text("#lightbox-caption")
+    page.keyboard.press("Escape")
+    page.wait_for_selector("#lightbox", state="hidden")
+    # no notes in this collection: the status names the filter and how to drop it
+    page.select_option("#f-type", "text")
+    page.wait_for_function("() => document.querySelector('#status-text').textContent.startsWith('No results')")
+    status = page.inner_text("#status-text")
+    assert "with type text" in status and "Clear the filters" in status, status
+    page.click("#f-clear")
+    # a note's card shows its first lines (the snippet /search sends; test_serve_api checks the server's side)
+
+    def as_note(route):
+        body = route.fetch().json()
+        body["hits"][0].update(thumbnail=None, kind="text", name="minutes.txt", page=None,
+                               snippet="Board minutes, 3 May: the invoice RE16 TGK was paid.")
+        route.fulfill(json=body)
+
+    page.route("**/search", as_note)
+    page.fill("#q", "minutes")
+    page.press("#q", "Enter")
+    page.wait_for_selector(".card .note .snippet")
+    assert "invoice RE16 TGK" in page.locator(".card .note .snippet").first.inner_text()
+    assert not errors, errors

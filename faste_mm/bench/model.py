@@ -47,6 +47,7 @@ class BenchConfig:
     repeats: int = 3
     compare: tuple[str, ...] = ()
     compare_batch_size: int = 8
+    roofline: bool = True  # measure the GEMM rates and the FastE check's cost first (tools/roofline.py)
 
     def __post_init__(self) -> None:
         if self.repeats < 1:
@@ -104,6 +105,7 @@ class SettingResult:
     unpadded: str | None = None  # the requested layout after compression (FastE settings)
     attention: dict = field(default_factory=dict)  # batches per layout actually used
     attention_trial: dict = field(default_factory=dict)  # the "auto" trial's seconds per option
+    roofline: dict = field(default_factory=dict)  # stage -> roofline.StageRate.to_dict()
 
     @property
     def items_per_s(self) -> float:
@@ -126,11 +128,17 @@ class BenchReport:
     settings: list[SettingResult] = field(default_factory=list)
     batching: dict = field(default_factory=dict)  # BatchingConfig fields + the worker threads used
     dtype: dict = field(default_factory=dict)  # DtypeChoice.to_dict(): what faste-mm ran in, and why
+    matmul_rates: dict = field(default_factory=dict)  # dtype -> roofline.MatmulRate.to_dict()
+    check_cost: dict = field(default_factory=dict)  # check_cost.CheckCost.to_dict()
+    kernels: list = field(default_factory=list)  # kernel_choice verdicts in words
 
     def to_dict(self) -> dict:
         return {
             "device": self.device,
             "dtype": self.dtype,
+            "matmul_rates": self.matmul_rates,
+            "check_cost": self.check_cost,
+            "kernels": self.kernels,
             "model": self.model,
             "inputs": self.inputs,
             "memory_kind": self.memory_kind,
@@ -150,6 +158,14 @@ def run_bench(embedder: Embedder, inputs: list, config: BenchConfig, inputs_labe
     on the same inputs. progress: one phase per setting, advanced after each run (the warm-up
     and the timed repeats)."""
     device = embedder.backbone.device
+    rates, check = {}, None
+    if config.roofline:  # before anything else warms or fragments the allocator
+        from faste_mm.tools.check_cost import measure_check_cost
+        from faste_mm.tools.roofline import measure_rates
+
+        rates = measure_rates(device)
+        check = measure_check_cost(embedder, inputs)
+    roof = (embedder.dtype_choice.name, rates)
     # comparison encoders first: an input or install they refuse must not cost the timed runs
     comparisons = {
         name: (_hf_forward if name == "hf" else _sentence_transformers_forward)(embedder, inputs, config.compare_batch_size)
@@ -157,7 +173,7 @@ def run_bench(embedder: Embedder, inputs: list, config: BenchConfig, inputs_labe
     }
     settings: list[SettingResult] = []
     full, full_vectors = _measure("full", 0.0, lambda: _Run.of(embedder.encode_documents(inputs)), config.repeats, device,
-                                  progress=progress)
+                                  progress=progress, roof=roof)
     settings.append(full)
     for mode in config.unpadded:
         layout = embedder.with_batching(replace(embedder.batching, unpadded=mode))
@@ -166,7 +182,7 @@ def run_bench(embedder: Embedder, inputs: list, config: BenchConfig, inputs_labe
             name = f"faste r={r_max:g}" + (f" [{mode}]" if len(config.unpadded) > 1 else "")
             result, vectors = _measure(
                 name, r_max, lambda: _Run.of(layout.encode_documents(inputs, fast_e=fast_e)), config.repeats, device, mode,
-                progress
+                progress, roof
             )
             settings.append(_relative_to(result, full, np.abs(vectors - full_vectors).max()))
     for comparison, encode in comparisons.items():
@@ -175,7 +191,8 @@ def run_bench(embedder: Embedder, inputs: list, config: BenchConfig, inputs_labe
     memory_kind = "cuda_allocated" if device.type == "cuda" else cpu_memory_kind()
     batching = {**asdict(embedder.batching), "worker_threads": embedder.batching.worker_threads}
     return BenchReport(device_name(device), embedder.model_id, inputs_label, memory_kind, settings, batching,
-                       embedder.dtype_choice.to_dict())
+                       embedder.dtype_choice.to_dict(), {k: r.to_dict() for k, r in rates.items()},
+                       check.to_dict() if check is not None else {}, embedder.kernel_choices())
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,7 +213,7 @@ class _Run:
 
 
 def _measure(name, r_max, encode: Callable[[], _Run], repeats, device, unpadded=None,
-             progress: ProgressSink | None = None) -> tuple[SettingResult, np.ndarray]:
+             progress: ProgressSink | None = None, roof=("", {})) -> tuple[SettingResult, np.ndarray]:
     if progress is not None:
         progress.start(f"bench {name} (warm-up + {repeats} runs)", 1 + repeats)
     encode()  # warm-up: kernels, allocator, tokenizer caches
@@ -229,6 +246,7 @@ def _measure(name, r_max, encode: Callable[[], _Run], repeats, device, unpadded=
             decoder_s=statistics.median(decoder),
             tower_time_share=tower_share(statistics.median(tower), statistics.median(decoder)),
             tower_flops_share=stats.tower_flops_share,
+            roofline=_roofline(stats, statistics.median(tower), statistics.median(decoder), *roof),
         )
     setting = SettingResult(
         name=name,
@@ -242,6 +260,14 @@ def _measure(name, r_max, encode: Callable[[], _Run], repeats, device, unpadded=
         **compression,
     )
     return setting, run.embeddings
+
+
+def _roofline(stats: EmbedStats, tower_s: float, decoder_s: float, dtype: str, rates: dict) -> dict:
+    """Per stage: the FLOPs this run realised over its median seconds, against the GEMM rate."""
+    from faste_mm.tools.roofline import stage_rates
+
+    stages = {"tower": (stats.flops_vision, tower_s), "decoder": (stats.flops_realised, decoder_s)}
+    return {name: rate.to_dict() for name, rate in stage_rates(stages, dtype, rates).items()}
 
 
 def _relative_to(result: SettingResult, full: SettingResult, max_abs_diff: float) -> SettingResult:

@@ -106,18 +106,14 @@ class CollectionSearch:
         self._reranker = None
 
     def reranker(self):
-        """The reranker to use (loaded once), or None."""
+        """`Retriever.search`'s rerank: False (no_rerank), the named reranker (loaded once), or
+        None: the collection's own when it records one (the library loads it)."""
         if self._no_rerank:
-            return None
-        if self._reranker is None:
-            from faste_mm.retrieval.profile import read_profile
-
-            name = self._rerank or read_profile(self.retriever.collection).reranker
-            if name is None:
-                return None
+            return False
+        if self._rerank is not None and self._reranker is None:
             from faste_mm.model.rerank.reranker import Reranker
 
-            self._reranker = Reranker.from_pretrained(name, device=self.device)
+            self._reranker = Reranker.from_pretrained(self._rerank, device=self.device)
         return self._reranker
 
     def search(self, query: str, k: int, where: Mapping[str, Any] | None, type: Sequence[str] | None,

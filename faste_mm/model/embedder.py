@@ -54,6 +54,7 @@ class EmbedStats(CostTally):
     flops_vision: int = 0  # the vision tower's, the same with and without FastE
     attention_trial: dict = field(default_factory=dict)  # Unpadded.trial: seconds (or why not) per option
     dtype: dict = field(default_factory=dict)  # DtypeChoice.to_dict(): the dtype the model ran in, and why
+    kernels: list[str] = field(default_factory=list)  # kernel_choice verdicts, e.g. "tower attention: bfloat16, measured 2.6x ..."
 
     @property
     def flops_reduction(self) -> float:
@@ -106,6 +107,7 @@ class EmbedStats(CostTally):
             "tower_time_share": self.tower_share,
             "tower_flops_share": self.tower_flops_share,
             "dtype": self.dtype,
+            "kernels": self.kernels,
             "total_s": self.total_s,
             "shape": self.shape.to_dict(),
             "batches": [trace.to_dict() for trace in self.batches],
@@ -375,7 +377,13 @@ class Embedder:
             attention_trial=dict(self.unpadded.trial),
             **CostTally.total(traces).cost_fields(),
             dtype=self.loaded.dtype_choice.to_dict(),
+            kernels=self.kernel_choices(),
         )
+
+    def kernel_choices(self) -> list[str]:
+        """The CPU kernel choices settled so far (`kernel_choice.KernelTrials`), in words."""
+        tower = getattr(self.backbone, "tower", None)
+        return tower.trials.describe() if tower is not None else []
 
     def _vision_flops(self, traces) -> int:
         vision = self.backbone.vision_shape

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -28,6 +29,7 @@ import numpy as np
 from faste_mm.errors import ConfigError, InputError
 from faste_mm.indexers import Collection
 from faste_mm.indexers.atomic_files import atomic_write
+from faste_mm.indexers.crash_points import crash_point
 from faste_mm.indexers.quantization import encode, stored_width
 
 log = logging.getLogger(__name__)
@@ -79,7 +81,21 @@ class ExportTarget:
             return cls("parquet", path)
         if path.is_dir() and not path.name.endswith(".lance"):
             return cls("lancedb", path, DEFAULT_LANCEDB_TABLE)
-        return cls("lancedb", path.parent, path.name.removesuffix(".lance"))
+        return cls("lancedb", path.parent, check_table_name(path.name.removesuffix(".lance"), text))
+
+
+# LanceDB's own rule for table names (letters, digits, _ - .), kept to names that are one plain
+# file name: no "..", at most 128 characters.
+_TABLE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}")
+
+
+def check_table_name(name: str, target: str) -> str:
+    """`name` if LanceDB can name a table so; ConfigError naming the rule otherwise."""
+    if _TABLE_NAME.fullmatch(name) and ".." not in name:
+        return name
+    raise ConfigError(f"export target {target[:200]!r}: {name[:60]!r}{'...' if len(name) > 60 else ''} is not a "
+                      f"LanceDB table name; use 1-128 letters, digits, '_', '-' or '.' (not starting with '.' or "
+                      f"'-', no '..'), e.g. lancedb:DIR/photos")
 
 
 def export(root: Path, to: str | ExportTarget, chunk_rows: int = EXPORT_CHUNK_ROWS,
@@ -133,6 +149,7 @@ def _batches(col: Collection, schema, chunk_rows: int) -> Iterator:
             coded = encode(vectors, codes, manifest.int8_ranges)
             columns["vector_codes"] = pa.FixedSizeListArray.from_arrays(pa.array(coded.reshape(-1)), coded.shape[1])
         yield pa.RecordBatch.from_pydict(columns, schema=schema)
+        crash_point("export-after-batch")
 
 
 def _open_schema(col: Collection, vector_type: str):
@@ -192,11 +209,13 @@ def _write_parquet(col: Collection, out: Path, chunk_rows: int) -> int:
 def export_lancedb(root: Path, directory: str | Path, table: str = DEFAULT_LANCEDB_TABLE,
                    chunk_rows: int = EXPORT_CHUNK_ROWS, index_min_rows: int = LANCEDB_INDEX_MIN_ROWS) -> ExportReport:
     """Write the live items of the collection at `root` to LanceDB table `table` in the database
-    folder `directory` (created; a table of that name is replaced), then build its vector index
+    folder `directory` (created; a table of that name is replaced by a new version written in one
+    commit, so an interrupted export keeps the previous table), then build its vector index
     with the collection's quantization (`lancedb_index`) when it has at least `index_min_rows` rows.
     Needs `pip install faste-mm[lancedb]`."""
     try:
         import lancedb
+        import pyarrow as pa
     except ImportError:
         raise ConfigError("export to LanceDB needs the lancedb package; pip install 'faste-mm[lancedb]'") from None
     directory = Path(directory).expanduser()
@@ -206,11 +225,12 @@ def export_lancedb(root: Path, directory: str | Path, table: str = DEFAULT_LANCE
         manifest = col.manifest
         schema = _open_schema(col, "float32" if manifest.stored_precision == "float32" else "float16")
         db = lancedb.connect(str(directory))
-        # Batch by batch from this thread (LanceDB reads an iterator in a thread of its own, and an
-        # SQLite connection serves only the thread that opened it).
-        lance_table = db.create_table(table, schema=schema, mode="overwrite")
-        for batch in _batches(col, schema, chunk_rows):
-            lance_table.add(batch)
+        # All rows in ONE write: LanceDB commits a new version of the table when the stream ends,
+        # so an export killed part-way leaves the previous version (the old table, whole) current
+        # (LanceDB OSS cannot rename a table, so a temporary table cannot be swapped in). LanceDB
+        # reads the stream in a thread of its own; the read-only collection allows that.
+        rows = pa.RecordBatchReader.from_batches(schema, _batches(col, schema, chunk_rows))
+        lance_table = db.create_table(table, data=rows, schema=schema, mode="overwrite")
         n_items = lance_table.count_rows()
         index = lancedb_index(manifest.vectors, n_items) if n_items >= index_min_rows else None
         if index is not None:

@@ -7,7 +7,7 @@ Receives paths, texts, images and queries; hands back the records of `faste_mm.r
 imports: collection_settings (the profile), indexing + ingest + scanning, documents (add),
 querying (search), model_spec (loading on first use).
 """
-# Size: ~470 lines: the public facade, ~30 methods of a few lines each delegating to the modules above;
+# Size: ~490 lines: the public facade, ~30 methods of a few lines each delegating to the modules above;
 # most of its lines are the API's docstrings.
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterable, Mapping, Sequence
@@ -63,6 +64,8 @@ class Retriever:
         >>> r.index(["./images", "report.pdf"], collection="./my-collection")
         >>> r.search("a red bicycle", k=10)  # [Hit(id=.., score=.., uri=.., page=.., metadata=..)]
 
+    Safe to share across threads (a web app's workers): searches run one at a time.
+
     model: a loaded `Embedder`, or a `ModelSpec` loaded on first use (so info/remove/compact
         never load weights). query_instruction: None = DEFAULT_QUERY_INSTRUCTION for
         vision-language models, the model's own default query task for text models.
@@ -97,6 +100,9 @@ class Retriever:
         self.query_instruction = query_instruction
         self._reader: Collection | None = None
         self._reader_profile: CollectionProfile | None = None
+        # One search at a time: threads (a web app's workers) share the reader (its SQLite
+        # connection, FAISS index, caches) and the model; each uses all cores on its own anyway.
+        self._lock = threading.RLock()
         self._adapted: Embedder | None = None  # the embedder with a collection's pixel settings
         self._resolved: dict[tuple[Path, bool, bool], CollectionProfile] = {}
         if resolved is not None:
@@ -168,6 +174,11 @@ class Retriever:
             self._embedder = spec.load()
         return self._embedder
 
+    def kernel_choices(self) -> list[str]:
+        """The CPU kernel choices the model settled in this process (`Embedder.kernel_choices`);
+        empty when no model was loaded here (a Ray run, or nothing to embed)."""
+        return self._embedder.kernel_choices() if self._embedder is not None else []
+
     def _embedder_for(self, profile: CollectionProfile) -> Embedder:
         """The embedder serializing with `profile`'s pixel and video settings: the loaded one,
         or the same weights with the profile's serializer (`Embedder.with_serializer`)."""
@@ -181,10 +192,11 @@ class Retriever:
         return existing_profile(self.collection)
 
     def close(self) -> None:
-        if self._reader is not None:
-            self._reader.close()
-            self._reader = None
-            self._reader_profile = None
+        with self._lock:
+            if self._reader is not None:
+                self._reader.close()
+                self._reader = None
+                self._reader_profile = None
 
     def __enter__(self) -> "Retriever":
         return self
@@ -439,7 +451,7 @@ class Retriever:
         values; loads no model) or "hybrid" (both, fused by reciprocal rank); each Hit's `found_by`
         says which side found it. The query text is searched as plain words unless `lexical_syntax`.
         rescore: candidates per hit a quantized index returns for exact rescoring (None: the
-        precision's default, 0: none; see README "Large collections").
+        precision's default, 0: none; see docs/search.md, "Large collections").
         Raises InputError if nothing is given, ConfigError for a bad filter."""
         if query is None and image is None and video is None:
             raise InputError("search: give a query text, an image, a video, or a combination")
@@ -451,8 +463,9 @@ class Retriever:
         if rerank is None:
             return self.search_batch([item], k=k, **options)[0]
         check_reranker(rerank, rerank_top)
-        hits = self.search_batch([item], k=max(k, rerank_top), **options)[0]
-        return rerank_hits(rerank, item, hits, k, self._open_reader().records([hit.id for hit in hits]))
+        with self._lock:
+            hits = self.search_batch([item], k=max(k, rerank_top), **options)[0]
+            return rerank_hits(rerank, item, hits, k, self._open_reader().records([hit.id for hit in hits]))
 
     def _search_reranker(self, rerank: Any) -> Any:
         """The reranker of a search: `rerank` itself, none for False, and for None the collection's
@@ -479,10 +492,11 @@ class Retriever:
         search_filter = SearchFilter(where=where or {}, types=() if type is None else type, path=path)
         items = [querying.as_query(q, i) for i, q in enumerate(queries)]
         texts = querying.query_texts(items, mode)
-        col = self._open_reader(check_model=mode != "lexical")
-        vectors = None if mode == "lexical" else self._embed_queries(items, instruction)
-        found = col.find(k, queries=vectors, texts=texts, mode=mode, where=search_filter, rescore=rescore,
-                         lexical_syntax=lexical_syntax)  # hits and records of one snapshot
+        with self._lock:
+            col = self._open_reader(check_model=mode != "lexical")
+            vectors = None if mode == "lexical" else self._embed_queries(items, instruction)
+            found = col.find(k, queries=vectors, texts=texts, mode=mode, where=search_filter, rescore=rescore,
+                             lexical_syntax=lexical_syntax)  # hits and records of one snapshot
         return querying.hits(found)
 
     def _embed_queries(self, items: list[Item], instruction: str | None) -> np.ndarray:
@@ -508,8 +522,9 @@ class Retriever:
         """Documents as `index` and `add` embed them into this collection: its model, pixel
         bounds and FastE settings, so the vectors compare with the stored ones. Raises
         CollectionError when the collection does not exist or the model differs from it."""
-        self._open_reader()
-        profile = self._reader_profile
+        with self._lock:
+            self._open_reader()
+            profile = self._reader_profile
         return self._embedder_for(profile).encode_documents(documents, fast_e=profile.fast_e(), dim=profile.dim,
                                                             on_error=on_error)
 

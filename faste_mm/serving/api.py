@@ -25,14 +25,14 @@ from faste_mm.errors import ConfigError, FasteError, InputError
 from faste_mm.indexers import SearchFilter
 from faste_mm.indexers.filters import INT64_MAX
 from faste_mm.kinds import kind_name
-from faste_mm.retrieval.duplicates import DEFAULT_THRESHOLD as DEFAULT_DUPLICATE_THRESHOLD
-from faste_mm.retrieval.duplicates import collection_duplicates
 from faste_mm.serving.batcher import QueueFullError
+from faste_mm.serving.duplicates_route import add_duplicates_route
 from faste_mm.serving.engine import (CollectionChangedError, NoCollectionError, RequestTooLargeError, ServeEngine,
                                      UnknownItemError)
 from faste_mm.serving.inputs import (EmbeddingRequest, SearchRequest, decode_image_bytes, decode_image_url,
                                      embedding_items, encode_vector)
 from faste_mm.serving.metrics import LATENCY_BUCKETS_S
+from faste_mm.serving.previews import add_preview_routes, note_snippets
 from faste_mm.serving.rerank import add_rerank_routes, rerank_search_hits, search_rerank_top, with_search_top
 from faste_mm.serving.security import is_allowed_host, is_cross_site
 from faste_mm.retrieval.stored_files import GoneFileError, ReplacedFileError
@@ -126,24 +126,19 @@ def create_app(engine: ServeEngine) -> FastAPI:
         hits = await run_in_threadpool(engine.search, query, image, item_id, fetch, where, mode, rescore)
         if rerank:
             hits = await run_in_threadpool(rerank_search_hits, engine, query, image, hits[:fetch], k)
+        snippets = await run_in_threadpool(note_snippets, engine, hits)
         return {
             "query": {"text": query, "image": image is not None, "id": item_id},
             "k": k, "mode": mode,
             "filter": {"where": where.where, "types": list(where.types), "path": where.path},
             "rerank": {"model": engine.reranker.model_id, "top": fetch} if rerank else None,
             "took_ms": round(1000 * (time.perf_counter() - started), 1),
-            "hits": [_hit_json(rank, hit) for rank, hit in enumerate(hits, 1)],
+            "hits": [{**_hit_json(rank, hit), "snippet": snippets.get(hit.id)} for rank, hit in enumerate(hits, 1)],
         }
 
-    @app.get("/duplicates", dependencies=[auth])
-    async def duplicates(threshold: float = DEFAULT_DUPLICATE_THRESHOLD, exact: bool = False) -> dict:
-        # read-only, no model: a handler thread opens the collection itself (retrieval/duplicates.py)
-        if engine.collection is None:
-            raise NoCollectionError("this server has no collection; start it with `faste-mm serve -c NAME|DIR`")
-        report = await run_in_threadpool(collection_duplicates, engine.collection, threshold, near=not exact)
-        return report.to_dict()
-
+    add_duplicates_route(app, engine, auth)  # GET /duplicates (serving/duplicates_route.py)
     add_rerank_routes(app, engine, auth)  # /v1/rerank, /rerank, /explain (serving/rerank.py)
+    add_preview_routes(app, engine, auth)  # /previews/{id}: the page's larger look (serving/previews.py)
     if mcp_manager is not None:  # an ASGI app of its own: the key is checked here, the Host by _GuardMiddleware
         app.add_route("/mcp", _KeyRequired(mcp_manager[0], engine.config.api_key), methods=["GET", "POST", "DELETE"],
                       include_in_schema=False)
@@ -162,19 +157,12 @@ def create_app(engine: ServeEngine) -> FastAPI:
 
 
 def _mcp_endpoint(engine: ServeEngine):
-    """(ASGI app, session manager) of the MCP streamable HTTP transport over `engine`, or None
-    without a collection or without the `mcp` extra (then /mcp is an unknown route)."""
-    if engine.collection is None:
-        return None
+    """/mcp's (ASGI app, session manager), or None without a collection or the `mcp` extra."""
     try:
-        from faste_mm.serving.mcp_server import http_endpoint
+        from faste_mm.serving.mcp_server import serve_endpoint
     except ImportError:
-        log.info("no /mcp: the MCP SDK is not installed (pip install 'faste-mm[mcp]')")
         return None
-    from faste_mm.serving.mcp_paths import IndexRoots
-    from faste_mm.serving.mcp_tools import EngineSlot, McpTools
-
-    return http_endpoint(McpTools(engine.collection, EngineSlot(engine=engine), IndexRoots(engine.config.index_roots)))
+    return None if engine.collection is None else serve_endpoint(engine)
 
 
 class _KeyRequired:

@@ -2,9 +2,7 @@
 dynamic batcher. HTTP handler threads call `embed` and `search`; they count prompt tokens and
 check inputs in their own thread (so a bad input is refused before it can fail a merged batch),
 then wait on the model thread, which runs `Embedder.encode` / `Retriever.search_batch` on
-merged requests.
-
-Receives `Item`s from `serving.inputs`; hands back vectors (+ token usage) and `Hit`s.
+merged requests. Receives `Item`s from `serving.inputs`; hands back vectors (+ token usage) and `Hit`s.
 """
 
 from __future__ import annotations
@@ -19,6 +17,7 @@ import numpy as np
 from faste_mm import Embedder, FastEConfig, Hit, InputError, Item, Retriever
 from faste_mm.errors import CollectionError, ConfigError, FasteError
 from faste_mm.indexers import SearchFilter
+from faste_mm.indexers.search import check_query_text
 from faste_mm.retrieval.profile import QUERY_INSTRUCTION, CollectionProfile, read_profile
 from faste_mm.retrieval.watching import read_watch_status
 from faste_mm.serving.batcher import Batcher, BatcherConfig, run_tasks
@@ -323,6 +322,7 @@ class ServeEngine:
             raise InputError("give a query text (`query`, form field `q`), an image, or an item `id`")
         if mode not in ("dense", "lexical", "hybrid"):
             raise InputError(f"mode must be dense, lexical or hybrid, got {str(mode)[:40]!r}")
+        check_query_text(query or "", nul=False)  # a lone surrogate: named, before any work
         if mode == "lexical":  # words only: nothing to embed (one slot of the batch)
             if not query:
                 raise InputError("lexical search needs a query text (`query`, form field `q`)")
@@ -405,10 +405,9 @@ class ServeEngine:
 
         if self.collection is None:
             raise NoCollectionError("this server has no collection; thumbnails need `faste-mm serve -c`")
-        col = getattr(self._local, "col", None)
-        if col is None:
-            col = self._local.col = Collection.open(self.collection)
-        return col
+        if getattr(self._local, "col", None) is None:
+            self._local.col = Collection.open(self.collection)
+        return self._local.col
 
     # ---- info ------------------------------------------------------------------------------
     def info(self) -> dict:

@@ -237,3 +237,12 @@ def http_endpoint(tools: McpTools):
     manager = StreamableHTTPSessionManager(app=build_server(tools), json_response=False, stateless=False,
                                            security_settings=None)
     return StreamableHTTPASGIApp(manager), manager
+
+
+def serve_endpoint(engine):
+    """`http_endpoint` over a running `faste-mm serve`'s engine (its collection, its model thread,
+    its --allow-index roots)."""
+    from faste_mm.serving.mcp_paths import IndexRoots
+    from faste_mm.serving.mcp_tools import EngineSlot
+
+    return http_endpoint(McpTools(engine.collection, EngineSlot(engine=engine), IndexRoots(engine.config.index_roots)))

@@ -65,7 +65,9 @@ class SearchArgs(_Filters):
     k: int = Field(10, ge=1, le=MAX_K, description=f"Number of results (1..{MAX_K}).")
     mode: Literal["dense", "lexical", "hybrid"] = Field(
         "dense", description="dense: by meaning; lexical: by words (names, text, metadata); hybrid: both.")
-    rerank: bool = Field(False, description="Re-score the top hits with the server's reranker (slower, better).")
+    rerank: bool | None = Field(None, description="Re-score the top hits with the reranker (slower, better): by "
+                                                  "default when the collection records one, as faste-mm search does; "
+                                                  "true: always; false: never.")
 
 
 class MoreLikeThisArgs(_Filters):
@@ -251,13 +253,16 @@ class McpTools:
                              "or both")
         image = None if args.image is None else query_image_file(args.image, self.reader(), self.roots)
         engine = self.slot.get()
-        fetch = max(args.k, SEARCH_RERANK_TOP) if args.rerank else args.k
-        if args.rerank:
+        rerank = args.rerank
+        if rerank is None:  # as `faste-mm search` and `Retriever.search`: the collection's reranker, if it has one
+            rerank = engine.reranker is not None and engine.profile is not None and engine.profile.reranker is not None
+        fetch = max(args.k, SEARCH_RERANK_TOP) if rerank else args.k
+        if rerank:
             _need_reranker(engine, "search")
         hits = engine.search(query, image, None, fetch, args.search_filter(), args.mode)
-        if args.rerank:
+        if rerank:
             hits = rerank_search_hits(engine, query, image, hits, args.k)
-        reranked_by = engine.reranker.model_id if args.rerank else None
+        reranked_by = engine.reranker.model_id if rerank else None
         return self._hits_answer(hits, args.k, args.mode, args.thumbnails, reranked_by)
 
     def more_like_this(self, args: MoreLikeThisArgs, progress: Progress | None = None) -> ToolAnswer:

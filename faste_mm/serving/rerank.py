@@ -11,7 +11,7 @@ parse, decode and count tokens; the engine's model thread runs `Reranker.score`.
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Union
 
 from fastapi import FastAPI
@@ -22,7 +22,7 @@ from faste_mm import InputError, Item
 from faste_mm.errors import FasteError
 from faste_mm.retrieval.rerank_hits import hit_item, rerank_hits
 from faste_mm.retrieval.stored_files import stored_item
-from faste_mm.serving.engine import RequestTooLargeError, ServeEngine
+from faste_mm.serving.engine import TEXT_CHARS_PER_TOKEN, RequestTooLargeError, ServeEngine
 from faste_mm.serving.inputs import ContentPart, decode_image_url, parts_item
 
 Multimodal = Union[str, list[ContentPart], dict[str, Any]]
@@ -113,8 +113,8 @@ def rerank_search_hits(engine: ServeEngine, query: str | None, image, hits: list
     a hit whose file cannot be read again counts nothing (it is not scored, and is kept after
     the scored ones). Counting reads each hit's image header or page box, nothing rendered
     (`Reranker.pair_tokens`): the limit is checked before the model is busy."""
-    item = Item(text=query or None, image=image)
     reranker = _reranker(engine, None)
+    item = bounded_text(reranker, Item(text=query or None, image=image))
     try:
         prepared = reranker.prepare_query(item)
     except FasteError as error:
@@ -166,8 +166,8 @@ def rerank(engine: ServeEngine, body: RerankRequest) -> dict:
     if len(body.documents) > engine.config.max_inputs:
         raise RequestTooLargeError(f"`documents` has {len(body.documents)} entries; the limit is "
                                    f"{engine.config.max_inputs} per request; split it")
-    query = request_item(body.query, "query", allow)
-    documents = [request_item(d, f"documents[{i}]", allow) for i, d in enumerate(body.documents)]
+    query = bounded_text(reranker, request_item(body.query, "query", allow))
+    documents = [bounded_text(reranker, request_item(d, f"documents[{i}]", allow)) for i, d in enumerate(body.documents)]
     tokens = _count_pair_tokens(engine, reranker, query, documents, body.instruction)
     result = engine.batcher.submit("rerank", RerankPayload(query, documents, body.instruction), tokens).result()
     results = []
@@ -192,14 +192,37 @@ def explain(engine: ServeEngine, body: ExplainRequest) -> dict:
     allow = engine.config.allow_remote_images
     if (body.document is None) == (body.document_id is None):
         raise InputError("give the `document` to explain, or the `document_id` of an item in the collection (one of them)")
-    query = request_item(body.query, "query", allow)
+    query = bounded_text(reranker, request_item(body.query, "query", allow))
     if body.document_id is not None:  # the search page's "why this result": the item's own file
         document = stored_item(engine.record(body.document_id))  # only the file indexed (stored_files)
     else:
         document = request_item(body.document, "document", allow)
+    document = bounded_text(reranker, document)
     tokens = _count_pair_tokens(engine, reranker, query, [document], body.instruction)
     payload = ExplainPayload(query, document, body.instruction, body.layer)  # on the model thread, like scoring
     return engine.batcher.submit("rerank", payload, tokens).result().to_dict()
+
+
+def bounded_text(reranker, item: Item) -> Item:
+    """`item` with a long text cut before it is tokenized whole, where the model would cut it
+    anyway: the reranker keeps the first max_length tokens of a pair, so a text whose first
+    `TEXT_CHARS_PER_TOKEN` x max_length characters already hold more tokens than that is cut
+    there (as /search cuts a query: a 5 MB document costs what its first tokens cost; what the
+    model sees and the tokens counted against --max-request-tokens are those of the whole text).
+    A text of longer tokens is tried again with 4x as many characters."""
+    if item.text is None:
+        return item
+    serializer = reranker.serializer
+    tokenizer = getattr(serializer, "tokenizer", None) or serializer.processor.tokenizer
+    max_length = serializer.config.max_length
+    limit = TEXT_CHARS_PER_TOKEN * max_length
+    while len(item.text) > limit:
+        cut = item.text[:limit]
+        # one token past max_length: the token the cut may split is never one the model keeps
+        if len(tokenizer(cut, add_special_tokens=False)["input_ids"]) > max_length + 1:
+            return replace(item, text=cut)
+        limit *= 4
+    return item
 
 
 def _reranker(engine: ServeEngine, model: str | None):

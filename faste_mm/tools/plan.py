@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from faste_mm.errors import ConfigError, InputError
-from faste_mm.model.backbones.loading import resolve_dtype
+from faste_mm.model.backbones.loading import DtypeChoice, resolve_dtype
 from faste_mm.model.embedder import EmbedResult, Embedder
 from faste_mm.model.faste import FastEConfig
 from faste_mm.model.items import Item, as_item, count_pdf_pages, expand_items
@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 
 KINDS = ("photo", "page", "text", "video")  # the strata of the sample, in report order
 _KIND_OF_FILE = {"image": "photo", "pdf": "page", "text": "text", "video": "video"}  # faste_mm.kinds names
-DTYPES = ("auto", "float32", "bfloat16", "float16")
+DTYPES = ("auto", "float32", "bfloat16", "float16", "int8")  # int8: model/int8.py (CPU only)
 REFERENCE_DTYPE = "float32"
 
 
@@ -296,12 +296,19 @@ def _models(embedder: Embedder, dtypes: set[torch.dtype]) -> tuple[dict[torch.dt
     dtype, a cast copy of its weights for another (timed: what a reload would save)."""
     models, prepare_s = {}, {}
     for dtype in sorted(dtypes, key=str):
-        if dtype == embedder.backbone.dtype:
+        if dtype == embedder.dtype_choice.dtype:
             models[dtype] = embedder
             continue
         started = time.perf_counter()
-        model = copy.deepcopy(embedder.backbone.model).to(dtype)
-        loaded = replace(embedder.loaded, backbone=embedder.family.adapter(model))
+        if dtype == torch.int8:  # int8 linear layers over a float32 copy (model/int8.py)
+            from faste_mm.model.int8 import quantize_model
+
+            model = copy.deepcopy(embedder.backbone.model).float()
+            quantize_model(model)
+        else:
+            model = copy.deepcopy(embedder.backbone.model).to(dtype)
+        loaded = replace(embedder.loaded, backbone=embedder.family.adapter(model),
+                         dtype_choice=DtypeChoice(dtype, "a plan candidate (a converted copy of the weights)"))
         models[dtype] = Embedder(loaded, embedder.batching)
         prepare_s[dtype] = time.perf_counter() - started
     return models, prepare_s

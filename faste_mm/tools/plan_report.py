@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from faste_mm.errors import ConfigError
+from faste_mm.errors import ConfigError, InputError
+from faste_mm.indexers.records import open_regular
 from faste_mm.retrieval.receipt import PlanReceipt
 
 PLAN_FORMAT = "faste-mm-plan"
@@ -159,33 +161,77 @@ class PlanReport:
         try:
             names = {f.name for f in dataclasses.fields(cls)}
             values = {key: value for key, value in data.items() if key in names}
+            _check_values(cls, values, source)
+            for row in data["candidates"]:
+                _check_values(CandidateResult, row, source)
             values["candidates"] = tuple(CandidateResult(**row) for row in data["candidates"])
             values["skipped"] = tuple(values.get("skipped", ()))
             report = cls(**values)
             report.row(report.recommended)
             return report
-        except (KeyError, TypeError) as error:
+        except ConfigError:
+            raise
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as error:
             raise ConfigError(f"{source}: damaged plan ({type(error).__name__}: {error}); make it again with "
                               f"faste-mm plan") from None
 
 
+# A plan is a few kilobytes (one row per candidate); more is not a plan, and is never read whole.
+PLAN_MAX_BYTES = 1 << 20
+
+
 def load_plan(reference: str | Path) -> tuple[PlanReport, int | None]:
     """Read `PATH` or `PATH:ROW` (a row of the table; none: the recommendation). Raises
-    ConfigError naming the file when it is missing, unreadable, not a plan or has no such row."""
+    ConfigError naming the file when it is missing, unreadable, not a regular file (a FIFO or
+    /dev/zero never blocks or streams in), over PLAN_MAX_BYTES, not a plan, holds a value of the
+    wrong type or a non-finite number (NaN), or has no such row."""
     text = str(reference)
     path, row = Path(text), None
     head, sep, tail = text.rpartition(":")
     if sep and tail.isdigit() and not path.exists():
         path, row = Path(head), int(tail)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        with open_regular(path) as f:
+            raw = f.read(PLAN_MAX_BYTES + 1)
+        if len(raw) > PLAN_MAX_BYTES:
+            raise ConfigError(f"{path}: {len(raw)}+ bytes, not a plan (a plan is a few kilobytes; the limit is "
+                              f"{PLAN_MAX_BYTES}); give the plan.json that faste-mm plan wrote")
+        data = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
     except FileNotFoundError:
         raise ConfigError(f"{path}: plan file not found; make one with faste-mm plan PATHS --out {path}") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ConfigError(f"{path}: cannot read the plan ({error}); make it again with faste-mm plan") from None
+    except InputError as error:  # a FIFO, a device, a folder
+        raise ConfigError(f"plan {error}; give the plan.json that faste-mm plan wrote") from None
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as error:  # JSONDecodeError is a ValueError
+        reason = "nested too deeply" if isinstance(error, RecursionError) else error
+        raise ConfigError(f"{path}: cannot read the plan ({reason}); make it again with faste-mm plan") from None
     report = PlanReport.from_dict(data, str(path))
     report.row(row)
     return report, row
+
+
+def _refuse_constant(name: str):
+    raise ValueError(f"{name} is not a number a plan holds")
+
+
+def _check_values(cls, values: Mapping[str, Any], source: str) -> None:
+    """ConfigError naming the field when a value does not have its field's type (`int`, `float`,
+    `str`, `bool`, or None where the field allows it) or a float is not finite."""
+    allowed = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,)}
+    for f in dataclasses.fields(cls):
+        if f.name not in values or not isinstance(f.type, str):
+            continue
+        kinds = [k.strip() for k in f.type.split("|")]
+        if not set(kinds) <= {*allowed, "None"}:
+            continue  # mappings and tuples are checked where they are used
+        value = values[f.name]
+        ok = (value is None and "None" in kinds) or any(
+            isinstance(value, t) and (t is bool or not isinstance(value, bool)) for k in kinds if k != "None"
+            for t in allowed[k])
+        if ok and isinstance(value, float) and not math.isfinite(value):
+            ok = False
+        if not ok:
+            raise ConfigError(f"{source}: damaged plan ({cls.__name__}.{f.name} is {value!r:.60}, expected {f.type}); "
+                              f"make it again with faste-mm plan")
 
 
 def pareto_front(costs: Sequence[float], agreements: Sequence[float]) -> list[bool]:

@@ -80,7 +80,8 @@ def choose_dtype(
     checkpoint_dtype: torch.dtype | None = None,
     cpu_flags: Callable[[], frozenset[str]] | None = None,
 ) -> DtypeChoice:
-    """The dtype to run in, with the reason.
+    """The dtype to run in, with the reason ("int8": torch.int8, meaning int8 linear layers over
+    float32, only on a CPU with int8 dot products; ConfigError elsewhere).
 
     "auto": bfloat16 on CUDA; on a CPU, bfloat16 when the CPU multiplies bfloat16 natively (a flag
     of `CPU_BF16_FLAGS`) and the checkpoint is stored in 16 bits (`checkpoint_dtype`; None = not
@@ -90,9 +91,14 @@ def choose_dtype(
     """
     if isinstance(dtype, torch.dtype):
         return DtypeChoice(dtype, "given by the caller")
+    if dtype == "int8":  # opt-in: int8 linear layers over float32 (model/int8.py); refused where it cannot pay
+        from faste_mm.model.int8 import int8_support
+
+        feature = int8_support(device, (cpu_flags or read_cpu_flags)())
+        return DtypeChoice(torch.int8, f"asked for (--dtype int8): int8 linear layers on {feature}, the rest float32")
     if dtype != "auto":
         if dtype not in _DTYPES:
-            raise ConfigError(f"dtype must be 'auto' or one of {', '.join(_DTYPES)}, got {dtype!r}")
+            raise ConfigError(f"dtype must be 'auto', 'int8' or one of {', '.join(_DTYPES)}, got {dtype!r}")
         return DtypeChoice(_DTYPES[dtype], "asked for (--dtype)")
     if device.type == "cuda":
         return DtypeChoice(torch.bfloat16, "CUDA device")
@@ -218,8 +224,9 @@ def load_model(
                              f"Qwen/Qwen3-VL-Embedding-2B")
     dtype_choice = choose_dtype(dtype, torch_device, checkpoint_dtype(config))
     log.info("%s runs in %s", name_or_path, dtype_choice.describe())
-    kwargs = dict(revision=revision, dtype=dtype_choice.dtype, attn_implementation=attn_implementation,
-                  local_files_only=offline is not None)
+    is_int8 = dtype_choice.dtype == torch.int8  # loaded in float32, its linear layers quantized below
+    kwargs = dict(revision=revision, dtype=torch.float32 if is_int8 else dtype_choice.dtype,
+                  attn_implementation=attn_implementation, local_files_only=offline is not None)
     try:
         import transformers
 
@@ -231,7 +238,12 @@ def load_model(
         raise weights_error(name_or_path, error) from None
     # A local directory is recorded absolute so collections find it again from any folder.
     model_id = str(Path(name_or_path).absolute()) if Path(name_or_path).is_dir() else str(name_or_path)
-    return assemble(model.to(torch_device).eval(), preprocessor, model_id, revision, serializer_config, prompt, dtype_choice)
+    model = model.to(torch_device).eval()
+    if is_int8:
+        from faste_mm.model.int8 import quantize_model
+
+        quantize_model(model)
+    return assemble(model, preprocessor, model_id, revision, serializer_config, prompt, dtype_choice)
 
 
 def assemble(

@@ -19,6 +19,9 @@ from dataclasses import dataclass
 import torch
 from torch.nn.functional import scaled_dot_product_attention
 
+from faste_mm.model.backbones.machine import read_cpu_flags
+from faste_mm.model.kernel_choice import KernelTrials, TrialCache, machine_key, requested_attention_dtype
+
 TOWER_ATTENTION = ("auto", "flash-attn", "sdpa")
 
 
@@ -124,7 +127,11 @@ class PackedVisionTower:
     (fp32, < 1e-5) to `model.visual(pixel_values, grid_thw)`'s pooler_output / deepstack_features.
     """
 
-    def __init__(self, visual, attention: str = "auto") -> None:
+    def __init__(self, visual, attention: str = "auto", attention_dtype: str | None = None,
+                 trials: KernelTrials | None = None) -> None:
+        """attention_dtype: on a CPU with a 16-bit tower, "auto" (default: $FASTE_MM_TOWER_ATTENTION_DTYPE,
+        else "auto") attends in whichever of float32 and the model's dtype a trial measures faster
+        (`kernel_choice`); "float32" or "bfloat16" forces it. `trials` is injectable for tests."""
         from transformers.vision_utils import get_vision_interpolation_indices_and_weights, get_vision_position_ids
 
         self.visual = visual
@@ -133,6 +140,9 @@ class PackedVisionTower:
         weight = visual.patch_embed.proj.weight
         self.attend = tower_kernel(attention, weight.device, weight.dtype)
         self.deepstack_levels = {layer: level for level, layer in enumerate(visual.deepstack_visual_indexes)}
+        requested = requested_attention_dtype(attention_dtype)
+        self.trials = trials or KernelTrials("tower attention", requested,
+                                             TrialCache(machine_key(read_cpu_flags())))
 
     def __call__(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> VisionFeatures:
         """pixel_values [N, C x T_p x P x P] patches of every image/video in order, grid_thw [n, 3]."""
@@ -147,26 +157,45 @@ class PackedVisionTower:
         cos, sin = visual.rotary_pos_emb(hidden, self._position_ids(grid_thw, merge))  # [N, D] float32 each
         cos, sin = cos[:, None, None, :], sin[:, None, None, :]  # broadcast over q/k and heads
         frames = frame_runs(grid_thw)
+        bucket = self._bucket(frames, hidden)
         deepstack: list[torch.Tensor] = []
         for index, block in enumerate(visual.blocks):
-            hidden = hidden + self._attention(block.attn, block.norm1(hidden), cos, sin, frames)
+            hidden = hidden + self._attention(block.attn, block.norm1(hidden), cos, sin, frames, bucket)
             hidden = hidden + block.mlp(block.norm2(hidden))
             if index in self.deepstack_levels:
                 deepstack.append(visual.deepstack_merger_list[self.deepstack_levels[index]](hidden))
         sizes = (grid_thw.prod(-1) // merge**2).tolist()
         return VisionFeatures(visual.merger(hidden), tuple(deepstack), sizes)
 
-    def _attention(self, attention, x: torch.Tensor, cos, sin, frames: FrameRuns) -> torch.Tensor:
+    def _bucket(self, frames: FrameRuns, hidden: torch.Tensor) -> str | None:
+        """The shape bucket whose attention dtype is settled by trial, or None where no trial
+        applies: CUDA attends in the model's dtype (its kernels are made for it), and a float32
+        tower has nothing to choose. Frames are bucketed by the power of two above the longest."""
+        if hidden.device.type != "cpu" or hidden.dtype == torch.float32:
+            return None
+        heads = self.visual.blocks[0].attn.num_heads
+        longest = 1 << max(frames.longest - 1, 0).bit_length()
+        return f"cpu {str(hidden.dtype).removeprefix('torch.')} {heads}x{hidden.shape[-1] // heads} frames<={longest}"
+
+    def _attention(self, attention, x: torch.Tensor, cos, sin, frames: FrameRuns, bucket: str | None) -> torch.Tensor:
         """The block's attention: qkv, 2-D RoPE in float32 (as transformers rotates), per-frame
-        attention, output projection."""
+        attention in the settled dtype, output projection."""
         n = x.shape[0]
         qkv = attention.qkv(x).view(n, 3, attention.num_heads, -1)  # [N, 3, A, D]
         qk = rotate_qk(qkv[:, :2], cos, sin)  # [N, 2, A, D] float32
-        # On a CPU torch's attention kernel is no faster in bfloat16 and at the tower's 16-64-wide
-        # heads several times slower on a page's one long frame (measured 4.5x end to end on a
-        # page at the cap, docs/benchmarks-log.md): attend in float32 there (q/k are float32 already),
-        # as the GPU kernels attend in the model's dtype.
-        dtype = torch.float32 if x.device.type == "cpu" else x.dtype
-        q, k = qk.to(dtype).unbind(1)  # [N, A, D] each
-        attended = self.attend(q, k, qkv[:, 2].to(dtype), frames, attention.scaling)  # [N, A, D]
+
+        def attend(dtype: torch.dtype) -> torch.Tensor:
+            q, k = qk.to(dtype).unbind(1)  # [N, A, D] each
+            return self.attend(q, k, qkv[:, 2].to(dtype), frames, attention.scaling)  # [N, A, D]
+
+        if bucket is None:
+            attended = attend(x.dtype)
+        elif (settled := self.trials.settled(bucket)) is not None:
+            attended = attend(getattr(torch, settled.choice))
+        else:
+            # A CPU's attention kernel may be faster in float32 (no native 16-bit: up to 4.5x on a
+            # page without AMX) or in the model's dtype (AMX: 2-5x): measured on this first call
+            # (the winner's output is used), then settled for the bucket.
+            names = {"float32": torch.float32, str(x.dtype).removeprefix("torch."): x.dtype}
+            _, attended = self.trials.trial(bucket, {name: (lambda d=dtype: attend(d)) for name, dtype in names.items()})
         return attention.proj(attended.reshape(n, -1).to(x.dtype))

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from faste_mm.errors import ModelLoadError
+from faste_mm.errors import ConfigError, ModelLoadError
 from faste_mm.model.backbones.base import Backbone
 from faste_mm.model.backbones.loading import (check_local_path, checkpoint_dtype, choose_dtype, hub_unreachable, load_config,
                                               resolve_device, weights_error)
@@ -59,6 +59,9 @@ def load_reranker(
                              f"model (Embedder.from_pretrained, --model) and rerank with a reranker such as {family.example}")
     # The embedder's rule: a float32 checkpoint is never rounded down to bfloat16 on a CPU.
     dtype_choice = choose_dtype(dtype, torch_device, checkpoint_dtype(config))
+    if dtype_choice.dtype == torch.int8:
+        raise ConfigError(f"{name_or_path}: dtype int8 is offered for embedding models only; load the reranker with "
+                          f"dtype auto")
     log.info("%s runs in %s", name_or_path, dtype_choice.describe())
     try:
         import transformers

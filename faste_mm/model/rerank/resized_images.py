@@ -55,8 +55,11 @@ class ResizedImages:
 
 
 def _identity(item: Item, bounds: tuple[int, int]) -> tuple | None:
-    """(path, page, mtime_ns, size, bounds) of a file-backed image or page; None for in-memory
-    images and files that cannot be stat'ed (reading them reports the error)."""
+    """(path, page, device, inode, ctime_ns, mtime_ns, size, bounds) of a file-backed image or
+    page; None for in-memory images and files that cannot be stat'ed (reading them reports the
+    error). The inode and ctime are what a replacement changes even when it keeps the size and
+    sets the mtime back (a file renamed over it: a new inode; rewritten in place: a new ctime,
+    which no user call can set back)."""
     if isinstance(item.image, Image.Image) or item.image is None:
         return None
     try:
@@ -64,5 +67,6 @@ def _identity(item: Item, bounds: tuple[int, int]) -> tuple | None:
         stat = path.stat()
     except OSError:
         return None
-    return str(path), (item.page or 1) if item.is_pdf else None, stat.st_mtime_ns, stat.st_size, bounds
+    return (str(path), (item.page or 1) if item.is_pdf else None, stat.st_dev, stat.st_ino, stat.st_ctime_ns,
+            stat.st_mtime_ns, stat.st_size, bounds)
 

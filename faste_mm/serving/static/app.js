@@ -144,7 +144,7 @@ async function search({ id = null, pushUrl = true } = {}) {
     const result = await api("/search", { method: "POST", body: JSON.stringify(body),
                                            headers: { "Content-Type": "application/json" } });
     state.results = result;
-    render(result, id !== null ? `items like #${id}` : describe(q));
+    render(result, id !== null ? `items like #${id}` : describe(q), activeFilters(body));
   } catch (error) {
     failed(error, "Search");
   } finally {
@@ -171,15 +171,25 @@ function updateUrl(id, q, k, body = {}) {
   history.pushState({}, "", url);
 }
 
-function render(result, label) {
+// The filters a search ran with, as the status line names them ("type pdf, path */2024/*").
+function activeFilters(body) {
+  const named = [];
+  if (body.type) named.push(`type ${body.type}`);
+  if (body.path) named.push(`path ${body.path}`);
+  if (body.where) named.push(`metadata ${$("f-where").value.trim()}`);
+  return named;
+}
+
+function render(result, label, named = []) {
   const grid = $("results");
   grid.innerHTML = "";
   $("hint").hidden = true;
   $("status").hidden = false;
   const n = result.hits.length;
+  const within = named.length ? ` with ${named.join(", ")}` : "";
   $("status-text").textContent = n
-    ? `${n} result${n === 1 ? "" : "s"} for ${label} · ${Math.round(result.took_ms)} ms`
-    : `No results for ${label}.`;
+    ? `${n} result${n === 1 ? "" : "s"} for ${label}${within} · ${Math.round(result.took_ms)} ms`
+    : `No results for ${label}${within}.` + (named.length ? " Clear the filters to search everything." : "");
   const template = $("card");
   for (const hit of result.hits) {
     const card = template.content.firstElementChild.cloneNode(true);
@@ -191,6 +201,11 @@ function render(result, label) {
     const img = card.querySelector("img");
     if (hit.thumbnail) {
       loadThumbnail(img, hit.thumbnail);
+      thumb.tabIndex = 0;
+      thumb.setAttribute("role", "button");
+      thumb.setAttribute("aria-label", `Open a larger preview of ${hit.name}`);
+      thumb.addEventListener("click", () => openPreview(hit));
+      thumb.addEventListener("keydown", (e) => { if (e.key === "Enter" || e.key === " ") { e.preventDefault(); openPreview(hit); } });
       img.alt = hit.page ? `${hit.name}, page ${hit.page}` : hit.name;
       if (hit.page) thumb.classList.add("paged");
       if (kind === "video") thumb.classList.add("video");
@@ -310,6 +325,13 @@ function notePreview(hit) {
   const suffix = /\.([a-z0-9]{1,5})$/i.exec(hit.name);
   ext.textContent = suffix ? suffix[1].toUpperCase() : "NOTE";
   note.append(ext);
+  if (hit.snippet) {  // the note's first lines, sent with the hit
+    const text = document.createElement("p");
+    text.className = "snippet";
+    text.textContent = hit.snippet;
+    note.append(text);
+    return note;
+  }
   for (const width of [92, 78, 86, 60, 70]) {
     const line = document.createElement("span");
     line.className = "line";
@@ -317,6 +339,27 @@ function notePreview(hit) {
     note.append(line);
   }
   return note;
+}
+
+// ---- a larger look at one hit: the server renders /previews/{id}; Esc or a click closes it --------
+function openPreview(hit) {
+  const box = $("lightbox");
+  const img = $("lightbox-img");
+  img.removeAttribute("src");
+  img.alt = hit.page ? `${hit.name}, page ${hit.page}` : hit.name;
+  loadThumbnail(img, `/previews/${hit.id}`);
+  $("lightbox-caption").textContent =
+    `${hit.name}${hit.page ? " · page " + hit.page : ""} · score ${hit.score.toFixed(3)}`;
+  $("lightbox-caption").title = hit.uri;
+  box.hidden = false;
+  state.returnFocus = document.activeElement;
+  $("lightbox-close").focus();
+}
+
+function closePreview() {
+  if ($("lightbox").hidden) return;
+  $("lightbox").hidden = true;
+  if (state.returnFocus) state.returnFocus.focus();
 }
 
 async function loadThumbnail(img, url) {
@@ -410,6 +453,9 @@ function wire() {
     if (e.dataTransfer.files.length) setImage(e.dataTransfer.files[0]);
   });
   window.addEventListener("popstate", fromUrl);
+  $("lightbox-close").addEventListener("click", closePreview);
+  $("lightbox").addEventListener("click", (e) => { if (e.target === $("lightbox")) closePreview(); });
+  window.addEventListener("keydown", (e) => { if (e.key === "Escape") closePreview(); });
 }
 
 function hasFile(event) {

@@ -1,0 +1,199 @@
+"""Kernel choices that depend on the CPU, settled by measurement instead of a fixed rule: the first
+time a choice is needed for a device and shape bucket, each candidate runs once on the real
+tensors and the fastest wins; the verdict is cached on disk keyed by the CPU's flags and torch's
+version (a verdict from another CPU or torch is ignored), so later runs do not repeat the trial.
+
+Used by the vision tower for the dtype its attention runs in (`vision_tower.PackedVisionTower`):
+on a CPU without native bfloat16 float32 attention wins, on one with AMX bfloat16 wins by 2-5x.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from faste_mm.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+# The one declaration of the override: "auto" measures, a dtype name forces it.
+TOWER_ATTENTION_DTYPE_ENV = "FASTE_MM_TOWER_ATTENTION_DTYPE"
+TOWER_ATTENTION_DTYPES = ("auto", "float32", "bfloat16")
+TRIAL_CACHE_ENV = "FASTE_MM_KERNEL_CACHE"  # a file path; "off" keeps verdicts in memory only
+
+
+def requested_attention_dtype(value: str | None = None) -> str:
+    """The tower attention dtype asked for: `value`, else $FASTE_MM_TOWER_ATTENTION_DTYPE, else
+    "auto"; ConfigError naming the variable and the valid values otherwise."""
+    source = "tower attention dtype" if value is not None else TOWER_ATTENTION_DTYPE_ENV
+    value = value if value is not None else os.environ.get(TOWER_ATTENTION_DTYPE_ENV, "auto")
+    if value not in TOWER_ATTENTION_DTYPES:
+        raise ConfigError(f"{source} must be one of {', '.join(TOWER_ATTENTION_DTYPES)}, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class KernelChoice:
+    """One settled choice: which candidate, how it was settled ("measured" now, "cached" from an
+    earlier run on this CPU and torch, "asked" by the override, "rule" where no trial applies),
+    and the trial's seconds per candidate (empty unless measured or cached)."""
+
+    kernel: str  # e.g. "tower attention"
+    choice: str  # e.g. "bfloat16"
+    how: str
+    bucket: str = ""
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def speedup(self) -> float | None:
+        """The slowest candidate's seconds over the chosen one's (None without a trial)."""
+        if len(self.seconds) < 2 or self.choice not in self.seconds:
+            return None
+        return max(self.seconds.values()) / max(self.seconds[self.choice], 1e-12)
+
+    def describe(self) -> str:
+        """E.g. "tower attention: bfloat16, measured 2.6x float32 on this CPU"."""
+        if self.how == "asked":
+            return f"{self.kernel}: {self.choice}, asked for ({TOWER_ATTENTION_DTYPE_ENV})"
+        if self.how == "rule" or self.speedup is None:
+            return f"{self.kernel}: {self.choice} ({self.how})"
+        slowest = max(self.seconds, key=self.seconds.get)
+        when = "measured" if self.how == "measured" else "measured earlier (cached)"
+        if slowest == self.choice:
+            return f"{self.kernel}: {self.choice}, {when}: all candidates equal on this CPU"
+        return f"{self.kernel}: {self.choice}, {when} {self.speedup:.1f}x {slowest} on this CPU ({self.bucket})"
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "speedup": self.speedup, "text": self.describe()}
+
+
+def machine_key(cpu_flags: frozenset[str], torch_version: str = torch.__version__) -> str:
+    """What a cached verdict is valid for: the CPU's flags and torch's version (a new CPU or a new
+    torch with other kernels measures again)."""
+    digest = hashlib.sha256(" ".join(sorted(cpu_flags)).encode()).hexdigest()[:16]
+    return f"flags:{digest} torch:{torch_version}"
+
+
+def default_cache_path() -> Path | None:
+    """$FASTE_MM_KERNEL_CACHE ("off": none), else user_cache_dir("faste-mm")/kernel_choices.json."""
+    value = os.environ.get(TRIAL_CACHE_ENV)
+    if value == "off":
+        return None
+    if value:
+        return Path(value)
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("faste-mm")) / "kernel_choices.json"
+
+
+class TrialCache:
+    """Verdicts on disk: {"machine": machine_key, "entries": {bucket: {"choice", "seconds"}}}.
+    A file written for another machine key is ignored (and replaced on the next write); an
+    unreadable file is ignored with a log line, never an error: the trial simply runs again.
+    `path` None: `default_cache_path()`, looked up on each use (the environment may change)."""
+
+    def __init__(self, machine: str, path: Path | None = None) -> None:
+        self._path = path
+        self.machine = machine
+
+    @property
+    def path(self) -> Path | None:
+        return self._path if self._path is not None else default_cache_path()
+
+    def get(self, bucket: str) -> dict | None:
+        return self._entries().get(bucket)
+
+    def put(self, bucket: str, choice: str, seconds: dict[str, float]) -> None:
+        path = self.path
+        if path is None:
+            return
+        entries = {**self._entries(), bucket: {"choice": choice, "seconds": seconds}}
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            temporary = path.with_name(path.name + f".{os.getpid()}.tmp")
+            temporary.write_text(json.dumps({"machine": self.machine, "entries": entries}, indent=1))
+            temporary.replace(path)  # atomic: a concurrent reader sees the old file or the new
+        except OSError as error:
+            log.warning("kernel choices not cached in %s (%s); the trial will run again next time", path, error)
+
+    def _entries(self) -> dict:
+        path = self.path
+        if path is None or not path.is_file():
+            return {}
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as error:
+            log.warning("ignoring unreadable kernel cache %s (%s)", path, error)
+            return {}
+        if not isinstance(data, dict) or data.get("machine") != self.machine:
+            return {}  # measured on another CPU or torch: not valid here
+        entries = data.get("entries")
+        return entries if isinstance(entries, dict) else {}
+
+
+def timed(run: Callable[[], torch.Tensor]) -> tuple[float, torch.Tensor]:
+    """(seconds, result) of one call (CUDA work is waited for)."""
+    started = time.perf_counter()
+    result = run()
+    if result.device.type == "cuda":
+        torch.cuda.synchronize(result.device)
+    return time.perf_counter() - started, result
+
+
+def fastest(candidates: dict[str, Callable[[], torch.Tensor]], timer=timed) -> tuple[str, dict[str, float], torch.Tensor]:
+    """Run each candidate once (`timer(run)` -> (seconds, result)); (the fastest's name, seconds
+    per candidate, the fastest's result). Ties go to the first candidate."""
+    seconds: dict[str, float] = {}
+    results: dict[str, torch.Tensor] = {}
+    for name, run in candidates.items():
+        seconds[name], results[name] = timer(run)
+    best = min(seconds, key=lambda name: seconds[name])
+    return best, seconds, results[best]
+
+
+class KernelTrials:
+    """The choices of one model on one device, settled per shape bucket: from the override, else
+    the in-memory verdict, else the disk cache, else a trial on the caller's real inputs (whose
+    winning result is returned, so the trial costs only the losing candidates' time)."""
+
+    def __init__(self, kernel: str, requested: str, cache: TrialCache | None, timer=timed) -> None:
+        self.kernel = kernel
+        self.requested = requested
+        self.cache = cache
+        self.timer = timer
+        self.choices: dict[str, KernelChoice] = {}
+
+    def settled(self, bucket: str) -> KernelChoice | None:
+        """The choice for `bucket` without running anything, when it is already known."""
+        if self.requested != "auto":
+            return self.choices.setdefault(bucket, KernelChoice(self.kernel, self.requested, "asked", bucket))
+        if bucket in self.choices:
+            return self.choices[bucket]
+        record = self.cache.get(bucket) if self.cache is not None else None
+        if record is not None and isinstance(record.get("choice"), str):
+            choice = KernelChoice(self.kernel, record["choice"], "cached", bucket, dict(record.get("seconds") or {}))
+            self.choices[bucket] = choice
+            log.info("%s", choice.describe())
+            return choice
+        return None
+
+    def trial(self, bucket: str, candidates: dict[str, Callable[[], torch.Tensor]]) -> tuple[KernelChoice, torch.Tensor]:
+        """Time each candidate once on the real inputs; record and cache the winner."""
+        best, seconds, result = fastest(candidates, self.timer)
+        choice = KernelChoice(self.kernel, best, "measured", bucket, seconds)
+        self.choices[bucket] = choice
+        if self.cache is not None:
+            self.cache.put(bucket, best, seconds)
+        log.info("%s", choice.describe())
+        return choice, result
+
+    def describe(self) -> list[str]:
+        return [choice.describe() for choice in self.choices.values()]

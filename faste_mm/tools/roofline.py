@@ -1,0 +1,102 @@
+"""The roofline `faste-mm bench` judges CPU (and GPU) speed by: this machine's matrix-multiply rate
+per dtype, measured with a short calibrated GEMM at the start of a run, and per stage of the forward
+(vision tower, decoder) the achieved TFLOP/s (the FLOP counts of `model/flops.py` over the stage's
+seconds) and its fraction of the rate in the dtype the model ran in.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+# A square GEMM the size of a 2B model's projections: large enough for AMX/tensor cores to reach
+# their rate, small enough (17 GFLOP) that calibration stays a fraction of a second per dtype.
+GEMM_SIZE = 2048
+RATE_DTYPES = ("bfloat16", "float32", "int8")
+
+
+@dataclass(frozen=True, slots=True)
+class MatmulRate:
+    """One dtype's measured rate: the best of `repeats` timed GEMMs after a warm-up."""
+
+    dtype: str
+    tflops: float  # 10^12 multiply-adds x 2 per second
+    size: int  # M = N = K
+    repeats: int
+    kernel: str  # what multiplied: "matmul" or the int8 path's quantized linear
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def measure_rates(device: torch.device, dtypes: tuple[str, ...] = RATE_DTYPES, budget_s: float = 0.6,
+                  size: int = GEMM_SIZE) -> dict[str, MatmulRate]:
+    """Each dtype's rate on `device`; int8 only on a CPU (the int8 path, `model/int8.py`, is
+    CPU-only), and through the same quantized linear layer that path runs. `budget_s` bounds the
+    timed repeats per dtype (at least 2)."""
+    rates = {}
+    for dtype in dtypes:
+        if dtype == "int8" and device.type != "cpu":
+            continue
+        run, kernel = _gemm(dtype, device, size)
+        rates[dtype] = _calibrated(run, dtype, size, kernel, device, budget_s)
+    return rates
+
+
+def _gemm(dtype: str, device: torch.device, size: int):
+    generator = torch.Generator().manual_seed(0)
+    a = torch.randn(size, size, generator=generator)
+    b = torch.randn(size, size, generator=generator)
+    if dtype == "int8":
+        from faste_mm.model.int8 import quantize_linear
+
+        layer = quantize_linear(torch.nn.Linear(size, size, bias=False).eval())
+        return (lambda: layer(a)), "dynamic int8 linear (torch.ao, onednn)"
+    a, b = a.to(device, getattr(torch, dtype)), b.to(device, getattr(torch, dtype))
+    return (lambda: a @ b), "matmul"
+
+
+@torch.inference_mode()
+def _calibrated(run, dtype: str, size: int, kernel: str, device: torch.device, budget_s: float) -> MatmulRate:
+    def once() -> float:
+        started = time.perf_counter()
+        run()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter() - started
+
+    once()  # warm-up: kernel selection, AMX tile setup, allocator
+    first = once()
+    repeats = max(2, min(50, int(budget_s / max(first, 1e-6))))
+    best = min([first] + [once() for _ in range(repeats - 1)])
+    return MatmulRate(dtype, 2 * size**3 / best / 1e12, size, repeats, kernel)
+
+
+@dataclass(frozen=True, slots=True)
+class StageRate:
+    """One stage of the forward against the roofline."""
+
+    stage: str  # "tower" or "decoder"
+    flops: int
+    seconds: float
+    tflops: float  # achieved
+    peak_tflops: float  # the measured GEMM rate in the dtype it ran in
+    fraction: float  # achieved / peak
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def stage_rates(stages: dict[str, tuple[int, float]], dtype: str, rates: dict[str, MatmulRate]) -> dict[str, StageRate]:
+    """{stage: (flops, seconds)} -> {stage: StageRate} against `rates[dtype]`; stages with no
+    FLOPs or no time (a text-only run's tower) are left out, as is everything without a rate."""
+    rate = rates.get(dtype)
+    out = {}
+    for stage, (flops, seconds) in stages.items():
+        if rate is None or flops <= 0 or seconds <= 0:
+            continue
+        achieved = flops / seconds / 1e12
+        out[stage] = StageRate(stage, int(flops), seconds, achieved, rate.tflops, achieved / rate.tflops)
+    return out
