@@ -62,6 +62,8 @@ def info_command(
                         ("index type", info.index_type), ("index", info.index_factory or "-"),
                         ("reranker (search)", profile.reranker or "-"),
                         ("watch (faste-mm watch)", describe_watch(watch)),
+                        ("min score (search)", "-" if profile.min_score is None else profile.min_score),
+                        ("photo facts", _facts_summary(info.facts)),
                         ("size on disk", f"{info.size_bytes / 2**20:.2f} MiB")):
         table.add_row(name, markup_safe(value))
     stdout.print(table)
@@ -157,3 +159,12 @@ def load_reranker(model: str | None, root: Path, r_max: str, protect: str, devic
     with Progress().loading(model):
         return Reranker.from_pretrained(model, r_max=one_ratio(r_max) or 0.0, protect=protect, device=device,
                                         tower_cache_bytes=tower_cache_mb << 20)
+
+
+def _facts_summary(facts: dict) -> str:
+    """`info`'s line on the items' facts (docs/photos.md)."""
+    if not facts:
+        return "- (index the folders again to read them)"
+    dated = f"{facts['dated']} dated" + (f" ({facts['taken_first'][:10]} .. {facts['taken_last'][:10]})"
+                                         if facts["taken_first"] else "")
+    return f"{facts['items']} items: {dated}, {facts['with_gps']} with GPS, {facts['with_keywords']} with keywords"

@@ -5,7 +5,6 @@ on stdout as a table, --format json or paths. Every option also reads a FASTE_MM
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from enum import Enum
@@ -46,9 +45,23 @@ def search_command(
                                               help="Query instruction. Default: 'Retrieve images or text "
                                                    "relevant to the user's query.' for text queries."),
     where: list[str] = typer.Option([], "--where", envvar="FASTE_MM_WHERE",
-                                    help="Only items whose metadata has KEY equal to VALUE, as KEY=VALUE; "
-                                         "repeatable (all must hold). VALUE is a number, true/false, or text "
-                                         "(quote a number to match it as text: year='\"2024\"')."),
+                                    help="Only items meeting a condition; repeatable (all must hold). On the facts "
+                                         "read from the files: taken>=2024-05-01, taken<2025, camera~pixel (~: "
+                                         "contains), rating>=4, place~lisbon, keyword=beach, has:gps (see "
+                                         "docs/photos.md); on metadata: KEY=VALUE, VALUE a number, true/false, or "
+                                         "text (quote a number to match it as text: year='\"2024\"')."),
+    since: Optional[str] = typer.Option(None, "--since", envvar="FASTE_MM_SINCE",
+                                        help="Only items taken on or after this date (YYYY, YYYY-MM, YYYY-MM-DD, or "
+                                             "an ISO time; UTC unless it has an offset)."),
+    until: Optional[str] = typer.Option(None, "--until", envvar="FASTE_MM_UNTIL",
+                                        help="Only items taken on or before this date, all of it (--until 2024-05 "
+                                             "keeps May)."),
+    sort: str = typer.Option("relevance", "--sort", envvar="FASTE_MM_SORT",
+                             help="relevance (default) | date (oldest first) | -date (newest first): the k best "
+                                  "hits, in this order."),
+    min_score: Optional[float] = typer.Option(None, "--min-score", envvar="FASTE_MM_MIN_SCORE",
+                                              help="Drop hits whose cosine score is below this, -1..1 (e.g. 0.3). "
+                                                   "Default: the collection's (index --min-score), else none."),
     kind: list[str] = typer.Option([], "--type", envvar="FASTE_MM_TYPE",
                                    help="Only items of this kind: image | pdf | text | video; repeatable (any of them)."),
     path: Optional[str] = typer.Option(None, "--path", envvar="FASTE_MM_PATH",
@@ -91,7 +104,7 @@ def search_command(
 
         if mode not in MODES:
             usage_error(f"--mode must be one of {', '.join(MODES)}, got {mode!r}")
-    conditions = _parse_where(where)
+    conditions, facts, order = _checked_filters(where, since, until, sort, min_score)
     try:
         served = None
         # The server answers plain dense text searches; a reranked, lexical/hybrid, image, video or
@@ -100,7 +113,7 @@ def search_command(
                       or mode != "dense" or rescore is not None or lexical_syntax)
         # (the server's /info says whether the collection records a reranker: no manifest read here)
         if not no_server and not local_only:
-            served = search_through_server(collection, query, k, conditions, kind, path, not no_rerank, debug)
+            served = search_through_server(collection, query, k, where, kind, path, not no_rerank, debug, order)
         if served is not None:
             root, hits = served
         else:
@@ -112,9 +125,9 @@ def search_command(
                 reranker = None if no_rerank else load_reranker(rerank, retriever.collection, rerank_r_max,
                                                                  rerank_protect, device, rerank_tower_cache_mb)
                 hits = retriever.search(query, image=image, video=video, k=k, instruction=instruction,
-                                        where=conditions, type=kind or None, path=path, mode=mode, rescore=rescore,
+                                        where=list(where), type=kind or None, path=path, mode=mode, rescore=rescore,
                                         lexical_syntax=lexical_syntax, rerank=False if reranker is None else reranker,
-                                        rerank_top=rerank_top)
+                                        rerank_top=rerank_top, **order)
                 root = retriever.collection
     except FasteError as error:
         fail(error, debug)
@@ -122,7 +135,9 @@ def search_command(
         payload = {"query": {"text": query, "image": None if image is None else str(image),
                              "video": None if video is None else str(video)},
                    "collection": str(root), "k": k, "mode": mode,
-                   "filter": {"where": conditions, "types": list(kind), "path": path},
+                   "filter": {"where": conditions, "types": list(kind), "path": path,
+                              "facts": [str(c) for c in facts], "since": since, "until": until},
+                   "sort": sort, "min_score": min_score,
                    "hits": [{"rank": rank, **hit.to_dict()} for rank, hit in enumerate(hits, 1)]}
         print_json(payload)
     elif output is SearchFormat.paths:
@@ -135,28 +150,44 @@ def search_command(
     else:
         table = Table(title=f"{len(hits)} results")
         reranked = any(hit.rerank_score is not None for hit in hits)
+        # photos: the date taken (from the file, not its mtime) and the place, when some hit has one
+        dated = any(h.facts is not None and h.facts.taken_source not in (None, "mtime") for h in hits)
+        placed = any(h.facts is not None and h.facts.place for h in hits)
         columns = (("rank", "right"), ("score", "right"), *((("rerank", "right"),) if reranked else ()),
-                   ("file", "left"), ("page", "right"))
+                   ("file", "left"), ("page", "right"), *((("taken", "left"),) if dated else ()),
+                   *((("place", "left"),) if placed else ()))
         for column, justify in columns:
             table.add_column(column, justify=justify, overflow="fold")
         for rank, hit in enumerate(hits, 1):
             rerank_cell = () if not reranked else ("-" if hit.rerank_score is None else f"{hit.rerank_score:.4f}",)
+            facts_cells = ((_taken_cell(hit),) if dated else ()) + ((markup_safe(hit.facts.place or "")
+                                                                     if hit.facts else "",) if placed else ())
             table.add_row(str(rank), f"{hit.score:.4f}", *rerank_cell, markup_safe(hit.uri),
-                          "" if hit.page is None else str(hit.page))
+                          "" if hit.page is None else str(hit.page), *facts_cells)
         stdout.print(table)
 
 
-def _parse_where(conditions: list[str]) -> dict:
-    """--where KEY=VALUE options -> {key: value}: VALUE read as JSON when it is a number, true or
-    false, or a quoted string; any other text as itself (so tag=invoice needs no quotes)."""
-    parsed = {}
-    for condition in conditions:
-        key, sep, text = condition.partition("=")
-        if not sep or not key.strip():
-            usage_error(f"--where takes KEY=VALUE, e.g. --where tag=invoice; got {condition!r}")
-        try:
-            value = json.loads(text)
-        except ValueError:
-            value = text
-        parsed[key.strip()] = value if isinstance(value, (str, int, float, bool)) else text
-    return parsed
+def _taken_cell(hit) -> str:
+    """The date taken as recorded (local time and offset), or "" (none, or only the file's mtime)."""
+    if hit.facts is None or hit.facts.taken_source in (None, "mtime"):
+        return ""
+    return hit.facts.taken_iso().replace("T", " ")
+
+
+def _checked_filters(where: list[str], since: str | None, until: str | None, sort: str,
+                     min_score: float | None) -> tuple[dict, tuple, dict]:
+    """The --where conditions (metadata dict, fact conditions) and the order options, checked here so
+    a bad one is a usage error (exit 2) naming the value and the valid form, before any model loads."""
+    from faste_mm.errors import ConfigError
+    from faste_mm.indexers.filters import parse_where
+    from faste_mm.retrieval import result_order
+
+    try:
+        conditions, facts = parse_where(where)
+        facts += result_order.date_conditions(since, until)
+        result_order.check_sort(sort)
+        result_order.check_min_score(min_score)
+    except ConfigError as error:
+        usage_error(str(error).replace("min_score", "--min-score").replace("search since", "--since")
+                    .replace("search until", "--until").replace("search sort", "--sort").replace("where ", "--where ", 1))
+    return conditions, facts, {"since": since, "until": until, "sort": sort, "min_score": min_score}

@@ -8,16 +8,18 @@ from pathlib import Path
 from faste_mm.cli.common import stderr
 
 
-def search_through_server(collection: str | None, query: str, k: int, where: dict, types: list[str],
-                          path: str | None, rerank: bool, debug: bool) -> tuple[Path, list] | None:
+def search_through_server(collection: str | None, query: str, k: int, where: list[str], types: list[str],
+                          path: str | None, rerank: bool, debug: bool, order: dict | None = None) -> tuple[Path, list] | None:
     """(collection root, hits) from the server announced in the collection, or None (no live
     server for it, it could not answer, or -- with `rerank` -- the collection records a reranker:
-    the caller loads the model). With --debug, says which.
+    the caller loads the model). With --debug, says which. `where`: the --where strings, sent as
+    given (the server parses them as this search would); `order`: since, until, sort, min_score.
 
     The thin client: every module imported here is light (no torch, transformers, FAISS or
     numpy), so a search answered by the server costs a Python start-up and one HTTP round trip.
     """
-    from faste_mm.indexers.filters import SearchFilter
+    from faste_mm.indexers.facts import facts_from_dict
+    from faste_mm.indexers.filters import SearchFilter, parse_where
     from faste_mm.retrieval.hits import Hit
     from faste_mm.retrieval.locations import collection_path
     from faste_mm.serving.discovery import find_server, search_via_server
@@ -25,10 +27,11 @@ def search_through_server(collection: str | None, query: str, k: int, where: dic
     root = collection_path(collection)
     # Checked here (a bad filter is the user's error either way); a relative path glob is made
     # absolute against this shell's folder, not the server's.
-    checked = SearchFilter(where=where, types=tuple(types), path=path)
+    metadata, facts = parse_where(where)
+    checked = SearchFilter(where=metadata, types=tuple(types), path=path, facts=facts)
     address = find_server(root) if k <= 1000 else None  # the server answers at most 1000 hits
-    rows = None if address is None else search_via_server(address, root, query, k, checked.where, checked.types,
-                                                          checked.path, rerank=rerank)
+    rows = None if address is None else search_via_server(address, root, query, k, list(where), checked.types,
+                                                          checked.path, rerank=rerank, order=order)
     if debug:
         stderr.print(f"search: through the server at {address.url} (pid {address.pid})" if rows is not None else
                      "search: loading the model here (" + ("no running faste-mm serve for this collection)"
@@ -38,4 +41,4 @@ def search_through_server(collection: str | None, query: str, k: int, where: dic
                      highlight=False, markup=False)
     if rows is None:
         return None
-    return root, [Hit(**row) for row in rows]
+    return root, [Hit(**{**row, "facts": facts_from_dict(row.get("facts"))}) for row in rows]

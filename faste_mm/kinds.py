@@ -38,7 +38,8 @@ class Kind:
 
 
 KINDS: dict[str, Kind] = {kind.name: kind for kind in (
-    Kind("image", frozenset({".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff"}),
+    Kind("image", frozenset({".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff",
+                              ".heic", ".heif", ".avif"}),
          "image", "image", ("image", "image+text"), "image", "image"),
     Kind("pdf", frozenset({".pdf"}), "page", "pdf", ("page",), "page", "pdf-pages"),
     Kind("text", frozenset({".txt", ".md"}), "text", "text", ("text",), None, "text"),
@@ -46,6 +47,26 @@ KINDS: dict[str, Kind] = {kind.name: kind for kind in (
          "video", "video", ("video", "video+text"), "frame", "video"),
 )}
 UNSUPPORTED = "unsupported"  # the kind of any other file (recorded as a failure when named)
+
+
+@dataclass(frozen=True, slots=True)
+class Plugin:
+    """A Pillow plugin some image suffixes need: `module`'s function `register` adds the opener
+    (None: Pillow registers it itself, and `feature` names its codec in `PIL.features`); `extra`
+    says how to install it."""
+
+    suffixes: frozenset[str]
+    module: str
+    register: str | None
+    extra: str
+    feature: str | None = None
+
+
+# iPhone photos are HEIC (HEVC in HEIF); pillow-heif (libheif) reads them with their EXIF and XMP.
+# AVIF: Pillow >= 11.2 reads it itself where its wheel has libavif (checked when an AVIF opens).
+PLUGINS = (Plugin(frozenset({".heic", ".heif"}), "pillow_heif", "register_heif_opener",
+                  "pip install 'faste-mm[photos]' (pillow-heif)"),
+           Plugin(frozenset({".avif"}), "PIL.AvifImagePlugin", None, "pip install -U 'pillow>=11.2'", feature="avif"))
 
 FILTER_TYPES: dict[str, tuple[str, ...]] = {kind.filter_type: kind.matches for kind in KINDS.values()}
 SUPPORTED_SUFFIXES = ", ".join(sorted(s for kind in KINDS.values() for s in kind.suffixes))

@@ -28,6 +28,8 @@ from faste_mm.indexers import file_identity
 from faste_mm.indexers.compaction import compact_parts
 from faste_mm.indexers.crash_points import crash_point
 from faste_mm.indexers.derived_index import DerivedIndex, max_part
+from faste_mm.indexers import fact_rows
+from faste_mm.indexers.facts import ItemFacts
 from faste_mm.indexers.filters import SearchFilter
 from faste_mm.indexers.manifest import Manifest, read_manifest, write_manifest
 from faste_mm.indexers.records import CollectionInfo, FileStat, ItemRecord, ScanPlan, Status, check_rows
@@ -443,7 +445,8 @@ class Collection:
 
     def find(self, k: int, *, queries: np.ndarray | None = None, texts: Sequence[str] | None = None,
              mode: str = "dense", where: SearchFilter | None = None, nprobe: int | None = None,
-             ef_search: int | None = None, rescore: int | None = None, lexical_syntax: bool = False) -> search.Found:
+             ef_search: int | None = None, rescore: int | None = None, lexical_syntax: bool = False,
+             min_score: float | None = None) -> search.Found:
         """Search by vectors (mode "dense", = `search_records`), by words (mode "lexical": BM25 over
         the items' text, file names, path words and metadata values; needs no vectors) or by both
         (mode "hybrid": reciprocal-rank fusion of the two lists, each `search.hybrid_depth(k)` deep; the
@@ -453,6 +456,7 @@ class Collection:
         as plain words unless `lexical_syntax` (FTS5 syntax: AND, OR, NOT, "phrases", prefix*; an
         invalid expression raises InputError); where filters both sides. Returns `search.Found`,
         whose `sources` say which side found each hit. Read from one snapshot, as `search_records`.
+        min_score: dense hits scoring below this cosine are dropped (dense and hybrid modes).
         """
         if mode not in search.MODES:
             raise ConfigError(f"search mode must be one of {search.MODES}, got {mode!r}")
@@ -481,7 +485,7 @@ class Collection:
                 mode, k,
                 lambda: self._search_snapshot(queries, depth, nprobe, ef_search, where, dense_rescore()),
                 lambda: collection_search.lexical_hits(self._store, self.root, list(texts), depth, where,
-                                                       lexical_syntax))
+                                                       lexical_syntax), min_score)
 
         scores, ids, sources, records = self._in_snapshot(run)
         return search.Found(scores, ids, sources, records)
@@ -503,6 +507,19 @@ class Collection:
     def _in_snapshot(self, run: Callable[[], tuple], records: bool = True) -> tuple:
         """`run()` and the records of the ids found, in one snapshot (`collection_search.in_snapshot`)."""
         return collection_search.in_snapshot(self._store, self.root, run, retry=not self.writable, records=records)
+
+    def records_without_facts(self, uris: Sequence[str]) -> list[ItemRecord]:
+        """Live records of `uris` that have no facts yet (stored before schema 7) or facts an older
+        extractor wrote (`facts.FACTS_VERSION`): what a re-scan fills without re-embedding."""
+        self._follow_reindex()
+        return self._store.records_without_facts(list(uris))
+
+    def set_facts(self, pairs: Sequence[tuple[ItemRecord, ItemFacts]]) -> None:
+        """Give live items (records with their id, as read) these facts, and their lexical rows the
+        facts' words, in one transaction; no vector is read or written."""
+        self._require_writable("store item facts")
+        with self._store.transaction():
+            fact_rows.set_facts(self._store.db, pairs)
 
     def items_without_text(self) -> list[ItemRecord]:
         """Live items the lexical index knows only by name and metadata (stored before it existed)."""
@@ -642,4 +659,5 @@ class Collection:
             index_type=self._manifest.index_type,
             index_factory=self._index.factory or saved.index_factory,
             index_is_current=(saved.index_epoch, saved.index_max_part) == key,
-            size_bytes=size, failures=tuple(self.failures()), exclusions=tuple(self.exclusions()))
+            size_bytes=size, failures=tuple(self.failures()), exclusions=tuple(self.exclusions()),
+            facts=fact_rows.summary(self._store.db) if self._store.has_facts() else {})

@@ -193,12 +193,18 @@ def lexical_hits(store: MetaStore, root: Path, texts: list[str], k: int, where: 
 
 
 def fused_hits(mode: str, k: int, dense: Callable[[], tuple[np.ndarray, np.ndarray]],
-               lexical: Callable[[], tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+               lexical: Callable[[], tuple[np.ndarray, np.ndarray]],
+               min_score: float | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The hits of `mode` ("dense", "lexical" or "hybrid": reciprocal-rank fusion of both lists):
-    (scores [q, k], ids [q, k], sources [q, k], which side found each hit)."""
+    (scores [q, k], ids [q, k], sources [q, k], which side found each hit). `min_score`: dense hits
+    scoring below it are dropped before fusing (a cosine; lexical hits have no such scale)."""
     lists = []
     if mode != "lexical":
-        lists.append(dense())
+        scores, ids = dense()
+        if min_score is not None:
+            weak = scores < min_score  # best first: the weak ones are a row's tail, padding stays last
+            scores, ids = np.where(weak, -np.inf, scores).astype(np.float32), np.where(weak, -1, ids)
+        lists.append((scores, ids))
     if mode != "dense":
         lists.append(lexical())
     if mode == "hybrid":

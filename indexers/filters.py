@@ -11,9 +11,10 @@ import json
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
-from faste_mm.errors import ConfigError
+from faste_mm.errors import CollectionError, ConfigError
+from faste_mm.indexers.fact_filters import FactCondition, parse_fact_condition
 from faste_mm.kinds import FILTER_TYPES
 
 _SCALARS = (str, int, float, bool)
@@ -31,11 +32,14 @@ class SearchFilter:
     path: a glob on the stored uri (SQLite GLOB: case-sensitive, `*` also matches `/`), e.g.
         "*/invoices/*" or "*.pdf"; one starting with "~" or "." is made absolute first, as the
         stored uris of files are.
+    facts: conditions on the items' facts (`fact_filters`): FactConditions or strings such as
+        "taken>=2024-05-01", "taken<2025", "camera~pixel", "rating>=4", "place~lisbon", "has:gps".
     """
 
     where: Mapping[str, Any] = field(default_factory=dict)
     types: tuple[str, ...] = ()
     path: str | None = None
+    facts: tuple[FactCondition | str, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.where, Mapping):
@@ -55,6 +59,8 @@ class SearchFilter:
                 raise ConfigError(f"search type {kind!r} is not one of {', '.join(FILTER_TYPES)}")
         object.__setattr__(self, "types", types)
         object.__setattr__(self, "where", dict(self.where))
+        object.__setattr__(self, "facts", tuple(_fact(c) for c in ((self.facts,) if isinstance(self.facts, str)
+                                                                   else self.facts)))
         if self.path is not None:
             if not isinstance(self.path, str) or not self.path.strip():
                 raise ConfigError(f"search path must be a non-empty glob, got {self.path!r}")
@@ -63,7 +69,7 @@ class SearchFilter:
 
     @property
     def is_empty(self) -> bool:
-        return not self.where and not self.types and self.path is None
+        return not self.where and not self.types and self.path is None and not self.facts
 
     @property
     def modalities(self) -> tuple[str, ...]:
@@ -71,7 +77,43 @@ class SearchFilter:
         return tuple(m for kind in self.types for m in FILTER_TYPES[kind])
 
     def to_dict(self) -> dict[str, Any]:
-        return {"where": dict(self.where), "types": list(self.types), "path": self.path}
+        return {"where": dict(self.where), "types": list(self.types), "path": self.path,
+                "facts": [str(c) for c in self.facts]}
+
+
+def _fact(condition: FactCondition | str) -> FactCondition:
+    if isinstance(condition, FactCondition):
+        return condition
+    parsed = parse_fact_condition(condition) if isinstance(condition, str) else None
+    if parsed is None:
+        raise ConfigError(f"search facts: {condition!r} is not a condition on a fact; write FIELD OP VALUE "
+                          f"(e.g. taken>=2024-05-01, camera~pixel, rating>=4) or has:NAME (e.g. has:gps)")
+    return parsed
+
+
+def parse_where(conditions: Sequence[str]) -> tuple[dict[str, Any], tuple[FactCondition, ...]]:
+    """`--where` strings (and the API's) -> (metadata key -> value, fact conditions). A condition on a
+    fact ("taken>=2024-05-01", "has:gps": `fact_filters.FIELDS`, which take precedence over metadata
+    keys of the same name) or KEY=VALUE on metadata, VALUE read as JSON when it is a number, true or
+    false, or a quoted string, any other text as itself (so tag=invoice needs no quotes). ConfigError
+    naming the condition and the valid form."""
+    where: dict[str, Any] = {}
+    facts: list[FactCondition] = []
+    for condition in conditions:
+        fact = parse_fact_condition(condition)
+        if fact is not None:
+            facts.append(fact)
+            continue
+        key, sep, text = condition.partition("=")
+        if not sep or not key.strip() or any(op in key for op in "<>~!"):
+            raise ConfigError(f"where {condition!r}: write KEY=VALUE for metadata (e.g. tag=invoice), or a "
+                              f"comparison on a fact (e.g. taken>=2024-05-01, rating>=4, camera~pixel, has:gps)")
+        try:
+            value = json.loads(text)
+        except ValueError:
+            value = text
+        where[key.strip()] = value if isinstance(value, (str, int, float, bool)) else text
+    return where, tuple(facts)
 
 
 def json_path(key: str) -> str:
@@ -79,10 +121,19 @@ def json_path(key: str) -> str:
     return f'$."{key}"'
 
 
-def sql_conditions(where: SearchFilter, indexed: bool) -> tuple[list[str], list[Any]]:
+def sql_conditions(where: SearchFilter, indexed: bool, has_facts: bool = True) -> tuple[list[str], list[Any]]:
     """SQL conditions on `items` (and their bound parameters) of a live item meeting `where`;
-    `indexed`: the file has schema 5's metadata index `items_meta` (else json_extract on each row)."""
+    `indexed`: the file has schema 5's metadata index `items_meta` (else json_extract on each row);
+    `has_facts`: it has schema 7's `item_facts` (else a condition on facts is a CollectionError)."""
     clauses, params = ["items.status = 'ok'"], []
+    if where.facts and not has_facts:
+        raise CollectionError(f"the collection predates item facts (date taken, camera, place...), so it cannot "
+                              f"filter by {where.facts[0]}; run `faste-mm index` on its folders once to read them "
+                              f"(nothing is embedded again)")
+    for condition in where.facts:
+        clause, values = condition.sql()
+        clauses.append(clause)
+        params += values
     for key, value in where.where.items():
         kinds = (["true" if value else "false"] if isinstance(value, bool)
                  else ["text"] if isinstance(value, str) else ["integer", "real"])

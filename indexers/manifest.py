@@ -93,6 +93,7 @@ class Manifest:
         fixed thereafter (None until then, and for collections without 8-bit codes).
     reranker: the collection's default reranker (hub id or folder) for searches; None = none.
     ocr: the text inside images and scanned pages is read (OCR) into the lexical index at index time.
+    min_score: the searches' default minimum score (a cosine; checked by the profile); None = none.
     receipt: what `faste-mm plan` measured for these settings (read as a `PlanReceipt` by the
         profile), None when the collection was indexed without a plan; informational.
     """
@@ -124,6 +125,7 @@ class Manifest:
     faste_mm_version: str = field(default_factory=_faste_mm_version)
     reranker: str | None = None
     ocr: bool = False
+    min_score: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.model_id, str) or not self.model_id:
@@ -224,6 +226,7 @@ class Manifest:
             "reranker": self.reranker,
             "receipt": None if self.receipt is None else dict(self.receipt),
             "ocr": self.ocr,
+            "search": {"min_score": self.min_score},
         }
 
     @classmethod
@@ -258,6 +261,7 @@ class Manifest:
                 int8_ranges=vectors.get("int8_ranges"),
                 reranker=d.get("reranker"),
                 ocr=d.get("ocr", False),
+                min_score=(d.get("search") or {}).get("min_score"),
                 receipt=d.get("receipt"),
                 format_version=d.get("format_version", FORMAT_VERSION),
                 faste_mm_version=d.get("faste_mm_version", "unknown"),

@@ -19,6 +19,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from faste_mm.errors import ConfigError, InputError
+from faste_mm.indexers.facts import ItemFacts
 
 
 
@@ -52,6 +53,8 @@ class ItemRecord:
     for items without a file, and for files indexed before identities were recorded.
     `text`: the item's own words for lexical search (a text file's text, the text of an image+text
     item, a PDF page's text layer); written to the lexical index with the row, not read back.
+    `facts`: typed metadata read from the file (date taken, camera, place...: `ItemFacts`), kept
+    beside the row and fed to the lexical index; None when none was read.
     """
 
     uri: str
@@ -68,6 +71,7 @@ class ItemRecord:
     text: str | None = None
     dev: int | None = None
     ino: int | None = None
+    facts: ItemFacts | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.uri, str) or not self.uri:
@@ -86,6 +90,7 @@ class ItemRecord:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["metadata"] = dict(self.metadata) if self.metadata is not None else None
+        d["facts"] = self.facts.to_dict() if self.facts is not None else None
         del d["text"]  # input for the lexical index only (never read back)
         return d
 
@@ -156,9 +161,11 @@ class CollectionInfo:
     exclusions: tuple[str, ...] = field(default=())
     vectors: str = "float32"  # index precision (Manifest.vectors)
     keep: str = "float"  # copy kept on disk for rescoring (Manifest.keep)
+    facts: Mapping[str, Any] = field(default_factory=dict)  # the items' facts in numbers (fact_rows.summary)
 
     def to_dict(self) -> dict[str, Any]:
         d = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        d["facts"] = dict(self.facts)
         d["failures"] = [r.to_dict() for r in self.failures]
         d["exclusions"] = list(self.exclusions)
         return d

@@ -12,9 +12,11 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-SCHEMA_VERSION = 6
+from faste_mm.indexers.facts import COLUMNS as FACT_COLUMNS
+
+SCHEMA_VERSION = 7
 # Readers accept files this old: the migrations after it only add tables a reader can do without
-# (exclusions, the lexical index, the metadata index) or escape a character no real name holds (see ESC).
+# (exclusions, the lexical index, the metadata index, the facts) or escape a character no real name holds (see ESC).
 READABLE_FROM_VERSION = 1
 
 
@@ -206,7 +208,28 @@ def _migrate_5_to_6(db: sqlite3.Connection) -> None:
                "ino INTEGER NOT NULL)")
 
 
+def _migrate_6_to_7(db: sqlite3.Connection) -> None:
+    # Each live item's facts (indexers/facts.py: date taken, camera, GPS and place, XMP/IPTC...),
+    # typed columns; `taken` a UTC instant with the recorded offset beside it. Items stored before
+    # have no row: the next scan of their files reads the facts without re-embedding them.
+    columns = ", ".join(f"{name} {_FACT_TYPES.get(name, 'TEXT')}" for name in FACT_COLUMNS)
+    db.execute(f"CREATE TABLE IF NOT EXISTS item_facts (id INTEGER PRIMARY KEY, version INTEGER NOT NULL, {columns})")
+    # A date range (`taken>=2024-05-01`, --since/--until, sort by date) reads a range of this index.
+    db.execute("CREATE INDEX IF NOT EXISTS item_facts_taken ON item_facts (taken) WHERE taken IS NOT NULL")
+    db.execute("CREATE INDEX IF NOT EXISTS item_facts_rating ON item_facts (rating) WHERE rating IS NOT NULL")
+    # An item's facts leave with it, whichever path tombstones or deletes it (as the lexical index does).
+    db.execute("CREATE TRIGGER IF NOT EXISTS item_facts_tombstone AFTER UPDATE OF status ON items "
+               "WHEN old.status = 'ok' AND new.status != 'ok' "
+               "BEGIN DELETE FROM item_facts WHERE id = old.id; END")
+    db.execute("CREATE TRIGGER IF NOT EXISTS item_facts_delete AFTER DELETE ON items "
+               "BEGIN DELETE FROM item_facts WHERE id = old.id; END")
+
+
+_FACT_TYPES = {"taken": "REAL", "taken_offset_min": "INTEGER", "lat": "REAL", "lon": "REAL", "alt": "REAL",
+               "orientation": "INTEGER", "width": "INTEGER", "height": "INTEGER", "rating": "INTEGER",
+               "duration_s": "REAL"}
+
 # MIGRATIONS[v] upgrades schema version v to v + 1.
 MIGRATIONS = {0: _migrate_0_to_1, 1: _migrate_1_to_2, 2: _migrate_2_to_3, 3: _migrate_3_to_4, 4: _migrate_4_to_5,
-              5: _migrate_5_to_6}
+              5: _migrate_5_to_6, 6: _migrate_6_to_7}
 assert len(MIGRATIONS) == SCHEMA_VERSION

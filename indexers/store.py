@@ -16,17 +16,19 @@ import sqlite3
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
 from faste_mm.errors import CollectionError, InputError
+from faste_mm.indexers import fact_rows
+from faste_mm.indexers.fact_rows import lexical_meta
+from faste_mm.indexers.facts import ItemFacts
 from faste_mm.indexers import file_identity
 from faste_mm.indexers.filters import SearchFilter, sql_conditions
 from faste_mm.indexers.records import FileStat, ItemRecord, Status
 from faste_mm.indexers.remembered import Remembered
-from faste_mm.indexers.schema import (MIGRATIONS, READABLE_FROM_VERSION, SCHEMA_VERSION, from_db, id_list,
-                                     metadata_words, to_db)
+from faste_mm.indexers.schema import MIGRATIONS, READABLE_FROM_VERSION, SCHEMA_VERSION, from_db, id_list, to_db
 from faste_mm.indexers.database_file import DB_NAME, damaged_database, translate_errors
 
 log = logging.getLogger(__name__)
@@ -37,12 +39,13 @@ _ITEM_COLUMNS = ("id, uri, page, modality, size, mtime, content_hash, status, er
                  "metadata, part, row")
 
 
-def _row_to_record(row: Sequence[Any]) -> ItemRecord:
+def _row_to_record(row: Sequence[Any], facts: ItemFacts | None = None) -> ItemRecord:
     (id_, uri, page, modality, size, mtime, chash, status, error, added_at, meta, _part,
      _row, dev, ino) = row
     return ItemRecord(uri=from_db(uri), modality=modality, page=page, size=size, mtime=mtime,
                       content_hash=chash, metadata=json.loads(meta) if meta else None,
-                      error=from_db(error), id=id_, status=status, added_at=added_at, dev=dev, ino=ino)
+                      error=from_db(error), id=id_, status=status, added_at=added_at, dev=dev, ino=ino,
+                      facts=facts)
 
 
 @translate_errors
@@ -54,6 +57,7 @@ class MetaStore:
         self.path = root / DB_NAME
         self.writable = writable
         self._meta_index: bool | None = None  # whether items_meta exists (`has_meta_index`)
+        self._facts_table = False  # whether item_facts exists (`has_facts`; once seen, for good)
         self._record_columns: str | None = None  # `record_columns`: with the identity table or without
         # The counters a search checks, read once per `version`: one PRAGMA a search on an unchanged file.
         self._remembered = Remembered(self.version)
@@ -240,8 +244,22 @@ class MetaStore:
         file_identity.set_identities(self.db, [(r.uri, r.dev, r.ino) for r in records if r.ino is not None])
         if status == Status.OK:
             self.db.executemany("INSERT INTO items_fts (rowid, body, name, meta) VALUES (?, ?, ?, ?)",
-                                [(int(i), to_db(r.text), to_db(r.uri), metadata_words(r.metadata))
+                                [(int(i), to_db(r.text), to_db(r.uri), lexical_meta(r.metadata, r.facts))
                                  for i, r in zip(ids, records)])
+            fact_rows.insert_facts(self.db, [(int(i), r.facts) for i, r in zip(ids, records) if r.facts is not None])
+
+    def facts(self, ids: Sequence[int]) -> dict[int, ItemFacts]:
+        """{id: facts} of the items among `ids` that have them (none in a file older than schema 7)."""
+        return fact_rows.facts_of(self.db, ids) if self.has_facts() else {}
+
+    def records_without_facts(self, uris: Sequence[str]) -> list[ItemRecord]:
+        """Live records of `uris` with no facts, or facts an older extractor wrote (FACTS_VERSION)."""
+        return [_row_to_record(r) for r in fact_rows.rows_without_facts(self.db, self.record_columns(), uris)]
+
+    def has_facts(self) -> bool:
+        """Whether the file has schema 7's facts table (a reader of an older file has none)."""
+        self._facts_table = self._facts_table or self.db.execute("SELECT 1 FROM sqlite_master WHERE name = 'item_facts'").fetchone() is not None
+        return self._facts_table
 
     def purge_tombstones(self) -> None:
         """Delete the tombstoned rows (`compact`, once their vectors are gone from the new parts)."""
@@ -273,7 +291,8 @@ class MetaStore:
         # json_each takes the whole id list as ONE bound parameter (no variable-count limit).
         rows = self.db.execute(f"SELECT {self.record_columns()} FROM items WHERE id IN (SELECT value FROM json_each(?))",
                                (id_list(ids),)).fetchall()
-        return {row[0]: _row_to_record(row) for row in rows}
+        facts = self.facts([row[0] for row in rows])
+        return {row[0]: _row_to_record(row, facts.get(row[0])) for row in rows}
 
     def vector_locations(self, ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(ids, parts, rows) int64 arrays, sorted by id, of `ids` with a stored vector (any status).
@@ -313,7 +332,7 @@ class MetaStore:
 
         A metadata value matches only a JSON value of its own kind (json_type), so "2024" never matches
         2024 and True never 1; int and float compare by value (`items_meta` where the file has it)."""
-        clauses, params = sql_conditions(where, self.has_meta_index())
+        clauses, params = sql_conditions(where, self.has_meta_index(), self.has_facts())
 
         def read() -> np.ndarray:
             rows = self.db.execute(f"SELECT id FROM items WHERE {' AND '.join(clauses)} ORDER BY id", params).fetchall()
@@ -341,7 +360,7 @@ class MetaStore:
         """The k best live items for an FTS5 `match` expression by BM25 (body weighted 1, name and
         metadata 0.5): [(id, score)], best first, score = -bm25 (higher is better). `where` filters
         as `filtered_ids` does. InputError for a malformed expression."""
-        clauses, params = sql_conditions(where or SearchFilter(), self.has_meta_index())
+        clauses, params = sql_conditions(where or SearchFilter(), self.has_meta_index(), self.has_facts())
         try:
             rows = self.db.execute(
                 "SELECT f.rowid, -bm25(items_fts, 1.0, 0.5, 0.5) AS score FROM items_fts AS f "

@@ -36,7 +36,7 @@ def test_index_search_info_json_and_paths(model, tmp_path):
     hits = json.loads(invoke("search", "a red bicycle", "-c", col, "-k", "20", "--format", "json").stdout)
     assert hits["query"] == {"text": "a red bicycle", "image": None, "video": None} and hits["k"] == 20
     assert [h["rank"] for h in hits["hits"]] == list(range(1, CORPUS_EMBEDDED + CORPUS_REUSED + 1))
-    assert hits["hits"][0].keys() == {"rank", "id", "score", "uri", "page", "metadata", "found_by"}
+    assert hits["hits"][0].keys() == {"rank", "id", "score", "uri", "page", "metadata", "found_by", "facts"}
     assert sorted(h["page"] for h in hits["hits"] if h["uri"].endswith("doc.pdf")) == [1, 2]
     by_image = invoke("search", "--image", root / "gray.jpg", "-c", col, "-k", "3", "--format", "paths").stdout
     lines = by_image.splitlines()

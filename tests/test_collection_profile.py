@@ -55,7 +55,7 @@ def test_every_profile_field_has_a_manifest_key_and_a_flag():
 SAMPLES = dict(model_id="org/other", model_revision="abc123", dim=4, model_dim=16,
                document_instruction="Represent the page.", min_pixels=1024, max_pixels=65536,
                video=VideoConfig(fps=2.0), r_max=0.25, warmup_layer=2, threshold=0.6, threshold_source="given",
-               trigger_layer=3, vectors="float16", keep="none", reranker="org/reranker",
+               trigger_layer=3, vectors="float16", keep="none", reranker="org/reranker", min_score=0.25,
                receipt=PlanReceipt(0.3, 65536, "float32", None, 8, 10, 0.9, None, 0.99, 0.95, 1.5, 1.4, "cpu",
                                    "2026-11-26T00:00:00", "org/model"), ocr=True)
 

@@ -10,6 +10,7 @@ import numpy as np
 
 from faste_mm.indexers.schema import SCHEMA_VERSION
 from faste_mm.indexers import Collection, ItemRecord, Manifest, SearchFilter
+from faste_mm.indexers.schema import SCHEMA_VERSION
 
 from tests.helpers.old_schemas import downgrade
 

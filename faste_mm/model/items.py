@@ -8,6 +8,7 @@ Hands on `Item`s (with their source position) to the serializer; unreadable inpu
 from __future__ import annotations
 
 import errno
+import importlib
 import math
 import os
 import re
@@ -22,7 +23,7 @@ from typing import Iterable, Union
 from PIL import Image, UnidentifiedImageError
 
 from faste_mm.errors import InputError
-from faste_mm.kinds import is_kind
+from faste_mm.kinds import PLUGINS, is_kind
 
 ImageLike = Union[str, Path, Image.Image]
 
@@ -184,6 +185,50 @@ def load_image(item: Item, max_pixels: int) -> Image.Image:
         return opened.copy() if opened.mode != "P" else opened.convert("RGBA")
 
 
+_plugins_lock = threading.Lock()
+_plugins_tried: set[str] = set()
+
+
+def register_image_plugins() -> None:
+    """Register the Pillow plugins of `kinds.PLUGINS` that are installed (once per process; a missing
+    one is reported by `_open_image` when a file needs it)."""
+    with _plugins_lock:
+        for plugin in PLUGINS:
+            if plugin.register is None or plugin.module in _plugins_tried:
+                continue
+            _plugins_tried.add(plugin.module)
+            try:
+                module = importlib.import_module(plugin.module)
+            except ImportError:
+                continue
+            getattr(module, plugin.register)()
+
+
+def missing_plugin(path: Path) -> str | None:
+    """What to install to read `path`'s kind of image (a HEIC without pillow-heif, an AVIF without
+    Pillow's AVIF support), or None when nothing is missing."""
+    suffix = path.suffix.lower()
+    for plugin in PLUGINS:
+        if suffix not in plugin.suffixes:
+            continue
+        if plugin.feature is not None:
+            from PIL import features
+
+            if not features.check(plugin.feature):
+                return f"{suffix[1:].upper()} images need a Pillow built with {plugin.feature}: {plugin.extra}"
+        elif not _importable(plugin.module):
+            return f"{suffix[1:].upper()} photos need the {plugin.module} plugin: {plugin.extra}"
+    return None
+
+
+def _importable(module: str) -> bool:
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        return False
+    return True
+
+
 def read_image_size(item: Item) -> tuple[int, int]:
     """(width, height) of the item's image as `load_image` would decode it, read from the file
     header only: PIL opens lazily, so no pixel data is decoded. Not for PDF pages, whose pixel
@@ -223,10 +268,14 @@ def _open_image(path: Path, unreadable: str):
     """PIL's lazy open, its errors (also those of reading inside the block) turned into
     InputErrors naming the file; `unreadable` says what an OSError means here."""
     _check_file(path)
+    register_image_plugins()
     try:
         with Image.open(path) as opened:
             yield opened
     except UnidentifiedImageError:
+        missing = missing_plugin(path)
+        if missing is not None:
+            raise InputError(f"{path}: cannot read it: {missing}") from None
         raise InputError(f"{path}: not a readable image (unknown or corrupt format); fix or remove the file") from None
     except Image.DecompressionBombError as error:
         raise InputError(f"{path}: image too large to decode safely ({error}); downscale it first "

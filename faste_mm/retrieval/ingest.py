@@ -8,56 +8,27 @@ Receives a scan, a Collection and a document encoder; hands back counts to the r
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass, field, fields, replace
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
 from faste_mm.errors import CollectionError, ConfigError, InputError, ModelLoadError
 from faste_mm.indexers import Collection, ItemRecord, content_hash
 from faste_mm.indexers.crash_points import crash_point
+from faste_mm.indexers.facts import issue_counts
 from faste_mm.kinds import KINDS, SUPPORTED_SUFFIXES
-from faste_mm.model.cost import CostTally
 from faste_mm.model.items import Item, count_pdf_pages
 from faste_mm.retrieval.decoders import document_input
 from faste_mm.retrieval.lexical import item_text, source_text
+from faste_mm.retrieval.ingest_tally import IndexFailure, IngestTally  # (importers find them here too)
+from faste_mm.retrieval.photo_metadata import read_facts
 from faste_mm.retrieval.scanning import Scan, ScannedFile, is_under_any
 
 if TYPE_CHECKING:  # annotations only: scanning and planning load no model code
-    from faste_mm.model.embedder import EmbedResult, EmbedStats
+    from faste_mm.model.embedder import EmbedResult
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class IndexFailure:
-    """A file (or PDF page) that could not be indexed, and why."""
-
-    uri: str
-    page: int | None
-    error: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass
-class IngestTally:
-    """Running totals of one index call (mutable on purpose: updated chunk by chunk)."""
-
-    embedded: int = 0
-    reused: int = 0
-    failures: list[IndexFailure] = field(default_factory=list)
-    cost: CostTally = field(default_factory=CostTally)  # prefix tokens, tower and decoder seconds
-
-    def merge(self, other: "IngestTally") -> None:
-        """Add the totals of a committed chunk (every field, so a new total cannot be left out)."""
-        for name in (f.name for f in fields(self)):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
-
-    def add_stats(self, stats: EmbedStats | None) -> None:
-        if stats is not None:
-            self.cost = self.cost + stats
 
 
 @dataclass(frozen=True, slots=True)
@@ -344,6 +315,7 @@ def commit_chunk(col: Collection, prepared: PreparedChunk, changed: frozenset[st
     stacked = np.concatenate(vectors) if vectors else np.empty((0, col.manifest.dim), dtype=np.float32)
     col.commit(stacked, records, failures, replace_uris=stale)
     tally.failures.extend(IndexFailure(r.uri, r.page, r.error) for r in failures)
+    tally.metadata_issues.update(issue_counts({r.uri: r.facts for r in records}.values()))
 
 
 def _read_files(files: Sequence[ScannedFile]) -> tuple[list[tuple[ScannedFile, dict, object]], list[ItemRecord]]:
@@ -360,6 +332,7 @@ def _read_files(files: Sequence[ScannedFile]) -> tuple[list[tuple[ScannedFile, d
         try:
             base["content_hash"] = content_hash(f.path)
             value = document_input(f.path, f.kind)  # the kind's decoder (faste_mm.retrieval.decoders)
+            base["facts"] = read_facts(f.path, f.kind, f.stat.mtime)  # never raises for what the file holds
         except InputError as error:
             failures.append(ItemRecord(**base, error=str(error)))
             continue

@@ -202,6 +202,14 @@ class CollectionProfile:
                                             "(seconds per image on a CPU; needs faste-mm[ocr]). Recorded by the "
                                             "collection: switches an existing one without re-embedding. Default: "
                                             "the collection's, off for a new one."),))
+    min_score: float | None = setting(
+        None, "search.min_score", "--min-score", "The searches' default minimum score: hits whose cosine is below "
+        "it are dropped (a search's own min_score overrides it); None = keep every hit. Changes no vector: set "
+        "when created or re-indexed.", valid=_is_cosine, rule="a cosine in [-1, 1] (or None)", missing=None,
+        refuse=False,
+        flags=(Flag("--min-score", float, "Record the searches' default minimum score, a cosine -1..1 (hits below "
+                                          "it are dropped; search --min-score overrides it); set when the collection "
+                                          "is created or re-indexed. Default: none.", min=-1.0, max=1.0),))
 
     def __post_init__(self) -> None:
         if isinstance(self.video, Mapping):  # as read from JSON; unknown keys are a ConfigError

@@ -62,7 +62,7 @@ def hits(found: Found) -> list[list[Hit]]:
     """The ranked hits of each query row of `found` (padding dropped)."""
     records = found.records
     return [[Hit(int(i), float(s), records[int(i)].uri, records[int(i)].page, records[int(i)].metadata,
-                 SOURCE_NAMES[int(side)])
+                 SOURCE_NAMES[int(side)], facts=records[int(i)].facts)
              for s, i, side in zip(row_scores, row_ids, row_sides) if i >= 0]
             for row_scores, row_ids, row_sides in zip(found.scores, found.ids, found.sources)]
 

@@ -4,8 +4,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -106,10 +106,15 @@ class IndexReport(CostTally):
     excluded: int = 0
     ocr_read: int = 0  # images and scanned pages whose text was read (OCR, `index --ocr`)
     ocr_s: float = 0.0  # seconds spent reading them
+    # Items of unchanged files whose facts (date, camera, place...) this run read, without embedding.
+    facts_filled: int = 0
+    # Why a metadata field was left empty (hostile or broken value) -> how many files.
+    metadata_issues: Mapping[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         d = {name: getattr(self, name) for name in self.__dataclass_fields__}
         d["failures"] = [f.to_dict() for f in self.failures]
+        d["metadata_issues"] = dict(self.metadata_issues)
         d["prefix_removal"] = self.prefix_removal
         d["tower_share"] = self.tower_share
         d["seconds"] = self.elapsed_s  # the documented schema's name before `elapsed_s` (docs/collections.md)
@@ -143,5 +148,3 @@ class RemoveReport:
     def to_dict(self) -> dict[str, Any]:
         return {"uris": list(self.uris), "ids": list(self.ids), "unmatched": list(self.unmatched),
                 "excluded": list(self.excluded)}
-
-

@@ -17,6 +17,7 @@ import logging
 import os
 import threading
 import time
+from datetime import date
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterable, Mapping, Sequence
 
@@ -24,13 +25,13 @@ import numpy as np
 from PIL import Image
 
 from faste_mm.errors import ConfigError, InputError
-from faste_mm.indexers import Collection, CollectionInfo, SearchFilter
+from faste_mm.indexers import Collection, CollectionInfo
 from faste_mm.indexers.faiss_index import check_factory_syntax
 from faste_mm.model.batching import BatchingConfig
 from faste_mm.model.embedder import Embedder, EmbedResult, OnError, one_or_many
 from faste_mm.model.items import Item
 from faste_mm.model.serialization import SerializerConfig
-from faste_mm.retrieval import collection_settings, maintenance, querying
+from faste_mm.retrieval import collection_settings, maintenance, querying, result_order
 from faste_mm.retrieval.collection_settings import (checked_profile, completed_profile, open_for_writing, recreate,
                                                     requested_profile)
 from faste_mm.retrieval.documents import CollectionDocuments, add_documents
@@ -428,10 +429,11 @@ class Retriever:
 
     # ---- search ----------------------------------------------------------------------------
     def search(self, query: str | None = None, *, image: str | os.PathLike | Image.Image | None = None,
-               k: int = 10, instruction: str | None = None, where: Mapping[str, Any] | None = None,
+               k: int = 10, instruction: str | None = None, where: Mapping[str, Any] | Sequence[str] | None = None,
                type: str | Sequence[str] | None = None, path: str | None = None,
                video: str | os.PathLike | None = None, mode: str = "dense", rescore: int | None = None,
-               lexical_syntax: bool = False, rerank: Any = None, rerank_top: int = 50) -> list[Hit]:
+               lexical_syntax: bool = False, rerank: Any = None, rerank_top: int = 50, since: str | date | None = None,
+               until: str | date | None = None, sort: str = "relevance", min_score: float | None = None) -> list[Hit]:
         """Top-k items for a text, an image, a video, or a combination. An image or a video alone
         is a query by example: it is embedded exactly like a document (so an indexed file finds
         itself with score ~1) unless `instruction` is given.
@@ -444,9 +446,15 @@ class Retriever:
         `rerank_score` (retrieval/rerank_hits.py).
 
         Filters (all must hold; k hits come back whenever k items match, whatever the index):
-        where: metadata key -> value, e.g. {"tag": "invoice"} (values of `add(metadata=...)`);
+        where: metadata key -> value, e.g. {"tag": "invoice"} (values of `add(metadata=...)`), or
+        condition strings, on facts read from the files ("taken>=2024-05-01", "taken<2025",
+        "camera~pixel", "rating>=4", "place~lisbon", "has:gps") or metadata ("tag=invoice");
+        since/until: taken from the start of / to the end of a date ("2024", "2024-05-01", a date);
         type: "image" | "pdf" | "text" | "video", or several; path: a glob on the stored path, e.g.
         "*/invoices/*" or "./photos/*" (see `faste_mm.indexers.SearchFilter`).
+        min_score: drop hits whose cosine is below it (None: the collection's `min_score`, if any;
+        lexical hits have no cosine and are kept); sort: "relevance" (default), "date" (oldest taken
+        first) or "-date" (newest first) - the k best, then in that order.
         mode: "dense" (by meaning), "lexical" (BM25 over the items' words, file names and metadata
         values; loads no model) or "hybrid" (both, fused by reciprocal rank); each Hit's `found_by`
         says which side found it. The query text is searched as plain words unless `lexical_syntax`.
@@ -458,14 +466,16 @@ class Retriever:
         image, video = (Path(value) if isinstance(value, os.PathLike) else value for value in (image, video))
         item = Item(text=query, image=image, video=video)
         options = dict(instruction=instruction, where=where, type=type, path=path, mode=mode, rescore=rescore,
-                       lexical_syntax=lexical_syntax)
+                       lexical_syntax=lexical_syntax, since=since, until=until, min_score=min_score)
         rerank = self._search_reranker(rerank)
         if rerank is None:
-            return self.search_batch([item], k=k, **options)[0]
+            return self.search_batch([item], k=k, sort=sort, **options)[0]
         check_reranker(rerank, rerank_top)
+        result_order.check_sort(sort)
         with self._lock:
             hits = self.search_batch([item], k=max(k, rerank_top), **options)[0]
-            return rerank_hits(rerank, item, hits, k, self._open_reader().records([hit.id for hit in hits]))
+            reranked = rerank_hits(rerank, item, hits, k, self._open_reader().records([hit.id for hit in hits]))
+        return result_order.sort_hits(reranked, sort)
 
     def _search_reranker(self, rerank: Any) -> Any:
         """The reranker of a search: `rerank` itself, none for False, and for None the collection's
@@ -483,21 +493,26 @@ class Retriever:
         return self._collection_reranker[1]
 
     def search_batch(self, queries: Sequence[object], k: int = 10, instruction: str | None = None,
-                     where: Mapping[str, Any] | None = None, type: str | Sequence[str] | None = None,
+                     where: Mapping[str, Any] | Sequence[str] | None = None, type: str | Sequence[str] | None = None,
                      path: str | None = None, mode: str = "dense", rescore: int | None = None,
-                     lexical_syntax: bool = False) -> list[list[Hit]]:
+                     lexical_syntax: bool = False, since: str | date | None = None, until: str | date | None = None,
+                     sort: str = "relevance", min_score: float | None = None) -> list[list[Hit]]:
         """`search` for many queries (str text, Path/PIL image, or `Item`), one list of hits each;
-        the filters and the mode apply to every query."""
+        the filters, the mode, the minimum score and the order apply to every query."""
         querying.check_mode(mode)
-        search_filter = SearchFilter(where=where or {}, types=() if type is None else type, path=path)
+        result_order.check_sort(sort)
+        min_score = result_order.check_min_score(min_score)
+        search_filter = result_order.search_filter(where, type, path, since, until)
         items = [querying.as_query(q, i) for i, q in enumerate(queries)]
         texts = querying.query_texts(items, mode)
         with self._lock:
             col = self._open_reader(check_model=mode != "lexical")
+            if min_score is None and self._reader_profile is not None:  # (lexical mode reads no profile: no cosine)
+                min_score = self._reader_profile.min_score
             vectors = None if mode == "lexical" else self._embed_queries(items, instruction)
             found = col.find(k, queries=vectors, texts=texts, mode=mode, where=search_filter, rescore=rescore,
-                             lexical_syntax=lexical_syntax)  # hits and records of one snapshot
-        return querying.hits(found)
+                             lexical_syntax=lexical_syntax, min_score=min_score)  # hits and records of one snapshot
+        return [result_order.sort_hits(hits, sort) for hits in querying.hits(found)]
 
     def _embed_queries(self, items: list[Item], instruction: str | None) -> np.ndarray:
         return querying.embed_queries(items, instruction, self._reader_profile.dim, self.encode_documents,

@@ -6,6 +6,8 @@ JSON. Errors are JSON in OpenAI's shape, {"error": {"message", "type", "code"}}:
 401 missing or wrong API key, 404 unknown id or route, 409 the collection was re-indexed with another model
 (restart the server), 413 over a limit, 503 queue full.
 """
+# Size: ~460 lines: one route each for the whole HTTP surface (embeddings, search, duplicates, watch, rerank,
+# thumbnails) with its error mapping; request parsing lives in serving/inputs.
 
 from __future__ import annotations
 
@@ -22,7 +24,8 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
 from faste_mm.errors import ConfigError, FasteError, InputError
-from faste_mm.indexers import SearchFilter
+from faste_mm.retrieval import result_order
+from faste_mm.serving.inputs import ORDER_FIELDS, float_field, search_options
 from faste_mm.indexers.filters import INT64_MAX
 from faste_mm.kinds import kind_name
 from faste_mm.serving.batcher import QueueFullError
@@ -118,19 +121,22 @@ def create_app(engine: ServeEngine) -> FastAPI:
 
     @app.post("/search", dependencies=[auth])
     async def search(request: Request) -> dict:
-        query, image, item_id, k, where, mode, rescore, rerank, rerank_top = await _search_fields(request, engine)
+        query, image, item_id, k, where, mode, rescore, rerank, rerank_top, (sort, min_score) = \
+            await _search_fields(request, engine)
         started = time.perf_counter()
         # rerank: the embedding top `rerank_top` re-scored by the reranker, the best k kept
         # (hits carry both scores; serving/rerank.py, as Retriever.search(rerank=...))
         fetch = max(k, search_rerank_top(engine, rerank_top, query, image, item_id)) if rerank else k
-        hits = await run_in_threadpool(engine.search, query, image, item_id, fetch, where, mode, rescore)
+        hits = await run_in_threadpool(engine.search, query, image, item_id, fetch, where, mode, rescore, min_score)
         if rerank:
             hits = await run_in_threadpool(rerank_search_hits, engine, query, image, hits[:fetch], k)
+        hits = result_order.sort_hits(hits, sort)
         snippets = await run_in_threadpool(note_snippets, engine, hits)
         return {
             "query": {"text": query, "image": image is not None, "id": item_id},
-            "k": k, "mode": mode,
-            "filter": {"where": where.where, "types": list(where.types), "path": where.path},
+            "k": k, "mode": mode, "sort": sort, "min_score": min_score,
+            "filter": {"where": where.where, "types": list(where.types), "path": where.path,
+                       "facts": [str(c) for c in where.facts]},
             "rerank": {"model": engine.reranker.model_id, "top": fetch} if rerank else None,
             "took_ms": round(1000 * (time.perf_counter() - started), 1),
             "hits": [{**_hit_json(rank, hit), "snippet": snippets.get(hit.id)} for rank, hit in enumerate(hits, 1)],
@@ -190,16 +196,16 @@ def _check_model(model: str | None, engine: ServeEngine) -> None:
 
 
 async def _search_fields(request: Request, engine: ServeEngine):
-    """(query, PIL image or None, item id or None, k, SearchFilter, mode, rescore, rerank, rerank_top)
-    from a JSON body or a multipart form (fields q, k, id, mode, rerank, rerank_top and an `image`
-    file, as the search page sends them; no filters)."""
+    """(query, PIL image or None, item id or None, k, SearchFilter, mode, rescore, rerank, rerank_top,
+    (sort, min_score)) from a JSON body or a multipart form (fields q, k, id, mode, rerank, rerank_top,
+    since, until, sort, min_score and an `image` file, as the search page sends them)."""
     content_type = request.headers.get("content-type", "")
     if content_type.startswith("multipart/form-data") or content_type.startswith("application/x-www-form-urlencoded"):
         form = await request.form()
-        unknown = set(form.keys()) - {"q", "k", "id", "image", "mode", "rerank", "rerank_top"}
+        unknown = set(form.keys()) - {"q", "k", "id", "image", "mode", "rerank", "rerank_top", *ORDER_FIELDS}
         if unknown:
             raise InputError(f"unknown form fields {sorted(unknown)}; the search form takes q, k, id, mode, rerank, "
-                             f"rerank_top and image")
+                             f"rerank_top, {', '.join(ORDER_FIELDS)} and image")
         image = None
         upload = form.get("image")
         if upload is not None and not isinstance(upload, str):
@@ -213,8 +219,11 @@ async def _search_fields(request: Request, engine: ServeEngine):
         rerank_top = _int_field(form.get("rerank_top"), "rerank_top")
         if rerank_top is not None and not 1 <= rerank_top <= 1000:
             raise InputError(f"form field 'rerank_top' must be in 1..1000, got {rerank_top}")
-        return (query, image, _int_field(form.get("id"), "id"), 10 if k is None else k, SearchFilter(), mode, None,
-                rerank, rerank_top)
+        given = {name: str(form.get(name) or "").strip() or None for name in ORDER_FIELDS}
+        where, order = search_options(None, given["since"], given["until"], given["sort"] or "relevance",
+                              float_field(given["min_score"], "min_score"))
+        return (query, image, _int_field(form.get("id"), "id"), 10 if k is None else k, where, mode, None,
+                rerank, rerank_top, order)
     try:
         body = SearchRequest.model_validate(await request.json())
     except RecursionError:
@@ -226,12 +235,10 @@ async def _search_fields(request: Request, engine: ServeEngine):
     image = None
     if body.image is not None:
         image = await run_in_threadpool(decode_image_url, body.image, "image", engine.config.allow_remote_images)
-    try:
-        where = SearchFilter(where=body.where or {}, types=body.type or (), path=body.path)
-    except ConfigError as error:  # a filter the collection cannot apply: the client's mistake
-        raise InputError(str(error)) from None
+    where, order = search_options(body, body.since, body.until, body.sort, body.min_score)
     return ((body.query or "").strip() or None, image, body.id, body.k, where, body.mode, body.rescore, body.rerank,
-            body.rerank_top)
+            body.rerank_top, order)
+
 
 
 def _int_field(value, name: str) -> int | None:

@@ -111,8 +111,9 @@ def _read(path: Path) -> ServerAddress | None:
 
 
 def search_via_server(address: ServerAddress, root: str | os.PathLike, query: str, k: int,
-                      where: Mapping[str, Any] | None = None, types: Sequence[str] = (),
-                      path: str | None = None, *, rerank: bool = True) -> list[dict] | None:
+                      where: Mapping[str, Any] | Sequence[str] | None = None, types: Sequence[str] = (),
+                      path: str | None = None, *, rerank: bool = True,
+                      order: Mapping[str, Any] | None = None) -> list[dict] | None:
     """The hits (`Hit.to_dict()` fields) of a text search by the server, or None when it cannot
     answer for `root` (not reachable, another collection, an error) or, with `rerank`, when the
     collection records a reranker (the caller's own search reranks with it): the caller searches
@@ -126,12 +127,13 @@ def search_via_server(address: ServerAddress, root: str | os.PathLike, query: st
     if rerank and collection.get("reranker", "unknown") is not None:
         log.debug("%s reranks with %s: the search runs here", root, collection.get("reranker", "(an older server)"))
         return None
-    body: dict[str, Any] = {"query": query, "k": k, "where": dict(where or {}) or None,
-                            "type": list(types) or None, "path": path}
+    body: dict[str, Any] = {"query": query, "k": k, "type": list(types) or None, "path": path,
+                            "where": (dict(where) if isinstance(where, Mapping) else list(where)) if where else None,
+                            **{name: value for name, value in (order or {}).items() if value is not None}}
     answer = _request(address, "search", body)
     if answer is None:
         return None
-    fields = ("id", "score", "uri", "page", "metadata")
+    fields = ("id", "score", "uri", "page", "metadata", "facts")
     return [{name: hit[name] for name in fields} for hit in answer["hits"]]
 
 

@@ -4,6 +4,8 @@ check inputs in their own thread (so a bad input is refused before it can fail a
 then wait on the model thread, which runs `Embedder.encode` / `Retriever.search_batch` on
 merged requests. Receives `Item`s from `serving.inputs`; hands back vectors (+ token usage) and `Hit`s.
 """
+# Size: ~450 lines: the engine owns the model thread and every request kind it serves (embed, search, more
+# like this, rerank); the request checks run in handler threads beside them.
 
 from __future__ import annotations
 
@@ -109,6 +111,7 @@ class _SearchPayload:
     where: SearchFilter
     mode: str = "dense"
     rescore: int | None = None
+    min_score: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,10 +305,10 @@ class ServeEngine:
 
     # ---- search (handler threads) -------------------------------------------------------------
     def search(self, query: str | None = None, image=None, item_id: int | None = None, k: int = 10,
-               where: SearchFilter | None = None, mode: str = "dense", rescore: int | None = None) -> list[Hit]:
-        """Top-k hits for a text and/or a PIL image (as `Retriever.search`, in `mode` dense, lexical
-        or hybrid), or for the stored vector of item `item_id` ("more like this"; the item itself is
-        left out), among the items `where` admits (all of them when None)."""
+               where: SearchFilter | None = None, mode: str = "dense", rescore: int | None = None,
+               min_score: float | None = None) -> list[Hit]:
+        """Top-k hits for a text and/or a PIL image (as `Retriever.search`: `mode`, `where`, `min_score`; None: the
+        collection's), or for the stored vector of item `item_id` ("more like this", the item itself left out)."""
         where = where or SearchFilter()
         if self.retriever is None:
             raise NoCollectionError("this server has no collection; start it with `faste-mm serve -c NAME|DIR` "
@@ -317,7 +320,7 @@ class ServeEngine:
         if item_id is not None:
             if query is not None or image is not None:
                 raise InputError("give either `id` (more like this) or a query text/image, not both")
-            return self.batcher.submit("search", _SearchPayload(None, int(item_id), k, where), 1).result()
+            return self.batcher.submit("search", _SearchPayload(None, int(item_id), k, where, min_score=min_score), 1).result()
         if not query and image is None:
             raise InputError("give a query text (`query`, form field `q`), an image, or an item `id`")
         if mode not in ("dense", "lexical", "hybrid"):
@@ -326,10 +329,10 @@ class ServeEngine:
         if mode == "lexical":  # words only: nothing to embed (one slot of the batch)
             if not query:
                 raise InputError("lexical search needs a query text (`query`, form field `q`)")
-            return self.batcher.submit("search", _SearchPayload(Item(text=query), None, k, where, mode, rescore),
-                                       1).result()
+            payload = _SearchPayload(Item(text=query), None, k, where, mode, rescore, min_score)
+            return self.batcher.submit("search", payload, 1).result()
         measured = self.measure([Item(text=query or None, image=image)], "query")
-        return self.batcher.submit("search", _SearchPayload(measured.items[0], None, k, where, mode, rescore),
+        return self.batcher.submit("search", _SearchPayload(measured.items[0], None, k, where, mode, rescore, min_score),
                                    measured.tokens).result()
 
     def _run_search(self, payloads: list[_SearchPayload]) -> list[object]:
@@ -341,21 +344,20 @@ class ServeEngine:
         for i, payload in enumerate(payloads):
             if payload.item is not None:
                 where = payload.where
-                groups.setdefault((tuple(sorted(where.where.items())), where.types, where.path, payload.mode,
-                                   payload.rescore), []).append(i)
+                groups.setdefault((tuple(sorted(where.where.items())), where.types, where.path, where.facts,
+                                   payload.mode, payload.rescore, payload.min_score), []).append(i)
         for by_query in groups.values():
             first = payloads[by_query[0]]
             where = first.where
             k = max(payloads[i].k for i in by_query)  # one FAISS call; top-k is a prefix of top-K
-            found = self.retriever.search_batch([payloads[i].item for i in by_query], k=k,
-                                                where=where.where, type=where.types or None, path=where.path,
-                                                mode=first.mode, rescore=first.rescore)
+            found = self.retriever.search_batch([payloads[i].item for i in by_query], k=k, where=where,
+                                                mode=first.mode, rescore=first.rescore, min_score=first.min_score)
             for i, hits in zip(by_query, found):
                 out[i] = hits[: payloads[i].k]
         for i, payload in enumerate(payloads):
             if payload.item_id is not None:
                 try:
-                    out[i] = self._more_like(payload.item_id, payload.k, payload.where)
+                    out[i] = self._more_like(payload.item_id, payload.k, payload.where, payload.min_score)
                 except FasteError as error:
                     out[i] = error
         return out
@@ -371,14 +373,16 @@ class ServeEngine:
                 out.append(error)
         return out
 
-    def _more_like(self, item_id: int, k: int, where: SearchFilter) -> list[Hit]:
+    def _more_like(self, item_id: int, k: int, where: SearchFilter, min_score: float | None) -> list[Hit]:
         col = self._model_thread_reader()
         if item_id not in col.live_ids([item_id]):
             raise UnknownItemError(f"id {item_id}: no such item in the collection {self.collection}")
+        min_score = min_score if min_score is not None or self.profile is None else self.profile.min_score
         scores, ids = col.search(col.vectors([item_id]), k + 1, where=where)
-        pairs = [(float(s), int(i)) for s, i in zip(scores[0], ids[0]) if i >= 0 and int(i) != item_id][:k]
+        floor = -np.inf if min_score is None else min_score
+        pairs = [(float(s), int(i)) for s, i in zip(scores[0], ids[0]) if i >= 0 and int(i) != item_id and s >= floor][:k]
         records = dict(zip([i for _, i in pairs], col.get([i for _, i in pairs])))
-        return [Hit(i, s, records[i].uri, records[i].page, records[i].metadata) for s, i in pairs]
+        return [Hit(i, s, records[i].uri, records[i].page, records[i].metadata, facts=records[i].facts) for s, i in pairs]
 
     def _model_thread_reader(self):
         from faste_mm.indexers import Collection

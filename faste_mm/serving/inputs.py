@@ -23,7 +23,9 @@ from PIL import Image
 from pydantic import BaseModel, ConfigDict, Field
 
 from faste_mm import Item
-from faste_mm.errors import InputError
+from faste_mm.errors import ConfigError, InputError
+from faste_mm.indexers.filters import SearchFilter
+from faste_mm.retrieval import result_order
 
 InputType = Literal["query", "document"]
 MAX_IMAGE_PIXELS = 64_000_000  # decompression-bomb guard for images sent over HTTP
@@ -69,15 +71,21 @@ class EmbeddingRequest(BaseModel):
 class SearchRequest(BaseModel):
     """POST /search as JSON: a text `query`, an `image` (data: URL), or the `id` of an indexed
     item ("more like this"); `k` results; the filters of `Retriever.search`: `where` (metadata
-    key -> value), `type` (image|pdf|text|video, or a list) and `path` (a glob); `mode` dense |
-    lexical | hybrid and `rescore` (candidates per hit to rescore) as `Retriever.search` takes them."""
+    key -> value, or condition strings: "taken>=2024-05-01", "camera~pixel", "has:gps", "tag=x"),
+    `since`/`until` (dates), `type` (image|pdf|text|video, or a list) and `path` (a glob); `mode`
+    dense | lexical | hybrid, `rescore` (candidates per hit to rescore), `min_score` (a cosine) and
+    `sort` (relevance | date | -date) as `Retriever.search` takes them."""
 
     model_config = ConfigDict(extra="forbid")
     query: str | None = None
     image: str | None = None
     id: int | None = Field(default=None, ge=0, le=2**63 - 1)  # item ids are SQLite's 64-bit integers
     k: int = Field(default=10, ge=1, le=1000)
-    where: dict[str, str | int | float | bool] | None = None
+    where: dict[str, str | int | float | bool] | list[str] | None = None
+    since: str | None = None
+    until: str | None = None
+    sort: Literal["relevance", "date", "-date"] = "relevance"
+    min_score: float | None = None  # checked by result_order.check_min_score (the message names the range)
     type: str | list[str] | None = None
     path: str | None = None
     mode: Literal["dense", "lexical", "hybrid"] = "dense"
@@ -230,3 +238,26 @@ def encode_vector(vector: np.ndarray, encoding_format: str) -> list[float] | str
     if encoding_format == "base64":
         return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
     return [float(x) for x in vector]
+
+
+ORDER_FIELDS = ("since", "until", "sort", "min_score")
+
+
+def search_options(body: SearchRequest | None, since: str | None, until: str | None, sort: str,
+           min_score: float | None) -> tuple[SearchFilter, tuple[str, float | None]]:
+    """The SearchFilter and (sort, min_score) of a request; InputError (400) naming a bad value."""
+    try:  # a filter the collection cannot apply: the client's mistake
+        where = result_order.search_filter(None if body is None else body.where, None if body is None else body.type,
+                                           None if body is None else body.path, since, until)
+        return where, (result_order.check_sort(sort), result_order.check_min_score(min_score))
+    except ConfigError as error:
+        raise InputError(str(error)) from None
+
+
+def float_field(value: str | None, name: str) -> float | None:
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        raise InputError(f"form field {name!r} must be a number, got {value[:40]!r}") from None

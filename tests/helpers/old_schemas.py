@@ -13,6 +13,7 @@ ADDED_BY = {
     5: ("DROP TABLE items_meta", "DROP TRIGGER items_meta_insert", "DROP TRIGGER items_meta_tombstone",
         "DROP TRIGGER items_meta_delete"),  # metadata index (its id index goes with the table)
     6: ("DROP TABLE file_identity",),  # the identities of indexed files (retrieval.stored_files)
+    7: ("DROP TABLE item_facts", "DROP TRIGGER item_facts_tombstone", "DROP TRIGGER item_facts_delete"),  # facts
 }
 
 

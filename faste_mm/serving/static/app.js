@@ -78,35 +78,41 @@ function shortModel(model) {
 }
 
 // ---- searching ---------------------------------------------------------------------------------
-// ---- filters: the API's type, path and where ----------------------------------------------------
-// "year=2024, tag=invoice": a number, true/false or a "quoted" string is read as JSON (as the
-// CLI's --where does), any other value as text.
+// ---- filters: the API's type, path, where, date range, order and minimum score ------------------
+// "camera~pixel, rating>=4, tag=invoice": each condition goes to the server as written; it reads
+// them as the CLI's --where does (facts read from the files, or metadata KEY=VALUE).
 function parseWhere(text) {
-  const where = {};
-  for (const part of text.split(/[,\n]/)) {
-    if (!part.trim()) continue;
-    const at = part.indexOf("=");
-    if (at <= 0) throw new Error(`metadata filter "${part.trim()}" is not KEY=VALUE (e.g. year=2024)`);
-    const key = part.slice(0, at).trim();
-    const raw = part.slice(at + 1).trim();
-    let value = raw;
-    try {
-      const parsed = JSON.parse(raw);
-      if (["number", "boolean", "string"].includes(typeof parsed)) value = parsed;
-    } catch (_) { /* plain text */ }
-    where[key] = value;
-  }
-  return where;
+  return text.split(/[,\n]/).map((part) => part.trim()).filter(Boolean);
+}
+
+function minScore() {
+  const value = Number($("f-min").value);
+  $("f-min-value").textContent = value > 0 ? value.toFixed(2) : "off";
+  return value > 0 ? value : null;
 }
 
 function filters() {
   const type = $("f-type").value;
   const path = $("f-path").value.trim();
   const where = parseWhere($("f-where").value);
-  const active = Boolean(type || path || Object.keys(where).length);
+  const since = $("f-since").value || null;
+  const until = $("f-until").value || null;
+  const sort = $("f-sort").value;
+  const min_score = minScore();
+  const active = Boolean(type || path || where.length || since || until || sort !== "relevance" || min_score);
   $("filters").classList.toggle("active", active);
   $("f-clear").hidden = !active;
-  return { type: type || null, path: path || null, where: Object.keys(where).length ? where : null };
+  return { type: type || null, path: path || null, where: where.length ? where : null, since, until, sort, min_score };
+}
+
+// A hit's facts in one line: the date taken (as recorded, not a file's mtime), the place, the camera.
+function factsLine(facts) {
+  if (!facts) return "";
+  const parts = [];
+  if (facts.taken && facts.taken_source !== "mtime") parts.push(facts.taken.slice(0, 10));
+  if (facts.place) parts.push(facts.place);
+  if (facts.camera) parts.push(facts.camera);
+  return parts.join(" · ");
 }
 
 function readAsDataUrl(file) {
@@ -167,6 +173,10 @@ function updateUrl(id, q, k, body = {}) {
   if (body.type) params.set("type", body.type);
   if (body.path) params.set("path", body.path);
   if ($("f-where").value.trim()) params.set("where", $("f-where").value.trim());
+  if (body.since) params.set("since", body.since);
+  if (body.until) params.set("until", body.until);
+  if (body.sort && body.sort !== "relevance") params.set("sort", body.sort);
+  if (body.min_score) params.set("min", String(body.min_score));
   const url = params.toString() ? "?" + params : location.pathname;
   history.pushState({}, "", url);
 }
@@ -219,6 +229,9 @@ function render(result, label, named = []) {
     name.textContent = hit.name;
     name.title = hit.uri;
     card.querySelector(".page").textContent = hit.page ? `page ${hit.page}` : "";
+    const facts = card.querySelector(".facts");
+    facts.textContent = factsLine(hit.facts);
+    facts.hidden = !facts.textContent;
     const pct = Math.max(0, Math.min(1, hit.score)) * 100;
     card.querySelector(".bar > span").style.width = pct.toFixed(1) + "%";
     card.querySelector(".value").textContent = hit.score.toFixed(3);
@@ -408,6 +421,12 @@ function fromUrl() {
   $("f-type").value = type && [...$("f-type").options].some((o) => o.value === type) ? type : "";
   $("f-path").value = params.get("path") || "";
   $("f-where").value = params.get("where") || "";
+  $("f-since").value = params.get("since") || "";
+  $("f-until").value = params.get("until") || "";
+  const sort = params.get("sort");
+  $("f-sort").value = sort && [...$("f-sort").options].some((o) => o.value === sort) ? sort : "relevance";
+  $("f-min").value = params.get("min") || "0";
+  minScore();
   if (params.has("id")) {
     $("q").value = "";
     search({ id: Number(params.get("id")), pushUrl: false });
@@ -429,9 +448,13 @@ function wire() {
       if (event.key === "Enter") { event.preventDefault(); if (state.results || $("q").value.trim()) search(); }
     });
   }
-  $("f-type").addEventListener("change", () => { if (state.results) search(); });
+  for (const field of [$("f-type"), $("f-since"), $("f-until"), $("f-sort"), $("f-min")]) {
+    field.addEventListener("change", () => { if (state.results) search(); else filters(); });
+  }
+  $("f-min").addEventListener("input", minScore);
   $("f-clear").addEventListener("click", () => {
     $("f-type").value = ""; $("f-path").value = ""; $("f-where").value = "";
+    $("f-since").value = ""; $("f-until").value = ""; $("f-sort").value = "relevance"; $("f-min").value = "0";
     if (state.results) search(); else filters();
   });
   $("key-form").addEventListener("submit", (event) => {

@@ -1,0 +1,83 @@
+"""What a search keeps and in which order, past relevance: a date range (--since/--until, turned
+into conditions on the facts' `taken`), a minimum score (a cosine, checked here), and the order of
+the hits (by relevance, or by date taken either way). Receives the user's values and the hits of
+`querying.hits`; hands back filter conditions and re-ordered hits. One place for CLI, API and HTTP.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from datetime import date, datetime
+from typing import Any, Mapping, Sequence
+
+from faste_mm.errors import ConfigError
+from faste_mm.indexers.fact_filters import FactCondition, date_period
+from faste_mm.indexers.filters import SearchFilter, parse_where
+from faste_mm.retrieval.hits import Hit
+
+SORTS = ("relevance", "date", "-date")  # "date": oldest first, "-date": newest first
+
+
+def check_sort(sort: str) -> str:
+    if sort not in SORTS:
+        raise ConfigError(f"search sort {sort!r} is not one of {', '.join(SORTS)} (date: oldest first, "
+                          f"-date: newest first)")
+    return sort
+
+
+def check_min_score(min_score: Any) -> float | None:
+    """`min_score` as a float, or None; ConfigError naming the value unless it is a cosine in [-1, 1]."""
+    if min_score is None:
+        return None
+    if isinstance(min_score, bool) or not isinstance(min_score, (int, float)) or not math.isfinite(min_score) \
+            or not -1.0 <= min_score <= 1.0:
+        raise ConfigError(f"min_score {min_score!r}: a minimum cosine similarity between -1 and 1 "
+                          f"(e.g. 0.3; hits scoring below it are dropped)")
+    return float(min_score)
+
+
+def date_conditions(since: str | date | None, until: str | date | None) -> tuple[FactCondition, ...]:
+    """--since/--until as conditions on `taken`: since the start of `since`, until the end of
+    `until` (both included: until=2024-05 keeps all of May). ConfigError naming a bad date."""
+    conditions = []
+    for name, value, op in (("since", since, ">="), ("until", until, "<=")):
+        if value is None:
+            continue
+        text = value.isoformat() if isinstance(value, (date, datetime)) else value
+        if not isinstance(text, str):
+            raise ConfigError(f"search {name} must be a date string or a datetime.date, got {type(value).__name__}")
+        try:
+            date_period(text)
+        except ConfigError as error:
+            raise ConfigError(f"search {name}: {error}") from None
+        conditions.append(FactCondition("taken", op, text))
+    return tuple(conditions)
+
+
+def search_filter(where: SearchFilter | Mapping[str, Any] | Sequence[str] | str | None,
+                  type: str | Sequence[str] | None, path: str | None, since: str | date | None = None,
+                  until: str | date | None = None) -> SearchFilter:
+    """The SearchFilter of a search's arguments. `where`: a dict (metadata key -> value), condition
+    strings ("taken>=2024-05-01", "camera~pixel", "tag=invoice": `filters.parse_where`), or a whole
+    SearchFilter (then `type` and `path` must be None: it has its own)."""
+    if isinstance(where, SearchFilter):
+        if type is not None or path is not None:
+            raise ConfigError("search: give type and path inside the SearchFilter passed as `where`, not beside it")
+        return replace(where, facts=where.facts + date_conditions(since, until))
+    if where is None or isinstance(where, Mapping):
+        metadata, facts = dict(where or {}), ()
+    else:
+        metadata, facts = parse_where([where] if isinstance(where, str) else list(where))
+    return SearchFilter(where=metadata, types=() if type is None else type, path=path,
+                        facts=facts + date_conditions(since, until))
+
+
+def sort_hits(hits: list[Hit], sort: str) -> list[Hit]:
+    """`hits` in `sort` order: as ranked ("relevance"), or by date taken, oldest ("date") or newest
+    ("-date") first; hits without a date go last, in their ranked order (a stable sort)."""
+    if sort == "relevance":
+        return hits
+    dated = [h for h in hits if h.facts is not None and h.facts.taken is not None]
+    undated = [h for h in hits if h.facts is None or h.facts.taken is None]
+    return sorted(dated, key=lambda h: h.facts.taken, reverse=sort == "-date") + undated

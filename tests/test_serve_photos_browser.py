@@ -1,0 +1,97 @@
+"""The search page's photo controls in a real browser (chromium via Playwright) against a live
+`faste-mm serve`: a query typed in Japanese, a date range, the order toggle, the minimum-score
+slider, and each card's date taken and place; the state survives a reload from the URL."""
+
+from __future__ import annotations
+
+import os
+import queue
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from faste_mm import Embedder, Retriever
+from tests.photo_fixtures import exif_block, make_photo, xmp_packet
+from tests.test_retriever_scanning import tiny_vl_dir
+from tests.test_serve_browser import CHROMIUM, REPO, browser  # noqa: F401 (the shared browser fixture)
+
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
+# (date taken, GPS): p0 in Lisbon, the others without a position
+PHOTOS = [("2021:06:01 10:00:00", (38.7223, -9.1393, 5.0)), ("2023:08:15 09:30:00", None),
+          ("2024:05:02 18:00:00", None), ("2024:12:24 20:00:00", None)]
+QUERY = "海辺の夕日"  # "sunset at the beach"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    base = tmp_path_factory.mktemp("serve-photos")
+    (base / "photos").mkdir()
+    for i, (taken, gps) in enumerate(PHOTOS):
+        make_photo(base / "photos" / f"p{i}.jpg", seed=20 + i, size=(96, 64),
+                   exif=exif_block(taken, "+00:00", "Google", "Pixel 8", gps=gps), xmp=xmp_packet(title=f"photo {i}"))
+    embedder = Embedder.from_pretrained(str(tiny_vl_dir(tmp_path_factory.getbasetemp())), device="cpu")
+    Retriever(embedder, collection=base / "col", r_max=0.0).index([base / "photos"])
+    process = subprocess.Popen(
+        [sys.executable, "-m", "faste_mm.cli.app", "serve", "-c", str(base / "col"), "--port", "0", "--device", "cpu"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        cwd=REPO)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in process.stdout], daemon=True).start()
+    try:
+        line = lines.get(timeout=120)
+    except queue.Empty:
+        process.kill()
+        pytest.fail(f"faste-mm serve printed no URL in 120 s; stderr: {process.stderr.read()[-2000:]}")
+    yield line.split()[-1].rstrip("/")
+    process.terminate()
+    try:
+        process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+
+
+def _names(page) -> list[str]:
+    return page.locator(".card .name").all_inner_texts()
+
+
+def _searched(page, action) -> None:
+    """Run `action` and wait for the search it starts to be rendered."""
+    with page.expect_response(lambda r: r.url.endswith("/search")):
+        action()
+    page.wait_for_function("() => !document.body.classList.contains('busy')")
+
+
+def test_photo_filters_order_and_a_japanese_query_in_the_page(browser, server):  # noqa: F811
+    page = browser.new_page(viewport={"width": 1280, "height": 860})
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.goto(server + "/")
+    page.wait_for_selector("#collection strong")
+
+    page.fill("#q", QUERY)  # non-Latin input: typed, sent, echoed and kept in the URL
+    _searched(page, lambda: page.press("#q", "Enter"))
+    assert page.locator(".card").count() == 4
+    assert QUERY in page.inner_text("#status-text") and page.input_value("#q") == QUERY
+    lisbon = page.locator(".card", has_text="p0.jpg").locator(".facts").inner_text()
+    assert lisbon.startswith("2021-06-01") and "Lisbon, Portugal" in lisbon and "Google Pixel 8" in lisbon
+
+    _searched(page, lambda: page.select_option("#f-sort", "-date"))  # newest first
+    assert _names(page) == ["p3.jpg", "p2.jpg", "p1.jpg", "p0.jpg"]
+    _searched(page, lambda: page.fill("#f-since", "2023-01-01"))
+    _searched(page, lambda: page.fill("#f-until", "2024-06-30"))
+    assert _names(page) == ["p2.jpg", "p1.jpg"]
+    assert "since=2023-01-01" in page.url and "sort=-date" in page.url
+
+    _searched(page, lambda: page.fill("#f-min", "1"))  # nothing scores a cosine of 1 against a text
+    assert page.locator(".card").count() == 0 and page.inner_text("#f-min-value") == "1.00"
+    _searched(page, lambda: page.fill("#f-min", "0"))
+    assert page.inner_text("#f-min-value") == "off" and page.locator(".card").count() == 2
+
+    page.reload()  # the query, the range and the order come back from the URL
+    page.wait_for_selector(".card")
+    page.wait_for_function("() => !document.body.classList.contains('busy')")
+    assert page.input_value("#q") == QUERY and page.input_value("#f-since") == "2023-01-01"
+    assert _names(page) == ["p2.jpg", "p1.jpg"]
+    assert not errors, errors
