@@ -184,6 +184,6 @@ def _render_index_report(report) -> None:
                         ("images read (OCR)", f"{report.ocr_read} in {report.ocr_s:.1f} s"),
                         ("model s: vision tower / decoder", f"{report.tower_s:.1f} / {report.decoder_s:.1f} "
                                                             f"(tower {report.tower_share:.0%})"),
-                        ("index", report.index_factory or "-"), ("seconds", f"{report.seconds:.1f}")):
+                        ("index", report.index_factory or "-"), ("seconds", f"{report.elapsed_s:.1f}")):
         table.add_row(name, markup_safe(value))
     stdout.print(table)

@@ -16,6 +16,7 @@ from typing import Protocol
 
 import numpy as np
 
+from faste_mm.model.cost import CostTally
 from faste_mm.model.embedder import Embedder, EmbedStats
 from faste_mm.errors import ConfigError, FasteError
 from faste_mm.indexers.atomic_files import atomic_write
@@ -49,13 +50,12 @@ NO_PROGRESS = _NoProgress()
 
 
 @dataclass(frozen=True, slots=True)
-class EncodeStats:
-    """Totals over the embed calls of one (task, side, setting); FLOPs as `EmbedStats`."""
+class EncodeStats(CostTally):
+    """Totals over the embed calls of one (task, side, setting): their `CostTally` and FLOPs as
+    `EmbedStats`."""
 
     n_items: int = 0
     n_failed: int = 0
-    prefix_tokens: int = 0
-    kept_prefix_tokens: int = 0
     flops_full: int = 0
     flops_realised: int = 0
     trigger_layer_sum: int = 0  # over compressed batches
@@ -69,18 +69,17 @@ class EncodeStats:
         return cls(
             n_items=stats.n_items,
             n_failed=stats.n_failed,
-            prefix_tokens=stats.prefix_tokens,
-            kept_prefix_tokens=stats.kept_prefix_tokens,
             flops_full=stats.flops_full,
             flops_realised=stats.flops_realised,
             trigger_layer_sum=sum(triggers),
             n_compressed_batches=len(triggers),
             forward_s=stats.forward_s,
             total_s=stats.total_s,
+            **stats.cost_fields(),
         )
 
     def __add__(self, other: "EncodeStats") -> "EncodeStats":
-        return EncodeStats(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
+        return EncodeStats(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
 
     @property
     def mean_trigger_layer(self) -> float | None:

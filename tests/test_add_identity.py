@@ -8,7 +8,7 @@ import pytest
 from faste_mm import BatchingConfig, Embedder
 from faste_mm.retrieval.retriever import Retriever
 
-from tests.test_retriever_scanning import tiny_vl_dir
+from tests.helpers.inputs import tiny_vl_dir
 
 
 @pytest.fixture(scope="module")

@@ -269,7 +269,7 @@ def test_save_without_a_passing_theta_shows_the_table_then_fails(model_dirs, tmp
     "case", ["missing-path", "too-few-documents", "out-is-a-file", "paths-and-data", "missing-data", "images-elsewhere", "bad-image-root"]
 )
 def test_inputs_are_checked_before_the_model_loads(case, tmp_path):
-    from tests.eval_fixtures import write_mmeb
+    from tests.helpers.eval_fixtures import write_mmeb
 
     docs = _text_docs(tmp_path / "docs")
     data = write_mmeb(tmp_path / "mmeb", image_dir="pics")  # not where the image root is looked for
@@ -298,7 +298,7 @@ def test_a_model_that_cannot_load_is_reported_once_the_inputs_are_valid(tmp_path
 
 
 def test_labelled_mmeb_data_adds_recall_retention_per_theta(model_dirs, tmp_path, monkeypatch):
-    from tests.eval_fixtures import write_mmeb
+    from tests.helpers.eval_fixtures import write_mmeb
 
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     data = write_mmeb(tmp_path / "mmeb", image_dir="pics")  # images outside the default search: --image-root

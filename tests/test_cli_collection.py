@@ -8,32 +8,23 @@ import json
 import os
 import shutil
 import signal
-import sqlite3
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from faste_mm.cli.app import app
 from faste_mm.indexers import Collection
 from faste_mm.indexers.crash_points import CRASH_ENV
 
-from tests.test_retriever_scanning import CORPUS_EMBEDDED, CORPUS_FAILED, CORPUS_REUSED, make_corpus, noise_image, tiny_vl_dir
+from tests.helpers.cli import committed_items, invoke
+from tests.helpers.inputs import CORPUS_EMBEDDED, CORPUS_FAILED, CORPUS_REUSED, make_corpus, noise_image, tiny_vl_dir
 
-runner = CliRunner()
 
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory) -> str:
     return str(tiny_vl_dir(tmp_path_factory.getbasetemp()))
-
-
-def invoke(*args: str, env: dict | None = None, code: int = 0):
-    result = runner.invoke(app, [str(a) for a in args], env=env)
-    assert result.exit_code == code, (result.stdout, result.stderr, result.exception)
-    return result
 
 
 def test_index_search_info_json_and_paths(model, tmp_path):
@@ -146,7 +137,7 @@ def test_a_writer_killed_with_sigkill_resumes_without_embedding_anything_twice(m
     proc = subprocess.run([sys.executable, "-m", "faste_mm.cli.app", *args], stdout=subprocess.DEVNULL,
                           stderr=subprocess.PIPE, env=env, timeout=300)
     assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
-    committed = _committed_items(col)
+    committed = committed_items(col)
     assert committed == 2  # the first chunk, whole
     report = json.loads(invoke("index", root, "-c", col, "--format", "json").stdout)
     assert report["embedded"] == n_files - committed and report["reused"] == 0
@@ -156,17 +147,7 @@ def test_a_writer_killed_with_sigkill_resumes_without_embedding_anything_twice(m
     assert Path(hits["hits"][0]["uri"]).name == "007.png"
 
 
-def _committed_items(col: Path) -> int:
-    try:
-        db = sqlite3.connect(f"file:{col / 'meta.sqlite'}?mode=ro", uri=True)
-    except sqlite3.Error:
-        return 0
-    try:
-        return db.execute("SELECT count(*) FROM items WHERE status = 'ok'").fetchone()[0]
-    except sqlite3.Error:  # not created yet
-        return 0
-    finally:
-        db.close()
+
 
 
 def test_relative_collection_and_model_paths_work_from_another_folder(model, tmp_path, monkeypatch):

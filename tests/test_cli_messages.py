@@ -17,7 +17,7 @@ from faste_mm.cli.app import app
 from faste_mm.errors import CollectionError, InputError, ModelLoadError
 from faste_mm.retrieval.retriever import Retriever
 
-from tests.test_retriever_scanning import noise_image, tiny_vl_dir
+from tests.helpers.inputs import noise_image, tiny_vl_dir
 
 runner = CliRunner()
 

@@ -24,9 +24,9 @@ from faste_mm.indexers.crash_points import CRASH_ENV, SIGNAL_ENV
 from faste_mm.retrieval.results import IndexOptions
 from faste_mm.retrieval.retriever import Retriever
 
-from tests.eval_fixtures import eval_data_dir, eval_model_dir  # noqa: F401  (fixtures)
-from tests.test_cli_collection import _committed_items
-from tests.test_retriever_scanning import noise_image, tiny_vl_dir
+from tests.helpers.eval_fixtures import eval_data_dir, eval_model_dir  # noqa: F401  (fixtures)
+from tests.helpers.cli import committed_items
+from tests.helpers.inputs import noise_image, tiny_vl_dir
 
 runner = CliRunner()
 
@@ -108,7 +108,7 @@ def test_ctrl_c_during_index_says_what_was_kept_and_exits_130(model, tmp_path):
     err = proc.stderr
     err = err.decode()
     assert proc.returncode == 130, err[-2000:]
-    committed = _committed_items(col)
+    committed = committed_items(col)
     assert 2 <= committed < n_files
     assert f"interrupted: {committed} of {n_files} files committed; run the same command again to continue" in err
     assert "Traceback" not in err

@@ -24,8 +24,8 @@ from faste_mm.cli.app import app  # noqa: E402
 from faste_mm.indexers.directory import SERVER_FILE  # noqa: E402
 from faste_mm.retrieval.model_spec import ModelSpec  # noqa: E402
 from faste_mm.serving.discovery import find_server  # noqa: E402
-from tests.serve_fixtures import make_gallery  # noqa: E402
-from tests.test_retriever_scanning import tiny_vl_dir  # noqa: E402
+from tests.helpers.serve_fixtures import make_gallery  # noqa: E402
+from tests.helpers.inputs import tiny_vl_dir  # noqa: E402
 
 runner = CliRunner()
 

@@ -23,7 +23,7 @@ from faste_mm.retrieval.profile import DOCUMENT_R_MAX, CollectionProfile, read_p
 from faste_mm.retrieval.receipt import PlanReceipt
 from faste_mm.retrieval.retriever import Retriever
 
-from tests.test_retriever_scanning import noise_image
+from tests.helpers.inputs import noise_image
 
 
 def _stored(**changes) -> CollectionProfile:

@@ -20,7 +20,7 @@ from faste_mm.cli.app import app
 from faste_mm.indexers.crash_points import CRASH_ENV, CRASH_POINTS
 from faste_mm.indexers.faiss_index import file_sha256
 
-from tests.test_retriever_scanning import noise_image, tiny_vl_dir
+from tests.helpers.inputs import noise_image, tiny_vl_dir
 
 runner = CliRunner()
 

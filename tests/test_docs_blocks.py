@@ -4,7 +4,7 @@ separate process (one session per document: its blocks build on each other), in 
 of generated files per document, with the hub ids replaced by tiny random-weight models. A block
 marked `<!-- skip: REASON -->` is reported as skipped with its reason.
 
-Speed: each `faste-mm` command is forked from a warm process (tests/docs_zygote.py) instead of
+Speed: each `faste-mm` command is forked from a warm process (tests/helpers/docs_zygote.py) instead of
 importing torch and transformers again, which would cost ~4 s of CPU per command.
 """
 
@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from faste_mm.testing import build_tiny_model
-from tests.docs_blocks import Block, documents, extract, make_sandbox, shell_script, substitute
-from tests.docs_zygote import SHIM, receive_message, send_message
+from tests.helpers.docs_blocks import Block, documents, extract, make_sandbox, shell_script, substitute
+from tests.helpers.docs_zygote import SHIM, receive_message, send_message
 
 ROOT = Path(__file__).resolve().parents[1]
 ALL_BLOCKS = [block for path in documents() for block in extract(path)]
@@ -56,7 +56,7 @@ def zygote(tmp_path_factory, stand_ins):
                TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1", FASTE_MM_DEVICE="cpu",
                FASTE_MM_MODEL=str(stand_ins["Qwen/Qwen3-VL-Embedding-2B"]), FASTE_MM_DOCS_SOCKET=str(sock),
                PATH=f"{shim_dir}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
-    process = subprocess.Popen([sys.executable, "-m", "tests.docs_zygote", str(sock),
+    process = subprocess.Popen([sys.executable, "-m", "tests.helpers.docs_zygote", str(sock),
                                 *map(str, dict.fromkeys(stand_ins.values()))],
                                cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     ready = process.stdout.readline()

@@ -15,8 +15,8 @@ from faste_mm import BatchingConfig, Embedder, Retriever
 from faste_mm.cli.app import app
 from faste_mm.cli.duplicates_command import DEFAULT_THRESHOLD as CLI_DEFAULT
 from faste_mm.retrieval.duplicates import DEFAULT_THRESHOLD
-from tests.serve_fixtures import scene_image
-from tests.test_retriever_scanning import tiny_vl_dir
+from tests.helpers.serve_fixtures import scene_image
+from tests.helpers.inputs import tiny_vl_dir
 
 runner = CliRunner()
 

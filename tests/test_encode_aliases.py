@@ -14,7 +14,7 @@ from faste_mm.errors import CollectionError
 from faste_mm.indexers import Collection
 from faste_mm.retrieval.retriever import DEFAULT_QUERY_INSTRUCTION, Retriever
 
-from tests.test_retriever_scanning import noise_image
+from tests.helpers.inputs import noise_image
 
 QUERY = "Find me an everyday image that matches the given caption:"
 

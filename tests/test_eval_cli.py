@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from faste_mm.cli.eval import eval_command
 
-from tests.eval_fixtures import eval_data_dir, eval_model_dir  # noqa: F401  (fixtures)
+from tests.helpers.eval_fixtures import eval_data_dir, eval_model_dir  # noqa: F401  (fixtures)
 
 runner = CliRunner()
 app = typer.Typer()

@@ -15,7 +15,7 @@ from faste_mm.datasets.hub import extract_archive
 from faste_mm.datasets.mmeb import clean_instruction
 from faste_mm.errors import ConfigError, InputError, ModelLoadError
 
-from tests.eval_fixtures import DOCVQA_ANSWERS, LAYOUTS, MSCOCO_LISTS, NIGHTS_LISTS, mmeb_rows, write_mmeb, write_table
+from tests.helpers.eval_fixtures import DOCVQA_ANSWERS, LAYOUTS, MSCOCO_LISTS, NIGHTS_LISTS, mmeb_rows, write_mmeb, write_table
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from faste_mm.errors import ConfigError, InputError
 from faste_mm.model.items import expand_items
 from faste_mm.model.serialization import VLSerializer
 
-from tests.eval_fixtures import eval_data_dir, eval_model_dir  # noqa: F401  (fixtures)
+from tests.helpers.eval_fixtures import eval_data_dir, eval_model_dir  # noqa: F401  (fixtures)
 
 
 @pytest.fixture(scope="module")

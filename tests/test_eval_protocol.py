@@ -12,7 +12,7 @@ from faste_mm.datasets import EvalConfig, evaluate, load_task
 from faste_mm.datasets.encoding import downscale_pixels, token_pixels
 from faste_mm.errors import ConfigError
 
-from tests.eval_fixtures import eval_data_dir, eval_model_dir  # noqa: F401  (fixtures)
+from tests.helpers.eval_fixtures import eval_data_dir, eval_model_dir  # noqa: F401  (fixtures)
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from faste_mm.indexers.schema import SCHEMA_VERSION
 from faste_mm.indexers import Collection, ItemRecord, Manifest, SearchFilter
 from faste_mm.indexers.schema import SCHEMA_VERSION
 
-from tests.old_schemas import downgrade
+from tests.helpers.old_schemas import downgrade
 
 D = 8
 KEYS = ["s", "n", "f", "b", "nested", "list", "none", "u", "missing", "a.b"]

@@ -1,5 +1,5 @@
 """The runner against references: Full vs the HF model's own last_hidden_state, and FastE vs the
-naive per-sample token-deleting reference in tests/reference.py."""
+naive per-sample token-deleting reference in tests/helpers/reference.py."""
 
 from __future__ import annotations
 
@@ -10,15 +10,8 @@ from transformers import AutoModel, Qwen3VLModel
 
 from faste_mm import FastEConfig
 
-from .reference import init_text_sample, init_vl_sample, naive_embed, pool_last_valid, right_padded, serialized_items
-
-TEXTS = [
-    "a red bicycle leaning on a wall",
-    "short",
-    "the quick brown fox jumps over the lazy dog " * 4,
-    "Paris is the capital and largest city of France.",
-]
-
+from tests.helpers.reference import init_text_sample, init_vl_sample, naive_embed, pool_last_valid, right_padded, serialized_items
+from tests.helpers.inputs import TEXTS
 
 def test_full_forward_matches_qwen3vl_last_hidden_state(vl_embedder, model_dirs, mixed_items):
     serialized = serialized_items(vl_embedder, mixed_items)

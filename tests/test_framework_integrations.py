@@ -26,7 +26,7 @@ from faste_mm.integrations.langchain import FasteMMEmbeddings, FasteMMRetriever 
 from faste_mm.integrations.llama_index import FasteMMEmbedding  # noqa: E402
 from faste_mm.integrations.llama_index import FasteMMRetriever as LlamaRetriever  # noqa: E402
 from faste_mm.retrieval.profile import DOCUMENT_R_MAX, QUERY_INSTRUCTION  # noqa: E402
-from tests.mcp_fixtures import tiny_collection  # noqa: E402
+from tests.helpers.mcp_fixtures import tiny_collection  # noqa: E402
 
 TEXTS = ["a red bicycle leaning on a wall", "notes about a picnic by the lake", "quarterly report, revenue chart"]
 QUERY = "something to ride"

@@ -20,7 +20,7 @@ from faste_mm.cli.app import app
 from faste_mm.indexers import Collection
 from faste_mm.retrieval.decoders import TEXT_READ_BYTES, read_text_file
 
-from tests.test_retriever_scanning import noise_image, tiny_vl_dir
+from tests.helpers.inputs import noise_image, tiny_vl_dir
 
 runner = CliRunner()
 IS_ROOT = os.geteuid() == 0

@@ -263,7 +263,7 @@ def test_a_database_behind_its_manifest_is_damage_and_its_parts_are_kept(tmp_pat
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
-    from tests.test_retriever_scanning import tiny_vl_dir
+    from tests.helpers.inputs import tiny_vl_dir
 
     return tiny_vl_dir(tmp_path_factory.getbasetemp())
 

@@ -21,8 +21,8 @@ from faste_mm.retrieval.profile import CollectionProfile
 from faste_mm.scale.ray_workers import FileTask, decode_file_parts, embedder_input
 from faste_mm.serving.thumbnails import NoThumbnailError, has_thumbnail, thumbnail
 
-from tests.test_retriever_scanning import noise_image, two_page_pdf
-from tests.test_video import write_video
+from tests.helpers.inputs import noise_image, two_page_pdf
+from tests.helpers.inputs import write_video
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import pytest
 from faste_mm.errors import InputError
 from faste_mm.indexers import Collection, ItemRecord, Manifest, SearchFilter, search
 
-from tests.old_schemas import downgrade
+from tests.helpers.old_schemas import downgrade
 
 D = 8
 TEXTS = ["invoice for Müller GmbH", "the quick brown fox", "payment reminder", "fox hunting season",

@@ -28,28 +28,9 @@ from faste_mm.model.prefetch import ItemError, prefetch_batches
 from faste_mm.model.serialization import Serialized, SerializerConfig
 from faste_mm.retrieval.results import IndexOptions
 
-from tests.test_retriever_scanning import noise_image
+from tests.helpers.inputs import noise_image, pdf_of_sizes
 
 PAGE_PIXELS = 32 * 1024  # small pages keep the tiny model fast
-
-
-def _pdf(path: Path, sizes: list[tuple[float, float]], marks: int = 0) -> Path:
-    """A PDF with one page per (width, height) in points; `marks` draws that many black boxes
-    on each page (pages of different content embed differently)."""
-    import pypdfium2 as pdfium
-    import pypdfium2.raw as raw
-
-    pdf = pdfium.PdfDocument.new()
-    for number, (width, height) in enumerate(sizes):
-        page = pdf.new_page(width, height)
-        for k in range(marks + number % 3):
-            box = raw.FPDFPageObj_CreateNewRect(10 + 20 * k, 10 + 15 * number % 200, 15, 30)
-            raw.FPDFPageObj_SetFillColor(box, 0, 0, 0, 255)
-            raw.FPDFPath_SetDrawMode(box, raw.FPDF_FILLMODE_ALTERNATE, 0)
-            raw.FPDFPage_InsertObject(page.raw, box)
-        raw.FPDFPage_GenerateContent(page.raw)
-    pdf.save(path)
-    return path
 
 
 SIZES = [(612, 792), (300, 200), (1000, 90), (595.3, 841.9), (72, 72), (612, 792), (200, 300)]
@@ -65,7 +46,7 @@ def small_pages(model_dirs) -> Embedder:
 
 # ---- memory bounded in bytes ------------------------------------------------------------------
 def test_planned_token_counts_equal_the_serialized_lengths(small_pages, tmp_path):
-    pdf = _pdf(tmp_path / "m.pdf", SIZES, marks=1)
+    pdf = pdf_of_sizes(tmp_path / "m.pdf", SIZES, marks=1)
     import pypdfium2 as pdfium
 
     rotated = pdfium.PdfDocument(str(pdf))
@@ -107,7 +88,7 @@ def _batches(embedder: Embedder, items: list[Item]) -> list[list[int]]:
 
 
 def test_a_tiny_byte_budget_gives_the_batches_and_vectors_of_a_huge_one(small_pages, tmp_path):
-    pdf = _pdf(tmp_path / "m.pdf", SIZES, marks=1)
+    pdf = pdf_of_sizes(tmp_path / "m.pdf", SIZES, marks=1)
     inputs = [pdf, "a text between the pages", noise_image(tmp_path / "a.png", (90, 60), 3), "more text"]
     fast_e = FastEConfig(r_max=0.5, warmup_layer=1)
     tiny = small_pages.with_batching(replace(small_pages.batching, prefetch_bytes=0))
@@ -234,7 +215,7 @@ OPTIONS = IndexOptions(chunk_pages=2)
 def test_an_interrupted_long_pdf_resumes_after_its_last_committed_range(page_retriever, tmp_path):
     docs = tmp_path / "docs"
     docs.mkdir()
-    pdf = _pdf(docs / "a.pdf", SIZES[:5], marks=1)
+    pdf = pdf_of_sizes(docs / "a.pdf", SIZES[:5], marks=1)
     run = page_retriever("run")
     with pytest.raises(KeyboardInterrupt):
         run.index([docs], options=OPTIONS, progress=_StopAfter(3))  # inside the second range
@@ -262,11 +243,11 @@ def test_an_interrupted_long_pdf_resumes_after_its_last_committed_range(page_ret
 def test_a_changed_long_pdf_replaces_every_old_page(page_retriever, tmp_path):
     docs = tmp_path / "docs"
     docs.mkdir()
-    _pdf(docs / "a.pdf", SIZES[:5], marks=1)
+    pdf_of_sizes(docs / "a.pdf", SIZES[:5], marks=1)
     run = page_retriever("run")
     run.index([docs], options=OPTIONS)
     old = _live(run.collection)
-    _pdf(docs / "a.pdf", SIZES[2:5], marks=2)  # three pages, other content
+    pdf_of_sizes(docs / "a.pdf", SIZES[2:5], marks=2)  # three pages, other content
     os.utime(docs / "a.pdf", (1e9, 1e9))
     assert run.index([docs], options=OPTIONS).embedded == 3
     live = _live(run.collection)
@@ -274,7 +255,7 @@ def test_a_changed_long_pdf_replaces_every_old_page(page_retriever, tmp_path):
     assert not {i for i, _, _ in live.values()} & {i for i, _, _ in old.values()}
     assert len({d for _, _, d in live.values()} | {d for _, _, d in old.values()}) == 2
     # Interrupted while changed again: the first range replaced all old pages, the rerun finishes
-    _pdf(docs / "a.pdf", SIZES[:6], marks=3)
+    pdf_of_sizes(docs / "a.pdf", SIZES[:6], marks=3)
     with pytest.raises(KeyboardInterrupt):
         run.index([docs], options=OPTIONS, progress=_StopAfter(3))
     assert sorted(_live(run.collection)) == [("a.pdf", 1), ("a.pdf", 2)]
@@ -291,7 +272,7 @@ def test_a_run_killed_after_a_page_range_resumes_mid_file(small_pages, tmp_path)
     `faste-mm index` embeds only the pages after it."""
     docs = tmp_path / "docs"
     docs.mkdir()
-    _pdf(docs / "a.pdf", SIZES[:5], marks=1)
+    pdf_of_sizes(docs / "a.pdf", SIZES[:5], marks=1)
     noise_image(docs / "b.png", (40, 40), 5)
     col = tmp_path / "col"
     with Retriever(small_pages, collection=col) as creator:  # the collection's small pixel cap
@@ -334,7 +315,7 @@ def test_the_ray_driver_commits_page_ranges_as_a_plain_run_does(tmp_path):
     from faste_mm.retrieval.scanning import scan_paths
     from faste_mm.scale.ray_pages import plan_long_pdf
 
-    pdf = _pdf(tmp_path / "a.pdf", SIZES[:5])
+    pdf = pdf_of_sizes(tmp_path / "a.pdf", SIZES[:5])
     (f,) = scan_paths([pdf]).files()
     bad_page = 3
     reason = f"{f.uri} (page {bad_page}): could not be embedded"
@@ -383,7 +364,7 @@ def test_the_ray_decoder_renders_a_long_pdf_part_by_part(tmp_path):
     from faste_mm.scale.ray_workers import PAGES_PER_PART, FileTask, decode_file_parts
 
     n_pages = 2 * PAGES_PER_PART + 3
-    pdf = _pdf(tmp_path / "long.pdf", [(200, 300)] * n_pages)
+    pdf = pdf_of_sizes(tmp_path / "long.pdf", [(200, 300)] * n_pages)
     profile = CollectionProfile(model_id="tiny", dim=4, max_pixels=4096, min_pixels=4096)
     parts = decode_file_parts(FileTask(str(pdf), "page", None), profile, None, "driver")
     first_rows, n_parts = next(parts)  # only the first part is rendered so far

@@ -13,7 +13,7 @@ from transformers import AutoTokenizer
 
 from faste_mm import Embedder, Item, Retriever
 from faste_mm.tools.shapes import qwen_tokenizer_dir
-from tests.test_retriever_scanning import tiny_vl_dir
+from tests.helpers.inputs import tiny_vl_dir
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "photos.md"
 CAPTIONS = ["a red bicycle leaning against a wall", "a cat sleeping on a sofa", "sunset over the sea at the beach",

@@ -15,7 +15,7 @@ from faste_mm.errors import CollectionError, ConfigError
 from faste_mm.indexers import Collection
 from faste_mm.retrieval.retriever import DEFAULT_QUERY_INSTRUCTION, Retriever
 
-from tests.test_retriever_scanning import noise_image, tiny_vl_dir
+from tests.helpers.inputs import noise_image, tiny_vl_dir
 
 TEXTS = ["a red bicycle leaning on a wall", "a bowl of soup", "the quick brown fox", "tax invoice 2024"]
 DIM = 16

@@ -51,8 +51,8 @@ def test_visual_tokens_are_32_by_32_pixels_and_exclusive_with_max_pixels():
 # ---- a collection's budget -------------------------------------------------------------------
 import json  # noqa: E402
 
-from tests.test_cli_collection import invoke  # noqa: E402
-from tests.test_retriever_scanning import noise_image, tiny_vl_dir  # noqa: E402
+from tests.helpers.cli import invoke  # noqa: E402
+from tests.helpers.inputs import noise_image, tiny_vl_dir  # noqa: E402
 
 BUDGET = 16 * PIXELS_PER_VISUAL_TOKEN  # 16 visual tokens: shrinks the 320x240 photos below
 

@@ -14,7 +14,7 @@ import httpx2  # noqa: E402
 from mcp.client.streamable_http import streamable_http_client  # noqa: E402
 
 from faste_mm import Retriever  # noqa: E402
-from tests.mcp_fixtures import check_structured, error_text, faste_mm_command, open_session, tiny_collection  # noqa: E402
+from tests.helpers.mcp_fixtures import check_structured, error_text, faste_mm_command, open_session, tiny_collection  # noqa: E402
 
 KEY = "test-key-123"
 

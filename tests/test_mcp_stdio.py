@@ -19,10 +19,10 @@ from typer.testing import CliRunner  # noqa: E402
 from faste_mm import BatchingConfig, Embedder, Retriever  # noqa: E402
 from faste_mm.cli.app import app  # noqa: E402
 from faste_mm.serving.mcp_tools import MAX_K, MAX_QUERY_CHARS, PREVIEW_PX  # noqa: E402
-from tests.mcp_fixtures import (check_structured, error_text, faste_mm_command, images_of, open_session,  # noqa: E402
+from tests.helpers.mcp_fixtures import (check_structured, error_text, faste_mm_command, images_of, open_session,  # noqa: E402
                                 tiny_collection)
-from tests.rerank_fixtures import reranker_dirs  # noqa: E402, F401
-from tests.test_retriever_scanning import tiny_vl_dir  # noqa: E402
+from tests.helpers.rerank_fixtures import reranker_dirs  # noqa: E402, F401
+from tests.helpers.inputs import tiny_vl_dir  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ from faste_mm.retrieval.ocr import OcrEngine
 
 pytest.importorskip("rapidocr_onnxruntime", reason="needs the ocr extra: pip install 'faste-mm[ocr]'")
 
-from tests.test_retriever_scanning import tiny_vl_dir  # noqa: E402
+from tests.helpers.inputs import tiny_vl_dir  # noqa: E402
 
 FONT = Path("/usr/share/fonts/truetype/dejavu/DejaVuSans-Bold.ttf")
 

@@ -21,9 +21,9 @@ from faste_mm.model.embedder import Embedder
 from faste_mm.retrieval.photo_metadata import read_facts
 from faste_mm.retrieval.retriever import Retriever
 
-from tests.old_schemas import downgrade
-from tests.photo_fixtures import BILLION_LAUGHS, exif_block, iptc_segment, make_photo, xmp_packet
-from tests.test_retriever_scanning import tiny_vl_dir
+from tests.helpers.old_schemas import downgrade
+from tests.helpers.photo_fixtures import BILLION_LAUGHS, exif_block, iptc_segment, make_photo, xmp_packet
+from tests.helpers.inputs import tiny_vl_dir
 
 LISBON = (38.7223, -9.1393, 12.5)
 

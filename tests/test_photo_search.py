@@ -20,9 +20,9 @@ from faste_mm.indexers.facts import ItemFacts
 from faste_mm.model.embedder import Embedder
 from faste_mm.retrieval.retriever import Retriever
 
-from tests.old_schemas import downgrade
-from tests.photo_fixtures import exif_block, make_photo, xmp_packet
-from tests.test_retriever_scanning import tiny_vl_dir
+from tests.helpers.old_schemas import downgrade
+from tests.helpers.photo_fixtures import exif_block, make_photo, xmp_packet
+from tests.helpers.inputs import tiny_vl_dir
 
 D = 8
 CAMERAS = [("Google", "Pixel 8"), ("Apple", "iPhone 15"), ("Canon", "Canon EOS R6"), (None, None)]

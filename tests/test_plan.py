@@ -21,7 +21,7 @@ from faste_mm.tools.plan import (PlanConfig, neighbour_agreement, plan, query_to
                                  stratified_quotas)
 from faste_mm.tools.plan_report import PlanReport, load_plan, pareto_front
 
-from tests.test_retriever_scanning import noise_image, tiny_vl_dir, two_page_pdf
+from tests.helpers.inputs import noise_image, tiny_vl_dir, two_page_pdf
 
 runner = CliRunner()
 SMALL = 16_384  # a cap that shrinks the test photos (their official size is 160x128 and up)

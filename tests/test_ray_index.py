@@ -36,7 +36,7 @@ from faste_mm.scale.ray_index import ACTOR_REGISTRY_ENV  # noqa: E402
 from faste_mm.scale.ray_workers import PAGES_PER_PART, FileTask, ShippedFile, decode_file_parts, embedder_input  # noqa: E402
 from faste_mm.model.serialization import SerializerConfig  # noqa: E402
 from faste_mm.scale.resources import plan_resources  # noqa: E402
-from tests.test_retriever_scanning import (CORPUS_EMBEDDED, CORPUS_FAILED, CORPUS_REUSED, make_corpus,  # noqa: E402
+from tests.helpers.inputs import (CORPUS_EMBEDDED, CORPUS_FAILED, CORPUS_REUSED, make_corpus,  # noqa: E402
                                            noise_image, tiny_vl_dir)
 
 PAGE_PIXELS = 64 * 64  # long PDFs' pages rendered small: the test is about commits, not pixels
@@ -134,7 +134,7 @@ def test_ray_index_embeds_videos_with_the_collection_video_settings(ray_cluster,
     videos with the collection's video settings (it once recorded every video as an unreadable
     image) and resize images with its pixel budget (`index --ray --max-pixels`): rows, failures
     and vectors equal a plain run's, and the manifest records both."""
-    from tests.test_video import write_video
+    from tests.helpers.inputs import write_video
 
     folder = tmp_path / "files"
     folder.mkdir()
@@ -249,12 +249,12 @@ def test_a_driver_killed_after_a_page_range_resumes_the_pdf_mid_file(ray_cluster
     """A PDF of more than --chunk-pages pages is committed range by range as its parts come
     back; the driver SIGKILLs itself after the first range (a named crash point), and the
     re-run embeds only the pages after it. The result equals a plain run's."""
-    from tests.test_long_pdfs import _pdf
+    from tests.helpers.inputs import pdf_of_sizes
 
     docs = tmp_path / "docs"
     docs.mkdir()
     n_pages = PAGES_PER_PART + 4
-    _pdf(docs / "long.pdf", [(200, 300), (300, 200)] * (n_pages // 2), marks=1)
+    pdf_of_sizes(docs / "long.pdf", [(200, 300), (300, 200)] * (n_pages // 2), marks=1)
     noise_image(docs / "photo.png", (40, 40), 5)
     spec = ModelSpec(str(model_dir), device="cpu", serializer=SerializerConfig(max_pixels=PAGE_PIXELS))
     options = IndexOptions(chunk_files=3, chunk_pages=8)

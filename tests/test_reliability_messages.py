@@ -14,8 +14,8 @@ from faste_mm.cli.app import app
 from faste_mm.errors import InputError, ModelLoadError
 from faste_mm.indexers import Collection, ItemRecord, Manifest
 
-from tests.old_schemas import downgrade
-from tests.test_retriever_scanning import noise_image, tiny_vl_dir
+from tests.helpers.old_schemas import downgrade
+from tests.helpers.inputs import noise_image, tiny_vl_dir
 
 runner = CliRunner()
 

@@ -17,8 +17,8 @@ from faste_mm.indexers import Collection, ItemRecord, Manifest
 from faste_mm.indexers.schema import SCHEMA_VERSION
 from faste_mm.retrieval.retriever import Retriever
 
-from tests.old_schemas import downgrade
-from tests.test_retriever_scanning import noise_image, tiny_vl_dir
+from tests.helpers.old_schemas import downgrade
+from tests.helpers.inputs import noise_image, tiny_vl_dir
 
 
 @pytest.fixture(scope="module")

@@ -17,8 +17,8 @@ from faste_mm.model.rerank.reranker import Reranker
 from faste_mm.model.video import VideoConfig, read_video
 from faste_mm.testing import build_tiny_model
 
-from .rerank_fixtures import ONE_BATCH, reranker_dirs, text_reranker, vl_lm, vl_reranker  # noqa: F401
-from .reference import init_text_sample, init_vl_sample, naive_readout, official_text_scores, official_vl_pair_inputs, official_vl_scores
+from tests.helpers.rerank_fixtures import ONE_BATCH, reranker_dirs, text_reranker, vl_lm, vl_reranker  # noqa: F401
+from tests.helpers.reference import init_text_sample, init_vl_sample, naive_readout, official_text_scores, official_vl_pair_inputs, official_vl_scores
 
 def _as_official(item: Item) -> dict:
     image = item.image
@@ -58,7 +58,7 @@ def test_vl_scores_equal_the_official_formula_on_transformers_forward(vl_reranke
 
 
 def test_video_pairs_equal_the_official_formula(vl_reranker, vl_lm, tmp_path):
-    from .test_video import write_video
+    from tests.helpers.inputs import write_video
 
     clip = write_video(tmp_path / "clip.mp4", 4, 5)
     query, documents = Item(text="a moving bar"), [Item(video=clip), Item(video=clip, text="with a caption"), Item(text="no video")]
@@ -235,7 +235,7 @@ def test_an_embedding_model_is_refused_as_a_reranker_and_the_reverse(reranker_di
 
 
 def test_explain_weights_equal_naive_readout_attention_and_sum_as_documented(vl_reranker, vl_lm, image_dir):
-    from .reference import _causal_mask, naive_readout_scores
+    from tests.helpers.reference import _causal_mask, naive_readout_scores
 
     document = Item(text="a red square, héllo wörld", image=image_dir / "red.png")
     explanation = vl_reranker.explain("which is red?", document, layer=3)

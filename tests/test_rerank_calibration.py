@@ -15,7 +15,7 @@ from faste_mm.model.faste import FastEConfig
 from faste_mm.model.rerank.reranker import Reranker
 from faste_mm.tools.rerank_calibration import RerankCalibrationConfig, calibrate_reranker, top_k_agreement
 
-from tests.rerank_fixtures import reranker_dirs, text_reranker  # noqa: F401  (fixtures)
+from tests.helpers.rerank_fixtures import reranker_dirs, text_reranker  # noqa: F401  (fixtures)
 
 QUERIES = ["a red bicycle by the river", "the invoice total"]
 DOCUMENTS = ["a blue car parked in the street " * 3, "a red bicycle leaning on a fence", "invoice total: 42 euros",

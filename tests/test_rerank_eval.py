@@ -14,8 +14,8 @@ from faste_mm.datasets import load_task
 from faste_mm.datasets.metrics import gold_ranks, score_ranks
 from faste_mm.datasets.rerank_eval import evaluate_rerank
 
-from tests.eval_fixtures import eval_data_dir, eval_model_dir  # noqa: F401  (fixtures)
-from tests.rerank_fixtures import ONE_BATCH, reranker_dirs, vl_reranker  # noqa: F401  (fixtures)
+from tests.helpers.eval_fixtures import eval_data_dir, eval_model_dir  # noqa: F401  (fixtures)
+from tests.helpers.rerank_fixtures import ONE_BATCH, reranker_dirs, vl_reranker  # noqa: F401  (fixtures)
 
 
 def test_reranked_metrics_equal_a_by_hand_rerank_of_the_top_n(eval_model_dir, eval_data_dir, vl_reranker):

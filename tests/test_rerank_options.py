@@ -19,8 +19,8 @@ from faste_mm.datasets.rerank_eval import evaluate_rerank
 from faste_mm.model.rerank.reranker import Reranker
 from faste_mm.model.rerank.tower_cache import DEFAULT_TOWER_CACHE_BYTES
 
-from tests.eval_fixtures import eval_data_dir, eval_model_dir  # noqa: F401  (fixtures)
-from tests.rerank_fixtures import ONE_BATCH, reranker_dirs, vl_reranker  # noqa: F401  (fixtures)
+from tests.helpers.eval_fixtures import eval_data_dir, eval_model_dir  # noqa: F401  (fixtures)
+from tests.helpers.rerank_fixtures import ONE_BATCH, reranker_dirs, vl_reranker  # noqa: F401  (fixtures)
 
 FLAG = "--rerank-tower-cache-mb"
 

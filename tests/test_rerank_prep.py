@@ -15,7 +15,7 @@ from faste_mm.model.rerank.pair_format import rerank_serializer_config
 from faste_mm.model.rerank.reranker import Reranker
 from faste_mm.model.rerank.resized_images import ResizedImages
 
-from .rerank_fixtures import ONE_BATCH, reranker_dirs, text_reranker, vl_reranker  # noqa: F401
+from tests.helpers.rerank_fixtures import ONE_BATCH, reranker_dirs, text_reranker, vl_reranker  # noqa: F401
 
 
 def _documents(image_dir) -> list[Item]:
@@ -44,7 +44,7 @@ def test_planned_size_equals_the_serialized_pair(vl_reranker, image_dir, max_len
 
 
 def test_text_and_video_pairs_are_serialized_to_be_counted(vl_reranker, text_reranker, tmp_path):
-    from .test_video import write_video
+    from tests.helpers.inputs import write_video
 
     prepared = vl_reranker.prepare_query("a moving bar")
     clip = write_video(tmp_path / "clip.mp4", 4, 5)

@@ -14,7 +14,7 @@ from faste_mm.model.rerank.pair_format import rerank_serializer_config
 from faste_mm.model.rerank.reranker import Reranker
 from faste_mm.model.rerank.tower_cache import TowerCache
 
-from .rerank_fixtures import ONE_BATCH, reranker_dirs, text_reranker, vl_reranker  # noqa: F401
+from tests.helpers.rerank_fixtures import ONE_BATCH, reranker_dirs, text_reranker, vl_reranker  # noqa: F401
 
 SMALL_BATCHES = ONE_BATCH.__class__(batch_tokens=200)  # several padded batches of mixed lengths
 

@@ -20,7 +20,7 @@ from faste_mm.retrieval.model_spec import ModelSpec
 from faste_mm.retrieval.results import IndexOptions
 from faste_mm.retrieval.retriever import DEFAULT_QUERY_INSTRUCTION, Retriever
 
-from tests.test_retriever_scanning import (
+from tests.helpers.inputs import (
     CORPUS_EMBEDDED,
     CORPUS_FAILED,
     CORPUS_FILES,

@@ -163,7 +163,7 @@ def filtered_collection(tmp_path_factory):
     """The corpus indexed, plus texts added with metadata; returns (model dir, corpus, collection)."""
     from faste_mm import BatchingConfig, Embedder
     from faste_mm.retrieval.retriever import Retriever
-    from tests.test_retriever_scanning import make_corpus, tiny_vl_dir
+    from tests.helpers.inputs import make_corpus, tiny_vl_dir
 
     model = tiny_vl_dir(tmp_path_factory.getbasetemp())
     root = make_corpus(tmp_path_factory.mktemp("corpus"))

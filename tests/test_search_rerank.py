@@ -13,8 +13,8 @@ from faste_mm.errors import ConfigError
 from faste_mm.indexers import Collection
 from faste_mm.retrieval.rerank_hits import hit_item
 
-from tests.eval_fixtures import eval_model_dir  # noqa: F401  (fixtures)
-from tests.rerank_fixtures import ONE_BATCH, reranker_dirs, vl_reranker  # noqa: F401  (fixtures)
+from tests.helpers.eval_fixtures import eval_model_dir  # noqa: F401  (fixtures)
+from tests.helpers.rerank_fixtures import ONE_BATCH, reranker_dirs, vl_reranker  # noqa: F401  (fixtures)
 
 
 @pytest.fixture(scope="module")

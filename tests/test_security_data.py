@@ -12,8 +12,8 @@ import pytest
 from typer.testing import CliRunner
 
 from faste_mm.cli.app import app
-from tests.rerank_fixtures import reranker_dirs, vl_reranker  # noqa: F401  (fixtures)
-from tests.test_retriever_scanning import tiny_vl_dir
+from tests.helpers.rerank_fixtures import reranker_dirs, vl_reranker  # noqa: F401  (fixtures)
+from tests.helpers.inputs import tiny_vl_dir
 
 runner = CliRunner()
 
@@ -134,7 +134,7 @@ def test_a_retriever_is_shared_by_threads(model, tmp_path):
     from concurrent.futures import ThreadPoolExecutor
 
     from faste_mm import Embedder, Retriever
-    from tests.serve_fixtures import make_gallery
+    from tests.helpers.serve_fixtures import make_gallery
 
     retriever = Retriever(Embedder.from_pretrained(model, device="cpu"), collection=tmp_path / "col")
     retriever.index([make_gallery(tmp_path / "gallery", n=4)])

@@ -30,8 +30,8 @@ from faste_mm.serving import (Batcher, BatcherConfig, QueueFullError, ServeConfi
 from faste_mm.retrieval.profile import QUERY_INSTRUCTION as VL_QUERY_INSTRUCTION  # noqa: E402
 from faste_mm.serving.engine import TEXT_CHARS_PER_TOKEN  # noqa: E402
 from faste_mm.serving.security import host_names  # noqa: E402
-from tests.serve_fixtures import make_gallery, scene_image  # noqa: E402
-from tests.test_retriever_scanning import tiny_vl_dir  # noqa: E402
+from tests.helpers.serve_fixtures import make_gallery, scene_image  # noqa: E402
+from tests.helpers.inputs import tiny_vl_dir  # noqa: E402
 
 TEXTS = ["a red bicycle leaning on a wall", "short", "the quick brown fox jumps over the lazy dog " * 3]
 INSTRUCTION = "Find a day-to-day image that looks similar to the provided image."

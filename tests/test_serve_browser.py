@@ -9,23 +9,20 @@ from __future__ import annotations
 
 import os
 import queue
-import shutil
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
 import pytest
 
 from faste_mm import BatchingConfig, Embedder, Retriever
 from faste_mm.testing import build_tiny_model
-from tests.serve_fixtures import make_gallery, scene_image
-from tests.test_retriever_scanning import tiny_vl_dir
+from tests.helpers.browser import CHROMIUM, REPO, browser  # noqa: F401 (the shared browser fixture)
+from tests.helpers.serve_fixtures import make_gallery, scene_image
+from tests.helpers.inputs import tiny_vl_dir
 
-CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if os.path.exists("/usr/bin/chromium") else None)
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
 K = 6
-REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -56,15 +53,6 @@ def server(tmp_path_factory):
         process.wait(timeout=20)
     except subprocess.TimeoutExpired:
         process.kill()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    playwright_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
-    with playwright_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        yield browser
-        browser.close()
 
 
 def _thumbnails_loaded(page) -> int:

@@ -20,9 +20,9 @@ pytest.importorskip("av")
 
 from faste_mm import BatchingConfig, Embedder, Item, Retriever  # noqa: E402
 from faste_mm.serving.thumbnails import thumbnail  # noqa: E402
-from tests.serve_fixtures import scene_image  # noqa: E402
-from tests.test_retriever_scanning import tiny_vl_dir  # noqa: E402
-from tests.test_video import write_video  # noqa: E402
+from tests.helpers.serve_fixtures import scene_image  # noqa: E402
+from tests.helpers.inputs import tiny_vl_dir  # noqa: E402
+from tests.helpers.inputs import write_video  # noqa: E402
 
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if os.path.exists("/usr/bin/chromium") else None)
 REPO = Path(__file__).resolve().parents[1]

@@ -13,9 +13,9 @@ import threading
 import pytest
 
 from faste_mm import Embedder, Retriever
-from tests.photo_fixtures import exif_block, make_photo, xmp_packet
-from tests.test_retriever_scanning import tiny_vl_dir
-from tests.test_serve_browser import CHROMIUM, REPO, browser  # noqa: F401 (the shared browser fixture)
+from tests.helpers.photo_fixtures import exif_block, make_photo, xmp_packet
+from tests.helpers.inputs import tiny_vl_dir
+from tests.helpers.browser import CHROMIUM, REPO, browser  # noqa: F401 (the shared browser fixture)
 
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
 # (date taken, GPS): p0 in Lisbon, the others without a position

@@ -18,7 +18,7 @@ from faste_mm.serving.api import create_app  # noqa: E402
 from faste_mm.serving.engine import ServeConfig, ServeEngine  # noqa: E402
 from faste_mm.testing import build_tiny_model  # noqa: E402
 
-from .rerank_fixtures import ONE_BATCH, reranker_dirs, vl_reranker  # noqa: E402, F401
+from tests.helpers.rerank_fixtures import ONE_BATCH, reranker_dirs, vl_reranker  # noqa: E402, F401
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,7 @@ example value below, and each front end must record it (index) or check it (open
 
 from __future__ import annotations
 
+import importlib.util
 import re
 
 import pytest
@@ -20,7 +21,7 @@ from faste_mm.retrieval.receipt import PlanReceipt
 from faste_mm.retrieval.retriever import Retriever
 from faste_mm.retrieval.setting import settings_of
 
-from tests.test_retriever_scanning import noise_image
+from tests.helpers.inputs import noise_image
 
 runner = CliRunner()
 
@@ -28,7 +29,7 @@ runner = CliRunner()
 # work together on the tiny model (6 layers, width 64).
 EXAMPLES = dict(dim=16, min_pixels=2048, max_pixels=65536, video=VideoConfig(fps=2.0, max_frames=8, max_pixels=200_704),
                 r_max=0.25, warmup_layer=1, threshold=0.6, trigger_layer=2, vectors="float16", keep="none",
-                reranker="org/some-reranker",
+                reranker="org/some-reranker", min_score=0.1,
                 receipt=PlanReceipt(0.25, 65536, "float32", None, 8, 10, 0.9, None, 0.99, 0.95, 1.5, 1.4, "cpu",
                                     "2026-11-26T00:00:00", "org/model"))
 # A second valid value, for the refusals.
@@ -37,10 +38,15 @@ OTHERS = dict(dim=8, min_pixels=1024, max_pixels=131072, video=VideoConfig(fps=4
               reranker="org/other-reranker")
 # Given on the command line another way than by a flag of its own (index --plan writes the receipt).
 NOT_BY_FLAG = {"receipt": "--plan"}
+# OCR reads every image at index time with faste-mm[ocr]'s engine: walked where it is installed
+# (tests/test_ocr.py covers --ocr and ocr= with it).
+if importlib.util.find_spec("rapidocr_onnxruntime") is not None:
+    EXAMPLES["ocr"] = True
+SKIPPED = {} if "ocr" in EXAMPLES else {"ocr": "needs faste-mm[ocr]"}
 
 
 def _user_settings() -> list[str]:
-    return [name for name, s in settings_of(CollectionProfile).items() if s.keyword or s.flags]
+    return [name for name, s in settings_of(CollectionProfile).items() if (s.keyword or s.flags) and name not in SKIPPED]
 
 
 def _flag_args(names, values=EXAMPLES) -> list[str]:
@@ -52,7 +58,9 @@ def _flag_args(names, values=EXAMPLES) -> list[str]:
         if name in ("model_id", "model_revision") or name in NOT_BY_FLAG:
             continue
         parts = [flag for flag in declared.flags if flag.part is not None]
-        if parts:
+        if declared.flags[0].type is bool:  # a switch: --ocr / --no-ocr
+            args.append(declared.flags[0].name if value else "--no-" + declared.flags[0].name[2:])
+        elif parts:
             args += [arg for flag in parts for arg in (flag.name, str(getattr(value, flag.part)))]
         else:
             args += [declared.flags[0].name, str(value)]
@@ -96,21 +104,22 @@ def test_the_commands_take_exactly_the_declared_flags():
     from faste_mm.cli.serve import serve_command
 
     assert index_command.setting_flags == tuple(flag.name for flag in flags_of(on_index)) == tuple(FLAGS)
+    assert set(SKIPPED) <= {"ocr"}  # only a setting whose walk needs an optional extra may sit out
     assert serve_command.setting_flags == tuple(flag.name for flag in flags_of(on_serve))
     assert "--dim" in serve_command.setting_flags and "--reranker" not in serve_command.setting_flags
 
 
 def test_from_pretrained_and_for_collection_record_every_setting(model_dirs, image, tmp_path):
     model = str(model_dirs["qwen3_vl"])
-    names = list(Retriever.SETTINGS)
+    names = [name for name in Retriever.SETTINGS if name not in SKIPPED]
     with Retriever.from_pretrained(model, device="cpu", **{name: EXAMPLES[name] for name in names}) as retriever:
         retriever.index([image], collection=tmp_path / "a")
     _assert_recorded(read_profile(tmp_path / "a"), names)
-    with Retriever.for_collection(tmp_path / "b", model, device="cpu", **EXAMPLES) as retriever:
+    with Retriever.for_collection(tmp_path / "b", model, device="cpu", **{name: EXAMPLES[name] for name in names}) as retriever:
         retriever.index([image])
     _assert_recorded(read_profile(tmp_path / "b"), names)
     # open: every setting equal to the collection's is accepted; a different refusing one is refused
-    assert Retriever.open(tmp_path / "b", **EXAMPLES).r_max == EXAMPLES["r_max"]
+    assert Retriever.open(tmp_path / "b", **{name: EXAMPLES[name] for name in names}).r_max == EXAMPLES["r_max"]
     for name, other in OTHERS.items():
         if setting_of(name).refuse:
             with pytest.raises(CollectionError, match=re.escape(f"{name} ({setting_of(name).flag})")):

@@ -16,11 +16,11 @@ from fastapi.testclient import TestClient  # noqa: E402
 from faste_mm import BatchingConfig, Embedder, Retriever  # noqa: E402
 from faste_mm.indexers import Collection  # noqa: E402
 from faste_mm.serving import ServeConfig, ServeEngine, create_app  # noqa: E402
-from tests.old_schemas import downgrade
-from tests.serve_fixtures import scene_image  # noqa: E402
-from tests.test_retriever_scanning import tiny_vl_dir  # noqa: E402
+from tests.helpers.old_schemas import downgrade
+from tests.helpers.serve_fixtures import scene_image  # noqa: E402
+from tests.helpers.inputs import tiny_vl_dir  # noqa: E402
 
-from .rerank_fixtures import vl_reranker, reranker_dirs  # noqa: E402, F401
+from tests.helpers.rerank_fixtures import vl_reranker, reranker_dirs  # noqa: E402, F401
 
 SECRET = "TOP-SECRET-3141592653"
 

@@ -18,7 +18,7 @@ from faste_mm.model import unpadded as unpadded_module
 from faste_mm.errors import ConfigError
 from faste_mm.model.unpadded import KERNELS, PADDED, Unpadded, attend_segments
 
-from .test_forward_equivalence import TEXTS
+from tests.helpers.inputs import TEXTS
 
 
 def _layout(embedder: Embedder, mode: str) -> Embedder:

@@ -18,42 +18,10 @@ from faste_mm import FastEConfig, InputError, Item, SerializerConfig
 from faste_mm.model.items import as_item
 from faste_mm.model.video import VideoConfig, frame_indices, frame_pixel_budget, read_video, smart_nframes, smart_resize
 
-from .reference import init_vl_sample, naive_embed, pool_last_valid, right_padded, serialized_items
+from tests.helpers.reference import init_vl_sample, naive_embed, pool_last_valid, right_padded, serialized_items
+from tests.helpers.inputs import write_audio, write_video
 
 av = pytest.importorskip("av")
-
-
-def write_video(path: Path, seconds: float, fps: int, size=(64, 48), codec="libx264", gop: int | None = None) -> Path:
-    """A clip whose frames all differ (moving bar, changing colour, noise), so a wrong frame shows."""
-    width, height = size
-    rng = np.random.default_rng(len(str(path)))
-    with av.open(str(path), "w") as container:
-        stream = container.add_stream(codec, rate=fps)
-        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
-        if gop is not None:
-            stream.codec_context.gop_size = gop
-        for i in range(int(seconds * fps)):
-            rgb = rng.integers(0, 60, (height, width, 3), dtype=np.uint8)
-            rgb[..., 0] += np.uint8((i * 9) % 190)
-            rgb[:, : (i * 3) % width, 1] = 230
-            for packet in stream.encode(av.VideoFrame.from_ndarray(rgb, format="rgb24")):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
-    return path
-
-
-def write_audio(path: Path) -> Path:
-    with av.open(str(path), "w") as container:
-        stream = container.add_stream("aac", rate=16000)
-        frame = av.AudioFrame.from_ndarray(np.zeros((1, 1024), np.float32), format="fltp", layout="mono")
-        frame.sample_rate = 16000
-        for _ in range(10):
-            for packet in stream.encode(frame):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
-    return path
 
 
 @pytest.fixture(scope="session")

@@ -14,8 +14,8 @@ from faste_mm.indexers.manifest import Manifest
 from faste_mm.retrieval.profile import CollectionProfile
 from faste_mm.model.video import VideoConfig
 
-from tests.test_cli_collection import invoke
-from tests.test_video import write_audio, write_video
+from tests.helpers.cli import invoke
+from tests.helpers.inputs import write_audio, write_video
 
 pytest.importorskip("av")
 

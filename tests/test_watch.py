@@ -15,8 +15,8 @@ from faste_mm import BatchingConfig, Embedder, Retriever
 from faste_mm.errors import ConfigError
 from faste_mm.indexers import Collection
 from faste_mm.retrieval.watching import FolderWatcher, WatchOptions, read_watch_status
-from tests.serve_fixtures import scene_image
-from tests.test_retriever_scanning import tiny_vl_dir
+from tests.helpers.serve_fixtures import scene_image
+from tests.helpers.inputs import tiny_vl_dir
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from faste_mm.cli.app import app
 from faste_mm.indexers import Collection
 from faste_mm.indexers.crash_points import CRASH_ENV
-from tests.test_retriever_scanning import noise_image, tiny_vl_dir
+from tests.helpers.inputs import noise_image, tiny_vl_dir
 
 runner = CliRunner()
 

@@ -20,8 +20,8 @@ from faste_mm.model.batching import Batch, BatchingConfig
 from faste_mm.model.ablations import policy_for
 from faste_mm.model.faste import FastEConfig
 from faste_mm.errors import ConfigError, FasteError, InputError
-from faste_mm.model.flops import (DecoderShape, batch_flops, flops_reduction, full_batch_flops, removed_share, tower_share,
-                                  vision_flops)
+from faste_mm.model.flops import (DecoderShape, batch_flops, flops_reduction, full_batch_flops, tower_share, vision_flops)
+from faste_mm.model.cost import CostTally
 from faste_mm.model.items import Failure, Item, expand_items
 from faste_mm.model.pooling import truncate_dim
 from faste_mm.model.prefetch import ItemError, PrepTimer, prefetch_batches
@@ -37,8 +37,9 @@ SKIP_HINT = "or pass on_error='skip' to embed the other inputs"
 
 
 @dataclass(frozen=True, slots=True)
-class EmbedStats:
-    """Totals over one `encode` call. FLOPs follow the paper appendix over the same batches."""
+class EmbedStats(CostTally):
+    """Totals over one `encode` call: its `CostTally` (prefix tokens, tower and decoder seconds) and
+    more. FLOPs follow the paper appendix over the same batches."""
 
     n_items: int
     n_failed: int
@@ -48,21 +49,12 @@ class EmbedStats:
     serialize_s: float  # worker seconds spent reading, decoding, resizing, tokenizing (overlapped)
     forward_s: float  # model seconds in the caller's thread
     total_s: float
-    prefix_tokens: int = 0
-    kept_prefix_tokens: int = 0
     flops_full: int = 0
     flops_realised: int = 0
     flops_vision: int = 0  # the vision tower's, the same with and without FastE
     attention_trial: dict = field(default_factory=dict)  # Unpadded.trial: seconds (or why not) per option
-    tower_s: float = 0.0  # of forward_s: seconds in the vision tower
-    decoder_s: float = 0.0  # of forward_s: seconds in the decoder (embeddings to pooled vectors)
     dtype: dict = field(default_factory=dict)  # DtypeChoice.to_dict(): the dtype the model ran in, and why
     kernels: list[str] = field(default_factory=list)  # kernel_choice verdicts, e.g. "tower attention: bfloat16, measured 2.6x ..."
-
-    @property
-    def prefix_removal(self) -> float:
-        """Realised share of prefix tokens removed."""
-        return removed_share(self.kept_prefix_tokens, self.prefix_tokens)
 
     @property
     def flops_reduction(self) -> float:
@@ -72,11 +64,6 @@ class EmbedStats:
     def flops_reduction_with_vision(self) -> float:
         """The whole forward's: what FastE can save where the vision tower runs too."""
         return flops_reduction(self.flops_realised + self.flops_vision, self.flops_full + self.flops_vision)
-
-    @property
-    def tower_time_share(self) -> float:
-        """The vision tower's share of the model's seconds (tower + decoder)."""
-        return tower_share(self.tower_s, self.decoder_s)
 
     @property
     def tower_flops_share(self) -> float:
@@ -117,7 +104,7 @@ class EmbedStats:
             "forward_s": self.forward_s,
             "tower_s": self.tower_s,
             "decoder_s": self.decoder_s,
-            "tower_time_share": self.tower_time_share,
+            "tower_time_share": self.tower_share,
             "tower_flops_share": self.tower_flops_share,
             "dtype": self.dtype,
             "kernels": self.kernels,
@@ -384,14 +371,11 @@ class Embedder:
             serialize_s=serialize_s,
             forward_s=forward_s,
             total_s=time.perf_counter() - started,
-            prefix_tokens=sum(t.prefix_tokens for t in traces),
-            kept_prefix_tokens=sum(t.kept_prefix_tokens for t in traces),
             flops_full=sum(full_batch_flops(shape, t.batch_size, t.padded_lengths[0]) for t in traces),
             flops_realised=sum(batch_flops(shape, t.batch_size, t.padded_lengths) for t in traces),
             flops_vision=self._vision_flops(traces),
             attention_trial=dict(self.unpadded.trial),
-            tower_s=sum(t.tower_s for t in traces),
-            decoder_s=sum(t.decoder_s for t in traces),
+            **CostTally.total(traces).cost_fields(),
             dtype=self.loaded.dtype_choice.to_dict(),
             kernels=self.kernel_choices(),
         )

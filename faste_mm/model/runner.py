@@ -15,28 +15,25 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from faste_mm.model.batching import Batch
+from faste_mm.model.cost import CostTally
 from faste_mm.model.decoder_state import DecoderState
 from faste_mm.model.pooling import pool_readout
 from faste_mm.model.unpadded import PADDED, PackedKernel, Unpadded
 
 
 @dataclass(frozen=True, slots=True)
-class BatchTrace:
+class BatchTrace(CostTally):
     """What happened to one batch: shapes for FLOPs, where it compressed, what it kept, and the
-    seconds of its two stages (vision tower, decoder)."""
+    seconds of its two stages (vision tower, decoder): a `CostTally` of one batch."""
 
     batch_size: int
     rows: list[int]  # the caller's item index of each batch row
     padded_lengths: list[int]  # padded tokens per row entering each layer
     trigger_layer: int | None  # layer before which the batch was compressed
-    prefix_tokens: int  # sum of N_i
-    kept_prefix_tokens: int  # sum of R_i (N_i when not compressed)
     alignment: list[tuple[int, float]] = field(default_factory=list)  # (layer, batch-mean g) measured
     attention: str = PADDED  # the layers after compression: "padded" or the unpadded kernel's name
     image_grids: list[tuple[int, int, int]] = field(default_factory=list)  # (t, h, w) patches per image
     video_grids: list[tuple[int, int, int]] = field(default_factory=list)  # (frame pairs, h, w) per video
-    tower_s: float = 0.0  # seconds in the vision tower (0 for text-only batches)
-    decoder_s: float = 0.0  # seconds from the token embeddings to the pooled vectors
 
     def to_dict(self) -> dict:
         return asdict(self)

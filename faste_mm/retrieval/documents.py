@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
@@ -22,6 +22,7 @@ from faste_mm.errors import InputError
 from faste_mm.indexers import Collection, ItemRecord
 from faste_mm.indexers.manifest import settings_mismatch
 from faste_mm.indexers.records import repeated_key
+from faste_mm.model.cost import CostTally
 from faste_mm.model.embedder import EmbedResult, OnError
 from faste_mm.model.items import Item, as_item
 from faste_mm.model.runner import BatchTrace
@@ -71,10 +72,7 @@ class CollectionDocuments:
     def _batch_done(self, trace: BatchTrace) -> None:
         flight = self.in_flight
         flight.rows += trace.batch_size
-        flight.prefix_tokens += trace.prefix_tokens
-        flight.kept_prefix_tokens += trace.kept_prefix_tokens
-        flight.tower_s += trace.tower_s
-        flight.decoder_s += trace.decoder_s
+        flight.cost = flight.cost + trace
         if self.on_batch is not None:
             self.on_batch(trace)
 
@@ -85,10 +83,7 @@ class _InFlight:
 
     inputs: int = 0
     rows: int = 0
-    prefix_tokens: int = 0
-    kept_prefix_tokens: int = 0
-    tower_s: float = 0.0
-    decoder_s: float = 0.0
+    cost: CostTally = field(default_factory=CostTally)  # prefix tokens, tower and decoder seconds
 
 
 # ---- what `add` stores -----------------------------------------------------------------------

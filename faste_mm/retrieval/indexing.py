@@ -74,11 +74,9 @@ def index_collection(col: Collection, profile: CollectionProfile, scan: Scan, op
     log.info("%s: embedded %d items, reused %d, %d files unchanged, %d removed, %d failed in %.1f s",
              root, tally.embedded, tally.reused, plan.n_unchanged, len(plan.vanished), len(tally.failures), seconds)
     return IndexReport(str(root), len(scan.files()), tally.embedded, tally.reused, plan.n_unchanged,
-                       len(plan.vanished),
-                       len(tally.failures), tuple(tally.failures), tally.prefix_tokens,
-                       tally.kept_prefix_tokens, seconds, factory, scan.n_excluded,
-                       tower_s=tally.tower_s, decoder_s=tally.decoder_s, ocr_read=read.read, ocr_s=read.seconds,
-                       facts_filled=tally.facts_filled, metadata_issues=dict(sorted(tally.metadata_issues.items())))
+                       len(plan.vanished), len(tally.failures), tuple(tally.failures), seconds, factory,
+                       scan.n_excluded, ocr_read=read.read, ocr_s=read.seconds, facts_filled=tally.facts_filled,
+                       metadata_issues=dict(sorted(tally.metadata_issues.items())), **tally.cost.cost_fields())
 
 
 def hold_back(plan: UpdatePlan, ready: Callable[[ScannedFile], bool]) -> UpdatePlan:
@@ -128,10 +126,8 @@ def _progress_reporter(progress: Callable[[IndexProgress], None] | None, encode:
         chunk_size = min(chunk_files, len(plan.todo) - n_done)
         share = (n_done + chunk_size * min(1.0, flight.rows / flight.inputs) if flight.inputs else n_done)
         progress(IndexProgress(n_done, len(plan.todo), tally.embedded + flight.rows, tally.reused,
-                               len(tally.failures), tally.prefix_tokens + flight.prefix_tokens,
-                               tally.kept_prefix_tokens + flight.kept_prefix_tokens,
-                               time.perf_counter() - started,
+                               len(tally.failures), time.perf_counter() - started,
                                share / len(plan.todo) if plan.todo else 1.0,
-                               tally.tower_s + flight.tower_s, tally.decoder_s + flight.decoder_s))
+                               **(tally.cost + flight.cost).cost_fields()))
 
     return report_progress

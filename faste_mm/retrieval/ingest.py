@@ -135,8 +135,11 @@ def _ingest_long_pdf_or_fail(col: Collection, f: ScannedFile, n_pages: int, chan
         raise
     except Exception as error:  # noqa: BLE001 - about the file (see ingest_chunk)
         failed = _record_unexpected(col, f, error)
-        for name in ("embedded", "reused", "prefix_tokens", "kept_prefix_tokens", "failures"):
+        for name in ("embedded", "reused", "failures"):
             setattr(tally, name, getattr(before, name))
+        # its tokens are taken back out; the model seconds were spent all the same
+        tally.cost = replace(tally.cost, prefix_tokens=before.cost.prefix_tokens,
+                             kept_prefix_tokens=before.cost.kept_prefix_tokens)
         tally.merge(failed)
 
 

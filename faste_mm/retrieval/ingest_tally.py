@@ -8,6 +8,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
+from faste_mm.model.cost import CostTally
+
 if TYPE_CHECKING:
     from faste_mm.model.embedder import EmbedStats
 
@@ -30,11 +32,8 @@ class IngestTally:
 
     embedded: int = 0
     reused: int = 0
-    prefix_tokens: int = 0
-    kept_prefix_tokens: int = 0
     failures: list[IndexFailure] = field(default_factory=list)
-    tower_s: float = 0.0  # model seconds in the vision tower
-    decoder_s: float = 0.0  # model seconds in the decoder
+    cost: CostTally = field(default_factory=CostTally)  # prefix tokens, tower and decoder seconds
     metadata_issues: Counter = field(default_factory=Counter)  # reason -> files whose field it emptied
     facts_filled: int = 0  # items of unchanged files given their facts (no re-embedding)
 
@@ -45,7 +44,4 @@ class IngestTally:
 
     def add_stats(self, stats: EmbedStats | None) -> None:
         if stats is not None:
-            self.prefix_tokens += stats.prefix_tokens
-            self.kept_prefix_tokens += stats.kept_prefix_tokens
-            self.tower_s += stats.tower_s
-            self.decoder_s += stats.decoder_s
+            self.cost = self.cost + stats

@@ -10,7 +10,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from faste_mm.errors import ConfigError
-from faste_mm.model.flops import removed_share, tower_share
+from faste_mm.model.cost import CostTally
 from faste_mm.retrieval.hits import Hit  # noqa: F401 (re-exported: the results' home)
 from faste_mm.retrieval.ingest import IndexFailure
 from faste_mm.retrieval.scanning import ScanFilter
@@ -56,7 +56,7 @@ class IndexOptions:
 
 
 @dataclass(frozen=True, slots=True)
-class IndexProgress:
+class IndexProgress(CostTally):
     """Handed to the `progress` callback after the scan, after each embedded batch and after
     each committed chunk. files_done / files_total count the new and changed files this run
     embeds (or reuses) and has committed; embedded and the token counts include the batches of
@@ -68,21 +68,8 @@ class IndexProgress:
     embedded: int
     reused: int
     failed: int
-    prefix_tokens: int
-    kept_prefix_tokens: int
     elapsed_s: float
     share_done: float | None = None  # None: files_done / files_total
-    tower_s: float = 0.0  # model seconds so far in the vision tower
-    decoder_s: float = 0.0  # model seconds so far in the decoder
-
-    @property
-    def tower_share(self) -> float:
-        """The vision tower's share of the model's seconds so far."""
-        return tower_share(self.tower_s, self.decoder_s)
-
-    @property
-    def prefix_removal(self) -> float:
-        return removed_share(self.kept_prefix_tokens, self.prefix_tokens)
 
     @property
     def fraction(self) -> float:
@@ -99,7 +86,7 @@ class IndexProgress:
 
 
 @dataclass(frozen=True, slots=True)
-class IndexReport:
+class IndexReport(CostTally):
     """What one `Retriever.index` call did. Items are rows (a PDF page is one item); files are
     source files. embedded: items run through the model; reused: items whose vectors were copied
     from a live item with the same content hash; unchanged: files skipped by (size, mtime);
@@ -114,13 +101,9 @@ class IndexReport:
     removed: int
     failed: int
     failures: tuple[IndexFailure, ...]
-    prefix_tokens: int
-    kept_prefix_tokens: int
-    seconds: float
+    elapsed_s: float
     index_factory: str | None = None
     excluded: int = 0
-    tower_s: float = 0.0  # model seconds in the vision tower (images, pages, videos)
-    decoder_s: float = 0.0  # model seconds in the decoder
     ocr_read: int = 0  # images and scanned pages whose text was read (OCR, `index --ocr`)
     ocr_s: float = 0.0  # seconds spent reading them
     # Items of unchanged files whose facts (date, camera, place...) this run read, without embedding.
@@ -128,21 +111,13 @@ class IndexReport:
     # Why a metadata field was left empty (hostile or broken value) -> how many files.
     metadata_issues: Mapping[str, int] = field(default_factory=dict)
 
-    @property
-    def prefix_removal(self) -> float:
-        return removed_share(self.kept_prefix_tokens, self.prefix_tokens)
-
-    @property
-    def tower_share(self) -> float:
-        """The vision tower's share of the model's seconds."""
-        return tower_share(self.tower_s, self.decoder_s)
-
     def to_dict(self) -> dict[str, Any]:
         d = {name: getattr(self, name) for name in self.__dataclass_fields__}
         d["failures"] = [f.to_dict() for f in self.failures]
         d["metadata_issues"] = dict(self.metadata_issues)
         d["prefix_removal"] = self.prefix_removal
         d["tower_share"] = self.tower_share
+        d["seconds"] = self.elapsed_s  # the documented schema's name before `elapsed_s` (docs/collections.md)
         return d
 
 

@@ -27,7 +27,6 @@ from PIL import Image
 from faste_mm.errors import ConfigError, InputError
 from faste_mm.indexers import Collection, CollectionInfo
 from faste_mm.indexers.faiss_index import check_factory_syntax
-from faste_mm.indexers.quantization import check_choices
 from faste_mm.model.batching import BatchingConfig
 from faste_mm.model.embedder import Embedder, EmbedResult, OnError, one_or_many
 from faste_mm.model.items import Item

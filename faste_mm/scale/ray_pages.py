@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from faste_mm.indexers import ItemRecord
+from faste_mm.model.cost import CostTally
 from faste_mm.retrieval.ingest import IngestTally, PreparedChunk, commit_page_range, pages_left, prepare_chunk
 from faste_mm.retrieval.scanning import ScannedFile
 
@@ -82,10 +83,9 @@ class LongPdf:
 
 def count_output(tally: IngestTally, output: dict) -> None:
     """Add one embedding task's token counts and stage seconds to the run's totals."""
-    tally.prefix_tokens += output["prefix_tokens"]
-    tally.kept_prefix_tokens += output["kept_prefix_tokens"]
-    tally.tower_s += output.get("tower_s", 0.0)
-    tally.decoder_s += output.get("decoder_s", 0.0)
+    tally.cost = tally.cost + CostTally(prefix_tokens=output["prefix_tokens"],
+                                        kept_prefix_tokens=output["kept_prefix_tokens"],
+                                        tower_s=output.get("tower_s", 0.0), decoder_s=output.get("decoder_s", 0.0))
 
 
 def plan_long_pdf(col: "Collection", f: ScannedFile, n_pages: int, changed: frozenset[str], chunk_pages: int,

@@ -19,6 +19,7 @@ from faste_mm.errors import ConfigError, InputError
 from faste_mm.model.ablations import Full, policy_for
 from faste_mm.model.rerank.loading import LoadedReranker, load_reranker
 from faste_mm.model.batching import BatchingConfig, collate
+from faste_mm.model.cost import CostTally
 from faste_mm.model.embedder import item_failure, one_or_many
 from faste_mm.model.faste import FastEConfig, ThresholdTrigger
 from faste_mm.model.flops import batch_flops, full_batch_flops
@@ -376,8 +377,6 @@ class Reranker:
             fast_e=None if self.fast_e is None else self.fast_e.to_dict(),
             protect=self.protect,
             protected_tokens=protected_tokens,
-            prefix_tokens=sum(t.prefix_tokens for t in traces),
-            kept_prefix_tokens=sum(t.kept_prefix_tokens for t in traces),
             flops_full=sum(full_batch_flops(shape, t.batch_size, t.padded_lengths[0]) for t in traces),
             flops_realised=sum(batch_flops(shape, t.batch_size, t.padded_lengths) for t in traces),
             serialize_s=serialize_s,
@@ -386,6 +385,7 @@ class Reranker:
             batches=traces,
             prefix_reused=prefix_reused,
             prefix_s=prefix_s,
+            **CostTally.total(traces).cost_fields(),
         )
 
 

@@ -10,21 +10,21 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from faste_mm.errors import ConfigError
+from faste_mm.model.cost import CostTally
 from faste_mm.model.items import Failure, Item
 from faste_mm.model.runner import BatchTrace
 
 
 @dataclass(frozen=True, slots=True)
-class RerankStats:
-    """What one `score` call cost: pairs, prefix tokens before/after FastE, FLOPs, seconds."""
+class RerankStats(CostTally):
+    """What one `score` call cost: pairs, its `CostTally` (prefix tokens before/after FastE, tower and
+    decoder seconds), FLOPs, seconds."""
 
     n_pairs: int
     n_failed: int
     fast_e: dict | None
     protect: str
     protected_tokens: int  # sum of P_i (instruction + query positions) over the scored pairs
-    prefix_tokens: int
-    kept_prefix_tokens: int
     flops_full: int
     flops_realised: int
     serialize_s: float

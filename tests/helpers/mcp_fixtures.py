@@ -16,8 +16,8 @@ from mcp.client.session import ClientSession
 from PIL import Image
 
 from faste_mm import BatchingConfig, Embedder, Retriever
-from tests.serve_fixtures import make_gallery, scene_image
-from tests.test_retriever_scanning import tiny_vl_dir
+from tests.helpers.serve_fixtures import make_gallery, scene_image
+from tests.helpers.inputs import tiny_vl_dir
 
 
 

@@ -18,9 +18,9 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw
 
-from tests.serve_fixtures import make_gallery, scene_image
+from tests.helpers.serve_fixtures import make_gallery, scene_image
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SHELL_TAGS = {"bash", "sh", "shell", "console"}
 RUN_TAGS = SHELL_TAGS | {"python"}
 _FENCE = re.compile(r"^(?P<indent>\s*)(?P<fence>```+|~~~+)\s*(?P<tag>[\w+-]*)")

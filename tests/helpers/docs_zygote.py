@@ -1,7 +1,7 @@
 """A warm process that forks one child per documented command, so the docs' code blocks run
 through the real CLI without paying torch's and transformers' import (~4 s of CPU) per command.
 
-`python -m tests.docs_zygote SOCKET MODEL_DIR...`: imports the CLI and the library, loads each
+`python -m tests.helpers.docs_zygote SOCKET MODEL_DIR...`: imports the CLI and the library, loads each
 model once (transformers imports its model classes lazily; tokenizers are parsed once, see
 `_cache_tokenizers`), prints "ready", then answers on the Unix
 socket SOCKET. A request is a length-prefixed JSON header sent with the client's stdin, stdout
