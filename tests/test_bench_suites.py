@@ -4,7 +4,8 @@ threads, load at start and end, params, machine, rows), to --out and --format js
 figure is asserted: these check that each suite still runs and reports, not how fast it is.
 
 The suites that start processes or servers (a model import each: 15-75 s a test on a loaded
-2-core machine) run only with FASTE_MM_BENCH_SMOKE=all; the in-process ones always run."""
+2-core machine), and the cpu suite and the library's OCR part (GEMM rates, the OCR engine), run
+only with FASTE_MM_BENCH_SMOKE=all; the other in-process ones always run."""
 
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ from faste_mm.testing import build_tiny_model
 SCHEMA_FIELDS = {f.name for f in fields(BenchResult)}
 processes = pytest.mark.skipif(os.environ.get("FASTE_MM_BENCH_SMOKE") != "all",
                                reason="starts processes or servers (slow): set FASTE_MM_BENCH_SMOKE=all")
+slow = pytest.mark.skipif(os.environ.get("FASTE_MM_BENCH_SMOKE") != "all",
+                          reason="GEMM rates or the OCR engine (30-70 s on a loaded 2-core machine): set FASTE_MM_BENCH_SMOKE=all")
 
 
 @pytest.fixture(autouse=True)
@@ -172,6 +175,58 @@ def test_client_suite(tmp_path, capsys):
     rows = {row["contender"]: row for row in result["rows"]}
     assert set(rows) == {"server", "no-server", "http only (this process)"}
     assert all(row["same_hits_as_no_server"] for row in rows.values())
+
+
+@slow
+def test_cpu_suite(tmp_path, capsys, model_dirs):
+    args = ["--model", str(model_dirs["qwen3_vl"]), "--kinds", "image:64x48:1,text:16:1", "--settings", "float32,bfloat16,hf",
+            "--repeats", "1", "--workdir", str(tmp_path / "work")]
+    result = _run("cpu", args, tmp_path, capsys)
+    assert [row["kind"] for row in result["rows"]] == ["image", "text"] and result["machine"]["matmul_rates"]
+    assert all(set(row["forward_s"]) == {"float32", "bfloat16", "hf"} and row["speedup_vs_float32"]["float32"] == 1.0
+               and row["check_cost_bfloat16"] for row in result["rows"])
+
+
+def test_cpu_suite_refuses_settings_without_the_float32_baseline(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        run_suite("cpu", ["--model", "unused", "--settings", "bfloat16,hf"])
+    assert exit_.value.code == 1 and "must include float32" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        run_suite("cpu", ["--model", "unused", "--settings", "float32,fp8"])
+    assert "--settings fp8: unknown" in capsys.readouterr().err
+
+
+def test_library_suite(tmp_path, capsys):
+    args = ["--parts", "duplicates,watch", "--n", "300", "--dim", "8", "--files", "10", "--idle-s", "0.05", "--interval-s", "0.01"]
+    result = _run("library", args, tmp_path, capsys)
+    rows = {row["part"]: row for row in result["rows"]}
+    assert set(rows) == {"duplicates", "watch"} and rows["duplicates"]["n"] == 300 and rows["watch"]["n_files"] == 10
+
+
+@slow
+def test_library_ocr_part(tmp_path, capsys):
+    pytest.importorskip("rapidocr_onnxruntime", reason="needs the ocr extra")
+    result = _run("library", ["--parts", "ocr", "--photos", "1", "--pages", "1", "--repeats", "1"], tmp_path, capsys)
+    assert result["rows"][0]["n_photos"] == 3 and result["rows"][0]["page_s"] > 0
+
+
+def test_library_suite_names_an_unknown_part(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        run_suite("library", ["--parts", "ocr,speed"])
+    assert exit_.value.code == 1 and "--parts speed: unknown" in capsys.readouterr().err
+
+
+def test_photos_suite(tmp_path, capsys):
+    args = ["--photos", "2", "--photo-size", "64x48", "--n", "300", "--dim", "8", "--queries", "2", "--repeats", "1"]
+    result = _run("photos", args, tmp_path, capsys)
+    cases = [row["case"] for row in result["rows"]]
+    assert cases[:2] == ["per photo: facts", "per photo: sha256"] and len(cases) == 2 + 1 + 3
+
+
+def test_photos_suite_refuses_a_bad_photo_size(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        run_suite("photos", ["--photo-size", "big"])
+    assert exit_.value.code == 1 and "--photo-size big" in capsys.readouterr().err
 
 
 def test_a_bad_option_is_a_usage_error_naming_it(capsys):

@@ -12,10 +12,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from PIL import Image, ImageDraw, ImageFont
+from PIL import Image
 from typer.testing import CliRunner
 
 from faste_mm import BatchingConfig, Embedder, Retriever
+from faste_mm.bench.library import invoice_image, plate_photo, scanned_pdf  # the pictures the library bench reads too
 from faste_mm.cli.app import app
 from faste_mm.errors import ConfigError
 from faste_mm.retrieval.ocr import OcrEngine
@@ -23,43 +24,6 @@ from faste_mm.retrieval.ocr import OcrEngine
 pytest.importorskip("rapidocr_onnxruntime", reason="needs the ocr extra: pip install 'faste-mm[ocr]'")
 
 from tests.helpers.inputs import tiny_vl_dir  # noqa: E402
-
-FONT = Path("/usr/share/fonts/truetype/dejavu/DejaVuSans-Bold.ttf")
-
-
-def _font(size: int):
-    return ImageFont.truetype(str(FONT), size) if FONT.exists() else ImageFont.load_default(size=size)
-
-
-def plate_photo(path: Path) -> Path:
-    """A car-ish scene with a white number plate reading RE16 TGK."""
-    image = Image.new("RGB", (720, 360), (70, 90, 120))
-    draw = ImageDraw.Draw(image)
-    draw.rounded_rectangle((60, 80, 660, 330), 40, fill=(150, 20, 30))  # the car
-    draw.rectangle((170, 190, 550, 280), fill="white", outline="black", width=4)
-    draw.text((190, 198), "RE16 TGK", fill="black", font=_font(64))
-    image.save(path, quality=92)
-    return path
-
-
-def invoice_image(path: Path) -> Path:
-    image = Image.new("RGB", (640, 420), "white")
-    draw = ImageDraw.Draw(image)
-    draw.text((40, 40), "INVOICE", fill="black", font=_font(48))
-    draw.text((40, 130), "No. 2024-0815", fill="black", font=_font(40))
-    draw.text((40, 220), "Total 349.00 EUR", fill="black", font=_font(36))
-    image.save(path)
-    return path
-
-
-def scanned_pdf(path: Path) -> Path:
-    """A one-page PDF holding only a picture of text (a scan: no text layer)."""
-    page = Image.new("RGB", (850, 1100), (250, 248, 240))
-    draw = ImageDraw.Draw(page)
-    draw.text((80, 120), "LEASE AGREEMENT", fill="black", font=_font(56))
-    draw.text((80, 260), "Account 7731", fill="black", font=_font(48))
-    page.save(path, "PDF", resolution=100)
-    return path
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""The photo bench's contenders (faste_mm/tools/photo_costs.py) compute what they claim: the facts of
+"""The photo bench's contenders (faste_mm/bench/photos.py) compute what they claim: the facts of
 the camera-like photos it writes, and date-range searches that return only items of the range."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 import numpy as np
 
 from faste_mm.indexers.facts import ItemFacts
-from faste_mm.tools import photo_costs
+from faste_mm.bench import photos as photo_costs
 
 
 def test_the_written_photos_give_full_facts_and_the_contenders_read_them(tmp_path):

@@ -1,12 +1,16 @@
-"""What the photo features cost, as contenders for the bench tool's mirrored rounds (faste_mm.bench
-may import this; nothing here times anything): reading one photo's facts against hashing it (what
-every scan already does), and a date-range search against the unfiltered one on one collection.
-`scripts/bench_photos.py` runs them and writes the bench schema's JSON.
+"""What the photo features cost, in mirrored rounds in one process: reading one photo's facts
+(EXIF, XMP, IPTC, place) against hashing it (what every scan already does), and a date-range
+search against the unfiltered one on one collection of random vectors taken over 2015-2024.
+
+    faste-mm bench photos --photos 40 --n 100000 --dim 512 --out docs/bench/photos-cpu.json
 """
 
 from __future__ import annotations
 
+import argparse
 import math
+import re
+import tempfile
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Callable
@@ -14,12 +18,61 @@ from typing import Any, Callable
 import numpy as np
 from PIL import Image
 
+from faste_mm.bench.options import add_rounds
+from faste_mm.bench.rounds import mirrored_rounds
+from faste_mm.bench.schema import SuiteRun
+from faste_mm.errors import ConfigError
 from faste_mm.indexers.collection import Collection
 from faste_mm.indexers.facts import ItemFacts
 from faste_mm.indexers.filters import SearchFilter
 from faste_mm.indexers.records import ItemRecord, content_hash
 from faste_mm.retrieval.photo_metadata import read_facts
 from faste_mm.retrieval.profile import CollectionProfile
+
+SHARES = (0.01, 0.1, 0.5)  # the date ranges' shares of the collection
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--photos", type=int, default=40, help="photos read per round (default 40)")
+    parser.add_argument("--photo-size", default="4032x3024", help="their pixels, WxH (default 4032x3024, a 12 MP phone photo)")
+    parser.add_argument("--n", type=int, default=100_000, help="vectors in the dated collection (default 100,000)")
+    parser.add_argument("--dim", type=int, default=512, help="their width (default 512)")
+    parser.add_argument("--queries", type=int, default=16, help="queries per search call (default 16)")
+    add_rounds(parser, default=7)
+
+
+def run(args: argparse.Namespace) -> SuiteRun:
+    size = re.fullmatch(r"([1-9]\d*)x([1-9]\d*)", args.photo_size.lower())
+    if size is None:
+        raise ConfigError(f"--photo-size {args.photo_size}: expected WIDTHxHEIGHT in pixels, e.g. 4032x3024")
+    if args.photos < 1 or args.n < 1 or args.queries < 1:
+        raise ConfigError("--photos, --n and --queries must be at least 1")
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-photos-") as tmp:
+        paths = write_photos(Path(tmp) / "photos", args.photos, size=(int(size[1]), int(size[2])))
+        timed = mirrored_rounds(metadata_contenders(paths), args.repeats)
+        mean_bytes = sum(p.stat().st_size for p in paths) / len(paths)
+        for name, t in timed.items():
+            rows.append({"case": f"per photo: {name}", "ms_median": 1000 * t.median / len(paths),
+                         "ms_best": 1000 * t.best / len(paths), "photo_bytes": round(mean_bytes)})
+        col = dated_collection(Path(tmp) / "col", args.n, args.dim)
+        try:
+            queries = np.random.default_rng(1).standard_normal((args.queries, args.dim)).astype(np.float32)
+            queries /= np.linalg.norm(queries, axis=1, keepdims=True)
+            timed = mirrored_rounds(search_contenders(col, queries, 10, SHARES), args.repeats)
+            factory = col.info().index_factory
+        finally:
+            col.close()
+        base = timed["unfiltered"].median
+        for name, t in timed.items():
+            rows.append({"case": f"search {args.queries} queries, k=10: {name}", "ms_median": 1000 * t.median / args.queries,
+                         "over_unfiltered": t.median / base, "n": args.n, "dim": args.dim, "factory": factory})
+    text = "\n".join(f"{r['case']}: {r['ms_median']:.3f} ms" + (f" ({r['over_unfiltered']:.2f}x)" if "over_unfiltered" in r
+                                                                 else "") for r in rows)
+    params = {"photos": args.photos, "photo_size": args.photo_size, "n": args.n, "dim": args.dim,
+              "queries": args.queries, "repeats": args.repeats}
+    return SuiteRun(rows, params, "cpu", None, text=text)
+
 
 _XMP = ('<x:xmpmeta xmlns:x="adobe:ns:meta/"><rdf:RDF xmlns:rdf="http://www.w3.org/1999/02/22-rdf-syntax-ns#">'
         '<rdf:Description xmlns:dc="http://purl.org/dc/elements/1.1/" xmlns:xmp="http://ns.adobe.com/xap/1.0/" '
