@@ -42,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--files", type=int, default=None, help="files the idle watcher watches (default 10,000; --quick 2,000)")
     parser.add_argument("--idle-s", type=float, default=None, help="seconds the idle watcher is watched (default 120; --quick 20)")
     parser.add_argument("--interval-s", type=float, default=5.0, help="the watcher's poll interval (default 5)")
-    add_rounds(parser, default=None)
+    add_rounds(parser, default=None, shown="2 OCR rounds; --quick 1")
 
 
 def run(args: argparse.Namespace) -> SuiteRun:

@@ -33,10 +33,11 @@ def add_device(parser: argparse.ArgumentParser, dtype: bool = True) -> None:
                             help="auto (bfloat16 where the CPU multiplies it natively, or on CUDA), float32, bfloat16 (default auto)")
 
 
-def add_rounds(parser: argparse.ArgumentParser, default: int = 2) -> None:
-    """--repeats (alias --rounds): timed mirrored rounds after the warm-up (faste_mm.bench.rounds)."""
+def add_rounds(parser: argparse.ArgumentParser, default: int | None = 2, shown: str | None = None) -> None:
+    """--repeats (alias --rounds): timed mirrored rounds after the warm-up (faste_mm.bench.rounds).
+    `shown`: the default as --help says it, where the suite resolves None itself."""
     parser.add_argument("--repeats", "--rounds", dest="repeats", type=int, default=default,
-                        help=f"timed rounds, the order mirrored every other round (default {default}; an even count cancels a linear load drift)")
+                        help=f"timed rounds, the order mirrored every other round (default {shown or default}; an even count cancels a linear load drift)")
 
 
 def add_threads(parser: argparse.ArgumentParser, default: int | None = None) -> None:
