@@ -116,3 +116,37 @@ def test_a_killed_reindex_gives_searchers_a_503_and_never_stops_the_server(serve
     wrong = [(s, b) for s, b, _ in answers if s != 200 and not (s == 503 and "being re-indexed" in json.dumps(b))]
     assert not wrong, wrong[:3]  # never a 500, never "damaged, re-index" while it was re-created
     assert not any("damaged" in json.dumps(b) for _, b, _ in answers)
+
+
+def test_a_stalled_model_thread_gives_a_503_and_health_still_answers(tmp_path):
+    """No request waits forever on the model thread: one blocked (here by a task waiting on an
+    event) answers embeddings with a 503 after `model_wait_s`, and /health answers meanwhile."""
+    from fastapi.testclient import TestClient
+
+    from faste_mm import Embedder
+    from faste_mm.errors import ConfigError
+    from faste_mm.serving import ServeConfig, ServeEngine, create_app
+
+    with pytest.raises(ConfigError, match="model_wait_s"):
+        ServeConfig(model_wait_s=0)
+    embedder = Embedder.from_pretrained(str(tiny_vl_dir(tmp_path)), device="cpu")
+    engine = ServeEngine(embedder, None, ServeConfig(model_wait_s=0.5))
+    release, blocking = threading.Event(), threading.Event()
+
+    def stall() -> None:
+        blocking.set()
+        assert release.wait(HUNG_S)
+
+    with TestClient(create_app(engine), base_url="http://127.0.0.1:8000") as client:
+        stalled = engine.batcher.submit("task", stall, 1)
+        assert blocking.wait(HUNG_S)
+        try:
+            response = client.post("/v1/embeddings", json={"input": ["a cat"]})
+            assert response.status_code == 503, response.text
+            assert "did not answer" in response.json()["error"]["message"]
+            assert response.headers["Retry-After"] == "1"
+            assert client.get("/health").json() == {"status": "ok"}
+        finally:
+            release.set()
+        stalled.result(HUNG_S)
+        assert client.post("/v1/embeddings", json={"input": ["a cat"]}).status_code == 200

@@ -14,8 +14,7 @@ from pathlib import Path
 
 from faste_mm import Embedder
 from faste_mm.errors import CollectionError
-from faste_mm.indexers.directory import ERASE_MARKER, read_generation
-from faste_mm.indexers.manifest import MANIFEST_NAME
+from faste_mm.indexers.directory import is_being_recreated, read_generation
 from faste_mm.retrieval.profile import CollectionProfile, read_profile
 
 
@@ -61,9 +60,7 @@ class ReindexWatch:
         """Whether `index --reindex` is re-creating the collection now: it has no manifest (erased,
         or a create not yet complete, or killed part-way), or its generation is not the one last
         served. A search that fails then gets "being re-indexed, retry", never "damaged"."""
-        if (self.root / ERASE_MARKER).exists() or not (self.root / MANIFEST_NAME).is_file():
-            return True
-        return read_generation(self.root) != self._generation
+        return is_being_recreated(self.root) or read_generation(self.root) != self._generation
 
     def _adapted(self, profile: CollectionProfile) -> Embedder:
         if not self._loaded.family.is_multimodal:
