@@ -150,3 +150,20 @@ def test_a_stalled_model_thread_gives_a_503_and_health_still_answers(tmp_path):
             release.set()
         stalled.result(HUNG_S)
         assert client.post("/v1/embeddings", json={"input": ["a cat"]}).status_code == 200
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the thread dies on purpose
+def test_a_dead_model_thread_refuses_new_jobs_instead_of_queueing_them_forever():
+    from faste_mm.serving import Batcher, QueueFullError
+
+    def die(payloads):
+        raise SystemExit("the runner ended the model thread")
+
+    batcher = Batcher({"task": die}).start()
+    first = batcher.submit("task", None, 1)
+    with pytest.raises(SystemExit):
+        first.result(HUNG_S)  # its client gets the error, never a hang
+    batcher._thread.join(HUNG_S)
+    with pytest.raises(QueueFullError, match="model thread stopped"):
+        batcher.submit("task", None, 1)
+    batcher.close()
