@@ -8,16 +8,12 @@ Skipped only when chromium or Playwright is missing (CI installs chromium in .ci
 from __future__ import annotations
 
 import os
-import queue
-import subprocess
-import sys
-import threading
 
 import pytest
 
 from faste_mm import BatchingConfig, Embedder, Retriever
 from faste_mm.testing import build_tiny_model
-from tests.helpers.browser import CHROMIUM, REPO, browser  # noqa: F401 (the shared browser fixture)
+from tests.helpers.browser import CHROMIUM, browser, serving  # noqa: F401 (the shared browser fixture)
 from tests.helpers.serve_fixtures import make_gallery, scene_image
 from tests.helpers.inputs import tiny_vl_dir
 
@@ -34,25 +30,8 @@ def server(tmp_path_factory):
     gallery = make_gallery(base / "gallery")
     Retriever(embedder, collection=base / "photos", r_max=0.5).index([gallery])
     reranker = build_tiny_model(base / "reranker", "qwen3_vl_reranker")  # the page's rerank toggle and "why"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "faste_mm.cli.app", "serve", "-c", str(base / "photos"), "--port", "0", "--device", "cpu",
-         "--rerank", str(reranker)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
-    lines: queue.Queue = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in process.stdout], daemon=True).start()
-    try:
-        line = lines.get(timeout=120)
-    except queue.Empty:
-        process.kill()
-        pytest.fail(f"faste-mm serve printed no URL in 120 s; stderr: {process.stderr.read()[-2000:]}")
-    assert line.startswith("serving on http://127.0.0.1:"), line
-    yield line.split()[-1].rstrip("/"), base
-    process.terminate()
-    try:
-        process.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        process.kill()
+    with serving("-c", str(base / "photos"), "--device", "cpu", "--rerank", str(reranker)) as url:
+        yield url, base
 
 
 def _thumbnails_loaded(page) -> int:

@@ -4,18 +4,13 @@ slider, and each card's date taken and place; the state survives a reload from t
 
 from __future__ import annotations
 
-import os
-import queue
-import subprocess
-import sys
-import threading
 
 import pytest
 
 from faste_mm import Embedder, Retriever
 from tests.helpers.photo_fixtures import exif_block, make_photo, xmp_packet
 from tests.helpers.inputs import tiny_vl_dir
-from tests.helpers.browser import CHROMIUM, REPO, browser  # noqa: F401 (the shared browser fixture)
+from tests.helpers.browser import CHROMIUM, browser, serving  # noqa: F401 (the shared browser fixture)
 
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
 # (date taken, GPS): p0 in Lisbon, the others without a position
@@ -33,23 +28,8 @@ def server(tmp_path_factory):
                    exif=exif_block(taken, "+00:00", "Google", "Pixel 8", gps=gps), xmp=xmp_packet(title=f"photo {i}"))
     embedder = Embedder.from_pretrained(str(tiny_vl_dir(tmp_path_factory.getbasetemp())), device="cpu")
     Retriever(embedder, collection=base / "col", r_max=0.0).index([base / "photos"])
-    process = subprocess.Popen(
-        [sys.executable, "-m", "faste_mm.cli.app", "serve", "-c", str(base / "col"), "--port", "0", "--device", "cpu"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        cwd=REPO)
-    lines: queue.Queue = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in process.stdout], daemon=True).start()
-    try:
-        line = lines.get(timeout=120)
-    except queue.Empty:
-        process.kill()
-        pytest.fail(f"faste-mm serve printed no URL in 120 s; stderr: {process.stderr.read()[-2000:]}")
-    yield line.split()[-1].rstrip("/")
-    process.terminate()
-    try:
-        process.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        process.kill()
+    with serving("-c", str(base / "col"), "--device", "cpu") as url:
+        yield url
 
 
 def _names(page) -> list[str]:
