@@ -111,6 +111,13 @@ def read_generation(root: Path) -> str | None:
         os.close(fd)
 
 
+def is_being_recreated(root: Path) -> bool:
+    """Whether `root` holds no complete collection now: an erase in progress (the marker), or no
+    manifest (erased, a create not yet complete, or one killed part-way). A reader's failure then
+    means "being re-indexed, retry", not damage."""
+    return (root / ERASE_MARKER).exists() or not (root / MANIFEST_NAME).is_file()
+
+
 class HeldGeneration:
     """The generation token a reader opened, its file held open so that checking it is one stat: the
     token is written by an atomic rename (a new inode each time) and an inode cannot be reused while

@@ -30,8 +30,8 @@ from faste_mm.indexers.filters import INT64_MAX
 from faste_mm.kinds import kind_name
 from faste_mm.serving.batcher import QueueFullError
 from faste_mm.serving.duplicates_route import add_duplicates_route
-from faste_mm.serving.engine import (CollectionChangedError, NoCollectionError, RequestTooLargeError, ServeEngine,
-                                     UnknownItemError)
+from faste_mm.serving.engine import (CollectionChangedError, CollectionReindexingError, ModelStalledError,
+                                     NoCollectionError, RequestTooLargeError, ServeEngine, UnknownItemError)
 from faste_mm.serving.inputs import (EmbeddingRequest, SearchRequest, decode_image_bytes, decode_image_url,
                                      embedding_items, encode_vector)
 from faste_mm.serving.metrics import LATENCY_BUCKETS_S
@@ -94,7 +94,7 @@ def create_app(engine: ServeEngine) -> FastAPI:
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
 
     @app.get("/health")
-    def health() -> dict:
+    async def health() -> dict:  # on the event loop: never waits for a worker thread or the model
         return {"status": "ok"}
 
     @app.get("/info", dependencies=[auth])
@@ -418,6 +418,7 @@ def _validation_message(error) -> str:
 
 def _add_error_handlers(app: FastAPI) -> None:
     status_of = ((UnknownItemError, 404), (NoThumbnailError, 404), (NoCollectionError, 404), (CollectionChangedError, 409),
+                 (CollectionReindexingError, 503), (ModelStalledError, 503),
                  (GoneFileError, 404), (ReplacedFileError, 409),
                  (RequestTooLargeError, 413), (QueueFullError, 503), (InputError, 400), (ConfigError, 400))
 

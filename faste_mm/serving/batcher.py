@@ -125,6 +125,8 @@ class Batcher:
             queue = self._queues[kind]
             if self._stopping:
                 raise QueueFullError("the server is shutting down; retry later")
+            if self._thread is not None and not self._thread.is_alive():  # never queue for a dead thread
+                raise QueueFullError("the server's model thread stopped (see the server log); restart the server")
             if len(queue) >= self.config.max_queue:
                 self.metrics.inc("faste_mm_rejected_total", kind=kind)
                 raise QueueFullError(f"the {kind} queue is full ({len(queue)} requests waiting, "

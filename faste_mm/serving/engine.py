@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -50,6 +51,14 @@ class NoCollectionError(FasteError):
     """Search or thumbnails asked of a server started without a collection (HTTP 404)."""
 
 
+class CollectionReindexingError(CollectionError):
+    """The served collection is being re-created by `index --reindex` (HTTP 503 with Retry-After)."""
+
+
+class ModelStalledError(FasteError):
+    """The model thread did not answer within `ServeConfig.model_wait_s` (HTTP 503: retry later)."""
+
+
 class CollectionChangedError(CollectionError):
     """The served collection was re-indexed with another model than the one loaded (HTTP 409)."""
 
@@ -71,6 +80,8 @@ class ServeConfig:
     allowed_hosts: the Host header names answered (others get 403: DNS rebinding); "*" = any.
         `security.host_names(bind_host, extra)` gives loopback + the bound address + extra.
     index_roots: folders under which the MCP `index` tool (/mcp) may read (--allow-index); none by default.
+    model_wait_s: the longest a request waits for the model thread (queue + its batch) before it
+        gets a 503: no handler thread waits forever, so a stalled model never takes every thread.
     """
 
     api_key: str | None = None
@@ -83,6 +94,7 @@ class ServeConfig:
     thumbnail_dir: Path | None = None
     allowed_hosts: tuple[str, ...] = LOOPBACK_HOSTS
     index_roots: tuple[Path, ...] = ()
+    model_wait_s: float = 600.0
 
     def __post_init__(self) -> None:
         if self.api_key is not None and not self.api_key.strip():
@@ -91,6 +103,8 @@ class ServeConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"ServeConfig.{name} must be an int >= 1, got {value!r}")
+        if not isinstance(self.model_wait_s, (int, float)) or not self.model_wait_s > 0:
+            raise ConfigError(f"ServeConfig.model_wait_s must be a number of seconds > 0, got {self.model_wait_s!r}")
         if self.fast_e is not None and not isinstance(self.fast_e, FastEConfig):
             raise ConfigError(f"ServeConfig.fast_e must be a FastEConfig or None, got {type(self.fast_e).__name__}")
         object.__setattr__(self, "allowed_hosts", check_allowed_hosts(self.allowed_hosts))
@@ -202,6 +216,25 @@ class ServeEngine:
         log.info("%s was re-indexed; serving its new settings%s", self.collection,
                  "" if settings.model_changed is None else f" (searches refused: {settings.model_changed})")
 
+    def wait(self, future):
+        """The model thread's answer to one job, waited for at most `model_wait_s` (then 503)."""
+        try:
+            return future.result(timeout=self.config.model_wait_s)
+        except FutureTimeout:
+            future.cancel()  # still queued: never run it for a client that got its 503
+            raise ModelStalledError(f"the model did not answer within {self.config.model_wait_s:g} s "
+                                    f"(ServeConfig.model_wait_s); the server is overloaded or stalled, retry later") from None
+
+    def _refuse_reindexing(self) -> None:
+        """A search while `index --reindex` re-creates the collection: a clear 503, not the
+        reader's "missing" or "damaged" (nothing is wrong: the collection is being rebuilt)."""
+        if self._watch is not None and self._watch.being_recreated():
+            raise self._reindexing_error()
+
+    def _reindexing_error(self) -> CollectionReindexingError:
+        return CollectionReindexingError(f"the collection {self.collection} is being re-indexed "
+                                         f"(`faste-mm index --reindex`); retry in a few seconds")
+
     def _refuse_changed_model(self) -> None:
         if self._model_changed is not None:
             raise CollectionChangedError(
@@ -237,7 +270,7 @@ class ServeEngine:
                                        f"`truncate` is false; shorten it, or send truncate: true to embed its "
                                        f"first {self.max_length} tokens")
         payload = _EmbedPayload(measured.items, dimensions)
-        vectors = self.batcher.submit(kind, payload, measured.tokens).result()
+        vectors = self.wait(self.batcher.submit(kind, payload, measured.tokens))
         return Embedded(vectors, measured.tokens, measured.truncated)
 
     @property
@@ -314,13 +347,15 @@ class ServeEngine:
             raise NoCollectionError("this server has no collection; start it with `faste-mm serve -c NAME|DIR` "
                                     "to search")
         self.follow_reindex()
+        self._refuse_reindexing()
         self._refuse_changed_model()
         if not 1 <= k <= 1000:
             raise InputError(f"k must be in 1..1000, got {k}")
         if item_id is not None:
             if query is not None or image is not None:
                 raise InputError("give either `id` (more like this) or a query text/image, not both")
-            return self.batcher.submit("search", _SearchPayload(None, int(item_id), k, where, min_score=min_score), 1).result()
+            return self.wait(self.batcher.submit("search", _SearchPayload(None, int(item_id), k, where,
+                                                                          min_score=min_score), 1))
         if not query and image is None:
             raise InputError("give a query text (`query`, form field `q`), an image, or an item `id`")
         if mode not in ("dense", "lexical", "hybrid"):
@@ -330,15 +365,39 @@ class ServeEngine:
             if not query:
                 raise InputError("lexical search needs a query text (`query`, form field `q`)")
             payload = _SearchPayload(Item(text=query), None, k, where, mode, rescore, min_score)
-            return self.batcher.submit("search", payload, 1).result()
+            return self.wait(self.batcher.submit("search", payload, 1))
         measured = self.measure([Item(text=query or None, image=image)], "query")
-        return self.batcher.submit("search", _SearchPayload(measured.items[0], None, k, where, mode, rescore, min_score),
-                                   measured.tokens).result()
+        return self.wait(self.batcher.submit("search", _SearchPayload(measured.items[0], None, k, where, mode,
+                                                                      rescore, min_score), measured.tokens))
 
     def _run_search(self, payloads: list[_SearchPayload]) -> list[object]:
         if self._retriever_outdated:  # the retriever reads the re-created collection's profile afresh
             self._retriever_outdated = False
-            self.retriever.close()
+            self._close_readers()
+        try:
+            return self._search_payloads(payloads)
+        except CollectionError:
+            # The collection was erased or re-created under the open reader (its parts gone: it
+            # would say "damaged"): open it afresh once; while it is still being re-created, each
+            # request gets the 503 "being re-indexed" instead.
+            self._close_readers()
+            if self._watch is not None and self._watch.being_recreated():
+                return [self._reindexing_error() for _ in payloads]
+            try:
+                return self._search_payloads(payloads)
+            except CollectionError:
+                self._close_readers()
+                if self._watch is not None and self._watch.being_recreated():
+                    return [self._reindexing_error() for _ in payloads]
+                raise
+
+    def _close_readers(self) -> None:
+        self.retriever.close()
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+
+    def _search_payloads(self, payloads: list[_SearchPayload]) -> list[object]:
         out: list[object] = [None] * len(payloads)
         groups: dict[tuple, list[int]] = {}  # requests with the same filter share one search
         for i, payload in enumerate(payloads):
@@ -358,6 +417,8 @@ class ServeEngine:
             if payload.item_id is not None:
                 try:
                     out[i] = self._more_like(payload.item_id, payload.k, payload.where, payload.min_score)
+                except CollectionError:
+                    raise  # the whole batch is retried on a fresh reader (`_run_search`)
                 except FasteError as error:
                     out[i] = error
         return out
@@ -422,8 +483,13 @@ class ServeEngine:
         self.follow_reindex()
         collection = None
         if self.collection is not None:
-            with Collection.open(self.collection) as col:
-                info = col.info()
+            self._refuse_reindexing()
+            try:
+                with Collection.open(self.collection) as col:
+                    info = col.info()
+            except CollectionError:
+                self._refuse_reindexing()  # re-created meanwhile
+                raise
             profile = self.profile
             collection = {"path": str(self.collection), "name": self.collection.name, "items": info.n_ok,
                           "failed": info.n_failed, "deleted": info.n_deleted, "index": info.index_factory,

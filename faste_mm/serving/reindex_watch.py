@@ -14,7 +14,7 @@ from pathlib import Path
 
 from faste_mm import Embedder
 from faste_mm.errors import CollectionError
-from faste_mm.indexers.directory import read_generation
+from faste_mm.indexers.directory import is_being_recreated, read_generation
 from faste_mm.retrieval.profile import CollectionProfile, read_profile
 
 
@@ -55,6 +55,12 @@ class ReindexWatch:
             self._generation = generation
         errors = profile.conflicts(profile.as_loaded(self._loaded))
         return ServedSettings(profile, self._adapted(profile), "; ".join(errors) if errors else None)
+
+    def being_recreated(self) -> bool:
+        """Whether `index --reindex` is re-creating the collection now: it has no manifest (erased,
+        or a create not yet complete, or killed part-way), or its generation is not the one last
+        served. A search that fails then gets "being re-indexed, retry", never "damaged"."""
+        return is_being_recreated(self.root) or read_generation(self.root) != self._generation
 
     def _adapted(self, profile: CollectionProfile) -> Embedder:
         if not self._loaded.family.is_multimodal:

@@ -127,7 +127,7 @@ def rerank_search_hits(engine: ServeEngine, query: str | None, image, hits: list
         except Exception:  # noqa: BLE001 - unreadable now: rerank_hits reports it and keeps the hit unscored
             continue
     _check_tokens(engine, total, f"reranking {len(hits)} hits (rerank_top)", "lower rerank_top")
-    return engine.batcher.submit("rerank", HitsPayload(item, list(hits), k, records), max(1, total)).result()
+    return engine.wait(engine.batcher.submit("rerank", HitsPayload(item, list(hits), k, records), max(1, total)))
 
 
 def request_item(value: Multimodal, where: str, allow_remote: bool) -> Item:
@@ -169,7 +169,7 @@ def rerank(engine: ServeEngine, body: RerankRequest) -> dict:
     query = bounded_text(reranker, request_item(body.query, "query", allow))
     documents = [bounded_text(reranker, request_item(d, f"documents[{i}]", allow)) for i, d in enumerate(body.documents)]
     tokens = _count_pair_tokens(engine, reranker, query, documents, body.instruction)
-    result = engine.batcher.submit("rerank", RerankPayload(query, documents, body.instruction), tokens).result()
+    result = engine.wait(engine.batcher.submit("rerank", RerankPayload(query, documents, body.instruction), tokens))
     results = []
     for ranked in result.ranked(body.top_n):
         entry = {"index": ranked.index, "relevance_score": ranked.score}
@@ -200,7 +200,7 @@ def explain(engine: ServeEngine, body: ExplainRequest) -> dict:
     document = bounded_text(reranker, document)
     tokens = _count_pair_tokens(engine, reranker, query, [document], body.instruction)
     payload = ExplainPayload(query, document, body.instruction, body.layer)  # on the model thread, like scoring
-    return engine.batcher.submit("rerank", payload, tokens).result().to_dict()
+    return engine.wait(engine.batcher.submit("rerank", payload, tokens)).to_dict()
 
 
 def bounded_text(reranker, item: Item) -> Item:
