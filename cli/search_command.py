@@ -46,7 +46,7 @@ def search_command(
                                                    "relevant to the user's query.' for text queries."),
     where: list[str] = typer.Option([], "--where", envvar="FASTE_MM_WHERE",
                                     help="Only items meeting a condition; repeatable (all must hold). On the facts "
-                                         "read from the files: taken>=2024-05-01, taken<2025, camera~pixel (~: "
+                                         "read from the files (quote < and > in a shell): taken>=2024-05-01, taken<2025, camera~pixel (~: "
                                          "contains), rating>=4, place~lisbon, keyword=beach, has:gps (see "
                                          "docs/photos.md); on metadata: KEY=VALUE, VALUE a number, true/false, or "
                                          "text (quote a number to match it as text: year='\"2024\"')."),

@@ -17,7 +17,7 @@ from faste_mm.retrieval.photo_metadata import read_facts
 from faste_mm.serving.thumbnails import thumbnail
 from faste_mm.indexers import ItemRecord
 
-from tests.photo_fixtures import exif_block
+from tests.helpers.photo_fixtures import exif_block
 
 
 def heic_photo(path: Path) -> Path:
