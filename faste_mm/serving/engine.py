@@ -374,22 +374,19 @@ class ServeEngine:
         if self._retriever_outdated:  # the retriever reads the re-created collection's profile afresh
             self._retriever_outdated = False
             self._close_readers()
-        try:
-            return self._search_payloads(payloads)
-        except CollectionError:
-            # The collection was erased or re-created under the open reader (its parts gone: it
-            # would say "damaged"): open it afresh once; while it is still being re-created, each
-            # request gets the 503 "being re-indexed" instead.
-            self._close_readers()
-            if self._watch is not None and self._watch.being_recreated():
-                return [self._reindexing_error() for _ in payloads]
+        # The collection erased or re-created under the open reader (its parts gone: it would say
+        # "damaged") is opened afresh once; while it is still being re-created, each request gets
+        # the 503 "being re-indexed" instead.
+        for attempt in (1, 2):
             try:
                 return self._search_payloads(payloads)
             except CollectionError:
                 self._close_readers()
                 if self._watch is not None and self._watch.being_recreated():
                     return [self._reindexing_error() for _ in payloads]
-                raise
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable: the second attempt returns or raises")
 
     def _close_readers(self) -> None:
         self.retriever.close()
