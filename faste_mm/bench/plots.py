@@ -49,12 +49,7 @@ def speedup_plot(paths: list[Path], out: Path) -> Path:
         axes.plot(r, implied, linestyle="--", color=line.get_color(), label="  FLOPs-implied")
     axes.set_xlabel("r_max (share of prefix tokens removed)")
     axes.set_ylabel("forward speed-up over the full forward")
-    axes.grid(alpha=0.3)
-    axes.legend(fontsize=7)
-    figure.tight_layout()
-    figure.savefig(out)
-    plt.close(figure)
-    return out
+    return _saved(figure, axes, out)
 
 
 def pixels_plot(path: Path, out: Path) -> Path:
@@ -75,6 +70,13 @@ def pixels_plot(path: Path, out: Path) -> Path:
     axes.set_xlabel("pixel cap (megapixels, index --max-pixels)")
     axes.set_ylabel("seconds per item")
     axes.set_title(f"{facts.get('shape', '')} x{facts.get('scale_hidden', '')} on {facts.get('device') or '?'}", fontsize=8)
+    return _saved(figure, axes, out)
+
+
+def _saved(figure, axes, out: Path) -> Path:
+    """Both plots' finish: a light grid, a small legend, the PNG written, the figure freed."""
+    import matplotlib.pyplot as plt
+
     axes.grid(alpha=0.3)
     axes.legend(fontsize=7)
     figure.tight_layout()
