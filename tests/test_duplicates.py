@@ -160,3 +160,19 @@ def test_a_bad_threshold_is_a_config_error_naming_the_value(tmp_path, threshold)
     with Collection.create(tmp_path / "c", Manifest(model_id="m", dim=DIM)) as col:
         with pytest.raises(ConfigError, match="threshold"):
             find_duplicates(col, threshold)
+
+
+def test_a_member_replaced_by_a_link_since_indexing_is_not_opened_for_its_size(tmp_path):
+    # the keeper's pixel size is read from the file at request time (/duplicates): only while it is
+    # the file indexed (retrieval.stored_files), never through a link planted since
+    from PIL import Image
+
+    from faste_mm.indexers import ItemRecord
+    from faste_mm.retrieval.duplicates import _image_size
+
+    Image.new("RGB", (40, 30)).save(tmp_path / "private.png")
+    (tmp_path / "shared").mkdir()
+    Image.new("RGB", (20, 10)).save(tmp_path / "shared" / "own.png")
+    (tmp_path / "shared" / "planted.png").symlink_to(tmp_path / "private.png")
+    assert _image_size(ItemRecord(uri=str(tmp_path / "shared" / "own.png"), modality="image")) == (20, 10)
+    assert _image_size(ItemRecord(uri=str(tmp_path / "shared" / "planted.png"), modality="image")) == (None, None)

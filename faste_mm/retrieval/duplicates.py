@@ -17,7 +17,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from faste_mm.errors import ConfigError
+from faste_mm.errors import ConfigError, FasteError
 from faste_mm.indexers import Collection, ItemRecord
 
 log = logging.getLogger(__name__)
@@ -259,18 +259,22 @@ def _describe(record: ItemRecord) -> DuplicateItem:
     file's mtime as indexed)."""
     width = height = None
     if record.modality in ("image", "image+text") and record.page is None:
-        width, height = _image_size(Path(record.uri))
+        width, height = _image_size(record)
     date_source = "mtime" if record.mtime is not None else None
     return DuplicateItem(int(record.id), record.uri, record.page, record.content_hash, width, height, record.mtime,
                          date_source, 0.0)
 
 
-def _image_size(path: Path) -> tuple[int | None, int | None]:
+def _image_size(record: ItemRecord) -> tuple[int | None, int | None]:
+    """The header's size of the file as indexed: read through `open_stored`, so a file replaced by
+    a link (to a FIFO, /dev/zero, a private file) since indexing is not opened, just unknown."""
     from PIL import Image, UnidentifiedImageError
 
+    from faste_mm.retrieval.stored_files import open_stored
+
     try:
-        with Image.open(path) as image:
+        with open_stored(record) as f, Image.open(f) as image:
             return image.size
-    except (OSError, UnidentifiedImageError, ValueError, Image.DecompressionBombError) as error:
-        log.info("%s: pixel size unknown (%s)", path, error)
+    except (FasteError, OSError, UnidentifiedImageError, ValueError, Image.DecompressionBombError) as error:
+        log.info("%s: pixel size unknown (%s)", record.uri, error)
         return None, None
