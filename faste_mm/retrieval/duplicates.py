@@ -1,7 +1,8 @@
 """Duplicates of a collection: exact copies (the same content hash) and near-duplicates (resized,
-re-encoded, slightly cropped copies, burst shots) whose vectors score at least a threshold, found by
-FAISS range search over the collection's own index, joined into connected components, each with a
-suggested keeper. Receives an open `Collection`; hands back a `DuplicateReport`. Reads only: it
+re-encoded, slightly cropped copies, burst shots) whose stored vectors score at least a threshold,
+found by comparing every pair's 256-bit sketch and scoring the close pairs exactly (`near_pairs`:
+100k items in seconds, where a range search of the collection's index walked its graph once an
+item), joined into connected components, each with a suggested keeper. Receives an open `Collection`; hands back a `DuplicateReport`. Reads only: it
 never deletes, moves or changes a file or an item.
 """
 
@@ -19,23 +20,23 @@ import numpy as np
 
 from faste_mm.errors import ConfigError, FasteError
 from faste_mm.indexers import Collection, ItemRecord
+from faste_mm.retrieval.near_pairs import candidate_pairs, directions, sketch_cosine, sketches, verified_pairs
 
 log = logging.getLogger(__name__)
 
 # Cosine at or above which two items count as near-duplicates. Copies of one photo resized or
 # re-encoded as JPEG score ~0.97-0.99 with Qwen3-VL-Embedding; distinct shots of one scene lower.
 DEFAULT_THRESHOLD = 0.95
-# Live vectors sent to one range search (bounded memory: one chunk of queries and its matches).
-QUERY_CHUNK_ROWS = 4096
-# Stored vectors multiplied with one chunk of queries at a time by a flat scan ([4096, 16384] scores).
-SCAN_BLOCK_ROWS = 16_384
+# Live items read (records and vectors) at a time while sketching: bounded memory whatever the size.
+READ_CHUNK_ROWS = 4096
 
 
 @dataclass(frozen=True, slots=True)
 class DuplicateItem:
     """One member of a group: the item, its pixel size (None when unknown: not an image, or its
-    header is unreadable), its date (seconds since the epoch; `date_source` says from what) and its
-    cosine to the group's keeper (1.0 for the keeper and for exact copies)."""
+    header is unreadable), its date (seconds since the epoch; `date_source` says from what: "exif",
+    "xmp", "iptc", "pdf", "video" for the date taken its file records, "mtime" for the file's
+    modification time) and its cosine to the group's keeper (1.0 for the keeper and exact copies)."""
 
     id: int
     uri: str
@@ -113,21 +114,25 @@ def find_duplicates(col: Collection, threshold: float = DEFAULT_THRESHOLD, *, ne
     """Group `col`'s live items that duplicate each other (see the module docstring).
 
     threshold: cosine in (0, 1] at or above which two items are near-duplicates.
-    near: False reports exact copies only (no range search).
+    near: False reports exact copies only (no vector is read).
     Items of one file (pages of one PDF) never form a group by themselves.
     """
     threshold = check_threshold(threshold)
     started = time.perf_counter()
-    records = {r.id: r for chunk, _ in col.iter_live(QUERY_CHUNK_ROWS) for r in chunk}
+    records: dict[int, ItemRecord] = {}
+    stored_ids, codes, max_norm = [], [], 0.0
+    planes = directions(col.manifest.dim) if near else None
+    for chunk, vectors in col.iter_live(READ_CHUNK_ROWS):  # one pass over the parts: records and sketches
+        records.update((r.id, r) for r in chunk)
+        if planes is not None and len(chunk):
+            stored_ids.append(np.fromiter((r.id for r in chunk), dtype=np.int64, count=len(chunk)))
+            codes.append(sketches(vectors, planes))
+            max_norm = max(max_norm, float(np.linalg.norm(vectors, axis=1).max()))
     ids = np.array(sorted(records), dtype=np.int64)
-    edges: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-    for start in range(0, len(ids) if near else 0, QUERY_CHUNK_ROWS):
-        chunk_ids = ids[start:start + QUERY_CHUNK_ROWS]
-        edges.append(_near_pairs(col, ids, chunk_ids, col.vectors(chunk_ids), threshold))
-    edges.append(_exact_pairs(records.values()))
+    edges = [_exact_pairs(records.values())]
+    if stored_ids and sketch_cosine(threshold, max_norm) <= 1.0:
+        edges.append(_near_pairs(col, np.concatenate(stored_ids), np.concatenate(codes), threshold, max_norm))
     first, second, scores = (np.concatenate(parts) for parts in zip(*edges))
-    live = np.isin(second, ids)  # a tombstoned vector still in the index is no duplicate
-    first, second, scores = first[live], second[live], scores[live]
     labels = connected_components(len(ids), np.searchsorted(ids, first), np.searchsorted(ids, second))
     groups = [_group(records, ids[members], first, second, scores) for members in _components(labels)]
     groups = [g for g in groups if g is not None]
@@ -137,43 +142,18 @@ def find_duplicates(col: Collection, threshold: float = DEFAULT_THRESHOLD, *, ne
     return DuplicateReport(tuple(groups), len(ids), threshold, seconds)
 
 
-def _near_pairs(col: Collection, live: np.ndarray, ids: np.ndarray, vectors: np.ndarray,
-                threshold: float) -> tuple[np.ndarray, ...]:
-    """(first ids, second ids, cosines) of the pairs scoring >= threshold with one chunk of queries
-    (`ids` [q] ascending, `vectors` [q, d]; `live`: every live id, ascending), each pair once
-    (first < second); the scores are read again from the stored vectors, so they are exact whatever
-    codes the index holds."""
-    found = col.range_search(vectors, threshold)
-    if found is None:  # a flat or binary index: an exact scan of the stored vectors (BLAS) instead
-        queries, matches = _flat_pairs(col, live, ids, vectors, threshold)
-    else:
-        lims, _, matches = found
-        queries = np.repeat(ids, np.diff(lims.astype(np.int64)))
-    keep = matches > queries
-    queries, matches = queries[keep], matches[keep]
-    if not len(matches):
-        return queries, matches, np.empty(0, dtype=np.float32)
-    partners, where = np.unique(matches, return_inverse=True)
-    is_live = np.isin(partners, np.fromiter(col.live_ids(partners), dtype=np.int64))
-    partner_vectors = np.zeros((len(partners), vectors.shape[1]), dtype=np.float32)
-    partner_vectors[is_live] = col.vectors(partners[is_live])
-    scores = np.einsum("ij,ij->i", vectors[np.searchsorted(ids, queries)], partner_vectors[where])
-    keep = is_live[where] & (scores >= threshold)
-    return queries[keep], matches[keep], scores[keep].astype(np.float32)
-
-
-def _flat_pairs(col: Collection, live: np.ndarray, ids: np.ndarray, vectors: np.ndarray,
-                threshold: float) -> tuple[np.ndarray, ...]:
-    """(query ids, matching ids) scoring >= threshold over every live stored vector (`live` ids), one
-    block of them at a time: a [q, block] product by BLAS, never the whole matrix. Only blocks at or
-    after the queries' first id are scanned (each pair is kept once, first < second)."""
-    queries, matches = [np.empty(0, dtype=np.int64)], [np.empty(0, dtype=np.int64)]
-    for start in range(int(np.searchsorted(live, ids[0])), len(live), SCAN_BLOCK_ROWS):
-        block = live[start:start + SCAN_BLOCK_ROWS]
-        rows, cols = np.nonzero(vectors @ col.vectors(block).T >= threshold)
-        queries.append(ids[rows])
-        matches.append(block[cols])
-    return np.concatenate(queries), np.concatenate(matches)
+def _near_pairs(col: Collection, ids: np.ndarray, codes: np.ndarray, threshold: float,
+                max_norm: float) -> tuple[np.ndarray, ...]:
+    """(first ids, second ids, cosines) of the live items (`ids`, with their sketches `codes`)
+    whose stored vectors score >= threshold, each pair once (first < second): candidates by
+    sketch, then exact scores of the stored vectors (`near_pairs`), whatever codes the index holds."""
+    order = np.argsort(ids, kind="stable")
+    ids, codes = ids[order], codes[order]
+    first, second = candidate_pairs(codes, sketch_cosine(threshold, max_norm))
+    n_candidates = len(first)
+    first, second, scores = verified_pairs(first, second, lambda rows: col.vectors(ids[rows]), threshold)
+    log.info("%s: %d pairs close by sketch, %d of them >= %g", col.root, n_candidates, len(scores), threshold)
+    return ids[first], ids[second], scores
 
 
 def _exact_pairs(records) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -255,13 +235,18 @@ def _replace_score(item: DuplicateItem, score: float) -> DuplicateItem:
 
 
 def _describe(record: ItemRecord) -> DuplicateItem:
-    """A member's pixel size (an image file's header, read lazily: no pixel is decoded) and date (the
-    file's mtime as indexed)."""
-    width = height = None
-    if record.modality in ("image", "image+text") and record.page is None:
+    """A member's pixel size (its facts' as scanned; else an image file's header, read lazily: no
+    pixel is decoded) and date: the date taken its file records (EXIF, XMP, IPTC, a PDF's or a
+    video's creation date, from its facts), else the file's mtime as indexed."""
+    facts = record.facts
+    width, height = (facts.width, facts.height) if facts is not None else (None, None)
+    if (width is None or height is None) and record.modality in ("image", "image+text") and record.page is None:
         width, height = _image_size(record)
-    date_source = "mtime" if record.mtime is not None else None
-    return DuplicateItem(int(record.id), record.uri, record.page, record.content_hash, width, height, record.mtime,
+    if facts is not None and facts.taken is not None and facts.taken_source not in (None, "mtime"):
+        date, date_source = facts.taken, facts.taken_source
+    else:
+        date, date_source = record.mtime, "mtime" if record.mtime is not None else None
+    return DuplicateItem(int(record.id), record.uri, record.page, record.content_hash, width, height, date,
                          date_source, 0.0)
 
 
