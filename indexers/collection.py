@@ -456,7 +456,9 @@ class Collection:
         as plain words unless `lexical_syntax` (FTS5 syntax: AND, OR, NOT, "phrases", prefix*; an
         invalid expression raises InputError); where filters both sides. Returns `search.Found`,
         whose `sources` say which side found each hit. Read from one snapshot, as `search_records`.
-        min_score: dense hits scoring below this cosine are dropped (dense and hybrid modes).
+        min_score: hits whose cosine with the query is below it are dropped: dense hits by their
+        scores; in hybrid mode the lexical side's too, by their stored vectors' cosines, before fusing
+        (the lexical mode has no query vector: it ignores it).
         """
         if mode not in search.MODES:
             raise ConfigError(f"search mode must be one of {search.MODES}, got {mode!r}")
@@ -480,12 +482,19 @@ class Collection:
             return collection_search.fusion_rescore(rescore, k, depth, self._index.factory,
                                                     self._manifest.stored_precision)
 
+        def cosines(ids: np.ndarray) -> np.ndarray:  # of hybrid's word matches, with their row's query
+            out = np.full(ids.shape, -np.inf, dtype=np.float32)
+            rows, cols = np.nonzero(ids >= 0)
+            stored = self._parts.vectors(self._store, ids[rows, cols], self._codec(), self._manifest.dim)
+            out[rows, cols] = np.einsum("ij,ij->i", stored, queries[rows])
+            return out
+
         def run() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             return collection_search.fused_hits(
                 mode, k,
                 lambda: self._search_snapshot(queries, depth, nprobe, ef_search, where, dense_rescore()),
                 lambda: collection_search.lexical_hits(self._store, self.root, list(texts), depth, where,
-                                                       lexical_syntax), min_score)
+                                                       lexical_syntax), min_score, cosines)
 
         scores, ids, sources, records = self._in_snapshot(run)
         return search.Found(scores, ids, sources, records)

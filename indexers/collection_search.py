@@ -193,11 +193,13 @@ def lexical_hits(store: MetaStore, root: Path, texts: list[str], k: int, where: 
 
 
 def fused_hits(mode: str, k: int, dense: Callable[[], tuple[np.ndarray, np.ndarray]],
-               lexical: Callable[[], tuple[np.ndarray, np.ndarray]],
-               min_score: float | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+               lexical: Callable[[], tuple[np.ndarray, np.ndarray]], min_score: float | None = None,
+               cosines: Callable[[np.ndarray], np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The hits of `mode` ("dense", "lexical" or "hybrid": reciprocal-rank fusion of both lists):
-    (scores [q, k], ids [q, k], sources [q, k], which side found each hit). `min_score`: dense hits
-    scoring below it are dropped before fusing (a cosine; lexical hits have no such scale)."""
+    (scores [q, k], ids [q, k], sources [q, k], which side found each hit). `min_score`: hits whose
+    cosine with the query is below it are dropped before fusing: the dense side's by their scores,
+    in hybrid mode the lexical side's too, by `cosines(ids [q, n]) -> [q, n]` (BM25 has no such
+    scale; the lexical mode takes no min_score)."""
     lists = []
     if mode != "lexical":
         scores, ids = dense()
@@ -206,9 +208,21 @@ def fused_hits(mode: str, k: int, dense: Callable[[], tuple[np.ndarray, np.ndarr
             scores, ids = np.where(weak, -np.inf, scores).astype(np.float32), np.where(weak, -1, ids)
         lists.append((scores, ids))
     if mode != "dense":
-        lists.append(lexical())
+        scores, ids = lexical()
+        if mode == "hybrid" and min_score is not None and cosines is not None:
+            ids = _kept_in_order(ids, (ids >= 0) & (cosines(ids) >= min_score))  # ranks among those kept
+        lists.append((scores, ids))
     if mode == "hybrid":
         return search.fuse_rrf([lists[0][1], lists[1][1]], k)
     scores, ids = lists[0]
     side = search.FOUND_DENSE if mode == "dense" else search.FOUND_LEXICAL
     return scores, ids, np.where(ids >= 0, side, 0)
+
+
+def _kept_in_order(ids: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    """Each row of `ids` [q, n] with only its `keep` entries, in their order, padded with -1."""
+    out = np.full_like(ids, -1)
+    for row in range(len(ids)):
+        kept = ids[row][keep[row]]
+        out[row, :len(kept)] = kept
+    return out

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -145,6 +146,41 @@ def test_exact_copies_of_real_files_are_grouped_by_content_hash_with_the_largest
     assert all(f.exists() for f in files)  # never deletes
     payload = json.loads(json.dumps(near.to_dict()))
     assert payload["n_groups"] == 1 and payload["n_redundant"] == 4
+
+
+def test_the_keeper_has_the_largest_size_then_the_earliest_date_taken_read_from_exif_before_mtimes(tmp_path):
+    from datetime import datetime, timezone
+
+    from faste_mm.retrieval.photo_metadata import read_facts
+    from tests.helpers.photo_fixtures import exif_block, make_photo
+
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    files = {  # name: (pixel size, EXIF date taken, mtime)
+        "IMG_2015.jpg": ((64, 48), "2015:06:01 10:00:00", datetime(2024, 1, 1)),  # copied off a phone in 2024
+        "export.jpg": ((64, 48), None, datetime(2020, 1, 1)),  # no date in the file: its mtime stands in
+        "big.jpg": ((128, 96), "2019:01:01 09:00:00", datetime(2019, 1, 2)),
+        "small_old.jpg": ((64, 48), "2012:01:01 09:00:00", datetime(2012, 1, 2)),
+    }
+    records = []
+    for name, (size, taken, mtime) in files.items():
+        path = make_photo(photos / name, seed=1, size=size, exif=exif_block(taken, "+00:00") if taken else None)
+        os.utime(path, (mtime.timestamp(), mtime.timestamp()))
+        stamp = path.stat().st_mtime
+        records.append(ItemRecord(uri=str(path), modality="image", mtime=stamp, facts=read_facts(path, "image", stamp)))
+    rng = np.random.default_rng(0)
+    groups = [0, 0, 1, 1]  # the first two files one photo, the last two another
+    x = np.eye(DIM, dtype=np.float32)[groups] + rng.normal(scale=0.01, size=(4, DIM)).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    with Collection.create(tmp_path / "c", Manifest(model_id="m", dim=DIM)) as col:
+        col.add(x, records)
+        report = find_duplicates(col, 0.95)
+    keepers = {Path(g.keeper.uri).name: g for g in report.groups}
+    assert set(keepers) == {"IMG_2015.jpg", "big.jpg"}  # mtimes alone would keep export.jpg and small_old.jpg
+    first = keepers["IMG_2015.jpg"]
+    assert first.keeper.date == datetime(2015, 6, 1, 10, tzinfo=timezone.utc).timestamp()
+    assert first.keeper.date_source == "exif" and first.items[1].date_source == "mtime"
+    assert (keepers["big.jpg"].keeper.width, keepers["big.jpg"].keeper.height) == (128, 96)
 
 
 def test_pages_of_one_file_alone_are_not_a_group(tmp_path):

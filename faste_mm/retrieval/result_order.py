@@ -37,6 +37,16 @@ def check_min_score(min_score: Any) -> float | None:
     return float(min_score)
 
 
+def check_min_score_mode(min_score: float | None, mode: str) -> None:
+    """ConfigError for a minimum score given to a lexical search: the cut is a cosine with the
+    query's vector, which a lexical search never computes (it embeds no query). Hybrid searches
+    apply it to every hit, whichever side found it (`Collection.find`)."""
+    if min_score is not None and mode == "lexical":
+        raise ConfigError(f"min_score {min_score:g}: a minimum cosine similarity to the query, which lexical mode "
+                          f"does not compute (it embeds no query); use mode hybrid (the word matches whose "
+                          f"cosine reaches it, with the dense ones) or dense, or leave min_score out")
+
+
 def date_conditions(since: str | date | None, until: str | date | None) -> tuple[FactCondition, ...]:
     """--since/--until as conditions on `taken`: since the start of `since`, until the end of
     `until` (both included: until=2024-05 keeps all of May). ConfigError naming a bad date."""

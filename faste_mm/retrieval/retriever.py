@@ -452,8 +452,10 @@ class Retriever:
         since/until: taken from the start of / to the end of a date ("2024", "2024-05-01", a date);
         type: "image" | "pdf" | "text" | "video", or several; path: a glob on the stored path, e.g.
         "*/invoices/*" or "./photos/*" (see `faste_mm.indexers.SearchFilter`).
-        min_score: drop hits whose cosine is below it (None: the collection's `min_score`, if any;
-        lexical hits have no cosine and are kept); sort: "relevance" (default), "date" (oldest taken
+        min_score: drop hits whose cosine with the query is below it (None: the collection's
+        `min_score`, if any); in hybrid mode every hit is cut by its cosine, also one found by its
+        words alone (its stored vector is scored), before fusing; lexical mode computes no cosine:
+        a min_score given to it is a ConfigError, the collection's is not applied; sort: "relevance" (default), "date" (oldest taken
         first) or "-date" (newest first) - the k best, then in that order.
         mode: "dense" (by meaning), "lexical" (BM25 over the items' words, file names and metadata
         values; loads no model) or "hybrid" (both, fused by reciprocal rank); each Hit's `found_by`
@@ -502,6 +504,7 @@ class Retriever:
         querying.check_mode(mode)
         result_order.check_sort(sort)
         min_score = result_order.check_min_score(min_score)
+        result_order.check_min_score_mode(min_score, mode)
         search_filter = result_order.search_filter(where, type, path, since, until)
         items = [querying.as_query(q, i) for i, q in enumerate(queries)]
         texts = querying.query_texts(items, mode)

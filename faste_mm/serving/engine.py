@@ -22,6 +22,7 @@ from faste_mm.errors import CollectionError, ConfigError, FasteError
 from faste_mm.indexers import SearchFilter
 from faste_mm.indexers.search import check_query_text
 from faste_mm.retrieval.profile import QUERY_INSTRUCTION, CollectionProfile, read_profile
+from faste_mm.retrieval.result_order import check_min_score_mode
 from faste_mm.retrieval.watching import read_watch_status
 from faste_mm.serving.batcher import Batcher, BatcherConfig, run_tasks
 from faste_mm.serving.inputs import truncate_dimensions
@@ -362,6 +363,7 @@ class ServeEngine:
             raise InputError(f"mode must be dense, lexical or hybrid, got {str(mode)[:40]!r}")
         check_query_text(query or "", nul=False)  # a lone surrogate: named, before any work
         if mode == "lexical":  # words only: nothing to embed (one slot of the batch)
+            check_min_score_mode(min_score, mode)  # here, not in the batch: no other request fails with it
             if not query:
                 raise InputError("lexical search needs a query text (`query`, form field `q`)")
             payload = _SearchPayload(Item(text=query), None, k, where, mode, rescore, min_score)
