@@ -127,7 +127,7 @@ def find_duplicates(col: Collection, threshold: float = DEFAULT_THRESHOLD, *, ne
         if planes is not None and len(chunk):
             stored_ids.append(np.fromiter((r.id for r in chunk), dtype=np.int64, count=len(chunk)))
             codes.append(sketches(vectors, planes))
-            max_norm = max(max_norm, float(np.linalg.norm(vectors, axis=1).max()))
+            max_norm = max(max_norm, float(np.sqrt(np.einsum("ij,ij->i", vectors, vectors).max())))
     ids = np.array(sorted(records), dtype=np.int64)
     edges = [_exact_pairs(records.values())]
     if stored_ids and sketch_cosine(threshold, max_norm) <= 1.0:
