@@ -3,8 +3,9 @@ time a choice is needed for a device and shape bucket, each candidate runs once 
 tensors and the fastest wins; the verdict is cached on disk keyed by the CPU's flags and torch's
 version (a verdict from another CPU or torch is ignored), so later runs do not repeat the trial.
 
-Used by the vision tower for the dtype its attention runs in (`vision_tower.PackedVisionTower`):
-on a CPU without native bfloat16 float32 attention wins, on one with AMX bfloat16 wins by 2-5x.
+Used by the vision tower (`vision_tower.PackedVisionTower`) for the dtype its attention runs in (on
+a CPU without native bfloat16 float32 attention wins, on one with AMX bfloat16 wins by 2-5x) and
+for whether its MLPs' GELU runs inside oneDNN's linear call as a post-op or after it.
 """
 
 from __future__ import annotations
@@ -24,20 +25,34 @@ from faste_mm.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-# The one declaration of the override: "auto" measures, a dtype name forces it.
+# The one declaration of each override: "auto" measures, a candidate's name forces it.
 TOWER_ATTENTION_DTYPE_ENV = "FASTE_MM_TOWER_ATTENTION_DTYPE"
 TOWER_ATTENTION_DTYPES = ("auto", "float32", "bfloat16")
+# the tower MLPs' first linear layer and its GELU: one oneDNN call with GELU as a post-op ("fused"),
+# or the linear layer and torch's GELU one after the other ("separate")
+TOWER_GELU_ENV = "FASTE_MM_TOWER_GELU"
+TOWER_GELU_CHOICES = ("auto", "fused", "separate")
 TRIAL_CACHE_ENV = "FASTE_MM_KERNEL_CACHE"  # a file path; "off" keeps verdicts in memory only
 
 
-def requested_attention_dtype(value: str | None = None) -> str:
-    """The tower attention dtype asked for: `value`, else $FASTE_MM_TOWER_ATTENTION_DTYPE, else
-    "auto"; ConfigError naming the variable and the valid values otherwise."""
-    source = "tower attention dtype" if value is not None else TOWER_ATTENTION_DTYPE_ENV
-    value = value if value is not None else os.environ.get(TOWER_ATTENTION_DTYPE_ENV, "auto")
-    if value not in TOWER_ATTENTION_DTYPES:
-        raise ConfigError(f"{source} must be one of {', '.join(TOWER_ATTENTION_DTYPES)}, got {value!r}")
+def requested_choice(variable: str, valid: tuple[str, ...], what: str, value: str | None = None) -> str:
+    """The choice asked for: `value`, else $`variable`, else "auto"; ConfigError naming the
+    variable (or `what`, for a given value) and the valid values otherwise."""
+    source = what if value is not None else variable
+    value = value if value is not None else os.environ.get(variable, "auto")
+    if value not in valid:
+        raise ConfigError(f"{source} must be one of {', '.join(valid)}, got {value!r}")
     return value
+
+
+def requested_attention_dtype(value: str | None = None) -> str:
+    """The tower attention dtype asked for: `value`, else $FASTE_MM_TOWER_ATTENTION_DTYPE, else "auto"."""
+    return requested_choice(TOWER_ATTENTION_DTYPE_ENV, TOWER_ATTENTION_DTYPES, "tower attention dtype", value)
+
+
+def requested_gelu(value: str | None = None) -> str:
+    """The tower MLPs' linear+GELU asked for: `value`, else $FASTE_MM_TOWER_GELU, else "auto"."""
+    return requested_choice(TOWER_GELU_ENV, TOWER_GELU_CHOICES, "tower GELU", value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +66,7 @@ class KernelChoice:
     how: str
     bucket: str = ""
     seconds: dict[str, float] = field(default_factory=dict)
+    variable: str = TOWER_ATTENTION_DTYPE_ENV  # the override that asks for a choice
 
     @property
     def speedup(self) -> float | None:
@@ -62,7 +78,7 @@ class KernelChoice:
     def describe(self) -> str:
         """E.g. "tower attention: bfloat16, measured 2.6x float32 on this CPU"."""
         if self.how == "asked":
-            return f"{self.kernel}: {self.choice}, asked for ({TOWER_ATTENTION_DTYPE_ENV})"
+            return f"{self.kernel}: {self.choice}, asked for ({self.variable})"
         if self.how == "rule" or self.speedup is None:
             return f"{self.kernel}: {self.choice} ({self.how})"
         slowest = max(self.seconds, key=self.seconds.get)
@@ -164,22 +180,27 @@ class KernelTrials:
     the in-memory verdict, else the disk cache, else a trial on the caller's real inputs (whose
     winning result is returned, so the trial costs only the losing candidates' time)."""
 
-    def __init__(self, kernel: str, requested: str, cache: TrialCache | None, timer=timed) -> None:
+    def __init__(self, kernel: str, requested: str, cache: TrialCache | None, timer=timed,
+                 variable: str = TOWER_ATTENTION_DTYPE_ENV) -> None:
         self.kernel = kernel
         self.requested = requested
         self.cache = cache
         self.timer = timer
+        self.variable = variable  # the override's name, for the verdict's words
         self.choices: dict[str, KernelChoice] = {}
+        self.related: list[KernelTrials] = []  # other kernels of the same model, described with these
 
     def settled(self, bucket: str) -> KernelChoice | None:
         """The choice for `bucket` without running anything, when it is already known."""
         if self.requested != "auto":
-            return self.choices.setdefault(bucket, KernelChoice(self.kernel, self.requested, "asked", bucket))
+            return self.choices.setdefault(bucket, KernelChoice(self.kernel, self.requested, "asked", bucket,
+                                                                             variable=self.variable))
         if bucket in self.choices:
             return self.choices[bucket]
         record = self.cache.get(bucket) if self.cache is not None else None
         if record is not None and isinstance(record.get("choice"), str):
-            choice = KernelChoice(self.kernel, record["choice"], "cached", bucket, dict(record.get("seconds") or {}))
+            choice = KernelChoice(self.kernel, record["choice"], "cached", bucket, dict(record.get("seconds") or {}),
+                                  self.variable)
             self.choices[bucket] = choice
             log.info("%s", choice.describe())
             return choice
@@ -188,7 +209,7 @@ class KernelTrials:
     def trial(self, bucket: str, candidates: dict[str, Callable[[], torch.Tensor]]) -> tuple[KernelChoice, torch.Tensor]:
         """Time each candidate once on the real inputs; record and cache the winner."""
         best, seconds, result = fastest(candidates, self.timer)
-        choice = KernelChoice(self.kernel, best, "measured", bucket, seconds)
+        choice = KernelChoice(self.kernel, best, "measured", bucket, seconds, self.variable)
         self.choices[bucket] = choice
         if self.cache is not None:
             self.cache.put(bucket, best, seconds)
@@ -196,4 +217,5 @@ class KernelTrials:
         return choice, result
 
     def describe(self) -> list[str]:
-        return [choice.describe() for choice in self.choices.values()]
+        """These verdicts in words, then those of the `related` kernels."""
+        return [choice.describe() for choice in self.choices.values()] + [line for other in self.related for line in other.describe()]
