@@ -115,8 +115,8 @@ def rotated_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dtype: 
     written per half: x1*cos - x2*sin | x2*cos + x1*sin, the same products and sums). cos/sin
     [N, 1, 1, D] float32.
 
-    In 3 passes over q and k instead of 9 (upcast, two products, negation, concatenation, sum,
-    downcast, head-major copy): each half's float32 sum is written once, straight into the
+    In 4 passes over q and k instead of 9 (upcast, two products, negation, concatenation, sum,
+    downcast, head-major copy): one upcast, then each half's float32 sum is written once, straight into the
     output; with `heads_first` the output's storage is [3, A, N, D], the layout torch's CPU
     attention kernel reads fastest, so `attend_runs` needs no copy of its own."""
     n, _, heads, width = qkv.shape
@@ -125,9 +125,10 @@ def rotated_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dtype: 
         out = torch.empty(3, heads, n, width, dtype=dtype, device=qkv.device).permute(2, 0, 1, 3)  # [N, 3, A, D] view
     else:
         out = torch.empty(n, 3, heads, width, dtype=dtype, device=qkv.device)
-    x1, x2 = qkv[:, :2, :, :half], qkv[:, :2, :, half:]  # [N, 2, A, D/2] each
+    qk = qkv[:, :2].to(cos.dtype)  # [N, 2, A, D] float32: one upcast (mixed-dtype products would cast per op)
+    x1, x2 = qk[..., :half], qk[..., half:]  # [N, 2, A, D/2] each
     cos1, cos2, sin1, sin2 = cos[..., :half], cos[..., half:], sin[..., :half], sin[..., half:]
-    out[:, :2, :, :half] = (x1 * cos1).addcmul_(x2, sin1, value=-1)  # float32 (cos is), then rounded once
+    out[:, :2, :, :half] = (x1 * cos1).addcmul_(x2, sin1, value=-1)  # float32 sums, rounded once
     out[:, :2, :, half:] = (x2 * cos2).addcmul_(x1, sin2)
     out[:, 2] = qkv[:, 2]
     return out.unbind(1)
