@@ -123,3 +123,17 @@ def test_float32_tower_has_nothing_to_choose(model_dirs):
     with torch.inference_mode():
         PackedVisionTower(visual, attention="sdpa", trials=trials)(pixels_for(visual, grids), grids)
     assert trials.choices == {}
+
+
+def test_trial_times_each_candidate_twice_in_mirrored_order_and_keeps_its_best():
+    """A burst of other work during one run must not decide the verdict: A B then B A, best of each."""
+    from faste_mm.model.kernel_choice import fastest
+
+    order, reported = [], iter([5.0, 1.0, 1.2, 0.5])  # A's first run was slowed down by something else
+
+    def timer(run):
+        order.append(run())
+        return next(reported), torch.tensor(0.0)
+
+    best, seconds, _ = fastest({"A": lambda: "A", "B": lambda: "B"}, timer)
+    assert order == ["A", "B", "B", "A"] and best == "A" and seconds == {"A": 0.5, "B": 1.0}
