@@ -175,6 +175,10 @@ def _render(report) -> None:
         rows["tower s / decoder s"] = lambda s: f"{s.tower_s:.3f} / {s.decoder_s:.3f}" if s.r_max is not None else "-"
         rows["tower share of time"] = lambda s: f"{s.tower_time_share:.1%}" if s.r_max is not None else "-"
         rows["tower share of FLOPs"] = lambda s: f"{s.tower_flops_share:.1%}" if s.r_max is not None else "-"
+    if any(s.checks for s in report.settings):  # FastE by alignment: what its checks cost the decoder
+        rows["alignment checks / run"] = lambda s: str(s.checks) if s.checks else "-"
+        rows["decoder s - full, per check"] = lambda s: (
+            "-" if s.decoder_s_per_check is None else f"{s.decoder_s_per_check * 1e3:+.3f} ms")
     for name, cell in rows.items():
         table.add_row(name, *(cell(s) for s in report.settings))
     stdout.print(table)
@@ -198,5 +202,10 @@ def _render_roofline(report) -> None:
         c = report.check_cost
         stdout.print(f"FastE check (not firing): {c['check_s'] * 1e3:.2f} ms per monitored layer = {c['share']:.2%} of "
                      f"layer {c['layer']} ({c['layer_s'] * 1e3:.1f} ms, {c['tokens']} tokens)")
+        if c.get("decoder_s"):  # the whole decoder checked before every layer, each way of reading
+            d = c["decoder_s"]
+            stdout.print(f"FastE check, whole decoder: full {d['full']:.4f} s; " + "; ".join(
+                f"checked, {name} {d[name]:.4f} s = {c['per_layer_s'][name] * 1e3:+.3f} ms per layer"
+                for name in c["per_layer_s"]))
     for text in report.kernels:
         stdout.print(text)

@@ -106,6 +106,10 @@ class SettingResult:
     attention: dict = field(default_factory=dict)  # batches per layout actually used
     attention_trial: dict = field(default_factory=dict)  # the "auto" trial's seconds per option
     roofline: dict = field(default_factory=dict)  # stage -> roofline.StageRate.to_dict()
+    checks: int = 0  # FastE's alignment checks in one run (monitored layers over all batches)
+    # (decoder_s - the full forward's) / checks: the check's cost per monitored layer where the
+    # trigger never fires before the last layer (there only the fallback's one compressed layer differs)
+    decoder_s_per_check: float | None = None
 
     @property
     def items_per_s(self) -> float:
@@ -247,6 +251,7 @@ def _measure(name, r_max, encode: Callable[[], _Run], repeats, device, unpadded=
             tower_time_share=tower_share(statistics.median(tower), statistics.median(decoder)),
             tower_flops_share=stats.tower_flops_share,
             roofline=_roofline(stats, statistics.median(tower), statistics.median(decoder), *roof),
+            checks=sum(len(trace.alignment) for trace in stats.batches),
         )
     setting = SettingResult(
         name=name,
@@ -281,6 +286,7 @@ def _relative_to(result: SettingResult, full: SettingResult, max_abs_diff: float
         realisation_with_vision=forward_speedup / result.flops_implied_speedup_with_vision,
         e2e_over_forward=e2e_speedup / forward_speedup,
         max_abs_diff_vs_full=float(max_abs_diff),
+        decoder_s_per_check=(result.decoder_s - full.decoder_s) / result.checks if result.checks else None,
     )
 
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 import torch
 
 from faste_mm.model.decoder_state import DecoderState
-from faste_mm.model.faste import (RANKINGS, Decision, FastE, FastEConfig, Scorer, batch_alignment, masked_scores,
-                                  readout_scores)
+from faste_mm.model.faste import (RANKINGS, AlignmentReading, Decision, FastE, FastEConfig, Scorer, batch_alignment,
+                                  masked_scores, readout_scores)
 
 
 class Full:
@@ -28,12 +28,19 @@ class Full:
 
 class AlignmentProbe:
     """The full forward that also measures the batch-mean alignment before every layer
-    (for calibration: one pass gives the whole alignment curve)."""
+    (for calibration: one pass gives the whole alignment curve). Like `FastE` it measures and
+    decides in two steps, so the runner reads each value after queuing the layer (on CUDA)."""
 
     compresses = False
 
     def before_layer(self, layer: int, state: DecoderState, backbone) -> Decision:
-        return Decision(alignment=float(batch_alignment(state)))
+        return self.decide(layer, state, backbone, self.measure(layer, state))
+
+    def measure(self, layer: int, state: DecoderState) -> AlignmentReading:
+        return AlignmentReading.of(batch_alignment(state))
+
+    def decide(self, layer: int, state: DecoderState, backbone, reading: AlignmentReading) -> Decision:
+        return Decision(alignment=reading.value())
 
 
 def _attention_rows(backbone, layer: int, state: DecoderState, query_positions: torch.Tensor) -> torch.Tensor:

@@ -8,8 +8,9 @@ everything the policy decides is here. Algorithm 1, line by line:
   4     compressed = false                     the runner: no question is asked after a keep plan
   5-6   for l ...: if l >= l_w and not compressed   `ThresholdTrigger.is_monitored`
   7     g_i^l = cos(h_readout, mean prefix)    `batch_alignment` (sample readiness, Eq. 2) ...
-  8     bar g_B^l = mean over the batch        ... averaged over the batch there
-  9     if bar g >= theta or l = L-1           `ThresholdTrigger.fires` (the fallback is l = L-1)
+  8     bar g_B^l = mean over the batch        ... averaged over the batch there (`FastE.measure`)
+  9     if bar g >= theta or l = L-1           `ThresholdTrigger.fires` (the fallback is l = L-1),
+                                               asked in `FastE.decide` once the value reaches the host
   11    w_i^l: attention from the readout      `readout_attention` (GQA, QK-norm, RoPE at the
                                                original positions, softmax over the prefix only)
   12    S_i = sort(TopK(w_i^l, R_i))           `plan_keep` -> `KeepPlan`
@@ -21,6 +22,8 @@ everything the policy decides is here. Algorithm 1, line by line:
 
 `FastE` is the policy that strings these together. Its ranking is pluggable only so the paper's
 controls (FastV-style, random, block-last: `ablations.py`) run through the same trigger and budgets.
+Lines 7-8 and 9 are two calls (`measure`, `decide`) so that on a GPU the runner can queue layer l
+before the host waits for g (`AlignmentReading`): the same decisions without a stalled device.
 """
 
 from __future__ import annotations
@@ -151,6 +154,33 @@ def _alignment(state: DecoderState) -> torch.Tensor:
     return torch.nn.functional.cosine_similarity(readout, prefix_sum / n_prefix, dim=-1).mean()
 
 
+@dataclass(frozen=True, slots=True)
+class AlignmentReading:
+    """Lines 7-8's bar g before one layer, on its way to the host. On CUDA the value is copied
+    without blocking into page-locked memory behind an event, so the device work queued after the
+    check (the runner queues the layer itself) goes on while the host waits for this value alone;
+    elsewhere it is the value itself."""
+
+    alignment: torch.Tensor  # [] float32; on CUDA a pinned host copy, valid once `ready` has passed
+    ready: "torch.cuda.Event | None" = None
+
+    @classmethod
+    def of(cls, alignment: torch.Tensor) -> "AlignmentReading":
+        if alignment.device.type != "cuda":
+            return cls(alignment)
+        host = torch.empty((), dtype=alignment.dtype, pin_memory=True)
+        host.copy_(alignment, non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record()
+        return cls(host, ready)
+
+    def value(self) -> float:
+        """The host read FastE decides by (on CUDA: waits for this check, not for what follows it)."""
+        if self.ready is not None:
+            self.ready.synchronize()
+        return float(self.alignment)
+
+
 def first_checked_layer(warmup_layer: int, num_layers: int) -> int:
     """The first layer whose alignment FastE checks: l_w, or the last layer when l_w is past the
     depth (the fallback still compresses there)."""
@@ -272,14 +302,26 @@ class FastE:
         self.scorer = scorer
 
     def before_layer(self, layer: int, state: DecoderState, backbone) -> Decision:
+        """Lines 5-16 before `layer`: measure, then decide."""
+        return self.decide(layer, state, backbone, self.measure(layer, state))
+
+    def measure(self, layer: int, state: DecoderState) -> AlignmentReading | None:
+        """Lines 5-8: bar g before a monitored layer, queued on the model's device; None where
+        nothing is checked (before l_w; the fixed-layer ablation never checks)."""
+        if self.config.trigger_layer is not None or not self.trigger.is_monitored(layer):
+            return None
+        return AlignmentReading.of(batch_alignment(state))
+
+    def decide(self, layer: int, state: DecoderState, backbone, reading: AlignmentReading | None) -> Decision:
+        """Lines 9-16: compress before `layer`? `reading` is `measure`'s for this layer and state."""
         config = self.config
         alignment = None
         if config.trigger_layer is not None:  # fixed-layer ablation: no alignment check
             fire = layer == config.trigger_layer
+        elif reading is None:
+            return Decision()
         else:
-            if not self.trigger.is_monitored(layer):
-                return Decision()
-            alignment = float(batch_alignment(state))  # the one host sync per monitored layer
+            alignment = reading.value()  # the one host read per monitored layer
             fire = self.trigger.fires(layer, alignment)
         if not fire:
             return Decision(alignment=alignment)

@@ -2,7 +2,8 @@
 policy (`faste.FastE`, or `ablations.Full`) for a decision and, if it gets a keep plan, applies it
 with one gather and rebuilds the 4-D mask (or packs the rows for the given unpadded kernel); then
 it runs the layer (and DeepStack). It records the realised shapes. Which kernel, if any, is
-settled before the loop by `settle_kernel`.
+settled before the loop by `settle_kernel`. On CUDA it queues each checked layer before the host
+reads the policy's alignment (`look_ahead`), so the check never leaves the device idle.
 
 Receives a `Batch`; hands on pooled unit vectors [B, H] and a `BatchTrace`.
 """
@@ -41,7 +42,8 @@ class BatchTrace(CostTally):
 
 @torch.inference_mode()
 def run_decoder(
-    backbone, batch: Batch, policy, kernel: PackedKernel | None = None, readout=pool_readout, encode_vision=None
+    backbone, batch: Batch, policy, kernel: PackedKernel | None = None, readout=pool_readout, encode_vision=None,
+    look_ahead: bool | None = None,
 ) -> tuple[torch.Tensor, BatchTrace]:
     """Embed one batch; returns ([B, H] float32 unit vectors in batch row order, trace).
 
@@ -49,6 +51,9 @@ def run_decoder(
     pack rows that wide); None keeps them padded. `readout(backbone, [B, H] pre-norm readout
     states)` turns the last tokens into the output: pooled vectors, or a reranker's scores [B].
     `encode_vision(batch)` stands in for the backbone's tower (a reranker's `TowerCache`).
+    `look_ahead`: for policies that measure before they decide (`FastE`), queue each checked
+    layer on the uncompressed state before the host reads the alignment, and discard it at the
+    one layer that fires (`reads_ahead`); None = on CUDA only. The decisions and vectors are the same.
     """
     started = time.perf_counter()
     vision = (encode_vision or backbone.encode_vision)(batch)  # the tower: its own timed stage
@@ -63,19 +68,30 @@ def run_decoder(
     alignment: list[tuple[int, float]] = []
     trigger_layer = None
     packed = None  # the kernel the layers after compression run with (None: padded)
+    look_ahead = reads_ahead(policy, state.hidden.device, look_ahead)
+    last = len(backbone.layers) - 1
     for layer in range(len(backbone.layers)):
+        output = None  # this layer run on the uncompressed state before the decision was read
         if trigger_layer is None:  # one shot: no decisions after the compression
-            decision = policy.before_layer(layer, state, backbone)
+            if look_ahead:
+                reading = policy.measure(layer, state)
+                # never before the last layer: FastE always compresses there (Algorithm 1's fallback)
+                if reading is not None and layer < last:
+                    output = step_layer(backbone, layer, state, masks, packed)
+                decision = policy.decide(layer, state, backbone, reading)
+            else:
+                decision = policy.before_layer(layer, state, backbone)
             if decision.alignment is not None:
                 alignment.append((layer, decision.alignment))
             if decision.plan is not None:
+                output = None  # it saw the states the plan removes: run again on the kept ones
                 state = state.gather(decision.plan.index, decision.plan.lengths)
                 kept_prefix = decision.plan.lengths - 1
                 trigger_layer = layer
                 width = int(state.hidden.shape[1])
                 state, masks, packed = compressed_layout(backbone, state, kernel)
         padded_lengths.append(width)
-        state = step_layer(backbone, layer, state, masks, packed)
+        state = output if output is not None else step_layer(backbone, layer, state, masks, packed)
     embeddings = readout(backbone, state.readout_hidden())
     decoder_s = elapsed_s(started, embeddings.device)
     trace = BatchTrace(
@@ -93,6 +109,19 @@ def run_decoder(
         decoder_s=decoder_s,
     )
     return embeddings, trace
+
+
+def reads_ahead(policy, device: torch.device, look_ahead: bool | None) -> bool:
+    """Whether the loop queues a checked layer before reading the policy's alignment: for policies
+    that split the question into `measure` and `decide` (`faste.FastE`, `ablations.AlignmentProbe`),
+    where asked, else on CUDA. There a host read before each layer left the GPU idle while the
+    host waited and then queued the layer: FastE by alignment that never fired ran the photo
+    decoder 31% slower on an H200 (docs/benchmarks-log.md, "First GPU run"). Ahead, the host waits
+    while the GPU runs the queued layer; the price is one layer run twice, at the layer that fires.
+    On a CPU every op finishes before the host goes on: nothing overlaps, and that layer is lost."""
+    if not hasattr(policy, "measure"):
+        return False
+    return device.type == "cuda" if look_ahead is None else look_ahead
 
 
 def elapsed_s(started: float, device: torch.device) -> float:
