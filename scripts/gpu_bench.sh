@@ -11,8 +11,9 @@
 #   bash scripts/gpu_bench.sh faiss     # search latency on 1M x 2048 random vectors, Flat and IVF, CPU vs GPU
 #   bash scripts/gpu_bench.sh rerank    # the 2B reranker shape: full vs FastE r 0.3/0.5/0.7 (protect none/query) vs the official forward, texts and pages
 #   bash scripts/gpu_bench.sh peers     # 2B shape: faste-mm vs the official transformers path and ST, photos/pages/texts, tower race
-#   bash scripts/gpu_bench.sh quick     # one call of under 10 minutes: the CUDA tests, then the 2B shape built once: texts
-#                                       # (+ HF), pages, photos, FastE at layer 10, the reranker on pages (tower cache cold/warm)
+#   bash scripts/gpu_bench.sh quick     # one call of under 10 minutes: the CUDA tests, then the 2B shape built once: photos
+#                                       # (full vs FastE by alignment: what its checks cost), pages, texts (+ HF), FastE at
+#                                       # layer 10, the reranker on pages (tower cache cold/warm); most wanted first
 #
 # DEVICE=cpu SCALE=0.0625 N=2 bash scripts/gpu_bench.sh quick   dry-runs the quick step on a CPU before a lease.
 #
@@ -74,14 +75,29 @@ case $step in
         faste-mm bench rerank-e2e --device cuda --scale-hidden 1 --pages 20 --repeats 4 --out "$out/rerank-2b-pages-e2e.json" ;;
     quick)
         scale=${SCALE:-1} n=${N:-16}
-        timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_unpadded.py tests/test_dtype_and_tower.py
+        # timeouts: at most 560 s of steps, so pip, the model build and the machine's start fit in 10 minutes
+        timeout 110 python3 -m pytest -q -p no:cacheprovider tests/test_unpadded.py tests/test_dtype_and_tower.py \
+            tests/test_faste_look_ahead.py
         python3 -c "import sys, torch; from faste_mm.tools.shapes import build_shape_model as b
 b('qwen3-vl-embedding-2b', sys.argv[1], scale_hidden=float(sys.argv[2]), dtype=torch.bfloat16)" /tmp/vl2b "$scale" || exit 1
         quick() { timeout "$1" faste-mm bench --dtype bfloat16 --device "$device" --repeats 2 --model /tmp/vl2b "${@:2}"; }
-        quick 170 --inputs text:1000-4000 --n $((n * 4)) --r-max 0.3,0.5,0.7 --trigger-layer 10 \
+        # photos first: FastE by alignment never fired on them (H200: its checks made the decoder 31% slower)
+        quick 90 --inputs image:640x480 --n $((n * 4)) --r-max 0.5 --unpadded auto --out "$out/quick-photos.json"
+        python3 - "$out/quick-photos.json" <<'PY'   # the check's cost in one line (the bench's own figures)
+import json, sys
+report = json.load(open(sys.argv[1]))
+rows = {row["name"]: row for row in report["rows"]}
+full, faste, check = rows["full"], rows["faste r=0.5"], report["params"]["check_cost"]
+print(f"CHECK photos decoder s: full {full['decoder_s']:.4f}, FastE by alignment {faste['decoder_s']:.4f} "
+      f"(trigger layer {faste['mean_trigger_layer']}, {faste['checks']} checks: "
+      f"{(faste['decoder_s_per_check'] or 0) * 1e3:+.3f} ms per monitored layer)")
+print(f"CHECK first batch, checked before every layer: " + ", ".join(f"{k} {v:.4f} s" for k, v in check["decoder_s"].items())
+      + "; per layer " + ", ".join(f"{k} {v * 1e3:+.3f} ms" for k, v in check["per_layer_s"].items())
+      + f"; check alone {check['alone_s'] * 1e3:.3f} ms; share {check['share']:.2%} of a {check['layer_s'] * 1e3:.2f} ms layer")
+PY
+        quick 90 --inputs page:1240x1754 --n "$n" --r-max 0.5 --trigger-layer 10 --unpadded auto --out "$out/quick-pages.json"
+        quick 160 --inputs text:1000-4000 --n $((n * 4)) --r-max 0.3,0.5,0.7 --trigger-layer 10 \
             --unpadded off,auto,torch-nested --compare hf --out "$out/quick-text.json"
-        quick 100 --inputs page:1240x1754 --n "$n" --r-max 0.5 --trigger-layer 10 --unpadded auto --out "$out/quick-pages.json"
-        quick 70 --inputs image:640x480 --n $((n * 4)) --r-max 0.5 --unpadded auto --out "$out/quick-photos.json"
         timeout 100 faste-mm bench rerank --device "$device" --dtype bfloat16 --scale-hidden "$scale" --inputs page:1240x1754 \
             --top 20 --repeats 2 --r-max 0.5 --protect none --prefix-reuse on --tower-cache cold,warm --out "$out/quick-rerank-pages.json" ;;
     faiss)
