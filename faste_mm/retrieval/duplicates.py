@@ -1,9 +1,10 @@
 """Duplicates of a collection: exact copies (the same content hash) and near-duplicates (resized,
 re-encoded, slightly cropped copies, burst shots) whose stored vectors score at least a threshold,
-found by comparing every pair's 256-bit sketch and scoring the close pairs exactly (`near_pairs`:
-100k items in seconds, where a range search of the collection's index walked its graph once an
-item), joined into connected components, each with a suggested keeper. Receives an open `Collection`; hands back a `DuplicateReport`. Reads only: it
-never deletes, moves or changes a file or an item.
+found by comparing every pair's sketch and scoring the close pairs exactly (`near_pairs`: 100k
+items in seconds, where a range search of the collection's index walked its graph once an item),
+joined into connected components, each with a suggested keeper (largest resolution, then the
+earliest date taken, then the shortest path). Receives an open `Collection`; hands back a
+`DuplicateReport`. Reads only: it never deletes, moves or changes a file or an item.
 """
 
 from __future__ import annotations

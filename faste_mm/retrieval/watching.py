@@ -35,6 +35,9 @@ log = logging.getLogger(__name__)
 STATUS_REFRESH_S = 60.0
 # ... and during a sync, with its progress, at most this often.
 PROGRESS_REFRESH_S = 5.0
+# With native events, the wait before the next poll while files settle (not the whole interval:
+# an event-driven watcher may poll rarely, and a new file's last write raises no further event).
+EVENT_SETTLE_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +50,8 @@ class WatchOptions:
         written is not embedded half-done.
     max_files: files embedded per poll (None: every ready one); `serve --watch` embeds on the model
         thread, and a small number lets searches run between polls.
-    events: wake early on native file events (needs `watchdog`; polling stays the truth).
+    events: wake early on native file events (needs `watchdog`; polling stays the truth); files
+        waiting to settle are then polled again after EVENT_SETTLE_S, not interval_s.
     index: the index run's options (exclude, include_hidden, chunk sizes).
     """
 
@@ -184,7 +188,11 @@ class FolderWatcher:
                     continue
                 if wake is not None:
                     wake.clear()
-                _wait_any(stop, wake if observer is not None else None, self.options.interval_s)
+                events = observer is not None
+                # with events, files waiting to settle are looked at again soon: a write to them wakes
+                # the watcher (and restarts their count), so a quiet EVENT_SETTLE_S means they are done
+                wait_s = min(self.options.interval_s, EVENT_SETTLE_S) if events and report.waiting else self.options.interval_s
+                _wait_any(stop, wake if events else None, wait_s)
         finally:
             if observer is not None:
                 observer.stop()

@@ -9,6 +9,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import Callable
+
 from faste_mm.retrieval.watching import FolderWatcher, SyncReport, read_watch_status
 from faste_mm.serving.batcher import Batcher
 
@@ -22,9 +24,11 @@ class WatchLoop:
     """Polls `watcher` until stopped, each poll a "task" job of `batcher` (run on the model thread);
     without a watcher (serve without --watch) it does nothing."""
 
-    def __init__(self, watcher: FolderWatcher | None, batcher: Batcher) -> None:
+    def __init__(self, watcher: FolderWatcher | None, batcher: Batcher,
+                 on_sync: Callable[[SyncReport], None] | None = None) -> None:
         self.watcher = watcher
         self._batcher = batcher
+        self._on_sync = on_sync  # told each poll's report, on the watch thread (e.g. to log it)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -48,7 +52,7 @@ class WatchLoop:
         return self._batcher.submit("task", self.watcher.sync_once, 1).result()
 
     def _run(self) -> None:
-        self.watcher.run(self._stop, sync=self._poll)
+        self.watcher.run(self._stop, on_sync=self._on_sync, sync=self._poll)
 
     def _poll(self) -> SyncReport:
         """One poll; a failure (the server shutting down, a damaged collection) is logged and reported,
