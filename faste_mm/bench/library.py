@@ -93,12 +93,17 @@ def _text(rows: list[dict]) -> str:
             lines.append(f"duplicates over {row['n']:,} x {row['dim']} {row['vectors']} at {row['threshold']:g}: "
                          f"{row['seconds']:.2f} s ({row['cpu_s']:.2f} CPU s), {row['groups']} groups, "
                          f"{row['redundant']} redundant; group recall {recall} of {row['true_pairs']} exact pairs "
-                         f"of {row['sample']} sampled items")
+                         f"of {row['sample']} sampled items, {_share(row['planted_recall'])} of "
+                         f"{row['planted_pairs']} planted pairs >= the threshold")
         else:
             lines.append(f"idle watcher over {row['n_files']:,} files, poll every {row['interval_s']:g} s: "
                          f"{row['idle_cpu_s']:.2f} CPU s in {row['idle_wall_s']:.1f} s ({row['cpu_share']:.2%}); "
                          f"one idle poll {row['idle_poll_cpu_s']:.3f} CPU s")
     return "\n".join(lines)
+
+
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4%}"
 
 
 def _font(size: int):
@@ -176,11 +181,12 @@ def _synthetic(dim: int):
 
 
 def duplicate_vectors(n: int, dim: int, share_duplicated: float = 0.05, background_cosine: float = 0.3,
-                      max_noise: float = 0.45, seed: int = 0) -> np.ndarray:
+                      max_noise: float = 0.45, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """`n` synthetic unit vectors [n, dim] float32 shaped like a photo library's: unrelated photos
     score ~`background_cosine` with each other (a shared direction, as real embeddings have), and a
     `share_duplicated` of them are near copies of another row (a copy of a copy: bursts) whose
-    cosines to it spread from 1 down to ~1 / sqrt(1 + max_noise^2) (0.91), many near 0.95."""
+    cosines to it spread from 1 down to ~1 / sqrt(1 + max_noise^2) (0.91), many near 0.95.
+    Returns the vectors and the planted pairs [m, 2] (copy row, its source row)."""
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((n, dim), dtype=np.float32)
     copies = np.sort(rng.choice(n, int(n * share_duplicated), replace=False))
@@ -193,7 +199,8 @@ def duplicate_vectors(n: int, dim: int, share_duplicated: float = 0.05, backgrou
     x /= np.linalg.norm(x, axis=1, keepdims=True)
     x += np.sqrt(background_cosine / (1 - background_cosine)) * shared / np.linalg.norm(shared)
     x /= np.linalg.norm(x, axis=1, keepdims=True)
-    return x
+    planted = np.stack([copies, sources], axis=1)
+    return x, planted[planted[:, 0] != planted[:, 1]]
 
 
 def duplicates_cost(root: Path, n: int = 100_000, dim: int = 2048, vectors: str = "float32",
@@ -201,7 +208,10 @@ def duplicates_cost(root: Path, n: int = 100_000, dim: int = 2048, vectors: str 
     """Seconds (wall and CPU) of `find_duplicates` over a collection of `n` `duplicate_vectors` of
     width `dim` stored as `vectors` (float32 or int8), and its recall against an exact scan: for
     `sample` random items, every item scoring >= threshold with them by the stored vectors (a
-    brute-force product with all n), the share the report puts in the same group ("group recall").
+    brute-force product with all n), the share the report puts in the same group ("group recall");
+    and of the planted near copies whose stored vectors score >= threshold with their source (most
+    pairs near the threshold, where a sketch misses first), the share put in one group ("planted
+    recall").
     The collection is written before timing;
     `find_duplicates` reads the stored vectors, never the FAISS index, so the index built here is
     a flat one (cheap to write) whatever `auto` would pick."""
@@ -209,7 +219,7 @@ def duplicates_cost(root: Path, n: int = 100_000, dim: int = 2048, vectors: str 
     from faste_mm.retrieval.duplicates import find_duplicates
     from faste_mm.retrieval.near_pairs import SCAN_BITS, SKETCH_BITS
 
-    x = duplicate_vectors(n, dim, seed=seed)
+    x, planted = duplicate_vectors(n, dim, seed=seed)
     flat = {"float32": "Flat", "float16": "SQfp16", "int8": "SQ8", "binary": "BFlat"}[vectors]
     with Collection.create(root, _synthetic(dim).to_manifest(flat).replace(vectors=vectors)) as col:
         for start in range(0, n, 10_000):
@@ -220,17 +230,25 @@ def duplicates_cost(root: Path, n: int = 100_000, dim: int = 2048, vectors: str 
         wall0, cpu0 = time.perf_counter(), time.process_time()
         report = find_duplicates(col, threshold)
         seconds, cpu_s = time.perf_counter() - wall0, time.process_time() - cpu0
-        ids = np.array(sorted(r.id for chunk, _ in col.iter_live(10_000) for r in chunk), dtype=np.int64)
+        id_of_row = {int(r.uri[7:14]): r.id for chunk, _ in col.iter_live(10_000) for r in chunk}
+        ids = np.array(sorted(id_of_row.values()), dtype=np.int64)
+        pairs = np.vectorize(id_of_row.get, otypes=[np.int64])(planted)
+        scores = np.einsum("ij,ij->i", col.vectors(pairs[:, 0]), col.vectors(pairs[:, 1]))
+        planted_true = [(int(a), int(b)) for (a, b), s in zip(pairs, scores) if s >= threshold]
         picked = np.random.default_rng(seed + 1).choice(ids, min(sample, len(ids)), replace=False)
         truth = _exact_neighbours(col, ids, picked, threshold)
     group_of = {item.id: g for g, group in enumerate(report.groups) for item in group.items}
     # reported pairs are exact scores >= threshold, so a report's group never joins what the exact
     # scan would keep apart: the recall below is the whole error
-    same_group = sum(1 for a, b in truth if a in group_of and group_of[a] == group_of.get(b))
+    def together(pairs: list[tuple[int, int]]) -> int:
+        return sum(1 for a, b in pairs if a in group_of and group_of[a] == group_of.get(b))
+
+    same_group = together(truth)
     return {"n": n, "dim": dim, "vectors": vectors, "threshold": threshold, "seconds": seconds, "cpu_s": cpu_s,
             "groups": len(report.groups), "redundant": report.n_redundant, "sketch_bits": SKETCH_BITS,
             "scan_bits": SCAN_BITS, "sample": len(picked), "true_pairs": len(truth),
-            "group_recall": same_group / len(truth) if truth else None}
+            "group_recall": same_group / len(truth) if truth else None, "planted_pairs": len(planted_true),
+            "planted_recall": together(planted_true) / len(planted_true) if planted_true else None}
 
 
 def _exact_neighbours(col, ids: np.ndarray, picked: np.ndarray, threshold: float) -> list[tuple[int, int]]:
