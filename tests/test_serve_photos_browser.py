@@ -68,6 +68,17 @@ def test_photo_filters_order_and_a_japanese_query_in_the_page(browser, server): 
     assert page.locator(".card").count() == 0 and page.inner_text("#f-min-value") == "1.00"
     _searched(page, lambda: page.fill("#f-min", "0"))
     assert page.inner_text("#f-min-value") == "off" and page.locator(".card").count() == 2
+    _searched(page, lambda: page.fill("#f-min", "0.5"))
+    page.select_option("#mode", "lexical")  # words: no cosine to cut by, so the slider is off, not an error
+    assert page.locator("#f-min").is_disabled() and page.inner_text("#f-min-value") == "n/a"
+    page.fill("#q", "photo")
+    _searched(page, lambda: page.press("#q", "Enter"))
+    assert page.locator(".card").count() == 2 and "min=" not in page.url
+    page.select_option("#mode", "dense")
+    assert page.locator("#f-min").is_enabled() and page.inner_text("#f-min-value") == "0.50"
+    _searched(page, lambda: page.fill("#f-min", "0"))
+    page.fill("#q", QUERY)
+    _searched(page, lambda: page.press("#q", "Enter"))
 
     page.reload()  # the query, the range and the order come back from the URL
     page.wait_for_selector(".card")

@@ -86,9 +86,12 @@ function parseWhere(text) {
 }
 
 function minScore() {
+  // a cosine with the query: a search by words embeds no query, so the slider does not apply to it
+  const words = $("mode").value === "lexical";
+  $("f-min").disabled = words;
   const value = Number($("f-min").value);
-  $("f-min-value").textContent = value > 0 ? value.toFixed(2) : "off";
-  return value > 0 ? value : null;
+  $("f-min-value").textContent = words ? "n/a" : value > 0 ? value.toFixed(2) : "off";
+  return !words && value > 0 ? value : null;
 }
 
 function filters() {
@@ -452,6 +455,7 @@ function wire() {
     field.addEventListener("change", () => { if (state.results) search(); else filters(); });
   }
   $("f-min").addEventListener("input", minScore);
+  $("mode").addEventListener("change", minScore);
   $("f-clear").addEventListener("click", () => {
     $("f-type").value = ""; $("f-path").value = ""; $("f-where").value = "";
     $("f-since").value = ""; $("f-until").value = ""; $("f-sort").value = "relevance"; $("f-min").value = "0";
