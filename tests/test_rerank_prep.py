@@ -88,6 +88,9 @@ class _Counting:
             self._seen.append(document)
         return self._inner(query, document)
 
+    def keyed(self, query, document):
+        return self(query, document), None
+
     def __getattr__(self, name):
         return getattr(self._inner, name)
 

@@ -205,8 +205,8 @@ def test_candidate_images_are_hashed_by_the_prep_workers_not_the_model_thread(vl
     hashed: list[tuple[str, int]] = []
     keys = cached.tower_cache.keys
 
-    def recorded(batch):
-        out = keys(batch)
+    def recorded(batch, digests=None):
+        out = keys(batch, digests)
         hashed.append((threading.current_thread().name, len(out or [])))
         return out
 

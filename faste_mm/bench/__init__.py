@@ -18,6 +18,7 @@ SUITES: dict[str, tuple[str, str]] = {
     "tower-attention": ("faste_mm.bench.tower_attention", "one page frame's attention: fused SDPA against its pieces, and the packed tower"),
     "rerank": ("faste_mm.bench.rerank", "the reranker: official path, full forward, FastE settings, prefix reuse, tower cache"),
     "rerank-e2e": ("faste_mm.bench.rerank_e2e", "reranking pages end to end (serialization overlapped with the model)"),
+    "rerank-warm": ("faste_mm.bench.rerank_warm", "a server's reranked searches over the same candidates: first, second and warm queries"),
     "batch-tokens": ("faste_mm.bench.batch_tokens", "throughput against the batch token budget"),
     "scale": ("faste_mm.bench.scale", "collections at scale: float/int8/binary/auto against raw FAISS and LanceDB"),
     "search": ("faste_mm.bench.search", "one collection of random vectors: build time, query latency, recall (CPU or GPU FAISS)"),

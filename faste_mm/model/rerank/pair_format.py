@@ -18,7 +18,9 @@ from PIL import Image
 
 from faste_mm.errors import InputError
 from faste_mm.model.items import Item
+from faste_mm.model.rerank.document_tails import DocumentTails, EncodedPart
 from faste_mm.model.rerank.resized_images import ResizedImages
+from faste_mm.model.rerank.tower_cache import patch_digest
 from faste_mm.model.serialization import SerializerConfig, Serialized, VLSerializer, _handled_truncation, bare_video_pads
 from faste_mm.model.video import VideoFrames, read_video
 
@@ -32,6 +34,7 @@ VL_DEFAULT_INSTRUCTION = "Given a search query, retrieve relevant candidates tha
 TEXT_DEFAULT_INSTRUCTION = "Given a web search query, retrieve relevant passages that answer the query"
 QUERY_LABEL, DOCUMENT_LABEL = "<Query>:", "\n<Document>:"
 KEPT_TAIL = 5  # `<|im_end|>\n<|im_start|>assistant\n`: never truncated (official tokenize)
+VISION_START_ID = 151652  # <|vision_start|>: a special token, so the tokenizer never merges across it
 # The official pixel budget of a reranker image: MAX_PIXELS = 1280 tokens of 32 x 32 pixels.
 RERANK_MAX_PIXELS = 1280 * 32 * 32
 
@@ -52,6 +55,10 @@ class PreparedQuery:
     image: Image.Image | None
     video: VideoFrames | None
     protected: int  # tokens of the system turn + instruction + query part
+    # the pair prompt up to an image document's `<|vision_start|>`, encoded once (`document_tails`);
+    # None where pairs are encoded whole (a text reranker, a video query)
+    head: EncodedPart | None = None
+    head_text: str = ""
 
 
 def _official_truncation(ids: torch.Tensor, mm_types: torch.Tensor, max_length: int, special_ids: torch.Tensor):
@@ -72,13 +79,16 @@ class VLPairSerializer:
     """Qwen3-VL-Reranker pairs over the processor: images and videos are resized exactly as
     the embedder's serializer does (qwen-vl-utils), with the reranker's pixel budget."""
 
-    def __init__(self, processor, config: SerializerConfig, resized: ResizedImages | None = None) -> None:
+    def __init__(self, processor, config: SerializerConfig, resized: ResizedImages | None = None,
+                 tails: DocumentTails | None = None) -> None:
         self.processor = processor
         self.media = VLSerializer(processor, config)  # image resize and pixel bounds, shared with embedding
         self.config = config
         self.special_ids = torch.tensor(sorted(processor.tokenizer.all_special_ids))
         self.default_instruction = VL_DEFAULT_INSTRUCTION
         self.resized = resized  # files' resized images across queries (None: resized every time)
+        self.tails = tails  # image documents' encoded tails across queries (None: each pair encoded whole)
+        self.vision_start = processor.tokenizer.convert_ids_to_tokens(VISION_START_ID)
 
     def _media(self, item: Item) -> tuple[Image.Image | None, VideoFrames | None]:
         video = read_video(item.video, self.config.video, max_tokens=self.config.max_length) if item.has_video else None
@@ -133,7 +143,24 @@ class VLPairSerializer:
         text = self._render(self.query_content(prepared), generation_prompt=False)
         prefix = text[: -len(user_turn_end)] if text.endswith(user_turn_end) else text
         encoded = self._encode(prefix, [image] if image is not None else [], [video] if video is not None else [])
-        return replace(prepared, protected=int(encoded["input_ids"].shape[1]))
+        prepared = replace(prepared, protected=int(encoded["input_ids"].shape[1]))
+        return prepared if self.tails is None or video is not None else self._with_head(prepared)
+
+    def _with_head(self, query: PreparedQuery) -> PreparedQuery:
+        """The query with its head: the pair prompt of an image document cut at the document's
+        `<|vision_start|>`, encoded (with the query's image) once for every pair of this query."""
+        prompt = self._render(self.query_content(query) + self._part(DOCUMENT_LABEL, Item(image="-"), "placeholder", None),
+                              generation_prompt=True)
+        head_text = prompt[: prompt.rindex(self.vision_start)]
+        if head_text.count(self.processor.image_token) != (query.image is not None):
+            return query  # an image token written in the query text: pairs are encoded whole
+        return replace(query, head=self._encoded(head_text, query.image), head_text=head_text)
+
+    def _encoded(self, text: str, image: Image.Image | None) -> EncodedPart:
+        encoded = self._encode(text, [image] if image is not None else [], [])
+        pixels = encoded.get("pixel_values")
+        return EncodedPart(encoded["input_ids"][0], encoded["mm_token_type_ids"][0], pixels, encoded.get("image_grid_thw"),
+                           () if pixels is None else (patch_digest(pixels),))
 
     def planned_size(self, query: PreparedQuery, document: Item) -> tuple[int, int] | None:
         """(tokens, pixel bytes) `self(query, document)` gives an image or page document, without
@@ -158,7 +185,43 @@ class VLPairSerializer:
             length = max(self.config.max_length, special) + KEPT_TAIL
         return length, sum(nbytes for _, nbytes in plans)
 
+    def keyed(self, query: PreparedQuery, document: Item) -> tuple[Serialized, tuple[str, ...] | None]:
+        """(the pair, each of its images' `patch_digest` or None when unknown): a file-backed image
+        document after a query with a head is the head's tokens and its kept tail's (the same ids,
+        types and pixels as encoding the whole pair); anything else is encoded whole."""
+        if query.head is not None and document.has_image and not document.has_video:
+            bounds = self.media.pixel_bounds(document)
+            tail = self._tail(query, document, bounds)
+            if tail is not None:
+                return self._joined(query, tail), query.head.digests + tail.digests
+        return self(query, document), None
+
+    def _tail(self, query: PreparedQuery, document: Item, bounds: tuple[int, int]) -> EncodedPart | None:
+        """The document's kept tail (encoded on first use), or None where the pair's prompt does
+        not start with the query's head (then it is encoded whole)."""
+        user = self.query_content(query) + self._part(DOCUMENT_LABEL, document, "placeholder", None)
+        prompt = self._render(user, generation_prompt=True)
+        if not prompt.startswith(query.head_text):
+            return None
+        text = prompt[len(query.head_text):]
+        if not text.startswith(self.vision_start) or text.count(self.processor.image_token) != 1:
+            return None
+        return self.tails.get(document, bounds, text, lambda: self._encoded(text, self._media(document)[0]))
+
+    def _joined(self, query: PreparedQuery, tail: EncodedPart) -> Serialized:
+        head = query.head
+        ids = torch.cat([head.input_ids, tail.input_ids])
+        mm_types = torch.cat([head.mm_token_type_ids, tail.mm_token_type_ids])
+        ids, mm_types, keep, truncated = _official_truncation(ids, mm_types, self.config.max_length, self.special_ids)
+        protected = min(int(keep[: query.protected].sum()), ids.shape[0] - 1)
+        pixels, grids = tail.pixel_values, tail.image_grid_thw  # a text query's pairs share the kept tensor (never written)
+        if head.pixel_values is not None:  # the query's image first, as the prompt has it
+            pixels, grids = torch.cat([head.pixel_values, pixels]), torch.cat([head.image_grid_thw, grids])
+        return Serialized(input_ids=ids, mm_token_type_ids=mm_types, pixel_values=pixels, image_grid_thw=grids,
+                          truncated=truncated, protected=protected)
+
     def __call__(self, query: PreparedQuery, document: Item) -> Serialized:
+        """The pair encoded whole (the official way; `keyed` gives the same from kept tails)."""
         image, video = self._media(document)
         user = self.query_content(query) + self._part(DOCUMENT_LABEL, document, image, video)
         prompt = self._render(user, generation_prompt=True)
@@ -201,6 +264,10 @@ class TextPairSerializer:
     def planned_size(self, query: PreparedQuery, document: Item) -> None:
         """None: a text pair is as cheap to serialize as to count."""
         return None
+
+    def keyed(self, query: PreparedQuery, document: Item) -> tuple[Serialized, None]:
+        """(the pair, None): text pairs have no images to key."""
+        return self(query, document), None
 
     def __call__(self, query: PreparedQuery, document: Item) -> Serialized:
         if document.has_image or document.has_video:

@@ -32,6 +32,7 @@ from faste_mm.model.rerank.explain import Explanation, explain_pair
 from faste_mm.model.rerank.policy import AttentionProbe, ProtectedFastE
 from faste_mm.model.rerank.results import Ranking, RerankResult, RerankStats
 from faste_mm.model.runner import BatchTrace, run_decoder, settle_kernel
+from faste_mm.model.rerank.document_tails import DocumentTails
 from faste_mm.model.rerank.resized_images import ResizedImages
 from faste_mm.model.serialization import SerializerConfig
 from faste_mm.model.rerank.tower_cache import DEFAULT_TOWER_CACHE_BYTES, RowKeys, TowerCache
@@ -95,9 +96,12 @@ class Reranker:
         # with it, candidates' resized images too: a quarter of its bytes holds the images of more
         # pages than it holds features (~4 MB against ~21 MB a page at the 2B shape)
         self.resized_images = None if self.tower_cache is None else ResizedImages(tower_cache_bytes // 4)
+        # and their encoded tails (patches, tokens, the patches' hash): a warm query's pairs are the query's
+        # head and these, without the processor or a hash per candidate (~7 MB a 640x480 photo in float32)
+        self.document_tails = None if self.tower_cache is None else DocumentTails(tower_cache_bytes // 2)
         config = serializer or rerank_serializer_config(self.family.max_length)
-        self.serializer = (VLPairSerializer(loaded.preprocessor, config, self.resized_images) if loaded.is_multimodal
-                           else TextPairSerializer(loaded.preprocessor, config))
+        self.serializer = (VLPairSerializer(loaded.preprocessor, config, self.resized_images, self.document_tails)
+                           if loaded.is_multimodal else TextPairSerializer(loaded.preprocessor, config))
         self.head = YesNoHead(loaded.yes_minus_no.to(self.backbone.device))
         self.unpadded = Unpadded(self.batching.unpadded, self.backbone.device, self.backbone.dtype)
         # None: where it is exact at every layer (full forward, protect="query"); plain FastE
@@ -151,6 +155,7 @@ class Reranker:
         other = Reranker(self.loaded, fast_e=fast_e, protect=protect, batching=self.batching,
                          serializer=self.serializer.config, prefix_reuse=prefix_reuse, tower_cache_bytes=0)
         other.serializer, other.tower_cache, other.resized_images = self.serializer, self.tower_cache, self.resized_images
+        other.document_tails = self.document_tails
         return other
 
     @property
@@ -221,10 +226,10 @@ class Reranker:
         prefix = self.prefix_cache(prepared) if self.prefix_reuse and todo else None
         tally.prefix_s = time.perf_counter() - tick
         if prefix is not None:  # pairs that do not start with the prefix (truncated queries) go on whole
-            todo = self._score_pairs(todo, lambda i: cut_pair(self.serialize_pair(prepared, items[i]), prefix),
+            todo = self._score_pairs(todo, lambda i: self._keyed_pair(prepared, items[i], prefix),
                                      lambda i: self._planned(prepared, items[i], prefix.length),
                                      items, sources, tally, on_error, progress, prefix)
-        self._score_pairs(todo, lambda i: self.serialize_pair(prepared, items[i]), lambda i: self._planned(prepared, items[i]),
+        self._score_pairs(todo, lambda i: self._keyed_pair(prepared, items[i]), lambda i: self._planned(prepared, items[i]),
                           items, sources, tally, on_error, progress)
         failures.sort(key=lambda f: f.index)
         if failures:
@@ -266,7 +271,9 @@ class Reranker:
         pin = self.backbone.device.type == "cuda"
         shared = 0 if prefix is None else prefix.length  # batches planned on whole pairs: the same as without reuse
         row_keys = None if self.tower_cache is None else RowKeys(self.tower_cache)
-        serialize = serialize if row_keys is None else row_keys.hashing(serialize)  # keys hashed in the prep workers
+        keyed = serialize
+        # keys hashed in the prep workers (where the serializer does not know them already)
+        serialize = (lambda i: keyed(i)[0]) if row_keys is None else row_keys.hashing(keyed)
         for element in prefetch_batches(todo, serialize, self.batching, self.loaded.pad_token_id, pin, tally.timer,
                                         measure, planned_extra=shared):
             if isinstance(element, ItemError):
@@ -356,6 +363,17 @@ class Reranker:
     def serialize_pair(self, query: PreparedQuery, item: Item):
         """One (query, document) pair as the runner takes it (calibration serializes with it too)."""
         return self.backbone.with_positions(self.serializer(query, item))
+
+    def _keyed_pair(self, query: PreparedQuery, item: Item, prefix: PrefixCache | None = None):
+        """(the pair as the runner takes it, cut after `prefix` when given, and its images'
+        tower-cache digests where the serializer knows them: None, hashed by `RowKeys`)."""
+        pair, digests = self.serializer.keyed(query, item)
+        pair = self.backbone.with_positions(pair)
+        if prefix is None:
+            return pair, digests
+        if digests is not None and prefix.image_patches:  # the query's image stays in the prefix
+            digests = digests[1:]
+        return cut_pair(pair, prefix), digests
 
     def compressor(self, batch, fast_e: FastEConfig | None = None):
         """The policy the runner asks for `batch`: this reranker's FastE, or `fast_e` (a resolved

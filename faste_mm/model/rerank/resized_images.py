@@ -35,7 +35,7 @@ class ResizedImages:
 
     def get(self, item: Item, bounds: tuple[int, int], prepare: Callable[[], Image.Image]) -> Image.Image:
         """The item's resized image: kept, or `prepare()`d and kept (its errors pass through)."""
-        key = _identity(item, bounds)
+        key = file_identity(item, bounds)
         image = None if key is None else self._images.get(key)
         if image is not None:
             self.hits += 1
@@ -54,7 +54,7 @@ class ResizedImages:
         return self._images.nbytes
 
 
-def _identity(item: Item, bounds: tuple[int, int]) -> tuple | None:
+def file_identity(item: Item, bounds: tuple[int, int]) -> tuple | None:
     """(path, page, device, inode, ctime_ns, mtime_ns, size, bounds) of a file-backed image or
     page; None for in-memory images and files that cannot be stat'ed (reading them reports the
     error). The inode and ctime are what a replacement changes even when it keeps the size and

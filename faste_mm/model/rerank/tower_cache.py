@@ -43,6 +43,13 @@ class CacheStats:
                 "entries": self.entries, "bytes": self.bytes}
 
 
+def patch_digest(patches: torch.Tensor) -> str:
+    """The content part of a unit's key: SHA-256 of its patches' bytes (no copy on the host).
+    SHA-256, not BLAKE2: with the SHA extensions of current x86 CPUs it hashes a page's 9.6 MB of
+    float32 patches in 9.5 ms, BLAKE2b in 22 ms (docs/benchmarks-log.md, round 4)."""
+    return hashlib.sha256(patches.detach().cpu().contiguous().numpy().data).hexdigest()[:32]
+
+
 def _units(batch: Batch) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
     """(kind, patches [P, C], grid [1, 3]) per image, then per video: the tower's input order."""
     units = []
@@ -90,17 +97,18 @@ class TowerCache:
     def clear(self) -> None:
         self._entries.clear()
 
-    def keys(self, batch: Batch) -> list[Key] | None:
+    def keys(self, batch: Batch, digests: tuple[str, ...] | None = None) -> list[Key] | None:
         """The key of each image / video of a host batch, or of one serialized pair (the same
-        fields; None without pixels). Hashes the patch bytes where they lie (no copy)."""
+        fields; None without pixels). Hashes the patch bytes where they lie (no copy), unless
+        `digests` gives each unit's `patch_digest` already (a document's tail, hashed once)."""
         units = _units(batch)
         if not units:
             return None
+        if digests is not None and len(digests) != len(units):
+            digests = None
         keys = []
-        for kind, patches, grid in units:
-            # SHA-256, not BLAKE2: with the SHA extensions of current x86 CPUs it hashes a page's
-            # 9.6 MB of float32 patches in 9.5 ms, BLAKE2b in 22 ms (docs/benchmarks-log.md, round 4)
-            digest = hashlib.sha256(patches.detach().cpu().contiguous().numpy().data).hexdigest()[:32]
+        for n, (kind, patches, grid) in enumerate(units):
+            digest = patch_digest(patches) if digests is None else digests[n]
             keys.append((self.namespace, str(patches.dtype), kind, tuple(grid[0].tolist()), digest))
         return keys
 
@@ -163,11 +171,12 @@ class RowKeys:
         self._rows: dict[int, list[Key]] = {}
 
     def hashing(self, serialize):
-        """`serialize(index)`, also keeping the pair's keys under its index."""
+        """`serialize(index) -> (pair, digests or None)` as `serialize(index) -> pair`, also keeping
+        the pair's keys under its index (hashed here where `digests` is None)."""
 
         def run(index: int):
-            pair = serialize(index)
-            self._rows[index] = self.cache.keys(pair) or []
+            pair, digests = serialize(index)
+            self._rows[index] = self.cache.keys(pair, digests) or []
             return pair
 
         return run
