@@ -22,7 +22,7 @@ pytest.importorskip("fastapi", reason="needs the serve extra: pip install 'faste
 
 from faste_mm.indexers.crash_points import CRASH_ENV  # noqa: E402
 from tests.helpers.inputs import tiny_vl_dir  # noqa: E402
-from tests.helpers.serve_fixtures import make_gallery  # noqa: E402
+from tests.helpers.serve_fixtures import make_gallery, scene_image  # noqa: E402
 
 # Client-side failure detector only (a hung server fails the test instead of hanging it); no
 # assertion is about how fast anything answers.
@@ -44,6 +44,15 @@ def _request(url: str, body: dict | None = None) -> tuple[int, dict, object]:
             return response.status, json.loads(response.read()), response.headers
     except urllib.error.HTTPError as error:
         return error.code, json.loads(error.read()), error.headers
+
+
+def _thumbnail(url: str, item_id: int) -> int:
+    try:
+        with urllib.request.urlopen(f"{url}/thumbnails/{item_id}", timeout=HUNG_S) as response:
+            assert response.headers["Content-Type"] == "image/jpeg"
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
 
 
 @pytest.fixture()
@@ -76,6 +85,11 @@ def test_a_killed_reindex_gives_searchers_a_503_and_never_stops_the_server(serve
     answered = [threading.Event() for _ in range(CLIENTS)]
     stop = threading.Event()
 
+    status, body, _ = _request(url + "/search", {"query": "a sunset", "k": 10})
+    old_ids = {hit["id"] for hit in body["hits"]}
+    first_id = body["hits"][0]["id"]
+    assert _thumbnail(url, first_id) == 200  # a handler thread opens its reader
+
     def client(n: int) -> None:
         while not stop.is_set():
             answers.append(_request(url + "/search", {"query": "a sunset", "k": 3}))
@@ -97,9 +111,12 @@ def test_a_killed_reindex_gives_searchers_a_503_and_never_stops_the_server(serve
         assert "being re-indexed" in body["error"]["message"] and "retry" in body["error"]["message"]
         assert headers.get("Retry-After") == "1"
         assert _request(url + "/health")[0] == 200
+        status, body, _ = _request(url + f"/thumbnails/{first_id}")  # the handler threads' readers too
+        assert status == 503 and "being re-indexed" in body["error"]["message"], body
 
         for event in answered:
             event.clear()
+        scene_image(gallery / "added.png", 99)  # a new item, whose id the old collection never had
         again = _cli("index", str(gallery), "-c", str(col), "--model", str(model), env=env)
         assert again.returncode == 0, again.stderr
         for event in answered:  # the clients go on getting answers after the re-index
@@ -113,6 +130,10 @@ def test_a_killed_reindex_gives_searchers_a_503_and_never_stops_the_server(serve
     assert _request(url + "/health")[0] == 200
     status, body, _ = _request(url + "/search", {"query": "a sunset", "k": 3})
     assert status == 200 and len(body["hits"]) == 3, body
+    status, body, _ = _request(url + "/search", {"query": "a sunset", "k": 10})
+    new_ids = [hit["id"] for hit in body["hits"] if hit["id"] not in old_ids]
+    assert new_ids, body  # the re-created collection has one item more: an id the erased one never had
+    assert _thumbnail(url, new_ids[0]) == 200  # read from the re-created collection, not the erased one
     wrong = [(s, b) for s, b, _ in answers if s != 200 and not (s == 503 and "being re-indexed" in json.dumps(b))]
     assert not wrong, wrong[:3]  # never a 500, never "damaged, re-index" while it was re-created
     assert not any("damaged" in json.dumps(b) for _, b, _ in answers)

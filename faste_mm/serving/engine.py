@@ -453,25 +453,54 @@ class ServeEngine:
 
     def record(self, item_id: int):
         """The live record of `item_id` (for thumbnails), read in the calling thread with that
-        thread's own read-only connection. UnknownItemError if it is not a live item."""
-        col = self._thread_reader()
-        if item_id not in col.live_ids([item_id]):
-            raise UnknownItemError(f"id {item_id}: no such item in the collection")
-        return col.get([item_id])[0]
+        thread's own read-only connection. UnknownItemError if it is not a live item;
+        CollectionReindexingError (503) while `index --reindex` re-creates the collection."""
+        def read(col):
+            if item_id not in col.live_ids([item_id]):
+                raise UnknownItemError(f"id {item_id}: no such item in the collection")
+            return col.get([item_id])[0]
+
+        return self._on_thread_reader(read)
 
     def records(self, ids: list[int]) -> dict:
         """{id: ItemRecord} of those `ids` in the collection (a rerank reads their files back)."""
-        return self._thread_reader().records(ids)
+        return self._on_thread_reader(lambda col: col.records(ids))
+
+    def _on_thread_reader(self, read):
+        """`read(the calling thread's reader)`. While the collection is being re-created (or a
+        re-index was killed part-way) a clear 503 "being re-indexed, retry", never the reader's
+        "not a collection, create it" as a 500; a reader that failed is dropped, so the thread
+        opens the collection afresh once it is whole again."""
+        self.follow_reindex()  # a finished re-index is served (its generation), not refused
+        self._refuse_reindexing()
+        try:
+            return read(self._thread_reader())
+        except CollectionError:
+            self._drop_thread_reader()
+            if self._watch is not None and self._watch.being_recreated():
+                raise self._reindexing_error() from None
+            raise
 
     def _thread_reader(self):
-        """The calling thread's own read-only connection to the collection."""
+        """The calling thread's own read-only connection to the collection, opened afresh when the
+        collection was re-created since (its generation token changed): a handler thread never
+        keeps the erased collection's files open, nor reads from them."""
         from faste_mm.indexers import Collection
+        from faste_mm.indexers.directory import read_generation
 
         if self.collection is None:
             raise NoCollectionError("this server has no collection; thumbnails need `faste-mm serve -c`")
+        generation = read_generation(self.collection)
+        if getattr(self._local, "col", None) is not None and self._local.generation != generation:
+            self._drop_thread_reader()
         if getattr(self._local, "col", None) is None:
-            self._local.col = Collection.open(self.collection)
+            self._local.col, self._local.generation = Collection.open(self.collection), generation
         return self._local.col
+
+    def _drop_thread_reader(self) -> None:
+        col, self._local.col = getattr(self._local, "col", None), None
+        if col is not None:
+            col.close()
 
     # ---- info ------------------------------------------------------------------------------
     def info(self) -> dict:
