@@ -114,6 +114,12 @@ def test_rerank_e2e_suite(tmp_path, capsys, reranker_dir):
     assert len(result["rows"]) == 4 and result["rows"][0]["x_official"] == pytest.approx(1.0)
 
 
+def test_rerank_warm_suite(tmp_path, capsys, reranker_dir):
+    args = ["--model", str(reranker_dir), "--inputs", "image:64x48", "--n", "2", "--repeats", "1", "--dtype", "float32"]
+    result = _run("rerank-warm", args, tmp_path, capsys)
+    assert [row["contender"] for row in result["rows"]] == ["tails off", "tails on"]
+
+
 def test_video_suite(tmp_path, capsys, model_dirs):
     args = ["--model", str(model_dirs["qwen3_vl"]), "--seconds", "1", "--repeats", "1", "--trigger-layer", "2"]
     result = _run("video", args, tmp_path, capsys)
