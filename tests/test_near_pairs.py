@@ -62,6 +62,21 @@ def test_candidate_blocks_compare_each_pair_once():
     assert [a.tolist() for a in one_block] == [a.tolist() for a in small_blocks]
 
 
+def test_a_low_threshold_shrinks_the_blocks_and_loses_no_pair(monkeypatch):
+    """Where most pairs pass the sketch scan, blocks get fewer rows (bounded memory), same pairs."""
+    import faste_mm.retrieval.near_pairs as near
+
+    x = _clustered(5, 1200, 32, 0.3)
+    codes = sketches(x, directions(32))
+    monkeypatch.setattr(near, "MAX_BLOCK_MATCHES", 50_000)
+    low, high = (hamming_radius(0.2, 128, 5e-7), hamming_radius(0.2, 256, 5e-7)), \
+        (hamming_radius(0.99, 128, 5e-7), hamming_radius(0.99, 256, 5e-7))
+    assert near._block_rows(codes, 16, *low) < 200
+    assert near._block_rows(codes, 16, *high) == near.QUERY_BLOCK_ROWS
+    first, second, _ = near_pairs(x, 0.2)
+    assert set(zip(first.tolist(), second.tolist())) == _brute_force(x, 0.2)
+
+
 @pytest.mark.parametrize("cosine", [0.8, 0.95, 0.99])
 def test_radius_is_the_least_with_the_binomial_tail_below_the_miss_probability(cosine):
     bits, miss = 256, 1e-6

@@ -21,7 +21,7 @@ import numpy as np
 
 from faste_mm.errors import ConfigError, FasteError
 from faste_mm.indexers import Collection, ItemRecord
-from faste_mm.retrieval.near_pairs import candidate_pairs, directions, sketch_cosine, sketches, verified_pairs
+from faste_mm.retrieval.near_pairs import candidate_blocks, directions, joined, sketch_cosine, sketches, verified_pairs
 
 log = logging.getLogger(__name__)
 
@@ -150,9 +150,11 @@ def _near_pairs(col: Collection, ids: np.ndarray, codes: np.ndarray, threshold: 
     sketch, then exact scores of the stored vectors (`near_pairs`), whatever codes the index holds."""
     order = np.argsort(ids, kind="stable")
     ids, codes = ids[order], codes[order]
-    first, second = candidate_pairs(codes, sketch_cosine(threshold, max_norm))
-    n_candidates = len(first)
-    first, second, scores = verified_pairs(first, second, lambda rows: col.vectors(ids[rows]), threshold)
+    n_candidates, found = 0, []
+    for first, second in candidate_blocks(codes, sketch_cosine(threshold, max_norm)):  # bounded memory
+        n_candidates += len(first)
+        found.append(verified_pairs(first, second, lambda rows: col.vectors(ids[rows]), threshold))
+    first, second, scores = joined(found)
     log.info("%s: %d pairs close by sketch, %d of them >= %g", col.root, n_candidates, len(scores), threshold)
     return ids[first], ids[second], scores
 

@@ -18,10 +18,13 @@ the vectors. Far pairs never reach the exact stage, so it costs what the near pa
 
 from __future__ import annotations
 
+import logging
 import math
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 # Sketch width: at the default threshold 0.95 a pair at the threshold differs in ~26 of 256 bits
 # (radius 53 at MISS_PROBABILITY / 2) and an unrelated pair (cosine ~0.3) in ~103, so almost no
@@ -37,6 +40,12 @@ MISS_PROBABILITY = 1e-6
 # Sketches searched as one query block (FAISS splits a block's rows over the cores); each block is
 # compared with itself and every later row only, so each pair is looked at once.
 QUERY_BLOCK_ROWS = 8192
+# A block's range-search matches aimed at (12 bytes each in FAISS's result, more as numpy rows);
+# at the default threshold a block of QUERY_BLOCK_ROWS holds far fewer.
+MAX_BLOCK_MATCHES = 20_000_000
+MIN_BLOCK_ROWS = 64
+SAMPLED_PAIRS = 20_000  # random pairs that estimate the share passing the scan
+MANY_EXACT_PAIRS = 20_000_000  # pairs to score exactly past which a warning says it takes long (minutes)
 # Candidate pairs scored exactly at a time (their vectors gathered: bounded memory).
 VERIFY_PAIRS = 65_536
 SEED = 20_261_126
@@ -65,13 +74,15 @@ def hamming_radius(cosine: float, bits: int = SKETCH_BITS, miss: float = MISS_PR
     return bits
 
 
-def candidate_pairs(codes: np.ndarray, cosine: float, miss: float = MISS_PROBABILITY,
-                    block_rows: int = QUERY_BLOCK_ROWS) -> tuple[np.ndarray, np.ndarray]:
-    """(first rows, second rows) int64, first < second, in first-row order, of the pairs of
-    sketches `codes` [n, bytes] uint8 close enough for vectors at `cosine`: within the radius of
-    their first SCAN_BITS bits (FAISS's binary range search over every pair: cheap bits), then of
-    all their bits (numpy, on those candidates only). A pair at `cosine` fails either test with
-    probability <= miss / 2."""
+def candidate_blocks(codes: np.ndarray, cosine: float, miss: float = MISS_PROBABILITY,
+                     block_rows: int | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """(first rows, second rows) int64, first < second, block by block in first-row order, of the
+    pairs of sketches `codes` [n, bytes] uint8 close enough for vectors at `cosine`: within the
+    radius of their first SCAN_BITS bits (FAISS's binary range search over every pair: cheap
+    bits), then of all their bits (numpy, on those candidates only). A pair at `cosine` fails
+    either test with probability <= miss / 2. block_rows: query rows a block (None: as many as
+    keep a block's range-search matches near MAX_BLOCK_MATCHES, estimated on sampled pairs: a low
+    threshold lets many more pairs through the scan)."""
     import faiss
 
     codes = np.ascontiguousarray(codes, dtype=np.uint8)
@@ -80,7 +91,7 @@ def candidate_pairs(codes: np.ndarray, cosine: float, miss: float = MISS_PROBABI
     scan = np.ascontiguousarray(codes[:, :scan_bytes])
     scan_radius = hamming_radius(cosine, scan_bytes * 8, miss / 2)
     radius = hamming_radius(cosine, bits, miss / 2)
-    firsts, seconds = [np.empty(0, dtype=np.int64)], [np.empty(0, dtype=np.int64)]
+    block_rows = block_rows or _block_rows(codes, scan_bytes, scan_radius, radius)
     for start in range(0, len(codes), block_rows):
         index = faiss.IndexBinaryFlat(scan_bytes * 8)
         index.add(scan[start:])  # this block and the rows after it: each pair compared once
@@ -90,9 +101,33 @@ def candidate_pairs(codes: np.ndarray, cosine: float, miss: float = MISS_PROBABI
         keep = partners > rows
         rows, partners = rows[keep], partners[keep]
         keep = hamming(codes[rows], codes[partners]) <= radius
-        firsts.append(rows[keep])
-        seconds.append(partners[keep])
-    return np.concatenate(firsts), np.concatenate(seconds)
+        yield rows[keep], partners[keep]
+
+
+def candidate_pairs(codes: np.ndarray, cosine: float, miss: float = MISS_PROBABILITY,
+                    block_rows: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Every block of `candidate_blocks`, joined."""
+    blocks = [(np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)),
+              *candidate_blocks(codes, cosine, miss, block_rows)]
+    return np.concatenate([a for a, _ in blocks]), np.concatenate([b for _, b in blocks])
+
+
+def _block_rows(codes: np.ndarray, scan_bytes: int, scan_radius: int, radius: int) -> int:
+    """Query rows a block such that its expected range-search matches stay near MAX_BLOCK_MATCHES,
+    from the share of SAMPLED_PAIRS random pairs within `scan_radius` of their first `scan_bytes`;
+    a warning when the pairs left for exact scores (within `radius` of all bits) are many."""
+    n = len(codes)
+    if n < 2:
+        return QUERY_BLOCK_ROWS
+    rng = np.random.default_rng(SEED)
+    a, b = rng.integers(0, n, SAMPLED_PAIRS), rng.integers(0, n, SAMPLED_PAIRS)
+    share = (np.count_nonzero(hamming(codes[a, :scan_bytes], codes[b, :scan_bytes]) <= scan_radius) + 1) / SAMPLED_PAIRS
+    exact = np.count_nonzero(hamming(codes[a], codes[b]) <= radius) / SAMPLED_PAIRS * n * (n - 1) / 2
+    if exact > MANY_EXACT_PAIRS:
+        log.warning("sketches: ~%.2g of the %.2g pairs are close enough to score exactly (a low threshold for "
+                    "these vectors: near-duplicates score >= ~0.9); this takes long", exact, n * (n - 1) / 2)
+    rows = int(MAX_BLOCK_MATCHES / (share * n / 2))
+    return max(MIN_BLOCK_ROWS, min(QUERY_BLOCK_ROWS, rows))
 
 
 def hamming(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -132,5 +167,12 @@ def near_pairs(x: np.ndarray, threshold: float, bits: int = SKETCH_BITS,
     if len(x) < 2 or cosine > 1.0:
         return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float32)
     codes = sketches(x, directions(x.shape[1], bits))
-    first, second = candidate_pairs(codes, cosine, miss)
-    return verified_pairs(first, second, lambda rows: x[rows], threshold)
+    found = [verified_pairs(first, second, lambda rows: x[rows], threshold)
+             for first, second in candidate_blocks(codes, cosine, miss)]  # block by block: bounded memory
+    return joined(found)
+
+
+def joined(parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Lists of (first, second, scores) joined into one (empty arrays for none)."""
+    empty = (np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float32))
+    return tuple(np.concatenate(column) for column in zip(empty, *parts))  # type: ignore[return-value]
