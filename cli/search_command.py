@@ -109,11 +109,13 @@ def search_command(
         served = None
         # The server answers plain dense text searches; a reranked, lexical/hybrid, image, video or
         # instruction search runs here (a collection with a default reranker reranks unless --no-rerank).
-        local_only = (image is not None or video is not None or instruction is not None or rerank is not None
+        local_only = (image is not None or video is not None or instruction is not None
                       or mode != "dense" or rescore is not None or lexical_syntax)
-        # (the server's /info says whether the collection records a reranker: no manifest read here)
+        # (the server's /info says whether the collection records a reranker: no manifest read here;
+        # a reranked search goes to the server when it has the reranker this search would load, warm)
         if not no_server and not local_only:
-            served = search_through_server(collection, query, k, where, kind, path, not no_rerank, debug, order)
+            reranking = None if no_rerank else (rerank, rerank_top, rerank_r_max)
+            served = search_through_server(collection, query, k, where, kind, path, reranking, debug, order)
         if served is not None:
             root, hits = served
         else:

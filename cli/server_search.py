@@ -9,11 +9,12 @@ from faste_mm.cli.common import stderr
 
 
 def search_through_server(collection: str | None, query: str, k: int, where: list[str], types: list[str],
-                          path: str | None, rerank: bool, debug: bool, order: dict | None = None) -> tuple[Path, list] | None:
+                          path: str | None, rerank: tuple | None, debug: bool, order: dict | None = None) -> tuple[Path, list] | None:
     """(collection root, hits) from the server announced in the collection, or None (no live
-    server for it, it could not answer, or -- with `rerank` -- the collection records a reranker:
-    the caller loads the model). With --debug, says which. `where`: the --where strings, sent as
-    given (the server parses them as this search would); `order`: since, until, sort, min_score.
+    server for it, it could not answer, or the search reranks with another reranker than the
+    server's: the caller loads the model). With --debug, says which. `where`: the --where strings,
+    sent as given (the server parses them as this search would); `order`: since, until, sort,
+    min_score; `rerank`: None (--no-rerank) or (--rerank, --rerank-top, --rerank-r-max as given).
 
     The thin client: every module imported here is light (no torch, transformers, FAISS or
     numpy), so a search answered by the server costs a Python start-up and one HTTP round trip.
@@ -22,7 +23,7 @@ def search_through_server(collection: str | None, query: str, k: int, where: lis
     from faste_mm.indexers.filters import SearchFilter, parse_where
     from faste_mm.retrieval.hits import Hit
     from faste_mm.retrieval.locations import collection_path
-    from faste_mm.serving.discovery import find_server, search_via_server
+    from faste_mm.serving.discovery import RerankAsk, find_server, search_via_server
 
     root = collection_path(collection)
     # Checked here (a bad filter is the user's error either way); a relative path glob is made
@@ -30,15 +31,24 @@ def search_through_server(collection: str | None, query: str, k: int, where: lis
     metadata, facts = parse_where(where)
     checked = SearchFilter(where=metadata, types=tuple(types), path=path, facts=facts)
     address = find_server(root) if k <= 1000 else None  # the server answers at most 1000 hits
+    ask = None if rerank is None else RerankAsk(rerank[0], rerank[1], _ratio(rerank[2]))
     rows = None if address is None else search_via_server(address, root, query, k, list(where), checked.types,
-                                                          checked.path, rerank=rerank, order=order)
+                                                          checked.path, rerank=ask, order=order)
     if debug:
         stderr.print(f"search: through the server at {address.url} (pid {address.pid})" if rows is not None else
                      "search: loading the model here (" + ("no running faste-mm serve for this collection)"
                                                           if address is None else
-                                                          f"the server at {address.url} did not answer for it, or the "
-                                                          "collection's reranker runs here)"),
+                                                          f"the server at {address.url} did not answer for it, or it "
+                                                          "has not loaded the reranker this search uses)"),
                      highlight=False, markup=False)
     if rows is None:
         return None
     return root, [Hit(**{**row, "facts": facts_from_dict(row.get("facts"))}) for row in rows]
+
+
+def _ratio(text: str) -> float:
+    """--rerank-r-max as a number; -1 for anything else (the local search names the error)."""
+    try:
+        return float(text)
+    except ValueError:
+        return -1.0

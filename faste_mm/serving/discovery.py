@@ -110,13 +110,26 @@ def _read(path: Path) -> ServerAddress | None:
         return None
 
 
+@dataclass(frozen=True, slots=True)
+class RerankAsk:
+    """How the caller's own search would rerank: `model` (--rerank; None: the collection's
+    reranker, when it records one), `top` hits re-scored, and FastE's `r_max` on the reranker
+    (0: the exact score)."""
+
+    model: str | None = None
+    top: int = 50
+    r_max: float = 0.0
+
+
 def search_via_server(address: ServerAddress, root: str | os.PathLike, query: str, k: int,
                       where: Mapping[str, Any] | Sequence[str] | None = None, types: Sequence[str] = (),
-                      path: str | None = None, *, rerank: bool = True,
+                      path: str | None = None, *, rerank: RerankAsk | None = RerankAsk(),
                       order: Mapping[str, Any] | None = None) -> list[dict] | None:
-    """The hits (`Hit.to_dict()` fields) of a text search by the server, or None when it cannot
-    answer for `root` (not reachable, another collection, an error) or, with `rerank`, when the
-    collection records a reranker (the caller's own search reranks with it): the caller searches
+    """The hits (`Hit.to_dict()` fields, `rerank_score` included when reranked) of a text search by
+    the server, or None when it cannot answer for `root` (not reachable, another collection, an
+    error). `rerank`: how the caller's search would rerank (None: not at all, --no-rerank); the
+    server reranks with its loaded (warm) reranker when that is the reranker the caller's search
+    would load and the score is the exact one (`_serves_rerank`), else None: the caller searches
     itself. The server's /info says which reranker, so the client reads no manifest here."""
     info = _request(address, "info")
     collection = {} if info is None else (info.get("collection") or {})
@@ -124,17 +137,33 @@ def search_via_server(address: ServerAddress, root: str | os.PathLike, query: st
     if served is None or os.path.realpath(served) != os.path.realpath(root):
         log.debug("server %s does not serve %s (it serves %s)", address.url, root, served)
         return None
-    if rerank and collection.get("reranker", "unknown") is not None:
-        log.debug("%s reranks with %s: the search runs here", root, collection.get("reranker", "(an older server)"))
+    wanted = None if rerank is None else (rerank.model or collection.get("reranker", "unknown"))
+    if wanted is not None and not _serves_rerank(info, wanted, rerank):
+        log.debug("%s reranks with %s here: the server's reranker is %s", root, wanted, (info or {}).get("reranker"))
         return None
     body: dict[str, Any] = {"query": query, "k": k, "type": list(types) or None, "path": path,
                             "where": (dict(where) if isinstance(where, Mapping) else list(where)) if where else None,
                             **{name: value for name, value in (order or {}).items() if value is not None}}
+    if wanted is not None:
+        body.update(rerank=True, rerank_top=rerank.top)
     answer = _request(address, "search", body)
     if answer is None:
         return None
-    fields = ("id", "score", "uri", "page", "metadata", "facts")
-    return [{name: hit[name] for name in fields} for hit in answer["hits"]]
+    fields = ("id", "score", "uri", "page", "metadata", "facts", "rerank_score")
+    return [{name: hit[name] for name in fields if name in hit} for hit in answer["hits"]]
+
+
+def _serves_rerank(info: dict, wanted: str, ask: RerankAsk) -> bool:
+    """Whether the server's loaded reranker gives what the caller's search would: the same model
+    (a folder compared by its real path, as the loader names it) scoring exactly (no FastE on
+    either side), and a `top` the server takes (1..1000)."""
+    loaded = info.get("reranker") or {}
+    model = loaded.get("model")
+    if model is None or loaded.get("fast_e") is not None or ask.r_max != 0 or not 1 <= ask.top <= 1000:
+        return False
+    if os.path.isdir(wanted) or os.path.isdir(model):
+        return os.path.realpath(wanted) == os.path.realpath(model)
+    return wanted == model
 
 
 def _request(address: ServerAddress, route: str, body: dict | None = None) -> dict | None:
