@@ -180,6 +180,9 @@ def _render(report) -> None:
                  f"kept, {chosen.speedup:.2f}x faster than the reference on this device")
     stdout.print(f"rule: {report.rule}. r: the reference (full forward, official pixels, float32); front: on "
                  f"the Pareto frontier; ok: meets the rule")
+    for base in dict.fromkeys(row.fidelity_base for row in report.candidates if row.fidelity_base):
+        dtypes = ", ".join(dict.fromkeys(row.dtype for row in report.candidates if row.fidelity_base == base))
+        stdout.print(f"{dtypes} rows: agreement and cosines against {base}, not the reference")
     if report.dtype_prepare_s:
         cast = ", ".join(f"{name} {s:.1f} s" for name, s in report.dtype_prepare_s.items())
         stdout.print(f"weights cast once per dtype (not in the rows): {cast}")

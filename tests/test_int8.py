@@ -70,11 +70,20 @@ def test_plan_offers_int8_as_a_candidate_and_its_receipt_records_it(vl_embedder,
 
     items = [Item(text="a red bicycle"), Item(text="a blue boat"), Item(image=image_dir / "red.png")]
     report = plan(vl_embedder, items, PlanConfig(max_pixels=(1_843_200,), r_max=(0.0,), dtypes=("int8",)))
-    row = next(i for i, c in enumerate(report.candidates) if not c.is_reference)
-    assert report.candidates[row].dtype == "int8" and set(report.dtype_prepare_s) == {"int8"}
-    assert 0.9 < report.candidates[row].mean_cos < 1.0  # measured against the float32 full forward
+    row = next(i for i, c in enumerate(report.candidates) if c.dtype == "int8")
+    bf16 = next(c for c in report.candidates if c.dtype == "bfloat16")  # run for int8's fidelity
+    assert bf16.r_max == 0 and bf16.max_pixels == 1_843_200 and bf16.fidelity_base is None
+    assert set(report.dtype_prepare_s) == {"int8", "bfloat16"}
+    int8 = report.candidates[row]
+    assert int8.fidelity_base == "1,843,200 px, full, bfloat16"
+    # against the bf16 full forward's vectors, not the float32 reference's (issue 37)
+    vectors = {dtype: Embedder.from_pretrained(vl_embedder.model_id, device="cpu", dtype=dtype).encode_documents(items)
+               .embeddings for dtype in ("bfloat16", "int8")}
+    cosines = np.sum(vectors["int8"] * vectors["bfloat16"], axis=1)
+    assert int8.mean_cos == pytest.approx(float(cosines.mean()), abs=1e-5) and 0.9 < int8.mean_cos < 1.0
     receipt = report.receipt(row)
-    assert receipt.dtype == "int8" and receipt.agreement == report.candidates[row].agreement
+    assert receipt.dtype == "int8" and receipt.agreement == int8.agreement
+    assert receipt.fidelity_base == int8.fidelity_base and "against 1,843,200 px, full, bfloat16" in receipt.summary()
     assert vl_embedder.backbone.dtype == torch.float32  # the planner's embedder is left alone
 
 

@@ -120,8 +120,11 @@ def batch_alignment(state: DecoderState) -> torch.Tensor:
     accumulated in float32 whatever the model's dtype, so the trigger never flips on rounding.
 
     On a CPU it runs on one thread: its few memory-bound reductions gain nothing from a second
-    one, and each parallel op waits for every pool thread to be scheduled (measured 3.3x faster
-    single-threaded on a loaded 2-core machine; the check's cost is `faste-mm bench`'s check line)."""
+    one, and each parallel op waits for every pool thread to be scheduled (single-threaded 3.4-18x
+    faster on a loaded 2-core machine, docs/cpu.md "Threads"; the check's cost is `faste-mm bench`'s
+    check line). The switch is not process-wide for torch's own ops: with its OpenMP backend a
+    thread that has run torch keeps its own count (other serve threads are untouched), though
+    MKL's count and a thread's first torch op meet 1 during the check."""
     if state.hidden.device.type != "cpu":
         return _alignment(state)
     threads = torch.get_num_threads()

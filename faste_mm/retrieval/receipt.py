@@ -24,6 +24,8 @@ class PlanReceipt:
     top-k agreement (None without queries); mean_cos / p5_cos: cosine to the reference vectors.
     speedup / flops_speedup: the reference's (full forward, official pixels, float32) measured
     seconds (FLOPs) per item over this setting's. device, created, model_id: where and when.
+    fidelity_base: what agreement and cosines compare with when not the reference (int8: the
+    bfloat16 full forward); None: the reference.
     """
 
     r_max: float
@@ -42,12 +44,13 @@ class PlanReceipt:
     created: str
     model_id: str
     threshold_source: str | None = None
+    fidelity_base: str | None = None
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "PlanReceipt":
         """From manifest JSON or a plan; ConfigError naming unknown or missing keys."""
         names = [f.name for f in dataclasses.fields(cls)]
-        optional = {"threshold_source"}  # added after receipts were first written
+        optional = {"threshold_source", "fidelity_base"}  # added after receipts were first written
         if not isinstance(data, Mapping) or not set(names) - optional <= set(data) <= set(names):
             given = sorted(data) if isinstance(data, Mapping) else type(data).__name__
             raise ConfigError(f"a plan receipt needs exactly the keys {names}, got {given}")
@@ -61,8 +64,9 @@ class PlanReceipt:
         2.4x cheaper than full"."""
         setting = "full forward" if self.r_max == 0 else f"r_max {self.r_max:g}"
         dtype = "" if self.dtype == "float32" else f", {self.dtype}"
+        base = "" if self.fidelity_base is None else f" (against {self.fidelity_base})"
         return (f"{setting} at {self.max_pixels:,} px{dtype}: on {self.sample_size} of your files, "
-                f"{self.agreement:.0%} of neighbours kept, {self.speedup:.1f}x cheaper than full")
+                f"{self.agreement:.0%} of neighbours kept{base}, {self.speedup:.1f}x cheaper than full")
 
 
 def receipt_summary(receipt: PlanReceipt | None) -> str:

@@ -39,6 +39,8 @@ class CandidateResult:
         tower_s_per_item / decoder_s_per_item: the model seconds split by stage (None where the
         embedder does not time its stages). flops_per_item: decoder (realised) + vision tower.
     speedup / flops_speedup: the reference's seconds (FLOPs) per item over this row's.
+    fidelity_base: the setting mean_cos, p5_cos and the agreements compare with when it is not
+        the reference (int8: the bfloat16 full forward, `plan.FIDELITY_BASE`); None: the reference.
     """
 
     name: str
@@ -65,6 +67,7 @@ class CandidateResult:
     meets_target: bool = False
     pareto: bool = False
     trigger_layer: int | None = None  # last, with a default: plans written before it still load
+    fidelity_base: str | None = None  # likewise
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -116,7 +119,8 @@ class PlanReport:
                            agreement=chosen.agreement, query_agreement=chosen.query_agreement,
                            mean_cos=chosen.mean_cos, p5_cos=chosen.p5_cos, speedup=chosen.speedup,
                            flops_speedup=chosen.flops_speedup, device=self.device, created=self.created,
-                           model_id=self.model_id, threshold_source=chosen.threshold_source)
+                           model_id=self.model_id, threshold_source=chosen.threshold_source,
+                           fidelity_base=chosen.fidelity_base)
 
     def settings(self, index: int | None = None) -> dict[str, Any]:
         """Row `index` (None: the recommendation) as the collection settings `Retriever` and
