@@ -319,8 +319,10 @@ def _models(embedder: Embedder, dtypes: set[torch.dtype]) -> tuple[dict[torch.dt
 
             model = copy.deepcopy(embedder.backbone.model).float()
             quantize_model(model)
-        else:
-            model = copy.deepcopy(embedder.backbone.model).to(dtype)
+        else:  # the weights only, as the loader casts them: RoPE's inv_freq buffers stay float32
+            model = copy.deepcopy(embedder.backbone.model)
+            for parameter in model.parameters():
+                parameter.data = parameter.data.to(dtype)
         loaded = replace(embedder.loaded, backbone=embedder.family.adapter(model),
                          dtype_choice=DtypeChoice(dtype, "a plan candidate (a converted copy of the weights)"))
         models[dtype] = Embedder(loaded, embedder.batching)
