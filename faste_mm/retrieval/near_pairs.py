@@ -3,9 +3,10 @@ Array in, array out (tested against a brute-force Gram matrix): `near_pairs(x, t
 back (first rows, second rows, scores), each pair once (first < second); `duplicates` feeds it a
 collection's stored vectors.
 
-Why not the collection's FAISS index: a range search walks the HNSW graph once per item, ~0.9 ms
-an item at d=256 and several times that at d=2048 (100k items: minutes on 2 cores); a flat scan
-of every pair costs n^2 * d multiply-adds (100k x 2048: ~10^13). Here each vector gets a sketch of
+Why not the collection's FAISS index: a range search walks the HNSW graph once per item (~0.9 ms
+an item at d=256, 94 s for 100k; vectors of d=2048 are 8x wider, and there FAISS 1.15.1's HNSW
+range search aborted, docs/performance.md); a flat scan of every pair costs n^2 * d
+multiply-adds (100k x 2048: ~10^13). Here each vector gets a sketch of
 SKETCH_BITS bits, the signs of its products with fixed random Gaussian directions (Charikar's
 SimHash): two vectors at angle theta differ in each bit with probability theta / pi, whatever the
 data, so the bits in which a pair at the threshold differs follow Binomial(bits, acos(t) / pi).
@@ -27,11 +28,11 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 # Sketch width: at the default threshold 0.95 a pair at the threshold differs in ~26 of 256 bits
-# (radius 53 at MISS_PROBABILITY / 2) and an unrelated pair (cosine ~0.3) in ~103, so almost no
+# (radius 52 at MISS_PROBABILITY / 2) and an unrelated pair (cosine ~0.3) in ~103, so almost no
 # far pair reaches the exact stage (scoring a pair exactly reads two 8 KiB vectors at d=2048).
 SKETCH_BITS = 256
 # Bits of each sketch compared over every pair (FAISS: ~1 ns a pair at 128 bits, ~1.7 at 256, on
-# this 2-core Xeon); the candidates within their radius (~3 in 10,000 unrelated pairs at cosine 0.3)
+# this 2-core Xeon); the candidates within their radius (~2 in 10,000 unrelated pairs at cosine 0.3)
 # are compared on all SKETCH_BITS.
 SCAN_BITS = 128
 # Chance that a pair exactly at the threshold is missed (a pair above it: less); a missed pair
