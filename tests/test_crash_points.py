@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-import subprocess
-import sys
 from pathlib import Path
 
 import faiss
@@ -20,6 +18,7 @@ from faste_mm.cli.app import app
 from faste_mm.indexers.crash_points import CRASH_ENV, CRASH_POINTS
 from faste_mm.indexers.faiss_index import file_sha256
 
+from tests.helpers.forked_cli import run_cli
 from tests.helpers.inputs import noise_image, tiny_vl_dir
 
 runner = CliRunner()
@@ -28,7 +27,7 @@ runner = CliRunner()
 # "fresh": index into a new collection; "more": index a folder with two new files into an
 # existing collection (add); the others run on an indexed collection. Each step is tested once
 # per command that reaches it through a different path (an index run's add steps are those of
-# "more"), since every killed run that embeds pays for a fresh interpreter loading torch.
+# "more"), since every killed run costs a process (forked from a warm one, not a fresh interpreter).
 SCENARIOS = [
     ("fresh", "create-before-manifest", "index"),
     ("fresh", "create-before-manifest", "reindex"),
@@ -84,8 +83,8 @@ def test_a_writer_killed_at_a_named_step_is_completed_by_the_next_run(model, tmp
             noise_image(imgs / f"{name}.png", (32, 32), seed)
     if kind == "compact":
         _invoke(_args("remove", imgs, col, model))
-    proc = subprocess.run([sys.executable, "-m", "faste_mm.cli.app", *_args(kind, imgs, col, model)],
-                          env={**os.environ, CRASH_ENV: step}, capture_output=True, text=True, timeout=600)
+    # a process of its own, forked warm (tests/helpers/forked_cli.py): the SIGKILL ends it alone
+    proc = run_cli(_args(kind, imgs, col, model), env={**os.environ, CRASH_ENV: step})
     assert proc.returncode == -9, f"never reached {step}: {proc.stderr[-2000:]}"
     _invoke(_args(then, imgs, col, model))
     removed = {"b.png"} if kind in ("remove", "compact") else set()

@@ -9,8 +9,6 @@ import json
 import os
 import shutil
 import sqlite3
-import subprocess
-import sys
 import weakref
 from dataclasses import replace
 from pathlib import Path
@@ -28,6 +26,7 @@ from faste_mm.model.prefetch import ItemError, prefetch_batches
 from faste_mm.model.serialization import Serialized, SerializerConfig
 from faste_mm.retrieval.results import IndexOptions
 
+from tests.helpers.forked_cli import run_cli
 from tests.helpers.inputs import noise_image, pdf_of_sizes
 
 PAGE_PIXELS = 32 * 1024  # small pages keep the tiny model fast
@@ -277,13 +276,13 @@ def test_a_run_killed_after_a_page_range_resumes_mid_file(small_pages, tmp_path)
     col = tmp_path / "col"
     with Retriever(small_pages, collection=col) as creator:  # the collection's small pixel cap
         creator.index([docs / "b.png"])
-    args = [sys.executable, "-m", "faste_mm.cli.app", "index", str(docs), "-c", str(col),  # its model and pixel cap
+    args = ["index", str(docs), "-c", str(col),  # its model and pixel cap
             "--device", "cpu", "--chunk-pages", "2", "--format", "json"]
-    killed = subprocess.run(args, env={**os.environ, CRASH_ENV: "index-after-page-range"}, capture_output=True,
-                            text=True, timeout=600)
+    # processes of their own, forked warm (tests/helpers/forked_cli.py)
+    killed = run_cli(args, env={**os.environ, CRASH_ENV: "index-after-page-range"})
     assert killed.returncode == -9, killed.stderr[-2000:]
     assert sorted(k for k in _live(col) if k[0] == "a.pdf") == [("a.pdf", 1), ("a.pdf", 2)]
-    done = subprocess.run(args, capture_output=True, text=True, timeout=600)
+    done = run_cli(args)
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout)["embedded"] == 3
     live = _live(col)

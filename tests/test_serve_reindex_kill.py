@@ -21,6 +21,7 @@ import pytest
 pytest.importorskip("fastapi", reason="needs the serve extra: pip install 'faste-mm[serve]'")
 
 from faste_mm.indexers.crash_points import CRASH_ENV  # noqa: E402
+from tests.helpers.forked_cli import run_cli  # noqa: E402
 from tests.helpers.inputs import tiny_vl_dir  # noqa: E402
 from tests.helpers.serve_fixtures import make_gallery, scene_image  # noqa: E402
 
@@ -31,8 +32,8 @@ CLIENTS = 4
 
 
 def _cli(*args: str, env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "faste_mm.cli.app", *args], env=env, capture_output=True,
-                          text=True, timeout=600)
+    """`faste-mm ARGS` in a process of its own, forked warm (tests/helpers/forked_cli.py)."""
+    return run_cli(list(args), env=env)
 
 
 def _request(url: str, body: dict | None = None) -> tuple[int, dict, object]:

@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 
 import pytest
 from typer.testing import CliRunner
@@ -16,6 +14,7 @@ from typer.testing import CliRunner
 from faste_mm.cli.app import app
 from faste_mm.indexers import Collection
 from faste_mm.indexers.crash_points import CRASH_ENV
+from tests.helpers.forked_cli import run_cli
 from tests.helpers.inputs import noise_image, tiny_vl_dir
 
 runner = CliRunner()
@@ -31,9 +30,8 @@ def _watch_killed_at(crash_at: str, folder, col, model: str) -> None:
             "--polls", "1", "--chunk-files", "2"]
     env = {key: value for key, value in os.environ.items() if key != "COLUMNS"}
     env[CRASH_ENV] = crash_at
-    proc = subprocess.run([sys.executable, "-m", "faste_mm.cli.app", *args], stdout=subprocess.DEVNULL,
-                          stderr=subprocess.PIPE, env=env, timeout=300)
-    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
+    proc = run_cli(args, env=env, timeout=300)  # a process of its own, forked warm (tests/helpers/forked_cli.py)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
 
 
 def _live_names(col) -> list[str]:
