@@ -19,6 +19,7 @@ from faste_mm.cli.calibrate import calibrate_command
 from faste_mm.cli.collection_commands import compact_command, info_command, rebuild_index_command, remove_command
 from faste_mm.cli.duplicates_command import duplicates_command
 from faste_mm.cli.embed import embed
+from faste_mm.cli.explain_command import explain_command
 from faste_mm.cli.export import export_command
 from faste_mm.cli.index_command import index_command
 from faste_mm.cli.mcp_command import mcp_command
@@ -141,6 +142,7 @@ def _root(
 for _name, _command in (("index", index_command), ("search", search_command), ("info", info_command),
                         ("remove", remove_command), ("compact", compact_command),
                         ("rebuild-index", rebuild_index_command), ("export", export_command), ("embed", embed),
+                        ("explain", explain_command),
                         ("eval", eval_command), ("calibrate", calibrate_command),
                         ("serve", serve_command), ("mcp", mcp_command), ("plan", plan_command), ("rerank", rerank_command),
                         ("duplicates", duplicates_command), ("watch", watch_command)):

@@ -13,7 +13,8 @@ import typer
 from rich.table import Table
 
 from faste_mm.cli.common import fail, markup_safe, print_json, setup_logging, shown, stderr, stdout
-from faste_mm.cli.options import RERANK_TOWER_CACHE_MB, CollectionOption, Debug, Format, OutputFormat, one_ratio
+from faste_mm.cli.options import (RERANK_TOWER_CACHE_MB, CollectionOption, Debug, Format, NoServer, OutputFormat,
+                                  one_ratio)
 from faste_mm.cli.progress import Progress
 from faste_mm.errors import FasteError
 
@@ -21,66 +22,71 @@ from faste_mm.errors import FasteError
 def info_command(
     collection: CollectionOption = None,
     output: OutputFormat = Format.table,
+    no_server: NoServer = False,
     debug: Debug = False,
 ) -> None:
-    """Model, settings, counts, failures, index type and size on disk of a collection."""
-    from faste_mm.indexers import Collection
-    from faste_mm.retrieval.maintenance import collection_path
+    """Model, settings, counts, failures, index type and size on disk of a collection.
+    The collection's running `faste-mm serve`, if any, answers (nothing heavy loads here)."""
+    from faste_mm.cli.server_search import info_through_server
+    from faste_mm.retrieval.locations import collection_path
     from faste_mm.retrieval.profile import CollectionProfile
-    from faste_mm.retrieval.receipt import receipt_summary
-    from faste_mm.retrieval.watching import describe_watch, read_watch_status
+    from faste_mm.retrieval.watch_status import describe_watch
 
     setup_logging(debug)
     try:
-        with Collection.open(collection_path(collection)) as col:
-            info, profile = col.info(), CollectionProfile.from_manifest(col.manifest)
-            # the stored settings as the profile reads them (defaults filled in for older collections)
-            settings = profile.to_manifest(base=col.manifest).to_dict()
-            settings["vectors"]["int8_ranges"] = "calibrated" if col.manifest.int8_ranges is not None else None
+        root = collection_path(collection)
+        payload = None if no_server else info_through_server(root, debug)
+        if payload is None:
+            from faste_mm.retrieval.maintenance import collection_report  # FAISS: only for a local read
+
+            payload = collection_report(root)
+        payload["path"] = str(root)  # as this shell names it (the server may spell the same folder otherwise)
+        # the table reads the settings back from the report, whichever process wrote it
+        profile = CollectionProfile.from_stored(payload["settings"])
     except FasteError as error:
         fail(error, debug)
-    watch = read_watch_status(info.path)
-    payload = {**info.to_dict(), "settings": settings, "plan": receipt_summary(profile.receipt), "watch": watch}
     if output is Format.json:
         print_json(payload)
         return
-    table = Table(title=f"collection {markup_safe(info.path)}")
+    table = Table(title=f"collection {markup_safe(payload['path'])}")
     table.add_column("field")
     table.add_column("value", overflow="fold")
+    dim = payload["dim"]
     theta = "-" if profile.r_max == 0 else f"{profile.threshold} ({profile.threshold_source or 'backbone default'})"
     for name, value in (("model", profile.model_id), ("revision", profile.model_revision or "-"),
-                        ("dim", f"{info.dim} (Matryoshka: first {info.dim} of {profile.model_dim})"
-                                if profile.is_matryoshka else info.dim), ("FastE r_max (documents)", profile.r_max),
+                        ("dim", f"{dim} (Matryoshka: first {dim} of {profile.model_dim})"
+                                if profile.is_matryoshka else dim), ("FastE r_max (documents)", profile.r_max),
                         ("FastE theta (documents)", theta),
                         ("vectors", f"{profile.vectors} index, {profile.keep} kept on disk for rescoring"
                                     if profile.keep != "none" else f"{profile.vectors} index, no rescoring copy"),
                         ("pixels", f"{profile.min_pixels}..{profile.max_pixels}"),
-                        ("plan (measured)", receipt_summary(profile.receipt)),
+                        ("plan (measured)", payload["plan"]),
                         ("video", "{fps:g} fps, at most {max_frames} frames of {max_pixels} px, "
                                   "{total_pixels} px in all".format(**profile.video.to_dict())),
-                        ("items", info.n_ok), ("failed", info.n_failed), ("deleted (until compact)", info.n_deleted),
-                        ("index type", info.index_type), ("index", info.index_factory or "-"),
+                        ("items", payload["n_ok"]), ("failed", payload["n_failed"]),
+                        ("deleted (until compact)", payload["n_deleted"]),
+                        ("index type", payload["index_type"]), ("index", payload["index_factory"] or "-"),
                         ("reranker (search)", profile.reranker or "-"),
-                        ("watch (faste-mm watch)", describe_watch(watch)),
+                        ("watch (faste-mm watch)", describe_watch(payload["watch"])),
                         ("min score (search)", "-" if profile.min_score is None else profile.min_score),
-                        ("photo facts", _facts_summary(info.facts)),
-                        ("size on disk", f"{info.size_bytes / 2**20:.2f} MiB")):
+                        ("photo facts", _facts_summary(payload["facts"])),
+                        ("size on disk", f"{payload['size_bytes'] / 2**20:.2f} MiB")):
         table.add_row(name, markup_safe(value))
     stdout.print(table)
-    if info.failures:
-        failures = Table(title=f"{len(info.failures)} failures")
+    if payload["failures"]:
+        failures = Table(title=f"{len(payload['failures'])} failures")
         failures.add_column("file", overflow="fold")
         failures.add_column("page", justify="right")
         failures.add_column("error", overflow="fold")
-        for record in info.failures:
-            failures.add_row(markup_safe(record.uri), "" if record.page is None else str(record.page),
-                             markup_safe(record.error or ""))
+        for record in payload["failures"]:
+            failures.add_row(markup_safe(record["uri"]), "" if record["page"] is None else str(record["page"]),
+                             markup_safe(record["error"] or ""))
         stdout.print(failures)
-    if info.exclusions:
-        exclusions = Table(title=f"{len(info.exclusions)} removed paths skipped by index",
+    if payload["exclusions"]:
+        exclusions = Table(title=f"{len(payload['exclusions'])} removed paths skipped by index",
                            caption="name one on `faste-mm index` to include it again")
         exclusions.add_column("path", overflow="fold")
-        for uri in info.exclusions:
+        for uri in payload["exclusions"]:
             exclusions.add_row(uri)
         stdout.print(exclusions)
 

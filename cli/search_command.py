@@ -15,7 +15,7 @@ import typer
 from rich.table import Table
 
 from faste_mm.cli.common import fail, markup_safe, print_json, setup_logging, stdout, usage_error
-from faste_mm.cli.options import CollectionOption, Debug, Device
+from faste_mm.cli.options import CollectionOption, Debug, Device, NoServer
 from faste_mm.cli.options import RERANK_TOWER_CACHE_MB, Rerank, RerankProtect, RerankRMax, RerankTop, RerankTowerCacheMb
 from faste_mm.cli.collection_commands import load_reranker
 from faste_mm.cli.progress import quiet_transformers
@@ -84,9 +84,7 @@ def search_command(
     rerank_tower_cache_mb: RerankTowerCacheMb = RERANK_TOWER_CACHE_MB,
     no_rerank: bool = typer.Option(False, "--no-rerank", envvar="FASTE_MM_NO_RERANK",
                                    help="Do not rerank, even with a collection reranker."),
-    no_server: bool = typer.Option(False, "--no-server", envvar="FASTE_MM_NO_SERVER",
-                                   help="Load the model here even when a faste-mm serve is serving the "
-                                        "collection (default: a text search asks that server)."),
+    no_server: NoServer = False,
     device: Device = "auto",
     debug: Debug = False,
 ) -> None:

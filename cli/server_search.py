@@ -1,5 +1,7 @@
-"""`faste-mm search` through the collection's running `faste-mm serve` (see
-`faste_mm.serving.discovery`): the same hits as a local search, without loading the model."""
+"""`faste-mm search`, `info` and `explain` through the collection's running `faste-mm serve` (see
+`faste_mm.serving.discovery`): the same hits, report and explanation as a local run, without
+loading the model (or, for `info`, FAISS). Every module imported here is light: no torch,
+transformers, FAISS or numpy."""
 
 from __future__ import annotations
 
@@ -52,3 +54,39 @@ def _ratio(text: str) -> float:
         return float(text)
     except ValueError:
         return -1.0
+
+
+def info_through_server(root: Path, debug: bool) -> dict | None:
+    """`info --format json`'s report on `root` from its server, or None (no live server for it, or
+    it could not answer: the caller reads the collection). With --debug, says which."""
+    from faste_mm.serving.discovery import find_server, info_via_server
+
+    address = find_server(root)
+    report = None if address is None else info_via_server(address, root)
+    _say("info", address, report is not None, "reading the collection here", debug)
+    return report
+
+
+def explain_through_server(root: Path, query: str, item_id: int, layer: int | None, reranker: str | None,
+                           debug: bool) -> tuple[dict, str] | None:
+    """(the explanation, the reranker's model id) from the server of `root`, or None (no live server
+    for it, no reranker or another one there, or it could not answer: the caller loads the reranker)."""
+    from faste_mm.serving.discovery import explain_via_server, find_server
+
+    address = find_server(root)
+    answer = None if address is None else explain_via_server(address, root, query, item_id, layer, reranker)
+    _say("explain", address, answer is not None, "loading the reranker here", debug)
+    return answer
+
+
+def _say(command: str, address, answered: bool, otherwise: str, debug: bool) -> None:
+    """--debug's line on stderr: which way the command went, and why not through a server."""
+    if not debug:
+        return
+    if answered:
+        line = f"{command}: through the server at {address.url} (pid {address.pid})"
+    elif address is None:
+        line = f"{command}: {otherwise} (no running faste-mm serve for this collection)"
+    else:
+        line = f"{command}: {otherwise} (the server at {address.url} could not answer it)"
+    stderr.print(line, highlight=False, markup=False)

@@ -179,8 +179,9 @@ def test_client_suite(tmp_path, capsys):
     pytest.importorskip("fastapi", reason="needs the serve extra")
     result = _run("client", ["--images", "3", "--repeats", "1", "-k", "2"], tmp_path, capsys)
     rows = {row["contender"]: row for row in result["rows"]}
-    assert set(rows) == {"server", "no-server", "http only (this process)"}
-    assert all(row["same_hits_as_no_server"] for row in rows.values())
+    assert set(rows) == {f"{command}: {path}" for command in ("search", "info", "explain")
+                         for path in ("server", "no-server")} | {"search: http only (this process)"}
+    assert all(row["same_as_no_server"] for row in rows.values())
 
 
 @slow

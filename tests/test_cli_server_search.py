@@ -1,13 +1,15 @@
-"""`faste-mm search` through a running `faste-mm serve` (a live server on 127.0.0.1): the
-server announces itself in the collection (owner-only file, gone when it stops), the CLI uses it
-and finds the same hits as loading the model itself (`--no-server`), says which with --debug, and
-ignores a stale or foreign announcement. Also: `serve` without -c serves the default collection,
-and `serve` without the serve extra says what to install before loading anything."""
+"""`faste-mm search`, `info` and `explain` through a running `faste-mm serve` (a live server on
+127.0.0.1): the server announces itself in the collection (owner-only file, gone when it stops),
+the CLI uses it and prints the same hits, report and explanation as doing the work itself
+(`--no-server`), says which with --debug, imports nothing heavy on that path, and ignores a stale
+or foreign announcement. Also: `serve` without -c serves the default collection, and `serve`
+without the serve extra says what to install before loading anything."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -21,10 +23,12 @@ pytest.importorskip("fastapi", reason="needs the serve extra: pip install 'faste
 
 from faste_mm import Item, Retriever  # noqa: E402
 from faste_mm.cli.app import app  # noqa: E402
+from faste_mm.indexers import Collection  # noqa: E402
 from faste_mm.indexers.directory import SERVER_FILE  # noqa: E402
 from faste_mm.retrieval.model_spec import ModelSpec  # noqa: E402
 from faste_mm.serving.discovery import find_server  # noqa: E402
 from tests.helpers.serve_fixtures import make_gallery  # noqa: E402
+from faste_mm.testing import build_tiny_model  # noqa: E402
 from tests.helpers.inputs import tiny_vl_dir  # noqa: E402
 
 runner = CliRunner()
@@ -36,8 +40,10 @@ def data_home(tmp_path_factory) -> Path:
     base = tmp_path_factory.mktemp("server-search")
     model = tiny_vl_dir(tmp_path_factory.getbasetemp())
     root = base / "data" / "faste-mm" / "collections" / "default"
+    gallery = make_gallery(base / "gallery", n=4)
+    (gallery / "lake.txt").write_text("A picnic by the lake at sunset, then a swim.\n")  # explain's text spans
     with Retriever(ModelSpec(str(model), device="cpu"), collection=root, r_max=0.5) as retriever:
-        retriever.index([make_gallery(base / "gallery", n=4)])
+        retriever.index([gallery])
         retriever.add([Item(text="notes about a picnic by the lake")], uris=["notes:picnic"],
                       metadata=[{"year": 2024}])
     return base / "data"
@@ -50,9 +56,16 @@ def _env(data_home: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def server(data_home):
-    """`faste-mm serve` with no -c (the default collection) on a free loopback port."""
-    proc = subprocess.Popen([sys.executable, "-m", "faste_mm.cli.app", "serve", "--port", "0", "--threads", "1"],
+def reranker_dir(tmp_path_factory) -> Path:
+    """A tiny random-weight Qwen3-VL reranker (the server's --rerank: /explain)."""
+    return build_tiny_model(tmp_path_factory.mktemp("server-search-reranker") / "vl-reranker", "qwen3_vl_reranker")
+
+
+@pytest.fixture(scope="module")
+def server(data_home, reranker_dir):
+    """`faste-mm serve --rerank DIR` with no -c (the default collection) on a free loopback port."""
+    proc = subprocess.Popen([sys.executable, "-m", "faste_mm.cli.app", "serve", "--port", "0", "--threads", "1",
+                             "--rerank", str(reranker_dir)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(data_home))
     line = proc.stdout.readline()  # printed once the server is announced and its socket listens
     assert line.startswith("serving on http://127.0.0.1:"), proc.stderr.read() if not line else line
@@ -123,6 +136,80 @@ def test_a_search_through_the_server_imports_no_torch_transformers_or_faiss(serv
     modules = set(json.loads(loaded.read_text()))
     assert {"faste_mm.cli.search_command", "faste_mm.serving.discovery"} <= modules  # the check sees imports
     assert [m for m in modules if m.split(".")[0] in ("torch", "transformers", "faiss")] == []
+
+
+def _run(data_home: Path, *args: str):
+    result = runner.invoke(app, [*args, "--debug"], env={"XDG_DATA_HOME": str(data_home), "FASTE_MM_DEVICE": "cpu"})
+    assert result.exit_code == 0, (result.stdout, result.stderr)
+    return result
+
+
+def _note_id(root: Path) -> int:
+    with Collection.open(root) as col:
+        return next(record.id for record in col.live_records() if record.uri.endswith("lake.txt"))
+
+
+def test_info_through_the_server_equals_a_local_read(server):
+    _, root = server
+    data_home = root.parents[2]
+    served, local = _run(data_home, "info", "--format", "json"), _run(data_home, "info", "--format", "json", "--no-server")
+    assert "info: through the server at http://127.0.0.1:" in served.stderr and "through" not in local.stderr
+    report = json.loads(served.stdout)
+    assert report == json.loads(local.stdout) and report["path"] == str(root)
+    assert report["n_ok"] == 8 and report["settings"]["model_id"]  # 4 images, 2 PDF pages, a note file, a text
+    served, local = _run(data_home, "info"), _run(data_home, "info", "--no-server")
+    assert "through the server" in served.stderr and "collection" in served.stdout and served.stdout == local.stdout
+
+
+def test_explain_through_the_server_equals_a_local_explanation(server, reranker_dir):
+    _, root = server
+    data_home, note = root.parents[2], _note_id(root)
+    args = ("explain", "a picnic by the lake", str(note), "--rerank", str(reranker_dir))
+    served, local = _run(data_home, *args, "--format", "json"), _run(data_home, *args, "--format", "json", "--no-server")
+    assert "explain: through the server at http://127.0.0.1:" in served.stderr and "through" not in local.stderr
+    why, here = json.loads(served.stdout), json.loads(local.stdout)
+    assert why["item"] == here["item"] and why["item"]["id"] == note and why["item"]["uri"].endswith("lake.txt")
+    assert why["text"] and [s["text"] for s in why["text"]] == [s["text"] for s in here["text"]]
+    assert set(why) == set(here)
+    for key in ("score", "query_share", "document_share", "template_share"):
+        assert why[key] == pytest.approx(here[key], abs=1e-5)
+    assert why["layer"] == here["layer"] and why["reranker"] == here["reranker"] == str(reranker_dir)
+    served, local = _run(data_home, *args), _run(data_home, *args, "--no-server")
+    digits = re.compile(r"\d+\.\d+")  # two processes' last float digits may differ; the rest may not
+    assert "not attribution" in served.stdout and "lake" in served.stdout
+    assert digits.sub("#", served.stdout) == digits.sub("#", local.stdout)
+
+
+def test_explain_says_what_is_missing_an_item_or_a_reranker(server, reranker_dir):
+    _, root = server
+    env = {"XDG_DATA_HOME": str(root.parents[2]), "FASTE_MM_DEVICE": "cpu"}
+    unknown = runner.invoke(app, ["explain", "a picnic", "987654", "--rerank", str(reranker_dir)], env=env)
+    assert unknown.exit_code == 1 and "id 987654: no such item" in unknown.stderr and "--format json" in unknown.stderr
+    none = runner.invoke(app, ["explain", "a picnic", str(_note_id(root)), "--no-server"], env=env)
+    assert none.exit_code == 1 and "no reranker" in none.stderr and "--rerank MODEL" in none.stderr
+
+
+def test_info_and_explain_through_the_server_import_no_torch_transformers_faiss_or_numpy(server, reranker_dir,
+                                                                                          tmp_path):
+    """The thin client (issue 34): each command answered by the server loads only light modules."""
+    _, root = server
+    loaded = tmp_path / "loaded.json"
+    commands = [["info", "--format", "json"], ["explain", "a picnic by the lake", str(_note_id(root)), "--rerank",
+                                               str(reranker_dir), "--format", "json"]]
+    code = ("import json, sys\nfrom faste_mm.cli.app import main\nseen = {}\n"
+            f"for argv in {commands!r}:\n"
+            "    sys.argv = ['faste-mm', *argv, '--debug']\n"
+            "    try:\n        main()\n    except SystemExit as done:\n        assert not done.code, done.code\n"
+            "    seen[argv[0]] = sorted(sys.modules)\n"
+            f"open({str(loaded)!r}, 'w').write(json.dumps(seen))\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(root.parents[2]),
+                            timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "info: through the server" in result.stderr and "explain: through the server" in result.stderr
+    seen = json.loads(loaded.read_text())
+    assert "faste_mm.cli.explain_command" in seen["explain"] and "faste_mm.serving.discovery" in seen["info"]
+    for command, modules in seen.items():
+        assert [m for m in modules if m.split(".")[0] in ("torch", "transformers", "faiss", "numpy")] == [], command
 
 
 def test_a_stale_or_foreign_announcement_is_ignored_and_the_model_loads_here(server, tmp_path):

@@ -1,6 +1,6 @@
 """Collection upkeep that needs no model: where collections live, removing files or ids,
-compacting, rebuilding the index. Loads no torch, so `faste-mm remove/compact/info` start at once;
-the `Retriever` delegates here.
+compacting, rebuilding the index, `info`'s report. Loads no torch, so `faste-mm remove/compact/info`
+start at once; the `Retriever` and serve's GET /info/collection delegate here.
 """
 
 from __future__ import annotations
@@ -98,3 +98,21 @@ def backfill_texts(col: Collection) -> int:
         col.set_texts(texts)
         log.info("%s: read the text of %d items for the lexical index", col.root, len(texts))
     return len(texts)
+
+
+def collection_report(root: str | os.PathLike) -> dict:
+    """What `faste-mm info --format json` prints and serve's GET /info/collection answers: the
+    collection's counts, failures, index and size on disk (`CollectionInfo`), its settings as the
+    profile reads them (defaults filled in for older collections; `CollectionProfile.from_stored`
+    reads them back), the plan receipt's summary and the watch status. One function for both, so
+    a CLI answered by the server prints what a local read prints."""
+    from faste_mm.retrieval.profile import CollectionProfile
+    from faste_mm.retrieval.receipt import receipt_summary
+    from faste_mm.retrieval.watch_status import read_watch_status
+
+    with Collection.open(root) as col:
+        info, profile = col.info(), CollectionProfile.from_manifest(col.manifest)
+        settings = profile.to_manifest(base=col.manifest).to_dict()
+        settings["vectors"]["int8_ranges"] = "calibrated" if col.manifest.int8_ranges is not None else None
+    return {**info.to_dict(), "settings": settings, "plan": receipt_summary(profile.receipt),
+            "watch": read_watch_status(info.path)}

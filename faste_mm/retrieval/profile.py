@@ -234,7 +234,12 @@ class CollectionProfile:
     def from_manifest(cls, manifest: Manifest) -> "CollectionProfile":
         """The profile of a collection, from its manifest; a key the manifest lacks (written
         before the setting existed) reads as the setting's `missing` value, else its default."""
-        stored = manifest.to_dict()
+        return cls.from_stored(manifest.to_dict())
+
+    @classmethod
+    def from_stored(cls, stored: Mapping[str, Any]) -> "CollectionProfile":
+        """`from_manifest` on the manifest's JSON form (`Manifest.to_dict()`, `info --format json`'s
+        "settings"): `faste-mm info` answered by a server reads it without loading FAISS."""
         values = {}
         for f in fields(cls):
             setting = _declared(f)
@@ -244,11 +249,11 @@ class CollectionProfile:
             if value is not ABSENT:
                 values[f.name] = value
         if values.get("model_dim") is None:  # collections from before Matryoshka stored the full width
-            values["model_dim"] = manifest.dim
+            values["model_dim"] = stored["dim"]
         try:
             return cls(**values)
         except (TypeError, ConfigError) as error:
-            raise CollectionError(f"{manifest.model_id}: invalid collection settings in the manifest ({error}); "
+            raise CollectionError(f"{stored['model_id']}: invalid collection settings in the manifest ({error}); "
                                   f"restore it from a backup or re-index into a new collection") from None
 
     def to_manifest(self, index_type: str = "auto", base: Manifest | None = None) -> Manifest:

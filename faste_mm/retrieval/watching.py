@@ -27,6 +27,7 @@ from faste_mm.indexers.atomic_files import atomic_write
 from faste_mm.indexers.file_names import WATCH_FILE
 from faste_mm.retrieval.results import IndexOptions, IndexProgress, IndexReport
 from faste_mm.retrieval.scanning import Scan, ScanFilter, ScannedFile, scan_paths
+from faste_mm.retrieval.watch_status import describe_watch, read_watch_status  # noqa: F401 (their old home)
 
 log = logging.getLogger(__name__)
 
@@ -247,29 +248,6 @@ def watch_status(paths: Iterable[Path], options: WatchOptions, last: SyncReport 
                                                         "removed": index.removed, "failed": index.failed},
             "syncing": None if progress is None else {"files_done": progress.files_done,
                                                       "files_total": progress.files_total}}
-
-
-def read_watch_status(root: str | os.PathLike) -> dict[str, Any] | None:
-    """The watch.json a watcher of the collection at `root` wrote (None when none did); its
-    `last_poll_at` says how fresh it is (a watcher rewrites it at least every STATUS_REFRESH_S)."""
-    path = Path(root) / WATCH_FILE
-    try:
-        return json.loads(path.read_bytes())
-    except (OSError, ValueError):
-        return None
-
-
-def describe_watch(status: dict[str, Any] | None, now: float | None = None) -> str:
-    """One line for `info`: the watched paths, the last poll and what it left ("-" when never watched)."""
-    if not status:
-        return "-"
-    ago = (time.time() if now is None else now) - (status.get("last_poll_at") or 0)
-    state = ("in sync" if status.get("in_sync") else f"not synced: {status['error']}" if status.get("error")
-             else f"{status.get('waiting') or 0} files being written")
-    syncing = status.get("syncing")
-    if syncing:
-        state = f"syncing {syncing['files_done']}/{syncing['files_total']} files"
-    return f"{', '.join(status.get('paths', []))}: {state}, last poll {ago:.0f} s ago (pid {status.get('pid')})"
 
 
 def _fingerprint(paths: Iterable[Path]) -> dict[str, tuple]:

@@ -1,5 +1,6 @@
 """The HTTP API (FastAPI): OpenAI-compatible /v1/embeddings with vLLM's chat extension, /search,
-/thumbnails/{id}, /duplicates, /health, /info, /metrics, and the search page at / with its local assets.
+/thumbnails/{id}, /duplicates, /health, /info, /info/collection (`faste-mm info`'s report), /metrics,
+and the search page at / with its local assets.
 
 Receives HTTP requests; hands their items to the `ServeEngine` and renders its answers as
 JSON. Errors are JSON in OpenAI's shape, {"error": {"message", "type", "code"}}: 400 bad input,
@@ -25,6 +26,7 @@ from starlette.exceptions import HTTPException
 
 from faste_mm.errors import ConfigError, FasteError, InputError
 from faste_mm.retrieval import result_order
+from faste_mm.retrieval.maintenance import collection_report
 from faste_mm.serving.inputs import ORDER_FIELDS, float_field, search_options
 from faste_mm.indexers.filters import INT64_MAX
 from faste_mm.kinds import kind_name
@@ -100,6 +102,13 @@ def create_app(engine: ServeEngine) -> FastAPI:
     @app.get("/info", dependencies=[auth])
     def info() -> dict:
         return with_search_top(engine.info())
+
+    @app.get("/info/collection", dependencies=[auth])
+    def collection_info() -> dict:
+        # `faste-mm info --format json` of the served collection: a CLI `info` prints it, importing no FAISS
+        if engine.collection is None:
+            raise NoCollectionError("this server serves no collection; start it with -c COLLECTION")
+        return collection_report(engine.collection)
 
     @app.get("/metrics", dependencies=[auth])
     def metrics() -> PlainTextResponse:

@@ -131,12 +131,10 @@ def search_via_server(address: ServerAddress, root: str | os.PathLike, query: st
     server reranks with its loaded (warm) reranker when that is the reranker the caller's search
     would load and the score is the exact one (`_serves_rerank`), else None: the caller searches
     itself. The server's /info says which reranker, so the client reads no manifest here."""
-    info = _request(address, "info")
-    collection = {} if info is None else (info.get("collection") or {})
-    served = collection.get("path")
-    if served is None or os.path.realpath(served) != os.path.realpath(root):
-        log.debug("server %s does not serve %s (it serves %s)", address.url, root, served)
+    info = _serving(address, root)
+    if info is None:
         return None
+    collection = info["collection"]
     wanted = None if rerank is None else (rerank.model or collection.get("reranker", "unknown"))
     if wanted is not None and not _serves_rerank(info, wanted, rerank):
         log.debug("%s reranks with %s here: the server's reranker is %s", root, wanted, (info or {}).get("reranker"))
@@ -161,9 +159,58 @@ def _serves_rerank(info: dict, wanted: str, ask: RerankAsk) -> bool:
     model = loaded.get("model")
     if model is None or loaded.get("fast_e") is not None or ask.r_max != 0 or not 1 <= ask.top <= 1000:
         return False
+    return _same_model(wanted, model)
+
+
+def _same_model(wanted: str, model: str) -> bool:
+    """Whether a reranker named `wanted` is the server's `model` (a folder by its real path, as the
+    loader names it; a hub id as written)."""
     if os.path.isdir(wanted) or os.path.isdir(model):
         return os.path.realpath(wanted) == os.path.realpath(model)
     return wanted == model
+
+
+def info_via_server(address: ServerAddress, root: str | os.PathLike) -> dict | None:
+    """`faste-mm info --format json`'s report on `root` by the server (GET /info/collection,
+    `retrieval.maintenance.collection_report`), or None when it cannot answer for `root` (not
+    reachable, another collection, an older server without the route): the caller reads it itself.
+    One request: the report names the collection it describes."""
+    report = _request(address, "info/collection")
+    served = None if report is None else report.get("path")
+    if served is None or os.path.realpath(served) != os.path.realpath(root):
+        log.debug("server %s does not report on %s (it serves %s)", address.url, root, served)
+        return None
+    return report
+
+
+def explain_via_server(address: ServerAddress, root: str | os.PathLike, query: str, item_id: int,
+                       layer: int | None, reranker: str | None) -> tuple[dict, str] | None:
+    """(POST /explain's answer for item `item_id` of `root`, the reranker's model id), or None when
+    the server cannot answer it: not reachable, another collection, no reranker, another
+    reranker than `reranker` (the one the caller would load: --rerank, else the collection's;
+    None and the collection records none = the server's own), or an error (an unknown id; the
+    caller's own run names it). Explain runs the full forward: the server's FastE does not matter."""
+    info = _serving(address, root)
+    if info is None:
+        return None
+    wanted = reranker or info["collection"].get("reranker")
+    served = (info.get("reranker") or {}).get("model")
+    if served is None or wanted is not None and not _same_model(wanted, served):
+        log.debug("server %s reranks with %s, not %s: the explanation runs here", address.url, served, wanted)
+        return None
+    answer = _request(address, "explain", {"query": query, "document_id": item_id, "layer": layer})
+    return None if answer is None else (answer, served)
+
+
+def _serving(address: ServerAddress, root: str | os.PathLike) -> dict | None:
+    """The server's /info when it serves the collection at `root`, else None."""
+    info = _request(address, "info")
+    collection = {} if info is None else (info.get("collection") or {})
+    served = collection.get("path")
+    if served is None or os.path.realpath(served) != os.path.realpath(root):
+        log.debug("server %s does not serve %s (it serves %s)", address.url, root, served)
+        return None
+    return info
 
 
 def _request(address: ServerAddress, route: str, body: dict | None = None) -> dict | None:

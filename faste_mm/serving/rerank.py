@@ -193,14 +193,18 @@ def explain(engine: ServeEngine, body: ExplainRequest) -> dict:
     if (body.document is None) == (body.document_id is None):
         raise InputError("give the `document` to explain, or the `document_id` of an item in the collection (one of them)")
     query = bounded_text(reranker, request_item(body.query, "query", allow))
+    record = None
     if body.document_id is not None:  # the search page's "why this result": the item's own file
-        document = stored_item(engine.record(body.document_id))  # only the file indexed (stored_files)
+        record = engine.record(body.document_id)
+        document = stored_item(record)  # only the file indexed (stored_files)
     else:
         document = request_item(body.document, "document", allow)
     document = bounded_text(reranker, document)
     tokens = _count_pair_tokens(engine, reranker, query, [document], body.instruction)
     payload = ExplainPayload(query, document, body.instruction, body.layer)  # on the model thread, like scoring
-    return engine.wait(engine.batcher.submit("rerank", payload, tokens)).to_dict()
+    why = engine.wait(engine.batcher.submit("rerank", payload, tokens)).to_dict()
+    # by id: which item it is (`faste-mm explain` names its file)
+    return why if record is None else {**why, "item": {"id": record.id, "uri": record.uri, "page": record.page}}
 
 
 def bounded_text(reranker, item: Item) -> Item:
