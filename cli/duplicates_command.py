@@ -52,7 +52,7 @@ def duplicates_command(
     except FasteError as error:
         fail(error, debug)
     stderr.print(f"{len(report.groups)} groups, {report.n_redundant} redundant items among {report.n_items} "
-                 f"(threshold {report.threshold:g}, {report.seconds:.2f} s); nothing was deleted")
+                 f"(threshold {report.threshold:g}, {report.elapsed_s:.2f} s); nothing was deleted")
     if output is DuplicatesFormat.json:
         print_json(report.to_dict())
     elif output is DuplicatesFormat.paths:

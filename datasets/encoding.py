@@ -61,7 +61,7 @@ class EncodeStats(CostTally):
     trigger_layer_sum: int = 0  # over compressed batches
     n_compressed_batches: int = 0
     forward_s: float = 0.0
-    total_s: float = 0.0
+    elapsed_s: float = 0.0
 
     @classmethod
     def from_embed(cls, stats: EmbedStats) -> "EncodeStats":
@@ -74,7 +74,7 @@ class EncodeStats(CostTally):
             trigger_layer_sum=sum(triggers),
             n_compressed_batches=len(triggers),
             forward_s=stats.forward_s,
-            total_s=stats.total_s,
+            elapsed_s=stats.elapsed_s,
             **stats.cost_fields(),
         )
 
@@ -91,6 +91,8 @@ class EncodeStats(CostTally):
 
     @classmethod
     def from_dict(cls, data: dict) -> "EncodeStats":
+        if "elapsed_s" not in data:  # a cache written before durations were spelled elapsed_s
+            data = {**data, "elapsed_s": data["total_s"]}
         return cls(**{f.name: data[f.name] for f in fields(cls)})
 
 
@@ -172,7 +174,7 @@ def encode_downscaled(
     capped = [item if cap is None else replace(item, max_pixels=cap) for item, cap in zip(items, caps)]
     plan_s = time.perf_counter() - started
     vectors, stats = encode_items(embedder, capped, is_query=False, progress=progress)
-    return vectors, EncodeStats(total_s=plan_s) + stats
+    return vectors, EncodeStats(elapsed_s=plan_s) + stats
 
 
 def fingerprint(model_id: str, setting: dict, items: list[Item]) -> str:

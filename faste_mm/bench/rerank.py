@@ -218,4 +218,4 @@ def describe(stats) -> dict:
     return {"prefix_kept": kept, "trigger_layer": sum(triggers) / len(triggers) if triggers else None,
             "tower_share": tower / total if total else 0.0, "trigger_histogram": None if stats.fast_e is None else histogram,
             "decoder_s": sum(b.decoder_s for b in stats.batches) + stats.prefix_s, "prep_s": stats.serialize_s,
-            "idle_s": stats.total_s - stats.forward_s - stats.prefix_s}
+            "idle_s": stats.elapsed_s - stats.forward_s - stats.prefix_s}

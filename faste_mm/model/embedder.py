@@ -48,7 +48,7 @@ class EmbedStats(CostTally):
     fast_e: dict | None
     serialize_s: float  # worker seconds spent reading, decoding, resizing, tokenizing (overlapped)
     forward_s: float  # model seconds in the caller's thread
-    total_s: float
+    elapsed_s: float  # the whole call, wall time
     flops_full: int = 0
     flops_realised: int = 0
     flops_vision: int = 0  # the vision tower's, the same with and without FastE
@@ -108,7 +108,7 @@ class EmbedStats(CostTally):
             "tower_flops_share": self.tower_flops_share,
             "dtype": self.dtype,
             "kernels": self.kernels,
-            "total_s": self.total_s,
+            "elapsed_s": self.elapsed_s,
             "shape": self.shape.to_dict(),
             "batches": [trace.to_dict() for trace in self.batches],
         }
@@ -370,7 +370,7 @@ class Embedder:
             fast_e=None if resolved is None else resolved.to_dict(),
             serialize_s=serialize_s,
             forward_s=forward_s,
-            total_s=time.perf_counter() - started,
+            elapsed_s=time.perf_counter() - started,
             flops_full=sum(full_batch_flops(shape, t.batch_size, t.padded_lengths[0]) for t in traces),
             flops_realised=sum(batch_flops(shape, t.batch_size, t.padded_lengths) for t in traces),
             flops_vision=self._vision_flops(traces),

@@ -76,12 +76,12 @@ class DuplicateGroup:
 
 @dataclass(frozen=True, slots=True)
 class DuplicateReport:
-    """`Retriever.duplicates`: the groups, largest first; items compared; the threshold; seconds."""
+    """`Retriever.duplicates`: the groups, largest first; items compared; the threshold; seconds taken."""
 
     groups: tuple[DuplicateGroup, ...]
     n_items: int
     threshold: float
-    seconds: float
+    elapsed_s: float
 
     @property
     def n_redundant(self) -> int:
@@ -90,7 +90,7 @@ class DuplicateReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {"threshold": self.threshold, "n_items": self.n_items, "n_groups": len(self.groups),
-                "n_redundant": self.n_redundant, "seconds": self.seconds,
+                "n_redundant": self.n_redundant, "elapsed_s": self.elapsed_s,
                 "groups": [group.to_dict() for group in self.groups]}
 
 

@@ -46,12 +46,13 @@ OCR_MODALITIES = ("image", "page")
 @dataclass
 class OcrTally:
     """What one OCR pass did (mutable: counted item by item): items read, items in which text was
-    found, items whose text was copied from an identical file already read, seconds spent reading."""
+    found, items whose text was copied from an identical file already read, seconds spent reading
+    (`elapsed_s`)."""
 
     read: int = 0
     with_text: int = 0
     copied: int = 0
-    seconds: float = 0.0
+    elapsed_s: float = 0.0
 
 
 class OcrEngine:
@@ -147,7 +148,7 @@ def read_text_in_images(col: Collection, engine: OcrEngine, tally: OcrTally | No
         col.set_texts(done)
     if pending:
         log.info("%s: OCR read %d items (%d with text, %d copied from identical files) in %.1f s", col.root,
-                 tally.read, tally.with_text, tally.copied, tally.seconds)
+                 tally.read, tally.with_text, tally.copied, tally.elapsed_s)
     return tally
 
 
@@ -170,5 +171,5 @@ def _read_one(record: ItemRecord, engine: OcrEngine, tally: OcrTally) -> str | N
     else:
         tally.with_text += bool(text)
     tally.read += 1
-    tally.seconds += time.perf_counter() - started
+    tally.elapsed_s += time.perf_counter() - started
     return text

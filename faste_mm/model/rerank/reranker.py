@@ -399,7 +399,7 @@ class Reranker:
             flops_realised=sum(batch_flops(shape, t.batch_size, t.padded_lengths) for t in traces),
             serialize_s=serialize_s,
             forward_s=forward_s,
-            total_s=time.perf_counter() - started,
+            elapsed_s=time.perf_counter() - started,
             batches=traces,
             prefix_reused=prefix_reused,
             prefix_s=prefix_s,

@@ -29,7 +29,7 @@ class RerankStats(CostTally):
     flops_realised: int
     serialize_s: float
     forward_s: float
-    total_s: float
+    elapsed_s: float
     batches: list[BatchTrace] = field(default_factory=list)
     prefix_reused: int = 0  # shared prefix tokens computed once for this query (0: no reuse)
     prefix_s: float = 0.0  # seconds computing them
