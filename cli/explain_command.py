@@ -22,7 +22,7 @@ TOP_SPANS = 20  # the table's text spans, by attention (--format json has them a
 
 def explain_command(
     query: str = typer.Argument(..., help="The query text the item was found for."),
-    item_id: int = typer.Argument(..., min=0, metavar="ID",
+    item_id: int = typer.Argument(..., min=0,
                                   help="The item's id (`faste-mm search --format json` shows each hit's id)."),
     collection: CollectionOption = None,
     layer: Optional[int] = typer.Option(None, "--layer", envvar="FASTE_MM_EXPLAIN_LAYER", min=0, show_default=False,

@@ -120,24 +120,6 @@ def test_the_table_through_the_server_equals_the_local_table(server):
     assert "4 results" in served.stdout and served.stdout == local.stdout
 
 
-def test_a_search_through_the_server_imports_no_torch_transformers_or_faiss(server, tmp_path):
-    """The thin client: from the command to the HTTP call, only light modules (issue 34)."""
-    _, root = server
-    loaded = tmp_path / "loaded.json"
-    code = ("import json, sys\nfrom faste_mm.cli.app import main\n"
-            "sys.argv = ['faste-mm', 'search', 'a sunset over the sea', '-k', '3', '--format', 'json', '--debug']\n"
-            "try:\n    main()\nexcept SystemExit as done:\n    assert not done.code, done.code\n"
-            f"open({str(loaded)!r}, 'w').write(json.dumps(sorted(sys.modules)))\n")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(root.parents[2]),
-                            timeout=300)
-    assert result.returncode == 0, result.stderr
-    assert "through the server at http://127.0.0.1:" in result.stderr
-    assert json.loads(result.stdout)["hits"]
-    modules = set(json.loads(loaded.read_text()))
-    assert {"faste_mm.cli.search_command", "faste_mm.serving.discovery"} <= modules  # the check sees imports
-    assert [m for m in modules if m.split(".")[0] in ("torch", "transformers", "faiss")] == []
-
-
 def _run(data_home: Path, *args: str):
     result = runner.invoke(app, [*args, "--debug"], env={"XDG_DATA_HOME": str(data_home), "FASTE_MM_DEVICE": "cpu"})
     assert result.exit_code == 0, (result.stdout, result.stderr)
@@ -189,13 +171,15 @@ def test_explain_says_what_is_missing_an_item_or_a_reranker(server, reranker_dir
     assert none.exit_code == 1 and "no reranker" in none.stderr and "--rerank MODEL" in none.stderr
 
 
-def test_info_and_explain_through_the_server_import_no_torch_transformers_faiss_or_numpy(server, reranker_dir,
-                                                                                          tmp_path):
-    """The thin client (issue 34): each command answered by the server loads only light modules."""
+def test_search_info_and_explain_through_the_server_import_no_torch_transformers_faiss_or_numpy(
+        server, reranker_dir, tmp_path):
+    """The thin client (issue 34): from the command to the HTTP call, each command answered by the
+    server loads only light modules (one process runs the three, noting its modules after each)."""
     _, root = server
     loaded = tmp_path / "loaded.json"
-    commands = [["info", "--format", "json"], ["explain", "a picnic by the lake", str(_note_id(root)), "--rerank",
-                                               str(reranker_dir), "--format", "json"]]
+    commands = [["search", "a sunset over the sea", "-k", "3", "--format", "json"], ["info", "--format", "json"],
+                ["explain", "a picnic by the lake", str(_note_id(root)), "--rerank", str(reranker_dir), "--format",
+                 "json"]]
     code = ("import json, sys\nfrom faste_mm.cli.app import main\nseen = {}\n"
             f"for argv in {commands!r}:\n"
             "    sys.argv = ['faste-mm', *argv, '--debug']\n"
@@ -205,9 +189,12 @@ def test_info_and_explain_through_the_server_import_no_torch_transformers_faiss_
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(root.parents[2]),
                             timeout=300)
     assert result.returncode == 0, result.stderr
-    assert "info: through the server" in result.stderr and "explain: through the server" in result.stderr
+    for command in ("search", "info", "explain"):
+        assert f"{command}: through the server at http://127.0.0.1:" in result.stderr, result.stderr
+    assert json.JSONDecoder().raw_decode(result.stdout)[0]["hits"]  # search's JSON came first
     seen = json.loads(loaded.read_text())
-    assert "faste_mm.cli.explain_command" in seen["explain"] and "faste_mm.serving.discovery" in seen["info"]
+    assert {"faste_mm.cli.search_command", "faste_mm.serving.discovery"} <= set(seen["search"])  # it sees imports
+    assert "faste_mm.cli.explain_command" in seen["explain"]
     for command, modules in seen.items():
         assert [m for m in modules if m.split(".")[0] in ("torch", "transformers", "faiss", "numpy")] == [], command
 
