@@ -119,9 +119,9 @@ class EvalResults:
             row["prefix_removal"] = _mean([s.prefix_removal for s, _ in pairs])
             row["flops_reduction"] = _mean([s.flops_reduction for s, _ in pairs])
             row["mean_trigger_layer"] = _mean([s.stats.mean_trigger_layer for s, _ in pairs])
-            for kind in ("forward", "total"):
-                full = sum(getattr(f.stats, f"{kind}_s") for _, f in pairs)
-                row[f"{kind}_speedup"] = _ratio(full, sum(getattr(s.stats, f"{kind}_s") for s, _ in pairs))
+            for kind, field in (("forward", "forward_s"), ("total", "elapsed_s")):
+                full = sum(getattr(f.stats, field) for _, f in pairs)
+                row[f"{kind}_speedup"] = _ratio(full, sum(getattr(s.stats, field) for s, _ in pairs))
             rows.append(row)
         return rows
 
