@@ -68,7 +68,8 @@ Debug = Annotated[bool, typer.Option(
 NoServer = Annotated[bool, typer.Option(
     "--no-server", envvar="FASTE_MM_NO_SERVER",
     help="Do the work in this process even when a faste-mm serve is serving the collection (default: ask "
-         "that server when it can answer: a plain text search, info, explain with its reranker).")]
+         "that server when it can answer: a text search, reranked with its reranker or not; info; explain with "
+         "its reranker).")]
 CollectionOption = Annotated[Optional[str], typer.Option(
     "--collection", "-c", envvar="FASTE_MM_COLLECTION", show_default=False,
     help="Collection: a NAME under the user data directory (user_data_dir('faste-mm')/collections/NAME), or a "
