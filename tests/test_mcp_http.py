@@ -4,8 +4,6 @@ the key, or naming another Host, /mcp is refused like every data route."""
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 
 pytest.importorskip("mcp", reason="needs the mcp extra: pip install 'faste-mm[mcp]'")
@@ -14,7 +12,8 @@ import httpx2  # noqa: E402
 from mcp.client.streamable_http import streamable_http_client  # noqa: E402
 
 from faste_mm import Retriever  # noqa: E402
-from tests.helpers.mcp_fixtures import check_structured, error_text, faste_mm_command, open_session, tiny_collection  # noqa: E402
+from tests.helpers.forked_cli import start_cli  # noqa: E402
+from tests.helpers.mcp_fixtures import check_structured, error_text, open_session, tiny_collection  # noqa: E402
 
 KEY = "test-key-123"
 
@@ -22,8 +21,8 @@ KEY = "test-key-123"
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     embedder, col, gallery, inbox = tiny_collection(tmp_path_factory.mktemp("mcp-http"))
-    server = subprocess.Popen([faste_mm_command(), "serve", "-c", str(col), "--port", "0", "--api-key", KEY,
-                               "--device", "cpu"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    # forked from the warm process of tests/helpers/forked_cli.py: no fresh torch import
+    server = start_cli(["serve", "-c", str(col), "--port", "0", "--api-key", KEY, "--device", "cpu"])
     try:
         line = server.stdout.readline()  # "serving on http://127.0.0.1:PORT/" once the socket is bound
         assert line.startswith("serving on "), line
@@ -31,6 +30,7 @@ def world(tmp_path_factory):
     finally:
         server.terminate()
         server.wait(timeout=60)
+        server.close()
 
 
 def _transport(url: str, headers: dict):

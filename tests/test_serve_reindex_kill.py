@@ -10,7 +10,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import urllib.error
 import urllib.request
@@ -21,7 +20,7 @@ import pytest
 pytest.importorskip("fastapi", reason="needs the serve extra: pip install 'faste-mm[serve]'")
 
 from faste_mm.indexers.crash_points import CRASH_ENV  # noqa: E402
-from tests.helpers.forked_cli import run_cli  # noqa: E402
+from tests.helpers.forked_cli import run_cli, start_cli  # noqa: E402
 from tests.helpers.inputs import tiny_vl_dir  # noqa: E402
 from tests.helpers.serve_fixtures import make_gallery, scene_image  # noqa: E402
 
@@ -66,8 +65,7 @@ def served(tmp_path):
     col = tmp_path / "col"
     made = _cli("index", str(gallery), "-c", str(col), "--model", str(model), env=env)
     assert made.returncode == 0, made.stderr
-    proc = subprocess.Popen([sys.executable, "-m", "faste_mm.cli.app", "serve", "-c", str(col), "--port", "0",
-                             "--threads", "1"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    proc = start_cli(["serve", "-c", str(col), "--port", "0", "--threads", "1"], env=env)
     line = proc.stdout.readline()  # printed once the socket listens
     assert line.startswith("serving on http://127.0.0.1:"), line
     try:
@@ -78,6 +76,8 @@ def served(tmp_path):
             proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             proc.kill()
+            proc.wait()
+        proc.close()
 
 
 def test_a_killed_reindex_gives_searchers_a_503_and_never_stops_the_server(served):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -39,9 +40,26 @@ def _forkserver():
     return _context
 
 
-def _child(argv: list[str], env: dict[str, str], cwd: str, out_path: str, err_path: str) -> None:
-    for target, path in ((1, out_path), (2, err_path)):
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+class _Fd:
+    """A descriptor of the test process handed to the child (sent to the forkserver with the
+    process, as multiprocessing sends its own), where it arrives as an int."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __reduce__(self):
+        from multiprocessing import reduction
+
+        return _inherited, (reduction.DupFd(self.fd),)
+
+
+def _inherited(dup) -> int:
+    return dup.detach()
+
+
+def _child(argv: list[str], env: dict[str, str], cwd: str, out, err) -> None:
+    for target, where in ((1, out), (2, err)):
+        fd = where if isinstance(where, int) else os.open(where, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         os.dup2(fd, target)
         os.close(fd)
     null = os.open(os.devnull, os.O_RDONLY)
@@ -50,6 +68,9 @@ def _child(argv: list[str], env: dict[str, str], cwd: str, out_path: str, err_pa
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
+    if env.get("PYTHONUNBUFFERED"):  # what the variable does to a fresh interpreter's streams
+        sys.stdout.reconfigure(write_through=True)
+        sys.stderr.reconfigure(write_through=True)
     from faste_mm.cli.app import main
 
     sys.argv = ["faste-mm", *argv]
@@ -84,3 +105,56 @@ def run_cli(args: list[str], env: dict[str, str] | None = None, cwd: str | os.Pa
         with open(out_path, encoding="utf-8", errors="replace") as out, \
                 open(err_path, encoding="utf-8", errors="replace") as err:
             return subprocess.CompletedProcess(["faste-mm", *argv], process.exitcode, out.read(), err.read())
+
+
+class ForkedCli:
+    """`faste-mm ARGS` running in a forked process (a server): `stdout` and `stderr` are text
+    pipes like `subprocess.Popen(..., stdout=PIPE, stderr=PIPE, text=True)`'s, with the same
+    `poll`, `wait`, `send_signal`, `terminate`, `kill` and `returncode`."""
+
+    def __init__(self, args: list[str], env: dict[str, str] | None = None, cwd: str | os.PathLike | None = None) -> None:
+        self.args = ["faste-mm", *map(str, args)]
+        (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe()
+        self._process = _forkserver().Process(target=_child, args=(self.args[1:], dict(os.environ if env is None else env),
+                                                                    str(cwd or os.getcwd()), _Fd(out_w), _Fd(err_w)))
+        try:
+            self._process.start()
+        finally:
+            os.close(out_w)
+            os.close(err_w)
+        self.pid = self._process.pid
+        self.stdout = os.fdopen(out_r, "r", encoding="utf-8", errors="replace")
+        self.stderr = os.fdopen(err_r, "r", encoding="utf-8", errors="replace")
+
+    @property
+    def returncode(self) -> int | None:
+        return self._process.exitcode
+
+    def poll(self) -> int | None:
+        return self._process.exitcode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self._process.join(timeout)
+        if self._process.exitcode is None:
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return self._process.exitcode
+
+    def send_signal(self, sig: int) -> None:
+        if self._process.exitcode is None:
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def close(self) -> None:
+        """Reap it (after it ended) and close the pipes."""
+        self.stdout.close()
+        self.stderr.close()
+
+
+def start_cli(args: list[str], env: dict[str, str] | None = None, cwd: str | os.PathLike | None = None) -> ForkedCli:
+    """`faste-mm ARGS` started in a forked process (see `ForkedCli`); the caller ends it."""
+    return ForkedCli(args, env, cwd)
