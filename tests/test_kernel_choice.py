@@ -70,6 +70,16 @@ def test_cached_verdict_is_reused_on_the_same_cpu_and_torch_and_ignored_otherwis
     assert TrialCache(here, path).get("cpu bfloat16 16x64 frames<=8192") is None
 
 
+def test_a_verdict_from_the_older_single_run_trial_is_measured_again(tmp_path):
+    # caches written before the mirrored trial carry no trial method in their machine key
+    path = tmp_path / "k.json"
+    flags = frozenset({"avx512_bf16", "amx_bf16"})
+    old_key = machine_key(flags, "2.14.1").rsplit(" trial:", 1)[0]
+    TrialCache(old_key, path).put("cpu bfloat16 linear 4096->4096 gelu(none) rows<=512", "separate", {"fused": 3.8, "separate": 1.0})
+    assert TrialCache(old_key, path).get("cpu bfloat16 linear 4096->4096 gelu(none) rows<=512") is not None
+    assert TrialCache(machine_key(flags, "2.14.1"), path).get("cpu bfloat16 linear 4096->4096 gelu(none) rows<=512") is None
+
+
 def test_unreadable_cache_is_ignored_and_the_trial_runs(tmp_path):
     path = tmp_path / "k.json"
     path.write_text("{not json")

@@ -1,7 +1,7 @@
 """Kernel choices that depend on the CPU, settled by measurement instead of a fixed rule: the first
 time a choice is needed for a device and shape bucket, each candidate runs twice (mirrored) on the real
-tensors and the fastest wins; the verdict is cached on disk keyed by the CPU's flags and torch's
-version (a verdict from another CPU or torch is ignored), so later runs do not repeat the trial.
+tensors and the fastest wins; the verdict is cached on disk keyed by the CPU's flags, torch's
+version and the trial method (a verdict measured otherwise is ignored), so later runs do not repeat the trial.
 
 Used by the vision tower (`vision_tower.PackedVisionTower`) for the dtype its attention runs in (on
 a CPU without native bfloat16 float32 attention wins, on one with AMX bfloat16 wins by 2-5x) and
@@ -95,11 +95,16 @@ class KernelChoice:
         return {**asdict(self), "speedup": self.speedup, "text": self.describe()}
 
 
+# How verdicts are measured; a verdict measured another way is measured again. "mirrored-2": each
+# candidate timed twice, A B then B A (one run let a load burst decide a verdict that then stayed).
+TRIAL_METHOD = "mirrored-2"
+
+
 def machine_key(cpu_flags: frozenset[str], torch_version: str = torch.__version__) -> str:
-    """What a cached verdict is valid for: the CPU's flags and torch's version (a new CPU or a new
-    torch with other kernels measures again)."""
+    """What a cached verdict is valid for: the CPU's flags, torch's version and the trial method (a
+    new CPU, a new torch with other kernels or a better trial measures again)."""
     digest = hashlib.sha256(" ".join(sorted(cpu_flags)).encode()).hexdigest()[:16]
-    return f"flags:{digest} torch:{torch_version}"
+    return f"flags:{digest} torch:{torch_version} trial:{TRIAL_METHOD}"
 
 
 def default_cache_path() -> Path | None:
