@@ -15,7 +15,7 @@ from faste_mm import BatchingConfig, Embedder, Retriever
 from faste_mm.errors import ConfigError
 from faste_mm.indexers import Collection
 from faste_mm.retrieval.watching import FolderWatcher, WatchOptions, read_watch_status
-from tests.helpers.serve_fixtures import scene_image
+from tests.helpers.serve_fixtures import scene_image, served_photo_folder
 from tests.helpers.inputs import tiny_vl_dir
 
 
@@ -173,12 +173,7 @@ def test_serve_watch_syncs_on_the_model_thread_and_info_shows_it(embedder, tmp_p
     from faste_mm.serving import ServeConfig, ServeEngine, create_app
     from faste_mm.serving.folder_sync import WatchLoop
 
-    folder = tmp_path / "photos"
-    folder.mkdir()
-    scene_image(folder / "harbour.png", 3)
-    seed = Retriever(embedder, collection=tmp_path / "col", r_max=0.5)
-    seed.index([folder])  # the served collection exists before serve starts
-    scene_image(folder / "lighthouse.png", 6)
+    folder, seed = served_photo_folder(embedder, tmp_path, {"lighthouse.png": 6})
     watcher = FolderWatcher(Retriever(embedder, collection=seed.collection), [folder],
                             WatchOptions(interval_s=3600, settle_polls=1, max_files=8))
     engine = ServeEngine(embedder, Retriever(embedder, collection=seed.collection), ServeConfig())

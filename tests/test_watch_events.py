@@ -16,7 +16,7 @@ import pytest
 from faste_mm import Retriever
 from faste_mm.indexers import Collection
 from faste_mm.retrieval.watching import FolderWatcher, SyncReport, WatchOptions
-from tests.helpers.serve_fixtures import scene_image
+from tests.helpers.serve_fixtures import scene_image, served_photo_folder
 
 pytest.importorskip("watchdog", reason="needs the watch extra")
 
@@ -85,13 +85,7 @@ def test_serve_watch_thread_syncs_several_polls_and_stops(vl_embedder, tmp_path)
     from faste_mm.serving import ServeConfig, ServeEngine, create_app
     from faste_mm.serving.folder_sync import WatchLoop
 
-    folder = tmp_path / "photos"
-    folder.mkdir()
-    scene_image(folder / "harbour.png", 3)
-    seed = Retriever(vl_embedder, collection=tmp_path / "col", r_max=0.5)
-    seed.index([folder])  # the served collection exists before serve starts
-    for i, name in enumerate(("lighthouse.png", "tram.png", "bridge.png")):
-        scene_image(folder / name, 4 + i)
+    folder, seed = served_photo_folder(vl_embedder, tmp_path, {"lighthouse.png": 4, "tram.png": 5, "bridge.png": 6})
     watcher = FolderWatcher(Retriever(vl_embedder, collection=seed.collection), [folder],
                             WatchOptions(interval_s=3600, settle_polls=1, max_files=2, events=True))
     engine = ServeEngine(vl_embedder, Retriever(vl_embedder, collection=seed.collection), ServeConfig())

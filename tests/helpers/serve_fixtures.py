@@ -62,3 +62,18 @@ def _report_page(size: tuple[int, int], chart: bool) -> Image.Image:
         y = 84 + row * 26
         draw.rectangle((32, y, width - 32 - (row * 37) % 120, y + 9), fill=(200, 204, 214))
     return page
+
+
+def served_photo_folder(embedder, tmp_path: Path, new_seeds: dict[str, int]):
+    """A folder with one indexed photo (the collection a served watcher starts from), then the
+    photos named in `new_seeds` written beside it, not yet indexed: (folder, seed Retriever)."""
+    from faste_mm import Retriever
+
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    scene_image(folder / "harbour.png", 3)
+    seed = Retriever(embedder, collection=tmp_path / "col", r_max=0.5)
+    seed.index([folder])  # the served collection exists before serve starts
+    for name, image_seed in new_seeds.items():
+        scene_image(folder / name, image_seed)
+    return folder, seed
