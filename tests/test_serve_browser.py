@@ -178,6 +178,7 @@ def test_search_page_previews_a_hit_names_a_filter_that_matches_nothing_and_show
     status = page.inner_text("#status-text")
     assert "with type text" in status and "Clear the filters" in status, status
     page.click("#f-clear")
+    page.wait_for_selector(".card .thumb")  # the clear's own search has answered: it cannot land after the next one
     # a note's card shows its first lines (the snippet /search sends; test_serve_api checks the server's side)
 
     def as_note(route):
