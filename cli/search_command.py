@@ -102,7 +102,7 @@ def search_command(
 
         if mode not in MODES:
             usage_error(f"--mode must be one of {', '.join(MODES)}, got {mode!r}")
-    conditions, facts, order = _checked_filters(where, since, until, sort, min_score)
+    conditions, facts, order = _checked_filters(where, since, until, sort, min_score, mode)
     try:
         served = None
         # The server answers plain dense text searches; a reranked, lexical/hybrid, image, video or
@@ -175,7 +175,7 @@ def _taken_cell(hit) -> str:
 
 
 def _checked_filters(where: list[str], since: str | None, until: str | None, sort: str,
-                     min_score: float | None) -> tuple[dict, tuple, dict]:
+                     min_score: float | None, mode: str) -> tuple[dict, tuple, dict]:
     """The --where conditions (metadata dict, fact conditions) and the order options, checked here so
     a bad one is a usage error (exit 2) naming the value and the valid form, before any model loads."""
     from faste_mm.errors import ConfigError
@@ -186,8 +186,8 @@ def _checked_filters(where: list[str], since: str | None, until: str | None, sor
         conditions, facts = parse_where(where)
         facts += result_order.date_conditions(since, until)
         result_order.check_sort(sort)
-        result_order.check_min_score(min_score)
+        result_order.check_min_score_mode(result_order.check_min_score(min_score), mode)
     except ConfigError as error:
-        usage_error(str(error).replace("min_score", "--min-score").replace("search since", "--since")
+        usage_error(str(error).replace("min_score", "--min-score").replace("use mode ", "use --mode ").replace("search since", "--since")
                     .replace("search until", "--until").replace("search sort", "--sort").replace("where ", "--where ", 1))
     return conditions, facts, {"since": since, "until": until, "sort": sort, "min_score": min_score}

@@ -59,9 +59,10 @@ def test_cli_lexical_min_score_is_an_error_naming_it(tmp_path):
     _collection(tmp_path / "c")
     result = CliRunner().invoke(app, ["search", "harbour", "-c", str(tmp_path / "c"), "--mode", "lexical",
                                       "--min-score", "0.3", "--no-server"])
-    assert result.exit_code == 1 and not result.stdout, result.output
-    assert "min_score 0.3: a minimum cosine similarity to the query, which lexical mode does not compute" in \
-        " ".join(result.stderr.split())
+    assert result.exit_code == 2 and not result.stdout, result.output  # a usage error, as a bad --min-score is
+    said = " ".join(result.stderr.split())
+    assert "--min-score 0.3: a minimum cosine similarity to the query, which lexical mode does not compute" in said
+    assert "use --mode hybrid" in said
 
 
 def test_http_lexical_min_score_is_a_400_naming_it(tmp_path, vl_embedder):
