@@ -332,19 +332,6 @@ class Collection:
         size (parts are memory-mapped), for exporting a collection to other stores."""
         return iter_live(self.root, self._store, self._codec(), chunk_rows)
 
-    def range_search(self, queries: np.ndarray, min_score: float) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-        """Every indexed vector scoring >= `min_score` (inner product) with each query, by FAISS range
-        search over the derived index (an approximate index may miss some; quantized codes give
-        approximate scores): (lims [q + 1] int64, scores [m] float32, ids [m] int64), query i's matches
-        at lims[i]:lims[i + 1]. Tombstoned items may be among them (`live_ids` tells). None for a flat
-        index (FAISS range-searches it pair by pair, ~10x slower than a BLAS product of the stored
-        vectors) and a binary one (Hamming distances are not scores): the caller scans the vectors."""
-        queries = self._check_search(queries, 1)
-        index = self._current_index()
-        if faiss_index.is_binary(index) or faiss_index.is_flat(index):
-            return None
-        return index.range_search(np.ascontiguousarray(queries), float(min_score))
-
     def find_by_hashes(self, content_hashes: Iterable[str]) -> dict[str, list[ItemRecord]]:
         """Live items whose source file has one of these sha256 (see `records.content_hash`), in a
         few queries: hash -> live items in id order (hashes with no live item are absent)."""

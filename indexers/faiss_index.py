@@ -302,11 +302,6 @@ def is_binary(index) -> bool:
     return isinstance(index, faiss.IndexBinary)
 
 
-def is_flat(index) -> bool:
-    """An IndexIDMap2 over a plain float IndexFlat (every vector scanned exactly)."""
-    return isinstance(index, faiss.IndexIDMap2) and isinstance(faiss.downcast_index(index.index), faiss.IndexFlat)
-
-
 def add_vectors(index, vectors: np.ndarray, ids: np.ndarray, codec: Codec | None = None,
                 chunk_rows: int = 16_384) -> None:
     """Add stored codes in chunks (decoded by `codec`; None: float vectors) so a memory-mapped
