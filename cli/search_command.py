@@ -150,10 +150,12 @@ def search_command(
     else:
         table = Table(title=f"{len(hits)} results")
         reranked = any(hit.rerank_score is not None for hit in hits)
+        similar = any(hit.similarity is not None for hit in hits)  # hybrid: the cosine beside the fused score
         # photos: the date taken (from the file, not its mtime) and the place, when some hit has one
         dated = any(h.facts is not None and h.facts.taken_source not in (None, "mtime") for h in hits)
         placed = any(h.facts is not None and h.facts.place for h in hits)
-        columns = (("rank", "right"), ("score", "right"), *((("rerank", "right"),) if reranked else ()),
+        columns = (("rank", "right"), ("score", "right"), *((("similarity", "right"),) if similar else ()),
+                   *((("rerank", "right"),) if reranked else ()),
                    ("file", "left"), ("page", "right"), *((("taken", "left"),) if dated else ()),
                    *((("place", "left"),) if placed else ()))
         for column, justify in columns:
@@ -162,7 +164,8 @@ def search_command(
             rerank_cell = () if not reranked else ("-" if hit.rerank_score is None else f"{hit.rerank_score:.4f}",)
             facts_cells = ((_taken_cell(hit),) if dated else ()) + ((markup_safe(hit.facts.place or "")
                                                                      if hit.facts else "",) if placed else ())
-            table.add_row(str(rank), f"{hit.score:.4f}", *rerank_cell, markup_safe(hit.uri),
+            similarity_cell = (f"{hit.similarity:.4f}",) if similar else ()
+            table.add_row(str(rank), f"{hit.score:.4f}", *similarity_cell, *rerank_cell, markup_safe(hit.uri),
                           "" if hit.page is None else str(hit.page), *facts_cells)
         stdout.print(table)
 

@@ -476,15 +476,16 @@ class Collection:
             out[rows, cols] = np.einsum("ij,ij->i", stored, queries[rows])
             return out
 
-        def run() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-            return collection_search.fused_hits(
+        def run() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+            scores, ids, sources = collection_search.fused_hits(
                 mode, k,
                 lambda: self._search_snapshot(queries, depth, nprobe, ef_search, where, dense_rescore()),
                 lambda: collection_search.lexical_hits(self._store, self.root, list(texts), depth, where,
                                                        lexical_syntax), min_score, cosines)
+            return scores, ids, sources, cosines(ids) if mode == "hybrid" else None
 
-        scores, ids, sources, records = self._in_snapshot(run)
-        return search.Found(scores, ids, sources, records)
+        scores, ids, sources, similarities, records = self._in_snapshot(run)
+        return search.Found(scores, ids, sources, records, similarities)
 
     def _check_search(self, queries: np.ndarray | None, k: int) -> np.ndarray | None:
         if self._closed:

@@ -88,12 +88,15 @@ def fts_query(text: str) -> str:
 class Found:
     """Hits of `Collection.find`: scores and ids [q, k] (best first, -inf / -1 padding; hybrid
     scores are fused RRF scores, lexical ones -bm25), sources [q, k] (FOUND_* bitmask, 0 for
-    padding) and the records of the ids found."""
+    padding), the records of the ids found and, in hybrid mode, each hit's cosine with its query
+    [q, k] (a fused score says nothing of how close a hit is; None in the other modes, where the
+    score is that cosine or has none)."""
 
     scores: np.ndarray
     ids: np.ndarray
     sources: np.ndarray
     records: dict[int, ItemRecord]
+    similarities: np.ndarray | None = None
 
 SearchFn = Callable[[np.ndarray, int], tuple[np.ndarray, np.ndarray]]  # (queries, k) -> (scores, ids)
 FetchFn = Callable[[np.ndarray], np.ndarray]  # ids [n] -> float32 vectors [n, d]

@@ -44,6 +44,21 @@ def test_hybrid_min_score_cuts_word_matches_by_their_cosine_too(tmp_path):
     assert _uris(cut) == ["/docs/0.txt", "/docs/2.txt"]
 
 
+def test_hybrid_hits_carry_their_cosine_beside_the_fused_score(tmp_path):
+    from faste_mm.retrieval.querying import hits
+
+    query = _collection(tmp_path / "c")
+    with Collection.open(tmp_path / "c") as col:
+        stored = dict(zip(col.live_ids(range(4)), col.vectors(np.arange(4))))
+        hybrid = hits(col.find(4, queries=query[None], texts=["harbour"], mode="hybrid"))[0]
+        dense = hits(col.find(4, queries=query[None], mode="dense"))[0]
+    # what min_score cuts on, per hit (the word-only "harbour crane" included), shown beside the RRF score
+    assert [h.similarity for h in hybrid] == pytest.approx([float(stored[h.id] @ query) for h in hybrid], abs=1e-6)
+    assert {h.uri: round(h.similarity, 3) for h in hybrid}["/docs/1.txt"] == 0.0
+    assert all("similarity" in h.to_dict() for h in hybrid)
+    assert all(h.similarity is None and "similarity" not in h.to_dict() for h in dense)  # the score is the cosine
+
+
 def test_lexical_search_refuses_a_min_score_and_ignores_the_collections_default(tmp_path):
     _collection(tmp_path / "c", min_score=0.9)
     retriever = Retriever.for_collection(tmp_path / "c")

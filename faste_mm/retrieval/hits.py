@@ -15,7 +15,8 @@ class Hit:
     """One search result: item id, score, source uri, 1-based PDF page (None otherwise), the item's
     metadata and facts (date taken, camera, place...), and which side of the search found it (`found_by`: "dense", "lexical" or "both").
     The score is the inner product (cosine, vectors are unit-norm) in dense mode, -BM25 in lexical
-    mode and the fused reciprocal-rank score in hybrid mode."""
+    mode and the fused reciprocal-rank score in hybrid mode, where `similarity` carries the cosine
+    (what `min_score` cuts on)."""
 
     id: int
     score: float
@@ -25,6 +26,7 @@ class Hit:
     found_by: str = "dense"  # which side found it: "dense", "lexical" or "both" (hybrid search)
     rerank_score: float | None = None  # the reranker's score, when the search reranked (retrieval.rerank_hits)
     facts: ItemFacts | None = None  # what the file says about itself (photo_metadata)
+    similarity: float | None = None  # hybrid mode: the cosine with the query (the score is a fused rank)
 
     def to_dict(self) -> dict[str, Any]:
         data = {"id": self.id, "score": self.score, "uri": self.uri, "page": self.page,
@@ -32,4 +34,6 @@ class Hit:
                 "facts": self.facts.to_dict() if self.facts is not None else None}
         if self.rerank_score is not None:
             data["rerank_score"] = self.rerank_score
+        if self.similarity is not None:
+            data["similarity"] = self.similarity
         return data

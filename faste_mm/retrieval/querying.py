@@ -61,10 +61,14 @@ def by_example(items: Sequence[Item], instruction: str | None) -> list[int]:
 def hits(found: Found) -> list[list[Hit]]:
     """The ranked hits of each query row of `found` (padding dropped)."""
     records = found.records
-    return [[Hit(int(i), float(s), records[int(i)].uri, records[int(i)].page, records[int(i)].metadata,
-                 SOURCE_NAMES[int(side)], facts=records[int(i)].facts)
-             for s, i, side in zip(row_scores, row_ids, row_sides) if i >= 0]
-            for row_scores, row_ids, row_sides in zip(found.scores, found.ids, found.sources)]
+
+    def hit(row: int, col: int) -> Hit:
+        i = int(found.ids[row, col])
+        similarity = None if found.similarities is None else float(found.similarities[row, col])
+        return Hit(i, float(found.scores[row, col]), records[i].uri, records[i].page, records[i].metadata,
+                   SOURCE_NAMES[int(found.sources[row, col])], facts=records[i].facts, similarity=similarity)
+
+    return [[hit(row, col) for col in np.flatnonzero(found.ids[row] >= 0)] for row in range(len(found.ids))]
 
 
 def embed_queries(items: Sequence[Item], instruction: str | None, dim: int,

@@ -101,6 +101,8 @@ class HitOut(BaseModel):
     id: int
     score: float = Field(description="Cosine similarity (dense), -BM25 (lexical) or fused rank score (hybrid).")
     rerank_score: float | None = None
+    similarity: float | None = Field(None, description="Hybrid search: the cosine similarity with the query "
+                                                       "(the score is a fused rank score there).")
     uri: str = Field(description="The file's path (or the uri given when the item was added).")
     page: int | None = Field(None, description="1-based page of a PDF.")
     name: str
@@ -354,7 +356,8 @@ class McpTools:
         out, pictures, links = [], [], []
         for rank, hit in enumerate(hits[:k], 1):
             name = Path(hit.uri).name
-            out.append(HitOut(rank=rank, id=hit.id, score=hit.score, rerank_score=hit.rerank_score, uri=hit.uri,
+            out.append(HitOut(rank=rank, id=hit.id, score=hit.score, rerank_score=hit.rerank_score,
+                              similarity=hit.similarity, uri=hit.uri,
                               page=hit.page, name=name, kind=kind_name(hit.uri), found_by=hit.found_by,
                               metadata=_plain(hit.metadata), resource=ITEM_URI.format(id=hit.id)))
             links.append((hit.id, name, hit.uri))

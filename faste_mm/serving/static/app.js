@@ -235,9 +235,12 @@ function render(result, label, named = []) {
     const facts = card.querySelector(".facts");
     facts.textContent = factsLine(hit.facts);
     facts.hidden = !facts.textContent;
-    const pct = Math.max(0, Math.min(1, hit.score)) * 100;
+    // hybrid: the bar and number show the cosine (a fused rank score of ~0.03 says nothing of closeness)
+    const shown = hit.similarity ?? hit.score;
+    const pct = Math.max(0, Math.min(1, shown)) * 100;
     card.querySelector(".bar > span").style.width = pct.toFixed(1) + "%";
-    card.querySelector(".value").textContent = hit.score.toFixed(3);
+    card.querySelector(".value").textContent = shown.toFixed(3);
+    if (hit.similarity != null) card.querySelector(".value").title = `similarity; fused rank score ${hit.score.toFixed(4)}`;
     if (result.rerank) showRerank(card, hit, result);
     card.querySelector(".more").addEventListener("click", () => {
       clearImage();
