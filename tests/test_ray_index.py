@@ -1,4 +1,5 @@
-"""`index --ray`: a local Ray (2 CPUs, no dashboard), 2 CPU embedding actors, a tiny model on disk.
+"""`index --ray`: one local Ray (2 CPUs, no dashboard) that the killed drivers join by address,
+one or two CPU embedding actors, a tiny model on disk.
 
 The reference is always the single-process `index` of the same folder: same (uri, page) rows,
 same failure rows, vectors equal within float tolerance. FastE's trigger is a batch-mean
@@ -13,6 +14,7 @@ import asyncio
 import logging
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -34,14 +36,17 @@ from faste_mm.retrieval.decoders import Decoded  # noqa: E402
 from faste_mm.retrieval.profile import CollectionProfile  # noqa: E402
 from faste_mm.scale.ray_index import ACTOR_REGISTRY_ENV  # noqa: E402
 from faste_mm.scale.ray_workers import PAGES_PER_PART, FileTask, ShippedFile, decode_file_parts, embedder_input  # noqa: E402
-from faste_mm.model.serialization import SerializerConfig  # noqa: E402
 from faste_mm.scale.resources import plan_resources  # noqa: E402
 from tests.helpers.inputs import (CORPUS_EMBEDDED, CORPUS_FAILED, CORPUS_REUSED, make_corpus,  # noqa: E402
                                            noise_image, tiny_vl_dir)
 
-PAGE_PIXELS = 64 * 64  # long PDFs' pages rendered small: the test is about commits, not pixels
+PAGE_PIXELS = 64 * 64  # big_corpus's pages and images rendered small: its tests are about commits, not pixels
+LONG_PDF, LONG_PDF_PAGES = "zzz_long.pdf", PAGES_PER_PART + 4
 # Two actors on two logical CPUs leave room for the decoding tasks.
 ACTORS = dict(workers=2, cpus_per_worker=0.5, decode_cpus=0.5, files_per_call=2, files_per_task=2)
+# Where the number of actors is not the claim, one: each actor is a process that imports torch and
+# loads the model (~7 CPU-seconds here), and one decoding task at a time (one worker process).
+ONE_ACTOR = dict(workers=1, cpus_per_worker=1.0, decode_cpus=1.0, files_per_call=2, files_per_task=2)
 
 
 @pytest.fixture(scope="module")
@@ -56,24 +61,29 @@ def corpus(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def big_corpus(tmp_path_factory) -> Path:
-    """The mixed corpus plus 30 more images (enough work left after the first commit to kill
-    something mid-run) and two copies of files committed in earlier chunks."""
+    """The mixed corpus plus 12 more images (enough work left after the first commit to kill
+    something mid-run), two copies of files committed in earlier chunks, and, last in the
+    walk, a PDF of more than PAGES_PER_PART pages (committed range by range with chunk_pages=8)."""
+    from tests.helpers.inputs import pdf_of_sizes
+
     root = make_corpus(tmp_path_factory.mktemp("ray-big") / "files")
-    for i in range(30):
+    for i in range(12):
         noise_image(root / f"extra{i:02d}.png", (48 + i, 40), 100 + i)
     # Copies far from their originals (other chunks): one of a good image, reused from the stored
     # vector, and one of a bad file, embedded (and failed) again, as a plain run does.
     (root / "zz_gray_again.jpg").write_bytes((root / "gray.jpg").read_bytes())
     (root / "zz_empty_again.jpg").write_bytes(b"")
+    pdf_of_sizes(root / LONG_PDF, [(200, 300), (300, 200)] * (LONG_PDF_PAGES // 2), marks=1)
     return root
 
 
 @pytest.fixture(scope="module")
 def plain_big(model_dir, big_corpus, tmp_path_factory):
-    """The single-process reference for big_corpus (r_max=0, default batching), indexed once for
-    the tests that compare a Ray run with it (they only read it): (report, collection)."""
+    """The single-process reference for big_corpus (r_max=0, default batching, pages and images
+    at PAGE_PIXELS), indexed once for the tests that compare a Ray run with it (they only read
+    it): (report, collection)."""
     collection = tmp_path_factory.mktemp("ray-big-plain") / "plain"
-    return _index(model_dir, big_corpus, collection, 0.0), collection
+    return _index(model_dir, big_corpus, collection, 0.0, max_pixels=PAGE_PIXELS), collection
 
 
 def _spec(model_dir: Path, max_batch_size: int = 64) -> ModelSpec:
@@ -81,10 +91,11 @@ def _spec(model_dir: Path, max_batch_size: int = 64) -> ModelSpec:
 
 
 def _index(model_dir, root, collection, r_max, ray_options=None, max_batch_size=64, progress=None, video=None,
-           max_pixels=None):
+           max_pixels=None, chunk_pages=None):
+    options = IndexOptions(chunk_files=3, **({} if chunk_pages is None else {"chunk_pages": chunk_pages}))
     with Retriever(_spec(model_dir, max_batch_size), collection=collection, r_max=r_max, video=video,
                    max_pixels=max_pixels) as retriever:
-        return retriever.index([root], options=IndexOptions(chunk_files=3), progress=progress,
+        return retriever.index([root], options=options, progress=progress,
                                executor=None if ray_options is None else RayExecutor(ray_options))
 
 
@@ -111,52 +122,47 @@ def _assert_same_collection(reference: Path, other: Path) -> None:
         np.testing.assert_allclose(rows[key], vector, atol=2e-4, err_msg=str(key))
 
 
-def test_ray_index_with_faste_matches_plain_index(ray_cluster, model_dir, corpus, tmp_path):
-    r_max, max_batch_size = 0.5, 1  # one item per batch: FastE triggers per item in both runs
-    plain = _index(model_dir, corpus, tmp_path / "plain", r_max, max_batch_size=max_batch_size)
-    seen = []
-    report = _index(model_dir, corpus, tmp_path / "ray", r_max, RayOptions(**ACTORS), max_batch_size,
-                    progress=seen.append)
-    assert (report.embedded, report.reused, report.failed) == (CORPUS_EMBEDDED, CORPUS_REUSED, CORPUS_FAILED)
-    assert (report.embedded, report.reused, report.failed) == (plain.embedded, plain.reused, plain.failed)
-    assert sorted(f.to_dict().items() for f in report.failures) == sorted(f.to_dict().items() for f in plain.failures)
-    assert (report.prefix_tokens, report.kept_prefix_tokens) == (plain.prefix_tokens, plain.kept_prefix_tokens)
-    _assert_same_collection(tmp_path / "plain", tmp_path / "ray")
-    assert seen[-1].files_done == seen[-1].files_total == plain.files_scanned
-    assert [p.files_done for p in seen] == sorted(p.files_done for p in seen)
-    # A second run finds nothing to do, as a plain one would.
-    again = _index(model_dir, corpus, tmp_path / "ray", r_max, RayOptions(**ACTORS), max_batch_size)
-    assert (again.embedded, again.reused, again.unchanged) == (0, 0, plain.files_scanned)
-
-
-def test_ray_index_embeds_videos_with_the_collection_video_settings(ray_cluster, model_dir, tmp_path):
-    """The Ray executor decodes each kind with the plain path's decoder and its workers sample
-    videos with the collection's video settings (it once recorded every video as an unreadable
-    image) and resize images with its pixel budget (`index --ray --max-pixels`): rows, failures
-    and vectors equal a plain run's, and the manifest records both."""
+def test_ray_index_with_faste_and_video_settings_matches_plain_index(ray_cluster, model_dir, corpus, tmp_path):
+    """FastE (r_max > 0) on two actors. The Ray executor decodes each kind with the plain path's
+    decoder and its workers sample videos with the collection's video settings (it once recorded
+    every video as an unreadable image) and resize images with its pixel budget (`index --ray
+    --max-pixels`): rows, failures and vectors equal a plain run's, and the manifest records both."""
     from tests.helpers.inputs import write_video
 
     folder = tmp_path / "files"
-    folder.mkdir()
+    shutil.copytree(corpus, folder)
     write_video(folder / "clip.mp4", 1, 8)
     (folder / "broken.webm").write_bytes(b"not a video")
     noise_image(folder / "photo.png", (160, 128), 3)  # 20,480 px: the budget below shrinks it
     video = {"fps": 4.0, "max_frames": 6}  # not the defaults: the workers must get them
     budget = 8 * 32 * 32  # 8 visual tokens
-    plain = _index(model_dir, folder, tmp_path / "plain", 0.0, video=video, max_pixels=budget)
-    report = _index(model_dir, folder, tmp_path / "ray", 0.0, RayOptions(**ACTORS), video=video, max_pixels=budget)
-    assert (plain.embedded, plain.failed) == (report.embedded, report.failed) == (2, 1)
+    r_max, max_batch_size = 0.5, 1  # one item per batch: FastE triggers per item in both runs
+    settings = dict(max_batch_size=max_batch_size, video=video, max_pixels=budget)
+    plain = _index(model_dir, folder, tmp_path / "plain", r_max, **settings)
+    seen = []
+    report = _index(model_dir, folder, tmp_path / "ray", r_max, RayOptions(**ACTORS), progress=seen.append,
+                    **settings)
+    # the corpus, plus the photo and the video, plus the broken video's failure
+    expected = (CORPUS_EMBEDDED + 2, CORPUS_REUSED, CORPUS_FAILED + 1)
+    assert (report.embedded, report.reused, report.failed) == (plain.embedded, plain.reused, plain.failed) == expected
     assert sorted(f.to_dict().items() for f in report.failures) == sorted(f.to_dict().items() for f in plain.failures)
+    assert (report.prefix_tokens, report.kept_prefix_tokens) == (plain.prefix_tokens, plain.kept_prefix_tokens)
     _assert_same_collection(tmp_path / "plain", tmp_path / "ray")
+    assert seen[-1].files_done == seen[-1].files_total == plain.files_scanned
+    assert [p.files_done for p in seen] == sorted(p.files_done for p in seen)
     with Collection.open(tmp_path / "ray") as col:
         assert col.manifest.video["max_frames"] == 6
         assert col.manifest.max_pixels == budget
+    # A second run finds nothing to do, as a plain one would.
+    again = _index(model_dir, folder, tmp_path / "ray", r_max, RayOptions(**ACTORS), **settings)
+    assert (again.embedded, again.reused, again.unchanged) == (0, 0, plain.files_scanned)
     # the budget changed the photo's vector (a worker ignoring it would have matched this run)
-    full = _index(model_dir, folder, tmp_path / "full", 0.0, video=video)
-    assert full.embedded == 2
-    photo = [key for key in _rows(tmp_path / "ray")[0] if key[0].endswith("photo.png")]
-    assert len(photo) == 1
-    assert not np.allclose(_rows(tmp_path / "full")[0][photo[0]], _rows(tmp_path / "ray")[0][photo[0]], atol=1e-3)
+    alone = tmp_path / "photo-alone"
+    alone.mkdir()
+    shutil.copy(folder / "photo.png", alone / "photo.png")
+    assert _index(model_dir, alone, tmp_path / "full", r_max, max_batch_size=max_batch_size).embedded == 1
+    (full_vector,) = _rows(tmp_path / "full")[0].values()
+    assert not np.allclose(full_vector, _rows(tmp_path / "ray")[0][(str(folder / "photo.png"), None)], atol=1e-3)
 
 
 def test_a_shipped_video_is_written_where_the_actor_embeds_it(tmp_path):
@@ -166,42 +172,39 @@ def test_a_shipped_video_is_written_where_the_actor_embeds_it(tmp_path):
 
 @ray.remote(num_cpus=0)
 class _Registry:
-    """Collects the handles of the embedding actors (ACTOR_REGISTRY_ENV test hook); `first`
-    blocks until one has registered (an async actor: no polling)."""
+    """Collects the handles of the embedding actors (ACTOR_REGISTRY_ENV test hook) and kills the
+    actor that makes the second call of the run, at its start, once: that call is then in flight
+    and the first one's results are delivered."""
 
     def __init__(self) -> None:
-        self.handles = []
-        self.added = asyncio.Event()
+        self.handles, self.calls, self.killed = [], 0, False
 
     async def add(self, handle) -> None:
         self.handles.append(handle)
-        self.added.set()
 
-    async def first(self):
-        await self.added.wait()
-        return self.handles[0]
+    async def calling(self, handle) -> None:
+        self.calls += 1
+        if self.calls == 2:
+            ray.kill(handle, no_restart=False)  # the caller waits for this reply: it dies mid-call
+            self.killed = True
 
-    async def get(self) -> list:
-        return list(self.handles)
+    async def seen(self) -> tuple[int, bool]:
+        return len(self.handles), self.killed
 
 
 def test_killed_actor_is_restarted_and_nothing_is_lost_or_duplicated(ray_cluster, model_dir, big_corpus, plain_big,
                                                                      tmp_path, monkeypatch):
-    """Also the full forward (r_max=0, default batching) with bytes shipped through the object
-    store, against a plain run: the same collection, bad files included."""
+    """An embedding actor killed in the middle of a call is restarted and the call retried.
+    Also the full forward (r_max=0, default batching) with bytes shipped through the object
+    store, a long PDF's parts included, against a plain run: the same collection, bad files
+    included."""
     registry = _Registry.options(name="faste-mm-test-registry").remote()
     monkeypatch.setenv(ACTOR_REGISTRY_ENV, "faste-mm-test-registry")
-    killed = []
-
-    def kill_one_after_first_commit(progress) -> None:
-        if progress.files_done > 0 and not killed:
-            ray.kill(ray.get(registry.first.remote(), timeout=300), no_restart=False)
-            killed.append(progress.files_done)
-
-    report = _index(model_dir, big_corpus, tmp_path / "ray", 0.0, RayOptions(**ACTORS, ship_bytes=True),
-                    progress=kill_one_after_first_commit)
-    assert killed and killed[0] < report.files_scanned, "the actor was not killed mid-run"
-    assert len(ray.get(registry.get.remote())) > ACTORS["workers"], "the killed actor did not restart"
+    report = _index(model_dir, big_corpus, tmp_path / "ray", 0.0, RayOptions(**ONE_ACTOR, ship_bytes=True),
+                    max_pixels=PAGE_PIXELS, chunk_pages=8)
+    registered, killed = ray.get(registry.seen.remote())
+    assert killed, "no actor was killed mid-call"
+    assert registered > ONE_ACTOR["workers"], "the killed actor did not restart"
     plain, plain_collection = plain_big
     assert (report.embedded, report.reused, report.failed) == (plain.embedded, plain.reused, plain.failed)
     assert sorted(f.to_dict().items() for f in report.failures) == sorted(f.to_dict().items() for f in plain.failures)
@@ -213,73 +216,62 @@ _DRIVER = """
 import sys
 from faste_mm.cli.app import main
 sys.argv = ["faste-mm", "index", sys.argv[1], "-c", sys.argv[2], "--model", sys.argv[3], "--device", "cpu",
-            "--r-max", "0", "--chunk-files", "2", "--ray", sys.argv[4], "--workers", "2",
-            "--cpus-per-worker", "0.5", *sys.argv[5:]]
+            "--r-max", "0", "--chunk-files", "2", "--chunk-pages", "8", "--max-pixels", sys.argv[4],
+            "--ray", sys.argv[5], "--workers", "1", *sys.argv[6:]]
 main()
 """
+# Ray's C++ log line format ("[2026-11-27 00:42:33,293 E 17483 17483] core_worker.cc:2465: ...")
+_RAY_CPP_LINE = re.compile(r"^\[\d{4}-\d\d-\d\d [\d:,]+ [DIWEF] \d+ \d+\] \S+:\d+: ", re.MULTILINE)
 
 
-def test_sigkilled_driver_resumes_without_embedding_twice(ray_cluster, model_dir, big_corpus, plain_big, tmp_path):
-    """The driver SIGKILLs itself right after its second chunk commit (a named crash point, no
-    polling); a re-run embeds only what is missing. The driver runs as the refusal message
-    suggests for 2 workers on this 2-CPU cluster (--cpus-per-worker 0.5, decoding 1 CPU)."""
-    collection = tmp_path / "ray"
+def _killed_driver(model_dir: Path, folder: Path, collection: Path, address: str, crash_at: str, *flags: str):
+    """`faste-mm index --ray ADDRESS` in a process of its own (joining the tests' Ray) that
+    SIGKILLs itself at the crash point `crash_at`; returns its stderr."""
     env = {key: value for key, value in os.environ.items() if key != "COLUMNS"}
-    env[CRASH_ENV] = "add-after-commit#2"
-    proc = subprocess.run([sys.executable, "-c", _DRIVER, str(big_corpus), str(collection), str(model_dir),
-                           ray_cluster], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
-                          timeout=600)
-    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
-    # Ray's own output stays off the terminal without --debug (no execution banner, no actor logs)
-    assert "Traceback" not in proc.stderr and "streaming_executor" not in proc.stderr, proc.stderr[-3000:]
-    # nor the warnings of Ray's Python loggers ("2026-... WARNING file.py:85 -- Token authentication ...")
-    assert not re.search(r"^\d{4}-\d\d-\d\d [\d:,]+\s+(WARNING|INFO) ", proc.stderr, re.MULTILINE), proc.stderr[-3000:]
-    before, _ = _rows(collection)
-    assert 0 < len(before)
-
-    again = _index(model_dir, big_corpus, collection, 0.0, RayOptions(**ACTORS))
-    plain, plain_collection = plain_big
-    total_items = plain.embedded + plain.reused
-    assert len(before) + again.embedded + again.reused == total_items  # nothing embedded twice
-    assert again.embedded < plain.embedded
-    _assert_same_collection(plain_collection, collection)
-
-
-def test_a_driver_killed_after_a_page_range_resumes_the_pdf_mid_file(ray_cluster, model_dir, tmp_path):
-    """A PDF of more than --chunk-pages pages is committed range by range as its parts come
-    back; the driver SIGKILLs itself after the first range (a named crash point), and the
-    re-run embeds only the pages after it. The result equals a plain run's."""
-    from tests.helpers.inputs import pdf_of_sizes
-
-    docs = tmp_path / "docs"
-    docs.mkdir()
-    n_pages = PAGES_PER_PART + 4
-    pdf_of_sizes(docs / "long.pdf", [(200, 300), (300, 200)] * (n_pages // 2), marks=1)
-    noise_image(docs / "photo.png", (40, 40), 5)
-    spec = ModelSpec(str(model_dir), device="cpu", serializer=SerializerConfig(max_pixels=PAGE_PIXELS))
-    options = IndexOptions(chunk_files=3, chunk_pages=8)
-    for name in ("ray", "plain"):  # both collections embed pages at the small pixel cap
-        with Retriever(spec, collection=tmp_path / name, r_max=0.0) as creator:
-            creator.index([docs / "photo.png"], options=options)
-    env = {key: value for key, value in os.environ.items() if key != "COLUMNS"}
-    env[CRASH_ENV] = "index-after-page-range"
-    proc = subprocess.run([sys.executable, "-c", _DRIVER, str(docs), str(tmp_path / "ray"), str(model_dir),
-                           ray_cluster, "--chunk-pages", "8"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    env[CRASH_ENV] = crash_at
+    proc = subprocess.run([sys.executable, "-c", _DRIVER, str(folder), str(collection), str(model_dir),
+                           str(PAGE_PIXELS), address, *flags], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                           text=True, env=env, timeout=600)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
-    before, _ = _rows(tmp_path / "ray")
-    committed = sorted(page for uri, page in before if uri.endswith("long.pdf"))
-    assert committed == list(range(1, PAGES_PER_PART + 1))  # the first part, one range (>= 8 pages)
+    return proc.stderr
 
-    with Retriever(spec, collection=tmp_path / "ray", r_max=0.0) as again:
-        resumed = again.index([docs], options=options, executor=RayExecutor(RayOptions(**ACTORS)))
-    assert (resumed.embedded, resumed.failed) == (n_pages - PAGES_PER_PART, 0)  # only the pages after it
-    with Retriever(spec, collection=tmp_path / "plain", r_max=0.0) as plain:
-        assert plain.index([docs], options=options).embedded == n_pages
-    _assert_same_collection(tmp_path / "plain", tmp_path / "ray")
-    with Collection.open(tmp_path / "ray") as col:  # every row of the file now carries its stat
+
+def test_sigkilled_drivers_resume_without_embedding_twice_and_a_pdf_mid_file(ray_cluster, model_dir, big_corpus,
+                                                                            plain_big, tmp_path):
+    """A driver SIGKILLs itself right after its second chunk commit (a named crash point, no
+    polling); a second one, resuming, after the first page range of the long PDF (committed range
+    by range as its parts come back); a last run embeds only what is missing, the PDF's pages
+    after that range only. The result equals a plain run's."""
+    collection = tmp_path / "ray"
+    stderr = _killed_driver(model_dir, big_corpus, collection, ray_cluster, "add-after-commit#2")
+    # Ray's own output stays off the terminal without --debug (no execution banner, no actor logs)
+    assert "Traceback" not in stderr and "streaming_executor" not in stderr, stderr[-3000:]
+    # nor the warnings of Ray's Python loggers ("2026-... WARNING file.py:85 -- Token authentication ...")
+    assert not re.search(r"^\d{4}-\d\d-\d\d [\d:,]+\s+(WARNING|INFO) ", stderr, re.MULTILINE), stderr[-3000:]
+    # nor its core worker's C++ log lines ("... E ...] core_worker.cc:2465: Actor with class name ...")
+    assert not _RAY_CPP_LINE.search(stderr), stderr[-3000:]
+    first, _ = _rows(collection)
+    assert 0 < len(first)
+    assert not [key for key in first if key[0].endswith(LONG_PDF)]  # last in the walk: not reached yet
+
+    stderr = _killed_driver(model_dir, big_corpus, collection, ray_cluster, "index-after-page-range", "--debug")
+    assert _RAY_CPP_LINE.search(stderr), stderr[-3000:]  # --debug shows Ray's own lines
+    second, _ = _rows(collection)
+    committed = sorted(page for uri, page in second if uri.endswith(LONG_PDF))
+    assert committed == list(range(1, PAGES_PER_PART + 1))  # the first part, one range (>= 8 pages)
+    assert set(first) <= set(second)
+
+    again = _index(model_dir, big_corpus, collection, 0.0, RayOptions(**ONE_ACTOR), max_pixels=PAGE_PIXELS,
+                   chunk_pages=8)
+    plain, plain_collection = plain_big
+    assert len(second) + again.embedded + again.reused == plain.embedded + plain.reused  # nothing embedded twice
+    assert again.embedded < plain.embedded
+    _assert_same_collection(plain_collection, collection)
+    resumed_pages = sorted(page for uri, page in set(_rows(collection)[0]) - set(second) if uri.endswith(LONG_PDF))
+    assert resumed_pages == list(range(PAGES_PER_PART + 1, LONG_PDF_PAGES + 1))  # only the pages after it
+    with Collection.open(collection) as col:  # every row of the file now carries its stat
         records = col.get(sorted(col.live_ids(range(10_000))))
-    assert {r.mtime for r in records if r.uri.endswith("long.pdf")} == {(docs / "long.pdf").stat().st_mtime}
+    assert {r.mtime for r in records if r.uri.endswith(LONG_PDF)} == {(big_corpus / LONG_PDF).stat().st_mtime}
 
 
 def test_a_path_a_worker_cannot_see_is_a_failure_that_says_what_to_do(ray_cluster, tmp_path):

@@ -44,6 +44,7 @@ from faste_mm.retrieval.profile import CollectionProfile
 from faste_mm.retrieval.ingest import IngestTally, PreparedChunk, _long_pdf_pages, commit_chunk, prepare_chunk
 from faste_mm.retrieval.scanning import ScannedFile
 from faste_mm.scale.ray_pages import LongPdf, count_output, plan_long_pdf
+from faste_mm.scale.ray_stderr import hidden_cpp_log_lines
 from faste_mm.scale.ray_workers import EmbedActor, FileServer, FileTask, WorkerModel, decode_files
 from faste_mm.scale.resources import ResourcePlan, StallWatch, describe_wait, plan_resources, watching
 
@@ -53,8 +54,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# Test hook: the name of a Ray actor with an `add(handle)` method; each embedding actor registers
-# its handle there when it starts (again after a restart), so a test can ray.kill one mid-run.
+# Test hook: the name of a Ray actor with `add(handle)` and `calling(handle)` methods; each
+# embedding actor registers its handle there when it starts (again after a restart) and waits
+# for `calling` at the start of each call, so a test can ray.kill one in the middle of a call.
 ACTOR_REGISTRY_ENV = "FASTE_MM_RAY_ACTOR_REGISTRY"
 _MAX_BLOCKS = 20_000  # bounds Ray Data's per-block bookkeeping on runs of millions of files
 _DECODE_MEMORY = 768 * 1024 * 1024  # logical memory per decoding task (its worker imports torch: ~0.5 GiB)
@@ -114,9 +116,10 @@ def ingest_plan_with_ray(job: IngestJob, options: RayOptions) -> None:
 
 @contextmanager
 def _ray_output(shown: bool):
-    """Ray's own output (its loggers' lines, Ray Data's execution banners, the C++ failure
-    handler's stack dump when the driver is stopped) stays off the user's terminal unless
-    this module logs at DEBUG (`--debug`); Ray Data still writes its session log files."""
+    """Ray's own output (its loggers' lines, Ray Data's execution banners, its core worker's
+    C++ log lines (`scale.ray_stderr`), the C++ failure handler's stack dump when the driver is
+    stopped) stays off the user's terminal unless this module logs at DEBUG (`--debug`); Ray
+    Data still writes its session log files."""
     if shown:
         yield
         return
@@ -127,7 +130,8 @@ def _ray_output(shown: bool):
     # read by Ray's core worker when this process joins Ray (ray.init), not later
     os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
     try:
-        yield
+        with hidden_cpp_log_lines():
+            yield
     finally:
         for logger, level in zip(loggers, levels):
             logger.setLevel(level)

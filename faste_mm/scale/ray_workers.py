@@ -170,14 +170,20 @@ class EmbedActor:
                               f"was made with {model.model_dim or model.dim}-d ones; index with the collection's model")
         self.dim = model.dim
         self.fast_e = model.fast_e
+        self.registry = None  # test hook (ray_index.ACTOR_REGISTRY_ENV)
         if registry:
             import ray
 
-            ray.get_actor(registry).add.remote(ray.get_runtime_context().current_actor)
+            self.registry = ray.get_actor(registry)
+            self.registry.add.remote(ray.get_runtime_context().current_actor)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         from faste_mm import Item
 
+        if self.registry is not None:  # a test may kill this actor here, in the middle of a call
+            import ray
+
+            ray.get(self.registry.calling.remote(ray.get_runtime_context().current_actor))
         decoded = [pickle.loads(payload) for payload in batch["decoded"]]  # (path, rows) per file
         files = [rows for _, rows in decoded]
         with tempfile.TemporaryDirectory(prefix="faste-mm-") as folder:
