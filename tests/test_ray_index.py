@@ -286,6 +286,34 @@ def test_a_path_a_worker_cannot_see_is_a_failure_that_says_what_to_do(ray_cluste
     assert "file not found" in row.reason
 
 
+def test_a_decoding_task_that_meets_a_bad_file_does_not_import_the_model(tmp_path):
+    """Each decoding worker is a process of its own: wording a bad file's failure once imported
+    torch and transformers there (seconds of CPU and ~0.5 GiB per worker)."""
+    (tmp_path / "corrupt.png").write_bytes(b"\x89PNG\r\n\x1a\n not really a png")
+    code = ("import sys; from faste_mm.retrieval.profile import CollectionProfile; "
+            "from faste_mm.scale.ray_workers import FileTask, decode_file_parts; "
+            f"[(rows, _)] = decode_file_parts(FileTask({str(tmp_path / 'corrupt.png')!r}, 'image', None), "
+            "CollectionProfile(), None, driver_node=''); "
+            "print(rows[0].reason); print(sorted({'torch', 'transformers'} & set(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "corrupt.png: not a readable image" in out and out.endswith("[]\n"), out
+
+
+def test_rays_cpp_log_lines_are_dropped_and_everything_else_passes(capfd):
+    """The filter `index --ray` runs under without --debug, on what reaches fd 2: whole lines in
+    Ray's C++ log format go, other lines and a partial line (a prompt, a progress line) pass."""
+    from faste_mm.scale.ray_stderr import hidden_cpp_log_lines
+
+    ray_line = (b"[2026-11-27 00:42:33,293 E 17483 17483] core_worker.cc:2465: Actor with class name: "
+                b"'MapWorker(MapBatches(EmbedActor))' has constructor arguments in the object store\n")
+    with hidden_cpp_log_lines():
+        os.write(2, b"before\n" + ray_line[:30])
+        os.write(2, ray_line[30:] + b"[not ray] kept\nindexing: 2/25")
+    assert capfd.readouterr().err == "before\n[not ray] kept\nindexing: 2/25"
+    os.write(2, ray_line)  # after the run: fd 2 is the terminal again
+    assert capfd.readouterr().err == ray_line.decode()
+
+
 def test_missing_ray_says_how_to_install_it(monkeypatch):
     from faste_mm.errors import ConfigError
     from faste_mm.scale import ray_index

@@ -19,10 +19,10 @@ from faste_mm.model.backbones.loading import LoadedModel, load_model
 from faste_mm.model.batching import Batch, BatchingConfig
 from faste_mm.model.ablations import policy_for
 from faste_mm.model.faste import FastEConfig
-from faste_mm.errors import ConfigError, FasteError, InputError
+from faste_mm.errors import ConfigError, InputError
 from faste_mm.model.flops import (DecoderShape, batch_flops, flops_reduction, full_batch_flops, tower_share, vision_flops)
 from faste_mm.model.cost import CostTally
-from faste_mm.model.items import Failure, Item, expand_items
+from faste_mm.model.items import Failure, Item, expand_items, failure_reason
 from faste_mm.model.pooling import truncate_dim
 from faste_mm.model.prefetch import ItemError, PrepTimer, prefetch_batches
 from faste_mm.model.runner import BatchTrace, run_decoder, settle_kernel
@@ -393,11 +393,7 @@ class Embedder:
 def item_failure(items: list[Item], sources: list[int], error: ItemError) -> Failure:
     """The `Failure` of an item whose serialization raised; the reason names the item."""
     item = items[error.index]
-    cause = error.error
-    reason = str(cause) if isinstance(cause, FasteError) else f"{type(cause).__name__}: {cause}"
-    if item.describe() not in reason:
-        reason = f"{item.describe()}: {reason}"
-    return Failure(error.index, sources[error.index], item.describe(), reason)
+    return Failure(error.index, sources[error.index], item.describe(), failure_reason(item, error.error))
 
 
 def one_or_many(inputs: object) -> Iterable[object]:

@@ -22,7 +22,7 @@ from typing import Iterable, Union
 
 from PIL import Image, UnidentifiedImageError
 
-from faste_mm.errors import InputError
+from faste_mm.errors import FasteError, InputError
 from faste_mm.kinds import PLUGINS, is_kind
 
 ImageLike = Union[str, Path, Image.Image]
@@ -95,6 +95,14 @@ class Item:
             return f"<PIL image {self.image.size[0]}x{self.image.size[1]}>"
         text = self.text or ""
         return repr(text if len(text) <= 40 else text[:37] + "...")
+
+
+def failure_reason(item: Item, error: BaseException) -> str:
+    """Why `item` failed, as every path words it (the embedder, the Ray decoding tasks): a
+    FasteError's message, else the error's type and message, led by the item's name. Kept here,
+    torch-free, so a decoding task that meets a bad file does not import the model."""
+    reason = str(error) if isinstance(error, FasteError) else f"{type(error).__name__}: {error}"
+    return reason if item.describe() in reason else f"{item.describe()}: {reason}"
 
 
 @dataclass(frozen=True, slots=True)

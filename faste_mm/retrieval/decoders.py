@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, BinaryIO, Callable, Sequence
 from faste_mm.errors import FasteError, InputError
 from faste_mm.indexers.records import open_regular
 from faste_mm.kinds import KINDS
-from faste_mm.model.items import Item, count_pdf_pages, load_image
+from faste_mm.model.items import Item, count_pdf_pages, failure_reason, load_image
 
 if TYPE_CHECKING:
     from faste_mm.retrieval.profile import CollectionProfile
@@ -68,10 +68,7 @@ def read_text(f: BinaryIO, name: str) -> str:
 
 def _reason(item: Item, error: Exception) -> str:
     """The reason a plain run's embedder records for `item` failing with `error`."""
-    from faste_mm.model.embedder import item_failure
-    from faste_mm.model.prefetch import ItemError
-
-    return item_failure([item], [0], ItemError(0, error)).reason
+    return failure_reason(item, error)
 
 
 def _decode_image(path: Path, profile: "CollectionProfile") -> list[Decoded]:

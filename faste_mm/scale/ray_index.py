@@ -59,7 +59,7 @@ log = logging.getLogger(__name__)
 # for `calling` at the start of each call, so a test can ray.kill one in the middle of a call.
 ACTOR_REGISTRY_ENV = "FASTE_MM_RAY_ACTOR_REGISTRY"
 _MAX_BLOCKS = 20_000  # bounds Ray Data's per-block bookkeeping on runs of millions of files
-_DECODE_MEMORY = 768 * 1024 * 1024  # logical memory per decoding task (its worker imports torch: ~0.5 GiB)
+_DECODE_MEMORY = 768 * 1024 * 1024  # logical memory per decoding task (decoded images, rendered pages)
 
 
 def import_ray():
