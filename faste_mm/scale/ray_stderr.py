@@ -35,6 +35,9 @@ _LONGEST_PREFIX = 120  # a partial line starting with "[" is held this long at m
 @contextmanager
 def hidden_cpp_log_lines() -> Iterator[None]:
     """Drop Ray's C++ log lines written to fd 2 while the block runs; pass everything else on."""
+    if os.name == "nt":  # select() takes no pipes there: Ray's lines are left as they are
+        yield
+        return
     sys.stderr.flush()
     terminal = os.dup(2)
     read_end, write_end = os.pipe()
