@@ -17,7 +17,7 @@ from PIL import Image
 
 import faste_mm
 from faste_mm import BatchingConfig, Embedder
-from faste_mm.testing import build_tiny_model
+from tests.helpers.tiny_models import TinyModels
 
 TEXT_FAMILIES = ("qwen3", "mistral", "llama", "qwen2")
 
@@ -62,9 +62,9 @@ def _isolated_user_config(tmp_path_factory, monkeypatch):
 
 
 @pytest.fixture(scope="session")
-def model_dirs(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("models")
-    return {family: build_tiny_model(root / family, family) for family in ("qwen3_vl", *TEXT_FAMILIES)}
+def model_dirs(tmp_path_factory) -> TinyModels:
+    """family -> tiny model folder, each built once per run on first use (tests/helpers/tiny_models.py)."""
+    return TinyModels(tmp_path_factory.getbasetemp(), ("qwen3_vl", *TEXT_FAMILIES))
 
 
 @pytest.fixture(scope="session")

@@ -22,7 +22,7 @@ from faste_mm.bench import SUITES
 from faste_mm.bench.entry import run_suite
 from faste_mm.bench.schema import RECORDED_CPU_FLAGS, SCHEMA, BenchResult
 from faste_mm.cli.app import app
-from faste_mm.testing import build_tiny_model
+from tests.helpers.tiny_models import tiny_model_dir
 
 SCHEMA_FIELDS = {f.name for f in fields(BenchResult)}
 processes = pytest.mark.skipif(os.environ.get("FASTE_MM_BENCH_SMOKE") != "all",
@@ -41,7 +41,7 @@ def _torch_threads_restored():
 
 @pytest.fixture(scope="module")
 def reranker_dir(tmp_path_factory) -> Path:
-    return build_tiny_model(tmp_path_factory.mktemp("bench-reranker") / "rr", "qwen3_vl_reranker", num_layers=4)
+    return tiny_model_dir(tmp_path_factory.getbasetemp(), "qwen3_vl_reranker", num_layers=4)
 
 
 def _run(suite: str, args: list[str], tmp_path: Path, capsys) -> dict:

@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,9 +16,10 @@ from typer.testing import CliRunner
 pytest.importorskip("fastapi", reason="needs the serve extra: pip install 'faste-mm[serve]'")
 
 from faste_mm.cli.app import app  # noqa: E402
-from faste_mm.testing import build_tiny_model  # noqa: E402
+from tests.helpers.forked_cli import run_cli, start_cli  # noqa: E402
 from tests.helpers.inputs import tiny_vl_dir  # noqa: E402
 from tests.helpers.serve_fixtures import make_gallery  # noqa: E402
+from tests.helpers.tiny_models import tiny_model_dir  # noqa: E402
 
 runner = CliRunner()
 
@@ -29,24 +28,23 @@ runner = CliRunner()
 def served(tmp_path_factory):
     """(collection, reranker folder, env) of `faste-mm serve -c COL --rerank RR` over 3 images and a 2-page PDF."""
     base = tmp_path_factory.mktemp("server-rerank")
-    reranker = build_tiny_model(base / "reranker", "qwen3_vl_reranker")
+    reranker = tiny_model_dir(tmp_path_factory.getbasetemp(), "qwen3_vl_reranker")
     env = {key: value for key, value in os.environ.items() if key not in ("COLUMNS", "FASTE_MM_COLLECTION")}
     env.update({"XDG_DATA_HOME": str(base / "data"), "FASTE_MM_DEVICE": "cpu"})
     col = base / "col"
-    made = subprocess.run([sys.executable, "-m", "faste_mm.cli.app", "index", str(make_gallery(base / "gallery", n=3)),
-                           "-c", str(col), "--model", str(tiny_vl_dir(tmp_path_factory.getbasetemp()))],
-                          env=env, capture_output=True, text=True, timeout=600)
+    # both forked from the warm process of tests/helpers/forked_cli.py: no fresh torch import
+    made = run_cli(["index", str(make_gallery(base / "gallery", n=3)), "-c", str(col),
+                    "--model", str(tiny_vl_dir(tmp_path_factory.getbasetemp()))], env=env)
     assert made.returncode == 0, made.stderr
-    proc = subprocess.Popen([sys.executable, "-m", "faste_mm.cli.app", "serve", "-c", str(col), "--port", "0",
-                             "--threads", "1", "--rerank", str(reranker)],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    proc = start_cli(["serve", "-c", str(col), "--port", "0", "--threads", "1", "--rerank", str(reranker)], env=env)
     line = proc.stdout.readline()  # printed once the server is announced and its socket listens
-    assert line.startswith("serving on http://127.0.0.1:"), line
+    assert line.startswith("serving on http://127.0.0.1:"), proc.stderr.read() if not line else line
     try:
         yield col, reranker, env
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=120)
+        proc.close()
 
 
 def _search(env: dict, *args: str) -> tuple[dict, str]:

@@ -28,8 +28,8 @@ from faste_mm.retrieval.model_spec import ModelSpec  # noqa: E402
 from faste_mm.serving.discovery import find_server  # noqa: E402
 from tests.helpers.forked_cli import start_cli  # noqa: E402
 from tests.helpers.serve_fixtures import make_gallery  # noqa: E402
-from faste_mm.testing import build_tiny_model  # noqa: E402
 from tests.helpers.inputs import tiny_vl_dir  # noqa: E402
+from tests.helpers.tiny_models import tiny_model_dir  # noqa: E402
 
 runner = CliRunner()
 
@@ -58,7 +58,7 @@ def _env(data_home: Path) -> dict:
 @pytest.fixture(scope="module")
 def reranker_dir(tmp_path_factory) -> Path:
     """A tiny random-weight Qwen3-VL reranker (the server's --rerank: /explain)."""
-    return build_tiny_model(tmp_path_factory.mktemp("server-search-reranker") / "vl-reranker", "qwen3_vl_reranker")
+    return tiny_model_dir(tmp_path_factory.getbasetemp(), "qwen3_vl_reranker")
 
 
 @pytest.fixture(scope="module")

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from faste_mm.testing import build_tiny_model
 from tests.helpers.docs_blocks import Block, documents, extract, make_sandbox, shell_script, substitute
 from tests.helpers.docs_zygote import SHIM, receive_message, send_message
+from tests.helpers.tiny_models import tiny_model_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 ALL_BLOCKS = [block for path in documents() for block in extract(path)]
@@ -35,11 +35,7 @@ STAND_INS = {"Qwen/Qwen3-VL-Embedding-2B": "qwen3_vl", "Qwen/Qwen3-VL-Embedding-
 
 @pytest.fixture(scope="module")
 def stand_ins(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("doc-models")
-    built: dict[str, Path] = {}
-    for family in dict.fromkeys(STAND_INS.values()):
-        built[family] = build_tiny_model(root / family, family)
-    return {hub_id: built[family] for hub_id, family in STAND_INS.items()}
+    return {hub_id: tiny_model_dir(tmp_path_factory.getbasetemp(), family) for hub_id, family in STAND_INS.items()}
 
 
 @pytest.fixture(scope="module")

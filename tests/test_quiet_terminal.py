@@ -35,10 +35,10 @@ def test_export_to_lancedb_prints_lances_log_lines_only_with_debug(tmp_path, deb
 def test_serve_loads_its_model_without_transformers_per_weight_bar(tmp_path):
     import signal
 
-    from faste_mm.testing import build_tiny_model
+    from tests.helpers.tiny_models import tiny_model_dir
 
     env = {**os.environ, "FASTE_MM_DEVICE": "cpu", "XDG_DATA_HOME": str(tmp_path)}
-    proc = subprocess.Popen([sys.executable, "-m", "faste_mm.cli.app", "serve", "--model", str(build_tiny_model(tmp_path / "m", "qwen3")),
+    proc = subprocess.Popen([sys.executable, "-m", "faste_mm.cli.app", "serve", "--model", str(tiny_model_dir(tmp_path.parent, "qwen3")),
                              "--port", "0", "--threads", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env)
     try:

@@ -12,10 +12,10 @@ import os
 import pytest
 
 from faste_mm import BatchingConfig, Embedder, Retriever
-from faste_mm.testing import build_tiny_model
 from tests.helpers.browser import CHROMIUM, browser, serving  # noqa: F401 (the shared browser fixture)
 from tests.helpers.serve_fixtures import make_gallery, scene_image
 from tests.helpers.inputs import tiny_vl_dir
+from tests.helpers.tiny_models import tiny_model_dir
 
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
 K = 6
@@ -29,7 +29,7 @@ def server(tmp_path_factory):
     embedder = Embedder.from_pretrained(str(model), device="cpu", batching=BatchingConfig(batch_tokens=1 << 16))
     gallery = make_gallery(base / "gallery")
     Retriever(embedder, collection=base / "photos", r_max=0.5).index([gallery])
-    reranker = build_tiny_model(base / "reranker", "qwen3_vl_reranker")  # the page's rerank toggle and "why"
+    reranker = tiny_model_dir(tmp_path_factory.getbasetemp(), "qwen3_vl_reranker")  # the page's rerank toggle and "why"
     with serving("-c", str(base / "photos"), "--device", "cpu", "--rerank", str(reranker)) as url:
         yield url, base
 

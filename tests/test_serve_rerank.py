@@ -16,14 +16,14 @@ from fastapi.testclient import TestClient  # noqa: E402
 from faste_mm import Embedder, Item  # noqa: E402
 from faste_mm.serving.api import create_app  # noqa: E402
 from faste_mm.serving.engine import ServeConfig, ServeEngine  # noqa: E402
-from faste_mm.testing import build_tiny_model  # noqa: E402
 
+from tests.helpers.inputs import tiny_vl_dir  # noqa: E402
 from tests.helpers.rerank_fixtures import ONE_BATCH, reranker_dirs, vl_reranker  # noqa: E402, F401
 
 
 @pytest.fixture(scope="module")
 def embedder(tmp_path_factory):
-    return Embedder.from_pretrained(str(build_tiny_model(tmp_path_factory.mktemp("emb") / "m", "qwen3_vl")), device="cpu")
+    return Embedder.from_pretrained(str(tiny_vl_dir(tmp_path_factory.getbasetemp())), device="cpu")
 
 
 def _client(embedder, reranker, **config) -> TestClient:

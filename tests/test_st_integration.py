@@ -4,6 +4,7 @@ disable_faste) and faste-mm's own `Embedder` on the same checkpoint (FastE)."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -26,7 +27,7 @@ from faste_mm.integrations.sentence_transformers import (  # noqa: E402
     enable_faste,
     is_faste_enabled,
 )
-from faste_mm.testing import build_tiny_model  # noqa: E402
+from tests.helpers.tiny_models import tiny_model_dir  # noqa: E402
 
 DEFAULT_INSTRUCTION = "Represent the user's input."
 QUERY_INSTRUCTION = "Find me an everyday image that matches the given caption:"  # ends in P*: no '.' added
@@ -70,7 +71,8 @@ def write_sentence_transformers_layout(path: Path, hidden: int) -> Path:
 
 @pytest.fixture(scope="module")
 def vl_dir(tmp_path_factory) -> Path:
-    path = build_tiny_model(tmp_path_factory.mktemp("st") / "qwen3_vl", "qwen3_vl")
+    # a copy: the layout's files are written into the model folder
+    path = shutil.copytree(tiny_model_dir(tmp_path_factory.getbasetemp(), "qwen3_vl"), tmp_path_factory.mktemp("st") / "qwen3_vl")
     return write_sentence_transformers_layout(path, hidden=64)
 
 
@@ -246,7 +248,7 @@ def test_text_backbone_with_left_padding(tmp_path):
     """Qwen3-Embedding style: the tokenizer appends EOS, pads on the left, query prompt in ST."""
     from tokenizers import processors
 
-    path = build_tiny_model(tmp_path / "qwen3", "qwen3")
+    path = tiny_model_dir(tmp_path.parent, "qwen3")
     embedder = Embedder.from_pretrained(str(path), device="cpu", batching=ONE_BATCH)
     prompts = {"query": f"Instruct: {WEB_SEARCH}\nQuery:", "document": ""}
     # Plain text, as Qwen3-Embedding's ST config has it (not the tokenizer's chat template).
@@ -281,7 +283,7 @@ def llama_st_model(tmp_path: Path, max_seq_length: int = 12) -> SentenceTransfor
     """A Llama-family ST model as such models are published: its own prompts (literal prefixes, not
     faste-mm's "Instruct: ...\\nQuery:" format), the tokenizer's own special tokens (BOS, no EOS
     appended), a max_seq_length, last-token pooling and Normalize."""
-    path = build_tiny_model(tmp_path / "llama", "llama")
+    path = tiny_model_dir(tmp_path.parent, "llama")
     text_only = {"text": {"method": "forward", "method_output_name": "last_hidden_state"}}
     transformer = Transformer(str(path), modality_config=text_only, module_output_name="token_embeddings")
     transformer.max_seq_length = max_seq_length

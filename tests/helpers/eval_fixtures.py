@@ -111,12 +111,9 @@ def write_mmeb(root: Path, layout: str = "flat-parquet", image_dir: str = "image
 @pytest.fixture(scope="session")
 def eval_model_dir(tmp_path_factory) -> Path:
     """The tiny Qwen3-VL model, built once per run even when several modules import this fixture."""
-    from faste_mm.testing import build_tiny_model
+    from tests.helpers.tiny_models import tiny_model_dir
 
-    path = tmp_path_factory.getbasetemp() / "eval_qwen3_vl"
-    if not (path / "config.json").is_file():
-        build_tiny_model(path, "qwen3_vl")
-    return path
+    return tiny_model_dir(tmp_path_factory.getbasetemp(), "qwen3_vl")
 
 
 @pytest.fixture(scope="session")

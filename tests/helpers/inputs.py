@@ -9,14 +9,12 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from faste_mm.testing import build_tiny_model
+from tests.helpers.tiny_models import tiny_model_dir
 
 
 def tiny_vl_dir(base: Path) -> Path:
-    path = base / "retriever-tiny-qwen3-vl"
-    if not (path / "config.json").exists():
-        build_tiny_model(path, "qwen3_vl")
-    return path
+    """The tiny Qwen3-VL model (`base`: the worker's basetemp), built once per run."""
+    return tiny_model_dir(base, "qwen3_vl")
 
 
 def noise_image(path: Path, size: tuple[int, int], seed: int, mode: str = "RGB") -> Path:

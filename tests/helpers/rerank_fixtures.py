@@ -6,15 +6,14 @@ import pytest
 
 from faste_mm import BatchingConfig
 from faste_mm.model.rerank.reranker import Reranker
-from faste_mm.testing import build_tiny_model
+from tests.helpers.tiny_models import TinyModels
 
 ONE_BATCH = BatchingConfig(batch_tokens=1 << 20)
 
 
 @pytest.fixture(scope="session")
 def reranker_dirs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("rerankers")
-    return {family: build_tiny_model(root / family, family) for family in ("qwen3_vl_reranker", "qwen3_reranker")}
+    return TinyModels(tmp_path_factory.getbasetemp(), ("qwen3_vl_reranker", "qwen3_reranker"))
 
 
 @pytest.fixture(scope="session")
