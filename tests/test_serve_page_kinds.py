@@ -6,11 +6,6 @@ the API returns for the same filters. A screenshot is saved under the test's tmp
 from __future__ import annotations
 
 import os
-import queue
-import shutil
-import subprocess
-import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -20,12 +15,10 @@ pytest.importorskip("av")
 
 from faste_mm import BatchingConfig, Embedder, Item, Retriever  # noqa: E402
 from faste_mm.serving.thumbnails import thumbnail  # noqa: E402
+from tests.helpers.browser import CHROMIUM, browser, serving  # noqa: E402, F401 (the shared browser fixture)
 from tests.helpers.serve_fixtures import scene_image  # noqa: E402
 from tests.helpers.inputs import tiny_vl_dir  # noqa: E402
 from tests.helpers.inputs import write_video  # noqa: E402
-
-CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if os.path.exists("/usr/bin/chromium") else None)
-REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -62,62 +55,48 @@ def test_a_video_thumbnail_is_a_frame_of_the_video(collection, tmp_path):
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
-def test_the_page_shows_videos_and_notes_and_filters_like_the_api(collection, tmp_path):
-    playwright_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "faste_mm.cli.app", "serve", "-c", str(collection), "--port", "0", "--device", "cpu"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        cwd=REPO)
-    lines: queue.Queue = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in process.stdout], daemon=True).start()
-    try:
-        line = lines.get(timeout=300)  # the server prints its URL once the model is loaded
-        url = line.split()[-1].rstrip("/")
-        with playwright_api.sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-            page = browser.new_page(viewport={"width": 1280, "height": 820})
-            errors: list[str] = []
-            page.on("pageerror", lambda error: errors.append(str(error)))
-            page.goto(url + "/")
-            page.wait_for_selector("#collection strong")
-            page.fill("#q", "a short clip")
-            page.press("#q", "Enter")
-            page.wait_for_selector(".card")
-            assert page.locator(".card").count() == 6  # 3 images, the video, 2 notes
-            video = page.locator('.card[data-kind="video"]')
-            assert video.count() == 1 and video.locator(".kind").inner_text().lower() == "video"
-            page.wait_for_function("() => [...document.querySelectorAll('.card img')].every(i => i.complete && i.naturalWidth > 0)")
-            assert video.locator("img").evaluate("i => i.naturalWidth") > 0  # a frame, not a 404
-            assert page.locator('.card[data-kind="text"] .note').count() == 2
-            assert page.locator('.card[data-kind="text"] .ext').all_inner_texts() != []
-            page.screenshot(path=str(tmp_path / "kinds.png"))
-            if os.environ.get("FASTE_MM_SCREENSHOT_KINDS"):
-                page.screenshot(path=os.environ["FASTE_MM_SCREENSHOT_KINDS"], full_page=True)
+def test_the_page_shows_videos_and_notes_and_filters_like_the_api(collection, browser, tmp_path):  # noqa: F811
+    with serving("-c", str(collection), "--device", "cpu") as url:
+        page = browser.new_page(viewport={"width": 1280, "height": 820})
+        errors: list[str] = []
+        page.on("pageerror", lambda error: errors.append(str(error)))
+        page.goto(url + "/")
+        page.wait_for_selector("#collection strong")
+        page.fill("#q", "a short clip")
+        page.press("#q", "Enter")
+        page.wait_for_selector(".card")
+        assert page.locator(".card").count() == 6  # 3 images, the video, 2 notes
+        video = page.locator('.card[data-kind="video"]')
+        assert video.count() == 1 and video.locator(".kind").inner_text().lower() == "video"
+        page.wait_for_function("() => [...document.querySelectorAll('.card img')].every(i => i.complete && i.naturalWidth > 0)")
+        assert video.locator("img").evaluate("i => i.naturalWidth") > 0  # a frame, not a 404
+        assert page.locator('.card[data-kind="text"] .note').count() == 2
+        assert page.locator('.card[data-kind="text"] .ext').all_inner_texts() != []
+        page.screenshot(path=str(tmp_path / "kinds.png"))
+        if os.environ.get("FASTE_MM_SCREENSHOT_KINDS"):
+            page.screenshot(path=os.environ["FASTE_MM_SCREENSHOT_KINDS"], full_page=True)
 
-            def names() -> list[str]:
-                page.wait_for_function("() => !document.body.classList.contains('busy')")
-                return sorted(page.locator(".card .name").all_inner_texts())
+        def names() -> list[str]:
+            page.wait_for_function("() => !document.body.classList.contains('busy')")
+            return sorted(page.locator(".card .name").all_inner_texts())
 
-            page.select_option("#f-type", "video")
-            page.wait_for_function("() => document.querySelectorAll('.card').length === 1")
-            assert names() == ["clip.mp4"] and "type=video" in page.url
-            page.select_option("#f-type", "text")
-            page.wait_for_function("() => document.querySelectorAll('.card').length === 2")
-            page.fill("#f-where", "year=2024")
-            page.press("#f-where", "Enter")
-            page.wait_for_function("() => document.querySelectorAll('.card').length === 1")
-            assert names() == ["notes:picnic"]
-            page.click("#f-clear")
-            page.fill("#f-path", "*.png")
-            page.press("#f-path", "Enter")
-            page.wait_for_function("() => document.querySelectorAll('.card').length === 3")
-            assert names() == ["scene-0.png", "scene-1.png", "scene-2.png"]
-            page.fill("#f-where", "nonsense")
-            page.press("#f-where", "Enter")
-            page.wait_for_selector("#banner:not([hidden])")
-            assert "KEY=VALUE" in page.inner_text("#banner")
-            browser.close()
-            assert not errors, errors
-    finally:
-        process.terminate()
-        process.wait(timeout=60)
+        page.select_option("#f-type", "video")
+        page.wait_for_function("() => document.querySelectorAll('.card').length === 1")
+        assert names() == ["clip.mp4"] and "type=video" in page.url
+        page.select_option("#f-type", "text")
+        page.wait_for_function("() => document.querySelectorAll('.card').length === 2")
+        page.fill("#f-where", "year=2024")
+        page.press("#f-where", "Enter")
+        page.wait_for_function("() => document.querySelectorAll('.card').length === 1")
+        assert names() == ["notes:picnic"]
+        page.click("#f-clear")
+        page.fill("#f-path", "*.png")
+        page.press("#f-path", "Enter")
+        page.wait_for_function("() => document.querySelectorAll('.card').length === 3")
+        assert names() == ["scene-0.png", "scene-1.png", "scene-2.png"]
+        page.fill("#f-where", "nonsense")
+        page.press("#f-where", "Enter")
+        page.wait_for_selector("#banner:not([hidden])")
+        assert "KEY=VALUE" in page.inner_text("#banner")
+        page.close()
+        assert not errors, errors

@@ -68,6 +68,9 @@ def _child(argv: list[str], env: dict[str, str], cwd: str, out, err) -> None:
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
+    # Ctrl-C as a fresh interpreter started from a terminal has it (KeyboardInterrupt): the
+    # forkserver ignores SIGINT, and the test runner may have started us ignoring it too.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     if env.get("PYTHONUNBUFFERED"):  # what the variable does to a fresh interpreter's streams
         sys.stdout.reconfigure(write_through=True)
         sys.stderr.reconfigure(write_through=True)
