@@ -33,7 +33,7 @@ def tiny_model_dir(basetemp: Path, family: str, num_layers: int = 6) -> Path:
     this run; `basetemp` is the asking worker's `tmp_path_factory.getbasetemp()`)."""
     root = run_root(basetemp) / "tiny-models"
     root.mkdir(parents=True, exist_ok=True)
-    path = root / f"{family}-{num_layers}"
+    path = root / (family if num_layers == 6 else f"{family}-{num_layers}-layers")  # the family names the folder, as messages show
     with open(root / f"{path.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         if not path.is_dir():
@@ -41,7 +41,15 @@ def tiny_model_dir(basetemp: Path, family: str, num_layers: int = 6) -> Path:
             shutil.rmtree(partial, ignore_errors=True)
             build_tiny_model(partial, family, num_layers=num_layers)
             partial.rename(path)  # complete or absent: a killed build leaves only a .partial folder
+    _asked.add(path)
     return path
+
+
+_asked: set[Path] = set()  # the models this process asked for (tests/helpers/forked_cli.py warms their tokenizers)
+
+
+def asked_models() -> list[Path]:
+    return sorted(_asked)
 
 
 class TinyModels(Mapping):

@@ -1,0 +1,62 @@
+"""Tokenizers parsed once in the forkserver of tests/helpers/forked_cli.py, for the tiny models of
+tests/helpers/tiny_models.py.
+
+Parsing the real Qwen tokenizer (11 MB of JSON) is ~1 s of CPU, about half of loading a tiny
+model, and every forked `faste-mm index`/`search`/`serve` loads one. Imported in the forkserver
+(a preload module), this parses the tokenizer of each tiny model already built when the forkserver
+starts; a child then gets the parsed object by fork, its own copy (a child's changes stay in that
+child). Everything else about loading stays real: config, weights, processor, errors.
+
+Only the folders named in `WARM_ENV` are cached, and only while their files are unchanged (same
+inode, size and mtime): the tests copy a model before changing or deleting it, and a changed or
+vanished folder is loaded (or refused) afresh.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+WARM_ENV = "FORKED_CLI_WARM_MODELS"  # os.pathsep-separated model folders; not a FASTE_MM_* variable
+_IGNORED = ("revision", "local_files_only")  # where files come from: the same local folder either way
+
+
+def _fingerprint(folder: Path) -> tuple:
+    return tuple(sorted((p.name, s.st_ino, s.st_size, s.st_mtime_ns)
+                        for p in folder.iterdir() if p.is_file() for s in (p.stat(),)))
+
+
+def _install(folders: set[str]) -> None:
+    from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
+    load = PreTrainedTokenizerBase.from_pretrained.__func__
+    parsed: dict = {}
+
+    def from_pretrained(cls, path, *args, **kwargs):
+        folder = os.path.realpath(str(path))
+        if folder not in folders or not os.path.isdir(folder):
+            return load(cls, path, *args, **kwargs)
+        key = (cls, folder, _fingerprint(Path(folder)), repr(args),
+               repr(sorted((k, v) for k, v in kwargs.items() if k not in _IGNORED)))
+        if key not in parsed:
+            parsed[key] = load(cls, path, *args, **kwargs)
+        return parsed[key]
+
+    PreTrainedTokenizerBase.from_pretrained = classmethod(from_pretrained)
+
+
+def _warm(folders: set[str]) -> None:
+    """Load each folder's preprocessor as faste-mm does (a processor for Qwen3-VL, else a tokenizer)."""
+    import json
+
+    from transformers import AutoProcessor, AutoTokenizer
+
+    for folder in sorted(folders):
+        model_type = json.loads((Path(folder) / "config.json").read_text())["model_type"]
+        (AutoProcessor if model_type == "qwen3_vl" else AutoTokenizer).from_pretrained(folder)
+
+
+_folders = {os.path.realpath(f) for f in os.environ.get(WARM_ENV, "").split(os.pathsep) if f}
+if _folders:
+    _install(_folders)
+    _warm(_folders)
