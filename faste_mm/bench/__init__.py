@@ -20,6 +20,7 @@ SUITES: dict[str, tuple[str, str]] = {
     "rerank-e2e": ("faste_mm.bench.rerank_e2e", "reranking pages end to end (serialization overlapped with the model)"),
     "rerank-warm": ("faste_mm.bench.rerank_warm", "a server's reranked searches over the same candidates: first, second and warm queries"),
     "batch-tokens": ("faste_mm.bench.batch_tokens", "throughput against the batch token budget"),
+    "threads": ("faste_mm.bench.threads", "the machine plan's torch threads, preprocessing threads and batch tokens against each changed"),
     "scale": ("faste_mm.bench.scale", "collections at scale: float/int8/binary/auto against raw FAISS and LanceDB"),
     "search": ("faste_mm.bench.search", "one collection of random vectors: build time, query latency, recall (CPU or GPU FAISS)"),
     "pdf-memory": ("faste_mm.bench.pdf_memory", "peak RSS of `faste-mm index` on one PDF, per page count"),

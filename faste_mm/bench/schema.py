@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from faste_mm.model.backbones.machine import read_cpu_flags
+from faste_mm.model.machine_plan import available_cores
 
 SCHEMA = "faste-mm-bench/1"
 # The flags that decide a CPU's speed on our kernels: bfloat16 and int8 matrix units.
@@ -97,7 +98,7 @@ def finish(suite: str, begun: Start, run: SuiteRun) -> BenchResult:
     return BenchResult(
         suite=suite, commit=commit(), command=begun.command, started_at=begun.started_at,
         wall_s=round(time.perf_counter() - begun.started, 3), device=run.device, cpu=cpu_model(),
-        cores=os.cpu_count() or 1, cpu_flags=cpu_flags(), dtype=run.dtype, torch=_version("torch"),
+        cores=available_cores()[0], cpu_flags=cpu_flags(), dtype=run.dtype, torch=_version("torch"),
         threads=None if torch is None else torch.get_num_threads(), load_start=begun.load_start,
         load_end=_load(), params=run.params, machine=run.machine, rows=run.rows)
 

@@ -6,12 +6,12 @@ Receives `Serialized` items; hands on `Batch`es (with the rows they came from) t
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, fields, replace
 
 import torch
 
 from faste_mm.errors import ConfigError
+from faste_mm.model.machine_plan import BATCH_TOKENS, MachinePlan, machine_plan
 from faste_mm.model.serialization import Serialized
 
 
@@ -23,18 +23,12 @@ UNPADDED_MODES = ("auto", "off", "flash-attn", "torch-nested", "segments")
 # pages in 3-page batches ran the reranker's forward in 0.87 s, in a 12-page batch 0.65 s
 # (docs/benchmarks-log.md, "GPU runs"), and the token budget still caps a batch of pages at ~9-12.
 BATCH_BYTES = {"cpu": 96 * 2**20, "cuda": 512 * 2**20}
-# Padded tokens per batch when BatchingConfig.batch_tokens is None, by device type. A CPU runs a
-# layer faster per token in smaller batches (its activations stay in cache): 4,096-token batches
-# embedded 1,000-token texts 1.09x faster than 16,384 (2B shape x0.125), a real-width 2B layer ran
-# 1.1x faster per token in bfloat16, photos within 3% (docs/benchmarks-log.md, round 5 of "Reranking"); a GPU
-# wants the large batches.
-BATCH_TOKENS = {"cpu": 4096, "cuda": 16384}
 
 
 @dataclass(frozen=True, slots=True)
 class BatchingConfig:
-    """batch_tokens bounds batch_size * padded_length (None: `BATCH_TOKENS` for the model's device,
-    4,096 on a CPU, 16,384 on CUDA); max_batch_size bounds the rows of a batch;
+    """batch_tokens bounds batch_size * padded_length (None: the machine plan's, `BATCH_TOKENS` for
+    the model's device, 4,096 on a CPU, 16,384 on CUDA); max_batch_size bounds the rows of a batch;
     batch_bytes bounds the bytes of a batch's tensors (a page near the pixel cap is ~44 MB of
     float32 patches; None: `BATCH_BYTES` for the model's device, 96 MiB = 2 such pages on a CPU,
     512 MiB on CUDA; an item larger than it is a batch of its own), planned before any page is
@@ -43,7 +37,7 @@ class BatchingConfig:
     large images (a batch of texts is far below it); chunk_items is how many
     items are serialized (and length-sorted together) at a time (the first chunks are smaller,
     so the model starts early); workers preprocess in background
-    threads (None = one per CPU core, at most 8; 0 = in the caller, no overlap); at most
+    threads (None = the machine plan's, one per usable CPU core, at most 8; 0 = in the caller, no overlap); at most
     prefetch_batches ready batches wait for the model, and past the first at most prefetch_bytes
     bytes of them (pixels, token ids, positions; the default keeps one batch of large images
     ahead of the model and up to prefetch_batches of texts, ~1 MB each), which bounds host
@@ -73,18 +67,23 @@ class BatchingConfig:
         """batch_bytes, or the CPU's default where the device is not known (plan_batches alone)."""
         return BATCH_BYTES["cpu"] if self.batch_bytes is None else self.batch_bytes
 
+    def machine_plan(self, device: torch.device) -> MachinePlan:
+        """The threads and batch budget for `device` on this machine, this config's workers and
+        batch_tokens winning over the machine's rule (`machine_plan.machine_plan`)."""
+        return machine_plan(device=device.type, workers=self.workers, batch_tokens=self.batch_tokens)
+
     def for_device(self, device: torch.device) -> "BatchingConfig":
-        """This config with batch_tokens / batch_bytes None resolved for `device` (what a model's
-        stages use)."""
-        kind = device.type if device.type in BATCH_BYTES else "cpu"
-        return replace(self, batch_tokens=BATCH_TOKENS[kind] if self.batch_tokens is None else self.batch_tokens,
-                       batch_bytes=BATCH_BYTES[kind] if self.batch_bytes is None else self.batch_bytes)
+        """This config with batch_tokens / workers / batch_bytes None resolved for `device` on
+        this machine (what a model's stages use)."""
+        plan = self.machine_plan(device)
+        return replace(self, batch_tokens=plan.batch_tokens, workers=plan.prep_threads,
+                       batch_bytes=BATCH_BYTES[plan.device] if self.batch_bytes is None else self.batch_bytes)
 
     @property
     def worker_threads(self) -> int:
-        """Preprocessing threads: `workers`, or one per core (tokenizers, PIL and the image
-        processor release the GIL), capped where returns fade."""
-        return self.workers if self.workers is not None else min(8, os.cpu_count() or 1)
+        """Preprocessing threads: `workers`, or the machine plan's for a CPU (one per usable
+        core, at most 8: tokenizers, PIL and the image processor release the GIL)."""
+        return self.workers if self.workers is not None else machine_plan().prep_threads
 
     def __post_init__(self) -> None:
         if self.batch_tokens is not None and (not isinstance(self.batch_tokens, int) or self.batch_tokens < 1):

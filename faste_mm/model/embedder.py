@@ -23,6 +23,7 @@ from faste_mm.errors import ConfigError, InputError
 from faste_mm.model.flops import (DecoderShape, batch_flops, flops_reduction, full_batch_flops, tower_share, vision_flops)
 from faste_mm.model.cost import CostTally
 from faste_mm.model.items import Failure, Item, expand_items, failure_reason
+from faste_mm.model.machine_plan import use_torch_threads
 from faste_mm.model.pooling import truncate_dim
 from faste_mm.model.prefetch import ItemError, PrepTimer, prefetch_batches
 from faste_mm.model.runner import BatchTrace, run_decoder, settle_kernel
@@ -143,7 +144,11 @@ class Embedder:
         self.backbone = loaded.backbone
         self.serializer = loaded.serializer
         self.family = loaded.family
-        self.batching = (batching or BatchingConfig()).for_device(self.backbone.device)
+        batching = batching or BatchingConfig()
+        # threads and batch budget for this machine's usable cores (the caller's settings win)
+        self.machine = batching.machine_plan(self.backbone.device)
+        self.batching = batching.for_device(self.backbone.device)
+        use_torch_threads(self.machine)
         # settled once per Embedder (the "auto" trial runs on the first compressed batch: settle_kernel)
         self.unpadded = Unpadded(self.batching.unpadded, self.backbone.device, self.backbone.dtype)
         self._warned_warmup: set[int] = set()  # warm-up layers past the depth already warned about
@@ -381,9 +386,10 @@ class Embedder:
         )
 
     def kernel_choices(self) -> list[str]:
-        """The CPU kernel choices settled so far (`kernel_choice.KernelTrials`), in words."""
+        """The machine plan's threads and batch budget, then the CPU kernel choices settled so
+        far (`kernel_choice.KernelTrials`), in words."""
         tower = getattr(self.backbone, "tower", None)
-        return tower.trials.describe() if tower is not None else []
+        return [self.machine.describe(), *(tower.trials.describe() if tower is not None else [])]
 
     def _vision_flops(self, traces) -> int:
         vision = self.backbone.vision_shape

@@ -36,6 +36,7 @@ import torch
 from faste_mm.errors import ConfigError
 from faste_mm.model.backbones.registry import Family
 from faste_mm.model.decoder_state import DecoderState
+from faste_mm.model.machine_plan import CHECK_THREADS
 
 # FastE's own ranking and the ablations' names (their scorers live in ablations.SCORERS).
 RANKINGS = ("readout", "fastv", "random", "block-last")
@@ -119,7 +120,7 @@ def batch_alignment(state: DecoderState) -> torch.Tensor:
     """Mean over the batch of g_i = cos(h_readout, mean of valid prefix states) (paper Eq. 2),
     accumulated in float32 whatever the model's dtype, so the trigger never flips on rounding.
 
-    On a CPU it runs on one thread: its few memory-bound reductions gain nothing from a second
+    On a CPU it runs on one thread (machine_plan.CHECK_THREADS): its few memory-bound reductions gain nothing from a second
     one, and each parallel op waits for every pool thread to be scheduled (single-threaded 3.4-18x
     faster on a loaded 2-core machine, docs/cpu.md "Threads"; the check's cost is `faste-mm bench`'s
     check line). The switch is not process-wide for torch's own ops: with its OpenMP backend a
@@ -128,7 +129,7 @@ def batch_alignment(state: DecoderState) -> torch.Tensor:
     if state.hidden.device.type != "cpu":
         return _alignment(state)
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch.set_num_threads(CHECK_THREADS)
     try:
         return _alignment(state)
     finally:

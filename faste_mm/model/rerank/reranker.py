@@ -24,6 +24,7 @@ from faste_mm.model.embedder import item_failure, one_or_many
 from faste_mm.model.faste import FastEConfig, ThresholdTrigger
 from faste_mm.model.flops import batch_flops, full_batch_flops
 from faste_mm.model.items import Failure, Item, expand_items
+from faste_mm.model.machine_plan import use_torch_threads
 from faste_mm.model.prefetch import ItemError, PrepTimer, prefetch_batches
 from faste_mm.model.rerank.prefix_reuse import (PrefixCache, PrefixMismatch, cut_pair, encode_prefix, first_asked_layer, prefix_of,
                                          reusable, run_with_prefix, with_protected)
@@ -82,7 +83,10 @@ class Reranker:
         self.loaded = loaded
         self.backbone = loaded.backbone
         self.family = loaded.family
-        self.batching = (batching or BatchingConfig()).for_device(self.backbone.device)
+        batching = batching or BatchingConfig()
+        self.machine = batching.machine_plan(self.backbone.device)  # threads for this machine's usable cores
+        self.batching = batching.for_device(self.backbone.device)
+        use_torch_threads(self.machine)
         self.protect = protect
         num_layers = self.backbone.shape.num_layers
         # r_max = 0 keeps every prefix state: the full forward, without the alignment checks
