@@ -9,23 +9,111 @@ from __future__ import annotations
 
 import errno
 import importlib
+import io
 import math
 import os
 import re
 import stat
 import threading
 import warnings
+import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Iterable, Union
+from typing import BinaryIO, Iterable, Union
 
 from PIL import Image, UnidentifiedImageError
 
 from faste_mm.errors import FasteError, InputError
 from faste_mm.kinds import PLUGINS, is_kind
 
-ImageLike = Union[str, Path, Image.Image]
+
+
+class OpenedFile:
+    """A file opened once, and read only through that descriptor: what a stored item's file
+    becomes after `retrieval.stored_files` checked it on the open descriptor, so that the decoder
+    (PIL, PDFium, PyAV) reads the very file that passed the check, never what is at its path by
+    the time it would open it again (a link planted in between). Each `reader()` is its own
+    buffered, seekable view (positioned reads on the one descriptor, no shared offset), so
+    several decoders may read it at once; nothing is loaded whole (a long video streams).
+
+    `path`: the resolved path it was opened at (messages, and the kind by its suffix: never
+    opened again). `identity`: (device, inode, ctime_ns, mtime_ns, size) of the opened file,
+    what caches of its decoded content key on. The descriptor closes with the last reference
+    (or `close()`); readers keep the file alive while they are used.
+    """
+
+    __slots__ = ("path", "identity", "_fd", "_closer", "__weakref__")
+
+    def __init__(self, fd: int, path: str | Path) -> None:
+        st = os.fstat(fd)
+        self.path = Path(path)
+        self.identity = (st.st_dev, st.st_ino, st.st_ctime_ns, st.st_mtime_ns, st.st_size)
+        self._fd = fd
+        self._closer = weakref.finalize(self, os.close, fd)
+
+    @property
+    def size(self) -> int:
+        return self.identity[4]
+
+    def reader(self) -> BinaryIO:
+        """A fresh binary reader over the opened file, from its start."""
+        return io.BufferedReader(_PositionedReads(self))
+
+    def close(self) -> None:
+        self._closer()
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    def __repr__(self) -> str:
+        return f"OpenedFile({str(self.path)!r})"
+
+
+class _PositionedReads(io.RawIOBase):
+    """A raw reader with its own position over an `OpenedFile`'s descriptor (os.pread)."""
+
+    def __init__(self, owner: OpenedFile) -> None:
+        super().__init__()
+        self._owner = owner  # keeps the descriptor open while this reader lives
+        self._position = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        view = memoryview(buffer).cast("B")
+        data = os.pread(self._owner._fd, len(view), self._position)
+        view[:len(data)] = data
+        self._position += len(data)
+        return len(data)
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._position}.get(whence)
+        position = (os.fstat(self._owner._fd).st_size if base is None else base) + offset
+        if position < 0:
+            raise ValueError(f"negative seek position {position}")
+        self._position = position
+        return position
+
+    def tell(self) -> int:
+        return self._position
+
+
+ImageLike = Union[str, Path, Image.Image, OpenedFile]
+
+
+def file_name(source: str | Path | OpenedFile) -> Path:
+    """The path of a file source, for messages and its kind (an `OpenedFile` is not opened again)."""
+    return source.path if isinstance(source, OpenedFile) else Path(source)
+
+
+def decoder_input(source: str | Path | OpenedFile):
+    """What PIL, PDFium or PyAV is handed: a reader of an `OpenedFile`, else the path as a string."""
+    return source.reader() if isinstance(source, OpenedFile) else str(source)
 
 
 # Images above this many pixels (8192 x 8192, 256 MiB as RGBA) are never decoded whole: a JPEG
@@ -43,8 +131,8 @@ class Item:
 
     Args:
         text: the text, or None.
-        image: a file path (image or PDF) or a PIL image, or None.
-        video: a video file path (sampled and resized by `SerializerConfig.video`), or None.
+        image: a file path (image or PDF), a PIL image or an `OpenedFile`, or None.
+        video: a video file path or `OpenedFile` (sampled and resized by `SerializerConfig.video`), or None.
         instruction: the task instruction for this item (queries); None uses the call's instruction,
             then the model's default.
         page: 1-based PDF page; None on a PDF path means "every page" (expanded by `expand_items`).
@@ -57,16 +145,16 @@ class Item:
     instruction: str | None = None
     page: int | None = None
     max_pixels: int | None = None
-    video: str | Path | None = None
+    video: str | Path | OpenedFile | None = None
 
     def __post_init__(self) -> None:
         if self.text is not None and not isinstance(self.text, str):
             raise InputError(f"Item.text must be a string or None, got {type(self.text).__name__}")
-        if self.image is not None and not isinstance(self.image, (str, Path, Image.Image)):
+        if self.image is not None and not isinstance(self.image, (str, Path, Image.Image, OpenedFile)):
             raise InputError(
                 f"Item.image must be a path or a PIL image, got {type(self.image).__name__}"
             )
-        if self.video is not None and not isinstance(self.video, (str, Path)):
+        if self.video is not None and not isinstance(self.video, (str, Path, OpenedFile)):
             raise InputError(f"Item.video must be a path to a video file, got {type(self.video).__name__}")
         if self.page is not None and (not isinstance(self.page, int) or self.page < 1):
             raise InputError(f"Item.page is 1-based, got {self.page!r}")
@@ -83,13 +171,13 @@ class Item:
 
     @property
     def is_pdf(self) -> bool:
-        return isinstance(self.image, (str, Path)) and is_kind(self.image, "pdf")
+        return isinstance(self.image, (str, Path, OpenedFile)) and is_kind(file_name(self.image), "pdf")
 
     def describe(self) -> str:
         """A short human name for messages: the file (and page), or the start of the text."""
         if self.video is not None:
             return f"{self.video}"
-        if isinstance(self.image, (str, Path)):
+        if isinstance(self.image, (str, Path, OpenedFile)):
             return f"{self.image}" + (f" (page {self.page})" if self.page is not None else "")
         if isinstance(self.image, Image.Image):
             return f"<PIL image {self.image.size[0]}x{self.image.size[1]}>"
@@ -151,7 +239,7 @@ def expand_items(inputs: Iterable[object]) -> tuple[list[Item], list[int], list[
         item = as_item(value, position)
         if item.is_pdf and item.page is None:
             try:
-                n_pages = count_pdf_pages(Path(item.image))
+                n_pages = count_pdf_pages(item.image if isinstance(item.image, OpenedFile) else Path(item.image))
             except InputError as error:
                 broken.append((len(items), item, str(error)))
                 items.append(item)
@@ -166,12 +254,12 @@ def expand_items(inputs: Iterable[object]) -> tuple[list[Item], list[int], list[
     return items, sources, broken
 
 
-def count_pdf_pages(path: Path) -> int:
+def count_pdf_pages(source: Path | OpenedFile) -> int:
     """Number of pages; raises InputError for missing, empty, encrypted or broken PDFs."""
-    with _open_pdf(path) as pdf:
+    with _open_pdf(source) as pdf:
         n_pages = len(pdf)
     if n_pages == 0:
-        raise InputError(f"{path}: the PDF has no pages")
+        raise InputError(f"{file_name(source)}: the PDF has no pages")
     return n_pages
 
 
@@ -184,10 +272,10 @@ def load_image(item: Item, max_pixels: int) -> Image.Image:
     image = item.image
     if isinstance(image, Image.Image):
         return image
-    path = Path(image)
+    path = file_name(image)
     if item.is_pdf:
-        return _render_pdf_page(path, item.page or 1, max_pixels)
-    with _open_image(path, "image data is truncated or corrupt") as opened:
+        return _render_pdf_page(image, item.page or 1, max_pixels)
+    with _open_image(image, "image data is truncated or corrupt") as opened:
         _decodable(opened, path)
         opened.load()
         return opened.copy() if opened.mode != "P" else opened.convert("RGBA")
@@ -245,8 +333,8 @@ def read_image_size(item: Item) -> tuple[int, int]:
     image = item.image
     if isinstance(image, Image.Image):
         return image.size
-    path = Path(image)
-    with _open_image(path, "image header is unreadable") as opened:
+    path = file_name(image)
+    with _open_image(image, "image header is unreadable") as opened:
         _decodable(opened, path)
         return opened.size
 
@@ -272,13 +360,15 @@ def _decodable(opened: Image.Image, path: Path) -> None:
 
 
 @contextmanager
-def _open_image(path: Path, unreadable: str):
-    """PIL's lazy open, its errors (also those of reading inside the block) turned into
-    InputErrors naming the file; `unreadable` says what an OSError means here."""
-    _check_file(path)
+def _open_image(source: Path | OpenedFile, unreadable: str):
+    """PIL's lazy open (of the path, or of an `OpenedFile`'s own descriptor), its errors (also
+    those of reading inside the block) turned into InputErrors naming the file; `unreadable`
+    says what an OSError means here."""
+    path = file_name(source)
+    _check_file(source)
     register_image_plugins()
     try:
-        with Image.open(path) as opened:
+        with Image.open(source.reader() if isinstance(source, OpenedFile) else path) as opened:
             yield opened
     except UnidentifiedImageError:
         missing = missing_plugin(path)
@@ -314,7 +404,12 @@ def not_a_file_reason(path: Path) -> str | None:
     return f"{path}: is {kind}, not a regular file; only regular files are read, remove or exclude it"
 
 
-def _check_file(path: Path) -> None:
+def _check_file(source: Path | OpenedFile) -> None:
+    if isinstance(source, OpenedFile):  # checked when opened (a regular file); its size is the opened file's
+        if source.size == 0:
+            raise InputError(f"{source.path}: file is empty (0 bytes); remove it or re-export it")
+        return
+    path = source
     reason = not_a_file_reason(path)
     if reason is not None:
         raise InputError(reason)
@@ -328,20 +423,22 @@ _PDFIUM_LOCK = threading.Lock()
 
 
 @contextmanager
-def _open_pdf(path: Path):
-    """An open pypdfium2 document, with its errors turned into InputError naming the file; holds
-    `_PDFIUM_LOCK` from opening to closing."""
+def _open_pdf(source: Path | OpenedFile):
+    """An open pypdfium2 document (of the path, or read through an `OpenedFile`'s descriptor),
+    with its errors turned into InputError naming the file; holds `_PDFIUM_LOCK` from opening
+    to closing."""
     import pypdfium2 as pdfium
 
-    _check_file(path)
+    path = file_name(source)
+    _check_file(source)
     with _PDFIUM_LOCK:
         try:
-            pdf = pdfium.PdfDocument(str(path))
+            pdf = pdfium.PdfDocument(decoder_input(source))
         except pdfium.PdfiumError as error:
             reason = str(error)
             if "password" in reason.lower():
                 raise InputError(f"{path}: the PDF is encrypted; decrypt it (e.g. qpdf --decrypt) or skip it") from None
-            if _has_empty_page_tree(path):  # PDFium refuses these with a stale or misleading error
+            if _has_empty_page_tree(source):  # PDFium refuses these with a stale or misleading error
                 raise InputError(f"{path}: the PDF has no pages (or no readable page tree); re-export "
                                  f"it from its source or remove it") from None
             raise InputError(f"{path}: not a readable PDF ({reason}); repair or re-export it") from None
@@ -351,10 +448,10 @@ def _open_pdf(path: Path):
             pdf.close()
 
 
-def _has_empty_page_tree(path: Path, limit: int = 1 << 20) -> bool:
+def _has_empty_page_tree(source: Path | OpenedFile, limit: int = 1 << 20) -> bool:
     """True when the file's first `limit` bytes hold a page tree whose every /Count is 0 (a
     valid PDF without pages, which PDFium fails to load with no useful reason)."""
-    with open(path, "rb") as f:
+    with source.reader() if isinstance(source, OpenedFile) else open(source, "rb") as f:
         data = f.read(limit)
     counts = re.findall(rb"/Count\s*(\d+)", data)
     return data.startswith(b"%PDF") and b"/Pages" in data and bool(counts) and all(int(c) == 0 for c in counts)
@@ -364,8 +461,8 @@ def pdf_page_size(item: Item, max_pixels: int) -> tuple[int, int]:
     """(width, height) in pixels of the item's PDF page as `load_image` renders it, from the
     page box alone (nothing is rendered), so a long PDF can be planned into batches before
     any of its pages takes memory."""
-    path = Path(item.image)
-    with _open_pdf(path) as pdf:
+    path = file_name(item.image)
+    with _open_pdf(item.image) as pdf:
         width_pt, height_pt = _pdf_page(pdf, path, item.page or 1).get_size()
     scale = _render_scale(width_pt, height_pt, max_pixels)
     # pypdfium2's render sizes its bitmap as ceil(points * scale) on each side
@@ -397,8 +494,9 @@ def pdf_page_text(path: str | Path, page: int) -> str:
             textpage.close()
 
 
-def _render_pdf_page(path: Path, page: int, max_pixels: int) -> Image.Image:
-    with _open_pdf(path) as pdf:
+def _render_pdf_page(source: Path | OpenedFile, page: int, max_pixels: int) -> Image.Image:
+    path = file_name(source)
+    with _open_pdf(source) as pdf:
         pdf_page = _pdf_page(pdf, path, page)
         width_pt, height_pt = pdf_page.get_size()
         bitmap = pdf_page.render(scale=_render_scale(width_pt, height_pt, max_pixels))

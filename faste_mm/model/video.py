@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from faste_mm.errors import ConfigError, InputError
+from faste_mm.model.items import OpenedFile, decoder_input, file_name
 
 # qwen-vl-utils 0.0.14 (vision_process.py) constants, with image_patch_size=16 as the official
 # embedder passes it: factor = patch 16 x merge 2 = 32 px per merged token side.
@@ -172,7 +173,7 @@ def plan_video(path: Path, info: VideoInfo, config: VideoConfig) -> VideoPlan:
 # -- decoding with PyAV --
 
 
-def read_video(path: str | Path, config: VideoConfig, max_tokens: int | None = None) -> VideoFrames:
+def read_video(path: str | Path | OpenedFile, config: VideoConfig, max_tokens: int | None = None) -> VideoFrames:
     """Decode the frames the official code samples, resized as it resizes them.
 
     max_tokens: refuse (InputError, before decoding) a video whose visual tokens alone exceed it.
@@ -183,10 +184,10 @@ def read_video(path: str | Path, config: VideoConfig, max_tokens: int | None = N
     """
     import torch
 
-    path = Path(path)
-    with _open(path) as container:
+    source, path = path, file_name(path)
+    with _open(source) as container:
         stream = _video_stream(path, container)
-        info = _info(path, container, stream)
+        info = _info(source, container, stream)
         plan = plan_video(path, info, config)
         if max_tokens is not None and plan.tokens > max_tokens:
             raise InputError(
@@ -202,24 +203,30 @@ def read_video(path: str | Path, config: VideoConfig, max_tokens: int | None = N
 
 
 class _open:
-    """`av.open` as a context manager whose errors become InputErrors naming the file."""
+    """`av.open` as a context manager whose errors become InputErrors naming the file. An
+    `OpenedFile` (a stored file checked on its descriptor) is read through that descriptor,
+    streamed, never opened again by its path."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    def __init__(self, source: Path | OpenedFile) -> None:
+        self.source = source
+        self.path = file_name(source)
         self.container = None
 
     def __enter__(self):
         import av
 
         path = self.path
-        if not path.exists():
+        if isinstance(self.source, OpenedFile):  # checked when opened: a regular file
+            if self.source.size == 0:
+                raise InputError(f"{path}: file is empty (0 bytes); remove it or re-export it")
+        elif not path.exists():
             raise InputError(f"{path}: file not found; check the path")
-        if not path.is_file():
+        elif not path.is_file():
             raise InputError(f"{path}: not a regular file")
-        if path.stat().st_size == 0:
+        elif path.stat().st_size == 0:
             raise InputError(f"{path}: file is empty (0 bytes); remove it or re-export it")
         try:
-            self.container = av.open(str(path), mode="r")
+            self.container = av.open(decoder_input(self.source), mode="r")
         except av.EOFError:
             raise InputError(f"{path}: the file ends before any video frame (empty or truncated); "
                              "re-export the video or remove it") from None
@@ -249,7 +256,8 @@ def _video_stream(path: Path, container):
     return stream
 
 
-def _info(path: Path, container, stream) -> VideoInfo:
+def _info(source: Path | OpenedFile, container, stream) -> VideoInfo:
+    path = file_name(source)
     rate = stream.average_rate or stream.guessed_rate or stream.base_rate
     context = stream.codec_context
     if not rate or not context.width or not context.height:
@@ -258,7 +266,7 @@ def _info(path: Path, container, stream) -> VideoInfo:
     if total <= 0:  # webm/mkv often leave it out: count packets (decodes nothing) on a second handle
         import av
 
-        with av.open(str(path), mode="r") as counting:
+        with av.open(decoder_input(source), mode="r") as counting:
             total = sum(1 for packet in counting.demux(video=0) if packet.size > 0)
     if total <= 0:
         raise InputError(f"{path}: the video stream has no frames; re-export the video or remove it")

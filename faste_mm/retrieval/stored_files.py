@@ -15,8 +15,16 @@ server's API key), to a private file, or to an outside picture. So a stored file
 
 Anything else raises `ReplacedFileError` (the server answers 409) whose message names the item and
 what to do, never the file found there or its content; a file that is gone raises `GoneFileError`
-(404). Receives an `ItemRecord` (uri, page, dev, ino); hands back an `Item` to rerank or a checked
-path to decode.
+(404). Receives an `ItemRecord` (uri, page, dev, ino); hands back an `Item` to rerank or an
+`OpenedFile` to decode.
+
+What is read is the descriptor that passed the check, never the path again: a text is read from
+it, and an image, a PDF page or a video is handed to its decoder as an `OpenedFile`, which PIL,
+PDFium and PyAV read through that descriptor (streamed, not loaded whole). A swap of the file
+after the check (a link planted between check and read: `AFTER_CHECK`, the seam the race tests
+use) changes nothing of what is read: the answer is the indexed file's content, and the next
+read is refused. Caches of decoded content (resized images, thumbnails) key on the opened file's
+identity (device, inode, ctime, size), so a replacement is never served from them.
 """
 
 from __future__ import annotations
@@ -25,12 +33,11 @@ import errno
 import logging
 import os
 import stat
-from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Callable
 
 from faste_mm.errors import InputError
 from faste_mm.kinds import KINDS, UNSUPPORTED, kind_name
-from faste_mm.model.items import Item
+from faste_mm.model.items import Item, OpenedFile
 from faste_mm.retrieval.decoders import read_text
 
 log = logging.getLogger(__name__)
@@ -38,6 +45,11 @@ log = logging.getLogger(__name__)
 # Pseudo-file systems never read as a stored item: process state (/proc/self/environ holds the
 # server's environment, API keys included), kernel state and devices.
 SYSTEM_TREES = ("/proc", "/sys", "/dev")
+
+# The seam between the check and the read: called with the record once its file has passed the
+# checks on the open descriptor, before anything is read from it. None outside tests; a race test
+# sets it to swap the file at exactly that moment (tests/test_stored_file_race.py).
+AFTER_CHECK: Callable[[object], None] | None = None
 
 
 class GoneFileError(InputError):
@@ -71,11 +83,18 @@ def open_stored(record) -> BinaryIO:
     """The item's file opened for binary reading, after the checks of the module docstring (made
     on the opened descriptor, so no swap between check and read slips through). The caller
     closes it. GoneFileError / ReplacedFileError as above; InputError for an item without a file."""
-    return _open_checked(record)[0]
+    return os.fdopen(_open_checked(record)[0], "rb")
 
 
-def _open_checked(record) -> tuple[BinaryIO, str]:
-    """(`open_stored`'s file, the resolved path it was opened at)."""
+def stored_file(record) -> OpenedFile:
+    """The item's file opened and checked as `open_stored` does, as an `OpenedFile` to hand a
+    decoder (images, PDF pages, videos), which reads that descriptor and never the path again."""
+    fd, real = _open_checked(record)
+    return OpenedFile(fd, real)
+
+
+def _open_checked(record) -> tuple[int, str]:
+    """(the checked, open descriptor, the resolved path it was opened at)."""
     uri = record.uri
     if not isinstance(uri, str) or not os.path.isabs(uri) or uri.startswith("item:"):
         raise InputError(f"{_name(record)}: the item has no file to read (added from Python, whose content the "
@@ -109,32 +128,26 @@ def _open_checked(record) -> tuple[BinaryIO, str]:
         if record.ino is not None and (st.st_dev, st.st_ino) != (record.dev, record.ino):
             raise _replaced(record, "another file (device/inode differ from the indexed one)")
         os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb"), real
+        if AFTER_CHECK is not None:
+            AFTER_CHECK(record)
+        return fd, real
     except BaseException:
         os.close(fd)
         raise
 
 
-def stored_path(record) -> Path:
-    """The checked path to hand a decoder that opens files itself (images, PDF pages, videos):
-    the resolved path of the file `open_stored` accepted."""
-    f, real = _open_checked(record)
-    f.close()
-    return Path(real)
-
-
 def stored_item(record) -> Item:
     """The item of a collection row read back from its file, checked (`open_stored`): a text file's
-    text read from the checked descriptor itself; an image, a PDF's page or a video by its checked
-    path. InputError (GoneFileError, ReplacedFileError) when there is nothing to read."""
+    text read from the checked descriptor itself; an image, a PDF's page or a video as the checked
+    `OpenedFile` (`stored_file`). InputError (GoneFileError, ReplacedFileError) when there is nothing to read."""
     kind = kind_name(record.uri)
     if kind == UNSUPPORTED:
         raise InputError(f"{_name(record)}: no file to read (an item added from Python, whose content the "
                          f"collection does not keep)")
     decoder = KINDS[kind].decoder
     if decoder != "text":
-        path = stored_path(record)
-        return Item(video=path) if decoder == "video" else Item(image=path, page=record.page if decoder == "pdf-pages"
-                                                                else None)
+        opened = stored_file(record)
+        return Item(video=opened) if decoder == "video" else Item(image=opened, page=record.page
+                                                                  if decoder == "pdf-pages" else None)
     with open_stored(record) as f:
         return Item(text=read_text(f, _name(record)))

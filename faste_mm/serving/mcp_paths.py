@@ -83,9 +83,9 @@ def query_image_file(given: str, collection, roots: IndexRoots):
         raise InputError(f"search: image {given[:200]} is a {kind_name(resolved)} file, not an image; use "
                          f"more_like_this with its id to find items like it")
     if ids:  # an indexed file: read only while it is the file indexed (as thumbnails and rerank read it)
-        from faste_mm.retrieval.stored_files import stored_path
+        from faste_mm.retrieval.stored_files import stored_file
 
-        resolved = stored_path(collection.get(ids[:1])[0])
+        resolved = stored_file(collection.get(ids[:1])[0])  # read through the checked descriptor
     elif not stat.S_ISREG(os.stat(resolved).st_mode):
         raise InputError(f"search: image {given[:200]} is not a regular file")
     return load_image(Item(image=resolved), max_pixels=64_000_000)

@@ -3,7 +3,10 @@ rendered PDF page or of a frame of a video, cached on disk beside the collection
 (`<collection>.thumbnails/`).
 
 Receives an item record found by id in the collection (never a path from a request); hands
-back the cached JPEG's bytes. Text items have no thumbnail.
+back the cached JPEG's bytes. Text items have no thumbnail. The item's file is read only through
+the descriptor that `retrieval.stored_files` checked (an `OpenedFile`), never reopened by path;
+the cache key is that opened file's identity (device, inode, ctime, size), so a file replaced
+since is never served from the cache.
 
 The cache folder is made with mode 0700 and must be a real folder of the server's user; a
 cached file is served only if it is a regular file of that user, opened without following
@@ -26,7 +29,8 @@ from PIL import Image, ImageOps
 
 from faste_mm.errors import FasteError, InputError
 from faste_mm.kinds import KINDS, kind_name
-from faste_mm.retrieval.stored_files import GoneFileError, stored_path
+from faste_mm.model.items import OpenedFile
+from faste_mm.retrieval.stored_files import GoneFileError, stored_file
 
 log = logging.getLogger(__name__)
 
@@ -57,21 +61,20 @@ def has_thumbnail(uri: str, page: int | None) -> bool:
 
 
 def thumbnail(record, cache_dir: Path) -> bytes:
-    """The cached JPEG of one item record, made on first use. The cache key includes the file's
-    size and mtime, so a re-indexed, changed file gets a fresh thumbnail.
+    """The cached JPEG of one item record, made on first use. The cache key includes the checked
+    file's device, inode, ctime and size, so a changed or replaced file gets a fresh thumbnail.
     Raises NoThumbnailError for text items and missing or unreadable files, ThumbnailCacheError
     when `cache_dir` is not a folder of this user."""
     if not has_thumbnail(record.uri, record.page):
         raise NoThumbnailError(f"id {record.id}: a {record.modality} item has no thumbnail")
-    stored_path(record)  # a cached thumbnail is served only while the file is the one indexed
-    key = hashlib.sha256(f"{record.uri}\0{record.page}\0{record.size}\0{record.mtime}\0{record.dev}\0{record.ino}"
-                         .encode()).hexdigest()[:16]
+    source = stored_file(record)  # a cached thumbnail is served only while the file is the one indexed
+    key = hashlib.sha256("\0".join(map(str, (record.uri, record.page, *source.identity))).encode()).hexdigest()[:16]
     _own_folder(cache_dir)
     path = cache_dir / f"{record.id}-{key}.jpg"
     cached = _read_own_file(path)
     if cached is not None:
         return cached
-    encoded = jpeg(_render(record), THUMBNAIL_PX)
+    encoded = jpeg(_render(record, source), THUMBNAIL_PX)
     with tempfile.NamedTemporaryFile(dir=cache_dir, suffix=".tmp", delete=False) as tmp:  # O_EXCL, 0600
         tmp.write(encoded)
     # Atomic: a concurrent reader sees the whole file or none; a link planted under the name is
@@ -86,7 +89,11 @@ def preview(record, longest_px: int) -> bytes:
     A PDF page is rendered near that size. Raises NoThumbnailError as `thumbnail` does."""
     if not has_thumbnail(record.uri, record.page):
         raise NoThumbnailError(f"id {record.id}: a {record.modality} item has no picture")
-    return jpeg(_render(record, longest_px), longest_px)
+    try:  # only the file that was indexed (a link planted since is refused: retrieval.stored_files)
+        source = stored_file(record)
+    except GoneFileError as error:
+        raise NoThumbnailError(str(error)) from None
+    return jpeg(_render(record, source, longest_px), longest_px)
 
 
 def jpeg(image: Image.Image, longest_px: int) -> bytes:
@@ -134,14 +141,11 @@ def _read_own_file(path: Path) -> bytes | None:
         return f.read()
 
 
-def _render(record, longest_px: int = THUMBNAIL_PX) -> Image.Image:
+def _render(record, source: OpenedFile, longest_px: int = THUMBNAIL_PX) -> Image.Image:
+    """The item's picture, decoded from `source` (its checked descriptor)."""
     from faste_mm import Item
     from faste_mm.model.items import load_image
 
-    try:  # only the file that was indexed (a link planted since is refused: retrieval.stored_files)
-        source = stored_path(record)
-    except GoneFileError as error:
-        raise NoThumbnailError(str(error)) from None
     rule = KINDS[kind_name(record.uri)].thumbnail
     if rule == "frame":
         return _video_frame(record.id, source)
@@ -156,13 +160,13 @@ def _render(record, longest_px: int = THUMBNAIL_PX) -> Image.Image:
 VIDEO_FRAME_AT = 0.3  # share of the duration: past a fade-in or a title card, still early
 
 
-def _video_frame(item_id: int, source: Path) -> Image.Image:
+def _video_frame(item_id: int, source: OpenedFile) -> Image.Image:
     """The first frame at or after VIDEO_FRAME_AT of the video's duration (the first frame when
     the container states no duration or the seek fails)."""
     import av
 
     try:
-        with av.open(str(source), mode="r") as container:
+        with av.open(source.reader(), mode="r") as container:
             if not container.streams.video:
                 raise NoThumbnailError(f"id {item_id}: {source} has no video stream")
             stream = container.streams.video[0]

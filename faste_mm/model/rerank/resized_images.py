@@ -4,8 +4,9 @@ would still be rendered and resized (about 80% of a page pair's preprocessing, d
 only to be patched and hashed into the tower cache's key. This keeps `prepare_image`'s result per
 file, so a later query over the same candidates starts from the resized image.
 
-Key: the resolved path, the PDF page, the file's modification time (ns) and size, and the pixel
-bounds of the resize: a rewritten file is read again. In-memory images (`Item(image=PIL.Image)`)
+Key: the resolved path, the PDF page, the file's device, inode, ctime, mtime (ns) and size, and the
+pixel bounds of the resize: a replaced or rewritten file is read again. A stored file checked on its
+descriptor (`OpenedFile`) keys on the identity of that descriptor, the file actually read. In-memory images (`Item(image=PIL.Image)`)
 have no such identity and are not kept. Bounded by bytes (least recently used out first), shared
 by the preprocessing threads (`BytesLRU` is thread-safe).
 """
@@ -18,7 +19,7 @@ from typing import Callable
 from PIL import Image
 
 from faste_mm.model.rerank.bytes_lru import BytesLRU
-from faste_mm.model.items import Item
+from faste_mm.model.items import Item, OpenedFile
 
 
 class ResizedImages:
@@ -62,11 +63,14 @@ def file_identity(item: Item, bounds: tuple[int, int]) -> tuple | None:
     which no user call can set back)."""
     if isinstance(item.image, Image.Image) or item.image is None:
         return None
+    page = (item.page or 1) if item.is_pdf else None
+    if isinstance(item.image, OpenedFile):  # the file read is the opened one, whatever its path holds now
+        return (str(item.image.path), page, *item.image.identity, bounds)
     try:
         path = Path(item.image).resolve()
         stat = path.stat()
     except OSError:
         return None
-    return (str(path), (item.page or 1) if item.is_pdf else None, stat.st_dev, stat.st_ino, stat.st_ctime_ns,
+    return (str(path), page, stat.st_dev, stat.st_ino, stat.st_ctime_ns,
             stat.st_mtime_ns, stat.st_size, bounds)
 
