@@ -58,15 +58,18 @@ def load_collection_reranker(name: str, device: str) -> Any:
     return Reranker.from_pretrained(name, device=device)
 
 
-def rerank_hits(reranker, query: Item, hits: list[Hit], k: int, records: Mapping[int, object]) -> list[Hit]:
+def rerank_hits(reranker, query: Item, hits: list[Hit], k: int, records: Mapping[int, object],
+                read: Mapping[int, Item] | None = None) -> list[Hit]:
     """Rerank `hits` (the embedding top-N, best first) for `query`; the best `k` with both scores.
-    records: the hits' `ItemRecord`s by id (`Collection.get`), whose files are read back."""
+    records: the hits' `ItemRecord`s by id (`Collection.get`), whose files are read back.
+    read: items already read back by id (`hit_item`: the server counts their tokens first), scored
+    as they are, so each file is checked once and what is scored is what was counted."""
     if k < 1:
         raise ConfigError(f"k must be >= 1, got {k}")
     items, readable = [], []
     for position, hit in enumerate(hits):
         try:
-            items.append(hit_item(hit, records))
+            items.append(read[hit.id] if read is not None and hit.id in read else hit_item(hit, records))
             readable.append(position)
         except InputError as error:
             log.warning("not reranked: %s", error)

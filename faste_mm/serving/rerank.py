@@ -81,9 +81,10 @@ class HitsPayload:
     hits: list
     k: int
     records: dict  # the hits' ItemRecords by id (their files are read back, checked)
+    read: dict  # the hits' items already read back (checked) by id: scored as counted, not read again
 
     def run(self, reranker):
-        return rerank_hits(reranker, self.query, self.hits, self.k, self.records)
+        return rerank_hits(reranker, self.query, self.hits, self.k, self.records, self.read)
 
 
 # /search's hits re-scored when the request names no rerank_top (as `faste-mm search --rerank`)
@@ -120,14 +121,17 @@ def rerank_search_hits(engine: ServeEngine, query: str | None, image, hits: list
     except FasteError as error:
         raise InputError(str(error)) from None
     records = engine.records([hit.id for hit in hits])
-    total = 0
+    total, read = 0, {}
     for hit in hits:
         try:
-            total += reranker.pair_tokens(prepared, hit_item(hit, records))
+            document = hit_item(hit, records)  # checked once: the scoring reads this same descriptor
+            total += reranker.pair_tokens(prepared, document)
         except Exception:  # noqa: BLE001 - unreadable now: rerank_hits reports it and keeps the hit unscored
             continue
+        read[hit.id] = document
     _check_tokens(engine, total, f"reranking {len(hits)} hits (rerank_top)", "lower rerank_top")
-    return engine.wait(engine.batcher.submit("rerank", HitsPayload(item, list(hits), k, records), max(1, total)))
+    payload = HitsPayload(item, list(hits), k, records, read)
+    return engine.wait(engine.batcher.submit("rerank", payload, max(1, total)))
 
 
 def request_item(value: Multimodal, where: str, allow_remote: bool) -> Item:
