@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from faste_mm.errors import ConfigError, InputError
-from faste_mm.model.items import OpenedFile, decoder_input, file_name
+from faste_mm.model.opened_files import OpenedFile, decoder_input, file_name
 
 # qwen-vl-utils 0.0.14 (vision_process.py) constants, with image_patch_size=16 as the official
 # embedder passes it: factor = patch 16 x merge 2 = 32 px per merged token side.

@@ -37,7 +37,8 @@ from typing import BinaryIO, Callable
 
 from faste_mm.errors import InputError
 from faste_mm.kinds import KINDS, UNSUPPORTED, kind_name
-from faste_mm.model.items import Item, OpenedFile
+from faste_mm.model.items import Item
+from faste_mm.model.opened_files import OpenedFile
 from faste_mm.retrieval.decoders import read_text
 
 log = logging.getLogger(__name__)

@@ -29,7 +29,7 @@ from PIL import Image, ImageOps
 
 from faste_mm.errors import FasteError, InputError
 from faste_mm.kinds import KINDS, kind_name
-from faste_mm.model.items import OpenedFile
+from faste_mm.model.opened_files import OpenedFile
 from faste_mm.retrieval.stored_files import GoneFileError, stored_file
 
 log = logging.getLogger(__name__)

@@ -19,7 +19,8 @@ from typing import Callable
 from PIL import Image
 
 from faste_mm.model.rerank.bytes_lru import BytesLRU
-from faste_mm.model.items import Item, OpenedFile
+from faste_mm.model.items import Item
+from faste_mm.model.opened_files import OpenedFile
 
 
 class ResizedImages:
