@@ -389,7 +389,8 @@ class Embedder:
         """The machine plan's threads and batch budget, then the CPU kernel choices settled so
         far (`kernel_choice.KernelTrials`), in words."""
         tower = getattr(self.backbone, "tower", None)
-        return [self.machine.describe(), *(tower.trials.describe() if tower is not None else [])]
+        return [self.machine.describe(), *(tower.trials.describe() if tower is not None else []),
+                *self.backbone.mlp.trials.describe()]
 
     def _vision_flops(self, traces) -> int:
         vision = self.backbone.vision_shape

@@ -5,7 +5,8 @@ version and the trial method (a verdict measured otherwise is ignored), so later
 
 Used by the vision tower (`vision_tower.PackedVisionTower`) for the dtype its attention runs in (on
 a CPU without native bfloat16 float32 attention wins, on one with AMX bfloat16 wins by 2-5x) and
-for whether its MLPs' GELU runs inside oneDNN's linear call as a post-op or after it.
+for whether its MLPs' GELU runs inside oneDNN's linear call as a post-op or after it; by the
+decoder (`backbones.decoder_kernels`) for whether its MLP's SiLU, product and residual do.
 """
 
 from __future__ import annotations
@@ -32,6 +33,10 @@ TOWER_ATTENTION_DTYPES = ("auto", "float32", "bfloat16")
 # or the linear layer and torch's GELU one after the other ("separate")
 TOWER_GELU_ENV = "FASTE_MM_TOWER_GELU"
 TOWER_GELU_CHOICES = ("auto", "fused", "separate")
+# the decoder layers' gated MLP and residual: three oneDNN calls with SiLU, the up*gate product and
+# the residual add as post-ops ("fused"), or transformers' modules ("separate")
+DECODER_MLP_ENV = "FASTE_MM_DECODER_MLP"
+DECODER_MLP_CHOICES = ("auto", "fused", "separate")
 TRIAL_CACHE_ENV = "FASTE_MM_KERNEL_CACHE"  # a file path; "off" keeps verdicts in memory only
 # Each candidate runs twice, A B then B A: on a shared machine one run each let a burst of
 # another process's work decide a verdict that is then cached for good (the tower's merger GELU

@@ -8,6 +8,8 @@ from __future__ import annotations
 import torch
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
+from faste_mm.model.backbones.decoder_kernels import DecoderMlp
+from faste_mm.model.backbones.machine import read_cpu_flags
 from faste_mm.model.batching import Batch
 from faste_mm.model.decoder_state import DecoderState, PackedState
 from faste_mm.model.flops import DecoderShape, VisionShape
@@ -45,6 +47,9 @@ class Backbone:
         self._mask_kinds = _layer_mask_kinds(text_config, len(self.layers))
         has_sliding = "sliding_attention" in self._mask_kinds
         self._sliding_window = getattr(text_config, "sliding_window", None) if has_sliding else None
+        # layers of exactly the pre-norm shape `finish_layer` spells out (others run as HF's module)
+        self._plain_layers = [_is_plain_layer(layer) for layer in self.layers]
+        self.mlp = DecoderMlp(read_cpu_flags())  # the MLP block and its residual, fused or not by trial
 
     @property
     def device(self) -> torch.device:
@@ -88,7 +93,15 @@ class Backbone:
         return masks
 
     def run_layer(self, index: int, state: DecoderState, masks: dict) -> torch.Tensor:
-        return self.layers[index](
+        """Layer `index` on padded rows: HF's decoder layer, spelled out (as transformers writes it)
+        where its shape is the plain pre-norm one, so its MLP and residual run as `self.mlp` settles."""
+        layer = self.layers[index]
+        if self._plain_layers[index]:
+            attended, _ = layer.self_attn(hidden_states=layer.input_layernorm(state.hidden),
+                                          attention_mask=masks[self._mask_kinds[index]],
+                                          position_embeddings=(state.cos, state.sin), position_ids=None)
+            return self._finish_mlp(index, state.hidden + attended)
+        return layer(
             state.hidden,
             attention_mask=masks[self._mask_kinds[index]],
             position_embeddings=(state.cos, state.sin),
@@ -165,9 +178,20 @@ class Backbone:
     def finish_layer(self, index: int, hidden: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
         """The rest of layer `index` after attention: o_proj and the residual, then the MLP block.
         attended [..., S, A, D_h] -> the layer's output hidden [..., S, H]."""
+        hidden = hidden + self.layers[index].self_attn.o_proj(attended.flatten(-2))
+        return self._finish_mlp(index, hidden)
+
+    def _finish_mlp(self, index: int, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden + the MLP block of layer `index` on its post-attention norm."""
         layer = self.layers[index]
-        hidden = hidden + layer.self_attn.o_proj(attended.flatten(-2))
-        return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        return self.mlp(layer.mlp, layer.post_attention_layernorm(hidden), hidden)
+
+
+def _is_plain_layer(layer: torch.nn.Module) -> bool:
+    """Whether a decoder layer is exactly input norm -> attention -> residual -> post-attention norm
+    -> MLP -> residual (Qwen2/3, Llama): no other submodule (e.g. Gemma's extra norms)."""
+    names = {name for name, _ in layer.named_children()}
+    return names == {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"}
 
 
 def _layer_mask_kinds(config, num_layers: int) -> list[str]:
