@@ -26,7 +26,9 @@ from faste_mm.bench.rounds import mirrored_rounds
 from faste_mm.bench.schema import SuiteRun
 from faste_mm.errors import ConfigError
 
-SETTINGS = ("float32", "bfloat16", "bfloat16-attn-fp32", "int8", "hf")
+# "-mlp-separate": the decoder MLP forced to transformers' modules (the fused one's baseline)
+SETTINGS = ("float32", "float32-mlp-separate", "bfloat16", "bfloat16-attn-fp32", "bfloat16-mlp-separate", "int8", "hf")
+DEFAULT_SETTINGS = ("float32", "bfloat16", "bfloat16-attn-fp32", "int8", "hf")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,8 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kinds", default="page:1240x1754:1,image:640x480:2,text:1000:4",
                         help="KIND:SIZE:N,... (page and image WxH, text TOKENS; a page is the page-sized image faste-mm "
                              "renders; default page:1240x1754:1,image:640x480:2,text:1000:4)")
-    parser.add_argument("--settings", default=",".join(SETTINGS),
-                        help=f"contenders among {', '.join(SETTINGS)} (float32 is the baseline, always needed; default all)")
+    parser.add_argument("--settings", default=",".join(DEFAULT_SETTINGS),
+                        help=f"contenders among {', '.join(SETTINGS)} (float32 is the baseline, always needed; default {",".join(DEFAULT_SETTINGS)})")
     add_workdir(parser)
 
 
@@ -87,10 +89,12 @@ def run(args: argparse.Namespace) -> SuiteRun:
     for name in settings:
         if name == "hf":
             continue
-        dtype = "bfloat16" if name.startswith("bfloat16") else name
+        dtype = name.split("-")[0]
         embedder = Embedder.from_pretrained(str(model), device="cpu", dtype=dtype)
         if name == "bfloat16-attn-fp32":
             embedder.backbone.tower.trials.requested = "float32"  # the rule this replaces
+        if name.endswith("-mlp-separate"):
+            embedder.backbone.mlp.trials.requested = "separate"  # what the fused decoder MLP replaces
         embedders[name] = embedder
     # the official forward at the dtype transformers' default ("auto") loads the real checkpoint in
     hf = Embedder.from_pretrained(str(model), device="cpu", dtype="bfloat16") if "hf" in settings else None
