@@ -40,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="KIND:SIZE:N,... (page and image WxH, text TOKENS; a page is the page-sized image faste-mm "
                              "renders; default page:1240x1754:1,image:640x480:2,text:1000:4)")
     parser.add_argument("--settings", default=",".join(DEFAULT_SETTINGS),
-                        help=f"contenders among {', '.join(SETTINGS)} (float32 is the baseline, always needed; default {",".join(DEFAULT_SETTINGS)})")
+                        help=f"contenders among {', '.join(SETTINGS)} (float32 is the baseline, always needed; default {','.join(DEFAULT_SETTINGS)})")
     add_workdir(parser)
 
 
