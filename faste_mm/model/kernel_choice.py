@@ -235,6 +235,13 @@ class KernelTrials:
         log.info("%s", choice.describe())
         return choice, result
 
+    def run(self, bucket: str, make: Callable[[str], Callable[[], torch.Tensor]],
+            names: tuple[str, ...]) -> torch.Tensor:
+        """The result of `make(choice)()` for `bucket`'s settled choice, else of the trial's winner."""
+        if (settled := self.settled(bucket)) is not None:
+            return make(settled.choice)()
+        return self.trial(bucket, {name: make(name) for name in names})[1]
+
     def describe(self) -> list[str]:
         """These verdicts in words, then those of the `related` kernels."""
         return [choice.describe() for choice in self.choices.values()] + [line for other in self.related for line in other.describe()]

@@ -65,8 +65,5 @@ class DecoderMlp:
         rows = 1 << max(count - 1, 0).bit_length()
         bucket = (f"cpu {str(x.dtype).removeprefix('torch.')} mlp {mlp.gate_proj.in_features}->"
                   f"{mlp.gate_proj.out_features} silu rows<={rows}")
-        if (settled := self.trials.settled(bucket)) is not None:
-            return mlp_residual(mlp, x, residual, settled.choice == "fused")
-        _, out = self.trials.trial(bucket, {name: (lambda f=name == "fused": mlp_residual(mlp, x, residual, f))
-                                            for name in ("fused", "separate")})
-        return out
+        return self.trials.run(bucket, lambda name: lambda: mlp_residual(mlp, x, residual, name == "fused"),
+                               ("fused", "separate"))

@@ -253,11 +253,8 @@ class PackedVisionTower:
         rows = 1 << max(x.shape[0] - 1, 0).bit_length()
         bucket = (f"cpu {str(x.dtype).removeprefix('torch.')} linear {linear.in_features}->{linear.out_features} "
                   f"gelu({gelu_algorithm(act_fn)}) rows<={rows}")
-        if (settled := self.gelu_trials.settled(bucket)) is not None:
-            return linear_gelu(linear, act_fn, x, settled.choice == "fused")
-        _, out = self.gelu_trials.trial(bucket, {name: (lambda f=name == "fused": linear_gelu(linear, act_fn, x, f))
-                                                 for name in ("fused", "separate")})
-        return out
+        return self.gelu_trials.run(bucket, lambda name: lambda: linear_gelu(linear, act_fn, x, name == "fused"),
+                                    ("fused", "separate"))
 
     def _bucket(self, frames: FrameRuns, hidden: torch.Tensor) -> str | None:
         """The shape bucket whose attention dtype is settled by trial, or None where no trial
