@@ -10,10 +10,11 @@ gets 2, where `os.cpu_count()` and torch's own default say 64). Explicit setting
 machine's rule: `BatchingConfig.workers` (bench `--workers`), `BatchingConfig.batch_tokens`
 (`--batch-tokens`) and the user's OMP_NUM_THREADS / MKL_NUM_THREADS (which torch read at start).
 
-Why each value (measured side by side with `faste-mm bench threads`, docs/performance.md
-"Threads and batches for the machine", docs/cpu.md "Threads"):
-- intra-op threads = cores: torch at fewer threads than cores was slower at every batch and
-  preprocessing setting measured on 1 and 2 cores;
+Why each value (`faste-mm bench threads` measures the plan against each value changed, side by
+side; the runs so far are in docs/performance.md "Threads and batches for the machine"):
+- intra-op threads = cores: what torch itself picks on an idle machine, now counted from the
+  usable cores; on a machine loaded past its cores fewer threads can win (docs/cpu.md "Threads"),
+  which OMP_NUM_THREADS sets;
 - inter-op threads = 1: nothing in faste-mm forks torch work onto the inter-op pool (no
   torch.jit.fork), so its threads would only sit idle;
 - preprocessing threads = cores (at most 8): a worker decodes, resizes and tokenizes the next
