@@ -72,10 +72,10 @@ class BatchingConfig:
         batch_tokens winning over the machine's rule (`machine_plan.machine_plan`)."""
         return machine_plan(device=device.type, workers=self.workers, batch_tokens=self.batch_tokens)
 
-    def for_device(self, device: torch.device) -> "BatchingConfig":
+    def for_device(self, device: torch.device, plan: MachinePlan | None = None) -> "BatchingConfig":
         """This config with batch_tokens / workers / batch_bytes None resolved for `device` on
-        this machine (what a model's stages use)."""
-        plan = self.machine_plan(device)
+        this machine (what a model's stages use); `plan`: `machine_plan(device)` if already made."""
+        plan = plan or self.machine_plan(device)
         return replace(self, batch_tokens=plan.batch_tokens, workers=plan.prep_threads,
                        batch_bytes=BATCH_BYTES[plan.device] if self.batch_bytes is None else self.batch_bytes)
 

@@ -147,7 +147,7 @@ class Embedder:
         batching = batching or BatchingConfig()
         # threads and batch budget for this machine's usable cores (the caller's settings win)
         self.machine = batching.machine_plan(self.backbone.device)
-        self.batching = batching.for_device(self.backbone.device)
+        self.batching = batching.for_device(self.backbone.device, self.machine)
         use_torch_threads(self.machine)
         # settled once per Embedder (the "auto" trial runs on the first compressed batch: settle_kernel)
         self.unpadded = Unpadded(self.batching.unpadded, self.backbone.device, self.backbone.dtype)

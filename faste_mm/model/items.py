@@ -281,7 +281,7 @@ def _open_image(source: Path | OpenedFile, unreadable: str):
     _check_file(source)
     register_image_plugins()
     try:
-        with Image.open(source.reader() if isinstance(source, OpenedFile) else path) as opened:
+        with Image.open(decoder_input(source)) as opened:
             yield opened
     except UnidentifiedImageError:
         missing = missing_plugin(path)

@@ -14,6 +14,7 @@ cached on disk, overridable with $FASTE_MM_DECODER_MLP.
 from __future__ import annotations
 
 import torch
+from transformers.activations import SiLUActivation
 
 from faste_mm.model.kernel_choice import (DECODER_MLP_CHOICES, DECODER_MLP_ENV, KernelTrials, TrialCache,
                                           machine_key, requested_choice)
@@ -21,18 +22,18 @@ from faste_mm.model.kernel_choice import (DECODER_MLP_CHOICES, DECODER_MLP_ENV, 
 
 def is_silu(act_fn) -> bool:
     """Whether an MLP's activation is SiLU (torch's module or transformers' ACT2FN["silu"])."""
-    from transformers.activations import SiLUActivation
-
     return isinstance(act_fn, (torch.nn.SiLU, SiLUActivation))
 
 
 def can_fuse_mlp(mlp, x: torch.Tensor) -> bool:
     """Whether `mlp_residual(..., fused=True)` can run: a gated SiLU MLP of plain float32/bfloat16
     linear layers (not int8) on a CPU with oneDNN."""
+    # cheapest first: this runs once per decoder layer
+    if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.bfloat16):
+        return False
     linears = [getattr(mlp, name, None) for name in ("gate_proj", "up_proj", "down_proj")]
     return (all(type(linear) is torch.nn.Linear and linear.weight.dtype == x.dtype for linear in linears)
-            and is_silu(getattr(mlp, "act_fn", None)) and x.device.type == "cpu"
-            and torch.backends.mkldnn.is_available() and x.dtype in (torch.float32, torch.bfloat16))
+            and is_silu(getattr(mlp, "act_fn", None)) and torch.backends.mkldnn.is_available())
 
 
 def mlp_residual(mlp, x: torch.Tensor, residual: torch.Tensor, fused: bool) -> torch.Tensor:

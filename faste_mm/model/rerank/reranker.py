@@ -85,7 +85,7 @@ class Reranker:
         self.family = loaded.family
         batching = batching or BatchingConfig()
         self.machine = batching.machine_plan(self.backbone.device)  # threads for this machine's usable cores
-        self.batching = batching.for_device(self.backbone.device)
+        self.batching = batching.for_device(self.backbone.device, self.machine)
         use_torch_threads(self.machine)
         self.protect = protect
         num_layers = self.backbone.shape.num_layers
