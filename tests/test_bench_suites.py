@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from dataclasses import fields
 from pathlib import Path
 
@@ -194,13 +195,17 @@ def test_cpu_suite(tmp_path, capsys, model_dirs):
                and row["check_cost_bfloat16"] for row in result["rows"])
 
 
-def test_threads_suite(tmp_path, capsys, model_dirs):
+def test_threads_suite(tmp_path, capsys, model_dirs, monkeypatch):
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))
     args = ["--model", str(model_dirs["qwen3_vl"]), "--dtype", "float32", "--kinds", "text:20:2", "--rounds", "1",
             "--threads", "1", "--workers", "0", "--budgets", "512"]
     result = _run("threads", args, tmp_path, capsys)
     row = result["rows"][0]
     assert row["plan"] == result["params"]["settings"][0] and row["winner"] in row["seconds"]
     assert result["params"]["machine_plan"]["cores"] == result["cores"]
+    assert not list(temporary.iterdir())  # without --workdir its folder (inputs, a model) went with the run
 
 
 def test_cpu_suite_refuses_settings_without_the_float32_baseline(capsys):

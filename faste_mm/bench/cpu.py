@@ -15,13 +15,12 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import tempfile
 from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-from faste_mm.bench.options import add_model, add_rounds, add_workdir, names
+from faste_mm.bench.options import add_model, add_rounds, add_workdir, names, scratch
 from faste_mm.bench.rounds import mirrored_rounds
 from faste_mm.bench.schema import SuiteRun
 from faste_mm.errors import ConfigError
@@ -71,6 +70,11 @@ def _kinds(text: str) -> list[tuple[str, str, int]]:
 
 
 def run(args: argparse.Namespace) -> SuiteRun:
+    with scratch(args.workdir, "bench-cpu-") as work:
+        return _run(args, work)
+
+
+def _run(args: argparse.Namespace, work: Path) -> SuiteRun:
     from faste_mm import Embedder
     from faste_mm.bench.inputs import make_inputs
     from faste_mm.bench.model import _hf_forward
@@ -82,7 +86,6 @@ def run(args: argparse.Namespace) -> SuiteRun:
         raise ConfigError(f"--settings {','.join(unknown)}: unknown; choose among {', '.join(SETTINGS)}")
     if "float32" not in settings:
         raise ConfigError("--settings must include float32: every speed-up is read against it")
-    work = args.workdir or Path(tempfile.mkdtemp(prefix="bench-cpu-"))
     model = args.model or build(work / "model", args.layers, args.blocks)
     rates = measure_rates(torch.device("cpu"))
     embedders = {}

@@ -5,8 +5,10 @@ help, and a suite adds the ones it takes (`add_shape(parser)`, ...). The entry p
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 from faste_mm.tools.shapes import SHAPES
@@ -55,6 +57,17 @@ def add_inputs(parser: argparse.ArgumentParser, default: str, n: int | None = No
 
 def add_workdir(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workdir", type=Path, default=None, help="folder for models, inputs and collections (default: a temporary one)")
+
+
+@contextlib.contextmanager
+def scratch(given: Path | None, prefix: str):
+    """The suite's working folder: --workdir as given (kept), else a temporary one removed when the
+    suite ends, however it ends (a real-width model written there takes gigabytes)."""
+    if given is not None:
+        yield given
+        return
+    with tempfile.TemporaryDirectory(prefix=prefix) as folder:
+        yield Path(folder)
 
 
 def apply_threads(args: argparse.Namespace) -> None:

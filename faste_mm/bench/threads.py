@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from faste_mm.bench.options import add_model, add_rounds, add_workdir, ints
+from faste_mm.bench.options import add_model, add_rounds, add_workdir, ints, scratch
 from faste_mm.bench.rounds import mirrored_rounds
 from faste_mm.bench.schema import SuiteRun
 from faste_mm.errors import ConfigError
@@ -70,6 +69,11 @@ def settings_around(plan: Setting, threads: list[int], workers: list[int], budge
 
 
 def run(args: argparse.Namespace) -> SuiteRun:
+    with scratch(args.workdir, "bench-threads-") as work:
+        return _run(args, work)
+
+
+def _run(args: argparse.Namespace, work: Path) -> SuiteRun:
     from faste_mm import BatchingConfig, Embedder
     from faste_mm.bench.cpu import _kinds, build
     from faste_mm.bench.inputs import make_inputs
@@ -84,7 +88,6 @@ def run(args: argparse.Namespace) -> SuiteRun:
         raise ConfigError("--threads and --budgets take integers >= 1, --workers integers >= 0")
     settings = settings_around(base, threads, workers, budgets)
     kinds = _kinds(args.kinds)
-    work = args.workdir or Path(tempfile.mkdtemp(prefix="bench-threads-"))
     model = args.model or build(work / "model", args.layers, args.blocks)
     loaded = Embedder.from_pretrained(str(model), device="cpu", dtype=args.dtype)
     embedders = {s.name: loaded.with_batching(BatchingConfig(batch_tokens=s.batch_tokens, workers=s.workers))
