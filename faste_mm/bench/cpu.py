@@ -79,7 +79,7 @@ def _run(args: argparse.Namespace, work: Path) -> SuiteRun:
     from faste_mm.bench.inputs import make_inputs
     from faste_mm.bench.model import _hf_forward
     from faste_mm.tools.check_cost import measure_check_cost
-    from faste_mm.tools.roofline import measure_rates, stage_rates
+    from faste_mm.tools.roofline import mean_rate, measure_rates, stage_rates
 
     settings, kinds = names(args.settings), _kinds(args.kinds)
     if unknown := [s for s in settings if s not in SETTINGS]:
@@ -87,7 +87,8 @@ def _run(args: argparse.Namespace, work: Path) -> SuiteRun:
     if "float32" not in settings:
         raise ConfigError("--settings must include float32: every speed-up is read against it")
     model = args.model or build(work / "model", args.layers, args.blocks)
-    rates = measure_rates(torch.device("cpu"))
+    cpu = torch.device("cpu")
+    first_rates = measure_rates(cpu)
     embedders = {}
     for name in settings:
         if name == "hf":
@@ -110,7 +111,12 @@ def _run(args: argparse.Namespace, work: Path) -> SuiteRun:
         if hf is not None:
             runs["hf"] = _hf_forward(hf, inputs, 8)
         # the warm-up round also settles the tower attention trial; each run reports its own model seconds
+        before = first_rates if not rows else measure_rates(cpu)
         timed = mirrored_rounds(runs, args.repeats)
+        # A shared VM's matrix rate drifts by 2-3x between hours (another guest on the core's sibling):
+        # each kind is judged by the rate measured just before and just after its own rounds.
+        after = measure_rates(cpu)
+        rates = {k: mean_rate(before[k], after[k]) for k in before}
         times, stages = {}, {}
         for name, t in timed.items():
             stats = [getattr(result, "stats", None) for result in t.outputs]
@@ -121,6 +127,7 @@ def _run(args: argparse.Namespace, work: Path) -> SuiteRun:
         entry["speedup_vs_float32"] = {k: base["float32"] / v for k, v in base.items()}
         if "hf" in base:
             entry["speedup_vs_hf"] = {k: base["hf"] / v for k, v in base.items()}
+        entry["matmul_rates"] = {k: {"before": before[k].tflops, "after": after[k].tflops} for k in before}
         entry["roofline"] = {}
         for name, measured in stages.items():
             if not measured:
@@ -137,7 +144,7 @@ def _run(args: argparse.Namespace, work: Path) -> SuiteRun:
     params = {"model": str(args.model) if args.model else "qwen3-vl-embedding-2b (real width)", "layers": args.layers,
               "tower_blocks": args.blocks, "rounds": args.repeats, "kinds": args.kinds, "settings": settings,
               "torch_threads": torch.get_num_threads()}
-    machine = {"matmul_rates": {k: r.to_dict() for k, r in rates.items()}}
+    machine = {"matmul_rates": {k: r.to_dict() for k, r in first_rates.items()}}
     return SuiteRun(rows, params, "cpu", ",".join(settings), machine, _table(rows, settings))
 
 

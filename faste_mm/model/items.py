@@ -393,11 +393,12 @@ def _render_scale(width_pt: float, height_pt: float, max_pixels: int) -> float:
     return min(math.sqrt(max_pixels / max(width_pt * height_pt, 1.0)), 8.0)
 
 
-def pdf_page_text(path: str | Path, page: int) -> str:
+def pdf_page_text(source: str | Path | OpenedFile, page: int) -> str:
     """The text layer of a PDF page (1-based), "" for a scanned page without one; InputError
     naming the file when the PDF cannot be read or has fewer pages."""
-    path = Path(path)
-    with _open_pdf(path) as pdf:
+    source = source if isinstance(source, OpenedFile) else Path(source)
+    path = file_name(source)
+    with _open_pdf(source) as pdf:
         if not 1 <= page <= len(pdf):
             raise InputError(f"{path}: page {page} requested but the PDF has {len(pdf)} pages")
         textpage = pdf[page - 1].get_textpage()

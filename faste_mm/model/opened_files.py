@@ -40,6 +40,11 @@ class OpenedFile:
     def size(self) -> int:
         return self.identity[4]
 
+    @property
+    def mtime(self) -> float:
+        """Modification time in seconds, as `os.stat_result.st_mtime` gives it."""
+        return self.identity[3] / 1e9
+
     def reader(self) -> BinaryIO:
         """A fresh binary reader over the opened file, from its start."""
         return io.BufferedReader(_PositionedReads(self))

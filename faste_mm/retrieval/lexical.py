@@ -12,6 +12,7 @@ from pathlib import Path
 from faste_mm.errors import InputError
 from faste_mm.kinds import is_kind
 from faste_mm.model.items import Item, pdf_page_text
+from faste_mm.model.opened_files import OpenedFile, file_name
 
 log = logging.getLogger(__name__)
 
@@ -28,13 +29,14 @@ def item_text(item: Item) -> str | None:
     return None
 
 
-def page_text(path: Path, page: int) -> str | None:
-    """A PDF page's text layer, or None (logged) when it cannot be read: the page keeps its vector
-    and stays findable by name; a text layer is never a reason to fail an item."""
+def page_text(source: Path | OpenedFile, page: int) -> str | None:
+    """A PDF page's text layer (of the path, or of a checked `OpenedFile`), or None (logged) when it
+    cannot be read: the page keeps its vector and stays findable by name; a text layer is never a
+    reason to fail an item."""
     try:
-        return pdf_page_text(path, page)[:MAX_TEXT_CHARS] or None
+        return pdf_page_text(source, page)[:MAX_TEXT_CHARS] or None
     except InputError as error:
-        log.info("%s: no text layer for page %d (%s)", path, page, error)
+        log.info("%s: no text layer for page %d (%s)", file_name(source), page, error)
         return None
 
 

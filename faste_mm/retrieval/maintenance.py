@@ -78,18 +78,25 @@ def backfill_texts(col: Collection) -> int:
     """Read the text of text files and PDF pages that the lexical index knows only by name (stored
     before it existed) again from their files, when a file is still there with its stored size;
     returns how many items got text. Unreadable or changed files are left to the next `index`."""
-    from faste_mm.retrieval.decoders import read_text_file
+    from faste_mm.retrieval.decoders import read_text
     from faste_mm.retrieval.lexical import MAX_TEXT_CHARS, page_text
+    from faste_mm.retrieval.stored_files import open_stored, stored_file
 
     texts = []
     for record in col.items_without_text():
-        if record.modality not in ("text", "page"):
+        if record.modality not in ("text", "page") or not Path(record.uri).is_absolute():
             continue
-        path = Path(record.uri)
-        try:
-            if not path.is_file() or path.stat().st_size != record.size:
-                continue
-            text = read_text_file(path) if record.modality == "text" else page_text(path, record.page or 1)
+        try:  # the indexed file itself (checked on its descriptor), never a link planted over it since
+            if record.modality == "text":
+                with open_stored(record) as f:
+                    if os.fstat(f.fileno()).st_size != record.size:
+                        continue
+                    text = read_text(f, record.uri)
+            else:
+                source = stored_file(record)
+                if source.size != record.size:
+                    continue
+                text = page_text(source, record.page or 1)
         except (InputError, OSError):
             continue
         if text:

@@ -19,7 +19,7 @@ from typing import Callable
 import numpy as np
 from PIL import Image
 
-from faste_mm.errors import ConfigError, FasteError
+from faste_mm.errors import ConfigError, FasteError, InputError
 from faste_mm.indexers import Collection, ItemRecord
 from faste_mm.retrieval.lexical import MAX_TEXT_CHARS
 
@@ -99,19 +99,22 @@ def spaced(text: str, char_boxes) -> str:
 
 def read_item_image(record: ItemRecord) -> Image.Image | None:
     """The pixels of a stored image or PDF page at most OCR_MAX_PIXELS, or None when its file is not
-    the one indexed any more (gone, or changed since: the next index run embeds and reads it again)."""
+    the one indexed any more (gone, replaced, or changed since: the next index run embeds and reads
+    it again). Decoded from the descriptor `stored_file` checked (the indexed device and inode), so
+    a link planted over the file after its vector was made never puts another file's words into the
+    lexical index."""
     from faste_mm.model.items import Item, load_image
+    from faste_mm.retrieval.stored_files import stored_file
 
-    path = Path(record.uri)
-    if not path.is_absolute():  # an item added from memory ("item:...") has no file to read
+    if not Path(record.uri).is_absolute():  # an item added from memory ("item:...") has no file to read
         return None
     try:
-        st = path.stat()
-    except OSError:
+        source = stored_file(record)
+    except InputError:  # gone, or not the indexed file any more
         return None
-    if record.size is not None and (st.st_size != record.size or st.st_mtime != record.mtime):
+    if record.size is not None and (source.size != record.size or abs(source.mtime - record.mtime) > 1e-6):
         return None
-    image = load_image(Item(image=path, page=record.page), OCR_MAX_PIXELS)
+    image = load_image(Item(image=source, page=record.page), OCR_MAX_PIXELS)
     if image.width * image.height > OCR_MAX_PIXELS:
         image.thumbnail((int((OCR_MAX_PIXELS * image.width / image.height) ** 0.5),) * 2)
     return image

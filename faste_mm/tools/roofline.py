@@ -1,5 +1,6 @@
 """The roofline `faste-mm bench` judges CPU (and GPU) speed by: this machine's matrix-multiply rate
-per dtype, measured with a short calibrated GEMM at the start of a run, and per stage of the forward
+per dtype, measured with a short calibrated GEMM (at the start of a run; `bench cpu` again beside each
+input kind's rounds, as the rate of a shared VM drifts), and per stage of the forward
 (vision tower, decoder) the achieved TFLOP/s (the FLOP counts of `model/flops.py` over the stage's
 seconds) and its fraction of the rate in the dtype the model ran in.
 """
@@ -72,6 +73,13 @@ def _calibrated(run, dtype: str, size: int, kernel: str, device: torch.device, b
     repeats = max(2, min(50, int(budget_s / max(first, 1e-6))))
     best = min([first] + [once() for _ in range(repeats - 1)])
     return MatmulRate(dtype, 2 * size**3 / best / 1e12, size, repeats, kernel)
+
+
+def mean_rate(before: MatmulRate, after: MatmulRate) -> MatmulRate:
+    """One rate from two calibrations around a timed run (the machine's rate drifts on a shared
+    VM): their mean, with the repeats of both."""
+    return MatmulRate(before.dtype, (before.tflops + after.tflops) / 2, before.size,
+                      before.repeats + after.repeats, before.kernel)
 
 
 @dataclass(frozen=True, slots=True)
