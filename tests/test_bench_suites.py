@@ -193,6 +193,8 @@ def test_cpu_suite(tmp_path, capsys, model_dirs):
     assert [row["kind"] for row in result["rows"]] == ["image", "text"] and result["machine"]["matmul_rates"]
     assert all(set(row["forward_s"]) == {"float32", "bfloat16", "hf"} and row["speedup_vs_float32"]["float32"] == 1.0
                and row["check_cost_bfloat16"] for row in result["rows"])
+    image = result["rows"][0]  # each contender's tower seconds, transformers' by hooks on its tower
+    assert image["tower_s"]["hf"] > 0 and image["tower_s"]["bfloat16"] > 0 and set(image["matmul_rates"]["bfloat16"]) == {"before", "after"}
 
 
 def test_threads_suite(tmp_path, capsys, model_dirs, monkeypatch):

@@ -117,12 +117,15 @@ def _run(args: argparse.Namespace, work: Path) -> SuiteRun:
         # each kind is judged by the rate measured just before and just after its own rounds.
         after = measure_rates(cpu)
         rates = {k: mean_rate(before[k], after[k]) for k in before}
-        times, stages = {}, {}
+        times, stages, towers = {}, {}, {}
         for name, t in timed.items():
             stats = [getattr(result, "stats", None) for result in t.outputs]
             times[name] = [result.forward_s if s is None else s.forward_s for result, s in zip(t.outputs, stats)]
+            towers[name] = [r.tower_s if s is None else s.tower_s for r, s in zip(t.outputs, stats)]
             stages[name] = [(s.flops_vision, s.tower_s, s.flops_realised, s.decoder_s) for s in stats if s is not None]
         entry = {"kind": kind, "inputs": f"{kind}:{size} x{n}", "forward_s": {k: statistics.median(v) for k, v in times.items()}}
+        # each contender's vision tower seconds (transformers' by hooks on its tower): where the time goes
+        entry["tower_s"] = {k: statistics.median(v) for k, v in towers.items() if v and None not in v}
         base = entry["forward_s"]
         entry["speedup_vs_float32"] = {k: base["float32"] / v for k, v in base.items()}
         if "hf" in base:
@@ -150,9 +153,11 @@ def _run(args: argparse.Namespace, work: Path) -> SuiteRun:
 
 def _table(rows: list[dict], settings: list[str]) -> str:
     """Forward seconds per input and contender, with the speed-up over float32."""
-    lines = ["forward seconds, median of mirrored rounds (x float32)",
+    lines = ["forward seconds, median of mirrored rounds (x float32; of which the vision tower)",
              "| input | " + " | ".join(settings) + " |", "|---|" + "---:|" * len(settings)]
     for row in rows:
-        cells = [f"{row['forward_s'][s]:.2f} ({row['speedup_vs_float32'][s]:.2f}x)" for s in settings]
+        towers = row.get("tower_s", {})
+        cells = [f"{row['forward_s'][s]:.2f} ({row['speedup_vs_float32'][s]:.2f}x"
+                 + (f"; tower {towers[s]:.2f}" if towers.get(s) else "") + ")" for s in settings]
         lines.append(f"| {row['inputs']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

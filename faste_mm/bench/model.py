@@ -208,6 +208,7 @@ class _Run:
     items: int
     tokens: int  # prefix + readout tokens
     stats: EmbedStats | None = None
+    tower_s: float | None = None  # a comparison's vision tower seconds, where it has one
 
     @classmethod
     def of(cls, result: EmbedResult) -> "_Run":
@@ -365,8 +366,11 @@ def _hf_forward(embedder: Embedder, inputs: list, batch_size: int):
     if any(item.is_pdf for item in items):
         raise InputError("--compare hf takes texts and images; PDF pages are expanded only by faste-mm")
 
+    tower = _TimedModule(getattr(getattr(model, "model", model), "visual", None))
+
     def encode() -> _Run:
         vectors, forward_s, tokens = [], 0.0, 0
+        tower.seconds = 0.0
         for start in range(0, len(items), batch_size):
             chunk = items[start : start + batch_size]
             prompts = [serializer.render_prompt(item, item.instruction) for item in chunk]
@@ -385,9 +389,27 @@ def _hf_forward(embedder: Embedder, inputs: list, batch_size: int):
             forward_s += time.perf_counter() - tick
             tokens += int(batch["attention_mask"].sum())
             vectors.append(pooled.numpy())
-        return _Run(np.concatenate(vectors), forward_s, len(items), tokens)
+        return _Run(np.concatenate(vectors), forward_s, len(items), tokens,
+                    tower_s=tower.seconds if tower.module is not None else None)
 
     return encode
+
+
+class _TimedModule:
+    """Seconds spent in `module`'s forward (transformers' vision tower inside its model's forward),
+    summed by a pre- and a post-hook: the official path's tower beside faste-mm's own `tower_s`."""
+
+    def __init__(self, module: torch.nn.Module | None) -> None:
+        self.module, self.seconds, self._started = module, 0.0, 0.0
+        if module is not None:
+            module.register_forward_pre_hook(self._pre)
+            module.register_forward_hook(self._post)
+
+    def _pre(self, module, args) -> None:
+        self._started = time.perf_counter()
+
+    def _post(self, module, args, output) -> None:
+        self.seconds += time.perf_counter() - self._started
 
 
 def _sentence_transformers_forward(embedder: Embedder, inputs: list, batch_size: int):
