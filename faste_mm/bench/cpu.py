@@ -123,7 +123,8 @@ def _run(args: argparse.Namespace, work: Path) -> SuiteRun:
             times[name] = [result.forward_s if s is None else s.forward_s for result, s in zip(t.outputs, stats)]
             towers[name] = [r.tower_s if s is None else s.tower_s for r, s in zip(t.outputs, stats)]
             stages[name] = [(s.flops_vision, s.tower_s, s.flops_realised, s.decoder_s) for s in stats if s is not None]
-        entry = {"kind": kind, "inputs": f"{kind}:{size} x{n}", "forward_s": {k: statistics.median(v) for k, v in times.items()}}
+        entry = {"kind": kind, "inputs": f"{kind}:{size} x{n}", "forward_s": {k: statistics.median(v) for k, v in times.items()},
+                 "rounds_s": times}  # each timed round's seconds: how far the machine moved under them
         # each contender's vision tower seconds (transformers' by hooks on its tower): where the time goes
         entry["tower_s"] = {k: statistics.median(v) for k, v in towers.items() if v and None not in v}
         base = entry["forward_s"]
