@@ -37,6 +37,7 @@ from faste_mm.retrieval.profile import CollectionProfile  # noqa: E402
 from faste_mm.scale.ray_index import ACTOR_REGISTRY_ENV  # noqa: E402
 from faste_mm.scale.ray_workers import PAGES_PER_PART, FileTask, ShippedFile, decode_file_parts, embedder_input  # noqa: E402
 from faste_mm.scale.resources import plan_resources  # noqa: E402
+from tests.helpers.forked_cli import run_cli  # noqa: E402
 from tests.helpers.inputs import (CORPUS_EMBEDDED, CORPUS_FAILED, CORPUS_REUSED, make_corpus,  # noqa: E402
                                            noise_image, tiny_vl_dir)
 
@@ -122,11 +123,38 @@ def _assert_same_collection(reference: Path, other: Path) -> None:
         np.testing.assert_allclose(rows[key], vector, atol=2e-4, err_msg=str(key))
 
 
-def test_ray_index_with_faste_and_video_settings_matches_plain_index(ray_cluster, model_dir, corpus, tmp_path):
-    """FastE (r_max > 0) on two actors. The Ray executor decodes each kind with the plain path's
-    decoder and its workers sample videos with the collection's video settings (it once recorded
-    every video as an unreadable image) and resize images with its pixel budget (`index --ray
-    --max-pixels`): rows, failures and vectors equal a plain run's, and the manifest records both."""
+@ray.remote(num_cpus=0)
+class _Registry:
+    """Collects the handles of the embedding actors (ACTOR_REGISTRY_ENV test hook) and kills the
+    actor that makes the second call of the run, at its start, once: that call is then in flight
+    and the first one's results are delivered."""
+
+    def __init__(self) -> None:
+        self.handles, self.calls, self.killed = [], 0, False
+
+    async def add(self, handle) -> None:
+        self.handles.append(handle)
+
+    async def calling(self, handle) -> None:
+        self.calls += 1
+        if self.calls == 2:
+            ray.kill(handle, no_restart=False)  # the caller waits for this reply: it dies mid-call
+            self.killed = True
+
+    async def seen(self) -> tuple[int, bool]:
+        return len(self.handles), self.killed
+
+
+def test_ray_index_with_faste_and_video_settings_matches_plain_index(ray_cluster, model_dir, corpus, tmp_path,
+                                                                    monkeypatch):
+    """FastE (r_max > 0) on two actors, with bytes shipped through the object store (a video's
+    as a file the actor writes and reads itself). The Ray executor decodes each kind with the
+    plain path's decoder and its workers sample videos with the collection's video settings (it
+    once recorded every video as an unreadable image) and resize images with its pixel budget
+    (`index --ray --max-pixels`): rows, failures and vectors equal a plain run's, and the manifest
+    records both. An embedding actor killed in the middle of a call is restarted and the call
+    retried: nothing lost or stored twice (each Ray run starts its actors, ~7 CPU-seconds each
+    here, so this run carries the kill rather than a run of its own)."""
     from tests.helpers.inputs import write_video
 
     folder = tmp_path / "files"
@@ -140,8 +168,15 @@ def test_ray_index_with_faste_and_video_settings_matches_plain_index(ray_cluster
     settings = dict(max_batch_size=max_batch_size, video=video, max_pixels=budget)
     plain = _index(model_dir, folder, tmp_path / "plain", r_max, **settings)
     seen = []
-    report = _index(model_dir, folder, tmp_path / "ray", r_max, RayOptions(**ACTORS), progress=seen.append,
-                    **settings)
+    registry = _Registry.options(name="faste-mm-test-registry").remote()
+    monkeypatch.setenv(ACTOR_REGISTRY_ENV, "faste-mm-test-registry")
+    report = _index(model_dir, folder, tmp_path / "ray", r_max, RayOptions(**ACTORS, ship_bytes=True),
+                    progress=seen.append, **settings)
+    registered, killed = ray.get(registry.seen.remote())
+    assert killed, "no actor was killed mid-call"
+    assert registered > ACTORS["workers"], "the killed actor did not restart"
+    ray.kill(registry)
+    monkeypatch.delenv(ACTOR_REGISTRY_ENV)
     # the corpus, plus the photo and the video, plus the broken video's failure
     expected = (CORPUS_EMBEDDED + 2, CORPUS_REUSED, CORPUS_FAILED + 1)
     assert (report.embedded, report.reused, report.failed) == (plain.embedded, plain.reused, plain.failed) == expected
@@ -170,68 +205,20 @@ def test_a_shipped_video_is_written_where_the_actor_embeds_it(tmp_path):
     assert item.video == tmp_path / "0" / "clip.mp4" and item.video.read_bytes() == b"bytes of a video"
 
 
-@ray.remote(num_cpus=0)
-class _Registry:
-    """Collects the handles of the embedding actors (ACTOR_REGISTRY_ENV test hook) and kills the
-    actor that makes the second call of the run, at its start, once: that call is then in flight
-    and the first one's results are delivered."""
-
-    def __init__(self) -> None:
-        self.handles, self.calls, self.killed = [], 0, False
-
-    async def add(self, handle) -> None:
-        self.handles.append(handle)
-
-    async def calling(self, handle) -> None:
-        self.calls += 1
-        if self.calls == 2:
-            ray.kill(handle, no_restart=False)  # the caller waits for this reply: it dies mid-call
-            self.killed = True
-
-    async def seen(self) -> tuple[int, bool]:
-        return len(self.handles), self.killed
-
-
-def test_killed_actor_is_restarted_and_nothing_is_lost_or_duplicated(ray_cluster, model_dir, big_corpus, plain_big,
-                                                                     tmp_path, monkeypatch):
-    """An embedding actor killed in the middle of a call is restarted and the call retried.
-    Also the full forward (r_max=0, default batching) with bytes shipped through the object
-    store, a long PDF's parts included, against a plain run: the same collection, bad files
-    included."""
-    registry = _Registry.options(name="faste-mm-test-registry").remote()
-    monkeypatch.setenv(ACTOR_REGISTRY_ENV, "faste-mm-test-registry")
-    report = _index(model_dir, big_corpus, tmp_path / "ray", 0.0, RayOptions(**ONE_ACTOR, ship_bytes=True),
-                    max_pixels=PAGE_PIXELS, chunk_pages=8)
-    registered, killed = ray.get(registry.seen.remote())
-    assert killed, "no actor was killed mid-call"
-    assert registered > ONE_ACTOR["workers"], "the killed actor did not restart"
-    plain, plain_collection = plain_big
-    assert (report.embedded, report.reused, report.failed) == (plain.embedded, plain.reused, plain.failed)
-    assert sorted(f.to_dict().items() for f in report.failures) == sorted(f.to_dict().items() for f in plain.failures)
-    _assert_same_collection(plain_collection, tmp_path / "ray")
-    ray.kill(registry)
-
-
-_DRIVER = """
-import sys
-from faste_mm.cli.app import main
-sys.argv = ["faste-mm", "index", sys.argv[1], "-c", sys.argv[2], "--model", sys.argv[3], "--device", "cpu",
-            "--r-max", "0", "--chunk-files", "2", "--chunk-pages", "8", "--max-pixels", sys.argv[4],
-            "--ray", sys.argv[5], "--workers", "1", *sys.argv[6:]]
-main()
-"""
 # Ray's C++ log line format ("[2026-11-27 00:42:33,293 E 17483 17483] core_worker.cc:2465: ...")
 _RAY_CPP_LINE = re.compile(r"^\[\d{4}-\d\d-\d\d [\d:,]+ [DIWEF] \d+ \d+\] \S+:\d+: ", re.MULTILINE)
 
 
 def _killed_driver(model_dir: Path, folder: Path, collection: Path, address: str, crash_at: str, *flags: str):
     """`faste-mm index --ray ADDRESS` in a process of its own (joining the tests' Ray) that
-    SIGKILLs itself at the crash point `crash_at`; returns its stderr."""
+    SIGKILLs itself at the crash point `crash_at`; returns its stderr. The process is forked from
+    a warm one (tests/helpers/forked_cli.py; it has not imported Ray): the driver joins Ray and
+    is killed as a fresh interpreter would be, without ~6 CPU-seconds of imports first."""
     env = {key: value for key, value in os.environ.items() if key != "COLUMNS"}
     env[CRASH_ENV] = crash_at
-    proc = subprocess.run([sys.executable, "-c", _DRIVER, str(folder), str(collection), str(model_dir),
-                           str(PAGE_PIXELS), address, *flags], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                          text=True, env=env, timeout=600)
+    proc = run_cli(["index", folder, "-c", collection, "--model", model_dir, "--device", "cpu", "--r-max", "0",
+                    "--chunk-files", "2", "--chunk-pages", "8", "--max-pixels", PAGE_PIXELS, "--ray", address,
+                    "--workers", "1", *flags], env=env)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
     return proc.stderr
 
@@ -240,8 +227,8 @@ def test_sigkilled_drivers_resume_without_embedding_twice_and_a_pdf_mid_file(ray
                                                                             plain_big, tmp_path):
     """A driver SIGKILLs itself right after its second chunk commit (a named crash point, no
     polling); a second one, resuming, after the first page range of the long PDF (committed range
-    by range as its parts come back); a last run embeds only what is missing, the PDF's pages
-    after that range only. The result equals a plain run's."""
+    by range as its parts come back); a last run (bytes shipped from the driver's node) embeds
+    only what is missing, the PDF's pages after that range only. The result equals a plain run's."""
     collection = tmp_path / "ray"
     stderr = _killed_driver(model_dir, big_corpus, collection, ray_cluster, "add-after-commit#2")
     # Ray's own output stays off the terminal without --debug (no execution banner, no actor logs)
@@ -261,8 +248,9 @@ def test_sigkilled_drivers_resume_without_embedding_twice_and_a_pdf_mid_file(ray
     assert committed == list(range(1, PAGES_PER_PART + 1))  # the first part, one range (>= 8 pages)
     assert set(first) <= set(second)
 
-    again = _index(model_dir, big_corpus, collection, 0.0, RayOptions(**ONE_ACTOR), max_pixels=PAGE_PIXELS,
-                   chunk_pages=8)
+    # the rest of the PDF read on the driver's node and shipped through the object store
+    again = _index(model_dir, big_corpus, collection, 0.0, RayOptions(**ONE_ACTOR, ship_bytes=True),
+                   max_pixels=PAGE_PIXELS, chunk_pages=8)
     plain, plain_collection = plain_big
     assert len(second) + again.embedded + again.reused == plain.embedded + plain.reused  # nothing embedded twice
     assert again.embedded < plain.embedded
