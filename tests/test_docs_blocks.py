@@ -4,8 +4,9 @@ separate process (one session per document: its blocks build on each other), in 
 of generated files per document, with the hub ids replaced by tiny random-weight models. A block
 marked `<!-- skip: REASON -->` is reported as skipped with its reason.
 
-Speed: each `faste-mm` command is forked from a warm process (tests/helpers/docs_zygote.py) instead of
-importing torch and transformers again, which would cost ~4 s of CPU per command.
+Speed: each `faste-mm` command is forked from a warm process (tests/helpers/docs_zygote.py, itself forked
+from tests/helpers/forked_cli.py's) instead of importing torch and transformers again, which would cost
+~4 s of CPU per command.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.docs_blocks import Block, documents, extract, make_sandbox, shell_script, substitute
-from tests.helpers.docs_zygote import SHIM, receive_message, send_message
+from tests.helpers.docs_zygote import SHIM, receive_message, send_message, serve_forked
+from tests.helpers.forked_cli import passed_fd, start_warm
 from tests.helpers.tiny_models import tiny_model_dir
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,16 +54,23 @@ def zygote(tmp_path_factory, stand_ins):
                TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1", FASTE_MM_DEVICE="cpu",
                FASTE_MM_MODEL=str(stand_ins["Qwen/Qwen3-VL-Embedding-2B"]), FASTE_MM_DOCS_SOCKET=str(sock),
                PATH=f"{shim_dir}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
-    process = subprocess.Popen([sys.executable, "-m", "tests.helpers.docs_zygote", str(sock),
-                                *map(str, dict.fromkeys(stand_ins.values()))],
-                               cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    ready = process.stdout.readline()
-    if ready.strip() != "ready":
-        process.kill()
-        pytest.fail(f"the docs zygote did not start: {process.stderr.read()[-3000:]}")
-    yield sock, env
+    # forked from the warm process of tests/helpers/forked_cli.py: torch, transformers and the CLI
+    # are imported there already (~5 CPU-seconds a fresh interpreter would spend first)
+    ready_r, ready_w = os.pipe()
+    with open(root / "zygote.err", "wb") as err:
+        try:
+            process = start_warm(serve_forked, str(sock), list(map(str, dict.fromkeys(stand_ins.values()))), env,
+                                 str(ROOT), passed_fd(ready_w), passed_fd(err.fileno()))
+        finally:
+            os.close(ready_w)
+    with os.fdopen(ready_r, encoding="utf-8") as ready:
+        if ready.readline().strip() != "ready":
+            process.kill()
+            process.join()
+            pytest.fail(f"the docs zygote did not start: {(root / 'zygote.err').read_text(errors='replace')[-3000:]}")
+        yield sock, env
     process.kill()
-    process.wait()
+    process.join()
 
 
 def _sandbox_env(base: dict[str, str], home: Path) -> dict[str, str]:

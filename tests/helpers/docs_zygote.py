@@ -1,7 +1,8 @@
 """A warm process that forks one child per documented command, so the docs' code blocks run
 through the real CLI without paying torch's and transformers' import (~4 s of CPU) per command.
 
-`python -m tests.helpers.docs_zygote SOCKET MODEL_DIR...`: imports the CLI and the library, loads each
+`python -m tests.helpers.docs_zygote SOCKET MODEL_DIR...` (or `serve_forked`, forked from
+tests/helpers/forked_cli.py's warm process, which has imported them already): imports the CLI and the library, loads each
 model once (transformers imports its model classes lazily; tokenizers are parsed once, see
 `_cache_tokenizers`), prints "ready", then answers on the Unix
 socket SOCKET. A request is a length-prefixed JSON header sent with the client's stdin, stdout
@@ -173,6 +174,21 @@ def serve(path: str, model_dirs: list[str]) -> None:
         for fd in fds:
             os.close(fd)
         conn.close()
+
+
+def serve_forked(path: str, model_dirs: list[str], env: dict[str, str], cwd: str, out: int, err: int) -> None:
+    """`serve` in a process forked from tests/helpers/forked_cli.py's warm one (its imports are
+    done): `out` (where "ready" goes) and `err` are the descriptors of stdout and stderr."""
+    for target, fd in ((1, out), (2, err)):
+        os.dup2(fd, target)
+        os.close(fd)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
+    serve(path, model_dirs)
 
 
 if __name__ == "__main__":

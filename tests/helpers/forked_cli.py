@@ -174,3 +174,16 @@ class ForkedCli:
 def start_cli(args: list[str], env: dict[str, str] | None = None, cwd: str | os.PathLike | None = None) -> ForkedCli:
     """`faste-mm ARGS` started in a forked process (see `ForkedCli`); the caller ends it."""
     return ForkedCli(args, env, cwd)
+
+
+def start_warm(target, *args) -> multiprocessing.Process:
+    """`target(*args)` started in a process forked from the warm one (torch, transformers, faiss
+    and the CLI imported); `passed_fd(fd)` in `args` arrives as the child's own copy of the
+    descriptor. For helpers that are themselves warm servers (tests/helpers/docs_zygote.py)."""
+    process = _forkserver().Process(target=target, args=args)
+    process.start()
+    return process
+
+
+def passed_fd(fd: int) -> _Fd:
+    return _Fd(fd)
