@@ -21,6 +21,7 @@ from faste_mm.cli.app import app  # noqa: E402
 from faste_mm.serving.mcp_tools import MAX_K, MAX_QUERY_CHARS, PREVIEW_PX  # noqa: E402
 from tests.helpers.mcp_fixtures import (check_structured, error_text, faste_mm_command, images_of, open_session,  # noqa: E402
                                 tiny_collection)
+from tests.helpers.forked_cli import CliRelay  # noqa: E402
 from tests.helpers.rerank_fixtures import reranker_dirs  # noqa: E402, F401
 from tests.helpers.inputs import tiny_vl_dir  # noqa: E402
 
@@ -37,12 +38,18 @@ def world(tmp_path_factory, reranker_dirs):  # noqa: F811
 
 
 @pytest.fixture(scope="module")
-def client(world):
-    params = StdioServerParameters(command=faste_mm_command(),
+def client(world, tmp_path_factory):
+    """The SDK spawns the server command, a `faste-mm` that runs `faste-mm mcp` on its pipes in a
+    process forked from the warm one (tests/helpers/forked_cli.py `CliRelay`): the same server
+    and stdio transport, without ~6 CPU-seconds of imports first. The installed console script,
+    started fresh, is the server of test_a_model_that_cannot_load_answers_with_the_cli_message."""
+    relay = CliRelay(tmp_path_factory.mktemp("mcp-relay"))
+    params = StdioServerParameters(command=relay.command,
                                    args=["mcp", "-c", str(world["col"]), "--allow-index", str(world["inbox"]),
                                          "--device", "cpu"])
     with open(os.devnull, "w") as quiet, open_session(stdio_client(params, errlog=quiet)) as session:
         yield session
+    relay.close()
 
 
 @pytest.fixture(scope="module")
@@ -178,6 +185,8 @@ def test_unknown_ids_and_uris_are_refused_by_name(client):
 
 
 def test_a_model_that_cannot_load_answers_with_the_cli_message(tmp_path):
+    """Also the installed `faste-mm` script in a fresh interpreter as the SDK's server: nothing
+    its imports print reaches stdout, the protocol's channel."""
     model = shutil.copytree(tiny_vl_dir(tmp_path.parent), tmp_path / "model")
     embedder = Embedder.from_pretrained(str(model), device="cpu", batching=BatchingConfig(batch_tokens=1 << 16))
     Retriever(embedder, collection=tmp_path / "col").add(["a note"])

@@ -21,12 +21,17 @@ but parse the tokenizers of the tiny models this process has asked for so far
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
+from multiprocessing.connection import wait
+from pathlib import Path
 
 # Imported once in the forkserver; every child starts with them loaded.
 _PRELOAD = ["torch", "transformers", "faiss", "faste_mm.cli.app", "faste_mm.retrieval.retriever",
@@ -70,14 +75,16 @@ def _inherited(dup) -> int:
     return dup.detach()
 
 
-def _child(argv: list[str], env: dict[str, str], cwd: str, out, err) -> None:
+def _child(argv: list[str], env: dict[str, str], cwd: str, out, err, inp: int | None = None) -> None:
     for target, where in ((1, out), (2, err)):
         fd = where if isinstance(where, int) else os.open(where, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         os.dup2(fd, target)
         os.close(fd)
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.close(null)
+    stdin = os.open(os.devnull, os.O_RDONLY) if inp is None else inp
+    os.dup2(stdin, 0)
+    os.close(stdin)
+    if inp is not None:  # multiprocessing made sys.stdin a devnull file; the command reads fd 0
+        sys.stdin = open(0, "r", closefd=False)
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
@@ -187,3 +194,76 @@ def start_warm(target, *args) -> multiprocessing.Process:
 
 def passed_fd(fd: int) -> _Fd:
     return _Fd(fd)
+
+
+# The `faste-mm` a `CliRelay` writes: it hands its stdin, stdout and stderr, arguments, folder
+# and environment to the relay and exits with the status of the forked command (128+N for
+# signal N, as a shell reports it). `-S`: no site imports, it starts in ~20 ms.
+_RELAY_SHIM = """#!{python} -S
+import json, os, socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.connect({socket!r})
+header = json.dumps({{"argv": sys.argv[1:], "cwd": os.getcwd(), "env": dict(os.environ)}}).encode()
+socket.send_fds(s, [len(header).to_bytes(8, "big") + header], [0, 1, 2])
+answer = b""
+while chunk := s.recv(64):
+    answer += chunk
+sys.exit(int(answer or b"1"))
+"""
+
+
+class CliRelay:
+    """A `faste-mm` for programs that start the command themselves (an MCP client spawns its
+    server): `command` is a small script that passes its stdin/stdout/stderr to this test
+    process, which runs `faste-mm ARGS` on them in a process forked from the warm one. The
+    command's process ends when the forked one does, with its status; if the script is killed
+    first, the forked process is killed too."""
+
+    def __init__(self, folder: Path) -> None:
+        _forkserver()  # started here, in the test's thread (it sets a variable while it starts)
+        self._listener = socket.socket(socket.AF_UNIX)
+        self._listener.bind(str(folder / "relay.sock"))
+        self._listener.listen(8)
+        self.command = str(folder / "faste-mm")
+        Path(self.command).write_text(_RELAY_SHIM.format(python=sys.executable, socket=str(folder / "relay.sock")))
+        os.chmod(self.command, 0o755)
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:  # closed
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            data, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+            while len(data) < 8 or len(data) < 8 + int.from_bytes(data[:8], "big"):
+                data += conn.recv(1 << 20)
+            request = json.loads(data[8:])
+            try:
+                process = _forkserver().Process(target=_child, args=(
+                    request["argv"], request["env"], request["cwd"], _Fd(fds[1]), _Fd(fds[2]), _Fd(fds[0])))
+                process.start()
+            finally:
+                for fd in fds:
+                    os.close(fd)
+            if conn not in wait([conn, process.sentinel]) or process.exitcode is not None:
+                process.join()
+            else:  # the script went away (killed): its command goes too
+                process.kill()
+                process.join()
+            code = process.exitcode
+            try:
+                conn.sendall(str(code if code >= 0 else 128 - code).encode())
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        try:
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accepting thread
+        except OSError:
+            pass
+        self._listener.close()
