@@ -28,10 +28,15 @@ def run_root(basetemp: Path) -> Path:
     return basetemp.parent if re.fullmatch(r"popen-gw\d+", basetemp.name) else basetemp
 
 
+def models_root(basetemp: Path) -> Path:
+    """The folder holding this run's tiny models."""
+    return run_root(basetemp) / "tiny-models"
+
+
 def tiny_model_dir(basetemp: Path, family: str, num_layers: int = 6) -> Path:
     """The folder of the tiny `family` model with `num_layers` layers (built on first use in
     this run; `basetemp` is the asking worker's `tmp_path_factory.getbasetemp()`)."""
-    root = run_root(basetemp) / "tiny-models"
+    root = models_root(basetemp)
     root.mkdir(parents=True, exist_ok=True)
     path = root / (family if num_layers == 6 else f"{family}-{num_layers}-layers")  # the family names the folder, as messages show
     with open(root / f"{path.name}.lock", "w") as lock:

@@ -56,6 +56,45 @@ def _warm(folders: set[str]) -> None:
         (AutoProcessor if model_type == "qwen3_vl" else AutoTokenizer).from_pretrained(folder)
 
 
+# The callers whose loads `share_in_process` shares: faste-mm's own model loaders, which never
+# change the preprocessor they get (tests and sentence-transformers load theirs afresh).
+_PRODUCT_LOADERS = frozenset({"faste_mm.model.backbones.loading", "faste_mm.model.rerank.loading"})
+
+
+def share_in_process(root: Path) -> None:
+    """In a test process: the preprocessor (AutoProcessor or AutoTokenizer) that faste-mm's
+    loaders ask for, for a tiny model under `root` whose files are unchanged, is parsed on the
+    first load and that object is handed to every later one. Measured: 61 such loads took ~155 s
+    of two workers' time in six CLI-heavy modules (~2.5 s each, mostly transformers rebuilding
+    the 11 MB Qwen tokenizer in Python); each Embedder/Reranker/CLI command in the same worker
+    loaded the same files again. Loads by anyone else (a test's own AutoTokenizer, a
+    SentenceTransformer, both of which change theirs), of another folder (a test's copy) or of
+    changed files go through transformers as before; so do the config and the weights."""
+    import sys
+
+    from transformers import AutoProcessor, AutoTokenizer
+
+    prefix = os.path.realpath(root) + os.sep
+    parsed: dict = {}
+
+    def sharing(load):
+        def from_pretrained(cls, path, *args, **kwargs):
+            folder = os.path.realpath(str(path))
+            if (sys._getframe(1).f_globals.get("__name__") not in _PRODUCT_LOADERS or not folder.startswith(prefix)
+                    or not os.path.isdir(folder)):
+                return load(cls, path, *args, **kwargs)
+            key = (cls, folder, _fingerprint(Path(folder)), repr(args),
+                   repr(sorted((k, v) for k, v in kwargs.items() if k not in _IGNORED)))
+            if key not in parsed:
+                parsed[key] = load(cls, path, *args, **kwargs)
+            return parsed[key]
+
+        return classmethod(from_pretrained)
+
+    for auto in (AutoProcessor, AutoTokenizer):
+        auto.from_pretrained = sharing(auto.from_pretrained.__func__)
+
+
 _folders = {os.path.realpath(f) for f in os.environ.get(WARM_ENV, "").split(os.pathsep) if f}
 if _folders:
     _install(_folders)
