@@ -10,11 +10,15 @@ child). Everything else about loading stays real: config, weights, processor, er
 Only the folders named in `WARM_ENV` are cached, and only while their files are unchanged (same
 inode, size and mtime): the tests copy a model before changing or deleting it, and a changed or
 vanished folder is loaded (or refused) afresh.
+
+In the test processes themselves, `share_in_process` (installed by tests/conftest.py) does the same
+for the loads faste-mm's own loaders make of the run's tiny models.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 WARM_ENV = "FORKED_CLI_WARM_MODELS"  # os.pathsep-separated model folders; not a FASTE_MM_* variable
@@ -26,15 +30,14 @@ def _fingerprint(folder: Path) -> tuple:
                         for p in folder.iterdir() if p.is_file() for s in (p.stat(),)))
 
 
-def _install(folders: set[str]) -> None:
-    from transformers.tokenization_utils_base import PreTrainedTokenizerBase
-
-    load = PreTrainedTokenizerBase.from_pretrained.__func__
+def _parsed_once(load, shared) -> classmethod:
+    """`load` (a from_pretrained) whose result is kept and handed out again for the calls
+    `shared(folder, caller)` accepts, while the folder's files are unchanged."""
     parsed: dict = {}
 
     def from_pretrained(cls, path, *args, **kwargs):
         folder = os.path.realpath(str(path))
-        if folder not in folders or not os.path.isdir(folder):
+        if not shared(folder, sys._getframe(1).f_globals.get("__name__")) or not os.path.isdir(folder):
             return load(cls, path, *args, **kwargs)
         key = (cls, folder, _fingerprint(Path(folder)), repr(args),
                repr(sorted((k, v) for k, v in kwargs.items() if k not in _IGNORED)))
@@ -42,7 +45,14 @@ def _install(folders: set[str]) -> None:
             parsed[key] = load(cls, path, *args, **kwargs)
         return parsed[key]
 
-    PreTrainedTokenizerBase.from_pretrained = classmethod(from_pretrained)
+    return classmethod(from_pretrained)
+
+
+def _install(folders: set[str]) -> None:
+    from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
+    PreTrainedTokenizerBase.from_pretrained = _parsed_once(PreTrainedTokenizerBase.from_pretrained.__func__,
+                                                           lambda folder, _caller: folder in folders)
 
 
 def _warm(folders: set[str]) -> None:
@@ -70,29 +80,12 @@ def share_in_process(root: Path) -> None:
     loaded the same files again. Loads by anyone else (a test's own AutoTokenizer, a
     SentenceTransformer, both of which change theirs), of another folder (a test's copy) or of
     changed files go through transformers as before; so do the config and the weights."""
-    import sys
-
     from transformers import AutoProcessor, AutoTokenizer
 
     prefix = os.path.realpath(root) + os.sep
-    parsed: dict = {}
-
-    def sharing(load):
-        def from_pretrained(cls, path, *args, **kwargs):
-            folder = os.path.realpath(str(path))
-            if (sys._getframe(1).f_globals.get("__name__") not in _PRODUCT_LOADERS or not folder.startswith(prefix)
-                    or not os.path.isdir(folder)):
-                return load(cls, path, *args, **kwargs)
-            key = (cls, folder, _fingerprint(Path(folder)), repr(args),
-                   repr(sorted((k, v) for k, v in kwargs.items() if k not in _IGNORED)))
-            if key not in parsed:
-                parsed[key] = load(cls, path, *args, **kwargs)
-            return parsed[key]
-
-        return classmethod(from_pretrained)
-
     for auto in (AutoProcessor, AutoTokenizer):
-        auto.from_pretrained = sharing(auto.from_pretrained.__func__)
+        auto.from_pretrained = _parsed_once(auto.from_pretrained.__func__, lambda folder, caller: (
+            caller in _PRODUCT_LOADERS and folder.startswith(prefix)))
 
 
 _folders = {os.path.realpath(f) for f in os.environ.get(WARM_ENV, "").split(os.pathsep) if f}
