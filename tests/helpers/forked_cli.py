@@ -75,7 +75,8 @@ def _inherited(dup) -> int:
     return dup.detach()
 
 
-def _child(argv: list[str], env: dict[str, str], cwd: str, out, err, inp: int | None = None) -> None:
+def _enter(env: dict[str, str], cwd: str, out, err, inp: int | None = None) -> None:
+    """The forked child takes the caller's descriptors (or files), folder and environment."""
     for target, where in ((1, out), (2, err)):
         fd = where if isinstance(where, int) else os.open(where, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         os.dup2(fd, target)
@@ -94,6 +95,10 @@ def _child(argv: list[str], env: dict[str, str], cwd: str, out, err, inp: int | 
     if env.get("PYTHONUNBUFFERED"):  # what the variable does to a fresh interpreter's streams
         sys.stdout.reconfigure(write_through=True)
         sys.stderr.reconfigure(write_through=True)
+
+
+def _child(argv: list[str], env: dict[str, str], cwd: str, out, err, inp: int | None = None) -> None:
+    _enter(env, cwd, out, err, inp)
     from faste_mm.cli.app import main
 
     sys.argv = ["faste-mm", *argv]
@@ -110,24 +115,47 @@ def _child(argv: list[str], env: dict[str, str], cwd: str, out, err, inp: int | 
     raise SystemExit(code)
 
 
+def _python_child(code: str, argv: list[str], env: dict[str, str], cwd: str, out, err) -> None:
+    _enter(env, cwd, out, err)
+    sys.argv = ["-c", *argv]
+    try:
+        exec(compile(code, "<string>", "exec"), {"__name__": "__main__"})
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+
+def run_python(code: str, args: list, env: dict[str, str] | None = None,
+               timeout: float = 600) -> subprocess.CompletedProcess:
+    """`python -c CODE ARGS` in a process forked from the warm one (for a script that imports
+    the library and is killed at a crash point): as `subprocess.run(..., capture_output=True,
+    text=True)` reports it; an uncaught exception prints its traceback and exits 1."""
+    return _run_forked(_python_child, (code, [str(a) for a in args]), ["python", "-c", code, *map(str, args)],
+                       env, None, timeout)
+
+
 def run_cli(args: list[str], env: dict[str, str] | None = None, cwd: str | os.PathLike | None = None,
             timeout: float = 600) -> subprocess.CompletedProcess:
     """`faste-mm ARGS` in a forked process: (returncode, stdout, stderr) as text, returncode
     negative for the signal that killed it (-9: SIGKILL), like `subprocess.run`."""
     argv = [str(a) for a in args]
+    return _run_forked(_child, (argv,), ["faste-mm", *argv], env, cwd, timeout)
+
+
+def _run_forked(target, args: tuple, shown: list[str], env: dict[str, str] | None, cwd, timeout: float):
     with tempfile.TemporaryDirectory(prefix="forked-cli-") as scratch:
         out_path, err_path = os.path.join(scratch, "stdout"), os.path.join(scratch, "stderr")
-        process = _forkserver().Process(target=_child, args=(argv, dict(os.environ if env is None else env),
-                                                              str(cwd or os.getcwd()), out_path, err_path))
+        process = _forkserver().Process(target=target, args=(*args, dict(os.environ if env is None else env),
+                                                             str(cwd or os.getcwd()), out_path, err_path))
         process.start()
         process.join(timeout)
         if process.is_alive():
             process.kill()
             process.join()
-            raise subprocess.TimeoutExpired(["faste-mm", *argv], timeout)
+            raise subprocess.TimeoutExpired(shown, timeout)
         with open(out_path, encoding="utf-8", errors="replace") as out, \
                 open(err_path, encoding="utf-8", errors="replace") as err:
-            return subprocess.CompletedProcess(["faste-mm", *argv], process.exitcode, out.read(), err.read())
+            return subprocess.CompletedProcess(shown, process.exitcode, out.read(), err.read())
 
 
 class ForkedCli:
