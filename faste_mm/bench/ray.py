@@ -22,14 +22,13 @@ import json
 import logging
 import shutil
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
-from faste_mm.bench.options import add_model, add_rounds, add_shape, add_threads, names
+from faste_mm.bench.options import add_model, add_rounds, add_shape, add_threads, names, scratch
 from faste_mm.bench.schema import SuiteRun
 
 log = logging.getLogger(__name__)
@@ -99,32 +98,30 @@ def run(args: argparse.Namespace) -> SuiteRun:
     from faste_mm.scale import RayOptions
     from faste_mm.tools.shapes import build_shape_model
 
-    work = args.work or Path(tempfile.mkdtemp(prefix="bench-ray-"))
-    model_dir = args.model or work / f"{args.shape}-{args.scale_hidden}"
-    if not (model_dir / "config.json").exists():
-        build_shape_model(args.shape, model_dir, args.scale_hidden)
-    images = make_images(work / f"images-{args.n}-{args.size}", args.n, args.size)
-    ray.init(num_cpus=args.ray_cpus, include_dashboard=False, log_to_driver=False)
-    gpus = args.gpus_per_worker
+    with scratch(args.work, "bench-ray-") as work:  # removed at the end unless --work was given
+        model_dir = args.model or work / f"{args.shape}-{args.scale_hidden}"
+        if not (model_dir / "config.json").exists():
+            build_shape_model(args.shape, model_dir, args.scale_hidden)
+        images = make_images(work / f"images-{args.n}-{args.size}", args.n, args.size)
+        ray.init(num_cpus=args.ray_cpus, include_dashboard=False, log_to_driver=False)
+        gpus = args.gpus_per_worker
 
-    def options(workers: int, cpus: float) -> RayOptions:
-        return RayOptions(workers=workers, gpus_per_worker=gpus, cpus_per_worker=cpus,
-                          files_per_call=args.files_per_call)
+        def options(workers: int, cpus: float) -> RayOptions:
+            return RayOptions(workers=workers, gpus_per_worker=gpus, cpus_per_worker=cpus,
+                              files_per_call=args.files_per_call)
 
-    try:
-        runs = {"plain": None, "ray-1": options(1, args.overhead_cpus),
-                "ray-scale-1": options(1, 1.0), "ray-scale-2": options(2, 1.0)}
-        chosen = names(args.runs)
-        results: dict[str, list[dict]] = {name: [] for name in chosen}
-        for repeat in range(args.repeats):  # interleaved, so drifting load hits every setting alike
-            for name in chosen:
-                result = timed_index(model_dir, images, work / f"col-{name}", args, runs[name])
-                results[name].append(result)
-                log.info("repeat %d %s: %s", repeat, name, json.dumps(result))
-    finally:
-        ray.shutdown()
-        if args.work is None:
-            shutil.rmtree(work, ignore_errors=True)
+        try:
+            runs = {"plain": None, "ray-1": options(1, args.overhead_cpus),
+                    "ray-scale-1": options(1, 1.0), "ray-scale-2": options(2, 1.0)}
+            chosen = names(args.runs)
+            results: dict[str, list[dict]] = {name: [] for name in chosen}
+            for repeat in range(args.repeats):  # interleaved, so drifting load hits every setting alike
+                for name in chosen:
+                    result = timed_index(model_dir, images, work / f"col-{name}", args, runs[name])
+                    results[name].append(result)
+                    log.info("repeat %d %s: %s", repeat, name, json.dumps(result))
+        finally:
+            ray.shutdown()
     summary = {name: {key: statistics.median(r[key] for r in rs) for key in rs[0]} for name, rs in results.items()}
     ratios = {}
     if "plain" in summary and "ray-1" in summary:

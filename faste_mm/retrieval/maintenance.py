@@ -84,7 +84,7 @@ def backfill_texts(col: Collection) -> int:
 
     texts = []
     for record in col.items_without_text():
-        if record.modality not in ("text", "page") or not Path(record.uri).is_absolute():
+        if record.modality not in ("text", "page"):
             continue
         try:  # the indexed file itself (checked on its descriptor), never a link planted over it since
             if record.modality == "text":
@@ -97,7 +97,7 @@ def backfill_texts(col: Collection) -> int:
                 if source.size != record.size:
                     continue
                 text = page_text(source, record.page or 1)
-        except (InputError, OSError):
+        except (InputError, OSError):  # no file (an item added from Python), gone, or replaced
             continue
         if text:
             texts.append((record.id, text[:MAX_TEXT_CHARS]))

@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -106,11 +105,9 @@ def read_item_image(record: ItemRecord) -> Image.Image | None:
     from faste_mm.model.items import Item, load_image
     from faste_mm.retrieval.stored_files import stored_file
 
-    if not Path(record.uri).is_absolute():  # an item added from memory ("item:...") has no file to read
-        return None
     try:
         source = stored_file(record)
-    except InputError:  # gone, or not the indexed file any more
+    except InputError:  # no file (an item added from memory), gone, or not the indexed file any more
         return None
     if record.size is not None and (source.size != record.size or abs(source.mtime - record.mtime) > 1e-6):
         return None
