@@ -58,7 +58,8 @@ VisualTokens = setting_option("--visual-tokens")
 Dtype = Annotated[str, typer.Option(
     "--dtype", envvar="FASTE_MM_DTYPE", show_default=False,
     help="Model weights and compute: auto (bfloat16 on CUDA and on CPUs with native bf16, else float32) | float32 | "
-         "bfloat16 | float16 | int8 (CPU only: int8 linear layers, the rest float32; see docs/cpu.md). "
+         "bfloat16 | float16 | int8 (x86 CPU with VNNI/AMX only: int8 linear layers, the rest bfloat16 where the CPU has it, "
+         "else float32; see docs/cpu.md). "
          "Default auto.")]
 OutputFormat = Annotated[Format, typer.Option(
     "--format", envvar="FASTE_MM_FORMAT", show_default=False,

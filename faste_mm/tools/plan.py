@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from faste_mm.errors import ConfigError, InputError
-from faste_mm.model.backbones.loading import DtypeChoice, resolve_dtype
+from faste_mm.model.backbones.loading import DtypeChoice, choose_dtype, resolve_dtype
 from faste_mm.model.embedder import EmbedResult, Embedder
 from faste_mm.model.faste import FastEConfig
 from faste_mm.model.items import Item, as_item, count_pdf_pages, expand_items
@@ -309,22 +309,26 @@ def _models(embedder: Embedder, dtypes: set[torch.dtype]) -> tuple[dict[torch.dt
     """One embedder per dtype over the same loaded model: the embedder itself for its own
     dtype, a cast copy of its weights for another (timed: what a reload would save)."""
     models, prepare_s = {}, {}
+    if embedder.dtype_choice.dtype == torch.int8 and dtypes - {torch.int8}:
+        raise ConfigError("plan: the model was loaded with dtype int8, whose rounded weights cannot be cast to the "
+                          "other candidates; load it with dtype auto and list int8 among the plan's dtypes")
     for dtype in sorted(dtypes, key=str):
         if dtype == embedder.dtype_choice.dtype:
             models[dtype] = embedder
             continue
         started = time.perf_counter()
-        if dtype == torch.int8:  # int8 linear layers over a float32 copy (model/int8.py)
+        choice = DtypeChoice(dtype, "a plan candidate (a converted copy of the weights)")
+        if dtype == torch.int8:  # int8 linear layers over the rest dtype `--dtype int8` loads (model/int8.py)
+            choice = replace(choose_dtype("int8", embedder.backbone.device), reason=choice.reason)
+        # the weights only, as the loader casts them: RoPE's inv_freq buffers stay float32
+        model = copy.deepcopy(embedder.backbone.model)
+        for parameter in model.parameters():
+            parameter.data = parameter.data.to(choice.weights_dtype)
+        if dtype == torch.int8:
             from faste_mm.model.int8 import quantize_model
 
-            model = copy.deepcopy(embedder.backbone.model).float()
             quantize_model(model)
-        else:  # the weights only, as the loader casts them: RoPE's inv_freq buffers stay float32
-            model = copy.deepcopy(embedder.backbone.model)
-            for parameter in model.parameters():
-                parameter.data = parameter.data.to(dtype)
-        loaded = replace(embedder.loaded, backbone=embedder.family.adapter(model),
-                         dtype_choice=DtypeChoice(dtype, "a plan candidate (a converted copy of the weights)"))
+        loaded = replace(embedder.loaded, backbone=embedder.family.adapter(model), dtype_choice=choice)
         models[dtype] = Embedder(loaded, embedder.batching)
         prepare_s[dtype] = time.perf_counter() - started
     return models, prepare_s

@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from faste_mm.errors import ConfigError
+
 # A square GEMM the size of a 2B model's projections: large enough for AMX/tensor cores to reach
 # their rate, small enough (17 GFLOP) that calibration stays a fraction of a second per dtype.
 GEMM_SIZE = 2048
@@ -34,14 +36,15 @@ class MatmulRate:
 
 def measure_rates(device: torch.device, dtypes: tuple[str, ...] = RATE_DTYPES, budget_s: float = 0.6,
                   size: int = GEMM_SIZE) -> dict[str, MatmulRate]:
-    """Each dtype's rate on `device`; int8 only on a CPU (the int8 path, `model/int8.py`, is
-    CPU-only), and through the same quantized linear layer that path runs. `budget_s` bounds the
+    """Each dtype's rate on `device`; int8 only where `--dtype int8` runs (a CPU with int8 dot
+    products), through the same quantized linear layer that path runs. `budget_s` bounds the
     timed repeats per dtype (at least 2)."""
     rates = {}
     for dtype in dtypes:
-        if dtype == "int8" and device.type != "cpu":
+        try:
+            run, kernel = _gemm(dtype, device, size)
+        except ConfigError:  # int8 where `--dtype int8` is refused (a GPU, a CPU without int8 dot products)
             continue
-        run, kernel = _gemm(dtype, device, size)
         rates[dtype] = _calibrated(run, dtype, size, kernel, device, budget_s)
     return rates
 
@@ -50,11 +53,14 @@ def _gemm(dtype: str, device: torch.device, size: int):
     generator = torch.Generator().manual_seed(0)
     a = torch.randn(size, size, generator=generator)
     b = torch.randn(size, size, generator=generator)
-    if dtype == "int8":
-        from faste_mm.model.int8 import quantize_linear
+    if dtype == "int8":  # the layer `--dtype int8` runs, on the dtype around it where the CPU has bfloat16
+        from faste_mm.model.backbones.loading import choose_dtype
+        from faste_mm.model.int8 import Int8Linear
 
-        layer = quantize_linear(torch.nn.Linear(size, size, bias=False).eval())
-        return (lambda: layer(a)), "dynamic int8 linear (torch.ao, onednn)"
+        rest = choose_dtype("int8", device).rest
+        layer = Int8Linear(torch.nn.Linear(size, size, bias=False))
+        a = a.to(rest)
+        return (lambda: layer(a)), f"int8 linear (oneDNN, per-token activations, {str(rest).removeprefix('torch.')} in/out)"
     a, b = a.to(device, getattr(torch, dtype)), b.to(device, getattr(torch, dtype))
     return (lambda: a @ b), "matmul"
 

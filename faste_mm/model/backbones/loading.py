@@ -34,6 +34,13 @@ class DtypeChoice:
 
     dtype: torch.dtype
     reason: str
+    # torch.int8 only: the dtype of everything but the int8 linear layers (model/int8.py)
+    rest: torch.dtype | None = None
+
+    @property
+    def weights_dtype(self) -> torch.dtype:
+        """The dtype the checkpoint is loaded in (int8's linear layers are quantized after)."""
+        return self.rest if self.dtype == torch.int8 else self.dtype
 
     @property
     def name(self) -> str:
@@ -81,7 +88,8 @@ def choose_dtype(
     cpu_flags: Callable[[], frozenset[str]] | None = None,
 ) -> DtypeChoice:
     """The dtype to run in, with the reason ("int8": torch.int8, meaning int8 linear layers over
-    float32, only on a CPU with int8 dot products; ConfigError elsewhere).
+    bfloat16 where the CPU multiplies it natively, float32 otherwise, only on a CPU with int8 dot
+    products; ConfigError elsewhere).
 
     "auto": bfloat16 on CUDA; on a CPU, bfloat16 when the CPU multiplies bfloat16 natively (a flag
     of `CPU_BF16_FLAGS`) and the checkpoint is stored in 16 bits (`checkpoint_dtype`; None = not
@@ -91,11 +99,14 @@ def choose_dtype(
     """
     if isinstance(dtype, torch.dtype):
         return DtypeChoice(dtype, "given by the caller")
-    if dtype == "int8":  # opt-in: int8 linear layers over float32 (model/int8.py); refused where it cannot pay
+    if dtype == "int8":  # opt-in: int8 linear layers (model/int8.py); refused where it cannot pay
         from faste_mm.model.int8 import int8_support
 
-        feature = int8_support(device, (cpu_flags or read_cpu_flags)())
-        return DtypeChoice(torch.int8, f"asked for (--dtype int8): int8 linear layers on {feature}, the rest float32")
+        flags = (cpu_flags or read_cpu_flags)()
+        feature = int8_support(device, flags)
+        rest = torch.bfloat16 if any(flag in flags for flag in CPU_BF16_FLAGS) else torch.float32
+        return DtypeChoice(torch.int8, f"asked for (--dtype int8): int8 linear layers on {feature}, the rest "
+                                       f"{str(rest).removeprefix('torch.')}", rest)
     if dtype != "auto":
         if dtype not in _DTYPES:
             raise ConfigError(f"dtype must be 'auto', 'int8' or one of {', '.join(_DTYPES)}, got {dtype!r}")
@@ -224,8 +235,7 @@ def load_model(
                              f"Qwen/Qwen3-VL-Embedding-2B")
     dtype_choice = choose_dtype(dtype, torch_device, checkpoint_dtype(config))
     log.info("%s runs in %s", name_or_path, dtype_choice.describe())
-    is_int8 = dtype_choice.dtype == torch.int8  # loaded in float32, its linear layers quantized below
-    kwargs = dict(revision=revision, dtype=torch.float32 if is_int8 else dtype_choice.dtype,
+    kwargs = dict(revision=revision, dtype=dtype_choice.weights_dtype,
                   attn_implementation=attn_implementation, local_files_only=offline is not None)
     try:
         import transformers
@@ -239,7 +249,7 @@ def load_model(
     # A local directory is recorded absolute so collections find it again from any folder.
     model_id = str(Path(name_or_path).absolute()) if Path(name_or_path).is_dir() else str(name_or_path)
     model = model.to(torch_device).eval()
-    if is_int8:
+    if dtype_choice.dtype == torch.int8:  # loaded in `rest`, its linear layers quantized here
         from faste_mm.model.int8 import quantize_model
 
         quantize_model(model)
