@@ -210,6 +210,19 @@ def test_threads_suite(tmp_path, capsys, model_dirs, monkeypatch):
     assert not list(temporary.iterdir())  # without --workdir its folder (inputs, a model) went with the run
 
 
+def test_cpu_suite_leaves_int8_out_where_the_cpu_refuses_it_and_says_why(tmp_path, capsys, model_dirs, monkeypatch):
+    from faste_mm.tools import roofline
+
+    monkeypatch.setattr("faste_mm.model.backbones.loading.read_cpu_flags", lambda: frozenset({"avx2", "fma"}))
+    small = roofline.measure_rates
+    monkeypatch.setattr(roofline, "measure_rates", lambda device: small(device, size=64, budget_s=0.01))
+    args = ["--model", str(model_dirs["qwen3_vl"]), "--kinds", "text:16:1", "--settings", "float32,int8", "--repeats", "1",
+            "--workdir", str(tmp_path / "work")]
+    result = _run("cpu", args, tmp_path, capsys)
+    assert set(result["rows"][0]["forward_s"]) == {"float32"} and set(result["machine"]["matmul_rates"]) == {"bfloat16", "float32"}
+    assert "needs an x86 CPU with int8 dot products" in result["params"]["not_run"]["int8"]
+
+
 def test_cpu_suite_refuses_settings_without_the_float32_baseline(capsys):
     with pytest.raises(SystemExit) as exit_:
         run_suite("cpu", ["--model", "unused", "--settings", "bfloat16,hf"])

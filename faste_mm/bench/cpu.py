@@ -78,6 +78,7 @@ def _run(args: argparse.Namespace, work: Path) -> SuiteRun:
     from faste_mm import Embedder
     from faste_mm.bench.inputs import make_inputs
     from faste_mm.bench.model import _hf_forward
+    from faste_mm.model.backbones.loading import choose_dtype
     from faste_mm.tools.check_cost import measure_check_cost
     from faste_mm.tools.roofline import mean_rate, measure_rates, stage_rates
 
@@ -86,8 +87,15 @@ def _run(args: argparse.Namespace, work: Path) -> SuiteRun:
         raise ConfigError(f"--settings {','.join(unknown)}: unknown; choose among {', '.join(SETTINGS)}")
     if "float32" not in settings:
         raise ConfigError("--settings must include float32: every speed-up is read against it")
-    model = args.model or build(work / "model", args.layers, args.blocks)
     cpu = torch.device("cpu")
+    not_run = {}
+    if "int8" in settings:  # the default contenders on any CPU: int8 only where `--dtype int8` runs
+        try:
+            choose_dtype("int8", cpu)
+        except ConfigError as refused:
+            settings.remove("int8")
+            not_run["int8"] = str(refused)
+    model = args.model or build(work / "model", args.layers, args.blocks)
     first_rates = measure_rates(cpu)
     embedders = {}
     for name in settings:
@@ -147,9 +155,10 @@ def _run(args: argparse.Namespace, work: Path) -> SuiteRun:
         rows.append(entry)
     params = {"model": str(args.model) if args.model else "qwen3-vl-embedding-2b (real width)", "layers": args.layers,
               "tower_blocks": args.blocks, "rounds": args.repeats, "kinds": args.kinds, "settings": settings,
-              "torch_threads": torch.get_num_threads()}
+              "torch_threads": torch.get_num_threads(), "not_run": not_run}
     machine = {"matmul_rates": {k: r.to_dict() for k, r in first_rates.items()}}
-    return SuiteRun(rows, params, "cpu", ",".join(settings), machine, _table(rows, settings))
+    table = _table(rows, settings) + "".join(f"\n{name} not run: {why}" for name, why in not_run.items())
+    return SuiteRun(rows, params, "cpu", ",".join(settings), machine, table)
 
 
 def _table(rows: list[dict], settings: list[str]) -> str:
