@@ -11,8 +11,8 @@ model's other dtype: bfloat16 where the CPU multiplies it natively, float32 othe
 Why not torch.ao's dynamic int8 linear (the path before): it takes and returns float32, so in a
 bfloat16 model every projection paid a cast in and out, and it quantizes the activations per
 tensor, so one outlier token sets the step of every other. Measured on a 2-core Xeon with AMX
-(docs/cpu.md): oneDNN's int8 GEMM 1.2-1.9x the bfloat16 one on the 2B model's shapes; per-token
-steps halve the error of a per-tensor step.
+(docs/cpu.md): oneDNN's int8 GEMM 1.2-1.9x the bfloat16 one on the 2B model's shapes; with a step
+per token, all-MiniLM-L6-v2's real weights keep cosine 0.997 to float32, where per tensor gave 0.968.
 
 Receives a loaded model (bfloat16 or float32); replaces its linear layers in place.
 """
