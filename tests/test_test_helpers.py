@@ -67,10 +67,11 @@ def test_faste_mms_loaders_share_a_tiny_models_tokenizer_and_nobody_else_does(tm
     assert AutoTokenizer.from_pretrained(path) is not first  # a test's own load: its own object
     copy = shutil.copytree(path, path.parent / f"{path.name}-copy-{os.getpid()}")
     try:
-        assert load_model(copy, device="cpu").preprocessor is load_model(copy, device="cpu").preprocessor
+        before = load_model(copy, device="cpu").preprocessor
+        assert load_model(copy, device="cpu").preprocessor is before
         stat = (copy / "tokenizer_config.json").stat()
         os.utime(copy / "tokenizer_config.json", ns=(stat.st_atime_ns, stat.st_mtime_ns + 1))
-        assert load_model(copy, device="cpu").preprocessor is not first  # changed files: loaded again
+        assert load_model(copy, device="cpu").preprocessor is not before  # changed files: loaded again
     finally:
         shutil.rmtree(copy)
 

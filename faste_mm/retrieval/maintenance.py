@@ -80,23 +80,18 @@ def backfill_texts(col: Collection) -> int:
     returns how many items got text. Unreadable or changed files are left to the next `index`."""
     from faste_mm.retrieval.decoders import read_text
     from faste_mm.retrieval.lexical import MAX_TEXT_CHARS, page_text
-    from faste_mm.retrieval.stored_files import open_stored, stored_file
+    from faste_mm.retrieval.stored_files import stored_file
 
     texts = []
     for record in col.items_without_text():
         if record.modality not in ("text", "page"):
             continue
         try:  # the indexed file itself (checked on its descriptor), never a link planted over it since
-            if record.modality == "text":
-                with open_stored(record) as f:
-                    if os.fstat(f.fileno()).st_size != record.size:
-                        continue
-                    text = read_text(f, record.uri)
-            else:
-                source = stored_file(record)
-                if source.size != record.size:
-                    continue
-                text = page_text(source, record.page or 1)
+            source = stored_file(record)
+            if source.size != record.size:
+                continue
+            text = (read_text(source.reader(), record.uri) if record.modality == "text"
+                    else page_text(source, record.page or 1))
         except (InputError, OSError):  # no file (an item added from Python), gone, or replaced
             continue
         if text:

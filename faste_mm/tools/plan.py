@@ -317,9 +317,10 @@ def _models(embedder: Embedder, dtypes: set[torch.dtype]) -> tuple[dict[torch.dt
             models[dtype] = embedder
             continue
         started = time.perf_counter()
-        choice = DtypeChoice(dtype, "a plan candidate (a converted copy of the weights)")
-        if dtype == torch.int8:  # int8 linear layers over the rest dtype `--dtype int8` loads (model/int8.py)
-            choice = replace(choose_dtype("int8", embedder.backbone.device), reason=choice.reason)
+        reason = "a plan candidate (a converted copy of the weights)"
+        # int8: its linear layers quantized over the rest dtype `--dtype int8` loads (model/int8.py)
+        choice = (replace(choose_dtype("int8", embedder.backbone.device), reason=reason) if dtype == torch.int8
+                  else DtypeChoice(dtype, reason))
         # the weights only, as the loader casts them: RoPE's inv_freq buffers stay float32
         model = copy.deepcopy(embedder.backbone.model)
         for parameter in model.parameters():

@@ -179,15 +179,9 @@ def serve(path: str, model_dirs: list[str]) -> None:
 def serve_forked(path: str, model_dirs: list[str], env: dict[str, str], cwd: str, out: int, err: int) -> None:
     """`serve` in a process forked from tests/helpers/forked_cli.py's warm one (its imports are
     done): `out` (where "ready" goes) and `err` are the descriptors of stdout and stderr."""
-    for target, fd in ((1, out), (2, err)):
-        os.dup2(fd, target)
-        os.close(fd)
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.close(null)
-    os.chdir(cwd)
-    os.environ.clear()
-    os.environ.update(env)
+    from tests.helpers.forked_cli import _enter
+
+    _enter(env, cwd, out, err)
     serve(path, model_dirs)
 
 
