@@ -43,8 +43,18 @@ def test_int8_or_other_activations_run_transformers_module():
     assert not can_fuse_mlp(mlp, torch.randn(3, 64).bfloat16())  # weights of another dtype
     mlp.act_fn = torch.nn.GELU()
     assert not can_fuse_mlp(mlp, torch.randn(3, 64))
-    quantized = torch.ao.quantization.quantize_dynamic(_mlp(torch.float32), {torch.nn.Linear}, dtype=torch.qint8)
-    assert not can_fuse_mlp(quantized, torch.randn(3, 64))
+
+
+@needs_onednn
+def test_an_int8_mlp_runs_its_modules():
+    from faste_mm.model.int8 import quantize_model
+
+    quantized = _mlp(torch.bfloat16)
+    assert quantize_model(quantized) == 3  # `--dtype int8`'s layers
+    x, residual = torch.randn(3, 64).bfloat16(), torch.randn(3, 64).bfloat16()
+    assert not can_fuse_mlp(quantized, x)
+    trials = KernelTrials("decoder MLP", "fused", None)  # even asked for fused
+    torch.testing.assert_close(DecoderMlp(frozenset(), trials=trials)(quantized, x, residual), residual + quantized(x))
 
 
 @needs_onednn
