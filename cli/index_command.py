@@ -121,12 +121,12 @@ def _plan_settings(plan: str, root, model: Optional[str], given: dict, dtype: st
     """--plan: the chosen row's collection settings (over the other settings given) and dtype,
     refused when other flags set them too or when the plan was measured with another model than
     this index uses."""
-    from faste_mm.retrieval.profile import DEFAULT_MODEL, existing_profile
+    from faste_mm.retrieval.profile import DEFAULT_MODEL, FAST_E_SETTINGS, existing_profile
     from faste_mm.tools.plan_report import load_plan
 
     report, row = load_plan(plan)
     chosen = report.settings(row)
-    if dtype != "auto" or set(given) & {*chosen, "r_max", "warmup_layer", "threshold", "trigger_layer"}:
+    if dtype != "auto" or set(given) & {*chosen, *FAST_E_SETTINGS}:
         usage_error("--plan sets the pixel budget, FastE (--r-max, --threshold, ...) and --dtype from the plan; "
                "give --plan or those flags")
     existing = existing_profile(root)

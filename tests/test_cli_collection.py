@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from faste_mm.indexers import Collection
+from faste_mm.retrieval.profile import CollectionProfile
 from faste_mm.indexers.crash_points import CRASH_ENV
 
 from tests.helpers.cli import committed_items, invoke
@@ -60,7 +61,7 @@ def test_options_come_from_environment_and_the_default_collection_lives_in_user_
     invoke("index", root, env=env)
     default = tmp_path / "data" / "faste-mm" / "collections" / "default"
     with Collection.open(default) as col:
-        assert col.manifest.fast_e.r_max == 0.25 and col.info().n_ok == 1  # b.gif excluded
+        assert CollectionProfile.from_manifest(col.manifest).r_max == 0.25 and col.info().n_ok == 1  # b.gif excluded
     assert invoke("search", "--image", root / "a.png", "--format", "paths", env=env).stdout.strip() == str(
         (root / "a.png").resolve())
     env["FASTE_MM_COLLECTION"] = "photos"

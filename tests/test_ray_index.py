@@ -186,8 +186,8 @@ def test_ray_index_with_faste_and_video_settings_matches_plain_index(ray_cluster
     assert seen[-1].files_done == seen[-1].files_total == plain.files_scanned
     assert [p.files_done for p in seen] == sorted(p.files_done for p in seen)
     with Collection.open(tmp_path / "ray") as col:
-        assert col.manifest.video["max_frames"] == 6
-        assert col.manifest.max_pixels == budget
+        profile = CollectionProfile.from_manifest(col.manifest)
+        assert (profile.video.max_frames, profile.max_pixels) == (6, budget)
     # A second run finds nothing to do, as a plain one would.
     again = _index(model_dir, folder, tmp_path / "ray", r_max, RayOptions(**ACTORS), **settings)
     assert (again.embedded, again.reused, again.unchanged) == (0, 0, plain.files_scanned)

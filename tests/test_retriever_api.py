@@ -17,6 +17,7 @@ from faste_mm.errors import CollectionError, ConfigError, InputError, ModelLoadE
 from faste_mm.indexers import Collection
 from faste_mm.retrieval.maintenance import collection_path
 from faste_mm.retrieval.model_spec import ModelSpec
+from faste_mm.retrieval.profile import read_profile
 from faste_mm.retrieval.results import IndexOptions
 from faste_mm.retrieval.retriever import DEFAULT_QUERY_INSTRUCTION, Retriever
 
@@ -333,7 +334,7 @@ def test_add_refuses_an_item_resized_to_another_max_pixels_than_the_collection(e
     root = three_images(tmp_path / "imgs")
     retriever = Retriever(embedder, collection=tmp_path / "col", r_max=0.0)
     retriever.add(["a caption"])
-    cap = Collection.open(tmp_path / "col").manifest.max_pixels
+    cap = read_profile(tmp_path / "col").max_pixels
     for on_error in ("raise", "skip"):
         with pytest.raises(InputError, match=rf"input 1 \(.*b.png\): Item.max_pixels=8192.*max_pixels={cap}"):
             retriever.add([root / "a.png", Item(image=root / "b.png", max_pixels=8192)], on_error=on_error)

@@ -29,7 +29,8 @@ from faste_mm.model.backbones.loading import DtypeChoice, choose_dtype, resolve_
 from faste_mm.model.embedder import EmbedResult, Embedder
 from faste_mm.model.faste import FastEConfig
 from faste_mm.model.items import Item, as_item, count_pdf_pages, expand_items
-from faste_mm.model.serialization import OFFICIAL_MAX_PIXELS, pixel_budget
+from faste_mm.model.official import OFFICIAL_MAX_PIXELS, PIXEL_SWEEP
+from faste_mm.model.serialization import pixel_budget
 from faste_mm.retrieval.decoders import document_input
 from faste_mm.retrieval.scanning import ScanFilter, scan_paths
 from faste_mm.model.backbones.machine import device_name
@@ -64,7 +65,7 @@ class PlanConfig:
         percentile cosine it must also reach (None: 1 - 3 (1 - target)). k: neighbours per item.
     """
 
-    max_pixels: tuple[int, ...] = (OFFICIAL_MAX_PIXELS, 1_003_520, 501_760, 250_880)
+    max_pixels: tuple[int, ...] = PIXEL_SWEEP
     r_max: tuple[float, ...] = (0.0, 0.3, 0.5, 0.7)
     dtypes: tuple[str, ...] = ("auto", "float32")
     target: float = 0.95
