@@ -176,7 +176,7 @@ def test_the_sandbox_holds_the_files_the_docs_name(tmp_path):
 
 
 def test_readme_is_a_front_page_whose_test_command_is_what_ci_runs():
-    """STYLE.md 9b: at most 250 lines; its test command is .ci/run's last line, verbatim, after
+    """docs/contributing.md "Code style" (Docs): at most 250 lines; its test command is .ci/run's last line, verbatim, after
     the same torch/torchvision pin."""
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     ci_lines = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line.strip()]
