@@ -295,7 +295,7 @@ def test_the_plots_draw_from_committed_results_and_refuse_other_json(tmp_path):
     from faste_mm.bench.plots import speedup_plot
     from faste_mm.errors import ConfigError
 
-    committed = Path(__file__).resolve().parents[1] / "docs" / "bench" / "cpu_qwen3-embedding-0.6b_scale0.5_text1000.json"
+    committed = Path(__file__).resolve().parents[1] / "docs" / "bench" / "archive" / "cpu_qwen3-embedding-0.6b_scale0.5_text1000.json"
     assert speedup_plot([committed], tmp_path / "speedup.png").read_bytes()[:4] == b"\x89PNG"
     other = tmp_path / "other.json"
     other.write_text('{"hits": []}')
