@@ -340,8 +340,8 @@ class Retriever:
         else:
             col, profile = self._open_for_writing(root, options.index_type or "auto")
         if self._given.get("ocr", profile.ocr) != profile.ocr:  # OCR changes no vector: switched in place
-            col.update_settings(ocr=self._given["ocr"])
             profile = dataclasses.replace(profile, ocr=self._given["ocr"])
+            col.update_settings(profile.to_manifest(base=col.manifest).settings)
         return index_collection(col, profile, scan, options, CollectionDocuments(self._embedder_for, col, profile),
                                 self._model_source(), executor, progress, started, ready,
                                 self._ocr if profile.ocr else None)
