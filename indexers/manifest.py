@@ -185,7 +185,7 @@ class Manifest:
             if "stored" in f.metadata:
                 value = getattr(self, f.name)
                 value = value.to_dict() if hasattr(value, "to_dict") else dict(value) if isinstance(value, Mapping) else value
-                _put(out, f.metadata["stored"].key, value)
+                put_key(out, f.metadata["stored"].key, value)
         return out
 
     @classmethod
@@ -213,7 +213,8 @@ class Manifest:
 _ABSENT = object()
 
 
-def _put(stored: dict[str, Any], key: str, value: Any) -> None:
+def put_key(stored: dict[str, Any], key: str, value: Any) -> None:
+    """Set dotted `key` in a manifest dict, making the dicts on its path."""
     *path, last = key.split(".")
     node = stored
     for part in path:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from faste_mm.errors import ConfigError
+from faste_mm.indexers.manifest import put_key  # noqa: F401  (the profile writes its keys as the manifest does)
 
 if TYPE_CHECKING:
     from faste_mm.indexers.manifest import Stored
@@ -161,14 +162,3 @@ def get_key(stored: Mapping[str, Any], key: str) -> Any:
             return ABSENT
         node = node[part]
     return node
-
-
-def put_key(stored: dict[str, Any], key: str, value: Any) -> None:
-    """Set dotted `key` in a manifest dict, making the dicts on its path."""
-    *path, last = key.split(".")
-    node = stored
-    for part in path:
-        if not isinstance(node.get(part), dict):
-            node[part] = {}
-        node = node[part]
-    node[last] = value
