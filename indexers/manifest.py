@@ -138,6 +138,11 @@ class Manifest:
             raise ConfigError(f"Manifest.settings must be a mapping (manifest.json's collection settings), "
                               f"got {self.settings!r}")
         object.__setattr__(self, "settings", copy.deepcopy(dict(self.settings)))
+        shadowed = [f.metadata["stored"].key for f in dataclasses.fields(self) if "stored" in f.metadata
+                    and _pop(copy.deepcopy(self.settings), f.metadata["stored"].key) is not _ABSENT]
+        if shadowed:  # two values for one key: which one manifest.json holds would be an accident
+            raise ConfigError(f"Manifest.settings holds {shadowed}, which are fields of the manifest itself; "
+                              f"give them as Manifest's own arguments")
         object.__setattr__(self, "counts", dict(self.counts))
         check_precision(self.vectors, self.keep)
         if isinstance(self.int8_ranges, Mapping):  # as read from JSON

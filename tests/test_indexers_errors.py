@@ -46,6 +46,8 @@ def test_manifest_round_trips_through_dict_keeping_the_settings_it_does_not_name
 def test_invalid_manifest_field_is_a_config_error_naming_it(field, value, needle):
     with pytest.raises(ConfigError, match=needle):
         Manifest(**{"model_id": "A", "dim": 8, field: value})
+    with pytest.raises(ConfigError, match=r"settings holds \['dim', 'vectors.keep'\]"):
+        Manifest(model_id="A", dim=8, settings={"dim": 4, "vectors": {"keep": "none"}, "ocr": True})
 
 
 def test_opening_with_an_incompatible_manifest_names_fields_and_what_to_do(tmp_path):
