@@ -19,8 +19,9 @@ from faste_mm.errors import ConfigError
 # their rate, small enough (17 GFLOP) that calibration stays a fraction of a second per dtype.
 GEMM_SIZE = 2048
 RATE_DTYPES = ("bfloat16", "float32", "int8")
-# the GEMM that predicts how long one at GEMM_SIZE would take (a slow kernel is measured smaller)
-PROBE_SIZE = 256
+# the GEMM that predicts how long one at GEMM_SIZE would take (a slow kernel is measured smaller);
+# not much smaller than GEMM_SIZE, as small GEMMs run below the rate and would predict too long
+PROBE_SIZE = 512
 
 log = logging.getLogger(__name__)
 
@@ -92,13 +93,13 @@ def _timed_once(run, device: torch.device) -> float:
 @torch.inference_mode()
 def _bounded_size(make, size: int, device: torch.device, budget_s: float) -> int:
     """`size`, or a smaller power-of-two fraction of it where a `PROBE_SIZE` GEMM predicts that one
-    call at `size` would take more than half of `budget_s` (time grows with the cube of the size)."""
+    call at `size` would take more than `budget_s` (time grows with the cube of the size)."""
     if size <= PROBE_SIZE:
         return size
     run, _ = make(PROBE_SIZE)
     run()  # warm-up
     predicted = _timed_once(run, device) * (size / PROBE_SIZE) ** 3
-    while size > PROBE_SIZE and predicted > budget_s / 2:
+    while size > PROBE_SIZE and predicted > budget_s:
         size, predicted = size // 2, predicted / 8
     return size
 
