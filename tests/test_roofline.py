@@ -16,10 +16,10 @@ def test_a_kernel_too_slow_for_the_budget_is_measured_at_the_probe_size():
 
     def make(size: int):
         sizes.append(size)
-        # at least 50 ms a call at the probe: 2048^3 would take >= 3.2 s, past a 0.5 s budget
+        # at least 50 ms a call at the probe: 2048^3 would take >= 3.2 s and 1024^3 >= 0.4 s, past a 0.1 s budget
         return (lambda: time.sleep(0.05)), "slow"
 
-    assert _bounded_size(make, GEMM_SIZE, torch.device("cpu"), 0.5) == PROBE_SIZE
+    assert _bounded_size(make, GEMM_SIZE, torch.device("cpu"), 0.1) == PROBE_SIZE
     assert sizes == [PROBE_SIZE]  # the full size was never built or run
 
 
