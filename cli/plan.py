@@ -82,6 +82,8 @@ def plan_command(
             _write(plot, lambda: plot_plan(report, plot))
     except FasteError as error:
         fail(error, debug)
+    for dtype, why in report.left_out.items():
+        stderr.print(f"[yellow]left out[/yellow] --dtype {dtype}: {markup_safe(why)}", highlight=False)
     if output is Format.json:
         print_json(payload)
     else:

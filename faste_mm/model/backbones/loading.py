@@ -99,14 +99,20 @@ def choose_dtype(
     """
     if isinstance(dtype, torch.dtype):
         return DtypeChoice(dtype, "given by the caller")
-    if dtype == "int8":  # opt-in: int8 linear layers (model/int8.py); refused where it cannot pay
-        from faste_mm.model.int8 import int8_support
+    if dtype == "int8":  # opt-in: int8 linear layers (model/int8.py); refused where it does not pay
+        from faste_mm.model.int8 import INT8_TRIAL_ENV, int8_support, int8_trial
 
         flags = (cpu_flags or read_cpu_flags)()
         feature = int8_support(device, flags)
         rest = torch.bfloat16 if any(flag in flags for flag in CPU_BF16_FLAGS) else torch.float32
+        rest_name = str(rest).removeprefix("torch.")
+        trial = int8_trial(rest, flags)
+        if not trial.accepted:
+            raise ConfigError(f"dtype int8 is slower than {rest_name} on this CPU ({trial.describe()}): use dtype auto "
+                              f"({rest_name} here); {INT8_TRIAL_ENV}=skip "
+                              f"takes int8 anyway")
         return DtypeChoice(torch.int8, f"asked for (--dtype int8): int8 linear layers on {feature}, the rest "
-                                       f"{str(rest).removeprefix('torch.')}", rest)
+                                       f"{rest_name}; {trial.describe()}", rest)
     if dtype != "auto":
         if dtype not in _DTYPES:
             raise ConfigError(f"dtype must be 'auto', 'int8' or one of {', '.join(_DTYPES)}, got {dtype!r}")
