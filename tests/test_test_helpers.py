@@ -49,33 +49,6 @@ def test_the_check_sees_absolute_relative_and_function_level_imports(tmp_path):
                                              "tests.test_video", "tests.test_video.write_video"]
 
 
-def test_faste_mms_loaders_share_a_tiny_models_tokenizer_and_nobody_else_does(tmp_path_factory):
-    """tests/helpers/warm_tokenizers.py `share_in_process` (installed by conftest): a second load
-    by faste-mm's loader of an unchanged tiny model is the first one's object; a test's own load
-    and a load of changed files are fresh objects."""
-    import os
-    import shutil
-
-    from transformers import AutoTokenizer
-
-    from faste_mm.model.backbones.loading import load_model
-    from tests.helpers.tiny_models import tiny_model_dir
-
-    path = tiny_model_dir(tmp_path_factory.getbasetemp(), "qwen3")
-    first, second = load_model(path, device="cpu").preprocessor, load_model(path, device="cpu").preprocessor
-    assert first is second
-    assert AutoTokenizer.from_pretrained(path) is not first  # a test's own load: its own object
-    copy = shutil.copytree(path, path.parent / f"{path.name}-copy-{os.getpid()}")
-    try:
-        before = load_model(copy, device="cpu").preprocessor
-        assert load_model(copy, device="cpu").preprocessor is before
-        stat = (copy / "tokenizer_config.json").stat()
-        os.utime(copy / "tokenizer_config.json", ns=(stat.st_atime_ns, stat.st_mtime_ns + 1))
-        assert load_model(copy, device="cpu").preprocessor is not before  # changed files: loaded again
-    finally:
-        shutil.rmtree(copy)
-
-
 def test_a_relayed_command_writes_to_the_callers_pipes_and_exits_with_its_status(tmp_path):
     """tests/helpers/forked_cli.py `CliRelay`: the shim's pipes are the forked command's (stdin
     too: tests/test_mcp_stdio.py's server reads its requests there)."""
