@@ -148,6 +148,7 @@ class WarmProcess:
 
     def __init__(self, shown: list[str], request: dict, stdin, stdout, stderr) -> None:
         self.args, self.returncode, self._buffer = shown, None, b""
+        self._reading = threading.Lock()  # poll() may be called from several threads, as Popen's may
         self.stdin = self.stdout = self.stderr = None
         given, theirs = [], []  # descriptors handed over; the ones to close here once sent
         for position, spec in enumerate((stdin, stdout, stderr)):
@@ -190,14 +191,37 @@ class WarmProcess:
         return line.decode()
 
     def poll(self) -> int | None:
-        if self.returncode is None and select.select([self._conn], [], [], 0)[0]:
-            self.wait()
+        with self._reading:
+            if self.returncode is None and (b"\n" in self._buffer or select.select([self._conn], [], [], 0)[0]):
+                self.returncode = int(self._line(START_BOUND_S).removeprefix("exit "))
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
-        if self.returncode is None:
-            self.returncode = int(self._line(timeout).removeprefix("exit "))
+        if not self._reading.acquire(timeout=-1 if timeout is None else timeout):
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        try:
+            if self.returncode is None:
+                self.returncode = int(self._line(timeout).removeprefix("exit "))
+        finally:
+            self._reading.release()
         return self.returncode
+
+    def communicate(self, timeout: float | None = None) -> tuple[str | None, str | None]:
+        """(stdout, stderr) read to their end, once the command has ended (stdin closed first)."""
+        if self.stdin is not None:
+            self.stdin.close()
+        read: dict[str, str] = {}
+        readers = [threading.Thread(target=lambda name=name, stream=stream: read.__setitem__(name, stream.read()),
+                                    daemon=True)
+                   for name, stream in (("stdout", self.stdout), ("stderr", self.stderr)) if stream is not None]
+        for reader in readers:
+            reader.start()
+        for reader in readers:
+            reader.join(timeout)
+            if reader.is_alive():
+                raise subprocess.TimeoutExpired(self.args, timeout)
+        self.wait(timeout)
+        return read.get("stdout"), read.get("stderr")
 
     def send_signal(self, sig: int) -> None:
         if self.poll() is None:
@@ -388,9 +412,13 @@ def _wait_for_command(conn: socket.socket, request: dict, fds: list[int]) -> Non
         _command(request, fds)
     for fd in fds:
         os.close(fd)
-    conn.sendall(f"pid {pid}\n".encode())
     pidfd = os.pidfd_open(pid)
-    if pidfd not in select.select([conn, pidfd], [], [])[0]:  # the caller's end closed first
+    try:
+        conn.sendall(f"pid {pid}\n".encode())
+        caller_gone = pidfd not in select.select([conn, pidfd], [], [])[0]  # its end closed first
+    except OSError:
+        caller_gone = True
+    if caller_gone:
         os.kill(pid, signal.SIGKILL)
     code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
     try:
