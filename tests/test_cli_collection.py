@@ -17,7 +17,7 @@ from faste_mm.retrieval.profile import CollectionProfile
 from faste_mm.indexers.crash_points import CRASH_ENV
 
 from tests.helpers.cli import committed_items, invoke
-from tests.helpers.forked_cli import run_cli
+from tests.helpers.warm_process import run_cli
 from tests.helpers.inputs import CORPUS_EMBEDDED, CORPUS_FAILED, CORPUS_REUSED, make_corpus, noise_image, tiny_vl_dir
 
 
@@ -134,7 +134,7 @@ def test_a_writer_killed_with_sigkill_resumes_without_embedding_anything_twice(m
     args = ["index", str(root), "-c", str(col), "--model", model, "--device", "cpu", "--chunk-files", "2"]
     env = {key: value for key, value in os.environ.items() if key != "COLUMNS"}
     env[CRASH_ENV] = "add-after-commit#1"
-    proc = run_cli(args, env=env, timeout=300)  # a process of its own, forked warm (tests/helpers/forked_cli.py)
+    proc = run_cli(args, env=env, timeout=300)  # a process of its own, forked warm (tests/helpers/warm_process.py)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     committed = committed_items(col)
     assert committed == 2  # the first chunk, whole

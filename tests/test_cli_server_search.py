@@ -26,7 +26,7 @@ from faste_mm.indexers import Collection  # noqa: E402
 from faste_mm.indexers.directory import SERVER_FILE  # noqa: E402
 from faste_mm.retrieval.model_spec import ModelSpec  # noqa: E402
 from faste_mm.serving.discovery import find_server  # noqa: E402
-from tests.helpers.forked_cli import start_cli  # noqa: E402
+from tests.helpers.warm_process import start_cli  # noqa: E402
 from tests.helpers.serve_fixtures import make_gallery  # noqa: E402
 from tests.helpers.inputs import tiny_vl_dir  # noqa: E402
 from tests.helpers.tiny_models import tiny_model_dir  # noqa: E402
@@ -64,7 +64,7 @@ def reranker_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def server(data_home, reranker_dir):
     """`faste-mm serve --rerank DIR` with no -c (the default collection) on a free loopback port."""
-    # forked from the warm process of tests/helpers/forked_cli.py: no fresh torch import
+    # forked from the warm process of tests/helpers/warm_process.py: no fresh torch import
     proc = start_cli(["serve", "--port", "0", "--threads", "1", "--rerank", str(reranker_dir)], env=_env(data_home))
     line = proc.stdout.readline()  # printed once the server is announced and its socket listens
     assert line.startswith("serving on http://127.0.0.1:"), proc.stderr.read() if not line else line

@@ -19,9 +19,8 @@ from typer.testing import CliRunner  # noqa: E402
 from faste_mm import BatchingConfig, Embedder, Retriever  # noqa: E402
 from faste_mm.cli.app import app  # noqa: E402
 from faste_mm.serving.mcp_tools import MAX_K, MAX_QUERY_CHARS, PREVIEW_PX  # noqa: E402
-from tests.helpers.mcp_fixtures import (check_structured, error_text, faste_mm_command, images_of, open_session,  # noqa: E402
-                                tiny_collection)
-from tests.helpers.forked_cli import CliRelay  # noqa: E402
+from tests.helpers.mcp_fixtures import check_structured, error_text, images_of, open_session, tiny_collection  # noqa: E402
+from tests.helpers.warm_process import cli_command, installed_cli  # noqa: E402
 from tests.helpers.rerank_fixtures import reranker_dirs  # noqa: E402, F401
 from tests.helpers.inputs import tiny_vl_dir  # noqa: E402
 
@@ -40,16 +39,15 @@ def world(tmp_path_factory, reranker_dirs):  # noqa: F811
 @pytest.fixture(scope="module")
 def client(world, tmp_path_factory):
     """The SDK spawns the server command, a `faste-mm` that runs `faste-mm mcp` on its pipes in a
-    process forked from the warm one (tests/helpers/forked_cli.py `CliRelay`): the same server
-    and stdio transport, without ~6 CPU-seconds of imports first. The installed console script,
-    started fresh, is the server of test_a_model_that_cannot_load_answers_with_the_cli_message."""
-    relay = CliRelay(tmp_path_factory.mktemp("mcp-relay"))
-    params = StdioServerParameters(command=relay.command,
+    process forked from the warm one (tests/helpers/warm_process.py `cli_command`; the installed
+    script with FASTE_MM_TEST_FRESH=1): the same server and stdio transport, without ~6 CPU-seconds
+    of imports first. The installed console script, started fresh, is the server of
+    test_a_model_that_cannot_load_answers_with_the_cli_message."""
+    params = StdioServerParameters(command=cli_command(tmp_path_factory.mktemp("mcp-cli")),
                                    args=["mcp", "-c", str(world["col"]), "--allow-index", str(world["inbox"]),
                                          "--device", "cpu"])
     with open(os.devnull, "w") as quiet, open_session(stdio_client(params, errlog=quiet)) as session:
         yield session
-    relay.close()
 
 
 @pytest.fixture(scope="module")
@@ -193,7 +191,7 @@ def test_a_model_that_cannot_load_answers_with_the_cli_message(tmp_path):
     shutil.rmtree(model)
     cli = CliRunner().invoke(app, ["search", "a note", "-c", str(tmp_path / "col"), "--no-server"])
     assert cli.exit_code == 1
-    params = StdioServerParameters(command=faste_mm_command(), args=["mcp", "-c", str(tmp_path / "col")])
+    params = StdioServerParameters(command=installed_cli(), args=["mcp", "-c", str(tmp_path / "col")])
     with open(os.devnull, "w") as quiet, open_session(stdio_client(params, errlog=quiet)) as session:
         message = error_text(session.call_tool("search", {"query": "a note"}))
         assert message.split(";")[0] in " ".join(cli.output.split())

@@ -37,7 +37,7 @@ from faste_mm.retrieval.profile import CollectionProfile  # noqa: E402
 from faste_mm.scale.ray_index import ACTOR_REGISTRY_ENV  # noqa: E402
 from faste_mm.scale.ray_workers import PAGES_PER_PART, FileTask, ShippedFile, decode_file_parts, embedder_input  # noqa: E402
 from faste_mm.scale.resources import plan_resources  # noqa: E402
-from tests.helpers.forked_cli import run_cli  # noqa: E402
+from tests.helpers.warm_process import run_cli  # noqa: E402
 from tests.helpers.inputs import (CORPUS_EMBEDDED, CORPUS_FAILED, CORPUS_REUSED, make_corpus,  # noqa: E402
                                            noise_image, tiny_vl_dir)
 
@@ -212,7 +212,7 @@ _RAY_CPP_LINE = re.compile(r"^\[\d{4}-\d\d-\d\d [\d:,]+ [DIWEF] \d+ \d+\] \S+:\d
 def _killed_driver(model_dir: Path, folder: Path, collection: Path, address: str, crash_at: str, *flags: str):
     """`faste-mm index --ray ADDRESS` in a process of its own (joining the tests' Ray) that
     SIGKILLs itself at the crash point `crash_at`; returns its stderr. The process is forked from
-    a warm one (tests/helpers/forked_cli.py; it has not imported Ray): the driver joins Ray and
+    a warm one (tests/helpers/warm_process.py; it has not imported Ray): the driver joins Ray and
     is killed as a fresh interpreter would be, without ~6 CPU-seconds of imports first."""
     env = {key: value for key, value in os.environ.items() if key != "COLUMNS"}
     env[CRASH_ENV] = crash_at

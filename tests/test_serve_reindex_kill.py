@@ -20,7 +20,7 @@ import pytest
 pytest.importorskip("fastapi", reason="needs the serve extra: pip install 'faste-mm[serve]'")
 
 from faste_mm.indexers.crash_points import CRASH_ENV  # noqa: E402
-from tests.helpers.forked_cli import run_cli, start_cli  # noqa: E402
+from tests.helpers.warm_process import run_cli, start_cli  # noqa: E402
 from tests.helpers.inputs import tiny_vl_dir  # noqa: E402
 from tests.helpers.serve_fixtures import make_gallery, scene_image  # noqa: E402
 
@@ -31,7 +31,7 @@ CLIENTS = 4
 
 
 def _cli(*args: str, env: dict) -> subprocess.CompletedProcess:
-    """`faste-mm ARGS` in a process of its own, forked warm (tests/helpers/forked_cli.py)."""
+    """`faste-mm ARGS` in a process of its own, forked warm (tests/helpers/warm_process.py)."""
     return run_cli(list(args), env=env)
 
 

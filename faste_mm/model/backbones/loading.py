@@ -13,6 +13,7 @@ from typing import Callable
 import torch
 
 from faste_mm.model.backbones.base import Backbone
+from faste_mm.model.backbones.preprocessors import load_preprocessor
 from faste_mm.model.backbones.registry import Family, declared_role, family_for
 from faste_mm.errors import ConfigError, ModelLoadError
 from faste_mm.model.serialization import SerializerConfig, TextPrompt, TextSerializer, VLSerializer
@@ -246,9 +247,9 @@ def load_model(
     try:
         import transformers
 
-        model_class, preprocessor_class = (getattr(transformers, name) for name in family.hf_classes)
-        preprocessor = preprocessor_class.from_pretrained(name_or_path, revision=revision,
-                                                          local_files_only=offline is not None)
+        model_class = getattr(transformers, family.hf_classes[0])
+        # parsed once per process while its files are unchanged (preprocessors.py)
+        preprocessor = load_preprocessor(name_or_path, family.is_multimodal, revision, offline is not None)
         model = model_class.from_pretrained(name_or_path, **kwargs)
     except Exception as error:  # noqa: BLE001 - a damaged file raises whatever its reader raises
         raise weights_error(name_or_path, error) from None

@@ -16,6 +16,7 @@ from faste_mm.errors import ConfigError, ModelLoadError
 from faste_mm.model.backbones.base import Backbone
 from faste_mm.model.backbones.loading import (check_local_path, checkpoint_dtype, choose_dtype, hub_unreachable, load_config,
                                               resolve_device, weights_error)
+from faste_mm.model.backbones.preprocessors import load_preprocessor
 from faste_mm.model.backbones.registry import RerankFamily, declared_role, family_for, rerank_family_for
 
 log = logging.getLogger(__name__)
@@ -66,9 +67,8 @@ def load_reranker(
     try:
         import transformers
 
-        preprocessor_class = transformers.AutoProcessor if config.model_type == "qwen3_vl" else transformers.AutoTokenizer
-        preprocessor = preprocessor_class.from_pretrained(name_or_path, revision=revision,
-                                                          local_files_only=offline is not None)
+        # parsed once per process while its files are unchanged (model/backbones/preprocessors.py)
+        preprocessor = load_preprocessor(name_or_path, config.model_type == "qwen3_vl", revision, offline is not None)
         model = getattr(transformers, family.head_class).from_pretrained(
             name_or_path, revision=revision, dtype=dtype_choice.dtype, attn_implementation=attn_implementation,
             local_files_only=offline is not None,
