@@ -76,7 +76,8 @@ def index_collection(col: Collection, profile: CollectionProfile, scan: Scan, op
     return IndexReport(str(root), len(scan.files()), tally.embedded, tally.reused, plan.n_unchanged,
                        len(plan.vanished), len(tally.failures), tuple(tally.failures), seconds, factory,
                        scan.n_excluded, ocr_read=read.read, ocr_s=read.elapsed_s, facts_filled=tally.facts_filled,
-                       metadata_issues=dict(sorted(tally.metadata_issues.items())), **tally.cost.cost_fields())
+                       metadata_issues=dict(sorted(tally.metadata_issues.items())),
+                       links_skipped=len(scan.outside_links), **tally.cost.cost_fields())
 
 
 def hold_back(plan: UpdatePlan, ready: Callable[[ScannedFile], bool]) -> UpdatePlan:
