@@ -167,7 +167,7 @@ def test_the_keeper_has_the_largest_size_then_the_earliest_date_taken_read_from_
         path = make_photo(photos / name, seed=1, size=size, exif=exif_block(taken, "+00:00") if taken else None)
         os.utime(path, (mtime.timestamp(), mtime.timestamp()))
         stamp = path.stat().st_mtime
-        records.append(ItemRecord(uri=str(path), modality="image", mtime=stamp, facts=read_facts(path, "image", stamp)))
+        records.append(ItemRecord(uri=str(path), modality="image", mtime=stamp, facts=read_facts(path, "image")))
     rng = np.random.default_rng(0)
     groups = [0, 0, 1, 1]  # the first two files one photo, the last two another
     x = np.eye(DIM, dtype=np.float32)[groups] + rng.normal(scale=0.01, size=(4, DIM)).astype(np.float32)

@@ -105,7 +105,7 @@ def fill_facts(col: Collection, scan: Scan, plan: UpdatePlan, tally: IngestTally
     for start in range(0, len(unchanged), FACTS_CHUNK_FILES):
         chunk = {f.uri: f for f in unchanged[start:start + FACTS_CHUNK_FILES]}
         records = col.records_without_facts(list(chunk))
-        read = {uri: read_facts(chunk[uri].path, chunk[uri].kind, chunk[uri].stat.mtime)
+        read = {uri: read_facts(chunk[uri].path, chunk[uri].kind)
                 for uri in dict.fromkeys(r.uri for r in records)}
         if read:
             col.set_facts([(r, read[r.uri]) for r in records])
