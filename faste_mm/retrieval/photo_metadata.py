@@ -108,10 +108,10 @@ def _valid_facts(facts: _Facts) -> ItemFacts:
 def _read_image(path: Path, facts: _Facts) -> None:
     from PIL import Image, IptcImagePlugin  # noqa: F401 (IptcImagePlugin: getiptcinfo)
 
-    from faste_mm.model.items import register_image_plugins
+    from faste_mm.model.items import open_lazily, register_image_plugins
 
     register_image_plugins()
-    with Image.open(path) as image:  # headers only: no pixel is decoded
+    with open_lazily(str(path)) as image:  # headers only: no pixel is decoded (a huge JPEG's too)
         facts.fields["width"], facts.fields["height"] = image.size
         facts.guarded("exif unreadable", lambda: _read_exif(image.getexif(), facts))
         xmp = image.info.get("xmp") or image.info.get("XML:com.adobe.xmp")
