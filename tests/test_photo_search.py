@@ -198,6 +198,25 @@ def test_undated_photos_are_left_out_of_date_filters_and_sorted_last_both_ways(u
     assert [h["facts"]["taken"] is None for h in listed["hits"]] == [False] * 4 + [True] * 2
 
 
+def test_mcp_search_shows_undated_photos_as_no_date(undated):
+    pytest.importorskip("mcp", reason="needs the mcp extra")
+    from faste_mm.serving import ServeConfig, ServeEngine
+    from faste_mm.serving.mcp_paths import IndexRoots
+    from faste_mm.serving.mcp_tools import EngineSlot, McpTools, SearchArgs
+
+    engine = ServeEngine(undated.embedder, Retriever(undated.embedder, collection=undated.collection),
+                         ServeConfig()).start()
+    try:
+        answer = McpTools(undated.collection, EngineSlot(engine=engine), IndexRoots()).search(
+            SearchArgs(query="a photo", k=6, rerank=False, thumbnails=False))
+    finally:
+        engine.close()
+    taken = {h.name: h.taken for h in answer.result.hits}
+    assert taken["u0.jpg"] is None and taken["p3.jpg"] == "2024-12-24T20:00:00+00:00"
+    lines = {line.split()[1].rsplit("/", 1)[-1]: line for line in answer.summary.splitlines()[1:]}
+    assert lines["u0.jpg"].endswith("no date") and lines["p3.jpg"].endswith("2024-12-24")
+
+
 def test_since_until_sort_and_where_strings_in_the_python_api(photos):
     assert sorted(_names(photos.search("a photo", k=4, since="2023-08-15", until="2024-05"))) == ["p1.jpg", "p2.jpg"]
     assert _names(photos.search("a photo", k=4, sort="date")) == ["p0.jpg", "p1.jpg", "p2.jpg", "p3.jpg"]
