@@ -76,6 +76,11 @@ ImageRoot = Annotated[Optional[Path], typer.Option(
     "--image-root", envvar="FASTE_MM_IMAGE_ROOT", show_default=False,
     help="Folder the relative image paths of --data start from. Default: found under --data.")]
 
+FollowLinks = Annotated[bool, typer.Option(
+    "--follow-links", envvar="FASTE_MM_FOLLOW_LINKS",
+    help="Also index file links whose target lies outside the folders given (default: such links are skipped "
+         "and counted, so a link planted in a folder cannot pull in a private file).")]
+
 
 def ratios(text: str | None, default: tuple[float, ...] = SWEEP_R_MAX) -> tuple[float, ...]:
     """--r-max as a sweep: comma-separated ratios, e.g. "0,0.3,0.5,0.7" (ranges are checked by

@@ -15,7 +15,8 @@ from typing import Optional
 import typer
 
 from faste_mm.cli.common import fail, setup_logging, stderr
-from faste_mm.cli.options import CollectionOption, Debug, Device, Dtype, Model
+from faste_mm.cli.index_command import links_skipped_line
+from faste_mm.cli.options import CollectionOption, Debug, Device, Dtype, FollowLinks, Model
 from faste_mm.errors import FasteError
 
 DEFAULT_INTERVAL_S = 5.0  # = WatchOptions.interval_s (tested), a literal so --help imports no library code
@@ -40,6 +41,7 @@ def watch_command(
                                            "in it, e.g. '*.tmp', '.sync/*'; repeatable."),
     include_hidden: bool = typer.Option(False, "--include-hidden", envvar="FASTE_MM_INCLUDE_HIDDEN",
                                         help="Also index files and folders whose name starts with '.'."),
+    follow_links: FollowLinks = False,
     chunk_files: int = typer.Option(64, "--chunk-files", envvar="FASTE_MM_CHUNK_FILES", min=1,
                                     help="Files embedded and committed together (default 64)."),
     device: Device = "auto",
@@ -60,6 +62,7 @@ def watch_command(
     try:
         options = WatchOptions(interval_s=interval, settle_polls=settle_polls, events=events,
                                index=IndexOptions(exclude=tuple(exclude), include_hidden=include_hidden,
+                                                  follow_links=follow_links,
                                                   chunk_files=chunk_files))
         retriever = Retriever.for_collection(collection_path(collection), model, device=device, dtype=dtype)
         watcher = FolderWatcher(retriever, paths, options)
@@ -95,3 +98,5 @@ def _show(report, json_lines: bool) -> None:
                      highlight=False)
         for failure in index.failures:
             stderr.print(f"[yellow]skipped[/yellow] {failure.error}", highlight=False)
+        if index.links_skipped:
+            stderr.print(links_skipped_line(index.links_skipped), highlight=False)

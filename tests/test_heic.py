@@ -36,7 +36,7 @@ def test_heic_heif_and_avif_are_images_in_the_one_kinds_table(suffix):
 def test_a_heic_decodes_and_gives_its_exif(tmp_path):
     path = heic_photo(tmp_path / "IMG_0001.heic")
     assert load_image(Item(image=path), 1 << 20).size == (64, 48)
-    facts = read_facts(path, "image", 1.0)
+    facts = read_facts(path, "image")
     assert (facts.camera, facts.taken_offset_min, facts.taken_source, facts.region) == (
         "Apple iPhone 15", -300, "exif", "New York")
 

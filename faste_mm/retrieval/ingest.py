@@ -332,7 +332,7 @@ def _read_files(files: Sequence[ScannedFile]) -> tuple[list[tuple[ScannedFile, d
         try:
             base["content_hash"] = content_hash(f.path)
             value = document_input(f.path, f.kind)  # the kind's decoder (faste_mm.retrieval.decoders)
-            base["facts"] = read_facts(f.path, f.kind, f.stat.mtime)  # never raises for what the file holds
+            base["facts"] = read_facts(f.path, f.kind)  # never raises for what the file holds
         except InputError as error:
             failures.append(ItemRecord(**base, error=str(error)))
             continue

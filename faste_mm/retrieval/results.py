@@ -20,7 +20,8 @@ from faste_mm.retrieval.scanning import ScanFilter
 class IndexOptions:
     """Options of `Retriever.index`.
 
-    exclude / include_hidden: folder-walk filters (see `faste_mm.retrieval.scanning.ScanFilter`).
+    exclude / include_hidden / follow_links: folder-walk filters (see `faste_mm.retrieval.scanning.ScanFilter`;
+        follow_links: also index links whose target lies outside every walked folder).
     reindex: erase the collection first and rebuild it with the retriever's settings. The model
         loads and the index type and folder are checked before anything is erased, so a bad
         setting raises with the collection intact.
@@ -34,6 +35,7 @@ class IndexOptions:
 
     exclude: tuple[str, ...] = ()
     include_hidden: bool = False
+    follow_links: bool = False
     reindex: bool = False
     index_type: str | None = None
     retry_failed: bool = False
@@ -53,6 +55,11 @@ class IndexOptions:
             from faste_mm.indexers.faiss_index import check_factory_syntax
 
             check_factory_syntax(self.index_type)  # here, so no front end loads a model for a bad one
+
+    @property
+    def scan_filter(self) -> ScanFilter:
+        """The folder walk these options select."""
+        return ScanFilter(self.exclude, self.include_hidden, self.follow_links)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +117,8 @@ class IndexReport(CostTally):
     facts_filled: int = 0
     # Why a metadata field was left empty (hostile or broken value) -> how many files.
     metadata_issues: Mapping[str, int] = field(default_factory=dict)
+    # File links skipped because they lead outside every indexed folder (`IndexOptions.follow_links`).
+    links_skipped: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         d = {name: getattr(self, name) for name in self.__dataclass_fields__}

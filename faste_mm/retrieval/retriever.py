@@ -49,7 +49,7 @@ from faste_mm.retrieval.profile import QUERY_INSTRUCTION, CollectionProfile, exi
 from faste_mm.retrieval.setting import given_settings, keywords_of
 from faste_mm.retrieval.rerank_hits import check_reranker, load_collection_reranker, rerank_hits
 from faste_mm.retrieval.results import AddReport, Hit, IndexOptions, IndexProgress, IndexReport, RemoveReport
-from faste_mm.retrieval.scanning import Scan, ScanFilter, ScannedFile, scan_paths
+from faste_mm.retrieval.scanning import Scan, ScannedFile, scan_paths
 
 log = logging.getLogger(__name__)
 
@@ -321,7 +321,7 @@ class Retriever:
                               f"faste_mm.scale.RayExecutor), got {executor!r}")
         started = time.perf_counter()
         self._target(collection)
-        scan = scan_paths(paths, ScanFilter(options.exclude, options.include_hidden))
+        scan = scan_paths(paths, options.scan_filter)
         return self.index_scan(scan, options, progress, executor, started=started)
 
     def index_scan(self, scan: Scan, options: IndexOptions | None = None,
@@ -352,7 +352,7 @@ class Retriever:
         collection does not exist yet. Reads only (no model, no writer lock), so it can tell
         what an interrupted `index` still has to do."""
         options = options or IndexOptions()
-        scan = scan_paths(paths, ScanFilter(options.exclude, options.include_hidden))
+        scan = scan_paths(paths, options.scan_filter)
         if self._existing() is None:
             return len(scan.files())
         with Collection.open(self.collection) as col:

@@ -108,11 +108,13 @@ function filters() {
   return { type: type || null, path: path || null, where: where.length ? where : null, since, until, sort, min_score };
 }
 
-// A hit's facts in one line: the date taken (as recorded, not a file's mtime), the place, the camera.
-function factsLine(facts) {
+// A hit's facts in one line: the date taken (as recorded; for a photo or video without one "no
+// date", never its file's mtime), the place, the camera.
+function factsLine(facts, kind) {
   if (!facts) return "";
   const parts = [];
-  if (facts.taken && facts.taken_source !== "mtime") parts.push(facts.taken.slice(0, 10));
+  if (facts.taken) parts.push(facts.taken.slice(0, 10));
+  else if (kind === "image" || kind === "video") parts.push("no date");
   if (facts.place) parts.push(facts.place);
   if (facts.camera) parts.push(facts.camera);
   return parts.join(" · ");
@@ -233,7 +235,7 @@ function render(result, label, named = []) {
     name.title = hit.uri;
     card.querySelector(".page").textContent = hit.page ? `page ${hit.page}` : "";
     const facts = card.querySelector(".facts");
-    facts.textContent = factsLine(hit.facts);
+    facts.textContent = factsLine(hit.facts, kind);
     facts.hidden = !facts.textContent;
     // hybrid: the bar and number show the cosine (a fused rank score of ~0.03 says nothing of closeness)
     const shown = hit.similarity ?? hit.score;
