@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from tests.helpers.bounds import HANG_S
+
 
 @pytest.mark.parametrize("columns", [None, "20", "80", "200"])
 def test_an_error_naming_a_long_path_stays_on_one_line_whatever_the_width(tmp_path, columns):
@@ -17,7 +19,7 @@ def test_an_error_naming_a_long_path_stays_on_one_line_whatever_the_width(tmp_pa
     if columns is not None:
         env["COLUMNS"] = columns
     done = subprocess.run([sys.executable, "-m", "faste_mm.cli.app", "info", "-c", str(target)],
-                          capture_output=True, text=True, env=env)
+                          capture_output=True, text=True, env=env, timeout=HANG_S)
     assert done.returncode == 1
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, done.stderr

@@ -24,6 +24,7 @@ from tests.helpers.mcp_fixtures import (check_structured, error_text, faste_mm_c
 from tests.helpers.forked_cli import CliRelay  # noqa: E402
 from tests.helpers.rerank_fixtures import reranker_dirs  # noqa: E402, F401
 from tests.helpers.inputs import tiny_vl_dir  # noqa: E402
+from tests.helpers.bounds import HANG_S  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -234,7 +235,7 @@ def test_the_engine_loads_once_a_tool_before_it_is_ready_waits_and_a_failed_load
         if len(loads) == 1:
             raise ModelLoadError("no such model: try again")
         entered.set()
-        release.wait()
+        assert release.wait(HANG_S), "the test never released the load"
         return _Engine()
 
     slot = EngineSlot(load)
@@ -244,9 +245,10 @@ def test_the_engine_loads_once_a_tool_before_it_is_ready_waits_and_a_failed_load
     waiting = [threading.Thread(target=lambda: got.append(slot.get())) for _ in range(2)]
     for thread in waiting:
         thread.start()
-    entered.wait()
+    assert entered.wait(HANG_S), "the second load never started"
     assert got == [] and all(thread.is_alive() for thread in waiting)  # both wait for the one load
     release.set()
     for thread in waiting:
-        thread.join()
+        thread.join(HANG_S)
+        assert not thread.is_alive(), "a waiter never got the loaded engine"
     assert len(loads) == 2 and got[0] is got[1]
