@@ -73,11 +73,12 @@ def index_command(
     from faste_mm.model.batching import BatchingConfig
     from faste_mm.retrieval.maintenance import collection_path
     from faste_mm.retrieval.results import IndexOptions
-    from faste_mm.retrieval.retriever import Retriever
+    from faste_mm.retrieval.retriever import Retriever, refuse_missing_paths
 
     setup_logging(debug)
     watch, pending = _IndexWatch(), None
     try:
+        refuse_missing_paths(paths)  # a mistyped folder: said before the model loads, nothing created
         root = collection_path(collection)
         options = IndexOptions(exclude=tuple(exclude), include_hidden=include_hidden, reindex=reindex,
                                index_type=index_type, retry_failed=retry_failed, chunk_files=chunk_files,

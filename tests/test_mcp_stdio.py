@@ -134,6 +134,8 @@ def test_index_is_refused_outside_the_allowed_roots_and_reports_progress_inside(
         client.call("index", {"paths": [str(world["elsewhere"])]}))
     assert "never read" in error_text(client.call("index", {"paths": ["/proc/self"]}))
     assert "not a regular file" in error_text(client.call("index", {"paths": [str(world["inbox"] / "pipe.png")]}))
+    missing = str(world["inbox"] / "images")  # under an allowed root, but a mistyped folder: named, nothing indexed
+    assert f"{missing}: no such file or folder" in error_text(client.call("index", {"paths": [missing]}))
     updates = []
 
     async def progress(done, total, message):
