@@ -114,8 +114,9 @@ def index_command(
         _render_index_report(report)
     for failure in report.failures:
         stderr.print(f"[yellow]skipped[/yellow] {markup_safe(failure.error)}", highlight=False)
-    for text in retriever.kernel_choices():
-        stderr.print(text, highlight=False)
+    runtime = retriever.describe_runtime()  # one line; the kernel choices are debug logs (--debug) and bench's
+    if runtime is not None:
+        stderr.print(runtime, highlight=False, markup=False)
 
 
 def _plan_settings(plan: str, root, model: Optional[str], given: dict, dtype: str) -> tuple[dict, str]:

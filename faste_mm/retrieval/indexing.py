@@ -76,7 +76,9 @@ def index_collection(col: Collection, profile: CollectionProfile, scan: Scan, op
     return IndexReport(str(root), len(scan.files()), tally.embedded, tally.reused, plan.n_unchanged,
                        len(plan.vanished), len(tally.failures), tuple(tally.failures), seconds, factory,
                        scan.n_excluded, ocr_read=read.read, ocr_s=read.elapsed_s, facts_filled=tally.facts_filled,
-                       metadata_issues=dict(sorted(tally.metadata_issues.items())), **tally.cost.cost_fields())
+                       metadata_issues=dict(sorted(tally.metadata_issues.items())),
+                       embedded_files=tuple(tally.embedded_files), reused_files=tuple(tally.reused_files),
+                       removed_files=tuple(plan.vanished), **tally.cost.cost_fields())
 
 
 def hold_back(plan: UpdatePlan, ready: Callable[[ScannedFile], bool]) -> UpdatePlan:

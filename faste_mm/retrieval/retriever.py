@@ -175,6 +175,10 @@ class Retriever:
             self._embedder = spec.load()
         return self._embedder
 
+    def describe_runtime(self) -> str | None:
+        """`Embedder.describe_runtime` of the model loaded in this process; None when none was."""
+        return self._embedder.describe_runtime() if self._embedder is not None else None
+
     def kernel_choices(self) -> list[str]:
         """The CPU kernel choices the model settled in this process (`Embedder.kernel_choices`);
         empty when no model was loaded here (a Ray run, or nothing to embed)."""
