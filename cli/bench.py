@@ -14,7 +14,7 @@ import typer
 from rich.table import Table
 
 from faste_mm.bench.options import INPUTS_WORDS, OUT_HELP  # plain words: no torch at start-up
-from faste_mm.cli.common import fail, setup_logging, stderr, stdout
+from faste_mm.cli.common import fail, print_json, setup_logging, stderr, stdout
 from faste_mm.cli.options import (DEFAULT_BATCH_TOKENS, BatchTokens, Debug, Device, Dtype, Format, Model, OutputFormat,
                                   RMax, Threshold, TriggerLayer, Unpadded, WarmupLayer, fast_e_config, ratios)
 from faste_mm.cli.progress import Progress
@@ -102,7 +102,7 @@ def bench_command(
             fail(ConfigError(f"--out {out}: cannot write the report ({error}); choose another path"), debug)
         stderr.print(f"wrote {out}", highlight=False)
     if output is Format.json:
-        stdout.print_json(json.dumps(payload))
+        print_json(payload)
     else:
         _render(report)
     stderr.print(describe(result), highlight=False, markup=False)

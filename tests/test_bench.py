@@ -117,12 +117,15 @@ def test_bench_needs_exactly_one_model_source():
     assert CliRunner().invoke(app, ["bench"]).exit_code == 2
 
 
-def test_bench_compares_unpadded_layouts_on_variable_length_texts(model_dirs):
+def test_bench_compares_unpadded_layouts_on_variable_length_texts(model_dirs, tmp_path):
     args = ["bench", "--model", str(model_dirs["qwen3"]), "--inputs", "text:20-60", "--n", "5", "--r-max", "0.5"]
-    args += ["--trigger-layer", "2", "--unpadded", "off,segments", "--workers", "1", "--repeats", "1", "--device", "cpu", "--format", "json"]
+    args += ["--trigger-layer", "2", "--unpadded", "off,segments", "--workers", "1", "--repeats", "1", "--device", "cpu",
+             "--format", "json", "--out", str(tmp_path / "bench.json")]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
-    report = json.loads(result.stdout)
+    report = json.loads((tmp_path / "bench.json").read_text())
+    assert result.stdout.lstrip().startswith("{"), f"stdout is not the JSON report alone: {result.stdout[:500]!r}"
+    assert json.loads(result.stdout).keys() == report.keys()  # stdout carries the same report, nothing else
     full, padded, packed = report["rows"]
     assert [s["name"] for s in report["rows"]] == ["full", "faste r=0.5 [off]", "faste r=0.5 [segments]"]
     assert padded["attention"] == {"padded": 1} and packed["attention"] == {"segments": 1}

@@ -27,6 +27,15 @@ def model(tmp_path_factory) -> str:
     return str(tiny_vl_dir(tmp_path_factory.getbasetemp()))
 
 
+def test_index_of_a_path_that_does_not_exist_fails_naming_it_and_creates_nothing(model, tmp_path):
+    (tmp_path / "photos").mkdir()
+    result = invoke("index", tmp_path / "images", tmp_path / "photos", "-c", tmp_path / "col", "--model", model,
+                    "--device", "cpu", code=1)
+    message = " ".join(result.stderr.split())
+    assert f"{tmp_path / 'images'}: no such file or folder; check the path" in message, result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "col").exists()
+
+
 def test_index_search_info_json_and_paths(model, tmp_path):
     root = make_corpus(tmp_path / "corpus")
     col = tmp_path / "col"

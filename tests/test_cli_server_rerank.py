@@ -20,6 +20,7 @@ from tests.helpers.warm_process import run_cli, start_cli  # noqa: E402
 from tests.helpers.inputs import tiny_vl_dir  # noqa: E402
 from tests.helpers.serve_fixtures import make_gallery  # noqa: E402
 from tests.helpers.tiny_models import tiny_model_dir  # noqa: E402
+from tests.helpers.bounds import first_line  # noqa: E402
 
 runner = CliRunner()
 
@@ -37,7 +38,7 @@ def served(tmp_path_factory):
                     "--model", str(tiny_vl_dir(tmp_path_factory.getbasetemp()))], env=env)
     assert made.returncode == 0, made.stderr
     proc = start_cli(["serve", "-c", str(col), "--port", "0", "--threads", "1", "--rerank", str(reranker)], env=env)
-    line = proc.stdout.readline()  # printed once the server is announced and its socket listens
+    line = first_line(proc, "faste-mm serve")  # printed once the server is announced and its socket listens
     assert line.startswith("serving on http://127.0.0.1:"), proc.stderr.read() if not line else line
     try:
         yield col, reranker, env

@@ -11,6 +11,8 @@ import numpy as np
 from faste_mm.indexers import Collection, ItemRecord, Manifest
 from tests.helpers.warm_process import start_python
 
+from tests.helpers.bounds import HANG_S
+
 D = 16
 RACE_SECONDS = 3.0
 
@@ -76,7 +78,8 @@ def test_searches_during_add_delete_compact_see_one_snapshot_and_no_tombstones(t
         t.start()
     out, err = writer.communicate(timeout=120)
     for t in threads:
-        t.join()
+        t.join(HANG_S)
+        assert not t.is_alive(), "a reader thread never finished"
     assert writer.returncode == 0, err
     assert int(out) >= 3 and n_searches[0] >= 3  # the race really ran (writer compacted, readers searched)
     assert errors == []

@@ -23,6 +23,7 @@ from tests.helpers.mcp_fixtures import check_structured, error_text, images_of, 
 from tests.helpers.warm_process import cli_command, installed_cli  # noqa: E402
 from tests.helpers.rerank_fixtures import reranker_dirs  # noqa: E402, F401
 from tests.helpers.inputs import tiny_vl_dir  # noqa: E402
+from tests.helpers.bounds import HANG_S  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -131,6 +132,8 @@ def test_index_is_refused_outside_the_allowed_roots_and_reports_progress_inside(
         client.call("index", {"paths": [str(world["elsewhere"])]}))
     assert "never read" in error_text(client.call("index", {"paths": ["/proc/self"]}))
     assert "not a regular file" in error_text(client.call("index", {"paths": [str(world["inbox"] / "pipe.png")]}))
+    missing = str(world["inbox"] / "images")  # under an allowed root, but a mistyped folder: named, nothing indexed
+    assert f"{missing}: no such file or folder" in error_text(client.call("index", {"paths": [missing]}))
     updates = []
 
     async def progress(done, total, message):
@@ -232,7 +235,7 @@ def test_the_engine_loads_once_a_tool_before_it_is_ready_waits_and_a_failed_load
         if len(loads) == 1:
             raise ModelLoadError("no such model: try again")
         entered.set()
-        release.wait()
+        assert release.wait(HANG_S), "the test never released the load"
         return _Engine()
 
     slot = EngineSlot(load)
@@ -242,9 +245,10 @@ def test_the_engine_loads_once_a_tool_before_it_is_ready_waits_and_a_failed_load
     waiting = [threading.Thread(target=lambda: got.append(slot.get())) for _ in range(2)]
     for thread in waiting:
         thread.start()
-    entered.wait()
+    assert entered.wait(HANG_S), "the second load never started"
     assert got == [] and all(thread.is_alive() for thread in waiting)  # both wait for the one load
     release.set()
     for thread in waiting:
-        thread.join()
+        thread.join(HANG_S)
+        assert not thread.is_alive(), "a waiter never got the loaded engine"
     assert len(loads) == 2 and got[0] is got[1]

@@ -40,6 +40,7 @@ from faste_mm.scale.resources import plan_resources  # noqa: E402
 from tests.helpers.warm_process import run_cli  # noqa: E402
 from tests.helpers.inputs import (CORPUS_EMBEDDED, CORPUS_FAILED, CORPUS_REUSED, make_corpus,  # noqa: E402
                                            noise_image, tiny_vl_dir)
+from tests.helpers.bounds import HANG_S  # noqa: E402
 
 PAGE_PIXELS = 64 * 64  # big_corpus's pages and images rendered small: its tests are about commits, not pixels
 LONG_PDF, LONG_PDF_PAGES = "zzz_long.pdf", PAGES_PER_PART + 4
@@ -283,7 +284,7 @@ def test_a_decoding_task_that_meets_a_bad_file_does_not_import_the_model(tmp_pat
             f"[(rows, _)] = decode_file_parts(FileTask({str(tmp_path / 'corrupt.png')!r}, 'image', None), "
             "CollectionProfile(), None, driver_node=''); "
             "print(rows[0].reason); print(sorted({'torch', 'transformers'} & set(sys.modules)))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=HANG_S).stdout
     assert "corrupt.png: not a readable image" in out and out.endswith("[]\n"), out
 
 

@@ -174,12 +174,14 @@ def test_collection_names_resolve_under_the_user_data_dir(monkeypatch, tmp_path)
     assert collection_path("./photos") == Path("photos").absolute() and collection_path("a/b") == Path("a/b").absolute()
 
 
-def test_a_missing_named_path_is_reported_on_every_run(embedder, tmp_path):
+def test_a_missing_path_is_an_input_error_naming_it_and_nothing_is_created(embedder, tmp_path):
+    """A mistyped folder (the README's ./images in a fresh clone) must not leave an empty collection
+    and a 0-result search: the run refuses, naming every path that does not exist."""
+    (tmp_path / "real").mkdir()
     retriever = Retriever(embedder, collection=tmp_path / "col", r_max=0.0)
-    for _ in range(3):
-        report = retriever.index([tmp_path / "gone.png"])
-        assert [Path(f.uri).name for f in report.failures] == ["gone.png"]
-        assert "not found" in report.failures[0].error
+    with pytest.raises(InputError, match=r"gone\.png, .*images: no such file or folder; check the path"):
+        retriever.index([tmp_path / "gone.png", tmp_path / "real", tmp_path / "images"])
+    assert not (tmp_path / "col").exists()
 
 
 class PoisonedEmbedder(Embedder):

@@ -225,7 +225,7 @@ class KernelTrials:
             choice = KernelChoice(self.kernel, record["choice"], "cached", bucket, dict(record.get("seconds") or {}),
                                   self.variable)
             self.choices[bucket] = choice
-            log.info("%s", choice.describe())
+            log.debug("%s", choice.describe())
             return choice
         return None
 
@@ -236,7 +236,7 @@ class KernelTrials:
         self.choices[bucket] = choice
         if self.cache is not None:
             self.cache.put(bucket, best, seconds)
-        log.info("%s", choice.describe())
+        log.debug("%s", choice.describe())
         return choice, result
 
     def run(self, bucket: str, make: Callable[[str], Callable[[], torch.Tensor]],

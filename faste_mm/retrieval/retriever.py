@@ -175,6 +175,10 @@ class Retriever:
             self._embedder = spec.load()
         return self._embedder
 
+    def describe_runtime(self) -> str | None:
+        """`Embedder.describe_runtime` of the model loaded in this process; None when none was."""
+        return self._embedder.describe_runtime() if self._embedder is not None else None
+
     def kernel_choices(self) -> list[str]:
         """The CPU kernel choices the model settled in this process (`Embedder.kernel_choices`);
         empty when no model was loaded here (a Ray run, or nothing to embed)."""
@@ -311,8 +315,11 @@ class Retriever:
             plan and commits with decoding and embedding spread over a Ray cluster.
 
         Raises CollectionError (settings differ from the collection, another writer holds it),
-        ConfigError (bad options, index type or executor), InputError (no paths given).
+        ConfigError (bad options, index type or executor), InputError (no paths given, or a path
+        that does not exist: a mistyped folder would otherwise leave an empty collection).
         """
+        paths = list(paths)
+        refuse_missing_paths(paths)
         options = options or IndexOptions()
         if options.index_type is not None:
             check_factory_syntax(options.index_type)  # before any model loads or anything is erased
@@ -572,3 +579,13 @@ class Retriever:
         """`encode_documents` under the sentence-transformers name; one input counts as a list of one."""
         return self.encode_documents(one_or_many(documents), on_error=on_error)
 
+
+def refuse_missing_paths(paths: Sequence[str | os.PathLike]) -> None:
+    """InputError naming the given paths that do not exist, before anything is created or written
+    (`Retriever.index` calls it; the CLI too, before the model loads). A link whose target is gone
+    exists: it is recorded as a failure of the run, as a FIFO is."""
+    missing = [str(p) for p in paths if not os.path.lexists(Path(p).expanduser())]
+    if missing:
+        names = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        raise InputError(f"{names}: no such file or folder; check the path (nothing was indexed; a file deleted "
+                         f"since it was indexed leaves the collection with `remove`)")

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import logging
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 
@@ -250,7 +251,8 @@ def load_model(
         model_class = getattr(transformers, family.hf_classes[0])
         # parsed once per process while its files are unchanged (preprocessors.py)
         preprocessor = load_preprocessor(name_or_path, family.is_multimodal, revision, offline is not None)
-        model = model_class.from_pretrained(name_or_path, **kwargs)
+        with without_weights_bar():
+            model = model_class.from_pretrained(name_or_path, **kwargs)
     except Exception as error:  # noqa: BLE001 - a damaged file raises whatever its reader raises
         raise weights_error(name_or_path, error) from None
     # A local directory is recorded absolute so collections find it again from any folder.
@@ -261,6 +263,29 @@ def load_model(
 
         quantize_model(model)
     return assemble(model, preprocessor, model_id, revision, serializer_config, prompt, dtype_choice)
+
+
+@contextmanager
+def without_weights_bar() -> Iterator[None]:
+    """transformers' "Loading weights" bar off while faste-mm loads a model (a bar per load in every
+    `watch`, `mcp` and LangChain start says nothing a log line does not), through transformers' own
+    switch, and back as it was after: the program's other loads keep theirs. Downloads keep the hub's
+    bars (a download of several GB is worth watching)."""
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+    from transformers.utils import logging as transformers_logging
+
+    was_shown = transformers_logging.is_progress_bar_enabled()
+    hub_was_off = are_progress_bars_disabled()
+    transformers_logging.disable_progress_bar()  # also switches the hub's off ...
+    if not hub_was_off:
+        enable_progress_bars()  # ... which stay on for downloads
+    try:
+        yield
+    finally:
+        if was_shown:
+            transformers_logging.enable_progress_bar()  # the hub's too: put back as they were
+            if hub_was_off:
+                disable_progress_bars()
 
 
 def assemble(
