@@ -14,10 +14,10 @@ import torch
 from PIL import Image
 
 from faste_mm.errors import ConfigError, InputError
+from faste_mm.model.instructions import DOCUMENT_INSTRUCTION as DEFAULT_INSTRUCTION
 from faste_mm.model.items import Item, load_image, pdf_page_size, read_image_size
 from faste_mm.model.video import VideoConfig, read_video
 
-DEFAULT_INSTRUCTION = "Represent the user's input."
 # One merged visual token covers 32 x 32 pixels (patch 16, spatial merge 2): the unit of
 # `--visual-tokens`, the friendlier spelling of an image budget in pixels.
 PIXELS_PER_VISUAL_TOKEN = 32 * 32
