@@ -473,12 +473,21 @@ class Retriever:
         found = self.execute(requests, items)
         return [one([hits]) for hits in found]
 
-    def execute(self, requests: Sequence[SearchRequest], items: Sequence[Item] | None = None) -> list[list[Hit] | Exception]:
+    def execute(self, requests: Sequence[SearchRequest], items: Sequence[Item] | None = None, *,
+                check_pairs: Callable[[int, int], None] | None = None) -> list[list[Hit] | Exception]:
         """Run search requests (`SearchRequest`) on this collection with the one executor
-        (`search_executor.execute`), one at a time on this retriever: the hits of each, or its own
-        error (`faste-mm serve` hands it each merged batch of its clients' requests)."""
+        (`search_executor.execute`), one batch at a time on this retriever: the hits of each, or
+        its own error (`faste-mm serve` hands it each merged batch of its clients' requests).
+        items: the query `Item`s (`search_batch`); check_pairs: a limit on a rerank's prompt
+        tokens (`SearchParts.check_pairs`; the server's --max-request-tokens)."""
         with self._lock:
-            return execute(requests, self._search_parts(), items)
+            return execute(requests, self._search_parts(check_pairs), items)
+
+    def use_reranker(self, reranker: Any) -> None:
+        """Rerank searches with this loaded `Reranker` wherever the collection's would be used
+        (`rerank=None` on a collection that records one, `rerank=True`) instead of loading the
+        collection's (`faste-mm serve --rerank`: one model, shared with /v1/rerank)."""
+        self._collection_reranker = ("", reranker)
 
     def _search_parts(self, check_pairs: Callable[[int, int], None] | None = None) -> SearchParts:
         """This retriever's collection, query model and reranker as the executor uses them."""
@@ -488,17 +497,20 @@ class Retriever:
 
         return SearchParts(reader=lambda check_model: self._open_reader(check_model=check_model),
                            min_score=lambda: (self._reader_profile or read_profile(self.collection)).min_score,
-                           embed=embed, reranker=self._search_reranker,
+                           embed=embed, reranker=self.search_reranker,
                            cut_text=lambda text: text_cutter(self.embedder.serializer)(text), check_pairs=check_pairs)
 
-    def _search_reranker(self, rerank: Any) -> Any:
-        """The reranker of a search: `rerank` itself, none for False, and for None (or True) the
-        collection's (loaded on first use and kept; True without one is an InputError)."""
+    def search_reranker(self, rerank: Any) -> Any:
+        """The reranker of a search's `rerank`: itself (a Reranker), none for False, and for None
+        the collection's when it records one, for True the collection's or an InputError (loaded
+        on first use and kept; the one of `use_reranker` when given)."""
         if rerank is False:
             return None
         if rerank is not None and rerank is not True:
             return rerank
         name = read_profile(self.collection).reranker
+        if self._collection_reranker is not None and self._collection_reranker[0] == "":  # use_reranker's
+            return self._collection_reranker[1] if name is not None or rerank is True else None
         if name is None:
             if rerank is True:
                 raise InputError(f"search: rerank=True, but the collection {self.collection} records no reranker; "

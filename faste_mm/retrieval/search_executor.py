@@ -103,6 +103,7 @@ class _Plan:
 
     request: SearchRequest
     item: Item | None
+    rerank_item: Item | None
     like_id: int | None
     words: str | None
     where: SearchFilter
@@ -133,19 +134,22 @@ def _plan(request: SearchRequest, parts: SearchParts, item: Item | None = None) 
             raise InputError(f"search: `like` (more like this) searches by the item's vector; mode "
                              f"{request.mode} does not apply")
         like_id = _like_id(request.like, parts)
-        return _Plan(request, None, like_id, None, where, min_score, request.k + 1, None)
+        return _Plan(request, None, None, like_id, None, where, min_score, request.k + 1, None)
     if item is None:
         image, video = (Path(v) if isinstance(v, os.PathLike) else v for v in (request.image, request.video))
         item = Item(text=request.query, image=image, video=video)
-    if item.text is not None:
-        item = replace(item, text=_bounded(item.text, request.mode, parts))
-    words = querying.query_texts([item], request.mode)
     reranker = parts.reranker(request.rerank)
-    fetch = request.k
+    fetch, rerank_item = request.k, None
     if reranker is not None:
         check_reranker(reranker, request.rerank_top)
         fetch = max(request.k, request.rerank_top)
-    return _Plan(request, item, None, None if words is None else words[0], where, min_score, fetch, reranker)
+        # each model sees the query as it would see the whole text (it cuts at its own max_length)
+        rerank_item = item if item.text is None else replace(item, text=text_cutter(reranker.serializer)(item.text))
+    if item.text is not None:
+        item = replace(item, text=_bounded(item.text, request.mode, parts))
+    words = querying.query_texts([item], request.mode)
+    return _Plan(request, item, rerank_item, None, None if words is None else words[0], where, min_score, fetch,
+                 reranker)
 
 
 def _bounded(text: str, mode: str, parts: SearchParts) -> str:
@@ -160,7 +164,7 @@ def _like_id(like: Any, parts: SearchParts) -> int:
     col = parts.reader(False)
     if isinstance(like, int) or (isinstance(like, str) and like.isascii() and like.isdigit()):
         item_id = int(like)
-        if item_id not in col.live_ids([item_id]):
+        if not 0 <= item_id < 2**63 or item_id not in col.live_ids([item_id]):
             raise InputError(f"like {item_id}: no such item in the collection; use an id from search results")
         return item_id
     path = Path(os.fspath(like)).expanduser()
@@ -199,7 +203,7 @@ def _finish(plan: _Plan, hits: list[Hit], col, parts: SearchParts) -> list[Hit]:
     elif plan.reranker is not None:
         records = col.records([hit.id for hit in hits])
         read = _counted(plan, hits, records, parts)
-        hits = rerank_hits(plan.reranker, plan.item, hits, request.k, records, read)
+        hits = rerank_hits(plan.reranker, plan.rerank_item, hits, request.k, records, read)
     return result_order.sort_hits(hits[:request.k], request.sort)
 
 
@@ -211,7 +215,7 @@ def _counted(plan: _Plan, hits: list[Hit], records, parts: SearchParts) -> dict[
         return None
     reranker = plan.reranker
     try:
-        prepared = reranker.prepare_query(plan.item)
+        prepared = reranker.prepare_query(plan.rerank_item)
     except FasteError as error:
         raise InputError(str(error)) from None
     total, read = 0, {}

@@ -156,12 +156,12 @@ class SearchRequest:
                              "file's path)")
 
     @classmethod
-    def of(cls, where: str = "search", **given: Any) -> "SearchRequest":
-        """A request from keyword options; ConfigError naming `where`, the unknown names and the
+    def of(cls, caller: str = "search", /, **given: Any) -> "SearchRequest":
+        """A request from keyword options; ConfigError naming `caller`, the unknown names and the
         valid ones for a keyword that is not an option."""
         unknown = sorted(set(given) - set(OPTIONS))
         if unknown:
-            raise ConfigError(f"{where}: unknown search options {unknown}; valid ones are {list(OPTIONS)}")
+            raise ConfigError(f"{caller}: unknown search options {unknown}; valid ones are {list(OPTIONS)}")
         return cls(**given)
 
     def with_filters(self, **filters: Any) -> "SearchRequest":
