@@ -39,6 +39,10 @@ TEXT_CHARS_PER_TOKEN = 16
 MAX_LEXICAL_CHARS = 10_000
 
 
+class UnknownItemError(InputError):
+    """An item id or path that is not a live item of the collection (HTTP 404)."""
+
+
 @dataclass(frozen=True, slots=True)
 class SearchParts:
     """What the executor needs of a collection and its models (a `Retriever` hands its own).
@@ -165,12 +169,12 @@ def _like_id(like: Any, parts: SearchParts) -> int:
     if isinstance(like, int) or (isinstance(like, str) and like.isascii() and like.isdigit()):
         item_id = int(like)
         if not 0 <= item_id < 2**63 or item_id not in col.live_ids([item_id]):
-            raise InputError(f"like {item_id}: no such item in the collection; use an id from search results")
+            raise UnknownItemError(f"id {item_id}: no such item in the collection; use an id from search results")
         return item_id
     path = Path(os.fspath(like)).expanduser()
     ids = col.live_ids_of(str(path.resolve()) if not path.is_absolute() or path.exists() else str(path))
     if not ids:
-        raise InputError(f"like {os.fspath(like)!r}: not an indexed file of the collection; index it first, or "
+        raise UnknownItemError(f"like {os.fspath(like)!r}: not an indexed file of the collection; index it first, or "
                          f"give an item id from search results")
     return ids[0]
 

@@ -102,7 +102,7 @@ class SearchRequest:
                         "image", flag="--video", fronts=frozenset({"python", "cli"}))
     like: Any = option(None, "More like this: an item id, or the path of an indexed file (its first page), whose "
                              "stored vector is searched with; the item itself is left out.", "like", flag="--like",
-                       fronts=_NO_FILES, aliases=("id",))
+                       fronts=_EVERYWHERE - {"adapters"}, aliases=("id",))
     instruction: str | None = option(None, "The query's task instruction. Default: the model's official query "
                                            "instruction ('Retrieve images or text relevant to the user's query.' "
                                            "for Qwen3-VL-Embedding).", "text", flag="--instruction",
@@ -187,7 +187,7 @@ class SearchRequest:
         body = {}
         for name, declared in OPTIONS.items():
             value = getattr(self, name)
-            if value == DEFAULTS[name] and not (name == "rerank" and value is not None):
+            if value == DEFAULTS[name]:
                 continue
             if front not in declared.fronts:
                 raise ConfigError(f"search option {name} cannot be sent by {front}")

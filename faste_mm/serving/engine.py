@@ -21,7 +21,7 @@ from faste_mm import Embedder, FastEConfig, Hit, InputError, Item, Retriever
 from faste_mm.errors import CollectionError, ConfigError, FasteError
 from faste_mm.indexers.search import check_query_text
 from faste_mm.retrieval.profile import QUERY_INSTRUCTION, CollectionProfile, read_profile
-from faste_mm.retrieval.search_executor import TEXT_CHARS_PER_TOKEN
+from faste_mm.retrieval.search_executor import TEXT_CHARS_PER_TOKEN, UnknownItemError
 from faste_mm.retrieval.search_request import MAX_K, SearchRequest
 from faste_mm.retrieval.watching import read_watch_status
 from faste_mm.serving.batcher import Batcher, BatcherConfig, run_tasks
@@ -36,10 +36,6 @@ log = logging.getLogger(__name__)
 
 class RequestTooLargeError(FasteError):
     """A request over the token or body limit (HTTP 413)."""
-
-
-class UnknownItemError(InputError):
-    """An item id that is not a live item of the served collection (HTTP 404)."""
 
 
 class NoCollectionError(FasteError):
@@ -329,9 +325,7 @@ class ServeEngine:
         the library's executor (`Retriever.execute`), reranked by default with the collection's
         reranker (this server's loaded one). Raises InputError (400), RequestTooLargeError (413),
         NoCollectionError (404), CollectionReindexingError / ModelStalledError (503)."""
-        if self.retriever is None:
-            raise NoCollectionError("this server has no collection; start it with `faste-mm serve -c NAME|DIR` "
-                                    "to search")
+        self._need_collection()
         self.follow_reindex()
         self._refuse_reindexing()
         self._refuse_changed_model()
@@ -347,9 +341,15 @@ class ServeEngine:
     def search_reranker(self, request: SearchRequest):
         """The reranker `request` is reranked with here (None: not reranked), as the executor
         chooses it (`Retriever.search_reranker`); InputError when it asks for one this server lacks."""
+        self._need_collection()
         if request.is_like and request.rerank is None:
             return None
         return self.retriever.search_reranker(request.rerank)
+
+    def _need_collection(self) -> None:
+        if self.retriever is None:
+            raise NoCollectionError("this server has no collection; start it with `faste-mm serve -c NAME|DIR` "
+                                    "to search")
 
     def _run_search(self, requests: list[SearchRequest]) -> list[object]:
         if self._retriever_outdated:  # the retriever reads the re-created collection's profile afresh

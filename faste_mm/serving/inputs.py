@@ -16,7 +16,7 @@ import ipaddress
 import socket
 import urllib.parse
 import urllib.request
-from typing import Any, Literal, Mapping, Optional, Union
+from typing import Annotated, Any, Literal, Mapping, Optional, Union
 
 import numpy as np
 from PIL import Image
@@ -71,7 +71,8 @@ class EmbeddingRequest(BaseModel):
 # POST /search's JSON body and the MCP search tool's arguments are made from the declarations of
 # `faste_mm.retrieval.search_request` (one per option): `request_model`, `to_request`, `form_request`.
 _JSON_TYPES: dict[str, Any] = {"text": str, "int": int, "float": float, "bool": bool, "image": str,
-                               "like": Union[int, str], "where": Union[dict[str, Union[str, int, float, bool]], list[str]],
+                               "like": Union[Annotated[int, Field(ge=0, le=INT64_MAX)], str],
+                               "where": Union[dict[str, Union[str, int, float, bool]], list[str]],
                                "texts": Union[str, list[str]]}
 
 
@@ -87,7 +88,7 @@ def request_model(front: str, name: str, *, leave_out: tuple[str, ...] = (), lim
             continue
         kind = declared.kind
         annotation = Literal[declared.choices] if kind == "choice" else _JSON_TYPES[kind]
-        if kind == "texts":
+        if kind == "texts" and front == "mcp":  # an assistant reads the choices off the schema
             annotation = Union[Literal[declared.choices], list[Literal[declared.choices]]]
         bounds = {"ge": declared.min, "le": declared.maximum(front)} if kind in ("int", "float") else {}
         default = DEFAULTS[option_name]
@@ -160,9 +161,9 @@ def _form_value(text: str, key: str, declared, front: str) -> Any:
             raise InputError(f"form field {key!r} must be a number, got {text[:40]!r}") from None
     else:
         return text
-    maximum = declared.maximum(front)
-    if kind != "like" and maximum is not None and value > maximum:
-        raise InputError(f"form field {key!r} must be at most {maximum:g}, got {value}")
+    low, high = declared.min, declared.maximum(front)
+    if kind != "like" and (low is not None and value < low or high is not None and value > high):
+        raise InputError(f"form field {key!r}: {key} must be in {low:g}..{high:g}, got {value}")
     return value
 
 
