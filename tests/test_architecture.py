@@ -151,6 +151,22 @@ def test_the_embedding_core_never_imports_the_reranker_wing(graph):
     assert wrong == []
 
 
+def _in_package(package: str):
+    return lambda module: module == package or module.startswith(package + ".")
+
+
+def test_the_cpu_wing_is_the_floor_under_the_embedding_core(graph):
+    """faste_mm.model.cpu (machine facts, machine plan, kernel choices, decoder kernels, int8) is
+    what the core asks about the CPU: it imports nothing of faste_mm but `errors` and itself, so
+    the core, the bench suites and the CLI's option words can all stand on it."""
+    in_wing = _in_package("faste_mm.model.cpu")
+    assert {"faste_mm.model.cpu.machine", "faste_mm.model.cpu.machine_plan", "faste_mm.model.cpu.kernel_choice",
+            "faste_mm.model.cpu.decoder_kernels", "faste_mm.model.cpu.int8"} <= set(graph)
+    wrong = sorted(f"{module} -> {target}" for module, targets in graph.items() if in_wing(module)
+                   for target in targets if not in_wing(target) and target != "faste_mm.errors")
+    assert wrong == []
+
+
 def test_no_import_cycles(graph):
     """Tarjan's strongly connected components over every import edge: each must be one module."""
     index: dict[str, int] = {}

@@ -33,7 +33,7 @@ from faste_mm.model.official import OFFICIAL_MAX_PIXELS, PIXEL_SWEEP
 from faste_mm.model.serialization import pixel_budget
 from faste_mm.retrieval.decoders import document_input
 from faste_mm.retrieval.scanning import ScanFilter, scan_paths
-from faste_mm.model.backbones.machine import device_name
+from faste_mm.model.cpu.machine import device_name
 from faste_mm.tools.plan_report import CandidateResult, PlanReport, pareto_front, recommend
 
 if TYPE_CHECKING:  # annotations only: importing faste_mm.datasets loads the hub and parquet readers
@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 
 KINDS = ("photo", "page", "text", "video")  # the strata of the sample, in report order
 _KIND_OF_FILE = {"image": "photo", "pdf": "page", "text": "text", "video": "video"}  # faste_mm.kinds names
-DTYPES = ("auto", "float32", "bfloat16", "float16", "int8")  # int8: model/int8.py (CPU only)
+DTYPES = ("auto", "float32", "bfloat16", "float16", "int8")  # int8: model/cpu/int8.py (CPU only)
 REFERENCE_DTYPE = "float32"
 # Where a dtype's fidelity is read against another full forward than the reference: int8 is the
 # step past bfloat16 on a CPU, so what it loses is measured against what it replaces, the bf16
@@ -337,7 +337,7 @@ def _models(embedder: Embedder, dtypes: set[torch.dtype]) -> tuple[dict[torch.dt
             continue
         started = time.perf_counter()
         reason = "a plan candidate (a converted copy of the weights)"
-        # int8: its linear layers quantized over the rest dtype `--dtype int8` loads (model/int8.py)
+        # int8: its linear layers quantized over the rest dtype `--dtype int8` loads (model/cpu/int8.py)
         choice = (replace(choose_dtype("int8", embedder.backbone.device), reason=reason) if dtype == torch.int8
                   else DtypeChoice(dtype, reason))
         # the weights only, as the loader casts them: RoPE's inv_freq buffers stay float32
@@ -345,7 +345,7 @@ def _models(embedder: Embedder, dtypes: set[torch.dtype]) -> tuple[dict[torch.dt
         for parameter in model.parameters():
             parameter.data = parameter.data.to(choice.weights_dtype)
         if dtype == torch.int8:
-            from faste_mm.model.int8 import quantize_model
+            from faste_mm.model.cpu.int8 import quantize_model
 
             quantize_model(model)
         loaded = replace(embedder.loaded, backbone=embedder.family.adapter(model), dtype_choice=choice)
