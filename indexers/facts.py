@@ -1,6 +1,6 @@
 """An item's facts: the typed metadata read from its file at scan time (date taken, camera, lens,
 GPS and place, pixel size, title, description, keywords, rating, author, duration). Plain data
-and its SQL row; `faste_mm.retrieval.photo_metadata` reads them from files, `store.MetaStore`
+and its SQL row; `faste_mm.retrieval.library.photo_metadata` reads them from files, `store.MetaStore`
 keeps them in the `item_facts` table (schema 7), filters compare them (`filters`).
 """
 

@@ -13,7 +13,7 @@ from PIL import Image, features
 
 from faste_mm.kinds import kind_name
 from faste_mm.model.items import Item, load_image, register_image_plugins
-from faste_mm.retrieval.photo_metadata import read_facts
+from faste_mm.retrieval.library.photo_metadata import read_facts
 from faste_mm.serving.thumbnails import thumbnail
 from faste_mm.indexers import ItemRecord
 

@@ -19,7 +19,7 @@ from PIL import Image
 from faste_mm import BatchingConfig, Embedder, Retriever
 from faste_mm.indexers import Collection
 from faste_mm.retrieval.results import IndexOptions
-from faste_mm.retrieval.watching import FolderWatcher, WatchOptions
+from faste_mm.retrieval.library.watching import FolderWatcher, WatchOptions
 from tests.helpers.cli import invoke
 from tests.helpers.inputs import tiny_vl_dir
 from tests.helpers.serve_fixtures import scene_image
@@ -155,7 +155,7 @@ def test_a_watched_folder_swapped_for_a_link_stops_its_sync_and_nothing_there_is
     assert watcher.sync_once().index.embedded == 1
     os.rename(watched, tmp_path / "photos.old")
     watched.symlink_to(elsewhere)  # the folder swapped for a link, between two polls
-    with caplog.at_level("WARNING", logger="faste_mm.retrieval.watching"):
+    with caplog.at_level("WARNING", logger="faste_mm.retrieval.library.watching"):
         report = watcher.sync_once()
         watcher.sync_once()
     assert report.index is None and report.n_files == 0

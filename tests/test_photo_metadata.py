@@ -1,4 +1,4 @@
-"""Facts read at scan time without a model (retrieval/photo_metadata.py): EXIF, XMP, IPTC, a PDF's
+"""Facts read at scan time without a model (retrieval/library/photo_metadata.py): EXIF, XMP, IPTC, a PDF's
 info, a video's tags, offline place names; hostile values leave a field empty with a counted reason;
 stored typed (schema 7) and searchable by words; a re-scan fills an older collection's facts
 without embedding anything."""
@@ -18,7 +18,7 @@ from faste_mm.errors import InputError
 from faste_mm.indexers import Collection
 from faste_mm.indexers.facts import ItemFacts
 from faste_mm.model.embedder import Embedder
-from faste_mm.retrieval.photo_metadata import read_facts
+from faste_mm.retrieval.library.photo_metadata import read_facts
 from faste_mm.retrieval.retriever import Retriever
 
 from tests.helpers.old_schemas import downgrade
@@ -156,7 +156,7 @@ def test_odd_gps_rationals_empty_the_position_or_the_altitude_only(tmp_path, raw
 
 
 def test_a_value_no_reader_checked_empties_its_own_field_with_an_issue():
-    from faste_mm.retrieval.photo_metadata import _Facts, _valid_facts
+    from faste_mm.retrieval.library.photo_metadata import _Facts, _valid_facts
 
     facts = _Facts()
     facts.fields.update(taken=NOON_UTC, taken_offset_min=60 * 30, taken_source="xmp", rating=4, lat=1.0, lon=2.0)

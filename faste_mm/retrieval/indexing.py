@@ -18,8 +18,8 @@ from faste_mm.model.runner import BatchTrace
 from faste_mm.retrieval.documents import CollectionDocuments
 from faste_mm.retrieval.executors import IngestExecutor, IngestJob, ModelSource
 from faste_mm.retrieval.ingest import IngestTally, UpdatePlan, plan_update, record_missing
-from faste_mm.retrieval.photo_metadata import read_facts
-from faste_mm.retrieval.ocr import OcrEngine, OcrTally, read_text_in_images
+from faste_mm.retrieval.library.photo_metadata import read_facts
+from faste_mm.retrieval.library.ocr import OcrEngine, OcrTally, read_text_in_images
 from faste_mm.retrieval.profile import CollectionProfile
 from faste_mm.retrieval.results import IndexOptions, IndexProgress, IndexReport
 from faste_mm.retrieval.scanning import Scan, ScannedFile, honour_exclusions
@@ -34,10 +34,10 @@ def index_collection(col: Collection, profile: CollectionProfile, scan: Scan, op
     """Bring `col` (opened for writing; closed here, which saves index.faiss) up to date with `scan`.
     `started`: perf_counter() when the call began (the report's seconds count from it).
     ready: which of the new and changed files to embed now (None: all); the others keep their
-    old rows, if any, for a later run (`faste_mm.retrieval.watching` waits for files still being
+    old rows, if any, for a later run (`faste_mm.retrieval.library.watching` waits for files still being
     written). Vanished files are removed after the new ones are committed, so a file moved or
     renamed lends its vectors to its new path (same content) instead of being embedded again.
-    ocr: the engine reading the text inside images and scanned pages (`retrieval.ocr`; None: none
+    ocr: the engine reading the text inside images and scanned pages (`retrieval.library.ocr`; None: none
     read), after the files are committed."""
     tally = IngestTally()
     root = Path(col.root)

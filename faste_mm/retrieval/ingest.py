@@ -22,7 +22,7 @@ from faste_mm.model.items import Item, count_pdf_pages
 from faste_mm.retrieval.decoders import document_input
 from faste_mm.retrieval.lexical import item_text, source_text
 from faste_mm.retrieval.ingest_tally import IndexFailure, IngestTally  # (importers find them here too)
-from faste_mm.retrieval.photo_metadata import read_facts
+from faste_mm.retrieval.library.photo_metadata import read_facts
 from faste_mm.retrieval.scanning import Scan, ScannedFile, is_under_any
 
 if TYPE_CHECKING:  # annotations only: scanning and planning load no model code

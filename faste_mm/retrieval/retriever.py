@@ -35,15 +35,15 @@ from faste_mm.retrieval import collection_settings, maintenance, querying
 from faste_mm.retrieval.collection_settings import (checked_profile, completed_profile, open_for_writing, recreate,
                                                     requested_profile)
 from faste_mm.retrieval.documents import CollectionDocuments, add_documents
-from faste_mm.retrieval.duplicates import DEFAULT_THRESHOLD as DEFAULT_DUPLICATE_THRESHOLD
-from faste_mm.retrieval.duplicates import DuplicateReport, collection_duplicates
+from faste_mm.retrieval.library.duplicates import DEFAULT_THRESHOLD as DEFAULT_DUPLICATE_THRESHOLD
+from faste_mm.retrieval.library.duplicates import DuplicateReport, collection_duplicates
 from faste_mm.retrieval.executors import IngestExecutor, LocalExecutor, ModelSource
 from faste_mm.retrieval.export import ExportReport
 from faste_mm.retrieval.export import export as export_collection
 from faste_mm.retrieval.indexing import index_collection
 from faste_mm.retrieval.maintenance import collection_path
 from faste_mm.retrieval.model_spec import ModelSpec, model_source
-from faste_mm.retrieval.ocr import OcrEngine
+from faste_mm.retrieval.library.ocr import OcrEngine
 from faste_mm.retrieval.ingest import plan_update
 from faste_mm.retrieval.profile import QUERY_INSTRUCTION, CollectionProfile, existing_profile, read_profile
 from faste_mm.retrieval.setting import given_settings, keywords_of
@@ -428,7 +428,7 @@ class Retriever:
         """Groups of items that duplicate each other: exact copies (same content hash) and, with
         `near`, near-duplicates whose vectors score >= `threshold` (cosine in (0, 1]) by range search over
         the collection's index; largest group first, each with a suggested keeper (largest resolution,
-        then earliest date). Loads no model and never deletes anything (`faste_mm.retrieval.duplicates`).
+        then earliest date). Loads no model and never deletes anything (`faste_mm.retrieval.library.duplicates`).
         Raises ConfigError for a threshold outside (0, 1], CollectionError when there is no collection."""
         return collection_duplicates(self.collection, threshold, near=near)
 

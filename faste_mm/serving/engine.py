@@ -23,7 +23,7 @@ from faste_mm.indexers.search import check_query_text
 from faste_mm.retrieval.profile import QUERY_INSTRUCTION, CollectionProfile, read_profile
 from faste_mm.retrieval.search_executor import TEXT_CHARS_PER_TOKEN, UnknownItemError
 from faste_mm.retrieval.search_request import MAX_K, SearchRequest
-from faste_mm.retrieval.watching import read_watch_status
+from faste_mm.retrieval.library.watching import read_watch_status
 from faste_mm.serving.batcher import Batcher, BatcherConfig, run_tasks
 from faste_mm.serving.inputs import truncate_dimensions
 from faste_mm.serving.mcp_paths import IndexRoots

@@ -27,7 +27,7 @@ from faste_mm.indexers.atomic_files import atomic_write
 from faste_mm.indexers.file_names import WATCH_FILE
 from faste_mm.retrieval.results import IndexOptions, IndexProgress, IndexReport
 from faste_mm.retrieval.scanning import Scan, ScannedFile, scan_paths
-from faste_mm.retrieval.watch_status import describe_watch, read_watch_status  # noqa: F401 (their old home)
+from faste_mm.retrieval.library.watch_status import describe_watch, read_watch_status  # noqa: F401 (their old home)
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from faste_mm.errors import InputError
 from faste_mm.indexers.facts import MAX_KEYWORDS, MAX_OFFSET_MIN, MAX_TEXT_CHARS, ItemFacts
-from faste_mm.retrieval import places
+from faste_mm.retrieval.library import places
 
 log = logging.getLogger(__name__)
 
