@@ -77,7 +77,7 @@ def index_command(
     from faste_mm.retrieval.retriever import Retriever, refuse_missing_paths
 
     setup_logging(debug)
-    watch, pending = _IndexWatch(), None
+    view, pending = _IndexProgressView(), None
     try:
         refuse_missing_paths(paths)  # a mistyped folder: said before the model loads, nothing created
         root = collection_path(collection)
@@ -102,14 +102,14 @@ def index_command(
         retriever = Retriever.for_collection(
             root, model, revision=revision, device=device, dtype=dtype,
             batching=BatchingConfig(batch_tokens=batch_tokens, unpadded=unpadded), reindex=reindex,
-            loading=watch.loading, **given)
+            loading=view.loading, **given)
         pending = lambda: retriever.pending(paths, options)  # noqa: E731
-        with retriever, watch:
-            report = retriever.index(paths, options=options, progress=watch.report, executor=executor)
+        with retriever, view:
+            report = retriever.index(paths, options=options, progress=view.report, executor=executor)
     except FasteError as error:
         fail(error, debug)
     except KeyboardInterrupt:
-        _interrupted(watch, pending, reindex)
+        _interrupted(view, pending, reindex)
     if output is Format.json:
         print_json(report.to_dict())
     else:
@@ -146,18 +146,18 @@ def _plan_settings(plan: str, root, model: Optional[str], given: dict, dtype: st
     return {**given, **chosen}, report.row(row).dtype
 
 
-def _interrupted(watch: "_IndexWatch", pending, reindex: bool) -> NoReturn:
+def _interrupted(view: "_IndexProgressView", pending, reindex: bool) -> NoReturn:
     """Ctrl-C during index: chunks are committed as they finish, so say how many of this run's
     files were kept (counted in the collection: the last progress report may lag a commit) and
     how to go on; exit 130 like any program stopped by SIGINT."""
-    total = None if watch.last is None else watch.last.files_total
+    total = None if view.last is None else view.last.files_total
     try:
         left = None if pending is None else pending()
     except FasteError:
         left = None
     if total is None or left is None:
         kept = "the files committed so far are kept" if total is None else (
-            f"{watch.last.files_done} of {total} files committed")
+            f"{view.last.files_done} of {total} files committed")
     else:
         kept = f"{max(total - left, 0)} of {total} files committed"
     again = "run the same command without --reindex to continue" if reindex else "run the same command again to continue"
@@ -165,7 +165,7 @@ def _interrupted(watch: "_IndexWatch", pending, reindex: bool) -> NoReturn:
     raise typer.Exit(130)
 
 
-class _IndexWatch(Progress):
+class _IndexProgressView(Progress):
     """index progress on stderr, advanced per embedded batch: files committed, items/s,
     tokens/s, the share of prefix tokens removed and an ETA (see `cli.progress.Progress`)."""
 

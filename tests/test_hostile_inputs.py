@@ -308,12 +308,12 @@ def _store_scan(col_root: Path, folder: Path, follow_links: bool = False):
     """Plan a scan of `folder` against a model-free collection and store what it would add
     (random unit vectors stand in for embeddings): the bookkeeping `index` does."""
     from faste_mm.indexers import ItemRecord, Manifest
-    from faste_mm.retrieval.ingest import IngestTally, plan_update, record_missing
+    from faste_mm.retrieval.ingest import IngestTally, ingest_work, record_missing
     from faste_mm.retrieval.scanning import ScanFilter, scan_paths
 
     with Collection.create(col_root, Manifest(model_id="m", dim=4), exist_ok=True) as col:
         scan = scan_paths([folder], ScanFilter(follow_links=follow_links))
-        plan = plan_update(col, scan)
+        plan = ingest_work(col, scan)
         col.delete_uris(plan.vanished)  # as Retriever.index does
         record_missing(col, scan.missing, IngestTally())
         if plan.todo:

@@ -17,7 +17,7 @@ from faste_mm.indexers.facts import issue_counts
 from faste_mm.model.runner import BatchTrace
 from faste_mm.retrieval.documents import CollectionDocuments
 from faste_mm.retrieval.executors import IngestExecutor, IngestJob, ModelSource
-from faste_mm.retrieval.ingest import IngestTally, UpdatePlan, plan_update, record_missing
+from faste_mm.retrieval.ingest import IngestTally, IngestWork, ingest_work, record_missing
 from faste_mm.retrieval.library.photo_metadata import read_facts
 from faste_mm.retrieval.library.ocr import OcrEngine, OcrTally, read_text_in_images
 from faste_mm.retrieval.profile import CollectionProfile
@@ -43,7 +43,7 @@ def index_collection(col: Collection, profile: CollectionProfile, scan: Scan, op
     root = Path(col.root)
     with col:
         scan = honour_exclusions(col, scan)  # paths removed earlier stay out of folder scans
-        plan = plan_update(col, scan, options.retry_failed)
+        plan = ingest_work(col, scan, options.retry_failed)
         # Files indexed before identities were recorded get theirs now (retrieval.stored_files).
         todo = {f.uri for f in plan.todo}
         col.fill_identities([f.stat for f in scan.files() if f.uri not in todo])
@@ -82,7 +82,7 @@ def index_collection(col: Collection, profile: CollectionProfile, scan: Scan, op
                        **tally.cost.cost_fields())
 
 
-def hold_back(plan: UpdatePlan, ready: Callable[[ScannedFile], bool]) -> UpdatePlan:
+def hold_back(plan: IngestWork, ready: Callable[[ScannedFile], bool]) -> IngestWork:
     """`plan` with only the files `ready` admits to embed; the others count as unchanged this run.
     While any file is held back, vanished files are kept too: a file moved across folders or
     filesystems (copied, then deleted) still lends its vectors when its copy is ready."""
@@ -99,7 +99,7 @@ def hold_back(plan: UpdatePlan, ready: Callable[[ScannedFile], bool]) -> UpdateP
 FACTS_CHUNK_FILES = 256
 
 
-def fill_facts(col: Collection, scan: Scan, plan: UpdatePlan, tally: IngestTally) -> None:
+def fill_facts(col: Collection, scan: Scan, plan: IngestWork, tally: IngestTally) -> None:
     """Read the facts of the scan's unchanged files whose items have none (stored before schema 7,
     or by an older extractor) and store them with the items: no model, no vector touched."""
     todo = {f.uri for f in plan.todo}
@@ -116,7 +116,7 @@ def fill_facts(col: Collection, scan: Scan, plan: UpdatePlan, tally: IngestTally
 
 
 def _progress_reporter(progress: Callable[[IndexProgress], None] | None, encode: CollectionDocuments,
-                       plan: UpdatePlan, chunk_files: int, tally: IngestTally, started: float,
+                       plan: IngestWork, chunk_files: int, tally: IngestTally, started: float,
                        done: Callable[[], int]) -> Callable[[BatchTrace | None], None]:
     """A callback (after each batch and each committed chunk) sending `progress` the totals so far:
     the committed chunks' tally plus the batches of the chunk being embedded (`encode.in_flight`)."""

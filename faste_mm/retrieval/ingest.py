@@ -32,9 +32,10 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
-class UpdatePlan:
-    """todo: files to embed, in scan order; changed: uris among them that have old rows;
-    n_unchanged: files skipped; vanished: uris under a walked folder that are gone."""
+class IngestWork:
+    """The work a scan gives an index run (not a `faste-mm plan`): todo: files to embed, in scan
+    order; changed: uris among them that have old rows; n_unchanged: files skipped; vanished: uris
+    under a walked folder that are gone."""
 
     todo: tuple[ScannedFile, ...]
     changed: frozenset[str]
@@ -42,7 +43,7 @@ class UpdatePlan:
     vanished: tuple[str, ...]
 
 
-def plan_update(col: Collection, scan: Scan, retry_failed: bool = False) -> UpdatePlan:
+def ingest_work(col: Collection, scan: Scan, retry_failed: bool = False) -> IngestWork:
     """Compare a scan with the collection by (uri, size, mtime)."""
     files = scan.files()
     todo: set[str] = set()
@@ -64,7 +65,7 @@ def plan_update(col: Collection, scan: Scan, retry_failed: bool = False) -> Upda
     excluded = set(scan.excluded)
     vanished = {u for u in vanished if not is_under_any(u, excluded)}
     ordered = tuple(f for f in files if f.uri in todo)
-    return UpdatePlan(ordered, frozenset(changed), len(files) - len(ordered), tuple(sorted(vanished)))
+    return IngestWork(ordered, frozenset(changed), len(files) - len(ordered), tuple(sorted(vanished)))
 
 
 def record_missing(col: Collection, missing: Sequence[tuple[str, str]], tally: IngestTally) -> None:

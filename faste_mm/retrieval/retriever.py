@@ -44,7 +44,7 @@ from faste_mm.retrieval.indexing import index_collection
 from faste_mm.retrieval.maintenance import collection_path
 from faste_mm.retrieval.model_spec import ModelSpec, model_source
 from faste_mm.retrieval.library.ocr import OcrEngine
-from faste_mm.retrieval.ingest import plan_update
+from faste_mm.retrieval.ingest import ingest_work
 from faste_mm.retrieval.profile import QUERY_INSTRUCTION, CollectionProfile, existing_profile, read_profile
 from faste_mm.retrieval.setting import given_settings, keywords_of
 from faste_mm.retrieval.rerank_hits import load_collection_reranker
@@ -366,7 +366,7 @@ class Retriever:
         if self._existing() is None:
             return len(scan.files())
         with Collection.open(self.collection) as col:
-            return len(plan_update(col, scan, options.retry_failed).todo)
+            return len(ingest_work(col, scan, options.retry_failed).todo)
 
     # ---- adding and removing ---------------------------------------------------------------
     def add(self, items: Sequence[object], metadata: Sequence[Mapping[str, Any] | None] | None = None,

@@ -2,7 +2,7 @@
 with its kind (`faste_mm.kinds`) and stat; hidden, excluded and removed (`exclusions`) paths
 skipped, missing ones reported. Reads no file contents and loads no model code.
 
-Receives paths and a `ScanFilter`; hands a `Scan` to planning (`retrieval.ingest.plan_update`)
+Receives paths and a `ScanFilter`; hands a `Scan` to planning (`retrieval.ingest.ingest_work`)
 or the items of `document_items` to the embedder.
 """
 
