@@ -240,7 +240,8 @@ def test_pillows_bomb_warning_never_reaches_the_user(indexed):
     import sys
 
     root, _, _ = indexed
-    probe = ("import sys; from pathlib import Path; from faste_mm.model.items import Item, load_image\n"
+    probe = ("import sys; from pathlib import Path; from faste_mm.model.items import Item\n"
+             "from faste_mm.model.file_decoding import load_image\n"
              "try:\n    load_image(Item(image=Path(sys.argv[1])), 1_000_000)\n"
              "except Exception as e:\n    print(type(e).__name__, e)")
     out = subprocess.run([sys.executable, "-W", "default", "-c", probe, str(root / "bomb_real.png")],

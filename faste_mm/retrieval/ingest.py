@@ -18,7 +18,8 @@ from faste_mm.indexers import Collection, ItemRecord, content_hash
 from faste_mm.indexers.crash_points import crash_point
 from faste_mm.indexers.facts import issue_counts
 from faste_mm.kinds import KINDS, SUPPORTED_SUFFIXES
-from faste_mm.model.items import Item, count_pdf_pages
+from faste_mm.model.file_decoding import count_pdf_pages
+from faste_mm.model.items import Item
 from faste_mm.retrieval.decoders import document_input
 from faste_mm.retrieval.lexical import item_text, source_text
 from faste_mm.retrieval.ingest_tally import IndexFailure, IngestTally  # (importers find them here too)

@@ -18,7 +18,8 @@ from typing import Iterable, Sequence
 from faste_mm.errors import ConfigError, InputError
 from faste_mm.indexers import Collection, FileStat
 from faste_mm.kinds import KINDS, UNSUPPORTED, kind_name
-from faste_mm.model.items import Item, as_item, not_a_file_reason
+from faste_mm.model.file_decoding import not_a_file_reason
+from faste_mm.model.items import Item, as_item
 from faste_mm.retrieval.decoders import document_input
 
 log = logging.getLogger(__name__)

@@ -28,7 +28,8 @@ from faste_mm.errors import ConfigError, InputError
 from faste_mm.model.backbones.loading import DtypeChoice, choose_dtype, resolve_dtype
 from faste_mm.model.embedder import EmbedResult, Embedder
 from faste_mm.model.faste import FastEConfig
-from faste_mm.model.items import Item, as_item, count_pdf_pages, expand_items
+from faste_mm.model.file_decoding import count_pdf_pages
+from faste_mm.model.items import Item, as_item, expand_items
 from faste_mm.model.official import OFFICIAL_MAX_PIXELS, PIXEL_SWEEP
 from faste_mm.model.serialization import pixel_budget
 from faste_mm.retrieval.decoders import document_input

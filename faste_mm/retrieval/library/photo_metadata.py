@@ -108,7 +108,7 @@ def _valid_facts(facts: _Facts) -> ItemFacts:
 def _read_image(path: Path, facts: _Facts) -> None:
     from PIL import Image, IptcImagePlugin  # noqa: F401 (IptcImagePlugin: getiptcinfo)
 
-    from faste_mm.model.items import open_lazily, register_image_plugins
+    from faste_mm.model.file_decoding import open_lazily, register_image_plugins
 
     register_image_plugins()
     with open_lazily(str(path)) as image:  # headers only: no pixel is decoded (a huge JPEG's too)
