@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)  # compared (and cached) by identity: its tables are dicts
 class Language:
     """The patterns of one language (see the module docstring for the template placeholders).
 
@@ -124,7 +124,7 @@ ENGLISH = Language(
     ratings=(r"(?:rated|at least) (?P<n>[1-5])(?:\s*\+)?[\s-]?stars?", r"(?P<n>[1-5])(?:\s*\+)? stars(?: or more)?",
              r"(?P<stars>★{1,5})"),
     place_prepositions=frozenset({"in", "at", "from", "near", "around", "to"}),
-    fillers=frozenset({"of", "from", "in", "at", "the", "my", "all", "with", "taken", "and", "show", "me", "find"}),
+    fillers=frozenset({"of", "from", "in", "at", "the", "my", "all", "with", "taken", "and", "show", "me", "find", "about"}),
 )
 
 GERMAN = Language(
