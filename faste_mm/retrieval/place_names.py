@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import unicodedata
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
 from faste_mm.retrieval import places
 
@@ -46,6 +46,12 @@ class PlaceNames:
 
     def lookup(self, folded: str) -> tuple[tuple[str, str], ...]:
         return self.names.get(folded, ())
+
+
+def known_places(facts: Iterable[Any]) -> set[KnownPlace]:
+    """The distinct places of items' facts (`ItemFacts`, or None for an item without facts)."""
+    found = (KnownPlace(f.city, f.region, f.country, f.neighbourhood) for f in facts if f is not None)
+    return {place for place in found if place != KnownPlace()}
 
 
 def fold(text: str) -> str:

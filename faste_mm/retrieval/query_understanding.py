@@ -181,7 +181,7 @@ def _choose(candidates: list[UnderstoodPart]) -> tuple[UnderstoodPart, ...]:
     places = [p for p in chosen if p.kind == "place"]
     if len({p.where for p in places}) > 1:  # "Lisbon or Porto": conditions all hold, so neither is a filter
         chosen = [p for p in chosen if p.kind != "place"]
-    return tuple(sorted(chosen, key=lambda p: p.start))
+    return tuple(sorted((p for p in chosen if p.kind != "blocked"), key=lambda p: p.start))
 
 
 def _meaning(clean: str, parts: Sequence[UnderstoodPart]) -> str:
@@ -243,6 +243,8 @@ def _dates(clean, folded, today, places, languages) -> Iterable[UnderstoodPart]:
                 period = _date_action(action, match, lang, today)
                 if period is not None:
                     yield _date_part(clean, match, period, lang)
+                else:  # "between 2021 and 2019", "in 2031": no date, and no year inside it is one either
+                    yield UnderstoodPart("blocked", match[0], match.start(), match.end(), "")
 
 
 def _places(clean, folded, today, places, languages) -> Iterable[UnderstoodPart]:
@@ -332,8 +334,9 @@ def _kinds(clean, folded, today, places, languages) -> Iterable[UnderstoodPart]:
 # ---- compiled rules (once per language) ---------------------------------------------------------
 def _fold_template(template: str) -> str:
     """A pattern template matched against folded text: its words folded, its syntax kept (the
-    templates use no upper-case escapes such as \\S or \\D, which folding would change)."""
-    return fold(template).replace("(?p<", "(?P<")
+    templates use no upper-case escapes such as \\S or \\D, which folding would change), a space
+    standing for any run of white space."""
+    return fold(template).replace("(?p<", "(?P<").replace(" ", r"\s+")
 
 
 def _bounded(template: str, lang: Language) -> str:
