@@ -25,8 +25,7 @@ FIELDS: dict[str, tuple[str, str]] = {
     "description": ("text", "description"), "author": ("text", "author"), "city": ("text", "city"),
     "neighbourhood": ("text", "neighbourhood"),
     "region": ("text", "region"), "country": ("text", "country"),
-    "place": ("text", "ifnull(neighbourhood, '') || ', ' || ifnull(city, '') || ', ' || ifnull(region, '') || ', ' "
-                      "|| ifnull(country, '')"),
+    "place": ("text", "ifnull(city, '') || ', ' || ifnull(region, '') || ', ' || ifnull(country, '')"),
     "keyword": ("keyword", "keywords"),
 }
 # has:NAME -> the SQL condition of an item that has it ("date": a date read from the file, not its mtime)
