@@ -60,16 +60,28 @@ def _city_people_use(lat: float, lon: float, nearest: dict[str, Any]) -> str | N
         return None
     codes, lats, lons, people, names = table
     np = _numpy()
-    in_country = codes == nearest.get("country_code")
-    distance = _distance_km(np, lat, lon, lats, lons)
-    covers = in_country & (distance <= REACH_KM_PER_SQRT_PEOPLE * np.sqrt(people)) & (people > nearest.get("population", 0))
-    for index in np.flatnonzero(covers)[np.argsort(-people[covers])]:
+    country = _country_index().get(nearest.get("country_code"), ())  # one country's cities: 1-3,000
+    if len(country) == 0:
+        return None
+    distance = _distance_km(np, lat, lon, lats[country], lons[country])
+    covers = (distance <= REACH_KM_PER_SQRT_PEOPLE * np.sqrt(people[country])) & (people[country] > nearest.get("population", 0))
+    for index in country[covers][np.argsort(-people[country][covers])]:
         # Same region, named by the geocoder that named the photo's (one vocabulary); or the
         # nearest place's municipality (GeoNames admin2) is the candidate: Breña lies in the
         # province of Lima, which GeoNames files in "Lima region" and the city in "Lima Province".
         if _region_of(int(index)) == nearest.get("state") or nearest.get("county") == names[index]:
             return str(names[index])
     return None
+
+
+@functools.lru_cache(maxsize=1)
+def _country_index() -> dict[str, Any]:
+    """Country code -> the indices of its `cities()` entries."""
+    np = _numpy()
+    codes = cities()[0]
+    order = np.argsort(codes, kind="stable")
+    keys, starts = np.unique(codes[order], return_index=True)
+    return {str(k): part for k, part in zip(keys, np.split(order, starts[1:]))}
 
 
 @functools.lru_cache(maxsize=4096)
