@@ -75,6 +75,8 @@ def _print_table(report) -> None:
     for number, group in enumerate(report.groups, 1):
         for position, item in enumerate(group.items):
             size = f"{item.width}x{item.height}" if item.width else "-"
-            table.add_row(str(number) if position == 0 else "", group.kind if position == 0 else "",
+            # a member's own kind: a byte-identical copy is "exact" inside a near group too
+            kind = group.kind if position == 0 else item.match
+            table.add_row(str(number) if position == 0 else "", kind,
                           "keep" if position == 0 else "", markup_safe(_name(item)), size, f"{item.score:.4f}")
     stdout.print(table)

@@ -12,8 +12,8 @@ import typer
 from rich.table import Table
 
 from faste_mm.cli.common import fail, markup_safe, print_json, setup_logging, stderr, stdout, usage_error
-from faste_mm.cli.options import (DEFAULT_BATCH_TOKENS, BatchTokens, CollectionOption, Debug, Device, Dtype, Format,
-                                  OutputFormat, Unpadded)
+from faste_mm.cli.options import (DEFAULT_BATCH_TOKENS, BatchTokens, CollectionOption, Debug, Device, Dtype,
+                                  FollowLinks, Format, OutputFormat, Unpadded)
 from faste_mm.cli.setting_flags import GivenFlags, on_index, takes_settings
 from faste_mm.cli.progress import Progress
 from faste_mm.errors import FasteError
@@ -38,6 +38,7 @@ def index_command(
                                            "name in it, e.g. '*.gif', 'drafts/*'; repeatable."),
     include_hidden: bool = typer.Option(False, "--include-hidden", envvar="FASTE_MM_INCLUDE_HIDDEN",
                                         help="Also index files and folders whose name starts with '.'."),
+    follow_links: FollowLinks = False,
     index_type: Optional[str] = typer.Option(None, "--index-type", envvar="FASTE_MM_INDEX_TYPE",
                                              help="auto, or a FAISS factory string such as 'HNSW32' or "
                                                   "'IVF1024,Flat'. Default: the collection's (auto when new)."),
@@ -73,13 +74,15 @@ def index_command(
     from faste_mm.model.batching import BatchingConfig
     from faste_mm.retrieval.maintenance import collection_path
     from faste_mm.retrieval.results import IndexOptions
-    from faste_mm.retrieval.retriever import Retriever
+    from faste_mm.retrieval.retriever import Retriever, refuse_missing_paths
 
     setup_logging(debug)
     watch, pending = _IndexWatch(), None
     try:
+        refuse_missing_paths(paths)  # a mistyped folder: said before the model loads, nothing created
         root = collection_path(collection)
-        options = IndexOptions(exclude=tuple(exclude), include_hidden=include_hidden, reindex=reindex,
+        options = IndexOptions(exclude=tuple(exclude), include_hidden=include_hidden,
+                               follow_links=follow_links, reindex=reindex,
                                index_type=index_type, retry_failed=retry_failed, chunk_files=chunk_files,
                                chunk_pages=chunk_pages)
         executor = None
@@ -113,20 +116,29 @@ def index_command(
         _render_index_report(report)
     for failure in report.failures:
         stderr.print(f"[yellow]skipped[/yellow] {markup_safe(failure.error)}", highlight=False)
-    for text in retriever.kernel_choices():
-        stderr.print(text, highlight=False)
+    if report.links_skipped:
+        stderr.print(links_skipped_line(report.links_skipped), highlight=False)
+    runtime = retriever.describe_runtime()  # one line; the kernel choices are debug logs (--debug) and bench's
+    if runtime is not None:
+        stderr.print(runtime, highlight=False, markup=False)
+
+
+def links_skipped_line(n: int) -> str:
+    """What index and watch say about the file links they skipped (`IndexReport.links_skipped`)."""
+    return (f"[yellow]skipped {n} link{'s' if n != 1 else ''}[/yellow] that lead{'' if n != 1 else 's'} outside the indexed folders; "
+            f"--follow-links to include them")
 
 
 def _plan_settings(plan: str, root, model: Optional[str], given: dict, dtype: str) -> tuple[dict, str]:
     """--plan: the chosen row's collection settings (over the other settings given) and dtype,
     refused when other flags set them too or when the plan was measured with another model than
     this index uses."""
-    from faste_mm.retrieval.profile import DEFAULT_MODEL, existing_profile
+    from faste_mm.retrieval.profile import DEFAULT_MODEL, FAST_E_SETTINGS, existing_profile
     from faste_mm.tools.plan_report import load_plan
 
     report, row = load_plan(plan)
     chosen = report.settings(row)
-    if dtype != "auto" or set(given) & {*chosen, "r_max", "warmup_layer", "threshold", "trigger_layer"}:
+    if dtype != "auto" or set(given) & {*chosen, *FAST_E_SETTINGS}:
         usage_error("--plan sets the pixel budget, FastE (--r-max, --threshold, ...) and --dtype from the plan; "
                "give --plan or those flags")
     existing = existing_profile(root)
@@ -179,7 +191,8 @@ def _render_index_report(report) -> None:
     for name, value in (("collection", report.collection), ("files scanned", report.files_scanned), ("items embedded", report.embedded),
                         ("items reused (same content)", report.reused), ("files unchanged", report.unchanged),
                         ("files removed (vanished)", report.removed),
-                        ("files skipped (removed earlier)", report.excluded), ("items failed", report.failed),
+                        ("files skipped (removed earlier)", report.excluded),
+                        ("links skipped (lead outside)", report.links_skipped), ("items failed", report.failed),
                         ("prefix tokens removed", f"{report.prefix_removal:.1%}"),
                         ("images read (OCR)", f"{report.ocr_read} in {report.ocr_s:.1f} s"),
                         ("model s: vision tower / decoder", f"{report.tower_s:.1f} / {report.decoder_s:.1f} "

@@ -152,7 +152,7 @@ def search_command(
         reranked = any(hit.rerank_score is not None for hit in hits)
         similar = any(hit.similarity is not None for hit in hits)  # hybrid: the cosine beside the fused score
         # photos: the date taken (from the file, not its mtime) and the place, when some hit has one
-        dated = any(h.facts is not None and h.facts.taken_source not in (None, "mtime") for h in hits)
+        dated = any(h.facts is not None and h.facts.taken is not None for h in hits)
         placed = any(h.facts is not None and h.facts.place for h in hits)
         columns = (("rank", "right"), ("score", "right"), *((("similarity", "right"),) if similar else ()),
                    *((("rerank", "right"),) if reranked else ()),
@@ -171,9 +171,9 @@ def search_command(
 
 
 def _taken_cell(hit) -> str:
-    """The date taken as recorded (local time and offset), or "" (none, or only the file's mtime)."""
-    if hit.facts is None or hit.facts.taken_source in (None, "mtime"):
-        return ""
+    """The date taken as recorded (local time and offset), or "no date" (none in the file)."""
+    if hit.facts is None or hit.facts.taken is None:
+        return "no date"
     return hit.facts.taken_iso().replace("T", " ")
 
 

@@ -28,8 +28,11 @@ FIELDS: dict[str, tuple[str, str]] = {
     "place": ("text", "ifnull(city, '') || ', ' || ifnull(region, '') || ', ' || ifnull(country, '')"),
     "keyword": ("keyword", "keywords"),
 }
-# has:NAME -> the SQL condition of an item that has it ("date": a date read from the file, not its mtime)
-HAS = {"gps": "lat IS NOT NULL", "date": "taken_source IS NOT NULL AND taken_source != 'mtime'",
+# The SQL condition of a dated item: a date read from the file. Rows an earlier extractor wrote with
+# the file's mtime as the date (source "mtime") are undated, like rows without a date.
+DATED = "taken_source IS NOT NULL AND taken_source != 'mtime'"
+# has:NAME -> the SQL condition of an item that has it
+HAS = {"gps": "lat IS NOT NULL", "date": DATED,
        "keywords": "keywords != '[]'", "title": "title IS NOT NULL", "description": "description IS NOT NULL",
        "rating": "rating IS NOT NULL", "camera": "(make IS NOT NULL OR model IS NOT NULL)",
        "lens": "lens IS NOT NULL", "place": "country IS NOT NULL", "author": "author IS NOT NULL",
@@ -134,10 +137,11 @@ def _inner_sql(cond: FactCondition) -> tuple[str, list[Any]]:
     kind, expr = FIELDS[cond.field]
     value, op = _values(cond), cond.op
     if kind == "date":  # a period [start, end): >= start, > at end, < start, <= before end
-        start, end = value
-        return {"=": ("taken >= ? AND taken < ?", [start, end]), "!=": ("(taken < ? OR taken >= ?)", [start, end]),
-                ">=": ("taken >= ?", [start]), ">": ("taken >= ?", [end]), "<": ("taken < ?", [start]),
-                "<=": ("taken < ?", [end])}[op]
+        start, end = value  # an undated item meets no date condition (--since/--until leave it out)
+        sql, params = {"=": ("taken >= ? AND taken < ?", [start, end]), "!=": ("(taken < ? OR taken >= ?)", [start, end]),
+                       ">=": ("taken >= ?", [start]), ">": ("taken >= ?", [end]), "<": ("taken < ?", [start]),
+                       "<=": ("taken < ?", [end])}[op]
+        return f"{sql} AND {DATED}", params
     if kind == "number":
         return f"{expr} {'<>' if op == '!=' else op} ?", [value]
     if kind == "keyword":

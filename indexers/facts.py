@@ -18,8 +18,10 @@ from faste_mm.errors import InputError
 # (and of items stored before schema 7, which have no row) without re-embedding them.
 # 2: the city people use, with the neighbourhood beside it (retrieval/places.py).
 FACTS_VERSION = 2
-# Where `taken` came from; "mtime": no date in the file, its modification time stands in.
-TAKEN_SOURCES = ("exif", "xmp", "iptc", "pdf", "video", "mtime")
+# Where `taken` came from. A file without a date has none (`taken` None: undated); its mtime is
+# never a date taken. Rows an earlier extractor wrote with source "mtime" read back undated.
+TAKEN_SOURCES = ("exif", "xmp", "iptc", "pdf", "video")
+LEGACY_MTIME_SOURCE = "mtime"
 MAX_OFFSET_MIN = 18 * 60  # ISO 8601 / Python's timezone bound on a UTC offset
 MAX_TEXT_CHARS = 2_000  # a title/description longer than this is cut (a hostile file is not a novel)
 MAX_KEYWORDS = 200
@@ -31,7 +33,8 @@ class ItemFacts:
 
     taken: when it was taken/created, a UTC instant (seconds since the epoch); taken_offset_min:
         the local UTC offset recorded with it (minutes east of UTC; None: not recorded, `taken` was
-        read as UTC); taken_source: one of TAKEN_SOURCES ("mtime": the file's modification time).
+        read as UTC); taken_source: one of TAKEN_SOURCES. None: undated (no date in the file; the
+        file's mtime is not a date taken): left out of date filters, sorted last by date.
     make/model/lens: camera; lat/lon (degrees, WGS84) and alt (metres) from GPS; country/region/city:
         the place of (lat, lon) (offline reverse geocoding; city: the one people use, "Lisbon"),
         neighbourhood: the populated place inside that city nearest (lat, lon) ("Intendente");
@@ -116,8 +119,8 @@ class ItemFacts:
         return " ".join(p for p in parts if p)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON form (`--format json`, /search, the page): the fields known, plus `taken` as ISO 8601,
-        `taken_unix`, `camera` and `place`."""
+        """JSON form (`--format json`, /search, the page): the fields known, plus `taken` as ISO 8601
+        (null: undated), `taken_unix`, `camera` and `place`."""
         d: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
@@ -125,7 +128,7 @@ class ItemFacts:
                 d[f.name] = list(value) if isinstance(value, tuple) else value
         if self.taken is not None:
             d["taken_unix"] = d.pop("taken")
-            d["taken"] = self.taken_iso()
+        d["taken"] = self.taken_iso()
         for name in ("camera", "place"):
             if getattr(self, name):
                 d[name] = getattr(self, name)
@@ -163,6 +166,8 @@ def from_row(row: Sequence[Any]) -> ItemFacts:
     values: dict[str, Any] = dict(zip(COLUMNS, row))
     for name in _JSON_COLUMNS:
         values[name] = tuple(json.loads(values[name] or "[]"))
+    if values["taken_source"] == LEGACY_MTIME_SOURCE:  # a file's mtime, not a date taken: undated
+        values.update(taken=None, taken_offset_min=None, taken_source=None)
     return ItemFacts(**values)
 
 

@@ -143,9 +143,59 @@ def test_exact_copies_of_real_files_are_grouped_by_content_hash_with_the_largest
     by_uri = {i.uri: i for i in group.items}
     assert (by_uri[str(photos / "IMG_0001_small.jpg")].width, by_uri[str(photos / "IMG_0001_small.jpg")].height) == (320, 240)
     assert by_uri[str(original)].score == 1.0  # an exact copy of the keeper
+    # the byte-identical pair is labelled exact inside the near group, the others near
+    assert {Path(u).name: i.match for u, i in by_uri.items()} == {
+        "IMG_0001.jpg": "exact", "IMG_0001 (copy).jpg": "exact", "IMG_0001_small.jpg": "near",
+        "IMG_0001_q60.jpg": "near", "IMG_0001_crop.jpg": "near"}
     assert all(f.exists() for f in files)  # never deletes
     payload = json.loads(json.dumps(near.to_dict()))
     assert payload["n_groups"] == 1 and payload["n_redundant"] == 4
+    assert payload["groups"][0]["keeper_reason"].startswith("earliest file date (mtime; no date taken) (1970-01-01")
+    assert exact.to_dict()["groups"][0]["items"][1]["match"] == "exact"
+
+
+@pytest.mark.parametrize("uri, spare", [
+    ("/p/backup/zebras.jpg", True), ("/p/Backups/2023/zebras.jpg", True), ("/p/Photos (copy)/z.jpg", True),
+    ("/p/Copies/z.jpg", True), ("/p/duplicates_old/z.jpg", True), ("/p/BAK/z.jpg", True),
+    ("/p/photos/zebras.jpg", False), ("/p/photos/backup.jpg", False), ("/p/copyright/z.jpg", False),
+    ("/p/Old Town/z.jpg", False),
+])
+def test_spare_folders_are_named_like_a_backup_copy_or_duplicates(uri, spare):
+    from faste_mm.retrieval.duplicates import is_in_spare_folder
+
+    assert is_in_spare_folder(uri) is spare
+
+
+def test_the_keeper_of_an_identical_pair_is_the_copy_outside_a_backup_folder_and_says_why(tmp_path):
+    photos, backup = tmp_path / "my photos", tmp_path / "backup"
+    photos.mkdir(), backup.mkdir()
+    original = _photo(photos / "zebras.jpg")
+    shutil.copy(original, backup / "zebras.jpg")  # the shorter path: kept before, by path length
+    with Image.open(original) as image:
+        for i in range(4):  # a larger group of near copies, all smaller than the pair
+            image.resize((320 - 20 * i, 240 - 15 * i)).save(photos / f"zebras_{i}.jpg", quality=85)
+    files = sorted(p for p in tmp_path.rglob("*.jpg"))
+    assert len(str(backup / "zebras.jpg")) < len(str(original))
+    rng = np.random.default_rng(0)
+    centre = rng.normal(size=DIM)
+    x = np.array([centre + rng.normal(scale=0.02, size=DIM) for _ in files], dtype=np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    for f in files:
+        os.utime(f, (5000, 5000))  # one mtime: nothing but the folder tells the pair apart
+    records = [ItemRecord(uri=str(f), modality="image", mtime=f.stat().st_mtime, content_hash=content_hash(f))
+               for f in files]
+    with Collection.create(tmp_path / "c", Manifest(model_id="m", dim=DIM)) as col:
+        col.add(x, records)
+        [group] = find_duplicates(col, 0.95).groups
+        [pair] = find_duplicates(col, 1.0, near=False).groups
+    assert group.kind == "near" and len(group.items) == 6
+    assert group.keeper.uri == str(original) and pair.keeper.uri == str(original)
+    matches = {i.uri: i.match for i in group.items}
+    assert matches[str(original)] == matches[str(backup / "zebras.jpg")] == "exact"
+    assert sorted(matches.values()) == ["exact"] * 2 + ["near"] * 4
+    assert pair.keeper_reason == f"not in a backup, copy or duplicates folder (unlike {backup / 'zebras.jpg'})"
+    assert pair.to_dict()["keeper_reason"] == pair.keeper_reason
+    assert group.keeper_reason == f"not in a backup, copy or duplicates folder (unlike {backup / 'zebras.jpg'})"
 
 
 def test_the_keeper_has_the_largest_size_then_the_earliest_date_taken_read_from_exif_before_mtimes(tmp_path):
@@ -167,7 +217,7 @@ def test_the_keeper_has_the_largest_size_then_the_earliest_date_taken_read_from_
         path = make_photo(photos / name, seed=1, size=size, exif=exif_block(taken, "+00:00") if taken else None)
         os.utime(path, (mtime.timestamp(), mtime.timestamp()))
         stamp = path.stat().st_mtime
-        records.append(ItemRecord(uri=str(path), modality="image", mtime=stamp, facts=read_facts(path, "image", stamp)))
+        records.append(ItemRecord(uri=str(path), modality="image", mtime=stamp, facts=read_facts(path, "image")))
     rng = np.random.default_rng(0)
     groups = [0, 0, 1, 1]  # the first two files one photo, the last two another
     x = np.eye(DIM, dtype=np.float32)[groups] + rng.normal(scale=0.01, size=(4, DIM)).astype(np.float32)

@@ -19,6 +19,8 @@ from faste_mm.errors import InputError
 from faste_mm.indexers import Collection, ItemRecord, Manifest
 from faste_mm.retrieval.export import export_parquet
 
+from tests.helpers.bounds import HANG_S
+
 D = 24
 
 
@@ -65,7 +67,7 @@ def test_cli_export_writes_the_file_and_loads_no_torch(tmp_path):
             f"r = CliRunner().invoke(app, ['export', '-c', {str(tmp_path / 'c')!r}, '--out', {str(tmp_path / 'o.parquet')!r}]); "
             "assert r.exit_code == 0, r.output; print(r.stdout.strip()); "
             "assert 'torch' not in sys.modules and 'transformers' not in sys.modules")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_S)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == str(tmp_path / "o.parquet")
     assert pq.read_table(tmp_path / "o.parquet").num_rows > 0
@@ -140,3 +142,72 @@ def test_a_file_name_that_is_not_utf8_is_exported_losslessly_like_the_json_outpu
         assert json.loads(next(m for m in got["metadata"] if m))["from"] == name
         # the same text `--format json` output carries for that name
         assert escaped in json.dumps({"uri": name})
+
+
+# ---- the facts and the OCR text of photos (issue 46) ------------------------------------------
+@pytest.fixture(scope="module")
+def photo_export(tmp_path_factory):
+    """A real index (tiny model, real OCR) of a plate photo carrying EXIF (date, camera, GPS) and XMP
+    (keywords, rating), a photo without facts and a note, exported to Parquet and LanceDB."""
+    pytest.importorskip("rapidocr_onnxruntime", reason="needs the ocr extra: pip install 'faste-mm[ocr]'")
+    from PIL import Image
+
+    from faste_mm import BatchingConfig, Embedder, Retriever
+    from faste_mm.bench.library import plate_photo
+    from faste_mm.retrieval.export import export
+    from tests.helpers.inputs import tiny_vl_dir
+    from tests.helpers.photo_fixtures import exif_block, make_photo, xmp_packet
+
+    base = tmp_path_factory.mktemp("export-photos")
+    root = base / "photos"
+    root.mkdir()
+    plate_photo(base / "plain-car.jpg")
+    exif = exif_block("2024:05:01 14:03:00", "+01:00", "Google", "Pixel 8", gps=(38.7223, -9.1393, 12.5))
+    Image.open(base / "plain-car.jpg").save(root / "car.jpg", exif=exif,
+                                            xmp=xmp_packet("Parking", keywords=("car", "street"), rating=4))
+    make_photo(root / "plain.jpg", seed=3)
+    (root / "note.txt").write_text("a note about lunch\n")
+    embedder = Embedder.from_pretrained(str(tiny_vl_dir(base.parent)), device="cpu",
+                                        batching=BatchingConfig(batch_tokens=1 << 16))
+    Retriever(embedder, collection=base / "col", r_max=0.0, ocr=True).index([root])
+    export(base / "col", f"parquet:{base / 'out.parquet'}")
+    export(base / "col", f"lancedb:{base / 'db'}/photos")
+    return base
+
+
+def _by_name(rows) -> dict:
+    return {os.path.basename(row["uri"]): row for row in rows}
+
+
+def test_parquet_export_has_the_facts_as_typed_columns_and_the_ocr_text(photo_export):
+    from datetime import datetime, timezone
+
+    table = pq.read_table(photo_export / "out.parquet")
+    types = {name: table.schema.field(name).type for name in ("taken", "lat", "lon", "alt", "camera", "place",
+                                                             "keywords", "rating", "width", "taken_offset_min")}
+    assert types == {"taken": pa.timestamp("us", tz="UTC"), "lat": pa.float64(), "lon": pa.float64(),
+                     "alt": pa.float64(), "camera": pa.string(), "place": pa.string(),
+                     "keywords": pa.list_(pa.string()), "rating": pa.int32(), "width": pa.int32(),
+                     "taken_offset_min": pa.int32()}
+    rows = _by_name(table.drop(["vector"]).to_pylist())
+    car = rows["car.jpg"]
+    assert car["taken"] == datetime(2024, 5, 1, 13, 3, tzinfo=timezone.utc) and car["taken_offset_min"] == 60
+    assert (car["camera"], car["keywords"], car["rating"], car["title"]) == ("Google Pixel 8", ["car", "street"], 4,
+                                                                             "Parking")
+    assert car["lat"] == pytest.approx(38.7223, abs=1e-4) and car["lon"] == pytest.approx(-9.1393, abs=1e-4)
+    assert car["place"].endswith("Lisbon, Portugal") and car["taken_source"] == "exif"
+    assert "RE16 TGK" in car["text"]  # the text OCR read in the photo
+    plain = rows["plain.jpg"]
+    assert plain["taken"] is None and plain["camera"] is None and plain["width"] == 64
+    assert rows["note.txt"]["text"].startswith("a note about lunch")
+
+
+def test_lancedb_export_filters_on_the_typed_facts(photo_export):
+    import lancedb
+
+    table = lancedb.connect(str(photo_export / "db")).open_table("photos")
+    where = ("rating >= 4 AND array_has(keywords, 'car') AND lat > 38 AND camera LIKE '%Pixel%' "
+             "AND taken >= timestamp '2024-05-01 00:00:00' AND taken < timestamp '2024-05-02 00:00:00'")
+    found = table.search().where(where).to_arrow().to_pylist()
+    assert [os.path.basename(row["uri"]) for row in found] == ["car.jpg"]
+    assert "RE16 TGK" in found[0]["text"]

@@ -304,15 +304,15 @@ def test_huge_files_are_hashed_by_size_mtime_and_their_edges_and_small_ones_whol
     assert finished and isinstance(digest, str) and digest.startswith("edges:")
 
 
-def _store_scan(col_root: Path, folder: Path):
+def _store_scan(col_root: Path, folder: Path, follow_links: bool = False):
     """Plan a scan of `folder` against a model-free collection and store what it would add
     (random unit vectors stand in for embeddings): the bookkeeping `index` does."""
     from faste_mm.indexers import ItemRecord, Manifest
     from faste_mm.retrieval.ingest import IngestTally, plan_update, record_missing
-    from faste_mm.retrieval.scanning import scan_paths
+    from faste_mm.retrieval.scanning import ScanFilter, scan_paths
 
     with Collection.create(col_root, Manifest(model_id="m", dim=4), exist_ok=True) as col:
-        scan = scan_paths([folder])
+        scan = scan_paths([folder], ScanFilter(follow_links=follow_links))
         plan = plan_update(col, scan)
         col.delete_uris(plan.vanished)  # as Retriever.index does
         record_missing(col, scan.missing, IngestTally())
@@ -323,19 +323,44 @@ def _store_scan(col_root: Path, folder: Path):
         return scan, plan, sorted(col.live_uris())
 
 
-def test_items_of_a_link_to_a_file_outside_the_folder_vanish_with_the_link(tmp_path):
+def test_items_of_a_followed_link_to_a_file_outside_the_folder_vanish_with_the_link(tmp_path):
     folder, outside = tmp_path / "photos", tmp_path / "elsewhere"
     folder.mkdir(), outside.mkdir()
     noise_image(outside / "secret.png", (16, 16), 1)
     noise_image(folder / "own.png", (16, 16), 2)
     (folder / "link.png").symlink_to(outside / "secret.png")
     (folder / "inner.png").symlink_to(folder / "own.png")  # a link inside the folder: its target's item
-    _, _, live = _store_scan(tmp_path / "col", folder)
+    _, _, live = _store_scan(tmp_path / "col", folder, follow_links=True)
     assert live == sorted([str(folder / "own.png"), str(folder / "link.png")])
     (folder / "link.png").unlink()
-    _, plan, live = _store_scan(tmp_path / "col", folder)
+    _, plan, live = _store_scan(tmp_path / "col", folder, follow_links=True)
     assert plan.vanished == (str(folder / "link.png"),) and live == [str(folder / "own.png")]
     assert (outside / "secret.png").exists()
+
+
+def test_a_link_leading_outside_the_walked_folders_is_skipped_counted_and_its_old_items_removed(tmp_path):
+    from faste_mm.retrieval.scanning import scan_paths
+
+    folder, other, outside = tmp_path / "photos", tmp_path / "notes", tmp_path / "elsewhere"
+    folder.mkdir(), other.mkdir(), outside.mkdir()
+    noise_image(outside / "secret.png", (16, 16), 1)
+    noise_image(folder / "own.png", (16, 16), 2)
+    (other / "note.txt").write_text("a note")
+    (folder / "link.png").symlink_to(outside / "secret.png")
+    (folder / "chain.png").symlink_to(folder / "link.png")  # a link to a link that leads outside
+    (folder / "inner.png").symlink_to(folder / "own.png")  # inside the folder: its target's item
+    (folder / "across.txt").symlink_to(other / "note.txt")  # into another folder of the same scan
+    scan = scan_paths([folder, other])
+    assert {f.uri for f in scan.files()} == {str(folder / "own.png"), str(folder / "across.txt"), str(other / "note.txt")}
+    assert scan.outside_links == (str(folder / "chain.png"), str(folder / "link.png"))
+    assert not scan.missing
+    alone = scan_paths([folder])  # the note's folder not indexed this time: its link leads outside too
+    assert str(folder / "across.txt") in alone.outside_links
+    # a collection that once followed the link (an older faste-mm) drops its items at the next scan
+    _store_scan(tmp_path / "col", folder, follow_links=True)
+    _, plan, live = _store_scan(tmp_path / "col", folder)
+    assert str(folder / "link.png") in plan.vanished and str(folder / "link.png") not in live
+    assert all(not uri.startswith(str(outside)) for uri in live)
 
 
 def test_links_into_proc_sys_or_dev_are_never_read(tmp_path):

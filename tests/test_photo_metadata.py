@@ -36,7 +36,7 @@ def beach_photo(path: Path, seed: int = 0) -> Path:
 
 
 def test_a_camera_jpeg_gives_every_field_with_the_date_as_a_utc_instant_and_its_offset(tmp_path):
-    facts = read_facts(beach_photo(tmp_path / "a.jpg"), "image", mtime=5.0)
+    facts = read_facts(beach_photo(tmp_path / "a.jpg"), "image")
     # 14:03 at UTC+01:00 is 13:03 UTC
     assert facts.taken == datetime(2024, 5, 1, 13, 3, tzinfo=timezone.utc).timestamp()
     assert (facts.taken_offset_min, facts.taken_source) == (60, "exif")
@@ -54,16 +54,17 @@ def test_a_camera_jpeg_gives_every_field_with_the_date_as_a_utc_instant_and_its_
     assert d["taken"] == "2024-05-01T14:03:00+01:00" and d["place"].endswith("Lisbon, Portugal")
 
 
-def test_without_a_date_in_the_file_the_mtime_stands_in_and_says_so(tmp_path):
+def test_without_a_date_in_the_file_the_photo_is_undated_whatever_its_mtime(tmp_path):
     path = make_photo(tmp_path / "plain.jpg")
-    facts = read_facts(path, "image", mtime=1_700_000_000.0)
-    assert (facts.taken, facts.taken_source, facts.taken_offset_min) == (1_700_000_000.0, "mtime", None)
-    assert facts.taken_iso() == "2023-11-14T22:13:20Z"
+    os.utime(path, (1_700_000_000, 1_700_000_000))
+    facts = read_facts(path, "image")
+    assert (facts.taken, facts.taken_source, facts.taken_offset_min) == (None, None, None)
+    assert facts.taken_iso() is None and facts.to_dict()["taken"] is None
 
 
 def test_iptc_alone_gives_title_caption_and_keywords(tmp_path):
     facts = read_facts(make_photo(tmp_path / "i.jpg", iptc=iptc_segment("Praia", "Na praia", ("mar", "areia"))),
-                       "image", 1.0)
+                       "image")
     assert (facts.title, facts.description, facts.keywords) == ("Praia", "Na praia", ("mar", "areia"))
 
 
@@ -92,10 +93,86 @@ def _big_xmp_png(path: Path) -> Path:
 ])
 def test_hostile_metadata_leaves_the_field_empty_and_names_the_reason(tmp_path, make, empty, issue):
     path = make(tmp_path / "bad.jpg")
-    facts = read_facts(path, "image", mtime=1_000.0)
+    facts = read_facts(path, "image")
     assert getattr(facts, empty) in (None, ())
     assert issue in facts.issues
-    assert facts.taken_source == "mtime" and facts.width is not None  # the rest of the file still read
+    assert facts.width is not None  # the rest of the file still read
+
+
+def _xmp_dated(stamp: str) -> bytes:
+    return (f'<x:xmpmeta xmlns:x="adobe:ns:meta/"><rdf:RDF xmlns:rdf="http://www.w3.org/1999/02/22-rdf-syntax-ns#">'
+            f'<rdf:Description xmlns:exif="http://ns.adobe.com/exif/1.0/" xmlns:dc="http://purl.org/dc/elements/1.1/" '
+            f'exif:DateTimeOriginal="{stamp}"><dc:subject><rdf:Bag><rdf:li>harbour</rdf:li></rdf:Bag></dc:subject>'
+            f'</rdf:Description></rdf:RDF></x:xmpmeta>').encode()
+
+
+def _pdf_dated(path: Path, stamp: str) -> Path:
+    from pypdf import PdfWriter
+
+    writer = PdfWriter()
+    writer.add_blank_page(100, 100)
+    writer.add_metadata({"/Title": "Receipt", "/CreationDate": stamp})
+    with open(path, "wb") as f:
+        writer.write(f)
+    return path
+
+
+NOON_UTC = datetime(2024, 5, 1, 12, 0, tzinfo=timezone.utc).timestamp()
+
+
+@pytest.mark.parametrize("make, kind, taken, issue", [
+    # offsets beyond +-18 h: the offset is emptied, the time read as UTC (as one recorded without one)
+    (lambda p: make_photo(p, xmp=_xmp_dated("2024-05-01T12:00:00+23:59")), "image", NOON_UTC, "xmp date offset out of range"),
+    (lambda p: make_photo(p, xmp=_xmp_dated("2024-05-01T12:00:00-25:00")), "image", NOON_UTC, "xmp date offset out of range"),
+    (lambda p: make_photo(p, exif=exif_block("2024:05:01 12:00:00", "+23:59")), "image", NOON_UTC,
+     "exif date offset out of range"),
+    (lambda p: _pdf_dated(p.with_suffix(".pdf"), "D:20240501120000+23'59'"), "pdf", NOON_UTC, "pdf date offset out of range"),
+    # dates out of range or impossible: the date is emptied
+    (lambda p: make_photo(p, xmp=_xmp_dated("0001-01-01T00:00:00+18:00")), "image", None, "xmp date out of range"),
+    (lambda p: make_photo(p, xmp=_xmp_dated("2024-02-30T10:00:00")), "image", None, "xmp date unreadable"),
+    (lambda p: make_photo(p, exif=exif_block("2024:13:45 10:00:00")), "image", None, "exif date unreadable"),
+    (lambda p: _pdf_dated(p.with_suffix(".pdf"), "D:20241345"), "pdf", None, "pdf date unreadable"),
+])
+def test_a_bad_date_or_offset_empties_that_field_never_the_file(tmp_path, make, kind, taken, issue):
+    facts = read_facts(make(tmp_path / "bad.jpg"), kind)
+    assert facts.taken == taken and facts.taken_offset_min is None and issue in facts.issues
+    if kind == "image" and "xmp" in issue:
+        assert facts.keywords == ("harbour",)  # the packet's other fields still read
+    assert facts.width is not None or kind == "pdf"
+
+
+@pytest.mark.parametrize("raw_gps, lat, issue", [
+    ({1: "N", 2: (TiffImagePlugin.IFDRational(10, 1), TiffImagePlugin.IFDRational(30, 1)), 3: "E", 4: (1.0, 0.0, 0.0)},
+     None, "gps out of range"),  # two values where three belong
+    ({1: "N", 2: (10.0, 0.0, 0.0), 3: "E", 4: (1.0, 0.0, 0.0), 6: TiffImagePlugin.IFDRational(5, 0)}, 10.0,
+     "gps altitude out of range"),  # a zero denominator costs the altitude, not the position
+    ({1: "N", 2: (10.0, 0.0, 0.0), 3: "E", 4: (1.0, 0.0, 0.0), 6: TiffImagePlugin.IFDRational(10**9, 1)}, 10.0,
+     "gps altitude out of range"),
+])
+def test_odd_gps_rationals_empty_the_position_or_the_altitude_only(tmp_path, raw_gps, lat, issue):
+    facts = read_facts(make_photo(tmp_path / "g.jpg", exif=exif_block("2024:05:01 12:00:00", raw_gps=raw_gps)), "image")
+    assert facts.lat == (None if lat is None else pytest.approx(lat)) and facts.alt is None and issue in facts.issues
+    assert facts.taken == NOON_UTC  # the rest of the file still read
+
+
+def test_a_value_no_reader_checked_empties_its_own_field_with_an_issue():
+    from faste_mm.retrieval.photo_metadata import _Facts, _valid_facts
+
+    facts = _Facts()
+    facts.fields.update(taken=NOON_UTC, taken_offset_min=60 * 30, taken_source="xmp", rating=4, lat=1.0, lon=2.0)
+    valid = _valid_facts(facts)
+    assert (valid.taken, valid.rating, valid.lat) == (None, 4, 1.0) and "taken out of range" in valid.issues
+
+
+def test_index_keeps_a_photo_whose_xmp_offset_is_beyond_18_hours(tmp_path, embedder):
+    (tmp_path / "photos").mkdir()
+    make_photo(tmp_path / "photos" / "harbour.jpg", xmp=_xmp_dated("2024-05-01T12:00:00+23:59"))
+    retriever = Retriever(embedder, collection=tmp_path / "col", r_max=0.0)
+    report = retriever.index([tmp_path / "photos"])
+    assert (report.embedded, report.failed) == (1, 0)
+    assert report.metadata_issues == {"xmp date offset out of range": 1}
+    hit = retriever.search("harbour", k=1, mode="lexical")[0]
+    assert hit.facts.keywords == ("harbour",) and hit.facts.taken == NOON_UTC
 
 
 def test_a_pdf_gives_title_author_and_creation_date(tmp_path):
@@ -107,7 +184,7 @@ def test_a_pdf_gives_title_author_and_creation_date(tmp_path):
                          "/CreationDate": "D:20240315093000+02'00'"})
     with open(tmp_path / "inv.pdf", "wb") as f:
         writer.write(f)
-    facts = read_facts(tmp_path / "inv.pdf", "pdf", 1.0)
+    facts = read_facts(tmp_path / "inv.pdf", "pdf")
     assert (facts.title, facts.author, facts.taken_source, facts.taken_offset_min) == (
         "Invoice 2024-001", "Acme GmbH", "pdf", 120)
     assert facts.taken == datetime(2024, 3, 15, 7, 30, tzinfo=timezone.utc).timestamp()
@@ -123,7 +200,7 @@ def test_a_video_gives_creation_time_and_duration(tmp_path):
             frame = av.VideoFrame.from_ndarray(np.full((32, 32, 3), i * 10, dtype=np.uint8), format="rgb24")
             out.mux(stream.encode(frame))
         out.mux(stream.encode())
-    facts = read_facts(path, "video", 1.0)
+    facts = read_facts(path, "video")
     assert facts.taken == datetime(2023, 7, 4, 18, 30, tzinfo=timezone.utc).timestamp()
     assert (facts.taken_source, facts.taken_offset_min) == ("video", 0)
     assert facts.duration_s == pytest.approx(2.0, abs=0.2)
@@ -131,8 +208,8 @@ def test_a_video_gives_creation_time_and_duration(tmp_path):
 
 def test_an_unreadable_file_gives_an_issue_never_an_exception(tmp_path):
     (tmp_path / "x.jpg").write_bytes(b"not a jpeg")
-    facts = read_facts(tmp_path / "x.jpg", "image", 3.0)
-    assert facts.issues == ("image metadata unreadable",) and facts.taken_source == "mtime"
+    facts = read_facts(tmp_path / "x.jpg", "image")
+    assert facts.issues == ("image metadata unreadable",) and facts.taken is None
 
 
 def test_facts_refuse_impossible_values_when_built_by_hand():
@@ -201,16 +278,19 @@ def test_a_rescan_of_an_older_collection_fills_the_facts_without_embedding(tmp_p
         records = {Path(r.uri).name: r for r in col.get(sorted(col.live_ids(range(100))))}
         found = col.find(2, texts=["lisbon"], mode="lexical")
     assert after == before  # vectors byte-identical
-    assert records["beach.jpg"].facts.region == "Lisbon" and records["plain.jpg"].facts.taken_source == "mtime"
+    assert records["beach.jpg"].facts.region == "Lisbon" and records["plain.jpg"].facts.taken is None
     assert [Path(found.records[int(i)].uri).name for i in found.ids[0] if i >= 0] == ["beach.jpg"]
     again = Retriever(embedder, collection=col_dir, r_max=0.0).index([root])
     assert again.facts_filled == 0  # filled once
 
 
-def test_an_old_mtime_is_kept_as_the_date_of_a_file_without_one(tmp_path):
-    path = make_photo(tmp_path / "p.jpg")
-    os.utime(path, (1_500_000_000, 1_500_000_000))
-    assert read_facts(path, "image", os.stat(path).st_mtime).taken == 1_500_000_000
+def test_a_row_an_older_faste_mm_dated_by_the_files_mtime_reads_back_undated():
+    from faste_mm.indexers.facts import COLUMNS, from_row, to_row
+
+    row = list(to_row(1, ItemFacts(taken=1_500_000_000.0, taken_source="exif", width=4)))[2:]
+    row[COLUMNS.index("taken_source")] = "mtime"  # as written before undated files stayed undated
+    facts = from_row(row)
+    assert (facts.taken, facts.taken_source, facts.width) == (None, None, 4)
 
 
 def test_info_counts_the_facts_and_the_cli_shows_them(indexed):

@@ -37,8 +37,9 @@ def _facts(i: int) -> ItemFacts:
     make, model = CAMERAS[i % 4]
     region, country = PLACES[i % 3]
     has_gps = region is not None
-    return ItemFacts(taken=_ts(2020 + i % 6, 1 + (i // 6) % 12, 1 + i % 28) + 3600 * (i % 24),
-                     taken_source="mtime" if i % 7 == 0 else "exif", make=make, model=model,
+    undated = i % 7 == 0  # no date in the file
+    return ItemFacts(taken=None if undated else _ts(2020 + i % 6, 1 + (i // 6) % 12, 1 + i % 28) + 3600 * (i % 24),
+                     taken_source=None if undated else "exif", make=make, model=model,
                      lat=38.7 if has_gps else None, lon=-9.1 if has_gps else None, region=region, country=country,
                      rating=i % 6 - 1, keywords=("beach",) if i % 5 == 0 else ())
 
@@ -57,11 +58,12 @@ def col(tmp_path_factory):
 
 
 REFERENCE = {  # the same conditions, in Python over ItemFacts
-    "taken>=2024-05-01": lambda f: f.taken >= _ts(2024, 5, 1),
-    "taken<2022": lambda f: f.taken < _ts(2022),
-    "taken=2023-03": lambda f: _ts(2023, 3) <= f.taken < _ts(2023, 4),
-    "taken<=2021": lambda f: f.taken < _ts(2022),
-    "taken>2024": lambda f: f.taken >= _ts(2025),
+    "taken>=2024-05-01": lambda f: f.taken is not None and f.taken >= _ts(2024, 5, 1),
+    "taken<2022": lambda f: f.taken is not None and f.taken < _ts(2022),
+    "taken=2023-03": lambda f: f.taken is not None and _ts(2023, 3) <= f.taken < _ts(2023, 4),
+    "taken!=2023-03": lambda f: f.taken is not None and not _ts(2023, 3) <= f.taken < _ts(2023, 4),
+    "taken<=2021": lambda f: f.taken is not None and f.taken < _ts(2022),
+    "taken>2024": lambda f: f.taken is not None and f.taken >= _ts(2025),
     "camera~pixel": lambda f: "pixel" in (f.camera or "").lower(),
     "camera~CANON": lambda f: "canon" in (f.camera or "").lower(),
     "rating>=4": lambda f: f.rating is not None and f.rating >= 4,
@@ -70,7 +72,7 @@ REFERENCE = {  # the same conditions, in Python over ItemFacts
     "country=japan": lambda f: (f.country or "").lower() == "japan",
     "keyword=Beach": lambda f: "beach" in f.keywords,
     "has:gps": lambda f: f.has_gps,
-    "has:date": lambda f: f.taken_source not in (None, "mtime"),
+    "has:date": lambda f: f.taken is not None,
 }
 
 
@@ -83,13 +85,15 @@ def test_each_condition_matches_exactly_the_items_a_python_reference_picks(col, 
 
 def test_conditions_combine_with_and_and_with_metadata_kind_and_path(col):
     both = SearchFilter(facts=("taken>=2023", "camera~pixel"), types=("image",), path="/photos/*")
-    want = [i for i in range(300) if REFERENCE["camera~pixel"](_facts(i)) and _facts(i).taken >= _ts(2023)]
+    want = [i for i in range(300) if REFERENCE["camera~pixel"](_facts(i)) and (_facts(i).taken or 0) >= _ts(2023)]
     assert col._store.filtered_ids(both).tolist() == want
 
 
 def test_a_date_range_reads_the_index_on_taken_and_searches_only_its_matches(col, monkeypatch):
-    plan = col._store.db.execute("EXPLAIN QUERY PLAN SELECT id FROM item_facts WHERE taken >= ? AND taken < ?",
-                                 (_ts(2023, 3), _ts(2023, 4))).fetchall()
+    from faste_mm.indexers.fact_filters import _inner_sql, parse_fact_condition
+
+    inner, params = _inner_sql(parse_fact_condition("taken=2023-03"))  # the condition as searches write it
+    plan = col._store.db.execute(f"EXPLAIN QUERY PLAN SELECT id FROM item_facts WHERE {inner}", params).fetchall()
     assert any("item_facts_taken" in row[-1] for row in plan), plan
     matches = col._store.filtered_ids(SearchFilter(facts=("taken=2023-03",)))
     scored: list[np.ndarray] = []
@@ -151,6 +155,66 @@ def photos(tmp_path_factory):
 
 def _names(hits):
     return [Path(h.uri).name for h in hits]
+
+
+def test_a_row_dated_by_its_files_mtime_by_an_older_faste_mm_is_undated_for_filters_and_hits(tmp_path):
+    vectors = np.eye(2, D, dtype=np.float32)
+    with Collection.create(tmp_path / "c", Manifest(model_id="m", dim=D)) as col:
+        col.add(vectors, [ItemRecord(uri="/p/dated.jpg", modality="image", facts=ItemFacts(taken=_ts(2024), taken_source="exif")),
+                          ItemRecord(uri="/p/copied.jpg", modality="image", facts=ItemFacts(taken=_ts(2024), taken_source="exif"))])
+        col._store.db.execute("UPDATE item_facts SET taken_source = 'mtime' WHERE id = 1")  # as written before
+        col._store.db.commit()
+    with Collection.open(tmp_path / "c") as col:
+        for condition in ("taken>=2023", "taken=2024", "taken!=2020", "has:date"):
+            assert col._store.filtered_ids(SearchFilter(facts=(condition,))).tolist() == [0], condition
+        assert col.get([1])[0].facts.taken is None and col.get([1])[0].facts.to_dict()["taken"] is None
+
+
+@pytest.fixture(scope="module")
+def undated(photos, tmp_path_factory):
+    """The dated photos of `photos` and two without a date in the file (their mtimes today)."""
+    root = tmp_path_factory.mktemp("undated")
+    for i, taken in enumerate(DATES):
+        make_photo(root / f"p{i}.jpg", seed=10 + i, exif=exif_block(taken, "+00:00"))
+    make_photo(root / "u0.jpg", seed=20)
+    make_photo(root / "u1.jpg", seed=21)
+    retriever = Retriever(photos.embedder, collection=root.parent / (root.name + "-col"), r_max=0.0)
+    retriever.index([root])
+    return retriever
+
+
+def test_undated_photos_are_left_out_of_date_filters_and_sorted_last_both_ways(undated):
+    assert sorted(_names(undated.search("a photo", k=6, since="2000"))) == ["p0.jpg", "p1.jpg", "p2.jpg", "p3.jpg"]
+    assert sorted(_names(undated.search("a photo", k=6, until="2100"))) == ["p0.jpg", "p1.jpg", "p2.jpg", "p3.jpg"]
+    oldest, newest = undated.search("a photo", k=6, sort="date"), undated.search("a photo", k=6, sort="-date")
+    assert _names(oldest)[:4] == ["p0.jpg", "p1.jpg", "p2.jpg", "p3.jpg"] and set(_names(oldest)[4:]) == {"u0.jpg", "u1.jpg"}
+    assert _names(newest)[:4] == ["p3.jpg", "p2.jpg", "p1.jpg", "p0.jpg"] and set(_names(newest)[4:]) == {"u0.jpg", "u1.jpg"}
+    assert all(h.to_dict()["facts"]["taken"] is None for h in newest[4:])
+    table = runner.invoke(app, ["search", "a photo", "-c", str(undated.collection), "--no-server", "--sort", "-date"])
+    assert table.exit_code == 0
+    assert table.stdout.count("no date") == 2, table.stdout  # the two undated rows
+    listed = json.loads(runner.invoke(app, ["search", "a photo", "-c", str(undated.collection), "--no-server",
+                                            "--sort", "date", "--format", "json"]).stdout)
+    assert [h["facts"]["taken"] is None for h in listed["hits"]] == [False] * 4 + [True] * 2
+
+
+def test_mcp_search_shows_undated_photos_as_no_date(undated):
+    pytest.importorskip("mcp", reason="needs the mcp extra")
+    from faste_mm.serving import ServeConfig, ServeEngine
+    from faste_mm.serving.mcp_paths import IndexRoots
+    from faste_mm.serving.mcp_tools import EngineSlot, McpTools, SearchArgs
+
+    engine = ServeEngine(undated.embedder, Retriever(undated.embedder, collection=undated.collection),
+                         ServeConfig()).start()
+    try:
+        answer = McpTools(undated.collection, EngineSlot(engine=engine), IndexRoots()).search(
+            SearchArgs(query="a photo", k=6, rerank=False, thumbnails=False))
+    finally:
+        engine.close()
+    taken = {h.name: h.taken for h in answer.result.hits}
+    assert taken["u0.jpg"] is None and taken["p3.jpg"] == "2024-12-24T20:00:00+00:00"
+    lines = {line.split()[1].rsplit("/", 1)[-1]: line for line in answer.summary.splitlines()[1:]}
+    assert lines["u0.jpg"].endswith("no date") and lines["p3.jpg"].endswith("2024-12-24")
 
 
 def test_since_until_sort_and_where_strings_in_the_python_api(photos):

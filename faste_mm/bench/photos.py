@@ -107,8 +107,8 @@ def write_photos(folder: Path, n: int, size: tuple[int, int] = (4032, 3024), see
 def metadata_contenders(paths: list[Path]) -> dict[str, Callable[[], Any]]:
     """Per photo: its facts read (EXIF, XMP, IPTC, place), against its sha256 (every scan reads the
     whole file for it), each over all `paths` per call."""
-    read_facts(paths[0], "image", 0.0)  # the place table loads once per process (about a second), not per photo
-    return {"facts": lambda: [read_facts(p, "image", 0.0) for p in paths],
+    read_facts(paths[0], "image")  # the place table loads once per process (about a second), not per photo
+    return {"facts": lambda: [read_facts(p, "image") for p in paths],
             "sha256": lambda: [content_hash(p) for p in paths]}
 
 

@@ -385,6 +385,11 @@ class Embedder:
             kernels=self.kernel_choices(),
         )
 
+    def describe_runtime(self) -> str:
+        """The dtype and the machine plan's threads in one line, e.g. "float32; threads: torch 2, ..."
+        (what a command says once; the kernel choices are in `kernel_choices` and the debug log)."""
+        return f"{self.loaded.dtype_choice.name}; {self.machine.describe()}"
+
     def kernel_choices(self) -> list[str]:
         """The machine plan's threads and batch budget, then the CPU kernel choices settled so
         far (`kernel_choice.KernelTrials`), in words."""

@@ -18,7 +18,7 @@ import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Iterable, Union
+from typing import BinaryIO, Iterable, Union
 
 from PIL import Image, UnidentifiedImageError
 
@@ -281,7 +281,7 @@ def _open_image(source: Path | OpenedFile, unreadable: str):
     _check_file(source)
     register_image_plugins()
     try:
-        with Image.open(decoder_input(source)) as opened:
+        with open_lazily(decoder_input(source)) as opened:
             yield opened
     except UnidentifiedImageError:
         missing = missing_plugin(path)
@@ -293,6 +293,33 @@ def _open_image(source: Path | OpenedFile, unreadable: str):
                          f"(the model sees at most max_pixels anyway)") from None
     except OSError as error:
         raise InputError(f"{path}: {unreadable} ({error}); re-export the file") from None
+
+
+def open_lazily(given: str | BinaryIO) -> Image.Image:
+    """PIL's lazy open of `given` (a path string or a binary reader): the header read, no pixel
+    decoded. A JPEG past Pillow's decompression-bomb limit (179 MP) is opened by its JPEG plugin
+    directly rather than refused, for `_decodable` to set its reduced scale (the DCT decodes it at
+    1/2, 1/4 or 1/8 without ever holding the full size; docs/photos.md: JPEGs over 67 MP are decoded
+    at reduced scale); any other format past the limit stays refused from its header
+    (Image.DecompressionBombError)."""
+    try:
+        return Image.open(given)
+    except Image.DecompressionBombError:
+        if isinstance(given, str):
+            with open(given, "rb") as f:
+                is_jpeg = f.read(3) == _JPEG_MAGIC
+        else:
+            given.seek(0)
+            is_jpeg = given.read(3) == _JPEG_MAGIC
+            given.seek(0)
+        if not is_jpeg:
+            raise
+        from PIL import JpegImagePlugin
+
+        return JpegImagePlugin.JpegImageFile(given)
+
+
+_JPEG_MAGIC = b"\xff\xd8\xff"  # SOI and the next marker's first byte
 
 
 def not_a_file_reason(path: Path) -> str | None:

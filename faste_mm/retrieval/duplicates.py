@@ -2,8 +2,9 @@
 re-encoded, slightly cropped copies, burst shots) whose stored vectors score at least a threshold,
 found by comparing every pair's sketch and scoring the close pairs exactly (`near_pairs`: 100k
 items in seconds, where a range search of the collection's index walked its graph once an item),
-joined into connected components, each with a suggested keeper (largest resolution, then the
-earliest date taken, then the shortest path). Receives an open `Collection`; hands back a
+joined into connected components, each with a suggested keeper (largest resolution, then a copy
+outside a backup/copy/duplicates folder, then the earliest date, then the shortest path) and why it
+was kept; byte-identical copies are labelled "exact" inside any group. Receives an open `Collection`; hands back a
 `DuplicateReport`. Reads only: it never deletes, moves or changes a file or an item.
 """
 
@@ -12,8 +13,10 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -30,6 +33,11 @@ log = logging.getLogger(__name__)
 DEFAULT_THRESHOLD = 0.95
 # Live items read (records and vectors) at a time while sketching: bounded memory whatever the size.
 READ_CHUNK_ROWS = 4096
+# Words in a folder's name (any folder of the path, case-insensitive, split at anything not a letter
+# or digit: "Backups", "Photos (copy)", "duplicates_2023") that mark it as holding spare copies: of
+# identical copies, the keeper is one outside such folders. Kept small on purpose ("old" is left out:
+# "Old Town" is a place, not a backup).
+SPARE_FOLDER_WORDS = frozenset({"backup", "backups", "bak", "copy", "copies", "duplicate", "duplicates"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +45,9 @@ class DuplicateItem:
     """One member of a group: the item, its pixel size (None when unknown: not an image, or its
     header is unreadable), its date (seconds since the epoch; `date_source` says from what: "exif",
     "xmp", "iptc", "pdf", "video" for the date taken its file records, "mtime" for the file's
-    modification time) and its cosine to the group's keeper (1.0 for the keeper and exact copies)."""
+    modification time), its cosine to the group's keeper (1.0 for the keeper and exact copies),
+    `match`: "exact" when another member has the same bytes (content hash and page), else "near",
+    and `in_spare_folder`: a folder of its path is named like a backup (SPARE_FOLDER_WORDS)."""
 
     id: int
     uri: str
@@ -48,6 +58,8 @@ class DuplicateItem:
     date: float | None
     date_source: str | None
     score: float
+    match: str = "near"
+    in_spare_folder: bool = False
 
     @property
     def pixels(self) -> int:
@@ -60,18 +72,21 @@ class DuplicateItem:
 @dataclass(frozen=True, slots=True)
 class DuplicateGroup:
     """Items that duplicate each other: `kind` "exact" (one content hash) or "near" (vectors scoring
-    >= the threshold, directly or through other members); `items[0]` is the suggested keeper (largest
-    resolution, then earliest date, then the shortest path), the others follow by score."""
+    >= the threshold, directly or through other members; byte-identical members of a near group
+    have `match` "exact"); `items[0]` is the suggested keeper (`_keeper_order`), the others follow
+    by score; `keeper_reason` says what set the keeper apart from the next best member."""
 
     kind: str
     items: tuple[DuplicateItem, ...]
+    keeper_reason: str = ""
 
     @property
     def keeper(self) -> DuplicateItem:
         return self.items[0]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "keeper": self.keeper.uri, "items": [item.to_dict() for item in self.items]}
+        return {"kind": self.kind, "keeper": self.keeper.uri, "keeper_reason": self.keeper_reason,
+                "items": [item.to_dict() for item in self.items]}
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,18 +222,48 @@ def _group(records: dict[int, ItemRecord], member_ids: np.ndarray, first: np.nda
     members = [records[int(i)] for i in member_ids]
     if len({r.uri for r in members}) < 2:
         return None
-    items = [_describe(r) for r in members]
-    keeper = min(items, key=_keeper_order)
+    copies: dict[tuple[str, int | None], int] = {}
+    for r in members:
+        if r.content_hash is not None:
+            copies[(r.content_hash, r.page)] = copies.get((r.content_hash, r.page), 0) + 1
+    items = [replace(_describe(r), match="exact" if copies.get((r.content_hash, r.page), 0) > 1 else "near")
+             for r in members]
+    ranked = sorted(items, key=_keeper_order)
+    keeper = ranked[0]
     hashes = {r.content_hash for r in members}
     kind = "exact" if len(hashes) == 1 and None not in hashes else "near"
     scored = [_with_score(item, keeper, first, second, scores) for item in items if item is not keeper]
     scored.sort(key=lambda item: (-item.score, item.uri, item.page or 0))
-    return DuplicateGroup(kind, (_replace_score(keeper, 1.0), *scored))
+    return DuplicateGroup(kind, (replace(keeper, score=1.0), *scored), keeper_reason(keeper, ranked[1]))
 
 
 def _keeper_order(item: DuplicateItem) -> tuple:
-    """Largest resolution first, then the earliest date, then the shortest path, then the lowest id."""
-    return (-item.pixels, item.date if item.date is not None else math.inf, len(item.uri), item.uri, item.id)
+    """Largest resolution first, then a copy outside backup/copy/duplicates folders, then the earliest
+    date, then the shortest path, then the lowest id."""
+    return (-item.pixels, item.in_spare_folder, item.date if item.date is not None else math.inf, len(item.uri),
+            item.uri, item.id)
+
+
+def keeper_reason(keeper: DuplicateItem, runner_up: DuplicateItem) -> str:
+    """Why `keeper` comes before `runner_up` (the next in `_keeper_order`): the first criterion that
+    differs, in words."""
+    if keeper.pixels != runner_up.pixels:
+        return f"largest resolution ({keeper.width}x{keeper.height})"
+    if keeper.in_spare_folder != runner_up.in_spare_folder:
+        return f"not in a backup, copy or duplicates folder (unlike {runner_up.uri})"
+    if keeper.date != runner_up.date:
+        when = datetime.fromtimestamp(keeper.date, timezone.utc).strftime("%Y-%m-%d %H:%M")
+        what = "date taken" if keeper.date_source not in (None, "mtime") else "file date (mtime; no date taken)"
+        return f"earliest {what} ({when} UTC)"
+    if len(keeper.uri) != len(runner_up.uri):
+        return "shortest path"
+    return "first path in order"
+
+
+def is_in_spare_folder(uri: str) -> bool:
+    """Whether a folder of `uri` (not the file's own name) is named like a backup (SPARE_FOLDER_WORDS)."""
+    folders = Path(uri).parent.parts
+    return any(word in SPARE_FOLDER_WORDS for folder in folders for word in re.split(r"[^0-9a-z]+", folder.lower()))
 
 
 def _with_score(item: DuplicateItem, keeper: DuplicateItem, first: np.ndarray, second: np.ndarray,
@@ -226,15 +271,10 @@ def _with_score(item: DuplicateItem, keeper: DuplicateItem, first: np.ndarray, s
     """`item` with its cosine to the keeper when the pair was found (1.0 for an exact copy), else the
     best cosine linking it into the group (it joined through another member)."""
     if item.content_hash is not None and item.content_hash == keeper.content_hash:
-        return _replace_score(item, 1.0)
+        return replace(item, score=1.0)
     direct = ((first == item.id) & (second == keeper.id)) | ((first == keeper.id) & (second == item.id))
     linked = direct if direct.any() else (first == item.id) | (second == item.id)
-    return _replace_score(item, float(scores[linked].max()) if linked.any() else 0.0)
-
-
-def _replace_score(item: DuplicateItem, score: float) -> DuplicateItem:
-    return DuplicateItem(item.id, item.uri, item.page, item.content_hash, item.width, item.height, item.date,
-                         item.date_source, round(score, 6))
+    return replace(item, score=round(float(scores[linked].max()) if linked.any() else 0.0, 6))
 
 
 def _describe(record: ItemRecord) -> DuplicateItem:
@@ -250,7 +290,7 @@ def _describe(record: ItemRecord) -> DuplicateItem:
     else:
         date, date_source = record.mtime, "mtime" if record.mtime is not None else None
     return DuplicateItem(int(record.id), record.uri, record.page, record.content_hash, width, height, date,
-                         date_source, 0.0)
+                         date_source, 0.0, in_spare_folder=is_in_spare_folder(record.uri))
 
 
 def _image_size(record: ItemRecord) -> tuple[int | None, int | None]:

@@ -5,10 +5,13 @@ receives a collection directory and a target, hands back an `ExportReport`.
 
 Columns (both targets): id (int64), uri (string; a name that is not UTF-8 JSON-escaped, see
 `exported_uri`), page (int32, null unless a PDF page), modality
-(string), metadata (JSON text, null when none), text (the lexical text, null when none), vector
-(fixed-size list of the collection's dim: float32 in Parquet; in LanceDB float32 when the collection
-stores float32, else float16), and for collections with 8-bit or binary vectors `vector_codes`
-(uint8: the 8-bit codes [dim] or the packed sign bits [dim / 8] the collection's index holds).
+(string), metadata (JSON text, null when none), text (the lexical text: a note's text, a page's
+text layer, the text OCR read in a photo; null when none), the item's facts as typed columns
+(`FACT_COLUMNS`: taken as a UTC timestamp, GPS as float64, camera and place as strings, keywords as
+a list of strings, rating as int32, ...; null when unknown), vector (fixed-size list of the
+collection's dim: float32 in Parquet; in LanceDB float32 when the collection stores float32, else
+float16), and for collections with 8-bit or binary vectors `vector_codes` (uint8: the 8-bit codes
+[dim] or the packed sign bits [dim / 8] the collection's index holds).
 The schema metadata carries the collection manifest under "faste_mm.manifest" (with the int8 ranges
 that decode the codes).
 
@@ -22,7 +25,7 @@ import logging
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -107,6 +110,34 @@ def export(root: Path, to: str | ExportTarget, chunk_rows: int = EXPORT_CHUNK_RO
     return export_parquet(root, target.path, chunk_rows)
 
 
+# The facts (`indexers.facts.ItemFacts`) as typed columns: (column, Arrow type name, value of an
+# ItemFacts). Filterable in the target store (LanceDB `where`, Qdrant/Milvus payload), so they are
+# typed, not JSON: `taken` a UTC timestamp (its recorded offset beside it), GPS floats, a list of
+# keywords; `camera` and `place` are the names search shows ("Google Pixel 8", "Lisbon, Portugal").
+FACT_COLUMNS: tuple[tuple[str, str, Callable[[Any], Any]], ...] = (
+    ("taken", "timestamp", lambda f: None if f.taken is None else round(f.taken * 1_000_000)),
+    ("taken_offset_min", "int32", lambda f: f.taken_offset_min),
+    ("taken_source", "string", lambda f: f.taken_source),
+    ("camera", "string", lambda f: f.camera), ("make", "string", lambda f: f.make),
+    ("model", "string", lambda f: f.model), ("lens", "string", lambda f: f.lens),
+    ("lat", "float64", lambda f: f.lat), ("lon", "float64", lambda f: f.lon), ("alt", "float64", lambda f: f.alt),
+    ("place", "string", lambda f: f.place), ("city", "string", lambda f: f.city),
+    ("region", "string", lambda f: f.region), ("country", "string", lambda f: f.country),
+    ("orientation", "int32", lambda f: f.orientation), ("width", "int32", lambda f: f.width),
+    ("height", "int32", lambda f: f.height), ("title", "string", lambda f: f.title),
+    ("description", "string", lambda f: f.description), ("keywords", "strings", lambda f: list(f.keywords)),
+    ("rating", "int32", lambda f: f.rating), ("author", "string", lambda f: f.author),
+    ("duration_s", "float64", lambda f: f.duration_s),
+)
+
+
+def _arrow_type(name: str):
+    import pyarrow as pa
+
+    return {"timestamp": pa.timestamp("us", tz="UTC"), "int32": pa.int32(), "string": pa.string(),
+            "float64": pa.float64(), "strings": pa.list_(pa.string())}[name]
+
+
 def export_schema(dim: int, manifest_json: str | None = None, vector_type: str = "float32",
                   codes_width: int | None = None):
     """The export's Arrow schema (see the module docstring)."""
@@ -114,6 +145,7 @@ def export_schema(dim: int, manifest_json: str | None = None, vector_type: str =
 
     fields = [("id", pa.int64()), ("uri", pa.string()), ("page", pa.int32()), ("modality", pa.string()),
               ("metadata", pa.string()), ("text", pa.string()),
+              *((name, _arrow_type(kind)) for name, kind, _ in FACT_COLUMNS),
               ("vector", pa.list_(pa.float32() if vector_type == "float32" else pa.float16(), dim))]
     if codes_width is not None:
         fields.append(("vector_codes", pa.list_(pa.uint8(), codes_width)))
@@ -135,11 +167,13 @@ def _batches(col: Collection, schema, chunk_rows: int) -> Iterator:
     codes = _codes_precision(col)
     for records, vectors in col.iter_live(chunk_rows):
         texts = col.texts(r.id for r in records)
+        facts = [r.facts for r in col.get(r.id for r in records)]  # None: an item without facts
         columns = {
             "id": [r.id for r in records], "uri": [exported_uri(r.uri) for r in records],
             "page": [r.page for r in records], "modality": [r.modality for r in records],
             "metadata": [None if r.metadata is None else json.dumps(dict(r.metadata)) for r in records],
-            "text": [texts.get(r.id) for r in records],
+            "text": [texts.get(r.id) or None for r in records],
+            **{name: [None if f is None else value(f) for f in facts] for name, _, value in FACT_COLUMNS},
             # One flat buffer viewed as fixed-size lists: no per-row Python objects.
             "vector": pa.FixedSizeListArray.from_arrays(
                 pa.array(vectors.astype(vector_type.to_pandas_dtype(), copy=False).reshape(-1)), dim),

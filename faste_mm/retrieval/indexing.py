@@ -76,7 +76,10 @@ def index_collection(col: Collection, profile: CollectionProfile, scan: Scan, op
     return IndexReport(str(root), len(scan.files()), tally.embedded, tally.reused, plan.n_unchanged,
                        len(plan.vanished), len(tally.failures), tuple(tally.failures), seconds, factory,
                        scan.n_excluded, ocr_read=read.read, ocr_s=read.elapsed_s, facts_filled=tally.facts_filled,
-                       metadata_issues=dict(sorted(tally.metadata_issues.items())), **tally.cost.cost_fields())
+                       metadata_issues=dict(sorted(tally.metadata_issues.items())),
+                       links_skipped=len(scan.outside_links), embedded_files=tuple(tally.embedded_files),
+                       reused_files=tuple(tally.reused_files), removed_files=tuple(plan.vanished),
+                       **tally.cost.cost_fields())
 
 
 def hold_back(plan: UpdatePlan, ready: Callable[[ScannedFile], bool]) -> UpdatePlan:
@@ -104,7 +107,7 @@ def fill_facts(col: Collection, scan: Scan, plan: UpdatePlan, tally: IngestTally
     for start in range(0, len(unchanged), FACTS_CHUNK_FILES):
         chunk = {f.uri: f for f in unchanged[start:start + FACTS_CHUNK_FILES]}
         records = col.records_without_facts(list(chunk))
-        read = {uri: read_facts(chunk[uri].path, chunk[uri].kind, chunk[uri].stat.mtime)
+        read = {uri: read_facts(chunk[uri].path, chunk[uri].kind)
                 for uri in dict.fromkeys(r.uri for r in records)}
         if read:
             col.set_facts([(r, read[r.uri]) for r in records])

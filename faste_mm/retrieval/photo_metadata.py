@@ -1,6 +1,6 @@
 """Facts at scan time, no model: what a file says about itself (EXIF, XMP, IPTC, a PDF's info
-dictionary, a video container's tags) read into `ItemFacts`. Receives a scanned file's path, kind
-and mtime; hands `ItemFacts` to ingest, which stores them beside the item and in the lexical index.
+dictionary, a video container's tags) read into `ItemFacts`. Receives a scanned file's path and
+kind; hands `ItemFacts` to ingest, which stores them beside the item and in the lexical index.
 
 A hostile or broken value never fails the file: its field stays empty and a short reason goes to
 `ItemFacts.issues` (counted in the index report). XMP is parsed with defusedxml (no DTD, no
@@ -16,6 +16,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Callable
 
+from faste_mm.errors import InputError
 from faste_mm.indexers.facts import MAX_KEYWORDS, MAX_OFFSET_MIN, MAX_TEXT_CHARS, ItemFacts
 from faste_mm.retrieval import places
 
@@ -66,9 +67,10 @@ class _Facts:
             self.fields.update(taken=taken[0], taken_offset_min=taken[1], taken_source=source)
 
 
-def read_facts(path: Path, kind: str, mtime: float | None) -> ItemFacts:
+def read_facts(path: Path, kind: str) -> ItemFacts:
     """The facts of one file of `kind` ("image", "pdf", "video", "text"); never raises for what the
-    file holds. Without a date in the file, `mtime` stands in (taken_source "mtime")."""
+    file holds. Without a date in the file the facts are undated (`taken` None): a file's mtime
+    says when it was copied or edited, not when the photo was taken."""
     facts = _Facts()
     reader = {"image": _read_image, "pdf": _read_pdf, "video": _read_video}.get(kind)
     if reader is not None:
@@ -76,19 +78,40 @@ def read_facts(path: Path, kind: str, mtime: float | None) -> ItemFacts:
     if "lat" in facts.fields:
         facts.guarded("place lookup failed", lambda: facts.fields.update(places.place_of(facts.fields["lat"],
                                                                                           facts.fields["lon"], facts.issues)))
-    if mtime is not None and math.isfinite(mtime):
-        facts.date("mtime", (float(mtime), None))
-    return ItemFacts(**facts.fields, issues=tuple(facts.issues))
+    return _valid_facts(facts)
+
+
+def _valid_facts(facts: _Facts) -> ItemFacts:
+    """`ItemFacts` of what was read. A value its checks refuse (one no reader here should hand on:
+    this is the net under them) empties its own field, with an issue, never the file's facts."""
+    try:
+        return ItemFacts(**facts.fields, issues=tuple(facts.issues))
+    except InputError:
+        pass
+    groups = [("lat", "lon", "alt", "country", "region", "city") if name == "lat" else
+              ("taken", "taken_offset_min", "taken_source") if name == "taken" else (name,)
+              for name in facts.fields if name not in ("lon", "alt", "country", "region", "city",
+                                                       "taken_offset_min", "taken_source")]
+    kept: dict[str, Any] = {}
+    for group in groups:
+        values = {name: facts.fields[name] for name in group if name in facts.fields}
+        try:
+            ItemFacts(**values)
+        except InputError:
+            facts.issues.append(f"{group[0]} out of range")
+            continue
+        kept.update(values)
+    return ItemFacts(**kept, issues=tuple(facts.issues))
 
 
 # ---- images -------------------------------------------------------------------------------------
 def _read_image(path: Path, facts: _Facts) -> None:
     from PIL import Image, IptcImagePlugin  # noqa: F401 (IptcImagePlugin: getiptcinfo)
 
-    from faste_mm.model.items import register_image_plugins
+    from faste_mm.model.items import open_lazily, register_image_plugins
 
     register_image_plugins()
-    with Image.open(path) as image:  # headers only: no pixel is decoded
+    with open_lazily(str(path)) as image:  # headers only: no pixel is decoded (a huge JPEG's too)
         facts.fields["width"], facts.fields["height"] = image.size
         facts.guarded("exif unreadable", lambda: _read_exif(image.getexif(), facts))
         xmp = image.info.get("xmp") or image.info.get("XML:com.adobe.xmp")
@@ -115,30 +138,36 @@ def _read_exif(exif: Any, facts: _Facts) -> None:
 
 
 def _exif_date(stamp: object, offset: object) -> tuple[datetime, int | None]:
-    """EXIF "YYYY:MM:DD HH:MM:SS" and OffsetTime "+HH:MM" -> (aware datetime, offset minutes)."""
+    """EXIF "YYYY:MM:DD HH:MM:SS" and OffsetTime "+HH:MM" -> (local time, offset minutes as written)."""
     text = stamp.decode("ascii", "replace") if isinstance(stamp, bytes) else str(stamp)
-    local = datetime.strptime(text.strip("\x00 ")[:19], "%Y:%m:%d %H:%M:%S")
-    minutes = _offset_minutes(offset)
-    zone = timezone.utc if minutes is None else timezone(timedelta(minutes=minutes))
-    return local.replace(tzinfo=zone), minutes
+    return datetime.strptime(text.strip("\x00 ")[:19], "%Y:%m:%d %H:%M:%S"), _offset_minutes(offset)
 
 
 def _offset_minutes(offset: object) -> int | None:
+    """"+HH:MM" (or "+HHMM") -> signed minutes as written, unchecked; None when not of that form."""
     if isinstance(offset, bytes):
         offset = offset.decode("ascii", "replace")
     match = re.fullmatch(r"\s*([+-])(\d\d):?(\d\d)\s*\x00*", offset) if isinstance(offset, str) else None
     if match is None:
         return None
     minutes = int(match[2]) * 60 + int(match[3])
-    return (minutes if match[1] == "+" else -minutes) if minutes <= MAX_OFFSET_MIN else None
+    return minutes if match[1] == "+" else -minutes
 
 
 def _checked_date(parsed: tuple[datetime, int | None], what: str, facts: _Facts) -> tuple[float, int | None] | None:
-    when, minutes = parsed
-    if not MIN_YEAR <= when.year <= MAX_YEAR:
+    """(local time, its UTC offset in minutes or None) -> (UTC instant, offset), the one check of
+    every date read: an offset beyond +-18 h (no place on Earth has one; Python refuses it) is
+    left empty, the time then read as UTC, like a date recorded without one; a year outside
+    MIN_YEAR..MAX_YEAR empties the date. Each counts an issue."""
+    local, minutes = parsed
+    if minutes is not None and abs(minutes) > MAX_OFFSET_MIN:
+        facts.issues.append(f"{what} offset out of range")
+        minutes = None
+    if not MIN_YEAR <= local.year <= MAX_YEAR:
         facts.issues.append(f"{what} out of range")
         return None
-    return when.timestamp(), minutes
+    zone = timezone.utc if minutes is None else timezone(timedelta(minutes=minutes))
+    return local.replace(tzinfo=zone).timestamp(), minutes
 
 
 def _read_gps(gps: Any, facts: _Facts) -> None:
@@ -149,16 +178,27 @@ def _read_gps(gps: Any, facts: _Facts) -> None:
         facts.issues.append("gps out of range")
         return
     facts.fields.update(lat=lat, lon=lon)
-    alt = gps.get(6)
-    if alt is not None and math.isfinite(float(alt)) and abs(float(alt)) < 100_000:
-        facts.fields["alt"] = -float(alt) if gps.get(5) in (1, b"\x01") else float(alt)
+    if gps.get(6) is not None:  # a broken altitude costs the altitude only, not the position
+        facts.guarded("gps altitude unreadable", lambda: _read_altitude(gps, facts))
+
+
+def _read_altitude(gps: Any, facts: _Facts) -> None:
+    alt = float(gps.get(6))  # a zero denominator reads as nan
+    if not (math.isfinite(alt) and abs(alt) < 100_000):
+        facts.issues.append("gps altitude out of range")
+        return
+    facts.fields["alt"] = -alt if gps.get(5) in (1, b"\x01") else alt
 
 
 def _degrees(dms: object, ref: object) -> float | None:
-    """EXIF (degrees, minutes, seconds) rationals and "N"/"S"/"E"/"W" -> signed degrees (nan if broken)."""
+    """EXIF (degrees, minutes, seconds) rationals and "N"/"S"/"E"/"W" -> signed degrees (nan if broken:
+    a zero denominator, a count other than three, a value that is not a number)."""
     if dms is None:
         return None
-    d, m, s = (float(v) for v in dms)  # a zero denominator reads as nan: caught by the range check
+    try:
+        d, m, s = (float(v) for v in dms)  # a zero denominator reads as nan: caught by the range check
+    except (TypeError, ValueError, ZeroDivisionError, OverflowError):
+        return math.nan
     value = d + m / 60 + s / 3600
     ref = ref.decode("ascii", "replace") if isinstance(ref, bytes) else ref
     return -value if isinstance(ref, str) and ref.strip("\x00 ").upper() in ("S", "W") else value
@@ -175,8 +215,8 @@ def _read_iptc(iptc: dict | None, facts: _Facts) -> None:
     date = iptc.get(_IPTC_DATE)
     if date:
         text = date.decode("ascii", "replace") if isinstance(date, bytes) else str(date)
-        when = datetime.strptime(text[:8], "%Y%m%d").replace(tzinfo=timezone.utc)
-        facts.date("iptc", _checked_date((when, None), "iptc date", facts))
+        facts.guarded("iptc date unreadable", lambda: facts.date(
+            "iptc", _checked_date((datetime.strptime(text[:8], "%Y%m%d"), None), "iptc date", facts)))
 
 
 def _keywords(facts: _Facts, words: list[str]) -> None:
@@ -247,11 +287,20 @@ def _xmp_rating(text: str, facts: _Facts) -> None:
 
 
 def _iso_date(text: str) -> tuple[datetime, int | None]:
-    """ISO 8601 (XMP, video tags): an offset kept, "Z" read as UTC offset 0, none as UTC unknown."""
-    when = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
-    if when.tzinfo is None:
-        return when.replace(tzinfo=timezone.utc), None
-    return when, int(when.utcoffset().total_seconds() // 60)
+    """ISO 8601 (XMP, video tags) -> (local time, offset minutes as written): "Z" is offset 0, none
+    is None. The offset is split off here, not by `fromisoformat`, which refuses one of 24 h or more
+    and would cost the whole date instead of the offset (`_checked_date` judges it)."""
+    text = text.strip()
+    match = re.fullmatch(r"(.*?)(?:([Zz])|([+-])(\d\d):?(\d\d))", text)
+    if match is None:
+        return datetime.fromisoformat(text), None
+    local = datetime.fromisoformat(match[1])
+    if local.tzinfo is not None:  # "...+01:00+02:00": not a date
+        raise ValueError(f"not an ISO 8601 date: {text[:40]!r}")
+    if match[2]:
+        return local, 0
+    minutes = int(match[4]) * 60 + int(match[5])
+    return local, minutes if match[3] == "+" else -minutes
 
 
 # ---- PDFs and videos ----------------------------------------------------------------------------
@@ -273,7 +322,8 @@ def _read_pdf(path: Path, facts: _Facts) -> None:
 
 
 def _pdf_date(text: str) -> tuple[datetime, int | None]:
-    """PDF 1.7 §7.9.4 "D:YYYYMMDDHHmmSSOHH'mm'" (every part after the year optional)."""
+    """PDF 1.7 §7.9.4 "D:YYYYMMDDHHmmSSOHH'mm'" (every part after the year optional) -> (local time,
+    offset minutes as written)."""
     match = re.fullmatch(r"D?:?(\d{4})(\d\d)?(\d\d)?(\d\d)?(\d\d)?(\d\d)?([Zz+-])?(\d\d)?'?(\d\d)?'?", text.strip())
     if match is None:
         raise ValueError(f"not a PDF date: {text[:40]!r}")
@@ -284,10 +334,7 @@ def _pdf_date(text: str) -> tuple[datetime, int | None]:
         minutes = (int(match[8] or 0) * 60 + int(match[9] or 0)) * (1 if sign == "+" else -1)
     elif sign in ("Z", "z"):
         minutes = 0
-    if minutes is not None and abs(minutes) > MAX_OFFSET_MIN:
-        minutes = None
-    zone = timezone.utc if minutes is None else timezone(timedelta(minutes=minutes))
-    return datetime(year, month, day, hour, minute, second, tzinfo=zone), minutes
+    return datetime(year, month, day, hour, minute, second), minutes
 
 
 def _read_video(path: Path, facts: _Facts) -> None:

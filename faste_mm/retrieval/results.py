@@ -20,7 +20,8 @@ from faste_mm.retrieval.scanning import ScanFilter
 class IndexOptions:
     """Options of `Retriever.index`.
 
-    exclude / include_hidden: folder-walk filters (see `faste_mm.retrieval.scanning.ScanFilter`).
+    exclude / include_hidden / follow_links: folder-walk filters (see `faste_mm.retrieval.scanning.ScanFilter`;
+        follow_links: also index links whose target lies outside every walked folder).
     reindex: erase the collection first and rebuild it with the retriever's settings. The model
         loads and the index type and folder are checked before anything is erased, so a bad
         setting raises with the collection intact.
@@ -34,6 +35,7 @@ class IndexOptions:
 
     exclude: tuple[str, ...] = ()
     include_hidden: bool = False
+    follow_links: bool = False
     reindex: bool = False
     index_type: str | None = None
     retry_failed: bool = False
@@ -53,6 +55,11 @@ class IndexOptions:
             from faste_mm.indexers.faiss_index import check_factory_syntax
 
             check_factory_syntax(self.index_type)  # here, so no front end loads a model for a bad one
+
+    @property
+    def scan_filter(self) -> ScanFilter:
+        """The folder walk these options select."""
+        return ScanFilter(self.exclude, self.include_hidden, self.follow_links)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,10 +117,25 @@ class IndexReport(CostTally):
     facts_filled: int = 0
     # Why a metadata field was left empty (hostile or broken value) -> how many files.
     metadata_issues: Mapping[str, int] = field(default_factory=dict)
+    # File links skipped because they lead outside every indexed folder (`IndexOptions.follow_links`).
+    links_skipped: int = 0
+    # The files behind the counts (`watch -v` names them): run through the model; (file, the file
+    # whose vectors it reused: same content, e.g. a move or a copy); gone from the folders, removed.
+    embedded_files: tuple[str, ...] = ()
+    reused_files: tuple[tuple[str, str], ...] = ()
+    removed_files: tuple[str, ...] = ()
+
+    @property
+    def moved_files(self) -> tuple[tuple[str, str], ...]:
+        """(old path, new path) of the files moved or renamed: reused from a file this run removed."""
+        removed = set(self.removed_files)
+        return tuple((donor, uri) for uri, donor in self.reused_files if donor in removed)
 
     def to_dict(self) -> dict[str, Any]:
         d = {name: getattr(self, name) for name in self.__dataclass_fields__}
         d["failures"] = [f.to_dict() for f in self.failures]
+        d["reused_files"] = [{"uri": uri, "from": donor} for uri, donor in self.reused_files]
+        d["moved_files"] = [{"from": old, "to": new} for old, new in self.moved_files]
         d["metadata_issues"] = dict(self.metadata_issues)
         d["prefix_removal"] = self.prefix_removal
         d["tower_share"] = self.tower_share

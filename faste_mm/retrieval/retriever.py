@@ -49,7 +49,7 @@ from faste_mm.retrieval.profile import QUERY_INSTRUCTION, CollectionProfile, exi
 from faste_mm.retrieval.setting import given_settings, keywords_of
 from faste_mm.retrieval.rerank_hits import check_reranker, load_collection_reranker, rerank_hits
 from faste_mm.retrieval.results import AddReport, Hit, IndexOptions, IndexProgress, IndexReport, RemoveReport
-from faste_mm.retrieval.scanning import Scan, ScanFilter, ScannedFile, scan_paths
+from faste_mm.retrieval.scanning import Scan, ScannedFile, scan_paths
 
 log = logging.getLogger(__name__)
 
@@ -174,6 +174,10 @@ class Retriever:
                 spec = dataclasses.replace(spec, serializer=settings.serializer())
             self._embedder = spec.load()
         return self._embedder
+
+    def describe_runtime(self) -> str | None:
+        """`Embedder.describe_runtime` of the model loaded in this process; None when none was."""
+        return self._embedder.describe_runtime() if self._embedder is not None else None
 
     def kernel_choices(self) -> list[str]:
         """The CPU kernel choices the model settled in this process (`Embedder.kernel_choices`);
@@ -311,8 +315,11 @@ class Retriever:
             plan and commits with decoding and embedding spread over a Ray cluster.
 
         Raises CollectionError (settings differ from the collection, another writer holds it),
-        ConfigError (bad options, index type or executor), InputError (no paths given).
+        ConfigError (bad options, index type or executor), InputError (no paths given, or a path
+        that does not exist: a mistyped folder would otherwise leave an empty collection).
         """
+        paths = list(paths)
+        refuse_missing_paths(paths)
         options = options or IndexOptions()
         if options.index_type is not None:
             check_factory_syntax(options.index_type)  # before any model loads or anything is erased
@@ -321,7 +328,7 @@ class Retriever:
                               f"faste_mm.scale.RayExecutor), got {executor!r}")
         started = time.perf_counter()
         self._target(collection)
-        scan = scan_paths(paths, ScanFilter(options.exclude, options.include_hidden))
+        scan = scan_paths(paths, options.scan_filter)
         return self.index_scan(scan, options, progress, executor, started=started)
 
     def index_scan(self, scan: Scan, options: IndexOptions | None = None,
@@ -340,8 +347,8 @@ class Retriever:
         else:
             col, profile = self._open_for_writing(root, options.index_type or "auto")
         if self._given.get("ocr", profile.ocr) != profile.ocr:  # OCR changes no vector: switched in place
-            col.update_settings(ocr=self._given["ocr"])
             profile = dataclasses.replace(profile, ocr=self._given["ocr"])
+            col.update_settings(profile.to_manifest(base=col.manifest).settings)
         return index_collection(col, profile, scan, options, CollectionDocuments(self._embedder_for, col, profile),
                                 self._model_source(), executor, progress, started, ready,
                                 self._ocr if profile.ocr else None)
@@ -352,7 +359,7 @@ class Retriever:
         collection does not exist yet. Reads only (no model, no writer lock), so it can tell
         what an interrupted `index` still has to do."""
         options = options or IndexOptions()
-        scan = scan_paths(paths, ScanFilter(options.exclude, options.include_hidden))
+        scan = scan_paths(paths, options.scan_filter)
         if self._existing() is None:
             return len(scan.files())
         with Collection.open(self.collection) as col:
@@ -572,3 +579,13 @@ class Retriever:
         """`encode_documents` under the sentence-transformers name; one input counts as a list of one."""
         return self.encode_documents(one_or_many(documents), on_error=on_error)
 
+
+def refuse_missing_paths(paths: Sequence[str | os.PathLike]) -> None:
+    """InputError naming the given paths that do not exist, before anything is created or written
+    (`Retriever.index` calls it; the CLI too, before the model loads). A link whose target is gone
+    exists: it is recorded as a failure of the run, as a FIFO is."""
+    missing = [str(p) for p in paths if not os.path.lexists(Path(p).expanduser())]
+    if missing:
+        names = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        raise InputError(f"{names}: no such file or folder; check the path (nothing was indexed; a file deleted "
+                         f"since it was indexed leaves the collection with `remove`)")

@@ -38,10 +38,15 @@ class ScanFilter:
         the walked folder and against every name in it, so "*.gif", "drafts/*" and "node_modules"
         all work.
     include_hidden: also walk names starting with "." (skipped by default).
+    follow_links: also index a file link whose target lies outside every walked folder (skipped and
+        counted by default, as rsync, restic and ripgrep do: a link planted in an indexed folder must
+        not pull a private file into the collection and its front ends). Links into /proc, /sys and
+        /dev are never followed; links to folders are never walked either way.
     """
 
     exclude: tuple[str, ...] = ()
     include_hidden: bool = False
+    follow_links: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.exclude, str):
@@ -94,6 +99,8 @@ class Scan:
         looping symlinks, FIFOs and devices, named or found by a walk), with the message to record.
     excluded: removed paths (see `honour_exclusions`) whose files the folder walks left out;
         items under them are never reported vanished. n_excluded: how many files that was.
+    outside_links: the walked file links skipped because their target lies outside every walked
+        folder (`ScanFilter.follow_links` off): the link paths, never their targets' contents.
     """
 
     roots: tuple[tuple[str, tuple[ScannedFile, ...]], ...]
@@ -101,6 +108,7 @@ class Scan:
     missing: tuple[tuple[str, str], ...]
     excluded: tuple[str, ...] = ()
     n_excluded: int = 0
+    outside_links: tuple[str, ...] = ()
 
     def files(self) -> list[ScannedFile]:
         """Every file once (by uri), in scan order."""
@@ -116,9 +124,12 @@ class Scan:
 def scan_paths(paths: Iterable[str | os.PathLike], scan_filter: ScanFilter | None = None) -> Scan:
     """Walk folders recursively (sorted, symlinked folders not followed) and stat every file.
 
-    Symlinked files are followed: the file is indexed under its target's resolved path when that
-    lies inside the walked folder, else under the link's own path (so its items go with the link).
-    A link into /proc, /sys or /dev is never read (reported in `Scan.missing`).
+    A file link found by a walk is indexed when its target lies inside one of the walked folders
+    (under the target's resolved path when that is inside the link's own folder, else under the
+    link's path, so its items go with the link). A link whose target lies outside every walked
+    folder is skipped and listed in `Scan.outside_links`, unless `scan_filter.follow_links`. A
+    file the user names is read wherever it leads (the user chose it), except into /proc, /sys or
+    /dev, which no link ever leads a scan into (reported in `Scan.missing`).
     Raises InputError when `paths` is empty. A path that cannot be indexed as a file (missing,
     a dangling or looping symlink, a FIFO or device) is reported in `Scan.missing` with its
     reason, not raised, so one bad path does not stop the others.
@@ -127,12 +138,13 @@ def scan_paths(paths: Iterable[str | os.PathLike], scan_filter: ScanFilter | Non
     paths = [Path(p).expanduser() for p in paths]
     if not paths:
         raise InputError("no paths to index; give at least one file or folder")
-    roots, named, missing = [], [], []
+    folders = [path.resolve() for path in paths if path.is_dir()]
+    roots, named, missing, outside = [], [], [], []
     for path in paths:
         if path.is_dir():
             root = path.resolve()
             found = []
-            for entry in _walk(root, scan_filter):
+            for entry in _walk(root, scan_filter, folders, outside):
                 (found if isinstance(entry, ScannedFile) else missing).append(entry)
             roots.append((str(root), tuple(found)))
         elif path.is_file():
@@ -146,7 +158,10 @@ def scan_paths(paths: Iterable[str | os.PathLike], scan_filter: ScanFilter | Non
                 missing.append((_uri(path), f"{path}: cannot stat the file ({error})"))
         else:
             missing.append((_uri(path), not_a_file_reason(path) or f"{path}: file not found; check the path"))
-    return Scan(tuple(roots), tuple(named), tuple(missing))
+    if outside:
+        log.info("skipped %d links that lead outside the indexed folders (%s); ScanFilter(follow_links=True) "
+                 "includes them", len(outside), ", ".join(outside[:5]) + (", ..." if len(outside) > 5 else ""))
+    return Scan(tuple(roots), tuple(named), tuple(missing), outside_links=tuple(outside))
 
 
 def honour_exclusions(col: Collection, scan: Scan) -> Scan:
@@ -205,9 +220,12 @@ def _uri(path: Path) -> str:
         return os.path.abspath(path)
 
 
-def _walk(root: Path, scan_filter: ScanFilter) -> Iterable[ScannedFile | tuple[str, str]]:
+def _walk(root: Path, scan_filter: ScanFilter, folders: Sequence[Path],
+          outside: list[str]) -> Iterable[ScannedFile | tuple[str, str]]:
     """The supported files below `root`, and (uri, reason) for entries with a supported name that
-    are not regular files (dangling or looping links, FIFOs, ...)."""
+    are not regular files (dangling or looping links, FIFOs, ...). A file link whose target lies
+    outside every walked folder (`folders`, resolved) is appended to `outside` unless the filter
+    follows links: its target is stat'ed (to see where it lies), never read."""
     for folder, dirs, names in os.walk(root, onerror=_log_walk_error):
         rel_folder = Path(folder).relative_to(root).as_posix()
         prefix = "" if rel_folder == "." else rel_folder + "/"
@@ -225,9 +243,14 @@ def _walk(root: Path, scan_filter: ScanFilter) -> Iterable[ScannedFile | tuple[s
                 yield (str(root / relative) if os.path.islink(path) else _uri(path)), reason
                 continue
             try:
-                yield ScannedFile(path, file_kind(path), _walked_stat(root, path, relative))
+                resolved = FileStat.of(path)
             except (OSError, RuntimeError) as error:
                 yield _uri(path), f"{path}: cannot stat the file ({error}); check its permissions"
+                continue
+            if not scan_filter.follow_links and _leads_outside(path, resolved.uri, folders):
+                outside.append(str(root / relative))
+                continue
+            yield ScannedFile(path, file_kind(path), _walked_stat(root, resolved, relative))
 
 
 # Pseudo-file systems no scan reads through a link: /proc/self/environ holds the process's own
@@ -246,11 +269,17 @@ def _system_link_reason(path: Path) -> str | None:
             f"through a link. Remove the link or exclude it")
 
 
-def _walked_stat(root: Path, path: Path, relative: str) -> FileStat:
-    """The stat of a walked file. A link to a file outside the walked folder is recorded under the
-    link's own path below `root`, so its items vanish when the link goes (a rescan of the folder
-    no longer finds that path); every other file under its resolved path."""
-    resolved = FileStat.of(path)
+def _leads_outside(path: Path, target: str, folders: Sequence[Path]) -> bool:
+    """`path` is a link (or a chain of links) whose `target` (resolved) lies outside every folder in
+    `folders`. Hard links cannot be told from the file they share an inode with: they are indexed
+    (see docs/security.md)."""
+    return os.path.islink(path) and not any(_is_under(target, str(folder)) for folder in folders)
+
+
+def _walked_stat(root: Path, resolved: FileStat, relative: str) -> FileStat:
+    """The stat of a walked file (`resolved`: `FileStat.of` it). A link to a file outside the walked
+    folder is recorded under the link's own path below `root`, so its items vanish when the link
+    goes (a rescan of the folder no longer finds that path); every other file under its resolved path."""
     if _is_under(resolved.uri, str(root)):
         return resolved
     return FileStat(uri=str(root / relative), size=resolved.size, mtime=resolved.mtime, dev=resolved.dev,

@@ -26,7 +26,7 @@ from faste_mm.errors import CollectionError, ConfigError
 from faste_mm.indexers.atomic_files import atomic_write
 from faste_mm.indexers.file_names import WATCH_FILE
 from faste_mm.retrieval.results import IndexOptions, IndexProgress, IndexReport
-from faste_mm.retrieval.scanning import Scan, ScanFilter, ScannedFile, scan_paths
+from faste_mm.retrieval.scanning import Scan, ScannedFile, scan_paths
 from faste_mm.retrieval.watch_status import describe_watch, read_watch_status  # noqa: F401 (their old home)
 
 log = logging.getLogger(__name__)
@@ -39,6 +39,8 @@ PROGRESS_REFRESH_S = 5.0
 # With native events, the wait before the next poll while files settle (not the whole interval:
 # an event-driven watcher may poll rarely, and a new file's last write raises no further event).
 EVENT_SETTLE_S = 1.0
+# How long stopping waits for watchdog's observer thread (a daemon: a stuck one never holds the exit).
+OBSERVER_STOP_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +92,9 @@ class SyncReport:
     index: IndexReport | None = None
     error: str | None = None
     empty_roots: tuple[str, ...] = ()  # watched folders found empty: nothing under them removed
+    # Watched folders no longer the folder pinned at start (replaced, or swapped for a link), each
+    # with why: not read, nothing under them removed, until they are that folder again.
+    stopped_roots: tuple[str, ...] = ()
 
     @property
     def is_idle(self) -> bool:
@@ -99,6 +104,7 @@ class SyncReport:
         d = asdict(self)
         d["index"] = None if self.index is None else self.index.to_dict()
         d["empty_roots"] = list(self.empty_roots)
+        d["stopped_roots"] = list(self.stopped_roots)
         return d
 
 
@@ -119,7 +125,11 @@ class FolderWatcher:
             raise ConfigError("watch: give at least one folder or file to watch")
         self.options = options or WatchOptions()
         self._progress = progress
-        self._filter = ScanFilter(self.options.index.exclude, self.options.index.include_hidden)
+        self._filter = self.options.index.scan_filter
+        # Each watched folder pinned by its identity now: a poll reads it only while it is still that
+        # folder, so one swapped for a link (to /etc, say) is never walked (`_check_roots`).
+        self._pins = {path: _pin(path) for path in self.paths}
+        self._stopped: dict[Path, str] = {}  # watched path -> why its sync is stopped
         self._streaks: dict[str, tuple[tuple[int, float], int]] = {}  # uri -> ((size, mtime), polls seen so)
         self._last: dict[str, tuple[int, float]] | None = None  # the previous scan's stats
         self._fingerprint: dict[str, tuple] | None = None  # the previous poll's bare stat walk (`_fingerprint`)
@@ -134,11 +144,19 @@ class FolderWatcher:
         files that have settled. Raises CollectionError for a problem of the collection itself
         (settings, damage); another writer holding it is reported in the result and retried."""
         self.polls += 1
-        fingerprint = _fingerprint(self.paths)  # a bare stat walk: ~20x cheaper than a scan
+        paths = self._check_roots()
+        stopped = tuple(self._stopped.values())
+        if not paths:
+            self._is_clean = False
+            return self._finish(SyncReport(time.time(), 0, stopped_roots=stopped))
+        fingerprint = _fingerprint(paths)  # a bare stat walk: ~20x cheaper than a scan
         if fingerprint == self._fingerprint and self._is_clean:
-            return self._finish(SyncReport(time.time(), len(self._last or ())))  # idle: nothing opened or written
+            return self._finish(SyncReport(time.time(), len(self._last or ()), stopped_roots=stopped))  # idle
         self._fingerprint = fingerprint
-        scan = scan_paths(self.paths, self._filter)
+        scan = scan_paths(paths, self._filter)
+        if self._check_roots() != paths:  # a folder swapped during the walk: its files are not indexed
+            self._is_clean = False
+            return self._finish(SyncReport(time.time(), 0, stopped_roots=tuple(self._stopped.values())))
         stats = {f.uri: (f.stat.size, f.stat.mtime) for f in scan.files()}
         self._count_streaks(stats)
         if stats == self._last and self._is_clean:
@@ -166,11 +184,29 @@ class FolderWatcher:
                 raise
             self._is_clean = False
             return self._finish(SyncReport(time.time(), len(stats), len(waiting), bool(held), error=str(error),
-                                           empty_roots=empty))
+                                           empty_roots=empty, stopped_roots=stopped))
         finally:
             self.progress = None
         self._is_clean = not waiting and not held
-        return self._finish(SyncReport(time.time(), len(stats), len(waiting), bool(held), index, empty_roots=empty))
+        return self._finish(SyncReport(time.time(), len(stats), len(waiting), bool(held), index, empty_roots=empty,
+                                       stopped_roots=stopped))
+
+    def _check_roots(self) -> list[Path]:
+        """The watched paths to poll now: each folder as its resolved path pinned at start, while it
+        is still that folder (same resolved path, device and inode); the others are stopped, with
+        why, logged once when it happens and again when the folder is back."""
+        active = []
+        for path, pin in self._pins.items():
+            why = None if pin is None else _root_change(path, pin)
+            if why is None and path in self._stopped:
+                log.warning("watch: %s is the folder watched since the start again; its sync goes on", path)
+                del self._stopped[path]
+            elif why is not None and path not in self._stopped:
+                log.warning("watch: %s", why)
+                self._stopped[path] = why
+            if why is None:
+                active.append(path if pin is None else Path(pin.resolved))
+        return active
 
     def run(self, stop: threading.Event, on_sync: Callable[[SyncReport], None] | None = None,
             sync: Callable[[], SyncReport] | None = None) -> None:
@@ -182,13 +218,13 @@ class FolderWatcher:
         observer = _start_events(self.paths, wake) if wake is not None else None
         try:
             while not stop.is_set():
+                if wake is not None:
+                    wake.clear()  # before the poll: an event during it wakes the next poll, never lost
                 report = sync()
                 if on_sync is not None:
                     on_sync(report)
                 if report.more:
                     continue
-                if wake is not None:
-                    wake.clear()
                 events = observer is not None
                 # with events, files waiting to settle are looked at again soon: a write to them wakes
                 # the watcher (and restarts their count), so a quiet EVENT_SETTLE_S means they are done
@@ -197,7 +233,7 @@ class FolderWatcher:
         finally:
             if observer is not None:
                 observer.stop()
-                observer.join()
+                observer.join(OBSERVER_STOP_S)
 
     def _count_streaks(self, stats: dict[str, tuple[int, float]]) -> None:
         """Count, per file, the consecutive polls that saw its current (size, mtime)."""
@@ -244,10 +280,47 @@ def watch_status(paths: Iterable[Path], options: WatchOptions, last: SyncReport 
             "in_sync": last is not None and last.error is None and not last.waiting and not last.more,
             "files": None if last is None else last.n_files, "waiting": None if last is None else last.waiting,
             "error": None if last is None else last.error,
+            "stopped_roots": [] if last is None else list(last.stopped_roots),
             "last_change": None if index is None else {"embedded": index.embedded, "reused": index.reused,
                                                         "removed": index.removed, "failed": index.failed},
             "syncing": None if progress is None else {"files_done": progress.files_done,
                                                       "files_total": progress.files_total}}
+
+
+@dataclass(frozen=True, slots=True)
+class _PinnedRoot:
+    """A watched folder's identity at start: where it resolved to, its device and inode."""
+
+    resolved: str
+    dev: int
+    ino: int
+
+
+def _pin(path: Path) -> _PinnedRoot | None:
+    """`path`'s identity if it is a folder now; None for a file (rewritten by rename, a file keeps
+    no inode) or a path not there (scanned as a missing path each poll)."""
+    try:
+        resolved = os.path.realpath(path, strict=True)
+        st = os.stat(resolved, follow_symlinks=False)
+    except (OSError, RuntimeError):
+        return None
+    return _PinnedRoot(resolved, st.st_dev, st.st_ino) if os.path.isdir(resolved) else None
+
+
+def _root_change(path: Path, pin: _PinnedRoot) -> str | None:
+    """Why the watched folder `path` is no longer the one pinned at start; None while it is."""
+    stop = ("; its sync is stopped and nothing under it is read or removed until it is that folder again "
+            "(restart watch to watch what is there now)")
+    try:
+        resolved = os.path.realpath(path, strict=True)
+        st = os.stat(resolved, follow_symlinks=False)
+    except (OSError, RuntimeError) as error:
+        return f"{path}: the watched folder cannot be reached ({error}){stop}"
+    if resolved != pin.resolved:
+        return f"{path} now leads to {resolved}, not the folder watched since the start ({pin.resolved}){stop}"
+    if (st.st_dev, st.st_ino) != (pin.dev, pin.ino):
+        return f"{path} was replaced by another folder (another device or inode than at start){stop}"
+    return None
 
 
 def _fingerprint(paths: Iterable[Path]) -> dict[str, tuple]:

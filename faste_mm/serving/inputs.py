@@ -222,7 +222,7 @@ def _fetch(url: str, where: str, max_bytes: int) -> bytes:
 
 # ---- responses ------------------------------------------------------------------------------
 def truncate_dimensions(vectors: np.ndarray, dimensions: int | None) -> np.ndarray:
-    """Matryoshka: the first `dimensions` dims, re-normalised (DESIGN.md); None keeps all."""
+    """Matryoshka: the first `dimensions` dims, re-normalised (docs/design.md); None keeps all."""
     if dimensions is None or dimensions == vectors.shape[1]:
         return vectors
     if dimensions > vectors.shape[1]:

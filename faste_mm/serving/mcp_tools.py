@@ -109,6 +109,8 @@ class HitOut(BaseModel):
     kind: str
     found_by: str
     metadata: dict[str, Any] | None = None
+    taken: str | None = Field(None, description="When the photo, video or document was taken or created, ISO 8601 "
+                                                "with its recorded offset; null: undated (no date in the file).")
     resource: str = Field(description="The item as an MCP resource (faste-mm://item/ID).")
 
 
@@ -359,7 +361,8 @@ class McpTools:
             out.append(HitOut(rank=rank, id=hit.id, score=hit.score, rerank_score=hit.rerank_score,
                               similarity=hit.similarity, uri=hit.uri,
                               page=hit.page, name=name, kind=kind_name(hit.uri), found_by=hit.found_by,
-                              metadata=_plain(hit.metadata), resource=ITEM_URI.format(id=hit.id)))
+                              metadata=_plain(hit.metadata), resource=ITEM_URI.format(id=hit.id),
+                              taken=None if hit.facts is None else hit.facts.taken_iso()))
             links.append((hit.id, name, hit.uri))
             if thumbnails and has_thumbnail(hit.uri, hit.page):
                 try:
@@ -369,7 +372,7 @@ class McpTools:
                     log.warning("%s", error)
         result = SearchOut(collection=str(self.collection), k=k, mode=mode, reranked_by=reranked_by, hits=out)
         lines = [f"{h.rank}. {h.uri}{'' if h.page is None else f' (page {h.page})'}  score {h.score:.4f}  id {h.id}"
-                 for h in out]
+                 + (f"  {(h.taken or 'no date')[:10]}" if h.kind in ("image", "video") else "") for h in out]
         return ToolAnswer(result, "\n".join([f"{len(out)} results", *lines]), pictures, links)
 
 

@@ -108,11 +108,13 @@ function filters() {
   return { type: type || null, path: path || null, where: where.length ? where : null, since, until, sort, min_score };
 }
 
-// A hit's facts in one line: the date taken (as recorded, not a file's mtime), the place, the camera.
-function factsLine(facts) {
+// A hit's facts in one line: the date taken (as recorded; for a photo or video without one "no
+// date", never its file's mtime), the place, the camera.
+function factsLine(facts, kind) {
   if (!facts) return "";
   const parts = [];
-  if (facts.taken && facts.taken_source !== "mtime") parts.push(facts.taken.slice(0, 10));
+  if (facts.taken) parts.push(facts.taken.slice(0, 10));
+  else if (kind === "image" || kind === "video") parts.push("no date");
   if (facts.place) parts.push(facts.place);
   if (facts.camera) parts.push(facts.camera);
   return parts.join(" · ");
@@ -126,6 +128,12 @@ function readAsDataUrl(file) {
     reader.readAsDataURL(file);
   });
 }
+
+// The grid shows the latest search asked for: a new search aborts the one still in flight, and a
+// reply that arrives for a superseded search anyway is dropped. Filters changed one after another
+// (dates, then the order, then a place) must never leave an earlier request's hits under the later
+// request's URL and controls.
+let latestSearch = null;  // the AbortController of the search whose reply the grid waits for
 
 async function search({ id = null, pushUrl = true } = {}) {
   const q = $("q").value.trim();
@@ -141,6 +149,9 @@ async function search({ id = null, pushUrl = true } = {}) {
     return;
   }
   if (pushUrl) updateUrl(id, q, String(k), body);
+  if (latestSearch) latestSearch.abort();
+  const mine = new AbortController();
+  latestSearch = mine;
   document.body.classList.add("busy");
   $("go").disabled = true;
   try {
@@ -150,15 +161,19 @@ async function search({ id = null, pushUrl = true } = {}) {
       if (q) body.query = q;
       if (state.image) body.image = await readAsDataUrl(state.image);
     }
-    const result = await api("/search", { method: "POST", body: JSON.stringify(body),
+    const result = await api("/search", { method: "POST", body: JSON.stringify(body), signal: mine.signal,
                                            headers: { "Content-Type": "application/json" } });
+    if (latestSearch !== mine) return;  // superseded while its reply was on the way
     state.results = result;
     render(result, id !== null ? `items like #${id}` : describe(q), activeFilters(body));
   } catch (error) {
-    failed(error, "Search");
+    if (latestSearch === mine) failed(error, "Search");  // an aborted, superseded search says nothing
   } finally {
-    document.body.classList.remove("busy");
-    $("go").disabled = false;
+    if (latestSearch === mine) {  // the later search clears "busy" when its own reply is shown
+      latestSearch = null;
+      document.body.classList.remove("busy");
+      $("go").disabled = false;
+    }
   }
 }
 
@@ -233,7 +248,7 @@ function render(result, label, named = []) {
     name.title = hit.uri;
     card.querySelector(".page").textContent = hit.page ? `page ${hit.page}` : "";
     const facts = card.querySelector(".facts");
-    facts.textContent = factsLine(hit.facts);
+    facts.textContent = factsLine(hit.facts, kind);
     facts.hidden = !facts.textContent;
     // hybrid: the bar and number show the cosine (a fused rank score of ~0.03 says nothing of closeness)
     const shown = hit.similarity ?? hit.score;
