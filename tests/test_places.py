@@ -49,7 +49,7 @@ def test_a_city_or_a_town_of_its_own_keeps_its_name_and_has_no_neighbourhood(pos
 
 def test_the_facts_read_from_a_photo_name_the_city_and_the_neighbourhood(tmp_path):
     photo = make_photo(tmp_path / "p.jpg", exif=exif_block("2024:07:14 18:00:00", gps=(38.7205, -9.1355, 0.0)))
-    facts = read_facts(photo, "image", 1.0)
+    facts = read_facts(photo, "image")
     assert (facts.city, facts.neighbourhood, facts.region, facts.country) == ("Lisbon", "Intendente", "Lisbon", "Portugal")
     assert facts.place == "Intendente, Lisbon, Lisbon, Portugal" and "Intendente" in facts.words()
     assert facts.to_dict()["neighbourhood"] == "Intendente"
