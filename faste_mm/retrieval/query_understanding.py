@@ -165,7 +165,7 @@ def understand(query: str, today: date, places: PlaceNames | None = None, *, lit
     for find in (_phrases, _dates, _places, _cameras, _ratings, _kinds):
         candidates.extend(find(clean, folded, today, places, languages))
     parts = _choose(candidates)
-    return UnderstoodQuery(query, _meaning(clean, parts), parts)
+    return UnderstoodQuery(query, _meaning(clean, parts, languages), parts)
 
 
 # ---- choosing among candidates ------------------------------------------------------------------
@@ -183,10 +183,10 @@ def _choose(candidates: list[UnderstoodPart]) -> tuple[UnderstoodPart, ...]:
     return tuple(sorted((p for p in chosen if p.kind != "blocked"), key=lambda p: p.start))
 
 
-def _meaning(clean: str, parts: Sequence[UnderstoodPart]) -> str:
+def _meaning(clean: str, parts: Sequence[UnderstoodPart], languages: Sequence[Language] = LANGUAGES) -> str:
     """The query without the parts' words (those not `in_meaning`), dropping the small words
-    (`Language.fillers`) that touch a removed part, spaces collapsed."""
-    fillers = [lang for lang in LANGUAGES if any(p.language == lang.code for p in parts)] or []
+    (`Language.fillers` of the parts' languages) that touch a removed part, spaces collapsed."""
+    fillers = [lang for lang in languages if any(p.language == lang.code for p in parts)]
     removed = sorted((p.start, p.end) for p in parts if not p.in_meaning)
     pieces, at = [], 0
     for start, end in removed:
