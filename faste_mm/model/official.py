@@ -5,8 +5,11 @@ comes from: docs/design.md "The official release".
 
 from __future__ import annotations
 
-# The official document instruction (the embedder's default system prompt).
+# The official default system turn (Qwen3-VL-Embedding's `format_model_input`): documents.
 DOCUMENT_INSTRUCTION = "Represent the user's input."
+# The model card's example retrieval instruction: the query instruction of vision-language models
+# (Embedder.encode_queries, Retriever.search, serve, eval); text models use their own default task.
+QUERY_INSTRUCTION = "Retrieve images or text relevant to the user's query."
 # One merged visual token covers 32 x 32 pixels (patch 16, spatial merge 2): the unit of
 # `--visual-tokens`, the friendlier spelling of an image budget in pixels.
 PIXELS_PER_VISUAL_TOKEN = 32 * 32

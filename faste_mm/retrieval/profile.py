@@ -32,7 +32,8 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 from faste_mm.errors import CollectionError, ConfigError
 from faste_mm.indexers.manifest import MANIFEST_NAME, Manifest, read_manifest
 from faste_mm.indexers.vector_choices import KEEPS, PRECISIONS  # noqa: F401  (the choices of vectors and keep)
-from faste_mm.model.official import DOCUMENT_INSTRUCTION, OFFICIAL_MAX_PIXELS, OFFICIAL_MIN_PIXELS, PIXELS_PER_VISUAL_TOKEN
+from faste_mm.model.official import (DOCUMENT_INSTRUCTION, OFFICIAL_MAX_PIXELS, OFFICIAL_MIN_PIXELS, PIXELS_PER_VISUAL_TOKEN,
+                                     QUERY_INSTRUCTION)
 from faste_mm.model.video import VideoConfig
 from faste_mm.retrieval.receipt import PlanReceipt
 from faste_mm.retrieval.setting import ABSENT, Flag, Setting, get_key, put_key, setting, settings_of
@@ -46,9 +47,6 @@ DEFAULT_MODEL = "Qwen/Qwen3-VL-Embedding-2B"
 # FastE's r_max for the documents of a new collection when the user gives none (and for `embed`);
 # queries always run the full forward.
 DOCUMENT_R_MAX = 0.5
-# The Qwen3-VL-Embedding model card's example retrieval instruction: the query instruction of
-# vision-language models (Retriever.search, serve, eval's default); text models use their own.
-QUERY_INSTRUCTION = "Retrieve images or text relevant to the user's query."
 
 _DOC_MODEL = (f"Hub id or local model directory. Default: a collection's own model (index, serve -c), else "
               f"{DEFAULT_MODEL}.")

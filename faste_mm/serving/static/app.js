@@ -59,6 +59,8 @@ async function loadInfo() {
     plan.textContent = `plan: ${col.plan}`;
     $("collection").append(name, detail, plan);
     $("rerank-toggle").hidden = !info.reranker;  // only a server started with --rerank can rerank
+    // on by default where searches rerank by default: the collection records a reranker
+    $("rerank").checked = Boolean(info.reranker && info.collection && info.collection.reranker);
     if (info.reranker) {  // the depth the server reranks a search to (/info), not a number of the page's own
       $("rerank-toggle").title = `Re-score the top ${info.reranker.search_top} hits with ${shortModel(info.reranker.model)}`;
     }
@@ -143,7 +145,7 @@ async function search({ id = null, pushUrl = true } = {}) {
   let body;
   try {
     body = { k, mode: $("mode").value, ...filters() };
-    if ($("rerank").checked && id === null) body.rerank = true;
+    if (!$("rerank-toggle").hidden && id === null) body.rerank = $("rerank").checked;
   } catch (error) {
     showBanner(error.message);
     return;
