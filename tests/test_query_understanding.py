@@ -188,3 +188,12 @@ def test_known_places_are_the_distinct_places_of_the_facts():
     facts = [ItemFacts(city="Lisbon", region="Lisbon", country="Portugal", neighbourhood="Intendente"),
              ItemFacts(city="Lisbon", region="Lisbon", country="Portugal", neighbourhood="Intendente"), ItemFacts(), None]
     assert known_places(facts) == {KnownPlace("Lisbon", "Lisbon", "Portugal", "Intendente")}
+
+
+def test_the_understood_filters_go_into_a_search_request_as_they_are(places):
+    from faste_mm.retrieval.search_request import SearchRequest
+
+    understood = understand("beach in Lisbon last summer", TODAY, places)
+    request = SearchRequest(query=understood.query, k=20, where=("rating>=3",)).with_filters(**understood.search_keywords())
+    assert (request.query, request.since, request.until, request.k) == ("beach", "2024-06", "2024-08", 20)
+    assert set(request.where) == {"rating>=3", "place~Lisbon"}
