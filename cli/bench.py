@@ -13,7 +13,8 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from faste_mm.cli.common import fail, setup_logging, stderr, stdout
+from faste_mm.bench.options import INPUTS_WORDS, OUT_HELP  # plain words: no torch at start-up
+from faste_mm.cli.common import fail, print_json, setup_logging, stderr, stdout
 from faste_mm.cli.options import (DEFAULT_BATCH_TOKENS, BatchTokens, Debug, Device, Dtype, Format, Model, OutputFormat,
                                   RMax, Threshold, TriggerLayer, Unpadded, WarmupLayer, fast_e_config, ratios)
 from faste_mm.cli.progress import Progress
@@ -25,7 +26,7 @@ def bench_command(
     model: Model = None,
     shape: Optional[str] = typer.Option(None, envvar="FASTE_MM_SHAPE", help="Random-weight real architecture: qwen3-vl-embedding-2b | qwen3-vl-embedding-8b | qwen3-embedding-0.6b | qwen3-embedding-4b."),
     scale_hidden: float = typer.Option(1.0, envvar="FASTE_MM_SCALE_HIDDEN", help="Shrink widths of --shape by this factor (layers and heads kept), e.g. 0.25 on a CPU."),
-    inputs: str = typer.Option("text:1000", envvar="FASTE_MM_INPUTS", help="text:TOKENS | text:MIN-MAX | image:WxH | page:WxH | video:SECONDS[@WxH] | a folder."),
+    inputs: str = typer.Option("text:1000", envvar="FASTE_MM_INPUTS", help=f"{INPUTS_WORDS}."),
     n: int = typer.Option(32, envvar="FASTE_MM_N", help="Number of inputs."),
     r_max: RMax = None,
     warmup_layer: WarmupLayer = None,
@@ -39,7 +40,7 @@ def bench_command(
     device: Device = "auto",
     dtype: Dtype = "auto",
     output: OutputFormat = Format.table,
-    out: Optional[Path] = typer.Option(None, "--out", "-o", envvar="FASTE_MM_BENCH_OUT", help="Also write the report as JSON to this file."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", envvar="FASTE_MM_BENCH_OUT", help=f"{OUT_HELP[0].upper()}{OUT_HELP[1:]}."),
     debug: Debug = False,
 ) -> None:
     """Measure speed, memory and FLOPs of FastE settings against the full forward (the model suite);
@@ -101,7 +102,7 @@ def bench_command(
             fail(ConfigError(f"--out {out}: cannot write the report ({error}); choose another path"), debug)
         stderr.print(f"wrote {out}", highlight=False)
     if output is Format.json:
-        stdout.print_json(json.dumps(payload))
+        print_json(payload)
     else:
         _render(report)
     stderr.print(describe(result), highlight=False, markup=False)

@@ -13,7 +13,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from faste_mm.cli.common import fail, setup_logging, stderr, stdout
+from faste_mm.cli.common import fail, print_json, setup_logging, stderr, stdout
 from faste_mm.cli.options import (DEFAULT_BATCH_TOKENS, DEFAULT_MODEL, DOCUMENT_R_MAX, BatchTokens, CollectionOption,
                                   Debug, Device, Dtype, Format, ImageRoot, Model, OutputFormat, Rerank, RerankProtect,
                                   RMax, Threshold, TriggerLayer, Unpadded, WarmupLayer, fast_e_config, one_ratio)
@@ -99,7 +99,7 @@ def calibrate_command(
     # The table (or JSON) comes first, whatever --save then says: it is what tells the user
     # how close each theta came when none passed.
     if output is Format.json:
-        stdout.print_json(json.dumps(calibration.to_dict()))
+        print_json(calibration.to_dict())
     else:
         _render(calibration)
     stderr.print(f"report: {out / 'calibration.json'}, plot: {out / 'calibration.png'}")
@@ -144,7 +144,7 @@ def _calibrate_reranker(model, paths, queries, r_max, warmup_layer, threshold, t
     for reason in unreadable:
         stderr.print(f"[yellow]skipped[/yellow] {reason}")
     if output is Format.json:
-        stdout.print_json(json.dumps(calibration.to_dict()))
+        print_json(calibration.to_dict())
     else:
         _render_reranker(calibration)
     stderr.print(f"report: {out / 'rerank_calibration.json'}")

@@ -115,13 +115,21 @@ def markup_safe(text: object) -> str:
 def print_json(payload: object) -> None:
     """JSON on stdout. When a name holds bytes that are not UTF-8 (lone surrogates), the whole
     document is written ASCII-escaped: json.loads turns \\udcXX back into the same str, and
-    os.fsencode gives the original bytes; otherwise text is written as is."""
+    os.fsencode gives the original bytes; otherwise text is written as is. Colours only on a real
+    terminal: FORCE_COLOR (set by many CI runners) makes rich colour a pipe, and `jq` would fail."""
     try:
         json.dumps(payload, ensure_ascii=False).encode("utf-8")
         is_utf8 = True
     except UnicodeEncodeError:
         is_utf8 = False
-    stdout.print_json(json.dumps(payload), ensure_ascii=not is_utf8)
+    stdout.print_json(json.dumps(payload), ensure_ascii=not is_utf8, highlight=_is_tty(sys.stdout))
+
+
+def _is_tty(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # a replaced or closed stream
+        return False
 
 
 def in_cli_words(message: str) -> str:

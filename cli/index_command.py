@@ -74,11 +74,12 @@ def index_command(
     from faste_mm.model.batching import BatchingConfig
     from faste_mm.retrieval.maintenance import collection_path
     from faste_mm.retrieval.results import IndexOptions
-    from faste_mm.retrieval.retriever import Retriever
+    from faste_mm.retrieval.retriever import Retriever, refuse_missing_paths
 
     setup_logging(debug)
     watch, pending = _IndexWatch(), None
     try:
+        refuse_missing_paths(paths)  # a mistyped folder: said before the model loads, nothing created
         root = collection_path(collection)
         options = IndexOptions(exclude=tuple(exclude), include_hidden=include_hidden,
                                follow_links=follow_links, reindex=reindex,
@@ -117,8 +118,9 @@ def index_command(
         stderr.print(f"[yellow]skipped[/yellow] {markup_safe(failure.error)}", highlight=False)
     if report.links_skipped:
         stderr.print(links_skipped_line(report.links_skipped), highlight=False)
-    for text in retriever.kernel_choices():
-        stderr.print(text, highlight=False)
+    runtime = retriever.describe_runtime()  # one line; the kernel choices are debug logs (--debug) and bench's
+    if runtime is not None:
+        stderr.print(runtime, highlight=False, markup=False)
 
 
 def links_skipped_line(n: int) -> str:
@@ -131,12 +133,12 @@ def _plan_settings(plan: str, root, model: Optional[str], given: dict, dtype: st
     """--plan: the chosen row's collection settings (over the other settings given) and dtype,
     refused when other flags set them too or when the plan was measured with another model than
     this index uses."""
-    from faste_mm.retrieval.profile import DEFAULT_MODEL, existing_profile
+    from faste_mm.retrieval.profile import DEFAULT_MODEL, FAST_E_SETTINGS, existing_profile
     from faste_mm.tools.plan_report import load_plan
 
     report, row = load_plan(plan)
     chosen = report.settings(row)
-    if dtype != "auto" or set(given) & {*chosen, "r_max", "warmup_layer", "threshold", "trigger_layer"}:
+    if dtype != "auto" or set(given) & {*chosen, *FAST_E_SETTINGS}:
         usage_error("--plan sets the pixel budget, FastE (--r-max, --threshold, ...) and --dtype from the plan; "
                "give --plan or those flags")
     existing = existing_profile(root)

@@ -16,6 +16,7 @@ import typer
 
 from faste_mm.errors import ConfigError
 from faste_mm.cli.setting_flags import setting_option
+from faste_mm.model.backbones.machine import DEVICE_CHOICES, DTYPE_CHOICES
 from faste_mm.retrieval.profile import DEFAULT_MODEL, DOCUMENT_R_MAX, SWEEP_R_MAX  # noqa: F401  (serve, embed)
 
 if TYPE_CHECKING:
@@ -51,16 +52,12 @@ Unpadded = Annotated[str, typer.Option(
          "trial batch; CPU: segments) | off | flash-attn | torch-nested | segments; bench compares several, "
          "comma-separated. Default auto.")]
 Device = Annotated[str, typer.Option(
-    "--device", envvar="FASTE_MM_DEVICE", show_default=False,
-    help="auto (CUDA when available) | cpu | cuda | cuda:N. Default auto.")]
+    "--device", envvar="FASTE_MM_DEVICE", show_default=False, help=f"{DEVICE_CHOICES}. Default auto.")]
 MaxPixels = setting_option("--max-pixels")
 VisualTokens = setting_option("--visual-tokens")
 Dtype = Annotated[str, typer.Option(
     "--dtype", envvar="FASTE_MM_DTYPE", show_default=False,
-    help="Model weights and compute: auto (bfloat16 on CUDA and on CPUs with native bf16, else float32) | float32 | "
-         "bfloat16 | float16 | int8 (x86 CPU with VNNI/AMX only: int8 linear layers, the rest bfloat16 where the CPU has it, "
-         "else float32; see docs/cpu.md). "
-         "Default auto.")]
+    help=f"Model weights and compute: {DTYPE_CHOICES}. Default auto.")]
 OutputFormat = Annotated[Format, typer.Option(
     "--format", envvar="FASTE_MM_FORMAT", show_default=False,
     help="Results on stdout as a table or as JSON (documented schema). Default table.")]

@@ -18,8 +18,9 @@ from faste_mm.cli.options import (DEFAULT_BATCH_TOKENS, DEFAULT_MODEL, BatchToke
                                   OutputFormat, RMax, Threshold, TriggerLayer, WarmupLayer, fast_e_config, ratios)
 from faste_mm.cli.progress import Progress
 from faste_mm.errors import ConfigError, FasteError
+from faste_mm.model.official import PIXEL_SWEEP  # plain data: no torch at start-up
 
-_PIXELS = "1843200,1003520,501760,250880"
+_PIXELS = ",".join(map(str, PIXEL_SWEEP))
 _SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 
@@ -81,6 +82,8 @@ def plan_command(
             _write(plot, lambda: plot_plan(report, plot))
     except FasteError as error:
         fail(error, debug)
+    for dtype, why in report.left_out.items():
+        stderr.print(f"[yellow]left out[/yellow] --dtype {dtype}: {markup_safe(why)}", highlight=False)
     if output is Format.json:
         print_json(payload)
     else:

@@ -1,25 +1,31 @@
-"""`faste-mm search`: a query (text, --image, --video) and filters -> the collection's running
-server or a local `Retriever.search` (reranked with --rerank or the collection's reranker) -> hits
-on stdout as a table, --format json or paths. Every option also reads a FASTE_MM_* variable.
+"""`faste-mm search`: a query (text, --image, --video, or --like an item) and filters -> one
+`SearchRequest` (its options are the flags, made from their declarations) -> the collection's running
+server or the library's executor here (reranked with --rerank or the collection's reranker; a
+lexical search that reranks nothing loads no model and no torch) -> hits on stdout as a table,
+--format json or paths. Every option also reads a FASTE_MM_* variable.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 import sys
+from dataclasses import replace
 from enum import Enum
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Any, Callable, Optional, get_type_hints
 
 import typer
 from rich.table import Table
 
 from faste_mm.cli.common import fail, markup_safe, print_json, setup_logging, stdout, usage_error
 from faste_mm.cli.options import CollectionOption, Debug, Device, NoServer
-from faste_mm.cli.options import RERANK_TOWER_CACHE_MB, Rerank, RerankProtect, RerankRMax, RerankTop, RerankTowerCacheMb
+from faste_mm.cli.options import RERANK_TOWER_CACHE_MB, Rerank, RerankProtect, RerankRMax, RerankTowerCacheMb
 from faste_mm.cli.collection_commands import load_reranker
 from faste_mm.cli.progress import quiet_transformers
-from faste_mm.errors import FasteError
+from faste_mm.errors import ConfigError, FasteError, InputError
+from faste_mm.retrieval.search_request import DEFAULTS, OPTIONS, Option, SearchRequest, options_for
 
 
 class SearchFormat(str, Enum):
@@ -30,55 +36,57 @@ class SearchFormat(str, Enum):
     paths = "paths"
 
 
+def _cli_type(declared: Option) -> Any:
+    """The Python type typer parses an option's flag as (None = not given)."""
+    return {"int": Optional[int], "float": Optional[float], "bool": bool, "texts": list[str], "where": list[str],
+            "image": Optional[Path]}.get(declared.kind, Optional[str])
+
+
+def _cli_default(name: str) -> Any:
+    default = DEFAULTS[name]
+    return [] if OPTIONS[name].kind in ("texts", "where") else default
+
+
+def _cli_help(name: str, declared: Option) -> str:
+    default = DEFAULTS[name]
+    repeat = " Repeatable." if declared.kind in ("texts", "where") else ""
+    shown = "" if default is None or declared.kind == "bool" or "Default" in declared.help else f" Default {default}."
+    return declared.help + repeat + shown
+
+
+def takes_search_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """`command` taking every search option the command line shows (`SearchRequest`'s declarations:
+    flag, FASTE_MM_* variable, bounds, help) after its own parameters; it receives their values
+    as `options` (by option name)."""
+    signature = inspect.signature(command, eval_str=True)
+    own = [p for p in signature.parameters.values() if p.name != "options"]
+    declared = {name: option for name, option in options_for("cli").items() if option.flag is not None}
+    added = [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=_cli_default(name),
+                               annotation=Annotated[_cli_type(option), typer.Option(
+                                   option.flag, envvar=option.envvar, help=_cli_help(name, option), min=option.min,
+                                   max=option.max, show_default=False)])
+             for name, option in declared.items()]
+    hints = get_type_hints(command, include_extras=True)
+
+    @functools.wraps(command)
+    def run(**values: Any) -> Any:
+        options = {name: values.pop(name) for name in declared}
+        return command(options=options, **values)
+
+    run.__signature__ = signature.replace(parameters=[*own, *added])
+    run.__annotations__ = {**{p.name: hints[p.name] for p in own if p.name in hints},
+                           **{p.name: p.annotation for p in added}}
+    return run
+
+
+@takes_search_options
 def search_command(
-    query: Optional[str] = typer.Argument(None, help="Query text (optional with --image or --video)."),
-    image: Optional[Path] = typer.Option(None, "--image", envvar="FASTE_MM_IMAGE",
-                                         help="Query image; alone it finds visually similar items."),
-    video: Optional[Path] = typer.Option(None, "--video", envvar="FASTE_MM_VIDEO",
-                                         help="Query video, sampled like the collection's videos; alone it "
-                                              "finds similar items."),
+    query: Optional[str] = typer.Argument(None, help=OPTIONS["query"].help + " Optional with --image, --video or "
+                                                                             "--like."),
     collection: CollectionOption = None,
-    k: int = typer.Option(10, "-k", envvar="FASTE_MM_K", min=1, help="Number of results (default 10)."),
     output: SearchFormat = typer.Option(SearchFormat.table, "--format", envvar="FASTE_MM_FORMAT", show_default=False,
                                         help="table | json (documented schema) | paths (one per line). Default table."),
-    instruction: Optional[str] = typer.Option(None, "--instruction", envvar="FASTE_MM_QUERY_INSTRUCTION",
-                                              help="Query instruction. Default: 'Retrieve images or text "
-                                                   "relevant to the user's query.' for text queries."),
-    where: list[str] = typer.Option([], "--where", envvar="FASTE_MM_WHERE",
-                                    help="Only items meeting a condition; repeatable (all must hold). On the facts "
-                                         "read from the files (quote < and > in a shell): taken>=2024-05-01, taken<2025, camera~pixel (~: "
-                                         "contains), rating>=4, place~lisbon, keyword=beach, has:gps (see "
-                                         "docs/photos.md); on metadata: KEY=VALUE, VALUE a number, true/false, or "
-                                         "text (quote a number to match it as text: year='\"2024\"')."),
-    since: Optional[str] = typer.Option(None, "--since", envvar="FASTE_MM_SINCE",
-                                        help="Only items taken on or after this date (YYYY, YYYY-MM, YYYY-MM-DD, or "
-                                             "an ISO time; UTC unless it has an offset)."),
-    until: Optional[str] = typer.Option(None, "--until", envvar="FASTE_MM_UNTIL",
-                                        help="Only items taken on or before this date, all of it (--until 2024-05 "
-                                             "keeps May)."),
-    sort: str = typer.Option("relevance", "--sort", envvar="FASTE_MM_SORT",
-                             help="relevance (default) | date (oldest first) | -date (newest first): the k best "
-                                  "hits, in this order."),
-    min_score: Optional[float] = typer.Option(None, "--min-score", envvar="FASTE_MM_MIN_SCORE",
-                                              help="Drop hits whose cosine score is below this, -1..1 (e.g. 0.3). "
-                                                   "Default: the collection's (index --min-score), else none."),
-    kind: list[str] = typer.Option([], "--type", envvar="FASTE_MM_TYPE",
-                                   help="Only items of this kind: image | pdf | text | video; repeatable (any of them)."),
-    path: Optional[str] = typer.Option(None, "--path", envvar="FASTE_MM_PATH",
-                                       help="Only files whose path matches this glob ('*' also matches '/'), "
-                                            "e.g. '*/invoices/*', '*.pdf', './photos/*'."),
-    mode: str = typer.Option("dense", "--mode", envvar="FASTE_MM_SEARCH_MODE",
-                             help="dense (by meaning, default) | lexical (by words: file names, text, PDF text "
-                                  "layers, metadata; loads no model) | hybrid (both, reciprocal-rank fused)."),
-    rescore: Optional[int] = typer.Option(None, "--rescore", envvar="FASTE_MM_RESCORE", min=0,
-                                          help="Candidates per result that an int8/binary/PQ index returns to be "
-                                               "rescored exactly from the copy on disk (0 = none). Default: "
-                                               "20 for binary, 2 for int8, 4 for PQ."),
-    lexical_syntax: bool = typer.Option(False, "--lexical-syntax", envvar="FASTE_MM_LEXICAL_SYNTAX",
-                                        help="Read the query as SQLite FTS5 syntax (AND OR NOT \"phrase\" prefix*) "
-                                             "in lexical and hybrid modes; default: plain words."),
     rerank: Rerank = None,
-    rerank_top: RerankTop = 50,
     rerank_r_max: RerankRMax = "0",
     rerank_protect: RerankProtect = "none",
     rerank_tower_cache_mb: RerankTowerCacheMb = RERANK_TOWER_CACHE_MB,
@@ -87,57 +95,102 @@ def search_command(
     no_server: NoServer = False,
     device: Device = "auto",
     debug: Debug = False,
+    options: dict | None = None,
 ) -> None:
-    """Search a collection by text, image and/or video; the model is the one the collection was built with.
-    A text search asks the collection's running `faste-mm serve`, if any, instead of loading the model."""
+    """Search a collection by text, image and/or video, or for items like one (--like ID|PATH); the model is
+    the one the collection was built with. A search the collection's running `faste-mm serve` can answer goes
+    to it instead of loading the model."""
     # The thin client: up to the server's answer this path imports no torch, transformers or FAISS
     # (the Retriever and the search modes' module load only for a search run here).
     from faste_mm.cli.server_search import search_through_server
 
     setup_logging(debug)
-    if query is None and image is None and video is None:
-        usage_error("give a QUERY text, --image PATH, --video PATH, or a combination")
-    if mode != "dense":  # only a dense search may go to the server: the others check here
-        from faste_mm.indexers.search import MODES
-
-        if mode not in MODES:
-            usage_error(f"--mode must be one of {', '.join(MODES)}, got {mode!r}")
-    conditions, facts, order = _checked_filters(where, since, until, sort, min_score, mode)
+    request = _request(query, options, no_rerank)
     try:
-        served = None
-        # The server answers plain dense text searches; a reranked, lexical/hybrid, image, video or
-        # instruction search runs here (a collection with a default reranker reranks unless --no-rerank).
-        local_only = (image is not None or video is not None or instruction is not None
-                      or mode != "dense" or rescore is not None or lexical_syntax)
-        # (the server's /info says whether the collection records a reranker: no manifest read here;
-        # a reranked search goes to the server when it has the reranker this search would load, warm)
-        if not no_server and not local_only:
-            reranking = None if no_rerank else (rerank, rerank_top, rerank_r_max)
-            served = search_through_server(collection, query, k, where, kind, path, reranking, debug, order)
+        served = None if no_server else search_through_server(collection, request, rerank, rerank_r_max, debug)
         if served is not None:
             root, hits = served
+        elif request.mode == "lexical" and rerank is None and _reranks_nothing(collection, request):
+            from faste_mm.retrieval.locations import collection_path
+            from faste_mm.retrieval.search_executor import search_words
+
+            root = collection_path(collection)  # words only: no model, no torch (issue 46)
+            hits = search_words(root, replace(request, rerank=False))
         else:
             from faste_mm.retrieval.retriever import Retriever
 
             with Retriever.open(collection, device=device) as retriever:
-                if mode != "lexical":  # lexical search loads no model
+                if request.mode != "lexical":  # lexical search loads no model
                     quiet_transformers()  # the model loads in search(): no per-weight bar on stderr
-                reranker = None if no_rerank else load_reranker(rerank, retriever.collection, rerank_r_max,
-                                                                 rerank_protect, device, rerank_tower_cache_mb)
-                hits = retriever.search(query, image=image, video=video, k=k, instruction=instruction,
-                                        where=list(where), type=kind or None, path=path, mode=mode, rescore=rescore,
-                                        lexical_syntax=lexical_syntax, rerank=False if reranker is None else reranker,
-                                        rerank_top=rerank_top, **order)
+                if request.rerank is not False:  # --rerank MODEL, else the collection's, with the --rerank-* settings
+                    request = replace(request, rerank=load_reranker(rerank, retriever.collection, rerank_r_max,
+                                                                    rerank_protect, device, rerank_tower_cache_mb)
+                                      or False)
+                hits = retriever.execute([request])[0]
+                if isinstance(hits, Exception):
+                    raise hits
                 root = retriever.collection
     except FasteError as error:
         fail(error, debug)
+    _render(output, request, root, hits)
+
+
+def _request(query: str | None, options: dict, no_rerank: bool) -> SearchRequest:
+    """The search request of the command line; a bad option is a usage error (exit 2) naming its
+    flag and the valid form, before any model loads."""
+    from faste_mm.indexers.filters import parse_where
+    from faste_mm.retrieval import result_order
+
+    given = {name: (None if value == [] else tuple(value) if isinstance(value, list) else value)
+             for name, value in options.items()}
+    like = given.get("like")
+    if isinstance(like, str) and not like.isdigit():
+        given["like"] = str(Path(like).expanduser().absolute())  # this shell's folder, whoever answers
+    elif isinstance(like, str):
+        given["like"] = int(like)
+    try:
+        request = SearchRequest.of("search", query=query, rerank=False if no_rerank else None, **given)
+        parse_where(list(request.where or ()))  # the condition's own message, before anything loads
+        result_order.date_conditions(request.since, request.until)
+        result_order.check_min_score_mode(request.min_score, request.mode)
+    except (ConfigError, InputError) as error:
+        usage_error(_in_flag_words(str(error)))
+    return request
+
+
+def _in_flag_words(message: str) -> str:
+    """A request's message with option names as the flags that set them ("search k" -> "-k")."""
+    for name, declared in OPTIONS.items():
+        flag = declared.flag or ("QUERY" if name == "query" else "--no-rerank")
+        message = message.replace(f"search {name} ", f"{flag} ").replace(f"search {name}:", f"{flag}:")
+        message = message.replace(f"`{name}`", flag)
+    message = message.replace("min_score", "--min-score").replace("use mode ", "use --mode ")
+    return message.replace("where ", "--where ", 1) if message.startswith("where ") else message
+
+
+def _reranks_nothing(collection: str | None, request: SearchRequest) -> bool:
+    """Whether the request reranks nothing: --no-rerank, or a collection without a reranker."""
+    from faste_mm.retrieval.locations import collection_path
+    from faste_mm.retrieval.profile import read_profile
+
+    return request.rerank is False or read_profile(collection_path(collection)).reranker is None
+
+
+def _render(output: SearchFormat, request: SearchRequest, root: Path, hits: list) -> None:
+    """The hits on stdout: the table, --format json (documented schema) or paths."""
     if output is SearchFormat.json:
-        payload = {"query": {"text": query, "image": None if image is None else str(image),
-                             "video": None if video is None else str(video)},
-                   "collection": str(root), "k": k, "mode": mode,
-                   "filter": {"where": conditions, "types": list(kind), "path": path,
-                              "facts": [str(c) for c in facts], "since": since, "until": until},
-                   "sort": sort, "min_score": min_score,
+        from faste_mm.retrieval import result_order
+
+        where = result_order.search_filter(request.where, request.type, request.path)
+        conditions, facts = where.where, where.facts
+        payload = {"query": {"text": request.query, "image": None if request.image is None else str(request.image),
+                             "video": None if request.video is None else str(request.video), "like": request.like},
+                   "collection": str(root), "k": request.k, "mode": request.mode,
+                   "filter": {"where": conditions, "types": list(request.type or ()), "path": request.path,
+                              "facts": [str(c) for c in facts + result_order.date_conditions(request.since,
+                                                                                                 request.until)],
+                              "since": request.since, "until": request.until},
+                   "sort": request.sort, "min_score": request.min_score,
                    "hits": [{"rank": rank, **hit.to_dict()} for rank, hit in enumerate(hits, 1)]}
         print_json(payload)
     elif output is SearchFormat.paths:
@@ -175,22 +228,3 @@ def _taken_cell(hit) -> str:
     if hit.facts is None or hit.facts.taken is None:
         return "no date"
     return hit.facts.taken_iso().replace("T", " ")
-
-
-def _checked_filters(where: list[str], since: str | None, until: str | None, sort: str,
-                     min_score: float | None, mode: str) -> tuple[dict, tuple, dict]:
-    """The --where conditions (metadata dict, fact conditions) and the order options, checked here so
-    a bad one is a usage error (exit 2) naming the value and the valid form, before any model loads."""
-    from faste_mm.errors import ConfigError
-    from faste_mm.indexers.filters import parse_where
-    from faste_mm.retrieval import result_order
-
-    try:
-        conditions, facts = parse_where(where)
-        facts += result_order.date_conditions(since, until)
-        result_order.check_sort(sort)
-        result_order.check_min_score_mode(result_order.check_min_score(min_score), mode)
-    except ConfigError as error:
-        usage_error(str(error).replace("min_score", "--min-score").replace("use mode ", "use --mode ").replace("search since", "--since")
-                    .replace("search until", "--until").replace("search sort", "--sort").replace("where ", "--where ", 1))
-    return conditions, facts, {"since": since, "until": until, "sort": sort, "min_score": min_score}

@@ -10,39 +10,39 @@ from pathlib import Path
 from faste_mm.cli.common import stderr
 
 
-def search_through_server(collection: str | None, query: str, k: int, where: list[str], types: list[str],
-                          path: str | None, rerank: tuple | None, debug: bool, order: dict | None = None) -> tuple[Path, list] | None:
+def search_through_server(collection: str | None, request, rerank: str | None, rerank_r_max: str,
+                          debug: bool) -> tuple[Path, list] | None:
     """(collection root, hits) from the server announced in the collection, or None (no live
-    server for it, it could not answer, or the search reranks with another reranker than the
-    server's: the caller loads the model). With --debug, says which. `where`: the --where strings,
-    sent as given (the server parses them as this search would); `order`: since, until, sort,
-    min_score; `rerank`: None (--no-rerank) or (--rerank, --rerank-top, --rerank-r-max as given).
+    server for it, it could not answer, the request has an input the wire cannot carry (an image,
+    a video, an instruction), or it reranks with another reranker than the server's: the caller
+    runs it here). With --debug, says which. `request`: the `SearchRequest`, sent in its wire form
+    (`SearchRequest.wire`: the server parses it as this search would); `rerank`: --rerank MODEL
+    (None: the collection's), `rerank_r_max` as given.
 
     The thin client: every module imported here is light (no torch, transformers, FAISS or
     numpy), so a search answered by the server costs a Python start-up and one HTTP round trip.
     """
+    from faste_mm.errors import ConfigError
     from faste_mm.indexers.facts import facts_from_dict
-    from faste_mm.indexers.filters import SearchFilter, parse_where
+    from faste_mm.indexers.filters import SearchFilter
     from faste_mm.retrieval.hits import Hit
     from faste_mm.retrieval.locations import collection_path
     from faste_mm.serving.discovery import RerankAsk, find_server, search_via_server
 
     root = collection_path(collection)
-    # Checked here (a bad filter is the user's error either way); a relative path glob is made
-    # absolute against this shell's folder, not the server's.
-    metadata, facts = parse_where(where)
-    checked = SearchFilter(where=metadata, types=tuple(types), path=path, facts=facts)
-    address = find_server(root) if k <= 1000 else None  # the server answers at most 1000 hits
-    ask = None if rerank is None else RerankAsk(rerank[0], rerank[1], _ratio(rerank[2]))
-    rows = None if address is None else search_via_server(address, root, query, k, list(where), checked.types,
-                                                          checked.path, rerank=ask, order=order)
-    if debug:
-        stderr.print(f"search: through the server at {address.url} (pid {address.pid})" if rows is not None else
-                     "search: loading the model here (" + ("no running faste-mm serve for this collection)"
-                                                          if address is None else
-                                                          f"the server at {address.url} did not answer for it, or it "
-                                                          "has not loaded the reranker this search uses)"),
-                     highlight=False, markup=False)
+    try:
+        body = request.wire("client")
+    except ConfigError:  # an image, a video or an instruction: embedded here
+        _say("search", None, False, "loading the model here (the request has an input only a local search takes)",
+             debug, always=True)
+        return None
+    if request.path is not None:  # a relative glob is made absolute against this shell's folder, not the server's
+        body["path"] = SearchFilter(path=request.path).path
+    address = find_server(root)
+    ask = None if request.rerank is False else RerankAsk(rerank, request.rerank_top, _ratio(rerank_r_max))
+    rows = None if address is None else search_via_server(address, root, body, rerank=ask)
+    _say("search", address, rows is not None, "loading the model here", debug,
+         otherwise_why="did not answer for it, or it has not loaded the reranker this search uses")
     if rows is None:
         return None
     return root, [Hit(**{**row, "facts": facts_from_dict(row.get("facts"))}) for row in rows]
@@ -79,14 +79,17 @@ def explain_through_server(root: Path, query: str, item_id: int, layer: int | No
     return answer
 
 
-def _say(command: str, address, answered: bool, otherwise: str, debug: bool) -> None:
+def _say(command: str, address, answered: bool, otherwise: str, debug: bool, always: bool = False,
+         otherwise_why: str = "could not answer it") -> None:
     """--debug's line on stderr: which way the command went, and why not through a server."""
     if not debug:
         return
-    if answered:
+    if always:
+        line = f"{command}: {otherwise}"
+    elif answered:
         line = f"{command}: through the server at {address.url} (pid {address.pid})"
     elif address is None:
         line = f"{command}: {otherwise} (no running faste-mm serve for this collection)"
     else:
-        line = f"{command}: {otherwise} (the server at {address.url} could not answer it)"
+        line = f"{command}: {otherwise} (the server at {address.url} {otherwise_why})"
     stderr.print(line, highlight=False, markup=False)

@@ -14,7 +14,7 @@ from typing import Optional
 
 import typer
 
-from faste_mm.cli.common import fail, setup_logging, stderr
+from faste_mm.cli.common import fail, setup_logging, shown, stderr
 from faste_mm.cli.index_command import links_skipped_line
 from faste_mm.cli.options import CollectionOption, Debug, Device, Dtype, FollowLinks, Model
 from faste_mm.errors import FasteError
@@ -48,7 +48,11 @@ def watch_command(
     dtype: Dtype = "auto",
     json_lines: bool = typer.Option(False, "--json", envvar="FASTE_MM_WATCH_JSON",
                                     help="Print every poll as a JSON line (default: only polls that changed "
-                                         "something, as a short line on stderr)."),
+                                         "something, as a short line on stderr); it names the files embedded, "
+                                         "reused, moved and removed."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", envvar="FASTE_MM_WATCH_VERBOSE",
+                                 help="Also name each file a poll embedded, moved or removed, one line each on "
+                                      "stderr (as rsync -v does). Default: counts only."),
     debug: Debug = False,
 ) -> None:
     """Keep a collection in sync with folders: new and changed files indexed, deleted ones removed, moved ones kept."""
@@ -70,7 +74,7 @@ def watch_command(
                      f"{interval:g} s (Ctrl-C stops)", highlight=False)
 
         def on_sync(report) -> None:
-            _show(report, json_lines)
+            _show(report, json_lines, verbose)
             if polls is not None and watcher.polls >= polls:
                 stop.set()
 
@@ -83,7 +87,7 @@ def watch_command(
         raise typer.Exit(130)
 
 
-def _show(report, json_lines: bool) -> None:
+def _show(report, json_lines: bool, verbose: bool) -> None:
     if json_lines:
         typer.echo(json.dumps(report.to_dict()))
     if report.error:
@@ -96,7 +100,21 @@ def _show(report, json_lines: bool) -> None:
         stderr.print(f"synced: {index.embedded} embedded, {index.reused} reused, {index.removed} removed, "
                      f"{index.failed} failed" + (f"; {report.waiting} still being written" if report.waiting else ""),
                      highlight=False)
+        if verbose:
+            _name_files(index)
         for failure in index.failures:
             stderr.print(f"[yellow]skipped[/yellow] {failure.error}", highlight=False)
         if index.links_skipped:
             stderr.print(links_skipped_line(index.links_skipped), highlight=False)
+
+
+def _name_files(index) -> None:
+    """One line per file a poll changed, rsync -v's way: what happened, then the path."""
+    moved = index.moved_files
+    moved_from = {old for old, _ in moved}
+    lines = [f"embedded {uri}" for uri in index.embedded_files]
+    lines += [f"moved {old} -> {new}" for old, new in moved]
+    lines += [f"reused {uri} (same content as {donor})" for uri, donor in index.reused_files if donor not in moved_from]
+    lines += [f"removed {uri}" for uri in index.removed_files if uri not in moved_from]
+    for line in lines:
+        stderr.print(shown(line), highlight=False, markup=False)

@@ -45,7 +45,7 @@ class TaskSpec:
     candidate_image: bool
 
 
-# The three cross-modal tasks of the paper (Table cross-modal), as DESIGN.md "MMEB evaluation data".
+# The three cross-modal tasks of the paper (Table cross-modal), as docs/design.md "MMEB evaluation data".
 TASKS: dict[str, TaskSpec] = {
     "mscoco": TaskSpec("mscoco", "MSCOCO_t2i", "T→I", True, False, False, True),
     "docvqa": TaskSpec("docvqa", "DocVQA", "I+T→T", True, True, True, False),

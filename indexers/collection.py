@@ -17,7 +17,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -575,14 +575,13 @@ class Collection:
         self._current_for = (self._store, version, index)
         return index
 
-    def update_settings(self, **changes) -> None:
-        """Record settings that leave stored vectors comparable (FastE's threshold for new
-        documents, OCR); model, dim, instruction and pixel bounds are fixed for a collection."""
+    def update_settings(self, settings: Mapping[str, Any]) -> None:
+        """Record new collection settings (`Manifest.settings`, as `CollectionProfile.to_manifest`
+        makes them) that leave stored vectors comparable: FastE's threshold for new documents,
+        OCR. The profile's owner decides what may change in place; the fields storage reads
+        itself (model id, dim, precision) are not settings and never change here."""
         self._require_writable("change its settings")
-        fixed = sorted(set(changes) - {"fast_e", "ocr"})
-        if fixed:
-            raise CollectionError(f"{self.root}: {', '.join(fixed)} cannot change in place; re-index with --reindex")
-        self._manifest = self._manifest.replace(**changes)
+        self._manifest = self._manifest.replace(settings=settings)
         write_manifest(self.root, self._manifest)
 
     def save_index(self) -> None:

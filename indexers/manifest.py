@@ -1,37 +1,35 @@
-"""Collection manifest: the settings that produced the vectors, plus the derived index state.
+"""Collection manifest: the stored form of a collection's settings, plus the derived index state.
 
-`manifest.json` is written atomically. The fields in `COMPATIBILITY_FIELDS` decide whether two
-sets of vectors can share one index; everything else is informational or derived.
+`manifest.json` is written atomically. The storage layer declares here only what it reads itself
+(model id, width, vector precision, index state, counts), each field once with `stored(...)`: its
+JSON key, default and check. Every other collection setting (pixels, video, FastE, reranker, ...)
+is declared once in `faste_mm.retrieval.profile.CollectionProfile`; the manifest keeps those in
+`settings` exactly as written, so a new setting needs no change here.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import logging
 from dataclasses import dataclass, field
 from importlib import metadata as _pkg_metadata
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from faste_mm.errors import CollectionError, ConfigError
 from faste_mm.indexers.atomic_files import atomic_write
-from faste_mm.indexers.quantization import Codec, Int8Ranges, check_precision, stored_precision, uses_int8
+from faste_mm.indexers.vector_choices import KEEPS, METRICS, PRECISIONS, VECTOR_DTYPES
+
+if TYPE_CHECKING:  # quantization loads numpy: imported where vectors are coded
+    from faste_mm.indexers.quantization import Codec, Int8Ranges
 
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
-VECTOR_DTYPES = ("float16", "float32")
-METRICS = ("ip",)
-DEFAULT_INSTRUCTION = "Represent the user's input."
-DEFAULT_MEMORY_BUDGET_BYTES = 4 * 2**30
-
-# Fields that make vectors incomparable when they differ (order = order of the error message).
-COMPATIBILITY_FIELDS = (
-    "model_id", "model_revision", "dim", "document_instruction",
-    "min_pixels", "max_pixels", "video", "normalized", "metric", "vectors", "keep",
-)
+_REQUIRED = dataclasses.MISSING
 
 
 def _faste_mm_version() -> str:
@@ -41,119 +39,110 @@ def _faste_mm_version() -> str:
         return "unknown"
 
 
+def _is_text(value: Any) -> bool:
+    return isinstance(value, str) and bool(value.strip())
+
+
+def _is_int(minimum: int) -> Callable[[Any], bool]:
+    return lambda value: isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+
+def _one_of(choices: tuple[str, ...]) -> Callable[[Any], bool]:
+    return lambda value: value in choices
+
+
 @dataclass(frozen=True, slots=True)
-class CollectionFastE:
-    """The FastE settings a collection's documents were embedded with (paper symbols: r_max, l_w,
-    theta), and where theta came from ("backbone default (...)" or a calibration)."""
+class Stored:
+    """How one field of `Manifest` is stored and checked.
 
-    r_max: float
-    warmup_layer: int | None = None
-    threshold: float | None = None
-    threshold_source: str | None = None
-    trigger_layer: int | None = None
+    key: where it lives in manifest.json, a dotted path ("vectors.precision").
+    default: its value when a manifest lacks it (written before the field existed);
+        `dataclasses.MISSING` = required. valid / rule: a check of its value (None is not
+        checked) and the words for it. refuse: vectors stored under a different value cannot
+        share the collection's index (`Manifest.compatibility_errors`).
+    The profile reuses the declarations of the fields it also offers (`setting(..., key=Stored)`).
+    """
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+    key: str
+    default: Any = _REQUIRED
+    valid: Callable[[Any], bool] | None = None
+    rule: str = ""
+    refuse: bool = False
 
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "CollectionFastE":
-        """From manifest JSON; ConfigError naming unknown or missing keys."""
-        names = [f.name for f in dataclasses.fields(cls)]
-        unknown = sorted(set(d) - set(names))
-        if unknown:
-            raise ConfigError(f"Manifest.fast_e has unknown keys {unknown}; valid keys are {names}")
-        if "r_max" not in d:
-            raise ConfigError("Manifest.fast_e needs r_max")
-        return cls(**d)
+
+def stored(key: str, default: Any = _REQUIRED, *, valid: Callable[[Any], bool] | None = None, rule: str = "",
+           refuse: bool = False, factory: Callable[[], Any] | None = None) -> Any:
+    """A dataclass field of `Manifest` carrying its `Stored` declaration."""
+    if default is _REQUIRED and factory is not None:  # a manifest without it reads as a fresh value
+        default = factory()
+    meta = {"stored": Stored(key, default, valid, rule, refuse)}
+    if factory is not None:  # a new manifest's value
+        return field(default_factory=factory, metadata=meta)
+    if default is _REQUIRED:
+        return field(metadata=meta)
+    return field(default=default, metadata=meta)
 
 
 @dataclass(frozen=True, slots=True)
 class Manifest:
     """Settings of a collection (see module docstring); one instance per `manifest.json`.
 
-    model_id / model_revision / dim: the embedding model and the stored width. model_dim: the
-        model's own width when known; dim < model_dim means Matryoshka vectors (the first `dim`
-        dimensions, re-normalised), and queries are truncated the same way.
+    model_id / dim: the embedding model and the stored width (a Matryoshka collection stores the
+        first `dim` dimensions; the model's own width is a setting, `CollectionProfile.model_dim`).
     vector_dtype: on-disk storage of vectors ("float16" halves disk; search runs in float32).
     normalized / metric: vectors are unit-norm and compared by inner product ("ip").
-    document_instruction, min_pixels, max_pixels, video: how documents were serialized (video:
-        frame sampling and per-frame pixel budget, `faste_mm.model.video.VideoConfig`'s fields; None
-        in collections written before videos, read as VideoConfig's defaults by the profile).
-    The settings that decide how items are embedded are read and written through
-    `faste_mm.retrieval.profile.CollectionProfile`; this record is their stored form.
-    fast_e: FastE settings used for documents (`CollectionFastE`; a dict is converted); None = full.
-    index_type: "auto" or a FAISS factory string; memory_budget_bytes guides "auto".
-    index_factory / index_epoch / index_max_part / index_sha256: written by the collection, describe
-        index.faiss (the checksum rejects a torn, edited or foreign file, which is then rebuilt).
-    counts: written by the collection at close ({"ok", "failed", "deleted"}), informational.
     vectors: precision of the index in RAM ("float32", "float16", "int8" 8-bit codes, "binary" sign
         bits); keep: the copy the parts keep on disk for rescoring ("float": vector_dtype, "int8":
         8-bit codes, "none": the index's codes only, results unrescored). See indexers.quantization.
     int8_ranges: the calibrated per-dimension ranges of 8-bit codes, set by the first add and
         fixed thereafter (None until then, and for collections without 8-bit codes).
-    reranker: the collection's default reranker (hub id or folder) for searches; None = none.
-    ocr: the text inside images and scanned pages is read (OCR) into the lexical index at index time.
-    min_score: the searches' default minimum score (a cosine; checked by the profile); None = none.
-    receipt: what `faste-mm plan` measured for these settings (read as a `PlanReceipt` by the
-        profile), None when the collection was indexed without a plan; informational.
+    index_type: "auto" or a FAISS factory string; memory_budget_bytes guides "auto".
+    index_factory / index_epoch / index_max_part / index_sha256: written by the collection, describe
+        index.faiss (the checksum rejects a torn, edited or foreign file, which is then rebuilt).
+    counts: written by the collection at close ({"ok", "failed", "deleted"}), informational.
+    settings: the rest of manifest.json as written: the collection settings that
+        `CollectionProfile` declares (read and written through it; opaque here).
     """
 
-    model_id: str
-    dim: int
-    model_revision: str | None = None
-    model_dim: int | None = None
-    vector_dtype: str = "float16"
-    normalized: bool = True
-    metric: str = "ip"
-    document_instruction: str = DEFAULT_INSTRUCTION
-    min_pixels: int = 4096
-    max_pixels: int = 1_843_200
-    video: Mapping[str, Any] | None = None
-    fast_e: CollectionFastE | None = None
-    index_type: str = "auto"
-    memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET_BYTES
-    index_factory: str | None = None
-    index_epoch: int = -1
-    index_max_part: int = -1
-    index_sha256: str | None = None
-    counts: Mapping[str, int] = field(default_factory=dict)
-    vectors: str = "float32"
-    keep: str = "float"
-    int8_ranges: Int8Ranges | None = None
-    receipt: Mapping[str, Any] | None = None
-    format_version: int = FORMAT_VERSION
-    faste_mm_version: str = field(default_factory=_faste_mm_version)
-    reranker: str | None = None
-    ocr: bool = False
-    min_score: float | None = None
+    model_id: str = stored("model_id", valid=_is_text, rule="a non-empty string", refuse=True)
+    dim: int = stored("dim", valid=_is_int(1), rule="an int >= 1", refuse=True)
+    vector_dtype: str = stored("vector_dtype", "float16", valid=_one_of(VECTOR_DTYPES), rule=f"one of {VECTOR_DTYPES}")
+    normalized: bool = stored("normalized", True, valid=lambda value: isinstance(value, bool),
+                              rule="True or False", refuse=True)
+    metric: str = stored("metric", "ip", valid=_one_of(METRICS), rule=f"one of {METRICS}", refuse=True)
+    vectors: str = stored("vectors.precision", "float32", valid=_one_of(PRECISIONS), rule=f"one of {PRECISIONS}",
+                          refuse=True)
+    keep: str = stored("vectors.keep", "float", valid=_one_of(KEEPS), rule=f"one of {KEEPS}", refuse=True)
+    int8_ranges: Int8Ranges | None = stored("vectors.int8_ranges", None)
+    index_type: str = stored("index.type", "auto", valid=_is_text, rule="'auto' or a FAISS factory string")
+    memory_budget_bytes: int = stored("index.memory_budget_bytes", 4 * 2**30, valid=_is_int(2**20),
+                                      rule=">= 1 MiB (1048576)")
+    index_factory: str | None = stored("index.factory", None)
+    index_epoch: int = stored("index.epoch", -1)
+    index_max_part: int = stored("index.max_part", -1)
+    index_sha256: str | None = stored("index.sha256", None)
+    counts: Mapping[str, int] = stored("counts", factory=dict)
+    format_version: int = stored("format_version", FORMAT_VERSION)
+    faste_mm_version: str = stored("faste_mm_version", "unknown", factory=_faste_mm_version)
+    settings: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.model_id, str) or not self.model_id:
-            raise ConfigError(f"Manifest.model_id must be a non-empty string, got {self.model_id!r}")
-        if not isinstance(self.dim, int) or self.dim < 1:
-            raise ConfigError(f"Manifest.dim must be an int >= 1, got {self.dim!r}")
-        if self.model_dim is not None and (not isinstance(self.model_dim, int) or self.model_dim < self.dim):
-            raise ConfigError(f"Manifest.model_dim must be None or an int >= dim ({self.dim}), got {self.model_dim!r}")
-        if self.vector_dtype not in VECTOR_DTYPES:
-            raise ConfigError(f"Manifest.vector_dtype must be one of {VECTOR_DTYPES}, "
-                              f"got {self.vector_dtype!r}")
-        if self.metric not in METRICS:
-            raise ConfigError(f"Manifest.metric must be one of {METRICS}, got {self.metric!r}")
-        if not 1 <= self.min_pixels <= self.max_pixels:
-            raise ConfigError(f"Manifest.min_pixels/max_pixels must satisfy 1 <= min <= max, "
-                              f"got min_pixels={self.min_pixels}, max_pixels={self.max_pixels}")
-        if self.video is not None:
-            if not isinstance(self.video, Mapping) or not all(isinstance(k, str) for k in self.video):
-                raise ConfigError(f"Manifest.video must be None or a mapping of video settings, got {self.video!r}")
-            object.__setattr__(self, "video", dict(self.video))
-        if self.memory_budget_bytes < 2**20:
-            raise ConfigError(f"Manifest.memory_budget_bytes must be >= 1 MiB (1048576), "
-                              f"got {self.memory_budget_bytes}")
-        if not isinstance(self.index_type, str) or not self.index_type.strip():
-            raise ConfigError(f"Manifest.index_type must be 'auto' or a FAISS factory string, "
-                              f"got {self.index_type!r}")
-        if isinstance(self.fast_e, Mapping):  # as read from JSON
-            object.__setattr__(self, "fast_e", CollectionFastE.from_dict(self.fast_e))
+        from faste_mm.indexers.quantization import Int8Ranges, check_precision
+
+        for f in dataclasses.fields(self):
+            declared = f.metadata.get("stored")
+            value = getattr(self, f.name)
+            if declared is not None and value is not None and declared.valid is not None and not declared.valid(value):
+                raise ConfigError(f"Manifest.{f.name} must be {declared.rule}, got {value!r}")
+        if not isinstance(self.settings, Mapping):
+            raise ConfigError(f"Manifest.settings must be a mapping (manifest.json's collection settings), "
+                              f"got {self.settings!r}")
+        object.__setattr__(self, "settings", copy.deepcopy(dict(self.settings)))
+        shadowed = [f.metadata["stored"].key for f in dataclasses.fields(self) if "stored" in f.metadata
+                    and _pop(copy.deepcopy(self.settings), f.metadata["stored"].key) is not _ABSENT]
+        if shadowed:  # two values for one key: which one manifest.json holds would be an accident
+            raise ConfigError(f"Manifest.settings holds {shadowed}, which are fields of the manifest itself; "
+                              f"give them as Manifest's own arguments")
         object.__setattr__(self, "counts", dict(self.counts))
         check_precision(self.vectors, self.keep)
         if isinstance(self.int8_ranges, Mapping):  # as read from JSON
@@ -161,116 +150,105 @@ class Manifest:
         if self.int8_ranges is not None and self.int8_ranges.lo.shape != (self.dim,):
             raise ConfigError(f"Manifest.int8_ranges must have {self.dim} dimensions, got {self.int8_ranges.lo.shape[0]}")
 
-    @property
-    def is_matryoshka(self) -> bool:
-        """Whether the vectors are the model's first `dim` dimensions, re-normalised."""
-        return self.model_dim is not None and self.dim < self.model_dim
+    @classmethod
+    def declared(cls, name: str) -> Stored:
+        """How field `name` is stored and checked (the profile reuses it for the settings it shares)."""
+        return cls.__dataclass_fields__[name].metadata["stored"]
 
     @property
     def stored_precision(self) -> str:
         """Precision of the vector parts on disk (`quantization.stored_precision`)."""
+        from faste_mm.indexers.quantization import stored_precision
+
         return stored_precision(self.vectors, self.keep, self.vector_dtype)
 
     @property
     def codec(self) -> Codec:
         """How the parts store vectors (their precision, and the 8-bit ranges when calibrated)."""
+        from faste_mm.indexers.quantization import Codec
+
         return Codec(self.stored_precision, self.dim, self.int8_ranges)
 
     @property
     def uses_int8(self) -> bool:
+        from faste_mm.indexers.quantization import uses_int8
+
         return uses_int8(self.vectors, self.keep)
 
-    @property
-    def r_max(self) -> float:
-        """FastE's r_max for this collection's documents; 0.0 when they use the full forward."""
-        return 0.0 if self.fast_e is None else float(self.fast_e.r_max)
-
     def compatibility_errors(self, other: "Manifest") -> list[str]:
-        """Every setting in which `other` (the request) differs from this collection, in words.
-
-        An empty list means vectors produced under `other` can be searched together with ours.
-        """
-        return self.differences({name: getattr(other, name) for name in COMPATIBILITY_FIELDS})
-
-    def differences(self, request: Mapping[str, Any]) -> list[str]:
-        """`compatibility_errors` for a request that knows only some fields (a model not loaded
-        yet knows its id and revision, not its dim); fields absent from `request` are skipped."""
-        return [f"{name}: collection has {getattr(self, name)!r}, request has {request[name]!r}"
-                for name in COMPATIBILITY_FIELDS if name in request and getattr(self, name) != request[name]]
+        """Every stored field whose difference makes `other`'s vectors (the request's) unable to
+        share this collection's index (`Stored.refuse`), in words; [] = compatible. The settings
+        that decide how items are embedded are compared by `CollectionProfile.conflicts`."""
+        return [f"{f.name}: collection has {getattr(self, f.name)!r}, request has {getattr(other, f.name)!r}"
+                for f in dataclasses.fields(self)
+                if "stored" in f.metadata and f.metadata["stored"].refuse and getattr(self, f.name) != getattr(other, f.name)]
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "format_version": self.format_version,
-            "faste_mm_version": self.faste_mm_version,
-            "model_id": self.model_id,
-            "model_revision": self.model_revision,
-            "dim": self.dim,
-            "model_dim": self.model_dim,
-            "vector_dtype": self.vector_dtype,
-            "normalized": self.normalized,
-            "metric": self.metric,
-            "document_instruction": self.document_instruction,
-            "serializer": {"min_pixels": self.min_pixels, "max_pixels": self.max_pixels, "video": None if self.video is None else dict(self.video)},
-            "fast_e": self.fast_e.to_dict() if self.fast_e is not None else None,
-            "index": {
-                "type": self.index_type,
-                "memory_budget_bytes": self.memory_budget_bytes,
-                "factory": self.index_factory,
-                "epoch": self.index_epoch,
-                "max_part": self.index_max_part,
-                "sha256": self.index_sha256,
-            },
-            "counts": dict(self.counts),
-            "vectors": {"precision": self.vectors, "keep": self.keep,
-                        "int8_ranges": None if self.int8_ranges is None else self.int8_ranges.to_dict()},
-            "reranker": self.reranker,
-            "receipt": None if self.receipt is None else dict(self.receipt),
-            "ocr": self.ocr,
-            "search": {"min_score": self.min_score},
-        }
+        """manifest.json's content: `settings` as written, each stored field at its key."""
+        out = copy.deepcopy(dict(self.settings))
+        for f in dataclasses.fields(self):
+            if "stored" in f.metadata:
+                value = getattr(self, f.name)
+                value = value.to_dict() if hasattr(value, "to_dict") else dict(value) if isinstance(value, Mapping) else value
+                put_key(out, f.metadata["stored"].key, value)
+        return out
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Manifest":
-        """Inverse of `to_dict`; raises ConfigError naming a missing or invalid field."""
-        try:
-            serializer = d.get("serializer") or {}
-            index = d.get("index") or {}
-            vectors = d.get("vectors") or {}
-            return cls(
-                model_id=d["model_id"],
-                dim=d["dim"],
-                model_revision=d.get("model_revision"),
-                model_dim=d.get("model_dim"),
-                vector_dtype=d.get("vector_dtype", "float16"),
-                normalized=d.get("normalized", True),
-                metric=d.get("metric", "ip"),
-                document_instruction=d.get("document_instruction", DEFAULT_INSTRUCTION),
-                min_pixels=serializer.get("min_pixels", 4096),
-                max_pixels=serializer.get("max_pixels", 1_843_200),
-                video=serializer.get("video"),
-                fast_e=d.get("fast_e"),
-                index_type=index.get("type", "auto"),
-                memory_budget_bytes=index.get("memory_budget_bytes", DEFAULT_MEMORY_BUDGET_BYTES),
-                index_factory=index.get("factory"),
-                index_epoch=index.get("epoch", -1),
-                index_max_part=index.get("max_part", -1),
-                index_sha256=index.get("sha256"),
-                counts=d.get("counts") or {},
-                vectors=vectors.get("precision", "float32"),
-                keep=vectors.get("keep", "float"),
-                int8_ranges=vectors.get("int8_ranges"),
-                reranker=d.get("reranker"),
-                ocr=d.get("ocr", False),
-                min_score=(d.get("search") or {}).get("min_score"),
-                receipt=d.get("receipt"),
-                format_version=d.get("format_version", FORMAT_VERSION),
-                faste_mm_version=d.get("faste_mm_version", "unknown"),
-            )
-        except KeyError as e:
-            raise ConfigError(f"manifest is missing the required field {e.args[0]!r}") from None
+        """Inverse of `to_dict`; a stored field a manifest lacks reads as its default. Raises
+        ConfigError naming a missing required or an invalid field."""
+        values: dict[str, Any] = {}
+        settings = copy.deepcopy(dict(d))
+        for f in dataclasses.fields(cls):
+            if "stored" not in f.metadata:
+                continue
+            declared: Stored = f.metadata["stored"]
+            value = _pop(settings, declared.key)
+            if value is _ABSENT:
+                if declared.default is _REQUIRED:
+                    raise ConfigError(f"manifest is missing the required field {declared.key!r}")
+                value = declared.default
+            values[f.name] = value
+        return cls(**values, settings=settings)
 
     def replace(self, **changes: Any) -> "Manifest":
         return dataclasses.replace(self, **changes)
+
+
+_ABSENT = object()
+
+
+def put_key(stored: dict[str, Any], key: str, value: Any) -> None:
+    """Set dotted `key` in a manifest dict, making the dicts on its path."""
+    *path, last = key.split(".")
+    node = stored
+    for part in path:
+        if not isinstance(node.get(part), dict):
+            node[part] = {}
+        node = node[part]
+    node[last] = value
+
+
+def _pop(stored: dict[str, Any], key: str) -> Any:
+    """Remove dotted `key` from `stored` and return its value (_ABSENT when missing); a parent
+    left empty by the removal goes too, so `settings` keeps only what the profile declares."""
+    *path, last = key.split(".")
+    nodes = [stored]
+    for depth, part in enumerate(path):
+        child = nodes[-1].get(part)
+        if child is None:  # written before the field existed
+            return _ABSENT
+        if not isinstance(child, dict):
+            raise ConfigError(f"manifest field {'.'.join(path[:depth + 1])!r} must be an object, got {child!r}")
+        nodes.append(child)
+    if last not in nodes[-1]:
+        return _ABSENT
+    value = nodes[-1].pop(last)
+    for parent, part, child in reversed(list(zip(nodes, path, nodes[1:]))):
+        if child:
+            break
+        del parent[part]
+    return value
 
 
 def read_manifest(root: Path) -> Manifest:

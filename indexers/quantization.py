@@ -22,9 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from faste_mm.errors import ConfigError
+from faste_mm.indexers.vector_choices import KEEPS, PRECISIONS
 
-PRECISIONS = ("float32", "float16", "int8", "binary")
-KEEPS = ("float", "int8", "none")
 # Higher ranks reconstruct vectors more exactly; rescoring reads a copy ranked above the index's.
 _RANK = {"binary": 0, "pq": 0, "int8": 1, "float16": 2, "float32": 3}  # pq: PQ or RaBitQ codes
 # Bytes a precision stores per dimension (binary: 1/8).

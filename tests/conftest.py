@@ -17,8 +17,7 @@ from PIL import Image
 
 import faste_mm
 from faste_mm import BatchingConfig, Embedder
-from tests.helpers.tiny_models import TinyModels, models_root
-from tests.helpers.warm_tokenizers import share_in_process
+from tests.helpers.tiny_models import TinyModels
 
 TEXT_FAMILIES = ("qwen3", "mistral", "llama", "qwen2")
 
@@ -60,13 +59,6 @@ def _isolated_user_config(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.getbasetemp() / "user-config"))
     # measured kernel choices (model/kernel_choice.py) likewise: a test's trial never lands in the user's cache
     monkeypatch.setenv("FASTE_MM_KERNEL_CACHE", str(tmp_path_factory.getbasetemp() / "kernel_choices.json"))
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _shared_tiny_preprocessors(tmp_path_factory):
-    """faste-mm's loaders get the tiny models' tokenizers parsed once per worker
-    (tests/helpers/warm_tokenizers.py `share_in_process`)."""
-    share_in_process(models_root(tmp_path_factory.getbasetemp()))
 
 
 @pytest.fixture(scope="session")

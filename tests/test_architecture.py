@@ -19,6 +19,8 @@ import pytest
 
 import faste_mm
 
+from tests.helpers.bounds import HANG_S
+
 HEAVY = ("torch", "transformers", "faiss")
 
 
@@ -188,7 +190,8 @@ def test_no_import_cycles(graph):
 def _fresh_python(code: str) -> list[str]:
     """Heavy modules loaded after running `code` in a new interpreter (nothing cached)."""
     probe = f"{code}\nimport json, sys\nprint(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))"
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, env={**os.environ, "COLUMNS": "80"})
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, env={**os.environ, "COLUMNS": "80"},
+                         timeout=HANG_S)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 
 from faste_mm.indexers import Collection
+from faste_mm.retrieval.profile import CollectionProfile
 from faste_mm.indexers.crash_points import CRASH_ENV
 
 from tests.helpers.cli import committed_items, invoke
-from tests.helpers.forked_cli import run_cli
+from tests.helpers.warm_process import run_cli
 from tests.helpers.inputs import CORPUS_EMBEDDED, CORPUS_FAILED, CORPUS_REUSED, make_corpus, noise_image, tiny_vl_dir
 
 
@@ -24,6 +25,15 @@ from tests.helpers.inputs import CORPUS_EMBEDDED, CORPUS_FAILED, CORPUS_REUSED, 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory) -> str:
     return str(tiny_vl_dir(tmp_path_factory.getbasetemp()))
+
+
+def test_index_of_a_path_that_does_not_exist_fails_naming_it_and_creates_nothing(model, tmp_path):
+    (tmp_path / "photos").mkdir()
+    result = invoke("index", tmp_path / "images", tmp_path / "photos", "-c", tmp_path / "col", "--model", model,
+                    "--device", "cpu", code=1)
+    message = " ".join(result.stderr.split())
+    assert f"{tmp_path / 'images'}: no such file or folder; check the path" in message, result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "col").exists()
 
 
 def test_index_search_info_json_and_paths(model, tmp_path):
@@ -60,7 +70,7 @@ def test_options_come_from_environment_and_the_default_collection_lives_in_user_
     invoke("index", root, env=env)
     default = tmp_path / "data" / "faste-mm" / "collections" / "default"
     with Collection.open(default) as col:
-        assert col.manifest.fast_e.r_max == 0.25 and col.info().n_ok == 1  # b.gif excluded
+        assert CollectionProfile.from_manifest(col.manifest).r_max == 0.25 and col.info().n_ok == 1  # b.gif excluded
     assert invoke("search", "--image", root / "a.png", "--format", "paths", env=env).stdout.strip() == str(
         (root / "a.png").resolve())
     env["FASTE_MM_COLLECTION"] = "photos"
@@ -133,7 +143,7 @@ def test_a_writer_killed_with_sigkill_resumes_without_embedding_anything_twice(m
     args = ["index", str(root), "-c", str(col), "--model", model, "--device", "cpu", "--chunk-files", "2"]
     env = {key: value for key, value in os.environ.items() if key != "COLUMNS"}
     env[CRASH_ENV] = "add-after-commit#1"
-    proc = run_cli(args, env=env, timeout=300)  # a process of its own, forked warm (tests/helpers/forked_cli.py)
+    proc = run_cli(args, env=env, timeout=300)  # a process of its own, forked warm (tests/helpers/warm_process.py)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     committed = committed_items(col)
     assert committed == 2  # the first chunk, whole

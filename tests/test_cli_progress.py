@@ -23,7 +23,7 @@ from faste_mm.retrieval.retriever import Retriever
 
 from tests.helpers.eval_fixtures import eval_data_dir, eval_model_dir  # noqa: F401  (fixtures)
 from tests.helpers.cli import committed_items
-from tests.helpers.forked_cli import run_cli
+from tests.helpers.warm_process import run_cli
 from tests.helpers.inputs import noise_image, tiny_vl_dir
 
 runner = CliRunner()
@@ -99,7 +99,7 @@ def test_ctrl_c_during_index_says_what_was_kept_and_exits_130(model, tmp_path):
     args = ["index", str(folder), "-c", str(col), "--model", model, "--device", "cpu", "--chunk-files", "2"]
     env = {key: value for key, value in os.environ.items() if key != "COLUMNS"}
     env.update({CRASH_ENV: "add-after-commit#1", SIGNAL_ENV: "SIGINT"})
-    # forked from the warm process of tests/helpers/forked_cli.py (Ctrl-C raises KeyboardInterrupt there, as in a terminal)
+    # forked from the warm process of tests/helpers/warm_process.py (Ctrl-C raises KeyboardInterrupt there, as in a terminal)
     proc = run_cli(args, env=env, timeout=300)
     err = proc.stderr
     assert proc.returncode == 130, err[-2000:]

@@ -16,10 +16,11 @@ from typer.testing import CliRunner
 pytest.importorskip("fastapi", reason="needs the serve extra: pip install 'faste-mm[serve]'")
 
 from faste_mm.cli.app import app  # noqa: E402
-from tests.helpers.forked_cli import run_cli, start_cli  # noqa: E402
+from tests.helpers.warm_process import run_cli, start_cli  # noqa: E402
 from tests.helpers.inputs import tiny_vl_dir  # noqa: E402
 from tests.helpers.serve_fixtures import make_gallery  # noqa: E402
 from tests.helpers.tiny_models import tiny_model_dir  # noqa: E402
+from tests.helpers.bounds import first_line  # noqa: E402
 
 runner = CliRunner()
 
@@ -32,12 +33,12 @@ def served(tmp_path_factory):
     env = {key: value for key, value in os.environ.items() if key not in ("COLUMNS", "FASTE_MM_COLLECTION")}
     env.update({"XDG_DATA_HOME": str(base / "data"), "FASTE_MM_DEVICE": "cpu"})
     col = base / "col"
-    # both forked from the warm process of tests/helpers/forked_cli.py: no fresh torch import
+    # both forked from the warm process of tests/helpers/warm_process.py: no fresh torch import
     made = run_cli(["index", str(make_gallery(base / "gallery", n=3)), "-c", str(col),
                     "--model", str(tiny_vl_dir(tmp_path_factory.getbasetemp()))], env=env)
     assert made.returncode == 0, made.stderr
     proc = start_cli(["serve", "-c", str(col), "--port", "0", "--threads", "1", "--rerank", str(reranker)], env=env)
-    line = proc.stdout.readline()  # printed once the server is announced and its socket listens
+    line = first_line(proc, "faste-mm serve")  # printed once the server is announced and its socket listens
     assert line.startswith("serving on http://127.0.0.1:"), proc.stderr.read() if not line else line
     try:
         yield col, reranker, env

@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from faste_mm.cli.app import app
 from faste_mm.indexers import Collection
+from faste_mm.retrieval.profile import read_profile
 
 runner = CliRunner()
 RESULT_COMMANDS = ("index", "search", "info", "embed", "eval", "bench", "calibrate")
@@ -84,8 +85,7 @@ def test_embed_uses_the_document_default_of_index_and_queries_run_the_full_forwa
     (tmp_path / "docs" / "note.txt").write_text("a note about a red bicycle")
     assert runner.invoke(app, ["index", str(tmp_path / "docs"), "-c", str(tmp_path / "col"), "--model", model,
                                "--device", "cpu"]).exit_code == 0
-    with Collection.open(tmp_path / "col") as col:
-        index_default = col.manifest.fast_e.r_max
+    index_default = read_profile(tmp_path / "col").r_max
     common = ["embed", "--model", model, "--device", "cpu", "--text", "a red bicycle", "--format", "json"]
     documents = json.loads(runner.invoke(app, common).stdout)["stats"]["fast_e"]
     assert documents["r_max"] == index_default

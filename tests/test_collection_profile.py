@@ -96,7 +96,7 @@ def test_for_collection_resolves_the_given_settings_once_and_a_reindex_carries_t
 
 def test_a_full_forward_collection_records_no_fast_e_and_reads_r_max_zero():
     manifest = _stored(r_max=0.0, warmup_layer=3).to_manifest()
-    assert manifest.fast_e is None and manifest.to_dict()["fast_e"] is None
+    assert manifest.to_dict()["fast_e"] is None
     assert CollectionProfile.from_manifest(manifest).r_max == 0.0
 
 

@@ -18,7 +18,7 @@ from faste_mm.cli.app import app
 from faste_mm.indexers.crash_points import CRASH_ENV, CRASH_POINTS
 from faste_mm.indexers.faiss_index import file_sha256
 
-from tests.helpers.forked_cli import run_cli
+from tests.helpers.warm_process import run_cli
 from tests.helpers.inputs import noise_image, tiny_vl_dir
 
 runner = CliRunner()
@@ -83,7 +83,7 @@ def test_a_writer_killed_at_a_named_step_is_completed_by_the_next_run(model, tmp
             noise_image(imgs / f"{name}.png", (32, 32), seed)
     if kind == "compact":
         _invoke(_args("remove", imgs, col, model))
-    # a process of its own, forked warm (tests/helpers/forked_cli.py): the SIGKILL ends it alone
+    # a process of its own, forked warm (tests/helpers/warm_process.py): the SIGKILL ends it alone
     proc = run_cli(_args(kind, imgs, col, model), env={**os.environ, CRASH_ENV: step})
     assert proc.returncode == -9, f"never reached {step}: {proc.stderr[-2000:]}"
     _invoke(_args(then, imgs, col, model))

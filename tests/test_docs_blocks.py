@@ -4,16 +4,17 @@ separate process (one session per document: its blocks build on each other), in 
 of generated files per document, with the hub ids replaced by tiny random-weight models. A block
 marked `<!-- skip: REASON -->` is reported as skipped with its reason.
 
-Speed: each `faste-mm` command is forked from a warm process (tests/helpers/docs_zygote.py, itself forked
-from tests/helpers/forked_cli.py's) instead of importing torch and transformers again, which would cost
-~4 s of CPU per command.
+Speed: each `faste-mm` command and each page's Python session is forked from the warm process of
+tests/helpers/warm_process.py instead of importing torch and transformers again, which would cost
+~4 s of CPU per command (FASTE_MM_TEST_FRESH=1: the installed script and python, started fresh).
 """
 
 from __future__ import annotations
 
+import json
 import os
+import select
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -21,9 +22,8 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.docs_blocks import Block, documents, extract, make_sandbox, shell_script, substitute
-from tests.helpers.docs_zygote import SHIM, receive_message, send_message, serve_forked
-from tests.helpers.forked_cli import passed_fd, start_warm
 from tests.helpers.tiny_models import tiny_model_dir
+from tests.helpers.warm_process import PIPE, cli_command, start_python
 
 ROOT = Path(__file__).resolve().parents[1]
 ALL_BLOCKS = [block for path in documents() for block in extract(path)]
@@ -41,36 +41,17 @@ def stand_ins(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def zygote(tmp_path_factory, stand_ins):
-    """(socket path, shim folder, base environment) of a warm process that runs each command."""
-    root = tmp_path_factory.mktemp("doc-zygote")
-    sock = root / "zygote.sock"
-    shim_dir = root / "bin"
-    shim_dir.mkdir()
-    (shim_dir / "faste-mm").write_text(SHIM.format(python=sys.executable))
-    (shim_dir / "faste-mm").chmod(0o755)
+def base_env(tmp_path_factory, stand_ins) -> dict[str, str]:
+    """The environment every block runs in: `faste-mm` on PATH is tests/helpers/warm_process.py's
+    `cli_command` (a fork of the warm process; the installed script in fresh mode)."""
+    shim_dir = tmp_path_factory.mktemp("doc-bin")
+    command = cli_command(shim_dir)  # after `stand_ins`: the warm process has their preprocessors loaded
     env = {key: value for key, value in os.environ.items() if not key.startswith(("FASTE_MM_", "COLUMNS", "LINES"))}
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
                TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1", FASTE_MM_DEVICE="cpu",
-               FASTE_MM_MODEL=str(stand_ins["Qwen/Qwen3-VL-Embedding-2B"]), FASTE_MM_DOCS_SOCKET=str(sock),
-               PATH=f"{shim_dir}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
-    # forked from the warm process of tests/helpers/forked_cli.py: torch, transformers and the CLI
-    # are imported there already (~5 CPU-seconds a fresh interpreter would spend first)
-    ready_r, ready_w = os.pipe()
-    with open(root / "zygote.err", "wb") as err:
-        try:
-            process = start_warm(serve_forked, str(sock), list(map(str, dict.fromkeys(stand_ins.values()))), env,
-                                 str(ROOT), passed_fd(ready_w), passed_fd(err.fileno()))
-        finally:
-            os.close(ready_w)
-    with os.fdopen(ready_r, encoding="utf-8") as ready:
-        if ready.readline().strip() != "ready":
-            process.kill()
-            process.join()
-            pytest.fail(f"the docs zygote did not start: {(root / 'zygote.err').read_text(errors='replace')[-3000:]}")
-        yield sock, env
-    process.kill()
-    process.join()
+               FASTE_MM_MODEL=str(stand_ins["Qwen/Qwen3-VL-Embedding-2B"]),
+               PATH=os.pathsep.join([str(Path(command).parent), str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+    return env
 
 
 def _sandbox_env(base: dict[str, str], home: Path) -> dict[str, str]:
@@ -78,27 +59,51 @@ def _sandbox_env(base: dict[str, str], home: Path) -> dict[str, str]:
             "XDG_CONFIG_HOME": str(home / ".config"), "XDG_CACHE_HOME": str(home / ".cache")}
 
 
-class _PythonSession:
-    """One document's Python blocks, run in order in one forked process."""
+# A page's Python blocks, run in order in one process sharing one namespace: a block arrives as a
+# JSON line on stdin, its answer (None or the traceback) leaves as a JSON line on the process's
+# first stdout; the blocks' own output, stdout included, goes to stderr (the page's log).
+_SESSION = """
+import json, os, sys, traceback
+answers = os.fdopen(os.dup(1), "w")
+os.dup2(2, 1)
+namespace = {"__name__": "__main__"}
+while line := sys.stdin.readline():
+    block = json.loads(line)
+    try:
+        exec(compile(block["code"], block["label"], "exec"), namespace)
+        error = None
+    except BaseException:
+        error = traceback.format_exc()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    answers.write(json.dumps(error) + "\\n")
+    answers.flush()
+"""
+BLOCK_BOUND_S = 600  # a failure detector for a hung block, not a speed assertion
 
-    def __init__(self, sock: Path, env: dict[str, str], cwd: Path, log: Path):
-        self.log = log
-        self.conn = socket.socket(socket.AF_UNIX)
-        self.conn.connect(str(sock))
-        with open(os.devnull, "rb") as stdin, open(log, "ab") as out:
-            header = __import__("json").dumps({"kind": "python", "cwd": str(cwd), "env": env}).encode()
-            socket.send_fds(self.conn, [len(header).to_bytes(8, "big") + header], [stdin.fileno(), out.fileno(), out.fileno()])
+
+class _PythonSession:
+    """One document's Python blocks, run in order in one process (tests/helpers/warm_process.py)."""
+
+    def __init__(self, env: dict[str, str], cwd: Path, log: Path):
+        with open(log, "ab") as out:
+            self.process = start_python(_SESSION, env=env, cwd=cwd, stdin=PIPE, stdout=PIPE, stderr=out)
 
     def run(self, block: Block, code: str) -> str | None:
         """None when the block ran, else the traceback."""
-        send_message(self.conn, {"code": code, "label": block.label})
-        answer = receive_message(self.conn)
-        if answer is None:
-            return "the Python session died (see its output)"
-        return None if answer["ok"] else answer["error"]
+        self.process.stdin.write(json.dumps({"code": code, "label": block.label}) + "\n")
+        self.process.stdin.flush()
+        if not select.select([self.process.stdout], [], [], BLOCK_BOUND_S)[0]:
+            return f"the block did not finish in {BLOCK_BOUND_S} s"
+        answer = self.process.stdout.readline()
+        return json.loads(answer) if answer else "the Python session died (see its output)"
 
     def close(self) -> None:
-        self.conn.close()
+        self.process.stdin.close()  # the session's end of input: it returns
+        try:
+            self.process.wait(BLOCK_BOUND_S)
+        finally:
+            self.process.close()
 
 
 def _failure(block: Block, code: str, detail: str) -> str:
@@ -106,8 +111,7 @@ def _failure(block: Block, code: str, detail: str) -> str:
 
 
 @pytest.mark.parametrize("path", RUNNABLE, ids=lambda p: str(p.relative_to(ROOT)))
-def test_every_block_of_the_document_runs(path, zygote, stand_ins, tmp_path):
-    sock, base_env = zygote
+def test_every_block_of_the_document_runs(path, base_env, stand_ins, tmp_path):
     home, work = make_sandbox(tmp_path)
     env = _sandbox_env(base_env, home)
     session = None
@@ -115,7 +119,7 @@ def test_every_block_of_the_document_runs(path, zygote, stand_ins, tmp_path):
         for block in (b for b in extract(path) if b.runs):
             code = substitute(shell_script(block) if block.tag != "python" else block.code, stand_ins)
             if block.tag == "python":
-                session = session or _PythonSession(sock, env, work, tmp_path / "python.log")
+                session = session or _PythonSession(env, work, tmp_path / "python.log")
                 error = session.run(block, code)
                 if error is not None:
                     output = (tmp_path / "python.log").read_text(errors="replace")
@@ -176,7 +180,7 @@ def test_the_sandbox_holds_the_files_the_docs_name(tmp_path):
 
 
 def test_readme_is_a_front_page_whose_test_command_is_what_ci_runs():
-    """STYLE.md 9b: at most 250 lines; its test command is .ci/run's last line, verbatim, after
+    """docs/contributing.md "Code style" (Docs): at most 250 lines; its test command is .ci/run's last line, verbatim, after
     the same torch/torchvision pin."""
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     ci_lines = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line.strip()]

@@ -19,6 +19,8 @@ from faste_mm.errors import InputError
 from faste_mm.indexers import Collection, ItemRecord, Manifest
 from faste_mm.retrieval.export import export_parquet
 
+from tests.helpers.bounds import HANG_S
+
 D = 24
 
 
@@ -65,7 +67,7 @@ def test_cli_export_writes_the_file_and_loads_no_torch(tmp_path):
             f"r = CliRunner().invoke(app, ['export', '-c', {str(tmp_path / 'c')!r}, '--out', {str(tmp_path / 'o.parquet')!r}]); "
             "assert r.exit_code == 0, r.output; print(r.stdout.strip()); "
             "assert 'torch' not in sys.modules and 'transformers' not in sys.modules")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_S)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == str(tmp_path / "o.parquet")
     assert pq.read_table(tmp_path / "o.parquet").num_rows > 0

@@ -27,6 +27,7 @@ from faste_mm.integrations.llama_index import FasteMMEmbedding  # noqa: E402
 from faste_mm.integrations.llama_index import FasteMMRetriever as LlamaRetriever  # noqa: E402
 from faste_mm.retrieval.profile import DOCUMENT_R_MAX, QUERY_INSTRUCTION  # noqa: E402
 from tests.helpers.mcp_fixtures import tiny_collection  # noqa: E402
+from tests.helpers.bounds import HANG_S  # noqa: E402
 
 TEXTS = ["a red bicycle leaning on a wall", "notes about a picnic by the lake", "quarterly report, revenue chart"]
 QUERY = "something to ride"
@@ -153,5 +154,5 @@ def test_no_framework_is_imported_by_faste_mm_or_its_help():
 
     code = ("import sys, faste_mm; from faste_mm.cli.app import app; "
             "print(sorted(m for m in ('langchain_core', 'llama_index', 'mcp', 'torch') if m in sys.modules))")
-    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=HANG_S).stdout
     assert loaded.strip() == "[]"

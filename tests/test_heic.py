@@ -18,6 +18,7 @@ from faste_mm.serving.thumbnails import thumbnail
 from faste_mm.indexers import ItemRecord
 
 from tests.helpers.photo_fixtures import exif_block
+from tests.helpers.bounds import HANG_S
 
 
 def heic_photo(path: Path) -> Path:
@@ -61,5 +62,5 @@ def test_without_pillow_heif_a_heic_fails_with_what_to_install(tmp_path):
             "from faste_mm.errors import InputError\n"
             f"try:\n    load_image(Item(image={str(path)!r}), 1 << 20)\n"
             "except InputError as e:\n    print(e)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=HANG_S).stdout
     assert str(path) in out and "pillow_heif" in out and "faste-mm[photos]" in out

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import textwrap
 import threading
 import time
@@ -11,6 +9,9 @@ import time
 import numpy as np
 
 from faste_mm.indexers import Collection, ItemRecord, Manifest
+from tests.helpers.warm_process import start_python
+
+from tests.helpers.bounds import HANG_S
 
 D = 16
 RACE_SECONDS = 3.0
@@ -52,8 +53,7 @@ def test_searches_during_add_delete_compact_see_one_snapshot_and_no_tombstones(t
     with Collection.create(root, Manifest(model_id="m", dim=D)) as col:
         col.add(seed, [ItemRecord(uri=f"s{i}", modality="text") for i in range(len(seed))])
     log_path.write_text("")
-    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(root), str(log_path)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    writer = start_python(WRITER, [root, log_path])  # a process of its own (tests/helpers/warm_process.py)
     errors: list[str] = []
     tombstoned_hits: list[int] = []
     n_searches = [0]
@@ -78,7 +78,8 @@ def test_searches_during_add_delete_compact_see_one_snapshot_and_no_tombstones(t
         t.start()
     out, err = writer.communicate(timeout=120)
     for t in threads:
-        t.join()
+        t.join(HANG_S)
+        assert not t.is_alive(), "a reader thread never finished"
     assert writer.returncode == 0, err
     assert int(out) >= 3 and n_searches[0] >= 3  # the race really ran (writer compacted, readers searched)
     assert errors == []

@@ -9,14 +9,13 @@ from __future__ import annotations
 import os
 import signal
 import sqlite3
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
 
 from faste_mm.indexers import Collection
 from faste_mm.indexers.crash_points import CRASH_ENV
+from tests.helpers.warm_process import run_python
 
 D = 24
 N_ITEMS = 3000
@@ -60,8 +59,7 @@ def run_writer(root, crash_at: str | None) -> None:
     env = {key: value for key, value in os.environ.items() if key != CRASH_ENV}
     if crash_at is not None:
         env[CRASH_ENV] = crash_at
-    proc = subprocess.run([sys.executable, "-c", WRITER, str(root)], stderr=subprocess.PIPE, text=True, env=env,
-                          timeout=300)
+    proc = run_python(WRITER, [root], env=env, timeout=300)  # a process of its own (tests/helpers/warm_process.py)
     if crash_at is None:
         assert proc.returncode == 0, proc.stderr
     else:

@@ -20,52 +20,45 @@ def _create(path, **fields) -> None:
         col.add(v, [ItemRecord(uri=f"u{i}", modality="text") for i in range(2)])
 
 
-def test_compatibility_errors_list_every_differing_field_in_words():
-    ours = Manifest(model_id="A", dim=2048, document_instruction="Represent the user's input.")
-    theirs = Manifest(model_id="B", dim=1024, max_pixels=100_000, vector_dtype="float32",
-                      fast_e={"r_max": 0.5})
+def test_compatibility_errors_list_every_differing_stored_field_in_words():
+    ours = Manifest(model_id="A", dim=2048)
+    theirs = Manifest(model_id="B", dim=1024, vectors="float16", vector_dtype="float32",
+                      settings={"serializer": {"max_pixels": 100_000}, "fast_e": {"r_max": 0.5}})
     assert ours.compatibility_errors(theirs) == [
         "model_id: collection has 'A', request has 'B'",
         "dim: collection has 2048, request has 1024",
-        "max_pixels: collection has 1843200, request has 100000",
-    ]  # storage dtype and FastE settings do not make vectors incomparable
+        "vectors: collection has 'float32', request has 'float16'",
+    ]  # the storage dtype does not make vectors incomparable; embedding settings are the profile's to compare
     assert ours.compatibility_errors(ours.replace(index_type="HNSW32")) == []
 
 
-def test_manifest_r_max_and_partial_differences():
-    assert Manifest(model_id="A", dim=8).r_max == 0.0
-    assert Manifest(model_id="A", dim=8, fast_e={"r_max": 0.25, "warmup_layer": 8}).r_max == 0.25
-    ours = Manifest(model_id="A", dim=8, model_revision="abc")
-    assert ours.differences({"model_id": "B", "model_revision": "abc"}) == [
-        "model_id: collection has 'A', request has 'B'"]
-    assert ours.differences({"model_id": "A"}) == []  # fields the request does not know are not compared
-
-
-def test_manifest_round_trips_through_dict():
-    m = Manifest(model_id="A", dim=8, model_revision="abc", fast_e={"r_max": 0.5,
-                 "warmup_layer": 8, "threshold": 0.7}, index_type="HNSW32")
+def test_manifest_round_trips_through_dict_keeping_the_settings_it_does_not_name():
+    m = Manifest(model_id="A", dim=8, index_type="HNSW32", settings={
+        "model_revision": "abc", "fast_e": {"r_max": 0.5, "warmup_layer": 8, "threshold": 0.7}})
     again = Manifest.from_dict(json.loads(json.dumps(m.to_dict())))
-    assert again == m
+    assert again == m and again.settings["fast_e"]["threshold"] == 0.7
 
 
 @pytest.mark.parametrize("field,value,needle", [
     ("dim", 0, "dim"), ("vector_dtype", "int8", "vector_dtype"), ("metric", "l2", "metric"),
-    ("min_pixels", 0, "min_pixels"), ("fast_e", {"rmax": 1}, "rmax"),
+    ("memory_budget_bytes", 5, "memory_budget_bytes"), ("model_id", " ", "model_id"),
 ])
 def test_invalid_manifest_field_is_a_config_error_naming_it(field, value, needle):
     with pytest.raises(ConfigError, match=needle):
         Manifest(**{"model_id": "A", "dim": 8, field: value})
+    with pytest.raises(ConfigError, match=r"settings holds \['dim', 'vectors.keep'\]"):
+        Manifest(model_id="A", dim=8, settings={"dim": 4, "vectors": {"keep": "none"}, "ocr": True})
 
 
 def test_opening_with_an_incompatible_manifest_names_fields_and_what_to_do(tmp_path):
     _create(tmp_path / "c")
-    request = Manifest(model_id="org/model-B", dim=D, document_instruction="Find it.")
+    request = Manifest(model_id="org/model-B", dim=D, vectors="float16")
     with pytest.raises(CollectionError) as e:
         Collection.open(tmp_path / "c", writable=True, expect=request)
     msg = str(e.value)
     assert str(tmp_path / "c") in msg
     assert "model_id: collection has 'org/model-A', request has 'org/model-B'" in msg
-    assert "document_instruction" in msg and "--reindex" in msg and "new collection" in msg
+    assert "vectors" in msg and "--reindex" in msg and "new collection" in msg
     with pytest.raises(CollectionError, match="model_id"):
         Collection.create(tmp_path / "c", request, exist_ok=True)
     # The failed opens released the lock: a compatible writer can still open.
@@ -111,7 +104,7 @@ def test_newer_manifest_format_is_refused(tmp_path):
         Collection.open(tmp_path / "c")
 
 
-@pytest.mark.parametrize("raw", [[1, 2], {"format_version": "2"}, {"model_id": "m", "dim": 16, "serializer": "x"}])
+@pytest.mark.parametrize("raw", [[1, 2], {"format_version": "2"}, {"model_id": "m", "dim": 16, "index": "x"}])
 def test_a_manifest_of_the_wrong_shape_is_a_collection_error_naming_the_file(tmp_path, raw):
     _create(tmp_path / "c")
     (tmp_path / "c" / "manifest.json").write_text(json.dumps(raw))

@@ -14,7 +14,7 @@ import pytest
 from faste_mm.errors import CollectionError
 from faste_mm.indexers import Collection, ItemRecord, Manifest
 from faste_mm.indexers.crash_points import CRASH_ENV
-from tests.helpers.forked_cli import run_python
+from tests.helpers.warm_process import run_python
 
 D = 8
 MANIFEST = Manifest(model_id="m", dim=D)
@@ -34,7 +34,7 @@ def _filled(root, n: int = 6) -> np.ndarray:
 
 def _crash(step: str, script: str, *args) -> None:
     """`python -c SCRIPT ARGS` in a process of its own, forked from a warm one (the library and
-    torch imported: tests/helpers/forked_cli.py), SIGKILLed at the crash point `step`."""
+    torch imported: tests/helpers/warm_process.py), SIGKILLed at the crash point `step`."""
     proc = run_python(textwrap.dedent(script), list(args), env={**os.environ, CRASH_ENV: step})
     assert proc.returncode == -9, proc.stderr  # SIGKILLed at the named step
 

@@ -26,7 +26,7 @@ from faste_mm.model.prefetch import ItemError, prefetch_batches
 from faste_mm.model.serialization import Serialized, SerializerConfig
 from faste_mm.retrieval.results import IndexOptions
 
-from tests.helpers.forked_cli import run_cli
+from tests.helpers.warm_process import run_cli
 from tests.helpers.inputs import noise_image, pdf_of_sizes
 
 PAGE_PIXELS = 32 * 1024  # small pages keep the tiny model fast
@@ -278,7 +278,7 @@ def test_a_run_killed_after_a_page_range_resumes_mid_file(small_pages, tmp_path)
         creator.index([docs / "b.png"])
     args = ["index", str(docs), "-c", str(col),  # its model and pixel cap
             "--device", "cpu", "--chunk-pages", "2", "--format", "json"]
-    # processes of their own, forked warm (tests/helpers/forked_cli.py)
+    # processes of their own, forked warm (tests/helpers/warm_process.py)
     killed = run_cli(args, env={**os.environ, CRASH_ENV: "index-after-page-range"})
     assert killed.returncode == -9, killed.stderr[-2000:]
     assert sorted(k for k in _live(col) if k[0] == "a.pdf") == [("a.pdf", 1), ("a.pdf", 2)]

@@ -13,6 +13,7 @@ from faste_mm import BatchingConfig, Embedder
 from faste_mm.cli.app import app
 from faste_mm.errors import CollectionError, ConfigError
 from faste_mm.indexers import Collection
+from faste_mm.retrieval.profile import CollectionProfile
 from faste_mm.retrieval.retriever import DEFAULT_QUERY_INSTRUCTION, Retriever
 
 from tests.helpers.inputs import noise_image, tiny_vl_dir
@@ -36,8 +37,8 @@ def test_stored_vectors_and_queries_are_truncated_and_renormalised(embedder, tmp
     r = Retriever(embedder, collection=tmp_path / "c", r_max=0.0, dim=DIM)
     ids = r.add(TEXTS).ids
     with Collection.open(tmp_path / "c") as col:
-        stored, manifest = col.vectors(ids), col.manifest
-    assert (manifest.dim, manifest.model_dim, manifest.is_matryoshka) == (DIM, embedder.dim, True)
+        stored, profile = col.vectors(ids), CollectionProfile.from_manifest(col.manifest)
+    assert (col.manifest.dim, profile.model_dim, profile.is_matryoshka) == (DIM, embedder.dim, True)
     full = embedder.encode_documents(TEXTS).embeddings
     np.testing.assert_allclose(stored, renormalised_prefix(full, DIM), atol=2e-3)  # float16 storage
     # Search scores are the truncated query against the truncated documents (brute force).

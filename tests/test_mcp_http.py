@@ -12,8 +12,9 @@ import httpx2  # noqa: E402
 from mcp.client.streamable_http import streamable_http_client  # noqa: E402
 
 from faste_mm import Retriever  # noqa: E402
-from tests.helpers.forked_cli import start_cli  # noqa: E402
+from tests.helpers.warm_process import start_cli  # noqa: E402
 from tests.helpers.mcp_fixtures import check_structured, error_text, open_session, tiny_collection  # noqa: E402
+from tests.helpers.bounds import first_line  # noqa: E402
 
 KEY = "test-key-123"
 
@@ -21,10 +22,10 @@ KEY = "test-key-123"
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     embedder, col, gallery, inbox = tiny_collection(tmp_path_factory.mktemp("mcp-http"))
-    # forked from the warm process of tests/helpers/forked_cli.py: no fresh torch import
+    # forked from the warm process of tests/helpers/warm_process.py: no fresh torch import
     server = start_cli(["serve", "-c", str(col), "--port", "0", "--api-key", KEY, "--device", "cpu"])
     try:
-        line = server.stdout.readline()  # "serving on http://127.0.0.1:PORT/" once the socket is bound
+        line = first_line(server, "faste-mm serve")  # "serving on http://127.0.0.1:PORT/" once the socket is bound
         assert line.startswith("serving on "), line
         yield {"embedder": embedder, "col": col, "url": line.split()[-1] + "mcp"}
     finally:

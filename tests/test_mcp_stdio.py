@@ -19,11 +19,11 @@ from typer.testing import CliRunner  # noqa: E402
 from faste_mm import BatchingConfig, Embedder, Retriever  # noqa: E402
 from faste_mm.cli.app import app  # noqa: E402
 from faste_mm.serving.mcp_tools import MAX_K, MAX_QUERY_CHARS, PREVIEW_PX  # noqa: E402
-from tests.helpers.mcp_fixtures import (check_structured, error_text, faste_mm_command, images_of, open_session,  # noqa: E402
-                                tiny_collection)
-from tests.helpers.forked_cli import CliRelay  # noqa: E402
+from tests.helpers.mcp_fixtures import check_structured, error_text, images_of, open_session, tiny_collection  # noqa: E402
+from tests.helpers.warm_process import cli_command, installed_cli  # noqa: E402
 from tests.helpers.rerank_fixtures import reranker_dirs  # noqa: E402, F401
 from tests.helpers.inputs import tiny_vl_dir  # noqa: E402
+from tests.helpers.bounds import HANG_S  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -40,16 +40,15 @@ def world(tmp_path_factory, reranker_dirs):  # noqa: F811
 @pytest.fixture(scope="module")
 def client(world, tmp_path_factory):
     """The SDK spawns the server command, a `faste-mm` that runs `faste-mm mcp` on its pipes in a
-    process forked from the warm one (tests/helpers/forked_cli.py `CliRelay`): the same server
-    and stdio transport, without ~6 CPU-seconds of imports first. The installed console script,
-    started fresh, is the server of test_a_model_that_cannot_load_answers_with_the_cli_message."""
-    relay = CliRelay(tmp_path_factory.mktemp("mcp-relay"))
-    params = StdioServerParameters(command=relay.command,
+    process forked from the warm one (tests/helpers/warm_process.py `cli_command`; the installed
+    script with FASTE_MM_TEST_FRESH=1): the same server and stdio transport, without ~6 CPU-seconds
+    of imports first. The installed console script, started fresh, is the server of
+    test_a_model_that_cannot_load_answers_with_the_cli_message."""
+    params = StdioServerParameters(command=cli_command(tmp_path_factory.mktemp("mcp-cli")),
                                    args=["mcp", "-c", str(world["col"]), "--allow-index", str(world["inbox"]),
                                          "--device", "cpu"])
     with open(os.devnull, "w") as quiet, open_session(stdio_client(params, errlog=quiet)) as session:
         yield session
-    relay.close()
 
 
 @pytest.fixture(scope="module")
@@ -133,6 +132,8 @@ def test_index_is_refused_outside_the_allowed_roots_and_reports_progress_inside(
         client.call("index", {"paths": [str(world["elsewhere"])]}))
     assert "never read" in error_text(client.call("index", {"paths": ["/proc/self"]}))
     assert "not a regular file" in error_text(client.call("index", {"paths": [str(world["inbox"] / "pipe.png")]}))
+    missing = str(world["inbox"] / "images")  # under an allowed root, but a mistyped folder: named, nothing indexed
+    assert f"{missing}: no such file or folder" in error_text(client.call("index", {"paths": [missing]}))
     updates = []
 
     async def progress(done, total, message):
@@ -193,7 +194,7 @@ def test_a_model_that_cannot_load_answers_with_the_cli_message(tmp_path):
     shutil.rmtree(model)
     cli = CliRunner().invoke(app, ["search", "a note", "-c", str(tmp_path / "col"), "--no-server"])
     assert cli.exit_code == 1
-    params = StdioServerParameters(command=faste_mm_command(), args=["mcp", "-c", str(tmp_path / "col")])
+    params = StdioServerParameters(command=installed_cli(), args=["mcp", "-c", str(tmp_path / "col")])
     with open(os.devnull, "w") as quiet, open_session(stdio_client(params, errlog=quiet)) as session:
         message = error_text(session.call_tool("search", {"query": "a note"}))
         assert message.split(";")[0] in " ".join(cli.output.split())
@@ -234,7 +235,7 @@ def test_the_engine_loads_once_a_tool_before_it_is_ready_waits_and_a_failed_load
         if len(loads) == 1:
             raise ModelLoadError("no such model: try again")
         entered.set()
-        release.wait()
+        assert release.wait(HANG_S), "the test never released the load"
         return _Engine()
 
     slot = EngineSlot(load)
@@ -244,9 +245,10 @@ def test_the_engine_loads_once_a_tool_before_it_is_ready_waits_and_a_failed_load
     waiting = [threading.Thread(target=lambda: got.append(slot.get())) for _ in range(2)]
     for thread in waiting:
         thread.start()
-    entered.wait()
+    assert entered.wait(HANG_S), "the second load never started"
     assert got == [] and all(thread.is_alive() for thread in waiting)  # both wait for the one load
     release.set()
     for thread in waiting:
-        thread.join()
+        thread.join(HANG_S)
+        assert not thread.is_alive(), "a waiter never got the loaded engine"
     assert len(loads) == 2 and got[0] is got[1]

@@ -25,7 +25,7 @@ def _collection(root, min_score: float | None = None) -> np.ndarray:
     x = np.stack([near, far, near * 0.999 + 0.001 * far, far]).astype(np.float32)
     x /= np.linalg.norm(x, axis=1, keepdims=True)
     texts = ["harbour at dawn", "harbour crane", "a field", "a road"]
-    with Collection.create(root, Manifest(model_id="m", dim=DIM, min_score=min_score)) as col:
+    with Collection.create(root, Manifest(model_id="m", dim=DIM, settings={"search": {"min_score": min_score}})) as col:
         col.add(x, [ItemRecord(uri=f"/docs/{i}.txt", modality="text", text=t) for i, t in enumerate(texts)])
     return query
 

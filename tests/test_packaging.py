@@ -7,13 +7,15 @@ import sys
 import zipfile
 from pathlib import Path
 
+from tests.helpers.bounds import HANG_S
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_wheel_installs_only_the_faste_mm_package(tmp_path):
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path)],
-        check=True,
+        check=True, timeout=HANG_S,
     )
     (wheel,) = tmp_path.glob("faste_mm-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
@@ -34,4 +36,4 @@ def test_importing_faste_mm_does_not_shadow_hugging_face_datasets(tmp_path):
         "assert ours.__name__ == 'faste_mm.datasets'\n"
         "assert spec is None or spec.origin != ours.__file__, spec.origin\n"
     )
-    subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, check=True)
+    subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, check=True, timeout=HANG_S)

@@ -8,6 +8,7 @@ import pytest
 
 from faste_mm.errors import CollectionError, ConfigError
 from faste_mm.indexers import Collection, ItemRecord, Manifest, SearchFilter, parts, quantization, search
+from faste_mm.retrieval.profile import CollectionProfile
 
 
 def clustered(rng: np.random.Generator, n: int, d: int, centers: int = 8) -> np.ndarray:
@@ -132,8 +133,8 @@ def test_conflicting_vector_precision_is_refused(tmp_path):
 def test_matryoshka_dims_and_binary_store_64_bytes_a_vector(tmp_path):
     rng = np.random.default_rng(7)
     x = clustered(rng, 30, 512)
-    with create(tmp_path, x, vectors="binary", keep="none", model_dim=2048) as col:
-        assert col.manifest.is_matryoshka
+    with create(tmp_path, x, vectors="binary", keep="none", settings={"model_dim": 2048}) as col:
+        assert CollectionProfile.from_manifest(col.manifest).is_matryoshka
     assert np.load(parts.vectors_path(tmp_path / "c", 0)).nbytes == 30 * 64
 
 
@@ -229,8 +230,6 @@ def test_a_selective_filter_is_searched_exactly_over_the_matching_items(tmp_path
 
 
 def test_a_retrievers_vectors_setting_follows_the_collection_and_a_conflict_is_refused(tmp_path):
-    from faste_mm.retrieval.profile import CollectionProfile
-
     with Collection.create(tmp_path / "c", Manifest(model_id="m", dim=32, vectors="binary", keep="int8")) as col:
         profile = CollectionProfile.from_manifest(col.manifest)
     assert (profile.vectors, profile.keep) == ("binary", "int8")

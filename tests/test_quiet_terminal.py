@@ -12,6 +12,8 @@ import pytest
 
 from faste_mm.indexers import Collection, ItemRecord, Manifest
 
+from tests.helpers.bounds import first_line
+
 pytest.importorskip("lancedb", reason="needs faste-mm[lancedb]")
 
 
@@ -42,7 +44,7 @@ def test_serve_loads_its_model_without_transformers_per_weight_bar(tmp_path):
                              "--port", "0", "--threads", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env)
     try:
-        line = proc.stdout.readline()  # printed once the model is loaded and the socket listens
+        line = first_line(proc, "faste-mm serve")  # printed once the model is loaded and the socket listens
         assert line.startswith("serving on http://127.0.0.1:"), line or proc.stderr.read()
     finally:
         proc.send_signal(signal.SIGTERM)

@@ -37,9 +37,10 @@ from faste_mm.retrieval.profile import CollectionProfile  # noqa: E402
 from faste_mm.scale.ray_index import ACTOR_REGISTRY_ENV  # noqa: E402
 from faste_mm.scale.ray_workers import PAGES_PER_PART, FileTask, ShippedFile, decode_file_parts, embedder_input  # noqa: E402
 from faste_mm.scale.resources import plan_resources  # noqa: E402
-from tests.helpers.forked_cli import run_cli  # noqa: E402
+from tests.helpers.warm_process import run_cli  # noqa: E402
 from tests.helpers.inputs import (CORPUS_EMBEDDED, CORPUS_FAILED, CORPUS_REUSED, make_corpus,  # noqa: E402
                                            noise_image, tiny_vl_dir)
+from tests.helpers.bounds import HANG_S  # noqa: E402
 
 PAGE_PIXELS = 64 * 64  # big_corpus's pages and images rendered small: its tests are about commits, not pixels
 LONG_PDF, LONG_PDF_PAGES = "zzz_long.pdf", PAGES_PER_PART + 4
@@ -186,8 +187,8 @@ def test_ray_index_with_faste_and_video_settings_matches_plain_index(ray_cluster
     assert seen[-1].files_done == seen[-1].files_total == plain.files_scanned
     assert [p.files_done for p in seen] == sorted(p.files_done for p in seen)
     with Collection.open(tmp_path / "ray") as col:
-        assert col.manifest.video["max_frames"] == 6
-        assert col.manifest.max_pixels == budget
+        profile = CollectionProfile.from_manifest(col.manifest)
+        assert (profile.video.max_frames, profile.max_pixels) == (6, budget)
     # A second run finds nothing to do, as a plain one would.
     again = _index(model_dir, folder, tmp_path / "ray", r_max, RayOptions(**ACTORS), **settings)
     assert (again.embedded, again.reused, again.unchanged) == (0, 0, plain.files_scanned)
@@ -212,7 +213,7 @@ _RAY_CPP_LINE = re.compile(r"^\[\d{4}-\d\d-\d\d [\d:,]+ [DIWEF] \d+ \d+\] \S+:\d
 def _killed_driver(model_dir: Path, folder: Path, collection: Path, address: str, crash_at: str, *flags: str):
     """`faste-mm index --ray ADDRESS` in a process of its own (joining the tests' Ray) that
     SIGKILLs itself at the crash point `crash_at`; returns its stderr. The process is forked from
-    a warm one (tests/helpers/forked_cli.py; it has not imported Ray): the driver joins Ray and
+    a warm one (tests/helpers/warm_process.py; it has not imported Ray): the driver joins Ray and
     is killed as a fresh interpreter would be, without ~6 CPU-seconds of imports first."""
     env = {key: value for key, value in os.environ.items() if key != "COLUMNS"}
     env[CRASH_ENV] = crash_at
@@ -283,7 +284,7 @@ def test_a_decoding_task_that_meets_a_bad_file_does_not_import_the_model(tmp_pat
             f"[(rows, _)] = decode_file_parts(FileTask({str(tmp_path / 'corrupt.png')!r}, 'image', None), "
             "CollectionProfile(), None, driver_node=''); "
             "print(rows[0].reason); print(sorted({'torch', 'transformers'} & set(sys.modules)))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=HANG_S).stdout
     assert "corrupt.png: not a readable image" in out and out.endswith("[]\n"), out
 
 

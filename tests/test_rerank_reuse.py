@@ -191,8 +191,10 @@ def test_a_cold_cache_hands_on_the_towers_own_output_and_keeps_copies(vl_reranke
     assert kept.untyped_storage().data_ptr() != towered[0].merged.untyped_storage().data_ptr()  # the cache's own copy
     both = cached.score("q", documents)  # a partial miss: one kept, one fresh, assembled in order
     assert cached.tower_cache.stats().hits == 1 and cached.tower_cache.stats().tower_calls == 2
-    np.testing.assert_array_equal(both.scores, uncached.score("q", documents).scores)
-    np.testing.assert_array_equal(first.scores, both.scores[:1])
+    # the same tower output either way, but kernels are chosen by measured trials: a loaded machine may
+    # pick another one between the calls, whose rounding differs in the last bits
+    np.testing.assert_allclose(both.scores, uncached.score("q", documents).scores, atol=1e-5)
+    np.testing.assert_allclose(first.scores, both.scores[:1], atol=1e-5)
 
 
 @pytest.mark.parametrize("reuse", [False, True])

@@ -17,6 +17,7 @@ from faste_mm.errors import CollectionError, ConfigError, InputError, ModelLoadE
 from faste_mm.indexers import Collection
 from faste_mm.retrieval.maintenance import collection_path
 from faste_mm.retrieval.model_spec import ModelSpec
+from faste_mm.retrieval.profile import read_profile
 from faste_mm.retrieval.results import IndexOptions
 from faste_mm.retrieval.retriever import DEFAULT_QUERY_INSTRUCTION, Retriever
 
@@ -173,12 +174,14 @@ def test_collection_names_resolve_under_the_user_data_dir(monkeypatch, tmp_path)
     assert collection_path("./photos") == Path("photos").absolute() and collection_path("a/b") == Path("a/b").absolute()
 
 
-def test_a_missing_named_path_is_reported_on_every_run(embedder, tmp_path):
+def test_a_missing_path_is_an_input_error_naming_it_and_nothing_is_created(embedder, tmp_path):
+    """A mistyped folder (the README's ./images in a fresh clone) must not leave an empty collection
+    and a 0-result search: the run refuses, naming every path that does not exist."""
+    (tmp_path / "real").mkdir()
     retriever = Retriever(embedder, collection=tmp_path / "col", r_max=0.0)
-    for _ in range(3):
-        report = retriever.index([tmp_path / "gone.png"])
-        assert [Path(f.uri).name for f in report.failures] == ["gone.png"]
-        assert "not found" in report.failures[0].error
+    with pytest.raises(InputError, match=r"gone\.png, .*images: no such file or folder; check the path"):
+        retriever.index([tmp_path / "gone.png", tmp_path / "real", tmp_path / "images"])
+    assert not (tmp_path / "col").exists()
 
 
 class PoisonedEmbedder(Embedder):
@@ -333,7 +336,7 @@ def test_add_refuses_an_item_resized_to_another_max_pixels_than_the_collection(e
     root = three_images(tmp_path / "imgs")
     retriever = Retriever(embedder, collection=tmp_path / "col", r_max=0.0)
     retriever.add(["a caption"])
-    cap = Collection.open(tmp_path / "col").manifest.max_pixels
+    cap = read_profile(tmp_path / "col").max_pixels
     for on_error in ("raise", "skip"):
         with pytest.raises(InputError, match=rf"input 1 \(.*b.png\): Item.max_pixels=8192.*max_pixels={cap}"):
             retriever.add([root / "a.png", Item(image=root / "b.png", max_pixels=8192)], on_error=on_error)

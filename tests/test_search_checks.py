@@ -17,6 +17,8 @@ from faste_mm.indexers import Collection, ItemRecord, Manifest, SearchFilter, ma
 from faste_mm.indexers.quantization import encode_binary, hamming_to_score
 from faste_mm.indexers.store import MetaStore
 
+from tests.helpers.bounds import HANG_S
+
 D = 16
 D_BITS = D  # a binary index's width in bits
 
@@ -47,7 +49,7 @@ def write_elsewhere(root, vectors: np.ndarray, how: str) -> None:
     a second Collection in this process; "process", a subprocess), committed before this returns."""
     if how == "process":
         code = WRITER.format(vectors=vectors.tolist())
-        subprocess.run([sys.executable, "-c", code, str(root)], check=True)
+        subprocess.run([sys.executable, "-c", code, str(root)], check=True, timeout=HANG_S)
         return
     with Collection.open(root, writable=True) as col:
         col.add(vectors, records(1000, len(vectors), "new"))

@@ -64,7 +64,7 @@ def test_a_hit_whose_file_is_gone_is_kept_after_the_reranked_ones(retriever, vl_
 def test_an_embedder_given_as_reranker_is_refused_naming_both(retriever):
     with pytest.raises(ConfigError, match="got an Embedder .* an embedding model; give a Reranker"):
         retriever.search("red", rerank=retriever.embedder)
-    with pytest.raises(ConfigError, match="rerank_top must be an int >= 1"):
+    with pytest.raises(ConfigError, match="search rerank_top must be >= 1, got 0"):
         retriever.search("red", rerank=object(), rerank_top=0)
 
 

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from faste_mm.cli.app import app
 from tests.helpers.rerank_fixtures import reranker_dirs, vl_reranker  # noqa: F401  (fixtures)
 from tests.helpers.inputs import tiny_vl_dir
+from tests.helpers.bounds import HANG_S
 
 runner = CliRunner()
 
@@ -145,7 +146,7 @@ def test_a_retriever_is_shared_by_threads(model, tmp_path):
     assert found == expected * 3
     fresh = Retriever(Embedder.from_pretrained(model, device="cpu"), collection=tmp_path / "col")
     with ThreadPoolExecutor(1) as pool:  # opened on a worker thread, then used on this one
-        pool.submit(fresh.search, "sunset").result()
+        pool.submit(fresh.search, "sunset").result(timeout=HANG_S)
     assert [(h.id, h.score) for h in fresh.search("sunset", k=3)] == expected[0]
 
 

@@ -440,7 +440,7 @@ def test_a_full_queue_answers_503_and_the_queued_requests_still_finish(embedder,
                 time.sleep(0.01)
             busy = c.post("/v1/embeddings", json={"input": "three"})
             release.set()
-            assert first.result().status_code == second.result().status_code == 200
+            assert first.result(timeout=60).status_code == second.result(timeout=60).status_code == 200
         _error(busy, 503, "queue is full", "retry")
         assert busy.headers["retry-after"] == "1"
         assert 'faste_mm_rejected_total{kind="document"} 1' in engine.metrics.render()

@@ -193,3 +193,59 @@ def test_search_page_previews_a_hit_names_a_filter_that_matches_nothing_and_show
     page.wait_for_selector(".card .note .snippet")
     assert "invoice RE16 TGK" in page.locator(".card .note .snippet").first.inner_text()
     assert not errors, errors
+
+
+# The test's view of the page's /search fetches: each one that settled (its reply read, or failed or
+# aborted) is counted one task later, so after the page's own handling of that reply has run.
+COUNT_SETTLED_SEARCHES = """
+window.settledSearches = 0;
+const pageFetch = window.fetch.bind(window);
+window.fetch = (input, init) => {
+  const call = pageFetch(input, init);
+  if (!String(input).endsWith("/search")) return call;
+  const settle = () => setTimeout(() => { window.settledSearches += 1; }, 0);
+  return call.then((response) => {
+    const read = response.json.bind(response);
+    response.json = () => { const body = read(); body.then(settle, settle); return body; };
+    return response;
+  }, (error) => { settle(); throw error; });
+};
+"""
+
+
+def test_search_page_shows_the_later_search_when_an_earlier_reply_arrives_last(browser, server):
+    """Filters changed one after another: "Newest first" (its reply held back by the test until the
+    next search is on screen), then "PDF pages". The grid, URL and controls must all be the later
+    search's, also after the earlier reply is let through."""
+    from playwright.sync_api import Error as PlaywrightError
+
+    url, _ = server
+    page, errors = _watched_page(browser)
+    page.add_init_script(COUNT_SETTLED_SEARCHES)
+    page.goto(url + "/?q=sunset")
+    page.wait_for_function("() => document.querySelectorAll('.card').length === 12 && window.settledSearches === 1")
+    held = []
+
+    def hold_the_earlier(route):  # told apart by body, not by order: an aborted request may never get here
+        if route.request.post_data_json.get("type") is None:
+            held.append(route)
+        else:
+            route.continue_()
+
+    page.route("**/search", hold_the_earlier)
+    page.select_option("#f-sort", "-date")  # the earlier search: its reply waits in `held`
+    page.select_option("#f-type", "pdf")  # the later one: answered at once
+    page.wait_for_function("() => document.querySelector('#status-text').textContent.includes('type pdf')")
+    for route in held:  # the earlier reply now comes last (unless the page already aborted it)
+        try:
+            route.continue_()
+        except PlaywrightError:
+            pass
+    page.wait_for_function("() => window.settledSearches === 3")  # both later fetches handled by the page
+    kinds = page.eval_on_selector_all(".card", "cards => cards.map(c => c.dataset.kind)")
+    assert kinds == ["pdf", "pdf"], kinds  # the 2 PDF pages, not the 12 hits of "Newest first" alone
+    assert "type pdf" in page.inner_text("#status-text")
+    assert "sort=-date" in page.url and "type=pdf" in page.url
+    assert page.input_value("#f-sort") == "-date" and page.input_value("#f-type") == "pdf"
+    assert page.locator("#banner").is_hidden()  # the superseded search reports nothing
+    assert not errors, errors

@@ -20,9 +20,10 @@ import pytest
 pytest.importorskip("fastapi", reason="needs the serve extra: pip install 'faste-mm[serve]'")
 
 from faste_mm.indexers.crash_points import CRASH_ENV  # noqa: E402
-from tests.helpers.forked_cli import run_cli, start_cli  # noqa: E402
+from tests.helpers.warm_process import run_cli, start_cli  # noqa: E402
 from tests.helpers.inputs import tiny_vl_dir  # noqa: E402
 from tests.helpers.serve_fixtures import make_gallery, scene_image  # noqa: E402
+from tests.helpers.bounds import first_line  # noqa: E402
 
 # Client-side failure detector only (a hung server fails the test instead of hanging it); no
 # assertion is about how fast anything answers.
@@ -31,7 +32,7 @@ CLIENTS = 4
 
 
 def _cli(*args: str, env: dict) -> subprocess.CompletedProcess:
-    """`faste-mm ARGS` in a process of its own, forked warm (tests/helpers/forked_cli.py)."""
+    """`faste-mm ARGS` in a process of its own, forked warm (tests/helpers/warm_process.py)."""
     return run_cli(list(args), env=env)
 
 
@@ -66,7 +67,7 @@ def served(tmp_path):
     made = _cli("index", str(gallery), "-c", str(col), "--model", str(model), env=env)
     assert made.returncode == 0, made.stderr
     proc = start_cli(["serve", "-c", str(col), "--port", "0", "--threads", "1"], env=env)
-    line = proc.stdout.readline()  # printed once the socket listens
+    line = first_line(proc, "faste-mm serve")  # printed once the socket listens
     assert line.startswith("serving on http://127.0.0.1:"), line
     try:
         yield line.split()[2].rstrip("/"), col, gallery, model, env
@@ -76,7 +77,7 @@ def served(tmp_path):
             proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             proc.kill()
-            proc.wait()
+            proc.wait(timeout=60)
         proc.close()
 
 

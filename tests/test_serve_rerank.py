@@ -134,7 +134,9 @@ def test_search_with_rerank_is_bounded_by_max_request_tokens_like_v1_rerank(embe
 def test_info_states_the_search_rerank_depth_the_page_shows(embedder, vl_reranker, collection_engine_parts):
     from pathlib import Path
 
-    from faste_mm.serving.rerank import SEARCH_RERANK_TOP
+    from faste_mm.retrieval.search_request import DEFAULTS
+
+    SEARCH_RERANK_TOP = DEFAULTS["rerank_top"]
 
     with _search_client(embedder, collection_engine_parts, vl_reranker) as client:
         depth = client.get("/info").json()["reranker"]["search_top"]

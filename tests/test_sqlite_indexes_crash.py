@@ -5,8 +5,6 @@ meta.sqlite beside the rows in step with them: the lexical index (FTS5) and the 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
@@ -14,6 +12,7 @@ import pytest
 
 from faste_mm.indexers import Collection, ItemRecord, Manifest, SearchFilter
 from faste_mm.indexers.crash_points import CRASH_ENV
+from tests.helpers.warm_process import run_python
 
 D = 8
 
@@ -61,8 +60,8 @@ def test_a_writer_killed_at_a_named_step_leaves_the_lexical_and_metadata_indexes
         col.add(x / np.linalg.norm(x, axis=1, keepdims=True),
                 [ItemRecord(uri=f"/d/seed-{i}.txt", modality="text", text=f"seed{i}", metadata={"s": "old", "n": i})
                  for i in range(3)])
-    proc = subprocess.run([sys.executable, "-c", WRITER, str(root), step], env={**os.environ, CRASH_ENV: step},
-                          capture_output=True, text=True, timeout=120)
+    # a process of its own (tests/helpers/warm_process.py)
+    proc = run_python(WRITER, [root, step], env={**os.environ, CRASH_ENV: step}, timeout=120)
     assert proc.returncode == -9, proc.stderr[-2000:]
     with Collection.open(root, writable=True) as col:
         live = sorted(col.live_ids(range(100)))

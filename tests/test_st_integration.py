@@ -28,6 +28,7 @@ from faste_mm.integrations.sentence_transformers import (  # noqa: E402
     is_faste_enabled,
 )
 from tests.helpers.tiny_models import tiny_model_dir  # noqa: E402
+from tests.helpers.bounds import HANG_S  # noqa: E402
 
 DEFAULT_INSTRUCTION = "Represent the user's input."
 QUERY_INSTRUCTION = "Find me an everyday image that matches the given caption:"  # ends in P*: no '.' added
@@ -125,7 +126,7 @@ def _noise_image(width: int, height: int) -> Image.Image:
 
 def test_importing_faste_mm_does_not_import_sentence_transformers():
     code = "import sys, faste_mm, faste_mm.integrations; assert 'sentence_transformers' not in sys.modules"
-    subprocess.run([sys.executable, "-c", code], check=True)
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=HANG_S)
 
 
 def test_layout_loads_as_the_published_model_does(vl_model):

@@ -1,10 +1,14 @@
 """Tests share helpers through tests/helpers/, never by importing another test module (which runs
-that module's imports and fixtures wherever it is imported, and ties two test files together)."""
+that module's imports and fixtures wherever it is imported, and ties two test files together);
+and the one runner of processes, tests/helpers/warm_process.py, behaves as `subprocess` does
+(in either mode: FASTE_MM_TEST_FRESH=1 runs this file against real fresh processes)."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
+
+from tests.helpers.warm_process import installed_cli, run_python
 
 TESTS = Path(__file__).parent
 
@@ -49,46 +53,50 @@ def test_the_check_sees_absolute_relative_and_function_level_imports(tmp_path):
                                              "tests.test_video", "tests.test_video.write_video"]
 
 
-def test_faste_mms_loaders_share_a_tiny_models_tokenizer_and_nobody_else_does(tmp_path_factory):
-    """tests/helpers/warm_tokenizers.py `share_in_process` (installed by conftest): a second load
-    by faste-mm's loader of an unchanged tiny model is the first one's object; a test's own load
-    and a load of changed files are fresh objects."""
-    import os
-    import shutil
-
-    from transformers import AutoTokenizer
-
-    from faste_mm.model.backbones.loading import load_model
-    from tests.helpers.tiny_models import tiny_model_dir
-
-    path = tiny_model_dir(tmp_path_factory.getbasetemp(), "qwen3")
-    first, second = load_model(path, device="cpu").preprocessor, load_model(path, device="cpu").preprocessor
-    assert first is second
-    assert AutoTokenizer.from_pretrained(path) is not first  # a test's own load: its own object
-    copy = shutil.copytree(path, path.parent / f"{path.name}-copy-{os.getpid()}")
-    try:
-        before = load_model(copy, device="cpu").preprocessor
-        assert load_model(copy, device="cpu").preprocessor is before
-        stat = (copy / "tokenizer_config.json").stat()
-        os.utime(copy / "tokenizer_config.json", ns=(stat.st_atime_ns, stat.st_mtime_ns + 1))
-        assert load_model(copy, device="cpu").preprocessor is not before  # changed files: loaded again
-    finally:
-        shutil.rmtree(copy)
-
-
-def test_a_relayed_command_writes_to_the_callers_pipes_and_exits_with_its_status(tmp_path):
-    """tests/helpers/forked_cli.py `CliRelay`: the shim's pipes are the forked command's (stdin
-    too: tests/test_mcp_stdio.py's server reads its requests there)."""
+def test_a_command_started_by_another_program_writes_to_its_pipes_and_exits_with_its_status(tmp_path):
+    """tests/helpers/warm_process.py `cli_command`: the executable's pipes are the command's (stdin
+    too: tests/test_mcp_stdio.py's server reads its requests there), its status is the command's."""
     import subprocess
 
-    from tests.helpers.forked_cli import CliRelay
+    from tests.helpers.warm_process import cli_command
 
-    relay = CliRelay(tmp_path)
+    command = cli_command(tmp_path)
+    done = subprocess.run([command, "info", "-c", str(tmp_path / "none")], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1 and "not a faste-mm collection" in done.stderr, done.stderr
+    done = subprocess.run([command, "--help"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "Usage" in done.stdout, done.stderr
+    done = subprocess.run([command, "--version"], capture_output=True, text=True, timeout=300)
+    assert done.stdout == subprocess.run([installed_cli(), "--version"], capture_output=True, text=True,
+                                         timeout=300).stdout  # the installed script, started fresh
+
+
+def test_a_run_reads_nothing_from_stdin():
+    done = run_python("import sys; print(repr(sys.stdin.read()))")
+    assert (done.returncode, done.stdout) == (0, "''\n")
+
+
+def test_a_killed_command_reports_the_signal_as_subprocess_does():
+    killed = run_python("import os, signal, sys\nprint('before', flush=True)\nos.kill(os.getpid(), signal.SIGKILL)")
+    assert (killed.returncode, killed.stdout) == (-9, "before\n")
+    failed = run_python("import sys\nraise ValueError(sys.argv[1])", ["named"])
+    assert failed.returncode == 1 and "ValueError: named" in failed.stderr
+
+
+def test_a_started_command_talks_through_its_pipes_and_is_ended_by_its_caller(tmp_path):
+    import json
+    import select
+
+    from tests.helpers.warm_process import PIPE, start_python
+
+    echo = "import json, sys\nfor line in sys.stdin:\n    print(json.dumps(json.loads(line) * 2), flush=True)"
+    process = start_python(echo, stdin=PIPE, cwd=tmp_path)
     try:
-        done = subprocess.run([relay.command, "info", "-c", str(tmp_path / "none")], capture_output=True, text=True,
-                              timeout=300)
-        assert done.returncode == 1 and "not a faste-mm collection" in done.stderr, done.stderr
-        done = subprocess.run([relay.command, "--help"], capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0 and "Usage" in done.stdout, done.stderr
+        process.stdin.write("21\n")
+        process.stdin.flush()
+        assert select.select([process.stdout], [], [], 300)[0]  # a failure detector, not a speed assertion
+        assert json.loads(process.stdout.readline()) == 42
+        assert process.poll() is None
+        process.terminate()
+        assert process.wait(300) == -15
     finally:
-        relay.close()
+        process.close()

@@ -62,6 +62,6 @@ def test_index_a_folder_with_videos_and_query_by_text_and_by_video(model_dirs, f
 
 
 def test_a_collection_written_before_videos_reads_as_the_video_config_defaults():
-    old = Manifest(model_id="m", dim=8).to_dict()
+    old = CollectionProfile(model_id="m", dim=8).to_manifest().to_dict()
     del old["serializer"]["video"]  # a collection written before videos
     assert CollectionProfile.from_manifest(Manifest.from_dict(old)).video == VideoConfig()

@@ -81,16 +81,19 @@ def test_modify_delete_and_rename_without_calling_the_model(watched):
     assert watcher.sync_once().waiting == 1
     changed = watcher.sync_once()
     assert changed.index.embedded == 1 and _live(retriever)["b.png"] != before["b.png"]
+    assert changed.index.embedded_files == (str((folder / "b.png").resolve()),)
     calls = len(counter.calls)
     os.rename(folder / "a.png", folder / "renamed.png")  # a move keeps size and mtime
     moving = watcher.sync_once()
     assert moving.waiting == 1 and moving.index.removed == 0  # the old path lends its vector once the new settles
     moved = watcher.sync_once()
     assert (moved.index.embedded, moved.index.reused, moved.index.removed) == (0, 1, 1)
+    assert moved.index.moved_files == ((str((folder / "a.png").resolve()), str((folder / "renamed.png").resolve())),)
     assert len(counter.calls) == calls, "a renamed file was embedded again"
     (folder / "b.png").unlink()
     deleted = watcher.sync_once()
     assert deleted.index.removed == 1 and set(_live(retriever)) == {"renamed.png"}
+    assert deleted.index.removed_files == (str((folder / "b.png").resolve()),)
 
 
 def test_a_partial_copy_is_embedded_only_once_complete(watched, tmp_path):

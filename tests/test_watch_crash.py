@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from faste_mm.cli.app import app
 from faste_mm.indexers import Collection
 from faste_mm.indexers.crash_points import CRASH_ENV
-from tests.helpers.forked_cli import run_cli
+from tests.helpers.warm_process import run_cli
 from tests.helpers.inputs import noise_image, tiny_vl_dir
 
 runner = CliRunner()
@@ -30,7 +30,7 @@ def _watch_killed_at(crash_at: str, folder, col, model: str) -> None:
             "--polls", "1", "--chunk-files", "2"]
     env = {key: value for key, value in os.environ.items() if key != "COLUMNS"}
     env[CRASH_ENV] = crash_at
-    proc = run_cli(args, env=env, timeout=300)  # a process of its own, forked warm (tests/helpers/forked_cli.py)
+    proc = run_cli(args, env=env, timeout=300)  # a process of its own, forked warm (tests/helpers/warm_process.py)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
 
 

@@ -78,6 +78,50 @@ def test_native_events_drive_syncs_of_new_and_deleted_files(vl_embedder, tmp_pat
     assert not thread.is_alive()  # the observer stopped with the loop
 
 
+def test_a_change_made_during_a_poll_wakes_the_next_poll(vl_embedder, tmp_path):
+    """An event that arrives while a poll runs is not lost: the loop polls again at once rather than
+    after its hour (the wake is cleared before each poll, never after: a change the poll's scan may
+    have missed still wakes the next one). The file is removed inside the poll's own `sync`, and the
+    poll returns only once an observer of the test's own saw that removal."""
+    from watchdog.events import FileSystemEventHandler
+    from watchdog.observers import Observer
+
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    scene_image(folder / "a.png", 1)
+    scene_image(folder / "b.png", 2)
+    retriever = Retriever(vl_embedder, collection=tmp_path / "col", r_max=0.5)
+    watcher = FolderWatcher(retriever, [folder], WatchOptions(interval_s=3600, settle_polls=1, events=True))
+    removal_seen = threading.Event()
+
+    class _Seen(FileSystemEventHandler):
+        def on_deleted(self, event) -> None:
+            removal_seen.set()
+
+    def sync() -> SyncReport:
+        report = watcher.sync_once()
+        if watcher.polls == 1:
+            (folder / "a.png").unlink()  # after this poll's scan, before its wait
+            assert removal_seen.wait(HANG_S), "the test's observer saw no removal"
+        return report
+
+    own = Observer()
+    own.schedule(_Seen(), str(folder))
+    own.start()
+    reports, stop = Reports(), threading.Event()
+    thread = threading.Thread(target=watcher.run, args=(stop,), kwargs={"on_sync": reports, "sync": sync}, daemon=True)
+    thread.start()
+    try:
+        reports.wait_for(lambda: _removed(reports) == 1, "removed a.png after the event during the first poll")
+        assert _embedded(reports) == 2 and _live(retriever.collection) == {"b.png"}
+    finally:
+        stop.set()
+        thread.join(HANG_S)
+        own.stop()
+        own.join(HANG_S)
+    assert not thread.is_alive()
+
+
 def test_serve_watch_thread_syncs_several_polls_and_stops(vl_embedder, tmp_path):
     pytest.importorskip("fastapi", reason="needs the serve extra")
     from fastapi.testclient import TestClient

@@ -96,7 +96,9 @@ def _run(args: argparse.Namespace, work: Path) -> SuiteRun:
             settings.remove("int8")
             not_run["int8"] = str(refused)
     model = args.model or build(work / "model", args.layers, args.blocks)
-    first_rates = measure_rates(cpu)
+    # only the dtypes the contenders run in ("hf": transformers in bfloat16)
+    rate_dtypes = tuple(dict.fromkeys("bfloat16" if name == "hf" else name.split("-")[0] for name in settings))
+    first_rates = measure_rates(cpu, rate_dtypes)
     embedders = {}
     for name in settings:
         if name == "hf":
@@ -119,11 +121,11 @@ def _run(args: argparse.Namespace, work: Path) -> SuiteRun:
         if hf is not None:
             runs["hf"] = _hf_forward(hf, inputs, 8)
         # the warm-up round also settles the tower attention trial; each run reports its own model seconds
-        before = first_rates if not rows else measure_rates(cpu)
+        before = first_rates if not rows else measure_rates(cpu, rate_dtypes)
         timed = mirrored_rounds(runs, args.repeats)
         # A shared VM's matrix rate drifts by 2-3x between hours (another guest on the core's sibling):
         # each kind is judged by the rate measured just before and just after its own rounds.
-        after = measure_rates(cpu)
+        after = measure_rates(cpu, rate_dtypes)
         rates = {k: mean_rate(before[k], after[k]) for k in before}
         times, stages, towers = {}, {}, {}
         for name, t in timed.items():

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from faste_mm.bench import SUITES
+from faste_mm.bench.options import add_output, resolve_device
 from faste_mm.bench.schema import BenchResult, describe, finish, start
 from faste_mm.errors import ConfigError, FasteError
 
@@ -24,9 +25,7 @@ def parser_for(suite: str, prog: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=SUITES[suite][1] + ".",
                                      epilog="Writes the result schema of faste_mm.bench.schema (--out, --format json).")
     module.add_arguments(parser)
-    parser.add_argument("--out", "-o", type=Path, default=None, help="also write the result (JSON) to this file")
-    parser.add_argument("--format", dest="output", choices=("table", "json"), default="table",
-                        help="stdout: the suite's table (default) or the result JSON")
+    add_output(parser)
     return parser
 
 
@@ -37,6 +36,7 @@ def run_suite(suite: str, argv: list[str], prog: str | None = None) -> BenchResu
         raise SystemExit(f"unknown suite {suite!r}; suites: {', '.join(SUITES)}")
     parser = parser_for(suite, prog or f"faste-mm bench {suite}")
     args = parser.parse_args(argv)
+    resolve_device(args)
     if args.out is not None and not args.out.parent.is_dir():
         parser.error(f"--out {args.out}: folder {args.out.parent} does not exist; create it first")
     if not logging.getLogger().handlers:

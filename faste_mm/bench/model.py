@@ -167,7 +167,7 @@ def run_bench(embedder: Embedder, inputs: list, config: BenchConfig, inputs_labe
         from faste_mm.tools.check_cost import measure_check_cost
         from faste_mm.tools.roofline import measure_rates
 
-        rates = measure_rates(device)
+        rates = measure_rates(device, (embedder.dtype_choice.name,))  # only the dtype the stages are read against
         check = measure_check_cost(embedder, inputs)
     roof = (embedder.dtype_choice.name, rates)
     # comparison encoders first: an input or install they refuse must not cost the timed runs

@@ -44,7 +44,7 @@ from PIL import Image, ImageDraw
 
 from faste_mm import BatchingConfig, Embedder, FastEConfig, Item
 from faste_mm.bench.inputs import make_inputs
-from faste_mm.bench.options import add_rounds, add_threads, apply_threads, names
+from faste_mm.bench.options import add_device, add_rounds, add_threads, apply_threads, names
 from faste_mm.bench.rounds import mirrored_rounds
 from faste_mm.bench.schema import SuiteRun
 from faste_mm.model.backbones.loading import choose_dtype, read_cpu_flags
@@ -180,7 +180,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plan-setting", default="501760,0.5", help="MAX_PIXELS,R_MAX for 'faste-mm plan' without --plan (default 501760,0.5)")
     parser.add_argument("--share-weights", action="store_true", help="one copy of the weights (see the suite's docstring)")
     add_threads(parser)
-    parser.add_argument("--device", default="cpu", help="cpu or cuda (the GPU runs: scripts/gpu_bench.sh peers)")
+    add_device(parser, dtype=False)
 
 
 def run(args: argparse.Namespace) -> SuiteRun:

@@ -2,7 +2,7 @@
 (`index --max-pixels`), per dtype, with the vision tower's share of the time and of the FLOPs.
 
     faste-mm bench pixels [--shape qwen3-vl-embedding-2b] [--scale-hidden 0.25] [--n 4]
-        [--photo 640x480] [--page 1240x1754] [--max-pixels 1843200,1003520,501760,250880]
+        [--photo 640x480] [--page 1240x1754] [--max-pixels 1843200,1003520,501760,250880 (default)]
         [--dtypes auto,float32] [--kinds photo,page] [--repeats 2] [--threads N]
 
 In ONE process, on the same generated inputs (noise photos; one-page text PDFs rendered as
@@ -30,6 +30,7 @@ from faste_mm.bench.options import add_model, add_rounds, add_shape, add_threads
 from faste_mm.bench.rounds import mirrored_rounds
 from faste_mm.bench.schema import SuiteRun
 from faste_mm.model.backbones.machine import device_name
+from faste_mm.model.official import PIXEL_SWEEP
 from faste_mm.model.serialization import PIXELS_PER_VISUAL_TOKEN, SerializerConfig
 from faste_mm.tools.shapes import build_shape_model
 
@@ -41,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--photo", default="640x480", help="photo size WxH (default 640x480)")
     parser.add_argument("--page", default="1240x1754", help="page size WxH (default 1240x1754)")
     parser.add_argument("--kinds", default="photo,page", help="photo, page or both (default photo,page)")
-    parser.add_argument("--max-pixels", default="1843200,1003520,501760,250880",
+    parser.add_argument("--max-pixels", default=",".join(map(str, PIXEL_SWEEP)),
                         help="pixel caps, comma-separated; the first is the reference (default the official cap first)")
     parser.add_argument("--dtypes", default="auto,float32", help="dtypes to run (each a model copy; default auto,float32)")
     add_rounds(parser, default=2)

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from faste_mm.bench.options import add_model, add_rounds, add_shape, add_threads, names, scratch
+from faste_mm.bench.options import add_device, add_model, add_rounds, add_shape, add_threads, names, scratch
 from faste_mm.bench.schema import SuiteRun
 
 log = logging.getLogger(__name__)
@@ -78,7 +78,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--r-max", type=float, default=0.5, help="FastE r_max (default 0.5)")
     parser.add_argument("--chunk-files", type=int, default=8, help="files per committed chunk (default 8)")
     parser.add_argument("--files-per-call", type=int, default=8, help="files per Ray call (default 8)")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    add_device(parser, dtype=False)
     parser.add_argument("--gpus-per-worker", type=float, default=0.0, help="GPUs per Ray actor (default 0)")
     add_threads(parser)
     parser.add_argument("--overhead-cpus", type=float, default=2.0, help="CPUs of the 1-actor overhead run (default 2)")

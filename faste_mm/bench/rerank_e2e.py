@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from faste_mm.bench.inputs import make_inputs
-from faste_mm.bench.options import add_model, add_rounds, add_shape
+from faste_mm.bench.options import add_device, add_dtype, add_model, add_rounds, add_shape
 from faste_mm.bench.rerank import QUERY, build_reranker_shape, official_scores
 from faste_mm.bench.rounds import mirrored_rounds
 from faste_mm.bench.schema import SuiteRun
@@ -28,8 +28,8 @@ from faste_mm.tools.shapes import qwen_tokenizer_dir
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--device", default="cuda", help="cuda (default) or cpu")
-    parser.add_argument("--dtype", default="bfloat16", help="every path's dtype (default bfloat16)")
+    add_device(parser, dtype=False)
+    add_dtype(parser, default="bfloat16", what="Every path's dtype")
     add_shape(parser, scale=1.0)
     add_model(parser, "reranker (Qwen3-VL with its LM head)")
     parser.add_argument("--pages", type=int, default=20, help="candidate pages per query (default 20)")

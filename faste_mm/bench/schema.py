@@ -17,10 +17,12 @@ import shlex
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+import types
+import typing
+from dataclasses import asdict, dataclass, field, fields
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from faste_mm.model.backbones.machine import read_cpu_flags
 from faste_mm.model.machine_plan import available_cores
@@ -81,6 +83,28 @@ class BenchResult:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], where: str = "result") -> "BenchResult":
+        """A result's JSON (`to_dict`, read back) as a `BenchResult`, checked against the schema:
+        the same keys, `schema` equal to SCHEMA, each value of its field's type. Raises
+        ConfigError naming `where` (a file) and the first field that breaks it."""
+        from faste_mm.errors import ConfigError
+
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"{where}: a bench result is a JSON object, got {type(data).__name__}")
+        names = [f.name for f in fields(cls)]
+        missing, unknown = sorted(set(names) - set(data)), sorted(set(data) - set(names))
+        if missing or unknown:
+            raise ConfigError(f"{where}: not the bench result schema {SCHEMA} (missing {missing}, unknown {unknown}); "
+                              f"an older result belongs in docs/bench/archive/")
+        if data["schema"] != SCHEMA:
+            raise ConfigError(f"{where}: schema {data['schema']!r}, expected {SCHEMA!r}")
+        hints = typing.get_type_hints(cls)
+        for name in names:
+            if not _conforms(data[name], hints[name]):
+                raise ConfigError(f"{where}: field {name!r} must be {hints[name]}, got {data[name]!r:.80}")
+        return cls(**{name: tuple(data[name]) if name.startswith("load_") else data[name] for name in names})
 
 
 def start(args: list[str] | None = None, prog: str | None = None) -> Start:
@@ -143,6 +167,28 @@ def describe(result: BenchResult) -> str:
             f"({result.cpu}, {result.cores} cores; {flags}); dtype {result.dtype or '-'}, torch {result.torch or '-'}, "
             f"threads {result.threads if result.threads is not None else '-'}; load {load(result.load_start)} at start, "
             f"{load(result.load_end)} at end; {result.wall_s:.1f} s")
+
+
+def _conforms(value: Any, hint: Any) -> bool:
+    """Whether a JSON value fits a field's type hint (JSON arrays stand for tuples)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_conforms(value, arg) for arg in args)
+    if hint is type(None):
+        return value is None
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if origin is tuple:
+        return isinstance(value, (list, tuple)) and len(value) == len(args) and all(
+            _conforms(item, arg) for item, arg in zip(value, args))
+    if origin is list:
+        return isinstance(value, list) and all(_conforms(item, args[0]) for item in value)
+    if origin is dict:
+        return isinstance(value, dict) and all(
+            _conforms(k, args[0]) and _conforms(v, args[1]) for k, v in value.items())
+    return isinstance(value, origin or hint)
 
 
 def _load() -> tuple[float, float, float]:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from faste_mm.bench.options import add_model, add_rounds, add_workdir, ints, scratch
+from faste_mm.bench.options import add_dtype, add_model, add_rounds, add_workdir, ints, scratch
 from faste_mm.bench.rounds import mirrored_rounds
 from faste_mm.bench.schema import SuiteRun
 from faste_mm.errors import ConfigError
@@ -45,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--layers", type=int, default=2, help="decoder layers of the built 2B-width model (default 2; the real one has 28)")
     parser.add_argument("--blocks", type=int, default=2, help="vision tower blocks of the built model (default 2; the real one has 24)")
     add_model(parser)
-    parser.add_argument("--dtype", default="auto", help="auto (bfloat16 where the CPU multiplies it natively), float32, bfloat16 (default auto)")
+    add_dtype(parser)
     parser.add_argument("--kinds", default="image:640x480:6,text:1000:8",
                         help="KIND:SIZE:N,... (image and page WxH, text TOKENS; default image:640x480:6,text:1000:8)")
     parser.add_argument("--threads", default=None,

@@ -30,7 +30,7 @@ import argparse
 import torch
 from torch.nn.functional import scaled_dot_product_attention
 
-from faste_mm.bench.options import add_rounds
+from faste_mm.bench.options import add_device, add_rounds
 from faste_mm.bench.rounds import mirrored_rounds
 from faste_mm.bench.schema import SuiteRun
 from faste_mm.model.backbones.machine import device_name
@@ -44,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     add_rounds(parser, default=3)
     parser.add_argument("--tower-depth", type=int, default=0, help="also race the whole tower with this many blocks (default 0: no)")
-    parser.add_argument("--device", default="cpu", help="where the whole-tower race runs (cpu or cuda; the pieces: cpu)")
+    add_device(parser, dtype=False, where=": where the whole-tower race runs (the pieces: cpu)")
 
 
 def run(args: argparse.Namespace) -> SuiteRun:

@@ -17,6 +17,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from faste_mm.errors import ConfigError
+from faste_mm.retrieval.search_request import DEFAULTS, SearchRequest, options_for
 
 
 class EmbeddingSides:
@@ -91,42 +92,50 @@ class FoundItem:
     metadata: dict[str, Any]
 
 
-class CollectionSearch:
-    """`Retriever.search` over one collection with fixed settings, as `faste-mm search` runs it:
-    filters, mode, and the reranker given by name or else the collection's own (unless
-    `no_rerank`)."""
+def adapter_options() -> dict[str, Any]:
+    """The search options the LangChain and LlamaIndex retrievers take, by name, with their
+    defaults (`SearchRequest`'s declarations for the "adapters" front end; `rerank` also takes a
+    reranker's hub id or folder, loaded once)."""
+    return {name: DEFAULTS[name] for name in options_for("adapters") if name != "query"}
 
-    def __init__(self, collection: str | os.PathLike | None = None, *, retriever=None, device: str = "auto",
-                 rerank: str | None = None, no_rerank: bool = False) -> None:
+
+class CollectionSearch:
+    """`Retriever.search` over one collection, as `faste-mm search` runs it: the request's options
+    (`adapter_options`), the reranker given by name (loaded once), else the collection's own
+    unless rerank=False."""
+
+    def __init__(self, collection: str | os.PathLike | None = None, *, retriever=None, device: str = "auto") -> None:
         from faste_mm.retrieval.retriever import Retriever
 
         self.retriever = retriever if retriever is not None else Retriever.open(collection, device=device)
         self.device = device
-        self._rerank, self._no_rerank = rerank, no_rerank
-        self._reranker = None
+        self._named: tuple[str, Any] | None = None
 
-    def reranker(self):
-        """`Retriever.search`'s rerank: False (no_rerank), the named reranker (loaded once), or
-        None: the collection's own when it records one (the library loads it)."""
-        if self._no_rerank:
-            return False
-        if self._rerank is not None and self._reranker is None:
-            from faste_mm.model.rerank.reranker import Reranker
+    @staticmethod
+    def check(where: str, options: Mapping[str, Any]) -> None:
+        """ConfigError naming `where` and the option for an unknown or invalid one (at construction)."""
+        SearchRequest.of(where, query="-", **{**options, "rerank": None})
 
-            self._reranker = Reranker.from_pretrained(self._rerank, device=self.device)
-        return self._reranker
-
-    def search(self, query: str, k: int, where: Mapping[str, Any] | None, type: Sequence[str] | None,
-               path: str | None, mode: str, rerank_top: int) -> list[FoundItem]:
+    def search(self, query: str, options: Mapping[str, Any]) -> list[FoundItem]:
         from faste_mm.indexers import Collection
 
-        hits = self.retriever.search(query, k=k, where=where, type=type, path=path, mode=mode,
-                                     rerank=self.reranker(), rerank_top=rerank_top)
+        options = dict(options)
+        if isinstance(options.get("rerank"), str):
+            options["rerank"] = self._reranker(options["rerank"])
+        hits = self.retriever.search(query, **options)
         with Collection.open(self.retriever.collection) as col:
             texts = col.texts([hit.id for hit in hits])
         return [FoundItem(hit.id, texts.get(hit.id) or hit.uri,
                           hit.score if hit.rerank_score is None else hit.rerank_score, hit.uri, hit.page,
                           {"id": hit.id, "uri": hit.uri, "page": hit.page, "score": hit.score,
                            "rerank_score": hit.rerank_score, "found_by": hit.found_by,
-                           "metadata": None if hit.metadata is None else dict(hit.metadata)})
+                           "metadata": None if hit.metadata is None else dict(hit.metadata),
+                           "facts": None if hit.facts is None else hit.facts.to_dict()})
                 for hit in hits]
+
+    def _reranker(self, name: str):
+        if self._named is None or self._named[0] != name:
+            from faste_mm.model.rerank.reranker import Reranker
+
+            self._named = (name, Reranker.from_pretrained(name, device=self.device))
+        return self._named[1]

@@ -15,15 +15,15 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 from langchain_core.callbacks import CallbackManagerForRetrieverRun
 from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.retrievers import BaseRetriever
-from pydantic import ConfigDict, PrivateAttr
+from pydantic import ConfigDict, PrivateAttr, create_model
 
-from faste_mm.integrations.frameworks import CollectionSearch, EmbeddingSides, image_paths
+from faste_mm.integrations.frameworks import CollectionSearch, EmbeddingSides, adapter_options, image_paths
 
 
 class FasteMMEmbeddings(Embeddings):
@@ -62,47 +62,45 @@ class FasteMMEmbeddings(Embeddings):
         return await asyncio.to_thread(self.embed_image, uris)
 
 
-class FasteMMRetriever(BaseRetriever):
+class _CollectionRetriever(BaseRetriever):
     """A faste-mm collection as a LangChain retriever: `invoke(query)` returns the hits of
-    `faste-mm search` (same settings, same order) as `Document`s whose page_content is the item's
-    text (else its path) and whose metadata holds id, uri, page, score, rerank_score, found_by and
-    the item's own `metadata`.
+    `faste-mm search` (same request, same defaults, same order) as `Document`s whose page_content
+    is the item's text (else its path) and whose metadata holds id, uri, page, score,
+    rerank_score, found_by, the item's own `metadata` and its facts.
 
-    Fields: collection (name or folder; None = the default one), k, where (metadata equality),
-    type (image | pdf | text | video), path (glob), mode (dense | lexical | hybrid), rerank (a
-    reranker id or folder; default the collection's), rerank_top, no_rerank, device.
+    Fields: collection (name or folder; None = the default one), device, and every search option
+    of `adapter_options()` (declared once in `SearchRequest`; docs/search.md "Search options"):
+    k, mode, where, type, path, since, until, sort, min_score, rescore, lexical_syntax, rerank
+    (None: the collection's reranker; False: none; or a reranker's hub id or folder), rerank_top.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
     collection: Optional[str] = None
-    k: int = 10
-    where: Optional[dict[str, Any]] = None
-    type: Optional[list[str]] = None
-    path: Optional[str] = None
-    mode: str = "dense"
-    rerank: Optional[str] = None
-    rerank_top: int = 50
-    no_rerank: bool = False
     device: str = "auto"
     _search: Optional[CollectionSearch] = PrivateAttr(default=None)
+
+    def model_post_init(self, context: Any) -> None:
+        CollectionSearch.check("FasteMMRetriever", self._options())
 
     @classmethod
     def from_retriever(cls, retriever, **fields: Any) -> "FasteMMRetriever":
         """Over a `faste_mm.Retriever` already made (its model loaded once, shared)."""
         made = cls(collection=str(retriever.collection), **fields)
-        made._search = CollectionSearch(retriever=retriever, device=made.device, rerank=made.rerank,
-                                        no_rerank=made.no_rerank)
+        made._search = CollectionSearch(retriever=retriever, device=made.device)
         return made
+
+    def _options(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in adapter_options()}
 
     def _get_relevant_documents(self, query: str, *, run_manager: CallbackManagerForRetrieverRun) -> list[Document]:
         if self._search is None:
-            self._search = CollectionSearch(self.collection, device=self.device, rerank=self.rerank,
-                                            no_rerank=self.no_rerank)
-        found = self._search.search(query, self.k, self.where, _kinds(self.type), self.path, self.mode,
-                                    self.rerank_top)
+            self._search = CollectionSearch(self.collection, device=self.device)
+        found = self._search.search(query, self._options())
         return [Document(page_content=item.text, metadata=item.metadata, id=str(item.id)) for item in found]
 
 
-def _kinds(kinds: Sequence[str] | None):
-    return None if not kinds else list(kinds)
+# its search options are fields made from the declarations: one per option, its default the request's
+FasteMMRetriever = create_model("FasteMMRetriever", __base__=_CollectionRetriever, __module__=__name__,
+                                **{name: (Any, default) for name, default in adapter_options().items()})
+FasteMMRetriever.__doc__ = _CollectionRetriever.__doc__

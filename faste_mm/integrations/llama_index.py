@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import io
 import os
-from typing import Any, List, Optional, Sequence, Union
+from typing import Any, List, Union
 
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.embeddings import MultiModalEmbedding
@@ -24,7 +24,7 @@ from llama_index.core.schema import ImageNode, NodeWithScore, QueryBundle, TextN
 from PIL import Image
 from pydantic import PrivateAttr
 
-from faste_mm.integrations.frameworks import CollectionSearch, EmbeddingSides, FoundItem
+from faste_mm.integrations.frameworks import CollectionSearch, EmbeddingSides, FoundItem, adapter_options
 from faste_mm.kinds import kind_name
 
 
@@ -91,22 +91,23 @@ class FasteMMRetriever(BaseRetriever):
     id, uri, page, score, rerank_score, found_by and the item's own `metadata`.
 
     collection: a name or folder (None = the default one), or `retriever`: a `faste_mm.Retriever`.
-    The other settings are those of `faste-mm search` (k, where, type, path, mode, rerank,
-    rerank_top, no_rerank).
+    options: the search options of `adapter_options()` (declared once in `SearchRequest`; those of
+    `faste-mm search`: k, mode, where, type, path, since, until, sort, min_score, rescore,
+    lexical_syntax, rerank (None: the collection's reranker; False: none; or a reranker's hub id
+    or folder), rerank_top); other keywords go to LlamaIndex's BaseRetriever. ConfigError naming
+    an invalid option.
     """
 
-    def __init__(self, collection: str | os.PathLike | None = None, *, retriever=None, k: int = 10,
-                 where: Optional[dict[str, Any]] = None, type: Optional[Sequence[str]] = None,
-                 path: Optional[str] = None, mode: str = "dense", rerank: Optional[str] = None, rerank_top: int = 50,
-                 no_rerank: bool = False, device: str = "auto", **kwargs: Any) -> None:
-        self._search = CollectionSearch(collection, retriever=retriever, device=device, rerank=rerank,
-                                        no_rerank=no_rerank)
-        self._settings = dict(k=k, where=where, type=None if not type else list(type), path=path, mode=mode,
-                              rerank_top=rerank_top)
-        super().__init__(**kwargs)
+    def __init__(self, collection: str | os.PathLike | None = None, *, retriever=None, device: str = "auto",
+                 **options: Any) -> None:
+        names = adapter_options()
+        self._settings = {**names, **{name: value for name, value in options.items() if name in names}}
+        CollectionSearch.check("FasteMMRetriever", self._settings)
+        self._search = CollectionSearch(collection, retriever=retriever, device=device)
+        super().__init__(**{name: value for name, value in options.items() if name not in names})
 
     def _retrieve(self, query_bundle: QueryBundle) -> List[NodeWithScore]:
-        found = self._search.search(query_bundle.query_str, **self._settings)
+        found = self._search.search(query_bundle.query_str, self._settings)
         return [NodeWithScore(node=_node(item), score=item.score) for item in found]
 
     async def _aretrieve(self, query_bundle: QueryBundle) -> List[NodeWithScore]:

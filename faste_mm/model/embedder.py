@@ -22,6 +22,7 @@ from faste_mm.model.faste import FastEConfig
 from faste_mm.errors import ConfigError, InputError
 from faste_mm.model.flops import (DecoderShape, batch_flops, flops_reduction, full_batch_flops, tower_share, vision_flops)
 from faste_mm.model.cost import CostTally
+from faste_mm.model.official import QUERY_INSTRUCTION
 from faste_mm.model.items import Failure, Item, expand_items, failure_reason
 from faste_mm.model.machine_plan import use_torch_threads
 from faste_mm.model.pooling import truncate_dim
@@ -327,11 +328,12 @@ class Embedder:
         on_error: OnError = "raise",
         progress: Callable[[int], None] | None = None,
     ) -> EmbedResult:
-        """Queries: the task instruction (text models fall back to their default query task)
-        and the full forward unless `fast_e` is given."""
+        """Queries: the task instruction (None: the official query instruction,
+        `instructions.QUERY_INSTRUCTION`, for vision-language models; a text model's own default
+        query task) and the full forward unless `fast_e` is given."""
         prompt = getattr(self.serializer, "prompt", None)
-        if instruction is None and prompt is not None:
-            instruction = prompt.default_query_instruction
+        if instruction is None:
+            instruction = prompt.default_query_instruction if prompt is not None else QUERY_INSTRUCTION
         return self.encode(inputs, fast_e=fast_e, instruction=instruction, dim=dim, on_error=on_error, progress=progress)
 
     def encode_documents(
@@ -384,6 +386,11 @@ class Embedder:
             dtype=self.loaded.dtype_choice.to_dict(),
             kernels=self.kernel_choices(),
         )
+
+    def describe_runtime(self) -> str:
+        """The dtype and the machine plan's threads in one line, e.g. "float32; threads: torch 2, ..."
+        (what a command says once; the kernel choices are in `kernel_choices` and the debug log)."""
+        return f"{self.loaded.dtype_choice.name}; {self.machine.describe()}"
 
     def kernel_choices(self) -> list[str]:
         """The machine plan's threads and batch budget, then the CPU kernel choices settled so

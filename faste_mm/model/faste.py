@@ -36,7 +36,6 @@ import torch
 from faste_mm.errors import ConfigError
 from faste_mm.model.backbones.registry import Family
 from faste_mm.model.decoder_state import DecoderState
-from faste_mm.model.machine_plan import CHECK_THREADS
 
 # FastE's own ranking and the ablations' names (their scorers live in ablations.SCORERS).
 RANKINGS = ("readout", "fastv", "random", "block-last")
@@ -119,24 +118,7 @@ def prefix_budgets(n_prefix: torch.Tensor, r_max: float) -> torch.Tensor:
 def batch_alignment(state: DecoderState) -> torch.Tensor:
     """Mean over the batch of g_i = cos(h_readout, mean of valid prefix states) (paper Eq. 2),
     accumulated in float32 whatever the model's dtype, so the trigger never flips on rounding.
-
-    On a CPU it runs on one thread (machine_plan.CHECK_THREADS): its few memory-bound reductions gain nothing from a second
-    one, and each parallel op waits for every pool thread to be scheduled (single-threaded 3.4-18x
-    faster on a loaded 2-core machine, docs/cpu.md "Threads"; the check's cost is `faste-mm bench`'s
-    check line). The switch is not process-wide for torch's own ops: with its OpenMP backend a
-    thread that has run torch keeps its own count (other serve threads are untouched), though
-    MKL's count and a thread's first torch op meet 1 during the check."""
-    if state.hidden.device.type != "cpu":
-        return _alignment(state)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(CHECK_THREADS)
-    try:
-        return _alignment(state)
-    finally:
-        torch.set_num_threads(threads)
-
-
-def _alignment(state: DecoderState) -> torch.Tensor:
+    (The runner runs it on the check's threads: `machine_plan.check_threads`.)"""
     hidden = state.hidden  # [B, T, H], the model's dtype
     prefix = state.prefix_mask  # [B, T]
     n_prefix = prefix.sum(dim=1, keepdim=True).clamp(min=1)  # [B, 1]

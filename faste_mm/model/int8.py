@@ -14,16 +14,26 @@ tensor, so one outlier token sets the step of every other. Measured on a 2-core 
 (docs/cpu.md): oneDNN's int8 GEMM 1.2-1.9x the bfloat16 one on the 2B model's shapes; with a step
 per token, all-MiniLM-L6-v2's real weights keep cosine 0.997 to float32, where per tensor gave 0.968.
 
+Whether int8 pays is measured, not read off the flags: the same flags can hide a kernel that does
+not use them (on a 2-core AMD EPYC with avx512_vnni, oneDNN's int8 linear ran at 0.1 GFLOP/s, 2,000x
+slower than bfloat16). `int8_trial` times this module against the rest dtype's linear layer on this
+CPU, a small probe first so that a slow kernel is caught in a fraction of a second, and `choose_dtype`
+accepts `--dtype int8` only when the trial says it is faster; the verdict is cached like the other
+kernel choices (by CPU model, flags and torch version).
+
 Receives a loaded model (bfloat16 or float32); replaces its linear layers in place.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+from dataclasses import asdict, dataclass
 
 import torch
 
 from faste_mm.errors import ConfigError
+from faste_mm.model.kernel_choice import TrialCache, fastest, machine_key, requested_choice, timed
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +47,19 @@ SKIPPED = ("embed_tokens", "lm_head")
 STEPS = 126.0
 # the smallest max|x_row| divided by: an all-zero row stays zero (126 / 1e-30 is finite in bfloat16)
 TINY = 1e-30
+# "auto" runs the trial; "skip" takes int8 without it (you measured it yourself, or test the layer's
+# numbers on a CPU where it is slow)
+INT8_TRIAL_ENV = "FASTE_MM_INT8_TRIAL"
+INT8_TRIAL_CHOICES = ("auto", "skip")
+# (rows, in, out): the probe is small enough that even a reference kernel answers in ~0.1 s; the
+# judged shape is a 2B decoder projection over a photo's ~320 rows
+PROBE_SHAPE = (32, 256, 256)
+TRIAL_SHAPE = (320, 2048, 2048)
+# int8 must beat the rest dtype's layer by 10%: the forward around the layers is unchanged, and the
+# tower's linear+GELU loses the fused post-op bfloat16 gets
+MARGIN = 0.9
+# the probe stops the trial when int8 at the judged shape would take longer than this per call
+PROBE_LIMIT_S = 1.0
 
 
 def int8_support(device: torch.device, cpu_flags: frozenset[str]) -> str:
@@ -50,6 +73,82 @@ def int8_support(device: torch.device, cpu_flags: frozenset[str]) -> str:
         raise ConfigError(f"dtype int8 needs an x86 CPU with int8 dot products ({' / '.join(CPU_INT8_FLAGS)}) and "
                           f"torch built with oneDNN; this one has none, where int8 is slower than float32: use dtype auto")
     return feature
+
+
+@dataclass(frozen=True, slots=True)
+class Int8Trial:
+    """The verdict on int8 here: the layer's seconds in int8 and in the rest dtype at `shape`
+    (rows, in, out), and how it was settled ("measured", "cached" from an earlier run on this CPU
+    and torch, "asked" by FASTE_MM_INT8_TRIAL=skip)."""
+
+    accepted: bool
+    int8_s: float
+    rest_s: float
+    rest: str  # "bfloat16" or "float32"
+    shape: tuple[int, int, int]
+    how: str
+
+    @property
+    def speedup(self) -> float:
+        """int8's speed as a multiple of the rest dtype's (above 1: int8 faster)."""
+        return self.rest_s / self.int8_s if self.int8_s > 0 else 0.0
+
+    def describe(self) -> str:
+        """E.g. "int8 linear 0.0005x bfloat16 at 32x256x256 (62 ms vs 0.031 ms), measured on this CPU"."""
+        if self.how == "asked":
+            return f"int8 linear taken without a trial ({INT8_TRIAL_ENV}=skip)"
+        when = "measured" if self.how == "measured" else "measured earlier (cached)"
+        rows, k, n = self.shape
+        return (f"int8 linear {self.speedup:.2g}x {self.rest} at {rows}x{k}x{n} ({self.int8_s * 1e3:.3g} ms vs "
+                f"{self.rest_s * 1e3:.3g} ms), {when} on this CPU")
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "speedup": self.speedup, "text": self.describe()}
+
+
+def int8_trial(rest: torch.dtype, cpu_flags: frozenset[str], cache: TrialCache | None = None, timer=timed) -> Int8Trial:
+    """Time `Int8Linear` against `rest`'s linear layer on this CPU: the probe shape first (stops the
+    trial where int8 at `TRIAL_SHAPE` would pass `PROBE_LIMIT_S`), then `TRIAL_SHAPE`, each mirrored
+    (`kernel_choice.fastest`). Accepted when int8 takes at most `MARGIN` of the rest dtype's time.
+    The verdict is cached (`cache`, default this machine's kernel cache); $FASTE_MM_INT8_TRIAL=skip
+    accepts without measuring. `timer(run)` -> (seconds, result) times each call (warm-ups too)."""
+    rest_name = str(rest).removeprefix("torch.")
+    if requested_choice(INT8_TRIAL_ENV, INT8_TRIAL_CHOICES, "int8 trial") == "skip":
+        return Int8Trial(True, 0.0, 0.0, rest_name, TRIAL_SHAPE, "asked")
+    cache = cache if cache is not None else TrialCache(machine_key(cpu_flags))
+    bucket = f"cpu int8 linear vs {rest_name} {'x'.join(map(str, TRIAL_SHAPE))}"
+    record = cache.get(bucket)
+    if record is not None and isinstance(record.get("verdict"), dict):
+        return Int8Trial(**{**record["verdict"], "shape": tuple(record["verdict"]["shape"]), "how": "cached"})
+    verdict = _measured(rest, PROBE_SHAPE, timer)
+    predicted_s = verdict.int8_s * _flops(TRIAL_SHAPE) / _flops(PROBE_SHAPE)
+    if verdict.int8_s <= verdict.rest_s / MARGIN or predicted_s <= PROBE_LIMIT_S:
+        verdict = _measured(rest, TRIAL_SHAPE, timer)
+    cache.put(bucket, "int8" if verdict.accepted else rest_name, {"int8": verdict.int8_s, rest_name: verdict.rest_s},
+              verdict={k: v for k, v in asdict(verdict).items() if k != "how"})
+    log.debug("%s", verdict.describe())
+    return verdict
+
+
+def _flops(shape: tuple[int, int, int]) -> int:
+    rows, k, n = shape
+    return rows * k * n
+
+
+@torch.inference_mode()
+def _measured(rest: torch.dtype, shape: tuple[int, int, int], timer) -> Int8Trial:
+    rows, k, n = shape
+    generator = torch.Generator().manual_seed(0)
+    linear = torch.nn.Linear(k, n, bias=False)
+    torch.nn.init.normal_(linear.weight, std=k**-0.5, generator=generator)
+    x = torch.randn(rows, k, generator=generator).to(rest)
+    quantized, plain = Int8Linear(linear), linear.to(rest)
+    candidates = {"int8": lambda: quantized(x), "rest": lambda: plain(x)}
+    for run in candidates.values():  # warm-up: oneDNN's kernel selection and packing
+        timer(run)
+    _, seconds, _ = fastest(candidates, timer)
+    return Int8Trial(seconds["int8"] <= MARGIN * seconds["rest"], seconds["int8"], seconds["rest"],
+                     str(rest).removeprefix("torch."), shape, "measured")
 
 
 class Int8Linear(torch.nn.Module):

@@ -23,6 +23,7 @@ from typing import Callable
 import torch
 
 from faste_mm.errors import ConfigError
+from faste_mm.model.backbones.machine import read_cpu_model
 
 log = logging.getLogger(__name__)
 
@@ -105,11 +106,13 @@ class KernelChoice:
 TRIAL_METHOD = "mirrored-2"
 
 
-def machine_key(cpu_flags: frozenset[str], torch_version: str = torch.__version__) -> str:
-    """What a cached verdict is valid for: the CPU's flags, torch's version and the trial method (a
-    new CPU, a new torch with other kernels or a better trial measures again)."""
-    digest = hashlib.sha256(" ".join(sorted(cpu_flags)).encode()).hexdigest()[:16]
-    return f"flags:{digest} torch:{torch_version} trial:{TRIAL_METHOD}"
+def machine_key(cpu_flags: frozenset[str], torch_version: str = torch.__version__, cpu_model: str | None = None) -> str:
+    """What a cached verdict is valid for: the CPU's model and flags, torch's version (and with it
+    oneDNN's) and the trial method (a new CPU, a new torch with other kernels or a better trial
+    measures again). `cpu_model` None: this machine's (`read_cpu_model`)."""
+    model = read_cpu_model() if cpu_model is None else cpu_model
+    digest = hashlib.sha256((model + "|" + " ".join(sorted(cpu_flags))).encode()).hexdigest()[:16]
+    return f"cpu:{digest} torch:{torch_version} trial:{TRIAL_METHOD}"
 
 
 def default_cache_path() -> Path | None:
@@ -141,11 +144,12 @@ class TrialCache:
     def get(self, bucket: str) -> dict | None:
         return self._entries().get(bucket)
 
-    def put(self, bucket: str, choice: str, seconds: dict[str, float]) -> None:
+    def put(self, bucket: str, choice: str, seconds: dict[str, float], **extra) -> None:
+        """Record `bucket`'s verdict (`extra`: more of it, e.g. the int8 trial's whole record)."""
         path = self.path
         if path is None:
             return
-        entries = {**self._entries(), bucket: {"choice": choice, "seconds": seconds}}
+        entries = {**self._entries(), bucket: {"choice": choice, "seconds": seconds, **extra}}
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             temporary = path.with_name(path.name + f".{os.getpid()}.tmp")
@@ -221,7 +225,7 @@ class KernelTrials:
             choice = KernelChoice(self.kernel, record["choice"], "cached", bucket, dict(record.get("seconds") or {}),
                                   self.variable)
             self.choices[bucket] = choice
-            log.info("%s", choice.describe())
+            log.debug("%s", choice.describe())
             return choice
         return None
 
@@ -232,7 +236,7 @@ class KernelTrials:
         self.choices[bucket] = choice
         if self.cache is not None:
             self.cache.put(bucket, best, seconds)
-        log.info("%s", choice.describe())
+        log.debug("%s", choice.describe())
         return choice, result
 
     def run(self, bucket: str, make: Callable[[str], Callable[[], torch.Tensor]],

@@ -26,9 +26,10 @@ from __future__ import annotations
 
 import math
 import os
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Collection, Mapping
+from typing import Collection, Iterator, Mapping
 
 from faste_mm.errors import ConfigError
 
@@ -140,6 +141,27 @@ def cgroup_quota(root: Path = CGROUP_ROOT) -> float | None:
             return None
         return quota / period if quota > 0 and period > 0 else None
     return None
+
+
+@contextmanager
+def check_threads(device: "torch.device") -> Iterator[None]:
+    """Run FastE's alignment check (`faste.batch_alignment`) on `CHECK_THREADS` on a CPU: its few
+    memory-bound reductions gain nothing from a second thread, and each parallel op waits for every
+    pool thread to be scheduled (single-threaded 3.4-18x faster on a loaded 2-core machine,
+    docs/cpu.md "Threads"). Not process-wide for torch's own ops: with its OpenMP backend a thread
+    that has run torch keeps its own count (other serve threads are untouched), though MKL's count
+    and a thread's first torch op meet 1 meanwhile. Elsewhere (CUDA) nothing changes."""
+    if device.type != "cpu":
+        yield
+        return
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(CHECK_THREADS)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def use_torch_threads(plan: MachinePlan) -> int:

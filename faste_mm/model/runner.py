@@ -18,6 +18,7 @@ import torch
 from faste_mm.model.batching import Batch
 from faste_mm.model.cost import CostTally
 from faste_mm.model.decoder_state import DecoderState
+from faste_mm.model.machine_plan import check_threads
 from faste_mm.model.pooling import pool_readout
 from faste_mm.model.unpadded import PADDED, PackedKernel, Unpadded
 
@@ -69,14 +70,16 @@ def run_decoder(
     trigger_layer = None
     packed = None  # the kernel the layers after compression run with (None: padded)
     look_ahead = reads_ahead(policy, state.hidden.device, look_ahead)
+    measures = hasattr(policy, "measure")  # asked in two steps: the check, then the decision
     last = len(backbone.layers) - 1
     for layer in range(len(backbone.layers)):
         output = None  # this layer run on the uncompressed state before the decision was read
         if trigger_layer is None:  # one shot: no decisions after the compression
-            if look_ahead:
-                reading = policy.measure(layer, state)
+            if measures:
+                with check_threads(state.hidden.device):
+                    reading = policy.measure(layer, state)
                 # never before the last layer: FastE always compresses there (Algorithm 1's fallback)
-                if reading is not None and layer < last:
+                if look_ahead and reading is not None and layer < last:
                     output = step_layer(backbone, layer, state, masks, packed)
                 decision = policy.decide(layer, state, backbone, reading)
             else:

@@ -17,11 +17,8 @@ from faste_mm.errors import ConfigError, InputError
 from faste_mm.model.items import Item, load_image, pdf_page_size, read_image_size
 from faste_mm.model.video import VideoConfig, read_video
 
-DEFAULT_INSTRUCTION = "Represent the user's input."
-# One merged visual token covers 32 x 32 pixels (patch 16, spatial merge 2): the unit of
-# `--visual-tokens`, the friendlier spelling of an image budget in pixels.
-PIXELS_PER_VISUAL_TOKEN = 32 * 32
-OFFICIAL_MAX_PIXELS = 1_843_200  # qwen-vl-utils' image cap in the official embedder: 1800 visual tokens
+from faste_mm.model.official import DOCUMENT_INSTRUCTION as DEFAULT_INSTRUCTION
+from faste_mm.model.official import OFFICIAL_MAX_PIXELS, OFFICIAL_MIN_PIXELS, PIXELS_PER_VISUAL_TOKEN
 
 
 def pixel_budget(max_pixels: int | None = None, visual_tokens: int | None = None,
@@ -43,12 +40,12 @@ def pixel_budget(max_pixels: int | None = None, visual_tokens: int | None = None
 class SerializerConfig:
     """Image and length settings of the official Qwen3-VL-Embedding preprocessing.
 
-    min_pixels/max_pixels bound the resized image (max 1,843,200 px = 1800 visual tokens of 32x32);
+    min_pixels/max_pixels bound the resized image (the official 4 to 1800 visual tokens of 32x32 px);
     max_length truncates the token sequence on the right, as the official code does.
     video: frame sampling and per-frame pixel budget of video items (faste_mm.model.video).
     """
 
-    min_pixels: int = 4096
+    min_pixels: int = OFFICIAL_MIN_PIXELS
     max_pixels: int = OFFICIAL_MAX_PIXELS
     max_length: int = 8192
     image_patch_size: int = 16  # qwen-vl-utils resizes to multiples of patch * merge = 32

@@ -174,7 +174,7 @@ class Unpadded:
             self.trial[name] = elapsed
             timings[name] = elapsed
         self.choice = min(timings, key=timings.get) if timings else PADDED
-        log.info("attention after compression: %s (trial seconds: %s)", self.choice, self.trial)
+        log.debug("attention after compression: %s (trial seconds: %s)", self.choice, self.trial)
         return self.kernel(self.choice)
 
     def _timed(self, run: Callable[[], torch.Tensor]) -> tuple[float, torch.Tensor]:

@@ -157,5 +157,5 @@ def apply_calibration(calibration: Calibration, collection: str | os.PathLike | 
         calibrated = dataclasses.replace(profile, threshold=calibration.threshold,
                                          warmup_layer=calibration.warmup_layer,
                                          threshold_source=calibration.describe())
-        col.update_settings(fast_e=calibrated.to_manifest(base=col.manifest).fast_e)
+        col.update_settings(calibrated.to_manifest(base=col.manifest).settings)
     return root

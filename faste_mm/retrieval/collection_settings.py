@@ -83,8 +83,14 @@ def open_for_writing(root: Path, index_type: str, existing: bool, profile: Colle
         validate_factory(index_type, profile.dim)
         col = Collection.open(root, writable=True)
         return col, CollectionProfile.from_manifest(col.manifest)
-    col = Collection.create(root, complete(profile).to_manifest(index_type), exist_ok=True)
-    return col, CollectionProfile.from_manifest(col.manifest)
+    completed = complete(profile)
+    col = Collection.create(root, completed.to_manifest(index_type), exist_ok=True)
+    made = CollectionProfile.from_manifest(col.manifest)
+    errors = made.conflicts(completed)  # another process created it meanwhile, with other settings
+    if errors:
+        col.close()
+        raise settings_mismatch(root, errors)
+    return col, made
 
 
 def recreate(root: Path, index_type: str, profile: CollectionProfile) -> tuple[Collection, CollectionProfile]:

@@ -77,7 +77,9 @@ def index_collection(col: Collection, profile: CollectionProfile, scan: Scan, op
                        len(plan.vanished), len(tally.failures), tuple(tally.failures), seconds, factory,
                        scan.n_excluded, ocr_read=read.read, ocr_s=read.elapsed_s, facts_filled=tally.facts_filled,
                        metadata_issues=dict(sorted(tally.metadata_issues.items())),
-                       links_skipped=len(scan.outside_links), **tally.cost.cost_fields())
+                       links_skipped=len(scan.outside_links), embedded_files=tuple(tally.embedded_files),
+                       reused_files=tuple(tally.reused_files), removed_files=tuple(plan.vanished),
+                       **tally.cost.cost_fields())
 
 
 def hold_back(plan: UpdatePlan, ready: Callable[[ScannedFile], bool]) -> UpdatePlan:

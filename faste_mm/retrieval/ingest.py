@@ -250,6 +250,7 @@ class PreparedChunk:
     copies: list[tuple[dict, int]] = field(default_factory=list)
     failures: list[ItemRecord] = field(default_factory=list)
     reused: int = 0
+    reused_from: list[tuple[str, str]] = field(default_factory=list)  # (file, the stored file it took its rows from)
     deferred: list[ScannedFile] = field(default_factory=list)
 
     def values(self) -> list[object]:
@@ -278,6 +279,7 @@ def prepare_chunk(col: Collection, files: Sequence[ScannedFile],
                 prepared.records.append(ItemRecord(**base, page=record.page, text=source_text(value, record.page)))
                 prepared.vectors.append(vector[None])
             prepared.reused += len(donor[0])
+            prepared.reused_from.append((base["uri"], donor[0][0].uri))
         elif digest in first_of_hash:  # an identical file earlier in this chunk
             prepared.copies.append((base, first_of_hash[digest]))
         elif in_flight is not None and (digest, f.modality) in in_flight:
@@ -300,15 +302,22 @@ def commit_chunk(col: Collection, prepared: PreparedChunk, changed: frozenset[st
     transaction."""
     records, vectors, failures = prepared.records, prepared.vectors, prepared.failures
     tally.reused += prepared.reused
+    tally.reused_files.extend(prepared.reused_from)
     if prepared.to_embed:
         rows_of: dict[int, list[int]] = {}
         for row, source in enumerate(result.sources):
             rows_of.setdefault(source, []).append(row)
         reasons = failure_reasons(result, [base["uri"] for base, _ in prepared.to_embed])
         for source, (base, _) in enumerate(prepared.to_embed):
-            tally.embedded += _emit(base, rows_of[source], result, reasons, records, vectors, failures)
+            n_ok = _emit(base, rows_of[source], result, reasons, records, vectors, failures)
+            tally.embedded += n_ok
+            if n_ok:
+                tally.embedded_files.append(base["uri"])
         for base, source in prepared.copies:
-            tally.reused += _emit(base, rows_of[source], result, reasons, records, vectors, failures)
+            n_ok = _emit(base, rows_of[source], result, reasons, records, vectors, failures)
+            tally.reused += n_ok
+            if n_ok:
+                tally.reused_files.append((base["uri"], prepared.to_embed[source][0]["uri"]))
     # One transaction: old rows of changed files (drops pages a shrunken PDF no longer has),
     # the new rows and the failures; a crash keeps the chunk whole or not at all.
     stale = [f.uri for f in prepared.files if f.uri in changed]

@@ -36,6 +36,10 @@ class IngestTally:
     cost: CostTally = field(default_factory=CostTally)  # prefix tokens, tower and decoder seconds
     metadata_issues: Counter = field(default_factory=Counter)  # reason -> files whose field it emptied
     facts_filled: int = 0  # items of unchanged files given their facts (no re-embedding)
+    # The files behind the counts, for `watch -v` and the JSON reports: those run through the model,
+    # and (file, the file whose vectors it took) for those that reused a same-content file's vectors.
+    embedded_files: list[str] = field(default_factory=list)
+    reused_files: list[tuple[str, str]] = field(default_factory=list)
 
     def merge(self, other: "IngestTally") -> None:
         """Add the totals of a committed chunk (every field, so a new total cannot be left out)."""

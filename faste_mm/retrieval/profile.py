@@ -6,16 +6,19 @@ serve, Ray, calibrate) takes a collection's settings from here and nowhere else.
 Receives a `Manifest` (the stored form) and the settings a user gave; hands on the profile the
 embedder, the Ray workers and the server use, and the manifest a new collection is created with.
 
-Why here: the profile needs the model layer's `VideoConfig` (its defaults are the documented
-defaults) and the indexers' `Manifest` (the stored form), and `retrieval` is the lowest layer that
-may import both. Nothing here imports torch (nor, until a manifest is read, FAISS): the CLI reads
-the documented defaults at start-up, and `info` and `serve`'s checks read profiles cheaply.
+Why here: the profile needs the model layer's `VideoConfig` and official numbers (its defaults are
+the documented defaults) and the indexers' `Manifest` (the stored form), and `retrieval` is the
+lowest layer that may import both. Nothing here imports torch, numpy or FAISS: the CLI reads the
+documented defaults at start-up, and `info` and `serve`'s checks read profiles cheaply.
 
 Adding a setting is ONE change: a field below declared with `setting(...)`
 (faste_mm/retrieval/setting.py): its manifest key (dotted JSON path), its words and CLI flags, its
-check, its help, the value of collections that predate it, and whether a different user value on
-an existing collection is refused. The stored form, `conflicts`, `resolve`, the keywords of
-`Retriever`, the flags of `faste-mm index` and `serve` and the manual's table all read it.
+check, its help, the value of collections that predate it, whether a different user value on
+an existing collection is refused and whether a re-index carries it over. The stored form (the
+manifest keeps it in `Manifest.settings` without naming it), `conflicts`, `resolve`,
+`carried_over`, the keywords of `Retriever`, the flags of `faste-mm index` and `serve` and the
+manual's table all read it (docs/collections.md "Adding a setting"). The few settings the storage
+layer reads itself (model id, width, precision) reuse its declarations (`Manifest.declared`).
 """
 
 from __future__ import annotations
@@ -27,12 +30,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from faste_mm.errors import CollectionError, ConfigError
+from faste_mm.indexers.manifest import MANIFEST_NAME, Manifest, read_manifest
+from faste_mm.indexers.vector_choices import KEEPS, PRECISIONS  # noqa: F401  (the choices of vectors and keep)
+from faste_mm.model.official import (DOCUMENT_INSTRUCTION, OFFICIAL_MAX_PIXELS, OFFICIAL_MIN_PIXELS, PIXELS_PER_VISUAL_TOKEN,
+                                     QUERY_INSTRUCTION)
 from faste_mm.model.video import VideoConfig
 from faste_mm.retrieval.receipt import PlanReceipt
 from faste_mm.retrieval.setting import ABSENT, Flag, Setting, get_key, put_key, setting, settings_of
 
-if TYPE_CHECKING:  # the indexers package loads FAISS: imported where a manifest is read or made
-    from faste_mm.indexers.manifest import Manifest
+if TYPE_CHECKING:
     from faste_mm.model.embedder import Embedder
     from faste_mm.model.faste import FastEConfig
     from faste_mm.retrieval.calibrations import Calibration
@@ -41,11 +47,6 @@ DEFAULT_MODEL = "Qwen/Qwen3-VL-Embedding-2B"
 # FastE's r_max for the documents of a new collection when the user gives none (and for `embed`);
 # queries always run the full forward.
 DOCUMENT_R_MAX = 0.5
-# The official Qwen3-VL-Embedding document instruction (faste_mm.model.serialization's default).
-DOCUMENT_INSTRUCTION = "Represent the user's input."
-# The Qwen3-VL-Embedding model card's example retrieval instruction: the query instruction of
-# vision-language models (Retriever.search, serve, eval's default); text models use their own.
-QUERY_INSTRUCTION = "Retrieve images or text relevant to the user's query."
 
 _DOC_MODEL = (f"Hub id or local model directory. Default: a collection's own model (index, serve -c), else "
               f"{DEFAULT_MODEL}.")
@@ -68,10 +69,7 @@ def _is_cosine(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and -1.0 <= value <= 1.0
 
 
-# The choices of `vectors` and `keep`: faste_mm.indexers.quantization's PRECISIONS and KEEPS (a test
-# keeps them equal; the indexers package loads FAISS, which reading a profile must not).
-PRECISIONS = ("float32", "float16", "int8", "binary")
-KEEPS = ("float", "int8", "none")
+_STORED = Manifest.declared  # the storage layer's declaration of a field it reads itself
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,17 +88,17 @@ class CollectionProfile:
     """
 
     model_id: str = setting(
-        DEFAULT_MODEL, "model_id", "--model", "The embedding model: a hub id, or a local folder (recorded "
-        "by its absolute path).", keyword=False, valid=_is_text, rule="a non-empty string",
+        DEFAULT_MODEL, _STORED("model_id"), "--model", "The embedding model: a hub id, or a local folder (recorded "
+        "by its absolute path).", keyword=False, carry=True,
         flags=(Flag("--model", str, _DOC_MODEL),))
     model_revision: str | None = setting(
         None, "model_revision", "--revision", "The model's hub revision (commit, branch or tag); None = main.",
-        keyword=False, flags=(Flag("--revision", str, "The model's hub revision (commit, branch or tag). Default: "
+        keyword=False, carry=True, flags=(Flag("--revision", str, "The model's hub revision (commit, branch or tag). Default: "
                                                       "a collection's own, else the hub's main."),))
     dim: int | None = setting(
-        None, "dim", "--dim", "Matryoshka width: documents and queries keep their first `dim` dimensions, "
+        None, _STORED("dim"), "--dim", "Matryoshka width: documents and queries keep their first `dim` dimensions, "
         "re-normalised (smaller index, faster search, some quality lost); None = the model's full width.",
-        valid=_is_int(1), rule="None (the model's width) or an int >= 1",
+        rule="None (the model's width) or an int >= 1", carry=True,
         flags=(Flag("--dim", int, "Matryoshka: store only the first DIM dimensions of each vector, re-normalised "
                                   "(e.g. 512: 4x smaller index, faster search, some quality lost); queries are "
                                   "truncated the same way. Default: the collection's, the model's full width for "
@@ -110,22 +108,25 @@ class CollectionProfile:
     document_instruction: str = setting(DOCUMENT_INSTRUCTION, "document_instruction", "document instruction",
                                         "The instruction documents are serialized with.", keyword=False)
     min_pixels: int = setting(
-        4096, "serializer.min_pixels", "--min-pixels", "Smallest image and page size in pixels (smart resize "
+        OFFICIAL_MIN_PIXELS, "serializer.min_pixels", "--min-pixels", "Smallest image and page size in pixels (smart resize "
         "scales a smaller one up).", valid=_is_int(1), rule="an int >= 1",
         flags=(Flag("--min-pixels", int, "Resize each image and PDF page to at least this many pixels. Default: "
-                                         "a collection's own, else 4096.", min=1),))
+                                         f"a collection's own, else {OFFICIAL_MIN_PIXELS}.", min=1),))
     max_pixels: int = setting(
-        1_843_200, "serializer.max_pixels", "--max-pixels", "Image and page budget: each is resized to at most "
-        "this many pixels (N visual tokens = N x 1024 px); image queries are resized the same way.",
-        valid=_is_int(1), rule="an int >= 1",
+        OFFICIAL_MAX_PIXELS, "serializer.max_pixels", "--max-pixels", "Image and page budget: each is resized to "
+        f"at most this many pixels (N visual tokens = N x {PIXELS_PER_VISUAL_TOKEN} px); image queries are resized "
+        "the same way.", valid=_is_int(1), rule="an int >= 1", carry=True,
         flags=(Flag("--max-pixels", int, "Resize each image and PDF page (and image queries) to at most this many "
-                                         "pixels. Default: a collection's own, else 1843200 (the official cap: "
-                                         "1,800 visual tokens).", min=4096),
-               Flag("--visual-tokens", int, "The same budget in merged visual tokens: N means --max-pixels N x 1024 "
-                                            "(980 = 1003520 px); give one of the two.", unit=1024, min=4)))
+                                         f"pixels. Default: a collection's own, else {OFFICIAL_MAX_PIXELS} (the official "
+                                         f"cap: {OFFICIAL_MAX_PIXELS // PIXELS_PER_VISUAL_TOKEN:,} visual tokens).",
+                    min=OFFICIAL_MIN_PIXELS),
+               Flag("--visual-tokens", int, f"The same budget in merged visual tokens: N means --max-pixels N x "
+                                            f"{PIXELS_PER_VISUAL_TOKEN} (980 = {980 * PIXELS_PER_VISUAL_TOKEN} px); "
+                                            "give one of the two.", unit=PIXELS_PER_VISUAL_TOKEN,
+                    min=OFFICIAL_MIN_PIXELS // PIXELS_PER_VISUAL_TOKEN)))
     video: VideoConfig = setting(
         None, "serializer.video", "--video-*", "Videos' frame sampling and per-frame pixel budget (`VideoConfig`; "
-        "a mapping of some of its fields, e.g. {\"fps\": 2.0}, sets just those).", factory=VideoConfig,
+        "a mapping of some of its fields, e.g. {\"fps\": 2.0}, sets just those).", factory=VideoConfig, carry=True,
         flags=(Flag("--video-fps", float, "Video frames sampled per second. Default: the collection's, 1 (the "
                                           "official embedder's) for a new one.", part="fps"),
                Flag("--video-max-frames", int, "At most this many frames per video. Default: the collection's, "
@@ -136,7 +137,7 @@ class CollectionProfile:
     r_max: float = setting(
         DOCUMENT_R_MAX, "fast_e.r_max", "--r-max", "FastE r_max for documents: the largest share of prefix "
         "tokens removed, 0 <= r < 1 (0 = full forward); queries always run the full forward.",
-        valid=_is_ratio, rule="in [0, 1) (0 = full forward)", missing=0.0,
+        valid=_is_ratio, rule="in [0, 1) (0 = full forward)", missing=0.0, carry=True,
         flags=(Flag("--r-max", float, f"FastE r_max: the largest share of prefix tokens removed from each "
                                       f"document, 0 <= r < 1 (0 = full forward); eval, bench and plan sweep several, "
                                       f"comma-separated. Default: a collection's own (index, serve -c); "
@@ -168,17 +169,17 @@ class CollectionProfile:
                                             "trigger (fixed-layer ablation; eval: the layer of its 'fixed' "
                                             "baseline). Default: none (eval: half the depth).", min=0),))
     vectors: str = setting(
-        "float32", "vectors.precision", "--vectors", "Precision of the index in RAM: float32, float16, int8 "
+        ABSENT, _STORED("vectors"), "--vectors", "Precision of the index in RAM: float32, float16, int8 "
         "(8-bit codes, 1/4 the RAM) or binary (sign bits, 1/32; dim a multiple of 8).",
-        valid=lambda value: value in PRECISIONS, rule=f"one of {PRECISIONS}", missing="float32",
+        carry=True,
         flags=(Flag("--vectors", str, "Precision of the index in RAM: float32 | float16 | int8 (8-bit codes, 1/4 "
                                       "the RAM) | binary (sign bits, 1/32; dim a multiple of 8); searches rescore "
                                       "candidates from the copy kept on disk. Default: the collection's, float32 "
                                       "for a new one."),))
     keep: str = setting(
-        "float", "vectors.keep", "--keep", "The copy kept on disk to rescore with: float, int8 (with binary "
+        ABSENT, _STORED("keep"), "--keep", "The copy kept on disk to rescore with: float, int8 (with binary "
         "vectors) or none (smallest; results unrescored).",
-        valid=lambda value: value in KEEPS, rule=f"one of {KEEPS}", missing="float",
+        carry=True,
         flags=(Flag("--keep", str, "Copy kept on disk to rescore with: float (default) | int8 (8-bit codes, with "
                                    "--vectors binary) | none (smallest; results unrescored). Default: the "
                                    "collection's, float for a new one."),))
@@ -196,7 +197,7 @@ class CollectionProfile:
         False, "ocr", "--ocr", "Read the text inside images and scanned PDF pages (OCR, faste_mm.retrieval.ocr) "
         "into the lexical index at index time. Changes no vector: given for an existing collection, it switches "
         "OCR on (its images are read at that run) or off.", valid=lambda value: isinstance(value, bool),
-        rule="True or False", missing=False, refuse=False,
+        rule="True or False", missing=False, refuse=False, carry=True,
         flags=(Flag("--ocr", bool, "Read the text inside images and scanned PDF pages (OCR) into the "
                                             "lexical index, so --mode lexical finds a plate or an invoice number "
                                             "(seconds per image on a CPU; needs faste-mm[ocr]). Recorded by the "
@@ -222,7 +223,7 @@ class CollectionProfile:
             raise ConfigError(f"CollectionProfile.receipt must be a PlanReceipt or None, got {type(self.receipt).__name__}")
         if self.model_id is None:
             raise ConfigError("CollectionProfile.model_id must be a non-empty string, got None")
-        for name, declared in settings_of(CollectionProfile).items():
+        for name, declared in settings_of(type(self)).items():
             declared.check("CollectionProfile", name, getattr(self, name))
         if not self.min_pixels <= self.max_pixels:
             raise ConfigError(f"CollectionProfile: need 1 <= min_pixels <= max_pixels, got {self.min_pixels} "
@@ -240,17 +241,17 @@ class CollectionProfile:
     def from_stored(cls, stored: Mapping[str, Any]) -> "CollectionProfile":
         """`from_manifest` on the manifest's JSON form (`Manifest.to_dict()`, `info --format json`'s
         "settings"): `faste-mm info` answered by a server reads it without loading FAISS."""
-        values = {}
-        for f in fields(cls):
-            setting = _declared(f)
-            value = get_key(stored, setting.key)
-            if value is ABSENT or (value is None and f.name == "video"):
-                value = setting.missing
-            if value is not ABSENT:
-                values[f.name] = value
-        if values.get("model_dim") is None:  # collections from before Matryoshka stored the full width
-            values["model_dim"] = stored["dim"]
         try:
+            values = {}
+            for f in fields(cls):
+                setting = _declared(f)
+                value = get_key(stored, setting.key)
+                if value is ABSENT or (value is None and f.name == "video"):
+                    value = setting.missing
+                if value is not ABSENT:
+                    values[f.name] = value
+            if values.get("model_dim") is None:  # collections from before Matryoshka stored the full width
+                values["model_dim"] = stored["dim"]
             return cls(**values)
         except (TypeError, ConfigError) as error:
             raise CollectionError(f"{stored['model_id']}: invalid collection settings in the manifest ({error}); "
@@ -259,8 +260,6 @@ class CollectionProfile:
     def to_manifest(self, index_type: str = "auto", base: Manifest | None = None) -> Manifest:
         """The manifest a new collection is created with (or `base` with this profile's settings;
         its index state and counts are kept). Needs `dim` (a completed profile, see `completed`)."""
-        from faste_mm.indexers.manifest import Manifest
-
         if self.dim is None:
             raise ConfigError("CollectionProfile.to_manifest needs dim: complete the profile with the loaded "
                               "model first (CollectionProfile.completed)")
@@ -314,14 +313,12 @@ class CollectionProfile:
 
     def carried_over(self, model_id: str | os.PathLike | None = None) -> dict[str, Any]:
         """The settings a re-index (`index --reindex`) keeps unless given again: with the same model
-        (`model_id` None or equal) its revision, r_max, dim, image pixel cap and video settings; with another
-        model none (the documented defaults apply). theta and l_w are resolved again (the saved
-        calibration may be newer)."""
+        (`model_id` None or equal) those declared `carry=True` (the model's revision, r_max, dim, the
+        image pixel cap, video, precision, OCR); with another model none (the documented defaults
+        apply). theta and l_w are resolved again (the saved calibration may be newer)."""
         if model_id is not None and model_name(model_id) != self.model_id:
             return {}
-        return {"model_id": self.model_id, "model_revision": self.model_revision, "r_max": self.r_max,
-                "dim": self.dim, "max_pixels": self.max_pixels, "video": self.video,
-                "vectors": self.vectors, "keep": self.keep, "ocr": self.ocr}
+        return {name: getattr(self, name) for name, declared in settings_of(type(self)).items() if declared.carry}
 
     # ---- what the model layer needs ---------------------------------------------------------
     @property
@@ -361,8 +358,8 @@ class CollectionProfile:
         if loaded.dim > embedder.dim:
             raise ConfigError(f"dim {loaded.dim} is wider than {embedder.model_id}'s embeddings ({embedder.dim}); "
                               f"choose a dim between 1 and {embedder.dim}")
-        if loaded.r_max == 0:
-            return replace(loaded, warmup_layer=None, threshold=None, threshold_source=None, trigger_layer=None)
+        if loaded.r_max == 0:  # the full forward: no FastE setting but r_max
+            return replace(loaded, **{name: None for name in FAST_E_SETTINGS if name != "r_max"})
         given = "given (--threshold)"
         if loaded.receipt is not None:  # the plan measured this theta; it came from where the plan took it
             planned = loaded.receipt.threshold_source or "the plan's setting"
@@ -381,23 +378,24 @@ class CollectionProfile:
         """The FastE settings as a plain dict (None = full forward), for info and /info."""
         if self.r_max == 0:
             return None
-        return {name: getattr(self, name) for name in
-                ("r_max", "warmup_layer", "threshold", "threshold_source", "trigger_layer")}
+        return {name: getattr(self, name) for name in FAST_E_SETTINGS}
+
+
+# The FastE settings (paper symbols r_max, l_w, theta, and where theta came from): those stored
+# under "fast_e" in the manifest, in declaration order.
+FAST_E_SETTINGS = tuple(name for name, declared in settings_of(CollectionProfile).items()
+                        if declared.key.startswith("fast_e."))
 
 
 def read_profile(root: str | os.PathLike) -> CollectionProfile:
     """The profile of the collection at `root` (its manifest only: no database, no lock).
     Raises CollectionError when there is no collection or its manifest cannot be read."""
-    from faste_mm.indexers.manifest import read_manifest
-
     return CollectionProfile.from_manifest(read_manifest(Path(root)))
 
 
 def existing_profile(root: str | os.PathLike) -> CollectionProfile | None:
     """The profile of the collection at `root`, or None when there is no collection there yet
     (CollectionError for one that cannot be read)."""
-    from faste_mm.indexers.manifest import MANIFEST_NAME
-
     return read_profile(root) if (Path(root) / MANIFEST_NAME).exists() else None
 
 

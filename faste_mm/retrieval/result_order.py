@@ -12,7 +12,7 @@ from datetime import date, datetime
 from typing import Any, Mapping, Sequence
 
 from faste_mm.errors import ConfigError
-from faste_mm.indexers.fact_filters import FactCondition, date_period
+from faste_mm.indexers.fact_filters import FIELDS, FactCondition, date_period
 from faste_mm.indexers.filters import SearchFilter, parse_where
 from faste_mm.retrieval.hits import Hit
 
@@ -68,19 +68,30 @@ def date_conditions(since: str | date | None, until: str | date | None) -> tuple
 def search_filter(where: SearchFilter | Mapping[str, Any] | Sequence[str] | str | None,
                   type: str | Sequence[str] | None, path: str | None, since: str | date | None = None,
                   until: str | date | None = None) -> SearchFilter:
-    """The SearchFilter of a search's arguments. `where`: a dict (metadata key -> value), condition
-    strings ("taken>=2024-05-01", "camera~pixel", "tag=invoice": `filters.parse_where`), or a whole
-    SearchFilter (then `type` and `path` must be None: it has its own)."""
+    """The SearchFilter of a search's arguments. `where`: condition strings ("taken>=2024-05-01",
+    "camera~pixel", "country=Kenya", "tag=invoice": `filters.parse_where`), a mapping key -> value
+    read as those KEY=VALUE words are (a fact's name, e.g. country or place, is the fact, else a
+    metadata key), or a whole SearchFilter (then `type` and `path` must be None: it has its own)."""
     if isinstance(where, SearchFilter):
         if type is not None or path is not None:
             raise ConfigError("search: give type and path inside the SearchFilter passed as `where`, not beside it")
         return replace(where, facts=where.facts + date_conditions(since, until))
-    if where is None or isinstance(where, Mapping):
-        metadata, facts = dict(where or {}), ()
+    if where is None or isinstance(where, Mapping):  # KEY=VALUE words: a fact's name is the fact (as --where)
+        metadata = {key: value for key, value in (where or {}).items() if not _is_fact(key)}
+        facts = tuple(FactCondition(key.lower(), "=", _fact_text(value)) for key, value in (where or {}).items()
+                      if _is_fact(key))
     else:
         metadata, facts = parse_where([where] if isinstance(where, str) else list(where))
     return SearchFilter(where=metadata, types=() if type is None else type, path=path,
                         facts=facts + date_conditions(since, until))
+
+
+def _is_fact(key: Any) -> bool:
+    return isinstance(key, str) and key.lower() in FIELDS
+
+
+def _fact_text(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def sort_hits(hits: list[Hit], sort: str) -> list[Hit]:

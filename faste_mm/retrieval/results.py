@@ -119,10 +119,23 @@ class IndexReport(CostTally):
     metadata_issues: Mapping[str, int] = field(default_factory=dict)
     # File links skipped because they lead outside every indexed folder (`IndexOptions.follow_links`).
     links_skipped: int = 0
+    # The files behind the counts (`watch -v` names them): run through the model; (file, the file
+    # whose vectors it reused: same content, e.g. a move or a copy); gone from the folders, removed.
+    embedded_files: tuple[str, ...] = ()
+    reused_files: tuple[tuple[str, str], ...] = ()
+    removed_files: tuple[str, ...] = ()
+
+    @property
+    def moved_files(self) -> tuple[tuple[str, str], ...]:
+        """(old path, new path) of the files moved or renamed: reused from a file this run removed."""
+        removed = set(self.removed_files)
+        return tuple((donor, uri) for uri, donor in self.reused_files if donor in removed)
 
     def to_dict(self) -> dict[str, Any]:
         d = {name: getattr(self, name) for name in self.__dataclass_fields__}
         d["failures"] = [f.to_dict() for f in self.failures]
+        d["reused_files"] = [{"uri": uri, "from": donor} for uri, donor in self.reused_files]
+        d["moved_files"] = [{"from": old, "to": new} for old, new in self.moved_files]
         d["metadata_issues"] = dict(self.metadata_issues)
         d["prefix_removal"] = self.prefix_removal
         d["tower_share"] = self.tower_share

@@ -31,7 +31,7 @@ from faste_mm.model.batching import BatchingConfig
 from faste_mm.model.embedder import Embedder, EmbedResult, OnError, one_or_many
 from faste_mm.model.items import Item
 from faste_mm.model.serialization import SerializerConfig
-from faste_mm.retrieval import collection_settings, maintenance, querying, result_order
+from faste_mm.retrieval import collection_settings, maintenance, querying
 from faste_mm.retrieval.collection_settings import (checked_profile, completed_profile, open_for_writing, recreate,
                                                     requested_profile)
 from faste_mm.retrieval.documents import CollectionDocuments, add_documents
@@ -47,9 +47,11 @@ from faste_mm.retrieval.ocr import OcrEngine
 from faste_mm.retrieval.ingest import plan_update
 from faste_mm.retrieval.profile import QUERY_INSTRUCTION, CollectionProfile, existing_profile, read_profile
 from faste_mm.retrieval.setting import given_settings, keywords_of
-from faste_mm.retrieval.rerank_hits import check_reranker, load_collection_reranker, rerank_hits
+from faste_mm.retrieval.rerank_hits import load_collection_reranker
 from faste_mm.retrieval.results import AddReport, Hit, IndexOptions, IndexProgress, IndexReport, RemoveReport
-from faste_mm.retrieval.scanning import Scan, ScannedFile, scan_paths
+from faste_mm.retrieval.search_executor import SearchParts, execute, one, text_cutter
+from faste_mm.retrieval.search_request import SearchRequest, options_for
+from faste_mm.retrieval.scanning import Scan, ScanFilter, ScannedFile, scan_paths
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +83,7 @@ class Retriever:
     """
 
     SETTINGS: tuple[str, ...] = keywords_of(CollectionProfile)
+    SEARCH_OPTIONS: tuple[str, ...] = tuple(options_for("python"))  # search's keywords (`SearchRequest`)
 
     def __init__(self, model: Embedder | ModelSpec, *, collection: str | os.PathLike | None = None,
                  query_instruction: str | None = None, **settings: Any) -> None:
@@ -174,6 +177,10 @@ class Retriever:
                 spec = dataclasses.replace(spec, serializer=settings.serializer())
             self._embedder = spec.load()
         return self._embedder
+
+    def describe_runtime(self) -> str | None:
+        """`Embedder.describe_runtime` of the model loaded in this process; None when none was."""
+        return self._embedder.describe_runtime() if self._embedder is not None else None
 
     def kernel_choices(self) -> list[str]:
         """The CPU kernel choices the model settled in this process (`Embedder.kernel_choices`);
@@ -311,8 +318,11 @@ class Retriever:
             plan and commits with decoding and embedding spread over a Ray cluster.
 
         Raises CollectionError (settings differ from the collection, another writer holds it),
-        ConfigError (bad options, index type or executor), InputError (no paths given).
+        ConfigError (bad options, index type or executor), InputError (no paths given, or a path
+        that does not exist: a mistyped folder would otherwise leave an empty collection).
         """
+        paths = list(paths)
+        refuse_missing_paths(paths)
         options = options or IndexOptions()
         if options.index_type is not None:
             check_factory_syntax(options.index_type)  # before any model loads or anything is erased
@@ -340,8 +350,8 @@ class Retriever:
         else:
             col, profile = self._open_for_writing(root, options.index_type or "auto")
         if self._given.get("ocr", profile.ocr) != profile.ocr:  # OCR changes no vector: switched in place
-            col.update_settings(ocr=self._given["ocr"])
             profile = dataclasses.replace(profile, ocr=self._given["ocr"])
+            col.update_settings(profile.to_manifest(base=col.manifest).settings)
         return index_collection(col, profile, scan, options, CollectionDocuments(self._embedder_for, col, profile),
                                 self._model_source(), executor, progress, started, ready,
                                 self._ocr if profile.ocr else None)
@@ -428,108 +438,105 @@ class Retriever:
         return export_collection(self.collection, os.fspath(path))
 
     # ---- search ----------------------------------------------------------------------------
-    def search(self, query: str | None = None, *, image: str | os.PathLike | Image.Image | None = None,
-               k: int = 10, instruction: str | None = None, where: Mapping[str, Any] | Sequence[str] | None = None,
-               type: str | Sequence[str] | None = None, path: str | None = None,
-               video: str | os.PathLike | None = None, mode: str = "dense", rescore: int | None = None,
-               lexical_syntax: bool = False, rerank: Any = None, rerank_top: int = 50, since: str | date | None = None,
-               until: str | date | None = None, sort: str = "relevance", min_score: float | None = None) -> list[Hit]:
-        """Top-k items for a text, an image, a video, or a combination. An image or a video alone
-        is a query by example: it is embedded exactly like a document (so an indexed file finds
-        itself with score ~1) unless `instruction` is given.
+    def search(self, query: str | None = None, **options: Any) -> list[Hit]:
+        """Top-k items for a text, an image, a video, or a combination; or, with `like`, for an
+        indexed item ("more like this"). An image or a video alone is a query by example: it is
+        embedded exactly like a document (so an indexed file finds itself with score ~1) unless
+        `instruction` is given.
 
-        rerank: None (default): the collection's reranker when it records one (`reranker=` when it was
-        indexed, `faste-mm index --reranker`; loaded once on this retriever's device, as `faste-mm
-        search` loads it), else no second stage; False: no second stage; a `faste_mm.Reranker`: that
-        one. The top `rerank_top` hits (at least k) are read back from their files and re-scored
-        with the query; the best k come back ordered by it, each with `score` (cosine) and
-        `rerank_score` (retrieval/rerank_hits.py).
+        options: the keywords of `SEARCH_OPTIONS`, each declared once in `SearchRequest`
+        (faste_mm/retrieval/search_request.py; docs/search.md "Search options" lists them with
+        their defaults): image, video, like, instruction, k (10), mode ("dense" | "lexical" |
+        "hybrid"), where (condition strings such as "taken>=2024-05-01", "place~lisbon",
+        "country=Kenya", "tag=invoice", or a mapping key -> value read the same way), type, path,
+        since, until, sort ("relevance" | "date" | "-date"), min_score (None: the collection's),
+        rescore, lexical_syntax, rerank (None: the collection's reranker when it records one;
+        False: none; True: the collection's, an error without one; a `faste_mm.Reranker`: that
+        one), rerank_top (50: the hits the reranker re-scores, at least k).
 
-        Filters (all must hold; k hits come back whenever k items match, whatever the index):
-        where: metadata key -> value, e.g. {"tag": "invoice"} (values of `add(metadata=...)`), or
-        condition strings, on facts read from the files ("taken>=2024-05-01", "taken<2025",
-        "camera~pixel", "rating>=4", "place~lisbon", "has:gps") or metadata ("tag=invoice");
-        since/until: taken from the start of / to the end of a date ("2024", "2024-05-01", a date);
-        type: "image" | "pdf" | "text" | "video", or several; path: a glob on the stored path, e.g.
-        "*/invoices/*" or "./photos/*" (see `faste_mm.indexers.SearchFilter`).
-        min_score: drop hits whose cosine with the query is below it (None: the collection's
-        `min_score`, if any); in hybrid mode every hit is cut by its cosine, also one found by its
-        words alone (its stored vector is scored), before fusing; lexical mode computes no cosine:
-        a min_score given to it is a ConfigError, the collection's is not applied; sort: "relevance" (default), "date" (oldest taken
-        first) or "-date" (newest first) - the k best, then in that order.
-        mode: "dense" (by meaning), "lexical" (BM25 over the items' words, file names and metadata
-        values; loads no model) or "hybrid" (both, fused by reciprocal rank); each Hit's `found_by`
-        says which side found it. The query text is searched as plain words unless `lexical_syntax`.
-        rescore: candidates per hit a quantized index returns for exact rescoring (None: the
-        precision's default, 0: none; see docs/search.md, "Large collections").
-        Raises InputError if nothing is given, ConfigError for a bad filter."""
-        if query is None and image is None and video is None:
-            raise InputError("search: give a query text, an image, a video, or a combination")
-        image, video = (Path(value) if isinstance(value, os.PathLike) else value for value in (image, video))
-        item = Item(text=query, image=image, video=video)
-        options = dict(instruction=instruction, where=where, type=type, path=path, mode=mode, rescore=rescore,
-                       lexical_syntax=lexical_syntax, since=since, until=until, min_score=min_score)
-        rerank = self._search_reranker(rerank)
-        if rerank is None:
-            return self.search_batch([item], k=k, sort=sort, **options)[0]
-        check_reranker(rerank, rerank_top)
-        result_order.check_sort(sort)
+        A query text longer than the model can use is cut where the model would cut it anyway
+        (`search_executor.cut_text`; lexical mode: its first 10,000 characters).
+        Raises InputError if nothing is asked, ConfigError for an unknown or invalid option
+        (naming it and the valid range), CollectionError when there is no collection.
+
+        Example:
+            >>> r.search("a red bicycle", k=5, where=["place~lisbon"], since="2024-05", sort="-date")
+        """
+        return one(self.execute([SearchRequest.of("Retriever.search", query=query, **options)]))
+
+    def more_like(self, like: int | str | os.PathLike, **options: Any) -> list[Hit]:
+        """Items like an indexed one (an item id, or an indexed file's path: its first page), by
+        its stored vector, the item itself left out: the page's "more like this" and `faste-mm
+        search --like`. options: as `search` (filters, k, min_score, sort; no query, no rerank).
+        Loads no model. Raises InputError naming an id or path that is not in the collection."""
+        return one(self.execute([SearchRequest.of("Retriever.more_like", like=like, **options)]))
+
+    def search_batch(self, queries: Sequence[object], **options: Any) -> list[list[Hit]]:
+        """`search` for many queries (str text, Path/PIL image, or `Item`), one list of hits each;
+        `options` (those of `search`, without the query inputs) apply to every query."""
+        items = [querying.as_query(q, i) for i, q in enumerate(queries)]
+        requests = [SearchRequest.of("Retriever.search_batch", query=item.text, image=item.image, video=item.video,
+                                     **options) for item in items]
+        found = self.execute(requests, items)
+        return [one([hits]) for hits in found]
+
+    def execute(self, requests: Sequence[SearchRequest], items: Sequence[Item] | None = None, *,
+                check_pairs: Callable[[int, int], None] | None = None) -> list[list[Hit] | Exception]:
+        """Run search requests (`SearchRequest`) on this collection with the one executor
+        (`search_executor.execute`), one batch at a time on this retriever: the hits of each, or
+        its own error (`faste-mm serve` hands it each merged batch of its clients' requests).
+        items: the query `Item`s (`search_batch`); check_pairs: a limit on a rerank's prompt
+        tokens (`SearchParts.check_pairs`; the server's --max-request-tokens)."""
         with self._lock:
-            hits = self.search_batch([item], k=max(k, rerank_top), **options)[0]
-            reranked = rerank_hits(rerank, item, hits, k, self._open_reader().records([hit.id for hit in hits]))
-        return result_order.sort_hits(reranked, sort)
+            return execute(requests, self._search_parts(check_pairs), items)
 
-    def _search_reranker(self, rerank: Any) -> Any:
-        """The reranker of a search: `rerank` itself, none for False, and for None the collection's
-        (loaded on first use and kept). CollectionError when there is no collection."""
+    def use_reranker(self, reranker: Any) -> None:
+        """Rerank searches with this loaded `Reranker` wherever the collection's would be used
+        (`rerank=None` on a collection that records one, `rerank=True`) instead of loading the
+        collection's (`faste-mm serve --rerank`: one model, shared with /v1/rerank)."""
+        self._collection_reranker = ("", reranker)
+
+    def _search_parts(self, check_pairs: Callable[[int, int], None] | None = None) -> SearchParts:
+        """This retriever's collection, query model and reranker as the executor uses them."""
+        def embed(items: list[Item], instruction: str | None) -> np.ndarray:
+            return querying.embed_queries(items, instruction, self._reader_profile.dim, self.encode_documents,
+                                          self.encode_queries)
+
+        return SearchParts(reader=lambda check_model: self._open_reader(check_model=check_model),
+                           min_score=lambda: (self._reader_profile or read_profile(self.collection)).min_score,
+                           embed=embed, reranker=self.search_reranker,
+                           cut_text=lambda text: text_cutter(self.embedder.serializer)(text), check_pairs=check_pairs)
+
+    def search_reranker(self, rerank: Any) -> Any:
+        """The reranker of a search's `rerank`: itself (a Reranker), none for False, and for None
+        the collection's when it records one, for True the collection's or an InputError (loaded
+        on first use and kept; the one of `use_reranker` when given)."""
         if rerank is False:
             return None
-        if rerank is not None:
+        if rerank is not None and rerank is not True:
             return rerank
         name = read_profile(self.collection).reranker
+        if self._collection_reranker is not None and self._collection_reranker[0] == "":  # use_reranker's
+            return self._collection_reranker[1] if name is not None or rerank is True else None
         if name is None:
+            if rerank is True:
+                raise InputError(f"search: rerank=True, but the collection {self.collection} records no reranker; "
+                                 f"give a Reranker (rerank=Reranker.from_pretrained(...)) or index it with one "
+                                 f"(faste-mm index --reranker MODEL)")
             return None
         if self._collection_reranker is None or self._collection_reranker[0] != name:
             device = self._spec.device if self._spec is not None else str(self._embedder.backbone.device)
             self._collection_reranker = (name, load_collection_reranker(name, device))
         return self._collection_reranker[1]
 
-    def search_batch(self, queries: Sequence[object], k: int = 10, instruction: str | None = None,
-                     where: Mapping[str, Any] | Sequence[str] | None = None, type: str | Sequence[str] | None = None,
-                     path: str | None = None, mode: str = "dense", rescore: int | None = None,
-                     lexical_syntax: bool = False, since: str | date | None = None, until: str | date | None = None,
-                     sort: str = "relevance", min_score: float | None = None) -> list[list[Hit]]:
-        """`search` for many queries (str text, Path/PIL image, or `Item`), one list of hits each;
-        the filters, the mode, the minimum score and the order apply to every query."""
-        querying.check_mode(mode)
-        result_order.check_sort(sort)
-        min_score = result_order.check_min_score(min_score)
-        result_order.check_min_score_mode(min_score, mode)
-        search_filter = result_order.search_filter(where, type, path, since, until)
-        items = [querying.as_query(q, i) for i, q in enumerate(queries)]
-        texts = querying.query_texts(items, mode)
-        with self._lock:
-            col = self._open_reader(check_model=mode != "lexical")
-            if min_score is None and self._reader_profile is not None:  # (lexical mode reads no profile: no cosine)
-                min_score = self._reader_profile.min_score
-            vectors = None if mode == "lexical" else self._embed_queries(items, instruction)
-            found = col.find(k, queries=vectors, texts=texts, mode=mode, where=search_filter, rescore=rescore,
-                             lexical_syntax=lexical_syntax, min_score=min_score)  # hits and records of one snapshot
-        return [result_order.sort_hits(hits, sort) for hits in querying.hits(found)]
-
-    def _embed_queries(self, items: list[Item], instruction: str | None) -> np.ndarray:
-        return querying.embed_queries(items, instruction, self._reader_profile.dim, self.encode_documents,
-                                      self.encode_queries)
-
     # ---- encoding with the collection's settings -------------------------------------------
     def encode_queries(self, queries: Iterable[object], *, instruction: str | None = None,
                        on_error: OnError = "raise") -> EmbedResult:
         """Queries as `search` embeds them: the full forward with a task instruction
-        (`instruction`, else the retriever's query_instruction, else DEFAULT_QUERY_INSTRUCTION
-        for vision-language models and the model's default query task for text models)."""
+        (`instruction`, else the retriever's query_instruction, else `Embedder.encode_queries`'
+        default: DEFAULT_QUERY_INSTRUCTION for vision-language models, the model's default query
+        task for text models), so both embed a query alike."""
         task = instruction or self.query_instruction
-        if task is None and self.embedder.family.is_multimodal:
-            task = DEFAULT_QUERY_INSTRUCTION
         # a Matryoshka collection's queries are truncated like its documents, sampled like them
         profile = self._reader_profile
         embedder = self.embedder if profile is None else self._embedder_for(profile)
@@ -572,3 +579,13 @@ class Retriever:
         """`encode_documents` under the sentence-transformers name; one input counts as a list of one."""
         return self.encode_documents(one_or_many(documents), on_error=on_error)
 
+
+def refuse_missing_paths(paths: Sequence[str | os.PathLike]) -> None:
+    """InputError naming the given paths that do not exist, before anything is created or written
+    (`Retriever.index` calls it; the CLI too, before the model loads). A link whose target is gone
+    exists: it is recorded as a failure of the run, as a FIFO is."""
+    missing = [str(p) for p in paths if not os.path.lexists(Path(p).expanduser())]
+    if missing:
+        names = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        raise InputError(f"{names}: no such file or folder; check the path (nothing was indexed; a file deleted "
+                         f"since it was indexed leaves the collection with `remove`)")

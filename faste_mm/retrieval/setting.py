@@ -12,9 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from faste_mm.errors import ConfigError
+from faste_mm.indexers.manifest import put_key  # noqa: F401  (the profile writes its keys as the manifest does)
+
+if TYPE_CHECKING:
+    from faste_mm.indexers.manifest import Stored
 
 ABSENT = object()  # a manifest value that is not there (a setting newer than the collection)
 
@@ -61,6 +65,8 @@ class Setting:
     missing: its value in a manifest written before the field existed; ABSENT = the field's default.
     refuse: a user value that differs from an existing collection's is refused (vectors made
         with it would not be comparable); False: informational, the collection's value is kept.
+    carry: `index --reindex` with the same model keeps the collection's value unless given again
+        (`CollectionProfile.carried_over`); False: re-resolved (default, calibration, plan).
     """
 
     key: str
@@ -72,6 +78,7 @@ class Setting:
     rule: str = ""
     missing: Any = ABSENT
     refuse: bool = True
+    carry: bool = False
 
     def check(self, owner: str, name: str, value: Any) -> None:
         """ConfigError naming `owner.name`, the rule and the value when `value` breaks the rule."""
@@ -79,11 +86,19 @@ class Setting:
             raise ConfigError(f"{owner}.{name} must be {self.rule}, got {value!r}")
 
 
-def setting(default: Any, key: str, flag: str, help: str, *, flags: tuple[Flag, ...] = (), keyword: bool = True,
-            valid: Callable[[Any], bool] | None = None, rule: str = "", missing: Any = ABSENT,
-            refuse: bool = True, factory: Any = None) -> Any:
-    """A dataclass field of `CollectionProfile` carrying its `Setting`."""
-    meta = {"setting": Setting(key, flag, help, flags, keyword, valid, rule, missing, refuse)}
+def setting(default: Any, key: "str | Stored", flag: str, help: str, *, flags: tuple[Flag, ...] = (),
+            keyword: bool = True, valid: Callable[[Any], bool] | None = None, rule: str = "", missing: Any = ABSENT,
+            refuse: bool = True, carry: bool = False, factory: Any = None) -> Any:
+    """A dataclass field of `CollectionProfile` carrying its `Setting`.
+
+    key: the manifest key, or the storage layer's own declaration of a field it reads itself
+    (`Manifest.declared("dim")`): its key and check then come from there (a `rule` given here
+    rewords the check), and `default` ABSENT means the stored default."""
+    if not isinstance(key, str):
+        valid, rule = valid or key.valid, rule or key.rule
+        default = key.default if default is ABSENT else default
+        key = key.key
+    meta = {"setting": Setting(key, flag, help, flags, keyword, valid, rule, missing, refuse, carry)}
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -134,21 +149,16 @@ def flag_settings(cls: type, values: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def get_key(stored: Mapping[str, Any], key: str) -> Any:
-    """The value at dotted `key` in a manifest dict, ABSENT when a part is missing."""
+    """The value at dotted `key` in a manifest dict, ABSENT when a part is missing (or None: no
+    FastE settings); ConfigError naming the part when one is not an object (a damaged manifest)."""
     node: Any = stored
-    for part in key.split("."):
-        if not isinstance(node, Mapping) or part not in node:
+    parts = key.split(".")
+    for depth, part in enumerate(parts):
+        if node is None:
+            return ABSENT
+        if not isinstance(node, Mapping):
+            raise ConfigError(f"manifest field {'.'.join(parts[:depth])!r} must be an object, got {node!r}")
+        if part not in node:
             return ABSENT
         node = node[part]
     return node
-
-
-def put_key(stored: dict[str, Any], key: str, value: Any) -> None:
-    """Set dotted `key` in a manifest dict, making the dicts on its path."""
-    *path, last = key.split(".")
-    node = stored
-    for part in path:
-        if not isinstance(node.get(part), dict):
-            node[part] = {}
-        node = node[part]
-    node[last] = value

@@ -1,5 +1,5 @@
 """Reading a stored item's file again after indexing: the one check every reader at request time
-goes through (thumbnails, /explain by document_id, rerank of search hits; DESIGN.md "Reading a
+goes through (thumbnails, /explain by document_id, rerank of search hits; docs/design.md "Reading a
 stored file at request time").
 
 An indexed folder may be writable by others (shared, synced). What is read again must be the file

@@ -39,6 +39,8 @@ PROGRESS_REFRESH_S = 5.0
 # With native events, the wait before the next poll while files settle (not the whole interval:
 # an event-driven watcher may poll rarely, and a new file's last write raises no further event).
 EVENT_SETTLE_S = 1.0
+# How long stopping waits for watchdog's observer thread (a daemon: a stuck one never holds the exit).
+OBSERVER_STOP_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,13 +218,13 @@ class FolderWatcher:
         observer = _start_events(self.paths, wake) if wake is not None else None
         try:
             while not stop.is_set():
+                if wake is not None:
+                    wake.clear()  # before the poll: an event during it wakes the next poll, never lost
                 report = sync()
                 if on_sync is not None:
                     on_sync(report)
                 if report.more:
                     continue
-                if wake is not None:
-                    wake.clear()
                 events = observer is not None
                 # with events, files waiting to settle are looked at again soon: a write to them wakes
                 # the watcher (and restarts their count), so a quiet EVENT_SETTLE_S means they are done
@@ -231,7 +233,7 @@ class FolderWatcher:
         finally:
             if observer is not None:
                 observer.stop()
-                observer.join()
+                observer.join(OBSERVER_STOP_S)
 
     def _count_streaks(self, stats: dict[str, tuple[int, float]]) -> None:
         """Count, per file, the consecutive polls that saw its current (size, mtime)."""

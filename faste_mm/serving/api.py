@@ -25,20 +25,20 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
 from faste_mm.errors import ConfigError, FasteError, InputError
-from faste_mm.retrieval import result_order
 from faste_mm.retrieval.maintenance import collection_report
-from faste_mm.serving.inputs import ORDER_FIELDS, float_field, search_options
+from faste_mm.retrieval.result_order import search_filter
+from faste_mm.retrieval.search_request import SearchRequest
 from faste_mm.indexers.filters import INT64_MAX
 from faste_mm.kinds import kind_name
 from faste_mm.serving.batcher import QueueFullError
 from faste_mm.serving.duplicates_route import add_duplicates_route
 from faste_mm.serving.engine import (CollectionChangedError, CollectionReindexingError, ModelStalledError,
                                      NoCollectionError, RequestTooLargeError, ServeEngine, UnknownItemError)
-from faste_mm.serving.inputs import (EmbeddingRequest, SearchRequest, decode_image_bytes, decode_image_url,
-                                     embedding_items, encode_vector)
+from faste_mm.serving.inputs import (EmbeddingRequest, decode_image_bytes, decode_image_url, embedding_items,
+                                     encode_vector, form_values, request_model, to_request)
 from faste_mm.serving.metrics import LATENCY_BUCKETS_S
 from faste_mm.serving.previews import add_preview_routes, note_snippets
-from faste_mm.serving.rerank import add_rerank_routes, rerank_search_hits, search_rerank_top, with_search_top
+from faste_mm.serving.rerank import add_rerank_routes, with_search_top
 from faste_mm.serving.security import is_allowed_host, is_cross_site
 from faste_mm.retrieval.stored_files import GoneFileError, ReplacedFileError
 from faste_mm.serving.thumbnails import NoThumbnailError, default_cache_dir, has_thumbnail, thumbnail
@@ -46,6 +46,7 @@ from faste_mm.serving.thumbnails import NoThumbnailError, default_cache_dir, has
 log = logging.getLogger(__name__)
 
 STATIC_DIR = Path(__file__).parent / "static"
+SEARCH_BODY = request_model("http", "SearchBody")  # POST /search's JSON body: the options' declarations
 PUBLIC_PATHS = ("/", "/health", "/favicon.ico")  # and /static/*: the page holds no data
 # The page loads only its own script, style and images (thumbnails; blob: for uploads and keyed
 # fetches), talks only to this server, and may not be framed; every other answer is data.
@@ -130,23 +131,19 @@ def create_app(engine: ServeEngine) -> FastAPI:
 
     @app.post("/search", dependencies=[auth])
     async def search(request: Request) -> dict:
-        query, image, item_id, k, where, mode, rescore, rerank, rerank_top, (sort, min_score) = \
-            await _search_fields(request, engine)
+        asked = await _search_request(request, engine)
         started = time.perf_counter()
-        # rerank: the embedding top `rerank_top` re-scored by the reranker, the best k kept
-        # (hits carry both scores; serving/rerank.py, as Retriever.search(rerank=...))
-        fetch = max(k, search_rerank_top(engine, rerank_top, query, image, item_id)) if rerank else k
-        hits = await run_in_threadpool(engine.search, query, image, item_id, fetch, where, mode, rescore, min_score)
-        if rerank:
-            hits = await run_in_threadpool(rerank_search_hits, engine, query, image, hits[:fetch], k)
-        hits = result_order.sort_hits(hits, sort)
+        reranker = engine.search_reranker(asked)
+        hits = await run_in_threadpool(engine.search, asked)
         snippets = await run_in_threadpool(note_snippets, engine, hits)
+        where = search_filter(asked.where, asked.type, asked.path, asked.since, asked.until)
         return {
-            "query": {"text": query, "image": image is not None, "id": item_id},
-            "k": k, "mode": mode, "sort": sort, "min_score": min_score,
+            "query": {"text": asked.query, "image": asked.image is not None,
+                      "id": asked.like if isinstance(asked.like, int) else None, "like": asked.like},
+            "k": asked.k, "mode": asked.mode, "sort": asked.sort, "min_score": asked.min_score,
             "filter": {"where": where.where, "types": list(where.types), "path": where.path,
                        "facts": [str(c) for c in where.facts]},
-            "rerank": {"model": engine.reranker.model_id, "top": fetch} if rerank else None,
+            "rerank": None if reranker is None else {"model": reranker.model_id, "top": max(asked.k, asked.rerank_top)},
             "took_ms": round(1000 * (time.perf_counter() - started), 1),
             "hits": [{**_hit_json(rank, hit), "snippet": snippets.get(hit.id)} for rank, hit in enumerate(hits, 1)],
         }
@@ -204,37 +201,23 @@ def _check_model(model: str | None, engine: ServeEngine) -> None:
                      f"(or {Path(served).name!r}), or leave `model` out")
 
 
-async def _search_fields(request: Request, engine: ServeEngine):
-    """(query, PIL image or None, item id or None, k, SearchFilter, mode, rescore, rerank, rerank_top,
-    (sort, min_score)) from a JSON body or a multipart form (fields q, k, id, mode, rerank, rerank_top,
-    since, until, sort, min_score and an `image` file, as the search page sends them)."""
+async def _search_request(request: Request, engine: ServeEngine) -> SearchRequest:
+    """The `SearchRequest` of a JSON body (`SEARCH_BODY`, made from the options' declarations) or
+    a multipart / urlencoded form (`inputs.form_values`: q, k, id, mode, ... and an `image` file,
+    as curl -F sends them); InputError (400) naming a bad field."""
     content_type = request.headers.get("content-type", "")
     if content_type.startswith("multipart/form-data") or content_type.startswith("application/x-www-form-urlencoded"):
         form = await request.form()
-        unknown = set(form.keys()) - {"q", "k", "id", "image", "mode", "rerank", "rerank_top", *ORDER_FIELDS}
-        if unknown:
-            raise InputError(f"unknown form fields {sorted(unknown)}; the search form takes q, k, id, mode, rerank, "
-                             f"rerank_top, {', '.join(ORDER_FIELDS)} and image")
+        values = form_values(form)
         image = None
         upload = form.get("image")
         if upload is not None and not isinstance(upload, str):
             raw = await upload.read()
             if raw:  # decoding is CPU work: off the event loop
                 image = await run_in_threadpool(decode_image_bytes, raw, f"image ({upload.filename or 'upload'})")
-        query = (form.get("q") or "").strip() or None
-        k = _int_field(form.get("k"), "k")  # k=0 is refused by the search (400), never silently 10
-        mode = str(form.get("mode") or "dense")
-        rerank = str(form.get("rerank") or "").strip().lower() in ("1", "true", "on", "yes")
-        rerank_top = _int_field(form.get("rerank_top"), "rerank_top")
-        if rerank_top is not None and not 1 <= rerank_top <= 1000:
-            raise InputError(f"form field 'rerank_top' must be in 1..1000, got {rerank_top}")
-        given = {name: str(form.get(name) or "").strip() or None for name in ORDER_FIELDS}
-        where, order = search_options(None, given["since"], given["until"], given["sort"] or "relevance",
-                              float_field(given["min_score"], "min_score"))
-        return (query, image, _int_field(form.get("id"), "id"), 10 if k is None else k, where, mode, None,
-                rerank, rerank_top, order)
+        return to_request(values, "POST /search", image=image)
     try:
-        body = SearchRequest.model_validate(await request.json())
+        body = SEARCH_BODY.model_validate(await request.json())
     except RecursionError:
         raise InputError("the search body is JSON nested too deeply; send a flat object "
                          "({\"query\": ..., \"k\": ...})") from None
@@ -244,19 +227,7 @@ async def _search_fields(request: Request, engine: ServeEngine):
     image = None
     if body.image is not None:
         image = await run_in_threadpool(decode_image_url, body.image, "image", engine.config.allow_remote_images)
-    where, order = search_options(body, body.since, body.until, body.sort, body.min_score)
-    return ((body.query or "").strip() or None, image, body.id, body.k, where, body.mode, body.rescore, body.rerank,
-            body.rerank_top, order)
-
-
-
-def _int_field(value, name: str) -> int | None:
-    if value is None or value == "":
-        return None
-    text = str(value).strip()
-    if not (text.isascii() and text.lstrip("-").isdigit() and len(text) <= 20 and abs(int(text)) <= INT64_MAX):
-        raise InputError(f"form field {name!r} must be an integer, got {text[:40]!r}")
-    return int(text)
+    return to_request(body.model_dump(), "POST /search", image=image)
 
 
 def _hit_json(rank: int, hit) -> dict:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 from faste_mm.indexers.file_names import SERVER_FILE
+from faste_mm.retrieval.search_request import DEFAULTS
 
 log = logging.getLogger(__name__)
 
@@ -117,37 +118,32 @@ class RerankAsk:
     (0: the exact score)."""
 
     model: str | None = None
-    top: int = 50
+    top: int = DEFAULTS["rerank_top"]
     r_max: float = 0.0
 
 
-def search_via_server(address: ServerAddress, root: str | os.PathLike, query: str, k: int,
-                      where: Mapping[str, Any] | Sequence[str] | None = None, types: Sequence[str] = (),
-                      path: str | None = None, *, rerank: RerankAsk | None = RerankAsk(),
-                      order: Mapping[str, Any] | None = None) -> list[dict] | None:
-    """The hits (`Hit.to_dict()` fields, `rerank_score` included when reranked) of a text search by
-    the server, or None when it cannot answer for `root` (not reachable, another collection, an
-    error). `rerank`: how the caller's search would rerank (None: not at all, --no-rerank); the
-    server reranks with its loaded (warm) reranker when that is the reranker the caller's search
-    would load and the score is the exact one (`_serves_rerank`), else None: the caller searches
-    itself. The server's /info says which reranker, so the client reads no manifest here."""
+def search_via_server(address: ServerAddress, root: str | os.PathLike, body: Mapping[str, Any], *,
+                      rerank: RerankAsk | None = RerankAsk()) -> list[dict] | None:
+    """The hits (`Hit.to_dict()` fields, `rerank_score` included when reranked) of a search by the
+    server, or None when it cannot answer for `root` (not reachable, another collection, an
+    error). body: the request's wire form (`SearchRequest.wire`). `rerank`: how the caller's
+    search would rerank (None: not at all, --no-rerank); the server reranks with its loaded
+    (warm) reranker when that is the reranker the caller's search would load and the score is
+    the exact one (`_serves_rerank`), else None: the caller searches itself. The server's /info
+    says which reranker, so the client reads no manifest here."""
     info = _serving(address, root)
     if info is None:
         return None
     collection = info["collection"]
-    wanted = None if rerank is None else (rerank.model or collection.get("reranker", "unknown"))
+    wanted = None if rerank is None else (rerank.model or collection.get("reranker"))
     if wanted is not None and not _serves_rerank(info, wanted, rerank):
         log.debug("%s reranks with %s here: the server's reranker is %s", root, wanted, (info or {}).get("reranker"))
         return None
-    body: dict[str, Any] = {"query": query, "k": k, "type": list(types) or None, "path": path,
-                            "where": (dict(where) if isinstance(where, Mapping) else list(where)) if where else None,
-                            **{name: value for name, value in (order or {}).items() if value is not None}}
-    if wanted is not None:
-        body.update(rerank=True, rerank_top=rerank.top)
-    answer = _request(address, "search", body)
+    # rerank exactly as the caller would: with the server's (the caller's) reranker, or not at all
+    answer = _request(address, "search", {**body, "rerank": wanted is not None})
     if answer is None:
         return None
-    fields = ("id", "score", "uri", "page", "metadata", "facts", "rerank_score")
+    fields = ("id", "score", "uri", "page", "metadata", "found_by", "facts", "rerank_score", "similarity")
     return [{name: hit[name] for name in fields if name in hit} for hit in answer["hits"]]
 
 

@@ -19,10 +19,10 @@ import numpy as np
 
 from faste_mm import Embedder, FastEConfig, Hit, InputError, Item, Retriever
 from faste_mm.errors import CollectionError, ConfigError, FasteError
-from faste_mm.indexers import SearchFilter
 from faste_mm.indexers.search import check_query_text
 from faste_mm.retrieval.profile import QUERY_INSTRUCTION, CollectionProfile, read_profile
-from faste_mm.retrieval.result_order import check_min_score_mode
+from faste_mm.retrieval.search_executor import TEXT_CHARS_PER_TOKEN, UnknownItemError
+from faste_mm.retrieval.search_request import MAX_K, SearchRequest
 from faste_mm.retrieval.watching import read_watch_status
 from faste_mm.serving.batcher import Batcher, BatcherConfig, run_tasks
 from faste_mm.serving.inputs import truncate_dimensions
@@ -33,19 +33,9 @@ from faste_mm.serving.security import LOOPBACK_HOSTS, check_allowed_hosts
 
 log = logging.getLogger(__name__)
 
-# A text is tokenized only up to this many characters per token of the model's max_length (it
-# truncates on the right anyway): a few MB of text must not hold a handler thread for a minute.
-# Text whose tokens are longer on average is tried again with 4x as many characters, so what
-# the model sees never differs from the whole text's tokenization.
-TEXT_CHARS_PER_TOKEN = 16
-
 
 class RequestTooLargeError(FasteError):
     """A request over the token or body limit (HTTP 413)."""
-
-
-class UnknownItemError(InputError):
-    """An item id that is not a live item of the served collection (HTTP 404)."""
 
 
 class NoCollectionError(FasteError):
@@ -119,17 +109,6 @@ class _EmbedPayload:
 
 
 @dataclass(frozen=True, slots=True)
-class _SearchPayload:
-    item: Item | None
-    item_id: int | None
-    k: int
-    where: SearchFilter
-    mode: str = "dense"
-    rescore: int | None = None
-    min_score: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
 class Embedded:
     """Vectors of one request: float32 [n, d] in input order, its prompt tokens, and which
     inputs were cut at the model's max_length (truncated[i] for input i)."""
@@ -158,6 +137,8 @@ class ServeEngine:
         self._loaded = embedder  # the weights as loaded (`embedder` follows a re-index's pixel settings)
         self.reranker = reranker  # a faste_mm.Reranker for /v1/rerank (serving.rerank), or None
         self.retriever = retriever
+        if retriever is not None and reranker is not None:
+            retriever.use_reranker(reranker)  # searches rerank with this loaded one, not a second copy
         self.config = config or ServeConfig()
         self.metrics = describe_server_metrics(metrics or Metrics())
         self.collection: Path | None = None if retriever is None else Path(retriever.collection)
@@ -177,7 +158,6 @@ class ServeEngine:
             runners["rerank"] = self._run_rerank
         runners["task"] = run_tasks  # other work on the model thread (the MCP index tool)
         self.batcher = Batcher(runners, self.config.batching, self.metrics)
-        self._reader = None  # the model thread's own read-only collection (more-like-this)
         self._local = threading.local()
 
     def _default_query_instruction(self) -> str | None:
@@ -338,89 +318,64 @@ class ServeEngine:
         return run
 
     # ---- search (handler threads) -------------------------------------------------------------
-    def search(self, query: str | None = None, image=None, item_id: int | None = None, k: int = 10,
-               where: SearchFilter | None = None, mode: str = "dense", rescore: int | None = None,
-               min_score: float | None = None) -> list[Hit]:
-        """Top-k hits for a text and/or a PIL image (as `Retriever.search`: `mode`, `where`, `min_score`; None: the
-        collection's), or for the stored vector of item `item_id` ("more like this", the item itself left out)."""
-        where = where or SearchFilter()
-        if self.retriever is None:
-            raise NoCollectionError("this server has no collection; start it with `faste-mm serve -c NAME|DIR` "
-                                    "to search")
+    def search(self, request: SearchRequest) -> list[Hit]:
+        """The hits of one search request (text, a PIL image, both, or `like`: more like this), as
+        `Retriever.search` gives them: the handler thread checks it and counts its prompt tokens
+        (413 over the limit), the model thread runs it with the other clients' requests through
+        the library's executor (`Retriever.execute`), reranked by default with the collection's
+        reranker (this server's loaded one). Raises InputError (400), RequestTooLargeError (413),
+        NoCollectionError (404), CollectionReindexingError / ModelStalledError (503)."""
+        self._need_collection()
         self.follow_reindex()
         self._refuse_reindexing()
         self._refuse_changed_model()
-        if not 1 <= k <= 1000:
-            raise InputError(f"k must be in 1..1000, got {k}")
-        if item_id is not None:
-            if query is not None or image is not None:
-                raise InputError("give either `id` (more like this) or a query text/image, not both")
-            return self.wait(self.batcher.submit("search", _SearchPayload(None, int(item_id), k, where,
-                                                                          min_score=min_score), 1))
-        if not query and image is None:
-            raise InputError("give a query text (`query`, form field `q`), an image, or an item `id`")
-        if mode not in ("dense", "lexical", "hybrid"):
-            raise InputError(f"mode must be dense, lexical or hybrid, got {str(mode)[:40]!r}")
-        check_query_text(query or "", nul=False)  # a lone surrogate: named, before any work
-        if mode == "lexical":  # words only: nothing to embed (one slot of the batch)
-            check_min_score_mode(min_score, mode)  # here, not in the batch: no other request fails with it
-            if not query:
-                raise InputError("lexical search needs a query text (`query`, form field `q`)")
-            payload = _SearchPayload(Item(text=query), None, k, where, mode, rescore, min_score)
-            return self.wait(self.batcher.submit("search", payload, 1))
-        measured = self.measure([Item(text=query or None, image=image)], "query")
-        return self.wait(self.batcher.submit("search", _SearchPayload(measured.items[0], None, k, where, mode,
-                                                                      rescore, min_score), measured.tokens))
+        if request.k > MAX_K:
+            raise InputError(f"k must be in 1..{MAX_K}, got {request.k}")
+        check_query_text(request.query or "", nul=False)  # a lone surrogate: named, before any work
+        tokens = 1  # lexical and more-like-this embed nothing: one slot of the batch
+        if request.mode != "lexical" and not request.is_like:
+            tokens = self.measure([Item(text=request.query, image=request.image)], "query").tokens
+        self.search_reranker(request)  # an impossible rerank (none loaded) is refused here, not in the batch
+        return self.wait(self.batcher.submit("search", request, tokens))
 
-    def _run_search(self, payloads: list[_SearchPayload]) -> list[object]:
+    def search_reranker(self, request: SearchRequest):
+        """The reranker `request` is reranked with here (None: not reranked), as the executor
+        chooses it (`Retriever.search_reranker`); InputError when it asks for one this server lacks."""
+        self._need_collection()
+        if request.is_like and request.rerank is None:
+            return None
+        return self.retriever.search_reranker(request.rerank)
+
+    def _need_collection(self) -> None:
+        if self.retriever is None:
+            raise NoCollectionError("this server has no collection; start it with `faste-mm serve -c NAME|DIR` "
+                                    "to search")
+
+    def _run_search(self, requests: list[SearchRequest]) -> list[object]:
         if self._retriever_outdated:  # the retriever reads the re-created collection's profile afresh
             self._retriever_outdated = False
-            self._close_readers()
+            self.retriever.close()
         # The collection erased or re-created under the open reader (its parts gone: it would say
         # "damaged") is opened afresh once; while it is still being re-created, each request gets
         # the 503 "being re-indexed" instead.
         for attempt in (1, 2):
             try:
-                return self._search_payloads(payloads)
+                return self.retriever.execute(requests, check_pairs=self._check_pairs)
             except CollectionError:
-                self._close_readers()
+                self.retriever.close()
                 if self._watch is not None and self._watch.being_recreated():
-                    return [self._reindexing_error() for _ in payloads]
+                    return [self._reindexing_error() for _ in requests]
                 if attempt == 2:
                     raise
         raise AssertionError("unreachable: the second attempt returns or raises")
 
-    def _close_readers(self) -> None:
-        self.retriever.close()
-        if self._reader is not None:
-            self._reader.close()
-            self._reader = None
-
-    def _search_payloads(self, payloads: list[_SearchPayload]) -> list[object]:
-        out: list[object] = [None] * len(payloads)
-        groups: dict[tuple, list[int]] = {}  # requests with the same filter share one search
-        for i, payload in enumerate(payloads):
-            if payload.item is not None:
-                where = payload.where
-                groups.setdefault((tuple(sorted(where.where.items())), where.types, where.path, where.facts,
-                                   payload.mode, payload.rescore, payload.min_score), []).append(i)
-        for by_query in groups.values():
-            first = payloads[by_query[0]]
-            where = first.where
-            k = max(payloads[i].k for i in by_query)  # one FAISS call; top-k is a prefix of top-K
-            found = self.retriever.search_batch([payloads[i].item for i in by_query], k=k, where=where,
-                                                mode=first.mode, rescore=first.rescore, min_score=first.min_score)
-            for i, hits in zip(by_query, found):
-                out[i] = hits[: payloads[i].k]
-        for i, payload in enumerate(payloads):
-            if payload.item_id is not None:
-                try:
-                    out[i] = self._more_like(payload.item_id, payload.k, payload.where, payload.min_score)
-                except CollectionError:
-                    raise  # the whole batch is retried on a fresh reader (`_run_search`)
-                except FasteError as error:
-                    out[i] = error
-        return out
+    def _check_pairs(self, tokens: int, hits: int) -> None:
+        """RequestTooLargeError (413) when reranking a search's `hits` hits costs more prompt tokens
+        than --max-request-tokens allows (as /v1/rerank's pairs do)."""
+        if tokens > self.config.max_request_tokens:
+            raise RequestTooLargeError(f"reranking {hits} hits (rerank_top) has {tokens} prompt tokens over its "
+                                       f"pairs; the limit is {self.config.max_request_tokens} (--max-request-tokens); "
+                                       f"lower rerank_top")
 
     def _run_rerank(self, payloads: list) -> list[object]:
         """One `Reranker.score` (or `explain`) per request, each with its own query, on the model
@@ -432,24 +387,6 @@ class ServeEngine:
             except Exception as error:  # noqa: BLE001 - one request's failure is that request's alone
                 out.append(error)
         return out
-
-    def _more_like(self, item_id: int, k: int, where: SearchFilter, min_score: float | None) -> list[Hit]:
-        col = self._model_thread_reader()
-        if item_id not in col.live_ids([item_id]):
-            raise UnknownItemError(f"id {item_id}: no such item in the collection {self.collection}")
-        min_score = min_score if min_score is not None or self.profile is None else self.profile.min_score
-        scores, ids = col.search(col.vectors([item_id]), k + 1, where=where)
-        floor = -np.inf if min_score is None else min_score
-        pairs = [(float(s), int(i)) for s, i in zip(scores[0], ids[0]) if i >= 0 and int(i) != item_id and s >= floor][:k]
-        records = dict(zip([i for _, i in pairs], col.get([i for _, i in pairs])))
-        return [Hit(i, s, records[i].uri, records[i].page, records[i].metadata, facts=records[i].facts) for s, i in pairs]
-
-    def _model_thread_reader(self):
-        from faste_mm.indexers import Collection
-
-        if self._reader is None:
-            self._reader = Collection.open(self.collection)
-        return self._reader
 
     def record(self, item_id: int):
         """The live record of `item_id` (for thumbnails), read in the calling thread with that

@@ -16,16 +16,16 @@ import ipaddress
 import socket
 import urllib.parse
 import urllib.request
-from typing import Literal, Union
+from typing import Annotated, Any, Literal, Mapping, Optional, Union
 
 import numpy as np
 from PIL import Image
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from faste_mm import Item
 from faste_mm.errors import ConfigError, InputError
-from faste_mm.indexers.filters import SearchFilter
-from faste_mm.retrieval import result_order
+from faste_mm.indexers.filters import INT64_MAX
+from faste_mm.retrieval.search_request import DEFAULTS, OPTIONS, SearchRequest, options_for
 
 InputType = Literal["query", "document"]
 MAX_IMAGE_PIXELS = 64_000_000  # decompression-bomb guard for images sent over HTTP
@@ -68,30 +68,103 @@ class EmbeddingRequest(BaseModel):
     truncate: bool = True
 
 
-class SearchRequest(BaseModel):
-    """POST /search as JSON: a text `query`, an `image` (data: URL), or the `id` of an indexed
-    item ("more like this"); `k` results; the filters of `Retriever.search`: `where` (metadata
-    key -> value, or condition strings: "taken>=2024-05-01", "camera~pixel", "has:gps", "tag=x"),
-    `since`/`until` (dates), `type` (image|pdf|text|video, or a list) and `path` (a glob); `mode`
-    dense | lexical | hybrid, `rescore` (candidates per hit to rescore), `min_score` (a cosine) and
-    `sort` (relevance | date | -date) as `Retriever.search` takes them."""
+# POST /search's JSON body and the MCP search tool's arguments are made from the declarations of
+# `faste_mm.retrieval.search_request` (one per option): `request_model`, `to_request`, `form_request`.
+_JSON_TYPES: dict[str, Any] = {"text": str, "int": int, "float": float, "bool": bool, "image": str,
+                               "like": Union[Annotated[int, Field(ge=0, le=INT64_MAX)], str],
+                               "where": Union[dict[str, Union[str, int, float, bool]], list[str]],
+                               "texts": Union[str, list[str]]}
 
-    model_config = ConfigDict(extra="forbid")
-    query: str | None = None
-    image: str | None = None
-    id: int | None = Field(default=None, ge=0, le=2**63 - 1)  # item ids are SQLite's 64-bit integers
-    k: int = Field(default=10, ge=1, le=1000)
-    where: dict[str, str | int | float | bool] | list[str] | None = None
-    since: str | None = None
-    until: str | None = None
-    sort: Literal["relevance", "date", "-date"] = "relevance"
-    min_score: float | None = None  # checked by result_order.check_min_score (the message names the range)
-    type: str | list[str] | None = None
-    path: str | None = None
-    mode: Literal["dense", "lexical", "hybrid"] = "dense"
-    rescore: int | None = Field(default=None, ge=0, le=1000)
-    rerank: bool = False  # re-score the top `rerank_top` hits with the server's reranker (serving/rerank.py)
-    rerank_top: int | None = Field(default=None, ge=1, le=1000)
+
+def request_model(front: str, name: str, *, leave_out: tuple[str, ...] = (), limits: Mapping[str, dict] | None = None,
+                  extra: Mapping[str, tuple] | None = None) -> type[BaseModel]:
+    """A pydantic model of the options `front` shows ("http", "mcp"): each option's JSON type,
+    default, bounds (the front end's own maximum) and help as its description; `limits` adds
+    constraints by option (MCP's max_length), `extra` adds the front end's own fields; an
+    option's aliases (`id` for `like`) are fields too. Unknown fields are refused by name."""
+    fields: dict[str, Any] = {}
+    for option_name, declared in options_for(front).items():
+        if option_name in leave_out:
+            continue
+        kind = declared.kind
+        annotation = Literal[declared.choices] if kind == "choice" else _JSON_TYPES[kind]
+        if kind == "texts" and front == "mcp":  # an assistant reads the choices off the schema
+            annotation = Union[Literal[declared.choices], list[Literal[declared.choices]]]
+        bounds = {"ge": declared.min, "le": declared.maximum(front)} if kind in ("int", "float") else {}
+        default = DEFAULTS[option_name]
+        field_type = Optional[annotation] if default is None else annotation
+        spec = {k: v for k, v in bounds.items() if v is not None} | dict((limits or {}).get(option_name, {}))
+        for key in (option_name, *declared.aliases):
+            fields[key] = (field_type, Field(default, **({"description": declared.help} | spec)))
+    return create_model(name, __config__=ConfigDict(extra="forbid"), **fields, **dict(extra or {}))
+
+
+def to_request(values: Mapping[str, Any], where: str, **inputs: Any) -> SearchRequest:
+    """A `SearchRequest` of a parsed body's values (its aliases read as their option: `id` is
+    `like`) and the front end's decoded `inputs` (an image); InputError (HTTP 400 / a tool
+    error) naming the bad option."""
+    given = {}
+    for name, declared in OPTIONS.items():
+        for key in (name, *declared.aliases):
+            if values.get(key) is not None:
+                given[name] = values[key]
+    given.update({name: value for name, value in inputs.items()})
+    if isinstance(given.get("query"), str):
+        given["query"] = given["query"].strip() or None
+    try:
+        return SearchRequest.of(where, **given)
+    except ConfigError as error:
+        raise InputError(str(error)) from None
+
+
+def form_values(form, front: str = "form") -> dict[str, Any]:
+    """A multipart or urlencoded search form's fields as option values (`q` the query text, `id`
+    the item of more-like-this; numbers, true/false and repeatable fields parsed by each option's
+    declaration); the uploaded `image` is the caller's. InputError naming an unknown or bad field."""
+    by_field = {}
+    for name, declared in options_for(front).items():
+        for key in (declared.form or name, *declared.aliases):
+            by_field[key] = (name, declared)
+    unknown = set(form.keys()) - set(by_field) - {"image"}
+    if unknown:
+        raise InputError(f"unknown form fields {sorted(unknown)}; the search form takes {', '.join(sorted(by_field))} "
+                         f"and image")
+    values: dict[str, Any] = {}
+    for key, (name, declared) in by_field.items():
+        if key == "image":
+            continue
+        raw = [str(v).strip() for v in form.getlist(key) if isinstance(v, str) and str(v).strip()]
+        if not raw:
+            continue
+        if declared.kind in ("texts", "where"):
+            values[name] = raw
+        else:
+            values[name] = _form_value(raw[-1], key, declared, front)
+    return values
+
+
+def _form_value(text: str, key: str, declared, front: str) -> Any:
+    kind = declared.kind
+    if kind == "bool":
+        lowered = text.lower()
+        if lowered not in ("1", "true", "on", "yes", "0", "false", "off", "no"):
+            raise InputError(f"form field {key!r} must be true or false, got {text[:40]!r}")
+        return lowered in ("1", "true", "on", "yes")
+    if kind in ("int", "like") and (kind == "int" or text.isdigit()):
+        if not (text.isascii() and text.lstrip("-").isdigit() and len(text) <= 20 and abs(int(text)) <= INT64_MAX):
+            raise InputError(f"form field {key!r} must be an integer, got {text[:40]!r}")
+        value = int(text)
+    elif kind == "float":
+        try:
+            value = float(text)
+        except ValueError:
+            raise InputError(f"form field {key!r} must be a number, got {text[:40]!r}") from None
+    else:
+        return text
+    low, high = declared.min, declared.maximum(front)
+    if kind != "like" and (low is not None and value < low or high is not None and value > high):
+        raise InputError(f"form field {key!r}: {key} must be in {low:g}..{high:g}, got {value}")
+    return value
 
 
 # ---- translation into items ------------------------------------------------------------------
@@ -222,7 +295,7 @@ def _fetch(url: str, where: str, max_bytes: int) -> bytes:
 
 # ---- responses ------------------------------------------------------------------------------
 def truncate_dimensions(vectors: np.ndarray, dimensions: int | None) -> np.ndarray:
-    """Matryoshka: the first `dimensions` dims, re-normalised (DESIGN.md); None keeps all."""
+    """Matryoshka: the first `dimensions` dims, re-normalised (docs/design.md); None keeps all."""
     if dimensions is None or dimensions == vectors.shape[1]:
         return vectors
     if dimensions > vectors.shape[1]:
@@ -238,26 +311,3 @@ def encode_vector(vector: np.ndarray, encoding_format: str) -> list[float] | str
     if encoding_format == "base64":
         return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
     return [float(x) for x in vector]
-
-
-ORDER_FIELDS = ("since", "until", "sort", "min_score")
-
-
-def search_options(body: SearchRequest | None, since: str | None, until: str | None, sort: str,
-           min_score: float | None) -> tuple[SearchFilter, tuple[str, float | None]]:
-    """The SearchFilter and (sort, min_score) of a request; InputError (400) naming a bad value."""
-    try:  # a filter the collection cannot apply: the client's mistake
-        where = result_order.search_filter(None if body is None else body.where, None if body is None else body.type,
-                                           None if body is None else body.path, since, until)
-        return where, (result_order.check_sort(sort), result_order.check_min_score(min_score))
-    except ConfigError as error:
-        raise InputError(str(error)) from None
-
-
-def float_field(value: str | None, name: str) -> float | None:
-    if value is None:
-        return None
-    try:
-        return float(value)
-    except ValueError:
-        raise InputError(f"form field {name!r} must be a number, got {value[:40]!r}") from None

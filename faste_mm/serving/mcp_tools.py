@@ -16,14 +16,15 @@ import queue
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from faste_mm.errors import FasteError, InputError
-from faste_mm.indexers import SearchFilter
 from faste_mm.indexers.filters import INT64_MAX
 from faste_mm.kinds import kind_name
+from faste_mm.retrieval.search_request import MAX_MCP_K
+from faste_mm.serving.inputs import request_model, to_request
 from faste_mm.serving.mcp_paths import IndexRoots, query_image_file
 from faste_mm.serving.thumbnails import has_thumbnail, jpeg, preview, thumbnail
 
@@ -31,12 +32,11 @@ log = logging.getLogger(__name__)
 
 MAX_QUERY_CHARS = 10_000  # a query is a sentence or a paragraph; 10 MB of "query" is a mistake or an attack
 MAX_IMAGE_CHARS = 24 << 20  # an image as a data: URL (base64 of a large photo)
-MAX_K = 50  # each hit carries a thumbnail: 50 is already more than an assistant can look at
+MAX_K = MAX_MCP_K  # the request's declared MCP limit (each hit carries a thumbnail)
 MAX_TEXT_CHARS = 20_000  # get_item's text, cut beyond (text_truncated says so)
 HIT_THUMBNAIL_PX = 160  # small: the assistant sees what it found without a large answer
 PREVIEW_PX = 768  # get_item's larger look (a PDF page readable at this size)
 ITEM_URI = "faste-mm://item/{id}"
-Kind = Literal["image", "pdf", "text", "video"]
 ItemId = Field(ge=0, le=INT64_MAX, description="An item id, as search hits give it.")
 
 
@@ -45,34 +45,15 @@ class _Args(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class _Filters(_Args):
-    where: dict[str, str | int | float | bool] | None = Field(
-        None, description="Only items whose metadata has each key equal to its value.")
-    type: list[Kind] | None = Field(None, max_length=4, description="Only items of these kinds.")
-    path: str | None = Field(None, max_length=1000, description="Only files whose path matches this glob "
-                                                                 "('*' also matches '/'), e.g. '*/invoices/*'.")
-    thumbnails: bool = Field(True, description="Attach a small JPEG of each picture hit.")
-
-    def search_filter(self) -> SearchFilter:
-        return SearchFilter(where=self.where or {}, types=tuple(self.type or ()), path=self.path)
-
-
-class SearchArgs(_Filters):
-    query: str | None = Field(None, max_length=MAX_QUERY_CHARS, description="What to find, in words.")
-    image: str | None = Field(None, max_length=MAX_IMAGE_CHARS,
-                              description="Find by picture: the path of an indexed image file, or a data: URL "
-                                          "(data:image/png;base64,...).")
-    k: int = Field(10, ge=1, le=MAX_K, description=f"Number of results (1..{MAX_K}).")
-    mode: Literal["dense", "lexical", "hybrid"] = Field(
-        "dense", description="dense: by meaning; lexical: by words (names, text, metadata); hybrid: both.")
-    rerank: bool | None = Field(None, description="Re-score the top hits with the reranker (slower, better): by "
-                                                  "default when the collection records one, as faste-mm search does; "
-                                                  "true: always; false: never.")
-
-
-class MoreLikeThisArgs(_Filters):
-    id: int = ItemId
-    k: int = Field(10, ge=1, le=MAX_K, description=f"Number of results (1..{MAX_K}).")
+_THUMBNAILS = (bool, Field(True, description="Attach a small JPEG of each picture hit."))
+# search's arguments are the request's options (faste_mm/retrieval/search_request.py), as MCP shows them
+SearchArgs = request_model("mcp", "SearchArgs", extra={"thumbnails": _THUMBNAILS}, limits={
+    "query": {"max_length": MAX_QUERY_CHARS}, "path": {"max_length": 1000},
+    "image": {"max_length": MAX_IMAGE_CHARS, "description": "Find by picture: the path of an indexed image file, or "
+                                                            "a data: URL (data:image/png;base64,...)."}})
+# more_like_this: an item id and the options that apply to it (no query, no words, no reranker)
+MoreLikeThisArgs = request_model("mcp", "MoreLikeThisArgs", extra={"id": (int, ItemId), "thumbnails": _THUMBNAILS},
+                                 leave_out=("query", "image", "like", "mode", "lexical_syntax", "rerank", "rerank_top"))
 
 
 class GetItemArgs(_Args):
@@ -111,6 +92,8 @@ class HitOut(BaseModel):
     metadata: dict[str, Any] | None = None
     taken: str | None = Field(None, description="When the photo, video or document was taken or created, ISO 8601 "
                                                 "with its recorded offset; null: undated (no date in the file).")
+    facts: dict[str, Any] | None = Field(None, description="What the file says about itself: date taken, place, "
+                                                           "camera, GPS, keywords, rating (as search --format json).")
     resource: str = Field(description="The item as an MCP resource (faste-mm://item/ID).")
 
 
@@ -248,31 +231,28 @@ class McpTools:
         return col.get([item_id])[0]
 
     # ---- tools -----------------------------------------------------------------------------
-    def search(self, args: SearchArgs, progress: Progress | None = None) -> ToolAnswer:
-        from faste_mm.serving.rerank import SEARCH_RERANK_TOP, rerank_search_hits
-
-        query = (args.query or "").strip() or None
-        if query is None and args.image is None:
+    def search(self, args: BaseModel, progress: Progress | None = None) -> ToolAnswer:
+        """The search tool: the arguments made into a `SearchRequest` (every option of the request;
+        `where` takes the CLI's --where words), run as serve runs it (the collection's reranker by
+        default); hits carry their facts."""
+        if not (args.query or "").strip() and args.image is None and args.like is None and args.id is None:
             raise InputError("search: give a `query` text, an `image` (an indexed file's path or a data: URL), "
-                             "or both")
+                             "or both; or `like`: an item id (more like this)")
         image = None if args.image is None else query_image_file(args.image, self.reader(), self.roots)
-        engine = self.slot.get()
-        rerank = args.rerank
-        if rerank is None:  # as `faste-mm search` and `Retriever.search`: the collection's reranker, if it has one
-            rerank = engine.reranker is not None and engine.profile is not None and engine.profile.reranker is not None
-        fetch = max(args.k, SEARCH_RERANK_TOP) if rerank else args.k
-        if rerank:
-            _need_reranker(engine, "search")
-        hits = engine.search(query, image, None, fetch, args.search_filter(), args.mode)
-        if rerank:
-            hits = rerank_search_hits(engine, query, image, hits, args.k)
-        reranked_by = engine.reranker.model_id if rerank else None
-        return self._hits_answer(hits, args.k, args.mode, args.thumbnails, reranked_by)
+        return self._run(args, image=image)
 
-    def more_like_this(self, args: MoreLikeThisArgs, progress: Progress | None = None) -> ToolAnswer:
+    def more_like_this(self, args: BaseModel, progress: Progress | None = None) -> ToolAnswer:
         self.record(args.id)  # an unknown id is refused before the model is waited for
-        hits = self.slot.get().search(None, None, args.id, args.k, args.search_filter())
-        return self._hits_answer(hits, args.k, "dense", args.thumbnails, None)
+        return self._run(args)
+
+    def _run(self, args: BaseModel, **inputs: Any) -> ToolAnswer:
+        values = {key: value for key, value in args.model_dump().items() if key not in ("thumbnails", "image")}
+        request = to_request(values, "search", **inputs)
+        engine = self.slot.get()
+        reranker = engine.search_reranker(request)
+        hits = engine.search(request)
+        return self._hits_answer(hits, request.k, request.mode, args.thumbnails,
+                                 None if reranker is None else reranker.model_id)
 
     def get_item(self, args: GetItemArgs, progress: Progress | None = None) -> ToolAnswer:
         record = self.record(args.id)
@@ -361,7 +341,8 @@ class McpTools:
             out.append(HitOut(rank=rank, id=hit.id, score=hit.score, rerank_score=hit.rerank_score,
                               similarity=hit.similarity, uri=hit.uri,
                               page=hit.page, name=name, kind=kind_name(hit.uri), found_by=hit.found_by,
-                              metadata=_plain(hit.metadata), resource=ITEM_URI.format(id=hit.id),
+                              metadata=_plain(hit.metadata), facts=None if hit.facts is None else hit.facts.to_dict(),
+                              resource=ITEM_URI.format(id=hit.id),
                               taken=None if hit.facts is None else hit.facts.taken_iso()))
             links.append((hit.id, name, hit.uri))
             if thumbnails and has_thumbnail(hit.uri, hit.page):

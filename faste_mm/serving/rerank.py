@@ -20,9 +20,10 @@ from starlette.concurrency import run_in_threadpool
 
 from faste_mm import InputError, Item
 from faste_mm.errors import FasteError
-from faste_mm.retrieval.rerank_hits import hit_item, rerank_hits
+from faste_mm.retrieval.search_executor import text_cutter
+from faste_mm.retrieval.search_request import DEFAULTS
 from faste_mm.retrieval.stored_files import stored_item
-from faste_mm.serving.engine import TEXT_CHARS_PER_TOKEN, RequestTooLargeError, ServeEngine
+from faste_mm.serving.engine import RequestTooLargeError, ServeEngine
 from faste_mm.serving.inputs import ContentPart, decode_image_url, parts_item
 
 Multimodal = Union[str, list[ContentPart], dict[str, Any]]
@@ -73,65 +74,12 @@ class ExplainPayload:
         return reranker.explain(self.query, self.document, instruction=self.instruction, layer=self.layer)
 
 
-@dataclass(frozen=True, slots=True)
-class HitsPayload:
-    """A /search with `rerank`: the embedding top-N hits re-scored for the query (model thread)."""
-
-    query: Item
-    hits: list
-    k: int
-    records: dict  # the hits' ItemRecords by id (their files are read back, checked)
-    read: dict  # the hits' items already read back (checked) by id: scored as counted, not read again
-
-    def run(self, reranker):
-        return rerank_hits(reranker, self.query, self.hits, self.k, self.records, self.read)
-
-
-# /search's hits re-scored when the request names no rerank_top (as `faste-mm search --rerank`)
-SEARCH_RERANK_TOP = 50
-
-
-def search_rerank_top(engine: ServeEngine, rerank_top: int | None, query: str | None, image, item_id: int | None) -> int:
-    """How many hits a /search with `rerank` fetches; InputError when it cannot rerank."""
-    _reranker(engine, None)
-    if item_id is not None or (not query and image is None):
-        raise InputError("`rerank` re-scores hits against a query text or image; it does not apply to `id` (more like this)")
-    return SEARCH_RERANK_TOP if rerank_top is None else rerank_top
-
-
 def with_search_top(info: dict) -> dict:
-    """/info with the reranker's `search_top`: how many hits a /search with `rerank` and no
-    `rerank_top` re-scores (the page's toggle says it; one number, here)."""
+    """/info with the reranker's `search_top`: how many hits a reranked /search without its own
+    `rerank_top` re-scores (the page's toggle says it; the request's declared default)."""
     if info.get("reranker") is None:
         return info
-    return {**info, "reranker": {**info["reranker"], "search_top": SEARCH_RERANK_TOP}}
-
-
-def rerank_search_hits(engine: ServeEngine, query: str | None, image, hits: list, k: int) -> list:
-    """The best `k` of `hits` by the reranker, with both scores (`retrieval.rerank_hits`), on the
-    model thread; equals `Retriever.search(..., rerank=reranker)` on the same hits. The pairs'
-    prompt tokens count against --max-request-tokens as /v1/rerank's do (RequestTooLargeError);
-    a hit whose file cannot be read again counts nothing (it is not scored, and is kept after
-    the scored ones). Counting reads each hit's image header or page box, nothing rendered
-    (`Reranker.pair_tokens`): the limit is checked before the model is busy."""
-    reranker = _reranker(engine, None)
-    item = bounded_text(reranker, Item(text=query or None, image=image))
-    try:
-        prepared = reranker.prepare_query(item)
-    except FasteError as error:
-        raise InputError(str(error)) from None
-    records = engine.records([hit.id for hit in hits])
-    total, read = 0, {}
-    for hit in hits:
-        try:
-            document = hit_item(hit, records)  # checked once: the scoring reads this same descriptor
-            total += reranker.pair_tokens(prepared, document)
-        except Exception:  # noqa: BLE001 - unreadable now: rerank_hits reports it and keeps the hit unscored
-            continue
-        read[hit.id] = document
-    _check_tokens(engine, total, f"reranking {len(hits)} hits (rerank_top)", "lower rerank_top")
-    payload = HitsPayload(item, list(hits), k, records, read)
-    return engine.wait(engine.batcher.submit("rerank", payload, max(1, total)))
+    return {**info, "reranker": {**info["reranker"], "search_top": DEFAULTS["rerank_top"]}}
 
 
 def request_item(value: Multimodal, where: str, allow_remote: bool) -> Item:
@@ -212,25 +160,10 @@ def explain(engine: ServeEngine, body: ExplainRequest) -> dict:
 
 
 def bounded_text(reranker, item: Item) -> Item:
-    """`item` with a long text cut before it is tokenized whole, where the model would cut it
-    anyway: the reranker keeps the first max_length tokens of a pair, so a text whose first
-    `TEXT_CHARS_PER_TOKEN` x max_length characters already hold more tokens than that is cut
-    there (as /search cuts a query: a 5 MB document costs what its first tokens cost; what the
-    model sees and the tokens counted against --max-request-tokens are those of the whole text).
-    A text of longer tokens is tried again with 4x as many characters."""
-    if item.text is None:
-        return item
-    serializer = reranker.serializer
-    tokenizer = getattr(serializer, "tokenizer", None) or serializer.processor.tokenizer
-    max_length = serializer.config.max_length
-    limit = TEXT_CHARS_PER_TOKEN * max_length
-    while len(item.text) > limit:
-        cut = item.text[:limit]
-        # one token past max_length: the token the cut may split is never one the model keeps
-        if len(tokenizer(cut, add_special_tokens=False)["input_ids"]) > max_length + 1:
-            return replace(item, text=cut)
-        limit *= 4
-    return item
+    """`item` with a long text cut where the reranker would cut it anyway (it keeps the first
+    max_length tokens of a pair; `search_executor.cut_text`, as a search cuts its query): a 5 MB
+    document costs what its first tokens cost, and the model sees what the whole text gives."""
+    return item if item.text is None else replace(item, text=text_cutter(reranker.serializer)(item.text))
 
 
 def _reranker(engine: ServeEngine, model: str | None):
@@ -264,7 +197,8 @@ def _count_pair_tokens(engine: ServeEngine, reranker, query: Item, documents: li
 
 
 def _check_tokens(engine: ServeEngine, total: int, what: str, advice: str) -> None:
-    """RequestTooLargeError (HTTP 413) when the pairs of one request are over --max-request-tokens."""
+    """RequestTooLargeError (HTTP 413) when the pairs of one request are over --max-request-tokens
+    (a reranked /search is checked by the engine, `ServeEngine._check_pairs`)."""
     if total > engine.config.max_request_tokens:
         raise RequestTooLargeError(f"{what} has {total} prompt tokens over its pairs; the limit is "
                                    f"{engine.config.max_request_tokens} (--max-request-tokens); {advice}")

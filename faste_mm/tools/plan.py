@@ -29,7 +29,8 @@ from faste_mm.model.backbones.loading import DtypeChoice, choose_dtype, resolve_
 from faste_mm.model.embedder import EmbedResult, Embedder
 from faste_mm.model.faste import FastEConfig
 from faste_mm.model.items import Item, as_item, count_pdf_pages, expand_items
-from faste_mm.model.serialization import OFFICIAL_MAX_PIXELS, pixel_budget
+from faste_mm.model.official import OFFICIAL_MAX_PIXELS, PIXEL_SWEEP
+from faste_mm.model.serialization import pixel_budget
 from faste_mm.retrieval.decoders import document_input
 from faste_mm.retrieval.scanning import ScanFilter, scan_paths
 from faste_mm.model.backbones.machine import device_name
@@ -64,7 +65,7 @@ class PlanConfig:
         percentile cosine it must also reach (None: 1 - 3 (1 - target)). k: neighbours per item.
     """
 
-    max_pixels: tuple[int, ...] = (OFFICIAL_MAX_PIXELS, 1_003_520, 501_760, 250_880)
+    max_pixels: tuple[int, ...] = PIXEL_SWEEP
     r_max: tuple[float, ...] = (0.0, 0.3, 0.5, 0.7)
     dtypes: tuple[str, ...] = ("auto", "float32")
     target: float = 0.95
@@ -230,7 +231,8 @@ def plan(embedder: Embedder, items: Sequence[object], config: PlanConfig | None 
     kinds = [item_kind(item) for item in expanded]
     device = embedder.backbone.device
     reference = _Setting(OFFICIAL_MAX_PIXELS, 0.0, _DTYPE[REFERENCE_DTYPE])
-    settings = _candidates(config, device, reference, embedder.family.is_multimodal and set(kinds) & {"photo", "page"})
+    dtypes, left_out = _accepted_dtypes(config.dtypes, device)
+    settings = _candidates(config, dtypes, reference, embedder.family.is_multimodal and set(kinds) & {"photo", "page"})
     total = len(expanded) * len(settings) + len(queries) * len({s.dtype for s in settings})
     if progress is not None:
         progress.start(f"plan: {len(settings)} settings x {len(expanded)} items", total)
@@ -267,7 +269,7 @@ def plan(embedder: Embedder, items: Sequence[object], config: PlanConfig | None 
         created=datetime.date.today().isoformat(), sample_size=n_ok, sample_kinds=counts, k=k,
         target=config.target, p5_floor=config.floor, rule=config.rule(k), candidates=tuple(rows),
         recommended=recommend(rows), n_queries=len(queries),
-        dtype_prepare_s={_dtype_name(d): s for d, s in prepare_s.items()}, skipped=tuple(skipped))
+        dtype_prepare_s={_dtype_name(d): s for d, s in prepare_s.items()}, skipped=tuple(skipped), left_out=left_out)
 
 
 _DTYPE = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -283,7 +285,24 @@ def _fidelity_base(setting: _Setting, reference: _Setting) -> _Setting:
     return reference if base is None else _Setting(OFFICIAL_MAX_PIXELS, 0.0, base)
 
 
-def _candidates(config: PlanConfig, device: torch.device, reference: _Setting, has_pixels: bool) -> list[_Setting]:
+def _accepted_dtypes(names: tuple[str, ...], device: torch.device) -> tuple[list[torch.dtype], dict[str, str]]:
+    """The dtypes `names` mean here, and {name: why} for int8 where its trial refused it (in a
+    fraction of a second: a candidate slower than bfloat16 is never run for minutes)."""
+    dtypes, left_out = [], {}
+    for name in names:
+        try:
+            dtypes.append(resolve_dtype(name, device))
+        except ConfigError as refused:
+            if name != "int8":
+                raise
+            left_out[name] = str(refused)
+            log.warning("plan: int8 left out: %s", refused)
+    if not dtypes:
+        raise ConfigError(f"plan: no dtype left to compare ({'; '.join(left_out.values())}); list another, e.g. auto")
+    return dtypes, left_out
+
+
+def _candidates(config: PlanConfig, dtypes: list[torch.dtype], reference: _Setting, has_pixels: bool) -> list[_Setting]:
     """The reference first, then every (dtype, max_pixels, r_max) once ("auto" resolved, so
     "auto" and the dtype it means run once), then any fidelity base not among them. Without
     photos or pages in the sample the pixel cap changes nothing, so only the official one is run."""
@@ -291,7 +310,7 @@ def _candidates(config: PlanConfig, device: torch.device, reference: _Setting, h
     if not has_pixels and set(config.max_pixels) != {OFFICIAL_MAX_PIXELS}:
         log.info("no photos or pages in the sample: max_pixels candidates %s would all equal the official cap",
                  ", ".join(f"{p:,}" for p in config.max_pixels))
-    dtypes = dict.fromkeys(resolve_dtype(name, device) for name in config.dtypes)
+    dtypes = dict.fromkeys(dtypes)
     settings = [reference]
     for dtype in dtypes:
         for max_pixels in pixels:

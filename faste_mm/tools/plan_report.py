@@ -93,6 +93,7 @@ class PlanReport:
     n_queries: int = 0
     dtype_prepare_s: Mapping[str, float] = field(default_factory=dict)  # seconds to cast the weights per dtype
     skipped: tuple[str, ...] = ()  # why each unreadable sampled item was left out
+    left_out: Mapping[str, str] = field(default_factory=dict)  # dtype -> why it was not run (int8's trial)
 
     @property
     def recommendation(self) -> CandidateResult:
@@ -151,7 +152,7 @@ class PlanReport:
                 "sample_size": self.sample_size, "sample_kinds": dict(self.sample_kinds), "k": self.k,
                 "n_queries": self.n_queries, "target": self.target, "p5_floor": self.p5_floor, "rule": self.rule,
                 "recommended": self.recommended, "dtype_prepare_s": dict(self.dtype_prepare_s),
-                "skipped": list(self.skipped), "candidates": [row.to_dict() for row in self.candidates]}
+                "skipped": list(self.skipped), "left_out": dict(self.left_out), "candidates": [row.to_dict() for row in self.candidates]}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], source: str = "plan") -> "PlanReport":

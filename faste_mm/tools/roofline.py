@@ -7,6 +7,7 @@ seconds) and its fraction of the rate in the dtype the model ran in.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import asdict, dataclass
 
@@ -18,6 +19,11 @@ from faste_mm.errors import ConfigError
 # their rate, small enough (17 GFLOP) that calibration stays a fraction of a second per dtype.
 GEMM_SIZE = 2048
 RATE_DTYPES = ("bfloat16", "float32", "int8")
+# the GEMM that predicts how long one at GEMM_SIZE would take (a slow kernel is measured smaller);
+# not much smaller than GEMM_SIZE, as small GEMMs run below the rate and would predict too long
+PROBE_SIZE = 512
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,48 +42,75 @@ class MatmulRate:
 
 def measure_rates(device: torch.device, dtypes: tuple[str, ...] = RATE_DTYPES, budget_s: float = 0.6,
                   size: int = GEMM_SIZE) -> dict[str, MatmulRate]:
-    """Each dtype's rate on `device`; int8 only where `--dtype int8` runs (a CPU with int8 dot
-    products), through the same quantized linear layer that path runs. `budget_s` bounds the
-    timed repeats per dtype (at least 2)."""
+    """The rate of each of `dtypes` (pass only those being measured) on `device`; int8 only where
+    `--dtype int8` is accepted (its trial says it is faster here), through the same quantized
+    linear layer that path runs. `budget_s` bounds each dtype's time: the timed repeats (at least
+    2), and the GEMM's size, halved until one call is predicted to fit (a slow kernel is measured
+    at a smaller size instead of stalling the run)."""
     rates = {}
-    for dtype in dtypes:
+    for dtype in dict.fromkeys(dtypes):
         try:
-            run, kernel = _gemm(dtype, device, size)
-        except ConfigError:  # int8 where `--dtype int8` is refused (a GPU, a CPU without int8 dot products)
+            make = _gemm(dtype, device)
+        except ConfigError as refused:  # int8 where `--dtype int8` is refused: its trial, a GPU, no int8 dot products
+            log.info("no %s rate: %s", dtype, refused)
             continue
-        rates[dtype] = _calibrated(run, dtype, size, kernel, device, budget_s)
+        rates[dtype] = _calibrated(make, dtype, _bounded_size(make, size, device, budget_s), device, budget_s)
     return rates
 
 
-def _gemm(dtype: str, device: torch.device, size: int):
-    generator = torch.Generator().manual_seed(0)
-    a = torch.randn(size, size, generator=generator)
-    b = torch.randn(size, size, generator=generator)
+def _gemm(dtype: str, device: torch.device):
+    """A maker: size -> (one GEMM call, the kernel's name); ConfigError where int8 is refused."""
+    rest = None
     if dtype == "int8":  # the layer `--dtype int8` runs, on the dtype around it where the CPU has bfloat16
         from faste_mm.model.backbones.loading import choose_dtype
-        from faste_mm.model.int8 import Int8Linear
 
         rest = choose_dtype("int8", device).rest
-        layer = Int8Linear(torch.nn.Linear(size, size, bias=False))
-        a = a.to(rest)
-        return (lambda: layer(a)), f"int8 linear (oneDNN, per-token activations, {str(rest).removeprefix('torch.')} in/out)"
-    a, b = a.to(device, getattr(torch, dtype)), b.to(device, getattr(torch, dtype))
-    return (lambda: a @ b), "matmul"
+
+    def make(size: int):
+        generator = torch.Generator().manual_seed(0)
+        a = torch.randn(size, size, generator=generator)
+        b = torch.randn(size, size, generator=generator)
+        if rest is not None:
+            from faste_mm.model.int8 import Int8Linear
+
+            layer = Int8Linear(torch.nn.Linear(size, size, bias=False))
+            a = a.to(rest)
+            return (lambda: layer(a)), f"int8 linear (oneDNN, per-token activations, {str(rest).removeprefix('torch.')} in/out)"
+        a, b = a.to(device, getattr(torch, dtype)), b.to(device, getattr(torch, dtype))
+        return (lambda: a @ b), "matmul"
+
+    return make
+
+
+def _timed_once(run, device: torch.device) -> float:
+    started = time.perf_counter()
+    run()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - started
 
 
 @torch.inference_mode()
-def _calibrated(run, dtype: str, size: int, kernel: str, device: torch.device, budget_s: float) -> MatmulRate:
-    def once() -> float:
-        started = time.perf_counter()
-        run()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        return time.perf_counter() - started
+def _bounded_size(make, size: int, device: torch.device, budget_s: float) -> int:
+    """`size`, or a smaller power-of-two fraction of it where a `PROBE_SIZE` GEMM predicts that one
+    call at `size` would take more than `budget_s` (time grows with the cube of the size)."""
+    if size <= PROBE_SIZE:
+        return size
+    run, _ = make(PROBE_SIZE)
+    run()  # warm-up
+    predicted = _timed_once(run, device) * (size / PROBE_SIZE) ** 3
+    while size > PROBE_SIZE and predicted > budget_s:
+        size, predicted = size // 2, predicted / 8
+    return size
 
-    once()  # warm-up: kernel selection, AMX tile setup, allocator
-    first = once()
+
+@torch.inference_mode()
+def _calibrated(make, dtype: str, size: int, device: torch.device, budget_s: float) -> MatmulRate:
+    run, kernel = make(size)
+    run()  # warm-up: kernel selection, AMX tile setup, allocator
+    first = _timed_once(run, device)
     repeats = max(2, min(50, int(budget_s / max(first, 1e-6))))
-    best = min([first] + [once() for _ in range(repeats - 1)])
+    best = min([first] + [_timed_once(run, device) for _ in range(repeats - 1)])
     return MatmulRate(dtype, 2 * size**3 / best / 1e12, size, repeats, kernel)
 
 

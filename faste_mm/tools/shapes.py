@@ -1,5 +1,5 @@
 """Random-weight models with the real architectures, for benchmarks whose timings are true
-without the weights: shape presets (DESIGN.md numbers), optional width scaling for CPUs, and
+without the weights: shape presets (docs/design.md "The real checkpoints' shapes"), optional width scaling for CPUs, and
 the published parameter counts the presets are checked against.
 """
 

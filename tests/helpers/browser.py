@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.forked_cli import start_cli
+from tests.helpers.warm_process import start_cli
 
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if os.path.exists("/usr/bin/chromium") else None)
 REPO = Path(__file__).resolve().parents[2]
@@ -32,7 +32,7 @@ def browser():
 def serving(*args: str):
     """`faste-mm serve ARGS --port 0` in a subprocess: yields its base URL once it listens (the
     line it prints then), and stops it after. The pages the browser tests drive."""
-    # forked from the warm process of tests/helpers/forked_cli.py: no fresh torch import per server
+    # forked from the warm process of tests/helpers/warm_process.py: no fresh torch import per server
     process = start_cli(["serve", *args, "--port", "0"], env={**os.environ, "PYTHONUNBUFFERED": "1"}, cwd=REPO)
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in process.stdout], daemon=True).start()

@@ -20,14 +20,6 @@ from tests.helpers.serve_fixtures import make_gallery, scene_image
 from tests.helpers.inputs import tiny_vl_dir
 
 
-
-def faste_mm_command() -> str:
-    """The faste-mm script of the Python running the tests (the venv's bin beside it)."""
-    import sys
-
-    return str(Path(sys.executable).parent / "faste-mm")
-
-
 def tiny_collection(base: Path, reranker: str | None = None) -> tuple[Embedder, Path, Path, Path]:
     """(embedder, collection, gallery, inbox): 4 scene images, a 2-page PDF and a text note indexed
     with FastE r_max=0.5; `inbox` holds one image not yet indexed (for the index tool)."""

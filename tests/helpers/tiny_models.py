@@ -50,7 +50,7 @@ def tiny_model_dir(basetemp: Path, family: str, num_layers: int = 6) -> Path:
     return path
 
 
-_asked: set[Path] = set()  # the models this process asked for (tests/helpers/forked_cli.py warms their tokenizers)
+_asked: set[Path] = set()  # the models this process asked for (tests/helpers/warm_process.py loads their preprocessors)
 
 
 def asked_models() -> list[Path]:

@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import logging
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 
 from faste_mm.model.backbones.base import Backbone
+from faste_mm.model.backbones.preprocessors import load_preprocessor
 from faste_mm.model.backbones.registry import Family, declared_role, family_for
 from faste_mm.errors import ConfigError, ModelLoadError
 from faste_mm.model.serialization import SerializerConfig, TextPrompt, TextSerializer, VLSerializer
@@ -99,14 +101,20 @@ def choose_dtype(
     """
     if isinstance(dtype, torch.dtype):
         return DtypeChoice(dtype, "given by the caller")
-    if dtype == "int8":  # opt-in: int8 linear layers (model/int8.py); refused where it cannot pay
-        from faste_mm.model.int8 import int8_support
+    if dtype == "int8":  # opt-in: int8 linear layers (model/int8.py); refused where it does not pay
+        from faste_mm.model.int8 import INT8_TRIAL_ENV, int8_support, int8_trial
 
         flags = (cpu_flags or read_cpu_flags)()
         feature = int8_support(device, flags)
         rest = torch.bfloat16 if any(flag in flags for flag in CPU_BF16_FLAGS) else torch.float32
+        rest_name = str(rest).removeprefix("torch.")
+        trial = int8_trial(rest, flags)
+        if not trial.accepted:
+            raise ConfigError(f"dtype int8 is slower than {rest_name} on this CPU ({trial.describe()}): use dtype auto "
+                              f"({rest_name} here); {INT8_TRIAL_ENV}=skip "
+                              f"takes int8 anyway")
         return DtypeChoice(torch.int8, f"asked for (--dtype int8): int8 linear layers on {feature}, the rest "
-                                       f"{str(rest).removeprefix('torch.')}", rest)
+                                       f"{rest_name}; {trial.describe()}", rest)
     if dtype != "auto":
         if dtype not in _DTYPES:
             raise ConfigError(f"dtype must be 'auto', 'int8' or one of {', '.join(_DTYPES)}, got {dtype!r}")
@@ -240,10 +248,11 @@ def load_model(
     try:
         import transformers
 
-        model_class, preprocessor_class = (getattr(transformers, name) for name in family.hf_classes)
-        preprocessor = preprocessor_class.from_pretrained(name_or_path, revision=revision,
-                                                          local_files_only=offline is not None)
-        model = model_class.from_pretrained(name_or_path, **kwargs)
+        model_class = getattr(transformers, family.hf_classes[0])
+        # parsed once per process while its files are unchanged (preprocessors.py)
+        preprocessor = load_preprocessor(name_or_path, family.is_multimodal, revision, offline is not None)
+        with without_weights_bar():
+            model = model_class.from_pretrained(name_or_path, **kwargs)
     except Exception as error:  # noqa: BLE001 - a damaged file raises whatever its reader raises
         raise weights_error(name_or_path, error) from None
     # A local directory is recorded absolute so collections find it again from any folder.
@@ -254,6 +263,29 @@ def load_model(
 
         quantize_model(model)
     return assemble(model, preprocessor, model_id, revision, serializer_config, prompt, dtype_choice)
+
+
+@contextmanager
+def without_weights_bar() -> Iterator[None]:
+    """transformers' "Loading weights" bar off while faste-mm loads a model (a bar per load in every
+    `watch`, `mcp` and LangChain start says nothing a log line does not), through transformers' own
+    switch, and back as it was after: the program's other loads keep theirs. Downloads keep the hub's
+    bars (a download of several GB is worth watching)."""
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+    from transformers.utils import logging as transformers_logging
+
+    was_shown = transformers_logging.is_progress_bar_enabled()
+    hub_was_off = are_progress_bars_disabled()
+    transformers_logging.disable_progress_bar()  # also switches the hub's off ...
+    if not hub_was_off:
+        enable_progress_bars()  # ... which stay on for downloads
+    try:
+        yield
+    finally:
+        if was_shown:
+            transformers_logging.enable_progress_bar()  # the hub's too: put back as they were
+            if hub_was_off:
+                disable_progress_bars()
 
 
 def assemble(

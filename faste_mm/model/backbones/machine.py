@@ -9,6 +9,13 @@ import platform
 import sys
 from pathlib import Path
 
+# How a device and a dtype are asked for, in the words of every front end that takes them (the
+# CLI's --device / --dtype, every `faste-mm bench` suite); the default of both is "auto".
+DEVICE_CHOICES = "auto (CUDA when available) | cpu | cuda | cuda:N"
+DTYPE_CHOICES = ("auto (bfloat16 on CUDA and on CPUs with native bf16, else float32) | float32 | bfloat16 | float16 | "
+                 "int8 (x86 CPU with VNNI/AMX only: int8 linear layers, the rest bfloat16 where the CPU has it, else "
+                 "float32; see docs/cpu.md)")
+
 
 def read_cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
     """The CPU's feature flags from /proc/cpuinfo ("flags" on x86, "Features" on ARM); empty
@@ -24,6 +31,21 @@ def read_cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
         if key.strip() in ("flags", "Features"):
             return frozenset(value.split())
     return frozenset()
+
+
+def read_cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's model name ("AMD EPYC 9454", "Intel(R) Xeon(R) Platinum 8488C"), else the
+    platform's processor string: two CPUs with the same flags can still differ in kernel speed
+    (oneDNN's int8 GEMM on an AMD EPYC with avx512_vnni ran 2,000x slower than on a Xeon)."""
+    try:
+        text = cpuinfo.read_text(errors="replace") if sys.platform.startswith("linux") else ""
+    except OSError:
+        text = ""
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("model name", "CPU part"):
+            return value.strip()
+    return platform.processor() or platform.machine()
 
 
 def device_name(device) -> str:

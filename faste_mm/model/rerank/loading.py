@@ -15,7 +15,8 @@ import torch
 from faste_mm.errors import ConfigError, ModelLoadError
 from faste_mm.model.backbones.base import Backbone
 from faste_mm.model.backbones.loading import (check_local_path, checkpoint_dtype, choose_dtype, hub_unreachable, load_config,
-                                              resolve_device, weights_error)
+                                              resolve_device, weights_error, without_weights_bar)
+from faste_mm.model.backbones.preprocessors import load_preprocessor
 from faste_mm.model.backbones.registry import RerankFamily, declared_role, family_for, rerank_family_for
 
 log = logging.getLogger(__name__)
@@ -66,13 +67,13 @@ def load_reranker(
     try:
         import transformers
 
-        preprocessor_class = transformers.AutoProcessor if config.model_type == "qwen3_vl" else transformers.AutoTokenizer
-        preprocessor = preprocessor_class.from_pretrained(name_or_path, revision=revision,
-                                                          local_files_only=offline is not None)
-        model = getattr(transformers, family.head_class).from_pretrained(
-            name_or_path, revision=revision, dtype=dtype_choice.dtype, attn_implementation=attn_implementation,
-            local_files_only=offline is not None,
-        )
+        # parsed once per process while its files are unchanged (model/backbones/preprocessors.py)
+        preprocessor = load_preprocessor(name_or_path, config.model_type == "qwen3_vl", revision, offline is not None)
+        with without_weights_bar():
+            model = getattr(transformers, family.head_class).from_pretrained(
+                name_or_path, revision=revision, dtype=dtype_choice.dtype, attn_implementation=attn_implementation,
+                local_files_only=offline is not None,
+            )
     except Exception as error:  # noqa: BLE001 - damaged files raise whatever their reader raises
         raise weights_error(name_or_path, error) from None
     model_id = str(Path(name_or_path).absolute()) if Path(name_or_path).is_dir() else str(name_or_path)

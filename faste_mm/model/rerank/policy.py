@@ -14,6 +14,7 @@ import torch
 
 from faste_mm.model.decoder_state import DecoderState
 from faste_mm.model.faste import Decision, FastE, FastEConfig, ThresholdTrigger, batch_alignment, prefix_budgets, readout_attention
+from faste_mm.model.machine_plan import check_threads
 
 
 def protected_budgets(n_prefix: torch.Tensor, protected: torch.Tensor, r_max: float) -> torch.Tensor:
@@ -61,7 +62,8 @@ class AttentionProbe:
         elif not self.trigger.is_monitored(layer):
             return Decision()
         else:
-            alignment = float(batch_alignment(state))
+            with check_threads(state.hidden.device):
+                alignment = float(batch_alignment(state))
             fire = self.trigger.fires(layer, alignment)
         if fire:
             weights = readout_attention(backbone, layer, state)

@@ -59,6 +59,8 @@ async function loadInfo() {
     plan.textContent = `plan: ${col.plan}`;
     $("collection").append(name, detail, plan);
     $("rerank-toggle").hidden = !info.reranker;  // only a server started with --rerank can rerank
+    // on by default where searches rerank by default: the collection records a reranker
+    $("rerank").checked = Boolean(info.reranker && info.collection && info.collection.reranker);
     if (info.reranker) {  // the depth the server reranks a search to (/info), not a number of the page's own
       $("rerank-toggle").title = `Re-score the top ${info.reranker.search_top} hits with ${shortModel(info.reranker.model)}`;
     }
@@ -129,6 +131,12 @@ function readAsDataUrl(file) {
   });
 }
 
+// The grid shows the latest search asked for: a new search aborts the one still in flight, and a
+// reply that arrives for a superseded search anyway is dropped. Filters changed one after another
+// (dates, then the order, then a place) must never leave an earlier request's hits under the later
+// request's URL and controls.
+let latestSearch = null;  // the AbortController of the search whose reply the grid waits for
+
 async function search({ id = null, pushUrl = true } = {}) {
   const q = $("q").value.trim();
   const k = Number($("k").value);
@@ -137,12 +145,15 @@ async function search({ id = null, pushUrl = true } = {}) {
   let body;
   try {
     body = { k, mode: $("mode").value, ...filters() };
-    if ($("rerank").checked && id === null) body.rerank = true;
+    if (!$("rerank-toggle").hidden && id === null) body.rerank = $("rerank").checked;
   } catch (error) {
     showBanner(error.message);
     return;
   }
   if (pushUrl) updateUrl(id, q, String(k), body);
+  if (latestSearch) latestSearch.abort();
+  const mine = new AbortController();
+  latestSearch = mine;
   document.body.classList.add("busy");
   $("go").disabled = true;
   try {
@@ -152,15 +163,19 @@ async function search({ id = null, pushUrl = true } = {}) {
       if (q) body.query = q;
       if (state.image) body.image = await readAsDataUrl(state.image);
     }
-    const result = await api("/search", { method: "POST", body: JSON.stringify(body),
+    const result = await api("/search", { method: "POST", body: JSON.stringify(body), signal: mine.signal,
                                            headers: { "Content-Type": "application/json" } });
+    if (latestSearch !== mine) return;  // superseded while its reply was on the way
     state.results = result;
     render(result, id !== null ? `items like #${id}` : describe(q), activeFilters(body));
   } catch (error) {
-    failed(error, "Search");
+    if (latestSearch === mine) failed(error, "Search");  // an aborted, superseded search says nothing
   } finally {
-    document.body.classList.remove("busy");
-    $("go").disabled = false;
+    if (latestSearch === mine) {  // the later search clears "busy" when its own reply is shown
+      latestSearch = null;
+      document.body.classList.remove("busy");
+      $("go").disabled = false;
+    }
   }
 }
 

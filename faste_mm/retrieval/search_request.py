@@ -1,0 +1,317 @@
+"""A search request: every option of a search (the query inputs, k, mode, filters, order, minimum
+score, rescoring, reranking) declared once, as `CollectionProfile` declares a collection's settings.
+
+Each field of `SearchRequest` is declared with `option(...)`: its default, its check (type, bounds,
+choices), its help, its command-line flag and which front ends show it. The rest of faste-mm reads
+the declarations: the keywords of `Retriever.search` / `search_batch` / `more_like`, the options of
+`faste-mm search` (cli/search_command.py), the HTTP JSON body and multipart form of POST /search
+(serving/api.py), the MCP `search` tool's input schema (serving/mcp_tools.py), the thin client's
+wire form (serving/discovery.py), the LangChain and LlamaIndex keywords, and the manual's table of
+search options (docs/search.md, `python -m faste_mm.retrieval.search_request`).
+
+Adding an option is ONE change: a field below. A parsed query (a sentence understood as filters)
+hands its filters in with `SearchRequest.with_filters`. Standard library only: the thin client
+(a search answered by a running server) builds and checks requests without numpy, FAISS or torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from dataclasses import dataclass, field, fields, replace
+from datetime import date
+from typing import Any, Mapping
+
+from faste_mm.errors import ConfigError, InputError
+
+# The front ends an option can be shown by: the Python API (Retriever.search, search_batch,
+# more_like), the command line (faste-mm search), POST /search's JSON body and its multipart form
+# (the page, curl -F), the MCP `search` tool, the thin client (faste-mm search answered by a
+# running server) and the LangChain / LlamaIndex retrievers.
+FRONTS = ("python", "cli", "http", "form", "mcp", "client", "adapters")
+_EVERYWHERE = frozenset(FRONTS)
+_NO_FILES = _EVERYWHERE - {"client", "adapters"}  # inputs a text-only front end cannot carry
+
+MODES = ("dense", "lexical", "hybrid")  # faste_mm.indexers.search.MODES (a test keeps them equal)
+SORTS = ("relevance", "date", "-date")  # "date": oldest first, "-date": newest first
+KINDS = ("image", "pdf", "text", "video")  # faste_mm.kinds.KINDS (a test keeps them equal)
+MAX_K = 1000  # a server answers at most this many hits per request (each is a JSON object)
+MAX_MCP_K = 50  # each MCP hit carries a thumbnail: 50 is already more than an assistant can look at
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    """How one search option is declared.
+
+    help: one line for the manual and every front end's help. flag: the command-line flag (None:
+    not a flag: the positional QUERY, or an option the command line spells its own way).
+    fronts: the front ends that show it (`FRONTS`). kind: what its wire value is, for the JSON
+    body, the form and the MCP schema: "text", "int", "float", "bool", "choice", "texts" (one
+    string or a list), "where" (condition strings or a metadata mapping), "image", "like".
+    min / max: inclusive bounds (numbers); limits: a front end's own lower maximum ("mcp": 50).
+    choices: the valid values of a "choice". form: the form field's name when not the option's
+    (`q` for the query text). aliases: other names the JSON body and form accept (`id`).
+    """
+
+    help: str
+    kind: str
+    flag: str | None = None
+    fronts: frozenset[str] = _EVERYWHERE
+    min: float | None = None
+    max: float | None = None
+    limits: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    choices: tuple[str, ...] = ()
+    form: str | None = None
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def envvar(self) -> str | None:
+        """The FASTE_MM_* variable of its flag (FASTE_MM_SEARCH_MODE for --mode, as before)."""
+        if self.flag is None:
+            return None
+        name = self.flag.lstrip("-").replace("-", "_").upper()
+        return "FASTE_MM_" + {"MODE": "SEARCH_MODE", "INSTRUCTION": "QUERY_INSTRUCTION"}.get(name, name)
+
+    def maximum(self, front: str) -> float | None:
+        """The upper bound `front` applies (its own limit, else the option's)."""
+        return self.limits.get(front, self.max)
+
+
+def option(default: Any, help: str, kind: str, **declared: Any) -> Any:
+    """A dataclass field of `SearchRequest` carrying its `Option`."""
+    return field(default=default, metadata={"option": Option(help, kind, **declared)})
+
+
+@dataclass(frozen=True, slots=True)
+class SearchRequest:
+    """One search, whichever front end it came from; each field is one option (`OPTIONS`).
+
+    Give a query text, an image, a video (any combination), or `like` (an item id or an indexed
+    file's path: "more like this", the item itself left out), never both kinds.
+    Raises ConfigError naming the option, the value and the valid range for a bad value,
+    InputError when nothing is asked or `like` is combined with a query.
+    """
+
+    query: str | None = option(None, "What to find, in words (a text query).", "text",
+                               form="q")
+    image: Any = option(None, "Find by picture: a file path (Python: also a PIL image; HTTP: a data: URL or an "
+                              "uploaded file; MCP: an indexed file's path or a data: URL). Alone it finds "
+                              "visually similar items.", "image", flag="--image", fronts=_NO_FILES)
+    video: Any = option(None, "Find by video, sampled like the collection's videos; alone it finds similar items.",
+                        "image", flag="--video", fronts=frozenset({"python", "cli"}))
+    like: Any = option(None, "More like this: an item id, or the path of an indexed file (its first page), whose "
+                             "stored vector is searched with; the item itself is left out.", "like", flag="--like",
+                       fronts=_EVERYWHERE - {"adapters"}, aliases=("id",))
+    instruction: str | None = option(None, "The query's task instruction. Default: the model's official query "
+                                           "instruction ('Retrieve images or text relevant to the user's query.' "
+                                           "for Qwen3-VL-Embedding).", "text", flag="--instruction",
+                                     fronts=frozenset({"python", "cli"}))
+    k: int = option(10, "Number of results.", "int", flag="-k", min=1, limits={"http": MAX_K, "form": MAX_K,
+                                                                              "client": MAX_K, "mcp": MAX_MCP_K})
+    mode: str = option("dense", "dense (by meaning) | lexical (by words: file names, text, PDF text layers, "
+                                "metadata; loads no model) | hybrid (both, reciprocal-rank fused).", "choice",
+                       flag="--mode", choices=MODES)
+    where: Any = option(None, "Only items meeting every condition: on the facts read from the files "
+                              "(taken>=2024-05-01, taken<2025, camera~pixel (~: contains), rating>=4, place~lisbon, "
+                              "country=Kenya, keyword=beach, has:gps; docs/photos.md) or on metadata (KEY=VALUE, "
+                              "VALUE a number, true/false or text; quote a number to match it as text: "
+                              "year='\"2024\"'). Python and JSON also take a mapping of metadata key -> value.",
+                        "where", flag="--where")
+    type: Any = option(None, "Only items of these kinds: image | pdf | text | video (any of them).", "texts",
+                       flag="--type", choices=KINDS)
+    path: str | None = option(None, "Only files whose path matches this glob ('*' also matches '/'), e.g. "
+                                    "'*/invoices/*', '*.pdf', './photos/*'.", "text", flag="--path")
+    since: Any = option(None, "Only items taken on or after this date (YYYY, YYYY-MM, YYYY-MM-DD, or an ISO time; "
+                              "UTC unless it has an offset).", "text", flag="--since")
+    until: Any = option(None, "Only items taken on or before this date, all of it (until 2024-05 keeps May).",
+                        "text", flag="--until")
+    sort: str = option("relevance", "relevance | date (oldest first) | -date (newest first): the k best hits, in "
+                                    "this order.", "choice", flag="--sort", choices=SORTS)
+    min_score: float | None = option(None, "Drop hits whose cosine with the query is below this, -1..1 (e.g. 0.3). "
+                                           "Default: the collection's (index --min-score), else none. Lexical mode "
+                                           "computes no cosine: refused there.", "float", flag="--min-score",
+                                     min=-1.0, max=1.0)
+    rescore: int | None = option(None, "Candidates per hit that an int8/binary/PQ index returns to be rescored "
+                                       "exactly from the copy on disk (0 = none). Default: 20 for binary, 2 for "
+                                       "int8, 4 for PQ.", "int", flag="--rescore", min=0,
+                                 limits={"http": MAX_K, "form": MAX_K, "client": MAX_K, "mcp": MAX_K})
+    lexical_syntax: bool = option(False, "Read the query as SQLite FTS5 syntax (AND OR NOT \"phrase\" prefix*) in "
+                                         "lexical and hybrid modes; default: plain words.", "bool",
+                                  flag="--lexical-syntax")
+    rerank: Any = option(None, "Re-score the top rerank_top hits with the reranker. Default: the collection's "
+                               "reranker when it records one (index --reranker); false: never; true: always "
+                               "(an error without a reranker). Python also takes a faste_mm.Reranker.", "bool")
+    rerank_top: int = option(50, "Hits the reranker re-scores (at least k).", "int", flag="--rerank-top", min=1,
+                             limits={"http": MAX_K, "form": MAX_K, "client": MAX_K, "mcp": MAX_K})
+
+    def __post_init__(self) -> None:
+        for name, declared in OPTIONS.items():
+            object.__setattr__(self, name, _checked(name, declared, getattr(self, name)))
+        asked = [name for name in ("query", "image", "video") if getattr(self, name) is not None]
+        if self.like is not None and asked:
+            raise InputError(f"search: give `like` (more like this) or a query ({', '.join(asked)}), not both")
+        if self.like is None and not asked:
+            raise InputError("search: give a query text, an image, a video, or `like` (an item id or an indexed "
+                             "file's path)")
+
+    @classmethod
+    def of(cls, caller: str = "search", /, **given: Any) -> "SearchRequest":
+        """A request from keyword options; ConfigError naming `caller`, the unknown names and the
+        valid ones for a keyword that is not an option."""
+        unknown = sorted(set(given) - set(OPTIONS))
+        if unknown:
+            raise ConfigError(f"{caller}: unknown search options {unknown}; valid ones are {list(OPTIONS)}")
+        return cls(**given)
+
+    def with_filters(self, **filters: Any) -> "SearchRequest":
+        """This request with more filters (a parsed query's): `where` conditions are added to
+        this request's, the other options (since, until, type, path, sort, ...) replace them."""
+        where = filters.pop("where", None)
+        if where is not None:
+            filters["where"] = _joined_where(self.where, where)
+        return SearchRequest.of("with_filters", **{**self.options(), **filters})
+
+    def options(self) -> dict[str, Any]:
+        """Every option by name, as given (the keyword form `of` takes)."""
+        return {name: getattr(self, name) for name in OPTIONS}
+
+    @property
+    def is_like(self) -> bool:
+        return self.like is not None
+
+    def wire(self, front: str = "client") -> dict[str, Any]:
+        """The JSON body of POST /search for this request: the options `front` shows that differ
+        from their defaults (the thin client's wire form). ConfigError for an option given here
+        that the front end cannot carry."""
+        body = {}
+        for name, declared in OPTIONS.items():
+            value = getattr(self, name)
+            if value == DEFAULTS[name]:
+                continue
+            if front not in declared.fronts:
+                raise ConfigError(f"search option {name} cannot be sent by {front}")
+            body[name] = list(value) if isinstance(value, tuple) else value
+        return body
+
+
+OPTIONS: dict[str, Option] = {f.name: f.metadata["option"] for f in fields(SearchRequest)}
+DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(SearchRequest)}
+
+
+def options_for(front: str) -> dict[str, Option]:
+    """The options `front` shows, in declaration order."""
+    return {name: declared for name, declared in OPTIONS.items() if front in declared.fronts}
+
+
+def _checked(name: str, declared: Option, value: Any) -> Any:
+    """`value` normalised (a list of kinds as a tuple, a number as a float), or ConfigError naming
+    the option, the value and the valid range."""
+    if value is None:
+        return None
+    kind = declared.kind
+    if kind == "int":
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"search {name} must be an integer, got {value!r}")
+        _bounded(name, declared, value)
+    elif kind == "float":
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ConfigError(f"search {name} must be a number, got {value!r}")
+        _bounded(name, declared, value)
+        value = float(value)
+    elif kind == "bool":
+        if name != "rerank" and not isinstance(value, bool):
+            raise ConfigError(f"search {name} must be true or false, got {value!r}")
+    elif kind == "choice":
+        if value not in declared.choices:
+            raise ConfigError(f"search {name} {value!r} is not one of {', '.join(declared.choices)}")
+    elif kind == "texts":
+        values = (value,) if isinstance(value, str) else tuple(value)
+        bad = [v for v in values if v not in declared.choices]
+        if bad:
+            raise ConfigError(f"search {name} {bad[0]!r} is not one of {', '.join(declared.choices)}")
+        value = values or None
+    elif kind == "text":
+        if name in ("since", "until") and isinstance(value, date):
+            return value
+        if not isinstance(value, str):
+            raise ConfigError(f"search {name} must be a string, got {type(value).__name__}")
+    elif kind == "where":
+        if isinstance(value, str):
+            value = (value,)
+        elif not isinstance(value, Mapping):
+            value = tuple(value)
+    elif kind == "like":
+        if isinstance(value, bool) or not isinstance(value, (int, str, os.PathLike)):
+            raise ConfigError(f"search like must be an item id or a file path, got {type(value).__name__}")
+    return value
+
+
+def _bounded(name: str, declared: Option, value: float) -> None:
+    low, high = declared.min, declared.max
+    if (low is not None and value < low) or (high is not None and value > high):
+        span = f"{low:g}..{high:g}" if low is not None and high is not None else f">= {low:g}" if low is not None \
+            else f"<= {high:g}"
+        raise ConfigError(f"search {name} must be {span}, got {value!r}")
+
+
+def _joined_where(ours: Any, theirs: Any) -> Any:
+    """Two `where` values as one: conditions of both (a mapping becomes KEY=VALUE conditions)."""
+    def conditions(value: Any) -> tuple:
+        if value is None:
+            return ()
+        if isinstance(value, Mapping):
+            return tuple(f"{key}={_where_value(v)}" for key, v in value.items())
+        return (value,) if isinstance(value, str) else tuple(value)
+
+    return conditions(ours) + conditions(theirs)
+
+
+def _where_value(value: Any) -> str:
+    import json
+
+    return json.dumps(value) if isinstance(value, str) and _looks_typed(value) else \
+        str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _looks_typed(text: str) -> bool:
+    """Whether a metadata text would be read as a number or a boolean in a KEY=VALUE condition."""
+    if text.lower() in ("true", "false"):
+        return True
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
+
+
+def options_table() -> str:
+    """The manual's table of search options (docs/search.md "Search options"), generated from the
+    declarations: the Python keyword, the flag, the default, the front ends and the help line."""
+    names = {"python": "Python", "cli": "CLI", "http": "JSON", "form": "form", "mcp": "MCP", "client": "thin client",
+             "adapters": "LangChain/LlamaIndex"}
+    rows = ["| option (Python keyword, JSON field) | flag | default | bounds | front ends | what it is |",
+            "|---|---|---|---|---|---|"]
+    for name, declared in OPTIONS.items():
+        default = DEFAULTS[name]
+        shown = "none" if default is None else f"`{str(default).lower() if isinstance(default, bool) else default}`"
+        flag = f"`{declared.flag}`" if declared.flag else ("`QUERY` (argument)" if name == "query" else
+                                                          "`--rerank MODEL`, `--no-rerank`" if name == "rerank" else "")
+        bounds = ", ".join(declared.choices) if declared.kind == "choice" else _bounds_text(declared)
+        fronts = ", ".join(names[front] for front in FRONTS if front in declared.fronts)
+        also = "".join(f" (also `{alias}`)" for alias in declared.aliases) + \
+            (f" (form `{declared.form}`)" if declared.form else "")
+        rows.append(f"| `{name}`{also} | {flag} | {shown} | {bounds} | {fronts} | {declared.help.replace('|', '/')} |")
+    return "\n".join(rows) + "\n"
+
+
+def _bounds_text(declared: Option) -> str:
+    if declared.min is None and declared.max is None:
+        return ""
+    text = f"{declared.min:g}..{declared.max:g}" if declared.max is not None else f">= {declared.min:g}"
+    own = ", ".join(f"{front} <= {limit}" for front, limit in declared.limits.items() if front in ("http", "mcp"))
+    return f"{text} ({own})" if own else text
+
+
+if __name__ == "__main__":
+    print(options_table(), end="")
