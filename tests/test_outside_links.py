@@ -220,3 +220,20 @@ def test_mcp_index_skips_links_leading_outside_its_allowed_folder(embedder, tmp_
                 assert not (np.abs(pixels - RED).max(axis=-1) < 40).all(), "the private picture was sent"
     assert [u for u in live_uris(tmp_path / "col") if u.startswith("/")] == [str(shared / "lake.png"),
                                                                            str(shared / "picnic.txt")]
+
+
+def test_a_watched_folder_that_first_appears_as_a_link_is_never_read(embedder, tmp_path):
+    watched, elsewhere, later = tmp_path / "inbox", tmp_path / "etc", tmp_path / "later"
+    elsewhere.mkdir()
+    (elsewhere / "passwd.txt").write_text(f"root:{SECRET}\n")
+    watcher = FolderWatcher(Retriever(embedder, collection=tmp_path / "col"), [watched, later],
+                            WatchOptions(settle_polls=1))
+    assert watcher.sync_once().stopped_roots == ()  # not there yet: reported missing, nothing stopped
+    watched.symlink_to(elsewhere)  # the missing folder appears, as a link
+    later.mkdir()  # the other appears as a folder: pinned now, then synced
+    (later / "note.txt").write_text("a note\n")
+    report = watcher.sync_once()
+    assert len(report.stopped_roots) == 1 and "appeared as a link" in report.stopped_roots[0]
+    # the note, and the failure recorded for the inbox while it was missing: nothing from the link's target
+    assert live_uris(tmp_path / "col") == [str(watched), str(later / "note.txt")]
+    assert "appeared as a link" in watcher.sync_once().stopped_roots[0]  # and stays stopped
