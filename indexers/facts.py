@@ -141,6 +141,9 @@ def facts_from_dict(d: Mapping[str, Any] | None) -> ItemFacts | None:
         return None
     names = {f.name for f in fields(ItemFacts)}
     values = {k: v for k, v in d.items() if k in names and k != "taken"}
+    if values.get("taken_source") == LEGACY_MTIME_SOURCE:  # a server older than undated files: undated
+        values.update(taken_offset_min=None, taken_source=None)
+        return ItemFacts(**values)
     return ItemFacts(**values, taken=d.get("taken_unix"))
 
 
