@@ -197,6 +197,7 @@ def test_mcp_index_skips_links_leading_outside_its_allowed_folder(embedder, tmp_
 
     shared, _ = planted(tmp_path)
     Retriever(embedder, collection=tmp_path / "col").add(["a first note"])  # the server's collection and model
+    # a fork of the warm process (tests/helpers/warm_process.py; the installed script with FASTE_MM_TEST_FRESH=1)
     params = StdioServerParameters(command=cli_command(tmp_path_factory.mktemp("mcp-cli")),
                                    args=["mcp", "-c", str(tmp_path / "col"), "--allow-index", str(shared), "--device", "cpu"])
     with open(os.devnull, "w") as quiet, open_session(stdio_client(params, errlog=quiet)) as session:
