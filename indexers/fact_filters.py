@@ -23,6 +23,7 @@ FIELDS: dict[str, tuple[str, str]] = {
     "camera": ("text", "ifnull(make, '') || ' ' || ifnull(model, '')"), "make": ("text", "make"),
     "model": ("text", "model"), "lens": ("text", "lens"), "title": ("text", "title"),
     "description": ("text", "description"), "author": ("text", "author"), "city": ("text", "city"),
+    "neighbourhood": ("text", "neighbourhood"),
     "region": ("text", "region"), "country": ("text", "country"),
     "place": ("text", "ifnull(city, '') || ', ' || ifnull(region, '') || ', ' || ifnull(country, '')"),
     "keyword": ("keyword", "keywords"),

@@ -42,9 +42,16 @@ def set_facts(db: sqlite3.Connection, pairs: Sequence[tuple["ItemRecord", ItemFa
 
 def facts_of(db: sqlite3.Connection, ids: Sequence[int]) -> dict[int, ItemFacts]:
     """{id: facts} of the items among `ids` that have a facts row."""
-    rows = db.execute(f"SELECT id, {', '.join(item_facts.COLUMNS)} FROM item_facts "
+    rows = db.execute(f"SELECT id, {_stored_columns(db)} FROM item_facts "
                       "WHERE id IN (SELECT value FROM json_each(?))", (id_list(ids),)).fetchall()
     return {row[0]: item_facts.from_row(row[1:]) for row in rows}
+
+
+def _stored_columns(db: sqlite3.Connection) -> str:
+    """COLUMNS as a select list, NULL for a column the file lacks (a reader of a schema 7 file has no
+    `neighbourhood`: readers do not migrate)."""
+    stored = {row[1] for row in db.execute("PRAGMA table_info(item_facts)")}
+    return ", ".join(name if name in stored else "NULL" for name in item_facts.COLUMNS)
 
 
 def rows_without_facts(db: sqlite3.Connection, columns: str, uris: Sequence[str]) -> list[tuple]:

@@ -16,7 +16,8 @@ from faste_mm.errors import InputError
 
 # Which extractor wrote a facts row: a re-scan re-reads the files of rows written by an older one
 # (and of items stored before schema 7, which have no row) without re-embedding them.
-FACTS_VERSION = 1
+# 2: the city people use, with the neighbourhood beside it (retrieval/places.py).
+FACTS_VERSION = 2
 # Where `taken` came from. A file without a date has none (`taken` None: undated); its mtime is
 # never a date taken. Rows an earlier extractor wrote with source "mtime" read back undated.
 TAKEN_SOURCES = ("exif", "xmp", "iptc", "pdf", "video")
@@ -35,7 +36,9 @@ class ItemFacts:
         read as UTC); taken_source: one of TAKEN_SOURCES. None: undated (no date in the file; the
         file's mtime is not a date taken): left out of date filters, sorted last by date.
     make/model/lens: camera; lat/lon (degrees, WGS84) and alt (metres) from GPS; country/region/city:
-        the place of (lat, lon) (offline reverse geocoding); orientation: EXIF 1-8; width/height:
+        the place of (lat, lon) (offline reverse geocoding; city: the one people use, "Lisbon"),
+        neighbourhood: the populated place inside that city nearest (lat, lon) ("Intendente");
+        orientation: EXIF 1-8; width/height:
         pixels as stored; title/description/keywords/rating (-1..5): XMP/IPTC; author: a PDF's;
         duration_s: a video's. issues: why a field is empty although the file has one (a hostile
         or unreadable value), counted in the index report.
@@ -53,6 +56,7 @@ class ItemFacts:
     country: str | None = None
     region: str | None = None
     city: str | None = None
+    neighbourhood: str | None = None
     orientation: int | None = None
     width: int | None = None
     height: int | None = None
@@ -92,8 +96,8 @@ class ItemFacts:
 
     @property
     def place(self) -> str | None:
-        """"city, region, country" (the parts known)."""
-        return ", ".join(p for p in (self.city, self.region, self.country) if p) or None
+        """"neighbourhood, city, region, country" (the parts known)."""
+        return ", ".join(p for p in (self.neighbourhood, self.city, self.region, self.country) if p) or None
 
     @property
     def has_gps(self) -> bool:
@@ -110,7 +114,7 @@ class ItemFacts:
     def words(self) -> str:
         """The words the lexical index holds for these facts (title, description, keywords, place,
         camera, lens, author), so "beach lisbon" matches lexically."""
-        parts = [self.title, self.description, *self.keywords, self.city, self.region, self.country,
+        parts = [self.title, self.description, *self.keywords, self.neighbourhood, self.city, self.region, self.country,
                  self.camera, self.lens, self.author]
         return " ".join(p for p in parts if p)
 
@@ -137,6 +141,9 @@ def facts_from_dict(d: Mapping[str, Any] | None) -> ItemFacts | None:
         return None
     names = {f.name for f in fields(ItemFacts)}
     values = {k: v for k, v in d.items() if k in names and k != "taken"}
+    if values.get("taken_source") == LEGACY_MTIME_SOURCE:  # a server older than undated files: undated
+        values.update(taken_offset_min=None, taken_source=None)
+        return ItemFacts(**values)
     return ItemFacts(**values, taken=d.get("taken_unix"))
 
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from faste_mm.indexers.facts import COLUMNS as FACT_COLUMNS
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 # Readers accept files this old: the migrations after it only add tables a reader can do without
 # (exclusions, the lexical index, the metadata index, the facts) or escape a character no real name holds (see ESC).
 READABLE_FROM_VERSION = 1
@@ -225,11 +225,19 @@ def _migrate_6_to_7(db: sqlite3.Connection) -> None:
                "BEGIN DELETE FROM item_facts WHERE id = old.id; END")
 
 
+def _migrate_7_to_8(db: sqlite3.Connection) -> None:
+    # The neighbourhood beside the city people use (retrieval/places.py). A file created at 7 by
+    # this code already has it (step 6 -> 7 creates the table from today's columns). Rows stay
+    # until the next scan re-reads their files (facts.FACTS_VERSION 2).
+    if "neighbourhood" not in {row[1] for row in db.execute("PRAGMA table_info(item_facts)")}:
+        db.execute("ALTER TABLE item_facts ADD COLUMN neighbourhood TEXT")
+
+
 _FACT_TYPES = {"taken": "REAL", "taken_offset_min": "INTEGER", "lat": "REAL", "lon": "REAL", "alt": "REAL",
                "orientation": "INTEGER", "width": "INTEGER", "height": "INTEGER", "rating": "INTEGER",
                "duration_s": "REAL"}
 
 # MIGRATIONS[v] upgrades schema version v to v + 1.
 MIGRATIONS = {0: _migrate_0_to_1, 1: _migrate_1_to_2, 2: _migrate_2_to_3, 3: _migrate_3_to_4, 4: _migrate_4_to_5,
-              5: _migrate_5_to_6, 6: _migrate_6_to_7}
+              5: _migrate_5_to_6, 6: _migrate_6_to_7, 7: _migrate_7_to_8}
 assert len(MIGRATIONS) == SCHEMA_VERSION

@@ -260,6 +260,13 @@ def test_photos_suite(tmp_path, capsys):
     assert cases[:2] == ["per photo: facts", "per photo: sha256"] and len(cases) == 2 + 1 + 3
 
 
+def test_query_words_suite(tmp_path, capsys):
+    result = _run("query-words", ["--rounds", "2"], tmp_path, capsys)
+    rows = {row["query"]: row for row in result["rows"]}
+    assert rows["beach in Lisbon last summer"]["understood"] == "understood: place Lisbon · taken 2024-06..2024-08 · 'beach'"
+    assert rows["china plates"]["understood"] == "(meaning) 'china plates'" and result["params"]["rounds"] == 2
+
+
 def test_photos_suite_refuses_a_bad_photo_size(capsys):
     with pytest.raises(SystemExit) as exit_:
         run_suite("photos", ["--photo-size", "big"])

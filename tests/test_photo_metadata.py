@@ -291,6 +291,10 @@ def test_a_row_an_older_faste_mm_dated_by_the_files_mtime_reads_back_undated():
     row[COLUMNS.index("taken_source")] = "mtime"  # as written before undated files stayed undated
     facts = from_row(row)
     assert (facts.taken, facts.taken_source, facts.width) == (None, None, 4)
+    from faste_mm.indexers.facts import facts_from_dict  # a hit's JSON from an older server
+
+    sent = facts_from_dict({"taken": "2017-07-14T02:40:00Z", "taken_unix": 1_500_000_000.0, "taken_source": "mtime"})
+    assert (sent.taken, sent.taken_source) == (None, None)
 
 
 def test_info_counts_the_facts_and_the_cli_shows_them(indexed):

@@ -14,6 +14,7 @@ ADDED_BY = {
         "DROP TRIGGER items_meta_delete"),  # metadata index (its id index goes with the table)
     6: ("DROP TABLE file_identity",),  # the identities of indexed files (retrieval.stored_files)
     7: ("DROP TABLE item_facts", "DROP TRIGGER item_facts_tombstone", "DROP TRIGGER item_facts_delete"),  # facts
+    8: ("ALTER TABLE item_facts DROP COLUMN neighbourhood",),  # the neighbourhood beside the city people use
 }
 
 
