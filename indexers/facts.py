@@ -16,7 +16,7 @@ from faste_mm.errors import InputError
 
 # Which extractor wrote a facts row: a re-scan re-reads the files of rows written by an older one
 # (and of items stored before schema 7, which have no row) without re-embedding them.
-# 2: the city people use, with the neighbourhood beside it (retrieval/places.py).
+# 2: the city people use, with the neighbourhood beside it (retrieval/library/places.py).
 FACTS_VERSION = 2
 # Where `taken` came from. A file without a date has none (`taken` None: undated); its mtime is
 # never a date taken. Rows an earlier extractor wrote with source "mtime" read back undated.

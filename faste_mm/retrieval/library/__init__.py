@@ -4,7 +4,9 @@ module, what it decides and who asks:
 
 - `photo_metadata`: a file's facts at scan time (EXIF, XMP, IPTC, a PDF's info, a video's tags ->
   `ItemFacts`); asked by `ingest` for every file it reads and `indexing` for the unchanged ones.
-- `places`: the place names of a GPS position, offline; asked by `photo_metadata` only.
+- `places`: the place names of a GPS position, offline (the city people use, its neighbourhood,
+  region and country); asked by `photo_metadata`, and by `retrieval.place_names` for the names a
+  query may use (query understanding, which is search's, not the wing's).
 - `ocr`: the text inside images and scanned pages, read after an index run into the lexical index
   (`index --ocr`); asked by `indexing` and the `Retriever` (its `OcrEngine`).
 - `near_pairs`: the pairs of vectors whose inner product reaches a threshold, array in, array out;
