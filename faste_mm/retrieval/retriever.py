@@ -49,7 +49,7 @@ from faste_mm.retrieval.profile import QUERY_INSTRUCTION, CollectionProfile, exi
 from faste_mm.retrieval.setting import given_settings, keywords_of
 from faste_mm.retrieval.rerank_hits import load_collection_reranker
 from faste_mm.retrieval.results import AddReport, Hit, IndexOptions, IndexProgress, IndexReport, RemoveReport
-from faste_mm.retrieval.search_executor import SearchParts, execute, one, text_cutter
+from faste_mm.retrieval.search_executor import SearchParts, execute, one
 from faste_mm.retrieval.search_request import SearchRequest, options_for
 from faste_mm.retrieval.scanning import Scan, ScanFilter, ScannedFile, scan_paths
 
@@ -447,8 +447,8 @@ class Retriever:
         False: none; True: the collection's, an error without one; a `faste_mm.Reranker`: that
         one), rerank_top (50: the hits the reranker re-scores, at least k).
 
-        A query text longer than the model can use is cut where the model would cut it anyway
-        (`search_executor.cut_text`; lexical mode: its first 10,000 characters).
+        A query text longer than `search_request.MAX_QUERY_CHARS` (2,000) characters is searched
+        by its first 2,000 (logged), as every front end does.
         Raises InputError if nothing is asked, ConfigError for an unknown or invalid option
         (naming it and the valid range), CollectionError when there is no collection.
 
@@ -497,8 +497,7 @@ class Retriever:
 
         return SearchParts(reader=lambda check_model: self._open_reader(check_model=check_model),
                            min_score=lambda: (self._reader_profile or read_profile(self.collection)).min_score,
-                           embed=embed, reranker=self.search_reranker,
-                           cut_text=lambda text: text_cutter(self.embedder.serializer)(text), check_pairs=check_pairs)
+                           embed=embed, reranker=self.search_reranker, check_pairs=check_pairs)
 
     def search_reranker(self, rerank: Any) -> Any:
         """The reranker of a search's `rerank`: itself (a Reranker), none for False, and for None

@@ -37,6 +37,10 @@ MODES = ("dense", "lexical", "hybrid")  # faste_mm.indexers.search.MODES (a test
 SORTS = ("relevance", "date", "-date")  # "date": oldest first, "-date": newest first
 KINDS = ("image", "pdf", "text", "video")  # faste_mm.kinds.KINDS (a test keeps them equal)
 MAX_K = 1000  # a server answers at most this many hits per request (each is a JSON object)
+# A query is a sentence or a paragraph: a longer text is searched by its first MAX_QUERY_CHARS
+# characters (logged), in every front end. Past this the words add little to one query vector but
+# cost a reranker every pair's tokens: a 300 KB query with the collection's reranker took a minute.
+MAX_QUERY_CHARS = 2_000
 MAX_MCP_K = 50  # each MCP hit carries a thumbnail: 50 is already more than an assistant can look at
 
 
@@ -93,8 +97,9 @@ class SearchRequest:
     InputError when nothing is asked or `like` is combined with a query.
     """
 
-    query: str | None = option(None, "What to find, in words (a text query).", "text",
-                               form="q")
+    query: str | None = option(None, f"What to find, in words (a text query); a longer text than "
+                                     f"{MAX_QUERY_CHARS:,} characters is searched by its first {MAX_QUERY_CHARS:,}.",
+                               "text", form="q")
     image: Any = option(None, "Find by picture: a file path (Python: also a PIL image; HTTP: a data: URL or an "
                               "uploaded file; MCP: an indexed file's path or a data: URL). Alone it finds "
                               "visually similar items.", "image", flag="--image", fronts=_NO_FILES)
