@@ -65,7 +65,7 @@ class Retriever:
     Example:
         >>> r = Retriever.from_pretrained("Qwen/Qwen3-VL-Embedding-2B", r_max=0.5)
         >>> r.index(["./images", "report.pdf"], collection="./my-collection")
-        >>> r.search("a red bicycle", k=10)  # [Hit(id=.., score=.., uri=.., page=.., metadata=..)]
+        >>> r.search("a red bicycle", k=5)  # [Hit(id=.., score=.., uri=.., page=.., metadata=..)]
 
     Safe to share across threads (a web app's workers): searches run one at a time.
 
