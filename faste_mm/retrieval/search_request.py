@@ -121,7 +121,7 @@ class SearchRequest:
                               "(taken>=2024-05-01, taken<2025, camera~pixel (~: contains), rating>=4, place~lisbon, "
                               "country=Kenya, keyword=beach, has:gps; docs/photos.md) or on metadata (KEY=VALUE, "
                               "VALUE a number, true/false or text; quote a number to match it as text: "
-                              "year='\"2024\"'). Python and JSON also take a mapping of metadata key -> value.",
+                              "year='\"2024\"'). Python, JSON and MCP also take a mapping key -> value, read as KEY=VALUE.",
                         "where", flag="--where")
     type: Any = option(None, "Only items of these kinds: image | pdf | text | video (any of them).", "texts",
                        flag="--type", choices=KINDS)
