@@ -122,7 +122,8 @@ def search_command(
             with Retriever.open(collection, device=device) as retriever:
                 if request.mode != "lexical":  # lexical search loads no model
                     quiet_transformers()  # the model loads in search(): no per-weight bar on stderr
-                if request.rerank is not False:  # --rerank MODEL, else the collection's, with the --rerank-* settings
+                # --rerank MODEL, else the collection's, with the --rerank-* settings (more like this: only if named)
+                if request.rerank is not False and (not request.is_like or rerank is not None):
                     request = replace(request, rerank=load_reranker(rerank, retriever.collection, rerank_r_max,
                                                                     rerank_protect, device, rerank_tower_cache_mb)
                                       or False)
