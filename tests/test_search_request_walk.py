@@ -25,7 +25,6 @@ pytest.importorskip("mcp", reason="needs the mcp extra: pip install 'faste-mm[mc
 pytest.importorskip("langchain_core", reason="needs the langchain extra")
 pytest.importorskip("llama_index.core", reason="needs the llamaindex extra")
 import httpx2  # noqa: E402
-from mcp.client.streamable_http import streamable_http_client  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
 from faste_mm import Retriever  # noqa: E402
@@ -33,7 +32,7 @@ from faste_mm.cli.app import app  # noqa: E402
 from faste_mm.retrieval.search_request import DEFAULTS, MAX_QUERY_CHARS, OPTIONS, options_for, options_table  # noqa: E402
 from faste_mm.serving.discovery import find_server  # noqa: E402
 from tests.helpers.forked_cli import start_cli  # noqa: E402
-from tests.helpers.mcp_fixtures import check_structured, open_session, tiny_collection  # noqa: E402
+from tests.helpers.mcp_fixtures import check_structured, http_transport, open_session, tiny_collection  # noqa: E402
 from tests.helpers.rerank_fixtures import reranker_dirs  # noqa: E402, F401
 
 ROOT = Path(__file__).parents[1]
@@ -81,20 +80,7 @@ def _http(world, json_body=None, form=None) -> dict:
 
 
 def _mcp(world, arguments: dict) -> dict:
-    client = httpx2.AsyncClient(headers=world["headers"], timeout=300)
-
-    class _Transport:
-        async def __aenter__(self):
-            self.inner = streamable_http_client(world["url"] + "mcp", http_client=client)
-            return await self.inner.__aenter__()
-
-        async def __aexit__(self, *exc):
-            try:
-                return await self.inner.__aexit__(*exc)
-            finally:
-                await client.aclose()
-
-    with open_session(_Transport()) as session:
+    with open_session(http_transport(world["url"] + "mcp", world["headers"], timeout=300)) as session:
         tools = {tool.name: tool for tool in session.list_tools().tools}
         found = check_structured(tools, "search", session.call("search", arguments))
         found["schema"] = tools["search"].input_schema

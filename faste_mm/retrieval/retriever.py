@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterable, Mapping, Sequence
 
 import numpy as np
-from PIL import Image
 
 from faste_mm.errors import ConfigError, InputError
 from faste_mm.indexers import Collection, CollectionInfo
