@@ -63,8 +63,8 @@ def takes_search_options(command: Callable[..., Any]) -> Callable[..., Any]:
     declared = {name: option for name, option in options_for("cli").items() if option.flag is not None}
     added = [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=_cli_default(name),
                                annotation=Annotated[_cli_type(option), typer.Option(
-                                   option.flag, envvar=option.envvar, help=_cli_help(name, option), min=option.min,
-                                   max=option.max, show_default=False)])
+                                   option.flag, envvar=option.envvar, help=_cli_help(name, option),
+                                   show_default=False, **option.bounds)])
              for name, option in declared.items()]
     hints = get_type_hints(command, include_extras=True)
 

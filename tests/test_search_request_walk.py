@@ -243,6 +243,13 @@ def test_lexical_search_without_a_server_imports_no_torch(world, tmp_path):
     assert [m for m in modules if m.split(".")[0] in ("torch", "transformers")] == []
 
 
+def test_the_requests_choices_are_the_indexers_modes_and_kinds():
+    from faste_mm.indexers.search import MODES
+    from faste_mm.kinds import KINDS
+
+    assert OPTIONS["mode"].choices == MODES and set(OPTIONS["type"].choices) == set(KINDS)
+
+
 def test_a_parsed_querys_filters_join_a_request():
     from faste_mm.retrieval.search_request import SearchRequest
 

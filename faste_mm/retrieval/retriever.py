@@ -17,7 +17,6 @@ import logging
 import os
 import threading
 import time
-from datetime import date
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterable, Mapping, Sequence
 
@@ -511,9 +510,9 @@ class Retriever:
             return self._collection_reranker[1] if name is not None or rerank is True else None
         if name is None:
             if rerank is True:
-                raise InputError(f"search: rerank=True, but the collection {self.collection} records no reranker; "
-                                 f"give a Reranker (rerank=Reranker.from_pretrained(...)) or index it with one "
-                                 f"(faste-mm index --reranker MODEL)")
+                raise InputError(f"search: rerank=True, but the collection {self.collection} has no reranker; give one "
+                                 f"(rerank=Reranker.from_pretrained(...)), record one (faste-mm index --reranker MODEL) "
+                                 f"or start the server with one (faste-mm serve --rerank MODEL)")
             return None
         if self._collection_reranker is None or self._collection_reranker[0] != name:
             device = self._spec.device if self._spec is not None else str(self._embedder.backbone.device)

@@ -56,6 +56,7 @@ class Option:
     min / max: inclusive bounds (numbers); limits: a front end's own lower maximum ("mcp": 50).
     choices: the valid values of a "choice". form: the form field's name when not the option's
     (`q` for the query text). aliases: other names the JSON body and form accept (`id`).
+    rule: the words of a bad value's message, when the bounds alone do not say what it is.
     """
 
     help: str
@@ -68,6 +69,14 @@ class Option:
     choices: tuple[str, ...] = ()
     form: str | None = None
     aliases: tuple[str, ...] = ()
+    rule: str = ""
+
+    @property
+    def bounds(self) -> dict[str, float]:
+        """The bounds a front end's own parser checks (typer, pydantic): none when the option has
+        its own `rule`, so every front end answers with the request's one message."""
+        return {} if self.rule else {key: value for key, value in (("min", self.min), ("max", self.max))
+                                     if value is not None}
 
     @property
     def envvar(self) -> str | None:
@@ -136,7 +145,8 @@ class SearchRequest:
     min_score: float | None = option(None, "Drop hits whose cosine with the query is below this, -1..1 (e.g. 0.3). "
                                            "Default: the collection's (index --min-score), else none. Lexical mode "
                                            "computes no cosine: refused there.", "float", flag="--min-score",
-                                     min=-1.0, max=1.0)
+                                     min=-1.0, max=1.0, rule="a minimum cosine similarity between -1 and 1 (e.g. 0.3; "
+                                                             "hits scoring below it are dropped)")
     rescore: int | None = option(None, "Candidates per hit that an int8/binary/PQ index returns to be rescored "
                                        "exactly from the copy on disk (0 = none). Default: 20 for binary, 2 for "
                                        "int8, 4 for PQ.", "int", flag="--rescore", min=0,
@@ -254,6 +264,8 @@ def _checked(name: str, declared: Option, value: Any) -> Any:
 
 def _bounded(name: str, declared: Option, value: float) -> None:
     low, high = declared.min, declared.max
+    if declared.rule and ((low is not None and value < low) or (high is not None and value > high)):
+        raise ConfigError(f"{name} {value!r}: {declared.rule}")
     if (low is not None and value < low) or (high is not None and value > high):
         span = f"{low:g}..{high:g}" if low is not None and high is not None else f">= {low:g}" if low is not None \
             else f"<= {high:g}"
