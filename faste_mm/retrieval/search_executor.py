@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from faste_mm.errors import ConfigError, FasteError, InputError
+from faste_mm.errors import CollectionError, ConfigError, FasteError, InputError
 from faste_mm.indexers.filters import SearchFilter
 from faste_mm.model.items import Item
 from faste_mm.retrieval import querying, result_order
@@ -68,7 +68,9 @@ def execute(requests: Sequence[SearchRequest], parts: SearchParts,
             planned.append((i, _plan(request, parts, None if items is None else items[i])))
         except (ConfigError, InputError) as error:
             out[i] = error
-    col = parts.reader(any(plan.request.mode != "lexical" for _, plan in planned)) if planned else None
+    # the model is checked (and loaded) only when a query is embedded: lexical and more-like-this need none
+    col = parts.reader(any(plan.request.mode != "lexical" and plan.like_id is None for _, plan in planned)) \
+        if planned else None
     vectors = _embed_all([plan for _, plan in planned], parts)
     groups: dict[tuple, list[int]] = {}  # requests that search alike share one call
     for position, (_, plan) in enumerate(planned):
@@ -84,7 +86,9 @@ def execute(requests: Sequence[SearchRequest], parts: SearchParts,
             i = planned[p][0]
             try:
                 out[i] = _finish(plan, hits, col, parts)
-            except (ConfigError, InputError) as error:
+            except CollectionError:
+                raise
+            except FasteError as error:  # its own (a bad hit file, too many rerank tokens): the others go on
                 out[i] = error
     return out
 
