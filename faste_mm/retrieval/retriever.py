@@ -17,12 +17,10 @@ import logging
 import os
 import threading
 import time
-from datetime import date
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterable, Mapping, Sequence
 
 import numpy as np
-from PIL import Image
 
 from faste_mm.errors import ConfigError, InputError
 from faste_mm.indexers import Collection, CollectionInfo
@@ -49,7 +47,7 @@ from faste_mm.retrieval.profile import QUERY_INSTRUCTION, CollectionProfile, exi
 from faste_mm.retrieval.setting import given_settings, keywords_of
 from faste_mm.retrieval.rerank_hits import load_collection_reranker
 from faste_mm.retrieval.results import AddReport, Hit, IndexOptions, IndexProgress, IndexReport, RemoveReport
-from faste_mm.retrieval.search_executor import SearchParts, execute, one, text_cutter
+from faste_mm.retrieval.search_executor import SearchParts, execute, one
 from faste_mm.retrieval.search_request import SearchRequest, options_for
 from faste_mm.retrieval.scanning import Scan, ScanFilter, ScannedFile, scan_paths
 
@@ -65,7 +63,7 @@ class Retriever:
     Example:
         >>> r = Retriever.from_pretrained("Qwen/Qwen3-VL-Embedding-2B", r_max=0.5)
         >>> r.index(["./images", "report.pdf"], collection="./my-collection")
-        >>> r.search("a red bicycle", k=10)  # [Hit(id=.., score=.., uri=.., page=.., metadata=..)]
+        >>> r.search("a red bicycle", k=5)  # [Hit(id=.., score=.., uri=.., page=.., metadata=..)]
 
     Safe to share across threads (a web app's workers): searches run one at a time.
 
@@ -454,8 +452,8 @@ class Retriever:
         False: none; True: the collection's, an error without one; a `faste_mm.Reranker`: that
         one), rerank_top (50: the hits the reranker re-scores, at least k).
 
-        A query text longer than the model can use is cut where the model would cut it anyway
-        (`search_executor.cut_text`; lexical mode: its first 10,000 characters).
+        A query text longer than `search_request.MAX_QUERY_CHARS` (2,000) characters is searched
+        by its first 2,000 (logged), as every front end does.
         Raises InputError if nothing is asked, ConfigError for an unknown or invalid option
         (naming it and the valid range), CollectionError when there is no collection.
 
@@ -504,8 +502,7 @@ class Retriever:
 
         return SearchParts(reader=lambda check_model: self._open_reader(check_model=check_model),
                            min_score=lambda: (self._reader_profile or read_profile(self.collection)).min_score,
-                           embed=embed, reranker=self.search_reranker,
-                           cut_text=lambda text: text_cutter(self.embedder.serializer)(text), check_pairs=check_pairs)
+                           embed=embed, reranker=self.search_reranker, check_pairs=check_pairs)
 
     def search_reranker(self, rerank: Any) -> Any:
         """The reranker of a search's `rerank`: itself (a Reranker), none for False, and for None
@@ -520,9 +517,9 @@ class Retriever:
             return self._collection_reranker[1] if name is not None or rerank is True else None
         if name is None:
             if rerank is True:
-                raise InputError(f"search: rerank=True, but the collection {self.collection} records no reranker; "
-                                 f"give a Reranker (rerank=Reranker.from_pretrained(...)) or index it with one "
-                                 f"(faste-mm index --reranker MODEL)")
+                raise InputError(f"search: rerank=True, but the collection {self.collection} has no reranker; give one "
+                                 f"(rerank=Reranker.from_pretrained(...)), record one (faste-mm index --reranker MODEL) "
+                                 f"or start the server with one (faste-mm serve --rerank MODEL)")
             return None
         if self._collection_reranker is None or self._collection_reranker[0] != name:
             device = self._spec.device if self._spec is not None else str(self._embedder.backbone.device)
