@@ -31,6 +31,7 @@ from faste_mm import Retriever  # noqa: E402
 from faste_mm.cli.app import app  # noqa: E402
 from faste_mm.retrieval.search_request import DEFAULTS, MAX_QUERY_CHARS, OPTIONS, options_for, options_table  # noqa: E402
 from faste_mm.serving.discovery import find_server  # noqa: E402
+from tests.helpers.bounds import first_line  # noqa: E402
 from tests.helpers.warm_process import start_cli  # noqa: E402
 from tests.helpers.mcp_fixtures import check_structured, http_transport, open_session, tiny_collection  # noqa: E402
 from tests.helpers.rerank_fixtures import reranker_dirs  # noqa: E402, F401
@@ -47,7 +48,7 @@ def world(tmp_path_factory, reranker_dirs):  # noqa: F811
     embedder, col, gallery, _ = tiny_collection(base, reranker=str(reranker_dirs["qwen3_vl_reranker"]))
     server = start_cli(["serve", "-c", str(col), "--port", "0", "--device", "cpu", "--threads", "1"])
     try:
-        line = server.stdout.readline()
+        line = first_line(server, "faste-mm serve")
         assert line.startswith("serving on "), line
         address = find_server(col)
         yield {"embedder": embedder, "col": col, "gallery": gallery, "url": line.split()[-1],
