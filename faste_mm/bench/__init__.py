@@ -34,4 +34,5 @@ SUITES: dict[str, tuple[str, str]] = {
     "cpu": ("faste_mm.bench.cpu", "docs/cpu.md's figures: float32, bfloat16, int8 and transformers at the 2B width, GEMM rates, FastE check"),
     "library": ("faste_mm.bench.library", "photo-library features: OCR per photo and page, duplicates at scale, an idle watcher's CPU"),
     "photos": ("faste_mm.bench.photos", "photo facts read against sha256 per photo; date-range search against unfiltered"),
+    "time-estimate": ("faste_mm.bench.time_estimate", "index's first time estimate against the measured total on a mixed folder"),
 }

@@ -12,6 +12,7 @@ import numpy as np
 from faste_mm.errors import ConfigError
 from faste_mm.model.cost import CostTally
 from faste_mm.retrieval.hits import Hit  # noqa: F401 (re-exported: the results' home)
+from faste_mm.retrieval.estimate import RunEstimate
 from faste_mm.retrieval.ingest import IndexFailure
 from faste_mm.retrieval.scanning import ScanFilter
 
@@ -61,7 +62,9 @@ class IndexProgress(CostTally):
     each committed chunk. files_done / files_total count the new and changed files this run
     embeds (or reuses) and has committed; embedded and the token counts include the batches of
     the chunk in flight. share_done: the part of this run's files done, the chunk in flight
-    counted by the share of its inputs embedded so far (what `eta_s` extrapolates)."""
+    counted by the share of its inputs embedded so far. estimate: the seconds left per input
+    kind at the rates measured so far (`faste_mm.retrieval.estimate`; None before the first
+    batch), which `eta_s` gives."""
 
     files_done: int
     files_total: int
@@ -70,6 +73,7 @@ class IndexProgress(CostTally):
     failed: int
     elapsed_s: float
     share_done: float | None = None  # None: files_done / files_total
+    estimate: RunEstimate | None = None
 
     @property
     def fraction(self) -> float:
@@ -80,7 +84,10 @@ class IndexProgress(CostTally):
 
     @property
     def eta_s(self) -> float | None:
-        """Seconds left at the pace so far; None before anything is done."""
+        """Seconds left: the estimate's (each kind's work left at its measured rate), else the
+        pace so far over the share of files done; None before anything is done."""
+        if self.estimate is not None:
+            return self.estimate.remaining_s
         done = self.fraction
         return None if done <= 0 else self.elapsed_s * (1 - done) / done
 
@@ -110,6 +117,10 @@ class IndexReport(CostTally):
     facts_filled: int = 0
     # Why a metadata field was left empty (hostile or broken value) -> how many files.
     metadata_issues: Mapping[str, int] = field(default_factory=dict)
+    # The run's seconds as first estimated once its first items of each kind were measured
+    # (`faste_mm.retrieval.estimate`), and when; None when nothing was embedded in this process.
+    estimated_s: float | None = None
+    estimated_at_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = {name: getattr(self, name) for name in self.__dataclass_fields__}

@@ -1,0 +1,314 @@
+"""How long an index run will take on this machine: the work its files hold per input kind
+(items and planned tokens, from headers alone: image sizes, PDF page counts, text lengths;
+nothing decoded or rendered) and the seconds per token each kind has cost so far, measured batch
+by batch. Receives the run's files (`UpdatePlan.todo`) and the `BatchTrace`s of its encode calls;
+hands `index` a `RunEstimate` (items and seconds left per kind) for its progress and report.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from faste_mm.errors import InputError
+from faste_mm.kinds import KINDS, kind_name
+from faste_mm.model.items import Item, as_item, count_pdf_pages
+
+KIND_NAMES: tuple[str, ...] = tuple(KINDS)  # the column order of every per-kind array here
+# What one item of each kind is called in the estimate's line (a PDF's items are its pages).
+ITEM_NOUNS: dict[str, str] = {"image": "images", "pdf": "pages", "text": "texts", "video": "videos"}
+assert set(ITEM_NOUNS) == set(KINDS), "every input kind needs its noun"
+
+PIXELS_PER_TOKEN = 32 * 32  # a 16-pixel patch, 2x2 merged: qwen-vl-utils resizes to multiples of 32
+PROMPT_TOKENS = 20  # the chat template around an item (a weight among a batch's rows, not exact)
+TEXT_BYTES_PER_TOKEN = 4  # UTF-8 prose; the same rule plans the measured and the waiting texts
+# Files of each kind put first in a run (`sample_first`), so that its first batches measure
+# every kind present; the estimate settles once this many items of each kind are measured.
+SAMPLE_PER_KIND = 4
+
+
+@dataclass(frozen=True, slots=True)
+class TokenBounds:
+    """What an item's planned tokens depend on: the pixel bounds images and pages are resized
+    to (the collection's) and the token cap of a sequence."""
+
+    min_pixels: int
+    max_pixels: int
+    max_length: int = 8192
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class KindWork:
+    """Work per input kind, in `KIND_NAMES` order: items int64 [K] and planned tokens int64 [K]."""
+
+    items: np.ndarray
+    tokens: np.ndarray
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class RowPlan:
+    """One encode call's rows (`expand_items` order): kind index int64 [N] into `KIND_NAMES`
+    and planned tokens int64 [N]."""
+
+    kinds: np.ndarray
+    tokens: np.ndarray
+
+
+@dataclass(frozen=True, slots=True)
+class RunEstimate:
+    """How long the rest of an index run takes at the rates measured so far.
+
+    kinds: the kinds with work left, in `KIND_NAMES` order; items_left / seconds_left: per kind.
+    is_measured: per kind, False where none of its items was measured yet, so its seconds use
+        the measured kinds' seconds per token.
+    elapsed_s: the run's seconds when this was made; is_settled: every kind of the run has had
+        its first items measured (or the first chunk is committed): the estimate worth telling.
+    dtype: the dtype the model runs in ("bfloat16"), which the rates hold for.
+    """
+
+    kinds: tuple[str, ...]
+    items_left: tuple[int, ...]
+    seconds_left: tuple[float, ...]
+    is_measured: tuple[bool, ...]
+    elapsed_s: float
+    is_settled: bool
+    dtype: str | None = None
+
+    @property
+    def remaining_s(self) -> float:
+        return float(sum(self.seconds_left))
+
+    @property
+    def total_s(self) -> float:
+        """The run's predicted seconds, start to end."""
+        return self.elapsed_s + self.remaining_s
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"remaining_s": self.remaining_s, "total_s": self.total_s, "elapsed_s": self.elapsed_s,
+                "is_settled": self.is_settled, "dtype": self.dtype,
+                "kinds": {kind: {"items_left": n, "seconds_left": s, "is_measured": m}
+                          for kind, n, s, m in zip(self.kinds, self.items_left, self.seconds_left, self.is_measured)}}
+
+
+# ---- the arithmetic: arrays in, arrays out ----------------------------------------------------
+def share_batch(tokens: np.ndarray, has_image: np.ndarray, tower_s: float, decoder_s: float,
+                other_s: float = 0.0) -> np.ndarray:
+    """Seconds [B] of one batch's rows: the vision tower's seconds shared among the rows with an
+    image by their tokens (a text row never enters the tower), the decoder's and the rest
+    (`other_s`: waiting for serialization, commits) among all rows by their tokens."""
+    weights = np.maximum(tokens.astype(np.float64), 1.0)
+    seconds = (decoder_s + other_s) * weights / weights.sum()
+    imaged = weights * has_image
+    if imaged.sum() > 0:
+        seconds += tower_s * imaged / imaged.sum()
+    else:  # a tower ran without an image row planned: charge it like the decoder
+        seconds += tower_s * weights / weights.sum()
+    return seconds
+
+
+def seconds_left(left: KindWork, seconds: np.ndarray, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Seconds [K] the work `left` takes at the measured seconds [K] per tokens [K] of each kind,
+    and is_measured [K]: a kind with no measured tokens uses all measured kinds' seconds per token
+    (zero seconds when nothing is measured at all)."""
+    is_measured = tokens > 0
+    overall = seconds.sum() / tokens.sum() if tokens.sum() > 0 else 0.0
+    per_token = np.where(is_measured, seconds / np.maximum(tokens, 1), overall)
+    return left.tokens * per_token, is_measured
+
+
+# ---- planned tokens, from headers ------------------------------------------------------------
+def image_tokens(width: int, height: int, bounds: TokenBounds) -> int:
+    """Planned tokens of a `width` x `height` image: its pixels brought within the bounds (as
+    qwen-vl-utils' smart resize does, to the nearest multiple of 32), 1 token per 32x32."""
+    pixels = max(width * height, 1)
+    scale = 1.0
+    if pixels > bounds.max_pixels:
+        scale = math.sqrt(bounds.max_pixels / pixels)
+    elif pixels < bounds.min_pixels:
+        scale = math.sqrt(bounds.min_pixels / pixels)
+    side = math.sqrt(PIXELS_PER_TOKEN)
+    visual = max(round(width * scale / side), 1) * max(round(height * scale / side), 1)
+    return min(visual + PROMPT_TOKENS, bounds.max_length)
+
+
+def text_tokens(n_bytes: int, bounds: TokenBounds) -> int:
+    return min(math.ceil(n_bytes / TEXT_BYTES_PER_TOKEN) + PROMPT_TOKENS, bounds.max_length)
+
+
+def page_tokens(bounds: TokenBounds) -> int:
+    """A PDF page is rendered to the pixel budget (`faste_mm.model.items`), whatever its box."""
+    return min(bounds.max_pixels // PIXELS_PER_TOKEN + PROMPT_TOKENS, bounds.max_length)
+
+
+def file_rows(path: Path, kind: str, size: int, bounds: TokenBounds) -> list[int]:
+    """Planned tokens of each item a file gives (a PDF one per page); [] for a file that will
+    fail (unreadable, unsupported). A video plans the token cap: counting needs the container."""
+    try:
+        if kind == "image":
+            from faste_mm.model.items import read_image_size
+
+            return [image_tokens(*read_image_size(Item(image=path)), bounds)]
+        if kind == "pdf":
+            return [page_tokens(bounds)] * count_pdf_pages(path)
+    except (InputError, OSError):
+        return []
+    if kind == "text":
+        return [text_tokens(size, bounds)]
+    if kind == "video":
+        return [bounds.max_length]
+    return []
+
+
+def plan_files(files: Sequence[Any], bounds: TokenBounds) -> tuple[np.ndarray, np.ndarray, dict[Path, int]]:
+    """Per file of `files` (`ScannedFile`s, run order): items int64 [F, K] and planned tokens
+    int64 [F, K] by kind, and the page count of each PDF (so a run's encode calls need not open
+    them again)."""
+    items = np.zeros((len(files), len(KIND_NAMES)), dtype=np.int64)
+    tokens = np.zeros_like(items)
+    pages: dict[Path, int] = {}
+    for i, f in enumerate(files):
+        if f.kind not in KINDS:
+            continue
+        rows = file_rows(f.path, f.kind, f.stat.size, bounds)
+        column = KIND_NAMES.index(f.kind)
+        items[i, column], tokens[i, column] = len(rows), sum(rows)
+        if f.kind == "pdf":
+            pages[Path(f.path)] = len(rows)
+    return items, tokens, pages
+
+
+def plan_rows(values: Sequence[object], bounds: TokenBounds, pages: dict[Path, int] | None = None) -> RowPlan:
+    """The rows an encode call of `values` embeds, in `expand_items` order (a PDF path without a
+    page is one row per page; an unreadable one one row), with their kind and planned tokens.
+    pages: PDF page counts already known (`plan_files`)."""
+    kinds: list[int] = []
+    tokens: list[int] = []
+    for position, value in enumerate(values):
+        try:
+            item = as_item(value, position)
+        except InputError:
+            kinds.append(KIND_NAMES.index("text"))
+            tokens.append(PROMPT_TOKENS)
+            continue
+        kind, rows = _item_rows(item, bounds, pages or {})
+        kinds.extend([KIND_NAMES.index(kind)] * len(rows))
+        tokens.extend(rows)
+    return RowPlan(np.array(kinds, dtype=np.int64), np.array(tokens, dtype=np.int64))
+
+
+def _item_rows(item: Item, bounds: TokenBounds, pages: dict[Path, int]) -> tuple[str, list[int]]:
+    if item.has_video:
+        return "video", [bounds.max_length]
+    if item.is_pdf:
+        if item.page is not None:
+            return "pdf", [page_tokens(bounds)]
+        path = Path(str(item.image))
+        n_pages = pages.get(path)
+        if n_pages is None:
+            try:
+                n_pages = count_pdf_pages(path)
+            except (InputError, OSError):
+                n_pages = 1  # expand_items keeps an unreadable PDF as one (failed) row
+        return "pdf", [page_tokens(bounds)] * max(n_pages, 1)
+    if item.has_image:
+        if isinstance(item.image, (str, Path)) and kind_name(item.image) == "image":
+            return "image", file_rows(Path(item.image), "image", 0, bounds) or [PROMPT_TOKENS]
+        size = getattr(item.image, "size", None)
+        return "image", [image_tokens(*size, bounds) if size else PROMPT_TOKENS]
+    return "text", [text_tokens(len((item.text or "").encode("utf-8")), bounds)]
+
+
+# ---- one run's meter -------------------------------------------------------------------------
+class RunMeter:
+    """The planned work of one run's files and what its batches measured (mutable: fed batch by
+    batch and commit by commit from `index`'s progress callbacks, in one thread).
+
+    files: the run's files in the order they are committed; bounds: the collection's token bounds.
+    """
+
+    def __init__(self, files: Sequence[Any], bounds: TokenBounds) -> None:
+        self.bounds = bounds
+        items, tokens, self.pages = plan_files(files, bounds)
+        # left_*[n]: the work of the files after the first n committed ([F + 1, K], suffix sums)
+        self._left_items = np.vstack([np.cumsum(items[::-1], axis=0)[::-1], np.zeros((1, len(KIND_NAMES)), np.int64)])
+        self._left_tokens = np.vstack([np.cumsum(tokens[::-1], axis=0)[::-1], np.zeros((1, len(KIND_NAMES)), np.int64)])
+        self.seconds = np.zeros(len(KIND_NAMES))  # measured, the whole run
+        self.tokens = np.zeros(len(KIND_NAMES), dtype=np.int64)
+        self.items = np.zeros(len(KIND_NAMES), dtype=np.int64)
+        self._pending = KindWork(np.zeros(len(KIND_NAMES), np.int64), np.zeros(len(KIND_NAMES), np.int64))
+        self._committed = 0
+        self._tick: float | None = None  # when the last batch ended (or the work began)
+        self.first: RunEstimate | None = None  # the first settled estimate of the run
+
+    def begin(self, now: float) -> None:
+        """The work starts (the batches' seconds count from here)."""
+        self._tick = now
+
+    def observe(self, rows: RowPlan, batch_rows: Sequence[int], tower_s: float, decoder_s: float,
+                now: float, paused_s: float = 0.0) -> None:
+        """One embedded batch: its rows (indices into `rows`), its model seconds, and the time it
+        ended (`now`); the wall seconds since the last batch beyond the model's (serializing,
+        committing, hashing the next chunk) are shared among its rows too, less `paused_s`
+        (loading the model, which the rest of the run does not repeat)."""
+        index = np.asarray([r for r in batch_rows if r < len(rows.kinds)], dtype=np.int64)
+        if index.size == 0:
+            return
+        kinds, tokens = rows.kinds[index], rows.tokens[index]
+        wall = 0.0 if self._tick is None else now - self._tick - paused_s
+        self._tick = now
+        other = max(wall - tower_s - decoder_s, 0.0)
+        shares = share_batch(tokens, kinds != KIND_NAMES.index("text"), tower_s, decoder_s, other)
+        np.add.at(self.seconds, kinds, shares)
+        np.add.at(self.tokens, kinds, tokens)
+        np.add.at(self.items, kinds, 1)
+        np.add.at(self._pending.tokens, kinds, tokens)
+        np.add.at(self._pending.items, kinds, 1)
+
+    def commit(self, n_files: int) -> None:
+        """The run's first `n_files` files are committed: their work is done, however it went."""
+        self._committed = min(n_files, len(self._left_items) - 1)
+        self._pending.items[:] = 0
+        self._pending.tokens[:] = 0
+
+    def left(self) -> KindWork:
+        """The work not done yet: the files not committed, less the rows measured since the last commit."""
+        n = self._committed
+        return KindWork(np.maximum(self._left_items[n] - self._pending.items, 0),
+                        np.maximum(self._left_tokens[n] - self._pending.tokens, 0))
+
+    def estimate(self, elapsed_s: float, dtype: str | None = None) -> RunEstimate | None:
+        """The estimate at `elapsed_s` seconds into the run, the model running in `dtype`; None
+        before any batch is measured."""
+        if self.tokens.sum() == 0:
+            return None
+        left = self.left()
+        seconds, is_measured = seconds_left(left, self.seconds, self.tokens)
+        planned = self._left_items[0]
+        sampled = self.items >= np.minimum(planned, SAMPLE_PER_KIND)
+        shown = [k for k in range(len(KIND_NAMES)) if left.items[k] > 0]
+        estimate = RunEstimate(tuple(KIND_NAMES[k] for k in shown), tuple(int(left.items[k]) for k in shown),
+                               tuple(float(seconds[k]) for k in shown), tuple(bool(is_measured[k]) for k in shown),
+                               elapsed_s, bool(sampled.all()) or self._committed > 0, dtype)
+        if self.first is None and estimate.is_settled:
+            self.first = estimate
+        return estimate
+
+
+def sample_first(files: Sequence[Any], per_kind: int = SAMPLE_PER_KIND) -> tuple[Any, ...]:
+    """`files` (with a `kind`) with the first `per_kind` of each kind moved to the front (PDFs
+    last among them: each is many rows, and the embedder plans its first batches from its first
+    16 rows), the rest in their order: a run's first batches then measure every kind it holds."""
+    taken: dict[str, int] = {}
+    first, rest = [], []
+    for f in files:
+        if taken.get(f.kind, 0) < per_kind:
+            taken[f.kind] = taken.get(f.kind, 0) + 1
+            first.append(f)
+        else:
+            rest.append(f)
+    first.sort(key=lambda f: f.kind == "pdf")  # stable: scan order otherwise
+    return (*first, *rest)
