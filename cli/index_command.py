@@ -180,7 +180,7 @@ class _IndexWatch(Progress):
         estimate = p.estimate
         if estimate is not None and estimate.is_settled and not self.has_told:
             self.has_told = True
-            if estimate.remaining_s >= ESTIMATE_LINE_S:
+            if estimate.kinds and estimate.remaining_s >= ESTIMATE_LINE_S:
                 self.status(estimate_line(estimate))
         self.update(p.files_done, p.files_total, detail=rates, share=p.fraction, eta_s=p.eta_s)
 

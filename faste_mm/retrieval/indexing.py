@@ -127,18 +127,20 @@ def token_bounds(profile: CollectionProfile) -> TokenBounds:
 
 def _progress_reporter(progress: Callable[[IndexProgress], None] | None, encode: CollectionDocuments,
                        plan: UpdatePlan, chunk_files: int, tally: IngestTally, started: float,
-                       done: Callable[[], int], meter: RunMeter) -> Callable[[BatchTrace | None], None]:
+                       done: Callable[[], int], meter: RunMeter,
+                       clock: Callable[[], float] = time.perf_counter) -> Callable[[BatchTrace | None], None]:
     """A callback (after each batch and each committed chunk) sending `progress` the totals so far:
     the committed chunks' tally plus the batches of the chunk being embedded (`encode.in_flight`),
     and the estimate of the time left. Each batch is measured into `meter` (also without
-    `progress`: the report gives the estimate), its rows planned once per encode call."""
+    `progress`: the report gives the estimate), its rows planned once per encode call.
+    clock: the seconds `started` and the meter count in."""
     planned: dict[str, object] = {}  # the encode call in flight and its rows' plan
     load_s = encode.load_s
 
     def report_progress(trace: BatchTrace | None = None) -> None:
         nonlocal load_s
         flight = encode.in_flight  # batches of the chunk being embedded, not yet in the tally
-        now = time.perf_counter()
+        now = clock()
         if trace is not None:
             if planned.get("flight") is not flight:
                 planned.update(flight=flight, rows=plan_rows(flight.values, meter.bounds, meter.pages))

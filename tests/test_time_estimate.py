@@ -1,0 +1,158 @@
+"""The time estimate of an index run (`faste_mm.retrieval.estimate`): planned tokens from headers,
+each batch's seconds shared among its rows and accumulated per kind, the seconds left per kind
+(a kind not measured yet at the others' rate), the ETA it drives, and `index`'s estimate line and
+report fields. Seconds are injected (a fixed clock, hand-made traces): nothing here times anything."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from faste_mm.cli import index_command
+from faste_mm.cli.app import app
+from faste_mm.model.cost import CostTally
+from faste_mm.model.runner import BatchTrace
+from faste_mm.retrieval.estimate import (KIND_NAMES, KindWork, RunEstimate, RunMeter, TokenBounds, image_tokens,
+                                         page_tokens, plan_rows, sample_first, seconds_left, share_batch, text_tokens)
+from faste_mm.retrieval.indexing import _progress_reporter
+from faste_mm.retrieval.ingest import UpdatePlan
+from faste_mm.retrieval.ingest_tally import IngestTally
+from faste_mm.retrieval.scanning import scan_paths
+
+from tests.helpers.inputs import noise_image, tiny_vl_dir, two_page_pdf
+
+BOUNDS = TokenBounds(min_pixels=4096, max_pixels=65536, max_length=8192)
+IMAGE, PDF, TEXT, VIDEO = (KIND_NAMES.index(k) for k in ("image", "pdf", "text", "video"))
+
+
+def test_a_batch_shares_the_tower_among_its_image_rows_and_the_rest_among_all_rows_by_tokens():
+    # tower 2 s to the image row alone; decoder 4 s + other 2 s by tokens 100 : 300
+    seconds = share_batch(np.array([100, 300]), np.array([True, False]), tower_s=2.0, decoder_s=4.0, other_s=2.0)
+    np.testing.assert_allclose(seconds, [2.0 + 6.0 * 0.25, 6.0 * 0.75])
+
+
+def test_seconds_left_are_each_kinds_tokens_at_its_own_rate_and_the_others_rate_when_unmeasured():
+    left = KindWork(items=np.array([10, 4, 5, 0]), tokens=np.array([1000, 2000, 500, 0]))
+    measured_s, measured_tokens = np.array([2.0, 0.0, 1.0, 0.0]), np.array([1000, 0, 1000, 0])
+    seconds, is_measured = seconds_left(left, measured_s, measured_tokens)
+    # image 2 s / 1000 tok, text 1 s / 1000 tok; pdf unmeasured: (2 + 1) s / 2000 tok
+    np.testing.assert_allclose(seconds, [2.0, 3.0, 0.5, 0.0])
+    assert is_measured.tolist() == [True, False, True, False]
+
+
+@pytest.mark.parametrize("size, tokens", [((64, 64), 4 + 20), ((512, 256), 11 * 6 + 20), ((16, 16), 2 * 2 + 20)])
+def test_planned_image_tokens_follow_the_pixel_bounds(size, tokens):
+    # 512x256 = 131,072 px scaled by sqrt(0.5) to 362x181 -> 11 x 6 tokens of 32x32; 16x16 up to 64x64
+    assert image_tokens(*size, BOUNDS) == tokens
+
+
+def test_planned_page_and_text_tokens():
+    assert page_tokens(BOUNDS) == 65536 // 1024 + 20
+    assert text_tokens(400, BOUNDS) == 100 + 20
+    assert text_tokens(10**9, BOUNDS) == BOUNDS.max_length
+
+
+def test_rows_of_an_encode_call_are_planned_in_expansion_order(tmp_path):
+    pdf = two_page_pdf(tmp_path / "doc.pdf")
+    image = noise_image(tmp_path / "a.png", (64, 64), 0)
+    rows = plan_rows([image, pdf, "x" * 400], BOUNDS)
+    assert rows.kinds.tolist() == [IMAGE, PDF, PDF, TEXT]
+    assert rows.tokens.tolist() == [24, 84, 84, 120]
+
+
+def test_the_first_files_of_each_kind_come_first_pdfs_last_among_them():
+    files = [SimpleNamespace(kind=k, name=f"{k}{i}") for k in ("image", "pdf", "text") for i in range(6)]
+    ordered = [f.name for f in sample_first(files, per_kind=2)]
+    assert ordered[:6] == ["image0", "image1", "text0", "text1", "pdf0", "pdf1"]
+    assert sorted(ordered) == sorted(f.name for f in files) and ordered[6:9] == ["image2", "image3", "image4"]
+
+
+def _folder(tmp_path: Path) -> list:
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    noise_image(folder / "a.png", (64, 64), 0)
+    noise_image(folder / "b.png", (64, 64), 1)
+    two_page_pdf(folder / "doc.pdf")
+    for name in ("n1", "n2", "n3"):
+        (folder / f"{name}.txt").write_text("x" * 400, encoding="utf-8")
+    return list(scan_paths([folder]).files())  # a.png, b.png, doc.pdf, n1-n3.txt
+
+
+def _trace(rows: list[int], tower_s: float, decoder_s: float) -> BatchTrace:
+    return BatchTrace(batch_size=len(rows), rows=rows, padded_lengths=[], trigger_layer=None,
+                      tower_s=tower_s, decoder_s=decoder_s)
+
+
+def test_the_eta_after_a_batch_is_the_work_left_per_kind_at_its_measured_rate(tmp_path):
+    files = _folder(tmp_path)
+    assert [f.kind for f in files] == ["image", "image", "pdf", "text", "text", "text"]
+    meter = RunMeter(files, BOUNDS)
+    now = [0.0]
+    flight = SimpleNamespace(values=[files[0].path, files[1].path], rows=2, inputs=2, cost=CostTally())
+    encode = SimpleNamespace(in_flight=flight, load_s=0.0, dtype="float32")
+    plan = UpdatePlan(tuple(files), frozenset(), 0, ())
+    seen = []
+    report = _progress_reporter(seen.append, encode, plan, 3, IngestTally(), 0.0, lambda: 0, meter, lambda: now[0])
+    meter.begin(0.0)
+
+    now[0] = 2.0  # the images' batch: 2 model seconds over 2 x 24 tokens, nothing else waited for
+    report(_trace([0, 1], tower_s=1.0, decoder_s=1.0))
+    estimate = seen[-1].estimate
+    assert estimate.kinds == ("pdf", "text") and estimate.items_left == (2, 3)
+    assert estimate.is_measured == (False, False) and not estimate.is_settled
+    # pages 2 x 84 and texts 3 x 120 tokens, at the images' 2 s / 48 tokens
+    np.testing.assert_allclose(estimate.seconds_left, [168 / 24, 360 / 24])
+    assert seen[-1].eta_s == pytest.approx(22.0)
+
+    encode.in_flight = SimpleNamespace(values=[files[2].path], rows=2, inputs=1, cost=CostTally())
+    now[0] = 3.5  # the PDF's pages: 1 model second, 0.5 s more waited for (rendering)
+    report(_trace([0, 1], tower_s=0.5, decoder_s=0.5))
+    # texts at all measured kinds' (2 + 1.5) s / (48 + 168) tokens
+    assert seen[-1].eta_s == pytest.approx(360 * 3.5 / 216)
+    meter.commit(3)  # the chunk of the images and the PDF
+    report()
+    settled = seen[-1].estimate
+    assert settled.is_settled and settled is meter.first and settled.total_s == pytest.approx(3.5 + 360 * 3.5 / 216)
+
+    encode.in_flight = SimpleNamespace(values=["x" * 400] * 2, rows=2, inputs=2, cost=CostTally())
+    now[0] = 3.9  # two texts: 0.4 s over 240 tokens; one text (120 tokens) left at that rate
+    report(_trace([0, 1], tower_s=0.0, decoder_s=0.4))
+    assert seen[-1].estimate.is_measured == (True,) and seen[-1].eta_s == pytest.approx(0.2)
+
+
+def test_the_estimate_line_names_the_work_left_per_kind_and_the_dtype():
+    estimate = RunEstimate(("image", "pdf"), (18214, 2310), (20000.0, 7600.0), (True, False), 30.0, True, "bfloat16")
+    line = index_command.estimate_line(estimate)
+    assert line.startswith("18,214 images and 2,310 pages: about 7 h 40 min here at bfloat16 (pages not measured yet")
+    assert line.endswith("`faste-mm plan` shows faster settings")
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> str:
+    return str(tiny_vl_dir(tmp_path_factory.getbasetemp()))
+
+
+def test_index_tells_the_estimate_once_its_kinds_are_measured_and_reports_it(model, tmp_path, monkeypatch):
+    folder = _folder(tmp_path)[0].path.parent
+    runner = CliRunner()
+    # two files a chunk: the estimate settles when the first chunk (the two images) commits
+    args = ["index", str(folder), "--model", model, "--device", "cpu", "--chunk-files", "2", "--format", "json"]
+    env = {"FASTE_MM_PROGRESS_INTERVAL": "0"}
+    monkeypatch.setattr(index_command, "ESTIMATE_LINE_S", 1e9)  # no run is long enough to tell
+    short = runner.invoke(app, [*args, "-c", str(tmp_path / "short")], env=env)
+    assert short.exit_code == 0, short.stderr
+    assert "faster settings" not in short.stderr and json.loads(short.stdout)["estimated_s"] > 0
+    monkeypatch.setattr(index_command, "ESTIMATE_LINE_S", 1e-9)  # every run with work left is long enough
+    result = runner.invoke(app, [*args, "-c", str(tmp_path / "told")], env=env)
+    assert result.exit_code == 0, result.stderr
+    told = [line for line in result.stderr.splitlines() if "faster settings" in line]
+    assert len(told) == 1 and re.match(r"2 pages and 3 texts: about \d+ (s|min) here at float32", told[0])
+    report = json.loads(result.stdout)
+    assert report["embedded"] == 7
+    assert 0 < report["estimated_at_s"] <= report["elapsed_s"] and report["estimated_s"] >= report["estimated_at_s"]
