@@ -80,7 +80,7 @@ def _folder(tmp_path: Path) -> list:
     noise_image(folder / "b.png", (64, 64), 1)
     two_page_pdf(folder / "doc.pdf")
     for name in ("n1", "n2", "n3"):
-        (folder / f"{name}.txt").write_text("x" * 400, encoding="utf-8")
+        (folder / f"{name}.txt").write_text(name + "x" * 398, encoding="utf-8")  # 400 bytes, each its own
     return list(scan_paths([folder]).files())  # a.png, b.png, doc.pdf, n1-n3.txt
 
 
