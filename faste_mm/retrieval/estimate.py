@@ -110,6 +110,22 @@ def share_batch(tokens: np.ndarray, has_image: np.ndarray, tower_s: float, decod
     return seconds
 
 
+def batch_by_kind(rows: RowPlan, batch_rows: Sequence[int], tower_s: float, decoder_s: float,
+                  other_s: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One batch's seconds [K] (`share_batch`), planned tokens [K] and items [K] per kind;
+    batch_rows: the batch's row indices into `rows` (`BatchTrace.rows`)."""
+    index = np.asarray([r for r in batch_rows if r < len(rows.kinds)], dtype=np.int64)
+    seconds, tokens, items = np.zeros(len(KIND_NAMES)), np.zeros(len(KIND_NAMES), np.int64), np.zeros(len(KIND_NAMES), np.int64)
+    if index.size == 0:
+        return seconds, tokens, items
+    kinds = rows.kinds[index]
+    shares = share_batch(rows.tokens[index], kinds != KIND_NAMES.index("text"), tower_s, decoder_s, other_s)
+    np.add.at(seconds, kinds, shares)
+    np.add.at(tokens, kinds, rows.tokens[index])
+    np.add.at(items, kinds, 1)
+    return seconds, tokens, items
+
+
 def seconds_left(left: KindWork, seconds: np.ndarray, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Seconds [K] the work `left` takes at the measured seconds [K] per tokens [K] of each kind,
     and is_measured [K]: a kind with no measured tokens uses all measured kinds' seconds per token
@@ -239,7 +255,8 @@ class RunMeter:
         self.seconds = np.zeros(len(KIND_NAMES))  # measured, the whole run
         self.tokens = np.zeros(len(KIND_NAMES), dtype=np.int64)
         self.items = np.zeros(len(KIND_NAMES), dtype=np.int64)
-        self._pending = KindWork(np.zeros(len(KIND_NAMES), np.int64), np.zeros(len(KIND_NAMES), np.int64))
+        self._pending_items = np.zeros(len(KIND_NAMES), dtype=np.int64)  # measured since the last commit
+        self._pending_tokens = np.zeros(len(KIND_NAMES), dtype=np.int64)
         self._committed = 0
         self._tick: float | None = None  # when the last batch ended (or the work began)
         self.first: RunEstimate | None = None  # the first settled estimate of the run
@@ -254,31 +271,26 @@ class RunMeter:
         ended (`now`); the wall seconds since the last batch beyond the model's (serializing,
         committing, hashing the next chunk) are shared among its rows too, less `paused_s`
         (loading the model, which the rest of the run does not repeat)."""
-        index = np.asarray([r for r in batch_rows if r < len(rows.kinds)], dtype=np.int64)
-        if index.size == 0:
-            return
-        kinds, tokens = rows.kinds[index], rows.tokens[index]
         wall = 0.0 if self._tick is None else now - self._tick - paused_s
         self._tick = now
-        other = max(wall - tower_s - decoder_s, 0.0)
-        shares = share_batch(tokens, kinds != KIND_NAMES.index("text"), tower_s, decoder_s, other)
-        np.add.at(self.seconds, kinds, shares)
-        np.add.at(self.tokens, kinds, tokens)
-        np.add.at(self.items, kinds, 1)
-        np.add.at(self._pending.tokens, kinds, tokens)
-        np.add.at(self._pending.items, kinds, 1)
+        seconds, tokens, items = batch_by_kind(rows, batch_rows, tower_s, decoder_s, max(wall - tower_s - decoder_s, 0.0))
+        self.seconds += seconds
+        self.tokens += tokens
+        self.items += items
+        self._pending_tokens += tokens
+        self._pending_items += items
 
     def commit(self, n_files: int) -> None:
         """The run's first `n_files` files are committed: their work is done, however it went."""
         self._committed = min(n_files, len(self._left_items) - 1)
-        self._pending.items[:] = 0
-        self._pending.tokens[:] = 0
+        self._pending_items[:] = 0
+        self._pending_tokens[:] = 0
 
     def left(self) -> KindWork:
         """The work not done yet: the files not committed, less the rows measured since the last commit."""
         n = self._committed
-        return KindWork(np.maximum(self._left_items[n] - self._pending.items, 0),
-                        np.maximum(self._left_tokens[n] - self._pending.tokens, 0))
+        return KindWork(np.maximum(self._left_items[n] - self._pending_items, 0),
+                        np.maximum(self._left_tokens[n] - self._pending_tokens, 0))
 
     def estimate(self, elapsed_s: float, dtype: str | None = None) -> RunEstimate | None:
         """The estimate at `elapsed_s` seconds into the run, the model running in `dtype`; None
