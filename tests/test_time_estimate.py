@@ -156,3 +156,26 @@ def test_index_tells_the_estimate_once_its_kinds_are_measured_and_reports_it(mod
     report = json.loads(result.stdout)
     assert report["embedded"] == 7
     assert 0 < report["estimated_at_s"] <= report["elapsed_s"] and report["estimated_s"] >= report["estimated_at_s"]
+
+
+def test_plan_estimates_the_whole_folder_at_each_kinds_seconds_per_item(tmp_path):
+    from faste_mm.tools.plan import folder_seconds
+
+    image = noise_image(tmp_path / "a.png", (64, 64), 0)
+    # image row: 1 + 1 model s; text row: 1 model s; the call's wall is twice its model seconds
+    run = SimpleNamespace(stats=SimpleNamespace(elapsed_s=6.0, batches=[_trace([0], 1.0, 1.0), _trace([1], 0.0, 1.0)]))
+    # photos 4 s, texts 2 s each; pages, not in the sample, at the call's 3 s per item
+    seconds = folder_seconds([image, "a note"], run, 65536, {"photo": 10, "text": 5, "page": 2, "video": 0})
+    assert seconds == pytest.approx(10 * 4.0 + 5 * 2.0 + 2 * 3.0)
+
+
+def test_plan_counts_the_items_of_all_files_and_states_their_index_time(model, tmp_path):
+    from faste_mm.tools.plan import sample_files
+
+    files = _folder(tmp_path)[0].path.parent
+    assert sample_files([files], 4).folder == {"photo": 2, "page": 2, "text": 3, "video": 0}
+    result = CliRunner().invoke(app, ["plan", str(files), "--model", model, "--device", "cpu", "--sample", "5",
+                                      "--visual-tokens", "16", "--r-max", "0", "--dtype", "float32"])
+    assert result.exit_code == 0, (result.stderr, result.exception)
+    assert re.search(r"all files: indexing all 2 photos, 2 pages, 3 texts found.* the recommendation about \d+",
+                     " ".join(result.stdout.split()))
