@@ -18,8 +18,9 @@ from faste_mm.cli import index_command
 from faste_mm.cli.app import app
 from faste_mm.model.cost import CostTally
 from faste_mm.model.runner import BatchTrace
-from faste_mm.retrieval.estimate import (KIND_NAMES, KindWork, RunEstimate, RunMeter, TokenBounds, image_tokens,
-                                         page_tokens, plan_rows, sample_first, seconds_left, share_batch, text_tokens)
+from faste_mm.retrieval.estimate import (KIND_NAMES, KindSeconds, KindWork, RowPlan, RunEstimate, RunMeter, TokenBounds,
+                                         batch_by_kind, image_tokens, page_tokens, plan_rows, sample_first, seconds_left,
+                                         share_batch, text_tokens)
 from faste_mm.retrieval.indexing import _progress_reporter
 from faste_mm.retrieval.ingest import UpdatePlan
 from faste_mm.retrieval.ingest_tally import IngestTally
@@ -31,18 +32,29 @@ BOUNDS = TokenBounds(min_pixels=4096, max_pixels=65536, max_length=8192)
 IMAGE, PDF, TEXT, VIDEO = (KIND_NAMES.index(k) for k in ("image", "pdf", "text", "video"))
 
 
-def test_a_batch_shares_the_tower_among_its_image_rows_and_the_rest_among_all_rows_by_tokens():
-    # tower 2 s to the image row alone; decoder 4 s + other 2 s by tokens 100 : 300
-    seconds = share_batch(np.array([100, 300]), np.array([True, False]), tower_s=2.0, decoder_s=4.0, other_s=2.0)
-    np.testing.assert_allclose(seconds, [2.0 + 6.0 * 0.25, 6.0 * 0.75])
+def test_a_batch_shares_the_tower_among_its_image_rows_and_the_decoder_among_all_rows_by_tokens():
+    # tower 2 s to the image row alone; decoder 4 s by tokens 100 : 300
+    seconds = share_batch(np.array([100, 300]), np.array([True, False]), tower_s=2.0, decoder_s=4.0)
+    np.testing.assert_allclose(seconds, [2.0 + 4.0 * 0.25, 4.0 * 0.75])
 
 
-def test_seconds_left_are_each_kinds_tokens_at_its_own_rate_and_the_others_rate_when_unmeasured():
-    left = KindWork(items=np.array([10, 4, 5, 0]), tokens=np.array([1000, 2000, 500, 0]))
-    measured_s, measured_tokens = np.array([2.0, 0.0, 1.0, 0.0]), np.array([1000, 0, 1000, 0])
-    seconds, is_measured = seconds_left(left, measured_s, measured_tokens)
-    # image 2 s / 1000 tok, text 1 s / 1000 tok; pdf unmeasured: (2 + 1) s / 2000 tok
-    np.testing.assert_allclose(seconds, [2.0, 3.0, 0.5, 0.0])
+def test_a_batch_adds_up_per_kind_its_seconds_around_the_model_shared_by_bytes():
+    rows = RowPlan(np.array([TEXT, IMAGE, IMAGE]), np.array([300, 100, 100]), np.array([1000, 3000, 4000]))
+    spent, done = batch_by_kind(rows, [1, 0], tower_s=2.0, decoder_s=4.0, other_s=2.0)
+    np.testing.assert_allclose(spent.model[[IMAGE, TEXT]], [3.0, 3.0])
+    np.testing.assert_allclose(spent.other[[IMAGE, TEXT]], [1.5, 0.5])  # bytes 3000 : 1000
+    assert done.items.tolist()[IMAGE] == 1 and done.tokens[TEXT] == 300 and done.nbytes[IMAGE] == 3000
+
+
+def test_seconds_left_are_each_kinds_work_at_its_own_rates_and_the_others_rates_when_unmeasured():
+    left = KindWork(items=np.array([10, 4, 5, 0]), tokens=np.array([1000, 2000, 500, 0]),
+                    nbytes=np.array([5000, 1000, 100, 0]))
+    spent = KindSeconds(model=np.array([2.0, 0.0, 1.0, 0.0]), other=np.array([1.0, 0.0, 0.5, 0.0]))
+    done = KindWork(items=np.array([5, 0, 2, 0]), tokens=np.array([1000, 0, 1000, 0]), nbytes=np.array([10000, 0, 1000, 0]))
+    seconds, is_measured = seconds_left(left, spent, done)
+    # image: 1000 tok x 2/1000 + 5000 B x 1/10000; text: 500 x 1/1000 + 100 x 0.5/1000;
+    # pdf unmeasured: 2000 tok x 3/2000 (all kinds' model rate) + 1000 B x 1.5/11000
+    np.testing.assert_allclose(seconds, [2.0 + 0.5, 3.0 + 1000 * 1.5 / 11000, 0.5 + 0.05, 0.0])
     assert is_measured.tolist() == [True, False, True, False]
 
 
@@ -64,6 +76,8 @@ def test_rows_of_an_encode_call_are_planned_in_expansion_order(tmp_path):
     rows = plan_rows([image, pdf, "x" * 400], BOUNDS)
     assert rows.kinds.tolist() == [IMAGE, PDF, PDF, TEXT]
     assert rows.tokens.tolist() == [24, 84, 84, 120]
+    half = pdf.stat().st_size // 2  # a PDF's bytes shared among its pages
+    assert rows.nbytes.tolist() == [image.stat().st_size, half, half, 400]
 
 
 def test_the_first_files_of_each_kind_come_first_pdfs_last_among_them():
@@ -106,19 +120,22 @@ def test_the_eta_after_a_batch_is_the_work_left_per_kind_at_its_measured_rate(tm
     estimate = seen[-1].estimate
     assert estimate.kinds == ("pdf", "text") and estimate.items_left == (2, 3)
     assert estimate.is_measured == (False, False) and not estimate.is_settled
-    # pages 2 x 84 and texts 3 x 120 tokens, at the images' 2 s / 48 tokens
+    # pages 2 x 84 and texts 3 x 120 tokens, at the images' 2 s / 48 tokens (and no second per byte)
     np.testing.assert_allclose(estimate.seconds_left, [168 / 24, 360 / 24])
     assert seen[-1].eta_s == pytest.approx(22.0)
 
     encode.in_flight = SimpleNamespace(values=[files[2].path], rows=2, inputs=1, cost=CostTally())
     now[0] = 3.5  # the PDF's pages: 1 model second, 0.5 s more waited for (rendering)
     report(_trace([0, 1], tower_s=0.5, decoder_s=0.5))
-    # texts at all measured kinds' (2 + 1.5) s / (48 + 168) tokens
-    assert seen[-1].eta_s == pytest.approx(360 * 3.5 / 216)
+    # texts (3 x 120 tokens, 3 x 400 bytes) at all measured kinds' rates: (2 + 1) s / (48 + 168)
+    # tokens, and 0.5 s over the bytes of the images and the pages
+    measured_bytes = files[0].stat.size + files[1].stat.size + files[2].stat.size // 2 * 2
+    texts_s = 360 * 3.0 / 216 + 1200 * 0.5 / measured_bytes
+    assert seen[-1].eta_s == pytest.approx(texts_s)
     meter.commit(3)  # the chunk of the images and the PDF
     report()
     settled = seen[-1].estimate
-    assert settled.is_settled and settled is meter.first and settled.total_s == pytest.approx(3.5 + 360 * 3.5 / 216)
+    assert settled.is_settled and settled is meter.first and settled.total_s == pytest.approx(3.5 + texts_s)
 
     encode.in_flight = SimpleNamespace(values=["x" * 400] * 2, rows=2, inputs=2, cost=CostTally())
     now[0] = 3.9  # two texts: 0.4 s over 240 tokens; one text (120 tokens) left at that rate

@@ -1,7 +1,7 @@
 """How long an index run will take on this machine: the work its files hold per input kind
-(items and planned tokens, from headers alone: image sizes, PDF page counts, text lengths;
-nothing decoded or rendered) and the seconds per token each kind has cost so far, measured batch
-by batch. Receives the run's files (`UpdatePlan.todo`) and the `BatchTrace`s of its encode calls;
+(items, planned tokens from headers alone: image sizes, PDF page counts, text lengths; nothing
+decoded or rendered; and file bytes) and what each kind has cost so far, measured batch by batch:
+model seconds per token, and the seconds around the model (reading, decoding, rendering) per byte. Receives the run's files (`UpdatePlan.todo`) and the `BatchTrace`s of its encode calls;
 hands `index` a `RunEstimate` (items and seconds left per kind) for its progress and report.
 """
 
@@ -43,19 +43,49 @@ class TokenBounds:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class KindWork:
-    """Work per input kind, in `KIND_NAMES` order: items int64 [K] and planned tokens int64 [K]."""
+    """Work per input kind, in `KIND_NAMES` order: items, planned tokens and file bytes, int64 [K]."""
 
     items: np.ndarray
     tokens: np.ndarray
+    nbytes: np.ndarray
+
+    @classmethod
+    def zeros(cls) -> "KindWork":
+        return cls(*(np.zeros(len(KIND_NAMES), dtype=np.int64) for _ in range(3)))
+
+    def __add__(self, other: "KindWork") -> "KindWork":
+        return KindWork(self.items + other.items, self.tokens + other.tokens, self.nbytes + other.nbytes)
+
+    def __sub__(self, other: "KindWork") -> "KindWork":
+        """What is left of this work once `other` is done (never below zero)."""
+        return KindWork(*(np.maximum(a - b, 0) for a, b in ((self.items, other.items), (self.tokens, other.tokens),
+                                                             (self.nbytes, other.nbytes))))
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class KindSeconds:
+    """Seconds per input kind, in `KIND_NAMES` order: in the model (tower and decoder) and around
+    it (waiting for files to be read, decoded and rendered; commits), float64 [K]."""
+
+    model: np.ndarray
+    other: np.ndarray
+
+    @classmethod
+    def zeros(cls) -> "KindSeconds":
+        return cls(np.zeros(len(KIND_NAMES)), np.zeros(len(KIND_NAMES)))
+
+    def __add__(self, other: "KindSeconds") -> "KindSeconds":
+        return KindSeconds(self.model + other.model, self.other + other.other)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
 class RowPlan:
-    """One encode call's rows (`expand_items` order): kind index int64 [N] into `KIND_NAMES`
-    and planned tokens int64 [N]."""
+    """One encode call's rows (`expand_items` order): kind index int64 [N] into `KIND_NAMES`,
+    planned tokens int64 [N] and file bytes int64 [N] (a PDF's shared among its pages)."""
 
     kinds: np.ndarray
     tokens: np.ndarray
+    nbytes: np.ndarray
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,13 +125,12 @@ class RunEstimate:
 
 
 # ---- the arithmetic: arrays in, arrays out ----------------------------------------------------
-def share_batch(tokens: np.ndarray, has_image: np.ndarray, tower_s: float, decoder_s: float,
-                other_s: float = 0.0) -> np.ndarray:
-    """Seconds [B] of one batch's rows: the vision tower's seconds shared among the rows with an
-    image by their tokens (a text row never enters the tower), the decoder's and the rest
-    (`other_s`: waiting for serialization, commits) among all rows by their tokens."""
+def share_batch(tokens: np.ndarray, has_image: np.ndarray, tower_s: float, decoder_s: float) -> np.ndarray:
+    """Model seconds [B] of one batch's rows: the vision tower's shared among the rows with an
+    image by their tokens (a text row never enters the tower), the decoder's among all rows by
+    their tokens."""
     weights = np.maximum(tokens.astype(np.float64), 1.0)
-    seconds = (decoder_s + other_s) * weights / weights.sum()
+    seconds = decoder_s * weights / weights.sum()
     imaged = weights * has_image
     if imaged.sum() > 0:
         seconds += tower_s * imaged / imaged.sum()
@@ -111,29 +140,34 @@ def share_batch(tokens: np.ndarray, has_image: np.ndarray, tower_s: float, decod
 
 
 def batch_by_kind(rows: RowPlan, batch_rows: Sequence[int], tower_s: float, decoder_s: float,
-                  other_s: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One batch's seconds [K] (`share_batch`), planned tokens [K] and items [K] per kind;
-    batch_rows: the batch's row indices into `rows` (`BatchTrace.rows`)."""
+                  other_s: float = 0.0) -> tuple[KindSeconds, KindWork]:
+    """One batch's seconds and work per kind: its model seconds shared by `share_batch`, the
+    seconds around it (`other_s`) among its rows by their bytes. batch_rows: the batch's row
+    indices into `rows` (`BatchTrace.rows`)."""
     index = np.asarray([r for r in batch_rows if r < len(rows.kinds)], dtype=np.int64)
-    seconds, tokens, items = np.zeros(len(KIND_NAMES)), np.zeros(len(KIND_NAMES), np.int64), np.zeros(len(KIND_NAMES), np.int64)
+    spent, done = KindSeconds.zeros(), KindWork.zeros()
     if index.size == 0:
-        return seconds, tokens, items
-    kinds = rows.kinds[index]
-    shares = share_batch(rows.tokens[index], kinds != KIND_NAMES.index("text"), tower_s, decoder_s, other_s)
-    np.add.at(seconds, kinds, shares)
-    np.add.at(tokens, kinds, rows.tokens[index])
-    np.add.at(items, kinds, 1)
-    return seconds, tokens, items
+        return spent, done
+    kinds, nbytes = rows.kinds[index], np.maximum(rows.nbytes[index].astype(np.float64), 1.0)
+    np.add.at(spent.model, kinds, share_batch(rows.tokens[index], kinds != KIND_NAMES.index("text"), tower_s, decoder_s))
+    np.add.at(spent.other, kinds, other_s * nbytes / nbytes.sum())
+    for total, per_row in ((done.items, 1), (done.tokens, rows.tokens[index]), (done.nbytes, rows.nbytes[index])):
+        np.add.at(total, kinds, per_row)
+    return spent, done
 
 
-def seconds_left(left: KindWork, seconds: np.ndarray, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Seconds [K] the work `left` takes at the measured seconds [K] per tokens [K] of each kind,
-    and is_measured [K]: a kind with no measured tokens uses all measured kinds' seconds per token
+def seconds_left(left: KindWork, spent: KindSeconds, done: KindWork) -> tuple[np.ndarray, np.ndarray]:
+    """Seconds [K] the work `left` takes at the rates measured on the work `done` in the seconds
+    `spent`: each kind's tokens at its model seconds per token, its bytes at its other seconds
+    per byte; and is_measured [K]. A kind with nothing measured uses all measured kinds' rates
     (zero seconds when nothing is measured at all)."""
-    is_measured = tokens > 0
-    overall = seconds.sum() / tokens.sum() if tokens.sum() > 0 else 0.0
-    per_token = np.where(is_measured, seconds / np.maximum(tokens, 1), overall)
-    return left.tokens * per_token, is_measured
+    is_measured = done.items > 0
+
+    def rate(seconds: np.ndarray, amount: np.ndarray) -> np.ndarray:
+        overall = seconds.sum() / amount.sum() if amount.sum() > 0 else 0.0
+        return np.where(is_measured & (amount > 0), seconds / np.maximum(amount, 1), overall)
+
+    return (left.tokens * rate(spent.model, done.tokens) + left.nbytes * rate(spent.other, done.nbytes)), is_measured
 
 
 # ---- planned tokens, from headers ------------------------------------------------------------
@@ -179,49 +213,55 @@ def file_rows(path: Path, kind: str, size: int, bounds: TokenBounds) -> list[int
     return []
 
 
-def plan_files(files: Sequence[Any], bounds: TokenBounds) -> tuple[np.ndarray, np.ndarray, dict[Path, int]]:
-    """Per file of `files` (`ScannedFile`s, run order): items int64 [F, K] and planned tokens
-    int64 [F, K] by kind, and the page count of each PDF (so a run's encode calls need not open
-    them again)."""
-    items = np.zeros((len(files), len(KIND_NAMES)), dtype=np.int64)
-    tokens = np.zeros_like(items)
+def plan_files(files: Sequence[Any], bounds: TokenBounds) -> tuple[list[KindWork], dict[Path, int]]:
+    """The work of each file of `files` (`ScannedFile`s, run order), and the page count of each
+    PDF (so a run's encode calls need not open them again)."""
+    work: list[KindWork] = []
     pages: dict[Path, int] = {}
-    for i, f in enumerate(files):
-        if f.kind not in KINDS:
-            continue
-        rows = file_rows(f.path, f.kind, f.stat.size, bounds)
-        column = KIND_NAMES.index(f.kind)
-        items[i, column], tokens[i, column] = len(rows), sum(rows)
-        if f.kind == "pdf":
-            pages[Path(f.path)] = len(rows)
-    return items, tokens, pages
+    for f in files:
+        one = KindWork.zeros()
+        if f.kind in KINDS:
+            rows = file_rows(f.path, f.kind, f.stat.size, bounds)
+            column = KIND_NAMES.index(f.kind)
+            one.items[column], one.tokens[column], one.nbytes[column] = len(rows), sum(rows), f.stat.size if rows else 0
+            if f.kind == "pdf":
+                pages[Path(f.path)] = len(rows)
+        work.append(one)
+    return work, pages
 
 
 def plan_rows(values: Sequence[object], bounds: TokenBounds, pages: dict[Path, int] | None = None) -> RowPlan:
     """The rows an encode call of `values` embeds, in `expand_items` order (a PDF path without a
-    page is one row per page; an unreadable one one row), with their kind and planned tokens.
-    pages: PDF page counts already known (`plan_files`)."""
+    page is one row per page; an unreadable one one row), with their kind, planned tokens and
+    bytes. pages: PDF page counts already known (`plan_files`)."""
     kinds: list[int] = []
     tokens: list[int] = []
+    nbytes: list[int] = []
     for position, value in enumerate(values):
         try:
             item = as_item(value, position)
         except InputError:
-            kinds.append(KIND_NAMES.index("text"))
-            tokens.append(PROMPT_TOKENS)
-            continue
-        kind, rows = _item_rows(item, bounds, pages or {})
+            kind, rows, size = "text", [PROMPT_TOKENS], 0
+        else:
+            kind, rows, size = _item_rows(item, bounds, pages or {})
         kinds.extend([KIND_NAMES.index(kind)] * len(rows))
         tokens.extend(rows)
-    return RowPlan(np.array(kinds, dtype=np.int64), np.array(tokens, dtype=np.int64))
+        nbytes.extend([size // len(rows)] * len(rows))
+    return RowPlan(*(np.array(column, dtype=np.int64) for column in (kinds, tokens, nbytes)))
 
 
-def _item_rows(item: Item, bounds: TokenBounds, pages: dict[Path, int]) -> tuple[str, list[int]]:
+def _file_size(source: object) -> int:
+    try:
+        return Path(str(source)).stat().st_size
+    except OSError:
+        return 0
+
+
+def _item_rows(item: Item, bounds: TokenBounds, pages: dict[Path, int]) -> tuple[str, list[int], int]:
+    """An item's kind, the planned tokens of each of its rows, and the bytes they share."""
     if item.has_video:
-        return "video", [bounds.max_length]
+        return "video", [bounds.max_length], _file_size(item.video)
     if item.is_pdf:
-        if item.page is not None:
-            return "pdf", [page_tokens(bounds)]
         path = Path(str(item.image))
         n_pages = pages.get(path)
         if n_pages is None:
@@ -229,13 +269,16 @@ def _item_rows(item: Item, bounds: TokenBounds, pages: dict[Path, int]) -> tuple
                 n_pages = count_pdf_pages(path)
             except (InputError, OSError):
                 n_pages = 1  # expand_items keeps an unreadable PDF as one (failed) row
-        return "pdf", [page_tokens(bounds)] * max(n_pages, 1)
+        if item.page is not None:  # one page of it: its share of the file
+            return "pdf", [page_tokens(bounds)], _file_size(path) // max(n_pages, 1)
+        return "pdf", [page_tokens(bounds)] * max(n_pages, 1), _file_size(path)
     if item.has_image:
         if isinstance(item.image, (str, Path)) and kind_name(item.image) == "image":
-            return "image", file_rows(Path(item.image), "image", 0, bounds) or [PROMPT_TOKENS]
+            return "image", file_rows(Path(item.image), "image", 0, bounds) or [PROMPT_TOKENS], _file_size(item.image)
         size = getattr(item.image, "size", None)
-        return "image", [image_tokens(*size, bounds) if size else PROMPT_TOKENS]
-    return "text", [text_tokens(len((item.text or "").encode("utf-8")), bounds)]
+        return "image", [image_tokens(*size, bounds) if size else PROMPT_TOKENS], 0
+    text = (item.text or "").encode("utf-8")
+    return "text", [text_tokens(len(text), bounds)], len(text)
 
 
 # ---- one run's meter -------------------------------------------------------------------------
@@ -248,15 +291,15 @@ class RunMeter:
 
     def __init__(self, files: Sequence[Any], bounds: TokenBounds) -> None:
         self.bounds = bounds
-        items, tokens, self.pages = plan_files(files, bounds)
-        # left_*[n]: the work of the files after the first n committed ([F + 1, K], suffix sums)
-        self._left_items = np.vstack([np.cumsum(items[::-1], axis=0)[::-1], np.zeros((1, len(KIND_NAMES)), np.int64)])
-        self._left_tokens = np.vstack([np.cumsum(tokens[::-1], axis=0)[::-1], np.zeros((1, len(KIND_NAMES)), np.int64)])
-        self.seconds = np.zeros(len(KIND_NAMES))  # measured, the whole run
-        self.tokens = np.zeros(len(KIND_NAMES), dtype=np.int64)
-        self.items = np.zeros(len(KIND_NAMES), dtype=np.int64)
-        self._pending_items = np.zeros(len(KIND_NAMES), dtype=np.int64)  # measured since the last commit
-        self._pending_tokens = np.zeros(len(KIND_NAMES), dtype=np.int64)
+        work, self.pages = plan_files(files, bounds)
+        # after[n]: the work of the files after the first n committed (suffix sums)
+        self._after = [KindWork.zeros()]
+        for one in reversed(work):
+            self._after.append(self._after[-1] + one)
+        self._after.reverse()
+        self.spent = KindSeconds.zeros()  # measured, the whole run
+        self.done = KindWork.zeros()  # the work those seconds did
+        self._pending = KindWork.zeros()  # the work measured since the last commit
         self._committed = 0
         self._tick: float | None = None  # when the last batch ended (or the work began)
         self.first: RunEstimate | None = None  # the first settled estimate of the run
@@ -268,39 +311,31 @@ class RunMeter:
     def observe(self, rows: RowPlan, batch_rows: Sequence[int], tower_s: float, decoder_s: float,
                 now: float, paused_s: float = 0.0) -> None:
         """One embedded batch: its rows (indices into `rows`), its model seconds, and the time it
-        ended (`now`); the wall seconds since the last batch beyond the model's (serializing,
-        committing, hashing the next chunk) are shared among its rows too, less `paused_s`
-        (loading the model, which the rest of the run does not repeat)."""
+        ended (`now`); the wall seconds since the last batch beyond the model's (reading,
+        decoding, rendering not overlapped; commits; hashing the next chunk) count too, less
+        `paused_s` (loading the model, which the rest of the run does not repeat)."""
         wall = 0.0 if self._tick is None else now - self._tick - paused_s
         self._tick = now
-        seconds, tokens, items = batch_by_kind(rows, batch_rows, tower_s, decoder_s, max(wall - tower_s - decoder_s, 0.0))
-        self.seconds += seconds
-        self.tokens += tokens
-        self.items += items
-        self._pending_tokens += tokens
-        self._pending_items += items
+        spent, done = batch_by_kind(rows, batch_rows, tower_s, decoder_s, max(wall - tower_s - decoder_s, 0.0))
+        self.spent, self.done, self._pending = self.spent + spent, self.done + done, self._pending + done
 
     def commit(self, n_files: int) -> None:
         """The run's first `n_files` files are committed: their work is done, however it went."""
-        self._committed = min(n_files, len(self._left_items) - 1)
-        self._pending_items[:] = 0
-        self._pending_tokens[:] = 0
+        self._committed = min(n_files, len(self._after) - 1)
+        self._pending = KindWork.zeros()
 
     def left(self) -> KindWork:
         """The work not done yet: the files not committed, less the rows measured since the last commit."""
-        n = self._committed
-        return KindWork(np.maximum(self._left_items[n] - self._pending_items, 0),
-                        np.maximum(self._left_tokens[n] - self._pending_tokens, 0))
+        return self._after[self._committed] - self._pending
 
     def estimate(self, elapsed_s: float, dtype: str | None = None) -> RunEstimate | None:
         """The estimate at `elapsed_s` seconds into the run, the model running in `dtype`; None
         before any batch is measured."""
-        if self.tokens.sum() == 0:
+        if self.done.items.sum() == 0:
             return None
         left = self.left()
-        seconds, is_measured = seconds_left(left, self.seconds, self.tokens)
-        planned = self._left_items[0]
-        sampled = self.items >= np.minimum(planned, SAMPLE_PER_KIND)
+        seconds, is_measured = seconds_left(left, self.spent, self.done)
+        sampled = self.done.items >= np.minimum(self._after[0].items, SAMPLE_PER_KIND)
         shown = [k for k in range(len(KIND_NAMES)) if left.items[k] > 0]
         estimate = RunEstimate(tuple(KIND_NAMES[k] for k in shown), tuple(int(left.items[k]) for k in shown),
                                tuple(float(seconds[k]) for k in shown), tuple(bool(is_measured[k]) for k in shown),
