@@ -38,23 +38,24 @@ def test_a_batch_shares_the_tower_among_its_image_rows_and_the_decoder_among_all
     np.testing.assert_allclose(seconds, [2.0 + 4.0 * 0.25, 4.0 * 0.75])
 
 
-def test_a_batch_adds_up_per_kind_its_seconds_around_the_model_shared_by_bytes():
-    rows = RowPlan(np.array([TEXT, IMAGE, IMAGE]), np.array([300, 100, 100]), np.array([1000, 3000, 4000]))
+def test_a_batch_adds_up_per_kind_its_seconds_around_the_model_shared_by_pixels():
+    rows = RowPlan(np.array([PDF, IMAGE, IMAGE]), np.array([300, 100, 100]), np.array([1000, 3000, 4000]))
     spent, done = batch_by_kind(rows, [1, 0], tower_s=2.0, decoder_s=4.0, other_s=2.0)
-    np.testing.assert_allclose(spent.model[[IMAGE, TEXT]], [3.0, 3.0])
-    np.testing.assert_allclose(spent.other[[IMAGE, TEXT]], [1.5, 0.5])  # bytes 3000 : 1000
-    assert done.items.tolist()[IMAGE] == 1 and done.tokens[TEXT] == 300 and done.nbytes[IMAGE] == 3000
+    np.testing.assert_allclose(spent.model[[IMAGE, PDF]], [0.5 + 1.0, 1.5 + 3.0])  # all rows have an image
+    np.testing.assert_allclose(spent.other[[IMAGE, PDF]], [1.5, 0.5])  # pixels 3000 : 1000
+    assert done.items[IMAGE] == 1 and done.tokens[PDF] == 300 and done.pixels[IMAGE] == 3000
 
 
-def test_seconds_left_are_each_kinds_work_at_its_own_rates_and_the_others_rates_when_unmeasured():
+def test_seconds_left_are_each_kinds_tokens_at_its_own_rate_and_all_pixels_at_one_rate():
     left = KindWork(items=np.array([10, 4, 5, 0]), tokens=np.array([1000, 2000, 500, 0]),
-                    nbytes=np.array([5000, 1000, 100, 0]))
+                    pixels=np.array([5000, 1000, 100, 0]))
     spent = KindSeconds(model=np.array([2.0, 0.0, 1.0, 0.0]), other=np.array([1.0, 0.0, 0.5, 0.0]))
-    done = KindWork(items=np.array([5, 0, 2, 0]), tokens=np.array([1000, 0, 1000, 0]), nbytes=np.array([10000, 0, 1000, 0]))
+    done = KindWork(items=np.array([5, 0, 2, 0]), tokens=np.array([1000, 0, 1000, 0]), pixels=np.array([10000, 0, 1000, 0]))
     seconds, is_measured = seconds_left(left, spent, done)
-    # image: 1000 tok x 2/1000 + 5000 B x 1/10000; text: 500 x 1/1000 + 100 x 0.5/1000;
-    # pdf unmeasured: 2000 tok x 3/2000 (all kinds' model rate) + 1000 B x 1.5/11000
-    np.testing.assert_allclose(seconds, [2.0 + 0.5, 3.0 + 1000 * 1.5 / 11000, 0.5 + 0.05, 0.0])
+    # tokens: image 2 s / 1000, text 1 s / 1000, pdf (unmeasured) all kinds' 3 s / 2000;
+    # pixels: (1 + 0.5) s / 11,000 px whatever the kind
+    per_pixel = 1.5 / 11000
+    np.testing.assert_allclose(seconds, [2.0 + 5000 * per_pixel, 3.0 + 1000 * per_pixel, 0.5 + 100 * per_pixel, 0.0])
     assert is_measured.tolist() == [True, False, True, False]
 
 
@@ -76,8 +77,7 @@ def test_rows_of_an_encode_call_are_planned_in_expansion_order(tmp_path):
     rows = plan_rows([image, pdf, "x" * 400], BOUNDS)
     assert rows.kinds.tolist() == [IMAGE, PDF, PDF, TEXT]
     assert rows.tokens.tolist() == [24, 84, 84, 120]
-    half = pdf.stat().st_size // 2  # a PDF's bytes shared among its pages
-    assert rows.nbytes.tolist() == [image.stat().st_size, half, half, 400]
+    assert rows.pixels.tolist() == [64 * 64, 65536, 65536, 0]  # a page is rendered at the budget
 
 
 def test_the_first_files_of_each_kind_come_first_pdfs_last_among_them():
@@ -120,17 +120,15 @@ def test_the_eta_after_a_batch_is_the_work_left_per_kind_at_its_measured_rate(tm
     estimate = seen[-1].estimate
     assert estimate.kinds == ("pdf", "text") and estimate.items_left == (2, 3)
     assert estimate.is_measured == (False, False) and not estimate.is_settled
-    # pages 2 x 84 and texts 3 x 120 tokens, at the images' 2 s / 48 tokens (and no second per byte)
+    # pages 2 x 84 and texts 3 x 120 tokens, at the images' 2 s / 48 tokens (and no second per pixel)
     np.testing.assert_allclose(estimate.seconds_left, [168 / 24, 360 / 24])
     assert seen[-1].eta_s == pytest.approx(22.0)
 
     encode.in_flight = SimpleNamespace(values=[files[2].path], rows=2, inputs=1, cost=CostTally())
     now[0] = 3.5  # the PDF's pages: 1 model second, 0.5 s more waited for (rendering)
     report(_trace([0, 1], tower_s=0.5, decoder_s=0.5))
-    # texts (3 x 120 tokens, 3 x 400 bytes) at all measured kinds' rates: (2 + 1) s / (48 + 168)
-    # tokens, and 0.5 s over the bytes of the images and the pages
-    measured_bytes = files[0].stat.size + files[1].stat.size + files[2].stat.size // 2 * 2
-    texts_s = 360 * 3.0 / 216 + 1200 * 0.5 / measured_bytes
+    # texts (3 x 120 tokens, no pixels) at all measured kinds' (2 + 1) s / (48 + 168) tokens
+    texts_s = 360 * 3.0 / 216
     assert seen[-1].eta_s == pytest.approx(texts_s)
     meter.commit(3)  # the chunk of the images and the PDF
     report()

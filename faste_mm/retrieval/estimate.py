@@ -1,7 +1,8 @@
 """How long an index run will take on this machine: the work its files hold per input kind
-(items, planned tokens from headers alone: image sizes, PDF page counts, text lengths; nothing
-decoded or rendered; and file bytes) and what each kind has cost so far, measured batch by batch:
-model seconds per token, and the seconds around the model (reading, decoding, rendering) per byte. Receives the run's files (`UpdatePlan.todo`) and the `BatchTrace`s of its encode calls;
+(items, planned tokens and the pixels to decode or render, from headers alone: image sizes, PDF
+page counts, text lengths; nothing decoded or rendered) and what it has cost so far, measured
+batch by batch: each kind's model seconds per token, and the seconds around the model (reading,
+decoding, rendering: on a busy CPU they share its cores with the model) per pixel. Receives the run's files (`UpdatePlan.todo`) and the `BatchTrace`s of its encode calls;
 hands `index` a `RunEstimate` (items and seconds left per kind) for its progress and report.
 """
 
@@ -27,8 +28,14 @@ PIXELS_PER_TOKEN = 32 * 32  # a 16-pixel patch, 2x2 merged: qwen-vl-utils resize
 PROMPT_TOKENS = 20  # the chat template around an item (a weight among a batch's rows, not exact)
 TEXT_BYTES_PER_TOKEN = 4  # UTF-8 prose; the same rule plans the measured and the waiting texts
 # Files of each kind put first in a run (`sample_first`), so that its first batches measure
-# every kind present; the estimate settles once this many items of each kind are measured.
+# every kind present.
 SAMPLE_PER_KIND = 4
+# The estimate settles (is worth telling) once the run's first chunk is committed (every stage
+# of its files measured: hashing, reading, decoding, the model, the commit), or once this many
+# items are measured, this many of each kind among them: the seconds around the model that a
+# batch waits for are uneven (a chunk's files are hashed before its first batch), and a few
+# batches' rates are off by more than the estimate's target of 25% (docs/performance.md).
+SETTLE_ITEMS = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,23 +50,24 @@ class TokenBounds:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class KindWork:
-    """Work per input kind, in `KIND_NAMES` order: items, planned tokens and file bytes, int64 [K]."""
+    """Work per input kind, in `KIND_NAMES` order, int64 [K]: items, planned tokens, and pixels
+    to decode or render (an image's own, a page's at the pixel budget; none for a text)."""
 
     items: np.ndarray
     tokens: np.ndarray
-    nbytes: np.ndarray
+    pixels: np.ndarray
 
     @classmethod
     def zeros(cls) -> "KindWork":
         return cls(*(np.zeros(len(KIND_NAMES), dtype=np.int64) for _ in range(3)))
 
     def __add__(self, other: "KindWork") -> "KindWork":
-        return KindWork(self.items + other.items, self.tokens + other.tokens, self.nbytes + other.nbytes)
+        return KindWork(self.items + other.items, self.tokens + other.tokens, self.pixels + other.pixels)
 
     def __sub__(self, other: "KindWork") -> "KindWork":
         """What is left of this work once `other` is done (never below zero)."""
         return KindWork(*(np.maximum(a - b, 0) for a, b in ((self.items, other.items), (self.tokens, other.tokens),
-                                                             (self.nbytes, other.nbytes))))
+                                                             (self.pixels, other.pixels))))
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -81,11 +89,11 @@ class KindSeconds:
 @dataclass(frozen=True, slots=True, eq=False)
 class RowPlan:
     """One encode call's rows (`expand_items` order): kind index int64 [N] into `KIND_NAMES`,
-    planned tokens int64 [N] and file bytes int64 [N] (a PDF's shared among its pages)."""
+    planned tokens int64 [N] and pixels to decode or render int64 [N]."""
 
     kinds: np.ndarray
     tokens: np.ndarray
-    nbytes: np.ndarray
+    pixels: np.ndarray
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,8 +103,9 @@ class RunEstimate:
     kinds: the kinds with work left, in `KIND_NAMES` order; items_left / seconds_left: per kind.
     is_measured: per kind, False where none of its items was measured yet, so its seconds use
         the measured kinds' seconds per token.
-    elapsed_s: the run's seconds when this was made; is_settled: every kind of the run has had
-        its first items measured (or the first chunk is committed): the estimate worth telling.
+    elapsed_s: the run's seconds when this was made; is_settled: the run's first chunk is
+        committed, or enough items of each kind are measured (`SETTLE_ITEMS`): the estimate
+        worth telling.
     dtype: the dtype the model runs in ("bfloat16"), which the rates hold for.
     """
 
@@ -142,32 +151,33 @@ def share_batch(tokens: np.ndarray, has_image: np.ndarray, tower_s: float, decod
 def batch_by_kind(rows: RowPlan, batch_rows: Sequence[int], tower_s: float, decoder_s: float,
                   other_s: float = 0.0) -> tuple[KindSeconds, KindWork]:
     """One batch's seconds and work per kind: its model seconds shared by `share_batch`, the
-    seconds around it (`other_s`) among its rows by their bytes. batch_rows: the batch's row
+    seconds around it (`other_s`) among its rows by their pixels. batch_rows: the batch's row
     indices into `rows` (`BatchTrace.rows`)."""
     index = np.asarray([r for r in batch_rows if r < len(rows.kinds)], dtype=np.int64)
     spent, done = KindSeconds.zeros(), KindWork.zeros()
     if index.size == 0:
         return spent, done
-    kinds, nbytes = rows.kinds[index], np.maximum(rows.nbytes[index].astype(np.float64), 1.0)
+    kinds, pixels = rows.kinds[index], np.maximum(rows.pixels[index].astype(np.float64), 1.0)
     np.add.at(spent.model, kinds, share_batch(rows.tokens[index], kinds != KIND_NAMES.index("text"), tower_s, decoder_s))
-    np.add.at(spent.other, kinds, other_s * nbytes / nbytes.sum())
-    for total, per_row in ((done.items, 1), (done.tokens, rows.tokens[index]), (done.nbytes, rows.nbytes[index])):
+    np.add.at(spent.other, kinds, other_s * pixels / pixels.sum())
+    for total, per_row in ((done.items, 1), (done.tokens, rows.tokens[index]), (done.pixels, rows.pixels[index])):
         np.add.at(total, kinds, per_row)
     return spent, done
 
 
 def seconds_left(left: KindWork, spent: KindSeconds, done: KindWork) -> tuple[np.ndarray, np.ndarray]:
     """Seconds [K] the work `left` takes at the rates measured on the work `done` in the seconds
-    `spent`: each kind's tokens at its model seconds per token, its bytes at its other seconds
-    per byte; and is_measured [K]. A kind with nothing measured uses all measured kinds' rates
-    (zero seconds when nothing is measured at all)."""
+    `spent`, and is_measured [K]: each kind's tokens at its model seconds per token (a kind with
+    none measured at all measured kinds' rate), and its pixels at the seconds around the model
+    per pixel of all kinds together. Those are one rate, not one per kind: while a batch of one
+    kind runs, the files of the next are decoded beside it (`model.prefetch`), so a batch's wait
+    is not its own kind's cost, but the CPU time they take adds up whichever kind is running.
+    Zero seconds when nothing is measured at all."""
     is_measured = done.items > 0
-
-    def rate(seconds: np.ndarray, amount: np.ndarray) -> np.ndarray:
-        overall = seconds.sum() / amount.sum() if amount.sum() > 0 else 0.0
-        return np.where(is_measured & (amount > 0), seconds / np.maximum(amount, 1), overall)
-
-    return (left.tokens * rate(spent.model, done.tokens) + left.nbytes * rate(spent.other, done.nbytes)), is_measured
+    overall = spent.model.sum() / done.tokens.sum() if done.tokens.sum() > 0 else 0.0
+    per_token = np.where(is_measured & (done.tokens > 0), spent.model / np.maximum(done.tokens, 1), overall)
+    per_pixel = spent.other.sum() / done.pixels.sum() if done.pixels.sum() > 0 else 0.0
+    return left.tokens * per_token + left.pixels * per_pixel, is_measured
 
 
 # ---- planned tokens, from headers ------------------------------------------------------------
@@ -194,22 +204,24 @@ def page_tokens(bounds: TokenBounds) -> int:
     return min(bounds.max_pixels // PIXELS_PER_TOKEN + PROMPT_TOKENS, bounds.max_length)
 
 
-def file_rows(path: Path, kind: str, size: int, bounds: TokenBounds) -> list[int]:
-    """Planned tokens of each item a file gives (a PDF one per page); [] for a file that will
-    fail (unreadable, unsupported). A video plans the token cap: counting needs the container."""
+def file_rows(path: Path, kind: str, size: int, bounds: TokenBounds) -> list[tuple[int, int]]:
+    """(planned tokens, pixels to decode or render) of each item a file gives (a PDF one per
+    page, rendered at the pixel budget); [] for a file that will fail (unreadable, unsupported).
+    size: the file's bytes (a text's length). A video plans the token cap: counting needs the container."""
     try:
         if kind == "image":
             from faste_mm.model.items import read_image_size
 
-            return [image_tokens(*read_image_size(Item(image=path)), bounds)]
+            width, height = read_image_size(Item(image=path))
+            return [(image_tokens(width, height, bounds), width * height)]
         if kind == "pdf":
-            return [page_tokens(bounds)] * count_pdf_pages(path)
+            return [(page_tokens(bounds), bounds.max_pixels)] * count_pdf_pages(path)
     except (InputError, OSError):
         return []
     if kind == "text":
-        return [text_tokens(size, bounds)]
+        return [(text_tokens(size, bounds), 0)]
     if kind == "video":
-        return [bounds.max_length]
+        return [(bounds.max_length, bounds.max_length * PIXELS_PER_TOKEN)]
     return []
 
 
@@ -223,7 +235,8 @@ def plan_files(files: Sequence[Any], bounds: TokenBounds) -> tuple[list[KindWork
         if f.kind in KINDS:
             rows = file_rows(f.path, f.kind, f.stat.size, bounds)
             column = KIND_NAMES.index(f.kind)
-            one.items[column], one.tokens[column], one.nbytes[column] = len(rows), sum(rows), f.stat.size if rows else 0
+            one.items[column] = len(rows)
+            one.tokens[column], one.pixels[column] = (sum(r[i] for r in rows) for i in (0, 1))
             if f.kind == "pdf":
                 pages[Path(f.path)] = len(rows)
         work.append(one)
@@ -233,35 +246,28 @@ def plan_files(files: Sequence[Any], bounds: TokenBounds) -> tuple[list[KindWork
 def plan_rows(values: Sequence[object], bounds: TokenBounds, pages: dict[Path, int] | None = None) -> RowPlan:
     """The rows an encode call of `values` embeds, in `expand_items` order (a PDF path without a
     page is one row per page; an unreadable one one row), with their kind, planned tokens and
-    bytes. pages: PDF page counts already known (`plan_files`)."""
+    pixels. pages: PDF page counts already known (`plan_files`)."""
     kinds: list[int] = []
-    tokens: list[int] = []
-    nbytes: list[int] = []
+    rows: list[tuple[int, int]] = []
     for position, value in enumerate(values):
         try:
-            item = as_item(value, position)
+            kind, item_rows = _item_rows(as_item(value, position), bounds, pages or {})
         except InputError:
-            kind, rows, size = "text", [PROMPT_TOKENS], 0
-        else:
-            kind, rows, size = _item_rows(item, bounds, pages or {})
-        kinds.extend([KIND_NAMES.index(kind)] * len(rows))
-        tokens.extend(rows)
-        nbytes.extend([size // len(rows)] * len(rows))
-    return RowPlan(*(np.array(column, dtype=np.int64) for column in (kinds, tokens, nbytes)))
+            kind, item_rows = "text", [(PROMPT_TOKENS, 0)]
+        kinds.extend([KIND_NAMES.index(kind)] * len(item_rows))
+        rows.extend(item_rows)
+    tokens, pixels = ([r[i] for r in rows] for i in (0, 1))
+    return RowPlan(*(np.array(column, dtype=np.int64) for column in (kinds, tokens, pixels)))
 
 
-def _file_size(source: object) -> int:
-    try:
-        return Path(str(source)).stat().st_size
-    except OSError:
-        return 0
-
-
-def _item_rows(item: Item, bounds: TokenBounds, pages: dict[Path, int]) -> tuple[str, list[int], int]:
-    """An item's kind, the planned tokens of each of its rows, and the bytes they share."""
+def _item_rows(item: Item, bounds: TokenBounds, pages: dict[Path, int]) -> tuple[str, list[tuple[int, int]]]:
+    """An item's kind and its rows' (planned tokens, pixels)."""
     if item.has_video:
-        return "video", [bounds.max_length], _file_size(item.video)
+        return "video", file_rows(Path(str(item.video)), "video", 0, bounds)
     if item.is_pdf:
+        page = (page_tokens(bounds), bounds.max_pixels)
+        if item.page is not None:
+            return "pdf", [page]
         path = Path(str(item.image))
         n_pages = pages.get(path)
         if n_pages is None:
@@ -269,16 +275,13 @@ def _item_rows(item: Item, bounds: TokenBounds, pages: dict[Path, int]) -> tuple
                 n_pages = count_pdf_pages(path)
             except (InputError, OSError):
                 n_pages = 1  # expand_items keeps an unreadable PDF as one (failed) row
-        if item.page is not None:  # one page of it: its share of the file
-            return "pdf", [page_tokens(bounds)], _file_size(path) // max(n_pages, 1)
-        return "pdf", [page_tokens(bounds)] * max(n_pages, 1), _file_size(path)
+        return "pdf", [page] * max(n_pages, 1)
     if item.has_image:
         if isinstance(item.image, (str, Path)) and kind_name(item.image) == "image":
-            return "image", file_rows(Path(item.image), "image", 0, bounds) or [PROMPT_TOKENS], _file_size(item.image)
-        size = getattr(item.image, "size", None)
-        return "image", [image_tokens(*size, bounds) if size else PROMPT_TOKENS], 0
-    text = (item.text or "").encode("utf-8")
-    return "text", [text_tokens(len(text), bounds)], len(text)
+            return "image", file_rows(Path(item.image), "image", 0, bounds) or [(PROMPT_TOKENS, 0)]
+        width, height = getattr(item.image, "size", (1, 1))
+        return "image", [(image_tokens(width, height, bounds), width * height)]
+    return "text", [(text_tokens(len((item.text or "").encode("utf-8")), bounds), 0)]
 
 
 # ---- one run's meter -------------------------------------------------------------------------
@@ -336,10 +339,11 @@ class RunMeter:
         left = self.left()
         seconds, is_measured = seconds_left(left, self.spent, self.done)
         sampled = self.done.items >= np.minimum(self._after[0].items, SAMPLE_PER_KIND)
+        is_settled = self._committed > 0 or (bool(sampled.all()) and self.done.items.sum() >= SETTLE_ITEMS)
         shown = [k for k in range(len(KIND_NAMES)) if left.items[k] > 0]
         estimate = RunEstimate(tuple(KIND_NAMES[k] for k in shown), tuple(int(left.items[k]) for k in shown),
                                tuple(float(seconds[k]) for k in shown), tuple(bool(is_measured[k]) for k in shown),
-                               elapsed_s, bool(sampled.all()) or self._committed > 0, dtype)
+                               elapsed_s, is_settled, dtype)
         if self.first is None and estimate.is_settled:
             self.first = estimate
         return estimate
