@@ -80,11 +80,13 @@ def test_rows_of_an_encode_call_are_planned_in_expansion_order(tmp_path):
     assert rows.pixels.tolist() == [64 * 64, 65536, 65536, 0]  # a page is rendered at the budget
 
 
-def test_the_first_files_of_each_kind_come_first_pdfs_last_among_them():
-    files = [SimpleNamespace(kind=k, name=f"{k}{i}") for k in ("image", "pdf", "text") for i in range(6)]
+def test_the_first_files_of_each_kind_come_first_then_the_rest_in_the_kinds_mix():
+    files = [SimpleNamespace(kind=k, name=f"{k}{i}") for k, n in (("image", 10), ("pdf", 4), ("text", 4)) for i in range(n)]
     ordered = [f.name for f in sample_first(files, per_kind=2)]
-    assert ordered[:6] == ["image0", "image1", "text0", "text1", "pdf0", "pdf1"]
-    assert sorted(ordered) == sorted(f.name for f in files) and ordered[6:9] == ["image2", "image3", "image4"]
+    assert ordered[:6] == ["image0", "image1", "text0", "text1", "pdf0", "pdf1"]  # PDFs last among them
+    # the rest: 8 images, 2 PDFs, 2 texts, each kind at (rank + 0.5) / count of the run
+    assert ordered[6:] == ["image2", "image3", "pdf2", "text2", "image4", "image5", "image6", "image7",
+                           "pdf3", "text3", "image8", "image9"]
 
 
 def _folder(tmp_path: Path) -> list:

@@ -350,9 +350,12 @@ class RunMeter:
 
 
 def sample_first(files: Sequence[Any], per_kind: int = SAMPLE_PER_KIND) -> tuple[Any, ...]:
-    """`files` (with a `kind`) with the first `per_kind` of each kind moved to the front (PDFs
-    last among them: each is many rows, and the embedder plans its first batches from its first
-    16 rows), the rest in their order: a run's first batches then measure every kind it holds."""
+    """`files` (with a `kind`) in the order a run embeds them: the first `per_kind` of each kind
+    (PDFs last among them: each is many rows, and the embedder plans its first batches from its
+    first 16 rows), then the rest interleaved by kind in proportion to their counts (each kind
+    in its own order). Every stretch of the run then holds the kinds in the folder's mix: its
+    first batches measure every kind, and the rates measured early are those of the rest (on a
+    busy CPU a kind's seconds depend on what is decoded beside it)."""
     taken: dict[str, int] = {}
     first, rest = [], []
     for f in files:
@@ -362,4 +365,13 @@ def sample_first(files: Sequence[Any], per_kind: int = SAMPLE_PER_KIND) -> tuple
         else:
             rest.append(f)
     first.sort(key=lambda f: f.kind == "pdf")  # stable: scan order otherwise
-    return (*first, *rest)
+    counts: dict[str, int] = {}
+    for f in rest:
+        counts[f.kind] = counts.get(f.kind, 0) + 1
+    rank: dict[str, int] = {}
+    positions = []  # each file's place in its kind, as a share of the kind: (rank + 0.5) / count
+    for f in rest:
+        rank[f.kind] = rank.get(f.kind, 0) + 1
+        positions.append((rank[f.kind] - 0.5) / counts[f.kind])
+    order = sorted(range(len(rest)), key=lambda i: positions[i])  # stable: ties keep scan order
+    return (*first, *(rest[i] for i in order))
