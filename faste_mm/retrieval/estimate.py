@@ -1,9 +1,8 @@
 """How long an index run will take on this machine: the work its files hold per input kind
-(items, planned tokens and the pixels to decode or render, from headers alone: image sizes, PDF
-page counts, text lengths; nothing decoded or rendered) and what it has cost so far, measured
-batch by batch: each kind's model seconds per token, and the seconds around the model (reading,
-decoding, rendering: on a busy CPU they share its cores with the model) per pixel. Receives the run's files (`UpdatePlan.todo`) and the `BatchTrace`s of its encode calls;
-hands `index` a `RunEstimate` (items and seconds left per kind) for its progress and report.
+(items, planned tokens and pixels to decode or render, from headers alone) and what it has cost
+so far, batch by batch: each kind's model seconds per token, and the seconds around the model
+(reading, decoding, rendering) per pixel. Receives the run's files (`UpdatePlan.todo`) and the
+`BatchTrace`s of its encode calls; hands `index` a `RunEstimate` (items and seconds left per kind).
 """
 
 from __future__ import annotations
