@@ -161,8 +161,9 @@ ESTIMATE_LINE_S = 60.0
 class _IndexWatch(Progress):
     """index progress on stderr, advanced per embedded batch: files committed, items/s,
     tokens/s, the share of prefix tokens removed and an ETA from the time left per input kind
-    (see `cli.progress.Progress`); once the first items of each kind are measured, one line
-    saying how long the rest takes, when that is more than ESTIMATE_LINE_S."""
+    (see `cli.progress.Progress`); once the estimate settles (`retrieval.estimate`: the first
+    chunk committed), one line saying how long the rest takes, when that is more than
+    ESTIMATE_LINE_S."""
 
     def __init__(self) -> None:
         super().__init__()

@@ -117,8 +117,8 @@ class IndexReport(CostTally):
     facts_filled: int = 0
     # Why a metadata field was left empty (hostile or broken value) -> how many files.
     metadata_issues: Mapping[str, int] = field(default_factory=dict)
-    # The run's seconds as first estimated once its first items of each kind were measured
-    # (`faste_mm.retrieval.estimate`), and when; None when nothing was embedded in this process.
+    # The run's seconds as first estimated, once the estimate settled (`faste_mm.retrieval.estimate`:
+    # the first chunk committed), and when; None when nothing was embedded in this process.
     estimated_s: float | None = None
     estimated_at_s: float | None = None
 
