@@ -31,7 +31,7 @@ from faste_mm.model.faste import FastEConfig
 from faste_mm.model.items import Item, as_item, count_pdf_pages, expand_items
 from faste_mm.model.serialization import OFFICIAL_MAX_PIXELS, SerializerConfig, pixel_budget
 from faste_mm.retrieval.decoders import document_input
-from faste_mm.retrieval.estimate import KIND_NAMES, KindSeconds, KindWork, TokenBounds, batch_by_kind, plan_rows
+from faste_mm.retrieval.estimate import KIND_NAMES, TokenBounds, plan_rows, seconds_per_item
 from faste_mm.retrieval.scanning import ScanFilter, scan_paths
 from faste_mm.model.backbones.machine import device_name
 from faste_mm.tools.plan_report import CandidateResult, PlanReport, pareto_front, recommend
@@ -287,19 +287,10 @@ def plan(embedder: Embedder, items: Sequence[object], config: PlanConfig | None 
 
 
 def folder_seconds(inputs: Sequence[object], run: EmbedResult, max_pixels: int, folder: Mapping[str, int]) -> float:
-    """Seconds indexing `folder` (items per kind) takes at `run`'s seconds per item of each kind:
-    each batch's model seconds shared among its rows by kind (`retrieval.estimate`), times the
-    call's wall seconds per model second (reading and resizing, overlapped); a kind the run
-    embedded none of at its mean seconds per item."""
+    """Seconds indexing `folder` (items per kind) takes at `run`'s seconds per item of each kind
+    (`retrieval.estimate.seconds_per_item`)."""
     rows = plan_rows(inputs, TokenBounds(SerializerConfig().min_pixels, max_pixels))
-    spent, done = KindSeconds.zeros(), KindWork.zeros()
-    for trace in run.stats.batches:
-        batch_spent, batch_done = batch_by_kind(rows, trace.rows, trace.tower_s, trace.decoder_s)
-        spent, done = spent + batch_spent, done + batch_done
-    seconds, items = spent.model, done.items
-    wall = run.stats.elapsed_s / seconds.sum() if seconds.sum() > 0 else 1.0
-    mean = run.stats.elapsed_s / max(int(items.sum()), 1)
-    per_item = np.where(items > 0, wall * seconds / np.maximum(items, 1), mean)
+    per_item = seconds_per_item(rows, run.stats.batches, run.stats.elapsed_s)
     file_kinds = {stratum: name for name, stratum in _KIND_OF_FILE.items()}
     return float(sum(n * per_item[KIND_NAMES.index(file_kinds[kind])] for kind, n in folder.items()))
 
