@@ -173,7 +173,7 @@ def test_cli_lexical_search_needs_no_model_and_says_which_side_found_each_hit(tm
     assert [h["uri"] for h in payload["hits"]] == ["/docs/INV-2024-003.pdf", "/docs/INV-2024-001.pdf"]
     assert {h["found_by"] for h in payload["hits"]} == {"lexical"}
     bad = CliRunner().invoke(app, ["search", "fox", "--mode", "fuzzy", "-c", str(root)])
-    assert bad.exit_code == 2 and "--mode must be one of dense, lexical, hybrid" in bad.stderr
+    assert bad.exit_code == 2 and "--mode 'fuzzy' is not one of dense, lexical, hybrid" in bad.stderr
 
 
 def test_hybrid_rescores_the_deep_dense_list_only_k_x_rescore_rows_and_fuses_the_same(tmp_path, monkeypatch):

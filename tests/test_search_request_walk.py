@@ -32,6 +32,7 @@ from faste_mm.cli.app import app  # noqa: E402
 from faste_mm.retrieval.search_request import DEFAULTS, MAX_QUERY_CHARS, OPTIONS, options_for, options_table  # noqa: E402
 from faste_mm.serving.discovery import find_server  # noqa: E402
 from tests.helpers.bounds import first_line  # noqa: E402
+from tests.helpers.photo_fixtures import exif_block, make_photo  # noqa: E402
 from tests.helpers.warm_process import start_cli  # noqa: E402
 from tests.helpers.mcp_fixtures import check_structured, http_transport, open_session, tiny_collection  # noqa: E402
 from tests.helpers.rerank_fixtures import reranker_dirs  # noqa: E402, F401
@@ -46,6 +47,9 @@ def world(tmp_path_factory, reranker_dirs):  # noqa: F811
     """A collection recording the tiny reranker, served by `faste-mm serve -c` (which loads it)."""
     base = tmp_path_factory.mktemp("walk")
     embedder, col, gallery, _ = tiny_collection(base, reranker=str(reranker_dirs["qwen3_vl_reranker"]))
+    # a photo with a date taken and GPS in Nairobi: the facts a hit carries and `where` matches
+    make_photo(gallery / "nairobi.jpg", 3, exif=exif_block(taken="2024:05:01 10:00:00", gps=(-1.2864, 36.8172, 1700.0)))
+    Retriever(embedder, collection=col).index([gallery])
     server = start_cli(["serve", "-c", str(col), "--port", "0", "--device", "cpu", "--threads", "1"])
     try:
         line = first_line(server, "faste-mm serve")
@@ -209,7 +213,7 @@ def test_mcp_search_takes_every_option_and_its_hits_carry_their_facts(world):
     # a mapping reads as the CLI's KEY=VALUE words: a fact's name is the fact, as `--where country=Kenya`
     kenya = _mcp(world, {"query": QUERY, "where": {"country": "Kenya"}, "rerank": False, "thumbnails": False})
     words = _mcp(world, {"query": QUERY, "where": ["country=Kenya"], "rerank": False, "thumbnails": False})
-    assert kenya["hits"] == words["hits"] == []
+    assert kenya["hits"] == words["hits"] and [Path(h["uri"]).name for h in kenya["hits"]] == ["nairobi.jpg"]
 
 
 def test_a_300_kb_query_with_the_collections_reranker_is_searched_by_its_first_2000_characters(world):
