@@ -35,6 +35,7 @@ class BatchTrace(CostTally):
     attention: str = PADDED  # the layers after compression: "padded" or the unpadded kernel's name
     image_grids: list[tuple[int, int, int]] = field(default_factory=list)  # (t, h, w) patches per image
     video_grids: list[tuple[int, int, int]] = field(default_factory=list)  # (frame pairs, h, w) per video
+    patch_units: list[tuple[int, int]] = field(default_factory=list)  # per row: (merge units kept, in the image)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -105,6 +106,7 @@ def run_decoder(
         attention=PADDED if packed is None else packed.name,
         image_grids=list(batch.image_grids),
         video_grids=list(batch.video_grids),
+        patch_units=list(batch.patch_units),
         tower_s=tower_s,
         decoder_s=decoder_s,
     )

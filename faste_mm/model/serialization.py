@@ -22,6 +22,7 @@ DEFAULT_INSTRUCTION = "Represent the user's input."
 # `--visual-tokens`, the friendlier spelling of an image budget in pixels.
 PIXELS_PER_VISUAL_TOKEN = 32 * 32
 OFFICIAL_MAX_PIXELS = 1_843_200  # qwen-vl-utils' image cap in the official embedder: 1800 visual tokens
+MERGE_UNIT = 4  # patches per merged visual token (Qwen3-VL's 2 x 2 spatial merge)
 
 
 def pixel_budget(max_pixels: int | None = None, visual_tokens: int | None = None,
@@ -78,10 +79,22 @@ class Serialized:
     pixel_values_videos: torch.Tensor | None = None  # [P_v, C] flattened patches of the one video
     video_grid_thw: torch.Tensor | None = None  # [1, 3] (frame pairs, h, w) patches
     protected: int = 0  # leading positions a compressor must keep (a reranker pair's instruction + query)
+    # [U_kept] int64: the image's merge units left after duplicate-patch removal (indices into the
+    # full grid's units, in order; faste_mm.model.patch_dedup); None = every unit
+    kept_units: torch.Tensor | None = None
 
     @property
     def length(self) -> int:
         return int(self.input_ids.shape[0])
+
+    @property
+    def patch_units(self) -> tuple[int, int]:
+        """(merge units the tower sees, merge units of the full image grid); (0, 0) without an image."""
+        if self.image_grid_thw is None:
+            return 0, 0
+        t, h, w = (int(x) for x in self.image_grid_thw[0])
+        total = t * h * w // MERGE_UNIT
+        return (total if self.kept_units is None else int(self.kept_units.shape[0])), total
 
     @classmethod
     def from_processor(cls, encoded, input_ids: torch.Tensor, mm_token_type_ids: torch.Tensor, truncated: bool,
