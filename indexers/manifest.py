@@ -30,7 +30,7 @@ DEFAULT_MEMORY_BUDGET_BYTES = 4 * 2**30
 # Fields that make vectors incomparable when they differ (order = order of the error message).
 COMPATIBILITY_FIELDS = (
     "model_id", "model_revision", "dim", "document_instruction",
-    "min_pixels", "max_pixels", "video", "normalized", "metric", "vectors", "keep",
+    "min_pixels", "max_pixels", "video", "patch_dedup", "normalized", "metric", "vectors", "keep",
 )
 
 
@@ -94,6 +94,8 @@ class Manifest:
     reranker: the collection's default reranker (hub id or folder) for searches; None = none.
     ocr: the text inside images and scanned pages is read (OCR) into the lexical index at index time.
     min_score: the searches' default minimum score (a cosine; checked by the profile); None = none.
+    patch_dedup: duplicate-patch removal before the vision tower ("off", "exact", "near"; checked by
+        the profile); "off" for collections made before it.
     receipt: what `faste-mm plan` measured for these settings (read as a `PlanReceipt` by the
         profile), None when the collection was indexed without a plan; informational.
     """
@@ -126,6 +128,7 @@ class Manifest:
     reranker: str | None = None
     ocr: bool = False
     min_score: float | None = None
+    patch_dedup: str = "off"
 
     def __post_init__(self) -> None:
         if not isinstance(self.model_id, str) or not self.model_id:
@@ -210,7 +213,8 @@ class Manifest:
             "normalized": self.normalized,
             "metric": self.metric,
             "document_instruction": self.document_instruction,
-            "serializer": {"min_pixels": self.min_pixels, "max_pixels": self.max_pixels, "video": None if self.video is None else dict(self.video)},
+            "serializer": {"min_pixels": self.min_pixels, "max_pixels": self.max_pixels,
+                           "video": None if self.video is None else dict(self.video), "patch_dedup": self.patch_dedup},
             "fast_e": self.fast_e.to_dict() if self.fast_e is not None else None,
             "index": {
                 "type": self.index_type,
@@ -248,6 +252,7 @@ class Manifest:
                 min_pixels=serializer.get("min_pixels", 4096),
                 max_pixels=serializer.get("max_pixels", 1_843_200),
                 video=serializer.get("video"),
+                patch_dedup=serializer.get("patch_dedup", "off"),
                 fast_e=d.get("fast_e"),
                 index_type=index.get("type", "auto"),
                 memory_budget_bytes=index.get("memory_budget_bytes", DEFAULT_MEMORY_BUDGET_BYTES),

@@ -92,7 +92,7 @@ def test_near_drops_units_within_the_tolerance_and_keeps_those_beyond(vl_embedde
 def test_the_decoder_sees_one_visual_token_per_kept_unit(vl_embedder):
     page, cells = margin_page(seed=3)
     batch = next(iter(vl_embedder.prepare_batches([Item(image=page)], [0], patch_dedup=EXACT)))
-    assert batch.patch_units == ((len(cells) + 1, 48),)
+    assert batch.patch_units == ((len(cells) + 1, 48),) and batch.tower_units == (len(cells) + 1,)
     vision = vl_embedder.backbone.encode_vision(batch)
     assert vision.sizes == [len(cells) + 1] and vision.merged.shape[0] == len(cells) + 1
     state = vl_embedder.backbone.embed(batch, vision)
@@ -162,4 +162,4 @@ def test_dedup_matches_a_reference_built_from_transformers_pieces(vl_embedder, m
     np.testing.assert_allclose(got.embeddings, expected.numpy(), atol=1e-5)
     if fast_e is not None:
         assert got.stats.batches[0].trigger_layer == trigger
-    assert got.stats.patch_units == (12, 96)
+    assert (got.stats.kept_image_units, got.stats.image_units) == (12, 96) and got.stats.patches_kept == 0.125

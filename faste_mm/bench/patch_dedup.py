@@ -26,7 +26,7 @@ from faste_mm.bench.options import add_device, add_model, add_rounds, add_workdi
 from faste_mm.bench.rounds import mirrored_rounds
 from faste_mm.bench.schema import SuiteRun
 from faste_mm.errors import ConfigError
-from faste_mm.model.patch_dedup import PATCH_DEDUP_MODES, PatchDedupConfig, kept_share
+from faste_mm.model.patch_dedup import PATCH_DEDUP_MODES, PatchDedupConfig
 
 CONTENDERS = ("neither", "dedup", "faste", "both", "hf")
 
@@ -37,7 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--layers", type=int, default=4, help="decoder layers of the built 2B-width model (default 4; the real one has 28)")
     parser.add_argument("--blocks", type=int, default=4, help="vision tower blocks of the built model (default 4; the real one has 24)")
     add_model(parser)
-    add_device(parser)
+    add_device(parser, dtype=False)
+    parser.add_argument("--dtype", default="bfloat16",
+                        help="float32 or bfloat16 (default bfloat16, the dtype faste-mm and transformers load the real checkpoint in)")
     add_rounds(parser, default=2)
     parser.add_argument("--kinds", default=",".join(PAGE_KINDS), help=f"page kinds drawn by the bench (default {','.join(PAGE_KINDS)})")
     parser.add_argument("--n", type=int, default=1, help="pages of each kind (default 1)")
@@ -111,8 +113,8 @@ def _row(kind: str, n: int, timed) -> dict:
     for name in ("dedup", "both"):
         if name in timed:
             stats = timed[name].output.stats
-            row.setdefault("patch_units", list(stats.patch_units))
-            row.setdefault("patches_kept", kept_share(*stats.patch_units))
+            row.setdefault("patch_units", [stats.kept_image_units, stats.image_units])
+            row.setdefault("patches_kept", stats.patches_kept)
             row.setdefault("tower_s", {})[name] = stats.tower_s
     if "neither" in timed:
         row.setdefault("tower_s", {})["neither"] = timed["neither"].output.stats.tower_s
@@ -133,7 +135,7 @@ def _total(rows: list[dict]) -> dict:
     units = [row["patch_units"] for row in rows if "patch_units" in row]
     if units:
         total["patch_units"] = [sum(kept for kept, _ in units), sum(full for _, full in units)]
-        total["patches_kept"] = kept_share(*total["patch_units"])
+        total["patches_kept"] = total["patch_units"][0] / total["patch_units"][1]
     return total
 
 

@@ -124,7 +124,8 @@ class Batch:
     # duplicate-patch removal (faste_mm.model.patch_dedup): the rows of the images' full patch
     # sequence that `pixel_values` holds ([sum P_kept] int64), None when no image dropped a unit
     kept_patches: torch.Tensor | None = None
-    patch_units: tuple[tuple[int, int], ...] = ()  # per row: (merge units kept, units in the image); (0, 0) without one
+    tower_units: tuple[int, ...] = ()  # per image, in row order: merge units the tower sees
+    patch_units: tuple[tuple[int, int], ...] = ()  # per row: (units kept, units) where removal looked, else (0, 0)
 
     @property
     def size(self) -> int:
@@ -216,6 +217,7 @@ def collate(items: list[Serialized], rows: list[int], pad_token_id: int, release
         video_grids=() if video_grids is None else tuple(tuple(g) for g in video_grids.tolist()),
         protected=torch.tensor([item.protected for item in items]) if any(item.protected for item in items) else None,
         kept_patches=kept_patches,
+        tower_units=tuple(item.tower_units for item in items if item.image_grid_thw is not None),
         patch_units=tuple(item.patch_units for item in items),
     )
 
@@ -227,9 +229,10 @@ def _kept_patches(items: list[Serialized]) -> torch.Tensor | None:
         return None
     parts, start = [], 0
     for item in items:
-        kept, total = item.patch_units
-        if total == 0:
+        if item.image_grid_thw is None:
             continue
+        t, h, w = (int(x) for x in item.image_grid_thw[0])
+        total = t * h * w // MERGE_UNIT
         units = torch.arange(total) if item.kept_units is None else item.kept_units
         parts.append(start + (units[:, None] * MERGE_UNIT + torch.arange(MERGE_UNIT)).reshape(-1))
         start += total * MERGE_UNIT

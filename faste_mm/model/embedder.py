@@ -24,7 +24,7 @@ from faste_mm.model.flops import (DecoderShape, batch_flops, flops_reduction, fu
 from faste_mm.model.cost import CostTally
 from faste_mm.model.items import Failure, Item, expand_items, failure_reason
 from faste_mm.model.machine_plan import use_torch_threads
-from faste_mm.model.patch_dedup import PatchDedupConfig, PixelNorm, applies_to, drop_repeated_units, kept_share
+from faste_mm.model.patch_dedup import PatchDedupConfig, PixelNorm, applies_to, drop_repeated_units
 from faste_mm.model.pooling import truncate_dim
 from faste_mm.model.prefetch import ItemError, PrepTimer, prefetch_batches
 from faste_mm.model.runner import BatchTrace, run_decoder, settle_kernel
@@ -81,16 +81,10 @@ class EmbedStats(CostTally):
                 counts[trace.attention] = counts.get(trace.attention, 0) + 1
         return counts
 
-    @property
-    def patch_units(self) -> tuple[int, int]:
-        """(merge units the tower saw, merge units of the full images) over every image of the call."""
-        pairs = [pair for trace in self.batches for pair in trace.patch_units if pair[1]]
-        return sum(kept for kept, _ in pairs), sum(total for _, total in pairs)
-
     def patch_shares(self) -> dict[int, float]:
-        """Item row -> the share of its image's patches the tower saw (duplicate-patch removal;
-        1.0 without it), for every embedded item with an image."""
-        return {row: kept_share(kept, total) for trace in self.batches
+        """Item row -> the share of its image's patches the tower saw, for every embedded item
+        whose image duplicate-patch removal looked at."""
+        return {row: kept / total for trace in self.batches
                 for row, (kept, total) in zip(trace.rows, trace.patch_units) if total}
 
     @property
@@ -112,7 +106,9 @@ class EmbedStats(CostTally):
             "flops_vision": self.flops_vision,
             "flops_reduction_with_vision": self.flops_reduction_with_vision,
             "mean_trigger_layer": self.mean_trigger_layer,
-            "patches_kept": kept_share(*self.patch_units),
+            "image_units": self.image_units,
+            "kept_image_units": self.kept_image_units,
+            "patches_kept": self.patches_kept,
             "attention": self.attention,
             "attention_trial": self.attention_trial,
             "serialize_s": self.serialize_s,
@@ -426,10 +422,10 @@ class Embedder:
 def tower_grids(trace: BatchTrace) -> list[tuple[int, int, int]]:
     """The images' grids as the tower ran them: an image that dropped repeated units attends over
     its kept patches only, which `vision_flops` counts as a frame of 1 x (kept patches)."""
-    kept = [pair for pair in trace.patch_units if pair[1]]
-    if len(kept) != len(trace.image_grids):  # traces without per-row units (a reranker's)
+    if len(trace.tower_units) != len(trace.image_grids):  # traces without per-image units (a reranker's)
         return list(trace.image_grids)
-    return [grid if units == total else (1, units * MERGE_UNIT, 1) for grid, (units, total) in zip(trace.image_grids, kept)]
+    return [grid if units * MERGE_UNIT == grid[0] * grid[1] * grid[2] else (1, units * MERGE_UNIT, 1)
+            for grid, units in zip(trace.image_grids, trace.tower_units)]
 
 
 def item_failure(items: list[Item], sources: list[int], error: ItemError) -> Failure:

@@ -13,13 +13,15 @@ their original 2-D RoPE and learned positions (`vision_tower.KeptPatches`).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-
-import numpy as np
-import torch
+from typing import TYPE_CHECKING
 
 from faste_mm.errors import ConfigError
 from faste_mm.kinds import dedups_patches
 from faste_mm.model.opened_files import file_name
+
+if TYPE_CHECKING:  # torch and numpy are imported where patches are compared: the profile reads the modes cheaply
+    import numpy as np
+    import torch
 
 PATCH_DEDUP_MODES = ("off", "exact", "near")
 # near: a unit is dropped when every one of its pixel values lies in the same bucket of this many
@@ -74,6 +76,9 @@ def repeated_units(pixel_values: torch.Tensor, grid_thw: torch.Tensor, merge: in
     pixel_values [t x h x w, C x T_p x P x P] of ONE image in the processor's order (the merge x
     merge patches of a unit are consecutive rows, units row-major per frame); grid_thw [1, 3].
     """
+    import numpy as np
+    import torch
+
     t, h, w = (int(x) for x in grid_thw[0])
     per_unit = merge * merge
     units = pixel_values.reshape(t, h * w // per_unit, per_unit * pixel_values.shape[-1]).numpy()  # [t, U_f, V]
@@ -89,6 +94,8 @@ def repeated_units(pixel_values: torch.Tensor, grid_thw: torch.Tensor, merge: in
 
 def _levels(units: np.ndarray, norm: PixelNorm, row: int) -> np.ndarray:
     """Normalised patch values [..., V] (rows of `row` values, channel-major) as 8-bit levels (int16)."""
+    import numpy as np
+
     channels = len(norm.mean)
     scale = np.repeat(np.asarray(norm.std, np.float32) * 255, row // channels)  # [row]
     shift = np.repeat(np.asarray(norm.mean, np.float32) * 255, row // channels)
@@ -99,16 +106,20 @@ def _levels(units: np.ndarray, norm: PixelNorm, row: int) -> np.ndarray:
 def drop_repeated_units(item, config: PatchDedupConfig, norm: PixelNorm, image_token_id: int, merge: int = 2):
     """`item` (a `Serialized` with one image and its MRoPE positions) without the image's repeated
     merge units: their patch rows, placeholder tokens, token types and positions go; the kept
-    units' indices (into the full grid's units, in order) are recorded in `kept_units`. Returned
-    unchanged (kept_units None) when nothing repeats or the item has no image.
+    units' indices (into the full grid's units, in order) are recorded in `kept_units`, and
+    (units kept, units of the image) in `patch_units`. Where nothing repeats, only `patch_units`
+    is set (kept_units None: the tower runs exactly as without removal); without an image, nothing.
     """
+    import torch
+
     if not config.is_on or item.pixel_values is None:
         return item
     if item.position_ids is None:  # positions come from the full sequence; without them, dropping would renumber
         raise RuntimeError("drop_repeated_units needs the item's MRoPE positions (Backbone.with_positions) first")
     repeated = repeated_units(item.pixel_values, item.image_grid_thw, merge, config, norm)  # [U]
+    units = int(repeated.shape[0])
     if not bool(repeated.any()):
-        return item
+        return replace(item, patch_units=(units, units))
     kept_units = (~repeated).nonzero()[:, 0]  # [U_kept]
     per_unit = merge * merge
     rows = (kept_units[:, None] * per_unit + torch.arange(per_unit)).reshape(-1)  # [P_kept]
@@ -122,6 +133,7 @@ def drop_repeated_units(item, config: PatchDedupConfig, norm: PixelNorm, image_t
         position_ids=item.position_ids[:, keep],
         pixel_values=item.pixel_values[rows],
         kept_units=kept_units,
+        patch_units=(int(kept_units.shape[0]), units),
     )
 
 
@@ -136,8 +148,3 @@ def applies_to(item) -> bool:
     if isinstance(item.image, Image.Image):
         return True
     return dedups_patches(file_name(item.image))
-
-
-def kept_share(kept: int, total: int) -> float:
-    """The share of an image's patches that reach the tower (1.0 for an image without dedup)."""
-    return 1.0 if total == 0 else kept / total

@@ -79,22 +79,25 @@ class Serialized:
     pixel_values_videos: torch.Tensor | None = None  # [P_v, C] flattened patches of the one video
     video_grid_thw: torch.Tensor | None = None  # [1, 3] (frame pairs, h, w) patches
     protected: int = 0  # leading positions a compressor must keep (a reranker pair's instruction + query)
-    # [U_kept] int64: the image's merge units left after duplicate-patch removal (indices into the
-    # full grid's units, in order; faste_mm.model.patch_dedup); None = every unit
+    # duplicate-patch removal (faste_mm.model.patch_dedup): [U_kept] int64, the image's merge units
+    # left (indices into the full grid's units, in order), None = every unit; and (units kept, units
+    # of the image) where removal looked at the image, (0, 0) where it did not
     kept_units: torch.Tensor | None = None
+    patch_units: tuple[int, int] = (0, 0)
 
     @property
     def length(self) -> int:
         return int(self.input_ids.shape[0])
 
     @property
-    def patch_units(self) -> tuple[int, int]:
-        """(merge units the tower sees, merge units of the full image grid); (0, 0) without an image."""
+    def tower_units(self) -> int:
+        """Merge units of this item's image that reach the vision tower (0 without an image)."""
         if self.image_grid_thw is None:
-            return 0, 0
+            return 0
+        if self.kept_units is not None:
+            return int(self.kept_units.shape[0])
         t, h, w = (int(x) for x in self.image_grid_thw[0])
-        total = t * h * w // MERGE_UNIT
-        return (total if self.kept_units is None else int(self.kept_units.shape[0])), total
+        return t * h * w // MERGE_UNIT
 
     @classmethod
     def from_processor(cls, encoded, input_ids: torch.Tensor, mm_token_type_ids: torch.Tensor, truncated: bool,

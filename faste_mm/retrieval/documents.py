@@ -65,7 +65,8 @@ class CollectionDocuments:
         try:
             # Matryoshka collections store the first `dim` dimensions, re-normalised (checked above).
             return embedder.encode_documents(values, fast_e=self._profile.fast_e(), dim=self._profile.dim,
-                                             on_error=on_error, on_batch=self._batch_done)
+                                             on_error=on_error, on_batch=self._batch_done,
+                                             patch_dedup=self._profile.patch_dedup_config())
         finally:
             self.in_flight = _InFlight()  # the caller's tally counts the result from now on
 

@@ -544,7 +544,8 @@ class Retriever:
             self._open_reader()
             profile = self._reader_profile
         return self._embedder_for(profile).encode_documents(documents, fast_e=profile.fast_e(), dim=profile.dim,
-                                                            on_error=on_error)
+                                                            on_error=on_error,
+                                                            patch_dedup=profile.patch_dedup_config())
 
     def _open_reader(self, check_model: bool = True) -> Collection:
         """The collection opened for reading, once its profile is checked against this

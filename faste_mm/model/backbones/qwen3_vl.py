@@ -132,9 +132,9 @@ def kept_patches(batch: Batch) -> KeptPatches | None:
     attention frame per image (its kept patches) and per video frame. None without dedup."""
     if batch.kept_patches is None:
         return None
-    images = [(kept, total) for kept, total in batch.patch_units if total]
-    full_image_patches = sum(total for _, total in images) * MERGE_UNIT
-    index, lengths, sizes = [batch.kept_patches], [kept * MERGE_UNIT for kept, _ in images], [kept for kept, _ in images]
+    full_image_patches = sum(t * h * w for t, h, w in batch.image_grids)
+    sizes = list(batch.tower_units)
+    index, lengths = [batch.kept_patches], [units * MERGE_UNIT for units in sizes]
     video_patches = sum(t * h * w for t, h, w in batch.video_grids)
     if video_patches:
         device = batch.kept_patches.device
