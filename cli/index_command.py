@@ -172,6 +172,13 @@ class _IndexWatch(Progress):
         self.update(p.files_done, p.files_total, detail=rates, share=p.fraction)
 
 
+def _patch_line(report) -> tuple[tuple[str, str], ...]:
+    """The report's duplicate-patch removal line ("pages: 48% of patches kept"), where it ran."""
+    if report.patches_kept is None:
+        return ()
+    return (("pages (--patch-dedup)", f"{report.patches_kept:.0%} of patches kept"),)
+
+
 def _render_index_report(report) -> None:
     table = Table(title="faste-mm index")
     table.add_column("metric")
@@ -181,6 +188,7 @@ def _render_index_report(report) -> None:
                         ("files removed (vanished)", report.removed),
                         ("files skipped (removed earlier)", report.excluded), ("items failed", report.failed),
                         ("prefix tokens removed", f"{report.prefix_removal:.1%}"),
+                        *_patch_line(report),
                         ("images read (OCR)", f"{report.ocr_read} in {report.ocr_s:.1f} s"),
                         ("model s: vision tower / decoder", f"{report.tower_s:.1f} / {report.decoder_s:.1f} "
                                                             f"(tower {report.tower_share:.0%})"),

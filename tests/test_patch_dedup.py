@@ -5,6 +5,9 @@ from transformers' own tower (reduced inputs with their original grid places) an
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -163,3 +166,52 @@ def test_dedup_matches_a_reference_built_from_transformers_pieces(vl_embedder, m
     if fast_e is not None:
         assert got.stats.batches[0].trigger_layer == trigger
     assert (got.stats.kept_image_units, got.stats.image_units) == (12, 96) and got.stats.patches_kept == 0.125
+
+
+# ---- the front ends: embed --format json, index's report line, the collection setting ----
+
+def _page_files(folder, seeds=(5, 6)):
+    folder.mkdir(parents=True, exist_ok=True)
+    for seed in seeds:
+        margin_page(seed)[0].save(folder / f"page-{seed}.png")
+    noise_image(96, 64, seed=9).save(folder / "photo.jpg")  # a photo: never deduplicated
+    return folder
+
+
+def test_embed_json_reports_the_kept_patch_share_per_item(model_dirs, tmp_path):
+    from typer.testing import CliRunner
+
+    from faste_mm.cli.app import app
+
+    folder = _page_files(tmp_path / "in")
+    args = ["embed", str(folder), "--model", str(model_dirs["qwen3_vl"]), "--device", "cpu", "--r-max", "0",
+            "--patch-dedup", "exact", "--format", "json"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    shares = {Path(item["item"]).name: item["patches_kept"] for item in summary["items"]}
+    assert shares == {"page-5.png": 6 / 48, "page-6.png": 6 / 48, "photo.jpg": None}
+    assert summary["stats"]["patches_kept"] == 12 / 96
+    bad = CliRunner().invoke(app, [*args[:-4], "--patch-dedup", "fuzzy"])
+    assert bad.exit_code == 1 and "--patch-dedup 'fuzzy'" in bad.output
+
+
+def test_index_reports_the_kept_share_records_the_setting_and_refuses_another(model_dirs, tmp_path):
+    from typer.testing import CliRunner
+
+    from faste_mm.cli.app import app
+    from faste_mm.retrieval.profile import read_profile
+
+    folder, col = _page_files(tmp_path / "in"), tmp_path / "col"
+    base = ["index", str(folder), "-c", str(col), "--model", str(model_dirs["qwen3_vl"]), "--device", "cpu",
+            "--r-max", "0"]
+    table = CliRunner().invoke(app, [*base, "--patch-dedup", "exact"])
+    assert table.exit_code == 0, table.output
+    assert "pages (--patch-dedup)" in table.stdout and "12% of patches kept" in table.stdout
+    assert read_profile(col).patch_dedup == "exact"
+    refused = CliRunner().invoke(app, [*base, "--patch-dedup", "near"])
+    assert refused.exit_code == 1
+    assert "patch_dedup (--patch-dedup): collection has 'exact', request has 'near'" in refused.output
+    more = _page_files(tmp_path / "in", seeds=(7,))  # a new page: the collection's setting, without the flag
+    report = json.loads(CliRunner().invoke(app, ["index", str(more), "-c", str(col), "--format", "json"]).stdout)
+    assert report["embedded"] == 1 and report["patches_kept"] == 6 / 48
