@@ -215,3 +215,23 @@ def test_index_reports_the_kept_share_records_the_setting_and_refuses_another(mo
     more = _page_files(tmp_path / "in", seeds=(7,))  # a new page: the collection's setting, without the flag
     report = json.loads(CliRunner().invoke(app, ["index", str(more), "-c", str(col), "--format", "json"]).stdout)
     assert report["embedded"] == 1 and report["patches_kept"] == 6 / 48
+
+
+def test_plan_measures_dedup_against_every_patch_kept_and_its_receipt_says_the_kept_share(vl_embedder, tmp_path):
+    from faste_mm.tools.plan import PlanConfig, plan
+
+    folder = _page_files(tmp_path / "in", seeds=(10, 11, 12))
+    items = sorted(folder.iterdir())
+    config = PlanConfig(max_pixels=(1_843_200,), r_max=(0.0,), dtypes=("float32",), patch_dedup=("off", "exact"))
+    report = plan(vl_embedder, items, config)
+    assert sorted(row.patch_dedup for row in report.candidates) == ["exact", "off"]
+    row = next(i for i, r in enumerate(report.candidates) if r.patch_dedup == "exact")
+    chosen = report.candidates[row]
+    off = vl_embedder.encode_documents(items).embeddings
+    on = vl_embedder.encode_documents(items, patch_dedup=EXACT)
+    np.testing.assert_allclose(chosen.mean_cos, float(np.mean(np.sum(off * on.embeddings, axis=1))), atol=1e-6)
+    assert chosen.patches_kept == on.stats.patches_kept == 18 / 144  # the photo is never looked at
+    assert report.settings(row)["patch_dedup"] == "exact"
+    receipt = report.receipt(row)
+    assert "duplicate patches dropped (exact, 12% of page patches kept" in receipt.summary()
+    assert f"cosine {chosen.mean_cos:.3f}" in receipt.summary()
