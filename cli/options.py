@@ -118,13 +118,11 @@ def fast_e_config(r_max: float = 0.0, warmup_layer: int | None = None, threshold
 def patch_dedup_config(mode: str | None) -> "PatchDedupConfig | None":
     """--patch-dedup as the library's config (None when off or not given); ConfigError naming the
     flag for an unknown mode."""
-    from faste_mm.model.patch_dedup import PATCH_DEDUP_MODES, PatchDedupConfig
+    from faste_mm.model.patch_dedup import PATCH_DEDUP_MODES, dedup_config
 
-    if mode is None or mode == "off":
-        return None
-    if mode not in PATCH_DEDUP_MODES:
+    if mode is not None and mode not in PATCH_DEDUP_MODES:
         raise ConfigError(f"--patch-dedup {mode!r}: choose one of {', '.join(PATCH_DEDUP_MODES)}")
-    return PatchDedupConfig(mode)
+    return None if mode is None else dedup_config(mode)
 
 
 DEFAULT_RERANKER = "Qwen/Qwen3-VL-Reranker-2B"

@@ -55,6 +55,12 @@ class PatchDedupConfig:
         return self.mode != "off"
 
 
+def dedup_config(mode: str) -> PatchDedupConfig | None:
+    """A mode as the config `Embedder.encode(patch_dedup=...)` takes: None for "off" (a
+    collection's `patch_dedup` setting, a command's flag); ConfigError naming the valid modes."""
+    return None if mode == "off" else PatchDedupConfig(mode)
+
+
 @dataclass(frozen=True, slots=True)
 class PixelNorm:
     """The processor's per-channel normalisation (`image_mean`, `image_std`), to read a patch's

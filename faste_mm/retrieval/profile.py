@@ -36,7 +36,6 @@ if TYPE_CHECKING:  # the indexers package loads FAISS: imported where a manifest
     from faste_mm.indexers.manifest import Manifest
     from faste_mm.model.embedder import Embedder
     from faste_mm.model.faste import FastEConfig
-    from faste_mm.model.patch_dedup import PatchDedupConfig
     from faste_mm.retrieval.calibrations import Calibration
 
 DEFAULT_MODEL = "Qwen/Qwen3-VL-Embedding-2B"
@@ -136,16 +135,12 @@ class CollectionProfile:
                                                "frame pair). Default: the collection's, 786432 for a new one.",
                     part="max_pixels")))
     patch_dedup: str = setting(
-        "off", "serializer.patch_dedup", "--patch-dedup", "Duplicate-patch removal before the vision tower "
-        "(faste_mm.model.patch_dedup): off, exact (a 32 x 32 px unit identical to an earlier one of the same page is "
-        "dropped) or near (within 3 of 255 levels); applies to PDF pages and lossless images (screenshots, slides, "
-        "scans), never to photos or videos.", valid=lambda value: value in PATCH_DEDUP_MODES,
-        rule=f"one of {PATCH_DEDUP_MODES}", missing="off",
+        "off", "serializer.patch_dedup", "--patch-dedup", "Duplicate-patch removal before the vision tower: off, "
+        "exact or near (faste_mm.model.patch_dedup); PDF pages and lossless images only, never photos.",
+        valid=lambda value: value in PATCH_DEDUP_MODES, rule=f"one of {PATCH_DEDUP_MODES}", missing="off",
         flags=(Flag("--patch-dedup", str, "Drop repeated 32x32 px units of PDF pages, screenshots, slides and scans "
-                                          "before the vision tower: off | exact (identical pixels) | near (within 3 of "
-                                          "255 levels); photos and videos stay whole. Fewer visual tokens, faster "
-                                          "pages; `plan` measures its fidelity. Default: the collection's, off for a "
-                                          "new one."),))
+                                          "before the vision tower: off | exact | near (within 3 of 255 levels); "
+                                          "photos stay whole. Default: the collection's, off for a new one."),))
     r_max: float = setting(
         DOCUMENT_R_MAX, "fast_e.r_max", "--r-max", "FastE r_max for documents: the largest share of prefix "
         "tokens removed, 0 <= r < 1 (0 = full forward); queries always run the full forward.",
@@ -350,12 +345,6 @@ class CollectionProfile:
             return None
         return FastEConfig(r_max=self.r_max, warmup_layer=self.warmup_layer, threshold=self.threshold,
                            trigger_layer=self.trigger_layer)
-
-    def patch_dedup_config(self) -> "PatchDedupConfig | None":
-        """The documents' duplicate-patch removal (None = off)."""
-        from faste_mm.model.patch_dedup import PatchDedupConfig
-
-        return None if self.patch_dedup == "off" else PatchDedupConfig(self.patch_dedup)
 
     def serializer(self, base: Any = None) -> Any:
         """The `SerializerConfig` documents and queries are serialized with (`base`'s other fields)."""

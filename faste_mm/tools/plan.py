@@ -29,7 +29,7 @@ from faste_mm.model.backbones.loading import DtypeChoice, choose_dtype, resolve_
 from faste_mm.model.embedder import EmbedResult, Embedder
 from faste_mm.model.faste import FastEConfig
 from faste_mm.model.items import Item, as_item, count_pdf_pages, expand_items
-from faste_mm.model.patch_dedup import PatchDedupConfig, applies_to
+from faste_mm.model.patch_dedup import PatchDedupConfig, applies_to, dedup_config
 from faste_mm.model.serialization import OFFICIAL_MAX_PIXELS, pixel_budget
 from faste_mm.retrieval.decoders import document_input
 from faste_mm.retrieval.scanning import ScanFilter, scan_paths
@@ -213,7 +213,7 @@ class _Setting:
 
     @property
     def dedup(self) -> PatchDedupConfig | None:
-        return None if self.patch_dedup == "off" else PatchDedupConfig(self.patch_dedup)
+        return dedup_config(self.patch_dedup)
 
 
 def plan(embedder: Embedder, items: Sequence[object], config: PlanConfig | None = None, *,
