@@ -111,7 +111,8 @@ def _render_summary(summary: dict) -> None:
         ("prefix tokens removed", f"{stats['prefix_removal']:.1%}"),
         ("decoder FLOPs reduction", f"{stats['flops_reduction']:.1%}"),
         ("mean trigger layer", "-" if stats["mean_trigger_layer"] is None else f"{stats['mean_trigger_layer']:.1f}"),
-        *((("patches kept (--patch-dedup)", f"{stats['patches_kept']:.0%}"),) if stats["patches_kept"] is not None else ()),
+        *((("patches kept (--patch-dedup)", f"{stats['patches_kept']:.0%}"),)
+          if stats["patches_kept"] is not None else ()),
         ("dtype", f"{stats['dtype']['dtype']} ({stats['dtype']['reason']})"),
         *(("kernel", text) for text in stats.get("kernels", [])),
         ("model forward (s)", f"{stats['forward_s']:.2f}"),

@@ -127,8 +127,8 @@ def _plan_settings(plan: str, root, model: Optional[str], given: dict, dtype: st
     report, row = load_plan(plan)
     chosen = report.settings(row)
     if dtype != "auto" or set(given) & {*chosen, "r_max", "warmup_layer", "threshold", "trigger_layer"}:
-        usage_error("--plan sets the pixel budget, FastE (--r-max, --threshold, ...), --patch-dedup and --dtype from the plan; "
-               "give --plan or those flags")
+        usage_error("--plan sets the pixel budget, FastE (--r-max, --threshold, ...), --patch-dedup and --dtype from "
+                    "the plan; give --plan or those flags")
     existing = existing_profile(root)
     report.check_model(model or (existing.model_id if existing else DEFAULT_MODEL), f"--plan {plan}")
     return {**given, **chosen}, report.row(row).dtype

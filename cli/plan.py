@@ -1,6 +1,6 @@
 """`faste-mm plan`: measure on a sample of your own files what each faster setting (image pixel
-cap, FastE r_max, dtype, duplicate-patch removal) costs in search results and saves in time; recommend the cheapest that
-keeps results; write plan.json for `faste-mm index --plan`."""
+cap, FastE r_max, dtype, duplicate-patch removal) costs in search results and saves in time;
+recommend the cheapest that keeps results; write plan.json for `faste-mm index --plan`."""
 
 from __future__ import annotations
 
@@ -177,13 +177,13 @@ def _render(report) -> None:
                         f"({', '.join(f'{n} {k}s' for k, n in report.sample_kinds.items() if n)})\non {report.device}")
     staged = any(row.tower_s_per_item is not None for row in report.candidates)
     deduped = any(row.patch_dedup != "off" for row in report.candidates)
-    columns = ["row", "pixels", "r_max", "dtype", *(["dedup kept"] if deduped else []), f"agree@{report.k}", "queries", "cos mean/p5", "s/item",
-               *(["tower/dec s"] if staged else []), "speed-up", "GFLOPs", "marks"]
+    columns = ["row", "pixels", "r_max", "dtype", *(["dedup kept"] if deduped else []), f"agree@{report.k}", "queries",
+               "cos mean/p5", "s/item", *(["tower/dec s"] if staged else []), "speed-up", "GFLOPs", "marks"]
     for column in columns:
         table.add_column(column, justify="right", no_wrap=column in ("pixels", "cos mean/p5"))
     for i, row in enumerate(report.candidates):
         stages = [f"{row.tower_s_per_item or 0:.3f}/{row.decoder_s_per_item or 0:.3f}"] if staged else []
-        dedup = [] if not deduped else ["-" if row.patch_dedup == "off" else f"{row.patch_dedup} {row.patches_kept or 0:.0%}"]
+        dedup = ["-" if row.patch_dedup == "off" else f"{row.patch_dedup} {row.patches_kept or 0:.0%}"] if deduped else []
         table.add_row(f"{i}{'*' if i == report.recommended else ''}{'r' if row.is_reference else ''}",
                       f"{row.max_pixels:,}", "full" if row.r_max == 0 else f"{row.r_max:g}", _SHORT.get(row.dtype, row.dtype),
                       *dedup, f"{row.agreement:.0%}", "-" if row.query_agreement is None else f"{row.query_agreement:.0%}",

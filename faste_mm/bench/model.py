@@ -179,7 +179,8 @@ def run_bench(embedder: Embedder, inputs: list, config: BenchConfig, inputs_labe
         for name in config.compare
     }
     settings: list[SettingResult] = []
-    full, full_vectors = _measure("full", 0.0, lambda: _Run.of(embedder.encode_documents(inputs, patch_dedup=config.patch_dedup)), config.repeats, device,
+    dedup = config.patch_dedup
+    full, full_vectors = _measure("full", 0.0, lambda: _Run.of(embedder.encode_documents(inputs, patch_dedup=dedup)), config.repeats, device,
                                   progress=progress, roof=roof)
     settings.append(full)
     for mode in config.unpadded:
@@ -188,7 +189,7 @@ def run_bench(embedder: Embedder, inputs: list, config: BenchConfig, inputs_labe
             fast_e = replace(config.fast_e, r_max=r_max)
             name = f"faste r={r_max:g}" + (f" [{mode}]" if len(config.unpadded) > 1 else "")
             result, vectors = _measure(
-                name, r_max, lambda: _Run.of(layout.encode_documents(inputs, fast_e=fast_e, patch_dedup=config.patch_dedup)), config.repeats, device, mode,
+                name, r_max, lambda: _Run.of(layout.encode_documents(inputs, fast_e=fast_e, patch_dedup=dedup)), config.repeats, device, mode,
                 progress, roof
             )
             settings.append(_relative_to(result, full, np.abs(vectors - full_vectors).max()))

@@ -1,8 +1,9 @@
 """What embedding cost, in one record every result that reports it shares (`CostTally`): prefix
 tokens before and after FastE (sum of N_i and of R_i over the items), the model's seconds in
-its two stages (vision tower, decoder) and the image patches duplicate-patch removal kept. A batch's trace, an encode call's stats, a rerank call's
-stats, an index run's progress and report, an evaluation's totals are each a `CostTally` plus
-their own fields; running totals add tallies (`+`, `CostTally.total`)."""
+its two stages (vision tower, decoder) and the image patches duplicate-patch removal kept. A
+batch's trace, an encode call's stats, a rerank call's stats, an index run's progress and
+report, an evaluation's totals are each a `CostTally` plus their own fields; running totals add
+tallies (`+`, `CostTally.total`)."""
 
 from __future__ import annotations
 

@@ -64,8 +64,7 @@ def dedup_config(mode: str) -> PatchDedupConfig | None:
 @dataclass(frozen=True, slots=True)
 class PixelNorm:
     """The processor's per-channel normalisation (`image_mean`, `image_std`), to read a patch's
-    normalised values back as 8-bit levels; `channels` values per row are laid out channel-major
-    (C x T_p x P x P, the processor's patch layout)."""
+    normalised values back as 8-bit levels (a patch row is laid out channel-major: C x T_p x P x P)."""
 
     mean: tuple[float, ...]
     std: tuple[float, ...]
