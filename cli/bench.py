@@ -16,7 +16,8 @@ from rich.table import Table
 from faste_mm.bench.options import INPUTS_WORDS, OUT_HELP  # plain words: no torch at start-up
 from faste_mm.cli.common import fail, print_json, setup_logging, stderr, stdout
 from faste_mm.cli.options import (DEFAULT_BATCH_TOKENS, BatchTokens, Debug, Device, Dtype, Format, Model, OutputFormat,
-                                  RMax, Threshold, TriggerLayer, Unpadded, WarmupLayer, fast_e_config, ratios)
+                                  PatchDedup, RMax, Threshold, TriggerLayer, Unpadded, WarmupLayer, fast_e_config,
+                                  patch_dedup_config, ratios)
 from faste_mm.cli.progress import Progress
 from faste_mm.errors import ConfigError, FasteError
 
@@ -32,6 +33,7 @@ def bench_command(
     warmup_layer: WarmupLayer = None,
     threshold: Threshold = None,
     trigger_layer: TriggerLayer = None,
+    patch_dedup: PatchDedup = None,
     batch_tokens: BatchTokens = DEFAULT_BATCH_TOKENS,
     workers: Optional[int] = typer.Option(None, envvar="FASTE_MM_WORKERS", help="Preprocessing threads (default: one per CPU core, at most 8; 0 = in the model's thread, no overlap)."),
     unpadded: Unpadded = "auto",
@@ -67,6 +69,7 @@ def bench_command(
             repeats=repeats,
             compare=tuple(c.strip() for c in compare.split(",") if c.strip()),
             unpadded=tuple(u.strip() for u in unpadded.split(",") if u.strip()),
+            patch_dedup=patch_dedup_config(patch_dedup),
         )
         _check_before_loading(n, scale_hidden, config, trigger_layer, threshold)
         begun = start()

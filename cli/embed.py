@@ -11,8 +11,8 @@ from rich.table import Table
 
 from faste_mm.cli.common import fail, setup_logging, stderr, stdout
 from faste_mm.cli.options import (DEFAULT_BATCH_TOKENS, DEFAULT_MODEL, DOCUMENT_R_MAX, BatchTokens, Debug, Device, Dtype,
-                                  Format, Model, OutputFormat, RMax, Threshold, TriggerLayer, Unpadded, WarmupLayer,
-                                  fast_e_config, one_ratio)
+                                  Format, Model, OutputFormat, PatchDedup, RMax, Threshold, TriggerLayer, Unpadded,
+                                  WarmupLayer, fast_e_config, one_ratio, patch_dedup_config)
 from faste_mm.cli.progress import Progress
 from faste_mm.errors import ConfigError, FasteError
 
@@ -25,6 +25,7 @@ def embed(
     warmup_layer: WarmupLayer = None,
     threshold: Threshold = None,
     trigger_layer: TriggerLayer = None,
+    patch_dedup: PatchDedup = None,
     instruction: Optional[str] = typer.Option(None, envvar="FASTE_MM_INSTRUCTION", show_default=False,
                                               help="Task instruction: embed as queries (full forward unless --r-max "
                                                    "is given). Default: none, the document format."),
@@ -51,6 +52,7 @@ def embed(
         fast_e = fast_e_config(ratio, warmup_layer, threshold, trigger_layer)
         if ratio == 0 and trigger_layer is None:
             fast_e = None
+        dedup = patch_dedup_config(patch_dedup)
         files, unreadable = document_items(paths) if paths else ([], [])
         for reason in unreadable:
             stderr.print(f"[yellow]skipped[/yellow] {reason}")
@@ -64,7 +66,8 @@ def embed(
         with Progress().loading(model):
             embedder = Embedder.from_pretrained(model, device=device, dtype=dtype,
                                                 batching=BatchingConfig(batch_tokens=batch_tokens, unpadded=unpadded))
-        result = embedder.encode(inputs, fast_e=fast_e, instruction=instruction, dim=dim, on_error="skip")
+        result = embedder.encode(inputs, fast_e=fast_e, instruction=instruction, dim=dim, on_error="skip",
+                                 patch_dedup=dedup)
         if out is not None and result.ok.any():
             import numpy as np
 
@@ -74,10 +77,11 @@ def embed(
                 raise ConfigError(f"--out {out}: cannot write the embeddings ({error}); choose another path") from None
     except FasteError as error:
         fail(error, debug)
+    shares = result.stats.patch_shares()  # items whose image duplicate-patch removal looked at
     summary = {
         "model": embedder.model_id,
         "items": [
-            {"index": i, "item": item.describe(), "page": item.page, "ok": bool(ok)}
+            {"index": i, "item": item.describe(), "page": item.page, "ok": bool(ok), "patches_kept": shares.get(i)}
             for i, (item, ok) in enumerate(zip(result.items, result.ok))
         ],
         "failures": [failure.to_dict() for failure in result.failures],
@@ -107,6 +111,8 @@ def _render_summary(summary: dict) -> None:
         ("prefix tokens removed", f"{stats['prefix_removal']:.1%}"),
         ("decoder FLOPs reduction", f"{stats['flops_reduction']:.1%}"),
         ("mean trigger layer", "-" if stats["mean_trigger_layer"] is None else f"{stats['mean_trigger_layer']:.1f}"),
+        *((("patches kept (--patch-dedup)", f"{stats['patches_kept']:.0%}"),)
+          if stats["patches_kept"] is not None else ()),
         ("dtype", f"{stats['dtype']['dtype']} ({stats['dtype']['reason']})"),
         *(("kernel", text) for text in stats.get("kernels", [])),
         ("model forward (s)", f"{stats['forward_s']:.2f}"),

@@ -140,8 +140,8 @@ def _plan_settings(plan: str, root, model: Optional[str], given: dict, dtype: st
     report, row = load_plan(plan)
     chosen = report.settings(row)
     if dtype != "auto" or set(given) & {*chosen, *FAST_E_SETTINGS}:
-        usage_error("--plan sets the pixel budget, FastE (--r-max, --threshold, ...) and --dtype from the plan; "
-               "give --plan or those flags")
+        usage_error("--plan sets the pixel budget, FastE (--r-max, --threshold, ...), --patch-dedup and --dtype from "
+                    "the plan; give --plan or those flags")
     existing = existing_profile(root)
     report.check_model(model or (existing.model_id if existing else DEFAULT_MODEL), f"--plan {plan}")
     return {**given, **chosen}, report.row(row).dtype
@@ -210,6 +210,13 @@ def estimate_line(estimate) -> str:
             f"`faste-mm plan` shows faster settings")
 
 
+def _patch_line(report) -> tuple[tuple[str, str], ...]:
+    """The report's duplicate-patch removal line ("pages: 48% of patches kept"), where it ran."""
+    if report.patches_kept is None:
+        return ()
+    return (("pages (--patch-dedup)", f"{report.patches_kept:.0%} of patches kept"),)
+
+
 def _render_index_report(report) -> None:
     table = Table(title="faste-mm index")
     table.add_column("metric")
@@ -220,6 +227,7 @@ def _render_index_report(report) -> None:
                         ("files skipped (removed earlier)", report.excluded),
                         ("links skipped (lead outside)", report.links_skipped), ("items failed", report.failed),
                         ("prefix tokens removed", f"{report.prefix_removal:.1%}"),
+                        *_patch_line(report),
                         ("images read (OCR)", f"{report.ocr_read} in {report.ocr_s:.1f} s"),
                         ("model s: vision tower / decoder", f"{report.tower_s:.1f} / {report.decoder_s:.1f} "
                                                             f"(tower {report.tower_share:.0%})"),

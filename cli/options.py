@@ -21,6 +21,7 @@ from faste_mm.retrieval.profile import DEFAULT_MODEL, DOCUMENT_R_MAX, SWEEP_R_MA
 
 if TYPE_CHECKING:
     from faste_mm.model.faste import FastEConfig
+    from faste_mm.model.patch_dedup import PatchDedupConfig
 
 DEFAULT_BATCH_TOKENS = None  # by device: model/batching.BATCH_TOKENS (a test keeps the help's numbers equal; no torch here)
 CPU_BATCH_TOKENS, GPU_BATCH_TOKENS = 4096, 16384
@@ -41,6 +42,7 @@ RMax = setting_option("--r-max", str)  # eval, bench and plan sweep: comma-separ
 WarmupLayer = setting_option("--warmup-layer")
 Threshold = setting_option("--threshold")
 TriggerLayer = setting_option("--trigger-layer")
+PatchDedup = setting_option("--patch-dedup")
 BatchTokens = Annotated[Optional[int], typer.Option(
     "--batch-tokens", envvar="FASTE_MM_BATCH_TOKENS", min=1, show_default=False,
     help=f"Padded tokens per model batch (serve: also what concurrent requests are merged up to). "
@@ -114,6 +116,16 @@ def fast_e_config(r_max: float = 0.0, warmup_layer: int | None = None, threshold
 
     return FastEConfig(r_max=r_max, warmup_layer=warmup_layer, threshold=threshold, trigger_layer=trigger_layer,
                        seed=seed)
+
+def patch_dedup_config(mode: str | None) -> "PatchDedupConfig | None":
+    """--patch-dedup as the library's config (None when off or not given); ConfigError naming the
+    flag for an unknown mode."""
+    from faste_mm.model.patch_dedup import PATCH_DEDUP_MODES, dedup_config
+
+    if mode is not None and mode not in PATCH_DEDUP_MODES:
+        raise ConfigError(f"--patch-dedup {mode!r}: choose one of {', '.join(PATCH_DEDUP_MODES)}")
+    return None if mode is None else dedup_config(mode)
+
 
 DEFAULT_RERANKER = "Qwen/Qwen3-VL-Reranker-2B"
 Rerank = Annotated[Optional[str], typer.Option(

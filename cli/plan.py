@@ -1,6 +1,6 @@
 """`faste-mm plan`: measure on a sample of your own files what each faster setting (image pixel
-cap, FastE r_max, dtype) costs in search results and saves in time; recommend the cheapest that
-keeps results; write plan.json for `faste-mm index --plan`."""
+cap, FastE r_max, dtype, duplicate-patch removal) costs in search results and saves in time;
+recommend the cheapest that keeps results; write plan.json for `faste-mm index --plan`."""
 
 from __future__ import annotations
 
@@ -35,6 +35,10 @@ def plan_command(
     max_pixels: Optional[str] = typer.Option(None, "--max-pixels", envvar="FASTE_MM_PLAN_MAX_PIXELS", help=f"Comma-separated image/page pixel caps to try (default {_PIXELS})."),
     visual_tokens: Optional[str] = typer.Option(None, "--visual-tokens", envvar="FASTE_MM_PLAN_VISUAL_TOKENS", help="The caps as merged visual tokens instead (N tokens = N x 32 x 32 px), e.g. 1800,980,490,245."),
     r_max: RMax = None,
+    patch_dedup: str = typer.Option("off,exact", "--patch-dedup", envvar="FASTE_MM_PLAN_PATCH_DEDUP",
+                                    help="Comma-separated duplicate-patch removal modes to try at the official pixel "
+                                         "cap: off | exact | near; where the sample has PDF pages or screenshot-like "
+                                         "images (PNG, TIFF...). Default off,exact."),
     dtype: str = typer.Option("auto,float32", "--dtype", envvar="FASTE_MM_PLAN_DTYPE", help="Comma-separated weight dtypes to try: auto | float32 | bfloat16 | float16; default auto,float32."),
     threshold: Threshold = None,
     warmup_layer: WarmupLayer = None,
@@ -56,7 +60,8 @@ def plan_command(
     try:
         config = PlanConfig(max_pixels=_pixel_caps(max_pixels, visual_tokens), r_max=ratios(r_max),
                             dtypes=tuple(d.strip() for d in dtype.split(",") if d.strip()) or ("",), target=target,
-                            p5_floor=p5_floor, fast_e=fast_e_config(0.0, warmup_layer, threshold, trigger_layer))
+                            p5_floor=p5_floor, fast_e=fast_e_config(0.0, warmup_layer, threshold, trigger_layer),
+                            patch_dedup=_modes(patch_dedup))
         if sample < 2:
             raise ConfigError(f"--sample must be >= 2 (neighbours are compared within the sample), got {sample}")
         texts = _queries(queries)
@@ -115,6 +120,16 @@ def _pixel_caps(max_pixels: Optional[str], visual_tokens: Optional[str]) -> tupl
     return values
 
 
+def _modes(text: str) -> tuple[str, ...]:
+    """--patch-dedup's comma-separated modes (ConfigError naming the flag for an unknown one)."""
+    from faste_mm.model.patch_dedup import PATCH_DEDUP_MODES
+
+    modes = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
+    if not modes or set(modes) - set(PATCH_DEDUP_MODES):
+        raise ConfigError(f"--patch-dedup {text!r}: give comma-separated modes among {', '.join(PATCH_DEDUP_MODES)}")
+    return modes
+
+
 def _queries(path: Optional[Path]) -> list[str]:
     if path is None:
         return []
@@ -165,15 +180,18 @@ def _render(report) -> None:
                         f"({', '.join(f'{n} {k}s' for k, n in report.sample_kinds.items() if n)})\non {report.device}")
     staged = any(row.tower_s_per_item is not None for row in report.candidates)
     timed = all(row.folder_s is not None for row in report.candidates)
-    columns = ["row", "pixels", "r_max", "dtype", f"agree@{report.k}", "queries", "cos mean/p5", "s/item",
-               *(["tower/dec s"] if staged else []), *(["all files"] if timed else []), "speed-up", "GFLOPs", "marks"]
+    deduped = any(row.patch_dedup != "off" for row in report.candidates)
+    columns = ["row", "pixels", "r_max", "dtype", *(["dedup kept"] if deduped else []), f"agree@{report.k}", "queries",
+               "cos mean/p5", "s/item", *(["tower/dec s"] if staged else []), *(["all files"] if timed else []),
+               "speed-up", "GFLOPs", "marks"]
     for column in columns:
         table.add_column(column, justify="right", no_wrap=column in ("pixels", "cos mean/p5"))
     for i, row in enumerate(report.candidates):
         stages = [f"{row.tower_s_per_item or 0:.3f}/{row.decoder_s_per_item or 0:.3f}"] if staged else []
+        dedup = ["-" if row.patch_dedup == "off" else f"{row.patch_dedup} {row.patches_kept or 0:.0%}"] if deduped else []
         table.add_row(f"{i}{'*' if i == report.recommended else ''}{'r' if row.is_reference else ''}",
                       f"{row.max_pixels:,}", "full" if row.r_max == 0 else f"{row.r_max:g}", _SHORT.get(row.dtype, row.dtype),
-                      f"{row.agreement:.0%}", "-" if row.query_agreement is None else f"{row.query_agreement:.0%}",
+                      *dedup, f"{row.agreement:.0%}", "-" if row.query_agreement is None else f"{row.query_agreement:.0%}",
                       f"{row.mean_cos:.3f}/{row.p5_cos:.3f}", f"{row.seconds_per_item:.3f}", *stages,
                       *([format_span(row.folder_s)] if timed else []),
                       f"{row.speedup:.1f}x", f"{row.flops_per_item / 1e9:.1f}",

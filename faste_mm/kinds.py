@@ -26,6 +26,9 @@ class Kind:
         PDF page), "frame" (a frame of the video) or None (no picture).
     decoder: the name of the decoder that turns a file into embedder input
         (`faste_mm.retrieval.decoders.DECODERS`; the Ray executor decodes with the same table).
+    patch_dedup: the suffixes whose pixels duplicate-patch removal (`--patch-dedup`,
+        faste_mm.model.patch_dedup) applies to: PDF pages, and images in the lossless formats
+        screenshots, slides and scans are saved in; photo formats (JPEG, HEIC, AVIF, WebP) stay whole.
     """
 
     name: str
@@ -35,13 +38,15 @@ class Kind:
     matches: tuple[str, ...]
     thumbnail: str | None
     decoder: str
+    patch_dedup: frozenset[str] = frozenset()
 
 
 KINDS: dict[str, Kind] = {kind.name: kind for kind in (
     Kind("image", frozenset({".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff",
                               ".heic", ".heif", ".avif"}),
-         "image", "image", ("image", "image+text"), "image", "image"),
-    Kind("pdf", frozenset({".pdf"}), "page", "pdf", ("page",), "page", "pdf-pages"),
+         "image", "image", ("image", "image+text"), "image", "image",
+         patch_dedup=frozenset({".png", ".bmp", ".gif", ".tif", ".tiff"})),
+    Kind("pdf", frozenset({".pdf"}), "page", "pdf", ("page",), "page", "pdf-pages", patch_dedup=frozenset({".pdf"})),
     Kind("text", frozenset({".txt", ".md"}), "text", "text", ("text",), None, "text"),
     Kind("video", frozenset({".mp4", ".mov", ".webm", ".mkv", ".avi"}),
          "video", "video", ("video", "video+text"), "frame", "video"),
@@ -79,6 +84,12 @@ def kind_name(path: str | PurePath) -> str:
         if suffix in kind.suffixes:
             return kind.name
     return UNSUPPORTED
+
+
+def dedups_patches(path: str | PurePath) -> bool:
+    """Whether duplicate-patch removal applies to `path`'s pixels (its kind's `patch_dedup` suffixes)."""
+    suffix = PurePath(path).suffix.lower()
+    return any(suffix in kind.patch_dedup for kind in KINDS.values())
 
 
 def is_kind(path: str | PurePath, name: str) -> bool:

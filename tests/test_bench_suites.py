@@ -100,6 +100,16 @@ def test_batch_tokens_suite(tmp_path, capsys, model_dirs):
     assert [row["batch_tokens"] for row in result["rows"]] == [256, 128] and result["dtype"] == "float32"
 
 
+def test_patch_dedup_suite(tmp_path, capsys, model_dirs):
+    args = ["--model", str(model_dirs["qwen3_vl"]), "--dtype", "float32", "--max-pixels", "65536", "--repeats", "1",
+            "--kinds", "text-page,slide", "--workdir", str(tmp_path / "work")]
+    result = _run("patch-dedup", args, tmp_path, capsys)
+    assert [row["kind"] for row in result["rows"]] == ["text-page", "slide", "all"]
+    for row in result["rows"]:
+        assert set(row["pages_per_s"]) == {"neither", "dedup", "faste", "both", "hf"} and 0 < row["patches_kept"] < 1
+    assert result["rows"][-1]["patch_units"] == [sum(row["patch_units"][i] for row in result["rows"][:2]) for i in (0, 1)]
+
+
 def test_rerank_suite(tmp_path, capsys, reranker_dir):
     args = ["--model", str(reranker_dir), "--inputs", "text:16", "--top", "2", "--r-max", "0.5", "--protect", "none",
             "--prefix-reuse", "off", "--repeats", "1", "--dtype", "float32"]

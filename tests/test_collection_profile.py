@@ -57,7 +57,7 @@ SAMPLES = dict(model_id="org/other", model_revision="abc123", dim=4, model_dim=1
                video=VideoConfig(fps=2.0), r_max=0.25, warmup_layer=2, threshold=0.6, threshold_source="given",
                trigger_layer=3, vectors="float16", keep="none", reranker="org/reranker", min_score=0.25,
                receipt=PlanReceipt(0.3, 65536, "float32", None, 8, 10, 0.9, None, 0.99, 0.95, 1.5, 1.4, "cpu",
-                                   "2026-11-26T00:00:00", "org/model"), ocr=True)
+                                   "2026-11-26T00:00:00", "org/model"), ocr=True, patch_dedup="exact")
 
 
 @pytest.mark.parametrize("name", [f.name for f in dataclasses.fields(CollectionProfile)])
@@ -134,9 +134,9 @@ def test_conflicts_list_each_differing_setting_and_ignore_informational_ones():
 
 def test_a_manifest_without_newer_keys_reads_as_documented():
     old = _stored().to_manifest().to_dict()
-    del old["serializer"]["video"], old["model_dim"], old["fast_e"]["trigger_layer"]
+    del old["serializer"]["video"], old["serializer"]["patch_dedup"], old["model_dim"], old["fast_e"]["trigger_layer"]
     profile = CollectionProfile.from_manifest(Manifest.from_dict(old))
-    assert (profile.video, profile.model_dim, profile.trigger_layer) == (VideoConfig(), 8, None)
+    assert (profile.video, profile.model_dim, profile.trigger_layer, profile.patch_dedup) == (VideoConfig(), 8, None, "off")
 
 
 # ---- the API: settings of an existing collection --------------------------------------------

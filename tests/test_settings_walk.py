@@ -29,13 +29,13 @@ runner = CliRunner()
 # work together on the tiny model (6 layers, width 64).
 EXAMPLES = dict(dim=16, min_pixels=2048, max_pixels=65536, video=VideoConfig(fps=2.0, max_frames=8, max_pixels=200_704),
                 r_max=0.25, warmup_layer=1, threshold=0.6, trigger_layer=2, vectors="float16", keep="none",
-                reranker="org/some-reranker", min_score=0.1,
+                reranker="org/some-reranker", min_score=0.1, patch_dedup="exact",
                 receipt=PlanReceipt(0.25, 65536, "float32", None, 8, 10, 0.9, None, 0.99, 0.95, 1.5, 1.4, "cpu",
                                     "2026-11-26T00:00:00", "org/model"))
 # A second valid value, for the refusals.
 OTHERS = dict(dim=8, min_pixels=1024, max_pixels=131072, video=VideoConfig(fps=4.0, max_frames=8, max_pixels=200_704),
               r_max=0.5, warmup_layer=2, threshold=0.5, trigger_layer=3, vectors="float32", keep="float",
-              reranker="org/other-reranker")
+              reranker="org/other-reranker", patch_dedup="near")
 # Given on the command line another way than by a flag of its own (index --plan writes the receipt).
 NOT_BY_FLAG = {"receipt": "--plan"}
 # OCR reads every image at index time with faste-mm[ocr]'s engine: walked where it is installed

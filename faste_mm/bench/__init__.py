@@ -32,6 +32,7 @@ SUITES: dict[str, tuple[str, str]] = {
     "video": ("faste_mm.bench.video", "video: full forward against FastE on one clip, with decoding's share"),
     "query-tokens": ("faste_mm.bench.query_tokens", "tokenizing a long query: the whole text against the serve engine's bounded cut"),
     "cpu": ("faste_mm.bench.cpu", "docs/cpu.md's figures: float32, bfloat16, int8 and transformers at the 2B width, GEMM rates, FastE check"),
+    "patch-dedup": ("faste_mm.bench.patch_dedup", "pages/s of duplicate-patch removal, FastE, both and neither against transformers"),
     "library": ("faste_mm.bench.library", "photo-library features: OCR per photo and page, duplicates at scale, an idle watcher's CPU"),
     "query-words": ("faste_mm.bench.query_words", "query understanding: time per query over a fixed list in five languages"),
     "photos": ("faste_mm.bench.photos", "photo facts read against sha256 per photo; date-range search against unfiltered"),

@@ -26,6 +26,7 @@ from faste_mm.model.flops import tower_share
 from faste_mm.model.embedder import EmbedResult, Embedder, EmbedStats
 from faste_mm.errors import ConfigError, InputError
 from faste_mm.model.items import Item, as_item
+from faste_mm.model.patch_dedup import PatchDedupConfig
 
 if TYPE_CHECKING:  # annotations only: importing faste_mm.datasets loads the hub and parquet readers
     from faste_mm.datasets.encoding import ProgressSink
@@ -39,7 +40,8 @@ class BenchConfig:
     settings every measured ratio shares (l_w, theta, trigger layer; its r_max is replaced by each
     of `r_max`). `unpadded` lists the layouts for the layers after compression; with more than
     one, every FastE setting runs once per layout (named "faste r=0.5 [off]", ...), all against
-    the same full forward."""
+    the same full forward. patch_dedup: duplicate-patch removal on every run, the baseline's too
+    (None: off; `faste-mm bench patch-dedup` measures it against off)."""
 
     r_max: tuple[float, ...] = (0.0, 0.3, 0.5, 0.7)
     unpadded: tuple[str, ...] = ("auto",)
@@ -48,6 +50,7 @@ class BenchConfig:
     compare: tuple[str, ...] = ()
     compare_batch_size: int = 8
     roofline: bool = True  # measure the GEMM rates and the FastE check's cost first (tools/roofline.py)
+    patch_dedup: PatchDedupConfig | None = None
 
     def __post_init__(self) -> None:
         if self.repeats < 1:
@@ -176,7 +179,8 @@ def run_bench(embedder: Embedder, inputs: list, config: BenchConfig, inputs_labe
         for name in config.compare
     }
     settings: list[SettingResult] = []
-    full, full_vectors = _measure("full", 0.0, lambda: _Run.of(embedder.encode_documents(inputs)), config.repeats, device,
+    dedup = config.patch_dedup
+    full, full_vectors = _measure("full", 0.0, lambda: _Run.of(embedder.encode_documents(inputs, patch_dedup=dedup)), config.repeats, device,
                                   progress=progress, roof=roof)
     settings.append(full)
     for mode in config.unpadded:
@@ -185,7 +189,7 @@ def run_bench(embedder: Embedder, inputs: list, config: BenchConfig, inputs_labe
             fast_e = replace(config.fast_e, r_max=r_max)
             name = f"faste r={r_max:g}" + (f" [{mode}]" if len(config.unpadded) > 1 else "")
             result, vectors = _measure(
-                name, r_max, lambda: _Run.of(layout.encode_documents(inputs, fast_e=fast_e)), config.repeats, device, mode,
+                name, r_max, lambda: _Run.of(layout.encode_documents(inputs, fast_e=fast_e, patch_dedup=dedup)), config.repeats, device, mode,
                 progress, roof
             )
             settings.append(_relative_to(result, full, np.abs(vectors - full_vectors).max()))

@@ -12,7 +12,7 @@ import torch
 
 from faste_mm.errors import ConfigError
 from faste_mm.model.cpu.machine_plan import BATCH_TOKENS, MachinePlan, machine_plan
-from faste_mm.model.serialization import Serialized
+from faste_mm.model.serialization import MERGE_UNIT, Serialized
 
 
 # how the layers after compression treat padding (faste_mm.model.unpadded has the kernels)
@@ -121,6 +121,11 @@ class Batch:
     video_grid_thw: torch.Tensor | None = None  # [n_videos, 3]
     video_grids: tuple[tuple[int, int, int], ...] = ()  # video_grid_thw as host ints
     protected: torch.Tensor | None = None  # [B] leading positions per row a compressor must keep (reranker queries)
+    # duplicate-patch removal (faste_mm.model.patch_dedup): the rows of the images' full patch
+    # sequence that `pixel_values` holds ([sum P_kept] int64), None when no image dropped a unit
+    kept_patches: torch.Tensor | None = None
+    tower_units: tuple[int, ...] = ()  # per image, in row order: merge units the tower sees
+    patch_units: tuple[tuple[int, int], ...] = ()  # per row: (units kept, units) where removal looked, else (0, 0)
 
     @property
     def size(self) -> int:
@@ -194,6 +199,7 @@ def collate(items: list[Serialized], rows: list[int], pad_token_id: int, release
     grids = torch.cat(images) if images else None
     videos = [item.video_grid_thw for item in items if item.video_grid_thw is not None]
     video_grids = torch.cat(videos) if videos else None
+    kept_patches = _kept_patches(items)
     pixel_values = _concat_patches(items, "pixel_values", release)
     pixel_values_videos = _concat_patches(items, "pixel_values_videos", release)
     return Batch(
@@ -210,7 +216,27 @@ def collate(items: list[Serialized], rows: list[int], pad_token_id: int, release
         video_grid_thw=video_grids,
         video_grids=() if video_grids is None else tuple(tuple(g) for g in video_grids.tolist()),
         protected=torch.tensor([item.protected for item in items]) if any(item.protected for item in items) else None,
+        kept_patches=kept_patches,
+        tower_units=tuple(item.tower_units for item in items if item.image_grid_thw is not None),
+        patch_units=tuple(item.patch_units for item in items),
     )
+
+
+def _kept_patches(items: list[Serialized]) -> torch.Tensor | None:
+    """[sum P_kept] int64: the rows of the items' full image patch sequence (in row order) that their
+    deduplicated `pixel_values` hold; None when every image kept every unit."""
+    if all(item.kept_units is None for item in items):
+        return None
+    parts, start = [], 0
+    for item in items:
+        if item.image_grid_thw is None:
+            continue
+        t, h, w = (int(x) for x in item.image_grid_thw[0])
+        total = t * h * w // MERGE_UNIT
+        units = torch.arange(total) if item.kept_units is None else item.kept_units
+        parts.append(start + (units[:, None] * MERGE_UNIT + torch.arange(MERGE_UNIT)).reshape(-1))
+        start += total * MERGE_UNIT
+    return torch.cat(parts)
 
 
 def _concat_patches(items: list[Serialized], name: str, release: bool) -> torch.Tensor | None:

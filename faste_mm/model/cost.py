@@ -1,8 +1,9 @@
 """What embedding cost, in one record every result that reports it shares (`CostTally`): prefix
-tokens before and after FastE (sum of N_i and of R_i over the items) and the model's seconds in
-its two stages (vision tower, decoder). A batch's trace, an encode call's stats, a rerank call's
-stats, an index run's progress and report, an evaluation's totals are each a `CostTally` plus
-their own fields; running totals add tallies (`+`, `CostTally.total`)."""
+tokens before and after FastE (sum of N_i and of R_i over the items), the model's seconds in
+its two stages (vision tower, decoder) and the image patches duplicate-patch removal kept. A
+batch's trace, an encode call's stats, a rerank call's stats, an index run's progress and
+report, an evaluation's totals are each a `CostTally` plus their own fields; running totals add
+tallies (`+`, `CostTally.total`)."""
 
 from __future__ import annotations
 
@@ -18,12 +19,16 @@ from faste_mm.model.flops import removed_share, tower_share
 class CostTally:
     """prefix_tokens: sum of N_i (prefix tokens entering the decoder); kept_prefix_tokens: sum of
     R_i (N_i where nothing was removed); tower_s / decoder_s: model seconds in the vision tower
-    (0 for text) and in the decoder (token embeddings to the readout)."""
+    (0 for text) and in the decoder (token embeddings to the readout); image_units /
+    kept_image_units: merge units of the images duplicate-patch removal looked at, and of those
+    the ones kept (faste_mm.model.patch_dedup)."""
 
     prefix_tokens: int = 0
     kept_prefix_tokens: int = 0
     tower_s: float = 0.0
     decoder_s: float = 0.0
+    image_units: int = 0
+    kept_image_units: int = 0
 
     @property
     def prefix_removal(self) -> float:
@@ -34,6 +39,11 @@ class CostTally:
     def tower_share(self) -> float:
         """The vision tower's share of the model's seconds (tower + decoder)."""
         return tower_share(self.tower_s, self.decoder_s)
+
+    @property
+    def patches_kept(self) -> float | None:
+        """The share of patches duplicate-patch removal kept; None where it looked at no image."""
+        return self.kept_image_units / self.image_units if self.image_units else None
 
     def cost(self) -> "CostTally":
         """Just the tally of this record (a subclass's own fields dropped)."""

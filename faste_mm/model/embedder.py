@@ -25,10 +25,11 @@ from faste_mm.model.cost import CostTally
 from faste_mm.model.official import QUERY_INSTRUCTION
 from faste_mm.model.items import Failure, Item, expand_items, failure_reason
 from faste_mm.model.cpu.machine_plan import use_torch_threads
+from faste_mm.model.patch_dedup import PatchDedupConfig, PixelNorm, applies_to, drop_repeated_units
 from faste_mm.model.pooling import truncate_dim
 from faste_mm.model.prefetch import ItemError, PrepTimer, prefetch_batches
 from faste_mm.model.runner import BatchTrace, run_decoder, settle_kernel
-from faste_mm.model.serialization import SerializerConfig, Serialized, TextPrompt
+from faste_mm.model.serialization import MERGE_UNIT, SerializerConfig, Serialized, TextPrompt
 from faste_mm.model.unpadded import Unpadded
 
 log = logging.getLogger(__name__)
@@ -81,6 +82,12 @@ class EmbedStats(CostTally):
                 counts[trace.attention] = counts.get(trace.attention, 0) + 1
         return counts
 
+    def patch_shares(self) -> dict[int, float]:
+        """Item row -> the share of its image's patches the tower saw, for every embedded item
+        whose image duplicate-patch removal looked at."""
+        return {row: kept / total for trace in self.batches
+                for row, (kept, total) in zip(trace.rows, trace.patch_units) if total}
+
     @property
     def mean_trigger_layer(self) -> float | None:
         layers = [trace.trigger_layer for trace in self.batches if trace.trigger_layer is not None]
@@ -100,6 +107,9 @@ class EmbedStats(CostTally):
             "flops_vision": self.flops_vision,
             "flops_reduction_with_vision": self.flops_reduction_with_vision,
             "mean_trigger_layer": self.mean_trigger_layer,
+            "image_units": self.image_units,
+            "kept_image_units": self.kept_image_units,
+            "patches_kept": self.patches_kept,
             "attention": self.attention,
             "attention_trial": self.attention_trial,
             "serialize_s": self.serialize_s,
@@ -234,6 +244,7 @@ class Embedder:
         record_alignment: bool = False,
         progress: Callable[[int], None] | None = None,
         on_batch: Callable[[BatchTrace], None] | None = None,
+        patch_dedup: PatchDedupConfig | None = None,
     ) -> EmbedResult:
         """Embed texts, images, image+text pairs and PDF pages.
 
@@ -249,6 +260,9 @@ class Embedder:
             progress: called with the number of rows done after each batch (and each failure).
             on_batch: called with each batch's `BatchTrace` (rows, prefix tokens before and
                 after FastE) as soon as it is embedded, before `progress`: live rates.
+            patch_dedup: drop repeated merge units of PDF pages and screenshot-like images before
+                the vision tower (faste_mm.model.patch_dedup); None or mode "off" keeps them all.
+                `stats.patch_shares()` gives each image's kept share.
         """
         if on_error not in ("raise", "skip"):
             raise ConfigError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
@@ -269,7 +283,7 @@ class Embedder:
         todo = [i for i in range(len(items)) if i not in broken_rows]
         timer = PrepTimer()
         device = self.backbone.device
-        for element in self.prepare_batches(items, todo, instruction, timer):
+        for element in self.prepare_batches(items, todo, instruction, timer, patch_dedup):
             if isinstance(element, ItemError):
                 failure = item_failure(items, sources, element)
                 if on_error == "raise":
@@ -301,16 +315,22 @@ class Embedder:
         return EmbedResult(embeddings, items, sources, ok, failures, stats)
 
     def prepare_batches(
-        self, items: list[Item], rows: list[int], instruction: str | None = None, timer: PrepTimer | None = None
+        self, items: list[Item], rows: list[int], instruction: str | None = None, timer: PrepTimer | None = None,
+        patch_dedup: PatchDedupConfig | None = None,
     ) -> Iterator[Batch | ItemError]:
         """Serialize items[rows] and group them into host `Batch`es exactly as `encode` does (same
         batches, same order; worker threads run ahead of the caller), with an `ItemError` for each
         item that cannot be serialized. For callers that run several policies on each batch
         (calibration) without serializing the items again."""
+        dedup = patch_dedup if patch_dedup is not None and patch_dedup.is_on else None
+        norm = None if dedup is None else PixelNorm.of(self.loaded.preprocessor.image_processor)
 
         def serialize(index: int) -> Serialized:
-            serialized = self.serializer(items[index], items[index].instruction or instruction)
-            return self.backbone.with_positions(serialized)
+            item = items[index]
+            serialized = self.backbone.with_positions(self.serializer(item, item.instruction or instruction))
+            if dedup is not None and applies_to(item):  # after the positions: they are the full sequence's
+                serialized = drop_repeated_units(serialized, dedup, norm, self.backbone.image_token_id)
+            return serialized
 
         def measure(index: int) -> tuple[int, int] | None:  # tokens and bytes, without pixels where it can be
             return self.serializer.planned_size(items[index], items[index].instruction or instruction)
@@ -346,11 +366,13 @@ class Embedder:
         record_alignment: bool = False,
         progress: Callable[[int], None] | None = None,
         on_batch: Callable[[BatchTrace], None] | None = None,
+        patch_dedup: PatchDedupConfig | None = None,
     ) -> EmbedResult:
-        """Documents / candidates: the default instruction (document format); FastE if given."""
+        """Documents / candidates: the default instruction (document format); FastE and
+        duplicate-patch removal if given."""
         return self.encode(
             inputs, fast_e=fast_e, instruction=None, dim=dim, on_error=on_error,
-            record_alignment=record_alignment, progress=progress, on_batch=on_batch,
+            record_alignment=record_alignment, progress=progress, on_batch=on_batch, patch_dedup=patch_dedup,
         )
 
     def encode_query(self, inputs: object, *, instruction: str | None = None, fast_e: FastEConfig | None = None,
@@ -401,7 +423,16 @@ class Embedder:
 
     def _vision_flops(self, traces) -> int:
         vision = self.backbone.vision_shape
-        return 0 if vision is None else sum(vision_flops(vision, t.image_grids + t.video_grids) for t in traces)
+        return 0 if vision is None else sum(vision_flops(vision, tower_grids(t) + t.video_grids) for t in traces)
+
+
+def tower_grids(trace: BatchTrace) -> list[tuple[int, int, int]]:
+    """The images' grids as the tower ran them: an image that dropped repeated units attends over
+    its kept patches only, which `vision_flops` counts as a frame of 1 x (kept patches)."""
+    if len(trace.tower_units) != len(trace.image_grids):  # traces without per-image units (a reranker's)
+        return list(trace.image_grids)
+    return [grid if units * MERGE_UNIT == grid[0] * grid[1] * grid[2] else (1, units * MERGE_UNIT, 1)
+            for grid, units in zip(trace.image_grids, trace.tower_units)]
 
 
 def item_failure(items: list[Item], sources: list[int], error: ItemError) -> Failure:

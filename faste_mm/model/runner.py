@@ -36,6 +36,8 @@ class BatchTrace(CostTally):
     attention: str = PADDED  # the layers after compression: "padded" or the unpadded kernel's name
     image_grids: list[tuple[int, int, int]] = field(default_factory=list)  # (t, h, w) patches per image
     video_grids: list[tuple[int, int, int]] = field(default_factory=list)  # (frame pairs, h, w) per video
+    patch_units: list[tuple[int, int]] = field(default_factory=list)  # per row: (units kept, units) where dedup looked
+    tower_units: list[int] = field(default_factory=list)  # per image: merge units the tower saw
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -108,6 +110,10 @@ def run_decoder(
         attention=PADDED if packed is None else packed.name,
         image_grids=list(batch.image_grids),
         video_grids=list(batch.video_grids),
+        patch_units=list(batch.patch_units),
+        tower_units=list(batch.tower_units),
+        image_units=sum(total for _, total in batch.patch_units),
+        kept_image_units=sum(kept for kept, _ in batch.patch_units),
         tower_s=tower_s,
         decoder_s=decoder_s,
     )

@@ -21,6 +21,8 @@ from faste_mm.model.video import VideoConfig, read_video
 from faste_mm.model.official import DOCUMENT_INSTRUCTION as DEFAULT_INSTRUCTION
 from faste_mm.model.official import OFFICIAL_MAX_PIXELS, OFFICIAL_MIN_PIXELS, PIXELS_PER_VISUAL_TOKEN
 
+MERGE_UNIT = 4  # patches per merged visual token (Qwen3-VL's 2 x 2 spatial merge)
+
 
 def pixel_budget(max_pixels: int | None = None, visual_tokens: int | None = None,
                  names: tuple[str, str] = ("max_pixels", "visual_tokens")) -> int | None:
@@ -76,10 +78,25 @@ class Serialized:
     pixel_values_videos: torch.Tensor | None = None  # [P_v, C] flattened patches of the one video
     video_grid_thw: torch.Tensor | None = None  # [1, 3] (frame pairs, h, w) patches
     protected: int = 0  # leading positions a compressor must keep (a reranker pair's instruction + query)
+    # duplicate-patch removal (faste_mm.model.patch_dedup): [U_kept] int64, the image's merge units
+    # left (indices into the full grid's units, in order), None = every unit; and (units kept, units
+    # of the image) where removal looked at the image, (0, 0) where it did not
+    kept_units: torch.Tensor | None = None
+    patch_units: tuple[int, int] = (0, 0)
 
     @property
     def length(self) -> int:
         return int(self.input_ids.shape[0])
+
+    @property
+    def tower_units(self) -> int:
+        """Merge units of this item's image that reach the vision tower (0 without an image)."""
+        if self.image_grid_thw is None:
+            return 0
+        if self.kept_units is not None:
+            return int(self.kept_units.shape[0])
+        t, h, w = (int(x) for x in self.image_grid_thw[0])
+        return t * h * w // MERGE_UNIT
 
     @classmethod
     def from_processor(cls, encoded, input_ids: torch.Tensor, mm_token_type_ids: torch.Tensor, truncated: bool,

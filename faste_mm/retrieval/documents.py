@@ -26,6 +26,7 @@ from faste_mm.indexers.records import repeated_key
 from faste_mm.model.cost import CostTally
 from faste_mm.model.embedder import EmbedResult, OnError
 from faste_mm.model.items import Item, as_item
+from faste_mm.model.patch_dedup import dedup_config
 from faste_mm.model.runner import BatchTrace
 from faste_mm.retrieval.ingest import IndexFailure, failure_reasons
 from faste_mm.retrieval.profile import CollectionProfile
@@ -71,7 +72,8 @@ class CollectionDocuments:
         try:
             # Matryoshka collections store the first `dim` dimensions, re-normalised (checked above).
             return embedder.encode_documents(values, fast_e=self._profile.fast_e(), dim=self._profile.dim,
-                                             on_error=on_error, on_batch=self._batch_done)
+                                             on_error=on_error, on_batch=self._batch_done,
+                                             patch_dedup=dedup_config(self._profile.patch_dedup))
         finally:
             self.in_flight = _InFlight()  # the caller's tally counts the result from now on
 

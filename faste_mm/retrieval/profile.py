@@ -34,6 +34,7 @@ from faste_mm.indexers.manifest import MANIFEST_NAME, Manifest, read_manifest
 from faste_mm.indexers.vector_choices import KEEPS, PRECISIONS  # noqa: F401  (the choices of vectors and keep)
 from faste_mm.model.official import (DOCUMENT_INSTRUCTION, OFFICIAL_MAX_PIXELS, OFFICIAL_MIN_PIXELS, PIXELS_PER_VISUAL_TOKEN,
                                      QUERY_INSTRUCTION)
+from faste_mm.model.patch_dedup import PATCH_DEDUP_MODES
 from faste_mm.model.video import VideoConfig
 from faste_mm.retrieval.receipt import PlanReceipt
 from faste_mm.retrieval.setting import ABSENT, Flag, Setting, get_key, put_key, setting, settings_of
@@ -134,6 +135,13 @@ class CollectionProfile:
                Flag("--video-max-pixels", int, "Pixels per video frame at most (32x32 px = one visual token per "
                                                "frame pair). Default: the collection's, 786432 for a new one.",
                     part="max_pixels")))
+    patch_dedup: str = setting(
+        "off", "serializer.patch_dedup", "--patch-dedup", "Duplicate-patch removal before the vision tower: off, "
+        "exact or near (faste_mm.model.patch_dedup); PDF pages and lossless images only, never photos.",
+        valid=lambda value: value in PATCH_DEDUP_MODES, rule=f"one of {PATCH_DEDUP_MODES}", missing="off", carry=True,
+        flags=(Flag("--patch-dedup", str, "Drop repeated 32x32 px units of PDF pages, screenshots, slides and scans "
+                                          "before the vision tower: off | exact | near (within 3 of 255 levels); "
+                                          "photos stay whole. Default: the collection's, off for a new one."),))
     r_max: float = setting(
         DOCUMENT_R_MAX, "fast_e.r_max", "--r-max", "FastE r_max for documents: the largest share of prefix "
         "tokens removed, 0 <= r < 1 (0 = full forward); queries always run the full forward.",

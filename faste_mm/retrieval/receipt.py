@@ -25,7 +25,8 @@ class PlanReceipt:
     speedup / flops_speedup: the reference's (full forward, official pixels, float32) measured
     seconds (FLOPs) per item over this setting's. device, created, model_id: where and when.
     fidelity_base: what agreement and cosines compare with when not the reference (int8: the
-    bfloat16 full forward); None: the reference.
+    bfloat16 full forward); None: the reference. patch_dedup: duplicate-patch removal ("off",
+    "exact", "near"); patches_kept: the share of the sample's page and screenshot patches it kept.
     """
 
     r_max: float
@@ -45,12 +46,14 @@ class PlanReceipt:
     model_id: str
     threshold_source: str | None = None
     fidelity_base: str | None = None
+    patch_dedup: str = "off"
+    patches_kept: float | None = None
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "PlanReceipt":
         """From manifest JSON or a plan; ConfigError naming unknown or missing keys."""
         names = [f.name for f in dataclasses.fields(cls)]
-        optional = {"threshold_source", "fidelity_base"}  # added after receipts were first written
+        optional = {"threshold_source", "fidelity_base", "patch_dedup", "patches_kept"}  # added after receipts were first written
         if not isinstance(data, Mapping) or not set(names) - optional <= set(data) <= set(names):
             given = sorted(data) if isinstance(data, Mapping) else type(data).__name__
             raise ConfigError(f"a plan receipt needs exactly the keys {names}, got {given}")
@@ -65,6 +68,10 @@ class PlanReceipt:
         setting = "full forward" if self.r_max == 0 else f"r_max {self.r_max:g}"
         dtype = "" if self.dtype == "float32" else f", {self.dtype}"
         base = "" if self.fidelity_base is None else f" (against {self.fidelity_base})"
+        if self.patch_dedup != "off":
+            kept = "" if self.patches_kept is None else f", {self.patches_kept:.0%} of page patches kept"
+            kept += f", cosine {self.mean_cos:.3f} to every patch kept"
+            dtype += f", duplicate patches dropped ({self.patch_dedup}{kept})"
         return (f"{setting} at {self.max_pixels:,} px{dtype}: on {self.sample_size} of your files, "
                 f"{self.agreement:.0%} of neighbours kept{base}, {self.speedup:.1f}x cheaper than full")
 

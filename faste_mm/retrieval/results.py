@@ -150,6 +150,7 @@ class IndexReport(CostTally):
         d["metadata_issues"] = dict(self.metadata_issues)
         d["prefix_removal"] = self.prefix_removal
         d["tower_share"] = self.tower_share
+        d["patches_kept"] = self.patches_kept  # None where duplicate-patch removal looked at no image
         d["seconds"] = self.elapsed_s  # the documented schema's name before `elapsed_s` (docs/collections.md)
         return d
 

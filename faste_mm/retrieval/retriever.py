@@ -28,6 +28,7 @@ from faste_mm.indexers.faiss_index import check_factory_syntax
 from faste_mm.model.batching import BatchingConfig
 from faste_mm.model.embedder import Embedder, EmbedResult, OnError, one_or_many
 from faste_mm.model.items import Item
+from faste_mm.model.patch_dedup import dedup_config
 from faste_mm.model.serialization import SerializerConfig
 from faste_mm.retrieval import collection_settings, maintenance, querying
 from faste_mm.retrieval.collection_settings import (checked_profile, completed_profile, open_for_writing, recreate,
@@ -548,7 +549,8 @@ class Retriever:
             self._open_reader()
             profile = self._reader_profile
         return self._embedder_for(profile).encode_documents(documents, fast_e=profile.fast_e(), dim=profile.dim,
-                                                            on_error=on_error)
+                                                            on_error=on_error,
+                                                            patch_dedup=dedup_config(profile.patch_dedup))
 
     def _open_reader(self, check_model: bool = True) -> Collection:
         """The collection opened for reading, once its profile is checked against this

@@ -97,8 +97,12 @@ def ingest_plan_with_ray(job: IngestJob, options: RayOptions) -> None:
     Chunks are planned up front (hash, reuse) and committed as their results arrive. A file whose
     content another chunk of this run embeds is deferred to a second pass, after its donor is
     committed, so it is reused as in a plain run (or embedded, as there, if the donor failed).
-    Raises ConfigError (no ray, cannot join the cluster), FasteError when results go missing.
+    Raises ConfigError (no ray, cannot join the cluster; a collection with duplicate-patch removal,
+    which the actors do not apply yet), FasteError when results go missing.
     """
+    if job.profile.patch_dedup != "off":  # its vectors would differ from a plain run's: refused, not mixed
+        raise ConfigError(f"index --ray does not apply --patch-dedup {job.profile.patch_dedup} yet (the "
+                          f"collection's setting); index this collection without --ray")
     ray = import_ray()
     with _ray_output(shown=log.isEnabledFor(logging.DEBUG)):
         started_here = _connect(ray, options)

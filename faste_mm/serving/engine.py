@@ -20,6 +20,7 @@ import numpy as np
 from faste_mm import Embedder, FastEConfig, Hit, InputError, Item, Retriever
 from faste_mm.errors import CollectionError, ConfigError, FasteError
 from faste_mm.indexers.search import check_query_text
+from faste_mm.model.patch_dedup import dedup_config
 from faste_mm.retrieval.profile import QUERY_INSTRUCTION, CollectionProfile, read_profile
 from faste_mm.retrieval.search_executor import UnknownItemError
 from faste_mm.retrieval.search_request import MAX_K, SearchRequest
@@ -151,8 +152,10 @@ class ServeEngine:
         # The collection's profile: its documents were embedded with its FastE, new ones must match.
         self.profile: CollectionProfile | None = None if self.collection is None else read_profile(self.collection)
         self.document_fast_e = self.config.fast_e
+        self.document_dedup = None  # duplicate-patch removal on documents: the collection's setting
         if self.profile is not None:
             self.document_fast_e = self.profile.fast_e()
+            self.document_dedup = dedup_config(self.profile.patch_dedup)
         self._watch = None if self.collection is None else ReindexWatch(self.collection, embedder)
         self._model_changed: str | None = None  # why searches are refused after a re-index with another model
         self._retriever_outdated = False  # the retriever still holds the old profile (reset on the model thread)
@@ -198,6 +201,7 @@ class ServeEngine:
         if settings.model_changed is None:  # the same weights: pixels, video, FastE and dim follow
             self.embedder = settings.embedder
             self.document_fast_e = settings.profile.fast_e()
+            self.document_dedup = dedup_config(settings.profile.patch_dedup)
         self.profile = settings.profile
         self._retriever_outdated = True
         log.info("%s was re-indexed; serving its new settings%s", self.collection,
@@ -301,8 +305,9 @@ class ServeEngine:
     def _embed_runner(self, kind: str):
         def run(payloads: list[_EmbedPayload]) -> list[object]:
             fast_e = self.document_fast_e if kind == "document" else None  # read per batch: a re-index changes it
+            dedup = self.document_dedup if kind == "document" else None
             items = [item for payload in payloads for item in payload.items]
-            result = self.embedder.encode(items, fast_e=fast_e, on_error="skip")
+            result = self.embedder.encode(items, fast_e=fast_e, on_error="skip", patch_dedup=dedup)
             stats = result.stats
             self.metrics.observe("faste_mm_batch_items", len(items), BATCH_SIZE_BUCKETS, kind=kind)
             self.metrics.inc("faste_mm_tokens_in_total", stats.prefix_tokens + len(items), kind=kind)

@@ -31,6 +31,7 @@ from faste_mm.model.faste import FastEConfig
 from faste_mm.model.file_decoding import count_pdf_pages
 from faste_mm.model.items import Item, as_item, expand_items
 from faste_mm.model.official import OFFICIAL_MAX_PIXELS, PIXEL_SWEEP
+from faste_mm.model.patch_dedup import PatchDedupConfig, applies_to, dedup_config
 from faste_mm.model.serialization import SerializerConfig, pixel_budget
 from faste_mm.retrieval.decoders import document_input
 from faste_mm.retrieval.estimate import KIND_NAMES, TokenBounds, plan_rows, seconds_per_item
@@ -65,6 +66,10 @@ class PlanConfig:
         threshold_source says where theta came from.
     target: neighbour agreement@k the recommendation must reach, in (0, 1]. p5_floor: the 5th
         percentile cosine it must also reach (None: 1 - 3 (1 - target)). k: neighbours per item.
+    patch_dedup: duplicate-patch removal modes to try ("off", "exact", "near";
+        faste_mm.model.patch_dedup), at the official pixel cap (both cut visual tokens: a lower
+        cap is the other way) for every r_max and dtype, where the sample has pages or
+        screenshot-like images it applies to.
     """
 
     max_pixels: tuple[int, ...] = PIXEL_SWEEP
@@ -75,9 +80,10 @@ class PlanConfig:
     k: int = 10
     fast_e: FastEConfig = FastEConfig(r_max=0.0)
     threshold_source: str | None = None
+    patch_dedup: tuple[str, ...] = ("off",)
 
     def __post_init__(self) -> None:
-        for name in ("max_pixels", "r_max", "dtypes"):
+        for name in ("max_pixels", "r_max", "dtypes", "patch_dedup"):
             value = getattr(self, name)
             if isinstance(value, (str, int, float)) or not value:
                 raise ConfigError(f"PlanConfig.{name} must be a non-empty tuple of candidates, got {value!r}")
@@ -91,6 +97,8 @@ class PlanConfig:
             raise ConfigError(f"PlanConfig.fast_e must be a FastEConfig, got {type(self.fast_e).__name__}")
         for r_max in self.r_max:
             replace(self.fast_e, r_max=r_max)  # FastEConfig's own messages
+        for mode in self.patch_dedup:
+            PatchDedupConfig(mode)  # its own message names the valid modes
         unknown = [d for d in self.dtypes if d not in DTYPES]
         if unknown:
             raise ConfigError(f"PlanConfig.dtypes: unknown {unknown[0]!r}; valid: {', '.join(DTYPES)}")
@@ -204,11 +212,17 @@ class _Setting:
     max_pixels: int
     r_max: float
     dtype: torch.dtype
+    patch_dedup: str = "off"
 
     @property
     def name(self) -> str:
         r = "full" if self.r_max == 0 else f"r_max {self.r_max:g}"
-        return f"{self.max_pixels:,} px, {r}, {_dtype_name(self.dtype)}"
+        dedup = "" if self.patch_dedup == "off" else f", dedup {self.patch_dedup}"
+        return f"{self.max_pixels:,} px, {r}, {_dtype_name(self.dtype)}{dedup}"
+
+    @property
+    def dedup(self) -> PatchDedupConfig | None:
+        return dedup_config(self.patch_dedup)
 
 
 def plan(embedder: Embedder, items: Sequence[object], config: PlanConfig | None = None, *,
@@ -244,7 +258,9 @@ def plan(embedder: Embedder, items: Sequence[object], config: PlanConfig | None 
     device = embedder.backbone.device
     reference = _Setting(OFFICIAL_MAX_PIXELS, 0.0, _DTYPE[REFERENCE_DTYPE])
     dtypes, left_out = _accepted_dtypes(config.dtypes, device)
-    settings = _candidates(config, dtypes, reference, embedder.family.is_multimodal and set(kinds) & {"photo", "page"})
+    multimodal = embedder.family.is_multimodal
+    settings = _candidates(config, dtypes, reference, multimodal and set(kinds) & {"photo", "page"},
+                           multimodal and any(applies_to(item) for item in expanded))
     total = len(expanded) * len(settings) + len(queries) * len({s.dtype for s in settings})
     if progress is not None:
         progress.start(f"plan: {len(settings)} settings x {len(expanded)} items", total)
@@ -257,7 +273,8 @@ def plan(embedder: Embedder, items: Sequence[object], config: PlanConfig | None 
         variant = _with_pixels(models[setting.dtype], setting.max_pixels)
         fast_e = None if setting.r_max == 0 else replace(config.fast_e, r_max=setting.r_max)
         advance = None if progress is None else progress.advance
-        runs[setting] = variant.encode_documents(inputs, fast_e=fast_e, on_error="skip", progress=advance)
+        runs[setting] = variant.encode_documents(inputs, fast_e=fast_e, on_error="skip", progress=advance,
+                                                 patch_dedup=setting.dedup)
         if queries and setting.dtype not in query_vectors:
             query_vectors[setting.dtype] = variant.encode_queries(list(queries), progress=advance).embeddings
     ok = np.logical_and.reduce([run.ok for run in runs.values()])
@@ -327,10 +344,13 @@ def _accepted_dtypes(names: tuple[str, ...], device: torch.device) -> tuple[list
     return dtypes, left_out
 
 
-def _candidates(config: PlanConfig, dtypes: list[torch.dtype], reference: _Setting, has_pixels: bool) -> list[_Setting]:
+def _candidates(config: PlanConfig, dtypes: list[torch.dtype], reference: _Setting, has_pixels: bool,
+                has_dedup: bool = False) -> list[_Setting]:
     """The reference first, then every (dtype, max_pixels, r_max) once ("auto" resolved, so
-    "auto" and the dtype it means run once), then any fidelity base not among them. Without
-    photos or pages in the sample the pixel cap changes nothing, so only the official one is run."""
+    "auto" and the dtype it means run once), each duplicate-patch removal mode at the official
+    cap where the sample has images it applies to (`has_dedup`), then any fidelity base not among
+    them. Without photos or pages in the sample the pixel cap changes nothing, so only the
+    official one is run."""
     pixels = config.max_pixels if has_pixels else (OFFICIAL_MAX_PIXELS,)
     if not has_pixels and set(config.max_pixels) != {OFFICIAL_MAX_PIXELS}:
         log.info("no photos or pages in the sample: max_pixels candidates %s would all equal the official cap",
@@ -340,9 +360,11 @@ def _candidates(config: PlanConfig, dtypes: list[torch.dtype], reference: _Setti
     for dtype in dtypes:
         for max_pixels in pixels:
             for r_max in config.r_max:
-                setting = _Setting(max_pixels, float(r_max), dtype)
-                if setting not in settings:
-                    settings.append(setting)
+                modes = config.patch_dedup if has_dedup and max_pixels == OFFICIAL_MAX_PIXELS else ("off",)
+                for mode in modes:
+                    setting = _Setting(max_pixels, float(r_max), dtype, mode)
+                    if setting not in settings:
+                        settings.append(setting)
     for setting in list(settings):
         if (base := _fidelity_base(setting, reference)) not in settings:
             settings.append(base)
@@ -410,7 +432,8 @@ def _row(setting: _Setting, run: EmbedResult, ref: EmbedResult, ok: np.ndarray, 
         query_agreement=query_agreement, seconds_per_item=stats.elapsed_s / n, forward_s_per_item=stats.forward_s / n,
         tower_s_per_item=stats.tower_s / n, decoder_s_per_item=stats.decoder_s / n,
         flops_per_item=(stats.flops_realised + stats.flops_vision) / n, vision_flops_per_item=stats.flops_vision / n,
-        meets_target=agreement >= config.target and p5_cos >= config.floor, fidelity_base=fidelity_base)
+        meets_target=agreement >= config.target and p5_cos >= config.floor, fidelity_base=fidelity_base,
+        patch_dedup=setting.patch_dedup, patches_kept=stats.patches_kept if setting.dedup else None)
 
 
 def _default_source(config: PlanConfig, embedder: Embedder) -> str:

@@ -41,6 +41,9 @@ class CandidateResult:
     speedup / flops_speedup: the reference's seconds (FLOPs) per item over this row's.
     fidelity_base: the setting mean_cos, p5_cos and the agreements compare with when it is not
         the reference (int8: the bfloat16 full forward, `plan.FIDELITY_BASE`); None: the reference.
+    patch_dedup: duplicate-patch removal ("off", "exact", "near"); patches_kept: the share of the
+        sample's page and screenshot patches it kept (None when off); its cosines are to the
+        reference, which keeps every patch.
     """
 
     name: str
@@ -71,6 +74,8 @@ class CandidateResult:
     # Seconds indexing all the files the sample came from would take at this row's seconds per
     # item of each kind (`plan.folder_seconds`); None when the plan was not given them.
     folder_s: float | None = None
+    patch_dedup: str = "off"  # likewise
+    patches_kept: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -125,11 +130,12 @@ class PlanReport:
                            mean_cos=chosen.mean_cos, p5_cos=chosen.p5_cos, speedup=chosen.speedup,
                            flops_speedup=chosen.flops_speedup, device=self.device, created=self.created,
                            model_id=self.model_id, threshold_source=chosen.threshold_source,
-                           fidelity_base=chosen.fidelity_base)
+                           fidelity_base=chosen.fidelity_base, patch_dedup=chosen.patch_dedup,
+                           patches_kept=chosen.patches_kept)
 
     def settings(self, index: int | None = None) -> dict[str, Any]:
         """Row `index` (None: the recommendation) as the collection settings `Retriever` and
-        `Retriever.for_collection` take (pixel cap, FastE as measured, the receipt); the row's
+        `Retriever.for_collection` take (pixel cap, FastE as measured, duplicate-patch removal, the receipt); the row's
         `dtype` goes to the model loader. Example:
             >>> report, row = load_plan("plan.json")
             >>> r = Retriever.from_pretrained(report.model_id, dtype=report.row(row).dtype, **report.settings(row))
@@ -138,7 +144,8 @@ class PlanReport:
         fast_e = {} if chosen.r_max == 0 else {"threshold": chosen.threshold, "warmup_layer": chosen.warmup_layer}
         if chosen.r_max and chosen.trigger_layer is not None:
             fast_e["trigger_layer"] = chosen.trigger_layer
-        return {"max_pixels": chosen.max_pixels, "r_max": chosen.r_max, "receipt": self.receipt(index), **fast_e}
+        return {"max_pixels": chosen.max_pixels, "r_max": chosen.r_max, "patch_dedup": chosen.patch_dedup,
+                "receipt": self.receipt(index), **fast_e}
 
     def check_model(self, model_id: str, source: str = "plan") -> None:
         """ConfigError unless this plan was measured with `model_id` (a hub id, or a local folder

@@ -11,11 +11,11 @@ from dataclasses import replace
 import torch
 
 from faste_mm.model.backbones.base import Backbone
-from faste_mm.model.backbones.vision_tower import PackedVisionTower, VisionFeatures
+from faste_mm.model.backbones.vision_tower import KeptPatches, PackedVisionTower, VisionFeatures
 from faste_mm.model.batching import Batch
 from faste_mm.model.decoder_state import DecoderState
 from faste_mm.model.flops import VisionShape
-from faste_mm.model.serialization import Serialized
+from faste_mm.model.serialization import MERGE_UNIT, Serialized
 
 
 class Qwen3VLBackbone(Backbone):
@@ -45,7 +45,7 @@ class Qwen3VLBackbone(Backbone):
             return None
         grids = [g for g in (batch.image_grid_thw, batch.video_grid_thw) if g is not None]
         dtype = self.model.visual.patch_embed.proj.weight.dtype
-        return self.tower(torch.cat(pixels).to(dtype), torch.cat(grids))
+        return self.tower(torch.cat(pixels).to(dtype), torch.cat(grids), kept_patches(batch))
 
     def embed(self, batch: Batch, vision: VisionFeatures | None = None) -> DecoderState:
         """Token embeddings with the visual features scattered in; `vision` is this batch's
@@ -124,3 +124,21 @@ class Qwen3VLBackbone(Backbone):
         features = state.deepstack[index][state.visual_rank.clamp(min=0)]  # [..., H]
         hidden = torch.where(state.visual_mask[..., None], state.hidden + features, state.hidden)
         return state.with_hidden(hidden)
+
+
+def kept_patches(batch: Batch) -> KeptPatches | None:
+    """The tower's view of a batch whose images dropped repeated units (`Batch.kept_patches`):
+    the kept rows of the images' full patch sequence, then every video patch after them; one
+    attention frame per image (its kept patches) and per video frame. None without dedup."""
+    if batch.kept_patches is None:
+        return None
+    full_image_patches = sum(t * h * w for t, h, w in batch.image_grids)
+    sizes = list(batch.tower_units)
+    index, lengths = [batch.kept_patches], [units * MERGE_UNIT for units in sizes]
+    video_patches = sum(t * h * w for t, h, w in batch.video_grids)
+    if video_patches:
+        device = batch.kept_patches.device
+        index.append(torch.arange(full_image_patches, full_image_patches + video_patches, device=device))
+        lengths += [h * w for t, h, w in batch.video_grids for _ in range(t)]
+        sizes += [t * h * w // MERGE_UNIT for t, h, w in batch.video_grids]
+    return KeptPatches(torch.cat(index), lengths, sizes)

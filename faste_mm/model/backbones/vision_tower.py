@@ -47,23 +47,38 @@ class FrameRuns:
     longest: int
 
 
+@dataclass(frozen=True, slots=True)
+class KeptPatches:
+    """The patches left after duplicate-patch removal (faste_mm.model.patch_dedup) in a packed
+    batch: `index` [N_kept] int64, each kept patch's row in the full grids' patch sequence (its
+    learned position and 2-D RoPE are that row's); `frame_lengths` kept patches per frame (the
+    attention frames); `sizes` merged tokens per image/video."""
+
+    index: torch.Tensor
+    frame_lengths: list[int]
+    sizes: list[int]
+
+
 def frame_runs(grid_thw: torch.Tensor) -> FrameRuns:
     """Frames (t of h x w patches per image/video) grouped into runs of equal length."""
+    lengths = [h * w for t, h, w in grid_thw.tolist() for _ in range(t)]
+    return frame_runs_of(lengths, grid_thw.device)
+
+
+def frame_runs_of(lengths: list[int], device: torch.device) -> FrameRuns:
+    """Consecutive frames of `lengths` patches each, grouped into runs of equal length."""
     runs: list[tuple[int, int, int]] = []
-    lengths: list[int] = []
     start = 0
-    for t, h, w in grid_thw.tolist():
-        length = h * w
-        lengths.extend([length] * t)
-        if runs and runs[-1][2] == length and runs[-1][0] + runs[-1][1] * length == start:
+    for length in lengths:
+        if runs and runs[-1][2] == length:
             first, frames, _ = runs[-1]
-            runs[-1] = (first, frames + t, length)
+            runs[-1] = (first, frames + 1, length)
         else:
-            runs.append((start, t, length))
-        start += t * length
+            runs.append((start, 1, length))
+        start += length
     cu_seqlens = torch.zeros(len(lengths) + 1, dtype=torch.int32)
     cu_seqlens[1:] = torch.tensor(lengths, dtype=torch.int32).cumsum(0)
-    return FrameRuns(runs, cu_seqlens.to(grid_thw.device), max(lengths, default=0))
+    return FrameRuns(runs, cu_seqlens.to(device), max(lengths, default=0))
 
 
 def attend_runs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, frames: FrameRuns, scale: float) -> torch.Tensor:
@@ -215,19 +230,24 @@ class PackedVisionTower:
                                                        variable=TOWER_GELU_ENV)
         self.trials.related.append(self.gelu_trials)  # both verdicts in `bench`/`embed`'s lines
 
-    def __call__(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> VisionFeatures:
-        """pixel_values [N, C x T_p x P x P] patches of every image/video in order, grid_thw [n, 3]."""
+    def __call__(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor, kept: KeptPatches | None = None) -> VisionFeatures:
+        """pixel_values [N, C x T_p x P x P] patches of every image/video in order, grid_thw [n, 3];
+        with `kept`, pixel_values holds only the kept patches (kept.index's rows of the full grids)."""
         visual = self.visual
         merge = visual.spatial_merge_size
         indices, weights = self._interpolation(
             grid_thw, num_grid_per_side=visual.num_grid_per_side, mode=visual.interpolation_mode,
             align_corners=visual.interpolation_align_corners, spatial_merge_size=merge,
         )  # [N, taps] each
+        positions = self._position_ids(grid_thw, merge)  # [N, 2] (h, w) per patch
+        if kept is not None:  # repeated units removed: each kept patch keeps its own grid place
+            indices, weights, positions = indices[kept.index], weights[kept.index], positions[kept.index]
         hidden = embed_patches(visual.patch_embed, pixel_values)  # [N, d]
         hidden = hidden + position_embeddings(visual.pos_embed, indices, weights).to(hidden.dtype)
-        cos, sin = visual.rotary_pos_emb(hidden, self._position_ids(grid_thw, merge))  # [N, D] float32 each
+        cos, sin = visual.rotary_pos_emb(hidden, positions)  # [N, D] float32 each
         cos, sin = cos[:, None, None, :], sin[:, None, None, :]  # broadcast over q/k and heads
-        frames = frame_runs(grid_thw)
+        # full attention within each frame, over its kept patches only
+        frames = frame_runs(grid_thw) if kept is None else frame_runs_of(kept.frame_lengths, hidden.device)
         bucket = self._bucket(frames, hidden)
         deepstack: list[torch.Tensor] = []
         for index, block in enumerate(visual.blocks):
@@ -236,7 +256,7 @@ class PackedVisionTower:
             hidden = hidden + mlp.linear_fc2(self._linear_gelu(mlp.linear_fc1, mlp.act_fn, block.norm2(hidden)))
             if index in self.deepstack_levels:
                 deepstack.append(self._merge(visual.deepstack_merger_list[self.deepstack_levels[index]], hidden))
-        sizes = (grid_thw.prod(-1) // merge**2).tolist()
+        sizes = (grid_thw.prod(-1) // merge**2).tolist() if kept is None else list(kept.sizes)
         return VisionFeatures(self._merge(visual.merger, hidden), tuple(deepstack), sizes)
 
     def _merge(self, merger, hidden: torch.Tensor) -> torch.Tensor:
