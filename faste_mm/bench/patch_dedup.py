@@ -25,6 +25,7 @@ import torch
 from faste_mm.bench.options import add_device, add_model, add_rounds, add_workdir, names, scratch
 from faste_mm.bench.rounds import mirrored_rounds
 from faste_mm.bench.schema import SuiteRun
+from faste_mm.model.official import OFFICIAL_MAX_PIXELS
 from faste_mm.errors import ConfigError
 from faste_mm.model.patch_dedup import PATCH_DEDUP_MODES, PatchDedupConfig
 
@@ -50,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the layer FastE compresses before (default: half the depth; random weights never reach theta)")
     parser.add_argument("--contenders", default=",".join(CONTENDERS), help=f"among {', '.join(CONTENDERS)} (default all)")
     parser.add_argument("--max-pixels", dest="max_pixels", type=int, default=None,
-                        help="resize each page to at most this many pixels (default 1843200, the official cap)")
+                        help=f"resize each page to at most this many pixels (default {OFFICIAL_MAX_PIXELS}, the official cap)")
     parser.add_argument("--batch-size", dest="batch_size", type=int, default=1, help="pages per forward of the transformers path (default 1)")
     add_workdir(parser)
 
