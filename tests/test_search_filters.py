@@ -214,4 +214,4 @@ def test_cli_search_where_type_and_path(filtered_collection):
     bad = runner.invoke(app, ["search", "x", "-c", str(col), "--where", "tag"])
     assert bad.exit_code == 2 and "KEY=VALUE" in bad.stderr
     wrong = runner.invoke(app, ["search", "x", "-c", str(col), "--type", "audio"])
-    assert wrong.exit_code == 2 and "'audio' is not one of image, pdf, text, video" in wrong.stderr  # a usage error
+    assert wrong.exit_code == 2 and "--type 'audio' is not one of image, pdf, text, video" in wrong.stderr

@@ -103,9 +103,9 @@ def test_search_page_reranks_shows_both_scores_and_why_this_result(browser, serv
     page, errors = _watched_page(browser)
     page.goto(url + "/")
     page.wait_for_selector("#rerank-toggle:not([hidden])")
-    from faste_mm.serving.rerank import SEARCH_RERANK_TOP
+    from faste_mm.retrieval.search_request import DEFAULTS
 
-    assert f"top {SEARCH_RERANK_TOP} hits" in page.get_attribute("#rerank-toggle", "title")  # the server's depth (/info)
+    assert f"top {DEFAULTS['rerank_top']} hits" in page.get_attribute("#rerank-toggle", "title")  # the server's depth (/info)
     page.check("#rerank")
     page.fill("#q", "a sunset over the sea")
     page.press("#q", "Enter")

@@ -345,7 +345,10 @@ class ServeEngine:
         check_query_text(request.query or "", nul=False)  # a lone surrogate: named, before any work
         tokens = 1  # lexical and more-like-this embed nothing: one slot of the batch
         if request.mode != "lexical" and not request.is_like:
-            tokens = self.measure([Item(text=request.query, image=request.image)], "query").tokens
+            measured = self.measure([Item(text=request.query, image=request.image)], "query")
+            tokens, text = measured.tokens, measured.items[0].text
+            if text != request.query:  # cut where the model cuts: the model thread never tokenizes the rest
+                request = replace(request, query=text)
         self.search_reranker(request)  # an impossible rerank (none loaded) is refused here, not in the batch
         return self.wait(self.batcher.submit("search", request, tokens))
 
