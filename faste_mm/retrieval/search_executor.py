@@ -29,6 +29,7 @@ from faste_mm.retrieval import querying, result_order
 from faste_mm.retrieval.hits import Hit
 from faste_mm.retrieval.rerank_hits import check_reranker, hit_item, rerank_hits
 from faste_mm.retrieval.search_request import SearchRequest
+from faste_mm.retrieval.query_understanding import UnderstoodQuery
 from faste_mm.retrieval.understood_search import UnderstoodRequest, understood_request
 
 log = logging.getLogger(__name__)
@@ -298,6 +299,17 @@ def search_words(collection: str | os.PathLike, request: SearchRequest) -> list[
     if isinstance(found, FasteError):
         raise found
     return found
+
+
+def understood_in(collection: str | os.PathLike, request: SearchRequest) -> UnderstoodQuery | None:
+    """What a search of `request` on the collection at `collection` reads from its query text
+    (None: no text, or more like this), without a model: the CLI shows it whoever answered."""
+    from faste_mm.indexers import Collection
+
+    if request.query is None or request.is_like:
+        return None
+    with Collection.open(collection) as col:
+        return understood(request, SearchParts(reader=lambda check_model: col, min_score=lambda: None)).understood
 
 
 def one(found: list[list[Hit] | Exception]) -> list[Hit]:
