@@ -128,7 +128,7 @@ def http(library):
 def test_http_search_understands_the_query_and_says_so(http):
     answer = http.post("/search", json={"query": "photos in Lisbon", "k": K}).json()
     assert set(names(answer["hits"])) == {"lisbon_2024_07.jpg", "lisbon_2023_05.jpg"}
-    assert answer["query"]["understood"]["parts"][0]["label"] == "place Lisbon"
+    assert [p["label"] for p in answer["query"]["understood"]["parts"]] == ["kind image", "place Lisbon"]
     literal = http.post("/search", json={"query": "photos in Lisbon", "k": K, "literal": True}).json()
     assert len(literal["hits"]) == len(ALL) and literal["query"]["understood"]["parts"] == []
     form = http.post("/search", data={"q": "photos in Lisbon", "k": str(K), "literal": "true"}).json()
@@ -142,17 +142,18 @@ def test_the_mcp_search_tool_understands_the_query(library, tmp_path_factory):
     pytest.importorskip("mcp", reason="needs the mcp extra: pip install 'faste-mm[mcp]'")
     from mcp.client.stdio import StdioServerParameters, stdio_client
 
-    from tests.helpers.mcp_fixtures import open_session
+    from tests.helpers.mcp_fixtures import check_structured, open_session
     from tests.helpers.warm_process import cli_command
 
     params = StdioServerParameters(command=cli_command(tmp_path_factory.mktemp("asked-mcp")),
                                    args=["mcp", "-c", str(library.collection), "--device", "cpu"])
     with open(os.devnull, "w") as quiet, open_session(stdio_client(params, errlog=quiet)) as session:
+        tools = {tool.name: tool for tool in session.list_tools().tools}
         found = session.call("search", {"query": "photos in Lisbon", "k": K, "thumbnails": False})
-        result = found.structuredContent
+        result = check_structured(tools, "search", found)
         assert set(names(result["hits"])) == {"lisbon_2024_07.jpg", "lisbon_2023_05.jpg"}
-        assert result["query"]["understood"]["parts"][0]["kind"] == "place"
-        assert "understood: place Lisbon" in found.content[0].text
-        literal = session.call("search", {"query": "photos in Lisbon", "k": K, "literal": True,
-                                          "thumbnails": False}).structuredContent
+        assert [p["kind"] for p in result["query"]["understood"]["parts"]] == ["kind", "place"]
+        assert found.content[0].text.startswith("understood: kind image · place Lisbon\n2 results")
+        literal = check_structured(tools, "search", session.call(
+            "search", {"query": "photos in Lisbon", "k": K, "literal": True, "thumbnails": False}))
         assert len(literal["hits"]) == len(ALL)
