@@ -58,6 +58,8 @@ class UnderstoodPart:
         for name in ("since", "until", "phrase", "language"):
             if getattr(self, name) is not None:
                 d[name] = getattr(self, name)
+        if self.in_meaning:
+            d["in_meaning"] = True
         return d
 
 
