@@ -16,6 +16,7 @@ import pytest
 from faste_mm.model.embedder import Embedder
 from faste_mm.retrieval.retriever import Retriever
 
+from tests.helpers.browser import CHROMIUM, browser, serving  # noqa: F401 (the shared browser fixture)
 from tests.helpers.cli import invoke
 from tests.helpers.inputs import tiny_vl_dir
 from tests.helpers.photo_fixtures import exif_block, make_photo
@@ -157,3 +158,36 @@ def test_the_mcp_search_tool_understands_the_query(library, tmp_path_factory):
         literal = check_structured(tools, "search", session.call(
             "search", {"query": "photos in Lisbon", "k": K, "literal": True, "thumbnails": False}))
         assert len(literal["hits"]) == len(ALL)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
+def test_the_page_shows_understood_parts_as_chips_that_remove_them(library, browser):  # noqa: F811
+    def cards(page) -> set[str]:
+        return set(page.locator(".card .name").all_inner_texts())
+
+    with serving("-c", str(library.collection), "--device", "cpu") as url:
+        page = browser.new_page()
+        try:
+            errors: list[str] = []
+            page.on("pageerror", lambda error: errors.append(str(error)))
+            page.goto(url + "/")
+            page.wait_for_selector("#collection strong")
+            page.select_option("#k", "48")
+            page.fill("#q", "beach in Lisbon 2024")
+            page.press("#q", "Enter")
+            page.wait_for_selector("#understood:not([hidden]) .chip")
+            assert page.locator("#understood .chip > span").all_inner_texts() == ["place Lisbon", "taken 2024"]
+            page.wait_for_function("() => document.querySelectorAll('.card').length === 1")
+            assert cards(page) == {"lisbon_2024_07.jpg"}
+            # the date chip removed: "2024" becomes words, the place stays a filter
+            page.click("#understood .chip:nth-child(2) .chip-x")
+            page.wait_for_function("() => document.querySelectorAll('#understood .chip').length === 1")
+            page.wait_for_function("() => document.querySelectorAll('.card').length === 2")
+            assert cards(page) == {"lisbon_2024_07.jpg", "lisbon_2023_05.jpg"}
+            # literal: nothing understood, every item comes back
+            page.check("#literal")
+            page.wait_for_function(f"() => document.querySelectorAll('.card').length === {len(ALL)}")
+            assert page.locator("#understood").is_hidden()
+            assert errors == []
+        finally:
+            page.close()
