@@ -112,9 +112,8 @@ def execute(requests: Sequence[SearchRequest], parts: SearchParts,
 def understood(request: SearchRequest, parts: SearchParts) -> UnderstoodRequest:
     """`request` as it is searched: its query text understood against today's date and the
     collection's places (read once per version of the collection), unless `literal`."""
-    if request.query is None or request.is_like:
-        return UnderstoodRequest(request)
-    return understood_request(request, [] if request.literal else parts.reader(False).places())
+    asks_places = request.query is not None and not request.literal and not request.is_like
+    return understood_request(request, parts.reader(False).places() if asks_places else [])
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,8 +136,8 @@ class _Plan:
     def key(self) -> tuple:
         """Requests with one key run as one `Collection.find` (the same filter, mode and depth)."""
         where, request = self.where, self.request
-        return (tuple(sorted(where.where.items(), key=repr)), where.types, where.path, where.facts, request.mode,
-                request.rescore, request.lexical_syntax, self.min_score, self.fetch, self.like_id is not None)
+        return (tuple(sorted(where.where.items(), key=repr)), where.types, where.path, where.facts, where.phrases,
+                request.mode, request.rescore, request.lexical_syntax, self.min_score, self.fetch, self.like_id is not None)
 
 
 def _plan(asked: UnderstoodRequest, parts: SearchParts, item: Item | None = None) -> _Plan:
@@ -162,8 +161,9 @@ def _plan(asked: UnderstoodRequest, parts: SearchParts, item: Item | None = None
                              f"{request.mode} does not apply")
         like_id = _like_id(request.like, parts)
         return _Plan(request, None, None, like_id, None, where, min_score, request.k + 1, None)
-    text = request.query or None if asked.understood is not None else request.query  # the meaning text
-    if item is not None and item.text is not None and asked.understood is not None:
+    read = asked.understood is not None and bool(asked.understood.parts)
+    text = (request.query or None) if read else request.query  # the meaning text ("" beside an image: none)
+    if item is not None and item.text is not None and read:
         item = replace(item, text=text)
     if item is None:
         image, video = (Path(v) if isinstance(v, os.PathLike) else v for v in (request.image, request.video))
@@ -306,8 +306,6 @@ def understood_in(collection: str | os.PathLike, request: SearchRequest) -> Unde
     (None: no text, or more like this), without a model: the CLI shows it whoever answered."""
     from faste_mm.indexers import Collection
 
-    if request.query is None or request.is_like:
-        return None
     with Collection.open(collection) as col:
         return understood(request, SearchParts(reader=lambda check_model: col, min_score=lambda: None)).understood
 

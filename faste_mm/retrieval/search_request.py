@@ -10,7 +10,8 @@ wire form (serving/discovery.py), the LangChain and LlamaIndex keywords, and the
 search options (docs/search.md, `python -m faste_mm.retrieval.search_request`).
 
 Adding an option is ONE change: a field below. A query text is understood as meaning and filters
-unless `literal` (`understood_search`); its filters join the request's with `SearchRequest.with_filters`. Standard library only: the thin client
+unless `literal` (`understood_search`); its filters join the request's with
+`SearchRequest.with_filters`. Standard library only: the thin client
 (a search answered by a running server) builds and checks requests without numpy, FAISS or torch.
 """
 
