@@ -109,7 +109,7 @@ def search_command(
     try:
         served = None if no_server else search_through_server(collection, request, rerank, rerank_r_max, debug)
         if served is not None:
-            root, hits = served
+            root, hits, asked = served
         elif request.mode == "lexical" and rerank is None and _reranks_nothing(collection, request):
             from faste_mm.retrieval.locations import collection_path
             from faste_mm.retrieval.search_executor import search_words
@@ -130,16 +130,17 @@ def search_command(
                 if isinstance(hits, Exception):
                     raise hits
                 root = retriever.collection
-        asked = _understood(root, request)
+        if served is None:  # what a server read, it says in its answer
+            asked = _understood(root, request)
     except FasteError as error:
         fail(error, debug)
-    if asked is not None and asked.summary():
-        stderr.print(asked.summary(), highlight=False, markup=False)  # what was read as filters, so a surprise can be undone (--literal)
+    if asked is not None and asked.summary():  # what was read as filters, so a surprise can be undone (--literal)
+        stderr.print(asked.summary(), highlight=False, markup=False)
     _render(output, request, root, hits, asked)
 
 
 def _understood(root: Path, request: SearchRequest):
-    """What the search read from the query text (the server reads the same from the same collection)."""
+    """What a search run here read from the query text (None: no text, or more like this)."""
     from faste_mm.retrieval.search_executor import understood_in
 
     return understood_in(root, request)
