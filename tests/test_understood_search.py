@@ -191,3 +191,14 @@ def test_the_page_shows_understood_parts_as_chips_that_remove_them(library, brow
             assert errors == []
         finally:
             page.close()
+
+
+def test_a_search_answered_by_the_running_server_says_what_it_understood(library):
+    with serving("-c", str(library.collection), "--device", "cpu"):
+        done = invoke("search", "-c", library.collection, "beach in Lisbon 2024", "-k", K, "--format", "json",
+                      "--debug")
+    payload = json.loads(done.stdout)
+    assert "search: through the server at" in done.stderr  # the thin client, not a local search
+    assert names(payload["hits"]) == ["lisbon_2024_07.jpg"]
+    assert payload["query"]["understood"]["text"] == "beach"
+    assert "understood: place Lisbon · taken 2024 · 'beach'" in done.stderr
