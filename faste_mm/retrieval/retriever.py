@@ -453,7 +453,8 @@ class Retriever:
         since, until, sort ("relevance" | "date" | "-date"), min_score (None: the collection's),
         rescore, lexical_syntax, rerank (None: the collection's reranker when it records one;
         False: none; True: the collection's, an error without one; a `faste_mm.Reranker`: that
-        one), rerank_top (50: the hits the reranker re-scores, at least k).
+        one), rerank_top (50: the hits the reranker re-scores, at least k), literal (False: the
+        query text is read as meaning plus filters, `understand`; docs/asking.md).
 
         A query text longer than the model can use is cut where the model would cut it anyway
         (`search_executor.cut_text`; lexical mode: its first 10,000 characters).
