@@ -30,7 +30,7 @@ def info_command(
     from faste_mm.cli.server_search import info_through_server
     from faste_mm.retrieval.locations import collection_path
     from faste_mm.retrieval.profile import CollectionProfile
-    from faste_mm.retrieval.watch_status import describe_watch
+    from faste_mm.retrieval.library.watch_status import describe_watch
 
     setup_logging(debug)
     try:

@@ -1,5 +1,5 @@
 """`faste-mm duplicates`: groups of exact and near-duplicate items of a collection, each with a
-suggested keeper (faste_mm.retrieval.duplicates; no model loads, nothing is deleted). The groups go
+suggested keeper (faste_mm.retrieval.library.duplicates; no model loads, nothing is deleted). The groups go
 to stdout (paths, a table or JSON); the summary to stderr.
 """
 
@@ -41,7 +41,7 @@ def duplicates_command(
     debug: Debug = False,
 ) -> None:
     """Find duplicate and near-duplicate items (copies, resized or re-encoded photos, bursts). Never deletes a file."""
-    from faste_mm.retrieval.duplicates import collection_duplicates
+    from faste_mm.retrieval.library.duplicates import collection_duplicates
     from faste_mm.retrieval.maintenance import collection_path
 
     setup_logging(debug)

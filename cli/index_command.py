@@ -15,8 +15,9 @@ from faste_mm.cli.common import fail, markup_safe, print_json, setup_logging, st
 from faste_mm.cli.options import (DEFAULT_BATCH_TOKENS, BatchTokens, CollectionOption, Debug, Device, Dtype,
                                   FollowLinks, Format, OutputFormat, Unpadded)
 from faste_mm.cli.setting_flags import GivenFlags, on_index, takes_settings
-from faste_mm.cli.progress import Progress
+from faste_mm.cli.progress import Progress, format_span
 from faste_mm.errors import FasteError
+from faste_mm.retrieval.estimate import ITEM_NOUNS
 
 
 @takes_settings(on_index)
@@ -77,7 +78,7 @@ def index_command(
     from faste_mm.retrieval.retriever import Retriever, refuse_missing_paths
 
     setup_logging(debug)
-    watch, pending = _IndexWatch(), None
+    view, pending = _IndexProgressView(), None
     try:
         refuse_missing_paths(paths)  # a mistyped folder: said before the model loads, nothing created
         root = collection_path(collection)
@@ -102,14 +103,14 @@ def index_command(
         retriever = Retriever.for_collection(
             root, model, revision=revision, device=device, dtype=dtype,
             batching=BatchingConfig(batch_tokens=batch_tokens, unpadded=unpadded), reindex=reindex,
-            loading=watch.loading, **given)
+            loading=view.loading, **given)
         pending = lambda: retriever.pending(paths, options)  # noqa: E731
-        with retriever, watch:
-            report = retriever.index(paths, options=options, progress=watch.report, executor=executor)
+        with retriever, view:
+            report = retriever.index(paths, options=options, progress=view.report, executor=executor)
     except FasteError as error:
         fail(error, debug)
     except KeyboardInterrupt:
-        _interrupted(watch, pending, reindex)
+        _interrupted(view, pending, reindex)
     if output is Format.json:
         print_json(report.to_dict())
     else:
@@ -146,18 +147,18 @@ def _plan_settings(plan: str, root, model: Optional[str], given: dict, dtype: st
     return {**given, **chosen}, report.row(row).dtype
 
 
-def _interrupted(watch: "_IndexWatch", pending, reindex: bool) -> NoReturn:
+def _interrupted(view: "_IndexProgressView", pending, reindex: bool) -> NoReturn:
     """Ctrl-C during index: chunks are committed as they finish, so say how many of this run's
     files were kept (counted in the collection: the last progress report may lag a commit) and
     how to go on; exit 130 like any program stopped by SIGINT."""
-    total = None if watch.last is None else watch.last.files_total
+    total = None if view.last is None else view.last.files_total
     try:
         left = None if pending is None else pending()
     except FasteError:
         left = None
     if total is None or left is None:
         kept = "the files committed so far are kept" if total is None else (
-            f"{watch.last.files_done} of {total} files committed")
+            f"{view.last.files_done} of {total} files committed")
     else:
         kept = f"{max(total - left, 0)} of {total} files committed"
     again = "run the same command without --reindex to continue" if reindex else "run the same command again to continue"
@@ -165,13 +166,21 @@ def _interrupted(watch: "_IndexWatch", pending, reindex: bool) -> NoReturn:
     raise typer.Exit(130)
 
 
-class _IndexWatch(Progress):
+# A run predicted to end sooner is not worth a line about its length (its progress has an ETA).
+ESTIMATE_LINE_S = 60.0
+
+
+class _IndexProgressView(Progress):
     """index progress on stderr, advanced per embedded batch: files committed, items/s,
-    tokens/s, the share of prefix tokens removed and an ETA (see `cli.progress.Progress`)."""
+    tokens/s, the share of prefix tokens removed and an ETA from the time left per input kind
+    (see `cli.progress.Progress`); once the estimate settles (`retrieval.estimate`: the first
+    chunk committed), one line saying how long the rest takes, when that is more than
+    ESTIMATE_LINE_S."""
 
     def __init__(self) -> None:
         super().__init__()
         self.last = None  # the latest IndexProgress: what an interrupted run had committed
+        self.has_told = False  # the estimate's line was printed
 
     def report(self, p) -> None:
         if self.last is None:
@@ -181,7 +190,24 @@ class _IndexWatch(Progress):
         items = p.embedded + p.reused
         rates = (f"{items} items  {items / elapsed:.1f} items/s  {p.prefix_tokens / elapsed:.0f} tok/s  "
                  f"removed {p.prefix_removal:.0%}" + (f"  tower {p.tower_share:.0%}" if p.tower_s else ""))
-        self.update(p.files_done, p.files_total, detail=rates, share=p.fraction)
+        estimate = p.estimate
+        if estimate is not None and estimate.is_settled and not self.has_told:
+            self.has_told = True
+            if estimate.kinds and estimate.remaining_s >= ESTIMATE_LINE_S:
+                self.status(estimate_line(estimate))
+        self.update(p.files_done, p.files_total, detail=rates, share=p.fraction, eta_s=p.eta_s)
+
+
+def estimate_line(estimate) -> str:
+    """'18,214 images and 2,310 pages: about 7 h 40 min here at bfloat16; ...': the work left
+    per kind and its time at the rates measured on this machine."""
+    counts = [f"{n:,} {ITEM_NOUNS[kind]}" for kind, n in zip(estimate.kinds, estimate.items_left)]
+    work = counts[0] if len(counts) == 1 else ", ".join(counts[:-1]) + " and " + counts[-1]
+    unmeasured = [ITEM_NOUNS[k] for k, m in zip(estimate.kinds, estimate.is_measured) if not m]
+    guess = f" ({' and '.join(unmeasured)} not measured yet: at the others' rate)" if unmeasured else ""
+    dtype = f" at {estimate.dtype}" if estimate.dtype else ""
+    return (f"{work}: about {format_span(estimate.remaining_s)} here{dtype}{guess}; "
+            f"`faste-mm plan` shows faster settings")
 
 
 def _render_index_report(report) -> None:

@@ -16,7 +16,7 @@ import typer
 
 from faste_mm.errors import ConfigError
 from faste_mm.cli.setting_flags import setting_option
-from faste_mm.model.backbones.machine import DEVICE_CHOICES, DTYPE_CHOICES
+from faste_mm.model.cpu.machine import DEVICE_CHOICES, DTYPE_CHOICES
 from faste_mm.retrieval.profile import DEFAULT_MODEL, DOCUMENT_R_MAX, SWEEP_R_MAX  # noqa: F401  (serve, embed)
 
 if TYPE_CHECKING:

@@ -43,6 +43,15 @@ def format_duration(seconds: float) -> str:
     return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
 
 
+def format_span(seconds: float) -> str:
+    """A duration in words, to the precision a forecast has: "40 s", "12 min", "7 h 40 min"."""
+    if seconds < 90:
+        return f"{max(round(seconds), 1)} s"
+    minutes = round(seconds / 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes} min" if hours else f"{minutes} min"
+
+
 class Progress:
     """One phase at a time (`start`), advanced by `update`/`advance`, each line showing
     done/total, the caller's rates and an ETA. Use as a context manager around the work.
@@ -97,16 +106,19 @@ class Progress:
     def advance(self, n: float = 1, detail: str = "") -> None:
         self.update(self._done + n, detail=detail)
 
-    def update(self, done: float, total: float | None = None, detail: str = "", share: float | None = None) -> None:
+    def update(self, done: float, total: float | None = None, detail: str = "", share: float | None = None,
+               eta_s: float | None = None) -> None:
         """`done` units of the phase finished; `detail` is shown after the count (rates);
-        `share`, when the caller knows the part done better than done/total, drives the ETA."""
+        `share`, when the caller knows the part done better than done/total, drives the bar
+        and the ETA; `eta_s`, when the caller knows the seconds left (index: per input kind at
+        its measured rate), is the ETA."""
         if total is not None:
             self._total = total
         self._done = done
-        line = self.line(detail, share)
+        line = self.line(detail, share, eta_s=eta_s)
         if self._bar is not None:
             shown = done if share is None or not self._total else share * self._total  # per batch, not per commit
-            text = _packed(f"{self._label}: {self.line(detail, share, numbers_first=True)}",
+            text = _packed(f"{self._label}: {self.line(detail, share, numbers_first=True, eta_s=eta_s)}",
                            self._console.width - _BAR_WIDTH - 1)
             self._bar.update(self._task, completed=shown, total=self._total, line=escape(text), refresh=True)
             return
@@ -116,9 +128,11 @@ class Progress:
             self._printed = float("inf") if finished else now  # a finished phase prints once
             self._console.print(f"{escape(self._label)}: {escape(line)}", highlight=False, markup=True)
 
-    def line(self, detail: str = "", share: float | None = None, numbers_first: bool = False) -> str:
+    def line(self, detail: str = "", share: float | None = None, numbers_first: bool = False,
+             eta_s: float | None = None) -> str:
         """The text after the label: count, detail, elapsed and ETA (numbers_first: count,
-        elapsed, ETA, then the detail, for the live bar where the end may fold away)."""
+        elapsed, ETA, then the detail, for the live bar where the end may fold away). The ETA
+        is `eta_s` when given, else the elapsed time extrapolated over `share`."""
         elapsed = time.monotonic() - self._started
         count = f"{self._done:.0f}" + ("" if self._total is None else f"/{self._total:.0f}")
         count += f" {self._unit}" if self._unit else ""
@@ -127,8 +141,10 @@ class Progress:
         if not detail and self._done and elapsed > 0:
             detail = f"{self._done / elapsed:.2f}/s"
         times = [f"elapsed {format_duration(elapsed)}"]
-        if share is not None and 0 < share < 1:
-            times.append(f"ETA {format_duration(elapsed * (1 - share) / share)}")
+        if eta_s is None and share is not None and 0 < share < 1:
+            eta_s = elapsed * (1 - share) / share
+        if eta_s is not None and (share is None or share < 1):
+            times.append(f"ETA {format_duration(eta_s)}")
         details = [detail] if detail else []
         return "  ".join([count, *times, *details] if numbers_first else [count, *details, *times])
 

@@ -63,8 +63,8 @@ def takes_search_options(command: Callable[..., Any]) -> Callable[..., Any]:
     declared = {name: option for name, option in options_for("cli").items() if option.flag is not None}
     added = [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=_cli_default(name),
                                annotation=Annotated[_cli_type(option), typer.Option(
-                                   option.flag, envvar=option.envvar, help=_cli_help(name, option), min=option.min,
-                                   max=option.max, show_default=False)])
+                                   option.flag, envvar=option.envvar, help=_cli_help(name, option),
+                                   show_default=False, **option.bounds)])
              for name, option in declared.items()]
     hints = get_type_hints(command, include_extras=True)
 
@@ -122,7 +122,8 @@ def search_command(
             with Retriever.open(collection, device=device) as retriever:
                 if request.mode != "lexical":  # lexical search loads no model
                     quiet_transformers()  # the model loads in search(): no per-weight bar on stderr
-                if request.rerank is not False:  # --rerank MODEL, else the collection's, with the --rerank-* settings
+                # --rerank MODEL, else the collection's, with the --rerank-* settings (more like this: only if named)
+                if request.rerank is not False and (not request.is_like or rerank is not None):
                     request = replace(request, rerank=load_reranker(rerank, retriever.collection, rerank_r_max,
                                                                     rerank_protect, device, rerank_tower_cache_mb)
                                       or False)

@@ -185,7 +185,7 @@ def _watch_loop(engine, paths, interval_s: float):
     if not paths:
         return None
     from faste_mm.retrieval.retriever import Retriever
-    from faste_mm.retrieval.watching import FolderWatcher, WatchOptions
+    from faste_mm.retrieval.library.watching import FolderWatcher, WatchOptions
     from faste_mm.serving.folder_sync import SERVE_SYNC_FILES, WatchLoop
 
     stderr.print(f"watching {', '.join(str(p) for p in paths)} every {interval_s:g} s", highlight=False)

@@ -40,7 +40,7 @@ def search_through_server(collection: str | None, request, rerank: str | None, r
     if request.path is not None:  # a relative glob is made absolute against this shell's folder, not the server's
         body["path"] = SearchFilter(path=request.path).path
     address = find_server(root)
-    ask = None if request.rerank is False else RerankAsk(rerank, request.rerank_top, _ratio(rerank_r_max))
+    ask = None if request.rerank is False or request.is_like else RerankAsk(rerank, request.rerank_top, _ratio(rerank_r_max))
     answer = None if address is None else search_answer(address, root, body, rerank=ask)
     _say("search", address, answer is not None, "loading the model here", debug,
          otherwise_why="did not answer for it, or it has not loaded the reranker this search uses")

@@ -1,4 +1,4 @@
-"""`faste-mm watch`: keep a collection in sync with folders (faste_mm.retrieval.watching): poll,
+"""`faste-mm watch`: keep a collection in sync with folders (faste_mm.retrieval.library.watching): poll,
 wait for files still being written, index what changed. One JSON line per poll that changed
 something goes to stdout (or every poll with --format json); progress and warnings to stderr. The
 collection's own settings apply (it is indexed as `faste-mm index` would); Ctrl-C stops between
@@ -59,7 +59,7 @@ def watch_command(
     from faste_mm.retrieval.maintenance import collection_path
     from faste_mm.retrieval.results import IndexOptions
     from faste_mm.retrieval.retriever import Retriever
-    from faste_mm.retrieval.watching import FolderWatcher, WatchOptions
+    from faste_mm.retrieval.library.watching import FolderWatcher, WatchOptions
 
     setup_logging(debug)
     stop = threading.Event()

@@ -547,7 +547,7 @@ class Collection:
         return self._store.texts([int(i) for i in ids]) if self._store.has_lexical_index() else {}
 
     def items_without_ocr(self, modalities: Sequence[str]) -> list[ItemRecord]:
-        """Live items of these modalities with no lexical text yet (OCR reads them; `retrieval.ocr`)."""
+        """Live items of these modalities with no lexical text yet (OCR reads them; `retrieval.library.ocr`)."""
         return ocr_rows.items_without_body(self._store, modalities)
 
     def texts_by_content(self, keys: Sequence[tuple[str, int | None]]) -> dict[tuple[str, int | None], str]:

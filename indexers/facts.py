@@ -1,6 +1,6 @@
 """An item's facts: the typed metadata read from its file at scan time (date taken, camera, lens,
 GPS and place, pixel size, title, description, keywords, rating, author, duration). Plain data
-and its SQL row; `faste_mm.retrieval.photo_metadata` reads them from files, `store.MetaStore`
+and its SQL row; `faste_mm.retrieval.library.photo_metadata` reads them from files, `store.MetaStore`
 keeps them in the `item_facts` table (schema 7), filters compare them (`filters`).
 """
 
@@ -16,7 +16,7 @@ from faste_mm.errors import InputError
 
 # Which extractor wrote a facts row: a re-scan re-reads the files of rows written by an older one
 # (and of items stored before schema 7, which have no row) without re-embedding them.
-# 2: the city people use, with the neighbourhood beside it (retrieval/places.py).
+# 2: the city people use, with the neighbourhood beside it (retrieval/library/places.py).
 FACTS_VERSION = 2
 # Where `taken` came from. A file without a date has none (`taken` None: undated); its mtime is
 # never a date taken. Rows an earlier extractor wrote with source "mtime" read back undated.
@@ -141,6 +141,9 @@ def facts_from_dict(d: Mapping[str, Any] | None) -> ItemFacts | None:
         return None
     names = {f.name for f in fields(ItemFacts)}
     values = {k: v for k, v in d.items() if k in names and k != "taken"}
+    if values.get("taken_source") == LEGACY_MTIME_SOURCE:  # a server older than undated files: undated
+        values.update(taken_offset_min=None, taken_source=None)
+        return ItemFacts(**values)
     return ItemFacts(**values, taken=d.get("taken_unix"))
 
 

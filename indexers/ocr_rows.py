@@ -1,4 +1,4 @@
-"""The rows OCR works on (faste_mm.retrieval.ocr): live images and pages whose lexical row has no
+"""The rows OCR works on (faste_mm.retrieval.library.ocr): live images and pages whose lexical row has no
 body yet, and the text already read for identical content. Receives the collection's `MetaStore`;
 hands back item records and texts. Read-only; `MetaStore.set_texts` writes what OCR found.
 """

@@ -226,7 +226,7 @@ def _migrate_6_to_7(db: sqlite3.Connection) -> None:
 
 
 def _migrate_7_to_8(db: sqlite3.Connection) -> None:
-    # The neighbourhood beside the city people use (retrieval/places.py). A file created at 7 by
+    # The neighbourhood beside the city people use (retrieval/library/places.py). A file created at 7 by
     # this code already has it (step 6 -> 7 creates the table from today's columns). Rows stay
     # until the next scan re-reads their files (facts.FACTS_VERSION 2).
     if "neighbourhood" not in {row[1] for row in db.execute("PRAGMA table_info(item_facts)")}:

@@ -57,7 +57,7 @@ def _no_top_level_components():
 def _isolated_user_config(tmp_path_factory, monkeypatch):
     """Saved calibrations live in the user config dir: tests never read or write the real one."""
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.getbasetemp() / "user-config"))
-    # measured kernel choices (model/kernel_choice.py) likewise: a test's trial never lands in the user's cache
+    # measured kernel choices (model/cpu/kernel_choice.py) likewise: a test's trial never lands in the user's cache
     monkeypatch.setenv("FASTE_MM_KERNEL_CACHE", str(tmp_path_factory.getbasetemp() / "kernel_choices.json"))
 
 

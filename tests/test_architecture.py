@@ -151,6 +151,48 @@ def test_the_embedding_core_never_imports_the_reranker_wing(graph):
     assert wrong == []
 
 
+def _in_package(package: str):
+    return lambda module: module == package or module.startswith(package + ".")
+
+
+def test_the_cpu_wing_is_the_floor_under_the_embedding_core(graph):
+    """faste_mm.model.cpu (machine facts, machine plan, kernel choices, decoder kernels, int8) is
+    what the core asks about the CPU: it imports nothing of faste_mm but `errors` and itself, so
+    the core, the bench suites and the CLI's option words can all stand on it."""
+    in_wing = _in_package("faste_mm.model.cpu")
+    assert {"faste_mm.model.cpu.machine", "faste_mm.model.cpu.machine_plan", "faste_mm.model.cpu.kernel_choice",
+            "faste_mm.model.cpu.decoder_kernels", "faste_mm.model.cpu.int8"} <= set(graph)
+    wrong = sorted(f"{module} -> {target}" for module, targets in graph.items() if in_wing(module)
+                   for target in targets if not in_wing(target) and target != "faste_mm.errors")
+    assert wrong == []
+
+
+# What the photo-library wing may import of retrieval (its floor, beside ingest), and the modules
+# of it a front end may import (its documented entry points; faste_mm/retrieval/library/__init__.py).
+LIBRARY_FLOOR = {"faste_mm.retrieval.lexical", "faste_mm.retrieval.stored_files", "faste_mm.retrieval.results",
+                 "faste_mm.retrieval.scanning"}
+LIBRARY_ENTRY_POINTS = {"faste_mm.retrieval.library.duplicates", "faste_mm.retrieval.library.watching",
+                        "faste_mm.retrieval.library.watch_status"}
+
+
+def test_the_photo_library_wing_has_its_floor_and_its_doors(graph):
+    """faste_mm.retrieval.library (facts, places, OCR, duplicates, folder sync): nothing below
+    retrieval imports it; it imports of retrieval only `LIBRARY_FLOOR` (never the ingest, indexing
+    or Retriever modules that ask it); the front ends reach it only through its entry points (the
+    bench measures its parts, as it measures the core's)."""
+    in_wing = _in_package("faste_mm.retrieval.library")
+    assert {"faste_mm.retrieval.library.photo_metadata", "faste_mm.retrieval.library.ocr",
+            "faste_mm.retrieval.library.near_pairs"} | LIBRARY_ENTRY_POINTS <= set(graph)
+    edges = [(module, target) for module, targets in graph.items() for target in targets]
+    below = {"model", "indexers", "errors", "kinds"}
+    assert sorted(f"{m} -> {t}" for m, t in edges if _layer(m) in below and in_wing(t)) == []
+    assert sorted(f"{m} -> {t}" for m, t in edges if in_wing(m) and _layer(t) == "retrieval"
+                  and not in_wing(t) and t not in LIBRARY_FLOOR) == []
+    front_ends = {"cli", "serving", "integrations", "scale", "tools", "datasets"}
+    assert sorted(f"{m} -> {t}" for m, t in edges if _layer(m) in front_ends and in_wing(t)
+                  and t not in LIBRARY_ENTRY_POINTS) == []
+
+
 def test_no_import_cycles(graph):
     """Tarjan's strongly connected components over every import edge: each must be one module."""
     index: dict[str, int] = {}

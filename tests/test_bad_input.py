@@ -122,20 +122,20 @@ def test_pdfium_is_only_called_under_its_lock_from_concurrent_workers(image_dir,
 
     import pypdfium2
 
-    from faste_mm.model import items as items_module
+    from faste_mm.model import file_decoding as decoding
 
     opened_unlocked = []
     original = pypdfium2.PdfDocument
 
     def checked(*args, **kwargs):
-        opened_unlocked.append(not items_module._PDFIUM_LOCK.locked())
+        opened_unlocked.append(not decoding._PDFIUM_LOCK.locked())
         return original(*args, **kwargs)
 
     monkeypatch.setattr(pypdfium2, "PdfDocument", checked)
     pages = [Item(image=image_dir / "doc.pdf", page=1 + i % 2) for i in range(12)]
-    sequential = [np.asarray(items_module.load_image(page, 50_000)) for page in pages]
+    sequential = [np.asarray(decoding.load_image(page, 50_000)) for page in pages]
     with ThreadPoolExecutor(4) as pool:
-        concurrent = [np.asarray(image) for image in pool.map(lambda page: items_module.load_image(page, 50_000), pages)]
+        concurrent = [np.asarray(image) for image in pool.map(lambda page: decoding.load_image(page, 50_000), pages)]
     assert len(opened_unlocked) == 24 and not any(opened_unlocked)
     assert all(np.array_equal(a, b) for a, b in zip(sequential, concurrent))
-    assert not items_module._PDFIUM_LOCK.locked()
+    assert not decoding._PDFIUM_LOCK.locked()

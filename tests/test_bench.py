@@ -13,7 +13,7 @@ from faste_mm.tools.shapes import SHAPES, build_config
 from faste_mm.cli.app import app
 from faste_mm.errors import ConfigError
 from faste_mm.model.backbones.loading import read_cpu_flags
-from faste_mm.model.int8 import CPU_INT8_FLAGS
+from faste_mm.model.cpu.int8 import CPU_INT8_FLAGS
 
 
 def test_flops_implied_speedup_and_timing_summary():

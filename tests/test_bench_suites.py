@@ -152,6 +152,14 @@ def test_pdf_memory_suite(tmp_path, capsys):
 
 
 @processes
+def test_time_estimate_suite(tmp_path, capsys):
+    result = _run("time-estimate", ["--items", "10", "--runs", "1", "--max-pixels", "4096"], tmp_path, capsys)
+    row = result["rows"][0]
+    assert row["embedded"] == row["items"] == 10
+    assert row["error"] == pytest.approx(row["estimated_s"] / row["measured_s"] - 1, abs=0.01)
+
+
+@processes
 def test_serve_suite(tmp_path, capsys, model_dirs):
     args = ["--model", str(model_dirs["qwen3_vl"]), "--concurrency", "1", "--requests", "1", "--words", "5",
             "--warmup", "0", "--threads", "1"]

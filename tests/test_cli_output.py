@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from tests.helpers.bounds import HANG_S
+from tests.helpers.warm_process import run_cli
 
 
 @pytest.mark.parametrize("columns", [None, "20", "80", "200"])
@@ -19,8 +20,7 @@ def test_an_error_naming_a_long_path_stays_on_one_line_whatever_the_width(tmp_pa
     env = {key: value for key, value in os.environ.items() if key not in ("COLUMNS", "LINES")}
     if columns is not None:
         env["COLUMNS"] = columns
-    done = subprocess.run([sys.executable, "-m", "faste_mm.cli.app", "info", "-c", str(target)],
-                          capture_output=True, text=True, env=env, timeout=HANG_S)
+    done = run_cli(["info", "-c", target], env=env, timeout=HANG_S)  # a process of its own (tests/helpers/warm_process.py)
     assert done.returncode == 1
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, done.stderr

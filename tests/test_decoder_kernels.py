@@ -1,4 +1,4 @@
-"""The decoder MLP block as three fused oneDNN calls (model/backbones/decoder_kernels.py) against
+"""The decoder MLP block as three fused oneDNN calls (model/cpu/decoder_kernels.py) against
 transformers' MLP module and residual, and the whole decoder with it forced either way against
 transformers' bf16 model; FastE's decisions with it fused equal those of the naive reference."""
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from faste_mm.model.backbones.decoder_kernels import DecoderMlp, can_fuse_mlp, mlp_residual
-from faste_mm.model.kernel_choice import DECODER_MLP_ENV, KernelTrials
+from faste_mm.model.cpu.decoder_kernels import DecoderMlp, can_fuse_mlp, mlp_residual
+from faste_mm.model.cpu.kernel_choice import DECODER_MLP_ENV, KernelTrials
 
 needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="the fused path is oneDNN's")
 
@@ -47,7 +47,7 @@ def test_int8_or_other_activations_run_transformers_module():
 
 @needs_onednn
 def test_an_int8_mlp_runs_its_modules():
-    from faste_mm.model.int8 import quantize_model
+    from faste_mm.model.cpu.int8 import quantize_model
 
     quantized = _mlp(torch.bfloat16)
     assert quantize_model(quantized) == 3  # `--dtype int8`'s layers

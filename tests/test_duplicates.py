@@ -1,4 +1,4 @@
-"""Duplicates (faste_mm/retrieval/duplicates.py): the range-search groups against a brute-force numpy
+"""Duplicates (faste_mm/retrieval/library/duplicates.py): the range-search groups against a brute-force numpy
 reference on controlled vectors, for several index kinds; exact copies found by content hash on real
 files (a copy, a resized and a re-encoded JPEG, a crop); the keeper rule; bad thresholds."""
 
@@ -15,7 +15,7 @@ from PIL import Image
 
 from faste_mm.errors import ConfigError
 from faste_mm.indexers import Collection, ItemRecord, Manifest, content_hash
-from faste_mm.retrieval.duplicates import connected_components, find_duplicates
+from faste_mm.retrieval.library.duplicates import connected_components, find_duplicates
 
 DIM = 16
 
@@ -161,7 +161,7 @@ def test_exact_copies_of_real_files_are_grouped_by_content_hash_with_the_largest
     ("/p/Old Town/z.jpg", False),
 ])
 def test_spare_folders_are_named_like_a_backup_copy_or_duplicates(uri, spare):
-    from faste_mm.retrieval.duplicates import is_in_spare_folder
+    from faste_mm.retrieval.library.duplicates import is_in_spare_folder
 
     assert is_in_spare_folder(uri) is spare
 
@@ -201,7 +201,7 @@ def test_the_keeper_of_an_identical_pair_is_the_copy_outside_a_backup_folder_and
 def test_the_keeper_has_the_largest_size_then_the_earliest_date_taken_read_from_exif_before_mtimes(tmp_path):
     from datetime import datetime, timezone
 
-    from faste_mm.retrieval.photo_metadata import read_facts
+    from faste_mm.retrieval.library.photo_metadata import read_facts
     from tests.helpers.photo_fixtures import exif_block, make_photo
 
     photos = tmp_path / "photos"
@@ -254,7 +254,7 @@ def test_a_member_replaced_by_a_link_since_indexing_is_not_opened_for_its_size(t
     from PIL import Image
 
     from faste_mm.indexers import ItemRecord
-    from faste_mm.retrieval.duplicates import _image_size
+    from faste_mm.retrieval.library.duplicates import _image_size
 
     Image.new("RGB", (40, 30)).save(tmp_path / "private.png")
     (tmp_path / "shared").mkdir()

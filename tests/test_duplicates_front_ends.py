@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from faste_mm import BatchingConfig, Embedder, Retriever
 from faste_mm.cli.app import app
 from faste_mm.cli.duplicates_command import DEFAULT_THRESHOLD as CLI_DEFAULT
-from faste_mm.retrieval.duplicates import DEFAULT_THRESHOLD
+from faste_mm.retrieval.library.duplicates import DEFAULT_THRESHOLD
 from tests.helpers.serve_fixtures import scene_image
 from tests.helpers.inputs import tiny_vl_dir
 

@@ -12,8 +12,9 @@ import pytest
 from PIL import Image, features
 
 from faste_mm.kinds import kind_name
-from faste_mm.model.items import Item, load_image, register_image_plugins
-from faste_mm.retrieval.photo_metadata import read_facts
+from faste_mm.model.file_decoding import load_image, register_image_plugins
+from faste_mm.model.items import Item
+from faste_mm.retrieval.library.photo_metadata import read_facts
 from faste_mm.serving.thumbnails import thumbnail
 from faste_mm.indexers import ItemRecord
 
@@ -58,7 +59,8 @@ def test_without_pillow_heif_a_heic_fails_with_what_to_install(tmp_path):
     path = heic_photo(tmp_path / "IMG_0003.heic")
     # A fresh interpreter where the plugin cannot be imported (as on an install without the extra).
     code = ("import sys; sys.modules['pillow_heif'] = None\n"
-            "from faste_mm.model.items import Item, load_image\n"
+            "from faste_mm.model.file_decoding import load_image\n"
+            "from faste_mm.model.items import Item\n"
             "from faste_mm.errors import InputError\n"
             f"try:\n    load_image(Item(image={str(path)!r}), 1 << 20)\n"
             "except InputError as e:\n    print(e)\n")

@@ -240,7 +240,8 @@ def test_pillows_bomb_warning_never_reaches_the_user(indexed):
     import sys
 
     root, _, _ = indexed
-    probe = ("import sys; from pathlib import Path; from faste_mm.model.items import Item, load_image\n"
+    probe = ("import sys; from pathlib import Path; from faste_mm.model.items import Item\n"
+             "from faste_mm.model.file_decoding import load_image\n"
              "try:\n    load_image(Item(image=Path(sys.argv[1])), 1_000_000)\n"
              "except Exception as e:\n    print(type(e).__name__, e)")
     out = subprocess.run([sys.executable, "-W", "default", "-c", probe, str(root / "bomb_real.png")],
@@ -308,12 +309,12 @@ def _store_scan(col_root: Path, folder: Path, follow_links: bool = False):
     """Plan a scan of `folder` against a model-free collection and store what it would add
     (random unit vectors stand in for embeddings): the bookkeeping `index` does."""
     from faste_mm.indexers import ItemRecord, Manifest
-    from faste_mm.retrieval.ingest import IngestTally, plan_update, record_missing
+    from faste_mm.retrieval.ingest import IngestTally, ingest_work, record_missing
     from faste_mm.retrieval.scanning import ScanFilter, scan_paths
 
     with Collection.create(col_root, Manifest(model_id="m", dim=4), exist_ok=True) as col:
         scan = scan_paths([folder], ScanFilter(follow_links=follow_links))
-        plan = plan_update(col, scan)
+        plan = ingest_work(col, scan)
         col.delete_uris(plan.vanished)  # as Retriever.index does
         record_missing(col, scan.missing, IngestTally())
         if plan.todo:

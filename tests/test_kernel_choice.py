@@ -1,4 +1,4 @@
-"""Kernel choices by measurement (model/kernel_choice.py): the tower's attention dtype trial picks
+"""Kernel choices by measurement (model/cpu/kernel_choice.py): the tower's attention dtype trial picks
 whichever candidate is measured faster (timings injected), its disk cache is keyed by the CPU's
 flags and torch's version and ignored when either differs, the override wins, and the tower in
 either attention dtype stays within bfloat16 tolerance of transformers' bfloat16 tower."""
@@ -12,8 +12,8 @@ import torch
 
 from faste_mm.errors import ConfigError
 from faste_mm.model.backbones.vision_tower import PackedVisionTower
-from faste_mm.model.kernel_choice import (TOWER_ATTENTION_DTYPE_ENV, KernelTrials, TrialCache, machine_key,
-                                          requested_attention_dtype)
+from faste_mm.model.cpu.kernel_choice import (TOWER_ATTENTION_DTYPE_ENV, KernelTrials, TrialCache, machine_key,
+                                              requested_attention_dtype)
 
 
 def scripted(seconds: dict[str, float]):
@@ -137,7 +137,7 @@ def test_float32_tower_has_nothing_to_choose(model_dirs):
 
 def test_trial_times_each_candidate_twice_in_mirrored_order_and_keeps_its_best():
     """A burst of other work during one run must not decide the verdict: A B then B A, best of each."""
-    from faste_mm.model.kernel_choice import fastest
+    from faste_mm.model.cpu.kernel_choice import fastest
 
     order, reported = [], iter([5.0, 1.0, 1.2, 0.5])  # A's first run was slowed down by something else
 

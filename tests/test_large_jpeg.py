@@ -11,8 +11,9 @@ from PIL import Image
 
 from faste_mm import BatchingConfig, Embedder, Retriever
 from faste_mm.errors import InputError
-from faste_mm.model.items import MAX_DECODE_PIXELS, Item, load_image, read_image_size
-from faste_mm.retrieval.photo_metadata import read_facts
+from faste_mm.model.file_decoding import MAX_DECODE_PIXELS, load_image, read_image_size
+from faste_mm.model.items import Item
+from faste_mm.retrieval.library.photo_metadata import read_facts
 from tests.helpers.inputs import tiny_vl_dir
 from tests.helpers.photo_fixtures import solid_gray_jpeg
 

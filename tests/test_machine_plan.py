@@ -1,4 +1,4 @@
-"""The machine plan (faste_mm/model/machine_plan.py): threads and batch budget from the cores
+"""The machine plan (faste_mm/model/cpu/machine_plan.py): threads and batch budget from the cores
 given (1, 2, 16, 64, a cgroup quota read from fixture files), the user's settings winning, and the
 places that read it (BatchingConfig, the embedder's torch threads, the reported settings)."""
 
@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 
 from faste_mm import BatchingConfig, Embedder
 from faste_mm.errors import ConfigError
-from faste_mm.model.machine_plan import (BATCH_TOKENS, MAX_PREP_THREADS, available_cores, cgroup_quota, machine_plan,
-                                         use_torch_threads)
+from faste_mm.model.cpu.machine_plan import (BATCH_TOKENS, MAX_PREP_THREADS, available_cores, cgroup_quota, machine_plan,
+                                             use_torch_threads)
 
 NO_ENV: dict[str, str] = {}
 

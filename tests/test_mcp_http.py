@@ -8,12 +8,12 @@ import pytest
 
 pytest.importorskip("mcp", reason="needs the mcp extra: pip install 'faste-mm[mcp]'")
 pytest.importorskip("fastapi", reason="needs the serve extra: pip install 'faste-mm[serve]'")
+
 import httpx2  # noqa: E402
-from mcp.client.streamable_http import streamable_http_client  # noqa: E402
 
 from faste_mm import Retriever  # noqa: E402
 from tests.helpers.warm_process import start_cli  # noqa: E402
-from tests.helpers.mcp_fixtures import check_structured, error_text, open_session, tiny_collection  # noqa: E402
+from tests.helpers.mcp_fixtures import check_structured, error_text, http_transport, open_session, tiny_collection  # noqa: E402
 from tests.helpers.bounds import first_line  # noqa: E402
 
 KEY = "test-key-123"
@@ -35,20 +35,7 @@ def world(tmp_path_factory):
 
 
 def _transport(url: str, headers: dict):
-    client = httpx2.AsyncClient(headers=headers, timeout=120)
-
-    class _Transport:  # the client closed with the transport
-        async def __aenter__(self):
-            self.inner = streamable_http_client(url, http_client=client)
-            return await self.inner.__aenter__()
-
-        async def __aexit__(self, *exc):
-            try:
-                return await self.inner.__aexit__(*exc)
-            finally:
-                await client.aclose()
-
-    return _Transport()
+    return http_transport(url, headers)
 
 
 def test_the_tools_answer_over_http_with_the_key(world):

@@ -1,4 +1,4 @@
-"""near_pairs (faste_mm/retrieval/near_pairs.py), array in, array out: the pairs it finds equal a
+"""near_pairs (faste_mm/retrieval/library/near_pairs.py), array in, array out: the pairs it finds equal a
 brute-force Gram matrix's on clustered vectors at several thresholds and widths, with vectors
 longer and shorter than unit; the sketch radius is the binomial tail it claims."""
 
@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from faste_mm.retrieval.near_pairs import candidate_pairs, hamming_radius, near_pairs, sketch_cosine, sketches, directions
+from faste_mm.retrieval.library.near_pairs import candidate_pairs, hamming_radius, near_pairs, sketch_cosine, sketches, directions
 
 
 def _clustered(seed: int, n: int, dim: int, noise: float) -> np.ndarray:
@@ -64,7 +64,7 @@ def test_candidate_blocks_compare_each_pair_once():
 
 def test_a_low_threshold_shrinks_the_blocks_and_loses_no_pair(monkeypatch):
     """Where most pairs pass the sketch scan, blocks get fewer rows (bounded memory), same pairs."""
-    import faste_mm.retrieval.near_pairs as near
+    import faste_mm.retrieval.library.near_pairs as near
 
     x = _clustered(5, 1200, 32, 0.3)
     codes = sketches(x, directions(32))

@@ -1,4 +1,4 @@
-"""Text inside images (faste_mm/retrieval/ocr.py) with the real OCR engine on REAL rendered text: a
+"""Text inside images (faste_mm/retrieval/library/ocr.py) with the real OCR engine on REAL rendered text: a
 plate-like string in a photo, an invoice number, and a scanned PDF page without a text layer, found by
 lexical and hybrid search; off by default; switched on for an existing collection without
 re-embedding; identical files read once; a missing engine is a clear error."""
@@ -19,7 +19,7 @@ from faste_mm import BatchingConfig, Embedder, Retriever
 from faste_mm.bench.library import invoice_image, plate_photo, scanned_pdf  # the pictures the library bench reads too
 from faste_mm.cli.app import app
 from faste_mm.errors import ConfigError
-from faste_mm.retrieval.ocr import OcrEngine
+from faste_mm.retrieval.library.ocr import OcrEngine
 
 pytest.importorskip("rapidocr_onnxruntime", reason="needs the ocr extra: pip install 'faste-mm[ocr]'")
 
@@ -115,7 +115,7 @@ def _boxes(spans, height=50):
 
 
 def test_spaced_puts_back_the_space_between_words_the_recogniser_dropped():
-    from faste_mm.retrieval.ocr import spaced
+    from faste_mm.retrieval.library.ocr import spaced
 
     letters = [(i * 40, i * 40 + 30) for i in range(4)] + [(200 + i * 40, 230 + i * 40) for i in range(3)]
     assert spaced("ABCD123", _boxes(letters)) == "ABCD 123"

@@ -19,7 +19,7 @@ from PIL import Image
 from faste_mm import BatchingConfig, Embedder, Retriever
 from faste_mm.indexers import Collection
 from faste_mm.retrieval.results import IndexOptions
-from faste_mm.retrieval.watching import FolderWatcher, WatchOptions
+from faste_mm.retrieval.library.watching import FolderWatcher, WatchOptions
 from tests.helpers.cli import invoke
 from tests.helpers.inputs import tiny_vl_dir
 from tests.helpers.serve_fixtures import scene_image
@@ -155,7 +155,7 @@ def test_a_watched_folder_swapped_for_a_link_stops_its_sync_and_nothing_there_is
     assert watcher.sync_once().index.embedded == 1
     os.rename(watched, tmp_path / "photos.old")
     watched.symlink_to(elsewhere)  # the folder swapped for a link, between two polls
-    with caplog.at_level("WARNING", logger="faste_mm.retrieval.watching"):
+    with caplog.at_level("WARNING", logger="faste_mm.retrieval.library.watching"):
         report = watcher.sync_once()
         watcher.sync_once()
     assert report.index is None and report.n_files == 0
@@ -192,34 +192,49 @@ def test_mcp_index_skips_links_leading_outside_its_allowed_folder(embedder, tmp_
 
     from mcp.client.stdio import StdioServerParameters, stdio_client
 
-    from tests.helpers.forked_cli import CliRelay
     from tests.helpers.mcp_fixtures import error_text, images_of, open_session
+    from tests.helpers.warm_process import cli_command
 
     shared, _ = planted(tmp_path)
     Retriever(embedder, collection=tmp_path / "col").add(["a first note"])  # the server's collection and model
-    relay = CliRelay(tmp_path_factory.mktemp("relay"))
-    params = StdioServerParameters(command=relay.command, args=["mcp", "-c", str(tmp_path / "col"), "--allow-index",
-                                                                str(shared), "--device", "cpu"])
-    try:
-        with open(os.devnull, "w") as quiet, open_session(stdio_client(params, errlog=quiet)) as session:
-            assert "outside the folders this server may index" in error_text(
-                session.call("index", {"paths": [str(shared / "minutes.txt")]}))  # a link named: refused whole
-            report = session.call("index", {"paths": [str(shared)]}).structured_content["report"]
-            assert report["links_skipped"] == 2 and report["embedded"] == 2
-            hits = session.call("search", {"query": SECRET, "mode": "lexical", "k": 10})
-            assert SECRET not in json.dumps(hits.structured_content["hits"])
-            resources = session.list_resources().resources
-            assert len(resources) == 3
-            for resource in resources:
-                for content in session.read_resource(resource.uri).contents:
-                    data = getattr(content, "text", None) or base64.b64decode(content.blob).decode("latin-1")
-                    assert SECRET not in data and "private" not in data
-                item_id = int(str(resource.uri).rsplit("/", 1)[1])
-                item = session.call("get_item", {"id": item_id, "preview": True})
-                assert SECRET not in json.dumps(item.structured_content)
-                for picture in images_of(item):
-                    pixels = np.asarray(picture.convert("RGB")).astype(int)
-                    assert not (np.abs(pixels - RED).max(axis=-1) < 40).all(), "the private picture was sent"
-    finally:
-        relay.close()
-    assert [u for u in live_uris(tmp_path / "col") if u.startswith("/")] == [str(shared / "lake.png"), str(shared / "picnic.txt")]
+    # a fork of the warm process (tests/helpers/warm_process.py; the installed script with FASTE_MM_TEST_FRESH=1)
+    params = StdioServerParameters(command=cli_command(tmp_path_factory.mktemp("mcp-cli")),
+                                   args=["mcp", "-c", str(tmp_path / "col"), "--allow-index", str(shared), "--device", "cpu"])
+    with open(os.devnull, "w") as quiet, open_session(stdio_client(params, errlog=quiet)) as session:
+        assert "outside the folders this server may index" in error_text(
+            session.call("index", {"paths": [str(shared / "minutes.txt")]}))  # a link named: refused whole
+        report = session.call("index", {"paths": [str(shared)]}).structured_content["report"]
+        assert report["links_skipped"] == 2 and report["embedded"] == 2
+        hits = session.call("search", {"query": SECRET, "mode": "lexical", "k": 10})
+        assert SECRET not in json.dumps(hits.structured_content["hits"])
+        resources = session.list_resources().resources
+        assert len(resources) == 3
+        for resource in resources:
+            for content in session.read_resource(resource.uri).contents:
+                data = getattr(content, "text", None) or base64.b64decode(content.blob).decode("latin-1")
+                assert SECRET not in data and "private" not in data
+            item_id = int(str(resource.uri).rsplit("/", 1)[1])
+            item = session.call("get_item", {"id": item_id, "preview": True})
+            assert SECRET not in json.dumps(item.structured_content)
+            for picture in images_of(item):
+                pixels = np.asarray(picture.convert("RGB")).astype(int)
+                assert not (np.abs(pixels - RED).max(axis=-1) < 40).all(), "the private picture was sent"
+    assert [u for u in live_uris(tmp_path / "col") if u.startswith("/")] == [str(shared / "lake.png"),
+                                                                           str(shared / "picnic.txt")]
+
+
+def test_a_watched_folder_that_first_appears_as_a_link_is_never_read(embedder, tmp_path):
+    watched, elsewhere, later = tmp_path / "inbox", tmp_path / "etc", tmp_path / "later"
+    elsewhere.mkdir()
+    (elsewhere / "passwd.txt").write_text(f"root:{SECRET}\n")
+    watcher = FolderWatcher(Retriever(embedder, collection=tmp_path / "col"), [watched, later],
+                            WatchOptions(settle_polls=1))
+    assert watcher.sync_once().stopped_roots == ()  # not there yet: reported missing, nothing stopped
+    watched.symlink_to(elsewhere)  # the missing folder appears, as a link
+    later.mkdir()  # the other appears as a folder: pinned now, then synced
+    (later / "note.txt").write_text("a note\n")
+    report = watcher.sync_once()
+    assert len(report.stopped_roots) == 1 and "appeared as a link" in report.stopped_roots[0]
+    # the note, and the failure recorded for the inbox while it was missing: nothing from the link's target
+    assert live_uris(tmp_path / "col") == [str(watched), str(later / "note.txt")]
+    assert "appeared as a link" in watcher.sync_once().stopped_roots[0]  # and stays stopped

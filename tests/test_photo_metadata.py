@@ -1,4 +1,4 @@
-"""Facts read at scan time without a model (retrieval/photo_metadata.py): EXIF, XMP, IPTC, a PDF's
+"""Facts read at scan time without a model (retrieval/library/photo_metadata.py): EXIF, XMP, IPTC, a PDF's
 info, a video's tags, offline place names; hostile values leave a field empty with a counted reason;
 stored typed (schema 7) and searchable by words; a re-scan fills an older collection's facts
 without embedding anything."""
@@ -18,7 +18,7 @@ from faste_mm.errors import InputError
 from faste_mm.indexers import Collection
 from faste_mm.indexers.facts import ItemFacts
 from faste_mm.model.embedder import Embedder
-from faste_mm.retrieval.photo_metadata import read_facts
+from faste_mm.retrieval.library.photo_metadata import read_facts
 from faste_mm.retrieval.retriever import Retriever
 
 from tests.helpers.old_schemas import downgrade
@@ -156,7 +156,7 @@ def test_odd_gps_rationals_empty_the_position_or_the_altitude_only(tmp_path, raw
 
 
 def test_a_value_no_reader_checked_empties_its_own_field_with_an_issue():
-    from faste_mm.retrieval.photo_metadata import _Facts, _valid_facts
+    from faste_mm.retrieval.library.photo_metadata import _Facts, _valid_facts
 
     facts = _Facts()
     facts.fields.update(taken=NOON_UTC, taken_offset_min=60 * 30, taken_source="xmp", rating=4, lat=1.0, lon=2.0)
@@ -291,6 +291,10 @@ def test_a_row_an_older_faste_mm_dated_by_the_files_mtime_reads_back_undated():
     row[COLUMNS.index("taken_source")] = "mtime"  # as written before undated files stayed undated
     facts = from_row(row)
     assert (facts.taken, facts.taken_source, facts.width) == (None, None, 4)
+    from faste_mm.indexers.facts import facts_from_dict  # a hit's JSON from an older server
+
+    sent = facts_from_dict({"taken": "2017-07-14T02:40:00Z", "taken_unix": 1_500_000_000.0, "taken_source": "mtime"})
+    assert (sent.taken, sent.taken_source) == (None, None)
 
 
 def test_info_counts_the_facts_and_the_cli_shows_them(indexed):

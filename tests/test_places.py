@@ -1,4 +1,4 @@
-"""Places named as people name them (retrieval/places.py, issue 47): a GPS position in a city's
+"""Places named as people name them (retrieval/library/places.py, issue 47): a GPS position in a city's
 neighbourhood gets the city people use, with the neighbourhood beside it; a town of its own
 stays itself; a collection of schema 7 gains the neighbourhood and its next scan renames its
 places without embedding anything."""
@@ -13,8 +13,8 @@ import pytest
 from faste_mm.indexers import Collection
 from faste_mm.indexers.schema import SCHEMA_VERSION
 from faste_mm.model.embedder import Embedder
-from faste_mm.retrieval.photo_metadata import read_facts
-from faste_mm.retrieval.places import place_of
+from faste_mm.retrieval.library.photo_metadata import read_facts
+from faste_mm.retrieval.library.places import place_of
 from faste_mm.retrieval.retriever import Retriever
 
 from tests.helpers.inputs import tiny_vl_dir

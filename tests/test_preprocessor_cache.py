@@ -12,7 +12,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from faste_mm.model.backbones.loading import load_model
-from faste_mm.model.backbones.preprocessors import CACHE_ENV, MAX_ENTRIES, load_preprocessor
+from faste_mm.model.backbones.preprocessors import CACHE_ENV, MAX_ENTRIES, clear_preprocessor_cache, load_preprocessor
 from faste_mm.model.rerank.loading import load_reranker
 from tests.helpers.rerank_fixtures import reranker_dirs  # noqa: F401
 
@@ -76,8 +76,10 @@ def test_a_copied_checkpoint_is_parsed_as_its_own(qwen3_copy, tmp_path):
     assert load_model(copy, device="cpu").preprocessor is not original
 
 
-def test_the_cache_is_off_with_its_variable(qwen3_copy, monkeypatch):
-    load_model(qwen3_copy, device="cpu")
+def test_the_cache_is_off_with_its_variable_and_forgets_when_cleared(qwen3_copy, monkeypatch):
+    kept = load_model(qwen3_copy, device="cpu").preprocessor
+    clear_preprocessor_cache()
+    assert load_model(qwen3_copy, device="cpu").preprocessor is not kept
     monkeypatch.setenv(CACHE_ENV, "off")
     first = load_model(qwen3_copy, device="cpu").preprocessor
     assert load_model(qwen3_copy, device="cpu").preprocessor is not first

@@ -10,7 +10,7 @@ import torch
 from faste_mm import BatchingConfig, Embedder, Item
 from faste_mm.errors import InputError, ModelLoadError
 from faste_mm.model.faste import FastEConfig
-from faste_mm.model.items import load_image
+from faste_mm.model.file_decoding import load_image
 from faste_mm.model.rerank.pair_format import RERANK_MAX_PIXELS, VL_DEFAULT_INSTRUCTION, TEXT_DEFAULT_INSTRUCTION, rerank_serializer_config
 from faste_mm.model.rerank.policy import ProtectedFastE
 from faste_mm.model.rerank.reranker import Reranker

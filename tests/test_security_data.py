@@ -167,16 +167,13 @@ def _rows_collection(root: Path, n: int, seed: int) -> None:
 
 def _export_cli(collection: Path, to: str, crash_at: str | None = None) -> "subprocess.CompletedProcess":
     import os
-    import subprocess
-    import sys
-
     from faste_mm.indexers.crash_points import CRASH_ENV
+    from tests.helpers.warm_process import run_cli
 
     env = {k: v for k, v in os.environ.items() if k != CRASH_ENV}
     if crash_at is not None:
         env[CRASH_ENV] = crash_at
-    return subprocess.run([sys.executable, "-m", "faste_mm.cli.app", "export", "-c", str(collection), "--to", to],
-                          capture_output=True, text=True, env=env, timeout=300)
+    return run_cli(["export", "-c", collection, "--to", to], env=env, timeout=300)  # tests/helpers/warm_process.py
 
 
 def test_a_killed_reexport_to_lancedb_keeps_the_previous_table(tmp_path):

@@ -13,9 +13,9 @@ from tests.helpers.inputs import tiny_vl_dir
 from tests.helpers.browser import CHROMIUM, browser, serving  # noqa: F401 (the shared browser fixture)
 
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
-# (date taken, GPS): p0 in Lisbon, the others without a position
+# (date taken, GPS): p0 in Lisbon, the others without a position; p4 without a date (undated)
 PHOTOS = [("2021:06:01 10:00:00", (38.7223, -9.1393, 5.0)), ("2023:08:15 09:30:00", None),
-          ("2024:05:02 18:00:00", None), ("2024:12:24 20:00:00", None)]
+          ("2024:05:02 18:00:00", None), ("2024:12:24 20:00:00", None), (None, None)]
 QUERY = "海辺の夕日"  # "sunset at the beach"
 
 
@@ -52,16 +52,17 @@ def test_photo_filters_order_and_a_japanese_query_in_the_page(browser, server): 
 
     page.fill("#q", QUERY)  # non-Latin input: typed, sent, echoed and kept in the URL
     _searched(page, lambda: page.press("#q", "Enter"))
-    assert page.locator(".card").count() == 4
+    assert page.locator(".card").count() == 5
     assert QUERY in page.inner_text("#status-text") and page.input_value("#q") == QUERY
     lisbon = page.locator(".card", has_text="p0.jpg").locator(".facts").inner_text()
     assert lisbon.startswith("2021-06-01") and "Lisbon, Portugal" in lisbon and "Google Pixel 8" in lisbon
+    assert page.locator(".card", has_text="p4.jpg").locator(".facts").inner_text() == "no date · Google Pixel 8"
 
-    _searched(page, lambda: page.select_option("#f-sort", "-date"))  # newest first
-    assert _names(page) == ["p3.jpg", "p2.jpg", "p1.jpg", "p0.jpg"]
+    _searched(page, lambda: page.select_option("#f-sort", "-date"))  # newest first, the undated photo last
+    assert _names(page) == ["p3.jpg", "p2.jpg", "p1.jpg", "p0.jpg", "p4.jpg"]
     _searched(page, lambda: page.fill("#f-since", "2023-01-01"))
     _searched(page, lambda: page.fill("#f-until", "2024-06-30"))
-    assert _names(page) == ["p2.jpg", "p1.jpg"]
+    assert _names(page) == ["p2.jpg", "p1.jpg"]  # the undated photo is left out of a date range
     assert "since=2023-01-01" in page.url and "sort=-date" in page.url
 
     _searched(page, lambda: page.fill("#f-min", "1"))  # nothing scores a cosine of 1 against a text

@@ -27,7 +27,8 @@ from PIL import Image  # noqa: E402
 from faste_mm import BatchingConfig, Embedder, Retriever  # noqa: E402
 from faste_mm.indexers import Collection  # noqa: E402
 from faste_mm.indexers.records import ItemRecord  # noqa: E402
-from faste_mm.model.items import Item, load_image  # noqa: E402
+from faste_mm.model.file_decoding import load_image
+from faste_mm.model.items import Item  # noqa: E402
 from faste_mm.model.video import VideoConfig, read_video  # noqa: E402
 from faste_mm.retrieval import stored_files  # noqa: E402
 from faste_mm.retrieval.stored_files import ReplacedFileError, stored_item  # noqa: E402

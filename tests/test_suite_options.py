@@ -16,7 +16,7 @@ from faste_mm.bench import SUITES
 from faste_mm.bench.entry import parser_for
 from faste_mm.bench.options import resolve_device
 from faste_mm.cli.app import app
-from faste_mm.model.backbones.machine import DEVICE_CHOICES, DTYPE_CHOICES
+from faste_mm.model.cpu.machine import DEVICE_CHOICES, DTYPE_CHOICES
 
 SUITE_NAMES = [name for name in SUITES if name != "model"]  # the model suite is the CLI's own command
 

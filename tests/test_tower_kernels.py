@@ -11,7 +11,7 @@ import torch
 
 from faste_mm.model.backbones.vision_tower import (PackedVisionTower, embed_patches, gelu_algorithm, linear_gelu,
                                                    position_embeddings, rotated_qkv)
-from faste_mm.model.kernel_choice import TOWER_GELU_ENV, KernelTrials, requested_gelu
+from faste_mm.model.cpu.kernel_choice import TOWER_GELU_ENV, KernelTrials, requested_gelu
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""A folder kept in sync (faste_mm/retrieval/watching.py), driven poll by poll with `sync_once` on a
+"""A folder kept in sync (faste_mm/retrieval/library/watching.py), driven poll by poll with `sync_once` on a
 real folder and the tiny model: add, modify, delete, rename (no re-embedding: the model is not
 called), a partial copy (waited for until its size and mtime settle), sticky removals, an emptied
 (unmounted) folder, a busy collection, and watch.json for `info`. No sleeps: polls are counted."""
@@ -14,7 +14,7 @@ import pytest
 from faste_mm import BatchingConfig, Embedder, Retriever
 from faste_mm.errors import ConfigError
 from faste_mm.indexers import Collection
-from faste_mm.retrieval.watching import FolderWatcher, WatchOptions, read_watch_status
+from faste_mm.retrieval.library.watching import FolderWatcher, WatchOptions, read_watch_status
 from tests.helpers.serve_fixtures import scene_image, served_photo_folder
 from tests.helpers.inputs import tiny_vl_dir
 

@@ -70,7 +70,7 @@ def test_a_sync_killed_at_a_commit_or_a_removal_loses_and_duplicates_nothing(mod
 
 def test_watch_cli_polls_then_info_shows_the_last_sync(model, tmp_path):
     from faste_mm.cli.watch_command import DEFAULT_INTERVAL_S
-    from faste_mm.retrieval.watching import WatchOptions
+    from faste_mm.retrieval.library.watching import WatchOptions
 
     assert DEFAULT_INTERVAL_S == WatchOptions().interval_s
     folder, col = tmp_path / "photos", tmp_path / "col"

@@ -15,7 +15,7 @@ import pytest
 
 from faste_mm import Retriever
 from faste_mm.indexers import Collection
-from faste_mm.retrieval.watching import FolderWatcher, SyncReport, WatchOptions
+from faste_mm.retrieval.library.watching import FolderWatcher, SyncReport, WatchOptions
 from tests.helpers.serve_fixtures import scene_image, served_photo_folder
 
 pytest.importorskip("watchdog", reason="needs the watch extra")

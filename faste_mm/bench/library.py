@@ -146,7 +146,7 @@ def ocr_cost(photos: Sequence[Path], pages: Sequence[tuple[Path, int]], rounds: 
     """Seconds per photo and per PDF page to read their text (decode at OCR_MAX_PIXELS + RapidOCR),
     the engine loaded before timing (its load is reported apart); the median over `rounds`."""
     from faste_mm.indexers import ItemRecord
-    from faste_mm.retrieval.ocr import OcrEngine, read_item_image
+    from faste_mm.retrieval.library.ocr import OcrEngine, read_item_image
 
     engine = OcrEngine()
     started = time.perf_counter()
@@ -216,8 +216,8 @@ def duplicates_cost(root: Path, n: int = 100_000, dim: int = 2048, vectors: str 
     `find_duplicates` reads the stored vectors, never the FAISS index, so the index built here is
     a flat one (cheap to write) whatever `auto` would pick."""
     from faste_mm.indexers import Collection, ItemRecord
-    from faste_mm.retrieval.duplicates import find_duplicates
-    from faste_mm.retrieval.near_pairs import SCAN_BITS, SKETCH_BITS
+    from faste_mm.retrieval.library.duplicates import find_duplicates
+    from faste_mm.retrieval.library.near_pairs import SCAN_BITS, SKETCH_BITS
 
     x, planted = duplicate_vectors(n, dim, seed=seed)
     flat = {"float32": "Flat", "float16": "SQfp16", "int8": "SQ8", "binary": "BFlat"}[vectors]
@@ -270,7 +270,7 @@ def watch_idle_cpu(folder: Path, root: Path, n_files: int = 10_000, idle_s: floa
     polling every `interval_s`; and the CPU of one idle poll."""
     from faste_mm.indexers import Collection, FileStat, ItemRecord
     from faste_mm.retrieval.retriever import Retriever
-    from faste_mm.retrieval.watching import FolderWatcher, WatchOptions
+    from faste_mm.retrieval.library.watching import FolderWatcher, WatchOptions
 
     folder.mkdir(parents=True, exist_ok=True)
     for i in range(n_files):

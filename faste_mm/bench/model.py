@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 import torch
 
-from faste_mm.model.backbones.machine import device_name
+from faste_mm.model.cpu.machine import device_name
 from faste_mm.model.batching import UNPADDED_MODES, BatchingConfig
 from faste_mm.model.faste import FastEConfig
 from faste_mm.model.flops import tower_share

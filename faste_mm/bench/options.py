@@ -2,7 +2,7 @@
 here once, with their help, and a suite adds the ones it takes (`add_shape(parser)`, ...); the
 entry point (`faste_mm.bench.entry`) adds --out and --format to every suite and resolves
 `--device auto`. --device and --dtype take the words and the "auto" default of every faste-mm
-command (`faste_mm.model.backbones.machine`), and their FASTE_MM_DEVICE / FASTE_MM_DTYPE variables.
+command (`faste_mm.model.cpu.machine`), and their FASTE_MM_DEVICE / FASTE_MM_DTYPE variables.
 Importing this module loads no torch (`faste-mm bench SUITE --help` stays fast).
 """
 
@@ -16,7 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from faste_mm.model.backbones.machine import DEVICE_CHOICES, DTYPE_CHOICES
+from faste_mm.model.cpu.machine import DEVICE_CHOICES, DTYPE_CHOICES
 
 
 def add_shape(parser: argparse.ArgumentParser, scale: float = 0.25, shape: str = "qwen3-vl-embedding-2b") -> None:

@@ -48,7 +48,7 @@ from faste_mm.bench.options import add_device, add_rounds, add_threads, apply_th
 from faste_mm.bench.rounds import mirrored_rounds
 from faste_mm.bench.schema import SuiteRun
 from faste_mm.model.backbones.loading import choose_dtype, read_cpu_flags
-from faste_mm.model.backbones.machine import device_name
+from faste_mm.model.cpu.machine import device_name
 from faste_mm.model.backbones.vision_tower import PackedVisionTower
 from faste_mm.model.serialization import SerializerConfig
 from faste_mm.model.items import expand_items

@@ -26,7 +26,7 @@ from faste_mm.indexers.collection import Collection
 from faste_mm.indexers.facts import ItemFacts
 from faste_mm.indexers.filters import SearchFilter
 from faste_mm.indexers.records import ItemRecord, content_hash
-from faste_mm.retrieval.photo_metadata import read_facts
+from faste_mm.retrieval.library.photo_metadata import read_facts
 from faste_mm.retrieval.profile import CollectionProfile
 
 SHARES = (0.01, 0.1, 0.5)  # the date ranges' shares of the collection

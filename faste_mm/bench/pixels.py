@@ -29,7 +29,7 @@ from faste_mm.bench.inputs import make_inputs
 from faste_mm.bench.options import add_model, add_rounds, add_shape, add_threads, apply_threads, ints, names
 from faste_mm.bench.rounds import mirrored_rounds
 from faste_mm.bench.schema import SuiteRun
-from faste_mm.model.backbones.machine import device_name
+from faste_mm.model.cpu.machine import device_name
 from faste_mm.model.official import PIXEL_SWEEP
 from faste_mm.model.serialization import PIXELS_PER_VISUAL_TOKEN, SerializerConfig
 from faste_mm.tools.shapes import build_shape_model

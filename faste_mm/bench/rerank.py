@@ -38,7 +38,7 @@ from faste_mm.bench.inputs import make_inputs
 from faste_mm.bench.options import add_device, add_inputs, add_model, add_rounds, add_shape, add_threads, apply_threads, ints
 from faste_mm.bench.rounds import mirrored_rounds
 from faste_mm.bench.schema import SuiteRun
-from faste_mm.model.backbones.machine import device_name
+from faste_mm.model.cpu.machine import device_name
 from faste_mm.tools.shapes import SHAPES, build_config, build_qwen3_vl_processor, qwen_tokenizer_dir
 
 QUERY = "which report gives the invoice total for the city bicycle summary"

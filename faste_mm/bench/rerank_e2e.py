@@ -20,7 +20,7 @@ from faste_mm.bench.options import add_device, add_dtype, add_model, add_rounds,
 from faste_mm.bench.rerank import QUERY, build_reranker_shape, official_scores
 from faste_mm.bench.rounds import mirrored_rounds
 from faste_mm.bench.schema import SuiteRun
-from faste_mm.model.backbones.machine import device_name
+from faste_mm.model.cpu.machine import device_name
 from faste_mm.model.batching import BATCH_BYTES
 from faste_mm.model.faste import FastEConfig
 from faste_mm.model.rerank.reranker import Reranker

@@ -20,7 +20,7 @@ from faste_mm.bench.inputs import make_inputs
 from faste_mm.bench.options import add_device, add_inputs, add_model, add_rounds, add_threads, apply_threads, names
 from faste_mm.bench.rounds import mirrored_rounds
 from faste_mm.bench.schema import SuiteRun
-from faste_mm.model.backbones.machine import device_name
+from faste_mm.model.cpu.machine import device_name
 from faste_mm.model.items import Item
 from faste_mm.model.rerank.pair_format import VLPairSerializer
 from faste_mm.model.rerank.reranker import Reranker

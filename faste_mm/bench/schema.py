@@ -24,8 +24,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Mapping
 
-from faste_mm.model.backbones.machine import read_cpu_flags
-from faste_mm.model.machine_plan import available_cores
+from faste_mm.model.cpu.machine import read_cpu_flags
+from faste_mm.model.cpu.machine_plan import available_cores
 
 SCHEMA = "faste-mm-bench/1"
 # The flags that decide a CPU's speed on our kernels: bfloat16 and int8 matrix units.

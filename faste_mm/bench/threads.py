@@ -1,5 +1,5 @@
 """Threads and batches for the machine, side by side in ONE process with mirrored rounds: the
-embedder at the machine plan's settings (faste_mm/model/machine_plan.py: torch threads,
+embedder at the machine plan's settings (faste_mm/model/cpu/machine_plan.py: torch threads,
 preprocessing threads, batch tokens for the cores this process may use) against the same weights
 with one of those settings changed at a time, on each input kind; the table says which won on
 this machine and by how much the plan trails it. What chose the plan's rule (docs/cpu.md
@@ -77,7 +77,7 @@ def _run(args: argparse.Namespace, work: Path) -> SuiteRun:
     from faste_mm import BatchingConfig, Embedder
     from faste_mm.bench.cpu import _kinds, build
     from faste_mm.bench.inputs import make_inputs
-    from faste_mm.model.machine_plan import machine_plan
+    from faste_mm.model.cpu.machine_plan import machine_plan
 
     plan = machine_plan(device="cpu")
     base = Setting(plan.intra_op_threads, plan.prep_threads, plan.batch_tokens)

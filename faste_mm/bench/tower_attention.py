@@ -33,7 +33,7 @@ from torch.nn.functional import scaled_dot_product_attention
 from faste_mm.bench.options import add_device, add_rounds
 from faste_mm.bench.rounds import mirrored_rounds
 from faste_mm.bench.schema import SuiteRun
-from faste_mm.model.backbones.machine import device_name
+from faste_mm.model.cpu.machine import device_name
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

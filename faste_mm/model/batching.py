@@ -11,7 +11,7 @@ from dataclasses import dataclass, fields, replace
 import torch
 
 from faste_mm.errors import ConfigError
-from faste_mm.model.machine_plan import BATCH_TOKENS, MachinePlan, machine_plan
+from faste_mm.model.cpu.machine_plan import BATCH_TOKENS, MachinePlan, machine_plan
 from faste_mm.model.serialization import Serialized
 
 

@@ -24,7 +24,7 @@ from faste_mm.model.flops import (DecoderShape, batch_flops, flops_reduction, fu
 from faste_mm.model.cost import CostTally
 from faste_mm.model.official import QUERY_INSTRUCTION
 from faste_mm.model.items import Failure, Item, expand_items, failure_reason
-from faste_mm.model.machine_plan import use_torch_threads
+from faste_mm.model.cpu.machine_plan import use_torch_threads
 from faste_mm.model.pooling import truncate_dim
 from faste_mm.model.prefetch import ItemError, PrepTimer, prefetch_batches
 from faste_mm.model.runner import BatchTrace, run_decoder, settle_kernel

@@ -18,7 +18,7 @@ import torch
 from faste_mm.model.batching import Batch
 from faste_mm.model.cost import CostTally
 from faste_mm.model.decoder_state import DecoderState
-from faste_mm.model.machine_plan import check_threads
+from faste_mm.model.cpu.machine_plan import check_threads
 from faste_mm.model.pooling import pool_readout
 from faste_mm.model.unpadded import PADDED, PackedKernel, Unpadded
 

@@ -14,7 +14,8 @@ import torch
 from PIL import Image
 
 from faste_mm.errors import ConfigError, InputError
-from faste_mm.model.items import Item, load_image, pdf_page_size, read_image_size
+from faste_mm.model.file_decoding import load_image, pdf_page_size, read_image_size
+from faste_mm.model.items import Item
 from faste_mm.model.video import VideoConfig, read_video
 
 from faste_mm.model.official import DOCUMENT_INSTRUCTION as DEFAULT_INSTRUCTION

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, BinaryIO, Callable, Sequence
 from faste_mm.errors import FasteError, InputError
 from faste_mm.indexers.records import open_regular
 from faste_mm.kinds import KINDS
-from faste_mm.model.items import Item, count_pdf_pages, failure_reason, load_image
+from faste_mm.model.file_decoding import count_pdf_pages, load_image
+from faste_mm.model.items import Item, failure_reason
 
 if TYPE_CHECKING:
     from faste_mm.retrieval.profile import CollectionProfile

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
@@ -52,16 +53,21 @@ class CollectionDocuments:
         self._is_checked = False
         self.in_flight = _InFlight()  # the call in progress, batch by batch (zero between calls)
         self.on_batch: Callable[[BatchTrace], None] | None = None  # called after each batch
+        self.load_s = 0.0  # seconds spent getting the model (loading it on the first call)
+        self.dtype: str | None = None  # the dtype the model runs in, once loaded ("bfloat16")
 
     def __call__(self, values: Sequence[object], on_error: OnError = "skip") -> EmbedResult:
         refuse_other_pixel_caps(values, self._col.root, self._profile.max_pixels)  # before anything is embedded
+        asked = time.perf_counter()
         embedder = self._embedder(self._profile)
+        self.load_s += time.perf_counter() - asked
+        self.dtype = str(embedder.dtype_choice.dtype).removeprefix("torch.")
         if not self._is_checked:
             errors = self._profile.conflicts(self._profile.as_loaded(embedder))
             if errors:
                 raise settings_mismatch(self._col.root, errors)
             self._is_checked = True
-        self.in_flight = _InFlight(inputs=len(values))
+        self.in_flight = _InFlight(inputs=len(values), values=values)
         try:
             # Matryoshka collections store the first `dim` dimensions, re-normalised (checked above).
             return embedder.encode_documents(values, fast_e=self._profile.fast_e(), dim=self._profile.dim,
@@ -82,6 +88,7 @@ class _InFlight:
     """Running totals of one document-encoding call (mutable: updated batch by batch)."""
 
     inputs: int = 0
+    values: Sequence[object] = ()  # what the call embeds (its rows are these, expanded)
     rows: int = 0
     cost: CostTally = field(default_factory=CostTally)  # prefix tokens, tower and decoder seconds
 

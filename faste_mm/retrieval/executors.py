@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Protocol, runtime_checkable
 
-from faste_mm.retrieval.ingest import DocumentEncoder, IngestTally, UpdatePlan, ingest_chunk
+from faste_mm.retrieval.ingest import DocumentEncoder, IngestTally, IngestWork, ingest_chunk
 from faste_mm.retrieval.profile import CollectionProfile
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ class IngestJob:
     """
 
     col: "Collection"
-    plan: UpdatePlan
+    plan: IngestWork
     profile: CollectionProfile
     model: ModelSource
     encode: DocumentEncoder

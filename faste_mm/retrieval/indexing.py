@@ -16,10 +16,11 @@ from faste_mm.indexers import Collection
 from faste_mm.indexers.facts import issue_counts
 from faste_mm.model.runner import BatchTrace
 from faste_mm.retrieval.documents import CollectionDocuments
+from faste_mm.retrieval.estimate import RunMeter, TokenBounds, plan_rows, sample_first
 from faste_mm.retrieval.executors import IngestExecutor, IngestJob, ModelSource
-from faste_mm.retrieval.ingest import IngestTally, UpdatePlan, plan_update, record_missing
-from faste_mm.retrieval.photo_metadata import read_facts
-from faste_mm.retrieval.ocr import OcrEngine, OcrTally, read_text_in_images
+from faste_mm.retrieval.ingest import IngestTally, IngestWork, ingest_work, record_missing
+from faste_mm.retrieval.library.photo_metadata import read_facts
+from faste_mm.retrieval.library.ocr import OcrEngine, OcrTally, read_text_in_images
 from faste_mm.retrieval.profile import CollectionProfile
 from faste_mm.retrieval.results import IndexOptions, IndexProgress, IndexReport
 from faste_mm.retrieval.scanning import Scan, ScannedFile, honour_exclusions
@@ -34,33 +35,37 @@ def index_collection(col: Collection, profile: CollectionProfile, scan: Scan, op
     """Bring `col` (opened for writing; closed here, which saves index.faiss) up to date with `scan`.
     `started`: perf_counter() when the call began (the report's seconds count from it).
     ready: which of the new and changed files to embed now (None: all); the others keep their
-    old rows, if any, for a later run (`faste_mm.retrieval.watching` waits for files still being
+    old rows, if any, for a later run (`faste_mm.retrieval.library.watching` waits for files still being
     written). Vanished files are removed after the new ones are committed, so a file moved or
     renamed lends its vectors to its new path (same content) instead of being embedded again.
-    ocr: the engine reading the text inside images and scanned pages (`retrieval.ocr`; None: none
+    ocr: the engine reading the text inside images and scanned pages (`retrieval.library.ocr`; None: none
     read), after the files are committed."""
     tally = IngestTally()
     root = Path(col.root)
     with col:
         scan = honour_exclusions(col, scan)  # paths removed earlier stay out of folder scans
-        plan = plan_update(col, scan, options.retry_failed)
+        plan = ingest_work(col, scan, options.retry_failed)
         # Files indexed before identities were recorded get theirs now (retrieval.stored_files).
         todo = {f.uri for f in plan.todo}
         col.fill_identities([f.stat for f in scan.files() if f.uri not in todo])
         if ready is not None:
             plan = hold_back(plan, ready)
+        plan = replace(plan, todo=sample_first(plan.todo))  # the first batches measure every kind
         if scan.missing:
             record_missing(col, scan.missing, tally)
         done = 0
+        meter = RunMeter(plan.todo, token_bounds(profile))
         report_progress = _progress_reporter(progress, encode, plan, options.chunk_files, tally, started,
-                                             lambda: done)
+                                             lambda: done, meter)
 
         def files_committed(n: int) -> None:
             nonlocal done
             done = n
+            meter.commit(n)
             report_progress()
 
         encode.on_batch = report_progress
+        meter.begin(time.perf_counter())
         report_progress()
         executor.run(IngestJob(col, plan, profile, model, encode, options.chunk_files, tally,
                                files_committed, chunk_pages=options.chunk_pages))
@@ -79,10 +84,12 @@ def index_collection(col: Collection, profile: CollectionProfile, scan: Scan, op
                        metadata_issues=dict(sorted(tally.metadata_issues.items())),
                        links_skipped=len(scan.outside_links), embedded_files=tuple(tally.embedded_files),
                        reused_files=tuple(tally.reused_files), removed_files=tuple(plan.vanished),
+                       estimated_s=None if meter.first is None else meter.first.total_s,
+                       estimated_at_s=None if meter.first is None else meter.first.elapsed_s,
                        **tally.cost.cost_fields())
 
 
-def hold_back(plan: UpdatePlan, ready: Callable[[ScannedFile], bool]) -> UpdatePlan:
+def hold_back(plan: IngestWork, ready: Callable[[ScannedFile], bool]) -> IngestWork:
     """`plan` with only the files `ready` admits to embed; the others count as unchanged this run.
     While any file is held back, vanished files are kept too: a file moved across folders or
     filesystems (copied, then deleted) still lends its vectors when its copy is ready."""
@@ -99,7 +106,7 @@ def hold_back(plan: UpdatePlan, ready: Callable[[ScannedFile], bool]) -> UpdateP
 FACTS_CHUNK_FILES = 256
 
 
-def fill_facts(col: Collection, scan: Scan, plan: UpdatePlan, tally: IngestTally) -> None:
+def fill_facts(col: Collection, scan: Scan, plan: IngestWork, tally: IngestTally) -> None:
     """Read the facts of the scan's unchanged files whose items have none (stored before schema 7,
     or by an older extractor) and store them with the items: no model, no vector touched."""
     todo = {f.uri for f in plan.todo}
@@ -115,22 +122,44 @@ def fill_facts(col: Collection, scan: Scan, plan: UpdatePlan, tally: IngestTally
             tally.metadata_issues.update(issue_counts(list(read.values())))
 
 
+def token_bounds(profile: CollectionProfile) -> TokenBounds:
+    """What a collection's items' planned tokens depend on (its pixel bounds, the token cap)."""
+    return TokenBounds(profile.min_pixels, profile.max_pixels, profile.serializer().max_length)
+
+
 def _progress_reporter(progress: Callable[[IndexProgress], None] | None, encode: CollectionDocuments,
-                       plan: UpdatePlan, chunk_files: int, tally: IngestTally, started: float,
-                       done: Callable[[], int]) -> Callable[[BatchTrace | None], None]:
+                       plan: IngestWork, chunk_files: int, tally: IngestTally, started: float,
+                       done: Callable[[], int], meter: RunMeter,
+                       clock: Callable[[], float] = time.perf_counter) -> Callable[[BatchTrace | None], None]:
     """A callback (after each batch and each committed chunk) sending `progress` the totals so far:
-    the committed chunks' tally plus the batches of the chunk being embedded (`encode.in_flight`)."""
+    the committed chunks' tally plus the batches of the chunk being embedded (`encode.in_flight`),
+    and the estimate of the time left. Each batch is measured into `meter` (also without
+    `progress`: the report gives the estimate), its rows planned once per encode call.
+    clock: the seconds `started` and the meter count in."""
+    planned: dict[str, object] = {}  # the encode call in flight and its rows' plan
+    load_s = encode.load_s
 
     def report_progress(trace: BatchTrace | None = None) -> None:
+        nonlocal load_s
+        flight = encode.in_flight  # batches of the chunk being embedded, not yet in the tally
+        now = clock()
+        if trace is not None:
+            if planned.get("flight") is not flight:
+                planned.update(flight=flight, rows=plan_rows(flight.values, meter.bounds, meter.pages))
+            meter.observe(planned["rows"], trace.rows, trace.tower_s, trace.decoder_s, now, encode.load_s - load_s)
+            load_s = encode.load_s
+        estimate = meter.estimate(now - started, encode.dtype)
+        if estimate is not None and estimate is meter.first:
+            log.info("about %.0f s left (%s)", estimate.remaining_s,
+                     ", ".join(f"{n} {k}" for k, n in zip(estimate.kinds, estimate.items_left)))
         if progress is None:
             return
         n_done = done()
-        flight = encode.in_flight  # batches of the chunk being embedded, not yet in the tally
         chunk_size = min(chunk_files, len(plan.todo) - n_done)
         share = (n_done + chunk_size * min(1.0, flight.rows / flight.inputs) if flight.inputs else n_done)
         progress(IndexProgress(n_done, len(plan.todo), tally.embedded + flight.rows, tally.reused,
-                               len(tally.failures), time.perf_counter() - started,
-                               share / len(plan.todo) if plan.todo else 1.0,
+                               len(tally.failures), now - started,
+                               share / len(plan.todo) if plan.todo else 1.0, estimate,
                                **(tally.cost + flight.cost).cost_fields()))
 
     return report_progress

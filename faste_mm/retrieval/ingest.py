@@ -18,11 +18,12 @@ from faste_mm.indexers import Collection, ItemRecord, content_hash
 from faste_mm.indexers.crash_points import crash_point
 from faste_mm.indexers.facts import issue_counts
 from faste_mm.kinds import KINDS, SUPPORTED_SUFFIXES
-from faste_mm.model.items import Item, count_pdf_pages
+from faste_mm.model.file_decoding import count_pdf_pages
+from faste_mm.model.items import Item
 from faste_mm.retrieval.decoders import document_input
 from faste_mm.retrieval.lexical import item_text, source_text
 from faste_mm.retrieval.ingest_tally import IndexFailure, IngestTally  # (importers find them here too)
-from faste_mm.retrieval.photo_metadata import read_facts
+from faste_mm.retrieval.library.photo_metadata import read_facts
 from faste_mm.retrieval.scanning import Scan, ScannedFile, is_under_any
 
 if TYPE_CHECKING:  # annotations only: scanning and planning load no model code
@@ -32,9 +33,10 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
-class UpdatePlan:
-    """todo: files to embed, in scan order; changed: uris among them that have old rows;
-    n_unchanged: files skipped; vanished: uris under a walked folder that are gone."""
+class IngestWork:
+    """The work a scan gives an index run (not a `faste-mm plan`): todo: files to embed, in scan
+    order; changed: uris among them that have old rows; n_unchanged: files skipped; vanished: uris
+    under a walked folder that are gone."""
 
     todo: tuple[ScannedFile, ...]
     changed: frozenset[str]
@@ -42,7 +44,7 @@ class UpdatePlan:
     vanished: tuple[str, ...]
 
 
-def plan_update(col: Collection, scan: Scan, retry_failed: bool = False) -> UpdatePlan:
+def ingest_work(col: Collection, scan: Scan, retry_failed: bool = False) -> IngestWork:
     """Compare a scan with the collection by (uri, size, mtime)."""
     files = scan.files()
     todo: set[str] = set()
@@ -64,7 +66,7 @@ def plan_update(col: Collection, scan: Scan, retry_failed: bool = False) -> Upda
     excluded = set(scan.excluded)
     vanished = {u for u in vanished if not is_under_any(u, excluded)}
     ordered = tuple(f for f in files if f.uri in todo)
-    return UpdatePlan(ordered, frozenset(changed), len(files) - len(ordered), tuple(sorted(vanished)))
+    return IngestWork(ordered, frozenset(changed), len(files) - len(ordered), tuple(sorted(vanished)))
 
 
 def record_missing(col: Collection, missing: Sequence[tuple[str, str]], tally: IngestTally) -> None:

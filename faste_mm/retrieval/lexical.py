@@ -11,7 +11,8 @@ from pathlib import Path
 
 from faste_mm.errors import InputError
 from faste_mm.kinds import is_kind
-from faste_mm.model.items import Item, pdf_page_text
+from faste_mm.model.file_decoding import pdf_page_text
+from faste_mm.model.items import Item
 from faste_mm.model.opened_files import OpenedFile, file_name
 
 log = logging.getLogger(__name__)

@@ -110,7 +110,7 @@ def collection_report(root: str | os.PathLike) -> dict:
     a CLI answered by the server prints what a local read prints."""
     from faste_mm.retrieval.profile import CollectionProfile
     from faste_mm.retrieval.receipt import receipt_summary
-    from faste_mm.retrieval.watch_status import read_watch_status
+    from faste_mm.retrieval.library.watch_status import read_watch_status
 
     with Collection.open(root) as col:
         info, profile = col.info(), CollectionProfile.from_manifest(col.manifest)

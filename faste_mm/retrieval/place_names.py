@@ -17,7 +17,7 @@ import unicodedata
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-from faste_mm.retrieval import places
+from faste_mm.retrieval.library import places
 
 # The languages whose country names are looked up in CLDR (the query languages of query_patterns).
 COUNTRY_NAME_LANGUAGES = ("en", "de", "fr", "es", "ja", "pt", "it", "nl")

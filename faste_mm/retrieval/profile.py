@@ -82,7 +82,7 @@ class CollectionProfile:
     model_dim: the model's own width, recorded when the collection is created.
     threshold_source: where theta came from (a calibration, --threshold, the backbone default).
     receipt: what `faste-mm plan` measured for these settings (`index --plan`), None = not measured.
-    ocr: read the text inside images and scanned PDF pages (OCR, faste_mm.retrieval.ocr) into the
+    ocr: read the text inside images and scanned PDF pages (OCR, faste_mm.retrieval.library.ocr) into the
         lexical index at index time; it changes no vector, so `index --ocr` / `--no-ocr` switches it
         on an existing collection (its images are read at that run, nothing is re-embedded).
     """
@@ -194,7 +194,7 @@ class CollectionProfile:
                                           "settings (PlanReceipt; on the command line `index --plan`).",
                                           missing=None, refuse=False)
     ocr: bool = setting(
-        False, "ocr", "--ocr", "Read the text inside images and scanned PDF pages (OCR, faste_mm.retrieval.ocr) "
+        False, "ocr", "--ocr", "Read the text inside images and scanned PDF pages (OCR, faste_mm.retrieval.library.ocr) "
         "into the lexical index at index time. Changes no vector: given for an existing collection, it switches "
         "OCR on (its images are read at that run) or off.", valid=lambda value: isinstance(value, bool),
         rule="True or False", missing=False, refuse=False, carry=True,

@@ -1,12 +1,10 @@
 """What a search keeps and in which order, past relevance: a date range (--since/--until, turned
-into conditions on the facts' `taken`), a minimum score (a cosine, checked here), and the order of
-the hits (by relevance, or by date taken either way). Receives the user's values and the hits of
+into conditions on the facts' `taken`), where a minimum score applies, and the order of the hits (by relevance, or by date taken either way). Receives the user's values and the hits of
 `querying.hits`; hands back filter conditions and re-ordered hits. One place for CLI, API and HTTP.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 from datetime import date, datetime
 from typing import Any, Mapping, Sequence
@@ -15,26 +13,6 @@ from faste_mm.errors import ConfigError
 from faste_mm.indexers.fact_filters import FIELDS, FactCondition, date_period
 from faste_mm.indexers.filters import SearchFilter, parse_where
 from faste_mm.retrieval.hits import Hit
-
-SORTS = ("relevance", "date", "-date")  # "date": oldest first, "-date": newest first
-
-
-def check_sort(sort: str) -> str:
-    if sort not in SORTS:
-        raise ConfigError(f"search sort {sort!r} is not one of {', '.join(SORTS)} (date: oldest first, "
-                          f"-date: newest first)")
-    return sort
-
-
-def check_min_score(min_score: Any) -> float | None:
-    """`min_score` as a float, or None; ConfigError naming the value unless it is a cosine in [-1, 1]."""
-    if min_score is None:
-        return None
-    if isinstance(min_score, bool) or not isinstance(min_score, (int, float)) or not math.isfinite(min_score) \
-            or not -1.0 <= min_score <= 1.0:
-        raise ConfigError(f"min_score {min_score!r}: a minimum cosine similarity between -1 and 1 "
-                          f"(e.g. 0.3; hits scoring below it are dropped)")
-    return float(min_score)
 
 
 def check_min_score_mode(min_score: float | None, mode: str) -> None:

@@ -12,6 +12,7 @@ import numpy as np
 from faste_mm.errors import ConfigError
 from faste_mm.model.cost import CostTally
 from faste_mm.retrieval.hits import Hit  # noqa: F401 (re-exported: the results' home)
+from faste_mm.retrieval.estimate import RunEstimate
 from faste_mm.retrieval.ingest import IndexFailure
 from faste_mm.retrieval.scanning import ScanFilter
 
@@ -68,7 +69,9 @@ class IndexProgress(CostTally):
     each committed chunk. files_done / files_total count the new and changed files this run
     embeds (or reuses) and has committed; embedded and the token counts include the batches of
     the chunk in flight. share_done: the part of this run's files done, the chunk in flight
-    counted by the share of its inputs embedded so far (what `eta_s` extrapolates)."""
+    counted by the share of its inputs embedded so far. estimate: the seconds left per input
+    kind at the rates measured so far (`faste_mm.retrieval.estimate`; None before the first
+    batch), which `eta_s` gives."""
 
     files_done: int
     files_total: int
@@ -77,6 +80,7 @@ class IndexProgress(CostTally):
     failed: int
     elapsed_s: float
     share_done: float | None = None  # None: files_done / files_total
+    estimate: RunEstimate | None = None
 
     @property
     def fraction(self) -> float:
@@ -87,7 +91,10 @@ class IndexProgress(CostTally):
 
     @property
     def eta_s(self) -> float | None:
-        """Seconds left at the pace so far; None before anything is done."""
+        """Seconds left: the estimate's (each kind's work left at its measured rate), else the
+        pace so far over the share of files done; None before anything is done."""
+        if self.estimate is not None:
+            return self.estimate.remaining_s
         done = self.fraction
         return None if done <= 0 else self.elapsed_s * (1 - done) / done
 
@@ -130,6 +137,10 @@ class IndexReport(CostTally):
         """(old path, new path) of the files moved or renamed: reused from a file this run removed."""
         removed = set(self.removed_files)
         return tuple((donor, uri) for uri, donor in self.reused_files if donor in removed)
+    # The run's seconds as first estimated, once the estimate settled (`faste_mm.retrieval.estimate`:
+    # the first chunk committed), and when; None when nothing was embedded in this process.
+    estimated_s: float | None = None
+    estimated_at_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = {name: getattr(self, name) for name in self.__dataclass_fields__}

@@ -17,12 +17,10 @@ import logging
 import os
 import threading
 import time
-from datetime import date
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterable, Mapping, Sequence
 
 import numpy as np
-from PIL import Image
 
 from faste_mm.errors import ConfigError, InputError
 from faste_mm.indexers import Collection, CollectionInfo
@@ -35,8 +33,8 @@ from faste_mm.retrieval import collection_settings, maintenance, querying
 from faste_mm.retrieval.collection_settings import (checked_profile, completed_profile, open_for_writing, recreate,
                                                     requested_profile)
 from faste_mm.retrieval.documents import CollectionDocuments, add_documents
-from faste_mm.retrieval.duplicates import DEFAULT_THRESHOLD as DEFAULT_DUPLICATE_THRESHOLD
-from faste_mm.retrieval.duplicates import DuplicateReport, collection_duplicates
+from faste_mm.retrieval.library.duplicates import DEFAULT_THRESHOLD as DEFAULT_DUPLICATE_THRESHOLD
+from faste_mm.retrieval.library.duplicates import DuplicateReport, collection_duplicates
 from faste_mm.retrieval.executors import IngestExecutor, LocalExecutor, ModelSource
 from faste_mm.retrieval.export import ExportReport
 from faste_mm.retrieval.export import export as export_collection
@@ -44,13 +42,13 @@ from faste_mm.retrieval.indexing import index_collection
 from faste_mm.retrieval.query_understanding import UnderstoodQuery
 from faste_mm.retrieval.maintenance import collection_path
 from faste_mm.retrieval.model_spec import ModelSpec, model_source
-from faste_mm.retrieval.ocr import OcrEngine
-from faste_mm.retrieval.ingest import plan_update
+from faste_mm.retrieval.library.ocr import OcrEngine
+from faste_mm.retrieval.ingest import ingest_work
 from faste_mm.retrieval.profile import QUERY_INSTRUCTION, CollectionProfile, existing_profile, read_profile
 from faste_mm.retrieval.setting import given_settings, keywords_of
 from faste_mm.retrieval.rerank_hits import load_collection_reranker
 from faste_mm.retrieval.results import AddReport, Hit, IndexOptions, IndexProgress, IndexReport, RemoveReport
-from faste_mm.retrieval.search_executor import SearchParts, execute, one, text_cutter, understood
+from faste_mm.retrieval.search_executor import SearchParts, execute, one, understood
 from faste_mm.retrieval.search_request import SearchRequest, options_for
 from faste_mm.retrieval.scanning import Scan, ScanFilter, ScannedFile, scan_paths
 
@@ -66,7 +64,7 @@ class Retriever:
     Example:
         >>> r = Retriever.from_pretrained("Qwen/Qwen3-VL-Embedding-2B", r_max=0.5)
         >>> r.index(["./images", "report.pdf"], collection="./my-collection")
-        >>> r.search("a red bicycle", k=10)  # [Hit(id=.., score=.., uri=.., page=.., metadata=..)]
+        >>> r.search("a red bicycle", k=5)  # [Hit(id=.., score=.., uri=.., page=.., metadata=..)]
 
     Safe to share across threads (a web app's workers): searches run one at a time.
 
@@ -367,7 +365,7 @@ class Retriever:
         if self._existing() is None:
             return len(scan.files())
         with Collection.open(self.collection) as col:
-            return len(plan_update(col, scan, options.retry_failed).todo)
+            return len(ingest_work(col, scan, options.retry_failed).todo)
 
     # ---- adding and removing ---------------------------------------------------------------
     def add(self, items: Sequence[object], metadata: Sequence[Mapping[str, Any] | None] | None = None,
@@ -429,7 +427,7 @@ class Retriever:
         """Groups of items that duplicate each other: exact copies (same content hash) and, with
         `near`, near-duplicates whose vectors score >= `threshold` (cosine in (0, 1]) by range search over
         the collection's index; largest group first, each with a suggested keeper (largest resolution,
-        then earliest date). Loads no model and never deletes anything (`faste_mm.retrieval.duplicates`).
+        then earliest date). Loads no model and never deletes anything (`faste_mm.retrieval.library.duplicates`).
         Raises ConfigError for a threshold outside (0, 1], CollectionError when there is no collection."""
         return collection_duplicates(self.collection, threshold, near=near)
 
@@ -456,8 +454,8 @@ class Retriever:
         one), rerank_top (50: the hits the reranker re-scores, at least k), literal (False: the
         query text is read as meaning plus filters, `understand`; docs/asking.md).
 
-        A query text longer than the model can use is cut where the model would cut it anyway
-        (`search_executor.cut_text`; lexical mode: its first 10,000 characters).
+        A query text longer than `search_request.MAX_QUERY_CHARS` (2,000) characters is searched
+        by its first 2,000 (logged), as every front end does.
         Raises InputError if nothing is asked, ConfigError for an unknown or invalid option
         (naming it and the valid range), CollectionError when there is no collection.
 
@@ -520,8 +518,7 @@ class Retriever:
 
         return SearchParts(reader=lambda check_model: self._open_reader(check_model=check_model),
                            min_score=lambda: (self._reader_profile or read_profile(self.collection)).min_score,
-                           embed=embed, reranker=self.search_reranker,
-                           cut_text=lambda text: text_cutter(self.embedder.serializer)(text), check_pairs=check_pairs)
+                           embed=embed, reranker=self.search_reranker, check_pairs=check_pairs)
 
     def search_reranker(self, rerank: Any) -> Any:
         """The reranker of a search's `rerank`: itself (a Reranker), none for False, and for None
@@ -536,9 +533,9 @@ class Retriever:
             return self._collection_reranker[1] if name is not None or rerank is True else None
         if name is None:
             if rerank is True:
-                raise InputError(f"search: rerank=True, but the collection {self.collection} records no reranker; "
-                                 f"give a Reranker (rerank=Reranker.from_pretrained(...)) or index it with one "
-                                 f"(faste-mm index --reranker MODEL)")
+                raise InputError(f"search: rerank=True, but the collection {self.collection} has no reranker; give one "
+                                 f"(rerank=Reranker.from_pretrained(...)), record one (faste-mm index --reranker MODEL) "
+                                 f"or start the server with one (faste-mm serve --rerank MODEL)")
             return None
         if self._collection_reranker is None or self._collection_reranker[0] != name:
             device = self._spec.device if self._spec is not None else str(self._embedder.backbone.device)

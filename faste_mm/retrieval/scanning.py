@@ -2,7 +2,7 @@
 with its kind (`faste_mm.kinds`) and stat; hidden, excluded and removed (`exclusions`) paths
 skipped, missing ones reported. Reads no file contents and loads no model code.
 
-Receives paths and a `ScanFilter`; hands a `Scan` to planning (`retrieval.ingest.plan_update`)
+Receives paths and a `ScanFilter`; hands a `Scan` to planning (`retrieval.ingest.ingest_work`)
 or the items of `document_items` to the embedder.
 """
 
@@ -18,7 +18,8 @@ from typing import Iterable, Sequence
 from faste_mm.errors import ConfigError, InputError
 from faste_mm.indexers import Collection, FileStat
 from faste_mm.kinds import KINDS, UNSUPPORTED, kind_name
-from faste_mm.model.items import Item, as_item, not_a_file_reason
+from faste_mm.model.file_decoding import not_a_file_reason
+from faste_mm.model.items import Item, as_item
 from faste_mm.retrieval.decoders import document_input
 
 log = logging.getLogger(__name__)

@@ -3,7 +3,7 @@ calls it; `faste-mm serve` hands it each merged batch of its clients' requests; 
 thin client and the LangChain / LlamaIndex adapters only translate into requests).
 
 In the order it happens: the query text understood as meaning and filters (`understood_search`;
-not when `literal`), the query text bounded (where the model would cut it anyway), the query
+not when `literal`), the query text bounded (`MAX_QUERY_CHARS`), the query
 embedded (text, image, video, both; an item id or indexed path for "more like this" reads its
 stored vector; a crop of a picture would enter here as one more query input), the filters, the
 dense / lexical / hybrid search with its rescoring and minimum score, the reranker's second stage,
@@ -22,26 +22,17 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from faste_mm.errors import ConfigError, FasteError, InputError
+from faste_mm.errors import CollectionError, ConfigError, FasteError, InputError
 from faste_mm.indexers.filters import SearchFilter
 from faste_mm.model.items import Item
 from faste_mm.retrieval import querying, result_order
 from faste_mm.retrieval.hits import Hit
 from faste_mm.retrieval.rerank_hits import check_reranker, hit_item, rerank_hits
-from faste_mm.retrieval.search_request import SearchRequest
+from faste_mm.retrieval.search_request import MAX_QUERY_CHARS, SearchRequest
 from faste_mm.retrieval.query_understanding import UnderstoodQuery
 from faste_mm.retrieval.understood_search import UnderstoodRequest, understood_request
 
 log = logging.getLogger(__name__)
-
-# A query text is cut before it is tokenized whole, at this many characters per token of the
-# model's max_length, and further only where the model would cut it anyway (it keeps the first
-# max_length tokens): a 5 MB query costs what its first tokens cost and finds what they find.
-TEXT_CHARS_PER_TOKEN = 16
-# Lexical mode loads no model: its query's words are cut at this many characters (a query is a
-# sentence or a paragraph; BM25 over 100,000 words of "query" would take minutes and mean nothing).
-MAX_LEXICAL_CHARS = 10_000
-
 
 class UnknownItemError(InputError):
     """An item id or path that is not a live item of the collection (HTTP 404)."""
@@ -57,7 +48,6 @@ class SearchParts:
     embed(items, instruction): query vectors [q, dim] float32 in input order.
     reranker(rerank): the reranker of a request's `rerank` (None: the collection's, if it records
         one; False: none; True: the collection's, an error without one; a Reranker: itself).
-    cut_text(text): the text as the query model would see it (see `cut_text`).
     check_pairs(tokens, hits): raises when reranking `hits` hits costs too many prompt tokens (the
         server's --max-request-tokens); None = no limit (the library's).
     """
@@ -66,7 +56,6 @@ class SearchParts:
     min_score: Callable[[], float | None]
     embed: Callable[[list[Item], str | None], np.ndarray] | None = None
     reranker: Callable[[Any], Any] = lambda rerank: None
-    cut_text: Callable[[str], str] | None = None
     check_pairs: Callable[[int, int], None] | None = None
 
 
@@ -88,7 +77,9 @@ def execute(requests: Sequence[SearchRequest], parts: SearchParts,
             out[i] = _finish(plan, querying.hits(parts.reader(False).newest(request.k, plan.where))[0], None, parts)
         else:
             planned.append((i, plan))
-    col = parts.reader(any(plan.request.mode != "lexical" for _, plan in planned)) if planned else None
+    # the model is checked (and loaded) only when a query is embedded: lexical and more-like-this need none
+    col = parts.reader(any(plan.request.mode != "lexical" and plan.like_id is None for _, plan in planned)) \
+        if planned else None
     vectors = _embed_all([plan for _, plan in planned], parts)
     groups: dict[tuple, list[int]] = {}  # requests that search alike share one call
     for position, (_, plan) in enumerate(planned):
@@ -104,7 +95,9 @@ def execute(requests: Sequence[SearchRequest], parts: SearchParts,
             i = planned[p][0]
             try:
                 out[i] = _finish(plan, hits, col, parts)
-            except (ConfigError, InputError) as error:
+            except CollectionError:
+                raise
+            except FasteError as error:  # its own (a bad hit file, too many rerank tokens): the others go on
                 out[i] = error
     return out
 
@@ -123,7 +116,6 @@ class _Plan:
 
     request: SearchRequest
     item: Item | None
-    rerank_item: Item | None
     like_id: int | None
     words: str | None
     where: SearchFilter
@@ -147,7 +139,7 @@ def _plan(asked: UnderstoodRequest, parts: SearchParts, item: Item | None = None
     if asked.phrases:
         where = replace(where, phrases=where.phrases + asked.phrases)
     if asked.is_listing:
-        return _Plan(request, None, None, None, None, where, None, request.k, None, is_listing=True)
+        return _Plan(request, None, None, None, where, None, request.k, None, is_listing=True)
     min_score = request.min_score
     result_order.check_min_score_mode(min_score, request.mode)
     if min_score is None and request.mode != "lexical":
@@ -160,7 +152,7 @@ def _plan(asked: UnderstoodRequest, parts: SearchParts, item: Item | None = None
             raise InputError(f"search: `like` (more like this) searches by the item's vector; mode "
                              f"{request.mode} does not apply")
         like_id = _like_id(request.like, parts)
-        return _Plan(request, None, None, like_id, None, where, min_score, request.k + 1, None)
+        return _Plan(request, None, like_id, None, where, min_score, request.k + 1, None)
     read = asked.understood is not None and bool(asked.understood.parts)
     text = (request.query or None) if read else request.query  # the meaning text ("" beside an image: none)
     if item is not None and item.text is not None and read:
@@ -168,24 +160,17 @@ def _plan(asked: UnderstoodRequest, parts: SearchParts, item: Item | None = None
     if item is None:
         image, video = (Path(v) if isinstance(v, os.PathLike) else v for v in (request.image, request.video))
         item = Item(text=text, image=image, video=video)
+    if item.text is not None and len(item.text) > MAX_QUERY_CHARS:
+        log.warning("search: the query text has %d characters; searching with its first %d (MAX_QUERY_CHARS)",
+                    len(item.text), MAX_QUERY_CHARS)
+        item = replace(item, text=item.text[:MAX_QUERY_CHARS])
     reranker = parts.reranker(request.rerank)
-    fetch, rerank_item = request.k, None
+    fetch = request.k
     if reranker is not None:
         check_reranker(reranker, request.rerank_top)
         fetch = max(request.k, request.rerank_top)
-        # each model sees the query as it would see the whole text (it cuts at its own max_length)
-        rerank_item = item if item.text is None else replace(item, text=text_cutter(reranker.serializer)(item.text))
-    if item.text is not None:
-        item = replace(item, text=_bounded(item.text, request.mode, parts))
     words = querying.query_texts([item], request.mode)
-    return _Plan(request, item, rerank_item, None, None if words is None else words[0], where, min_score, fetch,
-                 reranker)
-
-
-def _bounded(text: str, mode: str, parts: SearchParts) -> str:
-    if mode == "lexical" or parts.cut_text is None:
-        return text[:MAX_LEXICAL_CHARS]
-    return parts.cut_text(text)
+    return _Plan(request, item, None, None if words is None else words[0], where, min_score, fetch, reranker)
 
 
 def _like_id(like: Any, parts: SearchParts) -> int:
@@ -233,7 +218,7 @@ def _finish(plan: _Plan, hits: list[Hit], col, parts: SearchParts) -> list[Hit]:
     elif plan.reranker is not None:
         records = col.records([hit.id for hit in hits])
         read = _counted(plan, hits, records, parts)
-        hits = rerank_hits(plan.reranker, plan.rerank_item, hits, request.k, records, read)
+        hits = rerank_hits(plan.reranker, plan.item, hits, request.k, records, read)
     return result_order.sort_hits(hits[:request.k], request.sort)
 
 
@@ -245,7 +230,7 @@ def _counted(plan: _Plan, hits: list[Hit], records, parts: SearchParts) -> dict[
         return None
     reranker = plan.reranker
     try:
-        prepared = reranker.prepare_query(plan.rerank_item)
+        prepared = reranker.prepare_query(plan.item)
     except FasteError as error:
         raise InputError(str(error)) from None
     total, read = 0, {}
@@ -258,28 +243,6 @@ def _counted(plan: _Plan, hits: list[Hit], records, parts: SearchParts) -> dict[
         read[hit.id] = document
     parts.check_pairs(total, len(hits))
     return read
-
-
-def cut_text(text: str, count_tokens: Callable[[str], int], max_length: int) -> str:
-    """`text` cut where a model keeping its first `max_length` tokens would cut it anyway: at
-    `TEXT_CHARS_PER_TOKEN` x max_length characters when those already hold more than max_length
-    tokens (one past: the token the cut may split is never one the model keeps), else tried again
-    with 4x as many; a shorter text comes back whole. What the model sees is what the whole text gives."""
-    limit = TEXT_CHARS_PER_TOKEN * max_length
-    while len(text) > limit:
-        cut = text[:limit]
-        if count_tokens(cut) > max_length + 1:
-            return cut
-        limit *= 4
-    return text
-
-
-def text_cutter(serializer) -> Callable[[str], str]:
-    """`cut_text` with a serializer's tokenizer and max_length (an embedder's or a reranker's)."""
-    tokenizer = getattr(serializer, "tokenizer", None) or serializer.processor.tokenizer
-    max_length = getattr(serializer, "max_length", None) or serializer.config.max_length
-    return lambda text: cut_text(text, lambda cut: len(tokenizer(cut, add_special_tokens=False)["input_ids"]),
-                                 max_length)
 
 
 def search_words(collection: str | os.PathLike, request: SearchRequest) -> list[Hit]:

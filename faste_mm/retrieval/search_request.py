@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from datetime import date
 from typing import Any, Mapping
 
@@ -38,6 +38,10 @@ MODES = ("dense", "lexical", "hybrid")  # faste_mm.indexers.search.MODES (a test
 SORTS = ("relevance", "date", "-date")  # "date": oldest first, "-date": newest first
 KINDS = ("image", "pdf", "text", "video")  # faste_mm.kinds.KINDS (a test keeps them equal)
 MAX_K = 1000  # a server answers at most this many hits per request (each is a JSON object)
+# A query is a sentence or a paragraph: a longer text is searched by its first MAX_QUERY_CHARS
+# characters (logged), in every front end. Past this the words add little to one query vector but
+# cost a reranker every pair's tokens: a 300 KB query with the collection's reranker took a minute.
+MAX_QUERY_CHARS = 2_000
 MAX_MCP_K = 50  # each MCP hit carries a thumbnail: 50 is already more than an assistant can look at
 
 
@@ -53,6 +57,7 @@ class Option:
     min / max: inclusive bounds (numbers); limits: a front end's own lower maximum ("mcp": 50).
     choices: the valid values of a "choice". form: the form field's name when not the option's
     (`q` for the query text). aliases: other names the JSON body and form accept (`id`).
+    rule: the words of a bad value's message, when the bounds alone do not say what it is.
     """
 
     help: str
@@ -65,6 +70,14 @@ class Option:
     choices: tuple[str, ...] = ()
     form: str | None = None
     aliases: tuple[str, ...] = ()
+    rule: str = ""
+
+    @property
+    def bounds(self) -> dict[str, float]:
+        """The bounds a front end's own parser checks (typer, pydantic): none when the option has
+        its own `rule`, so every front end answers with the request's one message."""
+        return {} if self.rule else {key: value for key, value in (("min", self.min), ("max", self.max))
+                                     if value is not None}
 
     @property
     def envvar(self) -> str | None:
@@ -94,8 +107,9 @@ class SearchRequest:
     InputError when nothing is asked or `like` is combined with a query.
     """
 
-    query: str | None = option(None, "What to find, in words (a text query).", "text",
-                               form="q")
+    query: str | None = option(None, f"What to find, in words (a text query); a longer text than "
+                                     f"{MAX_QUERY_CHARS:,} characters is searched by its first {MAX_QUERY_CHARS:,}.",
+                               "text", form="q")
     image: Any = option(None, "Find by picture: a file path (Python: also a PIL image; HTTP: a data: URL or an "
                               "uploaded file; MCP: an indexed file's path or a data: URL). Alone it finds "
                               "visually similar items.", "image", flag="--image", fronts=_NO_FILES)
@@ -117,7 +131,7 @@ class SearchRequest:
                               "(taken>=2024-05-01, taken<2025, camera~pixel (~: contains), rating>=4, place~lisbon, "
                               "country=Kenya, keyword=beach, has:gps; docs/photos.md) or on metadata (KEY=VALUE, "
                               "VALUE a number, true/false or text; quote a number to match it as text: "
-                              "year='\"2024\"'). Python and JSON also take a mapping of metadata key -> value.",
+                              "year='\"2024\"'). Python, JSON and MCP also take a mapping key -> value, read as KEY=VALUE.",
                         "where", flag="--where")
     type: Any = option(None, "Only items of these kinds: image | pdf | text | video (any of them).", "texts",
                        flag="--type", choices=KINDS)
@@ -132,7 +146,8 @@ class SearchRequest:
     min_score: float | None = option(None, "Drop hits whose cosine with the query is below this, -1..1 (e.g. 0.3). "
                                            "Default: the collection's (index --min-score), else none. Lexical mode "
                                            "computes no cosine: refused there.", "float", flag="--min-score",
-                                     min=-1.0, max=1.0)
+                                     min=-1.0, max=1.0, rule="a minimum cosine similarity between -1 and 1 (e.g. 0.3; "
+                                                             "hits scoring below it are dropped)")
     rescore: int | None = option(None, "Candidates per hit that an int8/binary/PQ index returns to be rescored "
                                        "exactly from the copy on disk (0 = none). Default: 20 for binary, 2 for "
                                        "int8, 4 for PQ.", "int", flag="--rescore", min=0,
@@ -253,6 +268,8 @@ def _checked(name: str, declared: Option, value: Any) -> Any:
 
 def _bounded(name: str, declared: Option, value: float) -> None:
     low, high = declared.min, declared.max
+    if declared.rule and ((low is not None and value < low) or (high is not None and value > high)):
+        raise ConfigError(f"{name} {value!r}: {declared.rule}")
     if (low is not None and value < low) or (high is not None and value > high):
         span = f"{low:g}..{high:g}" if low is not None and high is not None else f">= {low:g}" if low is not None \
             else f"<= {high:g}"

@@ -21,7 +21,7 @@ import numpy as np
 
 from faste_mm.errors import ConfigError, FasteError
 from faste_mm.kinds import KINDS, kind_name
-from faste_mm.model.items import count_pdf_pages
+from faste_mm.model.file_decoding import count_pdf_pages
 from faste_mm.retrieval.decoders import Decoded, decode_file, decode_pdf_pages
 from faste_mm.retrieval.profile import CollectionProfile
 

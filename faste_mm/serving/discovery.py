@@ -21,7 +21,7 @@ import urllib.request
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping
 
 from faste_mm.indexers.file_names import SERVER_FILE
 from faste_mm.retrieval.search_request import DEFAULTS

@@ -1,4 +1,4 @@
-"""GET /duplicates: the served collection's duplicate groups (faste_mm.retrieval.duplicates), as
+"""GET /duplicates: the served collection's duplicate groups (faste_mm.retrieval.library.duplicates), as
 `faste-mm duplicates --format json` prints them. Read-only and model-free: a handler thread opens the
 collection itself; nothing is ever deleted.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 
-from faste_mm.retrieval.duplicates import DEFAULT_THRESHOLD, collection_duplicates
+from faste_mm.retrieval.library.duplicates import DEFAULT_THRESHOLD, collection_duplicates
 from faste_mm.serving.engine import NoCollectionError, ServeEngine
 
 

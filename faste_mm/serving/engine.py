@@ -21,9 +21,9 @@ from faste_mm import Embedder, FastEConfig, Hit, InputError, Item, Retriever
 from faste_mm.errors import CollectionError, ConfigError, FasteError
 from faste_mm.indexers.search import check_query_text
 from faste_mm.retrieval.profile import QUERY_INSTRUCTION, CollectionProfile, read_profile
-from faste_mm.retrieval.search_executor import TEXT_CHARS_PER_TOKEN, UnknownItemError
+from faste_mm.retrieval.search_executor import UnknownItemError
 from faste_mm.retrieval.search_request import MAX_K, SearchRequest
-from faste_mm.retrieval.watching import read_watch_status
+from faste_mm.retrieval.library.watching import read_watch_status
 from faste_mm.serving.batcher import Batcher, BatcherConfig, run_tasks
 from faste_mm.serving.inputs import truncate_dimensions
 from faste_mm.serving.mcp_paths import IndexRoots
@@ -32,6 +32,12 @@ from faste_mm.serving.reindex_watch import ReindexWatch
 from faste_mm.serving.security import LOOPBACK_HOSTS, check_allowed_hosts
 
 log = logging.getLogger(__name__)
+
+# A text is tokenized only up to this many characters per token of the model's max_length (it
+# truncates on the right anyway): a few MB of text must not hold a handler thread for a minute.
+# Text whose tokens are longer on average is tried again with 4x as many characters, so what
+# the model sees never differs from the whole text's tokenization.
+TEXT_CHARS_PER_TOKEN = 16
 
 
 class RequestTooLargeError(FasteError):

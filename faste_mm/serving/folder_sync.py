@@ -1,5 +1,5 @@
 """`serve --watch`: the thread that keeps the served collection in sync with folders. Each poll of
-its `FolderWatcher` (faste_mm.retrieval.watching) runs on the engine's model thread, as a "task" job
+its `FolderWatcher` (faste_mm.retrieval.library.watching) runs on the engine's model thread, as a "task" job
 of the batcher (one torch model is never run from two threads), a few files at a time, so searches
 are answered between polls. Receives the watcher and the engine's way to run a poll.
 """
@@ -11,7 +11,7 @@ import threading
 import time
 from typing import Callable
 
-from faste_mm.retrieval.watching import FolderWatcher, SyncReport, read_watch_status
+from faste_mm.retrieval.library.watching import FolderWatcher, SyncReport, read_watch_status
 from faste_mm.serving.batcher import Batcher
 
 log = logging.getLogger(__name__)

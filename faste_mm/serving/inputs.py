@@ -90,7 +90,8 @@ def request_model(front: str, name: str, *, leave_out: tuple[str, ...] = (), lim
         annotation = Literal[declared.choices] if kind == "choice" else _JSON_TYPES[kind]
         if kind == "texts" and front == "mcp":  # an assistant reads the choices off the schema
             annotation = Union[Literal[declared.choices], list[Literal[declared.choices]]]
-        bounds = {"ge": declared.min, "le": declared.maximum(front)} if kind in ("int", "float") else {}
+        bounds = {"ge": declared.bounds.get("min"), "le": declared.maximum(front) if declared.bounds else None} \
+            if kind in ("int", "float") else {}
         default = DEFAULTS[option_name]
         field_type = Optional[annotation] if default is None else annotation
         spec = {k: v for k, v in bounds.items() if v is not None} | dict((limits or {}).get(option_name, {}))

@@ -65,7 +65,8 @@ def query_image_file(given: str, collection, roots: IndexRoots):
     """The picture of a search by image: a data: URL decoded in memory, or an indexed image file
     of `collection` (an open Collection) read as search reads it. Any other path is refused
     without being opened: an assistant may only show the server pictures it already holds."""
-    from faste_mm.model.items import Item, load_image
+    from faste_mm.model.file_decoding import load_image
+    from faste_mm.model.items import Item
     from faste_mm.serving.inputs import decode_image_url
 
     if given.startswith("data:"):

@@ -20,10 +20,9 @@ from starlette.concurrency import run_in_threadpool
 
 from faste_mm import InputError, Item
 from faste_mm.errors import FasteError
-from faste_mm.retrieval.search_executor import text_cutter
 from faste_mm.retrieval.search_request import DEFAULTS
 from faste_mm.retrieval.stored_files import stored_item
-from faste_mm.serving.engine import RequestTooLargeError, ServeEngine
+from faste_mm.serving.engine import TEXT_CHARS_PER_TOKEN, RequestTooLargeError, ServeEngine
 from faste_mm.serving.inputs import ContentPart, decode_image_url, parts_item
 
 Multimodal = Union[str, list[ContentPart], dict[str, Any]]
@@ -160,10 +159,25 @@ def explain(engine: ServeEngine, body: ExplainRequest) -> dict:
 
 
 def bounded_text(reranker, item: Item) -> Item:
-    """`item` with a long text cut where the reranker would cut it anyway (it keeps the first
-    max_length tokens of a pair; `search_executor.cut_text`, as a search cuts its query): a 5 MB
-    document costs what its first tokens cost, and the model sees what the whole text gives."""
-    return item if item.text is None else replace(item, text=text_cutter(reranker.serializer)(item.text))
+    """`item` with a long text cut before it is tokenized whole, where the model would cut it
+    anyway: the reranker keeps the first max_length tokens of a pair, so a text whose first
+    `TEXT_CHARS_PER_TOKEN` x max_length characters already hold more tokens than that is cut
+    there (as /search cuts a query: a 5 MB document costs what its first tokens cost; what the
+    model sees and the tokens counted against --max-request-tokens are those of the whole text).
+    A text of longer tokens is tried again with 4x as many characters."""
+    if item.text is None:
+        return item
+    serializer = reranker.serializer
+    tokenizer = getattr(serializer, "tokenizer", None) or serializer.processor.tokenizer
+    max_length = serializer.config.max_length
+    limit = TEXT_CHARS_PER_TOKEN * max_length
+    while len(item.text) > limit:
+        cut = item.text[:limit]
+        # one token past max_length: the token the cut may split is never one the model keeps
+        if len(tokenizer(cut, add_special_tokens=False)["input_ids"]) > max_length + 1:
+            return replace(item, text=cut)
+        limit *= 4
+    return item
 
 
 def _reranker(engine: ServeEngine, model: str | None):

@@ -144,7 +144,7 @@ def _read_own_file(path: Path) -> bytes | None:
 def _render(record, source: OpenedFile, longest_px: int = THUMBNAIL_PX) -> Image.Image:
     """The item's picture, decoded from `source` (its checked descriptor)."""
     from faste_mm import Item
-    from faste_mm.model.items import load_image
+    from faste_mm.model.file_decoding import load_image
 
     rule = KINDS[kind_name(record.uri)].thumbnail
     if rule == "frame":

@@ -17,9 +17,9 @@ import datetime
 import logging
 import random
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -28,12 +28,14 @@ from faste_mm.errors import ConfigError, InputError
 from faste_mm.model.backbones.loading import DtypeChoice, choose_dtype, resolve_dtype
 from faste_mm.model.embedder import EmbedResult, Embedder
 from faste_mm.model.faste import FastEConfig
-from faste_mm.model.items import Item, as_item, count_pdf_pages, expand_items
+from faste_mm.model.file_decoding import count_pdf_pages
+from faste_mm.model.items import Item, as_item, expand_items
 from faste_mm.model.official import OFFICIAL_MAX_PIXELS, PIXEL_SWEEP
-from faste_mm.model.serialization import pixel_budget
+from faste_mm.model.serialization import SerializerConfig, pixel_budget
 from faste_mm.retrieval.decoders import document_input
+from faste_mm.retrieval.estimate import KIND_NAMES, TokenBounds, plan_rows, seconds_per_item
 from faste_mm.retrieval.scanning import ScanFilter, scan_paths
-from faste_mm.model.backbones.machine import device_name
+from faste_mm.model.cpu.machine import device_name
 from faste_mm.tools.plan_report import CandidateResult, PlanReport, pareto_front, recommend
 
 if TYPE_CHECKING:  # annotations only: importing faste_mm.datasets loads the hub and parquet readers
@@ -43,7 +45,7 @@ log = logging.getLogger(__name__)
 
 KINDS = ("photo", "page", "text", "video")  # the strata of the sample, in report order
 _KIND_OF_FILE = {"image": "photo", "pdf": "page", "text": "text", "video": "video"}  # faste_mm.kinds names
-DTYPES = ("auto", "float32", "bfloat16", "float16", "int8")  # int8: model/int8.py (CPU only)
+DTYPES = ("auto", "float32", "bfloat16", "float16", "int8")  # int8: model/cpu/int8.py (CPU only)
 REFERENCE_DTYPE = "float32"
 # Where a dtype's fidelity is read against another full forward than the reference: int8 is the
 # step past bfloat16 on a CPU, so what it loses is measured against what it replaces, the bf16
@@ -119,6 +121,9 @@ class PlanSample:
     kinds: tuple[str, ...]
     found: dict[str, int]
     skipped: tuple[str, ...] = ()
+    # Items per kind in all the files found (a PDF's pages: the sampled PDFs' mean page count
+    # times the PDFs found), what `plan(folder=...)` estimates the index time of.
+    folder: Mapping[str, int] = field(default_factory=dict)
 
 
 def sample_files(paths: Iterable[str | Path], n: int = 200, seed: int = 0,
@@ -143,16 +148,19 @@ def sample_files(paths: Iterable[str | Path], n: int = 200, seed: int = 0,
         names = ", ".join(str(p) for p in paths)
         raise InputError(f"{names}: no images, PDFs, .txt/.md texts or videos found; the sample is empty")
     rng = random.Random(seed)
-    items, kinds, skipped = [], [], []
+    items, kinds, skipped, pages = [], [], [], []
     file_kinds = {stratum: name for name, stratum in _KIND_OF_FILE.items()}
     for kind, quota in stratified_quotas(counts, n).items():
         for path in sorted(rng.sample(by_kind[kind], quota)):
             try:
+                if kind == "page":
+                    pages.append(count_pdf_pages(path))
                 items.append(_sample_item(file_kinds[kind], path, rng))
                 kinds.append(kind)
             except InputError as error:
                 skipped.append(str(error))
-    return PlanSample(tuple(items), tuple(kinds), counts, tuple(skipped))
+    folder = {**counts, "page": round(counts["page"] * (sum(pages) / len(pages) if pages else 1))}
+    return PlanSample(tuple(items), tuple(kinds), counts, tuple(skipped), folder)
 
 
 def stratified_quotas(counts: dict[str, int], n: int) -> dict[str, int]:
@@ -204,7 +212,8 @@ class _Setting:
 
 
 def plan(embedder: Embedder, items: Sequence[object], config: PlanConfig | None = None, *,
-         queries: Sequence[str] = (), progress: ProgressSink | None = None) -> PlanReport:
+         queries: Sequence[str] = (), progress: ProgressSink | None = None,
+         folder: Mapping[str, int] | None = None) -> PlanReport:
     """Measure every candidate of `config` against the reference setting on `items` (documents:
     str, Path, PIL image or `Item`; a PDF path without a page is all its pages) and recommend the
     cheapest that keeps results (`PlanConfig.rule`). `queries`: typical search texts, embedded
@@ -215,6 +224,9 @@ def plan(embedder: Embedder, items: Sequence[object], config: PlanConfig | None 
     are left out of every comparison (their reasons in `PlanReport.skipped`).
 
     progress: told the embeddings to run (one phase) and advanced after each batch.
+    folder: items per kind (photo, page, text, video) of all the files the sample was drawn from
+        (`PlanSample.folder`): each row then estimates their index time (`CandidateResult.folder_s`)
+        at its seconds per item of each kind.
     Raises InputError for an empty sample or fewer than 2 readable items, ConfigError for bad settings.
 
     Example:
@@ -259,6 +271,9 @@ def plan(embedder: Embedder, items: Sequence[object], config: PlanConfig | None 
     rows = [_row(setting, runs[setting], runs[base], ok, k, config, embedder, query_vectors.get(setting.dtype),
                  query_vectors.get(base.dtype), setting == reference, None if base == reference else base.name)
             for setting, base in bases.items()]
+    if folder:
+        rows = [replace(row, folder_s=folder_seconds(inputs, runs[setting], setting.max_pixels, folder))
+                for row, setting in zip(rows, bases)]
     rows = _relative(rows, next(row for row in rows if row.is_reference))
     rows.sort(key=lambda row: (row.seconds_per_item, not row.is_reference))
     front = pareto_front([row.seconds_per_item for row in rows], [row.agreement for row in rows])
@@ -269,7 +284,17 @@ def plan(embedder: Embedder, items: Sequence[object], config: PlanConfig | None 
         created=datetime.date.today().isoformat(), sample_size=n_ok, sample_kinds=counts, k=k,
         target=config.target, p5_floor=config.floor, rule=config.rule(k), candidates=tuple(rows),
         recommended=recommend(rows), n_queries=len(queries),
-        dtype_prepare_s={_dtype_name(d): s for d, s in prepare_s.items()}, skipped=tuple(skipped), left_out=left_out)
+        dtype_prepare_s={_dtype_name(d): s for d, s in prepare_s.items()}, skipped=tuple(skipped), left_out=left_out,
+        folder_items=dict(folder or {}))
+
+
+def folder_seconds(inputs: Sequence[object], run: EmbedResult, max_pixels: int, folder: Mapping[str, int]) -> float:
+    """Seconds indexing `folder` (items per kind) takes at `run`'s seconds per item of each kind
+    (`retrieval.estimate.seconds_per_item`)."""
+    rows = plan_rows(inputs, TokenBounds(SerializerConfig().min_pixels, max_pixels))
+    per_item = seconds_per_item(rows, run.stats.batches, run.stats.elapsed_s)
+    file_kinds = {stratum: name for name, stratum in _KIND_OF_FILE.items()}
+    return float(sum(n * per_item[KIND_NAMES.index(file_kinds[kind])] for kind, n in folder.items()))
 
 
 _DTYPE = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -337,7 +362,7 @@ def _models(embedder: Embedder, dtypes: set[torch.dtype]) -> tuple[dict[torch.dt
             continue
         started = time.perf_counter()
         reason = "a plan candidate (a converted copy of the weights)"
-        # int8: its linear layers quantized over the rest dtype `--dtype int8` loads (model/int8.py)
+        # int8: its linear layers quantized over the rest dtype `--dtype int8` loads (model/cpu/int8.py)
         choice = (replace(choose_dtype("int8", embedder.backbone.device), reason=reason) if dtype == torch.int8
                   else DtypeChoice(dtype, reason))
         # the weights only, as the loader casts them: RoPE's inv_freq buffers stay float32
@@ -345,7 +370,7 @@ def _models(embedder: Embedder, dtypes: set[torch.dtype]) -> tuple[dict[torch.dt
         for parameter in model.parameters():
             parameter.data = parameter.data.to(choice.weights_dtype)
         if dtype == torch.int8:
-            from faste_mm.model.int8 import quantize_model
+            from faste_mm.model.cpu.int8 import quantize_model
 
             quantize_model(model)
         loaded = replace(embedder.loaded, backbone=embedder.family.adapter(model), dtype_choice=choice)

@@ -68,6 +68,9 @@ class CandidateResult:
     pareto: bool = False
     trigger_layer: int | None = None  # last, with a default: plans written before it still load
     fidelity_base: str | None = None  # likewise
+    # Seconds indexing all the files the sample came from would take at this row's seconds per
+    # item of each kind (`plan.folder_seconds`); None when the plan was not given them.
+    folder_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -94,6 +97,7 @@ class PlanReport:
     dtype_prepare_s: Mapping[str, float] = field(default_factory=dict)  # seconds to cast the weights per dtype
     skipped: tuple[str, ...] = ()  # why each unreadable sampled item was left out
     left_out: Mapping[str, str] = field(default_factory=dict)  # dtype -> why it was not run (int8's trial)
+    folder_items: Mapping[str, int] = field(default_factory=dict)  # photo / page / text / video -> items of all files
 
     @property
     def recommendation(self) -> CandidateResult:
@@ -152,7 +156,8 @@ class PlanReport:
                 "sample_size": self.sample_size, "sample_kinds": dict(self.sample_kinds), "k": self.k,
                 "n_queries": self.n_queries, "target": self.target, "p5_floor": self.p5_floor, "rule": self.rule,
                 "recommended": self.recommended, "dtype_prepare_s": dict(self.dtype_prepare_s),
-                "skipped": list(self.skipped), "left_out": dict(self.left_out), "candidates": [row.to_dict() for row in self.candidates]}
+                "skipped": list(self.skipped), "left_out": dict(self.left_out),
+                "folder_items": dict(self.folder_items), "candidates": [row.to_dict() for row in self.candidates]}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], source: str = "plan") -> "PlanReport":

@@ -71,7 +71,7 @@ def _gemm(dtype: str, device: torch.device):
         a = torch.randn(size, size, generator=generator)
         b = torch.randn(size, size, generator=generator)
         if rest is not None:
-            from faste_mm.model.int8 import Int8Linear
+            from faste_mm.model.cpu.int8 import Int8Linear
 
             layer = Int8Linear(torch.nn.Linear(size, size, bias=False))
             a = a.to(rest)

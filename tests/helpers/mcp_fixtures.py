@@ -89,3 +89,26 @@ def images_of(result) -> list[Image.Image]:
 def error_text(result) -> str:
     assert result.is_error, f"expected an error, got {result.structured_content}"
     return result.content[0].text
+
+
+def http_transport(url: str, headers: dict, timeout: float = 120):
+    """The SDK's streamable HTTP client transport to `url` (a server's /mcp) sending `headers`,
+    its HTTP client closed with it (an async context manager for `open_session`)."""
+    import httpx2
+    from mcp.client.streamable_http import streamable_http_client
+
+    client = httpx2.AsyncClient(headers=headers, timeout=timeout)
+
+    class _Transport:
+        async def __aenter__(self):
+            self.inner = streamable_http_client(url, http_client=client)
+            return await self.inner.__aenter__()
+
+        async def __aexit__(self, *exc):
+            try:
+                return await self.inner.__aexit__(*exc)
+            finally:
+                await client.aclose()
+
+    return _Transport()
+

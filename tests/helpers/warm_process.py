@@ -43,9 +43,10 @@ import threading
 from pathlib import Path
 from subprocess import DEVNULL, PIPE
 
+from tests.helpers.bounds import HANG_S  # a failure detector for a hung process, not a speed assertion
+
 FRESH_ENV = "FASTE_MM_TEST_FRESH"  # "1": every process starts fresh (a test-suite switch, not a faste-mm setting)
 ROOT = Path(__file__).resolve().parents[2]
-START_BOUND_S = 600  # a failure detector for a hung warm process, not a speed assertion
 
 
 def is_fresh() -> bool:
@@ -114,7 +115,7 @@ def _run(command, env, cwd, timeout: float) -> subprocess.CompletedProcess:
             code = process.wait(timeout)
         except subprocess.TimeoutExpired:
             process.kill()
-            process.wait(START_BOUND_S)
+            process.wait(HANG_S)
             raise
         finally:
             process.close()
@@ -168,14 +169,14 @@ class WarmProcess:
             given.append(child)
         self._conn = socket.socket(socket.AF_UNIX)
         try:
-            self._conn.settimeout(START_BOUND_S)
+            self._conn.settimeout(HANG_S)
             self._conn.connect(_server().socket)
             header = json.dumps(request).encode()
             socket.send_fds(self._conn, [len(header).to_bytes(8, "big") + header], given)
         finally:
             for fd in theirs:
                 os.close(fd)
-        self.pid = int(self._line(START_BOUND_S).removeprefix("pid "))
+        self.pid = int(self._line(HANG_S).removeprefix("pid "))
 
     def _line(self, timeout: float | None) -> str:
         self._conn.settimeout(timeout)
@@ -193,7 +194,7 @@ class WarmProcess:
     def poll(self) -> int | None:
         with self._reading:
             if self.returncode is None and (b"\n" in self._buffer or select.select([self._conn], [], [], 0)[0]):
-                self.returncode = int(self._line(START_BOUND_S).removeprefix("exit "))
+                self.returncode = int(self._line(HANG_S).removeprefix("exit "))
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
@@ -257,7 +258,7 @@ class _Server:
             self.process = subprocess.Popen([sys.executable, "-c", _SERVER_MAIN, self.socket, str(ROOT)],
                                             stdin=PIPE, stdout=PIPE, stderr=err, cwd=self.folder)
         atexit.register(self.stop)
-        if not select.select([self.process.stdout], [], [], START_BOUND_S)[0] or \
+        if not select.select([self.process.stdout], [], [], HANG_S)[0] or \
                 self.process.stdout.readline().strip() != b"ready":
             self.stop()
             raise RuntimeError(f"the warm process did not start: {self.error_text()}")
@@ -268,7 +269,7 @@ class _Server:
     def warm(self, models: list[Path]) -> None:
         """Load the preprocessors of `models` in the warm process: its forks start with them parsed."""
         with socket.socket(socket.AF_UNIX) as conn:
-            conn.settimeout(START_BOUND_S)
+            conn.settimeout(HANG_S)
             conn.connect(self.socket)
             header = json.dumps({"kind": "warm", "models": [str(m) for m in models]}).encode()
             conn.sendall(len(header).to_bytes(8, "big") + header)

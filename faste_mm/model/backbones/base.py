@@ -8,8 +8,8 @@ from __future__ import annotations
 import torch
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
-from faste_mm.model.backbones.decoder_kernels import DecoderMlp
-from faste_mm.model.backbones.machine import read_cpu_flags
+from faste_mm.model.cpu.decoder_kernels import DecoderMlp
+from faste_mm.model.cpu.machine import read_cpu_flags
 from faste_mm.model.batching import Batch
 from faste_mm.model.decoder_state import DecoderState, PackedState
 from faste_mm.model.flops import DecoderShape, VisionShape

@@ -18,7 +18,7 @@ from faste_mm.model.backbones.preprocessors import load_preprocessor
 from faste_mm.model.backbones.registry import Family, declared_role, family_for
 from faste_mm.errors import ConfigError, ModelLoadError
 from faste_mm.model.serialization import SerializerConfig, TextPrompt, TextSerializer, VLSerializer
-from faste_mm.model.backbones.machine import read_cpu_flags  # noqa: F401 (choose_dtype's default; tests patch it here)
+from faste_mm.model.cpu.machine import read_cpu_flags  # noqa: F401 (choose_dtype's default; tests patch it here)
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ class DtypeChoice:
 
     dtype: torch.dtype
     reason: str
-    # torch.int8 only: the dtype of everything but the int8 linear layers (model/int8.py)
+    # torch.int8 only: the dtype of everything but the int8 linear layers (model/cpu/int8.py)
     rest: torch.dtype | None = None
 
     @property
@@ -101,8 +101,8 @@ def choose_dtype(
     """
     if isinstance(dtype, torch.dtype):
         return DtypeChoice(dtype, "given by the caller")
-    if dtype == "int8":  # opt-in: int8 linear layers (model/int8.py); refused where it does not pay
-        from faste_mm.model.int8 import INT8_TRIAL_ENV, int8_support, int8_trial
+    if dtype == "int8":  # opt-in: int8 linear layers (model/cpu/int8.py); refused where it does not pay
+        from faste_mm.model.cpu.int8 import INT8_TRIAL_ENV, int8_support, int8_trial
 
         flags = (cpu_flags or read_cpu_flags)()
         feature = int8_support(device, flags)
@@ -259,7 +259,7 @@ def load_model(
     model_id = str(Path(name_or_path).absolute()) if Path(name_or_path).is_dir() else str(name_or_path)
     model = model.to(torch_device).eval()
     if dtype_choice.dtype == torch.int8:  # loaded in `rest`, its linear layers quantized here
-        from faste_mm.model.int8 import quantize_model
+        from faste_mm.model.cpu.int8 import quantize_model
 
         quantize_model(model)
     return assemble(model, preprocessor, model_id, revision, serializer_config, prompt, dtype_choice)

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 import torch
 from torch.nn.functional import scaled_dot_product_attention
 
-from faste_mm.model.backbones.machine import read_cpu_flags
-from faste_mm.model.kernel_choice import (TOWER_GELU_ENV, KernelTrials, TrialCache, machine_key,
-                                          requested_attention_dtype, requested_gelu)
+from faste_mm.model.cpu.machine import read_cpu_flags
+from faste_mm.model.cpu.kernel_choice import (TOWER_GELU_ENV, KernelTrials, TrialCache, machine_key,
+                                              requested_attention_dtype, requested_gelu)
 
 TOWER_ATTENTION = ("auto", "flash-attn", "sdpa")
 

@@ -14,7 +14,7 @@ import torch
 
 from faste_mm.model.decoder_state import DecoderState
 from faste_mm.model.faste import Decision, FastE, FastEConfig, ThresholdTrigger, batch_alignment, prefix_budgets, readout_attention
-from faste_mm.model.machine_plan import check_threads
+from faste_mm.model.cpu.machine_plan import check_threads
 
 
 def protected_budgets(n_prefix: torch.Tensor, protected: torch.Tensor, r_max: float) -> torch.Tensor:

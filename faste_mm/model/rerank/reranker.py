@@ -24,7 +24,7 @@ from faste_mm.model.embedder import item_failure, one_or_many
 from faste_mm.model.faste import FastEConfig, ThresholdTrigger
 from faste_mm.model.flops import batch_flops, full_batch_flops
 from faste_mm.model.items import Failure, Item, expand_items
-from faste_mm.model.machine_plan import use_torch_threads
+from faste_mm.model.cpu.machine_plan import use_torch_threads
 from faste_mm.model.prefetch import ItemError, PrepTimer, prefetch_batches
 from faste_mm.model.rerank.prefix_reuse import (PrefixCache, PrefixMismatch, cut_pair, encode_prefix, first_asked_layer, prefix_of,
                                          reusable, run_with_prefix, with_protected)

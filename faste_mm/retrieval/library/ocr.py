@@ -102,7 +102,8 @@ def read_item_image(record: ItemRecord) -> Image.Image | None:
     it again). Decoded from the descriptor `stored_file` checked (the indexed device and inode), so
     a link planted over the file after its vector was made never puts another file's words into the
     lexical index."""
-    from faste_mm.model.items import Item, load_image
+    from faste_mm.model.file_decoding import load_image
+    from faste_mm.model.items import Item
     from faste_mm.retrieval.stored_files import stored_file
 
     try:

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from faste_mm.errors import InputError
 from faste_mm.indexers.facts import MAX_KEYWORDS, MAX_OFFSET_MIN, MAX_TEXT_CHARS, ItemFacts
-from faste_mm.retrieval import places
+from faste_mm.retrieval.library import places
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ def _valid_facts(facts: _Facts) -> ItemFacts:
 def _read_image(path: Path, facts: _Facts) -> None:
     from PIL import Image, IptcImagePlugin  # noqa: F401 (IptcImagePlugin: getiptcinfo)
 
-    from faste_mm.model.items import open_lazily, register_image_plugins
+    from faste_mm.model.file_decoding import open_lazily, register_image_plugins
 
     register_image_plugins()
     with open_lazily(str(path)) as image:  # headers only: no pixel is decoded (a huge JPEG's too)

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from faste_mm.errors import ConfigError
-from faste_mm.model.kernel_choice import TrialCache, fastest, machine_key, requested_choice, timed
+from faste_mm.model.cpu.kernel_choice import TrialCache, fastest, machine_key, requested_choice, timed
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ import numpy as np
 
 from faste_mm.errors import ConfigError, FasteError
 from faste_mm.indexers import Collection, ItemRecord
-from faste_mm.retrieval.near_pairs import candidate_blocks, directions, joined, sketch_cosine, sketches, verified_pairs
+from faste_mm.retrieval.library.near_pairs import candidate_blocks, directions, joined, sketch_cosine, sketches, verified_pairs
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ version and the trial method (a verdict measured otherwise is ignored), so later
 Used by the vision tower (`vision_tower.PackedVisionTower`) for the dtype its attention runs in (on
 a CPU without native bfloat16 float32 attention wins, on one with AMX bfloat16 wins by 2-5x) and
 for whether its MLPs' GELU runs inside oneDNN's linear call as a post-op or after it; by the
-decoder (`backbones.decoder_kernels`) for whether its MLP's SiLU, product and residual do.
+decoder (`decoder_kernels`) for whether its MLP's SiLU, product and residual do.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Callable
 import torch
 
 from faste_mm.errors import ConfigError
-from faste_mm.model.backbones.machine import read_cpu_model
+from faste_mm.model.cpu.machine import read_cpu_model
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 import torch
 from transformers.activations import SiLUActivation
 
-from faste_mm.model.kernel_choice import (DECODER_MLP_CHOICES, DECODER_MLP_ENV, KernelTrials, TrialCache,
-                                          machine_key, requested_choice)
+from faste_mm.model.cpu.kernel_choice import (DECODER_MLP_CHOICES, DECODER_MLP_ENV, KernelTrials, TrialCache,
+                                              machine_key, requested_choice)
 
 
 def is_silu(act_fn) -> bool:

@@ -27,7 +27,7 @@ from faste_mm.indexers.atomic_files import atomic_write
 from faste_mm.indexers.file_names import WATCH_FILE
 from faste_mm.retrieval.results import IndexOptions, IndexProgress, IndexReport
 from faste_mm.retrieval.scanning import Scan, ScannedFile, scan_paths
-from faste_mm.retrieval.watch_status import describe_watch, read_watch_status  # noqa: F401 (their old home)
+from faste_mm.retrieval.library.watch_status import describe_watch, read_watch_status  # noqa: F401 (their old home)
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +128,8 @@ class FolderWatcher:
         self._filter = self.options.index.scan_filter
         # Each watched folder pinned by its identity now: a poll reads it only while it is still that
         # folder, so one swapped for a link (to /etc, say) is never walked (`_check_roots`).
-        self._pins = {path: _pin(path) for path in self.paths}
+        self._pins: dict[Path, _PinnedRoot | str | None] = {path: _pin(path) for path in self.paths}
+        self._absent_at_start = {path for path in self.paths if not os.path.lexists(path)}
         self._stopped: dict[Path, str] = {}  # watched path -> why its sync is stopped
         self._streaks: dict[str, tuple[tuple[int, float], int]] = {}  # uri -> ((size, mtime), polls seen so)
         self._last: dict[str, tuple[int, float]] | None = None  # the previous scan's stats
@@ -192,12 +193,16 @@ class FolderWatcher:
                                        stopped_roots=stopped))
 
     def _check_roots(self) -> list[Path]:
-        """The watched paths to poll now: each folder as its resolved path pinned at start, while it
-        is still that folder (same resolved path, device and inode); the others are stopped, with
-        why, logged once when it happens and again when the folder is back."""
+        """The watched paths to poll now: each folder as its resolved path pinned at start (or when it
+        first appeared), while it is still that folder (same resolved path, device and inode); the
+        others are stopped, with why, logged once when it happens and again when the folder is back.
+        Files are not pinned (an editor's save replaces a file's inode)."""
         active = []
         for path, pin in self._pins.items():
-            why = None if pin is None else _root_change(path, pin)
+            if path in self._absent_at_start and os.path.lexists(path):  # pinned as it first appears
+                self._absent_at_start.discard(path)
+                pin = self._pins[path] = _first_sight(path)
+            why = _root_change(path, pin) if isinstance(pin, _PinnedRoot) else pin
             if why is None and path in self._stopped:
                 log.warning("watch: %s is the folder watched since the start again; its sync goes on", path)
                 del self._stopped[path]
@@ -305,6 +310,16 @@ def _pin(path: Path) -> _PinnedRoot | None:
     except (OSError, RuntimeError):
         return None
     return _PinnedRoot(resolved, st.st_dev, st.st_ino) if os.path.isdir(resolved) else None
+
+
+def _first_sight(path: Path) -> _PinnedRoot | str | None:
+    """The pin of a watched path that was not there at start, now that it is: a folder is pinned as
+    found; a link is refused (why, a str: nothing the watcher was started on says where it may lead);
+    a file needs none (None)."""
+    if os.path.islink(path):
+        return (f"{path} appeared as a link (to {os.path.realpath(path)}) after watch started; its sync is stopped "
+                f"and nothing under it is read (restart watch to watch what is there now)")
+    return _pin(path)
 
 
 def _root_change(path: Path, pin: _PinnedRoot) -> str | None:
