@@ -84,6 +84,19 @@ def test_a_quoted_phrase_finds_only_the_item_whose_text_holds_it(library):
     assert len(library.search('"quick brown fox"', k=K, literal=True)) == len(ALL)
 
 
+def test_a_phrase_matches_words_in_order_whatever_the_punctuation(library):
+    assert names(library.search('"brown fox, quick"', k=K)) == ["fox_again.txt"]
+    assert names(library.search('notes «lazy dog»', k=K)) == ["fox.txt"]
+
+
+def test_a_phrase_filter_of_no_words_is_refused_naming_it():
+    from faste_mm.errors import ConfigError
+    from faste_mm.indexers.filters import SearchFilter
+
+    with pytest.raises(ConfigError, match="phrases must be non-empty"):
+        SearchFilter(phrases=("  ",))
+
+
 def test_understand_shows_the_parts_and_the_meaning(library):
     asked = library.understand("beach in Lisbon 2024")
     assert asked.text == "beach"
