@@ -19,7 +19,7 @@ from typing import Annotated, Any, Callable, Optional, get_type_hints
 import typer
 from rich.table import Table
 
-from faste_mm.cli.common import fail, markup_safe, print_json, setup_logging, stdout, usage_error
+from faste_mm.cli.common import fail, markup_safe, print_json, setup_logging, stderr, stdout, usage_error
 from faste_mm.cli.options import CollectionOption, Debug, Device, NoServer
 from faste_mm.cli.options import RERANK_TOWER_CACHE_MB, Rerank, RerankProtect, RerankRMax, RerankTowerCacheMb
 from faste_mm.cli.collection_commands import load_reranker
@@ -109,7 +109,7 @@ def search_command(
     try:
         served = None if no_server else search_through_server(collection, request, rerank, rerank_r_max, debug)
         if served is not None:
-            root, hits = served
+            root, hits, asked = served
         elif request.mode == "lexical" and rerank is None and _reranks_nothing(collection, request):
             from faste_mm.retrieval.locations import collection_path
             from faste_mm.retrieval.search_executor import search_words
@@ -131,9 +131,20 @@ def search_command(
                 if isinstance(hits, Exception):
                     raise hits
                 root = retriever.collection
+        if served is None:  # what a server read, it says in its answer
+            asked = _understood(root, request)
     except FasteError as error:
         fail(error, debug)
-    _render(output, request, root, hits)
+    if asked is not None and asked.summary():  # what was read as filters, so a surprise can be undone (--literal)
+        stderr.print(asked.summary(), highlight=False, markup=False)
+    _render(output, request, root, hits, asked)
+
+
+def _understood(root: Path, request: SearchRequest):
+    """What a search run here read from the query text (None: no text, or more like this)."""
+    from faste_mm.retrieval.search_executor import understood_in
+
+    return understood_in(root, request)
 
 
 def _request(query: str | None, options: dict, no_rerank: bool) -> SearchRequest:
@@ -177,7 +188,7 @@ def _reranks_nothing(collection: str | None, request: SearchRequest) -> bool:
     return request.rerank is False or read_profile(collection_path(collection)).reranker is None
 
 
-def _render(output: SearchFormat, request: SearchRequest, root: Path, hits: list) -> None:
+def _render(output: SearchFormat, request: SearchRequest, root: Path, hits: list, asked=None) -> None:
     """The hits on stdout: the table, --format json (documented schema) or paths."""
     if output is SearchFormat.json:
         from faste_mm.retrieval import result_order
@@ -185,7 +196,8 @@ def _render(output: SearchFormat, request: SearchRequest, root: Path, hits: list
         where = result_order.search_filter(request.where, request.type, request.path)
         conditions, facts = where.where, where.facts
         payload = {"query": {"text": request.query, "image": None if request.image is None else str(request.image),
-                             "video": None if request.video is None else str(request.video), "like": request.like},
+                             "video": None if request.video is None else str(request.video), "like": request.like,
+                             "understood": None if asked is None else asked.to_dict()},
                    "collection": str(root), "k": request.k, "mode": request.mode,
                    "filter": {"where": conditions, "types": list(request.type or ()), "path": request.path,
                               "facts": [str(c) for c in facts + result_order.date_conditions(request.since,

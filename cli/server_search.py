@@ -11,8 +11,8 @@ from faste_mm.cli.common import stderr
 
 
 def search_through_server(collection: str | None, request, rerank: str | None, rerank_r_max: str,
-                          debug: bool) -> tuple[Path, list] | None:
-    """(collection root, hits) from the server announced in the collection, or None (no live
+                          debug: bool) -> tuple[Path, list, object] | None:
+    """(collection root, hits, the UnderstoodQuery or None) from the server announced in the collection, or None (no live
     server for it, it could not answer, the request has an input the wire cannot carry (an image,
     a video, an instruction), or it reranks with another reranker than the server's: the caller
     runs it here). With --debug, says which. `request`: the `SearchRequest`, sent in its wire form
@@ -27,7 +27,8 @@ def search_through_server(collection: str | None, request, rerank: str | None, r
     from faste_mm.indexers.filters import SearchFilter
     from faste_mm.retrieval.hits import Hit
     from faste_mm.retrieval.locations import collection_path
-    from faste_mm.serving.discovery import RerankAsk, find_server, search_via_server
+    from faste_mm.retrieval.query_understanding import UnderstoodQuery
+    from faste_mm.serving.discovery import RerankAsk, find_server, search_answer
 
     root = collection_path(collection)
     try:
@@ -40,12 +41,13 @@ def search_through_server(collection: str | None, request, rerank: str | None, r
         body["path"] = SearchFilter(path=request.path).path
     address = find_server(root)
     ask = None if request.rerank is False or request.is_like else RerankAsk(rerank, request.rerank_top, _ratio(rerank_r_max))
-    rows = None if address is None else search_via_server(address, root, body, rerank=ask)
-    _say("search", address, rows is not None, "loading the model here", debug,
+    answer = None if address is None else search_answer(address, root, body, rerank=ask)
+    _say("search", address, answer is not None, "loading the model here", debug,
          otherwise_why="did not answer for it, or it has not loaded the reranker this search uses")
-    if rows is None:
+    if answer is None:
         return None
-    return root, [Hit(**{**row, "facts": facts_from_dict(row.get("facts"))}) for row in rows]
+    understood = None if answer["understood"] is None else UnderstoodQuery.from_dict(answer["understood"])
+    return root, [Hit(**{**row, "facts": facts_from_dict(row.get("facts"))}) for row in answer["hits"]], understood
 
 
 def _ratio(text: str) -> float:

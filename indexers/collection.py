@@ -358,6 +358,26 @@ class Collection:
         self._follow_reindex()
         return self._store.live_ids_of(uri)
 
+    def places(self) -> list[tuple]:
+        """The distinct (neighbourhood, city, region, country) of the live items' facts."""
+        self._follow_reindex()
+        return self._store.places()
+
+    def newest(self, k: int, where: SearchFilter | None = None) -> search.Found:
+        """The k newest live items meeting `where` (by date taken; undated last), as one query row
+        of `Found` (scores 0: nothing ranks them; found by "filters"): a search of filters only
+        lists what matches."""
+        self._check_search(None, k)
+
+        def run() -> tuple[np.ndarray, np.ndarray]:
+            ids = np.full((1, k), -1, dtype=np.int64)
+            found = self._store.newest_ids(where or SearchFilter(), k)
+            ids[0, :len(found)] = found
+            return np.zeros((1, k), dtype=np.float32), ids
+
+        scores, ids, records = self._in_snapshot(run)
+        return search.Found(scores, ids, np.where(ids >= 0, search.FOUND_FILTERS, 0), records)
+
     def failures(self) -> list[ItemRecord]:
         """Items recorded by `add_failures` and not since replaced, oldest first."""
         return self._store.records_where_status(Status.FAILED)

@@ -54,6 +54,18 @@ def _stored_columns(db: sqlite3.Connection) -> str:
     return ", ".join(name if name in stored else "NULL" for name in item_facts.COLUMNS)
 
 
+def places(db: sqlite3.Connection) -> list[tuple[str | None, str | None, str | None, str | None]]:
+    """The distinct (neighbourhood, city, region, country) of the live items' facts (one row per
+    place, not per item: what query understanding matches names against)."""
+    if not db.execute("SELECT 1 FROM sqlite_master WHERE name = 'item_facts'").fetchone():
+        return []
+    columns = _stored_columns(db).split(", ")
+    chosen = [columns[item_facts.COLUMNS.index(name)] for name in ("neighbourhood", "city", "region", "country")]
+    return db.execute(f"SELECT DISTINCT {', '.join(chosen)} FROM item_facts JOIN items ON items.id = item_facts.id "
+                      f"WHERE items.status = 'ok' AND (city IS NOT NULL OR region IS NOT NULL OR country IS NOT "
+                      f"NULL)").fetchall()
+
+
 def rows_without_facts(db: sqlite3.Connection, columns: str, uris: Sequence[str]) -> list[tuple]:
     """The `columns` of the live items of `uris` with no facts row, or one an older extractor wrote."""
     return db.execute(

@@ -34,12 +34,15 @@ class SearchFilter:
         stored uris of files are.
     facts: conditions on the items' facts (`fact_filters`): FactConditions or strings such as
         "taken>=2024-05-01", "taken<2025", "camera~pixel", "rating>=4", "place~lisbon", "has:gps".
+    phrases: exact phrases the item's words must hold, each one (its text, file name or metadata
+        words in the lexical index; a quoted phrase of an understood query).
     """
 
     where: Mapping[str, Any] = field(default_factory=dict)
     types: tuple[str, ...] = ()
     path: str | None = None
     facts: tuple[FactCondition | str, ...] = ()
+    phrases: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.where, Mapping):
@@ -61,6 +64,10 @@ class SearchFilter:
         object.__setattr__(self, "where", dict(self.where))
         object.__setattr__(self, "facts", tuple(_fact(c) for c in ((self.facts,) if isinstance(self.facts, str)
                                                                    else self.facts)))
+        phrases = (self.phrases,) if isinstance(self.phrases, str) else tuple(self.phrases)
+        if not all(isinstance(p, str) and p.strip() for p in phrases):
+            raise ConfigError(f"search phrases must be non-empty strings, got {phrases!r:.80}")
+        object.__setattr__(self, "phrases", phrases)
         if self.path is not None:
             if not isinstance(self.path, str) or not self.path.strip():
                 raise ConfigError(f"search path must be a non-empty glob, got {self.path!r}")
@@ -69,7 +76,7 @@ class SearchFilter:
 
     @property
     def is_empty(self) -> bool:
-        return not self.where and not self.types and self.path is None and not self.facts
+        return not self.where and not self.types and self.path is None and not self.facts and not self.phrases
 
     @property
     def modalities(self) -> tuple[str, ...]:
@@ -78,7 +85,7 @@ class SearchFilter:
 
     def to_dict(self) -> dict[str, Any]:
         return {"where": dict(self.where), "types": list(self.types), "path": self.path,
-                "facts": [str(c) for c in self.facts]}
+                "facts": [str(c) for c in self.facts], **({"phrases": list(self.phrases)} if self.phrases else {})}
 
 
 def _fact(condition: FactCondition | str) -> FactCondition:
@@ -156,4 +163,14 @@ def sql_conditions(where: SearchFilter, indexed: bool, has_facts: bool = True) -
     if where.path is not None:
         clauses.append("uri GLOB ?")
         params.append(where.path)
+    for phrase in where.phrases:  # an FTS5 string: the words in this order, side by side
+        clauses.append("items.id IN (SELECT rowid FROM items_fts WHERE items_fts MATCH ?)")
+        params.append(phrase_match(phrase))
     return clauses, params
+
+
+def phrase_match(phrase: str) -> str:
+    """The FTS5 expression of an exact phrase: one string (its double quotes doubled), matched in
+    any column of the lexical index (text, file name, metadata words)."""
+    return '"' + phrase.replace('"', '""') + '"'
+

@@ -51,7 +51,9 @@ def filter_is_selective(n_allowed: int, n_total: int) -> bool:
     return n_allowed < EXACT_FILTER_SHARE * n_total and n_allowed <= EXACT_FILTER_MAX_ITEMS
 # Which side found a hit (`Found.sources`, a bitmask): the dense list, the lexical list, or both.
 FOUND_DENSE, FOUND_LEXICAL = 1, 2
-SOURCE_NAMES = {FOUND_DENSE: "dense", FOUND_LEXICAL: "lexical", FOUND_DENSE | FOUND_LEXICAL: "both"}
+FOUND_FILTERS = 4  # listed by its filters alone (a query of filters only: `Collection.newest`)
+SOURCE_NAMES = {FOUND_DENSE: "dense", FOUND_LEXICAL: "lexical", FOUND_DENSE | FOUND_LEXICAL: "both",
+                FOUND_FILTERS: "filters"}
 
 
 def hybrid_depth(k: int) -> int:

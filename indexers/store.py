@@ -343,6 +343,20 @@ class MetaStore:
         # remembered (the few most recent): a served collection is searched with the same few filters
         return self._remembered.recent("filter", (" AND ".join(clauses), json.dumps(params)), read)
 
+    def places(self) -> list[tuple]:
+        """The distinct places of the live items' facts (`fact_rows.places`), read once per version
+        of the file."""
+        return self._remembered.get("places", lambda: fact_rows.places(self.db))
+
+    def newest_ids(self, where: SearchFilter, k: int) -> list[int]:
+        """Ids of up to k live items meeting `where`, newest taken first, undated ones last (by id,
+        newest first): a search of filters only, no query to rank by."""
+        clauses, params = sql_conditions(where, self.has_meta_index(), self.has_facts())
+        taken = "(SELECT taken FROM item_facts WHERE item_facts.id = items.id)" if self.has_facts() else "NULL"
+        rows = self.db.execute(f"SELECT id FROM items WHERE {' AND '.join(clauses)} ORDER BY {taken} IS NULL, "
+                               f"{taken} DESC, id DESC LIMIT ?", [*params, int(k)]).fetchall()
+        return [r[0] for r in rows]
+
     def record_columns(self) -> str:
         """What a record is read from (`_row_to_record`): the item's columns, its file's identity."""
         if self._record_columns is None:

@@ -13,7 +13,7 @@ from faste_mm.indexers.facts import ItemFacts  # standard library only, like thi
 @dataclass(frozen=True, slots=True)
 class Hit:
     """One search result: item id, score, source uri, 1-based PDF page (None otherwise), the item's
-    metadata and facts (date taken, camera, place...), and which side of the search found it (`found_by`: "dense", "lexical" or "both").
+    metadata and facts (date taken, camera, place...), and which side of the search found it (`found_by`: "dense", "lexical", "both", or "filters" for a query of filters only).
     The score is the inner product (cosine, vectors are unit-norm) in dense mode, -BM25 in lexical
     mode and the fused reciprocal-rank score in hybrid mode, where `similarity` carries the cosine
     (what `min_score` cuts on)."""
@@ -23,7 +23,7 @@ class Hit:
     uri: str
     page: int | None = None
     metadata: Mapping[str, Any] | None = None
-    found_by: str = "dense"  # which side found it: "dense", "lexical" or "both" (hybrid search)
+    found_by: str = "dense"  # which side found it: "dense", "lexical", "both" (hybrid), "filters"
     rerank_score: float | None = None  # the reranker's score, when the search reranked (retrieval.rerank_hits)
     facts: ItemFacts | None = None  # what the file says about itself (photo_metadata)
     similarity: float | None = None  # hybrid mode: the cosine with the query (the score is a fused rank)

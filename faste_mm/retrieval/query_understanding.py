@@ -58,6 +58,8 @@ class UnderstoodPart:
         for name in ("since", "until", "phrase", "language"):
             if getattr(self, name) is not None:
                 d[name] = getattr(self, name)
+        if self.in_meaning:
+            d["in_meaning"] = True
         return d
 
 
@@ -128,8 +130,15 @@ class UnderstoodQuery:
         shown = [p.label for p in self.parts] + ([f"'{self.text}'"] if self.text else [])
         return "understood: " + " · ".join(shown)
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> UnderstoodQuery:
+        """The query `to_dict` wrote (a server's answer, read back by the thin client)."""
+        parts = tuple(UnderstoodPart(**{k: tuple(v) if k in ("where", "types") else v for k, v in p.items()})
+                      for p in d["parts"])
+        return cls(d["query"], d["text"], parts, d.get("literal", False), d.get("note"))
+
     def to_dict(self) -> dict[str, Any]:
-        """JSON form (the `query` object of --format json, HTTP and MCP answers)."""
+        """JSON form (the `query.understood` object of --format json, HTTP and MCP answers)."""
         d: dict[str, Any] = {"query": self.query, "text": self.text, "literal": self.literal,
                              "parts": [p.to_dict() for p in self.parts]}
         for name in ("since", "until"):

@@ -40,6 +40,7 @@ from faste_mm.retrieval.executors import IngestExecutor, LocalExecutor, ModelSou
 from faste_mm.retrieval.export import ExportReport
 from faste_mm.retrieval.export import export as export_collection
 from faste_mm.retrieval.indexing import index_collection
+from faste_mm.retrieval.query_understanding import UnderstoodQuery
 from faste_mm.retrieval.maintenance import collection_path
 from faste_mm.retrieval.model_spec import ModelSpec, model_source
 from faste_mm.retrieval.library.ocr import OcrEngine
@@ -48,7 +49,7 @@ from faste_mm.retrieval.profile import QUERY_INSTRUCTION, CollectionProfile, exi
 from faste_mm.retrieval.setting import given_settings, keywords_of
 from faste_mm.retrieval.rerank_hits import load_collection_reranker
 from faste_mm.retrieval.results import AddReport, Hit, IndexOptions, IndexProgress, IndexReport, RemoveReport
-from faste_mm.retrieval.search_executor import SearchParts, execute, one
+from faste_mm.retrieval.search_executor import SearchParts, execute, one, understood
 from faste_mm.retrieval.search_request import SearchRequest, options_for
 from faste_mm.retrieval.scanning import Scan, ScanFilter, ScannedFile, scan_paths
 
@@ -451,7 +452,8 @@ class Retriever:
         since, until, sort ("relevance" | "date" | "-date"), min_score (None: the collection's),
         rescore, lexical_syntax, rerank (None: the collection's reranker when it records one;
         False: none; True: the collection's, an error without one; a `faste_mm.Reranker`: that
-        one), rerank_top (50: the hits the reranker re-scores, at least k).
+        one), rerank_top (50: the hits the reranker re-scores, at least k), literal (False: the
+        query text is read as meaning plus filters, `understand`; docs/asking.md).
 
         A query text longer than `search_request.MAX_QUERY_CHARS` (2,000) characters is searched
         by its first 2,000 (logged), as every front end does.
@@ -462,6 +464,20 @@ class Retriever:
             >>> r.search("a red bicycle", k=5, where=["place~lisbon"], since="2024-05", sort="-date")
         """
         return one(self.execute([SearchRequest.of("Retriever.search", query=query, **options)]))
+
+    def understand(self, query: str, *, literal: bool = False) -> UnderstoodQuery:
+        """What `search(query)` reads from the text: the meaning text left for the model and the
+        filters (dates, this collection's places, cameras, ratings, kinds, "quoted phrases"), each
+        part with its span and label (`summary()` is the CLI's "understood: ..." line, `to_dict()`
+        the `query.understood` object of the JSON answers). Loads no model.
+
+        Example:
+            >>> r.understand("beach in Lisbon last summer").summary()
+            "understood: place Lisbon · taken 2024-06..2024-08 · 'beach'"
+        """
+        with self._lock:
+            return understood(SearchRequest.of("Retriever.understand", query=query, literal=literal),
+                              self._search_parts()).understood
 
     def more_like(self, like: int | str | os.PathLike, **options: Any) -> list[Hit]:
         """Items like an indexed one (an item id, or an indexed file's path: its first page), by

@@ -2,11 +2,13 @@
 calls it; `faste-mm serve` hands it each merged batch of its clients' requests; MCP, the page, the
 thin client and the LangChain / LlamaIndex adapters only translate into requests).
 
-In the order it happens: the query text bounded (`MAX_QUERY_CHARS`), the query
+In the order it happens: the query text understood as meaning and filters (`understood_search`;
+not when `literal`), the query text bounded (`MAX_QUERY_CHARS`), the query
 embedded (text, image, video, both; an item id or indexed path for "more like this" reads its
 stored vector; a crop of a picture would enter here as one more query input), the filters, the
 dense / lexical / hybrid search with its rescoring and minimum score, the reranker's second stage,
-and the order. Receives requests and the collection's parts (`SearchParts`); hands back one list
+and the order; a query of filters only lists the matching items, newest first, embedding nothing.
+Receives requests and the collection's parts (`SearchParts`); hands back one list
 of hits (or the request's own error) per request.
 """
 
@@ -27,6 +29,8 @@ from faste_mm.retrieval import querying, result_order
 from faste_mm.retrieval.hits import Hit
 from faste_mm.retrieval.rerank_hits import check_reranker, hit_item, rerank_hits
 from faste_mm.retrieval.search_request import MAX_QUERY_CHARS, SearchRequest
+from faste_mm.retrieval.query_understanding import UnderstoodQuery
+from faste_mm.retrieval.understood_search import UnderstoodRequest, understood_request
 
 log = logging.getLogger(__name__)
 
@@ -65,9 +69,14 @@ def execute(requests: Sequence[SearchRequest], parts: SearchParts,
     planned: list[tuple[int, _Plan]] = []
     for i, request in enumerate(requests):
         try:
-            planned.append((i, _plan(request, parts, None if items is None else items[i])))
+            plan = _plan(understood(request, parts), parts, None if items is None else items[i])
         except (ConfigError, InputError) as error:
             out[i] = error
+            continue
+        if plan.is_listing:  # filters only: the matching items, newest first, nothing embedded
+            out[i] = _finish(plan, querying.hits(parts.reader(False).newest(request.k, plan.where))[0], None, parts)
+        else:
+            planned.append((i, plan))
     # the model is checked (and loaded) only when a query is embedded: lexical and more-like-this need none
     col = parts.reader(any(plan.request.mode != "lexical" and plan.like_id is None for _, plan in planned)) \
         if planned else None
@@ -93,6 +102,13 @@ def execute(requests: Sequence[SearchRequest], parts: SearchParts,
     return out
 
 
+def understood(request: SearchRequest, parts: SearchParts) -> UnderstoodRequest:
+    """`request` as it is searched: its query text understood against today's date and the
+    collection's places (read once per version of the collection), unless `literal`."""
+    asks_places = request.query is not None and not request.literal and not request.is_like
+    return understood_request(request, parts.reader(False).places() if asks_places else [])
+
+
 @dataclass(frozen=True, slots=True)
 class _Plan:
     """One request made concrete: its query item (None for more-like-this), the item id it is
@@ -106,18 +122,24 @@ class _Plan:
     min_score: float | None
     fetch: int
     reranker: Any
+    is_listing: bool = False
 
     @property
     def key(self) -> tuple:
         """Requests with one key run as one `Collection.find` (the same filter, mode and depth)."""
         where, request = self.where, self.request
-        return (tuple(sorted(where.where.items(), key=repr)), where.types, where.path, where.facts, request.mode,
-                request.rescore, request.lexical_syntax, self.min_score, self.fetch, self.like_id is not None)
+        return (tuple(sorted(where.where.items(), key=repr)), where.types, where.path, where.facts, where.phrases,
+                request.mode, request.rescore, request.lexical_syntax, self.min_score, self.fetch, self.like_id is not None)
 
 
-def _plan(request: SearchRequest, parts: SearchParts, item: Item | None = None) -> _Plan:
+def _plan(asked: UnderstoodRequest, parts: SearchParts, item: Item | None = None) -> _Plan:
     """The request checked and made concrete (InputError / ConfigError naming the bad option)."""
+    request = asked.request
     where = result_order.search_filter(request.where, request.type, request.path, request.since, request.until)
+    if asked.phrases:
+        where = replace(where, phrases=where.phrases + asked.phrases)
+    if asked.is_listing:
+        return _Plan(request, None, None, None, where, None, request.k, None, is_listing=True)
     min_score = request.min_score
     result_order.check_min_score_mode(min_score, request.mode)
     if min_score is None and request.mode != "lexical":
@@ -131,9 +153,13 @@ def _plan(request: SearchRequest, parts: SearchParts, item: Item | None = None) 
                              f"{request.mode} does not apply")
         like_id = _like_id(request.like, parts)
         return _Plan(request, None, like_id, None, where, min_score, request.k + 1, None)
+    read = asked.understood is not None and bool(asked.understood.parts)
+    text = (request.query or None) if read else request.query  # the meaning text ("" beside an image: none)
+    if item is not None and item.text is not None and read:
+        item = replace(item, text=text)
     if item is None:
         image, video = (Path(v) if isinstance(v, os.PathLike) else v for v in (request.image, request.video))
-        item = Item(text=request.query, image=image, video=video)
+        item = Item(text=text, image=image, video=video)
     if item.text is not None and len(item.text) > MAX_QUERY_CHARS:
         log.warning("search: the query text has %d characters; searching with its first %d (MAX_QUERY_CHARS)",
                     len(item.text), MAX_QUERY_CHARS)
@@ -236,6 +262,15 @@ def search_words(collection: str | os.PathLike, request: SearchRequest) -> list[
     if isinstance(found, FasteError):
         raise found
     return found
+
+
+def understood_in(collection: str | os.PathLike, request: SearchRequest) -> UnderstoodQuery | None:
+    """What a search of `request` on the collection at `collection` reads from its query text
+    (None: no text, or more like this), without a model: the CLI shows it whoever answered."""
+    from faste_mm.indexers import Collection
+
+    with Collection.open(collection) as col:
+        return understood(request, SearchParts(reader=lambda check_model: col, min_score=lambda: None)).understood
 
 
 def one(found: list[list[Hit] | Exception]) -> list[Hit]:

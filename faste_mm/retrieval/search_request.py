@@ -9,8 +9,9 @@ the declarations: the keywords of `Retriever.search` / `search_batch` / `more_li
 wire form (serving/discovery.py), the LangChain and LlamaIndex keywords, and the manual's table of
 search options (docs/search.md, `python -m faste_mm.retrieval.search_request`).
 
-Adding an option is ONE change: a field below. A parsed query (a sentence understood as filters)
-hands its filters in with `SearchRequest.with_filters`. Standard library only: the thin client
+Adding an option is ONE change: a field below. A query text is understood as meaning and filters
+unless `literal` (`understood_search`); its filters join the request's with
+`SearchRequest.with_filters`. Standard library only: the thin client
 (a search answered by a running server) builds and checks requests without numpy, FAISS or torch.
 """
 
@@ -154,6 +155,9 @@ class SearchRequest:
     lexical_syntax: bool = option(False, "Read the query as SQLite FTS5 syntax (AND OR NOT \"phrase\" prefix*) in "
                                          "lexical and hybrid modes; default: plain words.", "bool",
                                   flag="--lexical-syntax")
+    literal: bool = option(False, "Search the query text as typed: no dates, places, cameras, ratings, kinds or "
+                                  "\"quoted phrases\" are read from it as filters (default: they are, docs/asking.md).",
+                           "bool", flag="--literal")
     rerank: Any = option(None, "Re-score the top rerank_top hits with the reranker. Default: the collection's "
                                "reranker when it records one (index --reranker); false: never; true: always "
                                "(an error without a reranker). Python also takes a faste_mm.Reranker.", "bool")

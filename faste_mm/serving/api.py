@@ -136,10 +136,12 @@ def create_app(engine: ServeEngine) -> FastAPI:
         reranker = engine.search_reranker(asked)
         hits = await run_in_threadpool(engine.search, asked)
         snippets = await run_in_threadpool(note_snippets, engine, hits)
+        understood = await run_in_threadpool(engine.understood, asked)
         where = search_filter(asked.where, asked.type, asked.path, asked.since, asked.until)
         return {
             "query": {"text": asked.query, "image": asked.image is not None,
-                      "id": asked.like if isinstance(asked.like, int) else None, "like": asked.like},
+                      "id": asked.like if isinstance(asked.like, int) else None, "like": asked.like,
+                      "understood": None if understood is None else understood.to_dict()},
             "k": asked.k, "mode": asked.mode, "sort": asked.sort, "min_score": asked.min_score,
             "filter": {"where": where.where, "types": list(where.types), "path": where.path,
                        "facts": [str(c) for c in where.facts]},

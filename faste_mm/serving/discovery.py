@@ -124,8 +124,15 @@ class RerankAsk:
 
 def search_via_server(address: ServerAddress, root: str | os.PathLike, body: Mapping[str, Any], *,
                       rerank: RerankAsk | None = RerankAsk()) -> list[dict] | None:
-    """The hits (`Hit.to_dict()` fields, `rerank_score` included when reranked) of a search by the
-    server, or None when it cannot answer for `root` (not reachable, another collection, an
+    """The hits of `search_answer` (None as there)."""
+    answer = search_answer(address, root, body, rerank=rerank)
+    return None if answer is None else answer["hits"]
+
+
+def search_answer(address: ServerAddress, root: str | os.PathLike, body: Mapping[str, Any], *,
+                  rerank: RerankAsk | None = RerankAsk()) -> dict | None:
+    """The answer of a search by the server: its hits (`Hit.to_dict()` fields, `rerank_score`
+    included when reranked) and what it understood of the query (`UnderstoodQuery.to_dict()`), or None when it cannot answer for `root` (not reachable, another collection, an
     error). body: the request's wire form (`SearchRequest.wire`). `rerank`: how the caller's
     search would rerank (None: not at all, --no-rerank); the server reranks with its loaded
     (warm) reranker when that is the reranker the caller's search would load and the score is
@@ -144,7 +151,8 @@ def search_via_server(address: ServerAddress, root: str | os.PathLike, body: Map
     if answer is None:
         return None
     fields = ("id", "score", "uri", "page", "metadata", "found_by", "facts", "rerank_score", "similarity")
-    return [{name: hit[name] for name in fields if name in hit} for hit in answer["hits"]]
+    return {"hits": [{name: hit[name] for name in fields if name in hit} for hit in answer["hits"]],
+            "understood": (answer.get("query") or {}).get("understood")}
 
 
 def _serves_rerank(info: dict, wanted: str, ask: RerankAsk) -> bool:

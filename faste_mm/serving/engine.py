@@ -360,6 +360,14 @@ class ServeEngine:
             return None
         return self.retriever.search_reranker(request.rerank)
 
+    def understood(self, request: SearchRequest):
+        """What `search(request)` read from its query text (`Retriever.understand`; None: no text,
+        or more like this): the `query.understood` object of the HTTP and MCP answers."""
+        self._need_collection()
+        if request.query is None or request.is_like:
+            return None
+        return self.retriever.understand(request.query, literal=request.literal)
+
     def _need_collection(self) -> None:
         if self.retriever is None:
             raise NoCollectionError("this server has no collection; start it with `faste-mm serve -c NAME|DIR` "

@@ -102,6 +102,8 @@ class SearchOut(BaseModel):
     k: int
     mode: str
     reranked_by: str | None = None
+    # the query text and what was read from it as filters (`UnderstoodQuery.to_dict()`; None: literal or no text)
+    query: dict[str, Any] | None = None
     hits: list[HitOut]
 
 
@@ -252,7 +254,7 @@ class McpTools:
         reranker = engine.search_reranker(request)
         hits = engine.search(request)
         return self._hits_answer(hits, request.k, request.mode, args.thumbnails,
-                                 None if reranker is None else reranker.model_id)
+                                 None if reranker is None else reranker.model_id, engine.understood(request))
 
     def get_item(self, args: GetItemArgs, progress: Progress | None = None) -> ToolAnswer:
         record = self.record(args.id)
@@ -333,7 +335,8 @@ class McpTools:
                           f"{done.failed} failed")
 
     # ---- pieces ----------------------------------------------------------------------------
-    def _hits_answer(self, hits, k: int, mode: str, thumbnails: bool, reranked_by: str | None) -> ToolAnswer:
+    def _hits_answer(self, hits, k: int, mode: str, thumbnails: bool, reranked_by: str | None,
+                     understood=None) -> ToolAnswer:
         cache = _thumbnail_dir(self.slot, self.collection)
         out, pictures, links = [], [], []
         for rank, hit in enumerate(hits[:k], 1):
@@ -351,10 +354,13 @@ class McpTools:
                     pictures.append((f"{rank}. {_label_of(hit.id, hit.uri, hit.page)}", small))
                 except InputError as error:  # gone, or not the file indexed: the hit stays, unpictured
                     log.warning("%s", error)
-        result = SearchOut(collection=str(self.collection), k=k, mode=mode, reranked_by=reranked_by, hits=out)
+        query = None if understood is None else {"text": understood.query, "understood": understood.to_dict()}
+        result = SearchOut(collection=str(self.collection), k=k, mode=mode, reranked_by=reranked_by, query=query,
+                           hits=out)
         lines = [f"{h.rank}. {h.uri}{'' if h.page is None else f' (page {h.page})'}  score {h.score:.4f}  id {h.id}"
                  + (f"  {(h.taken or 'no date')[:10]}" if h.kind in ("image", "video") else "") for h in out]
-        return ToolAnswer(result, "\n".join([f"{len(out)} results", *lines]), pictures, links)
+        said = [understood.summary()] if understood is not None and understood.summary() else []
+        return ToolAnswer(result, "\n".join([*said, f"{len(out)} results", *lines]), pictures, links)
 
 
 def _need_reranker(engine, tool: str):

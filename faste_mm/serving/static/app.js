@@ -137,7 +137,9 @@ function readAsDataUrl(file) {
 // request's URL and controls.
 let latestSearch = null;  // the AbortController of the search whose reply the grid waits for
 
-async function search({ id = null, pushUrl = true } = {}) {
+// `asked`: a search again after an understood part was removed ({query, text, parts}: the parts
+// kept): the words sent literal, the kept parts as filters (`understoodFilters`).
+async function search({ id = null, pushUrl = true, asked = null } = {}) {
   const q = $("q").value.trim();
   const k = Number($("k").value);
   if (!q && !state.image && id === null) { $("q").focus(); return; }
@@ -146,6 +148,8 @@ async function search({ id = null, pushUrl = true } = {}) {
   try {
     body = { k, mode: $("mode").value, ...filters() };
     if (!$("rerank-toggle").hidden && id === null) body.rerank = $("rerank").checked;
+    if ($("literal").checked) body.literal = true;
+    if (asked) Object.assign(body, understoodFilters(body, asked.parts), { literal: true });
   } catch (error) {
     showBanner(error.message);
     return;
@@ -160,7 +164,7 @@ async function search({ id = null, pushUrl = true } = {}) {
     if (id !== null) {
       body.id = id;
     } else {
-      if (q) body.query = q;
+      if (q) body.query = asked ? asked.text || q : q;
       if (state.image) body.image = await readAsDataUrl(state.image);
     }
     const result = await api("/search", { method: "POST", body: JSON.stringify(body), signal: mine.signal,
@@ -168,6 +172,7 @@ async function search({ id = null, pushUrl = true } = {}) {
     if (latestSearch !== mine) return;  // superseded while its reply was on the way
     state.results = result;
     render(result, id !== null ? `items like #${id}` : describe(q), activeFilters(body));
+    showUnderstood(asked || (result.query && result.query.understood));
   } catch (error) {
     if (latestSearch === mine) failed(error, "Search");  // an aborted, superseded search says nothing
   } finally {
@@ -177,6 +182,59 @@ async function search({ id = null, pushUrl = true } = {}) {
       $("go").disabled = false;
     }
   }
+}
+
+// What the server understood of the query, one chip per part. Removing a chip searches again with
+// that part's words as plain meaning: the query without the other parts' words, sent literal,
+// and the other parts as explicit filters (the server then understands nothing more).
+function showUnderstood(understood) {
+  const box = $("understood");
+  box.innerHTML = "";
+  const parts = understood && !understood.literal ? understood.parts : [];
+  box.hidden = parts.length === 0;
+  parts.forEach((part, index) => {
+    const chip = document.createElement("span");
+    chip.className = "chip";
+    chip.dataset.kind = part.kind;
+    const label = document.createElement("span");
+    label.textContent = part.label;
+    const remove = document.createElement("button");
+    remove.type = "button";
+    remove.className = "chip-x";
+    remove.textContent = "×";
+    remove.setAttribute("aria-label", `Remove ${part.label}: search “${part.text}” as words`);
+    remove.addEventListener("click", () => {
+      const kept = parts.filter((_, i) => i !== index);
+      search({ asked: { query: understood.query, text: withoutParts(understood.query, kept), parts: kept } });
+    });
+    chip.append(label, remove);
+    box.append(chip);
+  });
+}
+
+// The query without the words of `parts` (those not kept in the meaning: a quoted phrase is).
+function withoutParts(query, parts) {
+  let text = "", at = 0;
+  for (const part of [...parts].sort((a, b) => a.start - b.start)) {
+    if (part.in_meaning) continue;
+    text += query.slice(at, part.start) + " ";
+    at = Math.max(at, part.end);
+  }
+  return (text + query.slice(at)).split(/\s+/).filter(Boolean).join(" ");
+}
+
+// Understood parts as the request's own filters: conditions beside the page's (dates as
+// conditions on `taken`, so both ranges hold), kinds where the page names none.
+function understoodFilters(body, parts) {
+  const where = [...(body.where || [])];
+  const types = [];
+  for (const part of parts) {
+    where.push(...(part.where || []));
+    if (part.since) where.push(`taken>=${part.since}`);
+    if (part.until) where.push(`taken<=${part.until}`);
+    types.push(...(part.types || []));
+  }
+  return { where: where.length ? where : null, type: body.type || (types.length ? types : null) };
 }
 
 function describe(q) {
@@ -461,6 +519,7 @@ function fromUrl() {
 
 function wire() {
   $("search-form").addEventListener("submit", (event) => { event.preventDefault(); search(); });
+  $("literal").addEventListener("change", () => { if (state.results) search(); });
   $("image").addEventListener("change", () => setImage($("image").files[0]));
   $("image-clear").addEventListener("click", () => { clearImage(); $("q").focus(); });
   $("download").addEventListener("click", downloadResults);
