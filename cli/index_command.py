@@ -17,7 +17,7 @@ from faste_mm.cli.options import (DEFAULT_BATCH_TOKENS, BatchTokens, CollectionO
 from faste_mm.cli.setting_flags import GivenFlags, on_index, takes_settings
 from faste_mm.cli.progress import Progress, format_span
 from faste_mm.errors import FasteError
-from faste_mm.retrieval.estimate import ITEM_NOUNS
+from faste_mm.kinds import ITEM_NOUNS  # plain data: no numpy at start-up
 
 
 @takes_settings(on_index)

@@ -51,6 +51,9 @@ KINDS: dict[str, Kind] = {kind.name: kind for kind in (
     Kind("video", frozenset({".mp4", ".mov", ".webm", ".mkv", ".avi"}),
          "video", "video", ("video", "video+text"), "frame", "video"),
 )}
+# How a count of each kind's items reads in a sentence ("18,214 images and 2,310 pages").
+ITEM_NOUNS: dict[str, str] = {"image": "images", "pdf": "pages", "text": "texts", "video": "videos"}
+assert set(ITEM_NOUNS) == set(KINDS), "every input kind needs its noun"
 UNSUPPORTED = "unsupported"  # the kind of any other file (recorded as a failure when named)
 
 

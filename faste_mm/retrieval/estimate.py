@@ -15,16 +15,15 @@ from typing import Any, Sequence
 import numpy as np
 
 from faste_mm.errors import InputError
-from faste_mm.kinds import KINDS, kind_name
+from faste_mm.kinds import ITEM_NOUNS, KINDS, kind_name  # noqa: F401  (ITEM_NOUNS: the sentences' nouns)
 from faste_mm.model.file_decoding import count_pdf_pages
 from faste_mm.model.items import Item, as_item
+from faste_mm.model.official import PIXELS_PER_VISUAL_TOKEN
 
 KIND_NAMES: tuple[str, ...] = tuple(KINDS)  # the column order of every per-kind array here
 # What one item of each kind is called in the estimate's line (a PDF's items are its pages).
-ITEM_NOUNS: dict[str, str] = {"image": "images", "pdf": "pages", "text": "texts", "video": "videos"}
-assert set(ITEM_NOUNS) == set(KINDS), "every input kind needs its noun"
 
-PIXELS_PER_TOKEN = 32 * 32  # a 16-pixel patch, 2x2 merged: qwen-vl-utils resizes to multiples of 32
+PIXELS_PER_TOKEN = PIXELS_PER_VISUAL_TOKEN  # a 16-pixel patch, 2x2 merged: qwen-vl-utils resizes to multiples of 32
 PROMPT_TOKENS = 20  # the chat template around an item (a weight among a batch's rows, not exact)
 TEXT_BYTES_PER_TOKEN = 4  # UTF-8 prose; the same rule plans the measured and the waiting texts
 # Files of each kind put first in a run (`sample_first`), so that its first batches measure
