@@ -91,7 +91,7 @@ def test_each_language_s_query_means_its_filters_and_leaves_the_meaning(places, 
     assert keywords(query, places) == CASES[query]
 
 
-TRAPS = ["china plates", "a may flower", "jordan shoes", "pixel art", "galaxy far away",
+TRAPS = ["china plates", "a short clip", "a may flower", "jordan shoes", "pixel art", "galaxy far away",
          "a 5-star hotel", "Lisbon or Berlin", "2049 blade runner", "Sydney harbour",
          "marzo", "le mars rover", "von hier aus"]
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from faste_mm.bench.options import add_device, add_model, add_rounds, add_workdir, names, scratch
+from faste_mm.bench.options import add_device, add_dtype, add_model, add_rounds, add_workdir, names, scratch
 from faste_mm.bench.rounds import mirrored_rounds
 from faste_mm.bench.schema import SuiteRun
 from faste_mm.model.official import OFFICIAL_MAX_PIXELS
@@ -39,8 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--blocks", type=int, default=4, help="vision tower blocks of the built model (default 4; the real one has 24)")
     add_model(parser)
     add_device(parser, dtype=False)
-    parser.add_argument("--dtype", default="bfloat16",
-                        help="float32 or bfloat16 (default bfloat16, the dtype faste-mm and transformers load the real checkpoint in)")
+    # bfloat16: the dtype faste-mm and transformers load the real checkpoint in
+    add_dtype(parser, default="bfloat16")
     add_rounds(parser, default=2)
     parser.add_argument("--kinds", default=",".join(PAGE_KINDS), help=f"page kinds drawn by the bench (default {','.join(PAGE_KINDS)})")
     parser.add_argument("--n", type=int, default=1, help="pages of each kind (default 1)")

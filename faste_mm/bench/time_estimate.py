@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from faste_mm.bench.options import add_model, add_workdir, scratch
+from faste_mm.bench.options import add_dtype, add_model, add_workdir, scratch
 from faste_mm.bench.pdf_memory import text_pdf
 from faste_mm.bench.schema import SuiteRun
 from faste_mm.errors import ConfigError
@@ -38,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="items in the folder (default 200: half photos, 30%% PDF pages, 20%% notes)")
     parser.add_argument("--max-pixels", type=int, default=262_144,
                         help="the collection's pixel cap per photo and page (default 262144 = 256 visual tokens)")
-    parser.add_argument("--dtype", default="auto", help="the model's dtype (index --dtype; default auto)")
+    add_dtype(parser, what="The model's dtype (as index --dtype)")
     parser.add_argument("--runs", type=int, default=3, help="index runs, each into a new collection (default 3)")
     add_model(parser)
     add_workdir(parser)

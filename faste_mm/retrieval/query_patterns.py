@@ -115,7 +115,7 @@ ENGLISH = Language(
         (r"(?P<d1>{season} (?:of )?{year})", "in"),
     ),
     relative_seasons=((r"last {season}", "last"), (r"this {season}", "this")),
-    kinds={r"photos?|pictures?|pics?|images?": ("image",), r"pdfs?": ("pdf",), r"videos?|clips?": ("video",),
+    kinds={r"photos?|pictures?|pics?|images?": ("image",), r"pdfs?": ("pdf",), r"videos?": ("video",),
            r"notes": ("text",), r"screenshots?": ("image",), r"documents|docs": ("pdf", "text")},
     kept_kinds=frozenset({"screenshot", "screenshots"}),
     camera_phrases=(r"(?:shot|taken|captured|photographed) (?:on|with) (?:an? |my |the )?{camera}",

@@ -358,7 +358,7 @@ class ServeEngine:
         self._need_collection()
         if request.is_like and request.rerank is None:
             return None
-        return self.retriever.search_reranker(request.rerank)
+        return self._while_whole(lambda: self.retriever.search_reranker(request.rerank))
 
     def understood(self, request: SearchRequest):
         """What `search(request)` read from its query text (`Retriever.understand`; None: no text,
@@ -366,7 +366,7 @@ class ServeEngine:
         self._need_collection()
         if request.query is None or request.is_like:
             return None
-        return self.retriever.understand(request.query, literal=request.literal)
+        return self._while_whole(lambda: self.retriever.understand(request.query, literal=request.literal))
 
     def _need_collection(self) -> None:
         if self.retriever is None:
@@ -430,12 +430,24 @@ class ServeEngine:
         re-index was killed part-way) a clear 503 "being re-indexed, retry", never the reader's
         "not a collection, create it" as a 500; a reader that failed is dropped, so the thread
         opens the collection afresh once it is whole again."""
+        def on_reader():
+            try:
+                return read(self._thread_reader())
+            except CollectionError:
+                self._drop_thread_reader()
+                raise
+
+        return self._while_whole(on_reader)
+
+    def _while_whole(self, read):
+        """`read()` of the collection from a handler thread: while it is being re-created (or a
+        re-index was killed part-way) a clear 503 "being re-indexed, retry" instead of the
+        reader's "not a collection" as a 500."""
         self.follow_reindex()  # a finished re-index is served (its generation), not refused
         self._refuse_reindexing()
         try:
-            return read(self._thread_reader())
+            return read()
         except CollectionError:
-            self._drop_thread_reader()
             if self._watch is not None and self._watch.being_recreated():
                 raise self._reindexing_error() from None
             raise
