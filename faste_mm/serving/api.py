@@ -32,11 +32,12 @@ from faste_mm.indexers.filters import INT64_MAX
 from faste_mm.kinds import kind_name
 from faste_mm.serving.batcher import QueueFullError
 from faste_mm.serving.duplicates_route import add_duplicates_route
-from faste_mm.serving.engine import (CollectionChangedError, CollectionReindexingError, ModelStalledError,
-                                     NoCollectionError, RequestTooLargeError, ServeEngine, UnknownItemError)
+from faste_mm.serving.engine import (CollectionChangedError, ModelStalledError, NoCollectionError,
+                                     RequestTooLargeError, ServeEngine, UnknownItemError)
 from faste_mm.serving.inputs import (EmbeddingRequest, decode_image_bytes, decode_image_url, embedding_items,
                                      encode_vector, form_values, request_model, to_request)
 from faste_mm.serving.metrics import LATENCY_BUCKETS_S
+from faste_mm.serving.reindex_watch import CollectionReindexingError
 from faste_mm.serving.previews import add_preview_routes, note_snippets
 from faste_mm.serving.rerank import add_rerank_routes, with_search_top
 from faste_mm.serving.security import is_allowed_host, is_cross_site

@@ -4,13 +4,12 @@ check inputs in their own thread (so a bad input is refused before it can fail a
 then wait on the model thread, which runs `Embedder.encode` / `Retriever.search_batch` on
 merged requests. Receives `Item`s from `serving.inputs`; hands back vectors (+ token usage) and `Hit`s.
 """
-# Size: ~450 lines: the engine owns the model thread and every request kind it serves (embed, search, more
+# Size: ~460 lines: the engine owns the model thread and every request kind it serves (embed, search, more
 # like this, rerank); the request checks run in handler threads beside them.
 
 from __future__ import annotations
 
 import logging
-import threading
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -29,7 +28,7 @@ from faste_mm.serving.batcher import Batcher, BatcherConfig, run_tasks
 from faste_mm.serving.inputs import truncate_dimensions
 from faste_mm.serving.mcp_paths import IndexRoots
 from faste_mm.serving.metrics import BATCH_SIZE_BUCKETS, Metrics, describe_server_metrics
-from faste_mm.serving.reindex_watch import ReindexWatch
+from faste_mm.serving.reindex_watch import ReindexWatch, ServedReads
 from faste_mm.serving.security import LOOPBACK_HOSTS, check_allowed_hosts
 
 log = logging.getLogger(__name__)
@@ -47,10 +46,6 @@ class RequestTooLargeError(FasteError):
 
 class NoCollectionError(FasteError):
     """Search or thumbnails asked of a server started without a collection (HTTP 404)."""
-
-
-class CollectionReindexingError(CollectionError):
-    """The served collection is being re-created by `index --reindex` (HTTP 503 with Retry-After)."""
 
 
 class ModelStalledError(FasteError):
@@ -157,6 +152,8 @@ class ServeEngine:
             self.document_fast_e = self.profile.fast_e()
             self.document_dedup = dedup_config(self.profile.patch_dedup)
         self._watch = None if self.collection is None else ReindexWatch(self.collection, embedder)
+        # handler threads' reads of the collection (None: no collection)
+        self._reads = None if self._watch is None else ServedReads(self._watch, self.follow_reindex)
         self._model_changed: str | None = None  # why searches are refused after a re-index with another model
         self._retriever_outdated = False  # the retriever still holds the old profile (reset on the model thread)
         self.query_instruction = self._default_query_instruction()
@@ -167,7 +164,6 @@ class ServeEngine:
             runners["rerank"] = self._run_rerank
         runners["task"] = run_tasks  # other work on the model thread (the MCP index tool)
         self.batcher = Batcher(runners, self.config.batching, self.metrics)
-        self._local = threading.local()
 
     def _default_query_instruction(self) -> str | None:
         if self.retriever is not None and self.retriever.query_instruction is not None:
@@ -215,16 +211,6 @@ class ServeEngine:
             future.cancel()  # still queued: never run it for a client that got its 503
             raise ModelStalledError(f"the model did not answer within {self.config.model_wait_s:g} s "
                                     f"(ServeConfig.model_wait_s); the server is overloaded or stalled, retry later") from None
-
-    def _refuse_reindexing(self) -> None:
-        """A search while `index --reindex` re-creates the collection: a clear 503, not the
-        reader's "missing" or "damaged" (nothing is wrong: the collection is being rebuilt)."""
-        if self._watch is not None and self._watch.being_recreated():
-            raise self._reindexing_error()
-
-    def _reindexing_error(self) -> CollectionReindexingError:
-        return CollectionReindexingError(f"the collection {self.collection} is being re-indexed "
-                                         f"(`faste-mm index --reindex`); retry in a few seconds")
 
     def _refuse_changed_model(self) -> None:
         if self._model_changed is not None:
@@ -338,7 +324,7 @@ class ServeEngine:
         NoCollectionError (404), CollectionReindexingError / ModelStalledError (503)."""
         self._need_collection()
         self.follow_reindex()
-        self._refuse_reindexing()
+        self._reads.refuse_reindexing()
         self._refuse_changed_model()
         if request.k > MAX_K:
             raise InputError(f"k must be in 1..{MAX_K}, got {request.k}")
@@ -358,7 +344,7 @@ class ServeEngine:
         self._need_collection()
         if request.is_like and request.rerank is None:
             return None
-        return self._while_whole(lambda: self.retriever.search_reranker(request.rerank))
+        return self._reads.guarded(lambda: self.retriever.search_reranker(request.rerank))
 
     def understood(self, request: SearchRequest):
         """What `search(request)` read from its query text (`Retriever.understand`; None: no text,
@@ -366,7 +352,11 @@ class ServeEngine:
         self._need_collection()
         if request.query is None or request.is_like:
             return None
-        return self._while_whole(lambda: self.retriever.understand(request.query, literal=request.literal))
+        return self._reads.guarded(lambda: self.retriever.understand(request.query, literal=request.literal))
+
+    def _need_thumbnails(self) -> None:
+        if self._reads is None:
+            raise NoCollectionError("this server has no collection; thumbnails need `faste-mm serve -c`")
 
     def _need_collection(self) -> None:
         if self.retriever is None:
@@ -385,8 +375,8 @@ class ServeEngine:
                 return self.retriever.execute(requests, check_pairs=self._check_pairs)
             except CollectionError:
                 self.retriever.close()
-                if self._watch is not None and self._watch.being_recreated():
-                    return [self._reindexing_error() for _ in requests]
+                if self._watch.being_recreated():
+                    return [self._reads.reindexing_error() for _ in requests]
                 if attempt == 2:
                     raise
         raise AssertionError("unreachable: the second attempt returns or raises")
@@ -419,76 +409,23 @@ class ServeEngine:
                 raise UnknownItemError(f"id {item_id}: no such item in the collection")
             return col.get([item_id])[0]
 
-        return self._on_thread_reader(read)
+        self._need_thumbnails()
+        return self._reads.on_thread_reader(read)
 
     def records(self, ids: list[int]) -> dict:
         """{id: ItemRecord} of those `ids` in the collection (a rerank reads their files back)."""
-        return self._on_thread_reader(lambda col: col.records(ids))
-
-    def _on_thread_reader(self, read):
-        """`read(the calling thread's reader)`. While the collection is being re-created (or a
-        re-index was killed part-way) a clear 503 "being re-indexed, retry", never the reader's
-        "not a collection, create it" as a 500; a reader that failed is dropped, so the thread
-        opens the collection afresh once it is whole again."""
-        def on_reader():
-            try:
-                return read(self._thread_reader())
-            except CollectionError:
-                self._drop_thread_reader()
-                raise
-
-        return self._while_whole(on_reader)
-
-    def _while_whole(self, read):
-        """`read()` of the collection from a handler thread: while it is being re-created (or a
-        re-index was killed part-way) a clear 503 "being re-indexed, retry" instead of the
-        reader's "not a collection" as a 500."""
-        self.follow_reindex()  # a finished re-index is served (its generation), not refused
-        self._refuse_reindexing()
-        try:
-            return read()
-        except CollectionError:
-            if self._watch is not None and self._watch.being_recreated():
-                raise self._reindexing_error() from None
-            raise
-
-    def _thread_reader(self):
-        """The calling thread's own read-only connection to the collection, opened afresh when the
-        collection was re-created since (its generation token changed): a handler thread never
-        keeps the erased collection's files open, nor reads from them."""
-        from faste_mm.indexers import Collection
-        from faste_mm.indexers.directory import read_generation
-
-        if self.collection is None:
-            raise NoCollectionError("this server has no collection; thumbnails need `faste-mm serve -c`")
-        generation = read_generation(self.collection)
-        if getattr(self._local, "col", None) is not None and self._local.generation != generation:
-            self._drop_thread_reader()
-        if getattr(self._local, "col", None) is None:
-            self._local.col, self._local.generation = Collection.open(self.collection), generation
-        return self._local.col
-
-    def _drop_thread_reader(self) -> None:
-        col, self._local.col = getattr(self._local, "col", None), None
-        if col is not None:
-            col.close()
+        self._need_thumbnails()
+        return self._reads.on_thread_reader(lambda col: col.records(ids))
 
     # ---- info ------------------------------------------------------------------------------
     def info(self) -> dict:
         """GET /info: model, dim, FastE, batching, and the collection's counts."""
-        from faste_mm.indexers import Collection
         from faste_mm.retrieval.receipt import receipt_summary
 
         self.follow_reindex()
         collection = None
         if self.collection is not None:
-            self._refuse_reindexing()
-            try:
-                with Collection.open(self.collection) as col:
-                    info = col.info()
-            except CollectionError:
-                self._refuse_reindexing()  # re-created meanwhile
-                raise
+            info = self._reads.guarded(lambda: _collection_info(self.collection))
             profile = self.profile
             collection = {"path": str(self.collection), "name": self.collection.name, "items": info.n_ok,
                           "failed": info.n_failed, "deleted": info.n_deleted, "index": info.index_factory,
@@ -516,3 +453,10 @@ class ServeEngine:
             "collection": collection,
             "reranker": None if self.reranker is None else self.reranker.settings(),  # the page's rerank toggle
         }
+
+
+def _collection_info(root: Path):
+    from faste_mm.indexers import Collection
+
+    with Collection.open(root) as col:
+        return col.info()

@@ -1,7 +1,9 @@
-"""The served collection's settings after `index --reindex`: the engine asks on each request
-whether the collection was re-created (its generation token changed) and, if so, gets its new
-profile, the loaded weights serializing with that profile's pixel and video settings, and why
-the loaded model cannot search it when it was re-indexed with another one.
+"""The served collection across `index --reindex`: the engine asks on each request whether the
+collection was re-created (its generation token changed) and, if so, gets its new profile, the
+loaded weights serializing with that profile's pixel and video settings, and why the loaded model
+cannot search it when it was re-indexed with another one (`ReindexWatch`). Handler threads read
+the collection through `ServedReads`: each thread its own reader, and while the collection is
+being re-created a clear 503 "being re-indexed, retry" instead of "not a collection".
 
 Receives the collection folder and the loaded `Embedder`; hands the engine `ServedSettings`.
 """
@@ -11,11 +13,18 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, TypeVar
 
 from faste_mm import Embedder
 from faste_mm.errors import CollectionError
 from faste_mm.indexers.directory import is_being_recreated, read_generation
 from faste_mm.retrieval.profile import CollectionProfile, read_profile
+
+T = TypeVar("T")
+
+
+class CollectionReindexingError(CollectionError):
+    """The served collection is being re-created by `index --reindex` (HTTP 503 with Retry-After)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,3 +76,65 @@ class ReindexWatch:
             return self._loaded
         wanted = profile.serializer(self._loaded.serializer.config)
         return self._loaded if wanted == self._loaded.serializer.config else self._loaded.with_serializer(wanted)
+
+
+class ServedReads:
+    """Reads of the served collection from handler threads. `follow` is the engine's
+    `follow_reindex` (a finished re-index is served, not refused), called before each read."""
+
+    def __init__(self, watch: ReindexWatch, follow: Callable[[], None]) -> None:
+        self.watch = watch
+        self._follow = follow
+        self._local = threading.local()
+
+    def refuse_reindexing(self) -> None:
+        """CollectionReindexingError while `index --reindex` re-creates the collection: nothing
+        is wrong with it, it is being rebuilt (not the reader's "missing" or "damaged")."""
+        if self.watch.being_recreated():
+            raise self.reindexing_error()
+
+    def reindexing_error(self) -> CollectionReindexingError:
+        return CollectionReindexingError(f"the collection {self.watch.root} is being re-indexed "
+                                         f"(`faste-mm index --reindex`); retry in a few seconds")
+
+    def guarded(self, read: Callable[[], T]) -> T:
+        """`read()`; a CollectionError while the collection is being re-created (or a re-index
+        was killed part-way) becomes the 503 "being re-indexed, retry", not a 500."""
+        self._follow()
+        self.refuse_reindexing()
+        try:
+            return read()
+        except CollectionError:
+            if self.watch.being_recreated():
+                raise self.reindexing_error() from None
+            raise
+
+    def on_thread_reader(self, read: Callable[[object], T]) -> T:
+        """`read(the calling thread's reader)`, guarded; a reader that failed is dropped, so the
+        thread opens the collection afresh once it is whole again."""
+        def on_reader() -> T:
+            try:
+                return read(self._thread_reader())
+            except CollectionError:
+                self._drop_thread_reader()
+                raise
+
+        return self.guarded(on_reader)
+
+    def _thread_reader(self):
+        """The calling thread's own read-only connection, opened afresh when the collection was
+        re-created since (its generation token changed): a handler thread never keeps the erased
+        collection's files open, nor reads from them."""
+        from faste_mm.indexers import Collection
+
+        generation = read_generation(self.watch.root)
+        if getattr(self._local, "col", None) is not None and self._local.generation != generation:
+            self._drop_thread_reader()
+        if getattr(self._local, "col", None) is None:
+            self._local.col, self._local.generation = Collection.open(self.watch.root), generation
+        return self._local.col
+
+    def _drop_thread_reader(self) -> None:
+        col, self._local.col = getattr(self._local, "col", None), None
+        if col is not None:
+            col.close()
