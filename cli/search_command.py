@@ -197,6 +197,7 @@ def _render(output: SearchFormat, request: SearchRequest, root: Path, hits: list
         conditions, facts = where.where, where.facts
         payload = {"query": {"text": request.query, "image": None if request.image is None else str(request.image),
                              "video": None if request.video is None else str(request.video), "like": request.like,
+                             "crop": None if request.crop is None else list(request.crop),
                              "understood": None if asked is None else asked.to_dict()},
                    "collection": str(root), "k": request.k, "mode": request.mode,
                    "filter": {"where": conditions, "types": list(request.type or ()), "path": request.path,
