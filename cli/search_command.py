@@ -64,7 +64,8 @@ def takes_search_options(command: Callable[..., Any]) -> Callable[..., Any]:
     added = [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=_cli_default(name),
                                annotation=Annotated[_cli_type(option), typer.Option(
                                    option.flag, envvar=option.envvar, help=_cli_help(name, option),
-                                   show_default=False, **option.bounds)])
+                                   show_default=False, **option.bounds,
+                                   **({"metavar": "X,Y,W,H"} if option.kind == "box" else {}))])
              for name, option in declared.items()]
     hints = get_type_hints(command, include_extras=True)
 
