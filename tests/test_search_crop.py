@@ -170,7 +170,8 @@ def test_a_malformed_box_is_refused_naming_crop_before_anything_is_read(world, c
 def test_a_box_outside_the_picture_is_refused_with_the_pictures_size(world, crop, words):
     with _retriever(world) as retriever, pytest.raises(InputError, match="crop") as error:
         retriever.search(image=world["scene"], crop=crop)
-    assert words in str(error.value) and "160x120 pixels" in str(error.value) and world["scene"].name in str(error.value)
+    message = str(error.value)
+    assert words in message and "160x120 pixels" in message and world["scene"].name in message
 
 
 def test_a_turned_photos_bounds_are_its_upright_size(world):
@@ -272,8 +273,8 @@ def test_the_page_preview_says_the_size_a_region_is_given_in(world):
         assert answer.status_code == 200, answer.text
         sizes[key[0]] = answer.headers.get("x-picture-size")
     rendered = load_image(Item(image=world["gallery"] / "report.pdf", page=2), read_profile(world["col"]).max_pixels)
-    assert sizes == {world["scene"].name: "160x120", "turned.jpg": "64x96", "report.pdf": "{}x{}".format(*rendered.size),
-                     "clip.mp4": None}
+    assert sizes == {world["scene"].name: "160x120", "turned.jpg": "64x96",
+                     "report.pdf": "{}x{}".format(*rendered.size), "clip.mp4": None}
 
 
 def test_the_mcp_search_tool_takes_crop(world):

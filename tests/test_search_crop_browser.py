@@ -58,7 +58,8 @@ def _region_search(page, action) -> dict:
     with page.expect_request(lambda r: r.url.endswith("/search") and "crop" in (r.post_data or "")) as asked:
         action()
     body = asked.value.post_data_json
-    page.wait_for_function(f"() => document.querySelector('#status-text').textContent.includes('region of #{body['id']}')")
+    page.wait_for_function(f"() => document.querySelector('#status-text').textContent"
+                           f".includes('region of #{body['id']}')")
     return body
 
 
