@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import os
+import re
 from dataclasses import dataclass, field, fields
 from datetime import date
 from typing import Any, Mapping
@@ -285,10 +287,9 @@ def _box(name: str, value: Any) -> tuple[int, int, int, int]:
     it lies inside the picture is checked against the picture: retrieval/query_crop.py.)"""
     parts = value.split(",") if isinstance(value, str) else value
     if isinstance(parts, (list, tuple)) and len(parts) == 4:
-        numbers = [int(p) if isinstance(p, str) and p.strip().lstrip("-").isdigit() and p.strip().isascii()
-                   else p for p in parts]
-        if all(isinstance(n, int) and not isinstance(n, bool) for n in numbers):
-            x, y, width, height = numbers
+        given = [int(p) if isinstance(p, str) and re.fullmatch(r"\s*-?[0-9]+\s*", p) else p for p in parts]
+        if all(isinstance(n, numbers.Integral) and not isinstance(n, bool) for n in given):  # numpy's too
+            x, y, width, height = map(int, given)
             if x < 0 or y < 0:
                 raise ConfigError(f"search {name} {_shown(value)}: the box starts left of or above the picture; X and "
                                   f"Y (its top-left corner, in pixels from the picture's top-left) must be 0 or more")

@@ -481,8 +481,9 @@ async function loadPreview(img, hit) {
   $("lightbox-hint").hidden = true;
   try {
     const response = await fetch(`/previews/${hit.id}`, { headers: headers() });
-    if (!response.ok || img.dataset.hit !== String(hit.id)) return;  // gone, or another preview opened since
-    img.src = URL.createObjectURL(await response.blob());
+    const picture = response.ok ? await response.blob() : null;
+    if (!picture || img.dataset.hit !== String(hit.id)) return;  // gone, or another preview opened since
+    img.src = URL.createObjectURL(picture);
     const size = (response.headers.get("X-Picture-Size") || "").match(/^(\d+)x(\d+)$/);
     if (!size) return;  // a video: no region to search by
     cropping = { hit, width: Number(size[1]), height: Number(size[2]) };
@@ -511,7 +512,7 @@ function wireCrop() {
     const region = regionOf(img, start, e);
     start = null;
     box.hidden = true;
-    if (e.type === "pointerup" && region.width >= 4 && region.height >= 4) searchRegion(img, region);  // less: a click
+    if (e.type === "pointerup" && region.width >= 4 && region.height >= 4) searchRegion(region);  // less: a click
   };
   img.addEventListener("pointerup", finish);
   img.addEventListener("pointercancel", finish);
@@ -533,7 +534,7 @@ function showBox(box, region) {
   box.hidden = false;
 }
 
-function searchRegion(img, region) {
+function searchRegion(region) {
   const { hit, width, height } = cropping;
   const sx = width / region.frame.width;
   const sy = height / region.frame.height;
