@@ -154,7 +154,8 @@ def test_a_tiny_region_is_upscaled_into_the_models_pixel_budget_as_any_small_ima
 @pytest.mark.parametrize("crop, words", [
     ("1,2,3", "must be X,Y,W,H"), ("a,b,c,d", "must be X,Y,W,H"), ("1,2,3,4,5", "must be X,Y,W,H"),
     ((1.5, 2, 3, 4), "must be X,Y,W,H"), ((True, 2, 3, 4), "must be X,Y,W,H"), (7, "must be X,Y,W,H"),
-    ("0,0,0,5", "no area"), ((0, 0, 5, -2), "no area"), ("-1,0,5,5", "left of or above"),
+    ("--5,1,1,1", "must be X,Y,W,H"), ("0,0,0,5", "no area"), ((0, 0, 5, -2), "no area"),
+    ("-1,0,5,5", "left of or above"),
 ])
 def test_a_malformed_box_is_refused_naming_crop_before_anything_is_read(world, crop, words):
     with _retriever(world) as retriever, pytest.raises(ConfigError, match="crop") as error:
@@ -293,6 +294,16 @@ def test_the_mcp_search_tool_takes_crop(world):
     _same(by_like, _ranked(like["hits"]), "mcp like + crop")
     _same(by_image, _ranked(image["hits"]), "mcp image + crop")
     assert "crop 0,0,999,4" in refused and "160x120" in refused
+
+
+def test_a_box_is_read_from_text_a_list_or_numpy_integers():
+    import numpy as np
+
+    from faste_mm.retrieval.search_request import SearchRequest
+
+    for given in (" 1, 2 ,3,4", [1, 2, 3, 4], tuple(np.arange(1, 5)), np.arange(1, 5).tolist()):
+        assert SearchRequest.of("test", image="a.png", crop=given).crop == (1, 2, 3, 4)
+    assert SearchRequest.of("test", like=7, crop="1,2,3,4").wire()["crop"] == [1, 2, 3, 4]  # the thin client's body
 
 
 def test_crop_is_one_declared_option_every_front_end_but_the_text_adapters_shows():
