@@ -64,7 +64,8 @@ def takes_search_options(command: Callable[..., Any]) -> Callable[..., Any]:
     added = [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=_cli_default(name),
                                annotation=Annotated[_cli_type(option), typer.Option(
                                    option.flag, envvar=option.envvar, help=_cli_help(name, option),
-                                   show_default=False, **option.bounds)])
+                                   show_default=False, **option.bounds,
+                                   **({"metavar": "X,Y,W,H"} if option.kind == "box" else {}))])
              for name, option in declared.items()]
     hints = get_type_hints(command, include_extras=True)
 
@@ -197,6 +198,7 @@ def _render(output: SearchFormat, request: SearchRequest, root: Path, hits: list
         conditions, facts = where.where, where.facts
         payload = {"query": {"text": request.query, "image": None if request.image is None else str(request.image),
                              "video": None if request.video is None else str(request.video), "like": request.like,
+                             "crop": None if request.crop is None else list(request.crop),
                              "understood": None if asked is None else asked.to_dict()},
                    "collection": str(root), "k": request.k, "mode": request.mode,
                    "filter": {"where": conditions, "types": list(request.type or ()), "path": request.path,

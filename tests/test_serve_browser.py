@@ -168,7 +168,7 @@ def test_search_page_previews_a_hit_names_a_filter_that_matches_nothing_and_show
     page.locator(".card .thumb").first.click()
     page.wait_for_selector("#lightbox:not([hidden])")
     page.wait_for_function("() => { const i = document.querySelector('#lightbox-img'); "
-                           "return i.complete && i.naturalWidth > 0 && i.src.includes('/previews/'); }")
+                           "return i.complete && i.naturalWidth > 0 && i.src.startsWith('blob:'); }")  # fetched: its size header read
     assert "score" in page.inner_text("#lightbox-caption")
     page.keyboard.press("Escape")
     page.wait_for_selector("#lightbox", state="hidden")

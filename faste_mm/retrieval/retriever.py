@@ -446,7 +446,8 @@ class Retriever:
 
         options: the keywords of `SEARCH_OPTIONS`, each declared once in `SearchRequest`
         (faste_mm/retrieval/search_request.py; docs/search.md "Search options" lists them with
-        their defaults): image, video, like, instruction, k (10), mode ("dense" | "lexical" |
+        their defaults): image, video, like, crop ((x, y, width, height) or "X,Y,W,H": search by that
+        region of the image or of the `like` item's picture), instruction, k (10), mode ("dense" | "lexical" |
         "hybrid"), where (condition strings such as "taken>=2024-05-01", "place~lisbon",
         "country=Kenya", "tag=invoice", or a mapping key -> value read the same way), type, path,
         since, until, sort ("relevance" | "date" | "-date"), min_score (None: the collection's),
@@ -483,7 +484,9 @@ class Retriever:
         """Items like an indexed one (an item id, or an indexed file's path: its first page), by
         its stored vector, the item itself left out: the page's "more like this" and `faste-mm
         search --like`. options: as `search` (filters, k, min_score, sort; no query, no rerank).
-        Loads no model. Raises InputError naming an id or path that is not in the collection."""
+        Loads no model, unless `crop` ((x, y, width, height) in the picture's pixels) asks for a
+        region of the item's image or PDF page: that region, read from its file, is embedded.
+        Raises InputError naming an id or path that is not in the collection, or a bad crop."""
         return one(self.execute([SearchRequest.of("Retriever.more_like", like=like, **options)]))
 
     def search_batch(self, queries: Sequence[object], **options: Any) -> list[list[Hit]]:

@@ -5,7 +5,8 @@ thin client and the LangChain / LlamaIndex adapters only translate into requests
 In the order it happens: the query text understood as meaning and filters (`understood_search`;
 not when `literal`), the query text bounded (`MAX_QUERY_CHARS`), the query
 embedded (text, image, video, both; an item id or indexed path for "more like this" reads its
-stored vector; a crop of a picture would enter here as one more query input), the filters, the
+stored vector; a `crop` cuts its region out of the query picture or the item's file, `query_crop`,
+and that region is embedded instead), the filters, the
 dense / lexical / hybrid search with its rescoring and minimum score, the reranker's second stage,
 and the order; a query of filters only lists the matching items, newest first, embedding nothing.
 Receives requests and the collection's parts (`SearchParts`); hands back one list
@@ -26,6 +27,8 @@ from faste_mm.errors import CollectionError, ConfigError, FasteError, InputError
 from faste_mm.indexers.filters import SearchFilter
 from faste_mm.model.items import Item
 from faste_mm.retrieval import querying, result_order
+from faste_mm.retrieval.profile import CollectionProfile
+from faste_mm.retrieval.query_crop import cropped, stored_picture
 from faste_mm.retrieval.hits import Hit
 from faste_mm.retrieval.rerank_hits import check_reranker, hit_item, rerank_hits
 from faste_mm.retrieval.search_request import MAX_QUERY_CHARS, SearchRequest
@@ -78,7 +81,7 @@ def execute(requests: Sequence[SearchRequest], parts: SearchParts,
         else:
             planned.append((i, plan))
     # the model is checked (and loaded) only when a query is embedded: lexical and more-like-this need none
-    col = parts.reader(any(plan.request.mode != "lexical" and plan.like_id is None for _, plan in planned)) \
+    col = parts.reader(any(plan.request.mode != "lexical" and plan.item is not None for _, plan in planned)) \
         if planned else None
     vectors = _embed_all([plan for _, plan in planned], parts)
     groups: dict[tuple, list[int]] = {}  # requests that search alike share one call
@@ -111,8 +114,9 @@ def understood(request: SearchRequest, parts: SearchParts) -> UnderstoodRequest:
 
 @dataclass(frozen=True, slots=True)
 class _Plan:
-    """One request made concrete: its query item (None for more-like-this), the item id it is
-    like, its words, filter, minimum score, depth and reranker."""
+    """One request made concrete: its query item (None for more-like-this, which searches with the
+    item's stored vector; a region of it with `crop`), the item id it is like (left out of its
+    hits), its words, filter, minimum score, depth and reranker."""
 
     request: SearchRequest
     item: Item | None
@@ -152,7 +156,9 @@ def _plan(asked: UnderstoodRequest, parts: SearchParts, item: Item | None = None
             raise InputError(f"search: `like` (more like this) searches by the item's vector; mode "
                              f"{request.mode} does not apply")
         like_id = _like_id(request.like, parts)
-        return _Plan(request, None, like_id, None, where, min_score, request.k + 1, None)
+        item = None if request.crop is None else \
+            cropped(stored_picture(parts.reader(False).get([like_id])[0]), request.crop, _max_pixels(parts))
+        return _Plan(request, item, like_id, None, where, min_score, request.k + 1, None)
     read = asked.understood is not None and bool(asked.understood.parts)
     text = (request.query or None) if read else request.query  # the meaning text ("" beside an image: none)
     if item is not None and item.text is not None and read:
@@ -160,6 +166,8 @@ def _plan(asked: UnderstoodRequest, parts: SearchParts, item: Item | None = None
     if item is None:
         image, video = (Path(v) if isinstance(v, os.PathLike) else v for v in (request.image, request.video))
         item = Item(text=text, image=image, video=video)
+    if request.crop is not None:
+        item = cropped(item, request.crop, _max_pixels(parts))
     if item.text is not None and len(item.text) > MAX_QUERY_CHARS:
         log.warning("search: the query text has %d characters; searching with its first %d (MAX_QUERY_CHARS)",
                     len(item.text), MAX_QUERY_CHARS)
@@ -190,13 +198,18 @@ def _like_id(like: Any, parts: SearchParts) -> int:
     return ids[0]
 
 
+def _max_pixels(parts: SearchParts) -> int:
+    """The collection's image budget: a PDF page is cut from its rendering at it, as it was indexed."""
+    return CollectionProfile.from_manifest(parts.reader(False).manifest).max_pixels
+
+
 def _embed_all(plans: list[_Plan], parts: SearchParts) -> list[np.ndarray | None]:
     """Each plan's query vector (None for lexical mode), the query items embedded together per
-    instruction; a more-like-this request's vector is its item's stored one."""
+    instruction; a more-like-this request's vector is its item's stored one (without a crop)."""
     vectors: list[np.ndarray | None] = [None] * len(plans)
     by_instruction: dict[str | None, list[int]] = {}
     for p, plan in enumerate(plans):
-        if plan.like_id is not None:
+        if plan.item is None:
             vectors[p] = parts.reader(False).vectors([plan.like_id])[0]
         elif plan.request.mode != "lexical":
             by_instruction.setdefault(plan.request.instruction, []).append(p)

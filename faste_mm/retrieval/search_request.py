@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import os
+import re
 from dataclasses import dataclass, field, fields
 from datetime import date
 from typing import Any, Mapping
@@ -53,7 +55,8 @@ class Option:
     not a flag: the positional QUERY, or an option the command line spells its own way).
     fronts: the front ends that show it (`FRONTS`). kind: what its wire value is, for the JSON
     body, the form and the MCP schema: "text", "int", "float", "bool", "choice", "texts" (one
-    string or a list), "where" (condition strings or a metadata mapping), "image", "like".
+    string or a list), "where" (condition strings or a metadata mapping), "image", "like", "box"
+    (a region: "X,Y,W,H" or four whole numbers).
     min / max: inclusive bounds (numbers); limits: a front end's own lower maximum ("mcp": 50).
     choices: the valid values of a "choice". form: the form field's name when not the option's
     (`q` for the query text). aliases: other names the JSON body and form accept (`id`).
@@ -118,6 +121,12 @@ class SearchRequest:
     like: Any = option(None, "More like this: an item id, or the path of an indexed file (its first page), whose "
                              "stored vector is searched with; the item itself is left out.", "like", flag="--like",
                        fronts=_EVERYWHERE - {"adapters"}, aliases=("id",))
+    crop: Any = option(None, "Find by a region of the picture: X,Y,W,H (left, top, width, height) in its pixels, "
+                             "with an image or like (the region of that item's file is read and embedded; like "
+                             "without crop searches with the stored vector). A photo's pixels as viewers show it "
+                             "(EXIF orientation applied), a PDF page's as rendered for the model (a PDF file: its "
+                             "first page). A small region is upscaled as any small image is.", "box", flag="--crop",
+                       fronts=_EVERYWHERE - {"adapters"})
     instruction: str | None = option(None, "The query's task instruction. Default: the model's official query "
                                            "instruction ('Retrieve images or text relevant to the user's query.' "
                                            "for Qwen3-VL-Embedding).", "text", flag="--instruction",
@@ -173,6 +182,10 @@ class SearchRequest:
         if self.like is None and not asked:
             raise InputError("search: give a query text, an image, a video, or `like` (an item id or an indexed "
                              "file's path)")
+        if self.crop is not None and (self.video is not None or (self.image is None and self.like is None)):
+            raise InputError("search: `crop` cuts a region of a picture: give it with `image` (a picture or a PDF: "
+                             "its first page) or `like` (an image or PDF page item)" +
+                             ("; a video query cannot be cropped" if self.video is not None else ""))
 
     @classmethod
     def of(cls, caller: str = "search", /, **given: Any) -> "SearchRequest":
@@ -263,7 +276,36 @@ def _checked(name: str, declared: Option, value: Any) -> Any:
     elif kind == "like":
         if isinstance(value, bool) or not isinstance(value, (int, str, os.PathLike)):
             raise ConfigError(f"search like must be an item id or a file path, got {type(value).__name__}")
+    elif kind == "box":
+        value = _box(name, value)
     return value
+
+
+def _box(name: str, value: Any) -> tuple[int, int, int, int]:
+    """A region (x, y, width, height) in whole pixels, from "X,Y,W,H" or four integers; ConfigError
+    naming the option for any other form, a corner left of or above the picture, or no area. (That
+    it lies inside the picture is checked against the picture: retrieval/query_crop.py.)"""
+    parts = value.split(",") if isinstance(value, str) else value
+    if isinstance(parts, (list, tuple)) and len(parts) == 4:
+        given = [int(p) if isinstance(p, str) and re.fullmatch(r"\s*-?[0-9]+\s*", p) else p for p in parts]
+        if all(isinstance(n, numbers.Integral) and not isinstance(n, bool) for n in given):  # numpy's too
+            x, y, width, height = map(int, given)
+            if x < 0 or y < 0:
+                raise ConfigError(f"search {name} {_shown(value)}: the box starts left of or above the picture; X and "
+                                  f"Y (its top-left corner, in pixels from the picture's top-left) must be 0 or more")
+            if width < 1 or height < 1:
+                raise ConfigError(f"search {name} {_shown(value)}: the box has no area; W and H (its width and height "
+                                  f"in pixels) must be at least 1")
+            return x, y, width, height
+    raise ConfigError(f"search {name} must be X,Y,W,H: four whole numbers of pixels (the box's left, top, width and "
+                      f"height, e.g. 120,40,300,200), got {_shown(value)}")
+
+
+def _shown(value: Any) -> str:
+    """A given box as its message shows it (its first 60 characters)."""
+    text = value if isinstance(value, str) else ",".join(map(str, value)) if isinstance(value, (list, tuple)) \
+        else repr(value)
+    return repr(text[:60])
 
 
 def _bounded(name: str, declared: Option, value: float) -> None:

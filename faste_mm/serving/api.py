@@ -142,6 +142,7 @@ def create_app(engine: ServeEngine) -> FastAPI:
         return {
             "query": {"text": asked.query, "image": asked.image is not None,
                       "id": asked.like if isinstance(asked.like, int) else None, "like": asked.like,
+                      "crop": None if asked.crop is None else list(asked.crop),
                       "understood": None if understood is None else understood.to_dict()},
             "k": asked.k, "mode": asked.mode, "sort": asked.sort, "min_score": asked.min_score,
             "filter": {"where": where.where, "types": list(where.types), "path": where.path,

@@ -73,7 +73,7 @@ class EmbeddingRequest(BaseModel):
 _JSON_TYPES: dict[str, Any] = {"text": str, "int": int, "float": float, "bool": bool, "image": str,
                                "like": Union[Annotated[int, Field(ge=0, le=INT64_MAX)], str],
                                "where": Union[dict[str, Union[str, int, float, bool]], list[str]],
-                               "texts": Union[str, list[str]]}
+                               "texts": Union[str, list[str]], "box": Union[list[int], str]}
 
 
 def request_model(front: str, name: str, *, leave_out: tuple[str, ...] = (), limits: Mapping[str, dict] | None = None,

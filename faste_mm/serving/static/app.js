@@ -139,7 +139,8 @@ let latestSearch = null;  // the AbortController of the search whose reply the g
 
 // `asked`: a search again after an understood part was removed ({query, text, parts}: the parts
 // kept): the words sent literal, the kept parts as filters (`understoodFilters`).
-async function search({ id = null, pushUrl = true, asked = null } = {}) {
+// `crop`: with `id`, a search by that region of the item's picture ([x, y, w, h] in its pixels).
+async function search({ id = null, pushUrl = true, asked = null, crop = null } = {}) {
   const q = $("q").value.trim();
   const k = Number($("k").value);
   if (!q && !state.image && id === null) { $("q").focus(); return; }
@@ -150,6 +151,7 @@ async function search({ id = null, pushUrl = true, asked = null } = {}) {
     if (!$("rerank-toggle").hidden && id === null) body.rerank = $("rerank").checked;
     if ($("literal").checked) body.literal = true;
     if (asked) Object.assign(body, understoodFilters(body, asked.parts), { literal: true });
+    if (id !== null && crop) body.crop = crop;
   } catch (error) {
     showBanner(error.message);
     return;
@@ -171,7 +173,8 @@ async function search({ id = null, pushUrl = true, asked = null } = {}) {
                                            headers: { "Content-Type": "application/json" } });
     if (latestSearch !== mine) return;  // superseded while its reply was on the way
     state.results = result;
-    render(result, id !== null ? `items like #${id}` : describe(q), activeFilters(body));
+    render(result, id === null ? describe(q) : body.crop ? `a region of #${id}` : `items like #${id}`,
+           activeFilters(body));
     showUnderstood(asked || (result.query && result.query.understood));
   } catch (error) {
     if (latestSearch === mine) failed(error, "Search");  // an aborted, superseded search says nothing
@@ -247,6 +250,7 @@ function updateUrl(id, q, k, body = {}) {
   const params = new URLSearchParams();
   if (id !== null) params.set("id", id);
   else if (q) params.set("q", q);
+  if (id !== null && body.crop) params.set("crop", body.crop.join(","));
   if (k !== "12") params.set("k", k);
   if (body.type) params.set("type", body.type);
   if (body.path) params.set("path", body.path);
@@ -440,8 +444,9 @@ function openPreview(hit) {
   const box = $("lightbox");
   const img = $("lightbox-img");
   img.removeAttribute("src");
+  img.dataset.hit = hit.id;
   img.alt = hit.page ? `${hit.name}, page ${hit.page}` : hit.name;
-  loadThumbnail(img, `/previews/${hit.id}`);
+  loadPreview(img, hit);
   $("lightbox-caption").textContent =
     `${hit.name}${hit.page ? " · page " + hit.page : ""} · score ${hit.score.toFixed(3)}`;
   $("lightbox-caption").title = hit.uri;
@@ -462,6 +467,86 @@ async function loadThumbnail(img, url) {
     const response = await fetch(url, { headers: headers() });
     if (response.ok) img.src = URL.createObjectURL(await response.blob());
   } catch (_) { /* the card keeps its placeholder */ }
+}
+
+// ---- a region of a hit: a box drawn on its preview (mouse, pen or finger) searches by that region ------
+// The preview is the picture scaled down; its answer says the size the server cuts a crop from
+// (X-Picture-Size: an image upright, a PDF page as rendered for the model), so the box drawn on the
+// displayed preview is scaled to that picture's pixels and sent as `like` + `crop`.
+let cropping = null;  // {hit, width, height} of the open preview when a region of it can be searched
+
+async function loadPreview(img, hit) {
+  cropping = null;
+  img.classList.remove("croppable");
+  $("lightbox-hint").hidden = true;
+  try {
+    const response = await fetch(`/previews/${hit.id}`, { headers: headers() });
+    const picture = response.ok ? await response.blob() : null;
+    if (!picture || img.dataset.hit !== String(hit.id)) return;  // gone, or another preview opened since
+    img.src = URL.createObjectURL(picture);
+    const size = (response.headers.get("X-Picture-Size") || "").match(/^(\d+)x(\d+)$/);
+    if (!size) return;  // a video: no region to search by
+    cropping = { hit, width: Number(size[1]), height: Number(size[2]) };
+    img.classList.add("croppable");
+    $("lightbox-hint").hidden = false;
+  } catch (_) { /* the lightbox keeps its placeholder */ }
+}
+
+function wireCrop() {
+  const img = $("lightbox-img");
+  const box = $("crop-box");
+  let start = null;  // the pointer that is drawing, and where it went down
+  img.addEventListener("dragstart", (e) => e.preventDefault());
+  img.addEventListener("pointerdown", (e) => {
+    if (!cropping || e.button > 0) return;
+    e.preventDefault();
+    try { img.setPointerCapture(e.pointerId); } catch (_) { /* a synthetic pointer: no capture */ }
+    start = { id: e.pointerId, x: e.clientX, y: e.clientY };
+    showBox(box, regionOf(img, start, e));
+  });
+  img.addEventListener("pointermove", (e) => {
+    if (start && e.pointerId === start.id) showBox(box, regionOf(img, start, e));
+  });
+  const finish = (e) => {
+    if (!start || e.pointerId !== start.id) return;
+    const region = regionOf(img, start, e);
+    start = null;
+    box.hidden = true;
+    if (e.type === "pointerup" && region.width >= 4 && region.height >= 4) searchRegion(region);  // less: a click
+  };
+  img.addEventListener("pointerup", finish);
+  img.addEventListener("pointercancel", finish);
+}
+
+// The box between where the pointer went down and where it is, kept on the displayed picture.
+function regionOf(img, start, e) {
+  const r = img.getBoundingClientRect();
+  const clampX = (x) => Math.max(r.left, Math.min(r.right, x));
+  const clampY = (y) => Math.max(r.top, Math.min(r.bottom, y));
+  const [x0, x1] = [clampX(start.x), clampX(e.clientX)].sort((a, b) => a - b);
+  const [y0, y1] = [clampY(start.y), clampY(e.clientY)].sort((a, b) => a - b);
+  return { left: x0, top: y0, width: x1 - x0, height: y1 - y0, frame: r };
+}
+
+function showBox(box, region) {
+  Object.assign(box.style, { left: region.left + "px", top: region.top + "px",
+                             width: region.width + "px", height: region.height + "px" });
+  box.hidden = false;
+}
+
+function searchRegion(region) {
+  const { hit, width, height } = cropping;
+  const sx = width / region.frame.width;
+  const sy = height / region.frame.height;
+  const x = Math.min(width - 1, Math.floor((region.left - region.frame.left) * sx));
+  const y = Math.min(height - 1, Math.floor((region.top - region.frame.top) * sy));
+  const crop = [x, y, Math.max(1, Math.min(width - x, Math.round(region.width * sx))),
+                Math.max(1, Math.min(height - y, Math.round(region.height * sy)))];
+  closePreview();
+  clearImage();
+  $("q").value = "";
+  search({ id: hit.id, crop });
+  window.scrollTo({ top: 0, behavior: "smooth" });
 }
 
 // ---- image upload and drag-and-drop -------------------------------------------------------------
@@ -510,7 +595,9 @@ function fromUrl() {
   minScore();
   if (params.has("id")) {
     $("q").value = "";
-    search({ id: Number(params.get("id")), pushUrl: false });
+    const crop = (params.get("crop") || "").split(",").map(Number);
+    search({ id: Number(params.get("id")), pushUrl: false,
+             crop: crop.length === 4 && crop.every(Number.isInteger) ? crop : null });
   } else if (params.get("q")) {
     $("q").value = params.get("q");
     search({ pushUrl: false });
@@ -562,6 +649,7 @@ function wire() {
   $("lightbox-close").addEventListener("click", closePreview);
   $("lightbox").addEventListener("click", (e) => { if (e.target === $("lightbox")) closePreview(); });
   window.addEventListener("keydown", (e) => { if (e.key === "Escape") closePreview(); });
+  wireCrop();
 }
 
 function hasFile(event) {
