@@ -70,17 +70,24 @@ def _wire(result) -> dict:
 
 
 # ---- the protocol side (the SDK's client) ---------------------------------------------------------
-def test_the_search_tools_name_the_view_and_the_server_declares_mcp_apps(client, tools):
+def test_the_search_tools_name_the_view_and_the_server_declares_mcp_apps(tools, tmp_path):
+    from faste_mm.serving.mcp_paths import IndexRoots
+    from faste_mm.serving.mcp_server import build_server
+    from faste_mm.serving.mcp_tools import EngineSlot, McpTools
+
     for name in ("search", "more_like_this"):
         assert tools[name].meta == {"ui": {"resourceUri": VIEW_URI}, "ui/resourceUri": VIEW_URI}, name
     assert all(tools[name].meta is None for name in ("get_item", "explain", "info", "index"))
-    assert client.session.server_capabilities.extensions == EXTENSIONS
+    # capabilities.extensions, sent where the protocol revision has the field (2026-07-28 on)
+    server = build_server(McpTools(tmp_path, EngineSlot(engine=object()), IndexRoots()))
+    assert server.create_initialization_options().capabilities.extensions == EXTENSIONS
 
 
 def test_the_view_is_listed_and_reads_back_as_one_self_contained_html_document(client):
     listed = {str(r.uri): r for r in client.list_resources().resources}
     view = listed[VIEW_URI]
-    assert view.mime_type == APP_MIME_TYPE == "text/html;profile=mcp-app" and view.meta == {"ui": {"prefersBorder": True}}
+    assert view.mime_type == APP_MIME_TYPE == "text/html;profile=mcp-app"
+    assert view.meta == {"ui": {"prefersBorder": True}}
     [content] = client.read_resource(VIEW_URI).contents
     assert (str(content.uri), content.mime_type, content.meta) == (VIEW_URI, APP_MIME_TYPE, view.meta)
     html = content.text
@@ -111,7 +118,8 @@ def test_the_search_answer_carries_what_the_view_draws_and_stays_whole_for_other
     hits = found["hits"]
     assert sorted(h["name"] for h in hits) == ["p0.jpg", "p1.jpg", "p2.jpg", "p3.jpg"]  # images since 2021
     lisbon = next(h for h in hits if h["name"] == "p0.jpg")["facts"]
-    assert lisbon["taken"].startswith("2021-06-01") and "Lisbon" in lisbon["place"] and lisbon["camera"] == "Google Pixel 8"
+    assert lisbon["taken"].startswith("2021-06-01") and "Lisbon" in lisbon["place"]
+    assert lisbon["camera"] == "Google Pixel 8"
     assert [p["kind"] for p in found["query"]["understood"]["parts"]] == ["kind", "date", "camera"]
     # what a client without MCP Apps reads is as before: the summary, a link per hit, each
     # picture after its label; the pictures only gain their item in `_meta`
@@ -214,13 +222,13 @@ def test_the_view_shows_each_hit_with_its_facts_and_thumbnail_and_the_understood
 @needs_chromium
 def test_the_view_shows_a_hit_without_a_picture_a_failed_search_and_the_hosts_theme(browser, client):
     html = client.read_resource(VIEW_URI).contents[0].text
-    arguments = {"query": "notes about a picnic", "k": 6}
+    arguments = {"query": "a picnic by the lake", "k": 6}
     found = client.call("search", arguments)
     note = next(h for h in found.structured_content["hits"] if h["kind"] == "text")
     context = {"theme": "dark", "styles": {"variables": {"--color-background-primary": "rgb(1, 2, 3)"}}}
     page, view, errors = _open_view(browser, html, _wire(found), arguments, context)
     card = view.locator(f".card[data-id='{note['id']}']")
-    assert card.locator(".kind-badge").inner_text() == "text" and card.locator("img").count() == 0
+    assert card.locator(".kind-badge").text_content() == "text" and card.locator("img").count() == 0
     assert card.locator(".facts").is_hidden()  # a note has no date, place or camera to show
     assert view.locator(".card img").count() == 5  # the photos' thumbnails
     assert view.locator("body").evaluate("b => getComputedStyle(b).backgroundColor") == "rgb(1, 2, 3)"
@@ -232,6 +240,7 @@ def test_the_view_shows_a_hit_without_a_picture_a_failed_search_and_the_hosts_th
     assert failed.is_error
     page, view, errors = _open_view(browser, html, _wire(failed), {})
     view.locator("#problem").wait_for()
-    assert view.locator("#problem").inner_text() == failed.content[0].text and "give a `query` text" in failed.content[0].text
+    assert "give a `query` text" in failed.content[0].text
+    assert view.locator("#problem").inner_text() == failed.content[0].text
     assert view.locator(".card").count() == 0 and view.locator("#status").inner_text() == "The search failed."
     assert not errors, errors
