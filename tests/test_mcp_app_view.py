@@ -229,7 +229,8 @@ def test_the_view_shows_a_hit_without_a_picture_a_failed_search_and_the_hosts_th
     page, view, errors = _open_view(browser, html, _wire(found), arguments, context)
     card = view.locator(f".card[data-id='{note['id']}']")
     assert card.locator(".kind-badge").text_content() == "text" and card.locator("img").count() == 0
-    assert card.locator(".facts").is_hidden()  # a note has no date, place or camera to show
+    # a note has no date, place or camera to show: no facts line (not even an empty one)
+    assert card.locator(".facts").evaluate("p => getComputedStyle(p).display") == "none"
     assert view.locator(".card img").count() == 5  # the photos' thumbnails
     assert view.locator("body").evaluate("b => getComputedStyle(b).backgroundColor") == "rgb(1, 2, 3)"
     assert view.locator("html").get_attribute("data-theme") == "dark"
