@@ -2,7 +2,7 @@
 `io.modelcontextprotocol/ui`, stable 2026-01-26): a `ui://` HTML resource the host renders in a
 sandboxed iframe beside a search's answer, declared on the tools through their `_meta`.
 
-Receives nothing at run time: the view gets the tool result the host hands it over postMessage
+The server only serves the document: the view gets the tool result the host hands it over postMessage
 (the bridge: `ui/initialize`, `ui/notifications/tool-result`, ...) and draws it from the
 structured result and the answer's own thumbnails (the image blocks, each tagged with its item
 under `PICTURE_ITEM_KEY`). Hands `serving.mcp_server` the resource's listing entry, its contents
