@@ -1,7 +1,8 @@
 """The MCP server (Model Context Protocol, the official `mcp` SDK's low-level `Server`): the
 tools of `serving.mcp_tools` with JSON-Schema input and output schemas and honest annotations,
-the collection's items as resources (`faste-mm://item/<id>`), over stdio (`faste-mm mcp`) or
-the streamable HTTP transport mounted at /mcp inside `faste-mm serve` (`http_endpoint`).
+the collection's items as resources (`faste-mm://item/<id>`), the search results' view for MCP
+Apps hosts (`serving.mcp_view`), over stdio (`faste-mm mcp`) or the streamable HTTP transport
+mounted at /mcp inside `faste-mm serve` (`http_endpoint`).
 
 Receives MCP requests; validates arguments against the tool's model, runs the tool in a worker
 thread (the model is blocking work), and answers with structuredContent, a text summary,
@@ -31,6 +32,7 @@ from faste_mm.serving.mcp_tools import (ITEM_URI, PREVIEW_PX, ExplainArgs, Expla
                                         InfoArgs, InfoOut, ItemOut, McpTools, MoreLikeThisArgs, SearchArgs, SearchOut,
                                         ToolAnswer)
 from faste_mm.errors import InputError
+from faste_mm.serving import mcp_view
 from faste_mm.serving.thumbnails import has_thumbnail, preview
 
 log = logging.getLogger(__name__)
@@ -53,13 +55,15 @@ class ToolSpec:
     read_only: bool = True
     destructive: bool = False
     idempotent: bool = True
+    meta: dict | None = None  # the tool's `_meta` (the search tools name their MCP Apps view)
 
     def tool(self) -> types.Tool:
         return types.Tool(name=self.name, title=self.title, description=self.description,
                           input_schema=self.args.model_json_schema(), output_schema=self.out.model_json_schema(),
                           annotations=types.ToolAnnotations(title=self.title, read_only_hint=self.read_only,
                                                             destructive_hint=self.destructive,
-                                                            idempotent_hint=self.idempotent, open_world_hint=False))
+                                                            idempotent_hint=self.idempotent, open_world_hint=False),
+                          meta=self.meta)
 
 
 SPECS = (
@@ -67,9 +71,9 @@ SPECS = (
              "Find items by a text query and/or a picture (an indexed image's path or a data: URL); modes dense "
              "(meaning), lexical (words) and hybrid; filters by metadata, kind and path glob; optional reranking. "
              "Each hit has its file path, page, score and metadata, a link to the item and a small thumbnail.",
-             SearchArgs, SearchOut),
+             SearchArgs, SearchOut, meta=mcp_view.tool_meta()),
     ToolSpec("more_like_this", "Find similar items", "Items most like an indexed item (by its id), itself left out.",
-             MoreLikeThisArgs, SearchOut),
+             MoreLikeThisArgs, SearchOut, meta=mcp_view.tool_meta()),
     ToolSpec("get_item", "Look at one item",
              f"An item's metadata, its text (text files, PDF text layers) and a picture up to {PREVIEW_PX} px "
              f"(a PDF page rendered, a video frame).", GetItemArgs, ItemOut),
@@ -106,6 +110,8 @@ def build_server(tools: McpTools) -> Server:
         resources = [types.Resource(uri=ITEM_URI.format(id=r.id), name=_name(r.uri, r.page), description=r.uri,
                                     mime_type="application/json") for r in records]
         more = len(records) == RESOURCES_PAGE
+        if after < 0:  # the first page also lists the search results' view
+            resources.insert(0, mcp_view.view_resource())
         return types.ListResourcesResult(resources=resources, next_cursor=str(records[-1].id) if more else None)
 
     async def list_templates(ctx, params) -> types.ListResourceTemplatesResult:
@@ -115,11 +121,15 @@ def build_server(tools: McpTools) -> Server:
         return types.ListResourceTemplatesResult(resource_templates=[template])
 
     async def read_resource(ctx, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
+        if str(params.uri) == mcp_view.VIEW_URI:
+            return mcp_view.read_view()
         return await anyio.to_thread.run_sync(functools.partial(_read_item, tools, str(params.uri)))
 
-    return Server("faste-mm", version=__version__, title="faste-mm", instructions=INSTRUCTIONS,
-                  on_list_tools=list_tools, on_call_tool=call_tool, on_list_resources=list_resources,
-                  on_list_resource_templates=list_templates, on_read_resource=read_resource)
+    server = Server("faste-mm", version=__version__, title="faste-mm", instructions=INSTRUCTIONS,
+                    on_list_tools=list_tools, on_call_tool=call_tool, on_list_resources=list_resources,
+                    on_list_resource_templates=list_templates, on_read_resource=read_resource)
+    server.extensions.update(mcp_view.EXTENSIONS)  # capabilities.extensions: MCP Apps
+    return server
 
 
 async def _call(tools: McpTools, ctx, name: str, arguments) -> types.CallToolResult:
@@ -151,10 +161,12 @@ def _result(answer: ToolAnswer) -> types.CallToolResult:
     for item_id, name, uri in answer.links:
         content.append(types.ResourceLink(type="resource_link", uri=ITEM_URI.format(id=item_id), name=name,
                                           description=uri, mime_type="application/json"))
-    for label, data in answer.pictures:
+    for item_id, label, data in answer.pictures:
         content.append(types.TextContent(type="text", text=label))
+        # tagged with its item: the MCP Apps view pairs thumbnails with hits by it (`_meta` is for
+        # clients, not the model)
         content.append(types.ImageContent(type="image", data=base64.b64encode(data).decode("ascii"),
-                                          mime_type="image/jpeg"))
+                                          mime_type="image/jpeg", meta={mcp_view.PICTURE_ITEM_KEY: item_id}))
     return types.CallToolResult(content=content, structured_content=structured, is_error=False)
 
 

@@ -157,11 +157,11 @@ class IndexOut(BaseModel):
 @dataclass(frozen=True, slots=True)
 class ToolAnswer:
     """A tool's result: the structured answer, a line for the assistant to read, JPEGs to show
-    (label, bytes) and the items to link to (id, name, file uri)."""
+    (the item shown, label, bytes) and the items to link to (id, name, file uri)."""
 
     result: BaseModel
     summary: str
-    pictures: list[tuple[str, bytes]] = field(default_factory=list)
+    pictures: list[tuple[int, str, bytes]] = field(default_factory=list)
     links: list[tuple[int, str, str]] = field(default_factory=list)
 
 
@@ -267,7 +267,7 @@ class McpTools:
         pictures, note = [], ""
         if args.preview and has_thumbnail(record.uri, record.page):
             try:
-                pictures.append((_label(record), preview(record, PREVIEW_PX)))
+                pictures.append((record.id, _label(record), preview(record, PREVIEW_PX)))
             except InputError as error:  # gone, or no longer the file indexed: the item without its picture
                 note = f"; no picture: {error}"
         where = "" if record.page is None else f" page {record.page}"
@@ -288,7 +288,7 @@ class McpTools:
                          image_share=sum(image["total"] for image in why["images"]), text=spans)
         pictures = []
         if why["images"] and has_thumbnail(record.uri, record.page):
-            pictures.append((f"heatmap of {_label(record)}", heatmap(record, why["images"][0], PREVIEW_PX)))
+            pictures.append((record.id, f"heatmap of {_label(record)}", heatmap(record, why["images"][0], PREVIEW_PX)))
         return ToolAnswer(out, f"reranker score {out.score:.4f} for item {record.id} ({record.uri}); "
                                f"{out.image_share:.0%} of the readout's attention on its picture", pictures,
                           [(record.id, Path(record.uri).name, record.uri)])
@@ -351,7 +351,7 @@ class McpTools:
             if thumbnails and has_thumbnail(hit.uri, hit.page):
                 try:
                     small = jpeg(_open_jpeg(thumbnail(self.record(hit.id), cache)), HIT_THUMBNAIL_PX)
-                    pictures.append((f"{rank}. {_label_of(hit.id, hit.uri, hit.page)}", small))
+                    pictures.append((hit.id, f"{rank}. {_label_of(hit.id, hit.uri, hit.page)}", small))
                 except InputError as error:  # gone, or not the file indexed: the hit stays, unpictured
                     log.warning("%s", error)
         query = None if understood is None else {"text": understood.query, "understood": understood.to_dict()}
