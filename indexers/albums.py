@@ -111,8 +111,8 @@ class AlbumChange:
         return {"name": self.name, "added": list(self.added), "removed": list(self.removed)}
 
 
-# Scores of a chunk of item ids for one album: (ids, scores) of those passing its filter.
-Scorer = Callable[[StoredAlbum, np.ndarray], tuple[np.ndarray, np.ndarray]]
+# Stored vectors [n, dim] float32 of item ids [n] (`Collection.vectors`).
+Fetch = Callable[[np.ndarray], np.ndarray]
 
 
 class AlbumStore:
@@ -162,7 +162,7 @@ class AlbumStore:
                                (album.scored_through,)).fetchone()[0]
 
     # ---- writing ----------------------------------------------------------------------------
-    def create(self, name: str, spec: AlbumSpec, vector: np.ndarray, score: Scorer,
+    def create(self, name: str, spec: AlbumSpec, vector: np.ndarray, fetch: Fetch,
                min_score: float | None) -> AlbumChange:
         """Store a new album and score every live item for it, in one transaction. InputError when
         an album of that name exists (nothing changed)."""
@@ -177,7 +177,7 @@ class AlbumStore:
                                      "refreshed_at) VALUES (?, ?, ?, -1, 0, ?, ?)",
                                      (name, spec.to_json(), vector.tobytes(), now, now))
             album = self._by_key(cursor.lastrowid)
-            changes = self._refresh([album], score, lambda a: min_score)
+            changes = self._refresh([album], fetch, lambda a: min_score)
         return changes[0]
 
     def remove(self, name: str) -> None:
@@ -188,7 +188,7 @@ class AlbumStore:
             for table in ("album_scores", "album_members", "albums"):
                 self.db.execute(f"DELETE FROM {table} WHERE album = ?", (album.key,))
 
-    def refresh(self, score: Scorer, min_score: Callable[[StoredAlbum], float | None]) -> list[AlbumChange]:
+    def refresh(self, fetch: Fetch, min_score: Callable[[StoredAlbum], float | None]) -> list[AlbumChange]:
         """Score the items stored since each album's last refresh and report what changed in each
         (albums whose members stayed are left out), all in ONE transaction. min_score: each album's
         minimum cosine in effect (its own, else the collection's)."""
@@ -197,22 +197,25 @@ class AlbumStore:
             return []
         with self._store.transaction():
             albums = [_album(row) for row in self.db.execute(f"SELECT {_COLUMNS} FROM albums ORDER BY name")]
-            changes = self._refresh(albums, score, min_score)
+            changes = self._refresh(albums, fetch, min_score)
         return [c for c in changes if c.added or c.removed]
 
-    def _refresh(self, albums: list[StoredAlbum], score: Scorer,
+    def _refresh(self, albums: list[StoredAlbum], fetch: Fetch,
                  min_score: Callable[[StoredAlbum], float | None]) -> list[AlbumChange]:
-        """Inside the caller's transaction: each album's new rows, members and version."""
+        """Inside the caller's transaction: each album's new rows (the new items' stored vectors read
+        once per chunk, each album scoring those passing its filter), members and version."""
         if not albums:
             return []
         last = self.db.execute("SELECT max(id) FROM items").fetchone()[0]
         last = -1 if last is None else int(last)
         start = min(a.scored_through for a in albums)
         for ids in self._live_ids_after(start, last):
+            vectors = fetch(ids)  # [n, dim]
             for album in albums:
-                mine = ids[ids > album.scored_through]
+                mine = self.passing(album.spec.where, ids[ids > album.scored_through])
                 if len(mine):
-                    self._insert_scores(album, *score(album, mine))
+                    scores = vectors[np.searchsorted(ids, mine)] @ album.vector  # [m]: cosines, as a flat search's
+                    self._insert_scores(album, mine, scores)
         crash_point("album-refresh-before-commit")
         now, changes = time.time(), []
         for album in albums:
