@@ -46,6 +46,10 @@ def check_name(name: Any) -> str:
     return name
 
 
+def taken_name(name: str) -> InputError:
+    return InputError(f"album {name!r} exists already; pick another name, or `album remove {name}` first")
+
+
 @dataclass(frozen=True, slots=True)
 class AlbumSpec:
     """What an album searches for, fixed when it is made.
@@ -171,7 +175,7 @@ class AlbumStore:
         vector = np.ascontiguousarray(vector, dtype=np.float32).reshape(-1)
         with self._store.transaction():
             if self.db.execute("SELECT 1 FROM albums WHERE name = ?", (name,)).fetchone() is not None:
-                raise InputError(f"album {name!r} exists already; pick another name, or `album remove {name}` first")
+                raise taken_name(name)
             now = time.time()
             cursor = self.db.execute("INSERT INTO albums (name, spec, vector, scored_through, version, created_at, "
                                      "refreshed_at) VALUES (?, ?, ?, -1, 0, ?, ?)",

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from faste_mm.errors import ConfigError, InputError
 from faste_mm.indexers import Collection
-from faste_mm.indexers.albums import AlbumChange, AlbumSpec, StoredAlbum, check_name
+from faste_mm.indexers.albums import AlbumChange, AlbumSpec, StoredAlbum, check_name, taken_name
 from faste_mm.indexers.atomic_files import atomic_write, atomic_write_bytes
 from faste_mm.retrieval.results import Hit
 from faste_mm.retrieval.stored_files import open_stored
@@ -117,6 +117,9 @@ class Albums:
         _check_options(name, options)
         if self._planner is None:
             raise ConfigError("albums: making an album embeds its query; use Retriever.albums() (which has a model)")
+        with Collection.open(self.collection) as col:  # a taken name is refused before the model loads
+            if any(a.name == name for a in col.albums().all()):
+                raise taken_name(name)
         planned = self._planner(query, options)
         understood = planned.understood.summary() if planned.understood is not None else ""
         spec = AlbumSpec(query, planned.meaning, planned.where, limit, None if min_score is None else float(min_score),
