@@ -46,6 +46,10 @@ def check_name(name: Any) -> str:
     return name
 
 
+class UnknownAlbumError(InputError):
+    """An album name the collection has no album of (HTTP 404)."""
+
+
 def taken_name(name: str) -> InputError:
     return InputError(f"album {name!r} exists already; pick another name, or `album remove {name}` first")
 
@@ -148,7 +152,7 @@ class AlbumStore:
             if self.exists() else None
         if row is None:
             names = [a.name for a in self.all()]
-            raise InputError(f"no album {name!r}; " + (f"the albums are {', '.join(names)}" if names else
+            raise UnknownAlbumError(f"no album {name!r}; " + (f"the albums are {', '.join(names)}" if names else
                                                         "there are none yet (make one with `album add NAME QUERY`)"))
         return _album(row)
 
