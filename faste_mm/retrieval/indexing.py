@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
+from faste_mm.errors import FasteError
 from faste_mm.indexers import Collection
 from faste_mm.indexers.facts import issue_counts
 from faste_mm.model.runner import BatchTrace
@@ -73,7 +74,7 @@ def index_collection(col: Collection, profile: CollectionProfile, scan: Scan, op
         col.delete_uris(plan.vanished)  # after: their content was a donor for moved files above
         read = OcrTally() if ocr is None else read_text_in_images(col, ocr)
         fill_facts(col, scan, plan, tally)
-        albums = refresh_albums(col, profile.min_score)  # only the items this run stored are scored
+        albums = _refreshed_albums(col, profile)
         if options.index_type is not None and options.index_type != col.manifest.index_type:
             col.rebuild_index(options.index_type)
     factory = col.manifest.index_factory  # as saved by close(), which brought index.faiss up to date
@@ -89,6 +90,17 @@ def index_collection(col: Collection, profile: CollectionProfile, scan: Scan, op
                        estimated_s=None if meter.first is None else meter.first.total_s,
                        estimated_at_s=None if meter.first is None else meter.first.elapsed_s,
                        albums=albums, **tally.cost.cost_fields())
+
+
+def _refreshed_albums(col: Collection, profile: CollectionProfile) -> tuple:
+    """The albums brought up to date with the items this run stored (`library.albums`); an album that
+    cannot be refreshed never fails the run, whose items are committed: its items stay unscored for
+    the next run or `faste-mm album refresh`, which says why again."""
+    try:
+        return refresh_albums(col, profile.min_score)
+    except FasteError as error:
+        log.warning("albums not refreshed: %s; the next index run or `faste-mm album refresh` tries again", error)
+        return ()
 
 
 def hold_back(plan: IngestWork, ready: Callable[[ScannedFile], bool]) -> IngestWork:
