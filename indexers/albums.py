@@ -235,8 +235,9 @@ class AlbumStore:
                 self.db.execute("DELETE FROM album_members WHERE album = ?", (album.key,))
                 self.db.executemany("INSERT INTO album_members (album, id) VALUES (?, ?)",
                                     [(album.key, i) for i in members])
-            self.db.execute("UPDATE albums SET scored_through = ?, refreshed_at = ?, version = version + ? "
-                            "WHERE album = ?", (last, now, int(bool(change.added or change.removed)), album.key))
+            if change.added or change.removed or album.scored_through != last:  # a run that changed nothing writes nothing
+                self.db.execute("UPDATE albums SET scored_through = ?, refreshed_at = ?, version = version + ? "
+                                "WHERE album = ?", (last, now, int(bool(change.added or change.removed)), album.key))
             changes.append(change)
         return changes
 
