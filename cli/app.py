@@ -14,6 +14,7 @@ import typer
 from rich.markup import escape
 from typer.core import TyperCommand, TyperGroup
 
+from faste_mm.cli.album_command import album_app
 from faste_mm.cli.bench import bench_app
 from faste_mm.cli.calibrate import calibrate_command
 from faste_mm.cli.collection_commands import compact_command, info_command, rebuild_index_command, remove_command
@@ -149,6 +150,8 @@ for _name, _command in (("index", index_command), ("search", search_command), ("
     app.command(_name, cls=_Command, short_help=_summary(_command.__doc__))(_command)
 app.add_typer(bench_app(), name="bench", cls=_Group,  # the model suite, and every other suite a subcommand
               short_help="Measure speed: the model suite, or one of faste-mm bench SUITE (peers, rerank, scale, client, ...)")
+app.add_typer(album_app(), name="album", cls=_Group,
+              short_help="Saved searches that stay current: album add NAME QUERY, list, show, remove, export")
 
 
 def main() -> None:

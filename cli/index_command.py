@@ -11,6 +11,7 @@ from typing import NoReturn, Optional
 import typer
 from rich.table import Table
 
+from faste_mm.cli.album_command import print_album_changes
 from faste_mm.cli.common import fail, markup_safe, print_json, setup_logging, stderr, stdout, usage_error
 from faste_mm.cli.options import (DEFAULT_BATCH_TOKENS, BatchTokens, CollectionOption, Debug, Device, Dtype,
                                   FollowLinks, Format, OutputFormat, Unpadded)
@@ -119,6 +120,7 @@ def index_command(
         stderr.print(f"[yellow]skipped[/yellow] {markup_safe(failure.error)}", highlight=False)
     if report.links_skipped:
         stderr.print(links_skipped_line(report.links_skipped), highlight=False)
+    print_album_changes(report.albums)
     runtime = retriever.describe_runtime()  # one line; the kernel choices are debug logs (--debug) and bench's
     if runtime is not None:
         stderr.print(runtime, highlight=False, markup=False)

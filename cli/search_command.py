@@ -54,13 +54,14 @@ def _cli_help(name: str, declared: Option) -> str:
     return declared.help + repeat + shown
 
 
-def takes_search_options(command: Callable[..., Any]) -> Callable[..., Any]:
+def takes_search_options(command: Callable[..., Any], names: tuple[str, ...] | None = None) -> Callable[..., Any]:
     """`command` taking every search option the command line shows (`SearchRequest`'s declarations:
-    flag, FASTE_MM_* variable, bounds, help) after its own parameters; it receives their values
-    as `options` (by option name)."""
+    flag, FASTE_MM_* variable, bounds, help), or those of `names`, after its own parameters; it
+    receives their values as `options` (by option name)."""
     signature = inspect.signature(command, eval_str=True)
     own = [p for p in signature.parameters.values() if p.name != "options"]
-    declared = {name: option for name, option in options_for("cli").items() if option.flag is not None}
+    declared = {name: option for name, option in options_for("cli").items()
+                if option.flag is not None and (names is None or name in names)}
     added = [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=_cli_default(name),
                                annotation=Annotated[_cli_type(option), typer.Option(
                                    option.flag, envvar=option.envvar, help=_cli_help(name, option),

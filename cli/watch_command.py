@@ -14,6 +14,7 @@ from typing import Optional
 
 import typer
 
+from faste_mm.cli.album_command import print_album_changes
 from faste_mm.cli.common import fail, setup_logging, shown, stderr
 from faste_mm.cli.index_command import links_skipped_line
 from faste_mm.cli.options import CollectionOption, Debug, Device, Dtype, FollowLinks, Model
@@ -106,6 +107,8 @@ def _show(report, json_lines: bool, verbose: bool) -> None:
             stderr.print(f"[yellow]skipped[/yellow] {failure.error}", highlight=False)
         if index.links_skipped:
             stderr.print(links_skipped_line(index.links_skipped), highlight=False)
+    if index is not None:
+        print_album_changes(index.albums)
 
 
 def _name_files(index) -> None:

@@ -25,6 +25,7 @@ from faste_mm.errors import CollectionError, ConfigError, InputError
 from faste_mm.indexers import (collection_search, directory, faiss_index, index_upkeep, ocr_rows, opening, parts,
                                quantization, search)
 from faste_mm.indexers import file_identity
+from faste_mm.indexers.albums import AlbumStore
 from faste_mm.indexers.compaction import compact_parts
 from faste_mm.indexers.crash_points import crash_point
 from faste_mm.indexers.derived_index import DerivedIndex, max_part
@@ -657,6 +658,12 @@ class Collection:
         log.info("%s: compacted %d parts into %d, dropped %d deleted vectors", self.root, n_before, n_after, n_dead)
         self.rebuild_index()
         return n_dead
+
+    def albums(self) -> AlbumStore:
+        """The collection's albums (saved searches, `indexers.albums`), in this database: read on any
+        open collection, written only by its writer."""
+        self._follow_reindex()
+        return AlbumStore(self._store, self._require_writable)
 
     # ---- summary ---------------------------------------------------------------------------
     def info(self) -> CollectionInfo:

@@ -29,6 +29,7 @@ CRASH_POINTS = (
     "index-after-replace",      # save_index: index.faiss replaced, manifest not yet updated
     "erase-after-marker",       # erase (--reindex): manifest renamed to the erasing marker
     "export-after-batch",       # export: a batch of rows handed to the writer, the export not complete
+    "album-refresh-before-commit",  # albums: new items scored and their rows written, not committed
 )
 
 

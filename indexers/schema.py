@@ -14,9 +14,9 @@ import numpy as np
 
 from faste_mm.indexers.facts import COLUMNS as FACT_COLUMNS
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 # Readers accept files this old: the migrations after it only add tables a reader can do without
-# (exclusions, the lexical index, the metadata index, the facts) or escape a character no real name holds (see ESC).
+# (exclusions, the lexical index, the metadata index, the facts, the albums) or escape a character no real name holds (see ESC).
 READABLE_FROM_VERSION = 1
 
 
@@ -233,11 +233,50 @@ def _migrate_7_to_8(db: sqlite3.Connection) -> None:
         db.execute("ALTER TABLE item_facts ADD COLUMN neighbourhood TEXT")
 
 
+def _migrate_8_to_9(db: sqlite3.Connection) -> None:
+    # Albums: saved searches that stay current (indexers/albums.py). An album keeps its query vector
+    # (embedded once), its understood filter, and the score of every live item passing that filter
+    # (`album_scores`), so a member removed lets the next best in without searching again;
+    # `album_members` is the membership last reported (what a refresh's "+3, -1" counts from).
+    _execute_script(db, """
+        CREATE TABLE IF NOT EXISTS albums (
+            album INTEGER PRIMARY KEY,
+            name TEXT NOT NULL UNIQUE,
+            spec TEXT NOT NULL,
+            vector BLOB NOT NULL,
+            scored_through INTEGER NOT NULL,
+            version INTEGER NOT NULL DEFAULT 0,
+            created_at REAL NOT NULL,
+            refreshed_at REAL NOT NULL
+        );
+        CREATE TABLE IF NOT EXISTS album_scores (
+            album INTEGER NOT NULL,
+            id INTEGER NOT NULL,
+            score REAL NOT NULL,
+            PRIMARY KEY (album, id)
+        ) WITHOUT ROWID;
+        CREATE INDEX IF NOT EXISTS album_scores_rank ON album_scores (album, score DESC, id);
+        CREATE INDEX IF NOT EXISTS album_scores_item ON album_scores (id);
+        CREATE TABLE IF NOT EXISTS album_members (
+            album INTEGER NOT NULL,
+            id INTEGER NOT NULL,
+            PRIMARY KEY (album, id)
+        ) WITHOUT ROWID
+    """)
+    # An item's scores leave with it, whichever path tombstones or deletes it (as its lexical row does).
+    db.execute("CREATE TRIGGER IF NOT EXISTS album_scores_tombstone AFTER UPDATE OF status ON items "
+               "WHEN old.status = 'ok' AND new.status != 'ok' "
+               "BEGIN DELETE FROM album_scores WHERE id = old.id; END")
+    db.execute("CREATE TRIGGER IF NOT EXISTS album_scores_delete AFTER DELETE ON items "
+               "BEGIN DELETE FROM album_scores WHERE id = old.id; END")
+
+
 _FACT_TYPES = {"taken": "REAL", "taken_offset_min": "INTEGER", "lat": "REAL", "lon": "REAL", "alt": "REAL",
                "orientation": "INTEGER", "width": "INTEGER", "height": "INTEGER", "rating": "INTEGER",
                "duration_s": "REAL"}
 
 # MIGRATIONS[v] upgrades schema version v to v + 1.
 MIGRATIONS = {0: _migrate_0_to_1, 1: _migrate_1_to_2, 2: _migrate_2_to_3, 3: _migrate_3_to_4, 4: _migrate_4_to_5,
-              5: _migrate_5_to_6, 6: _migrate_6_to_7, 7: _migrate_7_to_8}
+              5: _migrate_5_to_6, 6: _migrate_6_to_7, 7: _migrate_7_to_8,
+              8: _migrate_8_to_9}
 assert len(MIGRATIONS) == SCHEMA_VERSION

@@ -172,7 +172,7 @@ def test_the_cpu_wing_is_the_floor_under_the_embedding_core(graph):
 LIBRARY_FLOOR = {"faste_mm.retrieval.lexical", "faste_mm.retrieval.stored_files", "faste_mm.retrieval.results",
                  "faste_mm.retrieval.scanning"}
 LIBRARY_ENTRY_POINTS = {"faste_mm.retrieval.library.duplicates", "faste_mm.retrieval.library.watching",
-                        "faste_mm.retrieval.library.watch_status"}
+                        "faste_mm.retrieval.library.watch_status", "faste_mm.retrieval.library.albums"}
 
 
 def test_the_photo_library_wing_has_its_floor_and_its_doors(graph):

@@ -278,6 +278,14 @@ def test_photos_suite(tmp_path, capsys):
     assert cases[:2] == ["per photo: facts", "per photo: sha256"] and len(cases) == 2 + 1 + 3
 
 
+def test_album_refresh_suite(tmp_path, capsys):
+    result = _run("album-refresh", ["--n", "300", "--new", "40", "--dim", "16", "--rounds", "2"], tmp_path, capsys)
+    (row,) = result["rows"]
+    assert (row["n"], row["albums"], row["new"]) == (300, 3, 40)
+    assert 0 < row["refresh_min_ms"] <= row["refresh_ms"] <= row["refresh_max_ms"]
+    assert row["ms_per_item"] == pytest.approx(row["refresh_ms"] / 40)
+
+
 def test_query_words_suite(tmp_path, capsys):
     result = _run("query-words", ["--rounds", "2"], tmp_path, capsys)
     rows = {row["query"]: row for row in result["rows"]}

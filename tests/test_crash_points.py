@@ -45,7 +45,8 @@ SCENARIOS = [
 
 # Steps with a test of their own elsewhere (what they need is not one of the scenarios above).
 EXERCISED_ELSEWHERE = {"index-after-page-range": "tests/test_long_pdfs.py",
-                       "export-after-batch": "tests/test_security_data.py"}
+                       "export-after-batch": "tests/test_security_data.py",
+                       "album-refresh-before-commit": "tests/test_albums.py"}
 
 
 def test_every_crash_point_is_exercised():

@@ -70,6 +70,6 @@ def test_a_schema_7_collection_gains_the_neighbourhood_and_its_next_scan_renames
     report = Retriever(embedder, collection=col_dir, r_max=0.0).index([root])
     assert (report.embedded, report.facts_filled) == (0, 1)
     version = sqlite3.connect(col_dir / "meta.sqlite").execute("SELECT version FROM schema_version").fetchone()[0]
-    assert version == SCHEMA_VERSION == 8
+    assert version == SCHEMA_VERSION == 9
     hits = Retriever(embedder, collection=col_dir, r_max=0.0).search("photo", k=5, where=["city=Lisbon"])
     assert [(Path(h.uri).name, h.facts.neighbourhood) for h in hits] == [("lisbon.jpg", "Intendente")]

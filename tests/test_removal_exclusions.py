@@ -101,7 +101,7 @@ def test_schema_1_collections_stay_readable_and_migrate_on_the_next_write(tmp_pa
     with Collection.open(tmp_path / "c", writable=True) as writer:
         writer.exclude(["/a"])
     version = sqlite3.connect(tmp_path / "c" / "meta.sqlite").execute("SELECT version FROM schema_version").fetchone()[0]
-    assert version == SCHEMA_VERSION == 8  # 1 -> 2 (escaped names) -> 3 (exclusions) -> 4 (lexical index) -> 5 (metadata
-    # index) -> 6 (file identities) -> 7 (item facts) -> 8 (the neighbourhood fact)
+    assert version == SCHEMA_VERSION == 9  # 1 -> 2 (escaped names) -> 3 (exclusions) -> 4 (lexical index) -> 5 (metadata
+    # index) -> 6 (file identities) -> 7 (item facts) -> 8 (the neighbourhood fact) -> 9 (albums)
     with Collection.open(tmp_path / "c") as reader:
         assert reader.exclusions() == ["/a"]

@@ -36,5 +36,6 @@ SUITES: dict[str, tuple[str, str]] = {
     "library": ("faste_mm.bench.library", "photo-library features: OCR per photo and page, duplicates at scale, an idle watcher's CPU"),
     "query-words": ("faste_mm.bench.query_words", "query understanding: time per query over a fixed list in five languages"),
     "photos": ("faste_mm.bench.photos", "photo facts read against sha256 per photo; date-range search against unfiltered"),
+    "album-refresh": ("faste_mm.bench.album_refresh", "albums kept current: an index run's refresh per new item at 10k and 100k items"),
     "time-estimate": ("faste_mm.bench.time_estimate", "index's first time estimate against the measured total on a mixed folder"),
 }

@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
+from faste_mm.errors import FasteError
 from faste_mm.indexers import Collection
 from faste_mm.indexers.facts import issue_counts
 from faste_mm.model.runner import BatchTrace
@@ -19,6 +20,7 @@ from faste_mm.retrieval.documents import CollectionDocuments
 from faste_mm.retrieval.estimate import RunMeter, TokenBounds, plan_rows, sample_first
 from faste_mm.retrieval.executors import IngestExecutor, IngestJob, ModelSource
 from faste_mm.retrieval.ingest import IngestTally, IngestWork, ingest_work, record_missing
+from faste_mm.retrieval.library.albums import refresh_albums
 from faste_mm.retrieval.library.photo_metadata import read_facts
 from faste_mm.retrieval.library.ocr import OcrEngine, OcrTally, read_text_in_images
 from faste_mm.retrieval.profile import CollectionProfile
@@ -72,6 +74,7 @@ def index_collection(col: Collection, profile: CollectionProfile, scan: Scan, op
         col.delete_uris(plan.vanished)  # after: their content was a donor for moved files above
         read = OcrTally() if ocr is None else read_text_in_images(col, ocr)
         fill_facts(col, scan, plan, tally)
+        albums = _refreshed_albums(col, profile)
         if options.index_type is not None and options.index_type != col.manifest.index_type:
             col.rebuild_index(options.index_type)
     factory = col.manifest.index_factory  # as saved by close(), which brought index.faiss up to date
@@ -86,7 +89,18 @@ def index_collection(col: Collection, profile: CollectionProfile, scan: Scan, op
                        reused_files=tuple(tally.reused_files), removed_files=tuple(plan.vanished),
                        estimated_s=None if meter.first is None else meter.first.total_s,
                        estimated_at_s=None if meter.first is None else meter.first.elapsed_s,
-                       **tally.cost.cost_fields())
+                       albums=albums, **tally.cost.cost_fields())
+
+
+def _refreshed_albums(col: Collection, profile: CollectionProfile) -> tuple:
+    """The albums brought up to date with the items this run stored (`library.albums`); an album that
+    cannot be refreshed never fails the run, whose items are committed: its items stay unscored for
+    the next run or `faste-mm album refresh`, which says why again."""
+    try:
+        return refresh_albums(col, profile.min_score)
+    except FasteError as error:
+        log.warning("albums not refreshed: %s; the next index run or `faste-mm album refresh` tries again", error)
+        return ()
 
 
 def hold_back(plan: IngestWork, ready: Callable[[ScannedFile], bool]) -> IngestWork:

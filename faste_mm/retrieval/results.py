@@ -10,6 +10,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from faste_mm.errors import ConfigError
+from faste_mm.indexers.albums import AlbumChange
 from faste_mm.model.cost import CostTally
 from faste_mm.retrieval.hits import Hit  # noqa: F401 (re-exported: the results' home)
 from faste_mm.retrieval.estimate import RunEstimate
@@ -141,10 +142,13 @@ class IndexReport(CostTally):
     # the first chunk committed), and when; None when nothing was embedded in this process.
     estimated_s: float | None = None
     estimated_at_s: float | None = None
+    # The albums whose members this run changed (new items scored, removed ones out; docs/albums.md).
+    albums: tuple[AlbumChange, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         d = {name: getattr(self, name) for name in self.__dataclass_fields__}
         d["failures"] = [f.to_dict() for f in self.failures]
+        d["albums"] = [c.to_dict() for c in self.albums]
         d["reused_files"] = [{"uri": uri, "from": donor} for uri, donor in self.reused_files]
         d["moved_files"] = [{"from": old, "to": new} for old, new in self.moved_files]
         d["metadata_issues"] = dict(self.metadata_issues)

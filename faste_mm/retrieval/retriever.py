@@ -34,6 +34,7 @@ from faste_mm.retrieval import collection_settings, maintenance, querying
 from faste_mm.retrieval.collection_settings import (checked_profile, completed_profile, open_for_writing, recreate,
                                                     requested_profile)
 from faste_mm.retrieval.documents import CollectionDocuments, add_documents
+from faste_mm.retrieval.library.albums import Albums
 from faste_mm.retrieval.library.duplicates import DEFAULT_THRESHOLD as DEFAULT_DUPLICATE_THRESHOLD
 from faste_mm.retrieval.library.duplicates import DuplicateReport, collection_duplicates
 from faste_mm.retrieval.executors import IngestExecutor, LocalExecutor, ModelSource
@@ -49,7 +50,7 @@ from faste_mm.retrieval.profile import QUERY_INSTRUCTION, CollectionProfile, exi
 from faste_mm.retrieval.setting import given_settings, keywords_of
 from faste_mm.retrieval.rerank_hits import load_collection_reranker
 from faste_mm.retrieval.results import AddReport, Hit, IndexOptions, IndexProgress, IndexReport, RemoveReport
-from faste_mm.retrieval.search_executor import SearchParts, execute, one, understood
+from faste_mm.retrieval.search_executor import PlannedQuery, SearchParts, execute, one, planned_query, understood
 from faste_mm.retrieval.search_request import SearchRequest, options_for
 from faste_mm.retrieval.scanning import Scan, ScanFilter, ScannedFile, scan_paths
 
@@ -465,6 +466,17 @@ class Retriever:
             >>> r.search("a red bicycle", k=5, where=["place~lisbon"], since="2024-05", sort="-date")
         """
         return one(self.execute([SearchRequest.of("Retriever.search", query=query, **options)]))
+
+    def albums(self) -> Albums:
+        """The collection's albums, saved searches that stay current (`faste_mm.retrieval.library.albums`;
+        docs/albums.md): `add` embeds an album's query with this retriever's model, as `search` does;
+        every `index` run (and watch) then scores only its new and changed items for each album."""
+        def plan(query: str, options: dict) -> PlannedQuery:
+            request = SearchRequest.of("album", query=query, rerank=False, **options)
+            with self._lock:
+                return planned_query(request, self._search_parts())
+
+        return Albums(self.collection, plan, lambda: read_profile(self.collection).min_score)
 
     def understand(self, query: str, *, literal: bool = False) -> UnderstoodQuery:
         """What `search(query)` reads from the text: the meaning text left for the model and the

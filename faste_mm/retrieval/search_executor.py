@@ -291,3 +291,32 @@ def one(found: list[list[Hit] | Exception]) -> list[Hit]:
     if isinstance(found[0], Exception):
         raise found[0]
     return found[0]
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedQuery:
+    """What a dense search of a request searches with, made once and kept (an album keeps it): the
+    filter (the request's joined with those read from its text), the text the model embedded, the
+    query vector [dim] float32 and what was understood (None: nothing)."""
+
+    where: SearchFilter
+    meaning: str | None
+    vector: np.ndarray
+    understood: UnderstoodQuery | None
+
+
+def planned_query(request: SearchRequest, parts: SearchParts) -> PlannedQuery:
+    """`request` understood, planned and its query embedded as `execute` does, without searching.
+    InputError / ConfigError as `execute` words them; InputError for a request of filters only
+    (nothing left to embed) or one that is not a dense search of a query."""
+    asked = understood(request, parts)
+    if request.mode != "dense" or request.is_like:
+        raise InputError("a planned query is a dense search of a query text or picture (mode dense, no `like`)")
+    plan = _plan(asked, parts)
+    if plan.is_listing:
+        summary = asked.understood.summary() if asked.understood is not None else ""
+        raise InputError(f"{request.query!r}: only filters were read from it ({summary}), no words to rank by; "
+                         f"add what to look for, or search it as typed (literal)")
+    parts.reader(True)  # the collection's profile checked against the model, which this loads
+    vector = _embed_all([plan], parts)[0]
+    return PlannedQuery(plan.where, plan.item.text if plan.item is not None else None, vector, asked.understood)

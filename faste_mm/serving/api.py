@@ -1,5 +1,5 @@
 """The HTTP API (FastAPI): OpenAI-compatible /v1/embeddings with vLLM's chat extension, /search,
-/thumbnails/{id}, /duplicates, /health, /info, /info/collection (`faste-mm info`'s report), /metrics,
+/thumbnails/{id}, /duplicates, /albums, /health, /info, /info/collection (`faste-mm info`'s report), /metrics,
 and the search page at / with its local assets.
 
 Receives HTTP requests; hands their items to the `ServeEngine` and renders its answers as
@@ -31,6 +31,7 @@ from faste_mm.retrieval.search_request import SearchRequest
 from faste_mm.indexers.filters import INT64_MAX
 from faste_mm.kinds import kind_name
 from faste_mm.serving.batcher import QueueFullError
+from faste_mm.serving.albums_route import add_albums_route
 from faste_mm.serving.duplicates_route import add_duplicates_route
 from faste_mm.serving.engine import (CollectionChangedError, ModelStalledError, NoCollectionError,
                                      RequestTooLargeError, ServeEngine, UnknownItemError)
@@ -153,6 +154,7 @@ def create_app(engine: ServeEngine) -> FastAPI:
         }
 
     add_duplicates_route(app, engine, auth)  # GET /duplicates (serving/duplicates_route.py)
+    add_albums_route(app, engine, auth, _hit_json)  # GET /albums, /albums/{name} (serving/albums_route.py)
     add_rerank_routes(app, engine, auth)  # /v1/rerank, /rerank, /explain (serving/rerank.py)
     add_preview_routes(app, engine, auth)  # /previews/{id}: the page's larger look (serving/previews.py)
     if mcp_manager is not None:  # an ASGI app of its own: the key is checked here, the Host by _GuardMiddleware

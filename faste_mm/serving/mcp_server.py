@@ -1,8 +1,9 @@
 """The MCP server (Model Context Protocol, the official `mcp` SDK's low-level `Server`): the
 tools of `serving.mcp_tools` with JSON-Schema input and output schemas and honest annotations,
-the collection's items as resources (`faste-mm://item/<id>`), the search results' view for MCP
-Apps hosts (`serving.mcp_view`), over stdio (`faste-mm mcp`) or the streamable HTTP transport
-mounted at /mcp inside `faste-mm serve` (`http_endpoint`).
+the collection's items and albums as resources (`faste-mm://item/<id>`, `faste-mm://album/<name>`,
+subscribable: serving/mcp_albums.py), the search results' view for MCP Apps hosts
+(`serving.mcp_view`), over stdio (`faste-mm mcp`) or the streamable HTTP transport mounted at /mcp
+inside `faste-mm serve` (`http_endpoint`).
 
 Receives MCP requests; validates arguments against the tool's model, runs the tool in a worker
 thread (the model is blocking work), and answers with structuredContent, a text summary,
@@ -28,6 +29,7 @@ from mcp.server.lowlevel import Server
 from pydantic import BaseModel, ValidationError
 
 from faste_mm.errors import FasteError
+from faste_mm.serving.mcp_albums import AlbumWatch, album_name, album_resources, album_template, read_album
 from faste_mm.serving.mcp_tools import (ITEM_URI, PREVIEW_PX, ExplainArgs, ExplainOut, GetItemArgs, IndexArgs, IndexOut,
                                         InfoArgs, InfoOut, ItemOut, McpTools, MoreLikeThisArgs, SearchArgs, SearchOut,
                                         ToolAnswer)
@@ -98,11 +100,16 @@ def build_server(tools: McpTools) -> Server:
     """The MCP server over `tools` (handlers registered; run it with `run_stdio` or `http_endpoint`)."""
     from faste_mm import __version__
 
+    albums = AlbumWatch(tools.collection)  # album resources' subscriptions (serving/mcp_albums.py)
+
     async def list_tools(ctx, params) -> types.ListToolsResult:
         return types.ListToolsResult(tools=[spec.tool() for spec in SPECS])
 
     async def call_tool(ctx, params: types.CallToolRequestParams) -> types.CallToolResult:
-        return await _call(tools, ctx, params.name, params.arguments)
+        result = await _call(tools, ctx, params.name, params.arguments)
+        if params.name == "index":  # it refreshed the albums: tell their subscribers now
+            await anyio.to_thread.run_sync(albums.check)
+        return result
 
     async def list_resources(ctx, params) -> types.ListResourcesResult:
         after = _cursor(None if params is None else params.cursor)
@@ -110,24 +117,28 @@ def build_server(tools: McpTools) -> Server:
         resources = [types.Resource(uri=ITEM_URI.format(id=r.id), name=_name(r.uri, r.page), description=r.uri,
                                     mime_type="application/json") for r in records]
         more = len(records) == RESOURCES_PAGE
-        if after < 0:  # the first page also lists the search results' view
-            resources.insert(0, mcp_view.view_resource())
+        if after < 0:  # the first page: the search results' view, the albums, then the items
+            resources = ([mcp_view.view_resource()] + await anyio.to_thread.run_sync(album_resources, tools.collection)
+                         + resources)
         return types.ListResourcesResult(resources=resources, next_cursor=str(records[-1].id) if more else None)
 
     async def list_templates(ctx, params) -> types.ListResourceTemplatesResult:
         template = types.ResourceTemplate(uri_template="faste-mm://item/{id}", name="item",
                                           description="An indexed item by id: its metadata as JSON, and its picture",
                                           mime_type="application/json")
-        return types.ListResourceTemplatesResult(resource_templates=[template])
+        return types.ListResourceTemplatesResult(resource_templates=[template, album_template()])
 
     async def read_resource(ctx, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
         if str(params.uri) == mcp_view.VIEW_URI:
             return mcp_view.read_view()
+        if album_name(str(params.uri)) is not None:
+            return await anyio.to_thread.run_sync(read_album, tools.collection, str(params.uri))
         return await anyio.to_thread.run_sync(functools.partial(_read_item, tools, str(params.uri)))
 
     server = Server("faste-mm", version=__version__, title="faste-mm", instructions=INSTRUCTIONS,
                     on_list_tools=list_tools, on_call_tool=call_tool, on_list_resources=list_resources,
-                    on_list_resource_templates=list_templates, on_read_resource=read_resource)
+                    on_list_resource_templates=list_templates, on_read_resource=read_resource,
+                    on_subscribe_resource=albums.subscribe, on_unsubscribe_resource=albums.unsubscribe)
     server.extensions.update(mcp_view.EXTENSIONS)  # capabilities.extensions: MCP Apps
     return server
 

@@ -48,14 +48,15 @@ class Session:
         return self.portal.call(lambda: self.session.call_tool(tool, arguments or {}, progress_callback=progress))
 
 
-def open_session(transport):
+def open_session(transport, message_handler=None):
     """A context manager yielding a `Session` over `transport` (an async context manager that
-    yields the SDK's (read, write) streams), initialized."""
+    yields the SDK's (read, write) streams), initialized. message_handler: the SDK's hook for the
+    server's notifications (e.g. notifications/resources/updated)."""
 
     @asynccontextmanager
     async def connected():
         async with transport as streams:
-            async with ClientSession(*streams[:2]) as session:
+            async with ClientSession(*streams[:2], message_handler=message_handler) as session:
                 await session.initialize()
                 yield session
 

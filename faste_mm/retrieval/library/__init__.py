@@ -18,12 +18,17 @@ module, what it decides and who asks:
   `faste-mm watch` and `serve --watch`.
 - `watch_status`: a collection's watch.json read back and `info`'s line on it (standard library
   only); asked by `info`, `maintenance` and serve's engine.
+- `albums`: saved searches that stay current (`Albums`; `refresh_albums` scores the items an index
+  run stored for every album, no model); asked by `indexing` after each run, the `Retriever`
+  (`albums()`, with its model to embed a new album's query), `faste-mm album`, serve's /albums and
+  the MCP album resources.
 
 Its floor is retrieval's, beside `ingest`: it imports `errors`, the indexers (the facts' rows, the
 collection, file names), the core's file decoding (lazily) and retrieval's lower modules (`lexical`,
 `stored_files`, `results`, `scanning`); the modules that ask it (`ingest`, `indexing`, `retriever`)
-it never imports: `watching` receives its `Retriever`. Nothing below retrieval imports it; the front
-ends reach it only through `duplicates`, `watching` and `watch_status` (tests/test_architecture.py).
+it never imports: `watching` receives its `Retriever`, `albums` a planner that embeds. Nothing below
+retrieval imports it; the front ends reach it only through `duplicates`, `watching`, `watch_status`
+and `albums` (tests/test_architecture.py).
 
 What stays outside, and why: the stored side (indexers/facts.py, fact_rows.py, fact_filters.py,
 ocr_rows.py) is storage, the floor below, which reads no file and runs no model; serving's
