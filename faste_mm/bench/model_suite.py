@@ -106,7 +106,7 @@ def _text(report) -> str:
         "e2e speedup": lambda s: f"{s.e2e_speedup:.3f}x",
         "realisation (fwd/implied)": lambda s: f"{s.realisation:.3f}",
         "e2e / forward speedup": lambda s: f"{s.e2e_over_forward:.3f}",
-        "max |v - v_full|": lambda s: f"{s.max_abs_diff_vs_full:.1e}",
+        "max abs(v - v_full)": lambda s: f"{s.max_abs_diff_vs_full:.1e}",
         "attention after compression": lambda s: ", ".join(f"{k} x{v}" for k, v in s.attention.items()) or "-",
     }
     settings = report.settings
