@@ -37,7 +37,7 @@ def _suite_command(suite: str):
         from faste_mm.bench.entry import run_suite
         from faste_mm.cli.progress import Progress
 
-        run_suite(suite, list(ctx.args), prog=ctx.command_path, progress=Progress())
+        run_suite(suite, list(ctx.args), prog=ctx.command_path, progress=Progress)
     return command
 
 

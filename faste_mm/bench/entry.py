@@ -34,7 +34,7 @@ def parser_for(suite: str, prog: str) -> argparse.ArgumentParser:
 def run_suite(suite: str, argv: list[str], prog: str | None = None, progress=None) -> BenchResult:
     """Parse `argv` for `suite`, run it and report (see the module docstring). Exits 2 on a usage
     error (argparse) and 1 on a FasteError, with the message on stderr (and its traceback with
-    --debug). progress: a progress view (the CLI's), handed to a suite whose `run` takes one."""
+    --debug). progress: makes a progress view (the CLI's `Progress`), for a suite whose `run` takes one."""
     if suite not in SUITES:
         raise SystemExit(f"unknown suite {suite!r}; suites: {', '.join(SUITES)}")
     parser = parser_for(suite, prog or f"faste-mm bench {suite}")
@@ -48,8 +48,8 @@ def run_suite(suite: str, argv: list[str], prog: str | None = None, progress=Non
     measure = importlib.import_module(SUITES[suite][0]).run
     shown = progress is not None and "progress" in inspect.signature(measure).parameters
     try:
-        with progress if shown else contextlib.nullcontext():
-            run = measure(args, progress) if shown else measure(args)
+        with progress() if shown else contextlib.nullcontext() as view:
+            run = measure(args, view) if shown else measure(args)
         result = finish(suite, begun, run)
         write(result, args.out)
     except FasteError as error:

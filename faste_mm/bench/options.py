@@ -57,7 +57,7 @@ def add_model(parser: argparse.ArgumentParser, what: str = "embedding model", en
     where = "hub id or local" if env else "local"  # only the model suite (env=True) loads from the hub
     parser.add_argument("--model", type=Path, default=from_env("--model", None, env),
                         help=f"a {where} {what} directory to measure instead of building --shape "
-                             f"({_said('build it', env, '--model')})")
+                             f"({_said('none: build it', env, '--model')})")
 
 
 def add_settings(parser: argparse.ArgumentParser, *flags: str, sweep: bool = False) -> None:
@@ -70,7 +70,7 @@ def add_settings(parser: argparse.ArgumentParser, *flags: str, sweep: bool = Fal
     declared = {flag.name: flag for s in settings_of(CollectionProfile).values() for flag in s.flags}
     for name in flags:
         flag = declared[name]
-        kind = _ratios if sweep and name == "--r-max" else _bounded(flag.name, flag.type, flag.min, flag.max)
+        kind = _ratios if sweep and name == "--r-max" else _bounded(flag.type, flag.min, flag.max)
         parser.add_argument(flag.name, type=kind, default=from_env(flag.name),
                             help=f"{flag.help} (env {flag.envvar})".replace("%", "%%"))
 
@@ -78,20 +78,20 @@ def add_settings(parser: argparse.ArgumentParser, *flags: str, sweep: bool = Fal
 def add_batching(parser: argparse.ArgumentParser, sweep_unpadded: bool = False) -> None:
     """--batch-tokens and --unpadded in every faste-mm command's words (`sweep_unpadded`: several
     layouts, comma-separated, each measured), with their FASTE_MM_* variables."""
-    parser.add_argument("--batch-tokens", type=_bounded("--batch-tokens", int, 1), default=from_env("--batch-tokens"),
+    parser.add_argument("--batch-tokens", type=_bounded(int, 1), default=from_env("--batch-tokens"),
                         help=f"padded tokens per model batch. {BATCH_TOKENS_DEFAULT} (env FASTE_MM_BATCH_TOKENS)")
     several = "; several, comma-separated, are each measured" if sweep_unpadded else ""
     parser.add_argument("--unpadded", default=from_env("--unpadded", "auto"),
                         help=f"layers after FastE compression: {UNPADDED_CHOICES}{several}. Default auto (env FASTE_MM_UNPADDED)")
 
 
-def _bounded(flag: str, kind: type, low: float | None = None, high: float | None = None):
-    """An argparse type: `kind`, within [low, high]; out of range is a usage error naming `flag`."""
+def _bounded(kind: type, low: float | None = None, high: float | None = None):
+    """An argparse type: `kind`, within [low, high]; out of range is a usage error (naming the flag)."""
     def parse(text: str):
         value = kind(text)
         if (low is not None and value < low) or (high is not None and value > high):
             bounds = f">= {low:g}" if high is None else f"in [{low:g}, {high:g}]" if low is not None else f"<= {high:g}"
-            raise argparse.ArgumentTypeError(f"{flag} must be {bounds}, got {text}")
+            raise argparse.ArgumentTypeError(f"must be {bounds}, got {text}")  # argparse names the flag
         return value
     parse.__name__ = kind.__name__  # argparse names the type in "invalid int value"
     return parse
@@ -104,7 +104,7 @@ def _ratios(text: str) -> tuple[float, ...]:
     except ValueError:
         values = ()
     if not values or not all(0 <= v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"--r-max takes ratios in [0, 1), comma-separated for a sweep, e.g. 0,0.3,0.5,0.7; got {text!r}")
+        raise argparse.ArgumentTypeError(f"ratios in [0, 1), comma-separated for a sweep, e.g. 0,0.3,0.5,0.7; got {text!r}")
     return values
 
 
@@ -147,7 +147,7 @@ def add_inputs(parser: argparse.ArgumentParser, default: str, n: int | None = No
     parser.add_argument("--inputs", default=from_env("--inputs", default, env),
                         help=f"{INPUTS_WORDS} ({_said(default, env, '--inputs')})")
     if n is not None:
-        parser.add_argument("--n", type=_bounded("--n", int, 1), default=from_env("--n", n, env),
+        parser.add_argument("--n", type=_bounded(int, 1), default=from_env("--n", n, env),
                             help=f"number of inputs ({_said(n, env, '--n')})")
 
 
