@@ -15,7 +15,7 @@ from rich.markup import escape
 from typer.core import TyperCommand, TyperGroup
 
 from faste_mm.cli.album_command import album_app
-from faste_mm.cli.bench import bench_app
+from faste_mm.cli.bench import HELP as BENCH_HELP, BenchGroup, bench_app
 from faste_mm.cli.calibrate import calibrate_command
 from faste_mm.cli.collection_commands import compact_command, info_command, rebuild_index_command, remove_command
 from faste_mm.cli.duplicates_command import duplicates_command
@@ -112,6 +112,10 @@ class _Group(TyperGroup):
             super().format_help(ctx, formatter)
 
 
+class _BenchGroup(BenchGroup, _Group):
+    """`faste-mm bench`: the suites' table, arguments without a suite going to the model suite."""
+
+
 def _summary(docstring: str | None) -> str:
     """A command's line in the root `--help`: its docstring's first sentence on one line (the whole
     first paragraph, with its hard line breaks, wrapped the command table early)."""
@@ -148,7 +152,7 @@ for _name, _command in (("index", index_command), ("search", search_command), ("
                         ("serve", serve_command), ("mcp", mcp_command), ("plan", plan_command), ("rerank", rerank_command),
                         ("duplicates", duplicates_command), ("watch", watch_command)):
     app.command(_name, cls=_Command, short_help=_summary(_command.__doc__))(_command)
-app.add_typer(bench_app(), name="bench", cls=_Group,  # the model suite, and every other suite a subcommand
+app.add_typer(bench_app(), name="bench", cls=_BenchGroup, help=BENCH_HELP,  # every suite a subcommand, model the default
               short_help="Measure speed: the model suite, or one of faste-mm bench SUITE (peers, rerank, scale, client, ...)")
 app.add_typer(album_app(), name="album", cls=_Group,
               short_help="Saved searches that stay current: album add NAME QUERY, list, show, remove, export")

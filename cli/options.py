@@ -16,15 +16,14 @@ import typer
 
 from faste_mm.errors import ConfigError
 from faste_mm.cli.setting_flags import setting_option
-from faste_mm.model.cpu.machine import DEVICE_CHOICES, DTYPE_CHOICES
+from faste_mm.model.cpu.machine import BATCH_TOKENS_DEFAULT, DEVICE_CHOICES, DTYPE_CHOICES, UNPADDED_CHOICES
 from faste_mm.retrieval.profile import DEFAULT_MODEL, DOCUMENT_R_MAX, SWEEP_R_MAX  # noqa: F401  (serve, embed)
 
 if TYPE_CHECKING:
     from faste_mm.model.faste import FastEConfig
     from faste_mm.model.patch_dedup import PatchDedupConfig
 
-DEFAULT_BATCH_TOKENS = None  # by device: model/batching.BATCH_TOKENS (a test keeps the help's numbers equal; no torch here)
-CPU_BATCH_TOKENS, GPU_BATCH_TOKENS = 4096, 16384
+DEFAULT_BATCH_TOKENS = None  # by device: machine_plan.BATCH_TOKENS, as BATCH_TOKENS_DEFAULT words it
 SERVE_MERGE_TOKENS = 16384  # serve: what concurrent requests are merged up to when --batch-tokens is not given
 
 
@@ -46,13 +45,10 @@ PatchDedup = setting_option("--patch-dedup")
 BatchTokens = Annotated[Optional[int], typer.Option(
     "--batch-tokens", envvar="FASTE_MM_BATCH_TOKENS", min=1, show_default=False,
     help=f"Padded tokens per model batch (serve: also what concurrent requests are merged up to). "
-         f"Default by device: {CPU_BATCH_TOKENS} on a CPU (smaller batches stay in its caches), "
-         f"{GPU_BATCH_TOKENS} on a GPU (serve merges requests up to {SERVE_MERGE_TOKENS}).")]
+         f"{BATCH_TOKENS_DEFAULT} (serve merges requests up to {SERVE_MERGE_TOKENS}).")]
 Unpadded = Annotated[str, typer.Option(
     "--unpadded", envvar="FASTE_MM_UNPADDED", show_default=False,
-    help="Layers after FastE compression: auto (CUDA: fastest of padded / flash-attn / torch-nested on a "
-         "trial batch; CPU: segments) | off | flash-attn | torch-nested | segments; bench compares several, "
-         "comma-separated. Default auto.")]
+    help=f"Layers after FastE compression: {UNPADDED_CHOICES}; bench compares several, comma-separated. Default auto.")]
 Device = Annotated[str, typer.Option(
     "--device", envvar="FASTE_MM_DEVICE", show_default=False, help=f"{DEVICE_CHOICES}. Default auto.")]
 MaxPixels = setting_option("--max-pixels")

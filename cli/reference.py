@@ -93,7 +93,49 @@ def _command_section(path: list[str], command: Any, parent: Any) -> list[str]:
     return lines
 
 
+def _suite_section(path: list[str], suite: str) -> list[str]:
+    """A `faste-mm bench` suite: its argparse options (faste_mm.bench.options), read with no
+    FASTE_MM_* variable set so the defaults are the declared ones, never this shell's."""
+    import os
+    from unittest import mock
+
+    from faste_mm.bench import SUITES
+    from faste_mm.bench.entry import parser_for
+
+    with mock.patch.dict(os.environ, {k: v for k, v in os.environ.items() if not k.startswith("FASTE_MM_")}, clear=True):
+        parser = parser_for(suite, " ".join(path))
+    lines = [f"## `{' '.join(path)}`", "", SUITES[suite][1] + ".", "", "```text", f"{' '.join(path)} [OPTIONS]", "```", "",
+             "| option | value | default | environment | meaning |", "|---|---|---|---|---|"]
+    for action in parser._actions:
+        if not action.option_strings or action.dest == "help":
+            continue
+        env = re.search(r"env (FASTE_MM_\w+)", action.help or "")  # the help names it; here it has a column
+        meaning = re.sub(r" \(env FASTE_MM_\w+\)|; env FASTE_MM_\w+", "", (action.help or "").replace("%%", "%"))
+        lines.append(f"| {', '.join(f'`{flag}`' for flag in action.option_strings)} | {_suite_value(action)} "
+                     f"| {_cell(_default(_Declared(action.default)))} | {f'`{env.group(1)}`' if env else ''} "
+                     f"| {_cell(meaning)} |")
+    return lines + [""]
+
+
+class _Declared:
+    """An argparse default in the shape `_default` reads (a click parameter's `.default`)."""
+
+    def __init__(self, default: Any) -> None:
+        self.default = default
+
+
+def _suite_value(action: Any) -> str:
+    if action.nargs == 0:
+        return "flag"
+    if action.choices:
+        return "\\|".join(action.choices)
+    label = _LABELS.get(getattr(action.type, "__name__", "str"), "TEXT")
+    return label + ("..." if action.nargs in ("+", "*") else "")
+
+
 def _walk(path: list[str], command: Any, parent: Any) -> list[str]:
+    if path[:2] == ["faste-mm", "bench"] and len(path) == 3:  # a suite: its own parser's options
+        return _suite_section(path, path[2])
     if not hasattr(command, "list_commands"):  # typer vendors click: duck-typed
         return _command_section(path, command, parent)
     ctx = command.context_class(command, info_name=path[-1], parent=parent)

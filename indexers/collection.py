@@ -7,22 +7,22 @@ writes; it composes `opening` (create/open checks), `store` (SQLite, all SQL), `
 `collection_search` (the read path of one snapshot), `scan_plan`, `compaction`, `manifest` and
 `directory` (which files are ours, the one-writer flock, erase).
 """
-# Size: ~600 lines, over the ~450 of issue 22: the work lives in the stage modules named above; what stays is
-# the public surface (about 35 short methods whose docstrings are the collection's API reference) and the
-# writer's open state they share. Splitting the surface itself would spread one object's contract over files.
+# Size: ~590 lines, over the ~450 of issue 22: the work lives in the stage modules named above; what stays is
+# the public surface (about 30 short methods whose docstrings are the collection's API reference; a read one
+# caller alone needs is a function of the rows beside it, through `read`) and the writer's open state they
+# share. Splitting the surface itself would spread one object's contract over files.
 
 from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
 
 import numpy as np
 
 from faste_mm.errors import CollectionError, ConfigError, InputError
-from faste_mm.indexers import (collection_search, directory, faiss_index, index_upkeep, ocr_rows, opening, parts,
+from faste_mm.indexers import (collection_search, directory, faiss_index, index_upkeep, opening, parts,
                                quantization, search)
 from faste_mm.indexers import file_identity
 from faste_mm.indexers.albums import AlbumStore
@@ -41,17 +41,7 @@ from faste_mm.indexers.stored_vectors import MappedParts, iter_live
 from faste_mm.indexers.writes import check_failures, store_chunk
 
 log = logging.getLogger(__name__)
-
-@dataclass(frozen=True, slots=True, eq=False)
-class _PlainSnapshot:
-    """What an unfiltered snapshot found (`Collection._unchanged_search` may skip the next one while
-    the store, its version and the index object are these): the index current, no tombstoned vector."""
-
-    store: MetaStore
-    version: tuple[int, int]
-    index: object  # the FAISS index object searched
-    rescores: bool  # whether that index's default search rescores (then it reads SQLite)
-
+T = TypeVar("T")
 
 class Collection:
     """A searchable store of embedding vectors and their item records.
@@ -79,7 +69,7 @@ class Collection:
         self._expect: Manifest | None = None  # a reader's `open(expect=...)`, checked again on reload
         self._current_for: tuple | None = None  # (store, version, index) `_current_index` last checked
         # the last unfiltered snapshot that found its index current and no tombstoned vector in it
-        self._plain_at: _PlainSnapshot | None = None
+        self._plain_at: collection_search.PlainSnapshot | None = None
 
     # ---- lifecycle -------------------------------------------------------------------------
     @classmethod
@@ -213,7 +203,7 @@ class Collection:
     def commit(self, vectors: np.ndarray, records: Sequence[ItemRecord],
                failures: Sequence[ItemRecord] = (), replace_uris: Sequence[str] = (),
                settle: Sequence[FileStat] = ()) -> tuple[np.ndarray, np.ndarray]:
-        """`delete_uris(replace_uris)`, `add(vectors, records)` and `add_failures(failures)` as
+        """`delete(uris=replace_uris)`, `add(vectors, records)` and `add_failures(failures)` as
         ONE transaction, so a crash keeps all of a chunk of files or none of it (a file whose
         good pages were stored always has its failed pages recorded too). `settle`: files whose
         earlier rows were committed page range by page range without their mtime; all their
@@ -254,20 +244,14 @@ class Collection:
             self._manifest = self._manifest.replace(int8_ranges=read_manifest(self.root).int8_ranges)
         return self._manifest.codec
 
-    def delete(self, ids: Iterable[int]) -> int:
-        """Tombstone items by id (their vectors stay until `compact`). Returns how many changed;
-        unknown or already deleted ids are ignored so a repeated call is harmless."""
+    def delete(self, ids: Iterable[int] = (), *, uris: Iterable[str] = ()) -> int:
+        """Tombstone items by id, and every item (all pages) of each of `uris` with its failure rows
+        dropped, in one transaction; their vectors stay until `compact`. Returns how many items
+        changed; unknown or already deleted ids and uris are ignored, so a repeated call is harmless."""
         self._require_writable("delete items")
+        ids, uris = [int(i) for i in ids], list(uris)
         with self._store.transaction():
-            changed = self._store.tombstone_ids([int(i) for i in ids])
-        crash_point("delete-after-commit")
-        return changed
-
-    def delete_uris(self, uris: Iterable[str]) -> int:
-        """Tombstone every item (all pages) of each uri and drop its failure rows."""
-        self._require_writable("delete items")
-        with self._store.transaction():
-            changed = self._store.tombstone_uris(list(uris))
+            changed = (self._store.tombstone_ids(ids) if ids else 0) + (self._store.tombstone_uris(uris) if uris else 0)
         crash_point("delete-after-commit")
         return changed
 
@@ -333,36 +317,18 @@ class Collection:
         size (parts are memory-mapped), for exporting a collection to other stores."""
         return iter_live(self.root, self._store, self._codec(), chunk_rows)
 
-    def find_by_hashes(self, content_hashes: Iterable[str]) -> dict[str, list[ItemRecord]]:
-        """Live items whose source file has one of these sha256 (see `records.content_hash`), in a
-        few queries: hash -> live items in id order (hashes with no live item are absent)."""
-        return self._store.records_with_hashes(content_hashes)
-
-    def live_uris(self, under: str | None = None) -> list[str]:
-        """Sorted uris that have live items or recorded failures: all of them, or `under` itself
-        and the uris below it (`under` + "/..."), as `plan_scan` reports vanished files."""
-        return self._store.live_uris(under)
-
     def live_ids(self, ids: Iterable[int]) -> set[int]:
         """The subset of `ids` that are live (searchable) items."""
         self._follow_reindex()
         return self._store.live_ids([int(i) for i in ids])
 
-    def live_records(self, after_id: int = -1, limit: int = 100) -> list[ItemRecord]:
-        """A page of live items: up to `limit` records with id > `after_id`, in id order (an
-        MCP client lists a collection's items page by page, the last id as its cursor)."""
+    def read(self, query: Callable[[MetaStore], T]) -> T:
+        """`query(rows)` over the collection's rows (its `indexers.store.MetaStore`), after following
+        a re-index as every read here does. What one caller alone asks of the rows lives beside it as
+        a function of them (`ocr_rows.items_without_body`, `MetaStore.places`, ...), not as a method
+        here. `query` only reads: every change goes through this class's writing methods."""
         self._follow_reindex()
-        return self._store.live_records_after(after_id, limit)
-
-    def live_ids_of(self, uri: str) -> list[int]:
-        """Ids of the live items whose uri is `uri` (a file's pages), in id order."""
-        self._follow_reindex()
-        return self._store.live_ids_of(uri)
-
-    def places(self) -> list[tuple]:
-        """The distinct (neighbourhood, city, region, country) of the live items' facts."""
-        self._follow_reindex()
-        return self._store.places()
+        return query(self._store)
 
     def newest(self, k: int, where: SearchFilter | None = None) -> search.Found:
         """The k newest live items meeting `where` (by date taken; undated last), as one query row
@@ -376,12 +342,8 @@ class Collection:
             ids[0, :len(found)] = found
             return np.zeros((1, k), dtype=np.float32), ids
 
-        scores, ids, records = self._in_snapshot(run)
+        scores, ids, records = collection_search.in_snapshot(self._store, self.root, run, retry=not self.writable)
         return search.Found(scores, ids, np.where(ids >= 0, search.FOUND_FILTERS, 0), records)
-
-    def failures(self) -> list[ItemRecord]:
-        """Items recorded by `add_failures` and not since replaced, oldest first."""
-        return self._store.records_where_status(Status.FAILED)
 
     def plan_scan(self, files: Iterable[FileStat], under: str | None = None,
                   retry_failed: bool = False) -> ScanPlan:
@@ -412,50 +374,20 @@ class Collection:
         """
         queries = self._check_search(queries, k)
         if where is None or where.is_empty:
-            found = self._unchanged_search(queries, k, nprobe, ef_search, rescore)
+            found = collection_search.unchanged_hits(self._plain_at, self._store, self._index, queries, k, nprobe,
+                                                     ef_search, rescore)
             if found is not None:
                 return found
-        scores, ids, _ = self._in_snapshot(lambda: self._search_snapshot(queries, k, nprobe, ef_search, where, rescore),
-                                           records=False)
+        scores, ids, _ = collection_search.in_snapshot(
+            self._store, self.root, lambda: self._search_snapshot(queries, k, nprobe, ef_search, where, rescore),
+            retry=not self.writable, records=False)
         return scores, ids
-
-    def _unchanged_search(self, queries: np.ndarray, k: int, nprobe: int | None, ef_search: int | None,
-                          rescore: int | None) -> tuple[np.ndarray, np.ndarray] | None:
-        """An unfiltered search that reads nothing from SQLite (no rescoring), without a transaction,
-        when the file's version is still that of the last unfiltered snapshot, which found this index
-        current and no tombstoned vector in it: one PRAGMA instead of BEGIN, PRAGMA, COMMIT and the
-        snapshot's bookkeeping (~0.05 ms of a 0.5 ms HNSW search after other work evicted the caches,
-        docs/benchmarks-log.md). A commit landing during the FAISS search is as if it came after, as for a
-        search in a snapshot. None when it cannot (the caller searches in a snapshot)."""
-        plain = self._plain_at
-        if plain is None or plain.store is not self._store or plain.index is not self._index.index \
-                or (plain.rescores and rescore != 0) or self._store.db.in_transaction:
-            return None
-        if rescore is not None and (not isinstance(rescore, int) or rescore < 0):
-            return None  # the snapshot's path words the error
-        if self._store.version() != plain.version:
-            return None
-        return collection_search.live_hits(self._index, queries, k, nprobe, ef_search)
-
-    def search_records(self, queries: np.ndarray, k: int, nprobe: int | None = None, ef_search: int | None = None,
-                       where: SearchFilter | None = None,
-                       rescore: int | None = None) -> tuple[np.ndarray, np.ndarray, dict[int, ItemRecord]]:
-        """`search`, plus the records of the ids found ({id: record}), all read from one
-        snapshot of the collection: a search running while a writer adds, deletes or compacts
-        sees the rows and parts of one moment, and never returns an item tombstoned before it.
-
-        A compact that replaces the parts after the snapshot began unlinks files the snapshot
-        lists; the search then starts over on the newer parts (a few times at most).
-        """
-        queries = self._check_search(queries, k)
-        scores, ids, records = self._in_snapshot(lambda: self._search_snapshot(queries, k, nprobe, ef_search, where, rescore))
-        return scores, ids, records
 
     def find(self, k: int, *, queries: np.ndarray | None = None, texts: Sequence[str] | None = None,
              mode: str = "dense", where: SearchFilter | None = None, nprobe: int | None = None,
              ef_search: int | None = None, rescore: int | None = None, lexical_syntax: bool = False,
              min_score: float | None = None) -> search.Found:
-        """Search by vectors (mode "dense", = `search_records`), by words (mode "lexical": BM25 over
+        """Search by vectors (mode "dense": `search`'s hits with their records), by words (mode "lexical": BM25 over
         the items' text, file names, path words and metadata values; needs no vectors) or by both
         (mode "hybrid": reciprocal-rank fusion of the two lists, each `search.hybrid_depth(k)` deep; the
         dense list rescored only k x rescore rows deep, `collection_search.fusion_rescore`).
@@ -463,7 +395,9 @@ class Collection:
         queries: [q, dim] float32 (dense, hybrid); texts: q query strings (lexical, hybrid), searched
         as plain words unless `lexical_syntax` (FTS5 syntax: AND, OR, NOT, "phrases", prefix*; an
         invalid expression raises InputError); where filters both sides. Returns `search.Found`,
-        whose `sources` say which side found each hit. Read from one snapshot, as `search_records`.
+        whose `sources` say which side found each hit, and the records of the ids found, all read from
+        one snapshot (`collection_search.in_snapshot`): a search running while a writer adds, deletes
+        or compacts sees the rows and parts of one moment, never an item tombstoned before it.
         min_score: hits whose cosine with the query is below it are dropped: dense hits by their
         scores; in hybrid mode the lexical side's too, by their stored vectors' cosines, before fusing
         (the lexical mode has no query vector: it ignores it).
@@ -505,7 +439,8 @@ class Collection:
                                                        lexical_syntax), min_score, cosines)
             return scores, ids, sources, cosines(ids) if mode == "hybrid" else None
 
-        scores, ids, sources, similarities, records = self._in_snapshot(run)
+        scores, ids, sources, similarities, records = collection_search.in_snapshot(self._store, self.root, run,
+                                                                                    retry=not self.writable)
         return search.Found(scores, ids, sources, records, similarities)
 
     def _check_search(self, queries: np.ndarray | None, k: int) -> np.ndarray | None:
@@ -522,16 +457,18 @@ class Collection:
                              f"[q, {self._manifest.dim}]")
         return queries
 
-    def _in_snapshot(self, run: Callable[[], tuple], records: bool = True) -> tuple:
-        """`run()` and the records of the ids found, in one snapshot (`collection_search.in_snapshot`)."""
-        return collection_search.in_snapshot(self._store, self.root, run, retry=not self.writable, records=records)
+    def _search_snapshot(self, queries: np.ndarray, k: int, nprobe: int | None, ef_search: int | None,
+                         where: SearchFilter | None, rescore: int | None) -> tuple[np.ndarray, np.ndarray]:
+        index = self._current_index()
+        found = collection_search.dense_hits(self._index, self._store, queries, k, nprobe, ef_search, where, rescore,
+                                             self._manifest.stored_precision, self.vectors)
+        if (where is None or where.is_empty) and self._store.n_tombstoned_vectors() == 0:
+            self._plain_at = collection_search.PlainSnapshot(
+                self._store, self._store.version(), index,
+                collection_search.rescores(self._index.factory, self._manifest.stored_precision))
+        return found
 
-    def records_without_facts(self, uris: Sequence[str]) -> list[ItemRecord]:
-        """Live records of `uris` that have no facts yet (stored before schema 7) or facts an older
-        extractor wrote (`facts.FACTS_VERSION`): what a re-scan fills without re-embedding."""
-        self._follow_reindex()
-        return self._store.records_without_facts(list(uris))
-
+    # ---- text and facts (filled in after the rows: OCR, rebuild-index, a re-scan) --------------
     def set_facts(self, pairs: Sequence[tuple[ItemRecord, ItemFacts]]) -> None:
         """Give live items (records with their id, as read) these facts, and their lexical rows the
         facts' words, in one transaction; no vector is read or written."""
@@ -539,25 +476,13 @@ class Collection:
         with self._store.transaction():
             fact_rows.set_facts(self._store.db, pairs)
 
-    def items_without_text(self) -> list[ItemRecord]:
-        """Live items the lexical index knows only by name and metadata (stored before it existed)."""
-        return self._store.items_without_text()
-
     def texts(self, ids: Iterable[int]) -> dict[int, str]:
         """The lexical text stored for these items ({id: text}; items without text are absent)."""
         return self._store.texts([int(i) for i in ids]) if self._store.has_lexical_index() else {}
 
-    def items_without_ocr(self, modalities: Sequence[str]) -> list[ItemRecord]:
-        """Live items of these modalities with no lexical text yet (OCR reads them; `retrieval.library.ocr`)."""
-        return ocr_rows.items_without_body(self._store, modalities)
-
-    def texts_by_content(self, keys: Sequence[tuple[str, int | None]]) -> dict[tuple[str, int | None], str]:
-        """{(content hash, page): text} of live items with that content that have text (read once)."""
-        return ocr_rows.texts_by_content(self._store, keys) if keys else {}
-
     def set_texts(self, texts: Sequence[tuple[int, str]]) -> None:
         """Give live items their text in the lexical index: [(id, text)] (`rebuild-index` fills
-        in the items of `items_without_text` from their files), in one transaction."""
+        in the items of `MetaStore.items_without_text` from their files), in one transaction."""
         self._require_writable("index text")
         with self._store.transaction():
             self._store.set_texts(texts)
@@ -569,20 +494,6 @@ class Collection:
         if self._store.has_meta_index():
             with self._store.transaction():
                 fill_meta_index(self._store.db)
-
-    def lexical_ids(self) -> list[int]:
-        """Ids in the lexical index, ascending: the live items (a check that it kept in step)."""
-        return self._store.lexical_ids()
-
-    def _search_snapshot(self, queries: np.ndarray, k: int, nprobe: int | None, ef_search: int | None,
-                         where: SearchFilter | None, rescore: int | None) -> tuple[np.ndarray, np.ndarray]:
-        index = self._current_index()
-        found = collection_search.dense_hits(self._index, self._store, queries, k, nprobe, ef_search, where, rescore,
-                                             self._manifest.stored_precision, self.vectors)
-        if (where is None or where.is_empty) and self._store.n_tombstoned_vectors() == 0:
-            self._plain_at = _PlainSnapshot(self._store, self._store.version(), index,
-                                            collection_search.rescores(self._index.factory, self._manifest.stored_precision))
-        return found
 
     # ---- index maintenance -----------------------------------------------------------------
     def _current_index(self):
@@ -682,5 +593,5 @@ class Collection:
             index_type=self._manifest.index_type,
             index_factory=self._index.factory or saved.index_factory,
             index_is_current=(saved.index_epoch, saved.index_max_part) == key,
-            size_bytes=size, failures=tuple(self.failures()), exclusions=tuple(self.exclusions()),
+            size_bytes=size, failures=tuple(self._store.records_where_status(Status.FAILED)), exclusions=tuple(self.exclusions()),
             facts=fact_rows.summary(self._store.db) if self._store.has_facts() else {})

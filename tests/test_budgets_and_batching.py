@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import typing
+
 import numpy as np
 import pytest
 import torch
@@ -229,7 +231,7 @@ def test_batch_tokens_and_bytes_follow_the_models_device_unless_given():
     """None: 4,096 tokens and 96 MiB on a CPU (its caches, host memory), 16,384 tokens and 512 MiB
     on CUDA (larger batches for the GPU); a value the caller gives is kept on every device; the
     CLI's help states the same numbers."""
-    from faste_mm.cli.options import CPU_BATCH_TOKENS, DEFAULT_BATCH_TOKENS, GPU_BATCH_TOKENS
+    from faste_mm.cli.options import DEFAULT_BATCH_TOKENS, BatchTokens
     from faste_mm.model.batching import BATCH_BYTES, BATCH_TOKENS
 
     default = BatchingConfig()
@@ -238,7 +240,8 @@ def test_batch_tokens_and_bytes_follow_the_models_device_unless_given():
     on_cpu, on_cuda = default.for_device(torch.device("cpu")), default.for_device(torch.device("cuda", 0))
     assert (on_cpu.batch_tokens, on_cpu.batch_bytes) == (4096, 96 * 2**20)
     assert (on_cuda.batch_tokens, on_cuda.batch_bytes) == (16384, 512 * 2**20)
-    assert (CPU_BATCH_TOKENS, GPU_BATCH_TOKENS) == (BATCH_TOKENS["cpu"], BATCH_TOKENS["cuda"])
+    help_ = typing.get_args(BatchTokens)[1].help
+    assert f"{BATCH_TOKENS['cpu']} on a CPU" in help_ and f"{BATCH_TOKENS['cuda']} on a GPU" in help_
     given = BatchingConfig(batch_bytes=2**20, batch_tokens=999)
     assert (given.for_device(torch.device("cuda")).batch_bytes, given.for_device(torch.device("cuda")).batch_tokens) == (2**20, 999)
     with pytest.raises(ConfigError, match="batch_tokens"):

@@ -192,7 +192,7 @@ def test_each_input_is_indexed_or_a_failure_naming_the_file(indexed, name):
     uri = os.path.abspath(_path(root, name))
     failures = {f["uri"]: f["error"] for f in report["failures"]}
     with Collection.open(col) as c:
-        live = set(c.live_uris()) - set(failures)
+        live = set(c.read(lambda rows: rows.live_uris())) - set(failures)
     if expected is None:
         assert uri in live, failures.get(uri)
     elif expected == "either":
@@ -315,13 +315,13 @@ def _store_scan(col_root: Path, folder: Path, follow_links: bool = False):
     with Collection.create(col_root, Manifest(model_id="m", dim=4), exist_ok=True) as col:
         scan = scan_paths([folder], ScanFilter(follow_links=follow_links))
         plan = ingest_work(col, scan)
-        col.delete_uris(plan.vanished)  # as Retriever.index does
+        col.delete(uris=plan.vanished)  # as Retriever.index does
         record_missing(col, scan.missing, IngestTally())
         if plan.todo:
             v = np.random.default_rng(0).standard_normal((len(plan.todo), 4)).astype(np.float32)
             col.add(v / np.linalg.norm(v, axis=1, keepdims=True),
                     [ItemRecord(uri=f.uri, modality=f.modality, size=f.stat.size, mtime=f.stat.mtime) for f in plan.todo])
-        return scan, plan, sorted(col.live_uris())
+        return scan, plan, sorted(col.read(lambda rows: rows.live_uris()))
 
 
 def test_items_of_a_followed_link_to_a_file_outside_the_folder_vanish_with_the_link(tmp_path):

@@ -192,13 +192,13 @@ def test_failures_are_recorded_and_replaced_by_a_later_success(tmp_path):
     with col:
         col.add_failures([ItemRecord(uri="/docs/bad.pdf", modality="page",
                                      error="PDF is encrypted")])
-        failed = col.failures()
+        failed = col.info().failures
         assert [(r.uri, r.error, r.status) for r in failed] == [
             ("/docs/bad.pdf", "PDF is encrypted", "failed")]
         assert col.info().n_failed == 1 and col.info().failures[0].uri == "/docs/bad.pdf"
         col.add(unit(rng, 2), [ItemRecord(uri="/docs/bad.pdf", modality="page", page=p)
                                for p in range(2)])
-        assert col.failures() == []
+        assert col.info().failures == ()
         assert col.info().n_ok == 5
 
 
@@ -226,7 +226,7 @@ def test_plan_scan_splits_new_changed_unchanged_vanished(tmp_path):
         assert plan.vanished == ("/p/gone.jpg",)  # /other/x.jpg is outside `under`
         retry = col.plan_scan(files, under="/p", retry_failed=True)
         assert [f.uri for f in retry.changed] == ["/p/b.jpg", "/p/broken.jpg"]
-        assert col.delete_uris(plan.vanished) == 1
+        assert col.delete(uris=plan.vanished) == 1
         assert col.plan_scan(files, under="/p").vanished == ()
         assert plan.to_dict()["vanished"] == ["/p/gone.jpg"]
 
@@ -248,10 +248,10 @@ def test_content_hash_finds_identical_content_and_its_vector(tmp_path):
     with Collection.create(tmp_path / "c", Manifest(model_id="m", dim=D)) as col:
         v = unit(rng, 1)
         (i,) = col.add(v, [ItemRecord(uri="a.bin", modality="image", content_hash=h)])
-        (dup,) = col.find_by_hashes([h])[h]
+        (dup,) = col.read(lambda rows: rows.records_with_hashes([h]))[h]
         assert dup.id == i
         np.testing.assert_allclose(col.vectors([i]), v, atol=1e-3)  # float16 storage
-        assert col.find_by_hashes(["0" * 64]) == {}
+        assert col.read(lambda rows: rows.records_with_hashes(["0" * 64])) == {}
 
 
 def test_bad_vectors_are_input_errors_naming_the_item(tmp_path):
@@ -296,10 +296,10 @@ def test_find_by_hashes_batches_and_matches_one_lookup_per_hash(tmp_path):
                                for i, h in enumerate(hashes)])
         col.add(unit(rng, 2), [ItemRecord(uri="/p/doc.pdf", modality="page", page=p, content_hash=hashes[7])
                                for p in (1, 2)])  # pages of a PDF sharing one file's hash
-        col.delete_uris(["/p/3.png"])
+        col.delete(uris=["/p/3.png"])
         wanted = [*hashes, "0" * 64]
-        found = col.find_by_hashes(wanted)
-        one_by_one = {h: col.find_by_hashes([h]).get(h, []) for h in wanted}
+        found = col.read(lambda rows: rows.records_with_hashes(wanted))
+        one_by_one = {h: col.read(lambda rows: rows.records_with_hashes([h])).get(h, []) for h in wanted}
         assert found == {h: records for h, records in one_by_one.items() if records}
         assert hashes[3] not in found and [r.uri for r in found[hashes[7]]] == ["/p/7.png", "/p/doc.pdf", "/p/doc.pdf"]
 
@@ -310,12 +310,13 @@ def test_live_uris_lists_a_path_and_what_is_below_it_only(tmp_path):
     with Collection.create(tmp_path / "c", Manifest(model_id="m", dim=D)) as col:
         col.add(unit(rng, len(uris)), [ItemRecord(uri=u, modality="image") for u in uris])
         col.add_failures([ItemRecord(uri="/p/broken.png", modality="image", error="truncated")])
-        col.delete_uris(["/q/d.png"])
-        assert col.live_uris(under="/p/") == ["/p", "/p/a.png", "/p/broken.png", "/p/sub/b.png"]
-        assert col.live_uris(under="/p/sub/b.png") == ["/p/sub/b.png"] and col.live_uris(under="/nope") == []
-        assert col.live_uris() == sorted(set(uris) - {"/q/d.png"} | {"/p/broken.png"})
+        col.delete(uris=["/q/d.png"])
+        live_uris = lambda under=None: col.read(lambda rows: rows.live_uris(under))  # noqa: E731
+        assert live_uris("/p/") == ["/p", "/p/a.png", "/p/broken.png", "/p/sub/b.png"]
+        assert live_uris("/p/sub/b.png") == ["/p/sub/b.png"] and live_uris("/nope") == []
+        assert live_uris() == sorted(set(uris) - {"/q/d.png"} | {"/p/broken.png"})
         for under in ("/p", "/p2", "/"):  # the same uris plan_scan would report vanished
-            assert col.live_uris(under=under) == list(col.plan_scan([], under=under).vanished)
+            assert live_uris(under) == list(col.plan_scan([], under=under).vanished)
 
 
 def test_erase_deletes_only_the_collection_and_refuses_while_another_writer_holds_it(tmp_path):
@@ -398,13 +399,14 @@ def test_vectors_gathers_across_parts_like_reading_each_part_by_hand(tmp_path):
             col.vectors([ids[1], 10_000_000])
 
 
-def test_search_without_records_returns_what_search_records_returns(tmp_path):
+def test_search_without_records_returns_what_a_dense_find_returns(tmp_path):
     col, ids, rng = make(tmp_path, n=120)
     with col:
         col.delete(ids[:30])
         queries = unit(rng, 5)
         scores, found = col.search(queries, k=7)
-        scores_r, found_r, records = col.search_records(queries, k=7)
+        dense = col.find(7, queries=queries)
+        scores_r, found_r, records = dense.scores, dense.ids, dense.records
         np.testing.assert_array_equal(found, found_r)
         np.testing.assert_array_equal(scores, scores_r)
         assert set(records) == {int(i) for i in found_r.ravel() if i >= 0}

@@ -64,7 +64,8 @@ def test_searches_during_add_delete_compact_see_one_snapshot_and_no_tombstones(t
             deleted = {int(x) for x in log_path.read_text().split()}
             try:
                 with Collection.open(root) as col:  # a reader that reopens per search
-                    _, ids, records = col.search_records(queries, k=10)
+                    dense = col.find(10, queries=queries)
+                    ids, records = dense.ids, dense.records
             except Exception as e:  # noqa: BLE001 - the test counts every failure
                 errors.append(f"{type(e).__name__}: {e}")
                 continue

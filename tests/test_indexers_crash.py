@@ -87,7 +87,7 @@ def check_consistent(root) -> int:
         exact = queries @ col.vectors(ids).T
         np.testing.assert_allclose(scores, -np.sort(-exact, axis=1)[:, :5], atol=1e-5)
         assert set(found.ravel().tolist()) <= set(ids.tolist())
-        assert col.lexical_ids() == sorted(ids.tolist())  # the lexical index kept in step with the rows
+        assert col.read(lambda rows: rows.lexical_ids()) == sorted(ids.tolist())  # the lexical index kept in step with the rows
         return len(live)
 
 

@@ -304,7 +304,8 @@ def test_an_open_reader_follows_a_reindex_instead_of_returning_erased_items(tmp_
         new = _vectors(3, seed=9)
         with Collection.create(root, MANIFEST) as col:
             col.add(new, [ItemRecord(uri=f"new{i}", modality="text") for i in range(3)])
-        scores, ids, records = reader.search_records(old, k=2)
+        found = reader.find(2, queries=old)
+        ids, records = found.ids, found.records
         assert {r.uri for r in records.values()} <= {"new0", "new1", "new2"}  # no erased item comes back
         with Collection.open(root) as fresh:
             want = fresh.search(old, k=2)

@@ -69,17 +69,17 @@ def test_lexical_syntax_is_passed_through_and_a_bad_expression_is_an_input_error
 def test_the_lexical_index_follows_adds_replacements_removals_and_compaction(col):
     rng = np.random.default_rng(2)
     live = lambda: sorted(col.live_ids(range(100)))  # noqa: E731
-    assert col.lexical_ids() == live()
+    assert col.read(lambda rows: rows.lexical_ids()) == live()
     new = col.add(unit(rng, 1), [ItemRecord(uri="/docs/INV-2024-001.pdf", modality="page", page=0, text="zebra")])
     assert lexical(col, "fox") == [3] and lexical(col, "zebra") == new.tolist()  # replaced: old text gone
     col.add_failures([ItemRecord(uri="/docs/broken.pdf", modality="page", error="bad file", text="broken")])
     assert lexical(col, "broken") == []  # failures are not searchable
-    col.delete_uris(["/docs/INV-2024-004.pdf"])
+    col.delete(uris=["/docs/INV-2024-004.pdf"])
     col.delete([0])
     assert lexical(col, "report") == [] and lexical(col, "muller") == []
-    assert col.lexical_ids() == live()
+    assert col.read(lambda rows: rows.lexical_ids()) == live()
     col.compact()
-    assert col.lexical_ids() == live() and lexical(col, "zebra") == new.tolist()
+    assert col.read(lambda rows: rows.lexical_ids()) == live() and lexical(col, "zebra") == new.tolist()
 
 
 def test_hybrid_fuses_both_sides_and_says_which_found_each_hit(col):
@@ -105,9 +105,9 @@ def test_a_schema_3_collection_gets_names_and_metadata_indexed_on_the_next_write
     with Collection.open(root, writable=True) as col:
         assert sorted(lexical(col, "acme")) == [1] and lexical(col, "INV-2024-002") == [2]
         assert lexical(col, "alpha") == []  # the text comes back with rebuild-index (re-read files)
-        assert [r.id for r in col.items_without_text()] == [0, 1, 2]
+        assert [r.id for r in col.read(lambda rows: rows.items_without_text())] == [0, 1, 2]
         col.set_texts([(0, "alpha"), (2, "gamma")])
-        assert lexical(col, "alpha") == [0] and [r.id for r in col.items_without_text()] == [1]
+        assert lexical(col, "alpha") == [0] and [r.id for r in col.read(lambda rows: rows.items_without_text())] == [1]
 
 
 def text_pdf(path, texts: list[str]):

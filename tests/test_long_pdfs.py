@@ -300,7 +300,7 @@ def _committed(col) -> tuple[list[tuple], list[tuple]]:
     """(page, mtime, vector) of the live rows and (page, mtime, error) of the failure rows."""
     ids = sorted(col.live_ids(range(100)))
     rows = sorted((r.page, r.mtime, tuple(v)) for r, v in zip(col.get(ids), col.vectors(ids)))
-    return rows, sorted((r.page, r.mtime, r.error) for r in col.failures())
+    return rows, sorted((r.page, r.mtime, r.error) for r in col.info().failures)
 
 
 def test_the_ray_driver_commits_page_ranges_as_a_plain_run_does(tmp_path):

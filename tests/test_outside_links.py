@@ -50,7 +50,7 @@ def planted(base: Path) -> tuple[Path, Path]:
 
 def live_uris(collection: Path) -> list[str]:
     with Collection.open(collection) as col:
-        return sorted(col.live_uris())
+        return sorted(col.read(lambda rows: rows.live_uris()))
 
 
 def assert_only_shared(collection: Path, shared: Path) -> None:

@@ -107,7 +107,7 @@ def _rows(collection: Path) -> tuple[dict[tuple[str, int | None], np.ndarray], l
         ids = sorted(col.live_ids(range(10_000)))
         records = col.get(ids)
         vectors = col.vectors(ids)
-        failures = sorted((r.uri, r.page, r.error) for r in col.failures())
+        failures = sorted((r.uri, r.page, r.error) for r in col.info().failures)
     keys = [(r.uri, r.page) for r in records]
     assert len(keys) == len(set(keys)), "an item was stored twice"
     return dict(zip(keys, vectors)), failures

@@ -76,10 +76,11 @@ def test_names_that_are_not_utf8_are_stored_losslessly(tmp_path):
         col.add(np.eye(4, dtype=np.float32)[:1], [ItemRecord(uri=odd, modality="image")])
         col.add_failures([ItemRecord(uri=odd + "2", modality="image", error=f"{odd}2: bad")])
     with Collection.open(tmp_path / "c", writable=True) as col:
-        assert col.live_uris() == sorted([odd, odd + "2"]) == col.live_uris(under="/p")
-        assert [r.error for r in col.failures()] == [f"{odd}2: bad"]
-        col.delete_uris([odd])
-        assert col.live_uris() == [odd + "2"]
+        assert col.read(lambda rows: rows.live_uris()) == sorted([odd, odd + "2"]) == col.read(
+            lambda rows: rows.live_uris("/p"))
+        assert [r.error for r in col.info().failures] == [f"{odd}2: bad"]
+        col.delete(uris=[odd])
+        assert col.read(lambda rows: rows.live_uris()) == [odd + "2"]
 
 
 def test_the_schema_migration_keeps_existing_names(tmp_path):
@@ -94,7 +95,7 @@ def test_the_schema_migration_keeps_existing_names(tmp_path):
                (literal,))
     downgrade(root, 1, db)
     with Collection.open(root, writable=True) as col:
-        assert col.live_uris() == [literal]
+        assert col.read(lambda rows: rows.live_uris()) == [literal]
 
 
 def test_an_unexpected_exception_on_one_file_is_that_files_failure(model, tmp_path, monkeypatch):
@@ -114,7 +115,7 @@ def test_an_unexpected_exception_on_one_file_is_that_files_failure(model, tmp_pa
     result = runner.invoke(app, ["index", str(tmp_path), "-c", str(col), "--model", model, "--device", "cpu"])
     assert result.exit_code == 0, result.stderr
     with Collection.open(col) as c:
-        failures = c.failures()
+        failures = c.info().failures
         assert c.info().n_ok == 2
     assert [f.uri for f in failures] == [str(tmp_path / "b.png")]
     assert "unexpected KeyError" in failures[0].error and "--debug" in failures[0].error

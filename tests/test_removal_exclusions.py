@@ -38,7 +38,7 @@ def photos(root):
 
 def uris(r: Retriever) -> list[str]:
     with Collection.open(r.collection) as col:
-        return col.live_uris()
+        return col.read(lambda rows: rows.live_uris())
 
 
 def test_a_removed_folder_is_not_re_embedded_by_the_next_scan_of_its_parent(embedder, tmp_path):

@@ -29,9 +29,9 @@ WRITER = textwrap.dedent("""
             col.add(x, [ItemRecord(uri=f"/d/{step}-{i}.txt", modality="text", text=f"word{i} crash",
                                    metadata={"s": "new", "n": i}) for i in range(4)])
         elif step.startswith("delete"):
-            col.delete_uris(["/d/seed-0.txt"])
+            col.delete(uris=["/d/seed-0.txt"])
         else:
-            col.delete_uris(["/d/seed-1.txt"])
+            col.delete(uris=["/d/seed-1.txt"])
             col.compact()
 """)
 
@@ -66,7 +66,7 @@ def test_a_writer_killed_at_a_named_step_leaves_the_lexical_and_metadata_indexes
     with Collection.open(root, writable=True) as col:
         live = sorted(col.live_ids(range(100)))
         # The lexical index: exactly the live items, each found by its name; the killed add all or nothing.
-        assert col.lexical_ids() == live
+        assert col.read(lambda rows: rows.lexical_ids()) == live
         for record in col.get(live):
             assert record.id in lexical(col, record.uri)
         # only the add that committed holds the word "crash": all four of its items, else none

@@ -109,7 +109,7 @@ def test_a_partial_copy_is_embedded_only_once_complete(watched, tmp_path):
     done = watcher.sync_once()
     assert (done.waiting, done.index.embedded, done.index.failed) == (0, 1, 0)
     with Collection.open(retriever.collection) as col:
-        assert col.failures() == []
+        assert col.info().failures == ()
 
 
 def test_a_removed_file_stays_out_and_an_emptied_folder_removes_nothing(watched, tmp_path):

@@ -5,14 +5,16 @@ its contenders side by side in mirrored rounds (`rounds`), on inputs from one sp
 (`inputs`), with options declared once (`options`). `entry` runs a suite from its arguments.
 
 This module is only the table of suites (importing it loads nothing heavy: `faste-mm --help`
-stays fast); each suite module has `add_arguments(parser)` and `run(args) -> SuiteRun`.
+stays fast); each suite module has `add_arguments(parser)` (its options, from `options`) and
+`run(args) -> SuiteRun`, or `run(args, progress)` for a suite that shows progress (the CLI hands it
+a progress view).
 """
 
 from __future__ import annotations
 
 # name -> (module, one line for --help). "model" is also what `faste-mm bench` runs with no suite.
 SUITES: dict[str, tuple[str, str]] = {
-    "model": ("faste_mm.bench.model", "FastE against the full forward (and HF / sentence-transformers) on the same inputs"),
+    "model": ("faste_mm.bench.model_suite", "FastE against the full forward (and HF / sentence-transformers) on the same inputs"),
     "peers": ("faste_mm.bench.peers", "faste-mm against the official transformers path and sentence-transformers: photos, pages, texts"),
     "pixels": ("faste_mm.bench.pixels", "seconds per photo and page at several pixel caps and dtypes, with the vision tower's share"),
     "tower-attention": ("faste_mm.bench.tower_attention", "one page frame's attention: fused SDPA against its pieces, and the packed tower"),

@@ -7,7 +7,9 @@ line of machine facts on stderr. `faste-mm bench SUITE` and `python -m faste_mm.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import inspect
 import json
 import logging
 import sys
@@ -20,7 +22,7 @@ from faste_mm.errors import ConfigError, FasteError
 
 
 def parser_for(suite: str, prog: str) -> argparse.ArgumentParser:
-    """The suite's parser: its own options, then --out and --format (every suite's)."""
+    """The suite's parser: its own options, then --out, --format and --debug (every suite's)."""
     module = importlib.import_module(SUITES[suite][0])
     parser = argparse.ArgumentParser(prog=prog, description=SUITES[suite][1] + ".",
                                      epilog="Writes the result schema of faste_mm.bench.schema (--out, --format json).")
@@ -29,9 +31,10 @@ def parser_for(suite: str, prog: str) -> argparse.ArgumentParser:
     return parser
 
 
-def run_suite(suite: str, argv: list[str], prog: str | None = None) -> BenchResult:
+def run_suite(suite: str, argv: list[str], prog: str | None = None, progress=None) -> BenchResult:
     """Parse `argv` for `suite`, run it and report (see the module docstring). Exits 2 on a usage
-    error (argparse) and 1 on a FasteError, with the message on stderr."""
+    error (argparse) and 1 on a FasteError, with the message on stderr (and its traceback with
+    --debug). progress: makes a progress view (the CLI's `Progress`), for a suite whose `run` takes one."""
     if suite not in SUITES:
         raise SystemExit(f"unknown suite {suite!r}; suites: {', '.join(SUITES)}")
     parser = parser_for(suite, prog or f"faste-mm bench {suite}")
@@ -40,14 +43,19 @@ def run_suite(suite: str, argv: list[str], prog: str | None = None) -> BenchResu
     if args.out is not None and not args.out.parent.is_dir():
         parser.error(f"--out {args.out}: folder {args.out.parent} does not exist; create it first")
     if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+        logging.basicConfig(level=logging.DEBUG if args.debug else logging.INFO, format="%(message)s", stream=sys.stderr)
     begun = start(argv, prog or f"faste-mm bench {suite}")
+    measure = importlib.import_module(SUITES[suite][0]).run
+    shown = progress is not None and "progress" in inspect.signature(measure).parameters
     try:
-        run = importlib.import_module(SUITES[suite][0]).run(args)
+        with progress() if shown else contextlib.nullcontext() as view:
+            run = measure(args, view) if shown else measure(args)
         result = finish(suite, begun, run)
         write(result, args.out)
     except FasteError as error:
-        sys.stderr.write(f"Error: {error}\n")
+        if args.debug:
+            raise
+        sys.stderr.write(f"Error: {error.cli_message()}\n")
         raise SystemExit(1) from None
     if args.output == "json":
         sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n")

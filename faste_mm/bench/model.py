@@ -1,4 +1,4 @@
-"""The model suite (`faste-mm bench`, `faste-mm bench model`): measure FastE end to end against the full forward on the same inputs, in
+"""What the model suite measures (its options and table: `model_suite`): FastE end to end against the full forward on the same inputs, in
 the same process and order: items/s, tokens/s, forward and end-to-end time (median, min-max over
 repeats after a warm-up), peak memory, realised removal, FLOPs reduction, FLOPs-implied speedup,
 measured speedups and the realisation ratio; optionally against a plain HF forward and

@@ -71,7 +71,7 @@ def index_collection(col: Collection, profile: CollectionProfile, scan: Scan, op
         report_progress()
         executor.run(IngestJob(col, plan, profile, model, encode, options.chunk_files, tally,
                                files_committed, chunk_pages=options.chunk_pages))
-        col.delete_uris(plan.vanished)  # after: their content was a donor for moved files above
+        col.delete(uris=plan.vanished)  # after: their content was a donor for moved files above
         read = OcrTally() if ocr is None else read_text_in_images(col, ocr)
         fill_facts(col, scan, plan, tally)
         albums = _refreshed_albums(col, profile)
@@ -127,7 +127,7 @@ def fill_facts(col: Collection, scan: Scan, plan: IngestWork, tally: IngestTally
     unchanged = [f for f in scan.files() if f.uri not in todo and f.kind != "unsupported"]
     for start in range(0, len(unchanged), FACTS_CHUNK_FILES):
         chunk = {f.uri: f for f in unchanged[start:start + FACTS_CHUNK_FILES]}
-        records = col.records_without_facts(list(chunk))
+        records = col.read(lambda rows: rows.records_without_facts(list(chunk)))
         read = {uri: read_facts(chunk[uri].path, chunk[uri].kind)
                 for uri in dict.fromkeys(r.uri for r in records)}
         if read:

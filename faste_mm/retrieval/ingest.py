@@ -72,7 +72,7 @@ def ingest_work(col: Collection, scan: Scan, retry_failed: bool = False) -> Inge
 def record_missing(col: Collection, missing: Sequence[tuple[str, str]], tally: IngestTally) -> None:
     """A named path that does not exist: remove what was indexed at that path and record the
     failure (every run, so the report does not depend on what an earlier run stored)."""
-    col.delete_uris(sorted(uri for uri, _ in missing))  # a uri with no rows is a no-op
+    col.delete(uris=sorted(uri for uri, _ in missing))  # a uri with no rows is a no-op
     records = [ItemRecord(uri=uri, modality="missing", error=error) for uri, error in missing]
     col.add_failures(records)
     tally.failures.extend(IndexFailure(r.uri, None, r.error) for r in records)
@@ -185,7 +185,8 @@ def pages_left(col: Collection, f: ScannedFile, content_hash: str, n_pages: int,
     """A long PDF's pages that no range of an interrupted run committed (rows of this uri and
     content hash), and the uris its first range replaces (a changed file's old rows, unless this
     version already has committed ranges)."""
-    done = {r.page for r in col.find_by_hashes([content_hash]).get(content_hash, []) if r.uri == f.uri and _is_partial(r)}
+    same_content = col.read(lambda rows: rows.records_with_hashes([content_hash])).get(content_hash, [])
+    done = {r.page for r in same_content if r.uri == f.uri and _is_partial(r)}
     if done:
         log.info("%s: resuming after %d pages committed by an interrupted run", f.path, len(done))
     todo = [page for page in range(1, n_pages + 1) if page not in done]
@@ -361,7 +362,7 @@ Donor = tuple[list[ItemRecord], np.ndarray]  # live records of one item (pages i
 def _donors(col: Collection, wanted: Sequence[tuple[str, str]]) -> dict[tuple[str, str], Donor]:
     """(content hash, modality) -> live records (all pages, in order) and vectors of an item
     with identical content, for each key that has one; one lookup for the whole chunk."""
-    by_hash = col.find_by_hashes({digest for digest, _ in wanted})
+    by_hash = col.read(lambda rows: rows.records_with_hashes({digest for digest, _ in wanted}))
     chosen: dict[tuple[str, str], list[ItemRecord]] = {}
     for digest, modality in wanted:
         records = _complete_item(by_hash.get(digest, []), modality)

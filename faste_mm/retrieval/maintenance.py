@@ -41,7 +41,7 @@ def remove_items(root: str | os.PathLike, paths: Iterable[str | os.PathLike] = (
         for path in paths:
             matched = False
             for candidate in {str(path), str(Path(path).expanduser().resolve())}:
-                found = col.live_uris(under=candidate)
+                found = col.read(lambda rows: rows.live_uris(candidate))
                 uris.update(found)
                 matched = matched or bool(found)
                 if found and os.path.isabs(candidate):  # a file path (not an "item:" uri) scans could find
@@ -51,7 +51,7 @@ def remove_items(root: str | os.PathLike, paths: Iterable[str | os.PathLike] = (
         live = col.live_ids(ids)
         unmatched.extend(str(i) for i in ids if i not in live)
         col.exclude(excluded)  # before the delete: a crash in between leaves the items in place
-        col.delete_uris(sorted(uris))
+        col.delete(uris=sorted(uris))
         col.delete(sorted(live))
     if unmatched:
         log.info("%s: nothing to remove for %s", root, ", ".join(unmatched))
@@ -83,7 +83,7 @@ def backfill_texts(col: Collection) -> int:
     from faste_mm.retrieval.stored_files import stored_file
 
     texts = []
-    for record in col.items_without_text():
+    for record in col.read(lambda rows: rows.items_without_text()):
         if record.modality not in ("text", "page"):
             continue
         try:  # the indexed file itself (checked on its descriptor), never a link planted over it since

@@ -109,7 +109,7 @@ def understood(request: SearchRequest, parts: SearchParts) -> UnderstoodRequest:
     """`request` as it is searched: its query text understood against today's date and the
     collection's places (read once per version of the collection), unless `literal`."""
     asks_places = request.query is not None and not request.literal and not request.is_like
-    return understood_request(request, parts.reader(False).places() if asks_places else [])
+    return understood_request(request, parts.reader(False).read(lambda rows: rows.places()) if asks_places else [])
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,7 +191,8 @@ def _like_id(like: Any, parts: SearchParts) -> int:
             raise UnknownItemError(f"id {item_id}: no such item in the collection; use an id from search results")
         return item_id
     path = Path(os.fspath(like)).expanduser()
-    ids = col.live_ids_of(str(path.resolve()) if not path.is_absolute() or path.exists() else str(path))
+    uri = str(path.resolve()) if not path.is_absolute() or path.exists() else str(path)
+    ids = col.read(lambda rows: rows.live_ids_of(uri))
     if not ids:
         raise UnknownItemError(f"like {os.fspath(like)!r}: not an indexed file of the collection; index it first, or "
                          f"give an item id from search results")

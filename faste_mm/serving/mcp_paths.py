@@ -75,7 +75,7 @@ def query_image_file(given: str, collection, roots: IndexRoots):
         raise InputError("search: `image` takes the path of an indexed image file or a data: URL; URLs are not "
                          "fetched")
     resolved = _resolved(given, "search: image")
-    ids = collection.live_ids_of(str(resolved))
+    ids = collection.read(lambda rows: rows.live_ids_of(str(resolved)))
     if not ids and not roots.allows(resolved):
         raise InputError(f"search: image {given[:200]} is not a file of the collection {collection.root}; give "
                          f"the path of an indexed image (search results' uri), more_like_this with its id, or the "

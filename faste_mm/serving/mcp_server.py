@@ -113,7 +113,8 @@ def build_server(tools: McpTools) -> Server:
 
     async def list_resources(ctx, params) -> types.ListResourcesResult:
         after = _cursor(None if params is None else params.cursor)
-        records = await anyio.to_thread.run_sync(lambda: tools.reader().live_records(after, RESOURCES_PAGE))
+        records = await anyio.to_thread.run_sync(
+            lambda: tools.reader().read(lambda rows: rows.live_records_after(after, RESOURCES_PAGE)))
         resources = [types.Resource(uri=ITEM_URI.format(id=r.id), name=_name(r.uri, r.page), description=r.uri,
                                     mime_type="application/json") for r in records]
         more = len(records) == RESOURCES_PAGE

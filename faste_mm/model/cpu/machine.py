@@ -9,12 +9,19 @@ import platform
 import sys
 from pathlib import Path
 
-# How a device and a dtype are asked for, in the words of every front end that takes them (the
-# CLI's --device / --dtype, every `faste-mm bench` suite); the default of both is "auto".
+from faste_mm.model.cpu.machine_plan import BATCH_TOKENS
+
+# How a device, a dtype, a batch's token budget and the layers' layout after FastE compression are
+# asked for, in the words of every front end that takes them (the CLI's --device / --dtype /
+# --batch-tokens / --unpadded, every `faste-mm bench` suite); the default of each is "auto" (by device).
 DEVICE_CHOICES = "auto (CUDA when available) | cpu | cuda | cuda:N"
 DTYPE_CHOICES = ("auto (bfloat16 on CUDA and on CPUs with native bf16, else float32) | float32 | bfloat16 | float16 | "
                  "int8 (x86 CPU with VNNI/AMX only: int8 linear layers, the rest bfloat16 where the CPU has it, else "
                  "float32; see docs/cpu.md)")
+BATCH_TOKENS_DEFAULT = (f"Default by device: {BATCH_TOKENS['cpu']} on a CPU (smaller batches stay in its caches), "
+                        f"{BATCH_TOKENS['cuda']} on a GPU")
+UNPADDED_CHOICES = ("auto (CUDA: fastest of padded / flash-attn / torch-nested on a trial batch; CPU: segments) | off | "
+                    "flash-attn | torch-nested | segments")
 
 
 def read_cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:

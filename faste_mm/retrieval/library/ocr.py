@@ -19,7 +19,7 @@ import numpy as np
 from PIL import Image
 
 from faste_mm.errors import ConfigError, FasteError, InputError
-from faste_mm.indexers import Collection, ItemRecord
+from faste_mm.indexers import Collection, ItemRecord, ocr_rows
 from faste_mm.retrieval.lexical import MAX_TEXT_CHARS
 
 log = logging.getLogger(__name__)
@@ -125,8 +125,9 @@ def read_text_in_images(col: Collection, engine: OcrEngine, tally: OcrTally | No
     text is found gets the empty text (it is not read again), one whose file cannot be read keeps
     none (it is tried again at the next run). Identical content (same hash and page) is read once."""
     tally = tally or OcrTally()
-    pending = col.items_without_ocr(OCR_MODALITIES)
-    known = col.texts_by_content([(r.content_hash, r.page) for r in pending if r.content_hash])
+    pending = col.read(lambda rows: ocr_rows.items_without_body(rows, OCR_MODALITIES))
+    keys = [(r.content_hash, r.page) for r in pending if r.content_hash]
+    known = col.read(lambda rows: ocr_rows.texts_by_content(rows, keys)) if keys else {}
     done: list[tuple[int, str]] = []
     for record in pending:
         key = (record.content_hash, record.page)
