@@ -15,7 +15,7 @@ pytest.importorskip("mcp", reason="needs the mcp extra: pip install 'faste-mm[mc
 pytest.importorskip("fastapi", reason="needs the serve extra: pip install 'faste-mm[serve]'")
 
 import httpx2  # noqa: E402
-import mcp_types as types  # noqa: E402
+import mcp.types as types  # noqa: E402
 from mcp.client.stdio import StdioServerParameters, stdio_client  # noqa: E402
 
 from faste_mm import Retriever  # noqa: E402

@@ -45,7 +45,8 @@ def test_index_search_info_json_and_paths(model, tmp_path):
     hits = json.loads(invoke("search", "a red bicycle", "-c", col, "-k", "20", "--format", "json").stdout)
     understood = hits["query"].pop("understood")  # nothing in "a red bicycle" is a filter: all of it is meaning
     assert understood["parts"] == [] and understood["text"] == "a red bicycle"
-    assert hits["query"] == {"text": "a red bicycle", "image": None, "video": None, "like": None} and hits["k"] == 20
+    assert hits["query"] == {"text": "a red bicycle", "image": None, "video": None, "like": None, "crop": None}
+    assert hits["k"] == 20
     assert [h["rank"] for h in hits["hits"]] == list(range(1, CORPUS_EMBEDDED + CORPUS_REUSED + 1))
     assert hits["hits"][0].keys() == {"rank", "id", "score", "uri", "page", "metadata", "found_by", "facts"}
     assert sorted(h["page"] for h in hits["hits"] if h["uri"].endswith("doc.pdf")) == [1, 2]
