@@ -127,11 +127,14 @@ def test_int8_on_the_real_minilm_weights_agrees_with_float32_and_bfloat16():
     nearest = lambda v: np.argsort(-(v @ v.T - 2 * np.eye(len(v))), axis=1)[:, 0]  # noqa: E731
     found = [i for i in range(10) if nearest(a)[i] == i ^ 1]  # sentences 0-9: pairs on one topic
     assert len(found) >= 6 and all(nearest(b)[i] == i ^ 1 for i in found)
+    # The bfloat16 pair on the first four sentences: where oneDNN's int8 kernel is slow (an AMD EPYC
+    # runs it at ~0.1 GFLOP/s, and refuses `--dtype int8` by its trial) each int8 pass costs ~45 s.
     bfloat16 = copy.deepcopy(model)
     bfloat16[0].auto_model.bfloat16()
-    c = encode(bfloat16)
+    encode_four = lambda m: m.encode(SENTENCES[:4], convert_to_numpy=True, normalize_embeddings=True)  # noqa: E731
+    c = encode_four(bfloat16)
     quantize_model(bfloat16[0].auto_model)
-    d = encode(bfloat16)
+    d = encode_four(bfloat16)
     assert cosines(c, d).min() > 0.99, cosines(c, d)
 
 

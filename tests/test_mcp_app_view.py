@@ -24,13 +24,10 @@ from faste_mm.serving.mcp_view import APP_MIME_TYPE, EXTENSIONS, PICTURE_ITEM_KE
 from tests.helpers.browser import CHROMIUM, browser  # noqa: E402, F401 (the shared browser fixture)
 from tests.helpers.inputs import tiny_vl_dir  # noqa: E402
 from tests.helpers.mcp_fixtures import check_structured, open_session  # noqa: E402
-from tests.helpers.photo_fixtures import exif_block, make_photo  # noqa: E402
+from tests.helpers.photo_fixtures import make_dated_photos  # noqa: E402
 from tests.helpers.warm_process import cli_command  # noqa: E402
 
 needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
-# (date taken, GPS): p0 in Lisbon; p4 undated, so "since 2021" leaves it out
-PHOTOS = [("2021:06:01 10:00:00", (38.7223, -9.1393, 5.0)), ("2023:08:15 09:30:00", None),
-          ("2024:05:02 18:00:00", None), ("2024:12:24 20:00:00", None), (None, None)]
 QUERY = "beach photos since 2021 shot on a Pixel"  # understood: kind image, taken since 2021, camera Pixel
 VIEW_ORIGIN, HOST_ORIGIN = "http://view.test", "http://host.test"
 
@@ -38,10 +35,7 @@ VIEW_ORIGIN, HOST_ORIGIN = "http://view.test", "http://host.test"
 @pytest.fixture(scope="module")
 def client(tmp_path_factory):
     base = tmp_path_factory.mktemp("mcp-app")
-    (base / "files").mkdir()
-    for i, (taken, gps) in enumerate(PHOTOS):
-        make_photo(base / "files" / f"p{i}.jpg", seed=30 + i, size=(96, 64),
-                   exif=exif_block(taken, "+00:00", "Google", "Pixel 8", gps=gps))
+    make_dated_photos(base / "files", seed=30)
     (base / "files" / "picnic.txt").write_text("notes about a picnic by the lake\n", encoding="utf-8")
     embedder = Embedder.from_pretrained(str(tiny_vl_dir(tmp_path_factory.getbasetemp())), device="cpu")
     Retriever(embedder, collection=base / "col", r_max=0.0).index([base / "files"])

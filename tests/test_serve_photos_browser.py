@@ -8,24 +8,19 @@ from __future__ import annotations
 import pytest
 
 from faste_mm import Embedder, Retriever
-from tests.helpers.photo_fixtures import exif_block, make_photo, xmp_packet
+from tests.helpers.photo_fixtures import make_dated_photos
 from tests.helpers.inputs import tiny_vl_dir
 from tests.helpers.browser import CHROMIUM, browser, serving  # noqa: F401 (the shared browser fixture)
 
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
-# (date taken, GPS): p0 in Lisbon, the others without a position; p4 without a date (undated)
-PHOTOS = [("2021:06:01 10:00:00", (38.7223, -9.1393, 5.0)), ("2023:08:15 09:30:00", None),
-          ("2024:05:02 18:00:00", None), ("2024:12:24 20:00:00", None), (None, None)]
+# The photos: tests/helpers/photo_fixtures.py's DATED_PHOTOS (p0 in Lisbon, p4 undated)
 QUERY = "海辺の夕日"  # "sunset at the beach"
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     base = tmp_path_factory.mktemp("serve-photos")
-    (base / "photos").mkdir()
-    for i, (taken, gps) in enumerate(PHOTOS):
-        make_photo(base / "photos" / f"p{i}.jpg", seed=20 + i, size=(96, 64),
-                   exif=exif_block(taken, "+00:00", "Google", "Pixel 8", gps=gps), xmp=xmp_packet(title=f"photo {i}"))
+    make_dated_photos(base / "photos", seed=20, titled=True)
     embedder = Embedder.from_pretrained(str(tiny_vl_dir(tmp_path_factory.getbasetemp())), device="cpu")
     Retriever(embedder, collection=base / "col", r_max=0.0).index([base / "photos"])
     with serving("-c", str(base / "col"), "--device", "cpu") as url:

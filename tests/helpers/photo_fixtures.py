@@ -105,6 +105,21 @@ def make_photo(path: Path, seed: int = 0, size: tuple[int, int] = (64, 48), exif
     return path
 
 
+# Five Pixel 8 photos (date taken, GPS): p0 in Lisbon, the others without a position; p4 without a
+# date (undated: "since 2021" leaves it out). The page's and the MCP view's photo tests share them.
+DATED_PHOTOS = [("2021:06:01 10:00:00", (38.7223, -9.1393, 5.0)), ("2023:08:15 09:30:00", None),
+                ("2024:05:02 18:00:00", None), ("2024:12:24 20:00:00", None), (None, None)]
+
+
+def make_dated_photos(folder: Path, seed: int, titled: bool = False) -> list[Path]:
+    """`DATED_PHOTOS` as p0.jpg..p4.jpg in `folder` (made), with XMP titles "photo i" when `titled`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    return [make_photo(folder / f"p{i}.jpg", seed=seed + i, size=(96, 64),
+                       exif=exif_block(taken, "+00:00", "Google", "Pixel 8", gps=gps),
+                       xmp=xmp_packet(title=f"photo {i}") if titled else None)
+            for i, (taken, gps) in enumerate(DATED_PHOTOS)]
+
+
 def solid_gray_jpeg(path: Path, width: int, height: int) -> Path:
     """A baseline grayscale JPEG of `width` x `height` mid-gray (128) pixels, written without ever
     holding its pixels: Pillow encodes one 8x8 block for the header and tables, whose size fields
