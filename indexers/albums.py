@@ -9,8 +9,11 @@ item id it has scored (`scored_through`: ids only grow, and a changed file is st
 id, so the new and changed items of a run are exactly the live ids above it), the score of every
 live item passing its filter (`album_scores`; a trigger drops an item's rows when it is tombstoned
 or deleted, so a removed member lets the next best in without a search), and the membership last
-reported (`album_members`, what a refresh's "+3, -1" counts from). A refresh of all albums is ONE
-transaction: a crash keeps the last refresh whole, and the next one scores the same items again.
+reported (`album_members`, what a refresh's "+3, -1" counts from). An item whose words or facts
+change in place (OCR text added later, facts filled or places renamed: the same id, the same vector)
+is noted in `album_changed` by the writer that changes it (`mark_changed`), and every album checks
+it against its filter again at the next refresh. A refresh of all albums is ONE transaction: a crash
+keeps the last refresh whole, and the next one scores the same items again.
 """
 
 from __future__ import annotations
@@ -44,6 +47,16 @@ def check_name(name: Any) -> str:
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise InputError(f"album name {name!r:.80}: use {NAME_RULE} (e.g. beach, trip-2024)")
     return name
+
+
+def mark_changed(db, ids) -> None:
+    """Note items whose words or facts changed in place (inside the writer's transaction), so every
+    album checks them again at its next refresh; nothing is noted while there are no albums."""
+    if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'album_changed'").fetchone() is None:
+        return
+    if db.execute("SELECT 1 FROM albums LIMIT 1").fetchone() is None:
+        return
+    db.executemany("INSERT OR IGNORE INTO album_changed (id) VALUES (?)", [(int(i),) for i in ids])
 
 
 class UnknownAlbumError(InputError):
@@ -205,8 +218,32 @@ class AlbumStore:
             return []
         with self._store.transaction():
             albums = [_album(row) for row in self.db.execute(f"SELECT {_COLUMNS} FROM albums ORDER BY name")]
+            self._recheck_changed(albums, fetch)
             changes = self._refresh(albums, fetch, min_score)
         return [c for c in changes if c.added or c.removed]
+
+    def _recheck_changed(self, albums: list[StoredAlbum], fetch: Fetch) -> None:
+        """Inside the caller's transaction: the items noted in `album_changed` that an album scored
+        before, checked against its filter again (their rows dropped, then scored if they pass), so
+        an album equals a fresh search after OCR or new facts as after new files."""
+        while True:
+            rows = self.db.execute("SELECT album_changed.id FROM album_changed JOIN items ON items.id = album_changed.id "
+                                   "WHERE items.status = 'ok' AND items.part IS NOT NULL ORDER BY album_changed.id "
+                                   "LIMIT ?", (REFRESH_CHUNK,)).fetchall()
+            if rows:
+                ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+                vectors = fetch(ids)  # [n, dim]
+                for album in albums:
+                    scored = ids[ids <= album.scored_through]  # newer ones: the refresh scores them anyway
+                    self.db.execute("DELETE FROM album_scores WHERE album = ? AND id IN (SELECT value FROM json_each(?))",
+                                    (album.key, id_list(scored)))
+                    mine = self.passing(album.spec.where, scored)
+                    if len(mine):
+                        self._insert_scores(album, mine, vectors[np.searchsorted(ids, mine)] @ album.vector)
+                self.db.execute("DELETE FROM album_changed WHERE id IN (SELECT value FROM json_each(?))", (id_list(ids),))
+            if len(rows) < REFRESH_CHUNK:
+                self.db.execute("DELETE FROM album_changed")  # the rest: items no longer live
+                return
 
     def _refresh(self, albums: list[StoredAlbum], fetch: Fetch,
                  min_score: Callable[[StoredAlbum], float | None]) -> list[AlbumChange]:

@@ -25,7 +25,7 @@ from faste_mm.errors import CollectionError, ConfigError, InputError
 from faste_mm.indexers import (collection_search, directory, faiss_index, index_upkeep, opening, parts,
                                quantization, search)
 from faste_mm.indexers import file_identity
-from faste_mm.indexers.albums import AlbumStore
+from faste_mm.indexers.albums import AlbumStore, mark_changed
 from faste_mm.indexers.compaction import compact_parts
 from faste_mm.indexers.crash_points import crash_point
 from faste_mm.indexers.derived_index import DerivedIndex, max_part
@@ -475,6 +475,7 @@ class Collection:
         self._require_writable("store item facts")
         with self._store.transaction():
             fact_rows.set_facts(self._store.db, pairs)
+            mark_changed(self._store.db, [r.id for r, _ in pairs])
 
     def texts(self, ids: Iterable[int]) -> dict[int, str]:
         """The lexical text stored for these items ({id: text}; items without text are absent)."""
@@ -486,6 +487,7 @@ class Collection:
         self._require_writable("index text")
         with self._store.transaction():
             self._store.set_texts(texts)
+            mark_changed(self._store.db, [i for i, _ in texts])
 
     def rebuild_filter_index(self) -> None:
         """Refill the metadata index `where` filters read (`items_meta`, kept by triggers) from the

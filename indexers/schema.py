@@ -237,7 +237,9 @@ def _migrate_8_to_9(db: sqlite3.Connection) -> None:
     # Albums: saved searches that stay current (indexers/albums.py). An album keeps its query vector
     # (embedded once), its understood filter, and the score of every live item passing that filter
     # (`album_scores`), so a member removed lets the next best in without searching again;
-    # `album_members` is the membership last reported (what a refresh's "+3, -1" counts from).
+    # `album_members` is the membership last reported (what a refresh's "+3, -1" counts from);
+    # `album_changed`: items whose words or facts changed in place since (OCR, facts filled or renamed),
+    # which each album checks again at its next refresh.
     _execute_script(db, """
         CREATE TABLE IF NOT EXISTS albums (
             album INTEGER PRIMARY KEY,
@@ -261,7 +263,10 @@ def _migrate_8_to_9(db: sqlite3.Connection) -> None:
             album INTEGER NOT NULL,
             id INTEGER NOT NULL,
             PRIMARY KEY (album, id)
-        ) WITHOUT ROWID
+        ) WITHOUT ROWID;
+        CREATE TABLE IF NOT EXISTS album_changed (
+            id INTEGER PRIMARY KEY
+        )
     """)
     # An item's scores leave with it, whichever path tombstones or deletes it (as its lexical row does).
     db.execute("CREATE TRIGGER IF NOT EXISTS album_scores_tombstone AFTER UPDATE OF status ON items "

@@ -17,6 +17,7 @@ from faste_mm import BatchingConfig, Embedder, Retriever
 from faste_mm.errors import ConfigError, InputError
 from faste_mm.indexers import Collection
 from faste_mm.indexers.crash_points import CRASH_ENV
+from faste_mm.indexers.facts import ItemFacts
 from faste_mm.retrieval.library import albums as album_library
 from faste_mm.retrieval.library.albums import Albums
 from faste_mm.retrieval.library.watching import FolderWatcher, WatchOptions
@@ -159,6 +160,29 @@ def test_album_refresh_scores_items_added_without_an_index_run(library, embedder
     changes = Albums(retriever.collection).refresh()  # no model needed
     assert [c.name for c in changes] == ["all"] and len(changes[0].added) == 1
     _check_all_equal_fresh(retriever)
+
+
+def test_an_album_follows_words_and_facts_changed_in_place(library):
+    """OCR text added later and facts filled or changed by a re-scan keep the item's id and vector:
+    the albums whose filter reads them check those items again at the next refresh."""
+    photos, retriever = library
+    albums = retriever.albums()
+    albums.add("portugal", "waves on the sand", limit=10, where="country=Portugal")
+    albums.add("harbour", '"harbour lights" at night', limit=10)  # a quoted phrase: the item's words
+    assert _check_all_equal_fresh(retriever) == {"harbour": [], "portugal": []}
+    with Collection.open(retriever.collection, writable=True) as col:
+        first, second = col.read(lambda rows: rows.live_records_after(-1, 2))
+        col.set_facts([(first, ItemFacts(country="Portugal", city="Lisbon"))])  # as a re-scan fills them
+        col.set_texts([(second.id, "the harbour lights at night")])  # as `index --ocr` adds a picture's text
+    changes = Albums(retriever.collection).refresh()
+    assert {c.name: (c.added, c.removed) for c in changes} == {"portugal": ((first.id,), ()),
+                                                                "harbour": ((second.id,), ())}
+    _check_all_equal_fresh(retriever)
+    with Collection.open(retriever.collection, writable=True) as col:
+        col.set_facts([(first, ItemFacts(country="Spain", city="Madrid"))])
+    changes = Albums(retriever.collection).refresh()
+    assert {c.name: (c.added, c.removed) for c in changes} == {"portugal": ((), (first.id,))}
+    assert _check_all_equal_fresh(retriever) == {"harbour": [second.id], "portugal": []}
 
 
 def test_an_album_is_exported_as_copies_and_as_a_playlist(library, tmp_path):
