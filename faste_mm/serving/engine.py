@@ -19,6 +19,7 @@ import numpy as np
 from faste_mm import Embedder, FastEConfig, Hit, InputError, Item, Retriever
 from faste_mm.errors import CollectionError, ConfigError, FasteError
 from faste_mm.indexers.search import check_query_text
+from faste_mm.model.official import PIXELS_PER_VISUAL_TOKEN
 from faste_mm.model.patch_dedup import dedup_config
 from faste_mm.retrieval.profile import QUERY_INSTRUCTION, CollectionProfile, read_profile
 from faste_mm.retrieval.search_executor import UnknownItemError
@@ -335,6 +336,8 @@ class ServeEngine:
             tokens, text = measured.tokens, measured.items[0].text
             if text != request.query:  # cut where the model cuts: the model thread never tokenizes the rest
                 request = replace(request, query=text)
+        if request.crop is not None:  # cut on the model thread: counted as the most a picture may cost
+            tokens = max(tokens, self.profile.max_pixels // PIXELS_PER_VISUAL_TOKEN)
         self.search_reranker(request)  # an impossible rerank (none loaded) is refused here, not in the batch
         return self.wait(self.batcher.submit("search", request, tokens))
 
