@@ -121,7 +121,9 @@ def index_command(
     if report.links_skipped:
         stderr.print(links_skipped_line(report.links_skipped), highlight=False)
     print_album_changes(report.albums)
-    runtime = retriever.describe_runtime()  # one line; the kernel choices are debug logs (--debug) and bench's
+    loaded = retriever.loaded_embedder
+    # one line; the kernel choices are debug logs (--debug) and bench's
+    runtime = None if loaded is None else loaded.describe_runtime()
     if runtime is not None:
         stderr.print(runtime, highlight=False, markup=False)
 

@@ -179,14 +179,11 @@ class Retriever:
             self._embedder = spec.load()
         return self._embedder
 
-    def describe_runtime(self) -> str | None:
-        """`Embedder.describe_runtime` of the model loaded in this process; None when none was."""
-        return self._embedder.describe_runtime() if self._embedder is not None else None
-
-    def kernel_choices(self) -> list[str]:
-        """The CPU kernel choices the model settled in this process (`Embedder.kernel_choices`);
-        empty when no model was loaded here (a Ray run, or nothing to embed)."""
-        return self._embedder.kernel_choices() if self._embedder is not None else []
+    @property
+    def loaded_embedder(self) -> Embedder | None:
+        """The model if this process loaded it (its `describe_runtime`, `kernel_choices`); None when
+        nothing was embedded here (a Ray run, nothing to embed): reading it loads nothing."""
+        return self._embedder
 
     def _embedder_for(self, profile: CollectionProfile) -> Embedder:
         """The embedder serializing with `profile`'s pixel and video settings: the loaded one,
