@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from PIL import Image
 import pytest
 
 ray = pytest.importorskip("ray", reason="needs faste-mm[ray]")
@@ -93,10 +94,10 @@ def _spec(model_dir: Path, max_batch_size: int = 64) -> ModelSpec:
 
 
 def _index(model_dir, root, collection, r_max, ray_options=None, max_batch_size=64, progress=None, video=None,
-           max_pixels=None, chunk_pages=None):
+           max_pixels=None, chunk_pages=None, patch_dedup=None):
     options = IndexOptions(chunk_files=3, **({} if chunk_pages is None else {"chunk_pages": chunk_pages}))
     with Retriever(_spec(model_dir, max_batch_size), collection=collection, r_max=r_max, video=video,
-                   max_pixels=max_pixels) as retriever:
+                   max_pixels=max_pixels, patch_dedup=patch_dedup) as retriever:
         return retriever.index([root], options=options, progress=progress,
                                executor=None if ray_options is None else RayExecutor(ray_options))
 
@@ -162,11 +163,15 @@ def test_ray_index_with_faste_and_video_settings_matches_plain_index(ray_cluster
     shutil.copytree(corpus, folder)
     write_video(folder / "clip.mp4", 1, 8)
     (folder / "broken.webm").write_bytes(b"not a video")
-    noise_image(folder / "photo.png", (160, 128), 3)  # 20,480 px: the budget below shrinks it
+    noise_image(folder / "photo.png", (320, 256), 3)  # 81,920 px: the budget below shrinks it
+    page = np.full((128, 256, 3), 255, dtype=np.uint8)  # a page: white margins around a block of "text"
+    page[32:64, 64:128] = np.random.default_rng(5).integers(0, 256, (32, 64, 3), dtype=np.uint8)
+    Image.fromarray(page).save(folder / "page.png")
+    noise_image(folder / "snapshot.jpg", (128, 64), 4)  # a photo: never deduplicated, even in memory
     video = {"fps": 4.0, "max_frames": 6}  # not the defaults: the workers must get them
-    budget = 8 * 32 * 32  # 8 visual tokens
+    budget = 32 * 32 * 32  # 32 visual tokens: the page keeps its size, its white units repeat
     r_max, max_batch_size = 0.5, 1  # one item per batch: FastE triggers per item in both runs
-    settings = dict(max_batch_size=max_batch_size, video=video, max_pixels=budget)
+    settings = dict(max_batch_size=max_batch_size, video=video, max_pixels=budget, patch_dedup="exact")
     plain = _index(model_dir, folder, tmp_path / "plain", r_max, **settings)
     seen = []
     registry = _Registry.options(name="faste-mm-test-registry").remote()
@@ -178,17 +183,19 @@ def test_ray_index_with_faste_and_video_settings_matches_plain_index(ray_cluster
     assert registered > ACTORS["workers"], "the killed actor did not restart"
     ray.kill(registry)
     monkeypatch.delenv(ACTOR_REGISTRY_ENV)
-    # the corpus, plus the photo and the video, plus the broken video's failure
-    expected = (CORPUS_EMBEDDED + 2, CORPUS_REUSED, CORPUS_FAILED + 1)
+    # the corpus, plus the photo, the page, the snapshot and the video, plus the broken video's failure
+    expected = (CORPUS_EMBEDDED + 4, CORPUS_REUSED, CORPUS_FAILED + 1)
     assert (report.embedded, report.reused, report.failed) == (plain.embedded, plain.reused, plain.failed) == expected
     assert sorted(f.to_dict().items() for f in report.failures) == sorted(f.to_dict().items() for f in plain.failures)
     assert (report.prefix_tokens, report.kept_prefix_tokens) == (plain.prefix_tokens, plain.kept_prefix_tokens)
+    # duplicate-patch removal (the page's repeated white units) on the same items as the plain run
+    assert report.patches_kept == plain.patches_kept and plain.patches_kept is not None and plain.patches_kept < 1
     _assert_same_collection(tmp_path / "plain", tmp_path / "ray")
     assert seen[-1].files_done == seen[-1].files_total == plain.files_scanned
     assert [p.files_done for p in seen] == sorted(p.files_done for p in seen)
     with Collection.open(tmp_path / "ray") as col:
         profile = CollectionProfile.from_manifest(col.manifest)
-        assert (profile.video.max_frames, profile.max_pixels) == (6, budget)
+        assert (profile.video.max_frames, profile.max_pixels, profile.patch_dedup) == (6, budget, "exact")
     # A second run finds nothing to do, as a plain one would.
     again = _index(model_dir, folder, tmp_path / "ray", r_max, RayOptions(**ACTORS), **settings)
     assert (again.embedded, again.reused, again.unchanged) == (0, 0, plain.files_scanned)

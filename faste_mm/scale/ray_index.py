@@ -45,7 +45,7 @@ from faste_mm.retrieval.ingest import IngestTally, PreparedChunk, _long_pdf_page
 from faste_mm.retrieval.scanning import ScannedFile
 from faste_mm.scale.ray_pages import LongPdf, count_output, plan_long_pdf
 from faste_mm.scale.ray_stderr import hidden_cpp_log_lines
-from faste_mm.scale.ray_workers import EmbedActor, FileServer, FileTask, WorkerModel, decode_files
+from faste_mm.scale.ray_workers import STAT_FIELDS, EmbedActor, FileServer, FileTask, WorkerModel, decode_files
 from faste_mm.scale.resources import ResourcePlan, StallWatch, describe_wait, plan_resources, watching
 
 if TYPE_CHECKING:
@@ -97,12 +97,8 @@ def ingest_plan_with_ray(job: IngestJob, options: RayOptions) -> None:
     Chunks are planned up front (hash, reuse) and committed as their results arrive. A file whose
     content another chunk of this run embeds is deferred to a second pass, after its donor is
     committed, so it is reused as in a plain run (or embedded, as there, if the donor failed).
-    Raises ConfigError (no ray, cannot join the cluster; a collection with duplicate-patch removal,
-    which the actors do not apply yet), FasteError when results go missing.
+    Raises ConfigError (no ray, cannot join the cluster), FasteError when results go missing.
     """
-    if job.profile.patch_dedup != "off":  # its vectors would differ from a plain run's: refused, not mixed
-        raise ConfigError(f"index --ray does not apply --patch-dedup {job.profile.patch_dedup} yet (the "
-                          f"collection's setting); index this collection without --ray")
     ray = import_ray()
     with _ray_output(shown=log.isEnabledFor(logging.DEBUG)):
         started_here = _connect(ray, options)
@@ -258,7 +254,7 @@ class _Run:
             return None
         return {"pages": [row.page for row in rows], "reasons": [row.reason for row in rows],
                 "vectors": np.zeros((len(rows), self.job.profile.dim), dtype=np.float32),
-                "prefix_tokens": 0, "kept_prefix_tokens": 0}
+                **dict.fromkeys(STAT_FIELDS, 0)}
 
     def _committed(self, n_files: int) -> None:
         self.done += n_files
@@ -289,7 +285,7 @@ def _worker_model(job: IngestJob) -> WorkerModel:
     revision already, and each actor checks the width."""
     model, profile = job.model, job.profile
     return WorkerModel(model.name, model.revision, model.dtype, model.batching, profile.serializer(),
-                       profile.fast_e(), profile.dim, profile.model_dim)
+                       profile.fast_e(), profile.dim, profile.model_dim, profile.patch_dedup)
 
 
 def _pipeline(ray, rows: list[dict], model: WorkerModel, profile: CollectionProfile, options: RayOptions,
@@ -337,8 +333,7 @@ def _joined(parts: list[dict]) -> dict:
     return {"pages": [p for part in parts for p in part["pages"]],
             "reasons": [r for part in parts for r in part["reasons"]],
             "vectors": np.concatenate([part["vectors"] for part in parts]),
-            "prefix_tokens": sum(part["prefix_tokens"] for part in parts),
-            "kept_prefix_tokens": sum(part["kept_prefix_tokens"] for part in parts)}
+            **{name: sum(part.get(name, 0) for part in parts) for name in STAT_FIELDS}}
 
 
 def _commit(col: "Collection", waiting: _Pending, changed: frozenset[str], tally: IngestTally) -> None:

@@ -20,6 +20,7 @@ from faste_mm.indexers import ItemRecord
 from faste_mm.model.cost import CostTally
 from faste_mm.retrieval.ingest import IngestTally, PreparedChunk, commit_page_range, pages_left, prepare_chunk
 from faste_mm.retrieval.scanning import ScannedFile
+from faste_mm.scale.ray_workers import STAT_FIELDS
 
 if TYPE_CHECKING:
     from faste_mm.indexers import Collection
@@ -83,9 +84,7 @@ class LongPdf:
 
 def count_output(tally: IngestTally, output: dict) -> None:
     """Add one embedding task's token counts and stage seconds to the run's totals."""
-    tally.cost = tally.cost + CostTally(prefix_tokens=output["prefix_tokens"],
-                                        kept_prefix_tokens=output["kept_prefix_tokens"],
-                                        tower_s=output.get("tower_s", 0.0), decoder_s=output.get("decoder_s", 0.0))
+    tally.cost = tally.cost + CostTally(**{name: output.get(name, 0) for name in STAT_FIELDS})
 
 
 def plan_long_pdf(col: "Collection", f: ScannedFile, n_pages: int, changed: frozenset[str], chunk_pages: int,

@@ -13,15 +13,17 @@ import os
 import pickle
 import socket
 import tempfile
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Sequence
 
 import numpy as np
 
 from faste_mm.errors import ConfigError, FasteError
-from faste_mm.kinds import KINDS, kind_name
+from faste_mm.kinds import KINDS, dedups_patches, kind_name
+from faste_mm.model.cost import CostTally
 from faste_mm.model.file_decoding import count_pdf_pages
+from faste_mm.model.patch_dedup import dedup_config
 from faste_mm.retrieval.decoders import Decoded, decode_file, decode_pdf_pages
 from faste_mm.retrieval.profile import CollectionProfile
 
@@ -44,6 +46,12 @@ class WorkerModel:
     fast_e: "FastEConfig | None"
     dim: int  # stored width (Matryoshka collections keep the first `dim` dimensions)
     model_dim: int | None = None  # the model's own width, when the collection recorded it
+    patch_dedup: str = "off"  # the collection's duplicate-patch removal (off, exact, near)
+
+
+# What an embedding call counts (`CostTally`'s fields, read off its `EmbedStats`), summed over a run
+# by the driver (`ray_pages.count_output`).
+STAT_FIELDS = tuple(f.name for f in fields(CostTally))
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +178,7 @@ class EmbedActor:
                               f"was made with {model.model_dim or model.dim}-d ones; index with the collection's model")
         self.dim = model.dim
         self.fast_e = model.fast_e
+        self.patch_dedup = dedup_config(model.patch_dedup)
         self.registry = None  # test hook (ray_index.ACTOR_REGISTRY_ENV)
         if registry:
             import ray
@@ -193,25 +202,43 @@ class EmbedActor:
                     if row.reason is None:
                         items.append(embedder_input(row, Path(folder) / str(len(items))))
                         owners.append((f, r))
-            result = (self.embedder.encode_documents(items, fast_e=self.fast_e, dim=self.dim, on_error="skip")
-                      if items else None)
-        reasons = {} if result is None else {failure.index: failure.reason for failure in result.failures}
+            vectors, reasons, stats = self._embed(items, [dedups_patches(decoded[f][0]) for f, _ in owners])
         outputs = [{"pages": [row.page for row in rows], "reasons": [row.reason for row in rows],
                     "vectors": np.zeros((len(rows), self.dim), dtype=np.float32),
-                    "prefix_tokens": 0, "kept_prefix_tokens": 0} for rows in files]
+                    **dict.fromkeys(STAT_FIELDS, 0)} for rows in files]
         for index, (f, r) in enumerate(owners):
             if index in reasons:  # named after the decoded image or copy; the plain run names the file
                 name = Item(image=decoded[f][0], page=files[f][r].page).describe()
                 outputs[f]["reasons"][r] = reasons[index].replace(items[index].describe(), name)
             else:
-                outputs[f]["vectors"][r] = result.embeddings[index]
-        if result is not None and result.stats is not None and outputs:
-            outputs[0]["prefix_tokens"] = result.stats.prefix_tokens
-            outputs[0]["kept_prefix_tokens"] = result.stats.kept_prefix_tokens
-            outputs[0]["tower_s"] = result.stats.tower_s
-            outputs[0]["decoder_s"] = result.stats.decoder_s
+                outputs[f]["vectors"][r] = vectors[index]
+        if outputs:
+            outputs[0].update(stats)
         return {"unit": batch["unit"], "part": batch["part"], "parts": batch["parts"],
                 "embedded": np.array([pickle.dumps(o) for o in outputs], dtype=object)}
+
+
+    def _embed(self, items: list, dedups: list[bool]) -> tuple[np.ndarray, dict[int, str], dict[str, float]]:
+        """(vectors [n, dim], {item: failure reason}, `STAT_FIELDS` totals) of `items`, embedded as
+        the plain run embeds them: duplicate-patch removal on the items whose file it applies to
+        (`dedups`: PDF pages and lossless images, by the file's suffix; decoded here, every picture
+        is in memory), the rest in a call of their own without it."""
+        vectors = np.zeros((len(items), self.dim), dtype=np.float32)
+        reasons: dict[int, str] = {}
+        stats = dict.fromkeys(STAT_FIELDS, 0)
+        groups = [[i for i, d in enumerate(dedups) if d], [i for i, d in enumerate(dedups) if not d]] \
+            if self.patch_dedup is not None else [list(range(len(items))), []]
+        for rows, dedup in zip(groups, (self.patch_dedup, None)):
+            if not rows:
+                continue
+            result = self.embedder.encode_documents([items[i] for i in rows], fast_e=self.fast_e, dim=self.dim,
+                                                    on_error="skip", patch_dedup=dedup)
+            vectors[rows] = result.embeddings
+            reasons.update({rows[failure.index]: failure.reason for failure in result.failures})
+            if result.stats is not None:
+                for name in STAT_FIELDS:
+                    stats[name] += getattr(result.stats, name)
+        return vectors, reasons, stats
 
 
 def embedder_input(row: Decoded, folder: Path) -> object:
