@@ -11,6 +11,7 @@
 #   bash scripts/gpu_bench.sh faiss     # search latency on 1M x 2048 random vectors, Flat and IVF, CPU vs GPU
 #   bash scripts/gpu_bench.sh rerank    # the 2B reranker shape: full vs FastE r 0.3/0.5/0.7 (protect none/query) vs the official forward, texts and pages
 #   bash scripts/gpu_bench.sh peers     # 2B shape: faste-mm vs the official transformers path and ST, photos/pages/texts, tower race
+#   bash scripts/gpu_bench.sh pages     # the 2B at its real depth (28 layers, 24 blocks): duplicate patches, FastE, both vs transformers on rendered pages
 #   bash scripts/gpu_bench.sh quick     # one call of under 10 minutes: the CUDA tests, then the 2B shape built once: photos
 #                                       # (full vs FastE by alignment: what its checks cost), pages, texts (+ HF), FastE at
 #                                       # layer 10, the reranker on pages (tower cache cold/warm); most wanted first
@@ -21,7 +22,7 @@
 # Packages the machine lacks travel as wheels in .whl/ (docs/benchmarks-log.md, "GPU runs").
 set -uo pipefail
 cd "$(dirname "$0")/.."
-step=${1:?usage: gpu_bench.sh text|2b|8b|faiss|peers|rerank|quick}
+step=${1:?usage: gpu_bench.sh text|2b|8b|faiss|peers|rerank|pages|quick}
 out=${OUT:-gpu-bench-$step}
 mkdir -p "$out"
 exec > >(tee "$out/log-$step.txt") 2>&1
@@ -100,10 +101,13 @@ PY
             --unpadded off,auto,torch-nested --compare hf --out "$out/quick-text.json"
         timeout 100 faste-mm bench rerank --device "$device" --dtype bfloat16 --scale-hidden "$scale" --inputs page:1240x1754 \
             --top 20 --repeats 2 --r-max 0.5 --protect none --prefix-reuse on --tower-cache cold,warm --out "$out/quick-rerank-pages.json" ;;
+    pages)
+        faste-mm bench patch-dedup --device "$device" --dtype bfloat16 --layers 28 --blocks 24 --rounds 3 \
+            --out "$out/patch-dedup-2b-full.json" ;;
     faiss)
         python3 -c "import faiss; print('faiss', faiss.__version__, 'GPUs', faiss.get_num_gpus())"
         for index in Flat IVF4096,Flat; do
             faste-mm bench search --n 1000000 --d 2048 --index-type "$index" --queries 100 --out "$out/faiss-${index//,/-}.json"
         done ;;
-    *) echo "step must be text, 2b, 8b, peers, rerank, quick or faiss" >&2; exit 2 ;;
+    *) echo "step must be text, 2b, 8b, peers, rerank, pages, quick or faiss" >&2; exit 2 ;;
 esac
