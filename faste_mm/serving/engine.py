@@ -357,14 +357,10 @@ class ServeEngine:
             return None
         return self._reads.guarded(lambda: self.retriever.understand(request.query, literal=request.literal))
 
-    def _need_thumbnails(self) -> None:
-        if self._reads is None:
-            raise NoCollectionError("this server has no collection; thumbnails need `faste-mm serve -c`")
-
-    def _need_collection(self) -> None:
+    def _need_collection(self, what: str = "search") -> None:
         if self.retriever is None:
-            raise NoCollectionError("this server has no collection; start it with `faste-mm serve -c NAME|DIR` "
-                                    "to search")
+            raise NoCollectionError(f"this server has no collection; start it with `faste-mm serve -c NAME|DIR` "
+                                    f"to {what}")
 
     def _run_search(self, requests: list[SearchRequest]) -> list[object]:
         if self._retriever_outdated:  # the retriever reads the re-created collection's profile afresh
@@ -412,12 +408,12 @@ class ServeEngine:
                 raise UnknownItemError(f"id {item_id}: no such item in the collection")
             return col.get([item_id])[0]
 
-        self._need_thumbnails()
+        self._need_collection("read its items")
         return self._reads.on_thread_reader(read)
 
     def records(self, ids: list[int]) -> dict:
         """{id: ItemRecord} of those `ids` in the collection (a rerank reads their files back)."""
-        self._need_thumbnails()
+        self._need_collection("read its items")
         return self._reads.on_thread_reader(lambda col: col.records(ids))
 
     # ---- info ------------------------------------------------------------------------------
