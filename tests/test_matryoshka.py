@@ -53,9 +53,8 @@ def test_stored_vectors_and_queries_are_truncated_and_renormalised(embedder, tmp
     exported = pq.read_table(r.export(tmp_path / "c.parquet").path).to_pydict()
     assert exported["id"] == ids.tolist()
     np.testing.assert_array_equal(np.array(exported["vector"], dtype=np.float32), stored)
-    # Retriever.open reads the dim back from the manifest.
-    reopened = Retriever.open(tmp_path / "c")
-    reopened._embedder = embedder
+    # Retriever.open reads the dim back from the manifest (and loads the model it records as the fixture did).
+    reopened = Retriever.open(tmp_path / "c", device="cpu", batching=BatchingConfig(batch_tokens=1 << 16))
     assert reopened.profile().dim == DIM and [h.id for h in reopened.search("bicycle", k=2)] == [h.id for h in hits[:2]]
 
 

@@ -1,10 +1,10 @@
 """The profile a retriever embeds a collection's documents with, and the collection opened for
-writing with it: the defaults rule applied to the settings given to the retriever, the existing
-collection's profile and the loaded model (`CollectionProfile.resolve`, `completed`). Receives
-the retriever's request (given settings + model id) and its model; hands a `CollectionProfile`
-and an open `Collection` to `Retriever`.
+writing or reading with it: the defaults rule applied to the settings given to the retriever, the
+existing collection's profile and the loaded model (`CollectionProfile.resolve`, `completed`).
+`RetrieverSettings` holds one retriever's given settings, model and resolved profiles;
+`CheckedReader` its collection opened for searching. Both hand `CollectionProfile`s and open
+`Collection`s to `Retriever`.
 """
-
 from __future__ import annotations
 
 import dataclasses
@@ -21,6 +21,8 @@ from faste_mm.model.embedder import Embedder
 from faste_mm.model.serialization import SerializerConfig
 from faste_mm.model.video import VideoConfig
 from faste_mm.retrieval.calibrations import load_calibration
+from faste_mm.retrieval.documents import CollectionDocuments
+from faste_mm.retrieval.model_spec import RetrieverModel
 from faste_mm.retrieval.profile import CollectionProfile, existing_profile
 
 
@@ -42,7 +44,7 @@ def checked_profile(existing: CollectionProfile, root: Path, request: Mapping[st
     (its width and pixel settings too). Raises CollectionError naming what differs."""
     profile = resolve_at(root, existing, request, model_path)
     if embedder is not None:
-        errors = profile.conflicts(profile.as_loaded(embedder))  # pixels: see Retriever._embedder_for
+        errors = profile.conflicts(profile.as_loaded(embedder))  # pixels: see RetrieverModel.serializing
         if errors:
             raise settings_mismatch(root, errors)
     return profile
@@ -118,14 +120,134 @@ def for_collection(root: Path, model: str | os.PathLike | None, revision: str | 
     return resolve_at(root, existing, given, model)
 
 
-def adapted_embedder(embedder: Embedder, profile: CollectionProfile, adapted: Embedder | None) -> Embedder:
-    """The embedder serializing with `profile`'s pixel and video settings: `embedder` itself, the
-    earlier `adapted` one, or the same weights with the profile's serializer (`Embedder.with_serializer`)."""
-    if not embedder.family.is_multimodal:
-        return embedder
-    wanted = profile.serializer(embedder.serializer.config)
-    if wanted == embedder.serializer.config:
-        return embedder
-    if adapted is None or adapted.serializer.config != wanted:
-        adapted = embedder.with_serializer(wanted)
-    return adapted
+class RetrieverSettings:
+    """The settings one retriever writes and reads its collections with: those given to it, its
+    model, and the profile resolved from both for each collection. It exists so the defaults rule
+    as a retriever applies it (the given settings, the collection's profile and the loaded model,
+    each checked against the others; resolved once per collection and state) is one unit with its
+    cache, which `Retriever` only asks.
+
+    given: the settings given to the retriever (`given_settings`: not-given ones left out).
+    resolved: (root, reindex, profile) that `for_collection` already resolved, so an index run
+        resolves its settings once."""
+
+    def __init__(self, model: RetrieverModel, given: dict[str, Any],
+                 resolved: tuple[Path, bool, CollectionProfile] | None = None) -> None:
+        self.model = model
+        self.given = given
+        self._resolved: dict[tuple[Path, bool, bool], CollectionProfile] = {}
+        if resolved is not None:
+            root, reindex, profile = resolved
+            self._resolved[(root, reindex, existing_profile(root) is not None)] = profile
+
+    def embedder(self, root: Path) -> Embedder:
+        """The model, loaded now if it was not, with the pixel and video settings of `current(root)`."""
+        return self.model.load(lambda: self.current(root))
+
+    def embedder_for(self, profile: CollectionProfile, root: Path) -> Embedder:
+        """The model serializing with `profile`'s pixel and video settings (`RetrieverModel.serializing`;
+        loaded, if it was not, as `embedder(root)`)."""
+        return self.model.serializing(profile, lambda: self.current(root))
+
+    def documents(self, root: Path, col: Collection, profile: CollectionProfile) -> CollectionDocuments:
+        """Documents for `col` (the collection at `root`), embedded with `profile` (`embedder_for`)."""
+        return CollectionDocuments(lambda wanted: self.embedder_for(wanted, root), col, profile)
+
+    def current(self, root: Path) -> CollectionProfile:
+        """The collection's profile as it is, else the one a new collection would be made with
+        (`resolve`), not yet completed with the model: what reads r_max or pixels without loading it."""
+        return existing_profile(root) or self.resolve(root)[1]
+
+    def profile(self, root: Path) -> CollectionProfile:
+        """The settings the retriever embeds the collection at `root` with (see `Retriever.profile`):
+        the existing collection's after the checks, else the resolved ones completed with the model
+        (which this loads)."""
+        existing = existing_profile(root)
+        if existing is None:
+            return completed_profile(self.resolve(root)[1], self.embedder(root))
+        return self.checked(existing, root)
+
+    def request(self) -> dict[str, Any]:
+        """The settings given to the retriever, with its model's id (and revision, if known)."""
+        return {**self.given, **self.model.identity()}
+
+    def checked(self, existing: CollectionProfile, root: Path) -> CollectionProfile:
+        """`existing` after checking the given settings and the model, if loaded, against it
+        (`checked_profile`). Raises CollectionError naming what differs."""
+        return checked_profile(existing, root, self.request(), self.model.loaded,
+                               None if self.model.spec is None else self.model.spec.model_id)
+
+    def resolve(self, root: Path, reindex: bool = False) -> tuple[bool, CollectionProfile]:
+        """(whether the collection at `root` exists, the profile the retriever writes it with),
+        resolved once per collection and state: an existing collection's after checking the given
+        settings against it; else, or when it is about to be rebuilt (`reindex`), the given settings
+        over the ones carried over (`CollectionProfile.carried_over`) over the model's serializer's
+        over the defaults, still to be completed with the model (`completed_profile`). Raises
+        CollectionError."""
+        existing = existing_profile(root)
+        key = (root, reindex, existing is not None)
+        if key not in self._resolved:
+            if existing is not None and not reindex:
+                self._resolved[key] = self.checked(existing, root)
+            else:
+                carried = None if existing is None else existing.carried_over(self.request()["model_id"])
+                self._resolved[key] = requested_profile(self.request(), self.model.serializer(), carried)
+        return existing is not None, self._resolved[key]
+
+    def open_for_writing(self, root: Path, index_type: str) -> tuple[Collection, CollectionProfile]:
+        """The collection at `root` to write into, and its profile (`open_for_writing`; a new
+        one's completed with the model, which this then loads)."""
+        exists, profile = self.resolve(root)
+        return open_for_writing(root, index_type, exists, profile,
+                                lambda new: completed_profile(new, self.embedder(root)))
+
+    def open_for_index(self, root: Path, index_type: str, reindex: bool) -> tuple[Collection, CollectionProfile]:
+        """The collection an index run writes into, and its profile: `open_for_writing`, or with
+        `reindex` the collection erased and created again with the retriever's settings (those not
+        given carried over) once nothing that follows can refuse: the model loads (re-indexing
+        embeds everything anyway) before `recreate`, so ModelLoadError, ConfigError or
+        CollectionError leave the collection untouched. A given `ocr` that differs from the
+        collection's is switched in place: OCR changes no vector."""
+        if reindex:
+            col, profile = recreate(root, index_type,
+                                    completed_profile(self.resolve(root, reindex=True)[1], self.embedder(root)))
+        else:
+            col, profile = self.open_for_writing(root, index_type)
+        if self.given.get("ocr", profile.ocr) != profile.ocr:
+            profile = dataclasses.replace(profile, ocr=self.given["ocr"])
+            col.update_settings(profile.to_manifest(base=col.manifest).settings)
+        return col, profile
+
+
+class CheckedReader:
+    """A retriever's collection opened for reading, and its profile once checked against the
+    retriever's settings and model. It exists so every search shares one open collection (its
+    SQLite connection, FAISS index and caches), checked once, until a write closes it. Not
+    thread-safe on its own: the retriever's lock guards it."""
+
+    def __init__(self, settings: RetrieverSettings) -> None:
+        self._settings = settings
+        self.collection: Collection | None = None
+        self.profile: CollectionProfile | None = None  # set once the model was checked against the collection
+
+    def open(self, root: Path, check_model: bool = True) -> Collection:
+        """The collection at `root` opened for reading, once its profile is checked against the
+        retriever's settings and model (which this loads; `check_model` False: a lexical search,
+        which needs no model). Raises CollectionError."""
+        if self.collection is None:
+            self.collection = Collection.open(root)
+        if check_model and self.profile is None:
+            try:
+                self._settings.embedder(root)  # loads the model: its width and pixels are checked
+                self.profile = self._settings.checked(CollectionProfile.from_manifest(self.collection.manifest), root)
+            except BaseException:
+                self.close()
+                raise
+        return self.collection
+
+    def close(self) -> None:
+        """Close the collection; the next `open` opens and checks it again."""
+        if self.collection is not None:
+            self.collection.close()
+            self.collection = None
+        self.profile = None

@@ -2,6 +2,7 @@
 (only while each is the file that was indexed: `retrieval.stored_files`) and re-scored by a
 `Reranker` against the query; the best k come back with both scores.
 
+Which reranker a search's `rerank` means is decided here too (`RerankerChoice`).
 Receives `Hit`s (best first by cosine) and the query `Item`; hands on `Hit`s with
 `rerank_score` set, best first by it. A hit whose content cannot be read again (a moved file, a
 text added from Python, whose text the collection does not keep) keeps `rerank_score=None`
@@ -12,12 +13,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from typing import Any, Mapping
+from pathlib import Path
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
 from faste_mm.errors import ConfigError, InputError
 from faste_mm.model.items import Item
+from faste_mm.retrieval.profile import read_profile
 from faste_mm.retrieval.results import Hit
 from faste_mm.retrieval.stored_files import stored_item
 
@@ -56,6 +59,46 @@ def load_collection_reranker(name: str, device: str) -> Any:
     from faste_mm.model.rerank.reranker import Reranker
 
     return Reranker.from_pretrained(name, device=device)
+
+
+
+class RerankerChoice:
+    """Which reranker a search's `rerank` means for one retriever: the one given, none, or the
+    collection's: the one a server shares (`use`), else the model its profile records, loaded on
+    first use and kept. It exists so that choice and the one reranker model it keeps live together
+    rather than as state on `Retriever`.
+
+    device: where a collection's reranker loads (the embedding model's device), asked when it loads."""
+
+    def __init__(self, device: Callable[[], str]) -> None:
+        self._device = device
+        self._kept: tuple[str, Any] | None = None  # (name, Reranker); name "": the one given to `use`
+
+    def use(self, reranker: Any) -> None:
+        """Rerank with this loaded `Reranker` wherever the collection's would be used, instead of
+        loading the collection's (`faste-mm serve --rerank`: one model, shared with /v1/rerank)."""
+        self._kept = ("", reranker)
+
+    def choose(self, rerank: Any, root: Path) -> Any:
+        """The reranker of a search's `rerank` on the collection at `root`: itself (a Reranker), none
+        for False, and for None the collection's when it records one, for True the collection's or
+        an InputError (the one of `use` when given)."""
+        if rerank is False:
+            return None
+        if rerank is not None and rerank is not True:
+            return rerank
+        name = read_profile(root).reranker
+        if self._kept is not None and self._kept[0] == "":  # use's
+            return self._kept[1] if name is not None or rerank is True else None
+        if name is None:
+            if rerank is True:
+                raise InputError(f"search: rerank=True, but the collection {root} has no reranker; give one "
+                                 f"(rerank=Reranker.from_pretrained(...)), record one (faste-mm index --reranker MODEL) "
+                                 f"or start the server with one (faste-mm serve --rerank MODEL)")
+            return None
+        if self._kept is None or self._kept[0] != name:
+            self._kept = (name, load_collection_reranker(name, self._device()))
+        return self._kept[1]
 
 
 def rerank_hits(reranker, query: Item, hits: list[Hit], k: int, records: Mapping[int, object],

@@ -4,15 +4,16 @@ incremental, crash-safe indexing of files and folders, search by text or image, 
 
 Receives paths, texts, images and queries; hands back the records of `faste_mm.retrieval.results`
 (`IndexReport`, `AddReport`, `RemoveReport`, ranked `Hit`s). The work is in the modules it
-imports: collection_settings (the profile), indexing + ingest + scanning, documents (add),
-querying (search), model_spec (loading on first use).
+imports and the three collaborators it holds: collection_settings (`RetrieverSettings`: the
+profile; `CheckedReader`: the collection open for searches), model_spec (`RetrieverModel`: the
+model, loaded on first use), rerank_hits (`RerankerChoice`: which reranker), indexing + ingest +
+scanning, documents (add), querying + search_executor (search).
 """
-# Size: ~490 lines: the public facade, ~30 methods of a few lines each delegating to the modules above;
-# most of its lines are the API's docstrings.
+# Size: ~480 lines: the public facade, 37 methods (32 public) of a few lines each delegating to the
+# modules and collaborators above; most of its lines are the API's docstrings.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import threading
@@ -29,26 +30,24 @@ from faste_mm.model.batching import BatchingConfig
 from faste_mm.model.embedder import Embedder, EmbedResult, OnError, one_or_many
 from faste_mm.model.items import Item
 from faste_mm.model.patch_dedup import dedup_config
-from faste_mm.model.serialization import SerializerConfig
 from faste_mm.retrieval import collection_settings, maintenance, querying
-from faste_mm.retrieval.collection_settings import (checked_profile, completed_profile, open_for_writing, recreate,
-                                                    requested_profile)
-from faste_mm.retrieval.documents import CollectionDocuments, add_documents
+from faste_mm.retrieval.collection_settings import CheckedReader, RetrieverSettings
+from faste_mm.retrieval.documents import add_documents
 from faste_mm.retrieval.library.albums import Albums
 from faste_mm.retrieval.library.duplicates import DEFAULT_THRESHOLD as DEFAULT_DUPLICATE_THRESHOLD
 from faste_mm.retrieval.library.duplicates import DuplicateReport, collection_duplicates
-from faste_mm.retrieval.executors import IngestExecutor, LocalExecutor, ModelSource
+from faste_mm.retrieval.executors import IngestExecutor, LocalExecutor
 from faste_mm.retrieval.export import ExportReport
 from faste_mm.retrieval.export import export as export_collection
 from faste_mm.retrieval.indexing import index_collection
 from faste_mm.retrieval.query_understanding import UnderstoodQuery
 from faste_mm.retrieval.maintenance import collection_path
-from faste_mm.retrieval.model_spec import ModelSpec, model_source
+from faste_mm.retrieval.model_spec import ModelSpec, RetrieverModel
 from faste_mm.retrieval.library.ocr import OcrEngine
 from faste_mm.retrieval.ingest import ingest_work
 from faste_mm.retrieval.profile import QUERY_INSTRUCTION, CollectionProfile, existing_profile, read_profile
 from faste_mm.retrieval.setting import given_settings, keywords_of
-from faste_mm.retrieval.rerank_hits import load_collection_reranker
+from faste_mm.retrieval.rerank_hits import RerankerChoice
 from faste_mm.retrieval.results import AddReport, Hit, IndexOptions, IndexProgress, IndexReport, RemoveReport
 from faste_mm.retrieval.search_executor import PlannedQuery, SearchParts, execute, one, planned_query, understood
 from faste_mm.retrieval.search_request import SearchRequest, options_for
@@ -90,30 +89,19 @@ class Retriever:
                  query_instruction: str | None = None, **settings: Any) -> None:
         given = given_settings(CollectionProfile, settings, "Retriever")
         CollectionProfile.resolve(None, **given)  # checks every value (ConfigError naming it) before any work
-        self._setup(model, collection_path(collection), query_instruction, given)
+        self._setup(RetrieverSettings(RetrieverModel(model), given), collection_path(collection), query_instruction)
 
-    def _setup(self, model: Embedder | ModelSpec, collection: Path, query_instruction: str | None,
-               given: dict[str, Any], resolved: tuple[bool, CollectionProfile] | None = None) -> None:
-        """The constructor's work. resolved: the profile `for_collection` resolved for `collection`
-        (reindex or not, and the profile), so an index run resolves its settings once."""
-        self._given = given
-        self._embedder = model if isinstance(model, Embedder) else None
-        self._spec = model if isinstance(model, ModelSpec) else None
-        if self._embedder is None and self._spec is None:
-            raise ConfigError(f"Retriever model must be an Embedder or a ModelSpec, got {type(model).__name__}")
+    def _setup(self, settings: RetrieverSettings, collection: Path, query_instruction: str | None) -> None:
+        """The constructor's work, shared with `for_collection` (whose settings come with the
+        profile it resolved, so an index run resolves its settings once)."""
+        self._settings = settings  # the given settings, the model, the profiles resolved from them
         self.collection = collection
         self.query_instruction = query_instruction
-        self._reader: Collection | None = None
-        self._reader_profile: CollectionProfile | None = None
         # One search at a time: threads (a web app's workers) share the reader (its SQLite
         # connection, FAISS index, caches) and the model; each uses all cores on its own anyway.
         self._lock = threading.RLock()
-        self._adapted: Embedder | None = None  # the embedder with a collection's pixel settings
-        self._resolved: dict[tuple[Path, bool, bool], CollectionProfile] = {}
-        if resolved is not None:
-            reindex, profile = resolved
-            self._resolved[(collection, reindex, existing_profile(collection) is not None)] = profile
-        self._collection_reranker: tuple[str, Any] | None = None  # (name, Reranker): loaded when a search needs it
+        self._reader = CheckedReader(settings)
+        self._rerankers = RerankerChoice(lambda: settings.model.device)  # loaded when a search needs one
         self._ocr = OcrEngine()  # loads its models on the first image it reads
 
     @classmethod
@@ -151,7 +139,8 @@ class Retriever:
         spec = ModelSpec(profile.model_id, profile.model_revision, device, dtype, batching, profile.serializer(),
                          loading)
         retriever = cls.__new__(cls)
-        retriever._setup(spec, root, query_instruction, given, (reindex, profile))
+        retriever._setup(RetrieverSettings(RetrieverModel(spec), given, (root, reindex, profile)), root,
+                         query_instruction)
         return retriever
 
     @classmethod
@@ -171,38 +160,17 @@ class Retriever:
     def embedder(self) -> Embedder:
         """The model, loaded now if it was not (with the collection's pixel and video settings,
         or the ones given to this retriever)."""
-        if self._embedder is None:
-            spec = self._spec
-            if spec.serializer is None:
-                settings = self._existing() or self._resolve(self.collection)[1]
-                spec = dataclasses.replace(spec, serializer=settings.serializer())
-            self._embedder = spec.load()
-        return self._embedder
+        return self._settings.embedder(self.collection)
 
     @property
     def loaded_embedder(self) -> Embedder | None:
         """The model if this process loaded it (its `describe_runtime`, `kernel_choices`); None when
         nothing was embedded here (a Ray run, nothing to embed): reading it loads nothing."""
-        return self._embedder
-
-    def _embedder_for(self, profile: CollectionProfile) -> Embedder:
-        """The embedder serializing with `profile`'s pixel and video settings: the loaded one,
-        or the same weights with the profile's serializer (`Embedder.with_serializer`)."""
-        embedder = collection_settings.adapted_embedder(self.embedder, profile, self._adapted)
-        if embedder is not self.embedder:
-            self._adapted = embedder  # kept: the next call with these settings reuses it
-        return embedder
-
-    def _existing(self) -> CollectionProfile | None:
-        """The collection's profile, None when it does not exist yet."""
-        return existing_profile(self.collection)
+        return self._settings.model.loaded
 
     def close(self) -> None:
         with self._lock:
-            if self._reader is not None:
-                self._reader.close()
-                self._reader = None
-                self._reader_profile = None
+            self._reader.close()
 
     def __enter__(self) -> "Retriever":
         return self
@@ -210,92 +178,23 @@ class Retriever:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # ---- settings --------------------------------------------------------------------------
+    # ---- settings (`collection_settings.RetrieverSettings` resolves them) -------------------
     @property
     def model_id(self) -> str:
         """The model this retriever embeds with (known without loading it)."""
-        return self._embedder.model_id if self._embedder is not None else self._spec.name
+        return self._settings.model.model_id
 
     @property
     def r_max(self) -> float:
         """FastE's r_max for this retriever's documents: the collection's, else the one given,
         else the default (see `profile`; reading it loads no model)."""
-        return (self._existing() or self._resolve(self.collection)[1]).r_max
+        return self._settings.current(self.collection).r_max
 
     def profile(self) -> CollectionProfile:
         """The settings this retriever embeds its collection's documents with: the existing
         collection's (CollectionError when a setting given to this retriever differs), else the
         given ones over the documented defaults, completed with the model (which this loads)."""
-        existing = self._existing()
-        if existing is None:
-            return completed_profile(self._resolve(self.collection)[1], self.embedder)
-        return self._checked(existing, self.collection)
-
-    def _request(self) -> dict[str, Any]:
-        """The settings given to this retriever, with its model's id (and revision, if known)."""
-        if self._embedder is not None:
-            model = {"model_id": self._embedder.model_id, "model_revision": self._embedder.loaded.revision}
-        else:
-            model = {"model_id": self._spec.name, "model_revision": self._spec.revision}
-        return {**self._given, **model}
-
-    def _checked(self, existing: CollectionProfile, root: Path) -> CollectionProfile:
-        """`existing` after checking the given settings and the loaded model against it
-        (`collection_settings.checked_profile`). Raises CollectionError naming what differs."""
-        return checked_profile(existing, root, self._request(), self._embedder,
-                               None if self._spec is None else self._spec.model_id)
-
-    def _resolve(self, root: Path, reindex: bool = False) -> tuple[bool, CollectionProfile]:
-        """(whether the collection at `root` exists, the profile this retriever writes it with),
-        resolved once per collection and state (`for_collection` hands its own in): an existing
-        collection's after checking the given settings against it; else, or when it is about to
-        be rebuilt (`reindex`), the given settings over the ones carried over
-        (`CollectionProfile.carried_over`) over the model's serializer's over the defaults, still
-        to be completed with the model (`completed_profile`). Raises CollectionError."""
-        existing = existing_profile(root)
-        key = (root, reindex, existing is not None)
-        if key not in self._resolved:
-            if existing is not None and not reindex:
-                self._resolved[key] = self._checked(existing, root)
-            else:
-                carried = None if existing is None else existing.carried_over(self._request()["model_id"])
-                self._resolved[key] = requested_profile(self._request(), self._loaded_serializer(), carried)
-        return existing is not None, self._resolved[key]
-
-    def _loaded_serializer(self) -> SerializerConfig | None:
-        """The pixel and video settings the model serializes with (None: a text model, or a model
-        not loaded yet without its own: the defaults)."""
-        if self._embedder is not None:
-            return self._embedder.serializer.config if self._embedder.family.is_multimodal else None
-        return self._spec.serializer
-
-    def _model_source(self) -> ModelSource:
-        """The model this retriever embeds with, as another process (a Ray worker) loads it."""
-        return model_source(self._embedder, self._spec)
-
-    def _writer(self) -> Collection:
-        """The collection opened for writing (CollectionError at once if another writer holds it)."""
-        self.close()
-        return Collection.open(self.collection, writable=True)
-
-    def _target(self, collection: str | os.PathLike | None) -> Path:
-        if collection is not None:
-            self.close()
-            self.collection = collection_path(collection)
-        return self.collection
-
-    def _open_for_writing(self, root: Path, index_type: str) -> tuple[Collection, CollectionProfile]:
-        """The collection to write into, and its profile (`collection_settings.open_for_writing`)."""
-        exists, profile = self._resolve(root)
-        return open_for_writing(root, index_type, exists, profile, lambda new: completed_profile(new, self.embedder))
-
-    def _erase_for_reindex(self, root: Path, index_type: str) -> tuple[Collection, CollectionProfile]:
-        """Erase the collection for `index --reindex` and create it again with this retriever's
-        settings (those not given are carried over, see `CollectionProfile.carried_over`), once
-        nothing that follows can refuse: the model loads (re-indexing embeds everything anyway)
-        before `collection_settings.recreate`. Raises ModelLoadError, ConfigError or
-        CollectionError with the collection untouched."""
-        return recreate(root, index_type, completed_profile(self._resolve(root, reindex=True)[1], self.embedder))
+        return self._settings.profile(self.collection)
 
     # ---- indexing --------------------------------------------------------------------------
     def index(self, paths: Iterable[str | os.PathLike], collection: str | os.PathLike | None = None,
@@ -328,7 +227,9 @@ class Retriever:
             raise ConfigError(f"index: executor must have a run(job) method (an IngestExecutor such as "
                               f"faste_mm.scale.RayExecutor), got {executor!r}")
         started = time.perf_counter()
-        self._target(collection)
+        if collection is not None:  # indexed there, and searched there from then on
+            self.close()
+            self.collection = collection_path(collection)
         scan = scan_paths(paths, options.scan_filter)
         return self.index_scan(scan, options, progress, executor, started=started)
 
@@ -343,15 +244,9 @@ class Retriever:
         started = time.perf_counter() if started is None else started
         root = self.collection
         self.close()
-        if options.reindex:
-            col, profile = self._erase_for_reindex(root, options.index_type or "auto")
-        else:
-            col, profile = self._open_for_writing(root, options.index_type or "auto")
-        if self._given.get("ocr", profile.ocr) != profile.ocr:  # OCR changes no vector: switched in place
-            profile = dataclasses.replace(profile, ocr=self._given["ocr"])
-            col.update_settings(profile.to_manifest(base=col.manifest).settings)
-        return index_collection(col, profile, scan, options, CollectionDocuments(self._embedder_for, col, profile),
-                                self._model_source(), executor, progress, started, ready,
+        col, profile = self._settings.open_for_index(root, options.index_type or "auto", options.reindex)
+        return index_collection(col, profile, scan, options, self._settings.documents(root, col, profile),
+                                self._settings.model.source(), executor, progress, started, ready,
                                 self._ocr if profile.ocr else None)
 
     def pending(self, paths: Iterable[str | os.PathLike], options: IndexOptions | None = None) -> int:
@@ -361,7 +256,7 @@ class Retriever:
         what an interrupted `index` still has to do."""
         options = options or IndexOptions()
         scan = scan_paths(paths, options.scan_filter)
-        if self._existing() is None:
+        if existing_profile(self.collection) is None:
             return len(scan.files())
         with Collection.open(self.collection) as col:
             return len(ingest_work(col, scan, options.retry_failed).todo)
@@ -390,15 +285,17 @@ class Retriever:
         for name, values in (("metadata", metadata), ("uris", uris)):
             if values is not None and len(values) != len(items):
                 raise InputError(f"add: {len(values)} {name} for {len(items)} items; give one per item")
-        col, profile = self._open_for_writing(self.collection, "auto")
-        report = add_documents(col, CollectionDocuments(self._embedder_for, col, profile), items, metadata, uris,
+        col, profile = self._settings.open_for_writing(self.collection, "auto")
+        report = add_documents(col, self._settings.documents(self.collection, col, profile), items, metadata, uris,
                                on_error)
         self.close()
         return report
 
     def delete(self, ids: Iterable[int]) -> int:
-        """Tombstone items by id; returns how many were live."""
-        with self._writer() as col:
+        """Tombstone items by id; returns how many were live. CollectionError at once if another
+        writer holds the collection."""
+        self.close()
+        with Collection.open(self.collection, writable=True) as col:
             return col.delete(ids)
 
     def remove(self, paths: Iterable[str | os.PathLike] = (), ids: Iterable[int] = ()) -> RemoveReport:
@@ -521,39 +418,23 @@ class Retriever:
         """Rerank searches with this loaded `Reranker` wherever the collection's would be used
         (`rerank=None` on a collection that records one, `rerank=True`) instead of loading the
         collection's (`faste-mm serve --rerank`: one model, shared with /v1/rerank)."""
-        self._collection_reranker = ("", reranker)
+        self._rerankers.use(reranker)
 
     def _search_parts(self, check_pairs: Callable[[int, int], None] | None = None) -> SearchParts:
         """This retriever's collection, query model and reranker as the executor uses them."""
         def embed(items: list[Item], instruction: str | None) -> np.ndarray:
-            return querying.embed_queries(items, instruction, self._reader_profile.dim, self.encode_documents,
+            return querying.embed_queries(items, instruction, self._reader.profile.dim, self.encode_documents,
                                           self.encode_queries)
 
-        return SearchParts(reader=lambda check_model: self._open_reader(check_model=check_model),
-                           min_score=lambda: (self._reader_profile or read_profile(self.collection)).min_score,
+        return SearchParts(reader=lambda check_model: self._reader.open(self.collection, check_model),
+                           min_score=lambda: (self._reader.profile or read_profile(self.collection)).min_score,
                            embed=embed, reranker=self.search_reranker, check_pairs=check_pairs)
 
     def search_reranker(self, rerank: Any) -> Any:
         """The reranker of a search's `rerank`: itself (a Reranker), none for False, and for None
         the collection's when it records one, for True the collection's or an InputError (loaded
-        on first use and kept; the one of `use_reranker` when given)."""
-        if rerank is False:
-            return None
-        if rerank is not None and rerank is not True:
-            return rerank
-        name = read_profile(self.collection).reranker
-        if self._collection_reranker is not None and self._collection_reranker[0] == "":  # use_reranker's
-            return self._collection_reranker[1] if name is not None or rerank is True else None
-        if name is None:
-            if rerank is True:
-                raise InputError(f"search: rerank=True, but the collection {self.collection} has no reranker; give one "
-                                 f"(rerank=Reranker.from_pretrained(...)), record one (faste-mm index --reranker MODEL) "
-                                 f"or start the server with one (faste-mm serve --rerank MODEL)")
-            return None
-        if self._collection_reranker is None or self._collection_reranker[0] != name:
-            device = self._spec.device if self._spec is not None else str(self._embedder.backbone.device)
-            self._collection_reranker = (name, load_collection_reranker(name, device))
-        return self._collection_reranker[1]
+        on first use and kept; the one of `use_reranker` when given). See `RerankerChoice`."""
+        return self._rerankers.choose(rerank, self.collection)
 
     # ---- encoding with the collection's settings -------------------------------------------
     def encode_queries(self, queries: Iterable[object], *, instruction: str | None = None,
@@ -564,8 +445,8 @@ class Retriever:
         task for text models), so both embed a query alike."""
         task = instruction or self.query_instruction
         # a Matryoshka collection's queries are truncated like its documents, sampled like them
-        profile = self._reader_profile
-        embedder = self.embedder if profile is None else self._embedder_for(profile)
+        profile = self._reader.profile
+        embedder = self.embedder if profile is None else self._settings.embedder_for(profile, self.collection)
         return embedder.encode_queries(queries, instruction=task, dim=None if profile is None else profile.dim,
                                        on_error=on_error)
 
@@ -574,28 +455,11 @@ class Retriever:
         bounds and FastE settings, so the vectors compare with the stored ones. Raises
         CollectionError when the collection does not exist or the model differs from it."""
         with self._lock:
-            self._open_reader()
-            profile = self._reader_profile
-        return self._embedder_for(profile).encode_documents(documents, fast_e=profile.fast_e(), dim=profile.dim,
-                                                            on_error=on_error,
-                                                            patch_dedup=dedup_config(profile.patch_dedup))
-
-    def _open_reader(self, check_model: bool = True) -> Collection:
-        """The collection opened for reading, once its profile is checked against this
-        retriever's settings and model (which this loads; `check_model` False: a lexical search,
-        which needs no model). Raises CollectionError."""
-        if self._reader is None:
-            self._reader = Collection.open(self.collection)
-        if check_model and self._reader_profile is None:
-            try:
-                self.embedder  # noqa: B018  (loads the model: its width and pixels are checked)
-                self._reader_profile = self._checked(CollectionProfile.from_manifest(self._reader.manifest),
-                                                     self.collection)
-            except BaseException:
-                self._reader.close()
-                self._reader = None
-                raise
-        return self._reader
+            self._reader.open(self.collection)
+            profile = self._reader.profile
+        return self._settings.embedder_for(profile, self.collection).encode_documents(
+            documents, fast_e=profile.fast_e(), dim=profile.dim, on_error=on_error,
+            patch_dedup=dedup_config(profile.patch_dedup))
 
     def encode_query(self, queries: object, *, instruction: str | None = None,
                      on_error: OnError = "raise") -> EmbedResult:
