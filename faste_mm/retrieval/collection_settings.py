@@ -5,6 +5,7 @@ existing collection's profile and the loaded model (`CollectionProfile.resolve`,
 `CheckedReader` its collection opened for searching. Both hand `CollectionProfile`s and open
 `Collection`s to `Retriever`.
 """
+
 from __future__ import annotations
 
 import dataclasses
