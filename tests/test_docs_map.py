@@ -328,6 +328,16 @@ def test_the_command_check_sees_gone_scripts_modules_suites_and_options():
 # ---- a project that stands alone ----------------------------------------------------------
 # Documents that live outside the repository (the files the project was first specified in).
 _OUTSIDE = re.compile(r"\b(DESIGN|STYLE)\.md\b|\.\./shared/|/work/shared")
+# "The paper" as a source: a document the repository neither holds nor names. What the code
+# needs of the method is docs/design.md's ("FastE, the method"); its reference figures are
+# docs/evaluation.md's. Paper as material (a paper page, receipts, "paper-2col") is not a citation.
+_UNNAMED_PAPER = re.compile(
+    r"\bpaper's\b"  # the paper's table, the paper's order
+    r"|\b(?:the|this|our|FastE)\s+paper\b(?![\s-]+(?:pages?|receipts?|documents?|sizes?|form)\b)"
+    r"|\(paper\b"  # (paper Eq. 2), (paper, "Backbone-Specific Settings")
+    r"|\bpaper[ -](?:eq\b|equations?|appendix|symbols?|notation|order|style|table|quantities)"
+    r"|\b(?:the|paper)\s+appendix\b",
+    re.IGNORECASE)
 
 
 def _tracked_files() -> list[Path]:
@@ -346,5 +356,20 @@ def test_no_file_cites_a_document_outside_the_repository():
             text = path.read_text(encoding="utf-8")
         except (UnicodeDecodeError, OSError):  # images, binaries
             continue
-        wrong += [f"{path.relative_to(ROOT)}:{text[:m.start()].count(chr(10)) + 1}: {m[0]}" for m in _OUTSIDE.finditer(text)]
-    assert wrong == [], "cite the repository's own docs (docs/design.md, docs/contributing.md) instead"
+        wrong += [f"{path.relative_to(ROOT)}:{text[:m.start()].count(chr(10)) + 1}: {m[0]}"
+                  for pattern in (_OUTSIDE, _UNNAMED_PAPER) for m in pattern.finditer(text)]
+    assert wrong == [], ("cite the repository's own docs instead: the method and its symbols are docs/design.md's "
+                         "\"FastE, the method\", reference figures docs/evaluation.md's, the code style docs/contributing.md's")
+
+
+@pytest.mark.parametrize("text, cites", [
+    ("Algorithm 1 of the paper", True), ("the paper's cross-modal table", True), ("(paper Eq. 2)", True),
+    ('(paper, "Backbone-Specific Settings")', True), ("FLOPs follow the paper appendix", True),
+    ("the appendix formula", True), ("Paper quantities keep their names", True), ("the FastE paper", True),
+    ("results.md (the paper-style table)", True), ("in the paper order", True),
+    ("a two-column paper page", False), ("~/papers/report.pdf", False), ("--kinds text-page,paper-2col", False),
+    ("paper_table(results)", False), ("100 MiB on paper", False), ("scan the paper receipts", False),
+    ("Algorithm 1 in docs/design.md", False),
+])
+def test_an_unnamed_paper_citation_is_told_from_paper_the_material(text, cites):
+    assert (_UNNAMED_PAPER.search(text) is not None) == cites
