@@ -17,7 +17,7 @@ everything the policy decides is here. Algorithm 1, line by line:
   10    [h_j for j in S_i] + readout,          the runner applies the plan with one gather that
         original rotary positions kept         also carries (cos, sin) and the masks
   11    compressed = true                      the runner (one shot)
-  12    H^{l+1} = F_l(H^l)                     the runner's layer call
+  12    run F_l on every row's states          the runner's layer call
   13    z_i = Norm(h_readout^L)                `pooling.pool_readout`
 
 `FastE` is the policy that strings these together. Its ranking is pluggable only so the controls
