@@ -38,14 +38,14 @@ class TaskSpec:
 
     key: str  # CLI name
     subset: str  # MMEB subset / file name
-    retrieval: str  # paper notation: T text, I image
+    retrieval: str  # T text, I image (docs/evaluation.md's table)
     query_text: bool
     query_image: bool
     candidate_text: bool
     candidate_image: bool
 
 
-# The three cross-modal tasks of the paper (Table cross-modal), as docs/design.md "MMEB evaluation data".
+# The three cross-modal tasks of docs/evaluation.md's table, as docs/design.md "MMEB evaluation data".
 TASKS: dict[str, TaskSpec] = {
     "mscoco": TaskSpec("mscoco", "MSCOCO_t2i", "T→I", True, False, False, True),
     "docvqa": TaskSpec("docvqa", "DocVQA", "I+T→T", True, True, True, False),
@@ -62,7 +62,7 @@ def task_spec(name: str) -> TaskSpec:
 
 
 def resolve_tasks(name: str) -> list[TaskSpec]:
-    """'all' -> the three tasks in paper order; otherwise the one named."""
+    """'all' -> the three tasks in the table's order; otherwise the one named."""
     return list(TASKS.values()) if name.lower() == "all" else [task_spec(name)]
 
 

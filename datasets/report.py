@@ -1,4 +1,4 @@
-"""Rendering of `EvalResults`: the paper's cross-modal table (Recall@10 per task at each r_max,
+"""Rendering of `EvalResults`: the cross-modal table of docs/evaluation.md (Recall@10 per task at each r_max,
 then the average retention), a summary of every method, per-task details, and a plot of
 retention against end-to-end speedup. Writes results.json, results.md and retention_speedup.png.
 """
@@ -32,7 +32,7 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 
 def paper_table(results: EvalResults, method: str | None = None) -> str:
     """Recall@10 per task: Full, then `method` (default FastE) at each positive r_max, and the
-    macro Recall@10 retention relative to Full (the paper's Table cross-modal)."""
+    macro Recall@10 retention relative to Full (docs/evaluation.md, "The cross-modal table")."""
     methods = results.config["methods"]
     method = method or ("faste" if "faste" in methods else methods[0])
     ratios = sorted(set(r for r in results.config["r_max"] if r > 0))
@@ -103,7 +103,7 @@ def render_markdown(results: EvalResults) -> str:
         "Downscaling lowers max_pixels per image; text-only candidates (DocVQA answers) are unaffected, "
         "so there its row repeats Full's vectors and measurements. "
         "Removal counts prefix tokens removed (downscaling: visual tokens not created); FLOPs are the "
-        "decoder's (appendix formula). Times: candidate encoding (model forward) and end to end.",
+        "decoder's (docs/design.md's formula). Times: candidate encoding (model forward) and end to end.",
     ]
     return "\n\n".join(parts) + "\n"
 

@@ -1,5 +1,5 @@
 """Results of an evaluation: per (task, setting) quality and cost relative to the full forward,
-and the macro summary over tasks (the paper's "Avg. retention"). `EvalResults.to_dict()` is
+and the macro summary over tasks (the table's "Avg. retention", docs/evaluation.md). `EvalResults.to_dict()` is
 the documented `results.json` / `--json` schema (SCHEMA_VERSION).
 """
 
@@ -106,8 +106,8 @@ class EvalResults:
     tasks: list[TaskResult]
 
     def summary(self) -> list[dict]:
-        """Per setting, over tasks: macro retention (mean of per-task ratios, as the paper's
-        Avg. retention), macro removal and FLOPs reduction, and speedups of the summed times."""
+        """Per setting, over tasks: macro retention (mean of per-task ratios, as the
+        table's Avg. retention), macro removal and FLOPs reduction, and speedups of the summed times."""
         rows = []
         for setting in self.settings:
             method, r_max = setting["method"], setting["r_max"]

@@ -5,7 +5,7 @@
 # trigger forced (layer 10) and by alignment, padded vs unpadded layers after compression, the
 # peers (plain HF, sentence-transformers), images/s and pages/s, GPU FAISS, the CUDA-only tests.
 #
-#   bash scripts/gpu_bench.sh text      # Qwen3-Embedding-0.6B / 4B shapes: 1k-4k tokens, batch >= 32 and the paper's 4, + peers
+#   bash scripts/gpu_bench.sh text      # Qwen3-Embedding-0.6B / 4B shapes: 1k-4k tokens, batch >= 32 and ~4 rows, + peers
 #   bash scripts/gpu_bench.sh 2b        # Qwen3-VL-Embedding-2B: 1k-4k texts (+ HF), pages at the 1,800-token cap, images
 #   bash scripts/gpu_bench.sh 8b        # the same for 8B
 #   bash scripts/gpu_bench.sh faiss     # search latency on 1M x 2048 random vectors, Flat and IVF, CPU vs GPU
@@ -50,7 +50,7 @@ case $step in
             bench --shape $shape --inputs text:1000-4000 --n 256 "${ratios[@]}" --unpadded auto \
                 --out "$out/$shape-text-1k-4k-alignment.json"
             bench --shape $shape --inputs text:1000-4000 --n 64 "${ratios[@]}" --trigger-layer 10 --unpadded auto \
-                --batch-tokens 16000 --out "$out/$shape-text-1k-4k-batch4.json"   # ~4 rows per batch, as the paper
+                --batch-tokens 16000 --out "$out/$shape-text-1k-4k-batch4.json"   # ~4 rows per batch: the small-batch case
         done ;;
     2b|8b)
         [ "$step" = 2b ] && n_text=256 n_pages=64 n_images=256 || n_text=128 n_pages=32 n_images=128

@@ -1,11 +1,15 @@
 """The map cannot drift and the project stands alone (issue 45 item 5): docs/architecture.md's
-module table names every module of the tree and nothing that is gone; README.md and docs/*.md
-have no dead relative link or anchor and no untagged code block (which the docs-blocks test
-would not see); no file of the repository cites a document outside it."""
+module table names every module of the tree and nothing that is gone, and its table of the files
+outside the packages every script, tool and CI file; README.md and docs/*.md have no dead relative
+link or anchor and no untagged code block (which the docs-blocks test would not see), and every
+script, `python -m` module and `faste-mm bench` suite and option they name exists; no file of the
+repository cites a document outside it, an unnamed paper included."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -45,15 +49,16 @@ def _repository_path(entry: str) -> str:
     return f"faste_mm/{entry}" if first in _SHORT else entry
 
 
+def _first_column(text: str, heading: str) -> list[str]:
+    """The code spans of the first column of the table under `## heading`."""
+    section = text.split(f"## {heading}", 1)[1].split("\n## ", 1)[0]
+    return [code for line in section.splitlines() if line.startswith("|") and not line.startswith("|---")
+            for code in re.findall(r"`([^`]+)`", line.split("|")[1])]
+
+
 def module_table(text: str) -> list[str]:
     """The paths the first column of the "Modules, one line each" table names, from the repository root."""
-    section = text.split("## Modules, one line each", 1)[1].split("\n## ", 1)[0]
-    entries = []
-    for line in section.splitlines():
-        if line.startswith("|") and not line.startswith("|---"):
-            first_cell = line.split("|")[1]
-            entries += [_repository_path(path) for code in re.findall(r"`([^`]+)`", first_cell) for path in _expand(code)]
-    return entries
+    return [_repository_path(path) for code in _first_column(text, "Modules, one line each") for path in _expand(code)]
 
 
 def _covered(entries: list[str]) -> tuple[set[str], list[str]]:
@@ -82,12 +87,37 @@ def test_the_table_reader_expands_braces_and_maps_short_paths(tmp_path):
     assert _covered(["faste_mm/errors.py", "model/gone.py"]) == ({"faste_mm/errors.py"}, ["model/gone.py"])
 
 
+# Folders of files that are not modules but that a contributor meets: each file has its line.
+_OUTSIDE_FOLDERS = ("scripts", "docs/tools", ".ci")
+
+
+def outside_table(text: str) -> list[str]:
+    """The paths the first column of the "Files outside the packages" table names."""
+    return _first_column(text, "Files outside the packages")
+
+
+def test_the_outside_table_lists_every_script_tool_and_ci_file_and_nothing_that_is_gone():
+    listed = outside_table(ARCHITECTURE.read_text(encoding="utf-8"))
+    assert [entry for entry in listed if not (ROOT / entry).exists()] == [], "docs/architecture.md lists files that are gone"
+    present = {path.relative_to(ROOT).as_posix() for path in _tracked_files()
+               if path.relative_to(ROOT).as_posix().startswith(tuple(f"{folder}/" for folder in _OUTSIDE_FOLDERS))}
+    missing = sorted(present - set(listed))
+    assert missing == [], "docs/architecture.md's \"Files outside the packages\" lacks these files (one line each)"
+
+
+def test_the_outside_table_reader_takes_the_first_column_of_its_section_only():
+    text = ("## Files outside the packages\n\n| file | what |\n|---|---|\n| `.ci/run` | CI (`not/this`) |\n"
+            "| `scripts/a.sh`, `docs/tools/b.py` | x |\n\n## Next\n| `c.py` | no |\n")
+    assert outside_table(text) == [".ci/run", "scripts/a.sh", "docs/tools/b.py"]
+
+
 # ---- links and code blocks ----------------------------------------------------------------
 def _documents() -> list[Path]:
     return [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
-_FENCE = re.compile(r"^\s*(```+|~~~+)(.*)$")
+# A backtick fence's info string holds no backtick (```` ```bash ```` in prose is inline code).
+_FENCE = re.compile(r"^\s*(`{3,}(?!.*`)|~{3,})(.*)$")
 _LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 
 
@@ -174,9 +204,140 @@ def test_the_link_check_sees_dead_files_and_anchors_but_not_code(tmp_path):
     assert untagged_blocks(doc) == [10]
 
 
+# ---- commands the docs name ----------------------------------------------------------------
+def code_pieces(text: str) -> list[tuple[int, str]]:
+    """(line, code) for each piece of code in a markdown text: each line of a fenced block with its
+    backslash continuations joined, and each inline code span (which may cross a line break).
+    The `was` column of a `| was | now |` table (retired names, kept as history) is left out."""
+    pieces, prose, fence, pending, start, retired = [], [], None, "", 0, False
+    for number, line in enumerate(text.splitlines(), 1):
+        opening = _FENCE.match(line)
+        if fence is None and opening:
+            fence = opening[1]
+        elif fence is not None and line.strip().startswith(fence):
+            fence = None
+        elif fence is not None and line.rstrip().endswith("\\"):
+            start, pending = start or number, pending + line.rstrip()[:-1] + " "
+        elif fence is not None:
+            pieces.append((start or number, pending + line))
+            start, pending = 0, ""
+        else:
+            retired = re.match(r"^\|\s*was\s*\|\s*now\s*\|", line) is not None or (retired and line.startswith("|"))
+            prose.append((number, "|" + line.split("|", 2)[2] if retired and line.count("|") > 2 else line))
+    joined = "\n".join(line for _, line in prose)
+    starts = [0]
+    for _, line in prose:
+        starts.append(starts[-1] + len(line) + 1)
+    for span in re.finditer(r"`([^`]+)`", joined):
+        row = sum(1 for offset in starts[1:] if offset <= span.start())
+        pieces.append((prose[row][0], span[1].replace("\n", " ")))
+    return sorted(pieces, key=lambda piece: piece[0])
+
+
+def shell_words(command: str) -> list[str]:
+    """The words of a command line up to its first shell operator or comment, quotes honoured;
+    [] for a fragment with an unbalanced quote (prose, not a command)."""
+    lexer = shlex.shlex(command, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    words = []
+    try:
+        for word in lexer:
+            if set(word) <= set("|&;<>()"):
+                break
+            words.append(word)
+    except ValueError:
+        return []
+    return words
+
+
+def bench_arguments_problems(suite: str, words: list[str]) -> list[str]:
+    """What `faste-mm bench SUITE words` would refuse: an unknown option or a stray argument
+    (`...` and `[...]` stand for elided words)."""
+    from faste_mm.bench.entry import parser_for
+
+    actions = parser_for(suite, f"faste-mm bench {suite}")._option_string_actions
+    problems, index = [], 0
+    while index < len(words):
+        word = words[index]
+        index += 1
+        if word == "..." or word.startswith("["):
+            continue
+        name, has_value, _ = word.partition("=")
+        action = actions.get(name) if word.startswith("-") else None
+        if not word.startswith("-"):
+            problems.append(f"bench {suite}: stray {word!r}")
+        elif action is None:
+            problems.append(f"bench {suite}: no option {name}")
+            while index < len(words) and not words[index].startswith("-"):  # its values
+                index += 1
+        elif not has_value and action.nargs in (None, 1):
+            index += 1
+        elif not has_value and action.nargs != 0:  # '?', '*', '+': the values up to the next option
+            while index < len(words) and not words[index].startswith("-"):
+                index += 1
+    return problems
+
+
+_PLACEHOLDER = re.compile(r"^\[?[A-Z][A-Z_]*\]?$|^\.\.\.$")
+
+
+def command_problems(text: str) -> list[str]:
+    """Commands a document names that do not exist: a script under scripts/, docs/tools/ or .ci/,
+    a `python -m` module, a `faste-mm bench` suite or one of its options."""
+    from faste_mm.bench import SUITES
+
+    problems = []
+    for line, code in code_pieces(text):
+        for path in re.findall(r"(?<![\w/.~-])((?:scripts|docs/tools|\.ci)/[\w.-]*\w)", code):
+            if not (ROOT / path).exists():
+                problems.append(f"{line}: no file {path}")
+        for module in re.findall(r"\bpython3? -m ([\w.]+)", code):
+            if importlib.util.find_spec(module) is None:
+                problems.append(f"{line}: no module {module}")
+        for rest in re.findall(r"\bfaste-mm bench\b(.*)", code):
+            words = shell_words(rest)
+            if not words or _PLACEHOLDER.match(words[0]):
+                continue
+            if words[0] in SUITES or words[0].startswith("-"):
+                suite, arguments = (words[0], words[1:]) if words[0] in SUITES else ("model", words)
+                problems += [f"{line}: {problem}" for problem in bench_arguments_problems(suite, arguments)]
+            else:
+                problems.append(f"{line}: no bench suite {words[0]!r}")
+    return problems
+
+
+@pytest.mark.parametrize("path", _documents(), ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_every_script_module_and_bench_option_the_docs_name_exists(path):
+    """A command the reader copies runs: renamed scripts and suites are listed in benchmarks-log.md's
+    `| was | now |` table, not left in commands."""
+    assert command_problems(path.read_text(encoding="utf-8")) == []
+
+
+def test_the_command_check_sees_gone_scripts_modules_suites_and_options():
+    text = ("Run `python scripts/gone.py` or\n`bash scripts/gpu_bench.sh quick`.\n\n"
+            "```bash\nfaste-mm bench pdf-memory --pages 1 100 \\\n    --nope 3   # a comment --also-not-checked\n"
+            "python -m faste_mm.no_such_module\nfaste-mm bench warp-speed --n 1\nfaste-mm bench --r-max 0.5 extra\n"
+            "faste-mm bench rerank --drop '^FastE r=0\\.5 (fixed|protect)' --top 20\nfaste-mm bench SUITE [OPTIONS]\n```\n\n"
+            "| was | now |\n|---|---|\n| `python scripts/bench_old.py` | `faste-mm bench pixels --n 1` |\n"
+            "| `python scripts/bench_old2.py` | `faste-mm bench pixels --bad` |\n")
+    assert command_problems(text) == ["1: no file scripts/gone.py", "5: bench pdf-memory: no option --nope",
+                                      "7: no module faste_mm.no_such_module", "8: no bench suite 'warp-speed'",
+                                      "9: bench model: stray 'extra'", "17: bench pixels: no option --bad"]
+
+
 # ---- a project that stands alone ----------------------------------------------------------
 # Documents that live outside the repository (the files the project was first specified in).
 _OUTSIDE = re.compile(r"\b(DESIGN|STYLE)\.md\b|\.\./shared/|/work/shared")
+# "The paper" as a source: a document the repository neither holds nor names. What the code
+# needs of the method is docs/design.md's ("FastE, the method"); its reference figures are
+# docs/evaluation.md's. Paper as material (a paper page, receipts, "paper-2col") is not a citation.
+_UNNAMED_PAPER = re.compile(
+    r"\bpaper's\b"  # the paper's table, the paper's order
+    r"|\b(?:the|this|our|FastE)\s+paper\b(?![\s-]+(?:pages?|receipts?|documents?|sizes?|form)\b)"
+    r"|\(paper\b"  # (paper Eq. 2), (paper, "Backbone-Specific Settings")
+    r"|\bpaper[ -](?:eq\b|equations?|appendix|symbols?|notation|order|style|table|quantities)"
+    r"|\b(?:the|paper)\s+appendix\b",
+    re.IGNORECASE)
 
 
 def _tracked_files() -> list[Path]:
@@ -195,5 +356,20 @@ def test_no_file_cites_a_document_outside_the_repository():
             text = path.read_text(encoding="utf-8")
         except (UnicodeDecodeError, OSError):  # images, binaries
             continue
-        wrong += [f"{path.relative_to(ROOT)}:{text[:m.start()].count(chr(10)) + 1}: {m[0]}" for m in _OUTSIDE.finditer(text)]
-    assert wrong == [], "cite the repository's own docs (docs/design.md, docs/contributing.md) instead"
+        wrong += [f"{path.relative_to(ROOT)}:{text[:m.start()].count(chr(10)) + 1}: {m[0]}"
+                  for pattern in (_OUTSIDE, _UNNAMED_PAPER) for m in pattern.finditer(text)]
+    assert wrong == [], ("cite the repository's own docs instead: the method and its symbols are docs/design.md's "
+                         "\"FastE, the method\", reference figures docs/evaluation.md's, the code style docs/contributing.md's")
+
+
+@pytest.mark.parametrize("text, cites", [
+    ("Algorithm 1 of the paper", True), ("the paper's cross-modal table", True), ("(paper Eq. 2)", True),
+    ('(paper, "Backbone-Specific Settings")', True), ("FLOPs follow the paper appendix", True),
+    ("the appendix formula", True), ("Paper quantities keep their names", True), ("the FastE paper", True),
+    ("results.md (the paper-style table)", True), ("in the paper order", True),
+    ("a two-column paper page", False), ("~/papers/report.pdf", False), ("--kinds text-page,paper-2col", False),
+    ("paper_table(results)", False), ("100 MiB on paper", False), ("scan the paper receipts", False),
+    ("Algorithm 1 in docs/design.md", False),
+])
+def test_an_unnamed_paper_citation_is_told_from_paper_the_material(text, cites):
+    assert (_UNNAMED_PAPER.search(text) is not None) == cites

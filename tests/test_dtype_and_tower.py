@@ -69,7 +69,7 @@ def bf16_embedder(model_dirs) -> Embedder:
 
 
 def _reference_alignment(state) -> float:
-    """g averaged over rows, in float64, one row at a time (paper Eq. 2)."""
+    """g averaged over rows, in float64, one row at a time (docs/design.md, Algorithm 1 lines 5-6)."""
     values = []
     for b in range(state.hidden.shape[0]):
         hidden = state.hidden[b].double()

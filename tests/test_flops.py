@@ -1,4 +1,4 @@
-"""FLOPs accounting (paper appendix) against hand-worked numbers and against the realised runs."""
+"""FLOPs accounting (docs/design.md's formulas) against hand-worked numbers and against the realised runs."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from faste_mm.model.flops import DecoderShape, batch_flops, flops_reduction, ful
 QWEN3_VL_2B = DecoderShape(num_layers=28, hidden=2048, intermediate=6144, heads=16, kv_heads=8, head_dim=128)
 
 
-def test_layer_flops_match_the_appendix_formula_worked_by_hand():
+def test_layer_flops_match_the_design_formula_worked_by_hand():
     # T = 10, P = 100, Q = 16*128 = 2048, K = 8*128 = 1024:
     # proj = 2*10*[2048*(2048 + 2*1024) + 2048*2048] = 20 * 12,582,912 = 251,658,240
     # attn = 4*100*16*128 = 819,200 ; mlp = 6*10*2048*6144 = 754,974,720

@@ -1,4 +1,5 @@
-"""The paper's controls and the policies that never compress, beside FastE (`faste.py`).
+"""The controls of docs/design.md ("FastE, the method") and the policies that never compress,
+beside FastE (`faste.py`).
 
 `Full` is the reference forward, `AlignmentProbe` the full forward that records the alignment
 curve (calibration). The scorers rank prefix states in place of the readout's attention, through
@@ -87,7 +88,7 @@ def random_scores(state: DecoderState, seed: int) -> torch.Tensor:
 
 
 def block_last_scores(state: DecoderState, budgets: torch.Tensor) -> torch.Tensor:
-    """Position-only control (paper, depth-wise diagnostic): split the prefix into R_i contiguous,
+    """Position-only control (docs/design.md, "Controls beside FastE"): split the prefix into R_i contiguous,
     nearly equal blocks and keep the causally last state of each."""
     n_prefix = state.lengths - 1
     blocks = torch.arange(int(budgets.max()), device=budgets.device)[None, :]  # [1, R_max]

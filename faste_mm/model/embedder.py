@@ -42,7 +42,7 @@ SKIP_HINT = "or pass on_error='skip' to embed the other inputs"
 @dataclass(frozen=True, slots=True)
 class EmbedStats(CostTally):
     """Totals over one `encode` call: its `CostTally` (prefix tokens, tower and decoder seconds) and
-    more. FLOPs follow the paper appendix over the same batches."""
+    more. FLOPs follow docs/design.md's formulas over the same batches."""
 
     n_items: int
     n_failed: int

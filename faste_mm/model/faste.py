@@ -1,29 +1,30 @@
-"""FastE, the paper's Algorithm 1, top to bottom in the paper's order and symbols.
+"""FastE, Algorithm 1 of docs/design.md ("FastE, the method"), top to bottom in its order and symbols.
 
 The runner (`runner.run_decoder`) owns the layer loop and asks the policy before each layer l;
 everything the policy decides is here. Algorithm 1, line by line:
 
-  Require l_w, theta, r_max                    `FastEConfig` (defaults per backbone: backbones/registry)
-  1-3   R_i = max(1, round((1 - r_max) N_i))   `prefix_budgets`
-  4     compressed = false                     the runner: no question is asked after a keep plan
-  5-6   for l ...: if l >= l_w and not compressed   `ThresholdTrigger.is_monitored`
-  7     g_i^l = cos(h_readout, mean prefix)    `batch_alignment` (sample readiness, Eq. 2) ...
-  8     bar g_B^l = mean over the batch        ... averaged over the batch there (`FastE.measure`)
-  9     if bar g >= theta or l = L-1           `ThresholdTrigger.fires` (the fallback is l = L-1),
+  input l_w, theta, r_max                      `FastEConfig` (defaults per backbone: backbones/registry)
+  1     R_i = min(N_i, max(1, round((1 - r_max) N_i)))   `prefix_budgets`
+  2     compressed = false                     the runner: no question is asked after a keep plan
+  3-4   for l ...: if not compressed and l >= l_w   `ThresholdTrigger.is_monitored`
+  5     g_i^l = cos(h_readout, mean prefix)    `batch_alignment` ...
+  6     g^l = mean over the batch              ... averaged over the batch there (`FastE.measure`)
+  7     if g^l >= theta or l = L-1             `ThresholdTrigger.fires` (the fallback is l = L-1),
                                                asked in `FastE.decide` once the value reaches the host
-  11    w_i^l: attention from the readout      `readout_attention` (GQA, QK-norm, RoPE at the
+  8     w_i^l: attention from the readout      `readout_attention` (GQA, QK-norm, RoPE at the
                                                original positions, softmax over the prefix only)
-  12    S_i = sort(TopK(w_i^l, R_i))           `plan_keep` -> `KeepPlan`
-  13-14 H_i^l = [h_j for j in S_i] + readout,  the runner applies the plan with one gather that
+  9     S_i = sort(TopK(w_i^l, R_i))           `plan_keep` -> `KeepPlan`
+  10    [h_j for j in S_i] + readout,          the runner applies the plan with one gather that
         original rotary positions kept         also carries (cos, sin) and the masks
-  16    compressed = true                      the runner (one shot)
-  19    H^{l+1} = F_l(H^l)                     the runner's layer call
-  21    z_i = Norm(h_readout^L)                `pooling.pool_readout`
+  11    compressed = true                      the runner (one shot)
+  12    run F_l on every row's states          the runner's layer call
+  13    z_i = Norm(h_readout^L)                `pooling.pool_readout`
 
-`FastE` is the policy that strings these together. Its ranking is pluggable only so the paper's
-controls (FastV-style, random, block-last: `ablations.py`) run through the same trigger and budgets.
-Lines 7-8 and 9 are two calls (`measure`, `decide`) so that on a GPU the runner can queue layer l
-before the host waits for g (`AlignmentReading`): the same decisions without a stalled device.
+`FastE` is the policy that strings these together. Its ranking is pluggable only so the controls
+of docs/design.md (FastV-style, random, block-last: `ablations.py`) run through the same trigger
+and budgets. Lines 5-6 and 7 are two calls (`measure`, `decide`) so that on a GPU the runner can
+queue layer l before the host waits for g (`AlignmentReading`): the same decisions without a
+stalled device.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ Scorer = Callable[..., torch.Tensor]
 
 @dataclass(frozen=True, slots=True)
 class FastEConfig:
-    """FastE settings (paper symbols in brackets).
+    """FastE settings (the symbols of docs/design.md, Algorithm 1, in brackets).
 
     r_max: largest share of prefix states removed [r_max], 0 <= r_max < 1.
     warmup_layer: no alignment check before this layer [l_w]; None = backbone default (8).
@@ -103,7 +104,7 @@ class FastEConfig:
         return asdict(self)
 
 
-# Algorithm 1, lines 1-3: per-sample budgets.
+# Algorithm 1, line 1: per-sample budgets.
 def prefix_budgets(n_prefix: torch.Tensor, r_max: float) -> torch.Tensor:
     """R_i = max(1, round((1 - r_max) * N_i)), never more than N_i.
 
@@ -114,9 +115,9 @@ def prefix_budgets(n_prefix: torch.Tensor, r_max: float) -> torch.Tensor:
     return torch.minimum(keep.clamp(min=1), n_prefix)
 
 
-# Lines 5-9: when to compress.
+# Lines 3-7: when to compress.
 def batch_alignment(state: DecoderState) -> torch.Tensor:
-    """Mean over the batch of g_i = cos(h_readout, mean of valid prefix states) (paper Eq. 2),
+    """Mean over the batch of g_i = cos(h_readout, mean of valid prefix states) (lines 5-6),
     accumulated in float32 whatever the model's dtype, so the trigger never flips on rounding.
     (The runner runs it on the check's threads: `machine_plan.check_threads`.)"""
     hidden = state.hidden  # [B, T, H], the model's dtype
@@ -142,7 +143,7 @@ def batch_alignment(state: DecoderState) -> torch.Tensor:
 
 @dataclass(frozen=True, slots=True)
 class AlignmentReading:
-    """Lines 7-8's bar g before one layer, on its way to the host. On CUDA the value is copied
+    """Lines 5-6's g before one layer, on its way to the host. On CUDA the value is copied
     without blocking into page-locked memory behind an event, so the device work queued after the
     check (the runner queues the layer itself) goes on while the host waits for this value alone;
     elsewhere it is the value itself."""
@@ -175,7 +176,7 @@ def first_checked_layer(warmup_layer: int, num_layers: int) -> int:
 
 @dataclass(frozen=True, slots=True)
 class ThresholdTrigger:
-    """When FastE compresses (paper Eq. threshold-trigger, Algorithm 1): before each layer l from
+    """When FastE compresses (the trigger rule, Algorithm 1 lines 4-7): before each layer l from
     the warm-up layer l_w on, it fires if the batch-mean alignment g reaches theta; the last layer
     L-1 always fires (fallback). The one statement of the rule: `FastE` applies it online, layer
     by layer, and calibration replays it over recorded alignment curves (`first_layer`).
@@ -204,13 +205,13 @@ class ThresholdTrigger:
         raise AssertionError("unreachable: the last layer always fires")
 
 
-# Line 11: which prefix states matter to the readout.
+# Line 8: which prefix states matter to the readout.
 def masked_scores(scores: torch.Tensor, state: DecoderState) -> torch.Tensor:
     return scores.float().masked_fill(~state.prefix_mask, float("-inf"))
 
 
 def readout_attention(backbone, layer: int, state: DecoderState) -> torch.Tensor:
-    """FastE ranking (paper Eq. readout-importance): attention each prefix state receives from the
+    """FastE ranking (the keep rule, line 8): attention each prefix state receives from the
     readout, softmax over the active prefix keys per query head, averaged over heads. The rotated
     q/k (from the adapter), logits, softmax and head mean are float32 whatever the model's dtype."""
     rows = torch.arange(state.hidden.shape[0], device=state.hidden.device)
@@ -229,7 +230,7 @@ def readout_attention(backbone, layer: int, state: DecoderState) -> torch.Tensor
     return masked_scores(probs.mean(dim=1), state)
 
 
-# Line 12: the keep plan the runner applies (lines 13-14).
+# Line 9: the keep plan the runner applies (line 10).
 @dataclass(frozen=True, slots=True)
 class KeepPlan:
     """Slots to keep per row: R_i prefix positions in original order, then the readout."""
@@ -288,18 +289,18 @@ class FastE:
         self.scorer = scorer
 
     def before_layer(self, layer: int, state: DecoderState, backbone) -> Decision:
-        """Lines 5-16 before `layer`: measure, then decide."""
+        """Lines 4-11 before `layer`: measure, then decide."""
         return self.decide(layer, state, backbone, self.measure(layer, state))
 
     def measure(self, layer: int, state: DecoderState) -> AlignmentReading | None:
-        """Lines 5-8: bar g before a monitored layer, queued on the model's device; None where
+        """Lines 4-6: g before a monitored layer, queued on the model's device; None where
         nothing is checked (before l_w; the fixed-layer ablation never checks)."""
         if self.config.trigger_layer is not None or not self.trigger.is_monitored(layer):
             return None
         return AlignmentReading.of(batch_alignment(state))
 
     def decide(self, layer: int, state: DecoderState, backbone, reading: AlignmentReading | None) -> Decision:
-        """Lines 9-16: compress before `layer`? `reading` is `measure`'s for this layer and state."""
+        """Lines 7-11: compress before `layer`? `reading` is `measure`'s for this layer and state."""
         config = self.config
         alignment = None
         if config.trigger_layer is not None:  # fixed-layer ablation: no alignment check
@@ -316,5 +317,5 @@ class FastE:
         return Decision(plan=plan_keep(scores, budgets, state), alignment=alignment)
 
     def budgets(self, state: DecoderState) -> torch.Tensor:
-        """Lines 1-3 for the rows of `state`: R_i from N_i = lengths - 1."""
+        """Line 1 for the rows of `state`: R_i from N_i = lengths - 1."""
         return prefix_budgets(state.lengths - 1, self.config.r_max)

@@ -1,5 +1,5 @@
-"""Decoder-backbone FLOPs from realised padded shapes (paper appendix, "Decoder-Backbone FLOPs
-Accounting"). The runner records each batch's padded length per layer; this module turns
+"""Decoder-backbone FLOPs from realised padded shapes (the formulas of docs/design.md, "FastE,
+the method": FLOPs). The runner records each batch's padded length per layer; this module turns
 those shapes into FLOPs for the realised run and for the same batches without compression.
 
 FastE leaves the vision tower alone, so on images and pages the decoder's FLOPs-implied speedup
@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 
 @dataclass(frozen=True, slots=True)
 class DecoderShape:
-    """Dimensions of the decoder stack. Letters follow the appendix: H, I, A, A_kv, d_h, L."""
+    """Dimensions of the decoder stack. Letters follow docs/design.md: H, I, A, A_kv, d_h, L."""
 
     num_layers: int  # L
     hidden: int  # H

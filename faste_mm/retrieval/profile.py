@@ -51,7 +51,7 @@ DOCUMENT_R_MAX = 0.5
 
 _DOC_MODEL = (f"Hub id or local model directory. Default: a collection's own model (index, serve -c), else "
               f"{DEFAULT_MODEL}.")
-SWEEP_R_MAX = (0.0, 0.3, 0.5, 0.7)  # eval, bench and plan: the paper's removal ratios
+SWEEP_R_MAX = (0.0, 0.3, 0.5, 0.7)  # eval, bench and plan: the removal ratios of docs/evaluation.md's table
 
 
 def _is_int(minimum: int) -> Callable[[Any], bool]:
@@ -389,7 +389,7 @@ class CollectionProfile:
         return {name: getattr(self, name) for name in FAST_E_SETTINGS}
 
 
-# The FastE settings (paper symbols r_max, l_w, theta, and where theta came from): those stored
+# The FastE settings (docs/design.md's r_max, l_w, theta, and where theta came from): those stored
 # under "fast_e" in the manifest, in declaration order.
 FAST_E_SETTINGS = tuple(name for name, declared in settings_of(CollectionProfile).items()
                         if declared.key.startswith("fast_e."))

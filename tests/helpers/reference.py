@@ -105,7 +105,7 @@ def init_text_sample(model, serialized) -> _Sample:
 
 
 def naive_readout_scores(layer, sample: _Sample) -> list[float]:
-    """Eq. readout-importance with explicit loops over heads (GQA: head h uses KV head h*A_kv//A)."""
+    """The keep rule (docs/design.md, Algorithm 1 line 8) with explicit loops over heads (GQA: head h uses KV head h*A_kv//A)."""
     from transformers.models.llama.modeling_llama import rotate_half
 
     attn = layer.self_attn

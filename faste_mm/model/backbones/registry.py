@@ -1,5 +1,5 @@
 """The one place that knows model families: a row per HF `model_type` with the FastE defaults
-(paper, "Backbone-Specific Settings"), the adapter class, how to load and serialize it (the
+(docs/design.md, "Defaults and scope"), the adapter class, how to load and serialize it (the
 official prompt format and readout rule of text models), and whether it takes images.
 Users override any default through the public configs.
 """
