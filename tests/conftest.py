@@ -17,6 +17,7 @@ from PIL import Image
 
 import faste_mm
 from faste_mm import BatchingConfig, Embedder
+from tests.helpers.file_order import longest_files_first
 from tests.helpers.tiny_models import TinyModels
 
 TEXT_FAMILIES = ("qwen3", "mistral", "llama", "qwen2")
@@ -37,6 +38,16 @@ def pytest_sessionstart(session) -> None:
 
 
 _ROOT = Path(__file__).resolve().parents[1]
+
+def pytest_configure(config) -> None:
+    if config.pluginmanager.hasplugin("xdist"):
+        # = --no-loadscope-reorder: workers get whole files in collection order, which
+        # pytest_collection_modifyitems makes longest first (tests/helpers/file_order.py)
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    items[:] = longest_files_first(items)
 
 
 @pytest.fixture(autouse=True)
@@ -117,8 +128,10 @@ def mixed_items(image_dir):
 def ray_cluster():
     """One local Ray (2 CPUs, no dashboard) for every test that needs one, started on first use:
     starting Ray costs seconds of CPU, and the tests share nothing else through it (each names its
-    own actors and collections). Yields the address a separate driver process joins with."""
+    own actors and collections). Yields the address a separate driver process joins with.
+    Its workers run at the tests' priority: Ray starts them at nice 15, and on a machine busy with
+    the other test worker (or other jobs) they got so little CPU that one Ray test ran 900 s."""
     ray = pytest.importorskip("ray", reason="needs faste-mm[ray]")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _system_config={"worker_niceness": 0})
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()

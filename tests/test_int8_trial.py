@@ -11,7 +11,7 @@ import torch
 
 from faste_mm.errors import ConfigError
 from faste_mm.model.backbones.loading import choose_dtype
-from faste_mm.model.cpu.int8 import MARGIN, PROBE_SHAPE, TRIAL_SHAPE, Int8Trial, int8_trial
+from faste_mm.model.cpu.int8 import MARGIN, PROBE_SHAPE, TRIAL_SHAPE, Int8Trial, int8_trial, trial_bucket
 from faste_mm.model.cpu.kernel_choice import TrialCache, machine_key
 
 VNNI = frozenset({"avx512_vnni", "avx512_bf16"})
@@ -49,7 +49,7 @@ def test_a_slow_int8_kernel_is_caught_by_the_probe_without_running_the_full_shap
     assert not verdict.accepted and verdict.shape == PROBE_SHAPE and verdict.how == "measured"
     assert set(timer.rows) == {PROBE_SHAPE[0]}  # TRIAL_SHAPE was never run
     assert verdict.speedup == pytest.approx(1e-3 / 2.0)
-    assert "int8 linear 0.0005x bfloat16 at 32x256x256" in verdict.describe()
+    assert "int8 linear (u8 activations) 0.0005x bfloat16 at 32x256x256" in verdict.describe()
 
 
 def test_int8_faster_by_the_margin_at_the_full_shape_is_accepted(cache):
@@ -72,16 +72,16 @@ def test_the_verdict_is_cached_for_this_cpu_model_and_torch_and_not_for_another(
     assert again.how == "cached" and (again.accepted, again.int8_s, again.shape) == (first.accepted, first.int8_s, first.shape)
     assert "measured earlier (cached)" in again.describe()
     other_cpu = TrialCache(machine_key(VNNI, cpu_model="another CPU"), cache.path)
-    assert other_cpu.get(f"cpu int8 linear vs bfloat16 {'x'.join(map(str, TRIAL_SHAPE))}") is None
+    assert other_cpu.get(trial_bucket("bfloat16")) is None
 
 
 def test_dtype_int8_refused_by_its_trial_says_what_was_measured_and_what_to_use(tmp_path, monkeypatch):
     monkeypatch.setenv("FASTE_MM_KERNEL_CACHE", str(tmp_path / "k.json"))
     flags = lambda: VNNI  # noqa: E731
     slow = Int8Trial(False, 0.03, 1e-4, "bfloat16", PROBE_SHAPE, "measured")
-    TrialCache(machine_key(VNNI)).put(f"cpu int8 linear vs bfloat16 {'x'.join(map(str, TRIAL_SHAPE))}", "bfloat16",
+    TrialCache(machine_key(VNNI)).put(trial_bucket("bfloat16"), "bfloat16",
                                       {}, verdict={k: getattr(slow, k) for k in ("accepted", "int8_s", "rest_s", "rest", "shape")})
-    with pytest.raises(ConfigError, match=r"dtype int8 is slower than bfloat16 on this CPU \(int8 linear 0.0033x "
+    with pytest.raises(ConfigError, match=r"dtype int8 is slower than bfloat16 on this CPU \(int8 linear \(u8 activations\) 0.0033x "
                                           r"bfloat16 at 32x256x256 .* use dtype auto \(bfloat16 here\); "
                                           r"FASTE_MM_INT8_TRIAL=skip"):
         choose_dtype("int8", torch.device("cpu"), cpu_flags=flags)
@@ -104,7 +104,7 @@ def refuse_int8_here(monkeypatch, tmp_path) -> None:
     slow = {"accepted": False, "int8_s": 0.03, "rest_s": 1e-4, "rest": "bfloat16", "shape": list(PROBE_SHAPE)}
     for rest in ("bfloat16", "float32"):
         TrialCache(machine_key(read_cpu_flags())).put(
-            f"cpu int8 linear vs {rest} {'x'.join(map(str, TRIAL_SHAPE))}", rest, {}, verdict={**slow, "rest": rest})
+            trial_bucket(rest), rest, {}, verdict={**slow, "rest": rest})
 
 
 def test_plan_leaves_out_int8_refused_by_its_trial_and_says_why(vl_embedder, image_dir, monkeypatch, tmp_path):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from tests.helpers.file_order import LONGEST_FILES
 from tests.helpers.warm_process import installed_cli, run_python
 
 TESTS = Path(__file__).parent
@@ -41,6 +42,11 @@ def test_shared_modules_live_in_tests_helpers():
     loose = sorted(path.name for path in TESTS.glob("*.py")
                    if not path.name.startswith("test_") and path.name not in ("conftest.py", "__init__.py"))
     assert loose == [], "a module the tests share belongs in tests/helpers/"
+
+
+def test_the_files_started_first_exist():
+    assert [name for name in LONGEST_FILES if not (TESTS / name).is_file()] == [], \
+        "a test file named in tests/helpers/file_order.py was renamed or removed: update LONGEST_FILES"
 
 
 def test_the_check_sees_absolute_relative_and_function_level_imports(tmp_path):

@@ -396,7 +396,7 @@ def _models(embedder: Embedder, dtypes: set[torch.dtype]) -> tuple[dict[torch.dt
         if dtype == torch.int8:
             from faste_mm.model.cpu.int8 import quantize_model
 
-            quantize_model(model)
+            quantize_model(model, choice.int8_codes)
         loaded = replace(embedder.loaded, backbone=embedder.family.adapter(model), dtype_choice=choice)
         models[dtype] = Embedder(loaded, embedder.batching)
         prepare_s[dtype] = time.perf_counter() - started

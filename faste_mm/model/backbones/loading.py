@@ -38,6 +38,8 @@ class DtypeChoice:
     reason: str
     # torch.int8 only: the dtype of everything but the int8 linear layers (model/cpu/int8.py)
     rest: torch.dtype | None = None
+    # torch.int8 only: how the int8 layers code their activations (`Int8Trial.codes`)
+    int8_codes: str = "u8"
 
     @property
     def weights_dtype(self) -> torch.dtype:
@@ -114,7 +116,7 @@ def choose_dtype(
                               f"({rest_name} here); {INT8_TRIAL_ENV}=skip "
                               f"takes int8 anyway")
         return DtypeChoice(torch.int8, f"asked for (--dtype int8): int8 linear layers on {feature}, the rest "
-                                       f"{rest_name}; {trial.describe()}", rest)
+                                       f"{rest_name}; {trial.describe()}", rest, trial.codes)
     if dtype != "auto":
         if dtype not in _DTYPES:
             raise ConfigError(f"dtype must be 'auto', 'int8' or one of {', '.join(_DTYPES)}, got {dtype!r}")
@@ -261,7 +263,7 @@ def load_model(
     if dtype_choice.dtype == torch.int8:  # loaded in `rest`, its linear layers quantized here
         from faste_mm.model.cpu.int8 import quantize_model
 
-        quantize_model(model)
+        quantize_model(model, dtype_choice.int8_codes)
     return assemble(model, preprocessor, model_id, revision, serializer_config, prompt, dtype_choice)
 
 

@@ -8,6 +8,13 @@ model's other dtype: bfloat16 where the CPU multiplies it natively, float32 othe
     y       = (codes_x @ codes_W.T) * scale_W       oneDNN int8 GEMM, scale per output column
     y       = y * max|x_row| / 126 (+ bias)         the row's step, in x's dtype
 
+The activation codes reach oneDNN as uint8 with a zero point of 128 ("u8": codes_x + 128, in
+[2, 254]; oneDNN subtracts the 128 in its int32 sums, so the output is bit-identical) or as int8
+("s8"). u8 x s8 is the operand form of the x86 int8 dot-product instructions (VNNI's vpdpbusd,
+AMX's tdpbusd): on a 2-core AMD EPYC with avx512_vnni, oneDNN ran s8 activations through a
+reference kernel at 0.01 GFLOP/s and u8 ones at ~80 GFLOP/s, 1.9x its bfloat16 linear. The trial
+measures both and keeps the faster (`Int8Trial.codes`).
+
 Why not torch.ao's dynamic int8 linear (the path before): it takes and returns float32, so in a
 bfloat16 model every projection paid a cast in and out, and it quantizes the activations per
 tensor, so one outlier token sets the step of every other. Measured on a 2-core Xeon with AMX
@@ -15,8 +22,7 @@ tensor, so one outlier token sets the step of every other. Measured on a 2-core 
 per token, all-MiniLM-L6-v2's real weights keep cosine 0.997 to float32, where per tensor gave 0.968.
 
 Whether int8 pays is measured, not read off the flags: the same flags can hide a kernel that does
-not use them (on a 2-core AMD EPYC with avx512_vnni, oneDNN's int8 linear ran at 0.1 GFLOP/s, 2,000x
-slower than bfloat16). `int8_trial` times this module against the rest dtype's linear layer on this
+not use them (the s8 activations above, 2,000x slower than bfloat16 on that AMD EPYC). `int8_trial` times this module against the rest dtype's linear layer on this
 CPU, a small probe first so that a slow kernel is caught in a fraction of a second, and `choose_dtype`
 accepts `--dtype int8` only when the trial says it is faster; the verdict is cached like the other
 kernel choices (by CPU model, flags and torch version).
@@ -47,6 +53,9 @@ SKIPPED = ("embed_tokens", "lm_head")
 STEPS = 126.0
 # the smallest max|x_row| divided by: an all-zero row stays zero (126 / 1e-30 is finite in bfloat16)
 TINY = 1e-30
+# how activation codes reach oneDNN (module docstring): uint8 shifted by ZERO_POINT, or int8
+ACTIVATION_CODES = ("u8", "s8")
+ZERO_POINT = 128
 # "auto" runs the trial; "skip" takes int8 without it (you measured it yourself, or test the layer's
 # numbers on a CPU where it is slow)
 INT8_TRIAL_ENV = "FASTE_MM_INT8_TRIAL"
@@ -87,6 +96,7 @@ class Int8Trial:
     rest: str  # "bfloat16" or "float32"
     shape: tuple[int, int, int]
     how: str
+    codes: str = "u8"  # the activation codes measured faster (`ACTIVATION_CODES`)
 
     @property
     def speedup(self) -> float:
@@ -99,35 +109,44 @@ class Int8Trial:
             return f"int8 linear taken without a trial ({INT8_TRIAL_ENV}=skip)"
         when = "measured" if self.how == "measured" else "measured earlier (cached)"
         rows, k, n = self.shape
-        return (f"int8 linear {self.speedup:.2g}x {self.rest} at {rows}x{k}x{n} ({self.int8_s * 1e3:.3g} ms vs "
-                f"{self.rest_s * 1e3:.3g} ms), {when} on this CPU")
+        return (f"int8 linear ({self.codes} activations) {self.speedup:.2g}x {self.rest} at {rows}x{k}x{n} "
+                f"({self.int8_s * 1e3:.3g} ms vs {self.rest_s * 1e3:.3g} ms), {when} on this CPU")
 
     def to_dict(self) -> dict:
         return {**asdict(self), "speedup": self.speedup, "text": self.describe()}
 
 
 def int8_trial(rest: torch.dtype, cpu_flags: frozenset[str], cache: TrialCache | None = None, timer=timed) -> Int8Trial:
-    """Time `Int8Linear` against `rest`'s linear layer on this CPU: the probe shape first (stops the
-    trial where int8 at `TRIAL_SHAPE` would pass `PROBE_LIMIT_S`), then `TRIAL_SHAPE`, each mirrored
-    (`kernel_choice.fastest`). Accepted when int8 takes at most `MARGIN` of the rest dtype's time.
+    """Time `Int8Linear`, with each of `ACTIVATION_CODES`, against `rest`'s linear layer on this
+    CPU: the probe shape first (an encoding whose time at `TRIAL_SHAPE` would pass `PROBE_LIMIT_S`
+    goes no further; none left stops the trial), then `TRIAL_SHAPE`, each mirrored
+    (`kernel_choice.fastest`). Accepted when int8's faster encoding takes at most `MARGIN` of the
+    rest dtype's time.
     The verdict is cached (`cache`, default this machine's kernel cache); $FASTE_MM_INT8_TRIAL=skip
     accepts without measuring. `timer(run)` -> (seconds, result) times each call (warm-ups too)."""
     rest_name = str(rest).removeprefix("torch.")
     if requested_choice(INT8_TRIAL_ENV, INT8_TRIAL_CHOICES, "int8 trial") == "skip":
         return Int8Trial(True, 0.0, 0.0, rest_name, TRIAL_SHAPE, "asked")
     cache = cache if cache is not None else TrialCache(machine_key(cpu_flags))
-    bucket = f"cpu int8 linear vs {rest_name} {'x'.join(map(str, TRIAL_SHAPE))}"
+    bucket = trial_bucket(rest_name)
     record = cache.get(bucket)
     if record is not None and isinstance(record.get("verdict"), dict):
         return Int8Trial(**{**record["verdict"], "shape": tuple(record["verdict"]["shape"]), "how": "cached"})
-    verdict = _measured(rest, PROBE_SHAPE, timer)
-    predicted_s = verdict.int8_s * _flops(TRIAL_SHAPE) / _flops(PROBE_SHAPE)
-    if verdict.int8_s <= verdict.rest_s / MARGIN or predicted_s <= PROBE_LIMIT_S:
-        verdict = _measured(rest, TRIAL_SHAPE, timer)
+    verdict, seconds = _measured(rest, PROBE_SHAPE, timer, ACTIVATION_CODES)
+    scale = _flops(TRIAL_SHAPE) / _flops(PROBE_SHAPE)
+    going_on = tuple(codes for codes in ACTIVATION_CODES
+                     if seconds[codes] <= verdict.rest_s / MARGIN or seconds[codes] * scale <= PROBE_LIMIT_S)
+    if going_on:
+        verdict, _ = _measured(rest, TRIAL_SHAPE, timer, going_on)
     cache.put(bucket, "int8" if verdict.accepted else rest_name, {"int8": verdict.int8_s, rest_name: verdict.rest_s},
               verdict={k: v for k, v in asdict(verdict).items() if k != "how"})
     log.debug("%s", verdict.describe())
     return verdict
+
+
+def trial_bucket(rest_name: str) -> str:
+    """The kernel cache's key for the verdict against `rest_name` ("bfloat16" or "float32")."""
+    return f"cpu int8 linear (u8|s8 activations) vs {rest_name} {'x'.join(map(str, TRIAL_SHAPE))}"
 
 
 def _flops(shape: tuple[int, int, int]) -> int:
@@ -136,27 +155,38 @@ def _flops(shape: tuple[int, int, int]) -> int:
 
 
 @torch.inference_mode()
-def _measured(rest: torch.dtype, shape: tuple[int, int, int], timer) -> Int8Trial:
+def _measured(rest: torch.dtype, shape: tuple[int, int, int], timer,
+              encodings: tuple[str, ...]) -> tuple[Int8Trial, dict[str, float]]:
+    """The verdict at `shape` for int8's fastest of `encodings`, and each candidate's seconds."""
     rows, k, n = shape
     generator = torch.Generator().manual_seed(0)
     linear = torch.nn.Linear(k, n, bias=False)
     torch.nn.init.normal_(linear.weight, std=k**-0.5, generator=generator)
     x = torch.randn(rows, k, generator=generator).to(rest)
-    quantized, plain = Int8Linear(linear), linear.to(rest)
-    candidates = {"int8": lambda: quantized(x), "rest": lambda: plain(x)}
+
+    def call(layer: torch.nn.Module):
+        return lambda: layer(x)
+
+    candidates = {codes: call(Int8Linear(linear, codes)) for codes in encodings}
+    candidates["rest"] = call(linear.to(rest))
     for run in candidates.values():  # warm-up: oneDNN's kernel selection and packing
         timer(run)
     _, seconds, _ = fastest(candidates, timer)
-    return Int8Trial(seconds["int8"] <= MARGIN * seconds["rest"], seconds["int8"], seconds["rest"],
-                     str(rest).removeprefix("torch."), shape, "measured")
+    codes = min(encodings, key=lambda name: seconds[name])
+    verdict = Int8Trial(seconds[codes] <= MARGIN * seconds["rest"], seconds[codes], seconds["rest"],
+                        str(rest).removeprefix("torch."), shape, "measured", codes)
+    return verdict, seconds
 
 
 class Int8Linear(torch.nn.Module):
     """`linear` with int8 weights (a scale per output channel), its input quantized per row at
     each call (module docstring). Input and output in the caller's dtype (bfloat16 or float32)."""
 
-    def __init__(self, linear: torch.nn.Linear) -> None:
+    def __init__(self, linear: torch.nn.Linear, codes: str = "u8") -> None:
         super().__init__()
+        if codes not in ACTIVATION_CODES:
+            raise ValueError(f"codes must be one of {ACTIVATION_CODES}, got {codes!r}")
+        self.codes = codes
         self.in_features, self.out_features = linear.in_features, linear.out_features
         weight = linear.weight.detach().float()
         self.weight_scale = weight.abs().amax(1).clamp_min(TINY) / 127
@@ -169,25 +199,30 @@ class Int8Linear(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features).contiguous()
         peak = rows.abs().amax(-1, keepdim=True).float().clamp_min_(TINY)  # [N, 1]
-        codes = (rows * (STEPS / peak).to(rows.dtype)).round_().to(torch.int8)
-        out = torch.ops.onednn.qlinear_pointwise(codes, 1.0, 0, self.packed, self.weight_scale, self.zero_points,
+        codes = (rows * (STEPS / peak).to(rows.dtype)).round_()
+        if self.codes == "u8":  # exact in bfloat16 too: integers up to 256 are
+            codes, zero_point = codes.add_(ZERO_POINT).to(torch.uint8), ZERO_POINT
+        else:
+            codes, zero_point = codes.to(torch.int8), 0
+        out = torch.ops.onednn.qlinear_pointwise(codes, 1.0, zero_point, self.packed, self.weight_scale, self.zero_points,
                                                  None, 1.0, 0, rows.dtype, "none", [], "")
         step = (peak / STEPS).to(rows.dtype)
         out = out.mul_(step) if self.bias is None else torch.addcmul(self.bias.to(rows.dtype), out, step)
         return out.view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, int8"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"int8 ({self.codes} activations)")
 
 
-def quantize_model(model: torch.nn.Module) -> int:
-    """Replace the linear layers of `model` (any float dtype) except `SKIPPED` with `Int8Linear`;
-    returns how many."""
+def quantize_model(model: torch.nn.Module, codes: str = "u8") -> int:
+    """Replace the linear layers of `model` (any float dtype) except `SKIPPED` with `Int8Linear`
+    (activations coded as `codes`: `Int8Trial.codes` where a trial ran); returns how many."""
     count = 0
     for _, child in list(model.named_modules()):
         for child_name, layer in list(child.named_children()):
             if type(layer) is torch.nn.Linear and child_name not in SKIPPED:
-                setattr(child, child_name, Int8Linear(layer))
+                setattr(child, child_name, Int8Linear(layer, codes))
                 count += 1
-    log.info("int8: %d linear layers quantized (oneDNN, per-token activations)", count)
+    log.info("int8: %d linear layers quantized (oneDNN, per-token %s activations)", count, codes)
     return count
