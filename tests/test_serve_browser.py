@@ -12,6 +12,8 @@ import os
 import pytest
 
 from faste_mm import BatchingConfig, Embedder, Retriever
+from faste_mm.retrieval.search_request import DEFAULTS, OPTIONS
+from faste_mm.serving.options_route import search_options
 from tests.helpers.browser import CHROMIUM, browser, serving  # noqa: F401 (the shared browser fixture)
 from tests.helpers.serve_fixtures import make_gallery, scene_image
 from tests.helpers.inputs import tiny_vl_dir
@@ -55,8 +57,8 @@ def test_search_page_queries_uploads_more_like_this_and_reloads_from_the_url(bro
     page.wait_for_selector("#collection strong")
     assert "12 items" in page.inner_text("#collection")  # 10 images + 2 PDF pages
 
-    # type a query, Enter submits: k cards, each image with its thumbnail, the query in the URL
-    page.select_option("#k", "12")
+    # type a query, Enter submits: k cards (k past the 12 items), each image with its thumbnail, the query in the URL
+    page.select_option("#k", str(search_options()["page"]["k"][1]))
     page.fill("#q", "a sunset over the sea")
     page.press("#q", "Enter")
     page.wait_for_selector(".card")
@@ -95,6 +97,38 @@ def test_search_page_queries_uploads_more_like_this_and_reloads_from_the_url(bro
     page.wait_for_selector(".card")
     assert page.input_value("#q") == "forest" and page.input_value("#k") == "24"
     assert page.locator(".card").count() == 12  # the collection holds 12 items
+    assert not errors, errors
+
+
+def test_the_pages_controls_are_the_declared_options_and_a_search_sends_the_declared_k(browser, server):
+    url, _ = server
+    page, errors = _watched_page(browser)
+    page.goto(url + "/")
+    page.wait_for_selector("#collection strong")
+
+    def values(select: str) -> list[str]:
+        return page.eval_on_selector_all(f"{select} option", "options => options.map(o => o.value)")
+
+    assert page.input_value("#k") == str(DEFAULTS["k"])
+    assert values("#k") == [str(k) for k in search_options()["page"]["k"]]
+    assert values("#mode") == list(OPTIONS["mode"].choices) and page.input_value("#mode") == DEFAULTS["mode"]
+    assert values("#f-sort") == list(OPTIONS["sort"].choices) and page.input_value("#f-sort") == DEFAULTS["sort"]
+    assert values("#f-type") == ["", *OPTIONS["type"].choices]
+    page.fill("#q", "a sunset over the sea")
+    with page.expect_request(lambda asked: asked.url.endswith("/search") and asked.method == "POST") as asked:
+        page.press("#q", "Enter")
+    body = asked.value.post_data_json
+    assert (body["k"], body["mode"], body["sort"]) == (DEFAULTS["k"], DEFAULTS["mode"], DEFAULTS["sort"])
+    page.wait_for_selector(".card")
+    assert page.locator(".card").count() == DEFAULTS["k"] and "k=" not in page.url  # the default stays out of links
+    # a shared link's k that the menu lacks is kept, in order; one past the server's bounds is the default
+    page.goto(url + f"/?q=forest&k={DEFAULTS['k'] + 1}")
+    page.wait_for_selector(".card")
+    assert page.input_value("#k") == str(DEFAULTS["k"] + 1)
+    assert [int(v) for v in values("#k")] == sorted(int(v) for v in values("#k"))
+    page.goto(url + f"/?q=forest&k={OPTIONS['k'].maximum('http') + 1}")
+    page.wait_for_selector(".card")
+    assert page.input_value("#k") == str(DEFAULTS["k"])
     assert not errors, errors
 
 
