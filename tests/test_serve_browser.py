@@ -137,8 +137,6 @@ def test_search_page_reranks_shows_both_scores_and_why_this_result(browser, serv
     page, errors = _watched_page(browser)
     page.goto(url + "/")
     page.wait_for_selector("#rerank-toggle:not([hidden])")
-    from faste_mm.retrieval.search_request import DEFAULTS
-
     assert f"top {DEFAULTS['rerank_top']} hits" in page.get_attribute("#rerank-toggle", "title")  # the server's depth (/info)
     page.check("#rerank")
     page.fill("#q", "a sunset over the sea")
@@ -146,7 +144,7 @@ def test_search_page_reranks_shows_both_scores_and_why_this_result(browser, serv
     page.wait_for_selector(".card .rerank-row:not([hidden]), #banner:not([hidden])", timeout=120_000)
     assert page.locator("#banner").is_hidden(), page.inner_text("#banner-text")
     scores = page.locator(".card .rerank-value").all_inner_texts()
-    assert len(scores) == 12 and all(float(s) > 0 for s in scores[:3])  # both scores on every card
+    assert len(scores) == DEFAULTS["k"] and all(float(s) > 0 for s in scores[:3])  # both scores on every card
     page.locator(".card").first.locator(".why").click()
     page.wait_for_selector(".card .why-panel:not([hidden]), #banner:not([hidden])", timeout=120_000)
     assert page.locator("#banner").is_hidden(), page.inner_text("#banner-text")
@@ -257,7 +255,8 @@ def test_search_page_shows_the_later_search_when_an_earlier_reply_arrives_last(b
     page, errors = _watched_page(browser)
     page.add_init_script(COUNT_SETTLED_SEARCHES)
     page.goto(url + "/?q=sunset")
-    page.wait_for_function("() => document.querySelectorAll('.card').length === 12 && window.settledSearches === 1")
+    page.wait_for_function(f"() => document.querySelectorAll('.card').length === {DEFAULTS['k']} "
+                           f"&& window.settledSearches === 1")
     held = []
 
     def hold_the_earlier(route):  # told apart by body, not by order: an aborted request may never get here
@@ -277,7 +276,7 @@ def test_search_page_shows_the_later_search_when_an_earlier_reply_arrives_last(b
             pass
     page.wait_for_function("() => window.settledSearches === 3")  # both later fetches handled by the page
     kinds = page.eval_on_selector_all(".card", "cards => cards.map(c => c.dataset.kind)")
-    assert kinds == ["pdf", "pdf"], kinds  # the 2 PDF pages, not the 12 hits of "Newest first" alone
+    assert kinds == ["pdf", "pdf"], kinds  # the 2 PDF pages, not the k hits of "Newest first" alone
     assert "type pdf" in page.inner_text("#status-text")
     assert "sort=-date" in page.url and "type=pdf" in page.url
     assert page.input_value("#f-sort") == "-date" and page.input_value("#f-type") == "pdf"
