@@ -44,9 +44,10 @@ SORTS = ("relevance", "date", "-date")  # "date": oldest first, "-date": newest 
 KINDS = ("image", "pdf", "text", "video")  # faste_mm.kinds.KINDS (a test keeps them equal)
 MAX_K = 1000  # a server answers at most this many hits per request (each is a JSON object)
 # A query is a sentence or a paragraph: a longer text is searched by its first MAX_QUERY_CHARS
-# characters (logged), in every front end: the request cuts it, so its filters are read from those
-# too. Past this the words add little to one query vector but cost a reranker every pair's tokens
-# (a 300 KB query with the collection's reranker took a minute) and reading its filters 1.6 s a MB.
+# characters (logged), in every front end: the request cuts it, so nothing after it (the filters read
+# from the text, the server's token count) ever reads more. Past this the words add little to one
+# query vector but cost a reranker every pair's tokens: a 300 KB query with the collection's
+# reranker took a minute.
 MAX_QUERY_CHARS = 2_000
 MAX_MCP_K = 50  # each MCP hit carries a thumbnail: 50 is already more than an assistant can look at
 # What `where` takes, in every front end (the JSON body's and the MCP schema's types are made from
