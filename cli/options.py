@@ -129,9 +129,11 @@ Rerank = Annotated[Optional[str], typer.Option(
     help="A reranker (hub id or folder, e.g. Qwen/Qwen3-VL-Reranker-2B) for a second stage: search reranks its top "
          "--rerank-top hits (default: the collection's reranker, index --reranker), eval its top candidates, serve "
          "answers /v1/rerank. Default: none.")]
+# eval's --rerank-top (search's is the search option's, cli/search_command.py): the default is shown from eval's
+# own parameter, so no number is written here
 RerankTop = Annotated[int, typer.Option(
-    "--rerank-top", envvar="FASTE_MM_RERANK_TOP", min=1, show_default=False,
-    help="Candidates per query the reranker re-scores. Default 50 (search), 20 (eval).")]
+    "--rerank-top", envvar="FASTE_MM_RERANK_TOP", min=1, show_default=True,
+    help="Candidates per query the reranker re-scores (eval: each query's top candidates).")]
 RerankRMax = Annotated[str, typer.Option(
     "--rerank-r-max", envvar="FASTE_MM_RERANK_R_MAX", show_default=False,
     help="FastE on the reranker: largest share of each pair's prefix removed, 0 <= r < 1 (eval: comma-separated). "

@@ -1,6 +1,7 @@
 """`encode_query` / `encode_document` (the sentence-transformers names) on `Embedder` and on
-`Retriever`: the same vectors as the plural forms, a lone string taken as one input, and the
-retriever's forms using the collection's settings (what `search` and `index` use)."""
+`Retriever`: the same vectors as the plural forms, a lone string, image or Item taken as one
+input (by the plural forms too), and the retriever's forms using the collection's settings (what
+`search` and `index` use)."""
 
 from __future__ import annotations
 
@@ -40,6 +41,27 @@ def test_a_lone_input_is_one_item_not_its_characters(vl_embedder, one):
 def test_a_lone_image_path_is_one_document(vl_embedder, image_dir):
     result = vl_embedder.encode_document(image_dir / "red.png")
     np.testing.assert_array_equal(result.embeddings, vl_embedder.encode_documents([image_dir / "red.png"]).embeddings)
+
+
+def test_the_plural_forms_take_a_lone_input_as_one_query_or_document(vl_embedder, image_dir, tmp_path):
+    """`encode_queries("a bear")` is one query, not one per character; a lone image or Item too,
+    on the Embedder and the Retriever alike (the one rule: `items.expand_items`)."""
+    from PIL import Image
+
+    picture = Image.open(image_dir / "red.png")
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    noise_image(folder / "a.png", (64, 64), 3)
+    with Retriever(vl_embedder, collection=tmp_path / "col") as retriever:
+        retriever.index([folder])
+        for owner in (vl_embedder, retriever):
+            for one in ("a bear", Item(text="a bear"), image_dir / "red.png", picture):
+                alone, listed = owner.encode_queries(one), owner.encode_queries([one])
+                assert alone.embeddings.shape == (1, vl_embedder.dim), (type(owner).__name__, one)
+                np.testing.assert_array_equal(alone.embeddings, listed.embeddings)
+            for one in (image_dir / "red.png", picture, "a note about bears"):
+                np.testing.assert_array_equal(owner.encode_documents(one).embeddings,
+                                              owner.encode_documents([one]).embeddings)
 
 
 def test_retriever_encodes_with_the_collection_settings(vl_embedder, tmp_path):

@@ -46,7 +46,7 @@ def test_the_tools_answer_over_http_with_the_key(world):
         reference = Retriever(world["embedder"], collection=world["col"]).search("a forest at dusk", k=3)
         assert [h["id"] for h in found["hits"]] == [h.id for h in reference]
         assert "may not index anything" in error_text(session.call("index", {"paths": [str(world["col"])]}))
-        assert "at most" in error_text(session.call("search", {"query": "x" * 20_000}))
+        assert "argument `where`: search where must be" in error_text(session.call("search", {"query": "x", "where": 5}))
         assert "has no reranker" in error_text(session.call("explain", {"query": "a forest", "id": 0}))
         assert "has no reranker" in error_text(session.call("search", {"query": "a forest", "rerank": True}))
         assert not session.call("info").is_error  # still serving after the refusals

@@ -1,8 +1,8 @@
 """`faste-mm mcp` driven by the official MCP SDK's stdio client, one server process for the
 module: initialize, tools/list with schemas and annotations, each tool (answers checked against
 their outputSchema and against `Retriever.search`), resources, progress of the index tool, and
-hostile arguments (paths outside the collection, /proc, FIFOs, huge k, a 10 MB query) answered
-with isError while the server keeps serving."""
+hostile arguments (paths outside the collection, /proc, FIFOs, huge k) answered with isError
+while the server keeps serving; a 10 MB query is searched by its first MAX_QUERY_CHARS characters."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ from typer.testing import CliRunner  # noqa: E402
 
 from faste_mm import BatchingConfig, Embedder, Retriever  # noqa: E402
 from faste_mm.cli.app import app  # noqa: E402
-from faste_mm.serving.mcp_tools import MAX_K, MAX_QUERY_CHARS, PREVIEW_PX  # noqa: E402
+from faste_mm.retrieval.search_request import MAX_QUERY_CHARS  # noqa: E402
+from faste_mm.serving.mcp_tools import MAX_K, PREVIEW_PX  # noqa: E402
 from tests.helpers.mcp_fixtures import check_structured, error_text, images_of, open_session, tiny_collection  # noqa: E402
 from tests.helpers.warm_process import cli_command, installed_cli  # noqa: E402
 from tests.helpers.rerank_fixtures import reranker_dirs  # noqa: E402, F401
@@ -161,7 +162,6 @@ def test_resources_list_and_read_items(client):
 @pytest.mark.parametrize("arguments, message", [
     ({"query": "x", "k": 10**9}, f"less than or equal to {MAX_K}"),
     ({"query": "x", "k": "many"}, "argument `k`"),
-    ({"query": "x" * (10 << 20)}, f"at most {MAX_QUERY_CHARS} characters (got 10,485,760)"),
     ({"query": "x", "colour": "red"}, "argument `colour`: unknown argument"),
     ({"image": "/proc/self/environ"}, "never read"),
     ({"image": "/etc/passwd"}, "is not a file of the collection"),
@@ -176,6 +176,14 @@ def test_hostile_search_arguments_are_refused_and_the_server_keeps_serving(clien
                  if isinstance(value, str) else value for key, value in arguments.items()}
     assert message in error_text(client.call("search", arguments))
     assert not client.call("search", {"query": "still serving", "k": 1}).is_error
+
+
+def test_a_10_mb_query_is_searched_by_its_first_characters_as_in_every_front_end(client, tools):
+    huge = check_structured(tools, "search", client.call("search", {"query": "x" * (10 << 20), "k": 1, "rerank": False,
+                                                                    "thumbnails": False}))
+    cut = check_structured(tools, "search", client.call("search", {"query": "x" * MAX_QUERY_CHARS, "k": 1,
+                                                                   "rerank": False, "thumbnails": False}))
+    assert huge["hits"] == cut["hits"] and huge["query"]["text"] == "x" * MAX_QUERY_CHARS
 
 
 def test_unknown_ids_and_uris_are_refused_by_name(client):

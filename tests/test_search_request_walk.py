@@ -2,10 +2,11 @@
 same request asked of the Python API, the command line (here and answered by a running server:
 the thin client), POST /search as JSON and as a form, the MCP `search` tool (the official SDK's
 client over /mcp), LangChain and LlamaIndex has the same defaults and gives the same hits,
-reranked by default or not. Also: the manual's table and the front ends' own code restate no
-option; more like this is one thing everywhere; a 300 KB query is searched by its first 2,000
-characters; `search --mode lexical` imports no torch; the Embedder and the Retriever embed a
-query with the same instruction."""
+reranked by default or not. Also: the manual's table, the front ends' own code and the search page
+restate no option (the page builds its controls from GET /search/options); `where` takes the same
+shapes everywhere and a wrong one is named alike; more like this is one thing everywhere; a 300 KB
+query (Python) or a long one (MCP) is searched by its first 2,000 characters; `search --mode
+lexical` imports no torch; the Embedder and the Retriever embed a query with the same instruction."""
 
 from __future__ import annotations
 
@@ -29,12 +30,15 @@ from typer.testing import CliRunner  # noqa: E402
 
 from faste_mm import Retriever  # noqa: E402
 from faste_mm.cli.app import app  # noqa: E402
-from faste_mm.retrieval.search_request import DEFAULTS, MAX_QUERY_CHARS, OPTIONS, options_for, options_table  # noqa: E402
+from faste_mm.errors import ConfigError  # noqa: E402
+from faste_mm.retrieval.search_request import (DEFAULTS, MAX_QUERY_CHARS, OPTIONS, WHERE_SHAPES, options_for,  # noqa: E402
+                                               options_table)
 from faste_mm.serving.discovery import find_server  # noqa: E402
 from tests.helpers.bounds import first_line  # noqa: E402
 from tests.helpers.photo_fixtures import exif_block, make_photo  # noqa: E402
 from tests.helpers.warm_process import start_cli  # noqa: E402
-from tests.helpers.mcp_fixtures import check_structured, http_transport, open_session, tiny_collection  # noqa: E402
+from tests.helpers.mcp_fixtures import (check_structured, error_text, http_transport, open_session,  # noqa: E402
+                                        tiny_collection)
 from tests.helpers.rerank_fixtures import reranker_dirs  # noqa: E402, F401
 
 ROOT = Path(__file__).parents[1]
@@ -156,23 +160,55 @@ def test_the_manuals_search_options_table_is_the_generated_one():
     assert options_table() in manual, "docs/search.md: paste the table printed by python -m faste_mm.retrieval.search_request"
 
 
+FRONT_ENDS = ["cli/search_command.py", "cli/server_search.py", "cli/options.py", "faste_mm/serving/inputs.py",
+              "faste_mm/serving/api.py", "faste_mm/serving/engine.py", "faste_mm/serving/mcp_tools.py",
+              "faste_mm/serving/discovery.py", "faste_mm/serving/rerank.py", "faste_mm/serving/options_route.py",
+              "faste_mm/integrations/langchain.py", "faste_mm/integrations/llama_index.py",
+              "faste_mm/integrations/frameworks.py", "faste_mm/retrieval/retriever.py", "faste_mm/bench/client.py"]
+PAGE = ["faste_mm/serving/static/index.html", "faste_mm/serving/static/app.js"]
+
+
+def _literal(default) -> str:
+    return rf"[\"']{re.escape(default)}[\"']" if isinstance(default, str) else rf"{default}\b"
+
+
 def test_no_front_end_restates_an_options_default_or_bound():
     """The options are declared once: a front end's own code never writes `k: int = 10`,
-    `rerank_top=50`, `Field(10, ...)` or a hand list of the sorts or modes."""
-    fronts = ["cli/search_command.py", "cli/server_search.py", "faste_mm/serving/inputs.py", "faste_mm/serving/api.py",
-              "faste_mm/serving/engine.py", "faste_mm/serving/mcp_tools.py", "faste_mm/serving/discovery.py",
-              "faste_mm/serving/rerank.py", "faste_mm/integrations/langchain.py", "faste_mm/integrations/llama_index.py",
-              "faste_mm/integrations/frameworks.py", "faste_mm/retrieval/retriever.py"]
-    for path in fronts:
+    `rerank_top=50`, `Field(10, ...)`, `"-k", default=10`, a help saying "Default 50", its own check
+    of a bound ("k must be in 1..1000"), its own query length, or a hand list of the sorts or modes."""
+    for path in FRONT_ENDS:
         code = (ROOT / path).read_text(encoding="utf-8")
         for name, default in DEFAULTS.items():
+            declared = OPTIONS[name]
             if isinstance(default, (int, str)) and not isinstance(default, bool):
-                literal = rf"[\"']{re.escape(default)}[\"']" if isinstance(default, str) else rf"{default}\b"
-                pattern = rf"\b{name}\s*(?::[^=\n]*)?=\s*{literal}"
-                assert not re.search(pattern, code), f"{path} restates {name}'s default {literal}"
+                pattern = rf"\b{name}\s*(?::[^=\n]*)?=\s*{_literal(default)}"
+                assert not re.search(pattern, code), f"{path} restates {name}'s default {default!r}"
+                for flag in filter(None, [declared.flag]):  # the flag's declaration: up to the next one
+                    for at in [m.end() for m in re.finditer(rf"[\"']{re.escape(flag)}[\"']", code)]:
+                        call = re.split(r"\n\w|add_argument\(|Annotated\[", code[at:at + 600])[0]
+                        assert not re.search(rf"default\s*=\s*{_literal(default)}", call), f"{path}: {flag} default"
+                        assert not re.search(rf"[Dd]efault:?\s+{re.escape(str(default))}\b", call), \
+                            f"{path}: {flag}'s help says its default {default!r}"
+            if declared.kind in ("int", "float"):
+                assert not re.search(rf"\b{name} must be", code), f"{path} checks {name}'s bounds with its own words"
         assert not re.search(r'"relevance",\s*"date",\s*"-date"', code), f"{path} restates the sorts"
         assert not re.search(r'Literal\["dense",\s*"lexical"', code), f"{path} restates the modes"
         assert "SEARCH_RERANK_TOP" not in code and "MAX_K = 50" not in code, path
+        assert not re.search(r"MAX_QUERY_CHARS\s*=|\"query\":\s*\{\"max_length\"", code), f"{path}: its own query cut"
+
+
+def test_the_search_page_lists_no_option_and_writes_no_default():
+    """The page builds k, mode, order and type from GET /search/options: its HTML lists none of
+    the declared choices nor a number of results, its script compares with no default."""
+    html, script = ((ROOT / path).read_text(encoding="utf-8") for path in PAGE)
+    for name in ("mode", "sort", "type"):
+        for choice in OPTIONS[name].choices:
+            assert f'<option value="{choice}"' not in html, f"index.html lists the {name} {choice!r}"
+    assert not re.search(r'<option value="\d+"', html), "index.html lists its own numbers of results"
+    for name, default in DEFAULTS.items():
+        if isinstance(default, (int, str)) and not isinstance(default, bool):
+            assert not re.search(rf"[\"']{re.escape(str(default))}[\"']", script), f"app.js writes {name}'s default"
+    assert not re.search(r"\bk\b\s*[!=]==?\s*[\"']?\d", script), "app.js compares k with a number of its own"
 
 
 def test_more_like_this_is_one_thing_in_python_the_cli_the_page_and_mcp(world):
@@ -214,6 +250,65 @@ def test_mcp_search_takes_every_option_and_its_hits_carry_their_facts(world):
     kenya = _mcp(world, {"query": QUERY, "where": {"country": "Kenya"}, "rerank": False, "thumbnails": False})
     words = _mcp(world, {"query": QUERY, "where": ["country=Kenya"], "rerank": False, "thumbnails": False})
     assert kenya["hits"] == words["hits"] and [Path(h["uri"]).name for h in kenya["hits"]] == ["nairobi.jpg"]
+
+
+def _mcp_error(world, arguments: dict) -> str:
+    with open_session(http_transport(world["url"] + "mcp", world["headers"], timeout=300)) as session:
+        return error_text(session.call("search", arguments))
+
+
+def test_where_takes_the_same_shapes_in_python_json_and_mcp_and_names_them_when_wrong(world):
+    shapes = {"one condition": "country=Kenya", "conditions": ["country=Kenya"], "mapping": {"country": "Kenya"}}
+    with Retriever(world["embedder"], collection=world["col"]) as retriever:
+        for shape, where in shapes.items():
+            python = [Path(h.uri).name for h in retriever.search(QUERY, where=where, rerank=False)]
+            http = [h["name"] for h in _http(world, {"query": QUERY, "where": where, "rerank": False})["hits"]]
+            mcp = _mcp(world, {"query": QUERY, "where": where, "rerank": False, "thumbnails": False})
+            assert python == http == [h["name"] for h in mcp["hits"]] == ["nairobi.jpg"], shape
+        # one value per key (a list is not "any of"), conditions are strings, and nothing else is a `where`
+        for wrong in ({"country": ["Kenya"]}, ["country=Kenya", 3], 5):
+            with pytest.raises(ConfigError) as python:
+                retriever.search(QUERY, where=wrong)
+            http = httpx2.post(world["url"] + "search", json={"query": QUERY, "where": wrong}, headers=world["headers"],
+                               timeout=60)
+            mcp = _mcp_error(world, {"query": QUERY, "where": wrong})
+            assert http.status_code == 400
+            for message in (str(python.value), http.json()["error"]["message"], mcp):
+                assert f"where must be {WHERE_SHAPES}" in message, message
+                assert "Input should be" not in message, message  # not pydantic's complaint per union member
+            assert "argument `where`" in mcp
+
+
+def test_mcp_searches_a_long_query_by_its_first_max_query_chars_characters(world):
+    long = ("a picnic by the lake under a red umbrella, " * 200)[:3 * MAX_QUERY_CHARS]
+    whole = _mcp(world, {"query": long, "k": 3, "rerank": False, "thumbnails": False})
+    cut = _mcp(world, {"query": long[:MAX_QUERY_CHARS], "k": 3, "rerank": False, "thumbnails": False})
+    assert whole["hits"] == cut["hits"] and whole["query"]["text"] == long[:MAX_QUERY_CHARS]
+    assert "maxLength" not in whole["schema"]["properties"]["query"]  # no length of MCP's own
+
+
+def test_the_search_options_route_is_the_declaration(world):
+    from faste_mm.serving.options_route import search_options
+
+    answer = httpx2.get(world["url"] + "search/options", timeout=60)  # public, like the page
+    assert answer.status_code == 200 and answer.json() == search_options()
+    options = answer.json()["options"]
+    assert set(options) == set(options_for("http"))
+    for name, shown in options.items():
+        assert shown["default"] == DEFAULTS[name] and shown.get("choices", []) == list(OPTIONS[name].choices), name
+    assert options["k"]["max"] == OPTIONS["k"].maximum("http")
+    k_menu = answer.json()["page"]["k"]
+    assert k_menu[0] == DEFAULTS["k"] and k_menu == sorted(k_menu) and k_menu[-1] <= options["k"]["max"]
+
+
+def test_the_bench_clients_k_is_the_declared_default():
+    import argparse
+
+    from faste_mm.bench.client import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert parser.parse_args([]).k == DEFAULTS["k"]
 
 
 def test_a_300_kb_query_with_the_collections_reranker_is_searched_by_its_first_2000_characters(world):

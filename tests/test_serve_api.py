@@ -283,9 +283,15 @@ def test_a_link_planted_in_the_thumbnail_cache_is_replaced_never_served(embedder
 
 
 def test_odd_ids_nested_json_and_k_0_are_client_errors_not_crashes(client):
+    from faste_mm.retrieval.search_request import MAX_K, SearchRequest
+
     _error(client.post("/search", json={"id": 10**30}), 400, "id")
     _error(client.post("/search", data={"id": "9" * 40}), 400, "'id'")
-    _error(client.post("/search", data={"q": "x", "k": "0"}), 400, "k must be in 1..1000")
+    # the form, and the engine behind every front end, check k with the request's own words
+    _error(client.post("/search", data={"q": "x", "k": "0"}), 400, f"search k must be 1..{MAX_K}, got 0")
+    _error(client.post("/search", data={"q": "x", "k": str(MAX_K + 1)}), 400, f"search k must be 1..{MAX_K}, got")
+    with pytest.raises(ConfigError, match=rf"search k must be 1\.\.{MAX_K}, got {MAX_K + 1}"):
+        client.app.state.engine.search(SearchRequest.of("test", query="x", k=MAX_K + 1))
     deep = "[" * 100_000 + "]" * 100_000
     for route in ("/search", "/v1/embeddings"):
         answer = client.post(route, content=deep, headers={"content-type": "application/json"})
@@ -450,6 +456,7 @@ def test_the_api_key_guards_every_data_route_but_not_the_page_or_health(embedder
     with _client(embedder, collection, api_key="s3cret") as c:
         assert c.get("/health").status_code == 200 and c.get("/").status_code == 200
         assert c.get("/static/app.js").status_code == 200
+        assert c.get("/search/options").status_code == 200  # the declared options: no data
         for method, path, kwargs in (("post", "/v1/embeddings", {"json": {"input": "x"}}), ("get", "/info", {}),
                                      ("get", "/metrics", {}), ("post", "/search", {"json": {"query": "x"}}),
                                      ("get", "/thumbnails/1", {})):

@@ -12,6 +12,8 @@ import os
 import pytest
 
 from faste_mm import BatchingConfig, Embedder, Retriever
+from faste_mm.retrieval.search_request import DEFAULTS, OPTIONS
+from faste_mm.serving.options_route import search_options
 from tests.helpers.browser import CHROMIUM, browser, serving  # noqa: F401 (the shared browser fixture)
 from tests.helpers.serve_fixtures import make_gallery, scene_image
 from tests.helpers.inputs import tiny_vl_dir
@@ -55,8 +57,8 @@ def test_search_page_queries_uploads_more_like_this_and_reloads_from_the_url(bro
     page.wait_for_selector("#collection strong")
     assert "12 items" in page.inner_text("#collection")  # 10 images + 2 PDF pages
 
-    # type a query, Enter submits: k cards, each image with its thumbnail, the query in the URL
-    page.select_option("#k", "12")
+    # type a query, Enter submits: k cards (k past the 12 items), each image with its thumbnail, the query in the URL
+    page.select_option("#k", str(search_options()["page"]["k"][1]))
     page.fill("#q", "a sunset over the sea")
     page.press("#q", "Enter")
     page.wait_for_selector(".card")
@@ -98,13 +100,43 @@ def test_search_page_queries_uploads_more_like_this_and_reloads_from_the_url(bro
     assert not errors, errors
 
 
+def test_the_pages_controls_are_the_declared_options_and_a_search_sends_the_declared_k(browser, server):
+    url, _ = server
+    page, errors = _watched_page(browser)
+    page.goto(url + "/")
+    page.wait_for_selector("#collection strong")
+
+    def values(select: str) -> list[str]:
+        return page.eval_on_selector_all(f"{select} option", "options => options.map(o => o.value)")
+
+    assert page.input_value("#k") == str(DEFAULTS["k"])
+    assert values("#k") == [str(k) for k in search_options()["page"]["k"]]
+    assert values("#mode") == list(OPTIONS["mode"].choices) and page.input_value("#mode") == DEFAULTS["mode"]
+    assert values("#f-sort") == list(OPTIONS["sort"].choices) and page.input_value("#f-sort") == DEFAULTS["sort"]
+    assert values("#f-type") == ["", *OPTIONS["type"].choices]
+    page.fill("#q", "a sunset over the sea")
+    with page.expect_request(lambda asked: asked.url.endswith("/search") and asked.method == "POST") as asked:
+        page.press("#q", "Enter")
+    body = asked.value.post_data_json
+    assert (body["k"], body["mode"], body["sort"]) == (DEFAULTS["k"], DEFAULTS["mode"], DEFAULTS["sort"])
+    page.wait_for_selector(".card")
+    assert page.locator(".card").count() == DEFAULTS["k"] and "k=" not in page.url  # the default stays out of links
+    # a shared link's k that the menu lacks is kept, in order; one past the server's bounds is the default
+    page.goto(url + f"/?q=forest&k={DEFAULTS['k'] + 1}")
+    page.wait_for_selector(".card")
+    assert page.input_value("#k") == str(DEFAULTS["k"] + 1)
+    assert [int(v) for v in values("#k")] == sorted(int(v) for v in values("#k"))
+    page.goto(url + f"/?q=forest&k={OPTIONS['k'].maximum('http') + 1}")
+    page.wait_for_selector(".card")
+    assert page.input_value("#k") == str(DEFAULTS["k"])
+    assert not errors, errors
+
+
 def test_search_page_reranks_shows_both_scores_and_why_this_result(browser, server):
     url, _ = server
     page, errors = _watched_page(browser)
     page.goto(url + "/")
     page.wait_for_selector("#rerank-toggle:not([hidden])")
-    from faste_mm.retrieval.search_request import DEFAULTS
-
     assert f"top {DEFAULTS['rerank_top']} hits" in page.get_attribute("#rerank-toggle", "title")  # the server's depth (/info)
     page.check("#rerank")
     page.fill("#q", "a sunset over the sea")
@@ -112,7 +144,7 @@ def test_search_page_reranks_shows_both_scores_and_why_this_result(browser, serv
     page.wait_for_selector(".card .rerank-row:not([hidden]), #banner:not([hidden])", timeout=120_000)
     assert page.locator("#banner").is_hidden(), page.inner_text("#banner-text")
     scores = page.locator(".card .rerank-value").all_inner_texts()
-    assert len(scores) == 12 and all(float(s) > 0 for s in scores[:3])  # both scores on every card
+    assert len(scores) == DEFAULTS["k"] and all(float(s) > 0 for s in scores[:3])  # both scores on every card
     page.locator(".card").first.locator(".why").click()
     page.wait_for_selector(".card .why-panel:not([hidden]), #banner:not([hidden])", timeout=120_000)
     assert page.locator("#banner").is_hidden(), page.inner_text("#banner-text")
@@ -223,7 +255,8 @@ def test_search_page_shows_the_later_search_when_an_earlier_reply_arrives_last(b
     page, errors = _watched_page(browser)
     page.add_init_script(COUNT_SETTLED_SEARCHES)
     page.goto(url + "/?q=sunset")
-    page.wait_for_function("() => document.querySelectorAll('.card').length === 12 && window.settledSearches === 1")
+    page.wait_for_function(f"() => document.querySelectorAll('.card').length === {DEFAULTS['k']} "
+                           f"&& window.settledSearches === 1")
     held = []
 
     def hold_the_earlier(route):  # told apart by body, not by order: an aborted request may never get here
@@ -243,7 +276,7 @@ def test_search_page_shows_the_later_search_when_an_earlier_reply_arrives_last(b
             pass
     page.wait_for_function("() => window.settledSearches === 3")  # both later fetches handled by the page
     kinds = page.eval_on_selector_all(".card", "cards => cards.map(c => c.dataset.kind)")
-    assert kinds == ["pdf", "pdf"], kinds  # the 2 PDF pages, not the 12 hits of "Newest first" alone
+    assert kinds == ["pdf", "pdf"], kinds  # the 2 PDF pages, not the k hits of "Newest first" alone
     assert "type pdf" in page.inner_text("#status-text")
     assert "sort=-date" in page.url and "type=pdf" in page.url
     assert page.input_value("#f-sort") == "-date" and page.input_value("#f-type") == "pdf"

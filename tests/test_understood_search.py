@@ -175,6 +175,8 @@ def test_the_mcp_search_tool_understands_the_query(library, tmp_path_factory):
 
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
 def test_the_page_shows_understood_parts_as_chips_that_remove_them(library, browser):  # noqa: F811
+    from faste_mm.serving.options_route import search_options
+
     def cards(page) -> set[str]:
         return set(page.locator(".card .name").all_inner_texts())
 
@@ -185,7 +187,7 @@ def test_the_page_shows_understood_parts_as_chips_that_remove_them(library, brow
             page.on("pageerror", lambda error: errors.append(str(error)))
             page.goto(url + "/")
             page.wait_for_selector("#collection strong")
-            page.select_option("#k", "48")
+            page.select_option("#k", str(search_options()["page"]["k"][-1]))  # the most the page offers
             page.fill("#q", "beach in Lisbon 2024")
             page.press("#q", "Enter")
             page.wait_for_selector("#understood:not([hidden]) .chip")

@@ -32,6 +32,7 @@ from faste_mm.bench.options import add_rounds, faste_mm_command
 from faste_mm.bench.rounds import mirrored_rounds
 from faste_mm.bench.schema import SuiteRun
 from faste_mm.errors import ConfigError
+from faste_mm.retrieval.search_request import DEFAULTS, check_option
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="an existing collection to serve and search (default: 24 generated images, tiny model)")
     parser.add_argument("--images", type=int, default=24, help="generated images without --collection (default 24)")
     parser.add_argument("--query", default="a red bicycle by the river", help="the text searched and explained")
-    parser.add_argument("-k", dest="k", type=int, default=10, help="results per search (default 10)")
+    parser.add_argument("-k", dest="k", type=int, default=DEFAULTS["k"],
+                        help=f"results per search (default {DEFAULTS['k']}, the search option's)")
     parser.add_argument("--rerank", default=None,
                         help="the reranker the server loads and explain uses (default: a tiny random-weight one for "
                              "the generated collection; with --collection and no --rerank, explain is not measured)")
@@ -53,8 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> SuiteRun:
-    if args.repeats < 1 or args.k < 1:
-        raise ConfigError(f"--repeats and -k must be >= 1, got {args.repeats} and {args.k}")
+    if args.repeats < 1:
+        raise ConfigError(f"--repeats must be >= 1, got {args.repeats}")
+    check_option("k", args.k, "http")  # the server's bounds of k, as the search option declares them
     command = faste_mm_command(args.faste_mm)
     with tempfile.TemporaryDirectory(prefix="faste-mm-bench-client-") as workdir:
         work = Path(workdir)

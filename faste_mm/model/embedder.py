@@ -13,7 +13,6 @@ from typing import Callable, Iterable, Iterator, Literal
 
 import numpy as np
 import torch
-from PIL import Image
 
 from faste_mm.model.backbones.loading import LoadedModel, load_model
 from faste_mm.model.batching import Batch, BatchingConfig
@@ -23,7 +22,7 @@ from faste_mm.errors import ConfigError, InputError
 from faste_mm.model.flops import (DecoderShape, batch_flops, flops_reduction, full_batch_flops, tower_share, vision_flops)
 from faste_mm.model.cost import CostTally
 from faste_mm.model.official import QUERY_INSTRUCTION
-from faste_mm.model.items import Failure, Item, expand_items, failure_reason
+from faste_mm.model.items import Failure, Item, expand_items, failure_reason, one_or_many  # noqa: F401 (re-exported)
 from faste_mm.model.cpu.machine_plan import use_torch_threads
 from faste_mm.model.patch_dedup import PatchDedupConfig, PixelNorm, applies_to, drop_repeated_units
 from faste_mm.model.pooling import truncate_dim
@@ -235,7 +234,7 @@ class Embedder:
 
     def encode(
         self,
-        inputs: Iterable[object],
+        inputs: object | Iterable[object],
         *,
         fast_e: FastEConfig | None = None,
         instruction: str | None = None,
@@ -249,7 +248,9 @@ class Embedder:
         """Embed texts, images, image+text pairs and PDF pages.
 
         Args:
-            inputs: str (text), Path/PIL image, or `Item`; PDF paths expand to one row per page.
+            inputs: str (text), Path/PIL image, or `Item`, or an iterable of them: a lone input is
+                one row, like a list of one (a str is never embedded character by character);
+                PDF paths expand to one row per page.
             fast_e: FastE settings, or None for the full forward.
             instruction: used for items without their own; None means the model's document format.
             dim: Matryoshka truncation (re-normalised); None keeps all dimensions.
@@ -340,7 +341,7 @@ class Embedder:
 
     def encode_queries(
         self,
-        inputs: Iterable[object],
+        inputs: object | Iterable[object],
         *,
         instruction: str | None = None,
         fast_e: FastEConfig | None = None,
@@ -358,7 +359,7 @@ class Embedder:
 
     def encode_documents(
         self,
-        inputs: Iterable[object],
+        inputs: object | Iterable[object],
         *,
         fast_e: FastEConfig | None = None,
         dim: int | None = None,
@@ -380,14 +381,13 @@ class Embedder:
         """`encode_queries` under the sentence-transformers name. One input (a str, path, PIL
         image or `Item`) counts as a list of one, so `encode_query("a red bicycle")` embeds the
         sentence, not its characters; the result is the same `EmbedResult`."""
-        return self.encode_queries(one_or_many(inputs), instruction=instruction, fast_e=fast_e, dim=dim,
-                                   on_error=on_error)
+        return self.encode_queries(inputs, instruction=instruction, fast_e=fast_e, dim=dim, on_error=on_error)
 
     def encode_document(self, inputs: object, *, fast_e: FastEConfig | None = None, dim: int | None = None,
                         on_error: OnError = "raise") -> EmbedResult:
         """`encode_documents` under the sentence-transformers name (one input or many, as
         `encode_query`)."""
-        return self.encode_documents(one_or_many(inputs), fast_e=fast_e, dim=dim, on_error=on_error)
+        return self.encode_documents(inputs, fast_e=fast_e, dim=dim, on_error=on_error)
 
     def _stats(self, traces, n_items, n_failed, resolved, serialize_s, forward_s, started) -> EmbedStats:
         shape = self.backbone.shape
@@ -439,9 +439,3 @@ def item_failure(items: list[Item], sources: list[int], error: ItemError) -> Fai
     """The `Failure` of an item whose serialization raised; the reason names the item."""
     item = items[error.index]
     return Failure(error.index, sources[error.index], item.describe(), failure_reason(item, error.error))
-
-
-def one_or_many(inputs: object) -> Iterable[object]:
-    """A lone input (str, path, PIL image, `Item`) as a list of one; a sequence as it is. A
-    str is iterable, so without this `encode_query("query")` would embed each character."""
-    return [inputs] if isinstance(inputs, (str, PathLike, Item, Image.Image)) else inputs

@@ -9,6 +9,7 @@ Hands on `Item`s (with their source position) to the serializer; unreadable inpu
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from os import PathLike
 from pathlib import Path
 from typing import Iterable, Union
 
@@ -120,8 +121,15 @@ def as_item(value: object, position: int) -> Item:
     )
 
 
-def expand_items(inputs: Iterable[object]) -> tuple[list[Item], list[int], list[tuple[int, Item, str]]]:
-    """Flatten inputs into one `Item` per embedding row; a PDF path without a page becomes its pages.
+def one_or_many(inputs: object) -> Iterable[object]:
+    """A lone input (str, path, PIL image, `Item`) as a list of one; a sequence as it is. A str is
+    iterable: without this, `encode_queries("a bear")` would embed each of its characters."""
+    return [inputs] if isinstance(inputs, (str, PathLike, Item, Image.Image)) else inputs
+
+
+def expand_items(inputs: object) -> tuple[list[Item], list[int], list[tuple[int, Item, str]]]:
+    """Flatten inputs (one input, `one_or_many`, or an iterable of them) into one `Item` per
+    embedding row; a PDF path without a page becomes its pages.
 
     Returns:
         items: the rows to embed, in input order (PDF pages in page order).
@@ -132,7 +140,7 @@ def expand_items(inputs: Iterable[object]) -> tuple[list[Item], list[int], list[
     items: list[Item] = []
     sources: list[int] = []
     broken: list[tuple[int, Item, str]] = []
-    for position, value in enumerate(inputs):
+    for position, value in enumerate(one_or_many(inputs)):
         item = as_item(value, position)
         if item.is_pdf and item.page is None:
             try:

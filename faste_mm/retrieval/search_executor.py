@@ -3,7 +3,7 @@ calls it; `faste-mm serve` hands it each merged batch of its clients' requests; 
 thin client and the LangChain / LlamaIndex adapters only translate into requests).
 
 In the order it happens: the query text understood as meaning and filters (`understood_search`;
-not when `literal`), the query text bounded (`MAX_QUERY_CHARS`), the query
+not when `literal`; the request has already cut a long text to `MAX_QUERY_CHARS`), the query
 embedded (text, image, video, both; an item id or indexed path for "more like this" reads its
 stored vector; a `crop` cuts its region out of the query picture or the item's file, `query_crop`,
 and that region is embedded instead), the filters, the
@@ -31,7 +31,7 @@ from faste_mm.retrieval.profile import CollectionProfile
 from faste_mm.retrieval.query_crop import cropped, stored_picture
 from faste_mm.retrieval.hits import Hit
 from faste_mm.retrieval.rerank_hits import check_reranker, hit_item, rerank_hits
-from faste_mm.retrieval.search_request import MAX_QUERY_CHARS, SearchRequest
+from faste_mm.retrieval.search_request import SearchRequest
 from faste_mm.retrieval.query_understanding import UnderstoodQuery
 from faste_mm.retrieval.understood_search import UnderstoodRequest, understood_request
 
@@ -161,17 +161,13 @@ def _plan(asked: UnderstoodRequest, parts: SearchParts, item: Item | None = None
         return _Plan(request, item, like_id, None, where, min_score, request.k + 1, None)
     read = asked.understood is not None and bool(asked.understood.parts)
     text = (request.query or None) if read else request.query  # the meaning text ("" beside an image: none)
-    if item is not None and item.text is not None and read:
+    if item is not None and item.text is not None and item.text != text:  # the meaning left, or the cut text
         item = replace(item, text=text)
     if item is None:
         image, video = (Path(v) if isinstance(v, os.PathLike) else v for v in (request.image, request.video))
         item = Item(text=text, image=image, video=video)
     if request.crop is not None:
         item = cropped(item, request.crop, _max_pixels(parts))
-    if item.text is not None and len(item.text) > MAX_QUERY_CHARS:
-        log.warning("search: the query text has %d characters; searching with its first %d (MAX_QUERY_CHARS)",
-                    len(item.text), MAX_QUERY_CHARS)
-        item = replace(item, text=item.text[:MAX_QUERY_CHARS])
     reranker = parts.reranker(request.rerank)
     fetch = request.k
     if reranker is not None:

@@ -18,6 +18,7 @@ unless `literal` (`understood_search`); its filters join the request's with
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import numbers
 import os
@@ -27,6 +28,8 @@ from datetime import date
 from typing import Any, Mapping
 
 from faste_mm.errors import ConfigError, InputError
+
+log = logging.getLogger(__name__)
 
 # The front ends an option can be shown by: the Python API (Retriever.search, search_batch,
 # more_like), the command line (faste-mm search), POST /search's JSON body and its multipart form
@@ -41,10 +44,17 @@ SORTS = ("relevance", "date", "-date")  # "date": oldest first, "-date": newest 
 KINDS = ("image", "pdf", "text", "video")  # faste_mm.kinds.KINDS (a test keeps them equal)
 MAX_K = 1000  # a server answers at most this many hits per request (each is a JSON object)
 # A query is a sentence or a paragraph: a longer text is searched by its first MAX_QUERY_CHARS
-# characters (logged), in every front end. Past this the words add little to one query vector but
-# cost a reranker every pair's tokens: a 300 KB query with the collection's reranker took a minute.
+# characters (logged), in every front end: the request cuts it, so nothing after it (the filters read
+# from the text, the server's token count) ever reads more. Past this the words add little to one
+# query vector but cost a reranker every pair's tokens: a 300 KB query with the collection's
+# reranker took a minute.
 MAX_QUERY_CHARS = 2_000
 MAX_MCP_K = 50  # each MCP hit carries a thumbnail: 50 is already more than an assistant can look at
+# What `where` takes, in every front end (the JSON body's and the MCP schema's types are made from
+# these): one condition, a list of them, or a mapping KEY -> VALUE of these scalars.
+WHERE_VALUES = (str, int, float, bool)
+WHERE_SHAPES = ("a condition string (\"country=Kenya\"), a list of them ([\"taken>=2024\", \"rating>=4\"]) or a "
+                "mapping KEY -> VALUE, VALUE a string, number or true/false ({\"country\": \"Kenya\"})")
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +150,8 @@ class SearchRequest:
                               "(taken>=2024-05-01, taken<2025, camera~pixel (~: contains), rating>=4, place~lisbon, "
                               "country=Kenya, keyword=beach, has:gps; docs/photos.md) or on metadata (KEY=VALUE, "
                               "VALUE a number, true/false or text; quote a number to match it as text: "
-                              "year='\"2024\"'). Python, JSON and MCP also take a mapping key -> value, read as KEY=VALUE.",
+                              "year='\"2024\"'). Python, JSON and MCP take " + WHERE_SHAPES + "; a mapping reads as "
+                              "KEY=VALUE words.",
                         "where", flag="--where")
     type: Any = option(None, "Only items of these kinds: image | pdf | text | video (any of them).", "texts",
                        flag="--type", choices=KINDS)
@@ -176,6 +187,10 @@ class SearchRequest:
     def __post_init__(self) -> None:
         for name, declared in OPTIONS.items():
             object.__setattr__(self, name, _checked(name, declared, getattr(self, name)))
+        if self.query is not None and len(self.query) > MAX_QUERY_CHARS:  # cut once, before anything reads it
+            log.warning("search: the query text has %d characters; searching with its first %d (MAX_QUERY_CHARS)",
+                        len(self.query), MAX_QUERY_CHARS)
+            object.__setattr__(self, "query", self.query[:MAX_QUERY_CHARS])
         asked = [name for name in ("query", "image", "video") if getattr(self, name) is not None]
         if self.like is not None and asked:
             raise InputError(f"search: give `like` (more like this) or a query ({', '.join(asked)}), not both")
@@ -203,6 +218,14 @@ class SearchRequest:
         if where is not None:
             filters["where"] = _joined_where(self.where, where)
         return SearchRequest.of("with_filters", **{**self.options(), **filters})
+
+    def checked_for(self, front: str) -> "SearchRequest":
+        """This request, when it also keeps `front`'s own lower maximums (`Option.limits`: a
+        server's k <= MAX_K, MCP's k <= 50); ConfigError naming the option, the value and the
+        front end's range otherwise (the message every bound gives)."""
+        for name in OPTIONS:
+            check_option(name, getattr(self, name), front)
+        return self
 
     def options(self) -> dict[str, Any]:
         """Every option by name, as given (the keyword form `of` takes)."""
@@ -234,6 +257,17 @@ DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(SearchRequest)}
 def options_for(front: str) -> dict[str, Option]:
     """The options `front` shows, in declaration order."""
     return {name: declared for name, declared in OPTIONS.items() if front in declared.fronts}
+
+
+def check_option(name: str, value: Any, front: str | None = None) -> Any:
+    """`value` of option `name` checked as a request checks it (within `front`'s own maximum when
+    given: a form's k <= MAX_K) and normalised: the one message of a bad value, whichever front end
+    parses it. ConfigError naming the option, the value and what it takes."""
+    declared = OPTIONS[name]
+    if front is not None and declared.kind in ("int", "float") and isinstance(value, (int, float)) \
+            and not isinstance(value, bool):
+        _bounded(name, declared, value, front)
+    return _checked(name, declared, value)
 
 
 def _checked(name: str, declared: Option, value: Any) -> Any:
@@ -269,16 +303,40 @@ def _checked(name: str, declared: Option, value: Any) -> Any:
         if not isinstance(value, str):
             raise ConfigError(f"search {name} must be a string, got {type(value).__name__}")
     elif kind == "where":
-        if isinstance(value, str):
-            value = (value,)
-        elif not isinstance(value, Mapping):
-            value = tuple(value)
+        value = _where(value)
     elif kind == "like":
         if isinstance(value, bool) or not isinstance(value, (int, str, os.PathLike)):
             raise ConfigError(f"search like must be an item id or a file path, got {type(value).__name__}")
     elif kind == "box":
         value = _box(name, value)
     return value
+
+
+def _where(value: Any) -> tuple[str, ...] | Mapping[str, Any]:
+    """`where` as conditions (one string is one condition) or as the mapping given; ConfigError
+    naming `where`, the accepted shapes (`WHERE_SHAPES`) and what was wrong for any other."""
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, Mapping):
+        bad = next(((key, v) for key, v in value.items() if not isinstance(key, str) or
+                    not isinstance(v, WHERE_VALUES) or (isinstance(v, float) and not math.isfinite(v))), None)
+        if bad is None:
+            return value
+        wrong = f"key {bad[0]!r} is not a string" if not isinstance(bad[0], str) else \
+            f"{bad[0]}'s value {_shown_value(bad[1])} is not a string, number or true/false (one value per key; " \
+            f"several conditions on one key: a list of conditions)"
+        raise ConfigError(f"search where must be {WHERE_SHAPES}; {wrong}")
+    if isinstance(value, (list, tuple)):
+        bad = next((v for v in value if not isinstance(v, str)), None)
+        if bad is None:
+            return tuple(value)
+        raise ConfigError(f"search where must be {WHERE_SHAPES}; the list holds {_shown_value(bad)}, not a condition "
+                          f"string")
+    raise ConfigError(f"search where must be {WHERE_SHAPES}; got {type(value).__name__} {_shown_value(value)}")
+
+
+def _shown_value(value: Any) -> str:
+    return repr(value)[:60]
 
 
 def _box(name: str, value: Any) -> tuple[int, int, int, int]:
@@ -308,8 +366,8 @@ def _shown(value: Any) -> str:
     return repr(text[:60])
 
 
-def _bounded(name: str, declared: Option, value: float) -> None:
-    low, high = declared.min, declared.max
+def _bounded(name: str, declared: Option, value: float, front: str | None = None) -> None:
+    low, high = declared.min, declared.max if front is None else declared.maximum(front)
     if declared.rule and ((low is not None and value < low) or (high is not None and value > high)):
         raise ConfigError(f"{name} {value!r}: {declared.rule}")
     if (low is not None and value < low) or (high is not None and value > high):

@@ -1,6 +1,6 @@
 """The HTTP API (FastAPI): OpenAI-compatible /v1/embeddings with vLLM's chat extension, /search,
-/thumbnails/{id}, /duplicates, /albums, /health, /info, /info/collection (`faste-mm info`'s report), /metrics,
-and the search page at / with its local assets.
+/search/options, /thumbnails/{id}, /duplicates, /albums, /health, /info, /info/collection (`faste-mm
+info`'s report), /metrics, and the search page at / with its local assets.
 
 Receives HTTP requests; hands their items to the `ServeEngine` and renders its answers as
 JSON. Errors are JSON in OpenAI's shape, {"error": {"message", "type", "code"}}: 400 bad input,
@@ -38,6 +38,7 @@ from faste_mm.serving.engine import (CollectionChangedError, ModelStalledError, 
 from faste_mm.serving.inputs import (EmbeddingRequest, decode_image_bytes, decode_image_url, embedding_items,
                                      encode_vector, form_values, request_model, to_request)
 from faste_mm.serving.metrics import LATENCY_BUCKETS_S
+from faste_mm.serving.options_route import add_options_route
 from faste_mm.serving.reindex_watch import CollectionReindexingError
 from faste_mm.serving.previews import add_preview_routes, note_snippets
 from faste_mm.serving.rerank import add_rerank_routes, with_search_top
@@ -49,7 +50,7 @@ log = logging.getLogger(__name__)
 
 STATIC_DIR = Path(__file__).parent / "static"
 SEARCH_BODY = request_model("http", "SearchBody")  # POST /search's JSON body: the options' declarations
-PUBLIC_PATHS = ("/", "/health", "/favicon.ico")  # and /static/*: the page holds no data
+PUBLIC_PATHS = ("/", "/health", "/favicon.ico", "/search/options")  # and /static/*: the page holds no data
 # The page loads only its own script, style and images (thumbnails; blob: for uploads and keyed
 # fetches), talks only to this server, and may not be framed; every other answer is data.
 PAGE_CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' blob: data:; "
@@ -97,6 +98,7 @@ def create_app(engine: ServeEngine) -> FastAPI:
         return FileResponse(STATIC_DIR / "index.html", headers={"Cache-Control": "no-cache"})
 
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    add_options_route(app)  # GET /search/options: the declared options the page builds its controls from
 
     @app.get("/health")
     async def health() -> dict:  # on the event loop: never waits for a worker thread or the model

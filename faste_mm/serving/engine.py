@@ -23,7 +23,7 @@ from faste_mm.model.official import PIXELS_PER_VISUAL_TOKEN
 from faste_mm.model.patch_dedup import dedup_config
 from faste_mm.retrieval.profile import QUERY_INSTRUCTION, CollectionProfile, read_profile
 from faste_mm.retrieval.search_executor import UnknownItemError
-from faste_mm.retrieval.search_request import MAX_K, SearchRequest
+from faste_mm.retrieval.search_request import SearchRequest
 from faste_mm.retrieval.library.watching import read_watch_status
 from faste_mm.serving.batcher import Batcher, BatcherConfig, run_tasks
 from faste_mm.serving.inputs import truncate_dimensions
@@ -327,8 +327,7 @@ class ServeEngine:
         self.follow_reindex()
         self._reads.refuse_reindexing()
         self._refuse_changed_model()
-        if request.k > MAX_K:
-            raise InputError(f"k must be in 1..{MAX_K}, got {request.k}")
+        request.checked_for("http")  # a server's bounds (k <= MAX_K), whichever front end asked
         check_query_text(request.query or "", nul=False)  # a lone surrogate: named, before any work
         tokens = 1  # lexical and more-like-this embed nothing: one slot of the batch
         if request.mode != "lexical" and not request.is_like:

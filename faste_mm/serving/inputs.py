@@ -20,12 +20,14 @@ from typing import Annotated, Any, Literal, Mapping, Optional, Union
 
 import numpy as np
 from PIL import Image
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, create_model
+from pydantic_core import PydanticCustomError
 
 from faste_mm import Item
 from faste_mm.errors import ConfigError, InputError
 from faste_mm.indexers.filters import INT64_MAX
-from faste_mm.retrieval.search_request import DEFAULTS, OPTIONS, SearchRequest, options_for
+from faste_mm.retrieval.search_request import (DEFAULTS, OPTIONS, WHERE_VALUES, SearchRequest,
+                                               check_option, options_for)
 
 InputType = Literal["query", "document"]
 MAX_IMAGE_PIXELS = 64_000_000  # decompression-bomb guard for images sent over HTTP
@@ -68,11 +70,22 @@ class EmbeddingRequest(BaseModel):
     truncate: bool = True
 
 
+def _declared_where(value: Any) -> Any:
+    """A `where` of a shape the request takes, else the request's own message naming `where` and
+    the shapes it takes (not pydantic's complaint per member of the union)."""
+    try:
+        check_option("where", value)
+    except ConfigError as error:
+        raise PydanticCustomError("where", str(error)) from None  # no context: the braces stay as written
+    return value
+
+
 # POST /search's JSON body and the MCP search tool's arguments are made from the declarations of
 # `faste_mm.retrieval.search_request` (one per option): `request_model`, `to_request`, `form_request`.
 _JSON_TYPES: dict[str, Any] = {"text": str, "int": int, "float": float, "bool": bool, "image": str,
                                "like": Union[Annotated[int, Field(ge=0, le=INT64_MAX)], str],
-                               "where": Union[dict[str, Union[str, int, float, bool]], list[str]],
+                               "where": Annotated[Union[str, list[str], dict[str, Union[WHERE_VALUES]]],
+                                                  BeforeValidator(_declared_where)],
                                "texts": Union[str, list[str]], "box": Union[list[int], str]}
 
 
@@ -140,11 +153,11 @@ def form_values(form, front: str = "form") -> dict[str, Any]:
         if declared.kind in ("texts", "where"):
             values[name] = raw
         else:
-            values[name] = _form_value(raw[-1], key, declared, front)
+            values[name] = _form_value(raw[-1], key, name, declared, front)
     return values
 
 
-def _form_value(text: str, key: str, declared, front: str) -> Any:
+def _form_value(text: str, key: str, name: str, declared, front: str) -> Any:
     kind = declared.kind
     if kind == "bool":
         lowered = text.lower()
@@ -162,9 +175,11 @@ def _form_value(text: str, key: str, declared, front: str) -> Any:
             raise InputError(f"form field {key!r} must be a number, got {text[:40]!r}") from None
     else:
         return text
-    low, high = declared.min, declared.maximum(front)
-    if kind != "like" and (low is not None and value < low or high is not None and value > high):
-        raise InputError(f"form field {key!r}: {key} must be in {low:g}..{high:g}, got {value}")
+    if kind != "like":
+        try:
+            check_option(name, value, front)
+        except ConfigError as error:
+            raise InputError(f"form field {key!r}: {error}") from None
     return value
 
 

@@ -30,7 +30,6 @@ from faste_mm.serving.thumbnails import has_thumbnail, jpeg, preview, thumbnail
 
 log = logging.getLogger(__name__)
 
-MAX_QUERY_CHARS = 10_000  # a query is a sentence or a paragraph; 10 MB of "query" is a mistake or an attack
 MAX_IMAGE_CHARS = 24 << 20  # an image as a data: URL (base64 of a large photo)
 MAX_K = MAX_MCP_K  # the request's declared MCP limit (each hit carries a thumbnail)
 MAX_TEXT_CHARS = 20_000  # get_item's text, cut beyond (text_truncated says so)
@@ -46,9 +45,10 @@ class _Args(BaseModel):
 
 
 _THUMBNAILS = (bool, Field(True, description="Attach a small JPEG of each picture hit."))
-# search's arguments are the request's options (faste_mm/retrieval/search_request.py), as MCP shows them
+# search's arguments are the request's options (faste_mm/retrieval/search_request.py), as MCP shows them; a
+# long query is searched by its first search_request.MAX_QUERY_CHARS characters, as in every front end
 SearchArgs = request_model("mcp", "SearchArgs", extra={"thumbnails": _THUMBNAILS}, limits={
-    "query": {"max_length": MAX_QUERY_CHARS}, "path": {"max_length": 1000},
+    "path": {"max_length": 1000},
     "image": {"max_length": MAX_IMAGE_CHARS, "description": "Find by picture: the path of an indexed image file, or "
                                                             "a data: URL (data:image/png;base64,...)."}})
 # more_like_this: an item id and the options that apply to it (no query, no words, no reranker)
@@ -62,7 +62,8 @@ class GetItemArgs(_Args):
 
 
 class ExplainArgs(_Args):
-    query: str = Field(..., min_length=1, max_length=MAX_QUERY_CHARS, description="The query the hit was found for.")
+    # a long query is cut where the reranker cuts it (rerank.bounded_text), as POST /explain cuts it
+    query: str = Field(..., min_length=1, description="The query the hit was found for.")
     id: int = ItemId
     layer: int | None = Field(None, ge=0, description="Decoder layer whose attention is shown (default: the last).")
 

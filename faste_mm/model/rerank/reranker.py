@@ -20,7 +20,7 @@ from faste_mm.model.ablations import Full, policy_for
 from faste_mm.model.rerank.loading import LoadedReranker, load_reranker
 from faste_mm.model.batching import BatchingConfig, collate
 from faste_mm.model.cost import CostTally
-from faste_mm.model.embedder import item_failure, one_or_many
+from faste_mm.model.embedder import item_failure
 from faste_mm.model.faste import FastEConfig, ThresholdTrigger
 from faste_mm.model.flops import batch_flops, full_batch_flops
 from faste_mm.model.items import Failure, Item, expand_items
@@ -214,7 +214,7 @@ class Reranker:
         if on_error not in ("raise", "skip"):
             raise ConfigError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
         started = time.perf_counter()
-        items, sources, broken = expand_items(one_or_many(documents))
+        items, sources, broken = expand_items(documents)
         failures = [Failure(index, sources[index], item.describe(), reason) for index, item, reason in broken]
         if failures and on_error == "raise":
             raise InputError(f"document {failures[0].source}: {failures[0].reason}")
@@ -346,7 +346,7 @@ class Reranker:
         if layer is not None and not 0 <= layer < num_layers:
             raise ConfigError(f"layer must be in 0..{num_layers - 1} for {self.model_id}, got {layer}")
         prepared = self.prepare_query(query, instruction)
-        items, _, broken = expand_items(one_or_many(document))
+        items, _, broken = expand_items(document)
         if broken or len(items) != 1:
             reason = broken[0][2] if broken else f"{len(items)} pages; give one page (Item(image=path, page=k))"
             raise InputError(f"document {items[0].describe() if items else ''}: {reason}")

@@ -2,7 +2,7 @@
 "use strict";
 
 const $ = (id) => document.getElementById(id);
-const state = { image: null, results: null, key: sessionStorage.getItem("faste-mm-key") || "" };
+const state = { image: null, results: null, options: null, key: sessionStorage.getItem("faste-mm-key") || "" };
 
 function headers() {
   return state.key ? { Authorization: "Bearer " + state.key } : {};
@@ -37,6 +37,56 @@ function failed(error, what) {
   } else {
     showBanner(`${what} failed${error.status ? " (" + error.status + ")" : ""}: ${error.message}`);
   }
+}
+
+// ---- the controls: the declared search options (GET /search/options) ---------------------------
+// k, the modes, the orders and the kinds, with their defaults, are the server's declarations
+// (faste_mm/retrieval/search_request.py); the page only names them. A choice without a name here
+// shows as declared.
+const LABELS = {
+  mode: { dense: "meaning", lexical: "words", hybrid: "both" },
+  sort: { relevance: "Best match", "-date": "Newest first", date: "Oldest first" },
+  type: { image: "Images", pdf: "PDF pages", video: "Videos", text: "Notes" },
+};
+
+async function loadOptions() {
+  try {
+    const declared = await api("/search/options");
+    state.options = declared.options;
+    for (const [id, name] of [["mode", "mode"], ["f-sort", "sort"], ["f-type", "type"]]) {
+      for (const value of declared.options[name].choices) addChoice($(id), value, LABELS[name][value] || value);
+    }
+    for (const k of declared.page.k) addChoice($("k"), String(k), String(k));
+    $("mode").value = defaultOf("mode");
+    $("f-sort").value = defaultOf("sort");
+    $("k").value = String(defaultOf("k"));
+    return true;
+  } catch (error) {
+    failed(error, "Loading the search options");
+    return false;
+  }
+}
+
+function defaultOf(name) { return state.options[name].default; }
+
+function addChoice(select, value, label) {
+  const option = document.createElement("option");
+  option.value = value;
+  option.textContent = label;
+  select.append(option);
+}
+
+// k from a shared link: any number of results within the declared bounds, added to the menu
+// (in order) when it is not one of its choices; else the declared default.
+function selectK(text) {
+  const k = Number(text), { min, max } = state.options.k;
+  if (!(text && Number.isInteger(k) && k >= min && k <= max)) { $("k").value = String(defaultOf("k")); return; }
+  if (![...$("k").options].some((o) => o.value === String(k))) {
+    const later = [...$("k").options].find((o) => Number(o.value) > k);
+    addChoice($("k"), String(k), String(k));
+    if (later) $("k").insertBefore($("k").lastElementChild, later);
+  }
+  $("k").value = String(k);
 }
 
 // ---- collection header ------------------------------------------------------------------------
@@ -104,7 +154,7 @@ function filters() {
   const until = $("f-until").value || null;
   const sort = $("f-sort").value;
   const min_score = minScore();
-  const active = Boolean(type || path || where.length || since || until || sort !== "relevance" || min_score);
+  const active = Boolean(type || path || where.length || since || until || sort !== defaultOf("sort") || min_score);
   $("filters").classList.toggle("active", active);
   $("f-clear").hidden = !active;
   return { type: type || null, path: path || null, where: where.length ? where : null, since, until, sort, min_score };
@@ -251,13 +301,13 @@ function updateUrl(id, q, k, body = {}) {
   if (id !== null) params.set("id", id);
   else if (q) params.set("q", q);
   if (id !== null && body.crop) params.set("crop", body.crop.join(","));
-  if (k !== "12") params.set("k", k);
+  if (k !== String(defaultOf("k"))) params.set("k", k);
   if (body.type) params.set("type", body.type);
   if (body.path) params.set("path", body.path);
   if ($("f-where").value.trim()) params.set("where", $("f-where").value.trim());
   if (body.since) params.set("since", body.since);
   if (body.until) params.set("until", body.until);
-  if (body.sort && body.sort !== "relevance") params.set("sort", body.sort);
+  if (body.sort && body.sort !== defaultOf("sort")) params.set("sort", body.sort);
   if (body.min_score) params.set("min", String(body.min_score));
   const url = params.toString() ? "?" + params : location.pathname;
   history.pushState({}, "", url);
@@ -581,8 +631,7 @@ function downloadResults() {
 
 function fromUrl() {
   const params = new URLSearchParams(location.search);
-  const k = params.get("k");
-  if (k && [...$("k").options].some((o) => o.value === k)) $("k").value = k;
+  selectK(params.get("k"));
   const type = params.get("type");
   $("f-type").value = type && [...$("f-type").options].some((o) => o.value === type) ? type : "";
   $("f-path").value = params.get("path") || "";
@@ -590,7 +639,7 @@ function fromUrl() {
   $("f-since").value = params.get("since") || "";
   $("f-until").value = params.get("until") || "";
   const sort = params.get("sort");
-  $("f-sort").value = sort && [...$("f-sort").options].some((o) => o.value === sort) ? sort : "relevance";
+  $("f-sort").value = sort && [...$("f-sort").options].some((o) => o.value === sort) ? sort : defaultOf("sort");
   $("f-min").value = params.get("min") || "0";
   minScore();
   if (params.has("id")) {
@@ -624,7 +673,7 @@ function wire() {
   $("mode").addEventListener("change", minScore);
   $("f-clear").addEventListener("click", () => {
     $("f-type").value = ""; $("f-path").value = ""; $("f-where").value = "";
-    $("f-since").value = ""; $("f-until").value = ""; $("f-sort").value = "relevance"; $("f-min").value = "0";
+    $("f-since").value = ""; $("f-until").value = ""; $("f-sort").value = defaultOf("sort"); $("f-min").value = "0";
     if (state.results) search(); else filters();
   });
   $("key-form").addEventListener("submit", (event) => {
@@ -657,4 +706,4 @@ function hasFile(event) {
 }
 
 wire();
-loadInfo().then((info) => { if (info) fromUrl(); });
+loadOptions().then((ready) => ready && loadInfo()).then((info) => { if (info) fromUrl(); });
