@@ -342,17 +342,17 @@ class Retriever:
         options: the keywords of `SEARCH_OPTIONS`, each declared once in `SearchRequest`
         (faste_mm/retrieval/search_request.py; docs/search.md "Search options" lists them with
         their defaults): image, video, like, crop ((x, y, width, height) or "X,Y,W,H": search by that
-        region of the image or of the `like` item's picture), instruction, k (10), mode ("dense" | "lexical" |
+        region of the image or of the `like` item's picture), instruction, k, mode ("dense" | "lexical" |
         "hybrid"), where (condition strings such as "taken>=2024-05-01", "place~lisbon",
         "country=Kenya", "tag=invoice", or a mapping key -> value read the same way), type, path,
         since, until, sort ("relevance" | "date" | "-date"), min_score (None: the collection's),
         rescore, lexical_syntax, rerank (None: the collection's reranker when it records one;
         False: none; True: the collection's, an error without one; a `faste_mm.Reranker`: that
-        one), rerank_top (50: the hits the reranker re-scores, at least k), literal (False: the
+        one), rerank_top (the hits the reranker re-scores, at least k), literal (False: the
         query text is read as meaning plus filters, `understand`; docs/asking.md).
 
-        A query text longer than `search_request.MAX_QUERY_CHARS` (2,000) characters is searched
-        by its first 2,000 (logged), as every front end does.
+        A query text longer than `search_request.MAX_QUERY_CHARS` characters is searched by its
+        first `MAX_QUERY_CHARS` (logged), as every front end does.
         Raises InputError if nothing is asked, ConfigError for an unknown or invalid option
         (naming it and the valid range), CollectionError when there is no collection.
 
