@@ -6,11 +6,12 @@ text-only side (DocVQA answers) reuses the Full vectors instead of recomputing t
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from PIL import Image, ImageFile
+from PIL import Image
 
 from faste_mm import BatchingConfig, Embedder, Item
 from faste_mm.datasets import EvalConfig, Setting, evaluate, evaluate_task, load_task
@@ -99,16 +100,41 @@ def test_downscaling_a_side_is_one_encode_call_equal_to_one_call_per_cap(embedde
     assert stats.n_items == len(images) and stats.n_failed == 0
 
 
-@pytest.mark.parametrize("r_max", [0.3, 0.5, 0.9])
-def test_downscale_plan_reads_headers_only_and_matches_the_decoded_sizes(embedder, images, r_max, monkeypatch):
-    expected = _reference_caps(embedder, images, r_max)
+def _cut_in_its_pixels(source: Path, target: Path) -> None:
+    """`source` cut halfway through its compressed pixels (PNG: the first IDAT chunk; JPEG: the
+    scan after SOS): the header is whole, so PIL opens it and reads its size, but decoding it
+    fails for real ("image file is truncated")."""
+    data = source.read_bytes()
+    if data.startswith(b"\x89PNG"):
+        at = 8
+        while data[at + 4:at + 8] != b"IDAT":
+            at += 12 + int.from_bytes(data[at:at + 4], "big")  # length, type, data, CRC
+        cut = at + 8 + int.from_bytes(data[at:at + 4], "big") // 2
+    else:
+        at = 2  # after SOI: segments of marker (2 bytes) + length (2 bytes, counting itself)
+        while data[at:at + 2] != b"\xff\xda":
+            at += 2 + int.from_bytes(data[at + 2:at + 4], "big")
+        cut = at + (len(data) - at) // 2
+    target.write_bytes(data[:cut])
 
-    def no_decoding(*args, **kwargs):
+
+@pytest.mark.parametrize("r_max", [0.3, 0.5, 0.9])
+def test_downscale_plan_reads_headers_only_and_matches_the_decoded_sizes(embedder, images, r_max, tmp_path, monkeypatch):
+    expected = _reference_caps(embedder, images, r_max)
+    headers_only = []
+    for item in images:  # the same files cut in their pixel data: a plan that decodes one fails
+        if isinstance(item.image, Path):
+            _cut_in_its_pixels(item.image, tmp_path / item.image.name)
+            with Image.open(tmp_path / item.image.name) as opened, pytest.raises(OSError, match="truncated"):
+                opened.load()
+            item = replace(item, image=tmp_path / item.image.name)
+        headers_only.append(item)
+
+    def no_resizing(*args, **kwargs):
         raise AssertionError("the downscale plan decoded or resized an image")
 
-    monkeypatch.setattr(ImageFile.ImageFile, "load", no_decoding)
-    monkeypatch.setattr(VLSerializer, "prepare_image", no_decoding)
-    assert downscale_pixels(embedder, images, r_max) == expected
+    monkeypatch.setattr(VLSerializer, "prepare_image", no_resizing)  # the in-memory image too
+    assert downscale_pixels(embedder, headers_only, r_max) == expected
 
 
 def test_resized_size_of_a_pdf_page_is_the_rendered_size(embedder, image_dir):
