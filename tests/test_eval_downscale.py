@@ -22,6 +22,7 @@ from faste_mm.model.items import expand_items
 from faste_mm.model.serialization import VLSerializer
 
 from tests.helpers.eval_fixtures import eval_data_dir, eval_model_dir  # noqa: F401  (fixtures)
+from tests.helpers.processors import processor_with
 
 
 @pytest.fixture(scope="module")
@@ -151,11 +152,14 @@ def test_an_unreadable_image_gets_no_cap_and_is_reported_by_the_encode(embedder,
     assert stats.n_failed == 1 and not vectors[1].any() and vectors[0].any()
 
 
-def test_downscale_caps_use_the_processors_pixels_per_token(embedder, images, monkeypatch):
+def test_downscale_caps_use_the_processors_pixels_per_token(embedder, images, eval_model_dir):
     # 8 px patches merged 2x2 -> 256 px per token: 128x96 = 48 tokens, half = 24 -> 6144 px.
-    monkeypatch.setattr(embedder.serializer.processor.image_processor, "patch_size", 8)
-    assert token_pixels(embedder) == 256
-    assert downscale_pixels(embedder, images[:1], 0.5) == [24 * 256]
+    processor = embedder.serializer.processor
+    eight = type(processor.image_processor).from_pretrained(str(eval_model_dir), patch_size=8)
+    loaded = replace(embedder.loaded, preprocessor=processor_with(processor, image_processor=eight))
+    small_patches = Embedder(loaded, embedder.batching).with_serializer(embedder.serializer.config)
+    assert token_pixels(small_patches) == 256
+    assert downscale_pixels(small_patches, images[:1], 0.5) == [24 * 256]
 
 
 def test_token_pixels_from_processor_then_model_config_then_the_qwen3_vl_default(embedder):
