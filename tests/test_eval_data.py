@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from faste_mm.datasets import download_tasks, load_task, resolve_tasks, task_spec
-from faste_mm.datasets import hub
+from faste_mm.datasets import download_tasks, hub, load_task, resolve_tasks, task_spec
 from faste_mm.datasets.hub import extract_archive
 from faste_mm.datasets.mmeb import clean_instruction
 from faste_mm.errors import ConfigError, InputError, ModelLoadError
@@ -184,6 +183,7 @@ def test_image_root_is_found_inside_an_extracted_archive_folder(tmp_path):
 def _hub_offline(monkeypatch, error: Exception) -> None:
     """The hub's file listing (faste-mm's one request before any download) fails with `error`,
     as the hub client's does without a network."""
+
     def offline():
         raise error
 
