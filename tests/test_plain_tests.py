@@ -152,7 +152,7 @@ class _Scan:
                 return Origin("third", path, shared=base.shared, note=base.note)
             if not base.is_module and node.attr in HELD:  # shared: faste-mm parses a processor once per process
                 return Origin("third", path, shared=True, note=" (a library's object that faste-mm holds)")
-            if base.kind == "own" and base.is_module and node.attr in _THIRD_PARTY_TOPS:
+            if base.kind == "own" and base.is_module and node.attr in _THIRD_PARTY_TOPS and not _is_module(path):
                 return Origin("third", path, shared=True, note=" (a library module seen through faste-mm's)")
             return Origin(base.kind, path, base.is_module and _is_module(path), base.shared)
         if isinstance(node, ast.Call):
@@ -263,6 +263,7 @@ def test_sync(monkeypatch):
 # What stays allowed: faste-mm's and the tests' own objects, standard-library settings.
 _PLAIN = '''
 import os, sys, tempfile
+import faste_mm
 from faste_mm.bench import rounds as bench_rounds
 from faste_mm.model import file_decoding as decoding
 from faste_mm import Embedder
@@ -270,6 +271,7 @@ from faste_mm import Embedder
 def test_own(monkeypatch, embedder, col, tmp_path):
     monkeypatch.setattr(bench_rounds, "_cuda_synchronize", lambda device: None)
     monkeypatch.setattr(decoding, "_pdfium_document", checked)
+    monkeypatch.setattr(faste_mm.datasets.hub, "_data_repo_files", offline)
     monkeypatch.setattr(Embedder, "encode", counting)
     monkeypatch.setattr(type(col._index), "can_select", property(lambda self: False))
     monkeypatch.setattr(embedder, "encode", slow)
