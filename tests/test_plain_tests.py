@@ -71,6 +71,9 @@ def _third_party_tops() -> frozenset[str]:
                      if top not in OWN and top not in sys.stdlib_module_names)
 
 
+_THIRD_PARTY_TOPS = _third_party_tops()
+
+
 def _kind(path: str) -> str:
     top = path.split(".", 1)[0]
     if top in OWN or top == "":
@@ -166,7 +169,6 @@ class _Scan:
         return Origin("unknown", ast.unparse(node))
 
 
-_THIRD_PARTY_TOPS = _third_party_tops()
 _MOCK_PATCHES = ("patch", "patch.object", "patch.dict", "patch.multiple")
 
 
