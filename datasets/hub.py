@@ -49,10 +49,10 @@ def download_tasks(specs: list[TaskSpec], cache_dir: str | Path | None = None, *
 
 
 def _download_subset(subset: str, cache: Path) -> None:
-    from huggingface_hub import HfApi, hf_hub_download
+    from huggingface_hub import hf_hub_download
 
     try:
-        files = [f for f in HfApi().list_repo_files(DATA_REPO, repo_type="dataset") if f.startswith(f"{subset}/") and f.endswith(".parquet")]
+        files = [f for f in _data_repo_files() if f.startswith(f"{subset}/") and f.endswith(".parquet")]
     except Exception as error:  # offline, DNS, HTTP errors: all mean "cannot list the hub"
         if sorted((cache / subset).glob("*.parquet")):
             log.warning("hub unreachable (%s); using the cached %s parquet", type(error).__name__, subset)
@@ -66,6 +66,14 @@ def _download_subset(subset: str, cache: Path) -> None:
     for name in files:
         log.info("downloading %s/%s", DATA_REPO, name)
         _hub_download(hf_hub_download, DATA_REPO, name, cache)
+
+
+def _data_repo_files() -> list[str]:
+    """Every file name in DATA_REPO, asked of the hub (raises what the hub client raises when
+    the hub cannot be reached: the one request whose failure means "use the cache")."""
+    from huggingface_hub import HfApi
+
+    return HfApi().list_repo_files(DATA_REPO, repo_type="dataset")
 
 
 def _download_images(cache: Path) -> None:

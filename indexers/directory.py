@@ -51,8 +51,7 @@ def acquire_lock(root: Path) -> int:
     path = root / LOCK_NAME
     while True:
         try:
-            # O_NOFOLLOW: a lock planted as a symlink must not make us truncate its target.
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+            fd = _open_lock_file(path)
         except FileNotFoundError:  # the directory itself is gone, e.g. erased meanwhile
             raise CollectionError(f"{root}: the collection directory no longer exists (erased by "
                                   f"another process?); create the collection again") from None
@@ -79,6 +78,13 @@ def acquire_lock(root: Path) -> int:
     os.ftruncate(fd, 0)
     os.pwrite(fd, str(os.getpid()).encode(), 0)
     return fd
+
+
+def _open_lock_file(path: Path) -> int:
+    """The lock file opened (created if missing) for `acquire_lock`. A call of its own: a test
+    hands back a descriptor opened before an erase, the race that `acquire_lock` must survive."""
+    # O_NOFOLLOW: a lock planted as a symlink must not make us truncate its target.
+    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
 
 
 def _names_file(path: Path, fd: int) -> bool:

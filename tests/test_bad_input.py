@@ -120,18 +120,16 @@ def test_pdfium_is_only_called_under_its_lock_from_concurrent_workers(image_dir,
     document must be opened (and used, and closed) under the one lock."""
     from concurrent.futures import ThreadPoolExecutor
 
-    import pypdfium2
-
     from faste_mm.model import file_decoding as decoding
 
     opened_unlocked = []
-    original = pypdfium2.PdfDocument
+    original = decoding._pdfium_document  # faste-mm's one call that opens a PDFium document
 
-    def checked(*args, **kwargs):
+    def checked(source):
         opened_unlocked.append(not decoding._PDFIUM_LOCK.locked())
-        return original(*args, **kwargs)
+        return original(source)
 
-    monkeypatch.setattr(pypdfium2, "PdfDocument", checked)
+    monkeypatch.setattr(decoding, "_pdfium_document", checked)
     pages = [Item(image=image_dir / "doc.pdf", page=1 + i % 2) for i in range(12)]
     sequential = [np.asarray(decoding.load_image(page, 50_000)) for page in pages]
     with ThreadPoolExecutor(4) as pool:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from faste_mm.datasets import download_tasks, load_task, resolve_tasks, task_spec
+from faste_mm.datasets import download_tasks, hub, load_task, resolve_tasks, task_spec
 from faste_mm.datasets.hub import extract_archive
 from faste_mm.datasets.mmeb import clean_instruction
 from faste_mm.errors import ConfigError, InputError, ModelLoadError
@@ -180,21 +180,24 @@ def test_image_root_is_found_inside_an_extracted_archive_folder(tmp_path):
     assert load_task("nights", tmp_path, image_root=tmp_path / "images" / "eval_images").candidates == data.candidates
 
 
+def _hub_offline(monkeypatch, error: Exception) -> None:
+    """The hub's file listing (faste-mm's one request before any download) fails with `error`,
+    as the hub client's does without a network."""
+
+    def offline():
+        raise error
+
+    monkeypatch.setattr(hub, "_data_repo_files", offline)
+
+
 def test_hub_download_offline_raises_model_load_error_naming_the_data_set(tmp_path, monkeypatch):
-    import huggingface_hub
-
-    def offline(*args, **kwargs):
-        raise ConnectionError("network unreachable")
-
-    monkeypatch.setattr(huggingface_hub.HfApi, "list_repo_files", offline)
+    _hub_offline(monkeypatch, ConnectionError("network unreachable"))
     with pytest.raises(ModelLoadError, match="ziyjiang/MMEB_Test_Instruct.*--data DIR"):
         download_tasks(resolve_tasks("nights"), tmp_path)
 
 
 def test_hub_download_reuses_cached_files_when_offline(tmp_path, monkeypatch):
-    import huggingface_hub
-
-    monkeypatch.setattr(huggingface_hub.HfApi, "list_repo_files", lambda *a, **k: (_ for _ in ()).throw(OSError("offline")))
+    _hub_offline(monkeypatch, OSError("offline"))
     write_mmeb(tmp_path, "hub-shards")
     (tmp_path / "images" / ".complete").write_text("ok\n")  # archive already extracted
     assert download_tasks(resolve_tasks("all"), tmp_path) == tmp_path

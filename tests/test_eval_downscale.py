@@ -6,11 +6,12 @@ text-only side (DocVQA answers) reuses the Full vectors instead of recomputing t
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from PIL import Image, ImageFile
+from PIL import Image
 
 from faste_mm import BatchingConfig, Embedder, Item
 from faste_mm.datasets import EvalConfig, Setting, evaluate, evaluate_task, load_task
@@ -21,6 +22,7 @@ from faste_mm.model.items import expand_items
 from faste_mm.model.serialization import VLSerializer
 
 from tests.helpers.eval_fixtures import eval_data_dir, eval_model_dir  # noqa: F401  (fixtures)
+from tests.helpers.processors import processor_with
 
 
 @pytest.fixture(scope="module")
@@ -99,16 +101,41 @@ def test_downscaling_a_side_is_one_encode_call_equal_to_one_call_per_cap(embedde
     assert stats.n_items == len(images) and stats.n_failed == 0
 
 
-@pytest.mark.parametrize("r_max", [0.3, 0.5, 0.9])
-def test_downscale_plan_reads_headers_only_and_matches_the_decoded_sizes(embedder, images, r_max, monkeypatch):
-    expected = _reference_caps(embedder, images, r_max)
+def _cut_in_its_pixels(source: Path, target: Path) -> None:
+    """`source` cut halfway through its compressed pixels (PNG: the first IDAT chunk; JPEG: the
+    scan after SOS): the header is whole, so PIL opens it and reads its size, but decoding it
+    fails for real ("image file is truncated")."""
+    data = source.read_bytes()
+    if data.startswith(b"\x89PNG"):
+        at = 8
+        while data[at + 4:at + 8] != b"IDAT":
+            at += 12 + int.from_bytes(data[at:at + 4], "big")  # length, type, data, CRC
+        cut = at + 8 + int.from_bytes(data[at:at + 4], "big") // 2
+    else:
+        at = 2  # after SOI: segments of marker (2 bytes) + length (2 bytes, counting itself)
+        while data[at:at + 2] != b"\xff\xda":
+            at += 2 + int.from_bytes(data[at + 2:at + 4], "big")
+        cut = at + (len(data) - at) // 2
+    target.write_bytes(data[:cut])
 
-    def no_decoding(*args, **kwargs):
+
+@pytest.mark.parametrize("r_max", [0.3, 0.5, 0.9])
+def test_downscale_plan_reads_headers_only_and_matches_the_decoded_sizes(embedder, images, r_max, tmp_path, monkeypatch):
+    expected = _reference_caps(embedder, images, r_max)
+    headers_only = []
+    for item in images:  # the same files cut in their pixel data: a plan that decodes one fails
+        if isinstance(item.image, Path):
+            _cut_in_its_pixels(item.image, tmp_path / item.image.name)
+            with Image.open(tmp_path / item.image.name) as opened, pytest.raises(OSError, match="truncated"):
+                opened.load()
+            item = replace(item, image=tmp_path / item.image.name)
+        headers_only.append(item)
+
+    def no_resizing(*args, **kwargs):
         raise AssertionError("the downscale plan decoded or resized an image")
 
-    monkeypatch.setattr(ImageFile.ImageFile, "load", no_decoding)
-    monkeypatch.setattr(VLSerializer, "prepare_image", no_decoding)
-    assert downscale_pixels(embedder, images, r_max) == expected
+    monkeypatch.setattr(VLSerializer, "prepare_image", no_resizing)  # the in-memory image too
+    assert downscale_pixels(embedder, headers_only, r_max) == expected
 
 
 def test_resized_size_of_a_pdf_page_is_the_rendered_size(embedder, image_dir):
@@ -125,11 +152,14 @@ def test_an_unreadable_image_gets_no_cap_and_is_reported_by_the_encode(embedder,
     assert stats.n_failed == 1 and not vectors[1].any() and vectors[0].any()
 
 
-def test_downscale_caps_use_the_processors_pixels_per_token(embedder, images, monkeypatch):
+def test_downscale_caps_use_the_processors_pixels_per_token(embedder, images, eval_model_dir):
     # 8 px patches merged 2x2 -> 256 px per token: 128x96 = 48 tokens, half = 24 -> 6144 px.
-    monkeypatch.setattr(embedder.serializer.processor.image_processor, "patch_size", 8)
-    assert token_pixels(embedder) == 256
-    assert downscale_pixels(embedder, images[:1], 0.5) == [24 * 256]
+    processor = embedder.serializer.processor
+    eight = type(processor.image_processor).from_pretrained(str(eval_model_dir), patch_size=8)
+    loaded = replace(embedder.loaded, preprocessor=processor_with(processor, image_processor=eight))
+    small_patches = Embedder(loaded, embedder.batching).with_serializer(embedder.serializer.config)
+    assert token_pixels(small_patches) == 256
+    assert downscale_pixels(small_patches, images[:1], 0.5) == [24 * 256]
 
 
 def test_token_pixels_from_processor_then_model_config_then_the_qwen3_vl_default(embedder):

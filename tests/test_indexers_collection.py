@@ -357,13 +357,12 @@ def test_a_lock_file_unlinked_by_erase_never_counts_as_the_writer_lock(tmp_path,
     make(tmp_path, n=5)[0].close()
     root = tmp_path / "c"
     (root / "notes.txt").write_text("mine")  # keeps the folder through the erase
-    real_open = os.open
-    stale = real_open(root / directory.LOCK_NAME, os.O_RDWR)  # a writer that opened the lock file ...
+    stale = os.open(root / directory.LOCK_NAME, os.O_RDWR)  # a writer that opened the lock file ...
     assert Collection.erase(root)  # ... before erase unlinked it, and locks it only afterwards
     (root / "notes.txt").unlink()
     with Collection.create(root, Manifest(model_id="test/model", dim=D)):  # the new writer, on a new file
-        handed = iter([stale])
-        monkeypatch.setattr(os, "open", lambda *args, **kwargs: next(handed, None) or real_open(*args, **kwargs))
+        handed, open_lock_file = iter([stale]), directory._open_lock_file
+        monkeypatch.setattr(directory, "_open_lock_file", lambda path: next(handed, None) or open_lock_file(path))
         with pytest.raises(CollectionError, match="another faste-mm process"):
             Collection.open(root, writable=True)
         monkeypatch.undo()

@@ -5,6 +5,8 @@ exactly the pairs encoded whole (ids, types, pixels, truncation), so the scores 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -15,6 +17,7 @@ from faste_mm.model.rerank import tower_cache
 from faste_mm.model.rerank.pair_format import rerank_serializer_config
 from faste_mm.model.rerank.reranker import Reranker
 
+from tests.helpers.processors import processor_with, recording_class
 from tests.helpers.rerank_fixtures import ONE_BATCH, reranker_dirs, vl_reranker  # noqa: F401
 
 
@@ -49,15 +52,20 @@ def test_a_pair_from_kept_tails_equals_the_pair_encoded_whole(vl_reranker, image
     assert reranker.document_tails.hits == 3 and (truncated > 0) == (max_length < 8192)
 
 
-def test_a_later_query_runs_no_image_processor_and_hashes_nothing(vl_reranker, image_dir, tmp_path, monkeypatch):
+def test_a_later_query_runs_no_image_processor_and_hashes_nothing(vl_reranker, reranker_dirs, image_dir, tmp_path,
+                                                                  monkeypatch):
     photo = tmp_path / "photo.png"
     Image.new("RGB", (120, 80), (10, 200, 30)).save(photo)
     documents = [Item(image=photo, text="green"), *_documents(image_dir)[:3]]
-    reranker = Reranker(vl_reranker.loaded, batching=ONE_BATCH)
-    plain = Reranker(vl_reranker.loaded, batching=ONE_BATCH, tower_cache_bytes=0)
     processed, hashed = [], []
-    image_processor = reranker.loaded.preprocessor.image_processor
-    monkeypatch.setattr(type(image_processor), "__call__", _recording(type(image_processor).__call__, processed))
+    # the same weights behind an image processor that counts its runs (a subclass of the model's
+    # own, loaded from its files): every image the reranker turns into patches passes through it
+    processor = vl_reranker.loaded.preprocessor
+    counting = recording_class(type(processor.image_processor), lambda *args, **kwargs: processed.append(1))
+    image_processor = counting.from_pretrained(str(reranker_dirs["qwen3_vl_reranker"]))
+    reranker = Reranker(replace(vl_reranker.loaded, preprocessor=processor_with(processor, image_processor=image_processor)),
+                        batching=ONE_BATCH)
+    plain = Reranker(vl_reranker.loaded, batching=ONE_BATCH, tower_cache_bytes=0)
     monkeypatch.setattr(tower_cache, "patch_digest", _recording(tower_cache.patch_digest, hashed))
 
     first = reranker.score("a green photo", documents).scores

@@ -5,6 +5,7 @@ Retriever shared across threads, hostile plan files and odd names."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +13,9 @@ import pytest
 from typer.testing import CliRunner
 
 from faste_mm.cli.app import app
-from tests.helpers.rerank_fixtures import reranker_dirs, vl_reranker  # noqa: F401  (fixtures)
+from faste_mm.model.rerank.reranker import Reranker
+from tests.helpers.processors import processor_with, recording_class
+from tests.helpers.rerank_fixtures import ONE_BATCH, reranker_dirs, vl_reranker  # noqa: F401  (fixtures)
 from tests.helpers.inputs import tiny_vl_dir
 from tests.helpers.bounds import HANG_S
 
@@ -73,30 +76,39 @@ def test_rerank_of_a_replaced_image_of_the_same_size_and_mtime_is_scored_afresh(
 FIVE_MB = "word " * 1_000_000
 
 
-@pytest.fixture()
-def tokenized_lengths(vl_reranker, monkeypatch) -> list[int]:
-    """The length of every text the reranker's tokenizer is handed (recorded, then tokenized)."""
-    tokenizer_type = type(vl_reranker.serializer.processor.tokenizer)
-    original = tokenizer_type.__call__
+@pytest.fixture(scope="module")
+def recording_reranker(vl_reranker, reranker_dirs):
+    """`vl_reranker`'s weights behind a tokenizer that records the length of every text it is
+    handed, then tokenizes it (a subclass of the model's own tokenizer class, loaded from its
+    files); and that list of lengths."""
     lengths: list[int] = []
 
-    def recording(self, text=None, *args, **kwargs):
+    def record(text=None, *args, **kwargs):
         texts = [text] if isinstance(text, str) else [t for t in (text or []) if isinstance(t, str)]
         lengths.extend(len(t) for t in texts)
-        return original(self, text, *args, **kwargs)
 
-    monkeypatch.setattr(tokenizer_type, "__call__", recording)
+    processor = vl_reranker.serializer.processor
+    tokenizer = recording_class(type(processor.tokenizer), record).from_pretrained(str(reranker_dirs["qwen3_vl_reranker"]))
+    loaded = replace(vl_reranker.loaded, preprocessor=processor_with(processor, tokenizer=tokenizer))
+    return Reranker(loaded, batching=ONE_BATCH), lengths
+
+
+@pytest.fixture()
+def tokenized_lengths(recording_reranker) -> list[int]:
+    """The length of every text the served reranker's tokenizer is handed during this test."""
+    lengths = recording_reranker[1]
+    lengths.clear()
     return lengths
 
 
 @pytest.fixture(scope="module")
-def rerank_client(model, vl_reranker):
+def rerank_client(model, recording_reranker):
     from fastapi.testclient import TestClient
 
     from faste_mm import Embedder
     from faste_mm.serving import ServeConfig, ServeEngine, create_app
 
-    engine = ServeEngine(Embedder.from_pretrained(model, device="cpu"), None, ServeConfig(), reranker=vl_reranker)
+    engine = ServeEngine(Embedder.from_pretrained(model, device="cpu"), None, ServeConfig(), reranker=recording_reranker[0])
     with TestClient(create_app(engine), base_url="http://127.0.0.1:8000") as client:
         yield client
 
@@ -104,7 +116,7 @@ def rerank_client(model, vl_reranker):
 def test_rerank_of_a_5mb_document_tokenizes_only_what_the_model_sees(rerank_client, vl_reranker, tokenized_lengths):
     response = rerank_client.post("/v1/rerank", json={"query": "words", "documents": [FIVE_MB, "a short one"]})
     assert response.status_code == 200, response.text[:300]
-    assert max(tokenized_lengths) < len(FIVE_MB) // 10
+    assert tokenized_lengths and max(tokenized_lengths) < len(FIVE_MB) // 10
     cut = FIVE_MB[: len(FIVE_MB) // 8]  # still far more than the model keeps: the same pair
     expected = vl_reranker.score("words", [cut, "a short one"]).scores
     scores = {r["index"]: r["relevance_score"] for r in response.json()["results"]}
@@ -114,7 +126,7 @@ def test_rerank_of_a_5mb_document_tokenizes_only_what_the_model_sees(rerank_clie
 def test_explain_with_a_5mb_query_tokenizes_only_what_the_model_sees(rerank_client, tokenized_lengths):
     response = rerank_client.post("/explain", json={"query": FIVE_MB, "document": "a short document"})
     assert response.status_code == 200, response.text[:300]
-    assert max(tokenized_lengths) < len(FIVE_MB) // 10
+    assert tokenized_lengths and max(tokenized_lengths) < len(FIVE_MB) // 10
 
 
 def test_rerank_over_the_token_limit_is_413_naming_it(model, vl_reranker):

@@ -5,8 +5,8 @@ each bad input as a per-item failure. Videos are generated here with PyAV: tiny,
 
 from __future__ import annotations
 
-import sys
-import types
+import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +20,7 @@ from faste_mm.model.video import VideoConfig, frame_indices, frame_pixel_budget,
 
 from tests.helpers.reference import init_vl_sample, naive_embed, pool_last_valid, right_padded, serialized_items
 from tests.helpers.inputs import write_audio, write_video
+from tests.helpers.warm_process import run_python
 
 av = pytest.importorskip("av")
 
@@ -64,46 +65,52 @@ def test_frame_size_equals_qwen_vl_utils_smart_resize(height, width, nframes):
     assert smart_resize(height, width, min_pixels, max_pixels) == expected
 
 
-class _PyAVDecord(types.ModuleType):
-    """A stand-in `decord` module (decord has no wheels for recent Pythons): VideoReader decodes the
-    whole file with PyAV, so qwen-vl-utils' own decord code path samples, indexes and resizes."""
+_FETCHED_VIDEOS = ["short.mp4", "wide.mkv", "long_gop.mp4"]
+_FETCH_CONFIGS = [
+    VideoConfig(),
+    VideoConfig(total_pixels=int(128000 * 32 * 32 * 0.9)),  # the official file-path call: qwen-vl-utils' default
+    VideoConfig(fps=2.0, max_frames=8, min_pixels=4096, total_pixels=40_000),  # the clip budget binds
+]
+# qwen-vl-utils' `fetch_video` on each element, its decord path chosen by its own setting
+# (FORCE_QWENVL_VIDEO_READER) and served by the stand-in on this process's path (argv[1]).
+_FETCH_VIDEO = """
+import json, sys
+import torch
+sys.path.insert(0, sys.argv[1])
+import qwen_vl_utils.vision_process as qvu
+backend = qvu.get_video_reader_backend()
+if backend != "decord":
+    sys.exit(f"qwen-vl-utils chose its {backend} reader, not decord (FORCE_QWENVL_VIDEO_READER)")
+elements = json.loads(sys.argv[2])
+torch.save({key: qvu.fetch_video(ele, image_patch_size=16, return_video_metadata=True) for key, ele in elements.items()},
+           sys.argv[3])
+"""
 
-    class VideoReader:
-        def __init__(self, path: str) -> None:
-            with av.open(path.removeprefix("file://")) as container:
-                stream = container.streams.video[0]
-                self.fps = float(stream.average_rate)
-                self.frames = np.stack([f.to_ndarray(format="rgb24") for f in container.decode(stream)])
 
-        def __len__(self) -> int:
-            return len(self.frames)
+@pytest.fixture(scope="module")
+def fetched(video_dir, tmp_path_factory) -> dict:
+    """(frames, metadata) from qwen-vl-utils' `fetch_video` for each video and config, computed in
+    a process of its own: qwen-vl-utils reads its reader setting when imported, and the decord it
+    reads with is the stand-in in tests/helpers/stand_ins (nothing of either is patched)."""
+    elements = {}
+    for name in _FETCHED_VIDEOS:
+        for k, config in enumerate(_FETCH_CONFIGS):
+            elements[f"{name} {k}"] = {"video": "file://" + str(video_dir / name), "fps": config.fps,
+                                       "max_frames": config.max_frames, "min_pixels": config.min_pixels,
+                                       "total_pixels": config.total_pixels}
+    out = tmp_path_factory.mktemp("fetched") / "fetched.pt"
+    stand_ins = Path(__file__).parent / "helpers" / "stand_ins"
+    result = run_python(_FETCH_VIDEO, [str(stand_ins), json.dumps(elements), str(out)],
+                        env={**os.environ, "FORCE_QWENVL_VIDEO_READER": "decord"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    return torch.load(out)
 
-        def get_avg_fps(self) -> float:
-            return self.fps
 
-        def get_batch(self, indices):
-            return types.SimpleNamespace(asnumpy=lambda: self.frames[indices])
-
-
-@pytest.mark.parametrize("name", ["short.mp4", "wide.mkv", "long_gop.mp4"])
-@pytest.mark.parametrize(
-    "config",
-    [
-        VideoConfig(),
-        VideoConfig(total_pixels=int(128000 * 32 * 32 * 0.9)),  # the official file-path call: qwen-vl-utils' default
-        VideoConfig(fps=2.0, max_frames=8, min_pixels=4096, total_pixels=40_000),  # the clip budget binds
-    ],
-)
-def test_decoded_frames_equal_qwen_vl_utils_fetch_video(video_dir, monkeypatch, name, config):
-    import qwen_vl_utils.vision_process as qvu
-
-    monkeypatch.setitem(sys.modules, "decord", _PyAVDecord("decord"))
-    monkeypatch.setattr(qvu, "get_video_reader_backend", lambda: "decord")
-    path = video_dir / name
-    ele = {"video": "file://" + str(path), "fps": config.fps, "max_frames": config.max_frames,
-           "min_pixels": config.min_pixels, "total_pixels": config.total_pixels}
-    expected, metadata = qvu.fetch_video(ele, image_patch_size=16, return_video_metadata=True)
-    got = read_video(path, config)
+@pytest.mark.parametrize("name", _FETCHED_VIDEOS)
+@pytest.mark.parametrize("config", _FETCH_CONFIGS)
+def test_decoded_frames_equal_qwen_vl_utils_fetch_video(video_dir, fetched, name, config):
+    expected, metadata = fetched[f"{name} {_FETCH_CONFIGS.index(config)}"]
+    got = read_video(video_dir / name, config)
     assert list(got.indices) == list(metadata["frames_indices"])
     assert (got.fps, got.total_frames) == (metadata["fps"], metadata["total_num_frames"])
     assert got.frames.shape == expected.shape

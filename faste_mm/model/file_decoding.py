@@ -246,7 +246,7 @@ def _open_pdf(source: Path | OpenedFile):
     _check_file(source)
     with _PDFIUM_LOCK:
         try:
-            pdf = pdfium.PdfDocument(decoder_input(source))
+            pdf = _pdfium_document(source)
         except pdfium.PdfiumError as error:
             reason = str(error)
             if "password" in reason.lower():
@@ -259,6 +259,14 @@ def _open_pdf(source: Path | OpenedFile):
             yield pdf
         finally:
             pdf.close()
+
+
+def _pdfium_document(source: Path | OpenedFile):
+    """PDFium's document for `source`; only `_open_pdf` calls it, under `_PDFIUM_LOCK`. One named
+    call for the library's constructor, so a test can watch every opening hold the lock."""
+    import pypdfium2 as pdfium
+
+    return pdfium.PdfDocument(decoder_input(source))
 
 
 def _has_empty_page_tree(source: Path | OpenedFile, limit: int = 1 << 20) -> bool:
