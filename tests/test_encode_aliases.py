@@ -5,7 +5,6 @@ input (by the plural forms too), and the retriever's forms using the collection'
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 import pytest

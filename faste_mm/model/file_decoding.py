@@ -316,6 +316,14 @@ def pdf_page_text(source: str | Path | OpenedFile, page: int) -> str:
             textpage.close()
 
 
+def pdf_metadata(source: str | Path | OpenedFile) -> dict[str, str]:
+    """The PDF's document information (Title, Author, Subject, Keywords, CreationDate, ...; empty
+    values left out), read under the one PDFium lock; InputError naming the file when the PDF
+    cannot be read."""
+    with _open_pdf(source if isinstance(source, OpenedFile) else Path(source)) as pdf:
+        return pdf.get_metadata_dict(skip_empty=True)
+
+
 def _render_pdf_page(source: Path | OpenedFile, page: int, max_pixels: int) -> Image.Image:
     path = file_name(source)
     with _open_pdf(source) as pdf:

@@ -51,7 +51,7 @@ from faste_mm.retrieval.rerank_hits import RerankerChoice
 from faste_mm.retrieval.results import AddReport, Hit, IndexOptions, IndexProgress, IndexReport, RemoveReport
 from faste_mm.retrieval.search_executor import PlannedQuery, SearchParts, execute, one, planned_query, understood
 from faste_mm.retrieval.search_request import SearchRequest, options_for
-from faste_mm.retrieval.scanning import Scan, ScanFilter, ScannedFile, scan_paths
+from faste_mm.retrieval.scanning import Scan, ScannedFile, scan_paths
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,6 @@ Receives a loaded model (bfloat16 or float32); replaces its linear layers in pla
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import asdict, dataclass
 
 import torch

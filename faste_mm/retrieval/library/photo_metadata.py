@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 from faste_mm.errors import InputError
 from faste_mm.indexers.facts import MAX_KEYWORDS, MAX_OFFSET_MIN, MAX_TEXT_CHARS, ItemFacts
+from faste_mm.model.file_decoding import pdf_metadata
 from faste_mm.retrieval.library import places
 
 log = logging.getLogger(__name__)
@@ -305,13 +306,7 @@ def _iso_date(text: str) -> tuple[datetime, int | None]:
 
 # ---- PDFs and videos ----------------------------------------------------------------------------
 def _read_pdf(path: Path, facts: _Facts) -> None:
-    import pypdfium2
-
-    pdf = pypdfium2.PdfDocument(str(path))
-    try:
-        info = pdf.get_metadata_dict(skip_empty=True)
-    finally:
-        pdf.close()
+    info = pdf_metadata(path)  # under the PDFium lock: indexing renders other PDFs in threads meanwhile
     facts.text("title", info.get("Title"))
     facts.text("author", info.get("Author"))
     facts.text("description", info.get("Subject"))
