@@ -137,3 +137,8 @@ def test_pdfium_is_only_called_under_its_lock_from_concurrent_workers(image_dir,
     assert len(opened_unlocked) == 24 and not any(opened_unlocked)
     assert all(np.array_equal(a, b) for a, b in zip(sequential, concurrent))
     assert not decoding._PDFIUM_LOCK.locked()
+    # the photo-facts reader (a PDF's title and date, read while other threads render pages) too
+    from faste_mm.retrieval.library.photo_metadata import read_facts
+
+    read_facts(image_dir / "doc.pdf", "pdf")
+    assert len(opened_unlocked) == 25 and not any(opened_unlocked)
