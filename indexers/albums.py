@@ -52,8 +52,6 @@ def check_name(name: Any) -> str:
 def mark_changed(db, ids) -> None:
     """Note items whose words or facts changed in place (inside the writer's transaction), so every
     album checks them again at its next refresh; nothing is noted while there are no albums."""
-    if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'album_changed'").fetchone() is None:
-        return
     if db.execute("SELECT 1 FROM albums LIMIT 1").fetchone() is None:
         return
     db.executemany("INSERT OR IGNORE INTO album_changed (id) VALUES (?)", [(int(i),) for i in ids])

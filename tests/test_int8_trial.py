@@ -18,19 +18,21 @@ VNNI = frozenset({"avx512_vnni", "avx512_bf16"})
 
 
 class ShapeTimer:
-    """A timer that runs nothing: int8's calls take `int8_s(rows)`, the rest dtype's 1 ms, and the
+    """A timer that runs nothing: int8's calls take `int8_s(rows, codes)`, the rest dtype's 1 ms, and the
     rows of every timed call are recorded (which shapes the trial reached)."""
 
     def __init__(self, int8_s) -> None:
-        self.int8_s = int8_s
+        self.int8_s = int8_s  # (rows, activation codes) -> seconds
         self.rows: list[int] = []
+        self.codes: list[str | None] = []  # each timed call's activation codes (None: the rest dtype)
 
     def __call__(self, run):
-        quantized = run.__closure__ is not None and any(
-            type(cell.cell_contents).__name__ == "Int8Linear" for cell in run.__closure__)
+        layer = next((cell.cell_contents for cell in run.__closure__ or ()
+                      if type(cell.cell_contents).__name__ == "Int8Linear"), None)
         x = next(cell.cell_contents for cell in run.__closure__ if isinstance(cell.cell_contents, torch.Tensor))
         self.rows.append(x.shape[0])
-        return (self.int8_s(x.shape[0]) if quantized else 1e-3), x
+        self.codes.append(None if layer is None else layer.codes)
+        return (self.int8_s(x.shape[0], layer.codes) if layer is not None else 1e-3), x
 
 
 @pytest.fixture
@@ -44,7 +46,7 @@ def with_the_trial(monkeypatch):
 
 
 def test_a_slow_int8_kernel_is_caught_by_the_probe_without_running_the_full_shape(cache):
-    timer = ShapeTimer(lambda rows: 2.0)  # 2,000x the rest dtype: a reference kernel
+    timer = ShapeTimer(lambda rows, codes: 2.0)  # 2,000x the rest dtype: a reference kernel
     verdict = int8_trial(torch.bfloat16, VNNI, cache, timer)
     assert not verdict.accepted and verdict.shape == PROBE_SHAPE and verdict.how == "measured"
     assert set(timer.rows) == {PROBE_SHAPE[0]}  # TRIAL_SHAPE was never run
@@ -53,21 +55,33 @@ def test_a_slow_int8_kernel_is_caught_by_the_probe_without_running_the_full_shap
 
 
 def test_int8_faster_by_the_margin_at_the_full_shape_is_accepted(cache):
-    timer = ShapeTimer(lambda rows: 0.5e-3)
+    timer = ShapeTimer(lambda rows, codes: 0.5e-3)
     verdict = int8_trial(torch.bfloat16, VNNI, cache, timer)
     assert verdict.accepted and verdict.shape == TRIAL_SHAPE and verdict.speedup == pytest.approx(2.0)
     assert set(timer.rows) == {PROBE_SHAPE[0], TRIAL_SHAPE[0]}
 
 
+@pytest.mark.parametrize("fast, slow", [("u8", "s8"), ("s8", "u8")])
+def test_the_faster_activation_codes_are_kept_and_the_slow_ones_stop_at_the_probe(cache, fast, slow):
+    """oneDNN multiplies uint8 codes on VNNI and int8 ones only on AMX: whichever is a reference
+    kernel here stops at the probe, and the verdict names the codes int8 then runs with."""
+    timer = ShapeTimer(lambda rows, codes: 0.5e-3 if codes == fast else 2.0)
+    verdict = int8_trial(torch.bfloat16, VNNI, cache, timer)
+    assert verdict.accepted and verdict.codes == fast and verdict.shape == TRIAL_SHAPE
+    assert f"({fast} activations)" in verdict.describe()
+    at_full = {codes for rows, codes in zip(timer.rows, timer.codes) if rows == TRIAL_SHAPE[0]}
+    assert at_full == {fast, None}  # the slow codes never ran the full shape
+
+
 def test_int8_within_the_margin_of_bfloat16_is_refused(cache):
     slightly = MARGIN * 1e-3 * 1.05  # faster than bfloat16, but by less than the margin
-    verdict = int8_trial(torch.bfloat16, VNNI, cache, ShapeTimer(lambda rows: slightly))
+    verdict = int8_trial(torch.bfloat16, VNNI, cache, ShapeTimer(lambda rows, codes: slightly))
     assert not verdict.accepted and verdict.shape == TRIAL_SHAPE
 
 
 def test_the_verdict_is_cached_for_this_cpu_model_and_torch_and_not_for_another(cache, tmp_path):
-    first = int8_trial(torch.bfloat16, VNNI, cache, ShapeTimer(lambda rows: 2.0))
-    never = ShapeTimer(lambda rows: pytest.fail("a cached verdict must not be measured again"))
+    first = int8_trial(torch.bfloat16, VNNI, cache, ShapeTimer(lambda rows, codes: 2.0))
+    never = ShapeTimer(lambda rows, codes: pytest.fail("a cached verdict must not be measured again"))
     again = int8_trial(torch.bfloat16, VNNI, cache, never)
     assert again.how == "cached" and (again.accepted, again.int8_s, again.shape) == (first.accepted, first.int8_s, first.shape)
     assert "measured earlier (cached)" in again.describe()

@@ -22,7 +22,7 @@ from faste_mm.errors import ConfigError, InputError
 from faste_mm.model.flops import (DecoderShape, batch_flops, flops_reduction, full_batch_flops, tower_share, vision_flops)
 from faste_mm.model.cost import CostTally
 from faste_mm.model.official import QUERY_INSTRUCTION
-from faste_mm.model.items import Failure, Item, expand_items, failure_reason, one_or_many  # noqa: F401 (re-exported)
+from faste_mm.model.items import Failure, Item, expand_items, failure_reason
 from faste_mm.model.cpu.machine_plan import use_torch_threads
 from faste_mm.model.patch_dedup import PatchDedupConfig, PixelNorm, applies_to, drop_repeated_units
 from faste_mm.model.pooling import truncate_dim

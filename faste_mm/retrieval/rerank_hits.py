@@ -61,7 +61,6 @@ def load_collection_reranker(name: str, device: str) -> Any:
     return Reranker.from_pretrained(name, device=device)
 
 
-
 class RerankerChoice:
     """Which reranker a search's `rerank` means for one retriever: the one given, none, or the
     collection's: the one a server shares (`use`), else the model its profile records, loaded on

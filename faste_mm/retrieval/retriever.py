@@ -27,7 +27,7 @@ from faste_mm.errors import ConfigError, InputError
 from faste_mm.indexers import Collection, CollectionInfo
 from faste_mm.indexers.faiss_index import check_factory_syntax
 from faste_mm.model.batching import BatchingConfig
-from faste_mm.model.embedder import Embedder, EmbedResult, OnError, one_or_many
+from faste_mm.model.embedder import Embedder, EmbedResult, OnError
 from faste_mm.model.items import Item
 from faste_mm.model.patch_dedup import dedup_config
 from faste_mm.retrieval import collection_settings, maintenance, querying
@@ -464,11 +464,11 @@ class Retriever:
     def encode_query(self, queries: object, *, instruction: str | None = None,
                      on_error: OnError = "raise") -> EmbedResult:
         """`encode_queries` under the sentence-transformers name; one input counts as a list of one."""
-        return self.encode_queries(one_or_many(queries), instruction=instruction, on_error=on_error)
+        return self.encode_queries(queries, instruction=instruction, on_error=on_error)
 
     def encode_document(self, documents: object, *, on_error: OnError = "raise") -> EmbedResult:
         """`encode_documents` under the sentence-transformers name; one input counts as a list of one."""
-        return self.encode_documents(one_or_many(documents), on_error=on_error)
+        return self.encode_documents(documents, on_error=on_error)
 
 
 def refuse_missing_paths(paths: Sequence[str | os.PathLike]) -> None:

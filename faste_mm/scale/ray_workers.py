@@ -217,7 +217,6 @@ class EmbedActor:
         return {"unit": batch["unit"], "part": batch["part"], "parts": batch["parts"],
                 "embedded": np.array([pickle.dumps(o) for o in outputs], dtype=object)}
 
-
     def _embed(self, items: list, dedups: list[bool]) -> tuple[np.ndarray, dict[int, str], dict[str, float]]:
         """(vectors [n, dim], {item: failure reason}, `STAT_FIELDS` totals) of `items`, embedded as
         the plain run embeds them: duplicate-patch removal on the items whose file it applies to
@@ -226,9 +225,9 @@ class EmbedActor:
         vectors = np.zeros((len(items), self.dim), dtype=np.float32)
         reasons: dict[int, str] = {}
         stats = dict.fromkeys(STAT_FIELDS, 0)
-        groups = [[i for i, d in enumerate(dedups) if d], [i for i, d in enumerate(dedups) if not d]] \
-            if self.patch_dedup is not None else [list(range(len(items))), []]
-        for rows, dedup in zip(groups, (self.patch_dedup, None)):
+        deduped = [i for i, d in enumerate(dedups) if d and self.patch_dedup is not None]
+        plain = [i for i, d in enumerate(dedups) if not (d and self.patch_dedup is not None)]
+        for rows, dedup in ((deduped, self.patch_dedup), (plain, None)):
             if not rows:
                 continue
             result = self.embedder.encode_documents([items[i] for i in rows], fast_e=self.fast_e, dim=self.dim,

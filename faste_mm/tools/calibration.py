@@ -3,9 +3,10 @@
 The documents are serialized and batched once. Each batch, while it is on the device, runs the
 full forward (recording the batch-mean readout/prefix alignment before every layer) and one
 forward per candidate trigger layer l (compression forced before l at the requested r_max),
-giving each item's distortion 1 - cos(z_full, z_l) (docs/design.md, "Distortion"). Every pass sees the same batches, so any theta can then be evaluated without running
-the model again: a batch triggers where FastE's own rule (`ThresholdTrigger`) fires on its curve,
-and its items take the embeddings of that pass. The recommended theta is the smallest one whose
+giving each item's distortion 1 - cos(z_full, z_l) (docs/design.md, "Distortion"). Every pass
+sees the same batches, so any theta can then be evaluated without running the model again: a
+batch triggers where FastE's own rule (`ThresholdTrigger`) fires on its curve, and its items take
+the embeddings of that pass. The recommended theta is the smallest one whose
 fidelity meets the target, i.e. the most savings at the requested fidelity.
 """
 

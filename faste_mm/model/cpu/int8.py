@@ -186,12 +186,14 @@ class Int8Linear(torch.nn.Module):
         if codes not in ACTIVATION_CODES:
             raise ValueError(f"codes must be one of {ACTIVATION_CODES}, got {codes!r}")
         self.codes = codes
+        # u8: the codes shifted by ZERO_POINT into uint8, which oneDNN subtracts again in int32
+        self.zero_point, self.code_dtype = (ZERO_POINT, torch.uint8) if codes == "u8" else (0, torch.int8)
         self.in_features, self.out_features = linear.in_features, linear.out_features
         weight = linear.weight.detach().float()
         self.weight_scale = weight.abs().amax(1).clamp_min(TINY) / 127
-        codes = torch.round(weight / self.weight_scale[:, None]).clamp_(-127, 127).to(torch.int8)
+        weight_codes = torch.round(weight / self.weight_scale[:, None]).clamp_(-127, 127).to(torch.int8)
         # oneDNN's blocked layout, made once (the weight in its int8 codes only: half of bfloat16's memory)
-        self.packed = torch.ops.onednn.qlinear_prepack(codes, None)
+        self.packed = torch.ops.onednn.qlinear_prepack(weight_codes, None)
         self.zero_points = torch.zeros(self.out_features, dtype=torch.int64)
         self.bias = None if linear.bias is None else linear.bias.detach()
 
@@ -199,11 +201,11 @@ class Int8Linear(torch.nn.Module):
         rows = x.reshape(-1, self.in_features).contiguous()
         peak = rows.abs().amax(-1, keepdim=True).float().clamp_min_(TINY)  # [N, 1]
         codes = (rows * (STEPS / peak).to(rows.dtype)).round_()
-        if self.codes == "u8":  # exact in bfloat16 too: integers up to 256 are
-            codes, zero_point = codes.add_(ZERO_POINT).to(torch.uint8), ZERO_POINT
-        else:
-            codes, zero_point = codes.to(torch.int8), 0
-        out = torch.ops.onednn.qlinear_pointwise(codes, 1.0, zero_point, self.packed, self.weight_scale, self.zero_points,
+        if self.zero_point:
+            codes.add_(self.zero_point)  # exact in bfloat16 too: integers up to 256 are
+        codes = codes.to(self.code_dtype)
+        out = torch.ops.onednn.qlinear_pointwise(codes, 1.0, self.zero_point, self.packed, self.weight_scale,
+                                                 self.zero_points,
                                                  None, 1.0, 0, rows.dtype, "none", [], "")
         step = (peak / STEPS).to(rows.dtype)
         out = out.mul_(step) if self.bias is None else torch.addcmul(self.bias.to(rows.dtype), out, step)
